@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Block hash and model fingerprint conformance: random cases computed by the Python reference
+# (written from the specification) must match the C++ implementation bit for bit.
+# Needs the reference virtualenv's python in FERRY_REF_PYTHON (`./ferry test` sets it).
+set -euo pipefail
+conformance="$1"
+reference="$2"
+if [[ -z "${FERRY_REF_PYTHON:-}" || ! -x "${FERRY_REF_PYTHON}" ]]; then
+  echo "FERRY_REF_PYTHON is not set to the reference virtualenv's python;" \
+       "run through './ferry test' (or './ferry setup' and export it)." >&2
+  exit 1
+fi
+cases="${TEST_TMPDIR:-/tmp}/block_hash_cases.json"
+for seed in 1 2 3; do
+  "${FERRY_REF_PYTHON}" "${reference}" cases 200 "${seed}" > "${cases}"
+  "${conformance}" "${cases}"
+done

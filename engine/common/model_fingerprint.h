@@ -1,0 +1,81 @@
+// The model fingerprint: a Hash128 that identifies everything that determines a KV cache's
+// bytes, so that a cache (engine, router view, KV store) can never serve KV computed by a
+// different model. It enters every block hash through the root (block_hash.h).
+//
+// It is never just a name: it covers the content digests of the model's files (weights and
+// config, or the one GGUF file), the tokenizer's digest, the KV element type and layout, and the
+// KV format version. Redeploying a name with new weights gives a new fingerprint.
+//
+// Encoding, version 1 (integers little-endian, hash128 = low 64 bits then high 64 bits):
+//
+//   H( "FERRYFP\0"                              8 bytes
+//      u32 version                              = 1
+//      u32 n_files, then per file, sorted by name (bytewise):
+//          u32 len(name) name  hash128 digest   name: path relative to the model root
+//      hash128 tokenizer_digest
+//      u32 len(kv_dtype) kv_dtype               "f32", "f16", "bf16", "fp8_e4m3"
+//      u32 cached_layers  u32 kv_heads  u32 head_dim
+//      u32 kv_format_version
+//    )
+//
+// where H is XXH3-128 with seed 0.
+
+#ifndef FERRY_ENGINE_COMMON_MODEL_FINGERPRINT_H_
+#define FERRY_ENGINE_COMMON_MODEL_FINGERPRINT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/common/hash128.h"
+
+namespace ferry {
+
+inline constexpr uint32_t kModelFingerprintVersion = 1;
+
+// Bumped whenever the byte layout of a KV block changes (element order, padding, scales).
+inline constexpr uint32_t kKvFormatVersion = 1;
+
+// The shape and type of the KV that caches hold for one block (full-attention layers only;
+// sliding-window layers are never shared through caches).
+struct KvLayout {
+  std::string dtype;  // "f32", "f16", "bf16" or "fp8_e4m3"
+  uint32_t cached_layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t format_version = kKvFormatVersion;
+};
+
+// Collects the fingerprint's inputs. Thread-compatible.
+class ModelFingerprintBuilder {
+ public:
+  // A file of the model (weights, config.json, or the GGUF file), by its path relative to the
+  // model root and its content digest (DigestFile in hash128.h). Adding a name twice is an error
+  // reported by Finish().
+  void AddFile(const std::string& name, const Hash128& digest);
+
+  // Digests the file at `path` and adds it under `name`.
+  absl::Status AddFileFromDisk(const std::string& name, const std::string& path);
+
+  void SetTokenizerDigest(const Hash128& digest);
+  void SetKvLayout(const KvLayout& layout);
+
+  // The exact bytes hashed (see the header comment), or an error if an input is missing or
+  // invalid: no files, no tokenizer digest, an unknown dtype, a zero dimension, a repeated name.
+  absl::StatusOr<std::string> Encode() const;
+
+  absl::StatusOr<Hash128> Finish() const;
+
+ private:
+  std::map<std::string, Hash128> files_;
+  std::string duplicate_name_;
+  bool has_tokenizer_ = false;
+  Hash128 tokenizer_digest_;
+  bool has_layout_ = false;
+  KvLayout layout_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_COMMON_MODEL_FINGERPRINT_H_

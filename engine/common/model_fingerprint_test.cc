@@ -1,0 +1,112 @@
+#include "engine/common/model_fingerprint.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+ModelFingerprintBuilder Example() {
+  ModelFingerprintBuilder builder;
+  builder.AddFile("model.safetensors", Xxh3Hash128("weights"));
+  builder.AddFile("config.json", Xxh3Hash128("config"));
+  builder.SetTokenizerDigest(Xxh3Hash128("tokenizer"));
+  builder.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
+  return builder;
+}
+
+TEST(ModelFingerprintTest, GoldenVector) {
+  // From `tools/python/block_hash_reference.py golden`.
+  auto fp = Example().Finish();
+  ASSERT_TRUE(fp.ok()) << fp.status();
+  EXPECT_EQ(fp->ToHex(), "f5e9ff58e7b863702ad01a3fda2242bb");
+}
+
+TEST(ModelFingerprintTest, FileOrderDoesNotMatter) {
+  ModelFingerprintBuilder reversed;
+  reversed.AddFile("config.json", Xxh3Hash128("config"));
+  reversed.AddFile("model.safetensors", Xxh3Hash128("weights"));
+  reversed.SetTokenizerDigest(Xxh3Hash128("tokenizer"));
+  reversed.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
+  EXPECT_EQ(*reversed.Finish(), *Example().Finish());
+}
+
+TEST(ModelFingerprintTest, EveryInputChangesIt) {
+  const Hash128 base = *Example().Finish();
+  {
+    ModelFingerprintBuilder b = Example();
+    b.AddFile("extra.safetensors", Xxh3Hash128("more weights"));
+    EXPECT_NE(*b.Finish(), base);
+  }
+  {
+    ModelFingerprintBuilder b;
+    b.AddFile("model.safetensors", Xxh3Hash128("new weights, same name"));
+    b.AddFile("config.json", Xxh3Hash128("config"));
+    b.SetTokenizerDigest(Xxh3Hash128("tokenizer"));
+    b.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
+    EXPECT_NE(*b.Finish(), base);
+  }
+  for (const KvLayout& layout :
+       {KvLayout{"f16", 30, 3, 64}, KvLayout{"bf16", 29, 3, 64}, KvLayout{"bf16", 30, 4, 64},
+        KvLayout{"bf16", 30, 3, 128}, KvLayout{"bf16", 30, 3, 64, kKvFormatVersion + 1}}) {
+    ModelFingerprintBuilder b = Example();
+    b.SetKvLayout(layout);
+    EXPECT_NE(*b.Finish(), base) << layout.dtype << " " << layout.cached_layers;
+  }
+  ModelFingerprintBuilder b = Example();
+  b.SetTokenizerDigest(Xxh3Hash128("other tokenizer"));
+  EXPECT_NE(*b.Finish(), base);
+}
+
+TEST(ModelFingerprintTest, MissingOrInvalidInputsAreErrors) {
+  EXPECT_EQ(ModelFingerprintBuilder().Finish().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  {
+    ModelFingerprintBuilder b = Example();
+    b.SetKvLayout(KvLayout{"int4", 30, 3, 64});
+    EXPECT_EQ(b.Finish().status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(b.Finish().status().message().find("int4"), absl::string_view::npos);
+  }
+  {
+    ModelFingerprintBuilder b = Example();
+    b.SetKvLayout(KvLayout{"bf16", 0, 3, 64});
+    EXPECT_EQ(b.Finish().status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  {
+    ModelFingerprintBuilder b = Example();
+    b.AddFile("config.json", Xxh3Hash128("another config"));
+    EXPECT_EQ(b.Finish().status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  {
+    ModelFingerprintBuilder b;
+    b.AddFile("model.gguf", Xxh3Hash128("gguf"));
+    b.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
+    EXPECT_EQ(b.Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST(ModelFingerprintTest, AddFileFromDiskDigestsContent) {
+  const std::string path = ::testing::TempDir() + "/fp_weights.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "weights";
+  }
+  ModelFingerprintBuilder from_disk;
+  ASSERT_TRUE(from_disk.AddFileFromDisk("model.safetensors", path).ok());
+  from_disk.AddFile("config.json", Xxh3Hash128("config"));
+  from_disk.SetTokenizerDigest(Xxh3Hash128("tokenizer"));
+  from_disk.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
+  EXPECT_EQ(*from_disk.Finish(), *Example().Finish());
+
+  ModelFingerprintBuilder missing;
+  const absl::Status status = missing.AddFileFromDisk("x", path + ".does-not-exist");
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace ferry

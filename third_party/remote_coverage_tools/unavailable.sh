@@ -1,0 +1,3 @@
+#!/bin/sh
+echo "coverage tools are not available in Ferry's offline build" >&2
+exit 1
