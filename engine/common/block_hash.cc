@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+static_assert(sizeof(ferry::TokenId) == 4, "the block hash encodes 32-bit tokens");
+
 #include "engine/common/le_encoding.h"
 #include "engine/common/log.h"
 
@@ -27,7 +29,12 @@ void EncodeBlockForHash(const Hash128& parent, absl::Span<const TokenId> tokens,
   out->reserve(16 + 4 + 4 * tokens.size() + 4 + 20 * images.size());
   AppendHash128Le(out, parent);
   AppendU32Le(out, static_cast<uint32_t>(tokens.size()));
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  // The host layout of uint32_t is the specified little-endian encoding: copy in one go.
+  out->append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(TokenId));
+#else
   for (TokenId t : tokens) AppendU32Le(out, t);
+#endif
   AppendU32Le(out, static_cast<uint32_t>(images.size()));
   for (const BlockImage& image : images) {
     AppendHash128Le(out, image.content_hash);
@@ -35,9 +42,7 @@ void EncodeBlockForHash(const Hash128& parent, absl::Span<const TokenId> tokens,
   }
 }
 
-Hash128 RootBlockHash(const BlockHashScope& scope) {
-  return Xxh3Hash128(EncodeRootForHash(scope));
-}
+Hash128 RootBlockHash(const BlockHashScope& scope) { return Xxh3Hash128(EncodeRootForHash(scope)); }
 
 Hash128 NextBlockHash(const Hash128& parent, absl::Span<const TokenId> tokens,
                       absl::Span<const BlockImage> images) {
@@ -69,8 +74,8 @@ std::vector<Hash128> ComputeBlockHashes(const BlockHashScope& scope,
       const PromptImageSpan& image = images[i];
       if (uint64_t{image.start} + image.length <= begin) continue;  // ends before this block
       block_images.push_back(
-          {image.content_hash, static_cast<int32_t>(static_cast<int64_t>(image.start) -
-                                                    static_cast<int64_t>(begin))});
+          {image.content_hash,
+           static_cast<int32_t>(static_cast<int64_t>(image.start) - static_cast<int64_t>(begin))});
     }
     EncodeBlockForHash(parent, tokens.subspan(begin, block_tokens), block_images, &scratch);
     parent = Xxh3Hash128(scratch);

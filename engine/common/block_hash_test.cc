@@ -39,8 +39,12 @@ TEST(BlockHashTest, RootEncodingIsTheSpecifiedBytes) {
   EXPECT_EQ(bytes.substr(8, 4), std::string("\x01\x00\x00\x00", 4));
   // Fingerprint low half first, little-endian: lo = 0x5236479467e2b990.
   EXPECT_EQ(bytes.substr(12, 8), std::string("\x90\xb9\xe2\x67\x94\x47\x36\x52", 8));
-  EXPECT_EQ(bytes.substr(28, 6), std::string("\x02\x00\x00\x00" "ab", 6));
-  EXPECT_EQ(bytes.substr(34, 5), std::string("\x01\x00\x00\x00" "x", 5));
+  EXPECT_EQ(bytes.substr(28, 6), std::string("\x02\x00\x00\x00"
+                                             "ab",
+                                             6));
+  EXPECT_EQ(bytes.substr(34, 5), std::string("\x01\x00\x00\x00"
+                                             "x",
+                                             5));
 }
 
 TEST(BlockHashTest, ChainGoldenVectorsAndPartialBlockIgnored) {

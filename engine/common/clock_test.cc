@@ -1,7 +1,8 @@
+#include "engine/common/clock.h"
+
 #include <atomic>
 #include <thread>
 
-#include "engine/common/clock.h"
 #include "engine/common/fake_clock.h"
 #include "gtest/gtest.h"
 

@@ -96,9 +96,8 @@ std::string Config::KeyPath(absl::string_view key) const {
 
 absl::Status Config::TypeError(absl::string_view key, absl::string_view expected) const {
   const Json& value = AsJson(node_).at(std::string(key));
-  return absl::InvalidArgumentError(absl::StrCat(document_->source, ": ", KeyPath(key),
-                                                 ": expected ", expected, ", got ",
-                                                 Describe(value)));
+  return absl::InvalidArgumentError(absl::StrCat(
+      document_->source, ": ", KeyPath(key), ": expected ", expected, ", got ", Describe(value)));
 }
 
 const void* Config::Lookup(absl::string_view key) const {
@@ -109,9 +108,7 @@ const void* Config::Lookup(absl::string_view key) const {
   return &*it;
 }
 
-bool Config::Has(absl::string_view key) const {
-  return AsJson(node_).contains(std::string(key));
-}
+bool Config::Has(absl::string_view key) const { return AsJson(node_).contains(std::string(key)); }
 
 absl::Status Config::Require(absl::string_view key) const {
   if (Has(key)) return absl::OkStatus();

@@ -130,8 +130,7 @@ TEST(ConfigTest, UnknownKeysAreReportedWithTheirPaths) {
   ASSERT_TRUE((*config->Children("workers"))[0].Read("address", &address).ok());
   const absl::Status status = config->CheckAllKeysUsed();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(status.message(),
-            "typo.json: unknown keys: prot, store.capacty, workers[0].adress");
+  EXPECT_EQ(status.message(), "typo.json: unknown keys: prot, store.capacty, workers[0].adress");
 }
 
 TEST(ConfigTest, ParseErrors) {

@@ -24,7 +24,9 @@ struct Hash128 {
   std::string ToHex() const;
   static absl::StatusOr<Hash128> FromHex(absl::string_view hex);
 
-  friend bool operator==(const Hash128& a, const Hash128& b) { return a.lo == b.lo && a.hi == b.hi; }
+  friend bool operator==(const Hash128& a, const Hash128& b) {
+    return a.lo == b.lo && a.hi == b.hi;
+  }
   friend bool operator!=(const Hash128& a, const Hash128& b) { return !(a == b); }
   friend bool operator<(const Hash128& a, const Hash128& b) {
     return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;

@@ -80,10 +80,9 @@ int main(int argc, char** argv) {
       builder.AddFile(it.key(), ParseHash(it.value()));
     }
     builder.SetTokenizerDigest(ParseHash(c.at("tokenizer_digest")));
-    builder.SetKvLayout(ferry::KvLayout{c.at("kv_dtype").get<std::string>(),
-                                        c.at("cached_layers").get<uint32_t>(),
-                                        c.at("kv_heads").get<uint32_t>(),
-                                        c.at("head_dim").get<uint32_t>()});
+    builder.SetKvLayout(
+        ferry::KvLayout{c.at("kv_dtype").get<std::string>(), c.at("cached_layers").get<uint32_t>(),
+                        c.at("kv_heads").get<uint32_t>(), c.at("head_dim").get<uint32_t>()});
     auto fp = builder.Finish();
     if (!fp.ok() || fp->ToHex() != c.at("expected").get<std::string>()) {
       std::cerr << "fingerprint case " << fingerprints << ": "

@@ -106,9 +106,7 @@ std::string FormatLogRecord(const LogRecord& record, LogFormat format) {
 
 void SetLogFormat(LogFormat format) { g_format.store(static_cast<int>(format)); }
 
-void SetMinLogSeverity(LogSeverity severity) {
-  g_min_severity.store(static_cast<int>(severity));
-}
+void SetMinLogSeverity(LogSeverity severity) { g_min_severity.store(static_cast<int>(severity)); }
 
 void SetLogSink(LogSink* sink) {
   absl::MutexLock lock(&g_sink_mu);

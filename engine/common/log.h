@@ -117,8 +117,7 @@ std::unique_ptr<std::string> CheckOp(const A& a, const B& b, Op op, const char* 
   ::ferry::log_internal::LogMessage(__FILE__, __LINE__, ::ferry::LogSeverity::kWarning)
 #define FERRY_LOG_ERROR \
   ::ferry::log_internal::LogMessage(__FILE__, __LINE__, ::ferry::LogSeverity::kError)
-#define FERRY_LOG_FATAL \
-  ::ferry::log_internal::LogMessageFatal(__FILE__, __LINE__, "")
+#define FERRY_LOG_FATAL ::ferry::log_internal::LogMessageFatal(__FILE__, __LINE__, "")
 
 #define LOG(severity) FERRY_LOG_##severity.stream()
 
@@ -127,13 +126,11 @@ std::unique_ptr<std::string> CheckOp(const A& a, const B& b, Op op, const char* 
   while (ABSL_PREDICT_FALSE(!(condition))) \
   ::ferry::log_internal::LogMessageFatal(__FILE__, __LINE__, "Check failed: " #condition).stream()
 
-#define FERRY_CHECK_OP_(op, a, b)                                                            \
-  while (::std::unique_ptr<::std::string> ferry_check_failure_ =                             \
-             ::ferry::log_internal::CheckOp((a), (b), [](const auto& x, const auto& y) {     \
-               return x op y;                                                                \
-             }, #a " " #op " " #b))                                                          \
-  ::ferry::log_internal::LogMessageFatal(__FILE__, __LINE__,                                 \
-                                         "Check failed: " + *ferry_check_failure_)           \
+#define FERRY_CHECK_OP_(op, a, b)                                                                \
+  while (::std::unique_ptr<::std::string> ferry_check_failure_ = ::ferry::log_internal::CheckOp( \
+             (a), (b), [](const auto& x, const auto& y) { return x op y; }, #a " " #op " " #b))  \
+  ::ferry::log_internal::LogMessageFatal(__FILE__, __LINE__,                                     \
+                                         "Check failed: " + *ferry_check_failure_)               \
       .stream()
 
 #define CHECK_EQ(a, b) FERRY_CHECK_OP_(==, a, b)
@@ -144,11 +141,11 @@ std::unique_ptr<std::string> CheckOp(const A& a, const B& b, Op op, const char* 
 #define CHECK_GE(a, b) FERRY_CHECK_OP_(>=, a, b)
 
 // Aborts with the status when `status_expr` is not OK (for states that cannot be errors).
-#define CHECK_OK(status_expr)                                                          \
-  if (const ::absl::Status ferry_check_status_ = (status_expr);                        \
-      ABSL_PREDICT_TRUE(ferry_check_status_.ok())) {                                   \
-  } else                                                                               \
-    ::ferry::log_internal::LogMessageFatal(                                            \
+#define CHECK_OK(status_expr)                                                                      \
+  if (const ::absl::Status ferry_check_status_ = (status_expr);                                    \
+      ABSL_PREDICT_TRUE(ferry_check_status_.ok())) {                                               \
+  } else                                                                                           \
+    ::ferry::log_internal::LogMessageFatal(                                                        \
         __FILE__, __LINE__, "Check failed: " #status_expr " is " + ferry_check_status_.ToString()) \
         .stream()
 

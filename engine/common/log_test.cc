@@ -63,8 +63,8 @@ TEST_F(LogTest, MinSeverityFilters) {
 
 TEST(LogFormatTest, JsonEscapesAndTextLayout) {
   const std::string message = "quote \" backslash \\ newline \n tab \t ctrl \x01";
-  LogRecord record{absl::FromUnixMicros(1'700'000'000'123'456), LogSeverity::kError, "x.cc", 7, 42,
-                   message};
+  LogRecord record{
+      absl::FromUnixMicros(1'700'000'000'123'456), LogSeverity::kError, "x.cc", 7, 42, message};
   EXPECT_EQ(FormatLogRecord(record, LogFormat::kJson),
             "{\"ts\":\"2023-11-14T22:13:20.123456Z\",\"level\":\"ERROR\",\"thread\":42,"
             "\"file\":\"x.cc\",\"line\":7,\"msg\":\"quote \\\" backslash \\\\ newline \\n tab "

@@ -46,12 +46,12 @@ const absl::Status& AsStatus(const absl::StatusOr<T>& status_or) {
 
 // Returns the error of `expr` (an absl::Status or absl::StatusOr<T>) from the enclosing
 // function, which must return absl::Status or absl::StatusOr<U>.
-#define RETURN_IF_ERROR(expr)                                                   \
-  do {                                                                          \
-    const auto& ferry_status_or_ = (expr);                                      \
-    if (!::ferry::internal::AsStatus(ferry_status_or_).ok()) {                  \
-      return ::ferry::internal::AsStatus(ferry_status_or_);                     \
-    }                                                                           \
+#define RETURN_IF_ERROR(expr)                                  \
+  do {                                                         \
+    const auto& ferry_status_or_ = (expr);                     \
+    if (!::ferry::internal::AsStatus(ferry_status_or_).ok()) { \
+      return ::ferry::internal::AsStatus(ferry_status_or_);    \
+    }                                                          \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); on error returns it from the enclosing function,

@@ -25,7 +25,7 @@ absl::StatusOr<int> Quarter(int x) {
 
 absl::Status Chain(int x, int* out) {
   RETURN_IF_ERROR(CheckEven(x));
-  RETURN_IF_ERROR(Half(x));  // also accepts a StatusOr
+  RETURN_IF_ERROR(Half(x));            // also accepts a StatusOr
   ASSIGN_OR_RETURN(*out, Quarter(x));  // an existing variable as the target
   return absl::OkStatus();
 }

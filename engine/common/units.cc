@@ -21,8 +21,8 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text) {
   const absl::string_view number = input.substr(0, number_end);
   const absl::string_view unit = absl::StripLeadingAsciiWhitespace(input.substr(number_end));
   auto error = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("invalid byte size '", text, "': ", why,
-                                                   " (examples: 4096, 512MB, 64GiB)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid byte size '", text, "': ", why, " (examples: 4096, 512MB, 64GiB)"));
   };
   if (number.empty()) return error("expected a number");
 

@@ -1,0 +1,43 @@
+#include "services/common/grpc_client.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace ferry {
+
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
+                                          const ChannelOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  args.SetMaxSendMessageSize(options.max_send_message_bytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
+  // Each channel gets its own TCP connection: a router's channels to different workers, and
+  // test clients, never share a subchannel by accident.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+std::unique_ptr<grpc::ClientContext> NewClientContext(absl::Duration timeout,
+                                                      absl::string_view trace_id) {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(std::max(timeout, absl::ZeroDuration())));
+  if (!trace_id.empty()) context->AddMetadata(kTraceIdMetadataKey, std::string(trace_id));
+  return context;
+}
+
+std::string TraceIdOf(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kTraceIdMetadataKey);
+  if (it == metadata.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+}  // namespace ferry

@@ -1,0 +1,21 @@
+#include "services/common/service_lifecycle.h"
+
+#include "engine/common/log.h"
+
+namespace ferry {
+
+int ServeUntilTerminated(TerminationSignal& signal, GrpcServer& grpc, AdminServer* admin,
+                         const ShutdownOptions& options) {
+  const int signal_number = signal.Wait();
+  LOG(INFO) << "shutdown: no longer ready; draining";
+  if (admin != nullptr) admin->SetReady(false, "shutting down");
+  grpc.SetServing(false);
+  if (options.drain) options.drain();
+  LOG(INFO) << "shutdown: stopping gRPC (in-flight calls get " << options.rpc_grace << ")";
+  grpc.Shutdown(options.rpc_grace);
+  if (admin != nullptr) admin->Stop();
+  LOG(INFO) << "shutdown: complete";
+  return signal_number;
+}
+
+}  // namespace ferry
