@@ -27,7 +27,7 @@ TEST(GrpcStatusTest, SpecificCodes) {
 
 TEST(GrpcStatusTest, OutOfRangeCodesBecomeUnknown) {
   const absl::Status status =
-      FromGrpcStatus(grpc::Status(static_cast<grpc::StatusCode>(99), "odd peer"));
+      FromGrpcStatus(grpc::Status(static_cast<grpc::StatusCode>(20), "odd peer"));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnknown);
   EXPECT_EQ(status.message(), "odd peer");
 }

@@ -96,7 +96,8 @@ class ServiceProcess {
   int admin_port_ = 0;
 };
 
-int HttpStatus(int port, const std::string& target) {
+// GET `target`; returns the status (or -1 when the server cannot be reached) and the body.
+int HttpGet(int port, const std::string& target, std::string* body = nullptr) {
   asio::io_context io;
   asio::ip::tcp::socket socket(io);
   beast::error_code ec;
@@ -108,44 +109,52 @@ int HttpStatus(int port, const std::string& target) {
   beast::flat_buffer buffer;
   http::response<http::string_body> response;
   http::read(socket, buffer, response, ec);
-  return ec ? -1 : response.result_int();
+  if (ec) return -1;
+  if (body != nullptr) *body = response.body();
+  return response.result_int();
+}
+
+// Polls the service's /metrics until `count` Echo calls are inside the handler (or 10 s pass).
+bool WaitForInFlightCalls(int admin_port, int count) {
+  const std::string line = absl::StrCat("\nferry_echo_in_flight_calls ", count, "\n");
+  for (int i = 0; i < 1000; ++i) {
+    std::string metrics;
+    if (HttpGet(admin_port, "/metrics", &metrics) == 200 &&
+        ("\n" + metrics).find(line) != std::string::npos) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
 }
 
 TEST(ServiceShutdownTest, SigtermDrainsInFlightCallsThenExitsZero) {
   ServiceProcess service({"--rpc_grace_ms=10000"});
   ASSERT_TRUE(service.ready());
-  EXPECT_EQ(HttpStatus(service.admin_port(), "/readyz"), 200);
-  EXPECT_EQ(HttpStatus(service.admin_port(), "/healthz"), 200);
+  EXPECT_EQ(HttpGet(service.admin_port(), "/readyz"), 200);
+  EXPECT_EQ(HttpGet(service.admin_port(), "/healthz"), 200);
 
   auto stub = ferry::testing::v1::Echo::NewStub(
       NewChannel(absl::StrCat("127.0.0.1:", service.grpc_port())));
-  // Warm the connection so the in-flight call below is really in flight before SIGTERM.
-  {
-    ferry::testing::v1::EchoRequest request;
-    ferry::testing::v1::EchoResponse response;
-    auto context = NewClientContext(absl::Seconds(10));
-    ASSERT_TRUE(stub->Echo(context.get(), request, &response).ok());
-  }
-
   absl::Status in_flight;
   std::string reply;
   std::thread caller([&] {
     ferry::testing::v1::EchoRequest request;
     request.set_message("finish me");
-    request.set_delay_ms(1500);
+    request.set_delay_ms(3000);
     ferry::testing::v1::EchoResponse response;
     auto context = NewClientContext(absl::Seconds(20));
     in_flight = FromGrpcStatus(stub->Echo(context.get(), request, &response));
     reply = response.message();
   });
-  absl::SleepFor(absl::Milliseconds(300));  // the call has reached the handler by now
+  ASSERT_TRUE(WaitForInFlightCalls(service.admin_port(), 1));
   service.Signal(SIGTERM);
 
   // Readiness drops while the call is still running.
   int ready_status = 200;
   for (int i = 0; i < 100 && ready_status == 200; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
-    ready_status = HttpStatus(service.admin_port(), "/readyz");
+    ready_status = HttpGet(service.admin_port(), "/readyz");
   }
   EXPECT_EQ(ready_status, 503);
 
@@ -175,7 +184,7 @@ TEST(ServiceShutdownTest, GraceBoundsHowLongShutdownWaits) {
     auto context = NewClientContext(absl::Seconds(60));
     in_flight = FromGrpcStatus(stub->Echo(context.get(), request, &response));
   });
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(WaitForInFlightCalls(service.admin_port(), 1));
   const absl::Time start = absl::Now();
   service.Signal(SIGTERM);
   EXPECT_EQ(service.WaitForExit(absl::Seconds(15)), 0);

@@ -1,12 +1,14 @@
 // A complete service process around EchoService, used by the multi-process tests of the shared
 // plumbing (tests/integration): termination signal, gRPC server with health, admin HTTP server,
-// and the standard shutdown sequence. Prints "grpc_port=N admin_port=M" once ready.
+// and the standard shutdown sequence. Prints "grpc_port=N admin_port=M" once ready. The gauge
+// ferry_echo_in_flight_calls lets a test see when its call is inside the handler.
 
 #include <cstdio>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "engine/common/log.h"
+#include "prometheus/gauge.h"
 #include "services/common/admin_server.h"
 #include "services/common/grpc_server.h"
 #include "services/common/metrics.h"
@@ -24,7 +26,13 @@ int main(int argc, char** argv) {
   CHECK_OK(signal.status());
   absl::ParseCommandLine(argc, argv);
 
-  ferry::EchoService echo;
+  auto registry = ferry::NewServiceRegistry("echo");
+  prometheus::Gauge& in_flight = prometheus::BuildGauge()
+                                     .Name("ferry_echo_in_flight_calls")
+                                     .Help("Echo calls currently inside the handler.")
+                                     .Register(*registry)
+                                     .Add({});
+  ferry::EchoService echo(&in_flight);
   ferry::GrpcServerOptions grpc_options;
   grpc_options.address = absl::GetFlag(FLAGS_address);
   grpc_options.max_receive_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -35,7 +43,7 @@ int main(int argc, char** argv) {
   }
   ferry::AdminServerOptions admin_options;
   admin_options.port = absl::GetFlag(FLAGS_admin_port);
-  auto admin = ferry::AdminServer::Start(admin_options, ferry::NewServiceRegistry("echo"));
+  auto admin = ferry::AdminServer::Start(admin_options, registry);
   if (!admin.ok()) {
     LOG(ERROR) << admin.status();
     return 1;

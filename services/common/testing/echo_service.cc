@@ -7,20 +7,30 @@
 
 namespace ferry {
 
+void EchoService::Enter() {
+  ++in_flight_;
+  if (in_flight_gauge_ != nullptr) in_flight_gauge_->Increment();
+}
+
+void EchoService::Leave() {
+  --in_flight_;
+  if (in_flight_gauge_ != nullptr) in_flight_gauge_->Decrement();
+}
+
 grpc::Status EchoService::Echo(grpc::ServerContext* context,
                                const ferry::testing::v1::EchoRequest* request,
                                ferry::testing::v1::EchoResponse* response) {
-  ++in_flight_;
+  Enter();
   const absl::Time until = absl::Now() + absl::Milliseconds(request->delay_ms());
   while (absl::Now() < until) {
     if (context->IsCancelled()) {
       ++cancelled_;
-      --in_flight_;
+      Leave();
       return grpc::Status::CANCELLED;
     }
     absl::SleepFor(absl::Milliseconds(5));
   }
-  --in_flight_;
+  Leave();
   if (request->error_code() != 0) {
     return ToGrpcStatus(
         absl::Status(static_cast<absl::StatusCode>(request->error_code()), request->message()));

@@ -7,12 +7,17 @@
 #include <atomic>
 
 #include "ferry/testing/v1/echo.grpc.pb.h"
+#include "prometheus/gauge.h"
 
 namespace ferry {
 
 // Thread-safe.
 class EchoService final : public ferry::testing::v1::Echo::Service {
  public:
+  // `in_flight_gauge` (optional, not owned) mirrors in_flight() for out-of-process observers.
+  explicit EchoService(prometheus::Gauge* in_flight_gauge = nullptr)
+      : in_flight_gauge_(in_flight_gauge) {}
+
   grpc::Status Echo(grpc::ServerContext* context, const ferry::testing::v1::EchoRequest* request,
                     ferry::testing::v1::EchoResponse* response) override;
 
@@ -22,6 +27,10 @@ class EchoService final : public ferry::testing::v1::Echo::Service {
   int cancelled() const { return cancelled_.load(); }
 
  private:
+  void Enter();
+  void Leave();
+
+  prometheus::Gauge* const in_flight_gauge_;
   std::atomic<int> in_flight_{0};
   std::atomic<int> cancelled_{0};
 };

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The ferry CLI's own behaviour: help, unknown commands, the benchmark list and dispatch errors,
+# model paths, and `down` with nothing running. Runs the script from the test's runfiles with a
+# private cache, so nothing is installed or downloaded.
+set -uo pipefail
+ferry="$1"
+export FERRY_CACHE="${TEST_TMPDIR}/cache" FERRY_STATE="${TEST_TMPDIR}/state"
+failures=0
+check() {  # check DESCRIPTION EXPECTED_RC PATTERN -- COMMAND...
+  local what=$1 want_rc=$2 pattern=$3
+  shift 4
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [[ ${rc} -ne ${want_rc} ]] || ! grep -qE -- "${pattern}" <<<"${out}"; then
+    echo "FAIL: ${what}: rc=${rc} (want ${want_rc}), output:"
+    echo "${out}" | sed 's/^/    /'
+    failures=$((failures + 1))
+  else
+    echo "ok: ${what}"
+  fi
+}
+check "help lists every command" 0 "setup.*" -- "${ferry}" help
+for c in setup build test up down bench fmt "models pull"; do
+  check "help mentions '${c}'" 0 "^  ${c} " -- "${ferry}" help
+done
+check "unknown command fails" 1 "unknown command 'frobnicate'" -- "${ferry}" frobnicate
+check "bench lists block_hash" 0 "^  block_hash +chained block hashing" -- "${ferry}" bench
+check "unknown benchmark fails" 1 "no benchmark named 'nope'" -- "${ferry}" bench nope
+check "models path follows FERRY_MODELS_DIR" 0 "^/models/here/SmolLM2-135M-Instruct.Q4_1.gguf$" \
+  -- env FERRY_MODELS_DIR=/models/here "${ferry}" models path
+check "models without a verb fails" 1 "usage: ferry models" -- "${ferry}" models
+check "down with nothing running" 0 "nothing is running" -- "${ferry}" down
+# A stale pid file of a process that is gone is cleaned up, not an error.
+mkdir -p "${FERRY_STATE}/pids"
+echo 999999 >"${FERRY_STATE}/pids/ghost.pid"
+check "down cleans stale pid files" 0 "" -- "${ferry}" down
+[[ ! -e "${FERRY_STATE}/pids/ghost.pid" ]] || { echo "FAIL: stale pid file left"; failures=$((failures + 1)); }
+echo "${failures} failure(s)"
+[[ ${failures} -eq 0 ]]
