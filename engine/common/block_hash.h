@@ -39,13 +39,11 @@
 
 #include "absl/types/span.h"
 #include "engine/common/hash128.h"
+#include "engine/common/token_id.h"
 
 namespace ferry {
 
 inline constexpr uint32_t kBlockHashVersion = 1;
-
-// Token ids are 32-bit everywhere in Ferry.
-using TokenId = uint32_t;
 
 // What makes the same tokens mean different KV: enters the root hash.
 struct BlockHashScope {

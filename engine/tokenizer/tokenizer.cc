@@ -1,0 +1,141 @@
+#include "engine/tokenizer/tokenizer.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/common/status.h"
+#include "engine/tokenizer/utf8.h"
+
+namespace ferry {
+
+absl::Status Tokenizer::Finish() {
+  token_strings_.assign(model_->vocab_size(), std::string());
+  for (size_t id = 0; id < model_->vocab_size(); ++id) {
+    token_strings_[id] = model_->token(static_cast<TokenId>(id));
+  }
+  for (const AddedToken& token : added_) {
+    if (token.content.empty()) return absl::InvalidArgumentError("an added token is empty");
+    if (token.id >= token_strings_.size()) token_strings_.resize(token.id + 1);
+    token_strings_[token.id] = token.content;
+    if (token.special) special_ids_.insert(token.id);
+    const auto first = static_cast<unsigned char>(token.content[0]);
+    first_byte_any_[first] = true;
+    if (!token.special) first_byte_plain_[first] = true;
+  }
+  std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& a, const AddedToken& b) {
+    return a.content.size() > b.content.size();
+  });
+  if (decoder_.byte_level_only()) {
+    byte_level_bytes_.resize(token_strings_.size());
+    for (size_t id = 0; id < token_strings_.size(); ++id) {
+      byte_level_bytes_[id] = ByteLevelTokenBytes(token_strings_[id]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+const std::string& Tokenizer::TokenString(TokenId id) const {
+  static const std::string* const kEmpty = new std::string();
+  return id < token_strings_.size() ? token_strings_[id] : *kEmpty;
+}
+
+absl::Status Tokenizer::EncodeText(absl::string_view text, bool at_start,
+                                   std::vector<TokenId>* out) const {
+  if (text.empty()) return absl::OkStatus();
+  std::string normalized;
+  if (!normalizer_.empty()) {
+    ASSIGN_OR_RETURN(normalized, normalizer_.Normalize(text));
+    text = normalized;
+  }
+  std::vector<std::string> pieces;
+  RETURN_IF_ERROR(pre_tokenizer_.Split(text, at_start, &pieces));
+  for (const std::string& piece : pieces) model_->EncodeWord(piece, out);
+  return absl::OkStatus();
+}
+
+absl::Status Tokenizer::EncodeSegment(absl::string_view text, bool allow_special, bool at_start,
+                                      std::vector<TokenId>* out) const {
+  // Leftmost-longest match of the added tokens this segment may contain (added_ is sorted
+  // longest first, so the first hit at a position is the longest).
+  size_t start = 0;  // beginning of the pending plain text
+  size_t pos = 0;
+  const std::array<bool, 256>& first_bytes = allow_special ? first_byte_any_ : first_byte_plain_;
+  while (pos < text.size()) {
+    if (!first_bytes[static_cast<unsigned char>(text[pos])]) {
+      ++pos;
+      continue;
+    }
+    const AddedToken* hit = nullptr;
+    for (const AddedToken& token : added_) {
+      if (token.special && !allow_special) continue;
+      if (text.compare(pos, token.content.size(), token.content) == 0) {
+        hit = &token;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++pos;
+      continue;
+    }
+    RETURN_IF_ERROR(EncodeText(text.substr(start, pos - start), at_start && start == 0, out));
+    out->push_back(hit->id);
+    pos += hit->content.size();
+    start = pos;
+  }
+  return EncodeText(text.substr(start), at_start && start == 0, out);
+}
+
+absl::StatusOr<std::vector<TokenId>> Tokenizer::Encode(absl::string_view text,
+                                                       bool allow_special) const {
+  const TextSegment segment{text, allow_special};
+  return Encode(absl::MakeConstSpan(&segment, 1));
+}
+
+absl::StatusOr<std::vector<TokenId>> Tokenizer::Encode(
+    absl::Span<const TextSegment> segments) const {
+  std::vector<TokenId> ids;
+  bool at_start = true;
+  for (const TextSegment& segment : segments) {
+    const size_t valid = ValidUtf8Prefix(segment.text);
+    if (valid != segment.text.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input is not valid UTF-8 (at byte ", valid, ")"));
+    }
+    RETURN_IF_ERROR(EncodeSegment(segment.text, segment.allow_special, at_start, &ids));
+    if (!segment.text.empty()) at_start = false;
+  }
+  return ids;
+}
+
+absl::StatusOr<std::string> Tokenizer::DecodeBytes(absl::Span<const TokenId> ids,
+                                                   bool skip_special) const {
+  for (TokenId id : ids) {
+    if (id >= token_strings_.size() || token_strings_[id].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is not in the vocabulary"));
+    }
+  }
+  if (!byte_level_bytes_.empty()) {
+    std::string bytes;
+    for (TokenId id : ids) {
+      if (skip_special && special_ids_.contains(id)) continue;
+      bytes += byte_level_bytes_[id];
+    }
+    return bytes;
+  }
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (TokenId id : ids) {
+    if (skip_special && special_ids_.contains(id)) continue;
+    tokens.push_back(token_strings_[id]);
+  }
+  return decoder_.DecodeToBytes(std::move(tokens));
+}
+
+absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const TokenId> ids,
+                                              bool skip_special) const {
+  ASSIGN_OR_RETURN(std::string bytes, DecodeBytes(ids, skip_special));
+  return Utf8Lossy(bytes);
+}
+
+}  // namespace ferry

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Makes small models and tokenizers for tests, with the reference libraries (HF `tokenizers`).
+
+  make_tiny_model.py tokenizers OUTDIR [--vocab-size N]
+
+writes OUTDIR/<name>/tokenizer.json for each tokenizer family Ferry must handle, trained with
+HF `tokenizers`' BpeTrainer on text found on this machine (license texts, Python's standard
+library sources):
+
+  gpt2_bytelevel        ByteLevel pre-tokenizer with its GPT-2 regex, ByteLevel decoder
+  llama3_bytelevel      Split(Llama-3 regex) + ByteLevel(use_regex=false), ignore_merges
+  qwen2_nfc             NFC normalizer + Split(Qwen2 regex) + ByteLevel
+  llama2_sentencepiece  Prepend/Replace normalizer (Llama-2 legacy), byte_fallback, fuse_unk,
+                        Replace/ByteFallback/Fuse/Strip decoder
+  mistral_metaspace     Metaspace pre-tokenizer (prepend_scheme=first, split=false), byte_fallback,
+                        Metaspace decoder chain
+"""
+import argparse
+import glob
+import json
+import os
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, Regex, trainers
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+          r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+         r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SP_SPECIALS = ["<unk>", "<s>", "</s>"]
+
+
+def training_text():
+    files = sorted(glob.glob("/usr/share/common-licenses/*"))
+    files += sorted(glob.glob("/usr/lib/python3*/json/*.py"))[:20]
+    files += sorted(glob.glob("/usr/lib/python3*/email/*.py"))[:20]
+    texts = []
+    for path in files:
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                texts.append(f.read())
+    # A little of other scripts, so that the vocabularies are not ASCII-only.
+    texts.append("日本語のテキスト 中文分词 한국어 Привет мир Γειά σου مرحبا שלום नमस्ते 😀👍 café naïve"
+                 * 20)
+    if not texts:
+        raise SystemExit("no training text found on this machine")
+    return texts
+
+
+def bytelevel(name, out_dir, vocab_size, pre, normalizer=None, ignore_merges=False):
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(training_text(), trainer)
+    save(tok.to_str(), name, out_dir)
+
+
+def sentencepiece(name, out_dir, vocab_size, metaspace):
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    if metaspace:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
+                                                     split=False)
+        tok.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme="first"),
+                                         decoders.ByteFallback(), decoders.Fuse()])
+    else:
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
+                                               normalizers.Replace(" ", "▁")])
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SP_SPECIALS,
+                                  show_progress=False)
+    tok.train_from_iterator(training_text(), trainer)
+    doc = json.loads(tok.to_str())
+    # SentencePiece vocabularies hold the 256 byte tokens <0x00>..<0xFF> as ordinary entries.
+    vocab = doc["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault("<0x%02X>" % b, len(vocab))
+    save(json.dumps(doc, ensure_ascii=False), name, out_dir)
+
+
+def save(text, name, out_dir):
+    os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+    # Round-trip through HF to be sure the file is one it accepts.
+    Tokenizer.from_str(text)
+    with open(os.path.join(out_dir, name, "tokenizer.json"), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=["tokenizers"])
+    parser.add_argument("out_dir")
+    parser.add_argument("--vocab-size", type=int, default=3000)
+    args = parser.parse_args()
+    v = args.vocab_size
+    bytelevel("gpt2_bytelevel", args.out_dir, v, pre_tokenizers.ByteLevel(add_prefix_space=False))
+    bytelevel("llama3_bytelevel", args.out_dir, v, pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), ignore_merges=True)
+    bytelevel("qwen2_nfc", args.out_dir, v, pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+        normalizer=normalizers.NFC())
+    sentencepiece("llama2_sentencepiece", args.out_dir, v, metaspace=False)
+    sentencepiece("mistral_metaspace", args.out_dir, v, metaspace=True)
+
+
+if __name__ == "__main__":
+    main()
