@@ -35,6 +35,16 @@ bool IsUnicodeWhitespace(char32_t cp) {
 
 }  // namespace
 
+bool Normalizer::unicode_forms_only() const {
+  for (const NormalizerStep& step : steps_) {
+    if (step.kind != NormalizerStep::Kind::kNfc && step.kind != NormalizerStep::Kind::kNfd &&
+        step.kind != NormalizerStep::Kind::kNfkc && step.kind != NormalizerStep::Kind::kNfkd) {
+      return false;
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::string> Normalizer::Normalize(absl::string_view text) const {
   std::string s(text);
   for (const NormalizerStep& step : steps_) {

@@ -32,6 +32,9 @@ class Normalizer {
   explicit Normalizer(std::vector<NormalizerStep> steps) : steps_(std::move(steps)) {}
 
   bool empty() const { return steps_.empty(); }
+  // True when every step is a Unicode normal form (or there is none): such a normalizer acts on
+  // each piece of text independently of the text around a line break.
+  bool unicode_forms_only() const;
   // `text` must be valid UTF-8.
   absl::StatusOr<std::string> Normalize(absl::string_view text) const;
 

@@ -5,9 +5,46 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/status.h"
+#include "engine/common/thread_pool.h"
+#include "engine/tokenizer/gguf_pre_tokenizers.h"
 #include "engine/tokenizer/utf8.h"
 
 namespace ferry {
+
+namespace {
+
+constexpr size_t kParallelChunkBytes = 16 * 1024;
+
+bool IsAsciiSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+bool IsAsciiLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+// Patterns whose matches never span "X\nL" (X not whitespace, L an ASCII letter) and whose
+// lookahead cannot see across it differently: a piece never continues from a newline into a
+// letter, and the newline before the letter is always a piece of its own or the end of one.
+bool IsKnownSafePattern(const std::string& pattern) {
+  static const auto* known = [] {
+    auto* set = new std::vector<std::string>{kGpt2Pattern, "\\p{N}"};
+    for (const char* name : {"llama-bpe", "qwen2"}) {
+      const absl::StatusOr<std::vector<std::string>> patterns = GgufPreTokenizerPatterns(name);
+      for (const std::string& p : *patterns) set->push_back(p);
+    }
+    return set;
+  }();
+  for (const std::string& k : *known) {
+    if (k == pattern) return true;
+  }
+  // The same Llama-3 / Qwen2 patterns as HF files spell them, with (?i:...).
+  return pattern ==
+             "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+             "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+" ||
+         pattern ==
+             "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+             "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+}
+
+}  // namespace
 
 absl::Status Tokenizer::Finish() {
   token_strings_.assign(model_->vocab_size(), std::string());
@@ -26,6 +63,16 @@ absl::Status Tokenizer::Finish() {
   std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& a, const AddedToken& b) {
     return a.content.size() > b.content.size();
   });
+  parallel_safe_ = normalizer_.unicode_forms_only();
+  for (const PreTokenizerStep& step : pre_tokenizer_.steps()) {
+    const bool safe_split = step.kind == PreTokenizerStep::Kind::kSplit &&
+                            step.behavior == SplitBehavior::kIsolated && !step.invert &&
+                            IsKnownSafePattern(step.regex->pattern());
+    const bool safe_byte_level =
+        step.kind == PreTokenizerStep::Kind::kByteLevel && !step.add_prefix_space &&
+        (step.regex == nullptr || IsKnownSafePattern(step.regex->pattern()));
+    if (!safe_split && !safe_byte_level) parallel_safe_ = false;
+  }
   if (decoder_.byte_level_only()) {
     byte_level_bytes_.resize(token_strings_.size());
     for (size_t id = 0; id < token_strings_.size(); ++id) {
@@ -35,14 +82,61 @@ absl::Status Tokenizer::Finish() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> Tokenizer::Normalize(absl::string_view text) const {
+  if (!IsValidUtf8(text)) return absl::InvalidArgumentError("input is not valid UTF-8");
+  if (normalizer_.empty()) return std::string(text);
+  return normalizer_.Normalize(text);
+}
+
 const std::string& Tokenizer::TokenString(TokenId id) const {
   static const std::string* const kEmpty = new std::string();
   return id < token_strings_.size() ? token_strings_[id] : *kEmpty;
 }
 
+std::vector<size_t> Tokenizer::ParallelBoundaries(absl::string_view text,
+                                                  size_t chunk_bytes) const {
+  std::vector<size_t> cuts;
+  size_t target = chunk_bytes;
+  while (target + 2 < text.size()) {
+    size_t i = std::max<size_t>(target, 2);
+    while (i < text.size() &&
+           !(text[i - 1] == '\n' && IsAsciiLetter(text[i]) && !IsAsciiSpace(text[i - 2]))) {
+      ++i;
+    }
+    if (i >= text.size()) break;
+    cuts.push_back(i);
+    target = i + chunk_bytes;
+  }
+  return cuts;
+}
+
 absl::Status Tokenizer::EncodeText(absl::string_view text, bool at_start,
                                    std::vector<TokenId>* out) const {
   if (text.empty()) return absl::OkStatus();
+  if (parallel_safe_ && parallel_threshold_ > 0 && text.size() > parallel_threshold_) {
+    std::vector<size_t> cuts = ParallelBoundaries(text, kParallelChunkBytes);
+    if (!cuts.empty()) {
+      cuts.insert(cuts.begin(), 0);
+      cuts.push_back(text.size());
+      const size_t chunks = cuts.size() - 1;
+      std::vector<std::vector<TokenId>> ids(chunks);
+      std::vector<absl::Status> statuses(chunks);
+      ThreadPool::Shared().ParallelFor(chunks, [&](size_t c) {
+        statuses[c] =
+            EncodePlain(text.substr(cuts[c], cuts[c + 1] - cuts[c]), at_start && c == 0, &ids[c]);
+      });
+      for (size_t c = 0; c < chunks; ++c) {
+        RETURN_IF_ERROR(statuses[c]);
+        out->insert(out->end(), ids[c].begin(), ids[c].end());
+      }
+      return absl::OkStatus();
+    }
+  }
+  return EncodePlain(text, at_start, out);
+}
+
+absl::Status Tokenizer::EncodePlain(absl::string_view text, bool at_start,
+                                    std::vector<TokenId>* out) const {
   std::string normalized;
   if (!normalizer_.empty()) {
     ASSIGN_OR_RETURN(normalized, normalizer_.Normalize(text));

@@ -57,10 +57,16 @@ class Tokenizer {
   // From the tokenizer.ggml.* metadata of a GGUF file.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& gguf);
 
-  // `text` must be valid UTF-8 (InvalidArgument naming the byte offset otherwise).
+  // `text` must be valid UTF-8 (InvalidArgument naming the byte offset otherwise). Plain text
+  // longer than parallel_threshold() is cut at boundaries the pre-tokenizer cannot cross and
+  // encoded on ThreadPool::Shared(), with a result identical to the sequential one.
   absl::StatusOr<std::vector<TokenId>> Encode(absl::string_view text,
                                               bool allow_special = false) const;
   absl::StatusOr<std::vector<TokenId>> Encode(absl::Span<const TextSegment> segments) const;
+
+  // The text as the model sees it after normalization (NFC etc.; the input itself when the
+  // tokenizer has no normalizer). Byte-level tokenizers decode Encode(text) to exactly this.
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const;
 
   // Text of `ids`; invalid UTF-8 produced by partial byte tokens becomes U+FFFD (as in HF).
   // Unknown ids are an error.
@@ -79,13 +85,26 @@ class Tokenizer {
   std::optional<TokenId> eos_id() const { return eos_id_; }
   bool add_bos() const { return add_bos_; }
 
+  // Whether long inputs may be encoded in parallel: true for pipelines made only of the known
+  // split patterns (GPT-2, Llama-3, Qwen2, digits) and Unicode normal forms, whose pieces never
+  // cross a "non-space, newline, ASCII letter" boundary.
+  bool parallel_safe() const { return parallel_safe_; }
+  size_t parallel_threshold() const { return parallel_threshold_; }
+  // For tests and benchmarks: inputs above `bytes` go parallel (0 disables parallel encoding).
+  void set_parallel_threshold(size_t bytes) { parallel_threshold_ = bytes; }
+
+  // The cut points EncodeText would use for `text` (exposed for tests).
+  std::vector<size_t> ParallelBoundaries(absl::string_view text, size_t chunk_bytes) const;
+
  private:
   Tokenizer() = default;
 
   // Splits `text` at added tokens (special ones only if `allow_special`), appending ids.
   absl::Status EncodeSegment(absl::string_view text, bool allow_special, bool at_start,
                              std::vector<TokenId>* out) const;
+  // Normalizes, pre-tokenizes and runs BPE over plain text, in parallel chunks when safe.
   absl::Status EncodeText(absl::string_view text, bool at_start, std::vector<TokenId>* out) const;
+  absl::Status EncodePlain(absl::string_view text, bool at_start, std::vector<TokenId>* out) const;
   // Fills token_strings_, byte_level_bytes_ and special_ids_ once model_, added_ and decoder_
   // are set, and sorts added_ for matching.
   absl::Status Finish();
@@ -103,6 +122,8 @@ class Tokenizer {
   std::array<bool, 256> first_byte_plain_{};
   std::optional<TokenId> bos_id_, eos_id_;
   bool add_bos_ = false;
+  bool parallel_safe_ = false;
+  size_t parallel_threshold_ = 64 * 1024;
 };
 
 }  // namespace ferry

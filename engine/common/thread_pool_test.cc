@@ -1,0 +1,56 @@
+#include "engine/common/thread_pool.h"
+
+#include <atomic>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+TEST(ThreadPoolTest, EveryIndexRunsExactlyOnce) {
+  ThreadPool pool(4);
+  EXPECT_EQ(pool.threads(), 4);
+  for (size_t n : {0u, 1u, 3u, 100u, 10000u}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.ParallelFor(n, [&](size_t i) { hits[i]++; });
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << i;
+  }
+}
+
+TEST(ThreadPoolTest, UsesSeveralThreadsAndReusesThem) {
+  ThreadPool pool(3);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  for (int round = 0; round < 20; ++round) {
+    pool.ParallelFor(64, [&](size_t) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(std::this_thread::get_id());
+    });
+  }
+  EXPECT_GE(ids.size(), 2u);
+  EXPECT_LE(ids.size(), 3u);  // the workers plus the caller, never new threads
+}
+
+TEST(ThreadPoolTest, ConcurrentCallersAreServed) {
+  ThreadPool pool(2);
+  std::atomic<long> sum{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&] { pool.ParallelFor(1000, [&](size_t i) { sum += i; }); });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(sum.load(), 4L * 999 * 1000 / 2);
+}
+
+TEST(ThreadPoolTest, SingleThreadPoolRunsInline) {
+  ThreadPool pool(1);
+  const auto caller = std::this_thread::get_id();
+  pool.ParallelFor(10, [&](size_t) { EXPECT_EQ(std::this_thread::get_id(), caller); });
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs tokenizer_test on the default model's GGUF and on the five small tokenizers HF `tokenizers`
+# trains here (tools/make_tiny_model). Needs FERRY_REF_PYTHON and FERRY_MODEL_GGUF.
+set -euo pipefail
+test_binary="$1"
+make_tiny_model="$2"
+for var in FERRY_REF_PYTHON FERRY_MODEL_GGUF; do
+  if [[ -z "${!var:-}" || ! -e "${!var}" ]]; then
+    echo "${var} is not set to an existing file; run through './ferry test'." >&2
+    exit 1
+  fi
+done
+"${FERRY_REF_PYTHON}" "${make_tiny_model}" tokenizers "${TEST_TMPDIR}/tiny"
+json=$(ls "${TEST_TMPDIR}"/tiny/*/tokenizer.json | paste -sd, -)
+exec "${test_binary}" --gguf="${FERRY_MODEL_GGUF}" --json="${json}"
