@@ -5,9 +5,6 @@
 #include "engine/tokenizer/utf8.h"
 
 namespace ferry {
-namespace {
-
-// "<0x41>" -> 0x41; -1 if the token is not a byte-fallback token.
 int ByteFallbackValue(absl::string_view token) {
   if (token.size() != 6 || token.substr(0, 3) != "<0x" || token[5] != '>') return -1;
   int value = 0;
@@ -22,8 +19,6 @@ int ByteFallbackValue(absl::string_view token) {
   }
   return value;
 }
-
-}  // namespace
 
 std::string ByteLevelTokenBytes(absl::string_view token) {
   std::string bytes;

@@ -33,6 +33,13 @@ class Decoder {
     return steps_.size() == 1 && steps_[0].kind == DecoderStep::Kind::kByteLevel;
   }
 
+  bool has_byte_fallback() const {
+    for (const DecoderStep& step : steps_) {
+      if (step.kind == DecoderStep::Kind::kByteFallback) return true;
+    }
+    return false;
+  }
+
   // Decodes token strings (as they appear in the vocabulary) to raw bytes, without the final
   // UTF-8 repair (callers apply Utf8Lossy or hold incomplete bytes back).
   std::string DecodeToBytes(std::vector<std::string> tokens) const;
@@ -40,6 +47,9 @@ class Decoder {
  private:
   std::vector<DecoderStep> steps_;
 };
+
+// "<0x41>" -> 0x41; -1 when `token` is not a byte-fallback token.
+int ByteFallbackValue(absl::string_view token);
 
 // The bytes a byte-level token stands for: its characters mapped back through the GPT-2
 // alphabet, or its own UTF-8 bytes when a character is outside the alphabet (as HF does).

@@ -17,6 +17,7 @@ absl::StatusOr<std::string> IncrementalDetokenizer::Push(TokenId id) {
     return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is not in the vocabulary"));
   }
   ids_.push_back(id);
+  if (tokenizer_.IsByteFallbackToken(id)) return std::string();  // the byte group may go on
   const absl::Span<const TokenId> ids(ids_);
   ASSIGN_OR_RETURN(const std::string before,
                    tokenizer_.DecodeBytes(

@@ -1,7 +1,8 @@
 // Streaming detokenization: turns a growing sequence of output tokens into text deltas, emitting
-// only text that is complete UTF-8 and will not change when more tokens arrive (a character split
-// across byte-level or <0xXX> byte-fallback tokens is held back; a Metaspace space at the start
-// is resolved before it is shown).
+// only text that is complete UTF-8 and will not change when more tokens arrive: a character split
+// across byte-level tokens is held back, and so is a run of <0xXX> byte-fallback tokens until it
+// ends (HF renders an invalid run as one U+FFFD per byte, so its text is known only at its end);
+// start-of-text rules (Strip, Metaspace) apply as in a full decode.
 //
 // Contract, checked by tests on every prefix of every test string: the deltas concatenated,
 // followed by Finish(), equal Tokenizer::Decode of all the tokens.

@@ -73,6 +73,12 @@ absl::Status Tokenizer::Finish() {
         (step.regex == nullptr || IsKnownSafePattern(step.regex->pattern()));
     if (!safe_split && !safe_byte_level) parallel_safe_ = false;
   }
+  byte_fallback_tokens_.assign(token_strings_.size(), false);
+  if (decoder_.has_byte_fallback()) {
+    for (size_t id = 0; id < token_strings_.size(); ++id) {
+      byte_fallback_tokens_[id] = ByteFallbackValue(token_strings_[id]) >= 0;
+    }
+  }
   if (decoder_.byte_level_only()) {
     byte_level_bytes_.resize(token_strings_.size());
     for (size_t id = 0; id < token_strings_.size(); ++id) {

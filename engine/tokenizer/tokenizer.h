@@ -77,6 +77,12 @@ class Tokenizer {
                                           bool skip_special = false) const;
 
   size_t vocab_size() const { return token_strings_.size(); }
+  // True for <0xXX> tokens when the decoder has ByteFallback: such a token's text depends on the
+  // byte tokens that follow it (an invalid group decodes to one U+FFFD per byte), so streaming
+  // holds it back until the group ends.
+  bool IsByteFallbackToken(TokenId id) const {
+    return id < byte_fallback_tokens_.size() && byte_fallback_tokens_[id];
+  }
   // The vocabulary string of an id ("" when out of range).
   const std::string& TokenString(TokenId id) const;
   bool IsSpecial(TokenId id) const { return special_ids_.contains(id); }
@@ -116,6 +122,7 @@ class Tokenizer {
   std::vector<AddedToken> added_;              // sorted by content length, longest first
   std::vector<std::string> token_strings_;     // id -> vocabulary (or added) string
   std::vector<std::string> byte_level_bytes_;  // id -> bytes, when the decoder is ByteLevel
+  std::vector<bool> byte_fallback_tokens_;     // see IsByteFallbackToken
   absl::flat_hash_set<TokenId> special_ids_;
   // First bytes of added tokens: all of them, and the non-special ones (user text may hold those).
   std::array<bool, 256> first_byte_any_{};

@@ -6,9 +6,10 @@ For a target `name` this defines:
                     //tools/fuzz:corpus_main and replays the files it is given.
   name_corpus_test  a cc_test that replays every seed file, plus deterministic mutations of each,
                     through LLVMFuzzerTestOneInput (part of `./ferry test`).
+`data` holds files the target reads at run time (paths relative to the repository root).
 """
 
-def ferry_cc_fuzz_test(name, srcs, corpus, deps = []):
+def ferry_cc_fuzz_test(name, srcs, corpus, deps = [], data = []):
     native.cc_library(
         name = name + "_lib",
         testonly = True,
@@ -24,6 +25,7 @@ def ferry_cc_fuzz_test(name, srcs, corpus, deps = []):
     native.cc_binary(
         name = name,
         testonly = True,
+        data = data,
         deps = [":" + name + "_lib"] + select({
             "//:fuzzing": [],
             "//conditions:default": ["//tools/fuzz:corpus_main"],
@@ -37,7 +39,7 @@ def ferry_cc_fuzz_test(name, srcs, corpus, deps = []):
         name = name + "_corpus_test",
         size = "small",
         args = ["$(locations :%s_corpus)" % name],
-        data = [":" + name + "_corpus"],
+        data = [":" + name + "_corpus"] + data,
         deps = [
             ":" + name + "_lib",
             "//tools/fuzz:corpus_main",
