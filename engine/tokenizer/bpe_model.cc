@@ -2,12 +2,28 @@
 
 #include <queue>
 
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/tokenizer/utf8.h"
 
 namespace ferry {
+
+BpeModel::BpeModel(BpeModel&& other) noexcept { *this = std::move(other); }
+
+BpeModel& BpeModel::operator=(BpeModel&& other) noexcept {
+  cache_ = std::move(other.cache_);
+  vocab_ = std::move(other.vocab_);
+  ids_ = std::move(other.ids_);
+  merges_ = std::move(other.merges_);
+  byte_ids_ = other.byte_ids_;
+  fallback_ids_ = other.fallback_ids_;
+  unk_id_ = other.unk_id_;
+  options_ = other.options_;
+  other.cache_ = std::make_unique<std::array<CacheShard, kCacheShards>>();
+  return *this;
+}
 
 absl::StatusOr<BpeModel> BpeModel::Create(
     std::vector<std::string> vocab, const std::vector<std::pair<std::string, std::string>>& merges,
@@ -148,6 +164,27 @@ void BpeModel::ApplyMerges(std::vector<TokenId>* symbols) const {
 
 void BpeModel::EncodeWord(absl::string_view word, std::vector<TokenId>* out) const {
   if (word.empty()) return;
+  CacheShard* shard = nullptr;
+  if (word.size() < kMaxCachedWord) {
+    shard = &(*cache_)[absl::HashOf(word) % kCacheShards];
+    std::lock_guard<std::mutex> lock(shard->mu);
+    auto it = shard->words.find(word);
+    if (it != shard->words.end()) {
+      out->insert(out->end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t start = out->size();
+  EncodeWordUncached(word, out);
+  if (shard != nullptr) {
+    std::lock_guard<std::mutex> lock(shard->mu);
+    if (shard->words.size() < kCacheEntriesPerShard) {
+      shard->words.emplace(word, std::vector<TokenId>(out->begin() + start, out->end()));
+    }
+  }
+}
+
+void BpeModel::EncodeWordUncached(absl::string_view word, std::vector<TokenId>* out) const {
   if (options_.ignore_merges) {
     std::string mapped;
     if (options_.byte_level) {

@@ -14,6 +14,8 @@
 #define FERRY_ENGINE_TOKENIZER_BPE_MODEL_H_
 
 #include <array>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -35,9 +37,13 @@ struct BpeOptions {
   bool ignore_merges = false;
 };
 
-// Immutable after Create(); thread-safe.
+// Immutable after Create() apart from its word cache; thread-safe.
 class BpeModel {
  public:
+  BpeModel() = default;
+  BpeModel(BpeModel&& other) noexcept;
+  BpeModel& operator=(BpeModel&& other) noexcept;
+
   // `vocab[id]` is the token string of id (empty strings are holes); `merges` in rank order.
   static absl::StatusOr<BpeModel> Create(
       std::vector<std::string> vocab,
@@ -59,6 +65,22 @@ class BpeModel {
   static uint64_t PairKey(TokenId a, TokenId b) { return (uint64_t{a} << 32) | b; }
   void InitialSymbols(absl::string_view word, std::vector<TokenId>* symbols) const;
   void ApplyMerges(std::vector<TokenId>* symbols) const;
+  void EncodeWordUncached(absl::string_view word, std::vector<TokenId>* out) const;
+
+  // Results for pre-tokens seen before (shorter than kMaxCachedWord bytes), as HF caches them.
+  // Sharded to keep parallel encoders apart; each shard stops growing at its capacity (no
+  // eviction: the first words seen are the common ones), so memory stays bounded.
+  static constexpr size_t kCacheShards = 16;
+  static constexpr size_t kCacheEntriesPerShard = 8192;
+  static constexpr size_t kMaxCachedWord = 64;
+  // std::mutex rather than absl::Mutex: Debian's absl is built with deadlock detection on,
+  // which costs more than the cached BPE itself on this hot path.
+  struct CacheShard {
+    std::mutex mu;
+    absl::flat_hash_map<std::string, std::vector<TokenId>> words;  // guarded by mu
+  };
+  std::unique_ptr<std::array<CacheShard, kCacheShards>> cache_ =
+      std::make_unique<std::array<CacheShard, kCacheShards>>();
 
   std::vector<std::string> vocab_;
   absl::flat_hash_map<std::string, TokenId> ids_;

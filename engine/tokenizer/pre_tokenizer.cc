@@ -9,9 +9,11 @@ namespace ferry {
 namespace {
 
 // Splits `piece` by the matches of `regex` according to `behavior` (HF's
-// NormalizedString::split), appending the resulting non-empty pieces.
-absl::Status SplitByRegex(const std::string& piece, const UnicodeRegex& regex,
-                          SplitBehavior behavior, bool invert, std::vector<std::string>* out) {
+// NormalizedString::split), appending the [begin, end) ranges (relative to `piece`) of the
+// resulting non-empty pieces, in order.
+absl::Status SplitByRegex(absl::string_view piece, const UnicodeRegex& regex,
+                          SplitBehavior behavior, bool invert,
+                          std::vector<std::pair<size_t, size_t>>* out) {
   std::vector<std::pair<size_t, size_t>> matches;
   RETURN_IF_ERROR(regex.FindAll(piece, &matches));
   // Segments covering the piece: (begin, end, is_delimiter).
@@ -29,7 +31,7 @@ absl::Status SplitByRegex(const std::string& piece, const UnicodeRegex& regex,
   if (pos < piece.size()) segments.push_back({pos, piece.size(), invert});
 
   auto emit = [&](size_t b, size_t e) {
-    if (e > b) out->push_back(piece.substr(b, e - b));
+    if (e > b) out->emplace_back(b, e);
   };
   switch (behavior) {
     case SplitBehavior::kRemoved:
@@ -90,7 +92,47 @@ absl::Status SplitByRegex(const std::string& piece, const UnicodeRegex& regex,
   return absl::OkStatus();
 }
 
+// The same, as strings.
+absl::Status SplitByRegex(const std::string& piece, const UnicodeRegex& regex,
+                          SplitBehavior behavior, bool invert, std::vector<std::string>* out) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  RETURN_IF_ERROR(SplitByRegex(absl::string_view(piece), regex, behavior, invert, &ranges));
+  for (const auto& [b, e] : ranges) out->push_back(piece.substr(b, e - b));
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+PreTokenizer::PreTokenizer(std::vector<PreTokenizerStep> steps) : steps_(std::move(steps)) {
+  for (const PreTokenizerStep& step : steps_) {
+    if (step.kind == PreTokenizerStep::Kind::kMetaspace ||
+        (step.kind == PreTokenizerStep::Kind::kByteLevel && step.add_prefix_space)) {
+      splits_only_ = false;
+    }
+  }
+}
+
+absl::Status PreTokenizer::SplitRanges(absl::string_view text,
+                                       std::vector<std::pair<size_t, size_t>>* ranges) const {
+  std::vector<std::pair<size_t, size_t>> current = {{0, text.size()}}, next, pieces;
+  for (const PreTokenizerStep& step : steps_) {
+    if (step.regex == nullptr) continue;  // ByteLevel without its regex: no split
+    const bool split = step.kind == PreTokenizerStep::Kind::kSplit;
+    next.clear();
+    for (const auto& [begin, end] : current) {
+      pieces.clear();
+      RETURN_IF_ERROR(SplitByRegex(text.substr(begin, end - begin), *step.regex,
+                                   split ? step.behavior : SplitBehavior::kIsolated,
+                                   split && step.invert, &pieces));
+      for (const auto& [b, e] : pieces) next.emplace_back(begin + b, begin + e);
+    }
+    current.swap(next);
+  }
+  for (const auto& r : current) {
+    if (r.second > r.first) ranges->push_back(r);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<PreTokenizerStep> PreTokenizer::SplitStep(absl::string_view pattern,
                                                          SplitBehavior behavior, bool invert) {

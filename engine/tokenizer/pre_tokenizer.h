@@ -38,19 +38,21 @@ struct PreTokenizerStep {
   bool split = true;
 };
 
-// The GPT-2 split pattern (HF ByteLevel's built-in regex).
-inline constexpr char kGpt2Pattern[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
 // Thread-safe after construction.
 class PreTokenizer {
  public:
   PreTokenizer() = default;  // no steps: the whole text is one piece
-  explicit PreTokenizer(std::vector<PreTokenizerStep> steps) : steps_(std::move(steps)) {}
+  explicit PreTokenizer(std::vector<PreTokenizerStep> steps);
 
   // Splits `text` into pieces (appended to `pieces`). `at_start`: the text begins the input
   // (not after an added token), for Metaspace's "first" scheme.
   absl::Status Split(absl::string_view text, bool at_start, std::vector<std::string>* pieces) const;
+
+  // When no step rewrites text (only Split and ByteLevel without add_prefix_space), pieces are
+  // ranges of the input: SplitRanges appends [begin, end) pairs without copying any text.
+  bool splits_only() const { return splits_only_; }
+  absl::Status SplitRanges(absl::string_view text,
+                           std::vector<std::pair<size_t, size_t>>* ranges) const;
 
   const std::vector<PreTokenizerStep>& steps() const { return steps_; }
 
@@ -62,6 +64,7 @@ class PreTokenizer {
 
  private:
   std::vector<PreTokenizerStep> steps_;
+  bool splits_only_ = true;
 };
 
 }  // namespace ferry

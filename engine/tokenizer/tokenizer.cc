@@ -148,6 +148,13 @@ absl::Status Tokenizer::EncodePlain(absl::string_view text, bool at_start,
     ASSIGN_OR_RETURN(normalized, normalizer_.Normalize(text));
     text = normalized;
   }
+  if (pre_tokenizer_.splits_only()) {
+    std::vector<std::pair<size_t, size_t>> ranges;
+    RETURN_IF_ERROR(pre_tokenizer_.SplitRanges(text, &ranges));
+    for (const auto& [begin, end] : ranges)
+      model_->EncodeWord(text.substr(begin, end - begin), out);
+    return absl::OkStatus();
+  }
   std::vector<std::string> pieces;
   RETURN_IF_ERROR(pre_tokenizer_.Split(text, at_start, &pieces));
   for (const std::string& piece : pieces) model_->EncodeWord(piece, out);

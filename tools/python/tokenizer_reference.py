@@ -5,6 +5,9 @@
   tokenizer_reference.py gguf-to-json GGUF             an HF tokenizer.json for a GGUF vocabulary
   tokenizer_reference.py hf TOKENIZER_JSON CORPUS      HF `tokenizers` ids + decoded text
   tokenizer_reference.py llama GGUF CORPUS             llama.cpp (llama-cpp-python) ids + text
+  tokenizer_reference.py bench-corpus MB SEED          documents of ~8 KiB, MB megabytes in all
+  tokenizer_reference.py hf-bench TOKENIZER_JSON CORPUS   HF encode_batch/decode_batch speed
+                                                          (threads: RAYON_NUM_THREADS)
 
 Expected outputs are JSON arrays of {"ids": [...], "text": "..."}; strings are encoded with
 special tokens recognised (HF's default; llama.cpp's special=True) and without BOS/EOS.
@@ -152,6 +155,60 @@ def llama(gguf_path, corpus_path):
     json.dump(out, sys.stdout, ensure_ascii=False)
 
 
+def bench_corpus(megabytes, seed):
+    """Documents of ~8 KiB: 85% text found on every Debian machine with Python (the standard
+    library's sources, license texts), 15% the varied generated strings of `corpus`."""
+    import glob
+    rng = random.Random(seed)
+    target = megabytes * 1_000_000
+    files = sorted(glob.glob("/usr/lib/python3.11/**/*.py", recursive=True))
+    files += sorted(glob.glob("/usr/share/common-licenses/*"))
+    rng.shuffle(files)
+    docs, total = [], 0
+    for path in files:
+        if total >= target * 0.85:
+            break
+        try:
+            text = open(path, encoding="utf-8").read()
+        except (UnicodeDecodeError, OSError, IsADirectoryError):
+            continue
+        for i in range(0, len(text), 8192):
+            docs.append(text[i:i + 8192])
+            total += len(docs[-1].encode("utf-8"))
+    while total < target:
+        parts, size = [], 0
+        while size < 8192:
+            s = random_string(rng)
+            parts.append(s)
+            size += len(s.encode("utf-8")) + 1
+        doc = "".join(p + ("\n" if rng.random() < 0.3 else " ") for p in parts)
+        docs.append(doc)
+        total += len(doc.encode("utf-8"))
+    rng.shuffle(docs)
+    json.dump(docs, sys.stdout, ensure_ascii=False)
+
+
+def hf_bench(tokenizer_json, corpus_path):
+    import time
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(tokenizer_json)
+    docs = json.load(open(corpus_path))
+    total_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    tok.encode_batch(docs[:8], add_special_tokens=False)  # warm up
+    best = 1e30
+    for _ in range(3):
+        start = time.perf_counter()
+        encodings = tok.encode_batch(docs, add_special_tokens=False)
+        best = min(best, time.perf_counter() - start)
+    ids = [e.ids for e in encodings]
+    tokens = sum(len(i) for i in ids)
+    start = time.perf_counter()
+    tok.decode_batch(ids, skip_special_tokens=False)
+    decode = time.perf_counter() - start
+    print(json.dumps({"encode_mb_s": total_bytes / best / 1e6, "decode_tok_s": tokens / decode,
+                      "tokens": tokens, "bytes": total_bytes}))
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1:2]
     if cmd == ["corpus"]:
@@ -162,5 +219,9 @@ if __name__ == "__main__":
         hf(sys.argv[2], sys.argv[3])
     elif cmd == ["llama"]:
         llama(sys.argv[2], sys.argv[3])
+    elif cmd == ["bench-corpus"]:
+        bench_corpus(int(sys.argv[2]), int(sys.argv[3]))
+    elif cmd == ["hf-bench"]:
+        hf_bench(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)
