@@ -54,6 +54,11 @@ class Tokenizer {
   // From the text of a tokenizer.json file.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromTokenizerJson(absl::string_view json);
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromTokenizerJsonFile(const std::string& path);
+  // From an HF model directory: tokenizer.json, plus tokenizer_config.json when present
+  // (bos_token, eos_token, add_bos_token).
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromHfDirectory(const std::string& dir);
+  // Applies tokenizer_config.json's special-token settings to a loaded tokenizer.
+  absl::Status ApplyTokenizerConfig(absl::string_view json);
   // From the tokenizer.ggml.* metadata of a GGUF file.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& gguf);
 

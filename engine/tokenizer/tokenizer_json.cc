@@ -299,4 +299,66 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromTokenizerJsonFile(
   return tokenizer;
 }
 
+namespace {
+
+// tokenizer_config.json spells a token as "text" or {"content": "text", ...}; null means none.
+absl::StatusOr<std::optional<std::string>> ConfigToken(const Json& config, const char* key) {
+  if (!config.contains(key) || config[key].is_null()) return std::optional<std::string>();
+  const Json& value = config[key];
+  if (value.is_string()) return std::optional<std::string>(value.get<std::string>());
+  if (value.is_object() && value.contains("content") && value["content"].is_string()) {
+    return std::optional<std::string>(value["content"].get<std::string>());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("tokenizer_config.json: ", key, " is neither a string nor {\"content\": ...}"));
+}
+
+}  // namespace
+
+absl::Status Tokenizer::ApplyTokenizerConfig(absl::string_view json) {
+  try {
+    const Json config = Json::parse(json.begin(), json.end());
+    if (!config.is_object()) {
+      return absl::InvalidArgumentError("tokenizer_config.json: not a JSON object");
+    }
+    auto id_of = [&](const std::string& content) -> absl::StatusOr<TokenId> {
+      for (size_t id = 0; id < token_strings_.size(); ++id) {
+        if (token_strings_[id] == content) return static_cast<TokenId>(id);
+      }
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json names the token '",
+                                                     content, "', which is not in tokenizer.json"));
+    };
+    ASSIGN_OR_RETURN(const std::optional<std::string> bos, ConfigToken(config, "bos_token"));
+    ASSIGN_OR_RETURN(const std::optional<std::string> eos, ConfigToken(config, "eos_token"));
+    if (bos.has_value()) {
+      ASSIGN_OR_RETURN(bos_id_, id_of(*bos));
+    }
+    if (eos.has_value()) {
+      ASSIGN_OR_RETURN(eos_id_, id_of(*eos));
+    }
+    if (config.contains("add_bos_token") && config["add_bos_token"].is_boolean()) {
+      add_bos_ = config["add_bos_token"].get<bool>();
+    }
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfDirectory(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                   FromTokenizerJsonFile(absl::StrCat(dir, "/tokenizer.json")));
+  const std::string config_path = absl::StrCat(dir, "/tokenizer_config.json");
+  std::ifstream in(config_path, std::ios::binary);
+  if (in) {
+    std::ostringstream text;
+    text << in.rdbuf();
+    const absl::Status status = tokenizer->ApplyTokenizerConfig(text.str());
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat(config_path, ": ", status.message()));
+    }
+  }
+  return tokenizer;
+}
+
 }  // namespace ferry
