@@ -15,23 +15,9 @@
 
 #include "engine/common/block_hash.h"
 #include "engine/common/hash128.h"
+#include "tools/bench/timing.h"
 
-namespace {
-
-// Best time (seconds) of `reps` runs of fn.
-template <typename Fn>
-double BestSeconds(int reps, Fn fn) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    const auto end = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double>(end - start).count());
-  }
-  return best;
-}
-
-}  // namespace
+using ferry::bench::BestSeconds;
 
 int main() {
   constexpr size_t kTokens = 16384;

@@ -18,22 +18,9 @@
 #include "engine/gguf/gguf_file.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/timing.h"
 
-namespace {
-
-template <typename Fn>
-double BestSeconds(int reps, Fn fn) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(
-        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return best;
-}
-
-}  // namespace
+using ferry::bench::BestSeconds;
 
 int main(int argc, char** argv) {
   if (argc != 3) {
