@@ -1,0 +1,63 @@
+// apply_chat_template in C++: renders a model's own chat template (its Jinja source from
+// tokenizer_config.json or GGUF metadata) over a conversation, as HF transformers does, and says
+// which bytes of the prompt came from users, so the tokenizer can keep user text from producing
+// control tokens.
+//
+// Immutable after Parse(); thread-safe.
+
+#ifndef FERRY_ENGINE_TEMPLATE_CHAT_TEMPLATE_H_
+#define FERRY_ENGINE_TEMPLATE_CHAT_TEMPLATE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/template/template.h"
+#include "nlohmann/json.hpp"
+
+namespace ferry {
+
+// JSON with object keys in their original order (parse request bodies as ordered_json: templates
+// print tool schemas and arguments with tojson, and HF keeps the client's key order).
+struct ChatTemplateInputs {
+  // [{"role": ..., "content": ... , "tool_calls": [...], ...}, ...] as the OpenAI API sends it.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  // Tool definitions (JSON schema objects), or null.
+  nlohmann::ordered_json tools = nullptr;
+  bool add_generation_prompt = false;
+  std::string bos_token;
+  std::string eos_token;
+  // Further template variables (e.g. {"enable_thinking": false}).
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+};
+
+// A byte range of the prompt and where it came from.
+struct PromptSpan {
+  size_t begin;
+  size_t end;
+  bool user;  // from message contents, tool calls and results, tool definitions, extra strings
+};
+
+struct ChatPrompt {
+  std::string text;
+  // Cover `text` in order; template spans may hold control tokens, user spans never.
+  std::vector<PromptSpan> spans;
+};
+
+class ChatTemplate {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> Parse(absl::string_view source);
+
+  absl::StatusOr<ChatPrompt> Apply(const ChatTemplateInputs& inputs,
+                                   const jinja::RenderLimits& limits = {}) const;
+
+ private:
+  explicit ChatTemplate(std::unique_ptr<jinja::Template> t) : template_(std::move(t)) {}
+  std::unique_ptr<jinja::Template> template_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_TEMPLATE_CHAT_TEMPLATE_H_
