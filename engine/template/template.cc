@@ -328,6 +328,7 @@ class ExprParser {
   }
 
   std::unique_ptr<Expr> Make(Expr::Kind kind) {
+    ++nodes_;
     auto e = std::make_unique<Expr>();
     e->kind = kind;
     e->line = line_;
@@ -336,7 +337,7 @@ class ExprParser {
 
   // Full expression, with a top-level tuple "a, b" when `allow_tuple` (for-loop iterables).
   absl::StatusOr<std::unique_ptr<Expr>> Expression() {
-    if (++depth_ > 200) return SyntaxError(line_, "expression nested too deeply");
+    if (++depth_ > kMaxDepth) return SyntaxError(line_, "expression nested too deeply");
     ASSIGN_OR_RETURN(auto e, Conditional());
     --depth_;
     return e;
@@ -385,10 +386,22 @@ class ExprParser {
     return left;
   }
 
+  // Rendering recurses over the tree, so its size (and with it its depth) is bounded.
+  absl::Status CheckSize() const {
+    if (nodes_ > kMaxNodes) {
+      return SyntaxError(line_,
+                         absl::StrCat("expression too complex (more than ", kMaxNodes, " parts)"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::unique_ptr<Expr>> Not() {
+    RETURN_IF_ERROR(CheckSize());
     if (IsName("not")) {
       ++pos_;
+      if (++depth_ > kMaxDepth) return SyntaxError(line_, "expression nested too deeply");
       ASSIGN_OR_RETURN(auto operand, Not());
+      --depth_;
       auto e = Make(Expr::Kind::kUnary);
       e->name = "not";
       e->children.push_back(std::move(operand));
@@ -477,10 +490,13 @@ class ExprParser {
   }
 
   absl::StatusOr<std::unique_ptr<Expr>> Unary(bool with_filter) {
+    RETURN_IF_ERROR(CheckSize());
     std::unique_ptr<Expr> node;
     if (IsOp("-") || IsOp("+")) {
       const std::string op = toks_[pos_++].text;
+      if (++depth_ > kMaxDepth) return SyntaxError(line_, "expression nested too deeply");
       ASSIGN_OR_RETURN(auto operand, Unary(false));
+      --depth_;
       node = Make(Expr::Kind::kUnary);
       node->name = op;
       node->children.push_back(std::move(operand));
@@ -517,6 +533,7 @@ class ExprParser {
 
   absl::StatusOr<std::unique_ptr<Expr>> Postfix(std::unique_ptr<Expr> node) {
     while (true) {
+      RETURN_IF_ERROR(CheckSize());
       if (Accept(".")) {
         auto e = Make(Expr::Kind::kAttr);
         if (Peek().kind == Tok::Kind::kInt) {
@@ -566,6 +583,7 @@ class ExprParser {
 
   absl::StatusOr<std::unique_ptr<Expr>> FilterTest(std::unique_ptr<Expr> node) {
     while (true) {
+      RETURN_IF_ERROR(CheckSize());
       if (Accept("|")) {
         auto e = Make(Expr::Kind::kFilter);
         ASSIGN_OR_RETURN(e->name, ExpectName());
@@ -666,10 +684,13 @@ class ExprParser {
   }
 
  private:
+  static constexpr int kMaxNodes = 2000;
+  static constexpr int kMaxDepth = 100;
   std::vector<Tok> toks_;
   size_t pos_ = 0;
   int line_;
   int depth_ = 0;
+  int nodes_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------

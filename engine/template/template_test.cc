@@ -135,6 +135,18 @@ TEST(TemplateTest, RunawayTemplatesStopWithAStatus) {
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(Render("{{ 'x' * 100000000 }}").ok());
+  // Deep expressions are refused at parse time rather than recursing without bound.
+  EXPECT_FALSE(Render("{{ " + std::string(100000, '-') + "1 }}").ok());
+  EXPECT_FALSE(Render("{{ " + std::string(100000, '(') + "1 }}").ok());
+  std::string chain = "{{ 1";
+  for (int i = 0; i < 50000; ++i) chain += " + 1";
+  EXPECT_FALSE(Render(chain + " }}").ok());
+  std::string attrs = "{{ x";
+  for (int i = 0; i < 50000; ++i) attrs += ".a";
+  EXPECT_FALSE(Render(attrs + " }}").ok());
+  std::string nots = "{{ ";
+  for (int i = 0; i < 50000; ++i) nots += "not ";
+  EXPECT_FALSE(Render(nots + "1 }}").ok());
 }
 
 TEST(ChatTemplateTest, UserTextIsMarked) {
