@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/status.h"
+#include "engine/gguf/gguf_file.h"
 
 namespace ferry {
 
@@ -27,6 +28,37 @@ Value MessageValue(const nlohmann::ordered_json& message) {
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(absl::string_view source) {
   ASSIGN_OR_RETURN(std::unique_ptr<jinja::Template> t, jinja::Template::Parse(source));
   return std::unique_ptr<ChatTemplate>(new ChatTemplate(std::move(t)));
+}
+
+absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromGguf(const GgufFile& gguf) {
+  ASSIGN_OR_RETURN(const std::string source, gguf.GetString("tokenizer.chat_template"));
+  return Parse(source);
+}
+
+absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromTokenizerConfig(
+    absl::string_view json, absl::string_view name) {
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(json.begin(), json.end());
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer_config.json: ", e.what()));
+  }
+  if (!config.is_object() || !config.contains("chat_template")) {
+    return absl::NotFoundError("tokenizer_config.json has no chat_template");
+  }
+  const nlohmann::json& t = config["chat_template"];
+  if (t.is_string()) return Parse(t.get<std::string>());
+  if (t.is_array()) {
+    for (const nlohmann::json& entry : t) {
+      if (entry.is_object() && entry.value("name", "") == name && entry.contains("template") &&
+          entry["template"].is_string()) {
+        return Parse(entry["template"].get<std::string>());
+      }
+    }
+    return absl::NotFoundError(
+        absl::StrCat("tokenizer_config.json has no chat template named '", name, "'"));
+  }
+  return absl::InvalidArgumentError("tokenizer_config.json: chat_template is not a string or list");
 }
 
 absl::StatusOr<ChatPrompt> ChatTemplate::Apply(const ChatTemplateInputs& inputs,

@@ -46,9 +46,17 @@ struct ChatPrompt {
   std::vector<PromptSpan> spans;
 };
 
+class GgufFile;
+
 class ChatTemplate {
  public:
   static absl::StatusOr<std::unique_ptr<ChatTemplate>> Parse(absl::string_view source);
+  // The template of a GGUF file (tokenizer.chat_template).
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> FromGguf(const GgufFile& gguf);
+  // The template of an HF tokenizer_config.json: "chat_template" as a string, or as a list of
+  // {"name", "template"} from which `name` is chosen ("default" unless told otherwise).
+  static absl::StatusOr<std::unique_ptr<ChatTemplate>> FromTokenizerConfig(
+      absl::string_view json, absl::string_view name = "default");
 
   absl::StatusOr<ChatPrompt> Apply(const ChatTemplateInputs& inputs,
                                    const jinja::RenderLimits& limits = {}) const;

@@ -5,7 +5,8 @@
 
 writes OUTDIR/<name>/tokenizer.json for each tokenizer family Ferry must handle, trained with
 HF `tokenizers`' BpeTrainer on text found on this machine (license texts, Python's standard
-library sources):
+library sources), and OUTDIR/<name>/tokenizer_config.json with BOS/EOS and the family's chat
+template (chat_templates/: ChatML with tools, Llama-3.1, Mistral v0.3):
 
   gpt2_bytelevel        ByteLevel pre-tokenizer with its GPT-2 regex, ByteLevel decoder
   llama3_bytelevel      Split(Llama-3 regex) + ByteLevel(use_regex=false), ignore_merges
@@ -83,12 +84,30 @@ def sentencepiece(name, out_dir, vocab_size, metaspace):
     save(json.dumps(doc, ensure_ascii=False), name, out_dir)
 
 
+# name -> (chat template file, bos, eos)
+CONFIGS = {
+    "gpt2_bytelevel": ("chatml_tools.jinja", "<|endoftext|>", "<|im_end|>"),
+    "qwen2_nfc": ("qwen3_reasoning.jinja", "<|endoftext|>", "<|im_end|>"),
+    "llama3_bytelevel": ("llama3.jinja", "<|endoftext|>", "<|im_end|>"),
+    "llama2_sentencepiece": ("mistral.jinja", "<s>", "</s>"),
+    "mistral_metaspace": ("mistral.jinja", "<s>", "</s>"),
+}
+
+
 def save(text, name, out_dir):
     os.makedirs(os.path.join(out_dir, name), exist_ok=True)
     # Round-trip through HF to be sure the file is one it accepts.
     Tokenizer.from_str(text)
     with open(os.path.join(out_dir, name, "tokenizer.json"), "w", encoding="utf-8") as f:
         f.write(text)
+    template_file, bos, eos = CONFIGS[name]
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "chat_templates", template_file), encoding="utf-8") as f:
+        template = f.read()
+    config = {"bos_token": bos, "eos_token": eos, "add_bos_token": False,
+              "chat_template": template, "model_max_length": 2048}
+    with open(os.path.join(out_dir, name, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
 
 
 def main():
