@@ -22,10 +22,6 @@ absl::Status SyntaxError(int line, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("template syntax error, line ", line, ": ", what));
 }
 
-absl::Status RenderError(int line, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("template error, line ", line, ": ", what));
-}
-
 // ---------------------------------------------------------------------------------------------
 // Lexing the template into text and tags, with jinja2's whitespace control, trim_blocks and
 // lstrip_blocks.
