@@ -25,6 +25,16 @@ Value MessageValue(const nlohmann::ordered_json& message) {
 
 }  // namespace
 
+std::vector<TextSegment> PromptSegments(const ChatPrompt& prompt) {
+  std::vector<TextSegment> segments;
+  segments.reserve(prompt.spans.size());
+  for (const PromptSpan& span : prompt.spans) {
+    segments.push_back({absl::string_view(prompt.text).substr(span.begin, span.end - span.begin),
+                        /*allow_special=*/!span.user});
+  }
+  return segments;
+}
+
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(absl::string_view source) {
   ASSIGN_OR_RETURN(std::unique_ptr<jinja::Template> t, jinja::Template::Parse(source));
   return std::unique_ptr<ChatTemplate>(new ChatTemplate(std::move(t)));

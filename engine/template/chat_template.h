@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/template/template.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace ferry {
@@ -45,6 +46,10 @@ struct ChatPrompt {
   // Cover `text` in order; template spans may hold control tokens, user spans never.
   std::vector<PromptSpan> spans;
 };
+
+// The prompt as tokenizer segments: template spans may produce special tokens, user spans not.
+// The segments point into prompt.text.
+std::vector<TextSegment> PromptSegments(const ChatPrompt& prompt);
 
 class GgufFile;
 

@@ -431,58 +431,41 @@ class ExprParser {
     return left;
   }
 
-  absl::StatusOr<std::unique_ptr<Expr>> Concat() {
-    ASSIGN_OR_RETURN(auto left, Additive());
-    while (Accept("~")) {
-      ASSIGN_OR_RETURN(auto right, Additive());
+  // One left-associative level of binary operators: operand (op operand)*.
+  template <typename Next>
+  absl::StatusOr<std::unique_ptr<Expr>> BinaryLevel(std::initializer_list<const char*> ops,
+                                                    Next next) {
+    ASSIGN_OR_RETURN(auto left, next());
+    while (true) {
+      const char* matched = nullptr;
+      for (const char* op : ops) {
+        if (IsOp(op)) matched = op;
+      }
+      if (matched == nullptr) return left;
+      ++pos_;
+      ASSIGN_OR_RETURN(auto right, next());
       auto e = Make(Expr::Kind::kBinary);
-      e->name = "~";
+      e->name = matched;
       e->children.push_back(std::move(left));
       e->children.push_back(std::move(right));
       left = std::move(e);
     }
-    return left;
+  }
+
+  absl::StatusOr<std::unique_ptr<Expr>> Concat() {
+    return BinaryLevel({"~"}, [this] { return Additive(); });
   }
 
   absl::StatusOr<std::unique_ptr<Expr>> Additive() {
-    ASSIGN_OR_RETURN(auto left, Multiplicative());
-    while (IsOp("+") || IsOp("-")) {
-      const std::string op = toks_[pos_++].text;
-      ASSIGN_OR_RETURN(auto right, Multiplicative());
-      auto e = Make(Expr::Kind::kBinary);
-      e->name = op;
-      e->children.push_back(std::move(left));
-      e->children.push_back(std::move(right));
-      left = std::move(e);
-    }
-    return left;
+    return BinaryLevel({"+", "-"}, [this] { return Multiplicative(); });
   }
 
   absl::StatusOr<std::unique_ptr<Expr>> Multiplicative() {
-    ASSIGN_OR_RETURN(auto left, Power());
-    while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
-      const std::string op = toks_[pos_++].text;
-      ASSIGN_OR_RETURN(auto right, Power());
-      auto e = Make(Expr::Kind::kBinary);
-      e->name = op;
-      e->children.push_back(std::move(left));
-      e->children.push_back(std::move(right));
-      left = std::move(e);
-    }
-    return left;
+    return BinaryLevel({"*", "/", "//", "%"}, [this] { return Power(); });
   }
 
   absl::StatusOr<std::unique_ptr<Expr>> Power() {
-    ASSIGN_OR_RETURN(auto left, Unary(true));
-    while (Accept("**")) {
-      ASSIGN_OR_RETURN(auto right, Unary(true));
-      auto e = Make(Expr::Kind::kBinary);
-      e->name = "**";
-      e->children.push_back(std::move(left));
-      e->children.push_back(std::move(right));
-      left = std::move(e);
-    }
-    return left;
+    return BinaryLevel({"**"}, [this] { return Unary(true); });
   }
 
   absl::StatusOr<std::unique_ptr<Expr>> Unary(bool with_filter) {

@@ -288,11 +288,7 @@ TEST(TokenizerTest, TinyModelDirectoriesLoadWithTheirChatTemplates) {
     inputs.eos_token = (*tokenizer)->TokenString(*(*tokenizer)->eos_id());
     auto prompt = (*chat)->Apply(inputs);
     ASSERT_TRUE(prompt.ok()) << dir << ": " << prompt.status();
-    std::vector<TextSegment> segments;
-    for (const PromptSpan& span : prompt->spans) {
-      segments.push_back(
-          {absl::string_view(prompt->text).substr(span.begin, span.end - span.begin), !span.user});
-    }
+    const std::vector<TextSegment> segments = PromptSegments(*prompt);
     auto ids = (*tokenizer)->Encode(segments);
     ASSERT_TRUE(ids.ok()) << ids.status();
     // The injected strings of the first message never become control tokens.

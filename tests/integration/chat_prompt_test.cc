@@ -35,11 +35,7 @@ TEST(ChatPromptTest, ControlTokensComeOnlyFromTheTemplate) {
   auto prompt = (*chat)->Apply(inputs);
   ASSERT_TRUE(prompt.ok()) << prompt.status();
 
-  std::vector<TextSegment> segments;
-  for (const PromptSpan& span : prompt->spans) {
-    segments.push_back(
-        {absl::string_view(prompt->text).substr(span.begin, span.end - span.begin), !span.user});
-  }
+  const std::vector<TextSegment> segments = PromptSegments(*prompt);
   auto ids = (*tokenizer)->Encode(segments);
   ASSERT_TRUE(ids.ok()) << ids.status();
   int im_start = 0, im_end = 0, other_special = 0;
