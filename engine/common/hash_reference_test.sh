@@ -5,11 +5,7 @@
 set -euo pipefail
 conformance="$1"
 reference="$2"
-if [[ -z "${FERRY_REF_PYTHON:-}" || ! -x "${FERRY_REF_PYTHON}" ]]; then
-  echo "FERRY_REF_PYTHON is not set to the reference virtualenv's python;" \
-       "run through './ferry test' (or './ferry setup' and export it)." >&2
-  exit 1
-fi
+source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_REF_PYTHON
 cases="${TEST_TMPDIR:-/tmp}/block_hash_cases.json"
 for seed in 1 2 3; do
   "${FERRY_REF_PYTHON}" "${reference}" cases 200 "${seed}" > "${cases}"

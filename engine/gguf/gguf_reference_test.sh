@@ -6,12 +6,7 @@ set -euo pipefail
 dump="$1"
 reference="$2"
 shift 2
-for var in FERRY_REF_PYTHON FERRY_MODEL_GGUF; do
-  if [[ -z "${!var:-}" || ! -e "${!var}" ]]; then
-    echo "${var} is not set to an existing file; run through './ferry test'." >&2
-    exit 1
-  fi
-done
+source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_REF_PYTHON FERRY_MODEL_GGUF
 for file in "$@" "${FERRY_MODEL_GGUF}"; do
   "${dump}" "${file}" >"${TEST_TMPDIR}/ours.json"
   "${FERRY_REF_PYTHON}" "${reference}" "${file}" >"${TEST_TMPDIR}/ref.json"

@@ -8,12 +8,7 @@ set -euo pipefail
 render="$1"
 reference="$2"
 shift 2
-for var in FERRY_REF_PYTHON FERRY_MODEL_GGUF; do
-  if [[ -z "${!var:-}" || ! -e "${!var}" ]]; then
-    echo "${var} is not set to an existing file; run through './ferry test'." >&2
-    exit 1
-  fi
-done
+source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_REF_PYTHON FERRY_MODEL_GGUF
 t="${TEST_TMPDIR}"
 "${FERRY_REF_PYTHON}" "${reference}" gguf-template "${FERRY_MODEL_GGUF}" >"${t}/smollm2.jinja"
 for template in "${t}/smollm2.jinja" "$@"; do

@@ -16,12 +16,7 @@ set -euo pipefail
 conformance="$1"
 reference="$2"
 make_tiny_model="$3"
-for var in FERRY_REF_PYTHON FERRY_CLIENT_PYTHON FERRY_MODEL_GGUF; do
-  if [[ -z "${!var:-}" || ! -e "${!var}" ]]; then
-    echo "${var} is not set to an existing file; run through './ferry test'." >&2
-    exit 1
-  fi
-done
+source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_REF_PYTHON FERRY_CLIENT_PYTHON FERRY_MODEL_GGUF
 t="${TEST_TMPDIR}"
 "${FERRY_REF_PYTHON}" "${reference}" corpus 10000 1 >"${t}/corpus.json"
 "${FERRY_REF_PYTHON}" "${make_tiny_model}" tokenizers "${t}/tiny"

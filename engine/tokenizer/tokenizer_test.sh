@@ -4,12 +4,7 @@
 set -euo pipefail
 test_binary="$1"
 make_tiny_model="$2"
-for var in FERRY_REF_PYTHON FERRY_MODEL_GGUF; do
-  if [[ -z "${!var:-}" || ! -e "${!var}" ]]; then
-    echo "${var} is not set to an existing file; run through './ferry test'." >&2
-    exit 1
-  fi
-done
+source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_REF_PYTHON FERRY_MODEL_GGUF
 "${FERRY_REF_PYTHON}" "${make_tiny_model}" tokenizers "${TEST_TMPDIR}/tiny"
 json=$(ls "${TEST_TMPDIR}"/tiny/*/tokenizer.json | paste -sd, -)
 exec "${test_binary}" --gguf="${FERRY_MODEL_GGUF}" --json="${json}"
