@@ -1,0 +1,211 @@
+#include "engine/model/dequantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/thread_pool.h"
+
+namespace ferry {
+namespace {
+
+struct Layout {
+  size_t block;        // elements per block
+  size_t block_bytes;  // bytes per block
+};
+
+bool LayoutOf(uint32_t type, Layout* layout) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::kF32:
+      *layout = {1, 4};
+      return true;
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+      *layout = {1, 2};
+      return true;
+    case GgmlType::kQ8_0:
+      *layout = {32, 34};
+      return true;
+    case GgmlType::kQ4_0:
+      *layout = {32, 18};
+      return true;
+    case GgmlType::kQ4_1:
+      *layout = {32, 20};
+      return true;
+  }
+  return false;
+}
+
+uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+
+// Dequantizes blocks [first, last) of the tensor into out, where out[0] is the first element of
+// block `first`.
+void DequantizeBlocks(GgmlType type, const uint8_t* data, size_t first, size_t last, float* out) {
+  switch (type) {
+    case GgmlType::kF32:
+      std::memcpy(out, data + first * 4, (last - first) * 4);
+      return;
+    case GgmlType::kF16:
+      for (size_t i = first; i < last; ++i) out[i - first] = HalfToFloat(Load16(data + 2 * i));
+      return;
+    case GgmlType::kBF16:
+      for (size_t i = first; i < last; ++i) out[i - first] = Bf16ToFloat(Load16(data + 2 * i));
+      return;
+    case GgmlType::kQ8_0:
+      for (size_t b = first; b < last; ++b) {
+        const uint8_t* block = data + b * 34;
+        const float d = HalfToFloat(Load16(block));
+        const auto* q = reinterpret_cast<const int8_t*>(block + 2);
+        float* y = out + (b - first) * 32;
+        for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(q[j]);
+      }
+      return;
+    case GgmlType::kQ4_0:
+      for (size_t b = first; b < last; ++b) {
+        const uint8_t* block = data + b * 18;
+        const float d = HalfToFloat(Load16(block));
+        const uint8_t* qs = block + 2;
+        float* y = out + (b - first) * 32;
+        for (int j = 0; j < 16; ++j) {
+          y[j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
+          y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+        }
+      }
+      return;
+    case GgmlType::kQ4_1:
+      for (size_t b = first; b < last; ++b) {
+        const uint8_t* block = data + b * 20;
+        const float d = HalfToFloat(Load16(block));
+        const float m = HalfToFloat(Load16(block + 2));
+        const uint8_t* qs = block + 4;
+        float* y = out + (b - first) * 32;
+        for (int j = 0; j < 16; ++j) {
+          // Two roundings, as float32 NumPy computes (d * q) + m; -ffp-contract=off keeps the
+          // compiler from fusing them.
+          const float lo = d * static_cast<float>(qs[j] & 0x0f);
+          const float hi = d * static_cast<float>(qs[j] >> 4);
+          y[j] = lo + m;
+          y[j + 16] = hi + m;
+        }
+      }
+      return;
+  }
+}
+
+absl::Status Check(uint32_t type, size_t size, size_t elements, Layout* layout) {
+  if (!LayoutOf(type, layout)) {
+    return absl::UnimplementedError(
+        absl::StrCat("tensor type ", GgmlTypeName(type), " (", type, ") is not supported"));
+  }
+  if (elements % layout->block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        elements, " elements are not whole ", GgmlTypeName(type), " blocks of ", layout->block));
+  }
+  if (size != elements / layout->block * layout->block_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(GgmlTypeName(type), " data of ", size, " bytes for ", elements, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+// Calls fn(first_block, last_block) over ranges of about 64K elements on the shared pool.
+template <typename Fn>
+void ForBlockRanges(size_t blocks, size_t block_elements, Fn fn) {
+  const size_t per_range = std::max<size_t>(1, (64 * 1024) / block_elements);
+  const size_t ranges = (blocks + per_range - 1) / per_range;
+  ThreadPool::Shared().ParallelFor(
+      ranges, [&](size_t r) { fn(r * per_range, std::min(blocks, (r + 1) * per_range)); });
+}
+
+}  // namespace
+
+absl::string_view GgmlTypeName(uint32_t type) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::kF32:
+      return "F32";
+    case GgmlType::kF16:
+      return "F16";
+    case GgmlType::kBF16:
+      return "BF16";
+    case GgmlType::kQ8_0:
+      return "Q8_0";
+    case GgmlType::kQ4_0:
+      return "Q4_0";
+    case GgmlType::kQ4_1:
+      return "Q4_1";
+  }
+  return "unknown";
+}
+
+size_t GgmlDataSize(uint32_t type, size_t elements) {
+  Layout layout;
+  if (!LayoutOf(type, &layout) || elements % layout.block != 0) return 0;
+  return elements / layout.block * layout.block_bytes;
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // inf or NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // signed zero
+  } else {
+    // Subnormal half: normalize.
+    int e = -1;
+    do {
+      ++e;
+      mantissa <<= 1;
+    } while ((mantissa & 0x400) == 0);
+    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mantissa & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+absl::Status DequantizeToF32(uint32_t type, const uint8_t* data, size_t size, size_t elements,
+                             float* out) {
+  Layout layout;
+  if (absl::Status s = Check(type, size, elements, &layout); !s.ok()) return s;
+  const size_t blocks = elements / layout.block;
+  ForBlockRanges(blocks, layout.block, [&](size_t first, size_t last) {
+    DequantizeBlocks(static_cast<GgmlType>(type), data, first, last, out + first * layout.block);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status DequantizeToBf16(uint32_t type, const uint8_t* data, size_t size, size_t elements,
+                              uint16_t* out) {
+  Layout layout;
+  if (absl::Status s = Check(type, size, elements, &layout); !s.ok()) return s;
+  const size_t blocks = elements / layout.block;
+  ForBlockRanges(blocks, layout.block, [&](size_t first, size_t last) {
+    const size_t begin = first * layout.block, end = last * layout.block;
+    if (static_cast<GgmlType>(type) == GgmlType::kBF16) {
+      for (size_t i = begin; i < end; ++i) out[i] = Load16(data + 2 * i);
+      return;
+    }
+    // Through an fp32 scratch of this range: the same values DequantizeToF32 produces.
+    std::vector<float> scratch(end - begin);
+    DequantizeBlocks(static_cast<GgmlType>(type), data, first, last, scratch.data());
+    for (size_t i = begin; i < end; ++i) out[i] = FloatToBf16(scratch[i - begin]);
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace ferry

@@ -1,0 +1,62 @@
+// Conversion of GGUF tensor data to the engine's weight types: fp32, or bf16 rounded to nearest
+// even. Quantized GGUF formats are dequantized at load (ARCHITECTURE.md §4: "dequantized at load
+// for now"), with the block layouts of the GGML format:
+//
+//   F32, F16, BF16   one value per element
+//   Q8_0   blocks of 32: f16 scale d, 32 x int8 q            x = d * q
+//   Q4_0   blocks of 32: f16 d, 16 bytes of nibbles          x = d * (q - 8)
+//   Q4_1   blocks of 32: f16 d, f16 m, 16 bytes of nibbles   x = d * q + m
+//   (nibble j of byte i: low nibbles are elements 0..15, high nibbles 16..31)
+//
+// Each element is computed in fp32 with one rounding per operation (no fused multiply-add), so the
+// result is bit-identical to the reference dequantizer of the `gguf` package (NumPy, float32).
+// Large tensors are split into block ranges across the shared thread pool; the result does not
+// depend on the split.
+
+#ifndef FERRY_ENGINE_MODEL_DEQUANTIZE_H_
+#define FERRY_ENGINE_MODEL_DEQUANTIZE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace ferry {
+
+// ggml_type values of the formats above.
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ8_0 = 8,
+  kBF16 = 30,
+};
+
+absl::string_view GgmlTypeName(uint32_t type);
+
+// Bytes of `elements` values of `type`; 0 when the type is unsupported or `elements` is not a
+// whole number of blocks.
+size_t GgmlDataSize(uint32_t type, size_t elements);
+
+float HalfToFloat(uint16_t h);
+// Round-to-nearest-even; NaN stays a (quiet) NaN.
+uint16_t FloatToBf16(float f);
+inline float Bf16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Dequantizes `elements` values (a whole number of blocks) from `data` (`size` bytes) into `out`.
+// Unsupported types and size mismatches are errors naming them.
+absl::Status DequantizeToF32(uint32_t type, const uint8_t* data, size_t size, size_t elements,
+                             float* out);
+absl::Status DequantizeToBf16(uint32_t type, const uint8_t* data, size_t size, size_t elements,
+                              uint16_t* out);
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_MODEL_DEQUANTIZE_H_
