@@ -3,6 +3,12 @@
 #include <algorithm>
 
 namespace ferry {
+namespace {
+
+// The pool whose work the current thread is doing, if any.
+thread_local const ThreadPool* tls_current_pool = nullptr;
+
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   for (int i = 1; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { WorkerLoop(); });
@@ -39,6 +45,7 @@ void ThreadPool::RunIndices() {
 }
 
 void ThreadPool::WorkerLoop() {
+  tls_current_pool = this;
   uint64_t seen = 0;
   while (true) {
     {
@@ -56,7 +63,7 @@ void ThreadPool::WorkerLoop() {
 
 void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
-  if (workers_.empty() || n == 1) {
+  if (workers_.empty() || n == 1 || tls_current_pool == this) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
@@ -69,7 +76,10 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
     done_ = 0;
     ++generation_;
   }
+  const ThreadPool* const outer = tls_current_pool;
+  tls_current_pool = this;
   RunIndices();
+  tls_current_pool = outer;
   absl::MutexLock lock(&mu_);
   auto finished = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return done_ == n; };
   mu_.Await(absl::Condition(&finished));

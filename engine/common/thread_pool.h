@@ -8,6 +8,8 @@
 // on the index (Ferry's determinism rule), never on the thread.
 //
 // Thread-safe: several threads may call ParallelFor on one pool; calls are served one at a time.
+// A ParallelFor issued from inside a ParallelFor body of the same pool runs inline on the calling
+// thread (instead of waiting for a pool that is busy with its caller).
 
 #ifndef FERRY_ENGINE_COMMON_THREAD_POOL_H_
 #define FERRY_ENGINE_COMMON_THREAD_POOL_H_

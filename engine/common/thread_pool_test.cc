@@ -46,6 +46,13 @@ TEST(ThreadPoolTest, ConcurrentCallersAreServed) {
   EXPECT_EQ(sum.load(), 4L * 999 * 1000 / 2);
 }
 
+TEST(ThreadPoolTest, NestedCallsRunInlineInsteadOfDeadlocking) {
+  ThreadPool pool(3);
+  std::atomic<int> inner{0};
+  pool.ParallelFor(8, [&](size_t) { pool.ParallelFor(10, [&](size_t) { inner++; }); });
+  EXPECT_EQ(inner.load(), 80);
+}
+
 TEST(ThreadPoolTest, SingleThreadPoolRunsInline) {
   ThreadPool pool(1);
   const auto caller = std::this_thread::get_id();
