@@ -117,7 +117,7 @@ class Cursor {
   absl::StatusOr<absl::string_view> String(absl::string_view what) {
     ASSIGN_OR_RETURN(const uint64_t length, Get<uint64_t>(what));
     if (length > remaining()) {
-      return absl::InvalidArgumentError(absl::StrCat("GGUF corrupt: ", what, " claims ", length,
+      return absl::InvalidArgumentError(absl::StrCat("GGUF truncated or corrupt: ", what, " claims ", length,
                                                      " bytes at offset ", offset_, ", ",
                                                      remaining(), " left"));
     }

@@ -1,0 +1,225 @@
+// LoadGgufModel: a llama-architecture GGUF file -> HostWeights.
+
+#include <chrono>
+#include <cstring>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/common/model_fingerprint.h"
+#include "engine/common/status.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/model/dequantize.h"
+#include "engine/model/host_weights.h"
+
+namespace ferry {
+namespace {
+
+absl::StatusOr<int64_t> IntOr(const GgufFile& g, const std::string& key, int64_t fallback) {
+  if (!g.Has(key)) return fallback;
+  return g.GetInt(key);
+}
+
+absl::StatusOr<double> FloatOr(const GgufFile& g, const std::string& key, double fallback) {
+  if (!g.Has(key)) return fallback;
+  return g.GetFloat(key);
+}
+
+absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& g) {
+  ModelConfig c;
+  ASSIGN_OR_RETURN(c.architecture, g.GetString("general.architecture"));
+  if (c.architecture != "llama") {
+    return absl::UnimplementedError(absl::StrCat("GGUF architecture '", c.architecture,
+                                                 "' is not supported (supported: llama)"));
+  }
+  const std::string a = c.architecture + ".";
+  ASSIGN_OR_RETURN(c.hidden_size, g.GetInt(a + "embedding_length"));
+  ASSIGN_OR_RETURN(c.intermediate_size, g.GetInt(a + "feed_forward_length"));
+  ASSIGN_OR_RETURN(c.num_layers, g.GetInt(a + "block_count"));
+  ASSIGN_OR_RETURN(c.num_heads, g.GetInt(a + "attention.head_count"));
+  ASSIGN_OR_RETURN(c.num_kv_heads, IntOr(g, a + "attention.head_count_kv", c.num_heads));
+  if (c.num_heads <= 0)
+    return absl::InvalidArgumentError("GGUF attention.head_count is not positive");
+  ASSIGN_OR_RETURN(c.head_dim, IntOr(g, a + "attention.key_length", c.hidden_size / c.num_heads));
+  ASSIGN_OR_RETURN(c.max_position_embeddings, IntOr(g, a + "context_length", 2048));
+  ASSIGN_OR_RETURN(c.rope_theta, FloatOr(g, a + "rope.freq_base", 10000.0));
+  ASSIGN_OR_RETURN(c.rms_norm_eps, FloatOr(g, a + "attention.layer_norm_rms_epsilon", 1e-5));
+  if (g.Has("tokenizer.ggml.tokens")) {
+    ASSIGN_OR_RETURN(const std::vector<absl::string_view> tokens,
+                     g.GetStringArray("tokenizer.ggml.tokens"));
+    c.vocab_size = static_cast<int64_t>(tokens.size());
+  }
+  ASSIGN_OR_RETURN(c.vocab_size, IntOr(g, a + "vocab_size", c.vocab_size));
+  if (g.Has(a + "rope.scaling.type")) {
+    ASSIGN_OR_RETURN(const std::string type, g.GetString(a + "rope.scaling.type"));
+    if (type == "linear") {
+      c.rope_scaling.type = RopeScaling::Type::kLinear;
+      ASSIGN_OR_RETURN(c.rope_scaling.factor, FloatOr(g, a + "rope.scaling.factor", 1.0));
+    } else if (type != "none") {
+      return absl::UnimplementedError(
+          absl::StrCat("GGUF rope scaling '", type, "' is not supported"));
+    }
+  }
+  RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+// HF name and expected [rows, cols] (cols 0 for vectors) of a GGUF tensor name.
+struct Mapped {
+  std::string name;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t permute_heads = 0;  // llama.cpp permuted the rows of q/k for this many heads
+};
+
+absl::StatusOr<Mapped> MapTensor(const std::string& gguf_name, const ModelConfig& c) {
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  if (gguf_name == "token_embd.weight") return Mapped{"model.embed_tokens.weight", c.vocab_size, h};
+  if (gguf_name == "output_norm.weight") return Mapped{"model.norm.weight", h, 0};
+  if (gguf_name == "output.weight") return Mapped{"lm_head.weight", c.vocab_size, h};
+  std::vector<std::string> parts = absl::StrSplit(gguf_name, '.');
+  int layer = -1;
+  if (parts.size() == 4 && parts[0] == "blk" && absl::SimpleAtoi(parts[1], &layer) && layer >= 0 &&
+      layer < c.num_layers && parts[3] == "weight") {
+    const std::string p = absl::StrCat("model.layers.", layer, ".");
+    const std::string& w = parts[2];
+    if (w == "attn_norm") return Mapped{p + "input_layernorm.weight", h, 0};
+    if (w == "ffn_norm") return Mapped{p + "post_attention_layernorm.weight", h, 0};
+    if (w == "attn_q") return Mapped{p + "self_attn.q_proj.weight", q, h, c.num_heads};
+    if (w == "attn_k") return Mapped{p + "self_attn.k_proj.weight", kv, h, c.num_kv_heads};
+    if (w == "attn_v") return Mapped{p + "self_attn.v_proj.weight", kv, h};
+    if (w == "attn_output") return Mapped{p + "self_attn.o_proj.weight", h, q};
+    if (w == "ffn_gate") return Mapped{p + "mlp.gate_proj.weight", c.intermediate_size, h};
+    if (w == "ffn_up") return Mapped{p + "mlp.up_proj.weight", c.intermediate_size, h};
+    if (w == "ffn_down") return Mapped{p + "mlp.down_proj.weight", h, c.intermediate_size};
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unexpected tensor '", gguf_name, "'"));
+}
+
+// llama.cpp stores q/k rows of head h as (h, j, t) for HF's (h, t, j), t in {0,1}, j < D/2.
+template <typename T>
+void UnpermuteRows(std::vector<T>& data, int64_t heads, int64_t rows, int64_t cols) {
+  const int64_t d = rows / heads, half = d / 2;
+  std::vector<T> out(data.size());
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    for (int64_t t = 0; t < 2; ++t) {
+      for (int64_t j = 0; j < half; ++j) {
+        const int64_t hf_row = hd * d + t * half + j;
+        const int64_t gguf_row = hd * d + 2 * j + t;
+        std::memcpy(&out[hf_row * cols], &data[gguf_row * cols], cols * sizeof(T));
+      }
+    }
+  }
+  data.swap(out);
+}
+
+Hash128 TokenizerDigest(const GgufFile& g) {
+  Xxh3Hasher128 hasher;
+  for (const auto& [key, value] : g.metadata()) {
+    if (!absl::StartsWith(key, "tokenizer.ggml.")) continue;
+    hasher.Update(key);
+    hasher.Update(absl::string_view("\0", 1));
+    for (const GgufValue& e :
+         value.elements.empty() ? std::vector<GgufValue>{value} : value.elements) {
+      if (e.type == GgufType::kString) {
+        hasher.Update(e.s);
+      } else {
+        hasher.Update(absl::StrCat(e.i, ":", e.u, ":", e.f));
+      }
+      hasher.Update(absl::string_view("\0", 1));
+    }
+  }
+  return hasher.Finish();
+}
+
+}  // namespace
+
+int64_t HostTensor::elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtype,
+                                          const std::string& kv_dtype) {
+  const auto start = std::chrono::steady_clock::now();
+  HostWeights weights;
+  ASSIGN_OR_RETURN(weights.config, ReadConfig(gguf));
+  const ModelConfig& c = weights.config;
+  for (const GgufTensorInfo& t : gguf.tensors()) {
+    if (t.name == "rope_freqs.weight") {
+      return absl::UnimplementedError("GGUF rope_freqs (llama3 rope scaling) is not supported yet");
+    }
+    auto mapped = MapTensor(t.name, c);
+    if (!mapped.ok())
+      return absl::Status(mapped.status().code(),
+                          absl::StrCat(gguf.path(), ": ", mapped.status().message()));
+    const int64_t want_cols = mapped->cols == 0 ? mapped->rows : mapped->cols;
+    const int64_t want_rows = mapped->cols == 0 ? 1 : mapped->rows;
+    const int64_t got_cols = static_cast<int64_t>(t.dims[0]);
+    const int64_t got_rows = t.dims.size() > 1 ? static_cast<int64_t>(t.dims[1]) : 1;
+    if (t.dims.size() > 2 || got_cols != want_cols || got_rows != want_rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(gguf.path(), ": tensor '", t.name, "' has shape [", got_rows, ", ", got_cols,
+                       "], expected [", want_rows, ", ", want_cols, "] for this config"));
+    }
+    HostTensor tensor;
+    tensor.shape = mapped->cols == 0 ? std::vector<int64_t>{mapped->rows}
+                                     : std::vector<int64_t>{mapped->rows, mapped->cols};
+    tensor.dtype = dtype;
+    const size_t n = static_cast<size_t>(tensor.elements());
+    absl::Status status;
+    if (dtype == WeightDType::kF32) {
+      tensor.f32.resize(n);
+      status = DequantizeToF32(t.ggml_type, t.data, t.size_bytes, n, tensor.f32.data());
+      if (status.ok() && mapped->permute_heads > 0) {
+        UnpermuteRows(tensor.f32, mapped->permute_heads, mapped->rows, mapped->cols);
+      }
+    } else {
+      tensor.bf16.resize(n);
+      status = DequantizeToBf16(t.ggml_type, t.data, t.size_bytes, n, tensor.bf16.data());
+      if (status.ok() && mapped->permute_heads > 0) {
+        UnpermuteRows(tensor.bf16, mapped->permute_heads, mapped->rows, mapped->cols);
+      }
+    }
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat(gguf.path(), ": tensor '", t.name, "': ", status.message()));
+    }
+    weights.source_bytes += t.size_bytes;
+    if (!weights.tensors.emplace(mapped->name, std::move(tensor)).second) {
+      return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": tensor '", t.name, "' twice"));
+    }
+  }
+  weights.config.tie_word_embeddings = weights.tensors.count("lm_head.weight") == 0;
+  // Every expected tensor must be there.
+  std::vector<std::string> expected = {"model.embed_tokens.weight", "model.norm.weight"};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    for (const char* w : {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
+                          "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+      expected.push_back(absl::StrCat("model.layers.", l, ".", w, ".weight"));
+    }
+  }
+  for (const std::string& name : expected) {
+    if (weights.tensors.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": missing tensor ", name));
+    }
+  }
+  ModelFingerprintBuilder fingerprint;
+  const std::string& path = gguf.path();
+  RETURN_IF_ERROR(fingerprint.AddFileFromDisk(path.substr(path.rfind('/') + 1), path));
+  fingerprint.SetTokenizerDigest(TokenizerDigest(gguf));
+  fingerprint.SetKvLayout(KvLayout{kv_dtype, static_cast<uint32_t>(c.num_layers),
+                                   static_cast<uint32_t>(c.num_kv_heads),
+                                   static_cast<uint32_t>(c.head_dim)});
+  ASSIGN_OR_RETURN(weights.fingerprint, fingerprint.Finish());
+  weights.load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return weights;
+}
+
+}  // namespace ferry

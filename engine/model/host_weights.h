@@ -1,0 +1,49 @@
+// A loaded model in host memory: its configuration, its tensors under their HF names in HF
+// layout ([out, in] for projections) converted to the engine's weight type, and its fingerprint.
+// Backends take their weights from here.
+
+#ifndef FERRY_ENGINE_MODEL_HOST_WEIGHTS_H_
+#define FERRY_ENGINE_MODEL_HOST_WEIGHTS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/common/hash128.h"
+#include "engine/model/model_config.h"
+
+namespace ferry {
+
+enum class WeightDType { kF32, kBF16 };
+
+struct HostTensor {
+  std::vector<int64_t> shape;  // row-major, HF order
+  WeightDType dtype = WeightDType::kF32;
+  std::vector<float> f32;      // when dtype == kF32
+  std::vector<uint16_t> bf16;  // when dtype == kBF16
+
+  int64_t elements() const;
+};
+
+struct HostWeights {
+  ModelConfig config;
+  std::map<std::string, HostTensor> tensors;
+  Hash128 fingerprint;
+  double load_seconds = 0;
+  uint64_t source_bytes = 0;  // bytes read from the model files
+};
+
+class GgufFile;
+
+// Loads a llama-architecture GGUF model (SmolLM2, Llama, Mistral-style) into `dtype`. Undoes
+// llama.cpp's Q/K row permutation so that tensors are in HF layout; checks every expected tensor
+// is present with its shape and no unexpected one is; computes the fingerprint with `kv_dtype`
+// ("f32" or "bf16") as the KV cache type.
+absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtype,
+                                          const std::string& kv_dtype = "bf16");
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_MODEL_HOST_WEIGHTS_H_

@@ -1,0 +1,38 @@
+#include "engine/model/model_config.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+absl::Status ModelConfig::Validate() const {
+  const std::pair<const char*, int64_t> positive[] = {
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_layers},
+      {"num_attention_heads", num_heads},
+      {"num_key_value_heads", num_kv_heads},
+      {"head_dim", head_dim},
+  };
+  for (const auto& [name, value] : positive) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: ", name, " is ", value, ", must be positive"));
+    }
+  }
+  if (num_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: ", num_heads,
+                                                   " attention heads are not a multiple of ",
+                                                   num_kv_heads, " key/value heads"));
+  }
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: head_dim ", head_dim, " is odd (RoPE rotates pairs)"));
+  }
+  if (!(rope_theta > 0) || !(rms_norm_eps > 0)) {
+    return absl::InvalidArgumentError("model config: rope_theta and rms_norm_eps must be positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry
