@@ -117,9 +117,9 @@ class Cursor {
   absl::StatusOr<absl::string_view> String(absl::string_view what) {
     ASSIGN_OR_RETURN(const uint64_t length, Get<uint64_t>(what));
     if (length > remaining()) {
-      return absl::InvalidArgumentError(absl::StrCat("GGUF truncated or corrupt: ", what, " claims ", length,
-                                                     " bytes at offset ", offset_, ", ",
-                                                     remaining(), " left"));
+      return absl::InvalidArgumentError(absl::StrCat("GGUF truncated or corrupt: ", what,
+                                                     " claims ", length, " bytes at offset ",
+                                                     offset_, ", ", remaining(), " left"));
     }
     absl::string_view s(reinterpret_cast<const char*>(base_ + offset_), length);
     offset_ += length;

@@ -137,8 +137,8 @@ absl::string_view GgmlTypeName(uint32_t type) {
       return "Q4_1";
   }
   // Names of the formats Ferry does not convert, for error messages.
-  static constexpr const char* kOthers[] = {"Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K",
-                                            "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
+  static constexpr const char* kOthers[] = {"Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
+                                            "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
   if (type >= 6 && type <= 15) return kOthers[type - 6];
   return "unknown";
 }
