@@ -1,6 +1,7 @@
-// load_check GGUF REFERENCE.json: loads a GGUF model with LoadGgufModel, in fp32 and in bf16,
-// and compares its config and an XXH3-64 digest of every tensor with HF transformers' own GGUF
-// loading (tools/python/gguf_model_reference.py). Prints the load time and rate.
+// load_check MODEL REFERENCE.json: loads a model (a GGUF file with LoadGgufModel, or an HF
+// directory with LoadHfModel) in fp32 and in bf16, and compares its config and an XXH3-64 digest
+// of every tensor with HF transformers' own loading (tools/python/model_reference.py). Prints the
+// load time and rate.
 
 #include <cstdio>
 #include <fstream>
@@ -25,7 +26,7 @@ std::string Digest(const ferry::HostTensor& t) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: load_check GGUF REFERENCE.json\n";
+    std::cerr << "usage: load_check GGUF_OR_DIR REFERENCE.json\n";
     return 2;
   }
   std::ifstream in(argv[2]);
@@ -34,12 +35,18 @@ int main(int argc, char** argv) {
   const nlohmann::json ref = nlohmann::json::parse(text.str());
   for (const auto dtype : {ferry::WeightDType::kF32, ferry::WeightDType::kBF16}) {
     const char* dname = dtype == ferry::WeightDType::kF32 ? "f32" : "bf16";
-    auto gguf = ferry::GgufFile::Open(argv[1]);
-    if (!gguf.ok()) {
-      std::cerr << gguf.status() << "\n";
-      return 1;
+    const std::string path = argv[1];
+    absl::StatusOr<ferry::HostWeights> weights;
+    if (path.size() > 5 && path.substr(path.size() - 5) == ".gguf") {
+      auto gguf = ferry::GgufFile::Open(path);
+      if (!gguf.ok()) {
+        std::cerr << gguf.status() << "\n";
+        return 1;
+      }
+      weights = ferry::LoadGgufModel(**gguf, dtype);
+    } else {
+      weights = ferry::LoadHfModel(path, dtype);
     }
-    auto weights = ferry::LoadGgufModel(**gguf, dtype);
     if (!weights.ok()) {
       std::cerr << weights.status() << "\n";
       return 1;
@@ -78,7 +85,7 @@ int main(int argc, char** argv) {
       output_bytes += t.elements() * (dtype == ferry::WeightDType::kF32 ? 4.0 : 2.0);
     }
     std::printf(
-        "%s: %zu tensors and the config identical to transformers'; loaded %.1f MB of GGUF "
+        "%s: %zu tensors and the config identical to transformers'; loaded %.1f MB of model files "
         "in %.2f s (%.2f GiB/s of output); fingerprint %s\n",
         dname, checked, weights->source_bytes / 1e6, weights->load_seconds,
         output_bytes / weights->load_seconds / (1 << 30), weights->fingerprint.ToHex().c_str());

@@ -35,7 +35,8 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
-  bool qk_norm = false;  // Qwen3: RMSNorm on q and k per head
+  bool qk_norm = false;         // Qwen3: RMSNorm on q and k per head
+  bool attention_bias = false;  // Qwen2: biases on the q, k and v projections
 
   // Consistency of the numbers (positive sizes, heads dividing evenly); errors name the field.
   absl::Status Validate() const;

@@ -2,6 +2,7 @@
 """Makes small models and tokenizers for tests, with the reference libraries (HF `tokenizers`).
 
   make_tiny_model.py tokenizers OUTDIR [--vocab-size N]
+  make_tiny_model.py models OUTDIR
 
 writes OUTDIR/<name>/tokenizer.json for each tokenizer family Ferry must handle, trained with
 HF `tokenizers`' BpeTrainer on text found on this machine (license texts, Python's standard
@@ -110,12 +111,60 @@ def save(text, name, out_dir):
         json.dump(config, f, ensure_ascii=False, indent=2)
 
 
+def tiny_models(out_dir):
+    """Tiny HF-format dense models with deterministic pseudo-random weights (transformers'
+    initialisation under a fixed seed), each with a tokenizer trained above: a GQA Llama in fp32
+    and in bf16, a Llama with llama3 RoPE scaling and tied embeddings, and a Qwen2 with q/k/v
+    biases. A few MB each."""
+    import shutil
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    tok_dir = os.path.join(out_dir, "_tokenizers")
+    bytelevel("llama3_bytelevel", tok_dir, 512, pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), ignore_merges=True)
+    bytelevel("qwen2_nfc", tok_dir, 512, pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+        normalizer=normalizers.NFC())
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  rms_norm_eps=1e-5)
+    specs = [
+        ("llama_gqa_f32", "llama3_bytelevel", LlamaConfig, dict(rope_theta=10000.0), torch.float32),
+        ("llama_gqa_bf16", "llama3_bytelevel", LlamaConfig, dict(rope_theta=10000.0), torch.bfloat16),
+        ("llama3_rope_tied", "llama3_bytelevel", LlamaConfig,
+         dict(rope_theta=500000.0, tie_word_embeddings=True,
+              rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+         torch.float32),
+        ("qwen2_bias", "qwen2_nfc", Qwen2Config, dict(rope_theta=1000000.0), torch.float32),
+    ]
+    for name, tok, config_class, extra, dtype in specs:
+        target = os.path.join(out_dir, name)
+        os.makedirs(target, exist_ok=True)
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(tok_dir, tok, f), os.path.join(target, f))
+        vocab = Tokenizer.from_file(os.path.join(target, "tokenizer.json")).get_vocab_size()
+        torch.manual_seed(0)
+        config = config_class(vocab_size=vocab, **common, **extra)
+        model = AutoModelForCausalLM.from_config(config).to(dtype)
+        with torch.no_grad():  # norms away from 1, so that tests see them
+            for pname, p in model.named_parameters():
+                if p.dim() == 1:
+                    p.add_(torch.randn_like(p) * 0.1)
+        model.save_pretrained(target, safe_serialization=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=["tokenizers"])
+    parser.add_argument("what", choices=["tokenizers", "models"])
     parser.add_argument("out_dir")
     parser.add_argument("--vocab-size", type=int, default=3000)
     args = parser.parse_args()
+    if args.what == "models":
+        tiny_models(args.out_dir)
+        return
     v = args.vocab_size
     bytelevel("gpt2_bytelevel", args.out_dir, v, pre_tokenizers.ByteLevel(add_prefix_space=False))
     bytelevel("llama3_bytelevel", args.out_dir, v, pre_tokenizers.Sequence([

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""HF transformers' own loading of a GGUF model (which dequantizes and undoes llama.cpp's Q/K
-permutation): its config and an XXH3-64 digest of every state_dict tensor, as float32 and as
-bfloat16 (round to nearest even).
+"""HF transformers' own loading of a model, from a GGUF file (which dequantizes and undoes
+llama.cpp's Q/K permutation) or from an HF directory: its config and an XXH3-64 digest of every
+state_dict tensor, as float32 and as bfloat16 (round to nearest even).
 
-  gguf_model_reference.py GGUF > reference.json
+  model_reference.py GGUF_OR_DIR > reference.json
 """
 import json
 import os
@@ -19,9 +19,12 @@ from dequantize_reference import to_bf16  # noqa: E402
 
 
 def main(path):
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path) or ".",
-                                                 gguf_file=os.path.basename(path),
-                                                 torch_dtype=torch.float32)
+    if os.path.isdir(path):
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path) or ".",
+                                                     gguf_file=os.path.basename(path),
+                                                     torch_dtype=torch.float32)
     cfg = model.config
     out = {"config": {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
                       "intermediate_size": cfg.intermediate_size,

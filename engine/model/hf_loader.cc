@@ -1,0 +1,307 @@
+// LoadHfModel: an HF model directory (config.json + *.safetensors) -> HostWeights.
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/common/model_fingerprint.h"
+#include "engine/common/status.h"
+#include "engine/model/dequantize.h"
+#include "engine/model/host_weights.h"
+#include "nlohmann/json.hpp"
+
+namespace ferry {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return ErrnoStatus(errno, absl::StrCat("cannot open ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A read-only mapping of one safetensors file and its parsed header.
+class SafetensorsFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path) {
+    auto f = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
+    f->path_ = path;
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open ", path));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+      const int err = errno;
+      close(fd);
+      return ErrnoStatus(err, absl::StrCat("cannot stat ", path));
+    }
+    f->size_ = static_cast<size_t>(st.st_size);
+    if (f->size_ < 8) {
+      close(fd);
+      return absl::InvalidArgumentError(absl::StrCat(path, ": truncated safetensors file"));
+    }
+    void* map = mmap(nullptr, f->size_, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("cannot mmap ", path));
+    f->base_ = static_cast<const uint8_t*>(map);
+    uint64_t header_size;
+    std::memcpy(&header_size, f->base_, 8);
+    if (header_size > f->size_ - 8) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": header of ", header_size, " bytes runs past the end of the file"));
+    }
+    try {
+      f->header_ = Json::parse(f->base_ + 8, f->base_ + 8 + header_size);
+    } catch (const Json::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": bad header: ", e.what()));
+    }
+    if (!f->header_.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": header is not an object"));
+    }
+    f->data_start_ = 8 + header_size;
+    return f;
+  }
+
+  ~SafetensorsFile() {
+    if (base_ != nullptr) munmap(const_cast<uint8_t*>(base_), size_);
+  }
+
+  const Json& header() const { return header_; }
+  const std::string& path() const { return path_; }
+
+  // The bytes of tensor `name`, checked against the file size.
+  absl::StatusOr<absl::string_view> Data(const std::string& name, const Json& info) const {
+    const Json& offsets = info.at("data_offsets");
+    const uint64_t begin = offsets.at(0).get<uint64_t>(), end = offsets.at(1).get<uint64_t>();
+    if (begin > end || end > size_ - data_start_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path_, ": tensor '", name, "' data lies beyond the end of the file"));
+    }
+    return absl::string_view(reinterpret_cast<const char*>(base_ + data_start_ + begin),
+                             end - begin);
+  }
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  const uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+  uint64_t data_start_ = 0;
+  Json header_;
+};
+
+absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path) {
+  ModelConfig c;
+  auto get_int = [&](const char* key, int64_t* out, bool required) -> absl::Status {
+    if (!j.contains(key) || j[key].is_null()) {
+      if (required) return absl::InvalidArgumentError(absl::StrCat(path, ": missing ", key));
+      return absl::OkStatus();
+    }
+    if (!j[key].is_number_integer()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", key, " is not an integer"));
+    }
+    *out = j[key].get<int64_t>();
+    return absl::OkStatus();
+  };
+  c.architecture = j.value("model_type", "");
+  if (c.architecture != "llama" && c.architecture != "mistral" && c.architecture != "qwen2" &&
+      c.architecture != "qwen3") {
+    return absl::UnimplementedError(absl::StrCat(path, ": model_type '", c.architecture,
+                                                 "' is not supported (llama, mistral, qwen2, "
+                                                 "qwen3)"));
+  }
+  RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size, true));
+  RETURN_IF_ERROR(get_int("hidden_size", &c.hidden_size, true));
+  RETURN_IF_ERROR(get_int("intermediate_size", &c.intermediate_size, true));
+  RETURN_IF_ERROR(get_int("num_hidden_layers", &c.num_layers, true));
+  RETURN_IF_ERROR(get_int("num_attention_heads", &c.num_heads, true));
+  c.num_kv_heads = c.num_heads;
+  RETURN_IF_ERROR(get_int("num_key_value_heads", &c.num_kv_heads, false));
+  c.head_dim = c.num_heads > 0 ? c.hidden_size / c.num_heads : 0;
+  RETURN_IF_ERROR(get_int("head_dim", &c.head_dim, false));
+  c.max_position_embeddings = 2048;
+  RETURN_IF_ERROR(get_int("max_position_embeddings", &c.max_position_embeddings, false));
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  c.qk_norm = c.architecture == "qwen3";
+  c.attention_bias =
+      j.value("attention_bias", c.architecture == "qwen2");  // Qwen2 has q/k/v biases
+  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+    const Json& rs = j["rope_scaling"];
+    const std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
+    c.rope_scaling.factor = rs.value("factor", 1.0);
+    if (type == "linear") {
+      c.rope_scaling.type = RopeScaling::Type::kLinear;
+    } else if (type == "llama3") {
+      c.rope_scaling.type = RopeScaling::Type::kLlama3;
+      c.rope_scaling.low_freq_factor = rs.value("low_freq_factor", 1.0);
+      c.rope_scaling.high_freq_factor = rs.value("high_freq_factor", 4.0);
+      c.rope_scaling.original_max_position_embeddings =
+          rs.value("original_max_position_embeddings", int64_t{8192});
+    } else if (type != "default") {
+      return absl::UnimplementedError(
+          absl::StrCat(path, ": rope scaling '", type, "' is not supported (linear, llama3)"));
+    }
+  }
+  RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+// [name -> shape] of every tensor the config calls for.
+std::map<std::string, std::vector<int64_t>> ExpectedTensors(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  std::map<std::string, std::vector<int64_t>> t = {
+      {"model.embed_tokens.weight", {c.vocab_size, h}},
+      {"model.norm.weight", {h}},
+  };
+  if (!c.tie_word_embeddings) t["lm_head.weight"] = {c.vocab_size, h};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    t[p + "input_layernorm.weight"] = {h};
+    t[p + "post_attention_layernorm.weight"] = {h};
+    t[p + "self_attn.q_proj.weight"] = {q, h};
+    t[p + "self_attn.k_proj.weight"] = {kv, h};
+    t[p + "self_attn.v_proj.weight"] = {kv, h};
+    t[p + "self_attn.o_proj.weight"] = {h, q};
+    t[p + "mlp.gate_proj.weight"] = {c.intermediate_size, h};
+    t[p + "mlp.up_proj.weight"] = {c.intermediate_size, h};
+    t[p + "mlp.down_proj.weight"] = {h, c.intermediate_size};
+    if (c.attention_bias) {
+      t[p + "self_attn.q_proj.bias"] = {q};
+      t[p + "self_attn.k_proj.bias"] = {kv};
+      t[p + "self_attn.v_proj.bias"] = {kv};
+    }
+    if (c.qk_norm) {
+      t[p + "self_attn.q_norm.weight"] = {c.head_dim};
+      t[p + "self_attn.k_norm.weight"] = {c.head_dim};
+    }
+  }
+  return t;
+}
+
+absl::StatusOr<uint32_t> GgmlTypeOfSafetensors(const std::string& dtype) {
+  if (dtype == "F32") return static_cast<uint32_t>(GgmlType::kF32);
+  if (dtype == "F16") return static_cast<uint32_t>(GgmlType::kF16);
+  if (dtype == "BF16") return static_cast<uint32_t>(GgmlType::kBF16);
+  return absl::UnimplementedError(absl::StrCat("safetensors dtype ", dtype, " is not supported"));
+}
+
+}  // namespace
+
+absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtype,
+                                        const std::string& kv_dtype) {
+  const auto start = std::chrono::steady_clock::now();
+  HostWeights weights;
+  const std::string config_path = dir + "/config.json";
+  ASSIGN_OR_RETURN(const std::string config_text, ReadText(config_path));
+  Json config_json;
+  try {
+    config_json = Json::parse(config_text);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", e.what()));
+  }
+  ASSIGN_OR_RETURN(weights.config, ReadHfConfig(config_json, config_path));
+
+  // The shards: model.safetensors, or those listed by model.safetensors.index.json.
+  std::vector<std::string> files;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (auto index_text = ReadText(index_path); index_text.ok()) {
+    std::set<std::string> shards;
+    try {
+      const Json index = Json::parse(*index_text);
+      for (auto it = index.at("weight_map").begin(); it != index.at("weight_map").end(); ++it) {
+        shards.insert(it.value().get<std::string>());
+      }
+    } catch (const Json::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": ", e.what()));
+    }
+    for (const std::string& s : shards) {
+      if (s.find('/') != std::string::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": shard '", s, "' is not a file name in the directory"));
+      }
+      files.push_back(dir + "/" + s);
+    }
+  } else {
+    files.push_back(dir + "/model.safetensors");
+  }
+
+  const auto expected = ExpectedTensors(weights.config);
+  ModelFingerprintBuilder fingerprint;
+  RETURN_IF_ERROR(fingerprint.AddFileFromDisk("config.json", config_path));
+  for (const std::string& file : files) {
+    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> st, SafetensorsFile::Open(file));
+    RETURN_IF_ERROR(fingerprint.AddFileFromDisk(file.substr(file.rfind('/') + 1), file));
+    for (auto it = st->header().begin(); it != st->header().end(); ++it) {
+      if (it.key() == "__metadata__") continue;
+      const std::string& name = it.key();
+      auto want = expected.find(name);
+      if (want == expected.end()) {
+        if (name == "lm_head.weight" && weights.config.tie_word_embeddings) continue;
+        return absl::InvalidArgumentError(absl::StrCat(file, ": unexpected tensor '", name, "'"));
+      }
+      HostTensor tensor;
+      try {
+        tensor.shape = it.value().at("shape").get<std::vector<int64_t>>();
+      } catch (const Json::exception& e) {
+        return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "': ", e.what()));
+      }
+      if (tensor.shape != want->second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file, ": tensor '", name, "' has the wrong shape for config.json"));
+      }
+      ASSIGN_OR_RETURN(const uint32_t type,
+                       GgmlTypeOfSafetensors(it.value().value("dtype", std::string("?"))));
+      ASSIGN_OR_RETURN(const absl::string_view data, st->Data(name, it.value()));
+      const size_t n = static_cast<size_t>(tensor.elements());
+      tensor.dtype = dtype;
+      absl::Status status;
+      const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
+      if (dtype == WeightDType::kF32) {
+        tensor.f32.resize(n);
+        status = DequantizeToF32(type, bytes, data.size(), n, tensor.f32.data());
+      } else {
+        tensor.bf16.resize(n);
+        status = DequantizeToBf16(type, bytes, data.size(), n, tensor.bf16.data());
+      }
+      if (!status.ok()) {
+        return absl::Status(status.code(),
+                            absl::StrCat(file, ": tensor '", name, "': ", status.message()));
+      }
+      weights.source_bytes += data.size();
+      if (!weights.tensors.emplace(name, std::move(tensor)).second) {
+        return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "' twice"));
+      }
+    }
+  }
+  for (const auto& [name, shape] : expected) {
+    if (weights.tensors.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": missing tensor ", name));
+    }
+  }
+  ASSIGN_OR_RETURN(const std::string tokenizer_text, ReadText(dir + "/tokenizer.json"));
+  fingerprint.SetTokenizerDigest(Xxh3Hash128(tokenizer_text));
+  const ModelConfig& c = weights.config;
+  fingerprint.SetKvLayout(KvLayout{kv_dtype, static_cast<uint32_t>(c.num_layers),
+                                   static_cast<uint32_t>(c.num_kv_heads),
+                                   static_cast<uint32_t>(c.head_dim)});
+  ASSIGN_OR_RETURN(weights.fingerprint, fingerprint.Finish());
+  weights.load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return weights;
+}
+
+}  // namespace ferry
