@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
     builder.SetKvLayout(
         ferry::KvLayout{c.at("kv_dtype").get<std::string>(), c.at("cached_layers").get<uint32_t>(),
                         c.at("kv_heads").get<uint32_t>(), c.at("head_dim").get<uint32_t>()});
+    builder.SetWeightDtype(c.at("weight_dtype").get<std::string>());
     auto fp = builder.Finish();
     if (!fp.ok() || fp->ToHex() != c.at("expected").get<std::string>()) {
       std::cerr << "fingerprint case " << fingerprints << ": "

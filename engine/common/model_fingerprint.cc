@@ -32,6 +32,8 @@ void ModelFingerprintBuilder::SetTokenizerDigest(const Hash128& digest) {
   tokenizer_digest_ = digest;
 }
 
+void ModelFingerprintBuilder::SetWeightDtype(const std::string& dtype) { weight_dtype_ = dtype; }
+
 void ModelFingerprintBuilder::SetKvLayout(const KvLayout& layout) {
   has_layout_ = true;
   layout_ = layout;
@@ -49,6 +51,10 @@ absl::StatusOr<std::string> ModelFingerprintBuilder::Encode() const {
     return absl::FailedPreconditionError("model fingerprint: no tokenizer digest");
   }
   if (!has_layout_) return absl::FailedPreconditionError("model fingerprint: no KV layout");
+  if (weight_dtype_ != "f32" && weight_dtype_ != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat("model fingerprint: weight dtype '",
+                                                   weight_dtype_, "' (expected f32 or bf16)"));
+  }
   if (!IsKnownKvDtype(layout_.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("model fingerprint: unknown KV dtype '",
                                                    layout_.dtype,
@@ -74,6 +80,7 @@ absl::StatusOr<std::string> ModelFingerprintBuilder::Encode() const {
   AppendU32Le(&out, layout_.kv_heads);
   AppendU32Le(&out, layout_.head_dim);
   AppendU32Le(&out, layout_.format_version);
+  AppendLengthPrefixed(&out, weight_dtype_);
   return out;
 }
 

@@ -3,10 +3,11 @@
 // different model. It enters every block hash through the root (block_hash.h).
 //
 // It is never just a name: it covers the content digests of the model's files (weights and
-// config, or the one GGUF file), the tokenizer's digest, the KV element type and layout, and the
-// KV format version. Redeploying a name with new weights gives a new fingerprint.
+// config, or the one GGUF file), the tokenizer's digest, the KV element type and layout, the KV
+// format version, and the type the weights are computed in (fp32 and bf16 weights of the same
+// file produce different KV). Redeploying a name with new weights gives a new fingerprint.
 //
-// Encoding, version 1 (integers little-endian, hash128 = low 64 bits then high 64 bits):
+// Encoding, version 2 (integers little-endian, hash128 = low 64 bits then high 64 bits):
 //
 //   H( "FERRYFP\0"                              8 bytes
 //      u32 version                              = 1
@@ -16,6 +17,7 @@
 //      u32 len(kv_dtype) kv_dtype               "f32", "f16", "bf16", "fp8_e4m3"
 //      u32 cached_layers  u32 kv_heads  u32 head_dim
 //      u32 kv_format_version
+//      u32 len(weight_dtype) weight_dtype       "f32" or "bf16"
 //    )
 //
 // where H is XXH3-128 with seed 0.
@@ -32,7 +34,7 @@
 
 namespace ferry {
 
-inline constexpr uint32_t kModelFingerprintVersion = 1;
+inline constexpr uint32_t kModelFingerprintVersion = 2;
 
 // Bumped whenever the byte layout of a KV block changes (element order, padding, scales).
 inline constexpr uint32_t kKvFormatVersion = 1;
@@ -60,9 +62,12 @@ class ModelFingerprintBuilder {
 
   void SetTokenizerDigest(const Hash128& digest);
   void SetKvLayout(const KvLayout& layout);
+  // The type the engine holds and computes the weights in: "f32" or "bf16".
+  void SetWeightDtype(const std::string& dtype);
 
   // The exact bytes hashed (see the header comment), or an error if an input is missing or
-  // invalid: no files, no tokenizer digest, an unknown dtype, a zero dimension, a repeated name.
+  // invalid: no files, no tokenizer digest, an unknown dtype, a zero dimension, a repeated name,
+  // no weight dtype.
   absl::StatusOr<std::string> Encode() const;
 
   absl::StatusOr<Hash128> Finish() const;
@@ -74,6 +79,7 @@ class ModelFingerprintBuilder {
   Hash128 tokenizer_digest_;
   bool has_layout_ = false;
   KvLayout layout_;
+  std::string weight_dtype_;
 };
 
 }  // namespace ferry

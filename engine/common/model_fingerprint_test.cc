@@ -16,6 +16,7 @@ ModelFingerprintBuilder Example() {
   builder.AddFile("config.json", Xxh3Hash128("config"));
   builder.SetTokenizerDigest(Xxh3Hash128("tokenizer"));
   builder.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
+  builder.SetWeightDtype("f32");
   return builder;
 }
 
@@ -23,7 +24,7 @@ TEST(ModelFingerprintTest, GoldenVector) {
   // From `tools/python/block_hash_reference.py golden`.
   auto fp = Example().Finish();
   ASSERT_TRUE(fp.ok()) << fp.status();
-  EXPECT_EQ(fp->ToHex(), "f5e9ff58e7b863702ad01a3fda2242bb");
+  EXPECT_EQ(fp->ToHex(), "41ee6f90f8c11ef0ec1121b33637354d");
 }
 
 TEST(ModelFingerprintTest, FileOrderDoesNotMatter) {
@@ -32,6 +33,7 @@ TEST(ModelFingerprintTest, FileOrderDoesNotMatter) {
   reversed.AddFile("model.safetensors", Xxh3Hash128("weights"));
   reversed.SetTokenizerDigest(Xxh3Hash128("tokenizer"));
   reversed.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
+  reversed.SetWeightDtype("f32");
   EXPECT_EQ(*reversed.Finish(), *Example().Finish());
 }
 
@@ -48,6 +50,12 @@ TEST(ModelFingerprintTest, EveryInputChangesIt) {
     b.AddFile("config.json", Xxh3Hash128("config"));
     b.SetTokenizerDigest(Xxh3Hash128("tokenizer"));
     b.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
+    b.SetWeightDtype("f32");
+    EXPECT_NE(*b.Finish(), base);
+  }
+  {
+    ModelFingerprintBuilder b = Example();
+    b.SetWeightDtype("bf16");  // the same files computed in bf16 give other KV
     EXPECT_NE(*b.Finish(), base);
   }
   for (const KvLayout& layout :
@@ -87,6 +95,11 @@ TEST(ModelFingerprintTest, MissingOrInvalidInputsAreErrors) {
     b.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
     EXPECT_EQ(b.Finish().status().code(), absl::StatusCode::kFailedPrecondition);
   }
+  {
+    ModelFingerprintBuilder b = Example();
+    b.SetWeightDtype("int8");
+    EXPECT_EQ(b.Finish().status().code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(ModelFingerprintTest, AddFileFromDiskDigestsContent) {
@@ -100,6 +113,7 @@ TEST(ModelFingerprintTest, AddFileFromDiskDigestsContent) {
   from_disk.AddFile("config.json", Xxh3Hash128("config"));
   from_disk.SetTokenizerDigest(Xxh3Hash128("tokenizer"));
   from_disk.SetKvLayout(KvLayout{"bf16", 30, 3, 64});
+  from_disk.SetWeightDtype("f32");
   EXPECT_EQ(*from_disk.Finish(), *Example().Finish());
 
   ModelFingerprintBuilder missing;

@@ -298,6 +298,7 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
   fingerprint.SetKvLayout(KvLayout{kv_dtype, static_cast<uint32_t>(c.num_layers),
                                    static_cast<uint32_t>(c.num_kv_heads),
                                    static_cast<uint32_t>(c.head_dim)});
+  fingerprint.SetWeightDtype(dtype == WeightDType::kF32 ? "f32" : "bf16");
   ASSIGN_OR_RETURN(weights.fingerprint, fingerprint.Finish());
   weights.load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

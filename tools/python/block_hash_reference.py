@@ -16,7 +16,7 @@ import sys
 import xxhash
 
 BLOCK_HASH_VERSION = 1
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
 KV_FORMAT_VERSION = 1
 
 
@@ -68,7 +68,7 @@ def block_hashes(model_fingerprint, cache_salt, lora_id, tokens, block_tokens, i
 
 
 def model_fingerprint(files, tokenizer_digest, kv_dtype, layers, kv_heads, head_dim,
-                      kv_format_version=KV_FORMAT_VERSION):
+                      weight_dtype, kv_format_version=KV_FORMAT_VERSION):
     """files: dict name(str) -> digest(int)."""
     data = b"FERRYFP\x00" + struct.pack("<I", FINGERPRINT_VERSION)
     data += struct.pack("<I", len(files))
@@ -76,6 +76,7 @@ def model_fingerprint(files, tokenizer_digest, kv_dtype, layers, kv_heads, head_
         data += enc_bytes(name.encode()) + enc_hash(files[name])
     data += enc_hash(tokenizer_digest) + enc_bytes(kv_dtype.encode())
     data += struct.pack("<IIII", layers, kv_heads, head_dim, kv_format_version)
+    data += enc_bytes(weight_dtype.encode())
     return h128(data)
 
 
@@ -98,7 +99,7 @@ def golden():
         print("blocks(image@2+5, B=4)[%d]" % i, hex128(h))
     print("fingerprint             ", hex128(model_fingerprint(
         {"model.safetensors": h128(b"weights"), "config.json": h128(b"config")},
-        h128(b"tokenizer"), "bf16", 30, 3, 64)))
+        h128(b"tokenizer"), "bf16", 30, 3, 64, "f32")))
 
 
 def cases(count, seed):
@@ -132,10 +133,13 @@ def cases(count, seed):
         tok = rng.getrandbits(128)
         dtype = rng.choice(["f32", "f16", "bf16", "fp8_e4m3"])
         layers, heads, dim = rng.randint(1, 96), rng.randint(1, 16), rng.choice([64, 128])
+        weight_dtype = rng.choice(["f32", "bf16"])
         out["fingerprint_cases"].append({
             "files": {k: hex128(v) for k, v in files.items()}, "tokenizer_digest": hex128(tok),
             "kv_dtype": dtype, "cached_layers": layers, "kv_heads": heads, "head_dim": dim,
-            "expected": hex128(model_fingerprint(files, tok, dtype, layers, heads, dim)),
+            "weight_dtype": weight_dtype,
+            "expected": hex128(model_fingerprint(files, tok, dtype, layers, heads, dim,
+                                                 weight_dtype)),
         })
     json.dump(out, sys.stdout)
 
