@@ -20,74 +20,6 @@ constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kMaxArrayDepth = 4;
 constexpr uint32_t kMaxDims = 8;
 
-// {block elements, bytes per block} of the ggml types whose layout Ferry knows.
-bool GgmlBlockLayout(uint32_t type, uint64_t* block, uint64_t* bytes) {
-  switch (type) {
-    case 0:
-      *block = 1, *bytes = 4;
-      return true;  // F32
-    case 1:
-      *block = 1, *bytes = 2;
-      return true;  // F16
-    case 2:
-      *block = 32, *bytes = 18;
-      return true;  // Q4_0
-    case 3:
-      *block = 32, *bytes = 20;
-      return true;  // Q4_1
-    case 6:
-      *block = 32, *bytes = 22;
-      return true;  // Q5_0
-    case 7:
-      *block = 32, *bytes = 24;
-      return true;  // Q5_1
-    case 8:
-      *block = 32, *bytes = 34;
-      return true;  // Q8_0
-    case 9:
-      *block = 32, *bytes = 36;
-      return true;  // Q8_1
-    case 10:
-      *block = 256, *bytes = 84;
-      return true;  // Q2_K
-    case 11:
-      *block = 256, *bytes = 110;
-      return true;  // Q3_K
-    case 12:
-      *block = 256, *bytes = 144;
-      return true;  // Q4_K
-    case 13:
-      *block = 256, *bytes = 176;
-      return true;  // Q5_K
-    case 14:
-      *block = 256, *bytes = 210;
-      return true;  // Q6_K
-    case 15:
-      *block = 256, *bytes = 292;
-      return true;  // Q8_K
-    case 24:
-      *block = 1, *bytes = 1;
-      return true;  // I8
-    case 25:
-      *block = 1, *bytes = 2;
-      return true;  // I16
-    case 26:
-      *block = 1, *bytes = 4;
-      return true;  // I32
-    case 27:
-      *block = 1, *bytes = 8;
-      return true;  // I64
-    case 28:
-      *block = 1, *bytes = 8;
-      return true;  // F64
-    case 30:
-      *block = 1, *bytes = 2;
-      return true;  // BF16
-    default:
-      return false;
-  }
-}
-
 // Bounds-checked little-endian reader over the file image.
 class Cursor {
  public:
@@ -249,6 +181,73 @@ absl::Status ReadValue(Cursor& in, GgufType type, const std::string& key, int de
 }
 
 }  // namespace
+
+bool GgmlBlockLayout(uint32_t type, uint64_t* block, uint64_t* bytes) {
+  switch (type) {
+    case 0:
+      *block = 1, *bytes = 4;
+      return true;  // F32
+    case 1:
+      *block = 1, *bytes = 2;
+      return true;  // F16
+    case 2:
+      *block = 32, *bytes = 18;
+      return true;  // Q4_0
+    case 3:
+      *block = 32, *bytes = 20;
+      return true;  // Q4_1
+    case 6:
+      *block = 32, *bytes = 22;
+      return true;  // Q5_0
+    case 7:
+      *block = 32, *bytes = 24;
+      return true;  // Q5_1
+    case 8:
+      *block = 32, *bytes = 34;
+      return true;  // Q8_0
+    case 9:
+      *block = 32, *bytes = 36;
+      return true;  // Q8_1
+    case 10:
+      *block = 256, *bytes = 84;
+      return true;  // Q2_K
+    case 11:
+      *block = 256, *bytes = 110;
+      return true;  // Q3_K
+    case 12:
+      *block = 256, *bytes = 144;
+      return true;  // Q4_K
+    case 13:
+      *block = 256, *bytes = 176;
+      return true;  // Q5_K
+    case 14:
+      *block = 256, *bytes = 210;
+      return true;  // Q6_K
+    case 15:
+      *block = 256, *bytes = 292;
+      return true;  // Q8_K
+    case 24:
+      *block = 1, *bytes = 1;
+      return true;  // I8
+    case 25:
+      *block = 1, *bytes = 2;
+      return true;  // I16
+    case 26:
+      *block = 1, *bytes = 4;
+      return true;  // I32
+    case 27:
+      *block = 1, *bytes = 8;
+      return true;  // I64
+    case 28:
+      *block = 1, *bytes = 8;
+      return true;  // F64
+    case 30:
+      *block = 1, *bytes = 2;
+      return true;  // BF16
+    default:
+      return false;
+  }
+}
 
 absl::string_view GgufTypeName(GgufType type) {
   static constexpr const char* kNames[] = {"uint8",  "int8",    "uint16", "int16",  "uint32",

@@ -40,6 +40,10 @@ enum class GgufType : uint32_t {
 
 absl::string_view GgufTypeName(GgufType type);
 
+// The block layout of a ggml tensor type: elements per block and bytes per block. False for
+// types whose layout Ferry does not know.
+bool GgmlBlockLayout(uint32_t ggml_type, uint64_t* block_elements, uint64_t* block_bytes);
+
 // One metadata value. Scalars are widened (integers to int64/uint64, floats to double); strings
 // point into the mapped file; arrays hold their elements.
 struct GgufValue {

@@ -7,33 +7,26 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/thread_pool.h"
+#include "engine/gguf/gguf_file.h"
 
 namespace ferry {
 namespace {
 
 struct Layout {
-  size_t block;        // elements per block
-  size_t block_bytes;  // bytes per block
+  uint64_t block;        // elements per block
+  uint64_t block_bytes;  // bytes per block
 };
 
+// The formats this file converts (GgmlType); their layouts come from the GGUF reader's table.
 bool LayoutOf(uint32_t type, Layout* layout) {
   switch (static_cast<GgmlType>(type)) {
     case GgmlType::kF32:
-      *layout = {1, 4};
-      return true;
     case GgmlType::kF16:
     case GgmlType::kBF16:
-      *layout = {1, 2};
-      return true;
     case GgmlType::kQ8_0:
-      *layout = {32, 34};
-      return true;
     case GgmlType::kQ4_0:
-      *layout = {32, 18};
-      return true;
     case GgmlType::kQ4_1:
-      *layout = {32, 20};
-      return true;
+      return GgmlBlockLayout(type, &layout->block, &layout->block_bytes);
   }
   return false;
 }

@@ -1,6 +1,5 @@
 // LoadGgufModel: a llama-architecture GGUF file -> HostWeights.
 
-#include <chrono>
 #include <cstring>
 #include <set>
 
@@ -137,15 +136,9 @@ Hash128 TokenizerDigest(const GgufFile& g) {
 
 }  // namespace
 
-int64_t HostTensor::elements() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtype,
                                           const std::string& kv_dtype) {
-  const auto start = std::chrono::steady_clock::now();
+  const double start = model_internal::SteadySeconds();
   HostWeights weights;
   ASSIGN_OR_RETURN(weights.config, ReadConfig(gguf));
   const ModelConfig& c = weights.config;
@@ -213,13 +206,7 @@ absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtyp
   const std::string& path = gguf.path();
   RETURN_IF_ERROR(fingerprint.AddFileFromDisk(path.substr(path.rfind('/') + 1), path));
   fingerprint.SetTokenizerDigest(TokenizerDigest(gguf));
-  fingerprint.SetKvLayout(KvLayout{kv_dtype, static_cast<uint32_t>(c.num_layers),
-                                   static_cast<uint32_t>(c.num_kv_heads),
-                                   static_cast<uint32_t>(c.head_dim)});
-  fingerprint.SetWeightDtype(dtype == WeightDType::kF32 ? "f32" : "bf16");
-  ASSIGN_OR_RETURN(weights.fingerprint, fingerprint.Finish());
-  weights.load_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  RETURN_IF_ERROR(model_internal::FinishLoad(fingerprint, kv_dtype, dtype, start, &weights));
   return weights;
 }
 

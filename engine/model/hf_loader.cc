@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -203,7 +202,7 @@ absl::StatusOr<uint32_t> GgmlTypeOfSafetensors(const std::string& dtype) {
 
 absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtype,
                                         const std::string& kv_dtype) {
-  const auto start = std::chrono::steady_clock::now();
+  const double start = model_internal::SteadySeconds();
   HostWeights weights;
   const std::string config_path = dir + "/config.json";
   ASSIGN_OR_RETURN(const std::string config_text, ReadText(config_path));
@@ -294,14 +293,7 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
   }
   ASSIGN_OR_RETURN(const std::string tokenizer_text, ReadText(dir + "/tokenizer.json"));
   fingerprint.SetTokenizerDigest(Xxh3Hash128(tokenizer_text));
-  const ModelConfig& c = weights.config;
-  fingerprint.SetKvLayout(KvLayout{kv_dtype, static_cast<uint32_t>(c.num_layers),
-                                   static_cast<uint32_t>(c.num_kv_heads),
-                                   static_cast<uint32_t>(c.head_dim)});
-  fingerprint.SetWeightDtype(dtype == WeightDType::kF32 ? "f32" : "bf16");
-  ASSIGN_OR_RETURN(weights.fingerprint, fingerprint.Finish());
-  weights.load_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  RETURN_IF_ERROR(model_internal::FinishLoad(fingerprint, kv_dtype, dtype, start, &weights));
   return weights;
 }
 

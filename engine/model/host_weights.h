@@ -36,6 +36,20 @@ struct HostWeights {
 };
 
 class GgufFile;
+class ModelFingerprintBuilder;
+
+namespace model_internal {
+
+// The last step of every loader: adds the KV layout (with `kv_dtype`) and the weight dtype to
+// `fingerprint` (which already holds the files and the tokenizer digest), finishes it into
+// weights->fingerprint, and records the load time since `start_seconds` (steady clock).
+absl::Status FinishLoad(ModelFingerprintBuilder& fingerprint, const std::string& kv_dtype,
+                        WeightDType dtype, double start_seconds, HostWeights* weights);
+
+// Steady-clock seconds, for FinishLoad's start.
+double SteadySeconds();
+
+}  // namespace model_internal
 
 // Loads a llama-architecture GGUF model (SmolLM2, Llama, Mistral-style) into `dtype`. Undoes
 // llama.cpp's Q/K row permutation so that tensors are in HF layout; checks every expected tensor
