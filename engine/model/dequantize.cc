@@ -167,14 +167,6 @@ float HalfToFloat(uint16_t h) {
   return f;
 }
 
-uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
 absl::Status DequantizeToF32(uint32_t type, const uint8_t* data, size_t size, size_t elements,
                              float* out) {
   Layout layout;

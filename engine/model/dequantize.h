@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "engine/common/float_math.h"  // FloatToBf16, Bf16ToFloat
 
 namespace ferry {
 
@@ -41,14 +42,6 @@ absl::string_view GgmlTypeName(uint32_t type);
 size_t GgmlDataSize(uint32_t type, size_t elements);
 
 float HalfToFloat(uint16_t h);
-// Round-to-nearest-even; NaN stays a (quiet) NaN.
-uint16_t FloatToBf16(float f);
-inline float Bf16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  __builtin_memcpy(&f, &bits, 4);
-  return f;
-}
 
 // Dequantizes `elements` values (a whole number of blocks) from `data` (`size` bytes) into `out`.
 // Unsupported types and size mismatches are errors naming them.

@@ -27,6 +27,7 @@ absl::Status FinishLoad(ModelFingerprintBuilder& fingerprint, const std::string&
                                    static_cast<uint32_t>(c.head_dim)});
   fingerprint.SetWeightDtype(dtype == WeightDType::kF32 ? "f32" : "bf16");
   ASSIGN_OR_RETURN(weights->fingerprint, fingerprint.Finish());
+  weights->kv_dtype = kv_dtype;
   weights->load_seconds = SteadySeconds() - start_seconds;
   return absl::OkStatus();
 }

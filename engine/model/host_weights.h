@@ -31,6 +31,7 @@ struct HostWeights {
   ModelConfig config;
   std::map<std::string, HostTensor> tensors;
   Hash128 fingerprint;
+  std::string kv_dtype;  // the KV cache type the fingerprint was computed for: "f32" or "bf16"
   double load_seconds = 0;
   uint64_t source_bytes = 0;  // bytes read from the model files
 };

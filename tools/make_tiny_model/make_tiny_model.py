@@ -113,12 +113,21 @@ def save(text, name, out_dir):
 
 def tiny_models(out_dir):
     """Tiny HF-format dense models with deterministic pseudo-random weights (transformers'
-    initialisation under a fixed seed), each with a tokenizer trained above: a GQA Llama in fp32
-    and in bf16, a Llama with llama3 RoPE scaling and tied embeddings, and a Qwen2 with q/k/v
-    biases. A few MB each."""
+    initialisation under a fixed seed, norms perturbed away from 1), each with a tokenizer trained
+    above. A few MB each:
+
+      llama_gqa_f32, llama_gqa_bf16  GQA Llama (4 heads, 2 KV heads) in fp32 and in bf16
+      llama3_rope_tied               Llama with llama3 RoPE scaling and tied embeddings
+      qwen2_bias                     Qwen2 with q/k/v biases
+      mistral_gqa                    GQA Mistral, no sliding window
+      llama_linear_rope              Llama with linear RoPE scaling (factor 2)
+      qwen3_qknorm                   Qwen3: q_norm/k_norm per head, head_dim 32 != hidden/heads.
+                                     transformers 4.47 has no Qwen3, so it is a Llama's weights
+                                     plus q_norm/k_norm, with a config.json written here.
+    """
     import shutil
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
     tok_dir = os.path.join(out_dir, "_tokenizers")
     bytelevel("llama3_bytelevel", tok_dir, 512, pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated"),
@@ -139,13 +148,23 @@ def tiny_models(out_dir):
                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
          torch.float32),
         ("qwen2_bias", "qwen2_nfc", Qwen2Config, dict(rope_theta=1000000.0), torch.float32),
+        ("mistral_gqa", "llama3_bytelevel", MistralConfig,
+         dict(rope_theta=10000.0, sliding_window=None), torch.float32),
+        ("llama_linear_rope", "llama3_bytelevel", LlamaConfig,
+         dict(rope_theta=10000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+         torch.float32),
+        # Made as a Llama with head_dim 32 (hidden 64 / 4 heads would be 16); see save_qwen3.
+        ("qwen3_qknorm", "qwen2_nfc", LlamaConfig,
+         dict(rope_theta=1000000.0, head_dim=32, attention_bias=False, tie_word_embeddings=False),
+         torch.float32),
     ]
     for name, tok, config_class, extra, dtype in specs:
         target = os.path.join(out_dir, name)
         os.makedirs(target, exist_ok=True)
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(os.path.join(tok_dir, tok, f), os.path.join(target, f))
-        vocab = Tokenizer.from_file(os.path.join(target, "tokenizer.json")).get_vocab_size()
+        tokenizer = Tokenizer.from_file(os.path.join(target, "tokenizer.json"))
+        vocab = tokenizer.get_vocab_size()
         torch.manual_seed(0)
         config = config_class(vocab_size=vocab, **common, **extra)
         model = AutoModelForCausalLM.from_config(config).to(dtype)
@@ -153,7 +172,54 @@ def tiny_models(out_dir):
             for pname, p in model.named_parameters():
                 if p.dim() == 1:
                     p.add_(torch.randn_like(p) * 0.1)
-        model.save_pretrained(target, safe_serialization=True)
+        if name.startswith("qwen3"):
+            save_qwen3(model, config, tokenizer, target)
+        else:
+            model.save_pretrained(target, safe_serialization=True)
+
+
+def save_qwen3(model, config, tokenizer, target):
+    """Saves a Llama model (made with the config's head_dim) as a Qwen3 one: its weights plus
+    per-layer q_norm/k_norm weights of shape [head_dim] (1 + 0.1 * randn, from torch's global RNG,
+    seeded by the caller), and a config.json with the fields of a real Qwen3 config."""
+    import torch
+    from safetensors.torch import save_file
+    tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    for i in range(config.num_hidden_layers):
+        for norm in ("q_norm", "k_norm"):
+            tensors["model.layers.%d.self_attn.%s.weight" % (i, norm)] = (
+                1.0 + 0.1 * torch.randn(config.head_dim, dtype=torch.float32))
+    save_file(tensors, os.path.join(target, "model.safetensors"), metadata={"format": "pt"})
+    qwen3 = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": tokenizer.token_to_id("<|endoftext|>"),
+        "eos_token_id": tokenizer.token_to_id("<|im_end|>"),
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": config.hidden_size,
+        "initializer_range": config.initializer_range,
+        "intermediate_size": config.intermediate_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "max_window_layers": config.num_hidden_layers,
+        "model_type": "qwen3",
+        "num_attention_heads": config.num_attention_heads,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_key_value_heads": config.num_key_value_heads,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_scaling": None,
+        "rope_theta": config.rope_theta,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": config.vocab_size,
+    }
+    with open(os.path.join(target, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(qwen3, f, indent=2)
+        f.write("\n")
 
 
 def main():

@@ -1,0 +1,167 @@
+// The interface between the engine's model code and the hardware that runs it
+// (ARCHITECTURE.md §4 "Backends"). Model and KV code hold only device pointers and call kernels
+// through a Backend; they never read or write device memory themselves. The CPU backend
+// (engine/backends/cpu) is the deterministic reference; a CUDA backend implements the same
+// methods with stream-ordered kernels.
+//
+// Memory: DeviceBuffer owns memory obtained from a Backend and returns it on destruction.
+// DeviceMatrix is a non-owning 2-D row-major view (rows x cols elements, `stride` elements between
+// rows) of fp32 or bf16 data in device memory.
+//
+// Kernels take host-side step descriptions (token ids, positions, KV slots, block tables) by
+// value or pointer; a device backend uploads what it needs. Results are available to the host
+// after CopyToHost, which waits for the kernels before it.
+//
+// Determinism contract for every backend that claims it (the CPU backend always does): each
+// output element is reduced in one fixed order that depends only on the element's own inputs
+// (never on the number of rows M in the call, the thread count, or the instruction set), so a
+// row's result is the same whether it is computed alone or in a batch, in one chunk or several.
+
+#ifndef FERRY_ENGINE_BACKENDS_BACKEND_H_
+#define FERRY_ENGINE_BACKENDS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ferry {
+
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1 };
+
+inline size_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline const char* DTypeName(DType t) { return t == DType::kF32 ? "f32" : "bf16"; }
+
+class Backend;
+
+// Device memory owned by a backend; move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* owner, void* data, size_t bytes)
+      : owner_(owner), data_(data), bytes_(bytes) {}
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  // Frees the memory now.
+  void Reset();
+
+ private:
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A row-major view of device memory.
+struct DeviceMatrix {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t stride = 0;  // elements from one row to the next
+
+  static DeviceMatrix Dense(void* data, DType dtype, int64_t rows, int64_t cols) {
+    return DeviceMatrix{data, dtype, rows, cols, cols};
+  }
+  // Rows [begin, begin + count).
+  DeviceMatrix RowRange(int64_t begin, int64_t count) const;
+  // The same memory seen as rows*cols/new_cols rows of new_cols (dense views only).
+  DeviceMatrix Reshaped(int64_t new_cols) const;
+  bool dense() const { return stride == cols; }
+};
+
+// One layer's K and V inside a paged KV pool (engine/kv). Within each block of `block_bytes`,
+// this layer's keys start at `k_offset` and values at `v_offset`, each laid out as
+// [kv_heads][block_tokens][head_dim] elements of `dtype`.
+struct KvLayerView {
+  void* base = nullptr;  // block 0 of the pool
+  size_t block_bytes = 0;
+  size_t k_offset = 0;
+  size_t v_offset = 0;
+  int32_t block_tokens = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+  DType dtype = DType::kF32;
+};
+
+// Which cache slot each row's K/V goes to and what each row attends to, for one step. Row r
+// belongs to sequence `row_sequence[r]` at absolute position `positions[r]`; it attends to the
+// keys at positions 0..positions[r] of that sequence (causal), read through the sequence's block
+// table: position p lives in block block_tables[s][p / block_tokens], slot p % block_tokens.
+struct StepLayout {
+  std::vector<int32_t> positions;
+  std::vector<int32_t> row_sequence;
+  std::vector<std::vector<int32_t>> block_tables;
+  int64_t rows() const { return static_cast<int64_t>(positions.size()); }
+};
+
+// Rotary embedding tables: row p holds cos(p * inv_freq[i]) in columns [0, head_dim/2) and
+// sin(p * inv_freq[i]) in columns [head_dim/2, head_dim), fp32, one row per position.
+struct RopeTable {
+  DeviceMatrix table;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  // Whether results are bit-identical by construction (see the contract above).
+  virtual bool deterministic() const = 0;
+
+  // --- Memory ---
+  virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
+  virtual void CopyToDevice(void* device_dst, const void* host_src, size_t bytes) = 0;
+  virtual void CopyToHost(void* host_dst, const void* device_src, size_t bytes) = 0;
+  virtual void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) = 0;
+
+  // --- Kernels. Activations are fp32; weights fp32 or bf16. ---
+
+  // out[r] = table[ids[r]] (as fp32). ids are host values, each < table.rows.
+  virtual void Embed(const DeviceMatrix& table, const std::vector<int32_t>& ids,
+                     const DeviceMatrix& out) = 0;
+  // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight (weight: 1 x cols). out may alias x.
+  virtual void RmsNorm(const DeviceMatrix& x, const DeviceMatrix& weight, float eps,
+                       const DeviceMatrix& out) = 0;
+  // out = x * w^T (+ bias): x is M x K fp32, w is N x K, bias 1 x N or null, out M x N fp32.
+  virtual void MatMul(const DeviceMatrix& x, const DeviceMatrix& w, const DeviceMatrix* bias,
+                      const DeviceMatrix& out) = 0;
+  // acc += x, elementwise.
+  virtual void Add(const DeviceMatrix& acc, const DeviceMatrix& x) = 0;
+  // out = silu(gate) * up, elementwise, silu(g) = g / (1 + e^-g).
+  virtual void SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up,
+                      const DeviceMatrix& out) = 0;
+  // Rotates x (rows x heads*head_dim, in place) by position, the "rotate half" convention of HF
+  // models: for i < head_dim/2, (x[i], x[i + head_dim/2]) is rotated by angle positions[r] *
+  // inv_freq[i].
+  virtual void Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
+                    const RopeTable& rope) = 0;
+  // Writes row r of k and v (rows x kv_heads*head_dim, fp32) to the cache at the slot of
+  // (layout.row_sequence[r], layout.positions[r]), rounded to the cache dtype.
+  virtual void WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,
+                       const StepLayout& layout) = 0;
+  // Causal attention of q (rows x heads*head_dim) over the cached keys and values of each row's
+  // sequence (see StepLayout); heads share KV heads in groups of heads / kv.kv_heads. Scores are
+  // scaled by `scale`. out: rows x heads*head_dim.
+  virtual void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
+                         float scale, const DeviceMatrix& out) = 0;
+
+  // Waits until all issued work has finished.
+  virtual void Synchronize() = 0;
+
+ protected:
+  friend class DeviceBuffer;
+  virtual void Free(void* data, size_t bytes) = 0;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_BACKENDS_BACKEND_H_

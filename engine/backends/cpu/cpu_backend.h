@@ -1,0 +1,77 @@
+// The CPU backend: the reference implementation of the Backend interface, deterministic by
+// construction (ARCHITECTURE.md §4). Every output element is computed by one thread in the
+// canonical order of cpu_kernels.h; threads split output rows and columns only (no split-K), and
+// the same code serves one row and many. Device memory is host memory (64-byte aligned).
+//
+// Kernel notes (the order of operations, which the determinism tests rely on):
+//   MatMul      out[m][n] = Dot(x[m], w[n]) (+ bias[n])
+//   RmsNorm     inv = 1 / sqrt(Dot(x, x) / cols + eps); out[i] = w[i] * (x[i] * inv)
+//   SwiGlu      out = (g / (1 + Exp(-g))) * u
+//   Attention   per (row, head): s_j = Dot(q, k_j) * scale for j = 0..pos; e_j = Exp(s_j - max);
+//               sum of e_j in increasing j; acc = Axpy(e_j, v_j) in increasing j; out = acc / sum.
+
+#ifndef FERRY_ENGINE_BACKENDS_CPU_CPU_BACKEND_H_
+#define FERRY_ENGINE_BACKENDS_CPU_CPU_BACKEND_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/backends/backend.h"
+#include "engine/backends/cpu/cpu_kernels.h"
+#include "engine/common/thread_pool.h"
+
+namespace ferry {
+
+struct CpuBackendOptions {
+  int threads = 0;  // 0: one per available core
+  // Unset: SelectCpuIsa() (FERRY_CPU_ISA or the widest the CPU has).
+  std::optional<CpuIsa> isa;
+};
+
+class CpuBackend : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const CpuBackendOptions& options = {});
+
+  std::string name() const override;
+  bool deterministic() const override { return true; }
+  CpuIsa isa() const { return isa_; }
+  int threads() const { return pool_->threads(); }
+
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
+  void CopyToDevice(void* device_dst, const void* host_src, size_t bytes) override;
+  void CopyToHost(void* host_dst, const void* device_src, size_t bytes) override;
+  void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) override;
+
+  void Embed(const DeviceMatrix& table, const std::vector<int32_t>& ids,
+             const DeviceMatrix& out) override;
+  void RmsNorm(const DeviceMatrix& x, const DeviceMatrix& weight, float eps,
+               const DeviceMatrix& out) override;
+  void MatMul(const DeviceMatrix& x, const DeviceMatrix& w, const DeviceMatrix* bias,
+              const DeviceMatrix& out) override;
+  void Add(const DeviceMatrix& acc, const DeviceMatrix& x) override;
+  void SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up, const DeviceMatrix& out) override;
+  void Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
+            const RopeTable& rope) override;
+  void WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,
+               const StepLayout& layout) override;
+  void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
+                 float scale, const DeviceMatrix& out) override;
+  void Synchronize() override {}
+
+ protected:
+  void Free(void* data, size_t bytes) override;
+
+ private:
+  CpuBackend(int threads, CpuIsa isa);
+
+  const CpuIsa isa_;
+  const CpuKernels& kernels_;
+  std::unique_ptr<ThreadPool> pool_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_BACKENDS_CPU_CPU_BACKEND_H_

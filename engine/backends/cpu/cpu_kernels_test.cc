@@ -1,0 +1,321 @@
+// The CPU backend's kernels: every instruction-set variant gives bit-identical results (the
+// canonical order of cpu_kernels.h), the engine's Exp is accurate, and each backend kernel agrees
+// with a direct double-precision computation written here from its definition.
+
+#include "engine/backends/cpu/cpu_kernels.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/common/float_math.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = FloatToBf16(v[i]);
+  return out;
+}
+
+// Distance in units in the last place between two finite floats of the same sign.
+int64_t UlpDistance(float a, float b) {
+  const int64_t ia = Bits(a), ib = Bits(b);
+  return std::llabs(ia - ib);
+}
+
+TEST(ExpTest, WithinTwoUlpsOfCorrectlyRoundedOverTheRange) {
+  int64_t worst = 0;
+  for (float x = -103.0f; x <= 88.7f; x += 0.0137f) {
+    const float want = static_cast<float>(std::exp(static_cast<double>(x)));
+    const int64_t d = UlpDistance(Exp(x), want);
+    worst = std::max(worst, d);
+    ASSERT_LE(d, 2) << "x=" << x;
+  }
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-20.0f, 20.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = dist(rng);
+    ASSERT_LE(UlpDistance(Exp(x), static_cast<float>(std::exp(static_cast<double>(x)))), 2)
+        << "x=" << x;
+  }
+  RecordProperty("worst_ulp", static_cast<int>(worst));
+}
+
+TEST(ExpTest, SpecialValues) {
+  EXPECT_EQ(Exp(0.0f), 1.0f);
+  EXPECT_EQ(Exp(-0.0f), 1.0f);
+  EXPECT_EQ(Exp(89.0f), INFINITY);
+  EXPECT_EQ(Exp(INFINITY), INFINITY);
+  EXPECT_EQ(Exp(-INFINITY), 0.0f);
+  EXPECT_EQ(Exp(-200.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(Exp(NAN)));
+  // Subnormal results are rounded once.
+  const float sub = Exp(-100.0f);
+  EXPECT_GT(sub, 0.0f);
+  EXPECT_LE(UlpDistance(sub, static_cast<float>(std::exp(-100.0))), 1);
+}
+
+TEST(Bf16Test, RoundsToNearestEven) {
+  EXPECT_EQ(FloatToBf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
+  EXPECT_EQ(FloatToBf16(1.0f + 0x1.0p-8f), 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6).
+  EXPECT_EQ(FloatToBf16(1.0f + 3 * 0x1.0p-8f), 0x3f82);
+  EXPECT_EQ(FloatToBf16(1.0f + 0x1.0p-8f + 0x1.0p-20f), 0x3f81);
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(NAN))));
+}
+
+TEST(CpuKernelsTest, EveryVariantIsBitIdenticalToTheScalarDefinition) {
+  const CpuKernels& ref = CpuKernelsFor(CpuIsa::kScalar);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    const CpuKernels& k = CpuKernelsFor(isa);
+    for (int64_t n : {1, 2, 7, 15, 16, 17, 31, 32, 33, 64, 100, 576, 1536, 4097}) {
+      const auto x = RandomFloats(n, 1 + n), w = RandomFloats(n, 2 + n, 3.0f);
+      const auto wb = ToBf16(w);
+      EXPECT_EQ(Bits(k.dot_f32(x.data(), w.data(), n)), Bits(ref.dot_f32(x.data(), w.data(), n)))
+          << CpuIsaName(isa) << " n=" << n;
+      EXPECT_EQ(Bits(k.dot_bf16(x.data(), wb.data(), n)),
+                Bits(ref.dot_bf16(x.data(), wb.data(), n)))
+          << CpuIsaName(isa) << " n=" << n;
+      std::vector<float> a = RandomFloats(n, 3 + n), b = a;
+      k.axpy_f32(0.37f, w.data(), a.data(), n);
+      ref.axpy_f32(0.37f, w.data(), b.data(), n);
+      k.axpy_bf16(-1.5f, wb.data(), a.data(), n);
+      ref.axpy_bf16(-1.5f, wb.data(), b.data(), n);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * 4)) << CpuIsaName(isa) << " n=" << n;
+    }
+  }
+}
+
+TEST(CpuKernelsTest, DotFollowsTheDocumentedOrder) {
+  // Written out here from the header's description.
+  const int64_t n = 45;
+  const auto x = RandomFloats(n, 11), w = RandomFloats(n, 12);
+  float a[16] = {};
+  for (int64_t k = 0; k < n; ++k) a[k % 16] = std::fma(x[k], w[k], a[k % 16]);
+  for (int j = 0; j < 8; ++j) a[j] = a[j] + a[j + 8];
+  for (int j = 0; j < 4; ++j) a[j] = a[j] + a[j + 4];
+  for (int j = 0; j < 2; ++j) a[j] = a[j] + a[j + 2];
+  const float want = a[0] + a[1];
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    EXPECT_EQ(Bits(CpuKernelsFor(isa).dot_f32(x.data(), w.data(), n)), Bits(want));
+  }
+}
+
+TEST(CpuKernelsTest, ForcedIsaThroughTheEnvironment) {
+  setenv("FERRY_CPU_ISA", "scalar", 1);
+  auto isa = SelectCpuIsa();
+  ASSERT_TRUE(isa.ok());
+  EXPECT_EQ(*isa, CpuIsa::kScalar);
+  setenv("FERRY_CPU_ISA", "sse9", 1);
+  EXPECT_EQ(SelectCpuIsa().status().code(), absl::StatusCode::kInvalidArgument);
+  unsetenv("FERRY_CPU_ISA");
+  ASSERT_TRUE(SelectCpuIsa().ok());
+}
+
+// ---- Backend kernels against direct double-precision computations. ----
+
+class CpuBackendTest : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    CpuBackendOptions options;
+    options.threads = 2;
+    options.isa = GetParam();
+    auto b = CpuBackend::Create(options);
+    ASSERT_TRUE(b.ok()) << b.status();
+    backend_ = std::move(*b);
+  }
+  // Host vectors double as device memory on the CPU backend.
+  static DeviceMatrix M(std::vector<float>& v, int64_t rows, int64_t cols) {
+    return DeviceMatrix::Dense(v.data(), DType::kF32, rows, cols);
+  }
+  std::unique_ptr<CpuBackend> backend_;
+};
+
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& want, double rel) {
+  ASSERT_EQ(got.size(), want.size());
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], rel * scale + 1e-30) << "element " << i;
+  }
+}
+
+TEST_P(CpuBackendTest, MatMulWithBiasF32AndBf16) {
+  const int64_t m = 5, n = 37, k = 70;
+  auto x = RandomFloats(m * k, 1), w = RandomFloats(n * k, 2), bias = RandomFloats(n, 3);
+  auto wb = ToBf16(w);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    std::vector<float> out(m * n);
+    const DeviceMatrix wm =
+        dt == DType::kF32 ? M(w, n, k) : DeviceMatrix::Dense(wb.data(), dt, n, k);
+    const DeviceMatrix bm = M(bias, 1, n);
+    backend_->MatMul(M(x, m, k), wm, &bm, M(out, m, n));
+    std::vector<double> want(m * n);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = bias[j];
+        for (int64_t t = 0; t < k; ++t) {
+          s += double{x[i * k + t]} *
+               (dt == DType::kF32 ? w[j * k + t] : Bf16ToFloat(wb[j * k + t]));
+        }
+        want[i * n + j] = s;
+      }
+    }
+    ExpectClose(out, want, 1e-5);
+    // One row alone gives the same bits as inside the batch.
+    std::vector<float> row(n);
+    backend_->MatMul(M(x, m, k).RowRange(3, 1), wm, &bm, M(row, 1, n));
+    EXPECT_EQ(0, std::memcmp(row.data(), out.data() + 3 * n, n * 4));
+  }
+}
+
+TEST_P(CpuBackendTest, RmsNormSwiGluAddEmbed) {
+  const int64_t rows = 3, cols = 24;
+  auto x = RandomFloats(rows * cols, 4), w = RandomFloats(cols, 5);
+  std::vector<float> out(rows * cols);
+  backend_->RmsNorm(M(x, rows, cols), M(w, 1, cols), 1e-5f, M(out, rows, cols));
+  std::vector<double> want(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < cols; ++c) ss += double{x[r * cols + c]} * x[r * cols + c];
+    const double inv = 1 / std::sqrt(ss / cols + 1e-5);
+    for (int64_t c = 0; c < cols; ++c) want[r * cols + c] = x[r * cols + c] * inv * w[c];
+  }
+  ExpectClose(out, want, 1e-6);
+
+  auto g = RandomFloats(rows * cols, 6, 4.0f), u = RandomFloats(rows * cols, 7);
+  backend_->SwiGlu(M(g, rows, cols), M(u, rows, cols), M(out, rows, cols));
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    want[i] = g[i] / (1 + std::exp(-double{g[i]})) * u[i];
+  }
+  ExpectClose(out, want, 1e-6);
+
+  std::vector<float> acc = x;
+  backend_->Add(M(acc, rows, cols), M(u, rows, cols));
+  for (int64_t i = 0; i < rows * cols; ++i) EXPECT_EQ(acc[i], x[i] + u[i]);
+
+  auto table = RandomFloats(10 * cols, 8);
+  auto tb = ToBf16(table);
+  backend_->Embed(DeviceMatrix::Dense(tb.data(), DType::kBF16, 10, cols), {7, 0, 7},
+                  M(out, rows, cols));
+  for (int64_t c = 0; c < cols; ++c) {
+    EXPECT_EQ(out[c], Bf16ToFloat(tb[7 * cols + c]));
+    EXPECT_EQ(out[cols + c], Bf16ToFloat(tb[c]));
+  }
+}
+
+TEST_P(CpuBackendTest, RopeRotatesPairsHalfApart) {
+  const int64_t heads = 2, d = 8, positions = 16;
+  std::vector<float> table(positions * d);
+  for (int64_t p = 0; p < positions; ++p) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      table[p * d + i] = static_cast<float>(std::cos(p * 0.3 * (i + 1)));
+      table[p * d + d / 2 + i] = static_cast<float>(std::sin(p * 0.3 * (i + 1)));
+    }
+  }
+  auto x = RandomFloats(2 * heads * d, 9);
+  auto y = x;
+  backend_->Rope(M(y, 2, heads * d), heads, {0, 5}, RopeTable{M(table, positions, d)});
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < d; ++i) EXPECT_EQ(y[h * d + i], x[h * d + i]);  // position 0
+    const float* in = &x[heads * d + h * d];
+    const float* out = &y[heads * d + h * d];
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double a = 5 * 0.3 * (i + 1);
+      EXPECT_NEAR(out[i], in[i] * std::cos(a) - in[i + d / 2] * std::sin(a), 1e-5);
+      EXPECT_NEAR(out[i + d / 2], in[i + d / 2] * std::cos(a) + in[i] * std::sin(a), 1e-5);
+    }
+  }
+}
+
+// Paged attention over two sequences with scattered block tables, against softmax(q k^T) v
+// computed directly from the K/V rows (rounded to the cache dtype as the cache holds them).
+TEST_P(CpuBackendTest, PagedAttentionMatchesDirectSoftmax) {
+  for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+    const int32_t block_tokens = 4, kv_heads = 2, heads = 4, d = 8, num_blocks = 8;
+    const size_t elem = DTypeBytes(kv_dtype);
+    const size_t head_bytes = block_tokens * d * elem;
+    KvLayerView view;
+    view.block_bytes = 2 * kv_heads * head_bytes;
+    view.k_offset = 0;
+    view.v_offset = kv_heads * head_bytes;
+    view.block_tokens = block_tokens;
+    view.kv_heads = kv_heads;
+    view.head_dim = d;
+    view.dtype = kv_dtype;
+    std::vector<char> pool(num_blocks * view.block_bytes);
+    view.base = pool.data();
+    // Sequence 0: 7 tokens in blocks {5, 1}; sequence 1: 3 tokens in block {6}.
+    StepLayout layout;
+    layout.block_tables = {{5, 1}, {6}};
+    for (int32_t p = 0; p < 7; ++p) {
+      layout.positions.push_back(p);
+      layout.row_sequence.push_back(0);
+    }
+    for (int32_t p = 0; p < 3; ++p) {
+      layout.positions.push_back(p);
+      layout.row_sequence.push_back(1);
+    }
+    const int64_t rows = layout.rows();
+    auto k = RandomFloats(rows * kv_heads * d, 10), v = RandomFloats(rows * kv_heads * d, 11);
+    auto q = RandomFloats(rows * heads * d, 12);
+    backend_->WriteKv(M(k, rows, kv_heads * d), M(v, rows, kv_heads * d), view, layout);
+    std::vector<float> out(rows * heads * d);
+    backend_->Attention(M(q, rows, heads * d), view, layout, 0.35f, M(out, rows, heads * d));
+    auto cached = [&](float f) { return kv_dtype == DType::kF32 ? f : RoundToBf16(f); };
+    std::vector<double> want(rows * heads * d);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t first = layout.row_sequence[r] == 0 ? 0 : 7;  // the sequence's first row
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t kh = h / (heads / kv_heads);
+        std::vector<double> s;
+        double mx = -1e300;
+        for (int64_t j = 0; j <= layout.positions[r]; ++j) {
+          double dot = 0;
+          for (int64_t i = 0; i < d; ++i) {
+            dot += double{q[(r * heads + h) * d + i]} *
+                   cached(k[((first + j) * kv_heads + kh) * d + i]);
+          }
+          s.push_back(dot * 0.35);
+          mx = std::max(mx, s.back());
+        }
+        double sum = 0;
+        for (double& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t i = 0; i < d; ++i) {
+          double o = 0;
+          for (size_t j = 0; j < s.size(); ++j) {
+            o += s[j] / sum * cached(v[((first + j) * kv_heads + kh) * d + i]);
+          }
+          want[(r * heads + h) * d + i] = o;
+        }
+      }
+    }
+    ExpectClose(out, want, 1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, CpuBackendTest, ::testing::ValuesIn(SupportedCpuIsas()),
+                         [](const auto& info) { return std::string(CpuIsaName(info.param)); });
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,142 @@
+// The paged KV cache (ARCHITECTURE.md §4 "KV cache"): a pool of fixed-size blocks, each holding
+// the keys and values of `block_tokens` consecutive positions of one sequence for every layer.
+//
+// Block layout (KvBlockLayout), `elem` = bytes of the cache dtype:
+//   [layer][K, V][kv_head][slot][head_dim]
+// so one layer's keys for one head are contiguous per block, and a block is one contiguous byte
+// range: exporting blocks gives (address, length) spans into the pool itself, never copies.
+//
+// The pool's memory is one region from an injected KvAllocator, so the KV transport can supply
+// memory it has registered with the NIC. Blocks are reference counted: Allocate returns blocks
+// with one reference; Release drops one and frees the block at zero (the prefix cache will hold
+// its own references).
+//
+// Thread-safe.
+
+#ifndef FERRY_ENGINE_KV_KV_BLOCK_POOL_H_
+#define FERRY_ENGINE_KV_KV_BLOCK_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "engine/backends/backend.h"
+
+namespace ferry {
+
+using BlockId = int32_t;
+
+struct KvBlockLayout {
+  int32_t num_layers = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_tokens = 64;
+  DType dtype = DType::kBF16;
+
+  size_t head_bytes() const {
+    return static_cast<size_t>(block_tokens) * head_dim * DTypeBytes(dtype);
+  }
+  size_t layer_bytes() const { return 2 * static_cast<size_t>(num_kv_heads) * head_bytes(); }
+  size_t block_bytes() const { return static_cast<size_t>(num_layers) * layer_bytes(); }
+  size_t k_offset(int32_t layer) const { return layer * layer_bytes(); }
+  size_t v_offset(int32_t layer) const { return k_offset(layer) + num_kv_heads * head_bytes(); }
+  // Blocks needed for `tokens` positions.
+  int64_t BlocksFor(int64_t tokens) const { return (tokens + block_tokens - 1) / block_tokens; }
+  absl::Status Validate() const;
+  std::string DebugString() const;
+};
+
+// A contiguous byte range of device memory.
+struct MemorySpan {
+  void* address = nullptr;
+  size_t length = 0;
+};
+
+// Supplies the pool's memory. The default takes it from a Backend; the transport provides one
+// that registers the region for remote access.
+class KvAllocator {
+ public:
+  virtual ~KvAllocator() = default;
+  virtual absl::StatusOr<MemorySpan> Allocate(size_t bytes) = 0;
+  virtual void Free(const MemorySpan& region) = 0;
+};
+
+// Device memory from a Backend.
+class BackendKvAllocator : public KvAllocator {
+ public:
+  explicit BackendKvAllocator(Backend* backend) : backend_(backend) {}
+  absl::StatusOr<MemorySpan> Allocate(size_t bytes) override;
+  void Free(const MemorySpan& region) override;
+
+ private:
+  Backend* backend_;
+  absl::Mutex mu_;
+  std::vector<DeviceBuffer> buffers_ ABSL_GUARDED_BY(mu_);
+};
+
+class KvBlockPool {
+ public:
+  // `allocator` and `backend` must outlive the pool.
+  static absl::StatusOr<std::unique_ptr<KvBlockPool>> Create(const KvBlockLayout& layout,
+                                                             int64_t num_blocks,
+                                                             KvAllocator* allocator,
+                                                             Backend* backend);
+  ~KvBlockPool();
+  KvBlockPool(const KvBlockPool&) = delete;
+  KvBlockPool& operator=(const KvBlockPool&) = delete;
+
+  const KvBlockLayout& layout() const { return layout_; }
+  int64_t num_blocks() const { return num_blocks_; }
+  int64_t num_free() const;
+  // The whole region (for registration with a transport).
+  MemorySpan region() const { return region_; }
+
+  // `n` blocks with one reference each, lowest ids first; all or nothing
+  // (ResourceExhausted when fewer are free).
+  absl::StatusOr<std::vector<BlockId>> Allocate(int64_t n);
+  // One more reference to each (allocated) block.
+  absl::Status AddRef(absl::Span<const BlockId> blocks);
+  // Drops one reference to each block; a block whose count reaches zero is free again. Unknown
+  // or free blocks are an error and change nothing.
+  absl::Status Release(absl::Span<const BlockId> blocks);
+  int32_t ref_count(BlockId block) const;
+
+  // In-place (address, length) of each block, in order: the bytes to send when exporting, or
+  // the destination for a transport writing an import. Blocks must be allocated.
+  absl::StatusOr<std::vector<MemorySpan>> Spans(absl::Span<const BlockId> blocks) const;
+  // Imports host bytes (blocks.size() * block_bytes, in block order, this layout) into allocated
+  // blocks reserved for them.
+  absl::Status Import(absl::Span<const BlockId> blocks, const void* host_bytes, size_t bytes);
+  // Copies the blocks' bytes to host memory (for tests and the SSD store's writer).
+  absl::Status ExportToHost(absl::Span<const BlockId> blocks, void* host_bytes, size_t bytes) const;
+
+  // The view of one layer for attention kernels.
+  KvLayerView LayerView(int32_t layer) const;
+
+ private:
+  KvBlockPool(const KvBlockLayout& layout, int64_t num_blocks, KvAllocator* allocator,
+              Backend* backend, MemorySpan region);
+  absl::Status CheckAllocated(absl::Span<const BlockId> blocks) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const KvBlockLayout layout_;
+  const int64_t num_blocks_;
+  KvAllocator* const allocator_;
+  Backend* const backend_;
+  const MemorySpan region_;
+
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> ref_counts_ ABSL_GUARDED_BY(mu_);
+  // A min-heap: allocation takes the lowest free ids, whatever the order of releases.
+  std::vector<BlockId> free_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_KV_KV_BLOCK_POOL_H_

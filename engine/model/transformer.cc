@@ -1,0 +1,307 @@
+#include "engine/model/transformer.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/log.h"
+#include "engine/common/status.h"
+
+namespace ferry {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// Positions beyond this get no RoPE table row: the table would be larger than the model.
+constexpr int64_t kMaxRopeRows = int64_t{1} << 20;
+
+}  // namespace
+
+std::vector<float> RopeInverseFrequencies(const ModelConfig& c) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<float> inv(half);
+  const float base = static_cast<float>(c.rope_theta);
+  for (int64_t i = 0; i < half; ++i) {
+    // transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all in float32.
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+    const float power = static_cast<float>(std::pow(static_cast<double>(base), exponent));
+    inv[i] = 1.0f / power;
+  }
+  const RopeScaling& s = c.rope_scaling;
+  const float factor = static_cast<float>(s.factor);
+  if (s.type == RopeScaling::Type::kLinear) {
+    for (float& f : inv) f = f / factor;
+  } else if (s.type == RopeScaling::Type::kLlama3) {
+    // transformers' _compute_llama3_parameters, in float32.
+    const float old_len = static_cast<float>(s.original_max_position_embeddings);
+    const float low = static_cast<float>(s.low_freq_factor);
+    const float high = static_cast<float>(s.high_freq_factor);
+    const float low_freq_wavelen = old_len / low;
+    const float high_freq_wavelen = old_len / high;
+    for (float& f : inv) {
+      const float wavelen = static_cast<float>(2 * kPi) / f;
+      float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+      const float smooth = (old_len / wavelen - low) / (high - low);
+      const float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+      if (medium) scaled = smoothed;
+      f = scaled;
+    }
+  }
+  return inv;
+}
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const HostWeights& weights,
+                                                                 Backend* backend) {
+  RETURN_IF_ERROR(weights.config.Validate());
+  if (weights.config.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim ", weights.config.head_dim, " is odd; RoPE needs pairs"));
+  }
+  std::unique_ptr<Transformer> model(new Transformer(weights.config, backend));
+  model->fingerprint_ = weights.fingerprint;
+  if (weights.kv_dtype == "f32") {
+    model->kv_dtype_ = DType::kF32;
+  } else if (weights.kv_dtype == "bf16") {
+    model->kv_dtype_ = DType::kBF16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache dtype '", weights.kv_dtype, "' is not supported (f32, bf16)"));
+  }
+  RETURN_IF_ERROR(model->Upload(weights));
+  RETURN_IF_ERROR(model->BuildRopeTable());
+  return model;
+}
+
+KvBlockLayout Transformer::KvLayoutFor(int32_t block_tokens) const {
+  KvBlockLayout layout;
+  layout.num_layers = static_cast<int32_t>(config_.num_layers);
+  layout.num_kv_heads = static_cast<int32_t>(config_.num_kv_heads);
+  layout.head_dim = static_cast<int32_t>(config_.head_dim);
+  layout.block_tokens = block_tokens;
+  layout.dtype = kv_dtype_;
+  return layout;
+}
+
+absl::StatusOr<DeviceMatrix> Transformer::UploadTensor(const HostTensor& t) {
+  const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
+  const int64_t cols = t.shape.size() == 2 ? t.shape[1] : t.shape[0];
+  if (t.shape.empty() || t.shape.size() > 2) {
+    return absl::InvalidArgumentError("only 1-D and 2-D weight tensors are supported");
+  }
+  const DType dtype = t.dtype == WeightDType::kF32 ? DType::kF32 : DType::kBF16;
+  const size_t bytes = static_cast<size_t>(rows * cols) * DTypeBytes(dtype);
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, backend_->Allocate(bytes));
+  backend_->CopyToDevice(buffer.data(),
+                         dtype == DType::kF32 ? static_cast<const void*>(t.f32.data())
+                                              : static_cast<const void*>(t.bf16.data()),
+                         bytes);
+  DeviceMatrix m = DeviceMatrix::Dense(buffer.data(), dtype, rows, cols);
+  buffers_.push_back(std::move(buffer));
+  return m;
+}
+
+absl::Status Transformer::Upload(const HostWeights& weights) {
+  auto get = [&](const std::string& name) -> absl::StatusOr<DeviceMatrix> {
+    auto it = weights.tensors.find(name);
+    if (it == weights.tensors.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
+    }
+    return UploadTensor(it->second);
+  };
+  bool first = true;
+  for (const auto& [name, tensor] : weights.tensors) {
+    const DType d = tensor.dtype == WeightDType::kF32 ? DType::kF32 : DType::kBF16;
+    if (first) weight_dtype_ = d;
+    first = false;
+    if (d != weight_dtype_) return absl::InvalidArgumentError("weights of mixed dtypes");
+  }
+  ASSIGN_OR_RETURN(embed_, get("model.embed_tokens.weight"));
+  ASSIGN_OR_RETURN(final_norm_, get("model.norm.weight"));
+  if (config_.tie_word_embeddings) {
+    lm_head_ = embed_;
+  } else {
+    ASSIGN_OR_RETURN(lm_head_, get("lm_head.weight"));
+  }
+  layers_.resize(config_.num_layers);
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    Layer& l = layers_[i];
+    ASSIGN_OR_RETURN(l.attn_norm, get(p + "input_layernorm.weight"));
+    ASSIGN_OR_RETURN(l.q, get(p + "self_attn.q_proj.weight"));
+    ASSIGN_OR_RETURN(l.k, get(p + "self_attn.k_proj.weight"));
+    ASSIGN_OR_RETURN(l.v, get(p + "self_attn.v_proj.weight"));
+    ASSIGN_OR_RETURN(l.o, get(p + "self_attn.o_proj.weight"));
+    if (config_.attention_bias) {
+      ASSIGN_OR_RETURN(l.q_bias, get(p + "self_attn.q_proj.bias"));
+      ASSIGN_OR_RETURN(l.k_bias, get(p + "self_attn.k_proj.bias"));
+      ASSIGN_OR_RETURN(l.v_bias, get(p + "self_attn.v_proj.bias"));
+    }
+    if (config_.qk_norm) {
+      ASSIGN_OR_RETURN(l.q_norm, get(p + "self_attn.q_norm.weight"));
+      ASSIGN_OR_RETURN(l.k_norm, get(p + "self_attn.k_norm.weight"));
+    }
+    ASSIGN_OR_RETURN(l.mlp_norm, get(p + "post_attention_layernorm.weight"));
+    ASSIGN_OR_RETURN(l.gate, get(p + "mlp.gate_proj.weight"));
+    ASSIGN_OR_RETURN(l.up, get(p + "mlp.up_proj.weight"));
+    ASSIGN_OR_RETURN(l.down, get(p + "mlp.down_proj.weight"));
+  }
+  // Shapes were checked by the loaders; check the ones the kernels rely on once more, cheaply.
+  const int64_t h = config_.hidden_size, q = config_.num_heads * config_.head_dim;
+  const int64_t kv = config_.num_kv_heads * config_.head_dim;
+  if (embed_.rows != config_.vocab_size || embed_.cols != h ||
+      lm_head_.rows != config_.vocab_size || lm_head_.cols != h || layers_.empty() ||
+      layers_[0].q.rows != q || layers_[0].q.cols != h || layers_[0].k.rows != kv ||
+      layers_[0].o.rows != h || layers_[0].o.cols != q ||
+      layers_[0].gate.rows != config_.intermediate_size) {
+    return absl::InvalidArgumentError("weight shapes do not match the model config");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::BuildRopeTable() {
+  const int64_t rows = config_.max_position_embeddings;
+  if (rows <= 0 || rows > kMaxRopeRows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_position_embeddings ", rows, " is out of range (1..", kMaxRopeRows, ")"));
+  }
+  const int64_t d = config_.head_dim, half = d / 2;
+  const std::vector<float> inv = RopeInverseFrequencies(config_);
+  std::vector<float> table(rows * d);
+  for (int64_t p = 0; p < rows; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      // The angle rounded to float32 as transformers computes it, then cos/sin rounded once.
+      const float angle = static_cast<float>(p) * inv[i];
+      table[p * d + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      table[p * d + half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, backend_->Allocate(table.size() * sizeof(float)));
+  backend_->CopyToDevice(buffer.data(), table.data(), table.size() * sizeof(float));
+  rope_.table = DeviceMatrix::Dense(buffer.data(), DType::kF32, rows, d);
+  buffers_.push_back(std::move(buffer));
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::EnsureScratch(int64_t rows, int64_t logit_rows) {
+  if (rows <= scratch_rows_ && logit_rows <= scratch_logit_rows_) return absl::OkStatus();
+  rows = std::max(rows, scratch_rows_);
+  logit_rows = std::max(logit_rows, scratch_logit_rows_);
+  const ModelConfig& c = config_;
+  const int64_t per_row = 2 * c.hidden_size + 2 * c.num_heads * c.head_dim +
+                          2 * c.num_kv_heads * c.head_dim + 2 * c.intermediate_size;
+  const int64_t per_logit_row = c.hidden_size + c.vocab_size;
+  scratch_.Reset();
+  ASSIGN_OR_RETURN(scratch_, backend_->Allocate((rows * per_row + logit_rows * per_logit_row) * 4));
+  scratch_rows_ = rows;
+  scratch_logit_rows_ = logit_rows;
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
+                                  std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const KvBlockLayout& kl = kv.layout();
+  if (kl.num_layers != c.num_layers || kl.num_kv_heads != c.num_kv_heads ||
+      kl.head_dim != c.head_dim || kl.dtype != kv_dtype_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pool layout (", kl.DebugString(), ") is not this model's (",
+                     KvLayoutFor(kl.block_tokens).DebugString(), ")"));
+  }
+  if (batch.empty()) return absl::InvalidArgumentError("empty batch");
+  // The step's layout, validated before anything runs.
+  StepLayout layout;
+  std::vector<int32_t> ids;
+  std::vector<int64_t> logit_rows;  // rows of the step whose logits are returned
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const ForwardSequence& seq = batch[s];
+    const int64_t n = static_cast<int64_t>(seq.tokens.size());
+    if (n == 0) return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no tokens"));
+    if (seq.start_position < 0 || seq.start_position + n > max_positions()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", s, ": positions ", seq.start_position, "..", seq.start_position + n - 1,
+          " exceed the model's ", max_positions(), " positions"));
+    }
+    if (static_cast<int64_t>(seq.blocks.size()) < kl.BlocksFor(seq.start_position + n)) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", seq.blocks.size(),
+                                                     " KV blocks cannot hold ",
+                                                     seq.start_position + n, " positions"));
+    }
+    for (BlockId b : seq.blocks) {
+      if (b < 0 || b >= kv.num_blocks()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, ": KV block ", b, " out of range"));
+      }
+    }
+    layout.block_tables.emplace_back(seq.blocks.begin(), seq.blocks.end());
+    for (int64_t i = 0; i < n; ++i) {
+      const TokenId t = seq.tokens[i];
+      if (t >= static_cast<TokenId>(c.vocab_size)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", t, " is outside the vocabulary (", c.vocab_size, ")"));
+      }
+      if (seq.all_logits || i == n - 1) logit_rows.push_back(layout.rows());
+      ids.push_back(static_cast<int32_t>(t));
+      layout.positions.push_back(static_cast<int32_t>(seq.start_position + i));
+      layout.row_sequence.push_back(static_cast<int32_t>(s));
+    }
+  }
+  const int64_t m = layout.rows(), nl = static_cast<int64_t>(logit_rows.size());
+  RETURN_IF_ERROR(EnsureScratch(m, nl));
+
+  // Carve the scratch buffer.
+  float* next = static_cast<float*>(scratch_.data());
+  auto take = [&](int64_t rows, int64_t cols) {
+    DeviceMatrix mat = DeviceMatrix::Dense(next, DType::kF32, rows, cols);
+    next += rows * cols;
+    return mat;
+  };
+  const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  const DeviceMatrix x = take(m, c.hidden_size), h = take(m, c.hidden_size);
+  const DeviceMatrix q = take(m, qd), attn = take(m, qd);
+  const DeviceMatrix k = take(m, kvd), v = take(m, kvd);
+  const DeviceMatrix gate = take(m, c.intermediate_size), up = take(m, c.intermediate_size);
+  const DeviceMatrix selected = take(nl, c.hidden_size), out = take(nl, c.vocab_size);
+
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+  Backend& b = *backend_;
+  b.Embed(embed_, ids, x);
+  for (int64_t li = 0; li < c.num_layers; ++li) {
+    const Layer& l = layers_[li];
+    const KvLayerView view = kv.LayerView(static_cast<int32_t>(li));
+    b.RmsNorm(x, l.attn_norm, eps, h);
+    b.MatMul(h, l.q, c.attention_bias ? &l.q_bias : nullptr, q);
+    b.MatMul(h, l.k, c.attention_bias ? &l.k_bias : nullptr, k);
+    b.MatMul(h, l.v, c.attention_bias ? &l.v_bias : nullptr, v);
+    if (c.qk_norm) {
+      b.RmsNorm(q.Reshaped(c.head_dim), l.q_norm, eps, q.Reshaped(c.head_dim));
+      b.RmsNorm(k.Reshaped(c.head_dim), l.k_norm, eps, k.Reshaped(c.head_dim));
+    }
+    b.Rope(q, static_cast<int32_t>(c.num_heads), layout.positions, rope_);
+    b.Rope(k, static_cast<int32_t>(c.num_kv_heads), layout.positions, rope_);
+    b.WriteKv(k, v, view, layout);
+    b.Attention(q, view, layout, scale, attn);
+    b.MatMul(attn, l.o, nullptr, h);
+    b.Add(x, h);
+    b.RmsNorm(x, l.mlp_norm, eps, h);
+    b.MatMul(h, l.gate, nullptr, gate);
+    b.MatMul(h, l.up, nullptr, up);
+    b.SwiGlu(gate, up, gate);
+    b.MatMul(gate, l.down, nullptr, h);
+    b.Add(x, h);
+  }
+  for (int64_t i = 0; i < nl; ++i) {
+    b.CopyOnDevice(selected.RowRange(i, 1).data, x.RowRange(logit_rows[i], 1).data,
+                   c.hidden_size * sizeof(float));
+  }
+  b.RmsNorm(selected, final_norm_, eps, selected);
+  b.MatMul(selected, lm_head_, nullptr, out);
+  const size_t old = logits->size();
+  logits->resize(old + nl * c.vocab_size);
+  b.CopyToHost(logits->data() + old, out.data, nl * c.vocab_size * sizeof(float));
+  return absl::OkStatus();
+}
+
+}  // namespace ferry

@@ -1,0 +1,103 @@
+// The dense decoder-only transformer (Llama, Mistral, Qwen2, Qwen3 families), config-driven, run
+// through a Backend over a paged KV cache (ARCHITECTURE.md §4).
+//
+//   auto model = Transformer::Create(weights, backend);          // uploads the weights
+//   auto pool = KvBlockPool::Create((*model)->KvLayoutFor(64), blocks, &allocator, backend);
+//   (*model)->Forward({{prompt, /*start=*/0, blocks}}, **pool, &logits);
+//
+// One step runs any mix of sequences, each contributing a chunk of new tokens at its next
+// positions (a whole prompt, a prefill chunk, or one decode token); each sequence's block table
+// must already cover the new positions. K and V of the new tokens are written to the cache
+// (rounded to the cache dtype) before attention reads them, so a chunk sees its own tokens
+// exactly as a later step would. With a deterministic backend, a row's logits are bit-identical
+// however the sequence's tokens were split into steps and whatever else shared the step.
+//
+// Per layer: h = RmsNorm(x); q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv); Qwen3: RmsNorm of each
+// q and k head; RoPE on q and k; K/V to the cache; attention (scale 1/sqrt(head_dim), GQA);
+// x += attn Wo; h = RmsNorm(x); x += (silu(h Wgate) * h Wup) Wdown. Then the final RmsNorm and the
+// LM head (the embedding matrix when tied).
+//
+// Not thread-safe: one engine thread owns a Transformer.
+
+#ifndef FERRY_ENGINE_MODEL_TRANSFORMER_H_
+#define FERRY_ENGINE_MODEL_TRANSFORMER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/backends/backend.h"
+#include "engine/common/hash128.h"
+#include "engine/common/token_id.h"
+#include "engine/kv/kv_block_pool.h"
+#include "engine/model/host_weights.h"
+#include "engine/model/model_config.h"
+
+namespace ferry {
+
+struct ForwardSequence {
+  absl::Span<const TokenId> tokens;  // this step's new tokens, at least one
+  int64_t start_position = 0;        // tokens of the sequence already in the cache
+  absl::Span<const BlockId> blocks;  // the block table; covers start_position + tokens.size()
+  bool all_logits = false;           // logits for every new token, else for the last only
+};
+
+class Transformer {
+ public:
+  // Uploads `weights` (which may be freed afterwards) to `backend`, which must outlive the model.
+  static absl::StatusOr<std::unique_ptr<Transformer>> Create(const HostWeights& weights,
+                                                             Backend* backend);
+
+  const ModelConfig& config() const { return config_; }
+  const Hash128& fingerprint() const { return fingerprint_; }
+  DType weight_dtype() const { return weight_dtype_; }
+  DType kv_dtype() const { return kv_dtype_; }
+  // Positions the model accepts (its max_position_embeddings).
+  int64_t max_positions() const { return config_.max_position_embeddings; }
+  // The layout of this model's KV blocks, in the cache dtype the fingerprint was computed for.
+  KvBlockLayout KvLayoutFor(int32_t block_tokens = 64) const;
+
+  // Runs one step over `batch`. Appends to `logits` one row of vocab_size floats per requested
+  // position (every new token of a sequence with all_logits, else its last), in batch order.
+  // Invalid input (token ids, positions past max_positions, short block tables, a pool of another
+  // layout) is an InvalidArgument error and changes nothing.
+  absl::Status Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
+                       std::vector<float>* logits);
+
+ private:
+  struct Layer {
+    DeviceMatrix attn_norm, q, k, v, o, q_bias, k_bias, v_bias, q_norm, k_norm;
+    DeviceMatrix mlp_norm, gate, up, down;
+  };
+
+  Transformer(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
+  absl::Status Upload(const HostWeights& weights);
+  absl::Status BuildRopeTable();
+  absl::StatusOr<DeviceMatrix> UploadTensor(const HostTensor& tensor);
+  absl::Status EnsureScratch(int64_t rows, int64_t logit_rows);
+
+  const ModelConfig config_;
+  Backend* const backend_;
+  Hash128 fingerprint_;
+  DType weight_dtype_ = DType::kF32;
+  DType kv_dtype_ = DType::kBF16;
+  std::vector<DeviceBuffer> buffers_;  // owns every weight
+  DeviceMatrix embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  RopeTable rope_;
+
+  // Activations for up to scratch_rows_ rows (grown on demand).
+  DeviceBuffer scratch_;
+  int64_t scratch_rows_ = 0;
+  int64_t scratch_logit_rows_ = 0;
+};
+
+// inv_freq[i] of RoPE for a config (i < head_dim / 2), with its rope_scaling, computed in float32
+// the way HF transformers computes it. Exposed for tests.
+std::vector<float> RopeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_MODEL_TRANSFORMER_H_

@@ -1,0 +1,330 @@
+// Properties of the forward pass that services rely on, on small synthetic models of each family
+// feature (GQA, q/k/v biases, q/k norm with head_dim != hidden/heads, tied embeddings), fp32 and
+// bf16 weights, fp32 and bf16 KV: a row's logits are bit-identical whether the prompt runs in one
+// step or in chunks of 1, 7 or 64 tokens, alone or beside another sequence, on any CPU kernel
+// variant and thread count, and after its KV moved to another pool. Exactness against
+// transformers is checked by forward_reference_test.
+
+#include "engine/model/transformer.h"
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/common/float_math.h"
+#include "engine/common/log.h"
+#include "engine/model/generate.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+struct Variant {
+  std::string name;
+  bool bias = false;
+  bool qk_norm = false;
+  bool tied = false;
+  int64_t head_dim = 8;
+  WeightDType weights = WeightDType::kF32;
+  std::string kv = "f32";
+};
+
+HostWeights SyntheticModel(const Variant& v) {
+  HostWeights w;
+  ModelConfig& c = w.config;
+  c.architecture = v.qk_norm ? "qwen3" : (v.bias ? "qwen2" : "llama");
+  c.vocab_size = 97;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = v.head_dim;
+  c.max_position_embeddings = 512;
+  c.rope_theta = 10000;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = v.tied;
+  c.qk_norm = v.qk_norm;
+  c.attention_bias = v.bias;
+  w.kv_dtype = v.kv;
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float mean) {
+    HostTensor t;
+    t.shape = shape;
+    t.dtype = v.weights;
+    std::vector<float> values(t.elements());
+    for (float& f : values) f = mean + scale * normal(rng);
+    if (v.weights == WeightDType::kF32) {
+      t.f32 = values;
+    } else {
+      for (float f : values) t.bf16.push_back(FloatToBf16(f));
+    }
+    w.tensors[name] = std::move(t);
+  };
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  add("model.embed_tokens.weight", {c.vocab_size, h}, 1.0f, 0);
+  add("model.norm.weight", {h}, 0.1f, 1);
+  if (!v.tied) add("lm_head.weight", {c.vocab_size, h}, 0.2f, 0);
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    add(p + "input_layernorm.weight", {h}, 0.1f, 1);
+    add(p + "post_attention_layernorm.weight", {h}, 0.1f, 1);
+    add(p + "self_attn.q_proj.weight", {q, h}, 0.3f, 0);
+    add(p + "self_attn.k_proj.weight", {kv, h}, 0.3f, 0);
+    add(p + "self_attn.v_proj.weight", {kv, h}, 0.3f, 0);
+    add(p + "self_attn.o_proj.weight", {h, q}, 0.2f, 0);
+    if (v.bias) {
+      add(p + "self_attn.q_proj.bias", {q}, 0.1f, 0);
+      add(p + "self_attn.k_proj.bias", {kv}, 0.1f, 0);
+      add(p + "self_attn.v_proj.bias", {kv}, 0.1f, 0);
+    }
+    if (v.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {c.head_dim}, 0.1f, 1);
+      add(p + "self_attn.k_norm.weight", {c.head_dim}, 0.1f, 1);
+    }
+    add(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, 0.2f, 0);
+    add(p + "mlp.up_proj.weight", {c.intermediate_size, h}, 0.2f, 0);
+    add(p + "mlp.down_proj.weight", {h, c.intermediate_size}, 0.2f, 0);
+  }
+  return w;
+}
+
+std::vector<Variant> Variants() {
+  return {
+      {"llama_gqa_f32"},
+      {"llama_gqa_bf16_weights_bf16_kv", false, false, false, 8, WeightDType::kBF16, "bf16"},
+      {"qwen2_bias_bf16_kv", true, false, false, 8, WeightDType::kF32, "bf16"},
+      {"qwen3_qknorm_head_dim_16", false, true, false, 16, WeightDType::kF32, "f32"},
+      {"tied_bf16_weights", false, false, true, 8, WeightDType::kBF16, "f32"},
+  };
+}
+
+std::vector<TokenId> Prompt(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<TokenId> t(n);
+  for (TokenId& id : t) id = rng() % 97;
+  return t;
+}
+
+// A model with its own backend and pool.
+struct Fixture {
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<BackendKvAllocator> allocator;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<KvBlockPool> pool;
+};
+
+Fixture Make(const Variant& v, int threads = 2, std::optional<CpuIsa> isa = std::nullopt,
+             int32_t block_tokens = 16) {
+  Fixture f;
+  CpuBackendOptions options;
+  options.threads = threads;
+  options.isa = isa;
+  f.backend = *CpuBackend::Create(options);
+  f.allocator = std::make_unique<BackendKvAllocator>(f.backend.get());
+  auto model = Transformer::Create(SyntheticModel(v), f.backend.get());
+  CHECK_OK(model.status());
+  f.model = std::move(*model);
+  f.pool = *KvBlockPool::Create(f.model->KvLayoutFor(block_tokens), 64, f.allocator.get(),
+                                f.backend.get());
+  return f;
+}
+
+// Logits of every prompt position, the prompt run in steps of `chunk` tokens (0: one step).
+std::vector<float> PromptLogits(Fixture& f, const std::vector<TokenId>& prompt, int64_t chunk) {
+  const int64_t n = prompt.size();
+  auto blocks = *f.pool->Allocate(f.pool->layout().BlocksFor(n));
+  std::vector<float> logits;
+  const int64_t step = chunk > 0 ? chunk : n;
+  for (int64_t b = 0; b < n; b += step) {
+    const int64_t len = std::min(step, n - b);
+    const ForwardSequence seq{absl::MakeConstSpan(prompt).subspan(b, len), b, blocks, true};
+    CHECK_OK(f.model->Forward({seq}, *f.pool, &logits));
+  }
+  CHECK_OK(f.pool->Release(blocks));
+  return logits;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+class TransformerTest : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(TransformerTest, ChunkedPrefillIsBitIdentical) {
+  Fixture f = Make(GetParam());
+  const auto prompt = Prompt(150, 1);
+  const auto whole = PromptLogits(f, prompt, 0);
+  ASSERT_EQ(whole.size(), 150u * 97);
+  for (float x : whole) ASSERT_TRUE(std::isfinite(x));
+  for (int64_t chunk : {1, 7, 64}) {
+    EXPECT_TRUE(SameBits(PromptLogits(f, prompt, chunk), whole)) << "chunk " << chunk;
+  }
+  EXPECT_EQ(f.pool->num_free(), 64);
+}
+
+TEST_P(TransformerTest, SameBitsOnEveryKernelVariantAndThreadCount) {
+  const auto prompt = Prompt(70, 2);
+  Fixture reference = Make(GetParam(), 1, CpuIsa::kScalar);
+  const auto want = PromptLogits(reference, prompt, 0);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    for (int threads : {1, 2, 3}) {
+      Fixture f = Make(GetParam(), threads, isa);
+      EXPECT_TRUE(SameBits(PromptLogits(f, prompt, 0), want))
+          << CpuIsaName(isa) << " threads " << threads;
+    }
+  }
+}
+
+TEST_P(TransformerTest, ASequenceGetsTheSameLogitsBesideAnother) {
+  Fixture f = Make(GetParam());
+  const auto a = Prompt(40, 3), b = Prompt(23, 4);
+  const auto alone = PromptLogits(f, a, 0);
+  // a's second half in one step with b's whole prompt (different block tables and positions).
+  auto blocks_a = *f.pool->Allocate(f.pool->layout().BlocksFor(40));
+  auto blocks_b = *f.pool->Allocate(f.pool->layout().BlocksFor(23));
+  std::vector<float> first, both;
+  ASSERT_TRUE(
+      f.model
+          ->Forward({{absl::MakeConstSpan(a).subspan(0, 20), 0, blocks_a, true}}, *f.pool, &first)
+          .ok());
+  ASSERT_TRUE(f.model
+                  ->Forward({{absl::MakeConstSpan(b), 0, blocks_b, false},
+                             {absl::MakeConstSpan(a).subspan(20), 20, blocks_a, true}},
+                            *f.pool, &both)
+                  .ok());
+  ASSERT_EQ(both.size(), (1u + 20) * 97);
+  first.insert(first.end(), both.begin() + 97, both.end());
+  EXPECT_TRUE(SameBits(first, alone));
+  const auto b_alone = PromptLogits(f, b, 0);
+  EXPECT_EQ(0, std::memcmp(both.data(), b_alone.data() + 22 * 97, 97 * 4));
+}
+
+TEST_P(TransformerTest, DecodeContinuesIdenticallyAfterTheKvMovesToAnotherPool) {
+  Fixture f = Make(GetParam());
+  Fixture g = Make(GetParam());
+  const auto prompt = Prompt(37, 5);
+  const int64_t nblocks = f.pool->layout().BlocksFor(38);
+  auto src = *f.pool->Allocate(nblocks);
+  std::vector<float> logits;
+  ASSERT_TRUE(f.model->Forward({{prompt, 0, src, false}}, *f.pool, &logits).ok());
+  // Export in place, import into other block ids of another pool.
+  (void)*g.pool->Allocate(5);
+  auto dst = *g.pool->Allocate(nblocks);
+  ASSERT_NE(dst, src);
+  auto spans = *f.pool->Spans(src);
+  std::vector<char> wire;
+  for (const MemorySpan& s : spans) {
+    wire.insert(wire.end(), static_cast<char*>(s.address),
+                static_cast<char*>(s.address) + s.length);
+  }
+  ASSERT_TRUE(g.pool->Import(dst, wire.data(), wire.size()).ok());
+  const TokenId next = 42;
+  std::vector<float> here, there;
+  ASSERT_TRUE(
+      f.model->Forward({{absl::MakeConstSpan(&next, 1), 37, src, false}}, *f.pool, &here).ok());
+  ASSERT_TRUE(
+      g.model->Forward({{absl::MakeConstSpan(&next, 1), 37, dst, false}}, *g.pool, &there).ok());
+  EXPECT_TRUE(SameBits(here, there));
+}
+
+TEST_P(TransformerTest, GenerateIsDeterministicAndFreesItsBlocks) {
+  Fixture f = Make(GetParam());
+  const auto prompt = Prompt(30, 6);
+  GenerateOptions greedy;
+  greedy.max_new_tokens = 12;
+  greedy.keep_logits = true;
+  auto a = Generate(*f.model, *f.pool, prompt, greedy);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->tokens.size(), 12u);
+  greedy.prefill_chunk = 7;
+  auto b = Generate(*f.model, *f.pool, prompt, greedy);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+  ASSERT_EQ(a->logits.size(), b->logits.size());
+  for (size_t i = 0; i < a->logits.size(); ++i) EXPECT_TRUE(SameBits(a->logits[i], b->logits[i]));
+  // Decode logits equal the prompt logits of the extended prompt: decode is prefill of one row.
+  std::vector<TokenId> extended = prompt;
+  extended.insert(extended.end(), a->tokens.begin(), a->tokens.end() - 1);
+  const auto all = PromptLogits(f, extended, 0);
+  for (size_t i = 0; i < a->logits.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(a->logits[i].data(), all.data() + (29 + i) * 97, 97 * 4)) << i;
+  }
+
+  GenerateOptions sampled;
+  sampled.max_new_tokens = 20;
+  sampled.temperature = 1.5f;
+  sampled.seed = 7;
+  auto s1 = *Generate(*f.model, *f.pool, prompt, sampled);
+  auto s2 = *Generate(*f.model, *f.pool, prompt, sampled);
+  EXPECT_EQ(s1.tokens, s2.tokens);
+  sampled.seed = 8;
+  auto s3 = *Generate(*f.model, *f.pool, prompt, sampled);
+  EXPECT_NE(s1.tokens, s3.tokens);
+
+  GenerateOptions stop = greedy;
+  stop.stop_token_ids = {a->tokens[3]};
+  auto st = *Generate(*f.model, *f.pool, prompt, stop);
+  EXPECT_TRUE(st.stopped);
+  EXPECT_LE(st.tokens.size(), 4u);
+  EXPECT_EQ(st.tokens.back(), a->tokens[3]);
+  EXPECT_EQ(f.pool->num_free(), f.pool->num_blocks());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, TransformerTest, ::testing::ValuesIn(Variants()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(TransformerErrorsTest, BadInputIsAnErrorAndChangesNothing) {
+  Fixture f = Make(Variants()[0]);
+  auto blocks = *f.pool->Allocate(2);
+  std::vector<float> logits;
+  const std::vector<TokenId> ok = {1, 2, 3}, bad = {1, 97};
+  EXPECT_EQ(f.model->Forward({{bad, 0, blocks, false}}, *f.pool, &logits).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.model->Forward({{ok, 30, blocks, false}}, *f.pool, &logits).code(),
+            absl::StatusCode::kInvalidArgument);  // 2 blocks of 16 cannot hold 33 positions
+  EXPECT_EQ(f.model->Forward({{ok, 510, blocks, false}}, *f.pool, &logits).code(),
+            absl::StatusCode::kInvalidArgument);  // past max_position_embeddings
+  EXPECT_EQ(f.model->Forward({{{}, 0, blocks, false}}, *f.pool, &logits).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(logits.empty());
+  // A pool of another layout.
+  Fixture other = Make(Variants()[3]);
+  EXPECT_EQ(f.model->Forward({{ok, 0, blocks, false}}, *other.pool, &logits).code(),
+            absl::StatusCode::kInvalidArgument);
+  GenerateOptions options;
+  options.max_new_tokens = 600;
+  EXPECT_EQ(Generate(*f.model, *f.pool, ok, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.max_new_tokens = 0;
+  EXPECT_FALSE(Generate(*f.model, *f.pool, ok, options).ok());
+  EXPECT_FALSE(Generate(*f.model, *f.pool, {}, GenerateOptions{}).ok());
+  HostWeights w = SyntheticModel(Variants()[0]);
+  w.tensors.erase("model.layers.1.mlp.up_proj.weight");
+  EXPECT_FALSE(Transformer::Create(w, f.backend.get()).ok());
+  w = SyntheticModel(Variants()[0]);
+  w.kv_dtype = "f16";
+  EXPECT_FALSE(Transformer::Create(w, f.backend.get()).ok());
+}
+
+TEST(RopeTest, Llama3ScalingKeepsHighFrequenciesAndScalesLowOnes) {
+  ModelConfig c;
+  c.head_dim = 64;
+  c.rope_theta = 500000;
+  const std::vector<float> plain = RopeInverseFrequencies(c);
+  c.rope_scaling.type = RopeScaling::Type::kLlama3;
+  c.rope_scaling.factor = 8;
+  c.rope_scaling.original_max_position_embeddings = 8192;
+  const std::vector<float> scaled = RopeInverseFrequencies(c);
+  EXPECT_EQ(scaled.front(), plain.front());             // wavelength 2*pi: untouched
+  EXPECT_FLOAT_EQ(scaled.back(), plain.back() / 8.0f);  // longest wavelength: divided by factor
+  c.rope_scaling.type = RopeScaling::Type::kLinear;
+  c.rope_scaling.factor = 2;
+  EXPECT_EQ(RopeInverseFrequencies(c)[5], plain[5] / 2.0f);
+}
+
+}  // namespace
+}  // namespace ferry
