@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/common/model_fingerprint.h"
 #include "engine/common/status.h"
 #include "engine/model/dequantize.h"
@@ -259,11 +260,15 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
         return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "': ", e.what()));
       }
       if (tensor.shape != want->second) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(file, ": tensor '", name, "' has the wrong shape for config.json"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            file, ": tensor '", name, "' has shape [", absl::StrJoin(tensor.shape, ", "),
+            "], config.json implies [", absl::StrJoin(want->second, ", "), "]"));
       }
-      ASSIGN_OR_RETURN(const uint32_t type,
-                       GgmlTypeOfSafetensors(it.value().value("dtype", std::string("?"))));
+      auto type = GgmlTypeOfSafetensors(it.value().value("dtype", std::string("?")));
+      if (!type.ok()) {
+        return absl::Status(type.status().code(),
+                            absl::StrCat(file, ": tensor '", name, "': ", type.status().message()));
+      }
       ASSIGN_OR_RETURN(const absl::string_view data, st->Data(name, it.value()));
       const size_t n = static_cast<size_t>(tensor.elements());
       tensor.dtype = dtype;
@@ -271,10 +276,10 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
       const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
       if (dtype == WeightDType::kF32) {
         tensor.f32.resize(n);
-        status = DequantizeToF32(type, bytes, data.size(), n, tensor.f32.data());
+        status = DequantizeToF32(*type, bytes, data.size(), n, tensor.f32.data());
       } else {
         tensor.bf16.resize(n);
-        status = DequantizeToBf16(type, bytes, data.size(), n, tensor.bf16.data());
+        status = DequantizeToBf16(*type, bytes, data.size(), n, tensor.bf16.data());
       }
       if (!status.ok()) {
         return absl::Status(status.code(),

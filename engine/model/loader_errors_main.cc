@@ -24,13 +24,37 @@ int main(int argc, char** argv) {
       {"heads", "attention heads are not a multiple of 2 key/value heads"},
       {"q5_0_unsupported", "tensor type Q5_0 (6) is not supported"},
       {"truncated", "GGUF truncated"},
+      // HF directories (names starting with hf_).
+      {"hf_good", nullptr},
+      {"hf_no_config", "hf_no_config/config.json: No such file or directory"},
+      {"hf_bad_json", "config.json: [json.exception.parse_error.101]"},
+      {"hf_arch", "model_type 'gpt2' is not supported (llama, mistral, qwen2, qwen3)"},
+      {"hf_rope", "rope scaling 'yarn' is not supported (linear, llama3)"},
+      {"hf_heads", "3 attention heads are not a multiple of 2 key/value heads"},
+      {"hf_missing", "missing tensor model.layers.1.mlp.up_proj.weight"},
+      {"hf_unexpected",
+       "model.safetensors: unexpected tensor 'model.layers.0.self_attn.q_proj.bias'"},
+      {"hf_shape",
+       "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [17, 32], config.json implies "
+       "[16, 32]"},
+      {"hf_dtype",
+       "model.safetensors: tensor 'model.norm.weight': safetensors dtype I32 is not supported"},
+      {"hf_no_weights", "hf_no_weights/model.safetensors: No such file or directory"},
+      {"hf_truncated", "data lies beyond the end of the file"},
+      {"hf_bad_header", "header of 1000000000 bytes runs past the end of the file"},
+      {"hf_missing_shard", "model-00001-of-00002.safetensors: No such file or directory"},
   };
   int failures = 0;
   for (const Case& c : cases) {
-    const std::string path = dir + "/" + c.file + ".gguf";
     std::string error;
-    auto gguf = ferry::GgufFile::Open(path);
-    if (!gguf.ok()) {
+    const bool hf = std::string(c.file).rfind("hf_", 0) == 0;
+    const std::string path = dir + "/" + c.file + (hf ? "" : ".gguf");
+    auto gguf =
+        hf ? absl::StatusOr<std::unique_ptr<ferry::GgufFile>>() : ferry::GgufFile::Open(path);
+    if (hf) {
+      auto weights = ferry::LoadHfModel(path, ferry::WeightDType::kF32);
+      if (!weights.ok()) error = std::string(weights.status().message());
+    } else if (!gguf.ok()) {
       error = std::string(gguf.status().message());
     } else {
       auto weights = ferry::LoadGgufModel(**gguf, ferry::WeightDType::kF32);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Table-driven loading errors: small GGUF files written by the gguf package, each broken in one
-# way, must fail to load with a clear error naming the problem; the intact one must load.
+# Table-driven loading errors: small GGUF files written by the gguf package and HF directories
+# (config.json + safetensors written by the safetensors package), each broken in one way, must
+# fail to load with a clear error naming the problem; the intact ones must load.
 set -euo pipefail
 loader="$1"
 source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_REF_PYTHON
@@ -48,4 +49,69 @@ write("heads", heads=3)
 write("q5_0_unsupported", qtype=gguf.GGMLQuantizationType.Q5_0)
 PY
 head -c 1000 "${t}/good.gguf" >"${t}/truncated.gguf"
+"${FERRY_REF_PYTHON}" - "${t}" <<'PY'
+import json, os, shutil, sys
+import numpy as np
+from safetensors.numpy import save_file
+out = sys.argv[1]
+V, H, F, L, NH, NKV = 64, 32, 64, 2, 4, 2
+D = H // NH
+def config(**kw):
+    c = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": V,
+         "hidden_size": H, "intermediate_size": F, "num_hidden_layers": L,
+         "num_attention_heads": NH, "num_key_value_heads": NKV, "max_position_embeddings": 128,
+         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
+    c.update(kw)
+    return c
+def tensors(dtype=np.float32):
+    rng = np.random.default_rng(0)
+    ts = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,), "lm_head.weight": (V, H)}
+    for l in range(L):
+        p = f"model.layers.{l}."
+        for name, shape in [("input_layernorm", (H,)), ("post_attention_layernorm", (H,)),
+                            ("self_attn.q_proj", (NH * D, H)), ("self_attn.k_proj", (NKV * D, H)),
+                            ("self_attn.v_proj", (NKV * D, H)), ("self_attn.o_proj", (H, NH * D)),
+                            ("mlp.gate_proj", (F, H)), ("mlp.up_proj", (F, H)),
+                            ("mlp.down_proj", (H, F))]:
+            ts[p + name + ".weight"] = shape
+    return {k: rng.standard_normal(s).astype(dtype) for k, s in ts.items()}
+TOKENIZER = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+             "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
+             "trim_offsets": True, "use_regex": True}, "post_processor": None,
+             "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+             "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                       "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                       "ignore_merges": False, "vocab": {chr(0x100 + i) if i < 33 else chr(i): i for i in range(V)}, "merges": []}}
+def write(name, cfg=None, ts=None, raw_config=None):
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    if raw_config is not None:
+        open(os.path.join(d, "config.json"), "w").write(raw_config)
+    elif cfg is not False:
+        json.dump(cfg or config(), open(os.path.join(d, "config.json"), "w"))
+    json.dump(TOKENIZER, open(os.path.join(d, "tokenizer.json"), "w"))
+    if ts is not False:
+        save_file(ts if ts is not None else tensors(), os.path.join(d, "model.safetensors"),
+                  metadata={"format": "pt"})
+    return d
+write("hf_good")
+write("hf_no_config", cfg=False)
+write("hf_bad_json", raw_config="{\"model_type\": \"llama\",")
+write("hf_arch", cfg=config(model_type="gpt2"))
+write("hf_rope", cfg=config(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+write("hf_heads", cfg=config(num_attention_heads=3))
+ts = tensors(); del ts["model.layers.1.mlp.up_proj.weight"]; write("hf_missing", ts=ts)
+ts = tensors(); ts["model.layers.0.self_attn.q_proj.bias"] = np.zeros(H, np.float32); write("hf_unexpected", ts=ts)
+ts = tensors(); ts["model.layers.0.self_attn.k_proj.weight"] = np.zeros((NKV * D + 1, H), np.float32); write("hf_shape", ts=ts)
+ts = tensors(); ts["model.norm.weight"] = np.zeros(H, np.int32); write("hf_dtype", ts=ts)
+write("hf_no_weights", ts=False)
+d = write("hf_truncated")
+data = open(os.path.join(d, "model.safetensors"), "rb").read()
+open(os.path.join(d, "model.safetensors"), "wb").write(data[:len(data) // 2])
+d = write("hf_bad_header")
+open(os.path.join(d, "model.safetensors"), "wb").write((10**9).to_bytes(8, "little") + b"{}")
+d = write("hf_missing_shard", ts=False)
+json.dump({"metadata": {}, "weight_map": {k: "model-00001-of-00002.safetensors" for k in tensors()}},
+          open(os.path.join(d, "model.safetensors.index.json"), "w"))
+PY
 "${loader}" "${t}"
