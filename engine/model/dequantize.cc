@@ -167,6 +167,11 @@ float HalfToFloat(uint16_t h) {
   return f;
 }
 
+absl::Status CheckDequantize(uint32_t type, size_t size, size_t elements) {
+  Layout layout;
+  return Check(type, size, elements, &layout);
+}
+
 absl::Status DequantizeToF32(uint32_t type, const uint8_t* data, size_t size, size_t elements,
                              float* out) {
   Layout layout;

@@ -43,6 +43,10 @@ size_t GgmlDataSize(uint32_t type, size_t elements);
 
 float HalfToFloat(uint16_t h);
 
+// Whether `size` bytes of `type` hold exactly `elements` values (a whole number of blocks) of a
+// supported type; the error names the problem.
+absl::Status CheckDequantize(uint32_t type, size_t size, size_t elements);
+
 // Dequantizes `elements` values (a whole number of blocks) from `data` (`size` bytes) into `out`.
 // Unsupported types and size mismatches are errors naming them.
 absl::Status DequantizeToF32(uint32_t type, const uint8_t* data, size_t size, size_t elements,

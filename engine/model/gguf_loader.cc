@@ -98,23 +98,6 @@ absl::StatusOr<Mapped> MapTensor(const std::string& gguf_name, const ModelConfig
   return absl::InvalidArgumentError(absl::StrCat("unexpected tensor '", gguf_name, "'"));
 }
 
-// llama.cpp stores q/k rows of head h as (h, j, t) for HF's (h, t, j), t in {0,1}, j < D/2.
-template <typename T>
-void UnpermuteRows(std::vector<T>& data, int64_t heads, int64_t rows, int64_t cols) {
-  const int64_t d = rows / heads, half = d / 2;
-  std::vector<T> out(data.size());
-  for (int64_t hd = 0; hd < heads; ++hd) {
-    for (int64_t t = 0; t < 2; ++t) {
-      for (int64_t j = 0; j < half; ++j) {
-        const int64_t hf_row = hd * d + t * half + j;
-        const int64_t gguf_row = hd * d + 2 * j + t;
-        std::memcpy(&out[hf_row * cols], &data[gguf_row * cols], cols * sizeof(T));
-      }
-    }
-  }
-  data.swap(out);
-}
-
 Hash128 TokenizerDigest(const GgufFile& g) {
   Xxh3Hasher128 hasher;
   for (const auto& [key, value] : g.metadata()) {
@@ -142,6 +125,7 @@ absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtyp
   HostWeights weights;
   ASSIGN_OR_RETURN(weights.config, ReadConfig(gguf));
   const ModelConfig& c = weights.config;
+  std::vector<model_internal::ConversionJob> jobs;
   for (const GgufTensorInfo& t : gguf.tensors()) {
     if (t.name == "rope_freqs.weight") {
       return absl::UnimplementedError("GGUF rope_freqs (llama3 rope scaling) is not supported yet");
@@ -163,29 +147,13 @@ absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtyp
     tensor.shape = mapped->cols == 0 ? std::vector<int64_t>{mapped->rows}
                                      : std::vector<int64_t>{mapped->rows, mapped->cols};
     tensor.dtype = dtype;
-    const size_t n = static_cast<size_t>(tensor.elements());
-    absl::Status status;
-    if (dtype == WeightDType::kF32) {
-      tensor.f32.resize(n);
-      status = DequantizeToF32(t.ggml_type, t.data, t.size_bytes, n, tensor.f32.data());
-      if (status.ok() && mapped->permute_heads > 0) {
-        UnpermuteRows(tensor.f32, mapped->permute_heads, mapped->rows, mapped->cols);
-      }
-    } else {
-      tensor.bf16.resize(n);
-      status = DequantizeToBf16(t.ggml_type, t.data, t.size_bytes, n, tensor.bf16.data());
-      if (status.ok() && mapped->permute_heads > 0) {
-        UnpermuteRows(tensor.bf16, mapped->permute_heads, mapped->rows, mapped->cols);
-      }
-    }
-    if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat(gguf.path(), ": tensor '", t.name, "': ", status.message()));
-    }
     weights.source_bytes += t.size_bytes;
-    if (!weights.tensors.emplace(mapped->name, std::move(tensor)).second) {
+    auto [it, inserted] = weights.tensors.emplace(mapped->name, std::move(tensor));
+    if (!inserted) {
       return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": tensor '", t.name, "' twice"));
     }
+    jobs.push_back({absl::StrCat(gguf.path(), ": tensor '", t.name, "'"), t.ggml_type, t.data,
+                    t.size_bytes, &it->second, mapped->permute_heads});
   }
   weights.config.tie_word_embeddings = weights.tensors.count("lm_head.weight") == 0;
   // Every expected tensor must be there.
@@ -202,6 +170,7 @@ absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtyp
       return absl::InvalidArgumentError(absl::StrCat(gguf.path(), ": missing tensor ", name));
     }
   }
+  RETURN_IF_ERROR(model_internal::ConvertTensors(jobs));
   ModelFingerprintBuilder fingerprint;
   const std::string& path = gguf.path();
   RETURN_IF_ERROR(fingerprint.AddFileFromDisk(path.substr(path.rfind('/') + 1), path));

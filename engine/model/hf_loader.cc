@@ -242,6 +242,8 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
   const auto expected = ExpectedTensors(weights.config);
   ModelFingerprintBuilder fingerprint;
   RETURN_IF_ERROR(fingerprint.AddFileFromDisk("config.json", config_path));
+  std::vector<model_internal::ConversionJob> jobs;
+  std::vector<std::unique_ptr<SafetensorsFile>> open_files;  // mapped until converted
   for (const std::string& file : files) {
     ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> st, SafetensorsFile::Open(file));
     RETURN_IF_ERROR(fingerprint.AddFileFromDisk(file.substr(file.rfind('/') + 1), file));
@@ -270,32 +272,23 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
                             absl::StrCat(file, ": tensor '", name, "': ", type.status().message()));
       }
       ASSIGN_OR_RETURN(const absl::string_view data, st->Data(name, it.value()));
-      const size_t n = static_cast<size_t>(tensor.elements());
       tensor.dtype = dtype;
-      absl::Status status;
-      const auto* bytes = reinterpret_cast<const uint8_t*>(data.data());
-      if (dtype == WeightDType::kF32) {
-        tensor.f32.resize(n);
-        status = DequantizeToF32(*type, bytes, data.size(), n, tensor.f32.data());
-      } else {
-        tensor.bf16.resize(n);
-        status = DequantizeToBf16(*type, bytes, data.size(), n, tensor.bf16.data());
-      }
-      if (!status.ok()) {
-        return absl::Status(status.code(),
-                            absl::StrCat(file, ": tensor '", name, "': ", status.message()));
-      }
       weights.source_bytes += data.size();
-      if (!weights.tensors.emplace(name, std::move(tensor)).second) {
+      auto [entry, inserted] = weights.tensors.emplace(name, std::move(tensor));
+      if (!inserted) {
         return absl::InvalidArgumentError(absl::StrCat(file, ": tensor '", name, "' twice"));
       }
+      jobs.push_back({absl::StrCat(file, ": tensor '", name, "'"), *type,
+                      reinterpret_cast<const uint8_t*>(data.data()), data.size(), &entry->second});
     }
+    open_files.push_back(std::move(st));
   }
   for (const auto& [name, shape] : expected) {
     if (weights.tensors.count(name) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(dir, ": missing tensor ", name));
     }
   }
+  RETURN_IF_ERROR(model_internal::ConvertTensors(jobs));
   ASSIGN_OR_RETURN(const std::string tokenizer_text, ReadText(dir + "/tokenizer.json"));
   fingerprint.SetTokenizerDigest(Xxh3Hash128(tokenizer_text));
   RETURN_IF_ERROR(model_internal::FinishLoad(fingerprint, kv_dtype, dtype, start, &weights));

@@ -1,9 +1,14 @@
 #include "engine/model/host_weights.h"
 
 #include <chrono>
+#include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "engine/common/model_fingerprint.h"
 #include "engine/common/status.h"
+#include "engine/common/thread_pool.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/model/dequantize.h"
 
 namespace ferry {
 
@@ -29,6 +34,80 @@ absl::Status FinishLoad(ModelFingerprintBuilder& fingerprint, const std::string&
   ASSIGN_OR_RETURN(weights->fingerprint, fingerprint.Finish());
   weights->kv_dtype = kv_dtype;
   weights->load_seconds = SteadySeconds() - start_seconds;
+  return absl::OkStatus();
+}
+
+namespace {
+
+template <typename T>
+void UnpermuteRows(std::vector<T>& data, int64_t heads, int64_t rows, int64_t cols) {
+  const int64_t d = rows / heads, half = d / 2;
+  std::vector<T> out(data.size());
+  for (int64_t hd = 0; hd < heads; ++hd) {
+    for (int64_t t = 0; t < 2; ++t) {
+      for (int64_t j = 0; j < half; ++j) {
+        const int64_t hf_row = hd * d + t * half + j;
+        const int64_t gguf_row = hd * d + 2 * j + t;
+        std::memcpy(&out[hf_row * cols], &data[gguf_row * cols], cols * sizeof(T));
+      }
+    }
+  }
+  data.swap(out);
+}
+
+}  // namespace
+
+absl::Status ConvertTensors(const std::vector<ConversionJob>& jobs) {
+  struct Range {
+    size_t job;
+    uint64_t first_block, last_block;
+  };
+  constexpr uint64_t kRangeElements = 256 * 1024;
+  std::vector<Range> ranges;
+  std::vector<uint64_t> block_elements(jobs.size()), block_bytes(jobs.size());
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const ConversionJob& job = jobs[j];
+    const size_t n = static_cast<size_t>(job.out->elements());
+    if (absl::Status s = CheckDequantize(job.type, job.size, n); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(job.source, ": ", s.message()));
+    }
+    GgmlBlockLayout(job.type, &block_elements[j], &block_bytes[j]);
+    if (job.out->dtype == WeightDType::kF32) {
+      job.out->f32.resize(n);
+    } else {
+      job.out->bf16.resize(n);
+    }
+    const uint64_t blocks = n / block_elements[j];
+    const uint64_t per_range = std::max<uint64_t>(1, kRangeElements / block_elements[j]);
+    for (uint64_t b = 0; b < blocks; b += per_range) {
+      ranges.push_back({j, b, std::min(blocks, b + per_range)});
+    }
+  }
+  // Checked above, so conversions cannot fail; nested pool calls inside run inline.
+  ThreadPool::Shared().ParallelFor(ranges.size(), [&](size_t r) {
+    const Range& range = ranges[r];
+    const ConversionJob& job = jobs[range.job];
+    const uint64_t be = block_elements[range.job], bb = block_bytes[range.job];
+    const uint8_t* src = job.data + range.first_block * bb;
+    const size_t bytes = (range.last_block - range.first_block) * bb;
+    const size_t n = (range.last_block - range.first_block) * be;
+    absl::Status s =
+        job.out->dtype == WeightDType::kF32
+            ? DequantizeToF32(job.type, src, bytes, n, job.out->f32.data() + range.first_block * be)
+            : DequantizeToBf16(job.type, src, bytes, n,
+                               job.out->bf16.data() + range.first_block * be);
+    s.IgnoreError();
+  });
+  ThreadPool::Shared().ParallelFor(jobs.size(), [&](size_t j) {
+    const ConversionJob& job = jobs[j];
+    if (job.permute_heads == 0) return;
+    HostTensor& t = *job.out;
+    if (t.dtype == WeightDType::kF32) {
+      UnpermuteRows(t.f32, job.permute_heads, t.shape[0], t.shape[1]);
+    } else {
+      UnpermuteRows(t.bf16, job.permute_heads, t.shape[0], t.shape[1]);
+    }
+  });
   return absl::OkStatus();
 }
 

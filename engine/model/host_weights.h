@@ -50,6 +50,25 @@ absl::Status FinishLoad(ModelFingerprintBuilder& fingerprint, const std::string&
 // Steady-clock seconds, for FinishLoad's start.
 double SteadySeconds();
 
+// One tensor for ConvertTensors: `size` bytes of GGML `type` at `data` (which must stay mapped
+// until ConvertTensors returns) into `out`, whose shape and dtype are set; rows un-permuted
+// afterwards when `permute_heads` > 0 (llama.cpp stores q/k rows of head h as (h, j, t) for HF's
+// (h, t, j), t in {0, 1}, j < head_dim / 2).
+struct ConversionJob {
+  std::string source;  // "file: tensor 'name'", for errors
+  uint32_t type = 0;
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  HostTensor* out = nullptr;
+  int64_t permute_heads = 0;
+};
+
+// Checks every job, then converts them all as one parallel loop on the shared thread pool: each
+// tensor is cut into ranges of whole blocks (about 256K elements), and the ranges of all tensors
+// are spread over the threads together, so small tensors never run one at a time and a large one
+// never runs on one thread.
+absl::Status ConvertTensors(const std::vector<ConversionJob>& jobs);
+
 }  // namespace model_internal
 
 // Loads a llama-architecture GGUF model (SmolLM2, Llama, Mistral-style) into `dtype`. Undoes
