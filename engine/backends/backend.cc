@@ -29,9 +29,12 @@ DeviceMatrix DeviceMatrix::RowRange(int64_t begin, int64_t count) const {
   return m;
 }
 
-DeviceMatrix DeviceMatrix::Reshaped(int64_t new_cols) const {
-  CHECK(dense() && new_cols > 0 && (rows * cols) % new_cols == 0);
-  return Dense(data, dtype, rows * cols / new_cols, new_cols);
+DeviceMatrix DeviceMatrix::ColRange(int64_t begin, int64_t count) const {
+  CHECK(begin >= 0 && count >= 0 && begin + count <= cols);
+  DeviceMatrix m = *this;
+  m.data = static_cast<char*>(data) + begin * static_cast<int64_t>(DTypeBytes(dtype));
+  m.cols = count;
+  return m;
 }
 
 }  // namespace ferry

@@ -6,7 +6,8 @@
 //
 // Memory: DeviceBuffer owns memory obtained from a Backend and returns it on destruction.
 // DeviceMatrix is a non-owning 2-D row-major view (rows x cols elements, `stride` elements between
-// rows) of fp32 or bf16 data in device memory.
+// rows) of fp32 or bf16 data in device memory. DeviceWeight is a weight matrix in the backend's
+// own layout (the CPU backend packs it into column panels), made once at load by UploadWeight.
 //
 // Kernels take host-side step descriptions (token ids, positions, KV slots, block tables) by
 // value or pointer; a device backend uploads what it needs. Results are available to the host
@@ -73,14 +74,23 @@ struct DeviceMatrix {
   }
   // Rows [begin, begin + count).
   DeviceMatrix RowRange(int64_t begin, int64_t count) const;
-  // The same memory seen as rows*cols/new_cols rows of new_cols (dense views only).
-  DeviceMatrix Reshaped(int64_t new_cols) const;
+  // Columns [begin, begin + count) of every row (same stride).
+  DeviceMatrix ColRange(int64_t begin, int64_t count) const;
   bool dense() const { return stride == cols; }
 };
 
+// A weight matrix (rows = outputs, cols = inputs) in a backend's own layout; owns its memory.
+struct DeviceWeight {
+  DeviceBuffer buffer;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
 // One layer's K and V inside a paged KV pool (engine/kv). Within each block of `block_bytes`,
-// this layer's keys start at `k_offset` and values at `v_offset`, each laid out as
-// [kv_heads][block_tokens][head_dim] elements of `dtype`.
+// this layer's keys start at `k_offset`, laid out [kv_heads][head_dim][block_tokens] (each head's
+// keys column-wise, so a vector load reads one dimension of adjacent keys), and its values at
+// `v_offset`, laid out [kv_heads][block_tokens][head_dim]; elements of `dtype`.
 struct KvLayerView {
   void* base = nullptr;  // block 0 of the pool
   size_t block_bytes = 0;
@@ -125,14 +135,23 @@ class Backend {
 
   // --- Kernels. Activations are fp32; weights fp32 or bf16. ---
 
-  // out[r] = table[ids[r]] (as fp32). ids are host values, each < table.rows.
-  virtual void Embed(const DeviceMatrix& table, const std::vector<int32_t>& ids,
+  // A weight matrix (`rows` x `cols`, row-major host data of `dtype`) in this backend's layout.
+  virtual absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
+                                                    int64_t cols) = 0;
+
+  // out[r] = table row ids[r] (as fp32). ids are host values, each < table.rows.
+  virtual void Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
                      const DeviceMatrix& out) = 0;
-  // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight (weight: 1 x cols). out may alias x.
+  // RMSNorm of each group of weight.cols columns of each row (a whole row when weight.cols ==
+  // x.cols; each head for Qwen3's q/k norm): g / sqrt(mean(g^2) + eps) * weight. out may alias x.
   virtual void RmsNorm(const DeviceMatrix& x, const DeviceMatrix& weight, float eps,
                        const DeviceMatrix& out) = 0;
+  // x += delta, then out = RmsNorm(x) (whole rows): the residual step between sublayers. out may
+  // alias delta.
+  virtual void AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& delta,
+                          const DeviceMatrix& weight, float eps, const DeviceMatrix& out) = 0;
   // out = x * w^T (+ bias): x is M x K fp32, w is N x K, bias 1 x N or null, out M x N fp32.
-  virtual void MatMul(const DeviceMatrix& x, const DeviceMatrix& w, const DeviceMatrix* bias,
+  virtual void MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
                       const DeviceMatrix& out) = 0;
   // acc += x, elementwise.
   virtual void Add(const DeviceMatrix& acc, const DeviceMatrix& x) = 0;

@@ -37,7 +37,8 @@ namespace ferry {
 inline constexpr uint32_t kModelFingerprintVersion = 2;
 
 // Bumped whenever the byte layout of a KV block changes (element order, padding, scales).
-inline constexpr uint32_t kKvFormatVersion = 1;
+// 2: keys stored column-wise per head ([head_dim][slot]; engine/kv/kv_block_pool.h).
+inline constexpr uint32_t kKvFormatVersion = 2;
 
 // The shape and type of the KV that caches hold for one block (full-attention layers only;
 // sliding-window layers are never shared through caches).

@@ -1,12 +1,25 @@
 #include "engine/common/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace ferry {
 namespace {
 
 // The pool whose work the current thread is doing, if any.
 thread_local const ThreadPool* tls_current_pool = nullptr;
+
+inline void CpuRelax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
 
 }  // namespace
 
@@ -16,9 +29,11 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  generation_.fetch_add(1);
+  wake_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -28,19 +43,12 @@ ThreadPool& ThreadPool::Shared() {
   return *pool;
 }
 
-void ThreadPool::RunIndices() {
+void ThreadPool::RunIndices(const std::function<void(size_t)>& fn, size_t n) {
   while (true) {
-    const std::function<void(size_t)>* job;
-    size_t index;
-    {
-      absl::MutexLock lock(&mu_);
-      if (job_ == nullptr || next_index_ >= job_size_) return;
-      job = job_;
-      index = next_index_++;
-    }
-    (*job)(index);
-    absl::MutexLock lock(&mu_);
-    ++done_;
+    const size_t i = next_index_.fetch_add(1);
+    if (i >= n) return;
+    fn(i);
+    done_.fetch_add(1);
   }
 }
 
@@ -48,16 +56,32 @@ void ThreadPool::WorkerLoop() {
   tls_current_pool = this;
   uint64_t seen = 0;
   while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      auto has_work = [this, &seen]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stopping_ || (generation_ != seen && job_ != nullptr);
-      };
-      mu_.Await(absl::Condition(&has_work));
-      if (stopping_) return;
-      seen = generation_;
+    // Poll for a new call for a while, then sleep until one is announced.
+    const auto spin_until =
+        std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    int polls = 0;
+    while (generation_.load(std::memory_order_acquire) == seen) {
+      CpuRelax();
+      if (++polls % 64 == 0 && std::chrono::steady_clock::now() > spin_until) break;
     }
-    RunIndices();
+    const std::function<void(size_t)>* job;
+    size_t n;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (generation_.load() == seen && !stopping_) {
+        ++sleepers_;
+        wake_.wait(lock, [&] { return stopping_ || generation_.load() != seen; });
+        --sleepers_;
+      }
+      if (stopping_) return;
+      seen = generation_.load();
+      job = job_;
+      n = size_;
+      if (job == nullptr) continue;  // that call has already finished
+      active_.fetch_add(1);
+    }
+    RunIndices(*job, n);
+    active_.fetch_sub(1);
   }
 }
 
@@ -68,22 +92,28 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
     return;
   }
   absl::MutexLock call_lock(&call_mu_);
+  bool wake = false;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
-    job_size_ = n;
-    next_index_ = 0;
-    done_ = 0;
-    ++generation_;
+    size_ = n;
+    next_index_.store(0);
+    done_.store(0);
+    generation_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;
   }
+  if (wake) wake_.notify_all();
   const ThreadPool* const outer = tls_current_pool;
   tls_current_pool = this;
-  RunIndices();
+  RunIndices(fn, n);
   tls_current_pool = outer;
-  absl::MutexLock lock(&mu_);
-  auto finished = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return done_ == n; };
-  mu_.Await(absl::Condition(&finished));
-  job_ = nullptr;
+  while (done_.load(std::memory_order_acquire) < n) CpuRelax();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = nullptr;  // no worker registers for this call any more
+  }
+  // Workers that registered may still be between their last claim and leaving.
+  while (active_.load(std::memory_order_acquire) > 0) CpuRelax();
 }
 
 }  // namespace ferry

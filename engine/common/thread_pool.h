@@ -10,16 +10,23 @@
 // Thread-safe: several threads may call ParallelFor on one pool; calls are served one at a time.
 // A ParallelFor issued from inside a ParallelFor body of the same pool runs inline on the calling
 // thread (instead of waiting for a pool that is busy with its caller).
+//
+// Built for many short calls (the engine issues hundreds per decode step): indices are claimed
+// with an atomic counter, and idle workers spin for a short while (kSpinMicros) before they
+// sleep, so back-to-back calls do not pay a wake-up each.
 
 #ifndef FERRY_ENGINE_COMMON_THREAD_POOL_H_
 #define FERRY_ENGINE_COMMON_THREAD_POOL_H_
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
 namespace ferry {
@@ -40,18 +47,27 @@ class ThreadPool {
   static ThreadPool& Shared();
 
  private:
+  // How long an idle worker polls for the next call before it sleeps.
+  static constexpr int64_t kSpinMicros = 200;
+
   void WorkerLoop();
-  // Claims and runs indices of the current job until none are left.
-  void RunIndices();
+  // Claims and runs indices of `fn` until none are left.
+  void RunIndices(const std::function<void(size_t)>& fn, size_t n);
 
   absl::Mutex call_mu_;  // serializes ParallelFor calls
-  absl::Mutex mu_;
-  const std::function<void(size_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
-  size_t job_size_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t next_index_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t done_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  // The current call. job_ and size_ are written under mu_ while no worker holds the previous job
+  // (active_ == 0); workers register under mu_ before they read them.
+  std::mutex mu_;
+  std::condition_variable wake_;
+  const std::function<void(size_t)>* job_ = nullptr;  // guarded by mu_
+  size_t size_ = 0;                                   // guarded by mu_
+  int sleepers_ = 0;                                  // guarded by mu_
+  bool stopping_ = false;                             // guarded by mu_
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<size_t> next_index_{0};
+  std::atomic<size_t> done_{0};
+  std::atomic<int> active_{0};  // workers registered in the current call
   std::vector<std::thread> workers_;
 };
 

@@ -1,10 +1,11 @@
 // The paged KV cache (ARCHITECTURE.md §4 "KV cache"): a pool of fixed-size blocks, each holding
 // the keys and values of `block_tokens` consecutive positions of one sequence for every layer.
 //
-// Block layout (KvBlockLayout), `elem` = bytes of the cache dtype:
-//   [layer][K, V][kv_head][slot][head_dim]
-// so one layer's keys for one head are contiguous per block, and a block is one contiguous byte
-// range: exporting blocks gives (address, length) spans into the pool itself, never copies.
+// Block layout (KvBlockLayout; kKvFormatVersion 2 in engine/common/model_fingerprint.h):
+//   [layer][K: [kv_head][head_dim][slot], V: [kv_head][slot][head_dim]]
+// Keys are stored column-wise so that attention loads one dimension of adjacent keys as a vector;
+// values row-wise so that it adds whole value rows. A block is one contiguous byte range:
+// exporting blocks gives (address, length) spans into the pool itself, never copies.
 //
 // The pool's memory is one region from an injected KvAllocator, so the KV transport can supply
 // memory it has registered with the NIC. Blocks are reference counted: Allocate returns blocks

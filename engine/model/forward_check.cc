@@ -5,12 +5,15 @@
 //   forward_check chat MODEL PROMPTS.txt             > cases.json   (one user message each, the
 //                                                                    model's chat template)
 //   forward_check logits MODEL CASES.json REF_DIR --weights f32|bf16 --kv f32|bf16
-//                 --tolerance T [--chunks 1,7,64]
+//                 --tolerance T [--outliers FRACTION:BOUND] [--chunks 1,7,64]
 //   forward_check generate MODEL CASES.json REF.json --max-new-tokens N --margin M
 //
 // MODEL is an HF directory or a GGUF file. In PROMPTS.txt each line is a prompt, with \n and \t
 // escapes. `logits` runs every prompt in one step and compares each row of logits with the
-// reference (REF_DIR/logits_{i}.f32): max|ferry - ref| / max|ref| <= T; with --chunks it also
+// reference (REF_DIR/logits_{i}.f32): max|ferry - ref| / max|ref| <= T, except that with
+// --outliers up to FRACTION of the rows may exceed T if none exceeds BOUND (bf16 activations: a
+// last-bit difference upstream can flip one bf16 rounding, which moves a few rows by ~1e-3);
+// with --chunks it also
 // runs the longest prompt in chunks of each size and requires bit-identical logits. `generate`
 // decodes greedily and requires the reference's tokens up to the first position where the
 // reference's top-2 margin is below M.
@@ -172,14 +175,14 @@ std::vector<float> AllLogits(Loaded& l, const std::vector<TokenId>& prompt, int6
 }
 
 int Logits(const std::string& model, const std::string& cases_file, const std::string& ref_dir,
-           WeightDType weights, const std::string& kv, double tolerance,
-           const std::vector<int64_t>& chunks) {
+           WeightDType weights, const std::string& kv, double tolerance, double outlier_fraction,
+           double outlier_bound, const std::vector<int64_t>& chunks) {
   Loaded l = Load(model, weights, kv);
   const auto cases = ReadCases(cases_file);
   const int64_t vocab = l.model->config().vocab_size;
   double worst = 0;
   int failures = 0;
-  size_t rows = 0;
+  size_t rows = 0, outliers = 0;
   double seconds = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string ref_bytes = ReadFile(ref_dir + "/logits_" + std::to_string(i) + ".f32");
@@ -201,17 +204,20 @@ int Logits(const std::string& model, const std::string& cases_file, const std::s
       }
       const double rel = max_diff / max_ref;
       prompt_worst = std::max(prompt_worst, rel);
-      if (!(rel <= tolerance)) ++failures;
+      if (!(rel <= tolerance)) ++outliers;
+      if (!(rel <= std::max(tolerance, outlier_bound))) ++failures;
       ++rows;
     }
     worst = std::max(worst, prompt_worst);
     std::printf("prompt %2zu: %3zu tokens, max rel err %.3g%s\n", i, cases[i].size(), prompt_worst,
-                prompt_worst <= tolerance ? "" : "  FAIL");
+                prompt_worst <= tolerance ? "" : "  (above tolerance)");
   }
+  if (outliers > outlier_fraction * rows) ++failures;
   std::printf(
       "%zu prompts, %zu rows: worst max|ferry-ref|/max|ref| = %.3g (tolerance %.3g); "
-      "%.1f prompt tokens/s\n",
-      cases.size(), rows, worst, tolerance, rows / seconds);
+      "%zu rows above it (%.2f%%, allowed %.2f%% up to %.3g); %.1f prompt tokens/s\n",
+      cases.size(), rows, worst, tolerance, outliers, 100.0 * outliers / rows,
+      100.0 * outlier_fraction, outlier_bound, rows / seconds);
   if (!chunks.empty()) {
     size_t longest = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -302,7 +308,15 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(c, &n) || n < 1) return 2;
       chunks.push_back(n);
     }
-    return Logits(argv[2], argv[3], argv[4], w, Flag(argc, argv, "--kv", "f32"), tolerance, chunks);
+    double fraction = 0, bound = 0;
+    const std::string outliers = Flag(argc, argv, "--outliers", "0:0");
+    const std::vector<std::string> parts = absl::StrSplit(outliers, ':');
+    if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &fraction) ||
+        !absl::SimpleAtod(parts[1], &bound)) {
+      return 2;
+    }
+    return Logits(argv[2], argv[3], argv[4], w, Flag(argc, argv, "--kv", "f32"), tolerance,
+                  fraction, bound, chunks);
   }
   if (cmd == "generate" && argc >= 5) {
     int64_t n = 0;

@@ -8,11 +8,15 @@
 #   smollm2-logits:   the default model (GGUF, transformers' own GGUF loading), 20 prompts;
 #   smollm2-generate: the default model, 20 chat prompts rendered with its template, 32 greedy
 #                     tokens each, token for token.
-# Logits checks, per row max|ferry - ref| / max|ref|: fp32 weights + fp32 KV <= 1e-4; bf16
-# weights + fp32 KV against the reference on the same bf16-rounded weights <= 1e-4; bf16 weights
-# + bf16 KV (rounding K/V to bf16 is the one approximation) <= 3e-2 (measured: <= 4e-3 on the
-# tiny models, 1.3e-2 on SmolLM2). The longest prompt must also
-# give bit-identical logits in chunks of 1, 7 and 64 tokens.
+# Logits checks, per row max|ferry - ref| / max|ref|: fp32 weights + fp32 KV <= 1e-4 (the exact
+# path). bf16 weights: Ferry's bf16 products take bf16 activations (as llama.cpp's and GPU bf16
+# kernels do; engine/backends/cpu/cpu_kernels.h), so the reference runs on the same bf16-rounded
+# weights with the inputs of its linear layers rounded to bf16. Rounding is discontinuous: a
+# last-bit difference upstream flips a bf16 rounding now and then, and a deep model amplifies the
+# flips. Stated bounds, with fp32 KV: tiny models 1e-4 for >= 70% of rows and 1e-2 for all
+# (measured: 90-96% of rows at ~2e-7, worst 3.7e-3), SmolLM2 (30 layers) 5e-2 (measured 2.6e-2);
+# with bf16 KV as well: tiny 3e-2, SmolLM2 1e-1 (measured 6e-3 and 4.8e-2). The longest prompt
+# must also give bit-identical logits in chunks of 1, 7 and 64 tokens.
 set -euo pipefail
 check="$1"
 reference="$2"
@@ -23,22 +27,24 @@ mode="$6"
 source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_REF_PYTHON
 t="${TEST_TMPDIR}"
 
-logits_checks() {  # MODEL NAME
-  local model="$1" name="$2"
+logits_checks() {  # MODEL NAME BF16_FLAGS BF16_KV_TOLERANCE
+  local model="$1" name="$2" bf16_flags="$3" bf16_kv_tolerance="$4"
   "${check}" prompts "${model}" "${prompts}" >"${t}/${name}.json"
   for w in f32 bf16; do
+    # bf16 weights: Ferry's products take bf16 activations, so the reference rounds them too.
     "${FERRY_REF_PYTHON}" "${reference}" logits "${model}" "${t}/${name}.json" "${t}/${name}_${w}" \
-      --weights "${w}" 2>"${t}/ref.log" || { cat "${t}/ref.log" >&2; exit 1; }
+      --weights "${w}" --activations "${w}" 2>"${t}/ref.log" || { cat "${t}/ref.log" >&2; exit 1; }
   done
   echo "== ${name}: fp32 weights, fp32 KV"
   "${check}" logits "${model}" "${t}/${name}.json" "${t}/${name}_f32" --weights f32 --kv f32 \
     --tolerance 1e-4 --chunks 1,7,64 | tail -4
   echo "== ${name}: bf16 weights, fp32 KV"
+  # shellcheck disable=SC2086
   "${check}" logits "${model}" "${t}/${name}.json" "${t}/${name}_bf16" --weights bf16 --kv f32 \
-    --tolerance 1e-4 | tail -1
+    ${bf16_flags} | tail -1
   echo "== ${name}: bf16 weights, bf16 KV"
   "${check}" logits "${model}" "${t}/${name}.json" "${t}/${name}_bf16" --weights bf16 --kv bf16 \
-    --tolerance 3e-2 --chunks 7 | tail -2
+    --tolerance "${bf16_kv_tolerance}" --chunks 7 | tail -2
 }
 
 case "${mode}" in
@@ -47,12 +53,12 @@ case "${mode}" in
       { cat "${t}/make.log" >&2; exit 1; }
     for model in "${t}"/models/*; do
       [[ "$(basename "${model}")" == _* ]] && continue
-      logits_checks "${model}" "$(basename "${model}")"
+      logits_checks "${model}" "$(basename "${model}")" "--tolerance 1e-4 --outliers 0.3:1e-2" 3e-2
     done
     ;;
   smollm2-logits)
     source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_MODEL_GGUF
-    logits_checks "${FERRY_MODEL_GGUF}" smollm2
+    logits_checks "${FERRY_MODEL_GGUF}" smollm2 "--tolerance 5e-2" 1e-1
     ;;
   smollm2-generate)
     source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_MODEL_GGUF

@@ -84,31 +84,57 @@ KvBlockLayout Transformer::KvLayoutFor(int32_t block_tokens) const {
   return layout;
 }
 
-absl::StatusOr<DeviceMatrix> Transformer::UploadTensor(const HostTensor& t) {
-  const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
-  const int64_t cols = t.shape.size() == 2 ? t.shape[1] : t.shape[0];
-  if (t.shape.empty() || t.shape.size() > 2) {
-    return absl::InvalidArgumentError("only 1-D and 2-D weight tensors are supported");
+absl::StatusOr<DeviceMatrix> Transformer::UploadVector(
+    const std::vector<const HostTensor*>& parts) {
+  const DType dtype = weight_dtype_;
+  std::vector<char> bytes;
+  int64_t n = 0;
+  for (const HostTensor* t : parts) {
+    const char* data = dtype == DType::kF32 ? reinterpret_cast<const char*>(t->f32.data())
+                                            : reinterpret_cast<const char*>(t->bf16.data());
+    bytes.insert(bytes.end(), data, data + t->elements() * DTypeBytes(dtype));
+    n += t->elements();
   }
-  const DType dtype = t.dtype == WeightDType::kF32 ? DType::kF32 : DType::kBF16;
-  const size_t bytes = static_cast<size_t>(rows * cols) * DTypeBytes(dtype);
-  ASSIGN_OR_RETURN(DeviceBuffer buffer, backend_->Allocate(bytes));
-  backend_->CopyToDevice(buffer.data(),
-                         dtype == DType::kF32 ? static_cast<const void*>(t.f32.data())
-                                              : static_cast<const void*>(t.bf16.data()),
-                         bytes);
-  DeviceMatrix m = DeviceMatrix::Dense(buffer.data(), dtype, rows, cols);
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, backend_->Allocate(bytes.size()));
+  backend_->CopyToDevice(buffer.data(), bytes.data(), bytes.size());
+  DeviceMatrix m = DeviceMatrix::Dense(buffer.data(), dtype, 1, n);
   buffers_.push_back(std::move(buffer));
   return m;
 }
 
+absl::StatusOr<DeviceWeight> Transformer::UploadMatrix(
+    const std::vector<const HostTensor*>& parts) {
+  const DType dtype = weight_dtype_;
+  const int64_t cols = parts[0]->shape.back();
+  int64_t rows = 0;
+  for (const HostTensor* t : parts) {
+    if (t->shape.size() != 2 || t->shape[1] != cols) {
+      return absl::InvalidArgumentError("stacked weight matrices differ in width");
+    }
+    rows += t->shape[0];
+  }
+  if (parts.size() == 1) {
+    const void* data = dtype == DType::kF32 ? static_cast<const void*>(parts[0]->f32.data())
+                                            : static_cast<const void*>(parts[0]->bf16.data());
+    return backend_->UploadWeight(data, dtype, rows, cols);
+  }
+  std::vector<char> bytes;
+  bytes.reserve(rows * cols * DTypeBytes(dtype));
+  for (const HostTensor* t : parts) {
+    const char* data = dtype == DType::kF32 ? reinterpret_cast<const char*>(t->f32.data())
+                                            : reinterpret_cast<const char*>(t->bf16.data());
+    bytes.insert(bytes.end(), data, data + t->elements() * DTypeBytes(dtype));
+  }
+  return backend_->UploadWeight(bytes.data(), dtype, rows, cols);
+}
+
 absl::Status Transformer::Upload(const HostWeights& weights) {
-  auto get = [&](const std::string& name) -> absl::StatusOr<DeviceMatrix> {
+  auto get = [&](const std::string& name) -> absl::StatusOr<const HostTensor*> {
     auto it = weights.tensors.find(name);
     if (it == weights.tensors.end()) {
       return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
     }
-    return UploadTensor(it->second);
+    return &it->second;
   };
   bool first = true;
   for (const auto& [name, tensor] : weights.tensors) {
@@ -117,45 +143,63 @@ absl::Status Transformer::Upload(const HostWeights& weights) {
     first = false;
     if (d != weight_dtype_) return absl::InvalidArgumentError("weights of mixed dtypes");
   }
-  ASSIGN_OR_RETURN(embed_, get("model.embed_tokens.weight"));
-  ASSIGN_OR_RETURN(final_norm_, get("model.norm.weight"));
+  // Shapes were checked by the loaders; check the ones the kernels rely on once more.
+  const int64_t h = config_.hidden_size, q = config_.num_heads * config_.head_dim;
+  const int64_t kv = config_.num_kv_heads * config_.head_dim, f = config_.intermediate_size;
+  auto shaped = [&](const std::string& name,
+                    std::vector<int64_t> shape) -> absl::StatusOr<const HostTensor*> {
+    ASSIGN_OR_RETURN(const HostTensor* t, get(name));
+    if (t->shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has the wrong shape"));
+    }
+    return t;
+  };
+  ASSIGN_OR_RETURN(const HostTensor* embed,
+                   shaped("model.embed_tokens.weight", {config_.vocab_size, h}));
+  ASSIGN_OR_RETURN(embed_, UploadMatrix({embed}));
+  ASSIGN_OR_RETURN(const HostTensor* norm, shaped("model.norm.weight", {h}));
+  ASSIGN_OR_RETURN(final_norm_, UploadVector({norm}));
   if (config_.tie_word_embeddings) {
-    lm_head_ = embed_;
+    lm_head_ = &embed_;
   } else {
-    ASSIGN_OR_RETURN(lm_head_, get("lm_head.weight"));
+    ASSIGN_OR_RETURN(const HostTensor* head, shaped("lm_head.weight", {config_.vocab_size, h}));
+    ASSIGN_OR_RETURN(lm_head_own_, UploadMatrix({head}));
+    lm_head_ = &lm_head_own_;
   }
   layers_.resize(config_.num_layers);
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     Layer& l = layers_[i];
-    ASSIGN_OR_RETURN(l.attn_norm, get(p + "input_layernorm.weight"));
-    ASSIGN_OR_RETURN(l.q, get(p + "self_attn.q_proj.weight"));
-    ASSIGN_OR_RETURN(l.k, get(p + "self_attn.k_proj.weight"));
-    ASSIGN_OR_RETURN(l.v, get(p + "self_attn.v_proj.weight"));
-    ASSIGN_OR_RETURN(l.o, get(p + "self_attn.o_proj.weight"));
+    ASSIGN_OR_RETURN(const HostTensor* in_norm, shaped(p + "input_layernorm.weight", {h}));
+    ASSIGN_OR_RETURN(l.attn_norm, UploadVector({in_norm}));
+    ASSIGN_OR_RETURN(const HostTensor* wq, shaped(p + "self_attn.q_proj.weight", {q, h}));
+    ASSIGN_OR_RETURN(const HostTensor* wk, shaped(p + "self_attn.k_proj.weight", {kv, h}));
+    ASSIGN_OR_RETURN(const HostTensor* wv, shaped(p + "self_attn.v_proj.weight", {kv, h}));
+    ASSIGN_OR_RETURN(l.qkv, UploadMatrix({wq, wk, wv}));
+    ASSIGN_OR_RETURN(const HostTensor* wo, shaped(p + "self_attn.o_proj.weight", {h, q}));
+    ASSIGN_OR_RETURN(l.o, UploadMatrix({wo}));
     if (config_.attention_bias) {
-      ASSIGN_OR_RETURN(l.q_bias, get(p + "self_attn.q_proj.bias"));
-      ASSIGN_OR_RETURN(l.k_bias, get(p + "self_attn.k_proj.bias"));
-      ASSIGN_OR_RETURN(l.v_bias, get(p + "self_attn.v_proj.bias"));
+      ASSIGN_OR_RETURN(const HostTensor* bq, shaped(p + "self_attn.q_proj.bias", {q}));
+      ASSIGN_OR_RETURN(const HostTensor* bk, shaped(p + "self_attn.k_proj.bias", {kv}));
+      ASSIGN_OR_RETURN(const HostTensor* bv, shaped(p + "self_attn.v_proj.bias", {kv}));
+      ASSIGN_OR_RETURN(l.qkv_bias, UploadVector({bq, bk, bv}));
     }
     if (config_.qk_norm) {
-      ASSIGN_OR_RETURN(l.q_norm, get(p + "self_attn.q_norm.weight"));
-      ASSIGN_OR_RETURN(l.k_norm, get(p + "self_attn.k_norm.weight"));
+      ASSIGN_OR_RETURN(const HostTensor* qn,
+                       shaped(p + "self_attn.q_norm.weight", {config_.head_dim}));
+      ASSIGN_OR_RETURN(const HostTensor* kn,
+                       shaped(p + "self_attn.k_norm.weight", {config_.head_dim}));
+      ASSIGN_OR_RETURN(l.q_norm, UploadVector({qn}));
+      ASSIGN_OR_RETURN(l.k_norm, UploadVector({kn}));
     }
-    ASSIGN_OR_RETURN(l.mlp_norm, get(p + "post_attention_layernorm.weight"));
-    ASSIGN_OR_RETURN(l.gate, get(p + "mlp.gate_proj.weight"));
-    ASSIGN_OR_RETURN(l.up, get(p + "mlp.up_proj.weight"));
-    ASSIGN_OR_RETURN(l.down, get(p + "mlp.down_proj.weight"));
-  }
-  // Shapes were checked by the loaders; check the ones the kernels rely on once more, cheaply.
-  const int64_t h = config_.hidden_size, q = config_.num_heads * config_.head_dim;
-  const int64_t kv = config_.num_kv_heads * config_.head_dim;
-  if (embed_.rows != config_.vocab_size || embed_.cols != h ||
-      lm_head_.rows != config_.vocab_size || lm_head_.cols != h || layers_.empty() ||
-      layers_[0].q.rows != q || layers_[0].q.cols != h || layers_[0].k.rows != kv ||
-      layers_[0].o.rows != h || layers_[0].o.cols != q ||
-      layers_[0].gate.rows != config_.intermediate_size) {
-    return absl::InvalidArgumentError("weight shapes do not match the model config");
+    ASSIGN_OR_RETURN(const HostTensor* post_norm,
+                     shaped(p + "post_attention_layernorm.weight", {h}));
+    ASSIGN_OR_RETURN(l.mlp_norm, UploadVector({post_norm}));
+    ASSIGN_OR_RETURN(const HostTensor* gate, shaped(p + "mlp.gate_proj.weight", {f, h}));
+    ASSIGN_OR_RETURN(const HostTensor* up, shaped(p + "mlp.up_proj.weight", {f, h}));
+    ASSIGN_OR_RETURN(l.gate_up, UploadMatrix({gate, up}));
+    ASSIGN_OR_RETURN(const HostTensor* down, shaped(p + "mlp.down_proj.weight", {h, f}));
+    ASSIGN_OR_RETURN(l.down, UploadMatrix({down}));
   }
   return absl::OkStatus();
 }
@@ -190,7 +234,7 @@ absl::Status Transformer::EnsureScratch(int64_t rows, int64_t logit_rows) {
   logit_rows = std::max(logit_rows, scratch_logit_rows_);
   const ModelConfig& c = config_;
   const int64_t per_row = 2 * c.hidden_size + 2 * c.num_heads * c.head_dim +
-                          2 * c.num_kv_heads * c.head_dim + 2 * c.intermediate_size;
+                          2 * c.num_kv_heads * c.head_dim + 2 * c.intermediate_size;  // = take()s
   const int64_t per_logit_row = c.hidden_size + c.vocab_size;
   scratch_.Reset();
   ASSIGN_OR_RETURN(scratch_, backend_->Allocate((rows * per_row + logit_rows * per_logit_row) * 4));
@@ -258,46 +302,46 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
     return mat;
   };
   const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  const int64_t f = c.intermediate_size;
   const DeviceMatrix x = take(m, c.hidden_size), h = take(m, c.hidden_size);
-  const DeviceMatrix q = take(m, qd), attn = take(m, qd);
-  const DeviceMatrix k = take(m, kvd), v = take(m, kvd);
-  const DeviceMatrix gate = take(m, c.intermediate_size), up = take(m, c.intermediate_size);
+  const DeviceMatrix qkv = take(m, qd + 2 * kvd), attn = take(m, qd);
+  const DeviceMatrix gate_up = take(m, 2 * f);
   const DeviceMatrix selected = take(nl, c.hidden_size), out = take(nl, c.vocab_size);
+  const DeviceMatrix q = qkv.ColRange(0, qd), k = qkv.ColRange(qd, kvd);
+  const DeviceMatrix v = qkv.ColRange(qd + kvd, kvd);
+  const DeviceMatrix gate = gate_up.ColRange(0, f), up = gate_up.ColRange(f, f);
 
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   Backend& b = *backend_;
   b.Embed(embed_, ids, x);
+  b.RmsNorm(x, layers_[0].attn_norm, eps, h);
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const Layer& l = layers_[li];
     const KvLayerView view = kv.LayerView(static_cast<int32_t>(li));
-    b.RmsNorm(x, l.attn_norm, eps, h);
-    b.MatMul(h, l.q, c.attention_bias ? &l.q_bias : nullptr, q);
-    b.MatMul(h, l.k, c.attention_bias ? &l.k_bias : nullptr, k);
-    b.MatMul(h, l.v, c.attention_bias ? &l.v_bias : nullptr, v);
+    // h holds RmsNorm(x) for this layer's attention.
+    b.MatMul(h, l.qkv, c.attention_bias ? &l.qkv_bias : nullptr, qkv);
     if (c.qk_norm) {
-      b.RmsNorm(q.Reshaped(c.head_dim), l.q_norm, eps, q.Reshaped(c.head_dim));
-      b.RmsNorm(k.Reshaped(c.head_dim), l.k_norm, eps, k.Reshaped(c.head_dim));
+      b.RmsNorm(q, l.q_norm, eps, q);
+      b.RmsNorm(k, l.k_norm, eps, k);
     }
     b.Rope(q, static_cast<int32_t>(c.num_heads), layout.positions, rope_);
     b.Rope(k, static_cast<int32_t>(c.num_kv_heads), layout.positions, rope_);
     b.WriteKv(k, v, view, layout);
     b.Attention(q, view, layout, scale, attn);
     b.MatMul(attn, l.o, nullptr, h);
-    b.Add(x, h);
-    b.RmsNorm(x, l.mlp_norm, eps, h);
-    b.MatMul(h, l.gate, nullptr, gate);
-    b.MatMul(h, l.up, nullptr, up);
+    b.AddRmsNorm(x, h, l.mlp_norm, eps, h);
+    b.MatMul(h, l.gate_up, nullptr, gate_up);
     b.SwiGlu(gate, up, gate);
     b.MatMul(gate, l.down, nullptr, h);
-    b.Add(x, h);
+    // The residual, and the norm of what comes next: the next layer's, or the final one.
+    b.AddRmsNorm(x, h, li + 1 < c.num_layers ? layers_[li + 1].attn_norm : final_norm_, eps, h);
   }
   for (int64_t i = 0; i < nl; ++i) {
-    b.CopyOnDevice(selected.RowRange(i, 1).data, x.RowRange(logit_rows[i], 1).data,
+    b.CopyOnDevice(selected.RowRange(i, 1).data, h.RowRange(logit_rows[i], 1).data,
                    c.hidden_size * sizeof(float));
   }
-  b.RmsNorm(selected, final_norm_, eps, selected);
-  b.MatMul(selected, lm_head_, nullptr, out);
+  b.MatMul(selected, *lm_head_, nullptr, out);
   const size_t old = logits->size();
   logits->resize(old + nl * c.vocab_size);
   b.CopyToHost(logits->data() + old, out.data, nl * c.vocab_size * sizeof(float));

@@ -67,15 +67,20 @@ class Transformer {
                        std::vector<float>* logits);
 
  private:
+  // Per layer: q, k and v projections fused into one matrix (rows q | k | v, with their biases
+  // likewise), gate and up fused (rows gate | up).
   struct Layer {
-    DeviceMatrix attn_norm, q, k, v, o, q_bias, k_bias, v_bias, q_norm, k_norm;
-    DeviceMatrix mlp_norm, gate, up, down;
+    DeviceMatrix attn_norm, qkv_bias, q_norm, k_norm, mlp_norm;
+    DeviceWeight qkv, o, gate_up, down;
   };
 
   Transformer(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
   absl::Status Upload(const HostWeights& weights);
   absl::Status BuildRopeTable();
-  absl::StatusOr<DeviceMatrix> UploadTensor(const HostTensor& tensor);
+  // A vector (norm weight, bias) as a 1 x n matrix.
+  absl::StatusOr<DeviceMatrix> UploadVector(const std::vector<const HostTensor*>& parts);
+  // Matrices stacked by rows, in the backend's weight layout.
+  absl::StatusOr<DeviceWeight> UploadMatrix(const std::vector<const HostTensor*>& parts);
   absl::Status EnsureScratch(int64_t rows, int64_t logit_rows);
 
   const ModelConfig config_;
@@ -83,8 +88,10 @@ class Transformer {
   Hash128 fingerprint_;
   DType weight_dtype_ = DType::kF32;
   DType kv_dtype_ = DType::kBF16;
-  std::vector<DeviceBuffer> buffers_;  // owns every weight
-  DeviceMatrix embed_, final_norm_, lm_head_;
+  std::vector<DeviceBuffer> buffers_;  // owns the vectors and the RoPE table
+  DeviceWeight embed_, lm_head_own_;
+  const DeviceWeight* lm_head_ = nullptr;  // &embed_ when tied
+  DeviceMatrix final_norm_;
   std::vector<Layer> layers_;
   RopeTable rope_;
 

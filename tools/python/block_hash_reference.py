@@ -17,7 +17,7 @@ import xxhash
 
 BLOCK_HASH_VERSION = 1
 FINGERPRINT_VERSION = 2
-KV_FORMAT_VERSION = 1
+KV_FORMAT_VERSION = 2
 
 
 def h128(data: bytes) -> int:

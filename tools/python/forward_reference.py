@@ -27,6 +27,9 @@ selfcheck: both implementations, with f32 and with bf16-rounded weights, on fixe
   reading config.json and safetensors directly; HF directories only. The only one for Qwen3,
   which transformers 4.47 lacks; the default is transformers for every other family.
 --weights bf16: every weight rounded to bfloat16 (nearest even) first; compute stays float32.
+--activations bf16: the input of every linear layer (projections, MLP, LM head) rounded to
+  bfloat16 too, as Ferry's bf16-weight products take it (engine/backends/cpu/cpu_kernels.h); the
+  products and sums stay float32. Attention, norms and everything else stay float32.
 """
 import argparse
 import json
@@ -198,6 +201,7 @@ class FunctionalModel:
         self.window = c.get("sliding_window") if (
             self.family == "mistral" or c.get("use_sliding_window")) else None
         self.inv_freq = rope_inv_freq(c, self.head_dim)
+        self.round_activations = False  # set by load() for --activations bf16
 
         w = load_safetensors(path)
         if weights == "bf16":
@@ -220,6 +224,8 @@ class FunctionalModel:
 
     def linear(self, x, name):
         """nn.Linear with the checkpoint's weight, and its bias where it has one."""
+        if self.round_activations:
+            x = round_bf16(x)
         return F.linear(x, self.w[name + ".weight"], self.w.get(name + ".bias"))
 
     def attention(self, x, i, cos, sin, mask):
@@ -268,6 +274,8 @@ class FunctionalModel:
             x = x + self.mlp(rms_norm(x, self.w[p + "post_attention_layernorm.weight"],
                                       self.eps), i)
         x = rms_norm(x, self.w["model.norm.weight"], self.eps)
+        if self.round_activations:
+            x = round_bf16(x)
         return F.linear(x, self.w["lm_head.weight"])[0]
 
     def generate(self, ids, n):
@@ -290,10 +298,18 @@ def pick(logits):
     return token, margin
 
 
-def load(path, impl, weights):
+def load(path, impl, weights, activations="f32"):
     if impl == "functional":
-        return FunctionalModel(path, weights)
-    return TransformersModel(load_transformers(path), weights)
+        model = FunctionalModel(path, weights)
+        model.round_activations = activations == "bf16"
+        return model
+    model = TransformersModel(load_transformers(path), weights)
+    if activations == "bf16":
+        for module in model.model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_pre_hook(
+                    lambda mod, args: (round_bf16(args[0]),) + tuple(args[1:]))
+    return model
 
 
 def read_prompts(path, vocab_size):
@@ -307,7 +323,7 @@ def read_prompts(path, vocab_size):
 
 def cmd_logits(args):
     impl = choose_impl(args.model, args.impl)
-    model = load(args.model, impl, args.weights)
+    model = load(args.model, impl, args.weights, args.activations)
     prompts = read_prompts(args.cases, model.vocab_size)
     os.makedirs(args.out_dir, exist_ok=True)
     for i, ids in enumerate(prompts):
@@ -321,7 +337,7 @@ def cmd_logits(args):
 
 def cmd_generate(args):
     impl = choose_impl(args.model, args.impl)
-    model = load(args.model, impl, args.weights)
+    model = load(args.model, impl, args.weights, args.activations)
     results = []
     for ids in read_prompts(args.cases, model.vocab_size):
         steps = model.generate(ids, args.max_new_tokens)
@@ -422,6 +438,7 @@ def main():
             p.add_argument("--max-new-tokens", type=int, required=True)
         p.add_argument("--impl", choices=["transformers", "functional"])
         p.add_argument("--weights", choices=["f32", "bf16"], default="f32")
+        p.add_argument("--activations", choices=["f32", "bf16"], default="f32")
     p = sub.add_parser("selfcheck")
     p.add_argument("dirs", nargs="+", metavar="HF_DIR")
     args = parser.parse_args()

@@ -15,9 +15,10 @@ namespace ferry {
 namespace {
 
 constexpr size_t kAlignment = 64;
-// Output columns per MatMul work item: a slice of weight rows that stays in cache while every
-// row of x passes over it.
-constexpr int64_t kColumnsPerItem = 16;
+// MatMul work items: up to this many rows, and column panels whose packed weights fit in about
+// kPanelBytes (so a group stays in the L2 cache while every row block of x passes over it).
+constexpr int64_t kRowsPerItem = 48;
+constexpr int64_t kPanelBytes = 256 * 1024;
 
 template <typename T>
 T* Row(const DeviceMatrix& m, int64_t r) {
@@ -29,12 +30,16 @@ float Load(const DeviceMatrix& m, int64_t r, int64_t c) {
   return m.dtype == DType::kF32 ? Row<float>(m, r)[c] : Bf16ToFloat(Row<uint16_t>(m, r)[c]);
 }
 
-// Address of (block, kv head, slot) of K (`value` false) or V in a layer view.
-char* KvRow(const KvLayerView& kv, int32_t block, int32_t head, int32_t slot, bool value) {
-  const size_t elem = DTypeBytes(kv.dtype);
-  return static_cast<char*>(kv.base) + static_cast<size_t>(block) * kv.block_bytes +
-         (value ? kv.v_offset : kv.k_offset) +
-         (static_cast<size_t>(head) * kv.block_tokens + slot) * kv.head_dim * elem;
+// Keys of (block, kv head): head_dim rows of block_tokens (column-wise keys).
+char* KeyBlock(const KvLayerView& kv, int32_t block, int32_t head) {
+  return static_cast<char*>(kv.base) + static_cast<size_t>(block) * kv.block_bytes + kv.k_offset +
+         static_cast<size_t>(head) * kv.head_dim * kv.block_tokens * DTypeBytes(kv.dtype);
+}
+
+// Value of (block, kv head, slot): head_dim elements.
+char* ValueRow(const KvLayerView& kv, int32_t block, int32_t head, int32_t slot) {
+  return static_cast<char*>(kv.base) + static_cast<size_t>(block) * kv.block_bytes + kv.v_offset +
+         (static_cast<size_t>(head) * kv.block_tokens + slot) * kv.head_dim * DTypeBytes(kv.dtype);
 }
 
 }  // namespace
@@ -88,49 +93,134 @@ void CpuBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memmove(dst, src, bytes);
 }
 
-void CpuBackend::Embed(const DeviceMatrix& table, const std::vector<int32_t>& ids,
+absl::StatusOr<DeviceWeight> CpuBackend::UploadWeight(const void* host, DType dtype, int64_t rows,
+                                                      int64_t cols) {
+  if (rows <= 0 || cols <= 0) return absl::InvalidArgumentError("empty weight matrix");
+  DeviceWeight w;
+  w.dtype = dtype;
+  w.rows = rows;
+  w.cols = cols;
+  auto buffer = Allocate(
+      (dtype == DType::kF32 ? PackedElements(rows, cols) : PackedElementsBf16(rows, cols)) *
+      DTypeBytes(dtype));
+  if (!buffer.ok()) return buffer.status();
+  w.buffer = std::move(*buffer);
+  const int64_t panels = (rows + kPanel - 1) / kPanel;
+  pool_->ParallelFor(panels, [&](size_t p) {
+    const int64_t first = p * kPanel, n = std::min<int64_t>(kPanel, rows - first);
+    if (dtype == DType::kF32) {
+      PackPanels(static_cast<const float*>(host) + first * cols, n, cols,
+                 static_cast<float*>(w.buffer.data()) + first * cols);
+    } else {
+      PackPanelsBf16(static_cast<const uint16_t*>(host) + first * cols, n, cols,
+                     static_cast<uint16_t*>(w.buffer.data()) + first * PairedK(cols));
+    }
+  });
+  return w;
+}
+
+void CpuBackend::Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
                        const DeviceMatrix& out) {
   CHECK_EQ(static_cast<int64_t>(ids.size()), out.rows);
   CHECK_EQ(table.cols, out.cols);
+  const int64_t k = table.cols;
   pool_->ParallelFor(ids.size(), [&](size_t r) {
     CHECK(ids[r] >= 0 && ids[r] < table.rows);
     float* o = Row<float>(out, r);
-    for (int64_t c = 0; c < out.cols; ++c) o[c] = Load(table, ids[r], c);
+    if (table.dtype == DType::kF32) {
+      const int64_t base = ids[r] / kPanel * kPanel * k, c = ids[r] % kPanel;
+      const float* panel = static_cast<const float*>(table.buffer.data()) + base;
+      for (int64_t i = 0; i < k; ++i) o[i] = panel[i * kPanel + c];
+    } else {
+      const uint16_t* packed = static_cast<const uint16_t*>(table.buffer.data());
+      for (int64_t i = 0; i < k; ++i) o[i] = Bf16ToFloat(packed[PackedIndexBf16(ids[r], i, k)]);
+    }
   });
+}
+
+void CpuBackend::NormRow(const float* in, const DeviceMatrix& weight, float eps, int64_t cols,
+                         float* o) const {
+  const int64_t group = weight.cols;
+  for (int64_t g = 0; g < cols; g += group) {
+    const float mean = kernels_.sum_squares(in + g, group) / static_cast<float>(group);
+    const float inv = 1.0f / std::sqrt(mean + eps);
+    for (int64_t i = 0; i < group; ++i) o[g + i] = Load(weight, 0, i) * (in[g + i] * inv);
+  }
 }
 
 void CpuBackend::RmsNorm(const DeviceMatrix& x, const DeviceMatrix& weight, float eps,
                          const DeviceMatrix& out) {
-  CHECK_EQ(x.cols, weight.cols);
+  CHECK(weight.cols > 0 && x.cols % weight.cols == 0);
   CHECK(x.rows == out.rows && x.cols == out.cols);
-  const int64_t n = x.cols;
   pool_->ParallelFor(x.rows, [&](size_t r) {
-    const float* in = Row<float>(x, r);
-    float* o = Row<float>(out, r);
-    const float mean = kernels_.dot_f32(in, in, n) / static_cast<float>(n);
-    const float inv = 1.0f / std::sqrt(mean + eps);
-    for (int64_t i = 0; i < n; ++i) o[i] = Load(weight, 0, i) * (in[i] * inv);
+    NormRow(Row<float>(x, r), weight, eps, x.cols, Row<float>(out, r));
   });
 }
 
-void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceMatrix& w, const DeviceMatrix* bias,
+void CpuBackend::AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& delta,
+                            const DeviceMatrix& weight, float eps, const DeviceMatrix& out) {
+  CHECK(x.rows == delta.rows && x.cols == delta.cols && x.cols == weight.cols);
+  CHECK(x.rows == out.rows && x.cols == out.cols);
+  pool_->ParallelFor(x.rows, [&](size_t r) {
+    float* a = Row<float>(x, r);
+    const float* d = Row<float>(delta, r);
+    for (int64_t c = 0; c < x.cols; ++c) a[c] += d[c];
+    NormRow(a, weight, eps, x.cols, Row<float>(out, r));
+  });
+}
+
+void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
                         const DeviceMatrix& out) {
   CHECK_EQ(x.cols, w.cols);
   CHECK(out.rows == x.rows && out.cols == w.rows);
   CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32);
-  const int64_t m_rows = x.rows, n_cols = w.rows, k = x.cols;
-  const int64_t items = (n_cols + kColumnsPerItem - 1) / kColumnsPerItem;
-  pool_->ParallelFor(items, [&](size_t item) {
-    const int64_t n0 = item * kColumnsPerItem;
-    const int64_t n1 = std::min(n_cols, n0 + kColumnsPerItem);
-    for (int64_t m = 0; m < m_rows; ++m) {
-      const float* xr = Row<float>(x, m);
-      float* o = Row<float>(out, m);
-      for (int64_t n = n0; n < n1; ++n) {
-        float v = w.dtype == DType::kF32 ? kernels_.dot_f32(xr, Row<float>(w, n), k)
-                                         : kernels_.dot_bf16(xr, Row<uint16_t>(w, n), k);
-        if (bias != nullptr) v += Load(*bias, 0, n);
-        o[n] = v;
+  const int64_t m_rows = x.rows, n = w.rows, k = x.cols;
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  const int64_t panel_bytes = kPanel * k * static_cast<int64_t>(DTypeBytes(w.dtype));
+  // Enough column groups to keep every thread busy at one row; each small enough for L2; a
+  // multiple of 6 panels where possible (the tiles take panels 2 or 3 at a time).
+  const int64_t by_cache = std::max<int64_t>(1, kPanelBytes / panel_bytes);
+  const int64_t by_threads = std::max<int64_t>(1, panels / (4 * pool_->threads()));
+  int64_t group = std::min(by_cache, by_threads);
+  if (group > 6) group -= group % 6;
+  const int64_t groups = (panels + group - 1) / group;
+  const int64_t row_blocks = (m_rows + kRowsPerItem - 1) / kRowsPerItem;
+  // bf16 weights take bf16 activations (cpu_kernels.h), rounded once here.
+  const uint16_t* activations = nullptr;
+  if (w.dtype == DType::kBF16) {
+    const int64_t k2 = PairedK(k);
+    if (static_cast<int64_t>(activations_.size()) < m_rows * k2) activations_.resize(m_rows * k2);
+    uint16_t* xb = activations_.data();
+    auto round_rows = [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) kernels_.round_bf16(Row<float>(x, m), k, xb + m * k2);
+    };
+    if (m_rows < kRowsPerItem) {
+      round_rows(0, m_rows);
+    } else {
+      pool_->ParallelFor(row_blocks, [&](size_t rb) {
+        round_rows(rb * kRowsPerItem, std::min<int64_t>(m_rows, (rb + 1) * kRowsPerItem));
+      });
+    }
+    activations = xb;
+  }
+  pool_->ParallelFor(groups * row_blocks, [&](size_t item) {
+    const int64_t g = item / row_blocks, rb = item % row_blocks;
+    const int64_t p0 = g * group, p1 = std::min(panels, p0 + group);
+    const int64_t m0 = rb * kRowsPerItem, rows = std::min(kRowsPerItem, m_rows - m0);
+    const float* xr = Row<float>(x, m0);
+    float* o = Row<float>(out, m0);
+    if (w.dtype == DType::kF32) {
+      kernels_.gemm_f32(xr, x.stride, rows, k, static_cast<const float*>(w.buffer.data()), p0, p1,
+                        n, o, out.stride);
+    } else {
+      const int64_t k2 = PairedK(k);
+      kernels_.gemm_bf16(activations + m0 * k2, k2, rows, k2,
+                         static_cast<const uint16_t*>(w.buffer.data()), p0, p1, n, o, out.stride);
+    }
+    if (bias != nullptr) {
+      const int64_t c1 = std::min(n, p1 * kPanel);
+      for (int64_t m = 0; m < rows; ++m) {
+        for (int64_t c = p0 * kPanel; c < c1; ++c) o[m * out.stride + c] += Load(*bias, 0, c);
       }
     }
   });
@@ -149,10 +239,7 @@ void CpuBackend::SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up, const 
   CHECK(gate.rows == up.rows && gate.cols == up.cols);
   CHECK(out.rows == gate.rows && out.cols == gate.cols);
   pool_->ParallelFor(gate.rows, [&](size_t r) {
-    const float* g = Row<float>(gate, r);
-    const float* u = Row<float>(up, r);
-    float* o = Row<float>(out, r);
-    for (int64_t c = 0; c < gate.cols; ++c) o[c] = (g[c] / (1.0f + Exp(-g[c]))) * u[c];
+    kernels_.silu_mul(Row<float>(gate, r), Row<float>(up, r), Row<float>(out, r), gate.cols);
   });
 }
 
@@ -165,13 +252,16 @@ void CpuBackend::Rope(const DeviceMatrix& x, int32_t heads, const std::vector<in
   pool_->ParallelFor(x.rows, [&](size_t r) {
     CHECK(positions[r] >= 0 && positions[r] < rope.table.rows);
     const float* cs = Row<float>(rope.table, positions[r]);
+    const float* cos = cs;
+    const float* sin = cs + half;
     float* row = Row<float>(x, r);
     for (int32_t h = 0; h < heads; ++h) {
-      float* v = row + h * head_dim;
+      float* lo = row + h * head_dim;
+      float* hi = lo + half;
       for (int64_t i = 0; i < half; ++i) {
-        const float x0 = v[i], x1 = v[i + half], c = cs[i], s = cs[half + i];
-        v[i] = x0 * c - x1 * s;
-        v[i + half] = x1 * c + x0 * s;
+        const float x0 = lo[i], x1 = hi[i];
+        lo[i] = x0 * cos[i] - x1 * sin[i];
+        hi[i] = x1 * cos[i] + x0 * sin[i];
       }
     }
   });
@@ -187,14 +277,20 @@ void CpuBackend::WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvL
     CHECK_LT(pos / kv.block_tokens, static_cast<int32_t>(table.size()));
     const int32_t block = table[pos / kv.block_tokens], slot = pos % kv.block_tokens;
     for (int32_t h = 0; h < kv.kv_heads; ++h) {
-      for (int which = 0; which < 2; ++which) {
-        const float* src = Row<float>(which == 0 ? k : v, r) + h * kv.head_dim;
-        char* dst = KvRow(kv, block, h, slot, which == 1);
-        if (kv.dtype == DType::kF32) {
-          std::memcpy(dst, src, kv.head_dim * sizeof(float));
-        } else {
-          uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-          for (int32_t i = 0; i < kv.head_dim; ++i) d[i] = FloatToBf16(src[i]);
+      const float* key = Row<float>(k, r) + h * kv.head_dim;
+      const float* value = Row<float>(v, r) + h * kv.head_dim;
+      char* kt = KeyBlock(kv, block, h);
+      char* vr = ValueRow(kv, block, h, slot);
+      if (kv.dtype == DType::kF32) {
+        float* kd = reinterpret_cast<float*>(kt);
+        for (int32_t d = 0; d < kv.head_dim; ++d) kd[d * kv.block_tokens + slot] = key[d];
+        std::memcpy(vr, value, kv.head_dim * sizeof(float));
+      } else {
+        uint16_t* kd = reinterpret_cast<uint16_t*>(kt);
+        uint16_t* vd = reinterpret_cast<uint16_t*>(vr);
+        for (int32_t d = 0; d < kv.head_dim; ++d) {
+          kd[d * kv.block_tokens + slot] = FloatToBf16(key[d]);
+          vd[d] = FloatToBf16(value[d]);
         }
       }
     }
@@ -205,44 +301,60 @@ void CpuBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const S
                            float scale, const DeviceMatrix& out) {
   CHECK_EQ(q.rows, layout.rows());
   CHECK(out.rows == q.rows && out.cols == q.cols);
-  const int32_t head_dim = kv.head_dim;
+  const int32_t head_dim = kv.head_dim, bt = kv.block_tokens;
   const int64_t heads = q.cols / head_dim;
   CHECK_EQ(heads % kv.kv_heads, 0);
   const int64_t group = heads / kv.kv_heads;
-  pool_->ParallelFor(q.rows * heads, [&](size_t item) {
-    const int64_t r = item / heads, h = item % heads;
-    const int32_t kv_head = static_cast<int32_t>(h / group);
+  const bool f32 = kv.dtype == DType::kF32;
+  // One item per (row, KV head): the heads of a group reuse the keys and values just read.
+  pool_->ParallelFor(q.rows * kv.kv_heads, [&](size_t item) {
+    const int64_t r = item / kv.kv_heads;
+    const int32_t kv_head = static_cast<int32_t>(item % kv.kv_heads);
     const auto& table = layout.block_tables[layout.row_sequence[r]];
     const int32_t pos = layout.positions[r];
-    CHECK_LT(pos / kv.block_tokens, static_cast<int32_t>(table.size()));
-    const float* qh = Row<float>(q, r) + h * head_dim;
+    CHECK_LT(pos / bt, static_cast<int32_t>(table.size()));
+    const int32_t keys = pos + 1;
     thread_local std::vector<float> scores;
     thread_local std::vector<float> acc;
-    scores.resize(pos + 1);
-    acc.assign(head_dim, 0.0f);
-    float max_score = -std::numeric_limits<float>::infinity();
-    for (int32_t j = 0; j <= pos; ++j) {
-      const char* key = KvRow(kv, table[j / kv.block_tokens], kv_head, j % kv.block_tokens, false);
-      const float dot =
-          kv.dtype == DType::kF32
-              ? kernels_.dot_f32(qh, reinterpret_cast<const float*>(key), head_dim)
-              : kernels_.dot_bf16(qh, reinterpret_cast<const uint16_t*>(key), head_dim);
-      scores[j] = dot * scale;
-      max_score = std::max(max_score, scores[j]);
-    }
-    float sum = 0;
-    for (int32_t j = 0; j <= pos; ++j) {
-      const float e = Exp(scores[j] - max_score);
-      sum += e;
-      const char* value = KvRow(kv, table[j / kv.block_tokens], kv_head, j % kv.block_tokens, true);
-      if (kv.dtype == DType::kF32) {
-        kernels_.axpy_f32(e, reinterpret_cast<const float*>(value), acc.data(), head_dim);
-      } else {
-        kernels_.axpy_bf16(e, reinterpret_cast<const uint16_t*>(value), acc.data(), head_dim);
+    scores.resize(keys);
+    acc.resize(head_dim);
+    for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+      const float* qh = Row<float>(q, r) + h * head_dim;
+      for (int32_t j0 = 0; j0 < keys; j0 += bt) {
+        const int32_t count = std::min(bt, keys - j0);
+        const char* kt = KeyBlock(kv, table[j0 / bt], kv_head);
+        if (f32) {
+          kernels_.dot_columns_f32(qh, reinterpret_cast<const float*>(kt), bt, head_dim, count,
+                                   scores.data() + j0);
+        } else {
+          kernels_.dot_columns_bf16(qh, reinterpret_cast<const uint16_t*>(kt), bt, head_dim, count,
+                                    scores.data() + j0);
+        }
       }
+      float max_score = -std::numeric_limits<float>::infinity();
+      for (int32_t j = 0; j < keys; ++j) {
+        scores[j] = scores[j] * scale;
+        max_score = std::max(max_score, scores[j]);
+      }
+      for (int32_t j = 0; j < keys; ++j) scores[j] = scores[j] - max_score;
+      kernels_.exp(scores.data(), scores.data(), keys);
+      float sum = 0;
+      for (int32_t j = 0; j < keys; ++j) sum += scores[j];
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int32_t j0 = 0; j0 < keys; j0 += bt) {
+        const int32_t count = std::min(bt, keys - j0);
+        const char* values = ValueRow(kv, table[j0 / bt], kv_head, 0);
+        if (f32) {
+          kernels_.weighted_rows_f32(scores.data() + j0, reinterpret_cast<const float*>(values),
+                                     head_dim, count, head_dim, acc.data());
+        } else {
+          kernels_.weighted_rows_bf16(scores.data() + j0, reinterpret_cast<const uint16_t*>(values),
+                                      head_dim, count, head_dim, acc.data());
+        }
+      }
+      float* o = Row<float>(out, r) + h * head_dim;
+      for (int32_t d = 0; d < head_dim; ++d) o[d] = acc[d] / sum;
     }
-    float* o = Row<float>(out, r) + h * head_dim;
-    for (int32_t d = 0; d < head_dim; ++d) o[d] = acc[d] / sum;
   });
 }
 

@@ -3,16 +3,22 @@
 // canonical order of cpu_kernels.h; threads split output rows and columns only (no split-K), and
 // the same code serves one row and many. Device memory is host memory (64-byte aligned).
 //
-// Kernel notes (the order of operations, which the determinism tests rely on):
-//   MatMul      out[m][n] = Dot(x[m], w[n]) (+ bias[n])
-//   RmsNorm     inv = 1 / sqrt(Dot(x, x) / cols + eps); out[i] = w[i] * (x[i] * inv)
+// Kernel notes (the order of operations, which the determinism tests rely on; "product" is the
+// one-accumulator order of cpu_kernels.h):
+//   MatMul      out[m][n] = product(x[m], w[n]) (+ bias[n], added after); with bf16 weights the
+//               bf16 product of cpu_kernels.h (activations rounded to bf16, pairs, DAZ + FTZ)
+//   RmsNorm     inv = 1 / sqrt(SumSquares(g) / cols + eps); out[i] = w[i] * (g[i] * inv)
 //   SwiGlu      out = (g / (1 + Exp(-g))) * u
-//   Attention   per (row, head): s_j = Dot(q, k_j) * scale for j = 0..pos; e_j = Exp(s_j - max);
-//               sum of e_j in increasing j; acc = Axpy(e_j, v_j) in increasing j; out = acc / sum.
+//   Attention   per (row, head): s_j = product(q, k_j) * scale for j = 0..pos; e_j =
+//               Exp(s_j - max); sum of e_j in increasing j; acc[d] = fma(e_j, v_j[d], acc[d]) in
+//               increasing j; out = acc / sum.
+// Work is split into items of output rows x column panels (MatMul) or rows x KV heads
+// (attention) and spread over a ThreadPool created once with the backend.
 
 #ifndef FERRY_ENGINE_BACKENDS_CPU_CPU_BACKEND_H_
 #define FERRY_ENGINE_BACKENDS_CPU_CPU_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,11 +51,15 @@ class CpuBackend : public Backend {
   void CopyToHost(void* host_dst, const void* device_src, size_t bytes) override;
   void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) override;
 
-  void Embed(const DeviceMatrix& table, const std::vector<int32_t>& ids,
+  absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
+                                            int64_t cols) override;
+  void Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
              const DeviceMatrix& out) override;
   void RmsNorm(const DeviceMatrix& x, const DeviceMatrix& weight, float eps,
                const DeviceMatrix& out) override;
-  void MatMul(const DeviceMatrix& x, const DeviceMatrix& w, const DeviceMatrix* bias,
+  void AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& delta, const DeviceMatrix& weight,
+                  float eps, const DeviceMatrix& out) override;
+  void MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
               const DeviceMatrix& out) override;
   void Add(const DeviceMatrix& acc, const DeviceMatrix& x) override;
   void SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up, const DeviceMatrix& out) override;
@@ -66,10 +76,15 @@ class CpuBackend : public Backend {
 
  private:
   CpuBackend(int threads, CpuIsa isa);
+  // RMSNorm of row r of x (already summed) into out, in groups of weight.cols.
+  void NormRow(const float* x, const DeviceMatrix& weight, float eps, int64_t cols,
+               float* out) const;
 
   const CpuIsa isa_;
   const CpuKernels& kernels_;
   std::unique_ptr<ThreadPool> pool_;
+  // MatMul's bf16 activations (grown on demand; the backend serves one caller at a time).
+  std::vector<uint16_t> activations_;
 };
 
 }  // namespace ferry

@@ -1,5 +1,6 @@
 #include "engine/backends/cpu/cpu_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -8,16 +9,61 @@
 #include "engine/common/float_math.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define FERRY_HAVE_X86 1
 #endif
 
 namespace ferry {
+
+void PackPanels(const float* w, int64_t n, int64_t k, float* packed) {
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  for (int64_t p = 0; p < panels; ++p) {
+    float* dst = packed + p * kPanel * k;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      for (int64_t c = 0; c < kPanel; ++c) {
+        const int64_t row = p * kPanel + c;
+        dst[kk * kPanel + c] = row < n ? w[row * k + kk] : 0.0f;
+      }
+    }
+  }
+}
+
+void PackPanelsBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed) {
+  const int64_t panels = (n + kPanel - 1) / kPanel, k2 = PairedK(k);
+  for (int64_t p = 0; p < panels; ++p) {
+    uint16_t* dst = packed + p * kPanel * k2;
+    for (int64_t i = 0; i < k2 / 2; ++i) {
+      for (int64_t c = 0; c < kPanel; ++c) {
+        const int64_t row = p * kPanel + c;
+        for (int64_t half = 0; half < 2; ++half) {
+          const int64_t kk = 2 * i + half;
+          dst[(i * kPanel + c) * 2 + half] = row < n && kk < k ? w[row * k + kk] : 0;
+        }
+      }
+    }
+  }
+}
+
+void RoundActivationsBf16(const float* x, int64_t k, uint16_t* out) {
+  for (int64_t i = 0; i < k; ++i) out[i] = FloatToBf16(x[i]);
+  if (k % 2 != 0) out[k] = 0;
+}
+
+namespace {
+// Elements [from, k) of RoundActivationsBf16, and its padding.
+void RoundActivationsBf16Tail(const float* x, int64_t from, int64_t k, uint16_t* out) {
+  for (int64_t i = from; i < k; ++i) out[i] = FloatToBf16(x[i]);
+  if (k % 2 != 0) out[k] = 0;
+}
+}  // namespace
+
 namespace {
 
-constexpr int kLanes = 16;
+inline float Widen(float f) { return f; }
+inline float Widen(uint16_t b) { return Bf16ToFloat(b); }
 
-// The fixed combination tree of the 16 partial sums.
+// The fixed combination tree of the 16 partial sums of SumSquares.
 inline float ReduceLanes(float* a) {
   for (int j = 0; j < 8; ++j) a[j] += a[j + 8];
   for (int j = 0; j < 4; ++j) a[j] += a[j + 4];
@@ -25,112 +71,897 @@ inline float ReduceLanes(float* a) {
   return a[0] + a[1];
 }
 
+// Copies the valid columns of a computed 16-wide tile row.
+inline void StoreColumns(const float* tile, int64_t first_col, int64_t n, float* out) {
+  const int64_t valid = std::min<int64_t>(kPanel, n - first_col);
+  std::memcpy(out + first_col, tile, valid * sizeof(float));
+}
+
+// Subnormal inputs read as zero and subnormal results flushed to zero while alive, as
+// VDPBF16PS always computes (x86 only; elsewhere a no-op).
+class FlushDenormals {
+ public:
+#ifdef FERRY_HAVE_X86
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
 // ---- Scalar: the definition. ----
 
-float DotF32Scalar(const float* x, const float* w, int64_t n) {
-  float a[kLanes] = {};
-  for (int64_t k = 0; k < n; ++k) a[k % kLanes] = std::fma(x[k], w[k], a[k % kLanes]);
+void GemmBf16Scalar(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
+                    const uint16_t* packed, int64_t p0, int64_t p1, int64_t n, float* out,
+                    int64_t os) {
+  FlushDenormals flush;
+  for (int64_t m = 0; m < rows; ++m) {
+    const uint16_t* x = xb + m * xs;
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint16_t* panel = packed + p * kPanel * k2;
+      float tile[kPanel];
+      for (int64_t c = 0; c < kPanel; ++c) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < k2 / 2; ++i) {
+          const uint16_t* w = panel + (i * kPanel + c) * 2;
+          acc = std::fma(Bf16ToFloat(x[2 * i + 1]), Bf16ToFloat(w[1]), acc);
+          acc = std::fma(Bf16ToFloat(x[2 * i]), Bf16ToFloat(w[0]), acc);
+        }
+        tile[c] = acc;
+      }
+      StoreColumns(tile, p * kPanel, n, out + m * os);
+    }
+  }
+}
+
+void GemmScalar(const float* x, int64_t xs, int64_t rows, int64_t k, const float* packed,
+                int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* panel = packed + p * kPanel * k;
+      float tile[kPanel];
+      for (int64_t c = 0; c < kPanel; ++c) {
+        float acc = 0.0f;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          acc = std::fma(x[m * xs + kk], panel[kk * kPanel + c], acc);
+        }
+        tile[c] = acc;
+      }
+      StoreColumns(tile, p * kPanel, n, out + m * os);
+    }
+  }
+}
+
+template <typename T>
+void DotColumnsScalar(const float* q, const T* kt, int64_t ld, int64_t dims, int64_t count,
+                      float* scores) {
+  for (int64_t j = 0; j < count; ++j) {
+    float acc = 0.0f;
+    for (int64_t d = 0; d < dims; ++d) acc = std::fma(q[d], Widen(kt[d * ld + j]), acc);
+    scores[j] = acc;
+  }
+}
+
+template <typename T>
+void AxpyScalar(float a, const T* v, float* out, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) out[d] = std::fma(a, Widen(v[d]), out[d]);
+}
+
+template <typename T>
+void WeightedRowsScalar(const float* p, const T* v, int64_t ld, int64_t count, int64_t dims,
+                        float* acc) {
+  for (int64_t j = 0; j < count; ++j) AxpyScalar(p[j], v + j * ld, acc, dims);
+}
+
+void WidenScalar(const uint16_t* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
+}
+
+float SumSquaresScalar(const float* x, int64_t n) {
+  float a[16] = {};
+  for (int64_t i = 0; i < n; ++i) a[i % 16] = std::fma(x[i], x[i], a[i % 16]);
   return ReduceLanes(a);
 }
 
-float DotBf16Scalar(const float* x, const uint16_t* w, int64_t n) {
-  float a[kLanes] = {};
-  for (int64_t k = 0; k < n; ++k) a[k % kLanes] = std::fma(x[k], Bf16ToFloat(w[k]), a[k % kLanes]);
-  return ReduceLanes(a);
+void ExpScalar(const float* x, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Exp(x[i]);
 }
 
-void AxpyF32Scalar(float s, const float* v, float* out, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) out[d] = std::fma(s, v[d], out[d]);
+void SiluMulScalar(const float* g, const float* u, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = (g[i] / (1.0f + Exp(-g[i]))) * u[i];
 }
 
-void AxpyBf16Scalar(float s, const uint16_t* v, float* out, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) out[d] = std::fma(s, Bf16ToFloat(v[d]), out[d]);
-}
+const CpuKernels kScalarKernels = {GemmScalar,
+                                   GemmBf16Scalar,
+                                   DotColumnsScalar<float>,
+                                   DotColumnsScalar<uint16_t>,
+                                   WeightedRowsScalar<float>,
+                                   WeightedRowsScalar<uint16_t>,
+                                   RoundActivationsBf16,
+                                   WidenScalar,
+                                   AxpyScalar<float>,
+                                   AxpyScalar<uint16_t>,
+                                   SumSquaresScalar,
+                                   ExpScalar,
+                                   SiluMulScalar};
 
-const CpuKernels kScalarKernels = {DotF32Scalar, DotBf16Scalar, AxpyF32Scalar, AxpyBf16Scalar};
-
-// ---- AVX2 + FMA. ----
 #ifdef FERRY_HAVE_X86
+
+// ---- AVX2 + FMA: 8 lanes; a panel is two vectors. ----
 
 #define FERRY_AVX2 __attribute__((target("avx2,fma")))
 
-FERRY_AVX2 inline __m256 LoadBf16x8(const uint16_t* p) {
+FERRY_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+FERRY_AVX2 inline __m256 Load8(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-FERRY_AVX2 float DotF32Avx2(const float* x, const float* w, int64_t n) {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  const int64_t full = n - n % kLanes;
-  for (int64_t k = 0; k < full; k += kLanes) {
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k), lo);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), _mm256_loadu_ps(w + k + 8), hi);
+// MR rows x NP panels of 16 columns, the whole k range.
+template <int MR, int NP, typename T>
+FERRY_AVX2 inline void TileAvx2(const float* x, int64_t xs, int64_t k, const T* panel0,
+                                int64_t panel_stride, int64_t first_col, int64_t n, float* out,
+                                int64_t os) {
+  __m256 acc[MR][NP][2];
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
   }
-  alignas(32) float a[kLanes];
-  _mm256_store_ps(a, lo);
-  _mm256_store_ps(a + 8, hi);
-  for (int64_t k = full; k < n; ++k) a[k - full] = std::fma(x[k], w[k], a[k - full]);
-  return ReduceLanes(a);
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int p = 0; p < NP; ++p) {
+      const T* b = panel0 + p * panel_stride + kk * kPanel;
+      const __m256 b0 = Load8(b), b1 = Load8(b + 8);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 xr = _mm256_broadcast_ss(x + r * xs + kk);
+        acc[r][p][0] = _mm256_fmadd_ps(xr, b0, acc[r][p][0]);
+        acc[r][p][1] = _mm256_fmadd_ps(xr, b1, acc[r][p][1]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) {
+      const int64_t col = first_col + p * kPanel;
+      if (col + kPanel <= n) {
+        _mm256_storeu_ps(out + r * os + col, acc[r][p][0]);
+        _mm256_storeu_ps(out + r * os + col + 8, acc[r][p][1]);
+      } else {
+        alignas(32) float tile[kPanel];
+        _mm256_store_ps(tile, acc[r][p][0]);
+        _mm256_store_ps(tile + 8, acc[r][p][1]);
+        StoreColumns(tile, col, n, out + r * os);
+      }
+    }
+  }
 }
 
-FERRY_AVX2 float DotBf16Avx2(const float* x, const uint16_t* w, int64_t n) {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  const int64_t full = n - n % kLanes;
-  for (int64_t k = 0; k < full; k += kLanes) {
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), LoadBf16x8(w + k), lo);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), LoadBf16x8(w + k + 8), hi);
+// Rows in tiles of MR, panels in groups of NP (then one at a time).
+template <int MR, int NP, typename T>
+FERRY_AVX2 void RowsAvx2(const float* x, int64_t xs, int64_t k, const T* packed, int64_t p0,
+                         int64_t p1, int64_t n, float* out, int64_t os) {
+  const int64_t ps = kPanel * k;
+  int64_t p = p0;
+  for (; p + NP <= p1; p += NP) {
+    TileAvx2<MR, NP>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
   }
-  alignas(32) float a[kLanes];
-  _mm256_store_ps(a, lo);
-  _mm256_store_ps(a + 8, hi);
-  for (int64_t k = full; k < n; ++k) a[k - full] = std::fma(x[k], Bf16ToFloat(w[k]), a[k - full]);
-  return ReduceLanes(a);
+  for (; p < p1; ++p) TileAvx2<MR, 1>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
 }
 
-FERRY_AVX2 void AxpyF32Avx2(float s, const float* v, float* out, int64_t n) {
+template <typename T>
+FERRY_AVX2 void GemmAvx2(const float* x, int64_t xs, int64_t rows, int64_t k, const T* packed,
+                         int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
+  int64_t m = 0;
+  for (; m + 6 <= rows; m += 6)
+    RowsAvx2<6, 1>(x + m * xs, xs, k, packed, p0, p1, n, out + m * os, os);
+  switch (rows - m) {
+    case 5:
+      RowsAvx2<5, 1>(x + m * xs, xs, k, packed, p0, p1, n, out + m * os, os);
+      break;
+    case 4:
+      RowsAvx2<4, 1>(x + m * xs, xs, k, packed, p0, p1, n, out + m * os, os);
+      break;
+    case 3:
+      RowsAvx2<3, 2>(x + m * xs, xs, k, packed, p0, p1, n, out + m * os, os);
+      break;
+    case 2:
+      RowsAvx2<2, 3>(x + m * xs, xs, k, packed, p0, p1, n, out + m * os, os);
+      break;
+    case 1:
+      RowsAvx2<1, 4>(x + m * xs, xs, k, packed, p0, p1, n, out + m * os, os);
+      break;
+    default:
+      break;
+  }
+}
+
+// bf16 products: two FMAs per pair (odd element first) under FlushDenormals. Lanes are 32-bit
+// (bf16 pairs); the even element is the low half.
+FERRY_AVX2 inline __m256 EvenHalves(__m256i pairs) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+}
+FERRY_AVX2 inline __m256 OddHalves(__m256i pairs) {
+  return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(0xFFFF0000u)));
+}
+
+template <int MR, int NP>
+FERRY_AVX2 inline void TileBf16Avx2(const uint16_t* xb, int64_t xs, int64_t k2,
+                                    const uint16_t* panel0, int64_t panel_stride, int64_t first_col,
+                                    int64_t n, float* out, int64_t os) {
+  __m256 acc[MR][NP][2];
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < k2 / 2; ++i) {
+    for (int p = 0; p < NP; ++p) {
+      const uint16_t* b = panel0 + p * panel_stride + i * 2 * kPanel;
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+      const __m256 w0o = OddHalves(b0), w0e = EvenHalves(b0);
+      const __m256 w1o = OddHalves(b1), w1e = EvenHalves(b1);
+      for (int r = 0; r < MR; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, xb + r * xs + 2 * i, 4);
+        const __m256i xp = _mm256_set1_epi32(static_cast<int>(pair));
+        const __m256 xo = OddHalves(xp), xe = EvenHalves(xp);
+        acc[r][p][0] = _mm256_fmadd_ps(xe, w0e, _mm256_fmadd_ps(xo, w0o, acc[r][p][0]));
+        acc[r][p][1] = _mm256_fmadd_ps(xe, w1e, _mm256_fmadd_ps(xo, w1o, acc[r][p][1]));
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) {
+      alignas(32) float tile[kPanel];
+      _mm256_store_ps(tile, acc[r][p][0]);
+      _mm256_store_ps(tile + 8, acc[r][p][1]);
+      StoreColumns(tile, first_col + p * kPanel, n, out + r * os);
+    }
+  }
+}
+
+template <int MR, int NP>
+FERRY_AVX2 void RowsBf16Avx2(const uint16_t* xb, int64_t xs, int64_t k2, const uint16_t* packed,
+                             int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
+  const int64_t ps = kPanel * k2;
+  int64_t p = p0;
+  for (; p + NP <= p1; p += NP) {
+    TileBf16Avx2<MR, NP>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+  }
+  for (; p < p1; ++p) {
+    TileBf16Avx2<MR, 1>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+  }
+}
+
+FERRY_AVX2 void GemmBf16Avx2(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
+                             const uint16_t* packed, int64_t p0, int64_t p1, int64_t n, float* out,
+                             int64_t os) {
+  FlushDenormals flush;
+  int64_t m = 0;
+  for (; m + 4 <= rows; m += 4) {
+    RowsBf16Avx2<4, 1>(xb + m * xs, xs, k2, packed, p0, p1, n, out + m * os, os);
+  }
+  switch (rows - m) {
+    case 3:
+      RowsBf16Avx2<3, 1>(xb + m * xs, xs, k2, packed, p0, p1, n, out + m * os, os);
+      break;
+    case 2:
+      RowsBf16Avx2<2, 2>(xb + m * xs, xs, k2, packed, p0, p1, n, out + m * os, os);
+      break;
+    case 1:
+      RowsBf16Avx2<1, 3>(xb + m * xs, xs, k2, packed, p0, p1, n, out + m * os, os);
+      break;
+    default:
+      break;
+  }
+}
+
+template <typename T>
+FERRY_AVX2 void DotColumnsAvx2(const float* q, const T* kt, int64_t ld, int64_t dims, int64_t count,
+                               float* scores) {
+  int64_t j = 0;
+  for (; j + 32 <= count; j += 32) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < dims; ++d) {
+      const __m256 qd = _mm256_broadcast_ss(q + d);
+      const T* row = kt + d * ld + j;
+      a0 = _mm256_fmadd_ps(qd, Load8(row), a0);
+      a1 = _mm256_fmadd_ps(qd, Load8(row + 8), a1);
+      a2 = _mm256_fmadd_ps(qd, Load8(row + 16), a2);
+      a3 = _mm256_fmadd_ps(qd, Load8(row + 24), a3);
+    }
+    _mm256_storeu_ps(scores + j, a0);
+    _mm256_storeu_ps(scores + j + 8, a1);
+    _mm256_storeu_ps(scores + j + 16, a2);
+    _mm256_storeu_ps(scores + j + 24, a3);
+  }
+  for (; j + 8 <= count; j += 8) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < dims; ++d) {
+      a = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), Load8(kt + d * ld + j), a);
+    }
+    _mm256_storeu_ps(scores + j, a);
+  }
+  DotColumnsScalar(q, kt + j, ld, dims, count - j, scores + j);
+}
+
+template <typename T>
+FERRY_AVX2 void AxpyAvx2(float s, const T* v, float* out, int64_t n) {
   const __m256 sv = _mm256_set1_ps(s);
   int64_t d = 0;
   for (; d + 8 <= n; d += 8) {
-    _mm256_storeu_ps(out + d,
-                     _mm256_fmadd_ps(sv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
+    _mm256_storeu_ps(out + d, _mm256_fmadd_ps(sv, Load8(v + d), _mm256_loadu_ps(out + d)));
   }
-  for (; d < n; ++d) out[d] = std::fma(s, v[d], out[d]);
+  for (; d < n; ++d) out[d] = std::fma(s, Widen(v[d]), out[d]);
 }
 
-FERRY_AVX2 void AxpyBf16Avx2(float s, const uint16_t* v, float* out, int64_t n) {
-  const __m256 sv = _mm256_set1_ps(s);
+// Accumulators for up to 128 dims in registers across all rows; wider heads go in chunks.
+template <typename T>
+FERRY_AVX2 void WeightedRowsAvx2(const float* p, const T* v, int64_t ld, int64_t count,
+                                 int64_t dims, float* acc) {
+  int64_t d0 = 0;
+  for (; d0 + 32 <= dims; d0 += 32) {
+    __m256 a0 = _mm256_loadu_ps(acc + d0), a1 = _mm256_loadu_ps(acc + d0 + 8);
+    __m256 a2 = _mm256_loadu_ps(acc + d0 + 16), a3 = _mm256_loadu_ps(acc + d0 + 24);
+    for (int64_t j = 0; j < count; ++j) {
+      const __m256 pj = _mm256_broadcast_ss(p + j);
+      const T* row = v + j * ld + d0;
+      a0 = _mm256_fmadd_ps(pj, Load8(row), a0);
+      a1 = _mm256_fmadd_ps(pj, Load8(row + 8), a1);
+      a2 = _mm256_fmadd_ps(pj, Load8(row + 16), a2);
+      a3 = _mm256_fmadd_ps(pj, Load8(row + 24), a3);
+    }
+    _mm256_storeu_ps(acc + d0, a0);
+    _mm256_storeu_ps(acc + d0 + 8, a1);
+    _mm256_storeu_ps(acc + d0 + 16, a2);
+    _mm256_storeu_ps(acc + d0 + 24, a3);
+  }
+  if (d0 < dims) {
+    for (int64_t j = 0; j < count; ++j) AxpyScalar(p[j], v + j * ld + d0, acc + d0, dims - d0);
+  }
+}
+
+// FloatToBf16 on 8 lanes: (bits + 0x7fff + ((bits >> 16) & 1)) >> 16; NaN keeps its top half
+// with the quiet bit set.
+FERRY_AVX2 inline __m128i RoundBf16x8(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(
+      _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i nan_r = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, nan_r, is_nan);
+  // Pack the 8 low halves: within-lane pack then fix the lane order.
+  const __m256i packed = _mm256_packus_epi32(r, r);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+FERRY_AVX2 void RoundBf16Avx2(const float* x, int64_t k, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), RoundBf16x8(_mm256_loadu_ps(x + i)));
+  }
+  RoundActivationsBf16Tail(x, i, k, out);
+}
+
+FERRY_AVX2 void WidenAvx2(const uint16_t* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, Load8(in + i));
+  WidenScalar(in + i, out + i, n - i);
+}
+
+FERRY_AVX2 float SumSquaresAvx2(const float* x, int64_t n) {
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  const int64_t full = n - n % 16;
+  for (int64_t i = 0; i < full; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    lo = _mm256_fmadd_ps(a, a, lo);
+    hi = _mm256_fmadd_ps(b, b, hi);
+  }
+  alignas(32) float acc[16];
+  _mm256_store_ps(acc, lo);
+  _mm256_store_ps(acc + 8, hi);
+  for (int64_t i = full; i < n; ++i) acc[i - full] = std::fma(x[i], x[i], acc[i - full]);
+  return ReduceLanes(acc);
+}
+
+// Exp of float_math.h, 8 lanes, the same operations in the same order.
+FERRY_AVX2 inline __m256 ExpAvx2(__m256 x) {
+  using namespace float_math_internal;
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2E)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 neg_n = _mm256_xor_ps(n, _mm256_set1_ps(-0.0f));
+  __m256 r = _mm256_fmadd_ps(neg_n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fmadd_ps(neg_n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kC7);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC5));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC0));
+  // Clamp n so the exponent arithmetic stays in range for lanes replaced below.
+  const __m256i ni = _mm256_cvttps_epi32(
+      _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-150.0f)), _mm256_set1_ps(128.0f)));
+  // n1 = ni / 2 rounded toward zero, n2 = ni - n1.
+  const __m256i n1 = _mm256_srai_epi32(_mm256_add_epi32(ni, _mm256_srli_epi32(ni, 31)), 1);
+  const __m256i n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  __m256 result = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  result = _mm256_blendv_ps(result, _mm256_set1_ps(INFINITY),
+                            _mm256_cmp_ps(x, _mm256_set1_ps(kExpMax), _CMP_GT_OQ));
+  result = _mm256_blendv_ps(result, _mm256_setzero_ps(),
+                            _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ));
+  return _mm256_blendv_ps(result, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+FERRY_AVX2 void ExpVecAvx2(const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, ExpAvx2(_mm256_loadu_ps(x + i)));
+  ExpScalar(x + i, out + i, n - i);
+}
+
+FERRY_AVX2 void SiluMulAvx2(const float* g, const float* u, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 e = ExpAvx2(_mm256_xor_ps(gv, _mm256_set1_ps(-0.0f)));
+    _mm256_storeu_ps(
+        out + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+  }
+  SiluMulScalar(g + i, u + i, out + i, n - i);
+}
+
+const CpuKernels kAvx2Kernels = {GemmAvx2<float>,
+                                 GemmBf16Avx2,
+                                 DotColumnsAvx2<float>,
+                                 DotColumnsAvx2<uint16_t>,
+                                 WeightedRowsAvx2<float>,
+                                 WeightedRowsAvx2<uint16_t>,
+                                 RoundBf16Avx2,
+                                 WidenAvx2,
+                                 AxpyAvx2<float>,
+                                 AxpyAvx2<uint16_t>,
+                                 SumSquaresAvx2,
+                                 ExpVecAvx2,
+                                 SiluMulAvx2};
+
+// ---- AVX-512: 16 lanes; a panel is one vector. ----
+
+#define FERRY_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+
+FERRY_AVX512 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+FERRY_AVX512 inline __m512 Load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+FERRY_AVX512 inline __m512 LoadMasked16(const float* p, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+FERRY_AVX512 inline __m512 LoadMasked16(const uint16_t* p, __mmask16 mask) {
+  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int MR, int NP, typename T>
+FERRY_AVX512 inline void TileAvx512(const float* x, int64_t xs, int64_t k, const T* panel0,
+                                    int64_t panel_stride, int64_t first_col, int64_t n, float* out,
+                                    int64_t os) {
+  __m512 acc[MR][NP];
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int p = 0; p < NP; ++p) {
+      const __m512 b = Load16(panel0 + p * panel_stride + kk * kPanel);
+      for (int r = 0; r < MR; ++r) {
+        acc[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * xs + kk]), b, acc[r][p]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) {
+      const int64_t col = first_col + p * kPanel;
+      if (col + kPanel <= n) {
+        _mm512_storeu_ps(out + r * os + col, acc[r][p]);
+      } else {
+        alignas(64) float tile[kPanel];
+        _mm512_store_ps(tile, acc[r][p]);
+        StoreColumns(tile, col, n, out + r * os);
+      }
+    }
+  }
+}
+
+template <int MR, int NP, typename T>
+FERRY_AVX512 void RowsAvx512(const float* x, int64_t xs, int64_t k, const T* packed, int64_t p0,
+                             int64_t p1, int64_t n, float* out, int64_t os) {
+  const int64_t ps = kPanel * k;
+  int64_t p = p0;
+  for (; p + NP <= p1; p += NP) {
+    TileAvx512<MR, NP>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
+  }
+  if (NP > 2 && p + 2 <= p1) {
+    TileAvx512<MR, 2>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
+    p += 2;
+  }
+  for (; p < p1; ++p) TileAvx512<MR, 1>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
+}
+
+template <typename T>
+FERRY_AVX512 void GemmAvx512(const float* x, int64_t xs, int64_t rows, int64_t k, const T* packed,
+                             int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
+  int64_t m = 0;
+  for (; m + 8 <= rows; m += 8) {
+    RowsAvx512<8, 3>(x + m * xs, xs, k, packed, p0, p1, n, out + m * os, os);
+  }
+  const float* xm = x + m * xs;
+  float* om = out + m * os;
+  switch (rows - m) {
+    case 7:
+      RowsAvx512<7, 3>(xm, xs, k, packed, p0, p1, n, om, os);
+      break;
+    case 6:
+      RowsAvx512<6, 4>(xm, xs, k, packed, p0, p1, n, om, os);
+      break;
+    case 5:
+      RowsAvx512<5, 4>(xm, xs, k, packed, p0, p1, n, om, os);
+      break;
+    case 4:
+      RowsAvx512<4, 6>(xm, xs, k, packed, p0, p1, n, om, os);
+      break;
+    case 3:
+      RowsAvx512<3, 8>(xm, xs, k, packed, p0, p1, n, om, os);
+      break;
+    case 2:
+      RowsAvx512<2, 8>(xm, xs, k, packed, p0, p1, n, om, os);
+      break;
+    case 1:
+      RowsAvx512<1, 8>(xm, xs, k, packed, p0, p1, n, om, os);
+      break;
+    default:
+      break;
+  }
+}
+
+FERRY_AVX512 inline __m512 EvenHalves512(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+}
+FERRY_AVX512 inline __m512 OddHalves512(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF0000u)));
+}
+
+template <int MR, int NP>
+FERRY_AVX512 inline void TileBf16Avx512(const uint16_t* xb, int64_t xs, int64_t k2,
+                                        const uint16_t* panel0, int64_t panel_stride,
+                                        int64_t first_col, int64_t n, float* out, int64_t os) {
+  __m512 acc[MR][NP];
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < k2 / 2; ++i) {
+    for (int p = 0; p < NP; ++p) {
+      const __m512i b = _mm512_loadu_si512(panel0 + p * panel_stride + i * 2 * kPanel);
+      const __m512 wo = OddHalves512(b), we = EvenHalves512(b);
+      for (int r = 0; r < MR; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, xb + r * xs + 2 * i, 4);
+        const __m512i xp = _mm512_set1_epi32(static_cast<int>(pair));
+        acc[r][p] = _mm512_fmadd_ps(EvenHalves512(xp), we,
+                                    _mm512_fmadd_ps(OddHalves512(xp), wo, acc[r][p]));
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) {
+      alignas(64) float tile[kPanel];
+      _mm512_store_ps(tile, acc[r][p]);
+      StoreColumns(tile, first_col + p * kPanel, n, out + r * os);
+    }
+  }
+}
+
+template <int MR, int NP>
+FERRY_AVX512 void RowsBf16Avx512(const uint16_t* xb, int64_t xs, int64_t k2, const uint16_t* packed,
+                                 int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
+  const int64_t ps = kPanel * k2;
+  int64_t p = p0;
+  for (; p + NP <= p1; p += NP) {
+    TileBf16Avx512<MR, NP>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+  }
+  for (; p < p1; ++p) {
+    TileBf16Avx512<MR, 1>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+  }
+}
+
+FERRY_AVX512 void GemmBf16Avx512(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
+                                 const uint16_t* packed, int64_t p0, int64_t p1, int64_t n,
+                                 float* out, int64_t os) {
+  FlushDenormals flush;
+  int64_t m = 0;
+  for (; m + 8 <= rows; m += 8) {
+    RowsBf16Avx512<8, 2>(xb + m * xs, xs, k2, packed, p0, p1, n, out + m * os, os);
+  }
+  const uint16_t* xm = xb + m * xs;
+  float* om = out + m * os;
+  switch (rows - m) {
+    case 7:
+      RowsBf16Avx512<7, 2>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 6:
+      RowsBf16Avx512<6, 2>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 5:
+      RowsBf16Avx512<5, 3>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 4:
+      RowsBf16Avx512<4, 4>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 3:
+      RowsBf16Avx512<3, 4>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 2:
+      RowsBf16Avx512<2, 6>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 1:
+      RowsBf16Avx512<1, 8>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    default:
+      break;
+  }
+}
+
+// ---- AVX512-BF16: VDPBF16PS, 32 products per instruction. ----
+
+#define FERRY_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+
+template <int MR, int NP>
+FERRY_AVX512BF16 inline void TileDpbf16(const uint16_t* xb, int64_t xs, int64_t k2,
+                                        const uint16_t* panel0, int64_t panel_stride,
+                                        int64_t first_col, int64_t n, float* out, int64_t os) {
+  __m512 acc[MR][NP];
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < k2 / 2; ++i) {
+    for (int p = 0; p < NP; ++p) {
+      const __m512bh b = reinterpret_cast<__m512bh>(
+          _mm512_loadu_si512(panel0 + p * panel_stride + i * 2 * kPanel));
+      for (int r = 0; r < MR; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, xb + r * xs + 2 * i, 4);
+        const __m512bh xp = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+        acc[r][p] = _mm512_dpbf16_ps(acc[r][p], xp, b);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) {
+      const int64_t col = first_col + p * kPanel;
+      if (col + kPanel <= n) {
+        _mm512_storeu_ps(out + r * os + col, acc[r][p]);
+      } else {
+        alignas(64) float tile[kPanel];
+        _mm512_store_ps(tile, acc[r][p]);
+        StoreColumns(tile, col, n, out + r * os);
+      }
+    }
+  }
+}
+
+template <int MR, int NP>
+FERRY_AVX512BF16 void RowsDpbf16(const uint16_t* xb, int64_t xs, int64_t k2, const uint16_t* packed,
+                                 int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
+  const int64_t ps = kPanel * k2;
+  int64_t p = p0;
+  for (; p + NP <= p1; p += NP) {
+    TileDpbf16<MR, NP>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+  }
+  if (NP > 2 && p + 2 <= p1) {
+    TileDpbf16<MR, 2>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+    p += 2;
+  }
+  for (; p < p1; ++p) TileDpbf16<MR, 1>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+}
+
+FERRY_AVX512BF16 void GemmBf16Dpbf16(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
+                                     const uint16_t* packed, int64_t p0, int64_t p1, int64_t n,
+                                     float* out, int64_t os) {
+  int64_t m = 0;
+  for (; m + 8 <= rows; m += 8) {
+    RowsDpbf16<8, 3>(xb + m * xs, xs, k2, packed, p0, p1, n, out + m * os, os);
+  }
+  const uint16_t* xm = xb + m * xs;
+  float* om = out + m * os;
+  switch (rows - m) {
+    case 7:
+      RowsDpbf16<7, 3>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 6:
+      RowsDpbf16<6, 4>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 5:
+      RowsDpbf16<5, 4>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 4:
+      RowsDpbf16<4, 6>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 3:
+      RowsDpbf16<3, 8>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 2:
+      RowsDpbf16<2, 8>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    case 1:
+      RowsDpbf16<1, 8>(xm, xs, k2, packed, p0, p1, n, om, os);
+      break;
+    default:
+      break;
+  }
+}
+
+template <typename T>
+FERRY_AVX512 void DotColumnsAvx512(const float* q, const T* kt, int64_t ld, int64_t dims,
+                                   int64_t count, float* scores) {
+  int64_t j = 0;
+  for (; j + 64 <= count; j += 64) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < dims; ++d) {
+      const __m512 qd = _mm512_set1_ps(q[d]);
+      const T* row = kt + d * ld + j;
+      a0 = _mm512_fmadd_ps(qd, Load16(row), a0);
+      a1 = _mm512_fmadd_ps(qd, Load16(row + 16), a1);
+      a2 = _mm512_fmadd_ps(qd, Load16(row + 32), a2);
+      a3 = _mm512_fmadd_ps(qd, Load16(row + 48), a3);
+    }
+    _mm512_storeu_ps(scores + j, a0);
+    _mm512_storeu_ps(scores + j + 16, a1);
+    _mm512_storeu_ps(scores + j + 32, a2);
+    _mm512_storeu_ps(scores + j + 48, a3);
+  }
+  for (; j < count; j += 16) {
+    // The last vector may be partial: masked lanes load zeros and are not stored.
+    const __mmask16 mask = count - j >= 16 ? 0xFFFF : (1u << (count - j)) - 1;
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dims; ++d) {
+      a = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), LoadMasked16(kt + d * ld + j, mask), a);
+    }
+    _mm512_mask_storeu_ps(scores + j, mask, a);
+  }
+}
+
+template <typename T>
+FERRY_AVX512 void AxpyAvx512(float s, const T* v, float* out, int64_t n) {
+  const __m512 sv = _mm512_set1_ps(s);
   int64_t d = 0;
-  for (; d + 8 <= n; d += 8) {
-    _mm256_storeu_ps(out + d, _mm256_fmadd_ps(sv, LoadBf16x8(v + d), _mm256_loadu_ps(out + d)));
+  for (; d + 16 <= n; d += 16) {
+    _mm512_storeu_ps(out + d, _mm512_fmadd_ps(sv, Load16(v + d), _mm512_loadu_ps(out + d)));
   }
-  for (; d < n; ++d) out[d] = std::fma(s, Bf16ToFloat(v[d]), out[d]);
+  AxpyAvx2(s, v + d, out + d, n - d);
 }
 
-const CpuKernels kAvx2Kernels = {DotF32Avx2, DotBf16Avx2, AxpyF32Avx2, AxpyBf16Avx2};
+template <typename T>
+FERRY_AVX512 void WeightedRowsAvx512(const float* p, const T* v, int64_t ld, int64_t count,
+                                     int64_t dims, float* acc) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= dims; d0 += 64) {
+    __m512 a0 = _mm512_loadu_ps(acc + d0), a1 = _mm512_loadu_ps(acc + d0 + 16);
+    __m512 a2 = _mm512_loadu_ps(acc + d0 + 32), a3 = _mm512_loadu_ps(acc + d0 + 48);
+    for (int64_t j = 0; j < count; ++j) {
+      const __m512 pj = _mm512_set1_ps(p[j]);
+      const T* row = v + j * ld + d0;
+      a0 = _mm512_fmadd_ps(pj, Load16(row), a0);
+      a1 = _mm512_fmadd_ps(pj, Load16(row + 16), a1);
+      a2 = _mm512_fmadd_ps(pj, Load16(row + 32), a2);
+      a3 = _mm512_fmadd_ps(pj, Load16(row + 48), a3);
+    }
+    _mm512_storeu_ps(acc + d0, a0);
+    _mm512_storeu_ps(acc + d0 + 16, a1);
+    _mm512_storeu_ps(acc + d0 + 32, a2);
+    _mm512_storeu_ps(acc + d0 + 48, a3);
+  }
+  if (d0 < dims) WeightedRowsAvx2(p, v + d0, ld, count, dims - d0, acc + d0);
+}
+
+FERRY_AVX512 void WidenAvx512(const uint16_t* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, Load16(in + i));
+  WidenAvx2(in + i, out + i, n - i);
+}
+
+FERRY_AVX512 float SumSquaresAvx512(const float* x, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  const int64_t full = n - n % 16;
+  for (int64_t i = 0; i < full; i += 16) {
+    const __m512 a = _mm512_loadu_ps(x + i);
+    acc = _mm512_fmadd_ps(a, a, acc);
+  }
+  alignas(64) float a[16];
+  _mm512_store_ps(a, acc);
+  for (int64_t i = full; i < n; ++i) a[i - full] = std::fma(x[i], x[i], a[i - full]);
+  return ReduceLanes(a);
+}
+
+const CpuKernels kAvx512Kernels = {GemmAvx512<float>,
+                                   GemmBf16Avx512,
+                                   DotColumnsAvx512<float>,
+                                   DotColumnsAvx512<uint16_t>,
+                                   WeightedRowsAvx512<float>,
+                                   WeightedRowsAvx512<uint16_t>,
+                                   RoundBf16Avx2,
+                                   WidenAvx512,
+                                   AxpyAvx512<float>,
+                                   AxpyAvx512<uint16_t>,
+                                   SumSquaresAvx512,
+                                   ExpVecAvx2,
+                                   SiluMulAvx2};
+
+const CpuKernels kAvx512Bf16Kernels = {GemmAvx512<float>,
+                                       GemmBf16Dpbf16,
+                                       DotColumnsAvx512<float>,
+                                       DotColumnsAvx512<uint16_t>,
+                                       WeightedRowsAvx512<float>,
+                                       WeightedRowsAvx512<uint16_t>,
+                                       RoundBf16Avx2,
+                                       WidenAvx512,
+                                       AxpyAvx512<float>,
+                                       AxpyAvx512<uint16_t>,
+                                       SumSquaresAvx512,
+                                       ExpVecAvx2,
+                                       SiluMulAvx2};
 
 #endif  // FERRY_HAVE_X86
 
+constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512,
+                               CpuIsa::kAvx512Bf16};
+
+#ifdef FERRY_HAVE_X86
+bool HasAvx512Bf16() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return (a >> 5) & 1;  // CPUID.(EAX=7,ECX=1):EAX[5] AVX512_BF16
+}
+#endif
+
 }  // namespace
 
-const char* CpuIsaName(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "scalar"; }
+const char* CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kScalar:
+      return "scalar";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kAvx512Bf16:
+      return "avx512bf16";
+  }
+  return "?";
+}
 
 bool CpuSupports(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kScalar:
       return true;
-    case CpuIsa::kAvx2:
 #ifdef FERRY_HAVE_X86
+    case CpuIsa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-      return false;
+    case CpuIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && CpuSupports(CpuIsa::kAvx2);
+    case CpuIsa::kAvx512Bf16:
+      return CpuSupports(CpuIsa::kAvx512) && HasAvx512Bf16();
 #endif
+    default:
+      return false;
   }
-  return false;
 }
 
 std::vector<CpuIsa> SupportedCpuIsas() {
   std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2}) {
+  for (CpuIsa isa : kAllIsas) {
     if (CpuSupports(isa)) out.push_back(isa);
   }
   return out;
@@ -139,7 +970,7 @@ std::vector<CpuIsa> SupportedCpuIsas() {
 absl::StatusOr<CpuIsa> SelectCpuIsa() {
   const char* forced = std::getenv("FERRY_CPU_ISA");
   if (forced == nullptr || *forced == '\0') return SupportedCpuIsas().back();
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2}) {
+  for (CpuIsa isa : kAllIsas) {
     if (std::strcmp(forced, CpuIsaName(isa)) != 0) continue;
     if (!CpuSupports(isa)) {
       return absl::FailedPreconditionError(
@@ -148,12 +979,14 @@ absl::StatusOr<CpuIsa> SelectCpuIsa() {
     return isa;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("FERRY_CPU_ISA=", forced, ": unknown (scalar, avx2)"));
+      absl::StrCat("FERRY_CPU_ISA=", forced, ": unknown (scalar, avx2, avx512, avx512bf16)"));
 }
 
 const CpuKernels& CpuKernelsFor(CpuIsa isa) {
 #ifdef FERRY_HAVE_X86
   if (isa == CpuIsa::kAvx2) return kAvx2Kernels;
+  if (isa == CpuIsa::kAvx512) return kAvx512Kernels;
+  if (isa == CpuIsa::kAvx512Bf16) return kAvx512Bf16Kernels;
 #endif
   return kScalarKernels;
 }

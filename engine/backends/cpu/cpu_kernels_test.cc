@@ -84,40 +84,152 @@ TEST(Bf16Test, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(NAN))));
 }
 
+std::vector<float> Packed(const std::vector<float>& w, int64_t n, int64_t k) {
+  std::vector<float> out(PackedElements(n, k));
+  PackPanels(w.data(), n, k, out.data());
+  return out;
+}
+
+std::vector<uint16_t> Packed(const std::vector<uint16_t>& w, int64_t n, int64_t k) {
+  std::vector<uint16_t> out(PackedElementsBf16(n, k));
+  PackPanelsBf16(w.data(), n, k, out.data());
+  return out;
+}
+
+// Rows of x as the bf16 product reads them.
+std::vector<uint16_t> Activations(const std::vector<float>& x, int64_t rows, int64_t k) {
+  std::vector<uint16_t> out(rows * PairedK(k));
+  for (int64_t m = 0; m < rows; ++m) {
+    RoundActivationsBf16(x.data() + m * k, k, out.data() + m * PairedK(k));
+  }
+  return out;
+}
+
 TEST(CpuKernelsTest, EveryVariantIsBitIdenticalToTheScalarDefinition) {
   const CpuKernels& ref = CpuKernelsFor(CpuIsa::kScalar);
   for (CpuIsa isa : SupportedCpuIsas()) {
-    const CpuKernels& k = CpuKernelsFor(isa);
-    for (int64_t n : {1, 2, 7, 15, 16, 17, 31, 32, 33, 64, 100, 576, 1536, 4097}) {
+    const CpuKernels& kern = CpuKernelsFor(isa);
+    // Matrix products, every row count the tiles distinguish, ragged column counts.
+    for (int64_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17}) {
+      for (int64_t n : {1, 16, 37, 100}) {
+        const int64_t k = 19 + rows;
+        auto x = RandomFloats(rows * k, rows), w = RandomFloats(n * k, n);
+        if (rows % 4 == 1) {
+          // Tiny values: products and sums in the subnormal range (flushed in the bf16 product).
+          for (float& v : x) v = std::ldexp(v, -60);
+          for (float& v : w) v = std::ldexp(v, -66);
+        }
+        const auto pf = Packed(w, n, k);
+        const auto pb = Packed(ToBf16(w), n, k);
+        const int64_t panels = (n + kPanel - 1) / kPanel;
+        std::vector<float> a(rows * n, -1), b(rows * n, -1);
+        kern.gemm_f32(x.data(), k, rows, k, pf.data(), 0, panels, n, a.data(), n);
+        ref.gemm_f32(x.data(), k, rows, k, pf.data(), 0, panels, n, b.data(), n);
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+            << CpuIsaName(isa) << " f32 rows=" << rows << " n=" << n;
+        const auto xb = Activations(x, rows, k);
+        const int64_t k2 = PairedK(k);
+        kern.gemm_bf16(xb.data(), k2, rows, k2, pb.data(), 0, panels, n, a.data(), n);
+        ref.gemm_bf16(xb.data(), k2, rows, k2, pb.data(), 0, panels, n, b.data(), n);
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+            << CpuIsaName(isa) << " bf16 rows=" << rows << " n=" << n;
+      }
+    }
+    for (int64_t n : {1, 2, 7, 15, 16, 17, 31, 33, 64, 100, 576, 1537}) {
       const auto x = RandomFloats(n, 1 + n), w = RandomFloats(n, 2 + n, 3.0f);
       const auto wb = ToBf16(w);
-      EXPECT_EQ(Bits(k.dot_f32(x.data(), w.data(), n)), Bits(ref.dot_f32(x.data(), w.data(), n)))
-          << CpuIsaName(isa) << " n=" << n;
-      EXPECT_EQ(Bits(k.dot_bf16(x.data(), wb.data(), n)),
-                Bits(ref.dot_bf16(x.data(), wb.data(), n)))
-          << CpuIsaName(isa) << " n=" << n;
+      EXPECT_EQ(Bits(kern.sum_squares(x.data(), n)), Bits(ref.sum_squares(x.data(), n)));
       std::vector<float> a = RandomFloats(n, 3 + n), b = a;
-      k.axpy_f32(0.37f, w.data(), a.data(), n);
+      kern.axpy_f32(0.37f, w.data(), a.data(), n);
       ref.axpy_f32(0.37f, w.data(), b.data(), n);
-      k.axpy_bf16(-1.5f, wb.data(), a.data(), n);
+      kern.axpy_bf16(-1.5f, wb.data(), a.data(), n);
       ref.axpy_bf16(-1.5f, wb.data(), b.data(), n);
       EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * 4)) << CpuIsaName(isa) << " n=" << n;
+      // Exp over a wide range including the edges, SiLU.
+      std::vector<float> e = RandomFloats(n, 4 + n, 40.0f);
+      if (n > 4) e[0] = 89.0f, e[1] = -104.0f, e[2] = NAN, e[3] = -0.0f, e[4] = -100.0f;
+      std::vector<float> ea(n), eb(n);
+      kern.exp(e.data(), ea.data(), n);
+      ref.exp(e.data(), eb.data(), n);
+      EXPECT_EQ(0, std::memcmp(ea.data(), eb.data(), n * 4)) << CpuIsaName(isa) << " exp";
+      kern.silu_mul(e.data(), x.data(), ea.data(), n);
+      ref.silu_mul(e.data(), x.data(), eb.data(), n);
+      EXPECT_EQ(0, std::memcmp(ea.data(), eb.data(), n * 4)) << CpuIsaName(isa) << " silu";
+    }
+    // Weighted sums of value rows (dims around the register-block sizes), widening.
+    for (int64_t dims : {8, 24, 32, 64, 72, 128, 136}) {
+      const int64_t count = 13, ld = dims + 5;
+      const auto p = RandomFloats(count, 7), v = RandomFloats(count * ld, 8);
+      const auto vb = ToBf16(v);
+      std::vector<float> a = RandomFloats(dims, 9), b = a;
+      kern.weighted_rows_f32(p.data(), v.data(), ld, count, dims, a.data());
+      ref.weighted_rows_f32(p.data(), v.data(), ld, count, dims, b.data());
+      kern.weighted_rows_bf16(p.data(), vb.data(), ld, count, dims, a.data());
+      ref.weighted_rows_bf16(p.data(), vb.data(), ld, count, dims, b.data());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), dims * 4)) << CpuIsaName(isa) << " " << dims;
+      std::vector<uint16_t> ra(count * ld + 1), rb(count * ld + 1);
+      std::vector<float> odd = v;
+      odd[3] = NAN;
+      odd[4] = std::ldexp(1.0f, -130);
+      kern.round_bf16(odd.data(), count * ld, ra.data());
+      ref.round_bf16(odd.data(), count * ld, rb.data());
+      EXPECT_EQ(ra, rb) << CpuIsaName(isa);
+      std::vector<float> wa(count * ld), wb(count * ld);
+      kern.widen_bf16(vb.data(), wa.data(), count * ld);
+      ref.widen_bf16(vb.data(), wb.data(), count * ld);
+      EXPECT_EQ(0, std::memcmp(wa.data(), wb.data(), wa.size() * 4));
+    }
+    // Attention scores over column-wise keys (ld larger than the count, as in a partial block).
+    for (int64_t count : {1, 7, 8, 31, 32, 40, 64, 65, 100}) {
+      const int64_t dims = 24, ld = count + 3;
+      const auto q = RandomFloats(dims, 5), kt = RandomFloats(dims * ld, 6);
+      const auto ktb = ToBf16(kt);
+      std::vector<float> a(count), b(count);
+      kern.dot_columns_f32(q.data(), kt.data(), ld, dims, count, a.data());
+      ref.dot_columns_f32(q.data(), kt.data(), ld, dims, count, b.data());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), count * 4)) << CpuIsaName(isa);
+      kern.dot_columns_bf16(q.data(), ktb.data(), ld, dims, count, a.data());
+      ref.dot_columns_bf16(q.data(), ktb.data(), ld, dims, count, b.data());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), count * 4)) << CpuIsaName(isa);
     }
   }
 }
 
-TEST(CpuKernelsTest, DotFollowsTheDocumentedOrder) {
-  // Written out here from the header's description.
-  const int64_t n = 45;
-  const auto x = RandomFloats(n, 11), w = RandomFloats(n, 12);
-  float a[16] = {};
-  for (int64_t k = 0; k < n; ++k) a[k % 16] = std::fma(x[k], w[k], a[k % 16]);
-  for (int j = 0; j < 8; ++j) a[j] = a[j] + a[j + 8];
-  for (int j = 0; j < 4; ++j) a[j] = a[j] + a[j + 4];
-  for (int j = 0; j < 2; ++j) a[j] = a[j] + a[j + 2];
-  const float want = a[0] + a[1];
+TEST(CpuKernelsTest, ProductsFollowTheDocumentedOrder) {
+  // Written out here from the header's description: one accumulator, fma in increasing k.
+  const int64_t n = 3, k = 45;
+  const auto x = RandomFloats(k, 11), w = RandomFloats(n * k, 12);
+  const auto packed = Packed(w, n, k);
   for (CpuIsa isa : SupportedCpuIsas()) {
-    EXPECT_EQ(Bits(CpuKernelsFor(isa).dot_f32(x.data(), w.data(), n)), Bits(want));
+    std::vector<float> out(n);
+    CpuKernelsFor(isa).gemm_f32(x.data(), k, 1, k, packed.data(), 0, 1, n, out.data(), n);
+    for (int64_t c = 0; c < n; ++c) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < k; ++i) acc = std::fma(x[i], w[c * k + i], acc);
+      EXPECT_EQ(Bits(out[c]), Bits(acc)) << CpuIsaName(isa);
+    }
+    // bf16: activations rounded, pairs, odd element first.
+    const auto wb = ToBf16(w);
+    const auto pb = Packed(wb, n, k);
+    const auto xb = Activations(x, 1, k);
+    CpuKernelsFor(isa).gemm_bf16(xb.data(), PairedK(k), 1, PairedK(k), pb.data(), 0, 1, n,
+                                 out.data(), n);
+    for (int64_t c = 0; c < n; ++c) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i + 1 < PairedK(k); i += 2) {
+        const float x1 = i + 1 < k ? RoundToBf16(x[i + 1]) : 0.0f;
+        const float w1 = i + 1 < k ? Bf16ToFloat(wb[c * k + i + 1]) : 0.0f;
+        acc = std::fma(x1, w1, acc);
+        acc = std::fma(RoundToBf16(x[i]), Bf16ToFloat(wb[c * k + i]), acc);
+      }
+      EXPECT_EQ(Bits(out[c]), Bits(acc)) << CpuIsaName(isa);
+    }
+    float a[16] = {};
+    for (int64_t i = 0; i < k; ++i) a[i % 16] = std::fma(x[i], x[i], a[i % 16]);
+    for (int j = 0; j < 8; ++j) a[j] = a[j] + a[j + 8];
+    for (int j = 0; j < 4; ++j) a[j] = a[j] + a[j + 4];
+    for (int j = 0; j < 2; ++j) a[j] = a[j] + a[j + 2];
+    EXPECT_EQ(Bits(CpuKernelsFor(isa).sum_squares(x.data(), k)), Bits(a[0] + a[1]));
   }
 }
 
@@ -166,8 +278,8 @@ TEST_P(CpuBackendTest, MatMulWithBiasF32AndBf16) {
   auto wb = ToBf16(w);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     std::vector<float> out(m * n);
-    const DeviceMatrix wm =
-        dt == DType::kF32 ? M(w, n, k) : DeviceMatrix::Dense(wb.data(), dt, n, k);
+    auto wm = *backend_->UploadWeight(
+        dt == DType::kF32 ? static_cast<const void*>(w.data()) : wb.data(), dt, n, k);
     const DeviceMatrix bm = M(bias, 1, n);
     backend_->MatMul(M(x, m, k), wm, &bm, M(out, m, n));
     std::vector<double> want(m * n);
@@ -175,8 +287,8 @@ TEST_P(CpuBackendTest, MatMulWithBiasF32AndBf16) {
       for (int64_t j = 0; j < n; ++j) {
         double s = bias[j];
         for (int64_t t = 0; t < k; ++t) {
-          s += double{x[i * k + t]} *
-               (dt == DType::kF32 ? w[j * k + t] : Bf16ToFloat(wb[j * k + t]));
+          s += dt == DType::kF32 ? double{x[i * k + t]} * w[j * k + t]
+                                 : double{RoundToBf16(x[i * k + t])} * Bf16ToFloat(wb[j * k + t]);
         }
         want[i * n + j] = s;
       }
@@ -214,14 +326,36 @@ TEST_P(CpuBackendTest, RmsNormSwiGluAddEmbed) {
   backend_->Add(M(acc, rows, cols), M(u, rows, cols));
   for (int64_t i = 0; i < rows * cols; ++i) EXPECT_EQ(acc[i], x[i] + u[i]);
 
-  auto table = RandomFloats(10 * cols, 8);
+  auto table = RandomFloats(20 * cols, 8);
   auto tb = ToBf16(table);
-  backend_->Embed(DeviceMatrix::Dense(tb.data(), DType::kBF16, 10, cols), {7, 0, 7},
+  backend_->Embed(*backend_->UploadWeight(tb.data(), DType::kBF16, 20, cols), {7, 0, 17},
                   M(out, rows, cols));
   for (int64_t c = 0; c < cols; ++c) {
     EXPECT_EQ(out[c], Bf16ToFloat(tb[7 * cols + c]));
     EXPECT_EQ(out[cols + c], Bf16ToFloat(tb[c]));
+    EXPECT_EQ(out[2 * cols + c], Bf16ToFloat(tb[17 * cols + c]));
   }
+  // Grouped RMSNorm (per head) and the fused residual + norm.
+  std::vector<float> wg = RandomFloats(8, 13);
+  backend_->RmsNorm(M(x, rows, cols), M(wg, 1, 8), 1e-5f, M(out, rows, cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < cols; g += 8) {
+      double ss = 0;
+      for (int64_t c = 0; c < 8; ++c) ss += double{x[r * cols + g + c]} * x[r * cols + g + c];
+      for (int64_t c = 0; c < 8; ++c) {
+        EXPECT_NEAR(out[r * cols + g + c], x[r * cols + g + c] / std::sqrt(ss / 8 + 1e-5) * wg[c],
+                    1e-5);
+      }
+    }
+  }
+  std::vector<float> res = x, delta = u, normed(rows * cols);
+  backend_->AddRmsNorm(M(res, rows, cols), M(delta, rows, cols), M(w, 1, cols), 1e-5f,
+                       M(delta, rows, cols));
+  std::vector<float> summed = x;
+  for (int64_t i = 0; i < rows * cols; ++i) summed[i] = x[i] + u[i];
+  backend_->RmsNorm(M(summed, rows, cols), M(w, 1, cols), 1e-5f, M(normed, rows, cols));
+  EXPECT_EQ(res, summed);
+  EXPECT_EQ(0, std::memcmp(delta.data(), normed.data(), normed.size() * 4));
 }
 
 TEST_P(CpuBackendTest, RopeRotatesPairsHalfApart) {

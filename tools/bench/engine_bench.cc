@@ -1,0 +1,312 @@
+// engine_bench: Ferry's engine on the default model (bf16 weights, bf16 KV, the CPU backend on
+// all cores) and the machine baselines the ratios are taken against, measured in the same run.
+// Prints one JSON object; tools/bench/engine_bench.sh adds the llama.cpp peer and the table.
+//
+//   engine_bench MODEL.gguf PROMPT.json [--threads N] [--decode-tokens 64] [--repeats 3]
+//
+// PROMPT.json: {"prompt": [ids]} — the prefill prompt (the peer gets the same ids).
+//
+// Baselines, defined so they cannot flatter the ratios:
+//   read_bw_bytes_s   best of 5 vectorised reads of a buffer of max(8 x LLC, 512 MiB), split over
+//                     all engine threads;
+//   peak_flops        register-only loops on all threads (12 independent accumulators per
+//                     thread): AVX2 FMA, AVX-512 FMA and, where the CPU has it, the AVX512-BF16
+//                     dot product that Ferry's bf16 products use; the best of them. FLOPs = 2 x
+//                     multiply-adds;
+//   weight_bytes      the bytes of every matrix read once per decode step (a tied embedding
+//                     once, as the LM head).
+// Prefill FLOPs count every multiply-add of the 1024-token step: the projections and MLP of every
+// token, attention scores and value sums over each token's causal prefix, and the LM head of the
+// last token.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/model/generate.h"
+#include "engine/model/host_weights.h"
+#include "engine/model/transformer.h"
+#include "nlohmann/json.hpp"
+#include "tools/bench/timing.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace ferry {
+namespace {
+
+template <typename T>
+T OrDie(absl::StatusOr<T> v, const char* what) {
+  if (!v.ok()) {
+    std::cerr << what << ": " << v.status() << "\n";
+    std::exit(1);
+  }
+  return std::move(*v);
+}
+
+size_t LastLevelCacheBytes() {
+  for (int index = 4; index >= 0; --index) {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/size");
+    std::string size;
+    if (!(in >> size) || size.empty()) continue;
+    size_t n = std::stoul(size);
+    if (size.back() == 'K') n <<= 10;
+    if (size.back() == 'M') n <<= 20;
+    return n;
+  }
+  return 32u << 20;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) double ReadSlice(const float* p, size_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+    a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+    a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+    a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+  }
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  return out[0] + out[7];
+}
+
+// 12 independent FMA chains per thread, `iterations` times: 2 * 12 * lanes FLOPs per iteration.
+__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iterations) {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
+  }
+  __m256 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
+  alignas(32) float out[8];
+  _mm256_store_ps(out, s);
+  return out[0];
+}
+
+__attribute__((target("avx512f,fma"))) float FmaLoopAvx512(int64_t iterations) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+// The bf16 dot-product rate (VDPBF16PS: 32 multiply-adds per instruction), which Ferry's bf16
+// products use where the CPU has it: 12 independent chains.
+__attribute__((target("avx512f,avx512bf16"))) float DpbfLoop(int64_t iterations) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
+  const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));
+  const __m512bh y = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], x, y);
+  }
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  return _mm512_reduce_add_ps(s);
+}
+#endif
+
+// Runs fn(t) on `threads` threads at once (fresh threads: a baseline, not the engine's pool).
+template <typename Fn>
+double TimedOnThreads(int threads, Fn fn) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> pool;
+  std::vector<double> seconds(threads);
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      ++ready;
+      while (!go.load()) {
+      }
+      const auto start = std::chrono::steady_clock::now();
+      fn(t);
+      seconds[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  }
+  while (ready.load() < threads) {
+  }
+  go = true;
+  for (auto& th : pool) th.join();
+  return *std::max_element(seconds.begin(), seconds.end());
+}
+
+volatile double g_sink = 0;
+
+double MeasureReadBandwidth(int threads, size_t* buffer_bytes) {
+  const size_t bytes = std::max<size_t>(8 * LastLevelCacheBytes(), size_t{512} << 20);
+  *buffer_bytes = bytes;
+  const size_t n = bytes / sizeof(float);
+  float* buffer = static_cast<float*>(std::aligned_alloc(64, bytes));
+  // Touch every page on its reading thread's side of the buffer.
+  TimedOnThreads(threads, [&](int t) {
+    const size_t first = n / threads * t, last = t + 1 == threads ? n : n / threads * (t + 1);
+    for (size_t i = first; i < last; ++i) buffer[i] = static_cast<float>(i & 7);
+  });
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    best = std::min(best, TimedOnThreads(threads, [&](int t) {
+#if defined(__x86_64__)
+                      const size_t per = n / threads / 32 * 32;
+                      g_sink = g_sink + ReadSlice(buffer + per * t, per);
+#endif
+                    }));
+  }
+  std::free(buffer);
+  return bytes / best;
+}
+
+enum class PeakLoop { kAvx2Fma, kAvx512Fma, kDpbf16 };
+
+double MeasurePeakFlops(int threads, PeakLoop loop) {
+  const int64_t iterations = 50'000'000;
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    best = std::min(best, TimedOnThreads(threads, [&](int) {
+#if defined(__x86_64__)
+                      g_sink = g_sink + (loop == PeakLoop::kAvx2Fma     ? FmaLoopAvx2(iterations)
+                                         : loop == PeakLoop::kAvx512Fma ? FmaLoopAvx512(iterations)
+                                                                        : DpbfLoop(iterations));
+#endif
+                    }));
+  }
+  const double macs = loop == PeakLoop::kAvx2Fma ? 8 : loop == PeakLoop::kAvx512Fma ? 16 : 32;
+  return 2.0 * 12 * macs * iterations * threads / best;
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: engine_bench MODEL.gguf PROMPT.json [--threads N] [--decode-tokens N]"
+                 " [--repeats N]\n";
+    return 2;
+  }
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  int64_t decode_tokens = 64;
+  int repeats = 3;
+  for (int i = 3; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    bool ok = true;
+    if (flag == "--threads")
+      ok = absl::SimpleAtoi(argv[i + 1], &threads);
+    else if (flag == "--decode-tokens")
+      ok = absl::SimpleAtoi(argv[i + 1], &decode_tokens);
+    else if (flag == "--repeats")
+      ok = absl::SimpleAtoi(argv[i + 1], &repeats);
+    else
+      ok = false;
+    if (!ok) {
+      std::cerr << "bad flag " << flag << "\n";
+      return 2;
+    }
+  }
+  std::ifstream in(argv[2]);
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto prompt = nlohmann::json::parse(text.str())["prompt"].get<std::vector<TokenId>>();
+
+  // The model, bf16 weights and KV, as it serves.
+  auto gguf = OrDie(GgufFile::Open(argv[1]), "open");
+  HostWeights host = OrDie(LoadGgufModel(*gguf, WeightDType::kBF16, "bf16"), "load");
+  CpuBackendOptions options;
+  options.threads = threads;
+  auto backend = OrDie(CpuBackend::Create(options), "backend");
+  auto model = OrDie(Transformer::Create(host, backend.get()), "model");
+  const double load_seconds = host.load_seconds;
+  const uint64_t source_bytes = host.source_bytes;
+  host = HostWeights();
+  BackendKvAllocator allocator(backend.get());
+  const KvBlockLayout layout = model->KvLayoutFor(64);
+  auto pool = OrDie(KvBlockPool::Create(layout, layout.BlocksFor(model->max_positions()),
+                                        &allocator, backend.get()),
+                    "KV pool");
+  const ModelConfig& c = model->config();
+  const int64_t h = c.hidden_size, qd = c.num_heads * c.head_dim;
+  const int64_t kvd = c.num_kv_heads * c.head_dim, f = c.intermediate_size;
+  const int64_t layer_macs = h * (qd + 2 * kvd) + qd * h + 3 * f * h;
+  const double weight_bytes = 2.0 * (c.num_layers * layer_macs + c.vocab_size * h);
+
+  // Decode at batch 1 after a 16-token prompt.
+  const std::vector<TokenId> short_prompt(prompt.begin(), prompt.begin() + 16);
+  GenerateOptions gen;
+  gen.max_new_tokens = decode_tokens + 1;
+  double decode_seconds = 1e30;
+  for (int r = 0; r < std::max(repeats, 3); ++r) {
+    auto result = OrDie(Generate(*model, *pool, short_prompt, gen), "generate");
+    decode_seconds = std::min(decode_seconds, result.decode_seconds);
+  }
+  const double decode_tok_s = decode_tokens / decode_seconds;
+
+  // Prefill of the whole prompt in one step.
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  auto blocks = OrDie(pool->Allocate(layout.BlocksFor(n)), "blocks");
+  std::vector<float> logits;
+  const double prefill_seconds = bench::BestSeconds(repeats, [&] {
+    logits.clear();
+    const ForwardSequence seq{prompt, 0, blocks, false};
+    if (absl::Status s = model->Forward({seq}, *pool, &logits); !s.ok()) {
+      std::cerr << s << "\n";
+      std::exit(1);
+    }
+  });
+  (void)pool->Release(blocks);
+  const double prefill_tok_s = n / prefill_seconds;
+  double attention_macs = 0;
+  for (int64_t p = 0; p < n; ++p) attention_macs += 2.0 * c.num_heads * c.head_dim * (p + 1);
+  const double prefill_flops =
+      2.0 * (n * static_cast<double>(c.num_layers * layer_macs) + c.num_layers * attention_macs +
+             static_cast<double>(c.vocab_size) * h);
+
+  size_t buffer_bytes = 0;
+  const double read_bw = MeasureReadBandwidth(threads, &buffer_bytes);
+  // The best of every arithmetic loop the engine's kernels may use here.
+  double peak = MeasurePeakFlops(threads, PeakLoop::kAvx2Fma);
+  if (CpuSupports(CpuIsa::kAvx512)) {
+    peak = std::max(peak, MeasurePeakFlops(threads, PeakLoop::kAvx512Fma));
+  }
+  if (CpuSupports(CpuIsa::kAvx512Bf16)) {
+    peak = std::max(peak, MeasurePeakFlops(threads, PeakLoop::kDpbf16));
+  }
+
+  nlohmann::json out;
+  out["engine"] = backend->name();
+  out["threads"] = threads;
+  out["load_seconds"] = load_seconds;
+  out["load_gib_s"] = source_bytes / load_seconds / (1 << 30);
+  out["decode_tok_s_b1"] = decode_tok_s;
+  out["prefill_tok_s"] = prefill_tok_s;
+  out["prompt_tokens"] = n;
+  out["decode_tokens"] = decode_tokens;
+  out["weight_bytes"] = weight_bytes;
+  out["read_bw_bytes_s"] = read_bw;
+  out["read_buffer_bytes"] = buffer_bytes;
+  out["peak_flops"] = peak;
+  out["prefill_flops"] = prefill_flops;
+  out["decode_bw_ratio"] = decode_tok_s * weight_bytes / read_bw;
+  out["prefill_flops_ratio"] = prefill_flops / prefill_seconds / peak;
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) { return ferry::Main(argc, argv); }

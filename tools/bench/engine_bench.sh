@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# ferry bench engine [--threads N] [--no-peer]: Ferry's engine on SmolLM2-135M (bf16 weights and
+# KV, CPU backend) against the machine's limits and against llama.cpp, all in this run:
+#   - decode tokens/s at batch 1 and prefill tokens/s for a 1024-token prompt
+#     (tools/bench/engine_bench.cc, which also measures read bandwidth and peak FMA throughput);
+#   - llama.cpp (llama-cpp-python, client venv) with the same thread count and the same prompt
+#     ids, on the same weights at the same precision (a BF16 GGUF written from the default model's
+#     tensors with `gguf`, made once per machine) with flash attention off (llama-cpp-python's
+#     default) and on; the ratios are taken against the faster of the two, figure by figure; and
+#     for reference on the original Q4_1 file.
+# --no-peer skips llama.cpp (the table and the JSON say so; the ratios are then null).
+set -euo pipefail
+bench_bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+peer="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
+shift 2
+: "${FERRY_REF_PYTHON:?run through ./ferry bench engine}"
+: "${FERRY_CLIENT_PYTHON:?run through ./ferry bench engine}"
+: "${FERRY_MODEL_GGUF:?run through ./ferry bench engine}"
+threads=$(nproc)
+with_peer=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --threads) threads="$2"; shift 2 ;;
+    --no-peer) with_peer=0; shift ;;
+    *) echo "usage: ferry bench engine [--threads N] [--no-peer]" >&2; exit 2 ;;
+  esac
+done
+work=$(mktemp -d)
+trap 'rm -rf "${work}"' EXIT
+
+"${FERRY_CLIENT_PYTHON}" "${peer}" prompt "${FERRY_MODEL_GGUF}" --tokens 1024 >"${work}/prompt.json"
+echo "engine: Ferry, ${threads} threads..." >&2
+"${bench_bin}" "${FERRY_MODEL_GGUF}" "${work}/prompt.json" --threads "${threads}" \
+  >"${work}/ferry.json"
+echo '{}' >"${work}/peer_bf16.json"
+echo '{}' >"${work}/peer_bf16_fa.json"
+echo '{}' >"${work}/peer_q4.json"
+if [[ "${with_peer}" == 1 ]]; then
+  bf16="$(dirname "${FERRY_MODEL_GGUF}")/$(basename "${FERRY_MODEL_GGUF}" .Q4_1.gguf).BF16.gguf"
+  if [[ ! -s "${bf16}" ]]; then
+    echo "engine: writing ${bf16} (once per machine)..." >&2
+    "${FERRY_REF_PYTHON}" "${peer}" bf16-gguf "${FERRY_MODEL_GGUF}" "${bf16}.tmp"
+    mv "${bf16}.tmp" "${bf16}"
+  fi
+  echo "engine: llama.cpp on the BF16 file..." >&2
+  "${FERRY_CLIENT_PYTHON}" "${peer}" bench "${bf16}" --threads "${threads}" \
+    --prompt-file "${work}/prompt.json" >"${work}/peer_bf16.json"
+  echo "engine: llama.cpp on the BF16 file, flash attention on..." >&2
+  "${FERRY_CLIENT_PYTHON}" "${peer}" bench "${bf16}" --threads "${threads}" --flash-attn \
+    --prompt-file "${work}/prompt.json" >"${work}/peer_bf16_fa.json"
+  echo "engine: llama.cpp on the Q4_1 file..." >&2
+  "${FERRY_CLIENT_PYTHON}" "${peer}" bench "${FERRY_MODEL_GGUF}" --threads "${threads}" \
+    --prompt-file "${work}/prompt.json" >"${work}/peer_q4.json"
+fi
+"${FERRY_REF_PYTHON}" - "${work}" "${with_peer}" <<'PY'
+import json, sys
+work, with_peer = sys.argv[1], sys.argv[2] == "1"
+ours = json.load(open(f"{work}/ferry.json"))
+plain = json.load(open(f"{work}/peer_bf16.json"))
+fa = json.load(open(f"{work}/peer_bf16_fa.json"))
+q4 = json.load(open(f"{work}/peer_q4.json"))
+# The peer's best configuration, figure by figure.
+bf16 = {k: max(plain[k], fa[k]) for k in ("decode_tok_s", "prefill_tok_s")} if with_peer else {}
+print(f"engine: SmolLM2-135M-Instruct, bf16 weights and KV, {ours['engine']}; "
+      f"prompt {ours['prompt_tokens']} tokens, decode {ours['decode_tokens']} tokens at batch 1")
+print(f"  machine: read bandwidth {ours['read_bw_bytes_s'] / 1e9:.1f} GB/s (best of 5 over "
+      f"{ours['read_buffer_bytes'] >> 20} MiB), peak FMA {ours['peak_flops'] / 1e9:.1f} GFLOP/s; "
+      f"weights read per decode step {ours['weight_bytes'] / 1e6:.1f} MB")
+print(f"  load: {ours['load_seconds']:.2f} s ({ours['load_gib_s']:.2f} GiB/s of model file)")
+rows = [("decode tokens/s, batch 1", "decode_tok_s_b1", "decode_tok_s"),
+        ("prefill tokens/s, 1024 tokens", "prefill_tok_s", "prefill_tok_s")]
+def cell(d, k):
+    return "-" if k not in d else f"{d[k]:.1f}"
+print(f"  {'':32} {'Ferry':>8} {'llama.cpp bf16':>15} {'(+flash attn)':>14} {'ratio':>6} "
+      f"{'llama.cpp Q4_1':>15}")
+for name, key, peer_key in rows:
+    a = ours[key]
+    b = bf16.get(peer_key)
+    print(f"  {name:32} {a:8.1f} {cell(plain, peer_key):>15} {cell(fa, peer_key):>14} "
+          f"{'-' if b is None else f'{a / b:.2f}':>6} {cell(q4, peer_key):>15}")
+print("  (ratio: Ferry / the faster llama.cpp bf16 configuration)")
+print(f"  decode: {ours['decode_bw_ratio']:.2f} of read bandwidth (goal 0.7); prefill: "
+      f"{ours['prefill_flops_ratio']:.2f} of peak FLOP/s (goal 0.3)")
+if not with_peer:
+    print("  llama.cpp: SKIPPED (--no-peer); the ratios to it are null")
+result = {"bench": "engine",
+          "decode_tok_s_b1": round(ours["decode_tok_s_b1"], 2),
+          "prefill_tok_s": round(ours["prefill_tok_s"], 2),
+          "weight_bytes": int(ours["weight_bytes"]),
+          "read_bw_bytes_s": int(ours["read_bw_bytes_s"]),
+          "decode_bw_ratio": round(ours["decode_bw_ratio"], 3),
+          "prefill_flops_ratio": round(ours["prefill_flops_ratio"], 3),
+          "decode_vs_llamacpp": round(ours["decode_tok_s_b1"] / bf16["decode_tok_s"], 3)
+          if with_peer else None,
+          "prefill_vs_llamacpp": round(ours["prefill_tok_s"] / bf16["prefill_tok_s"], 3)
+          if with_peer else None,
+          "llamacpp_q4_1_decode_tok_s": round(q4["decode_tok_s"], 2) if with_peer else None,
+          "llamacpp_q4_1_prefill_tok_s": round(q4["prefill_tok_s"], 2) if with_peer else None,
+          "peer_skipped": not with_peer}
+print(json.dumps(result))
+PY

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""llama.cpp as the peer of `./ferry bench engine`: the same model, measured the same way.
+
+  llamacpp_peer.py bf16-gguf SRC.gguf DST.gguf          (reference venv: needs `gguf`, numpy)
+      Copy of SRC with every KV pair and every tensor, in the same order, but each 2-D tensor
+      dequantized and stored as BF16 (float32 rounded to nearest even, as Ferry rounds) and each
+      1-D tensor (norm weights) as F32. general.file_type becomes MOSTLY_BF16 (the only KV that
+      changes: it describes the tensors). This gives llama.cpp the weights Ferry computes with.
+
+  llamacpp_peer.py prompt MODEL.gguf [--tokens 1024]      (client venv)
+      Prints {"prompt": [ids]}: the benchmark prompt, for Ferry's side of the same run.
+
+  llamacpp_peer.py bench MODEL.gguf --threads N [--prompt-tokens 1024] [--decode-tokens 64]
+                   [--repeats 3] [--flash-attn] [--prompt-file PROMPT.json]
+                                                          (client venv: needs llama-cpp-python)
+      Prefill: one llama_decode of --prompt-tokens tokens from an empty KV cache, logits for the
+      last token only. Decode: after a 16-token prompt, --decode-tokens single-token decodes at
+      batch 1, each fed the greedy (argmax) token of the one before; only the decode calls are
+      timed. Each figure is the best of --repeats, after one untimed warm-up. Prints one JSON line
+      on stdout; progress goes to stderr.
+
+The prompt is a fixed English text tokenized by the model's own tokenizer (no special tokens),
+repeated and cut to length, so every run of every model file sees the same ids.
+"""
+import argparse
+import json
+import sys
+import time
+
+TEXT = (
+    "The river rises in the hills to the north of the town and runs south through farmland, "
+    "woods and a string of small villages before it reaches the sea. In the last century its "
+    "banks were lined with mills that ground grain, sawed timber and spun wool, and a canal was "
+    "cut beside it so that barges could carry coal inland and bring cloth back to the port. "
+    "Most of the mills have closed, but several of the buildings survive as houses, workshops "
+    "and a small museum that explains how water wheels and gears turned the machinery. Walkers "
+    "follow the old towpath for most of its length; it is flat, well drained and marked with "
+    "stone posts every mile. Herons fish in the shallows, kingfishers nest in the steep banks, "
+    "and in late autumn salmon can be seen leaping the weir below the bridge. The council "
+    "publishes a map of the route, with notes on where to find food, water and shelter, and "
+    "volunteers clear fallen trees after the winter storms. "
+)
+DECODE_CONTEXT = 16
+
+
+def log(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# bf16-gguf
+
+def to_bf16(f32):
+    """float32 array -> uint16 BF16 bits, rounded to nearest even (NaNs stay quiet NaNs)."""
+    import numpy as np
+    bits = np.ascontiguousarray(f32, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(f32)
+    rounded[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
+    return rounded
+
+
+def field_value(field):
+    """A GGUFReader field as a value GGUFWriter.add_key_value packs back to the same bytes."""
+    from gguf import GGUFValueType
+    main = field.types[0]
+    if main == GGUFValueType.ARRAY:
+        if len(field.types) != 2:
+            raise ValueError(f"{field.name}: nested arrays are not supported")
+        if field.types[1] == GGUFValueType.STRING:
+            # Raw bytes: not every token string need be valid UTF-8.
+            return [bytes(field.parts[i]) for i in field.data]
+        return [field.parts[i].tolist()[0] for i in field.data]
+    if main == GGUFValueType.STRING:
+        return bytes(field.parts[field.data[0]])
+    return field.parts[field.data[0]].tolist()[0]
+
+
+def bf16_gguf(src, dst):
+    import numpy as np
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(dst, arch)
+    # Header fields (not KVs), and what the writer sets itself.
+    skip = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
+    for field in reader.fields.values():
+        if field.name in skip:
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        value = field_value(field)
+        if field.name == "general.file_type":
+            value = int(gguf.LlamaFileType.MOSTLY_BF16)
+        elif field.name == "general.alignment":
+            writer.data_alignment = value
+        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+
+    for tensor in reader.tensors:
+        # tensor.data is in ggml order reversed (rows, columns), as the writer wants it.
+        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        if values.ndim >= 2:
+            writer.add_tensor(tensor.name, to_bf16(values),
+                              raw_dtype=gguf.GGMLQuantizationType.BF16)
+            kind = "BF16"
+        else:
+            writer.add_tensor(tensor.name, np.ascontiguousarray(values))
+            kind = "F32"
+        log(f"{tensor.name}: {tensor.tensor_type.name} {list(values.shape)} -> {kind}")
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+def prompt_ids(llm, n):
+    ids = llm.tokenize(TEXT.encode(), add_bos=False, special=False)
+    return (ids * (n // len(ids) + 1))[:n]
+
+
+def greedy(llm, n_vocab):
+    import numpy as np
+    import llama_cpp
+    logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return int(np.ctypeslib.as_array(logits, shape=(n_vocab,)).argmax())
+
+
+def time_prefill(llm, prompt):
+    llm.reset()
+    start = time.perf_counter()
+    llm.eval(prompt)
+    return time.perf_counter() - start
+
+
+def time_decode(llm, context, steps, n_vocab):
+    """Seconds spent in `steps` batch-1 decodes after `context`, and the tokens chosen."""
+    llm.reset()
+    llm.eval(context)
+    tokens, elapsed = [], 0.0
+    for _ in range(steps):
+        token = greedy(llm, n_vocab)
+        tokens.append(token)
+        start = time.perf_counter()
+        llm.eval([token])
+        elapsed += time.perf_counter() - start
+    return elapsed, tokens
+
+
+def bench(args):
+    import llama_cpp
+
+    n_ctx = max(2048, args.prompt_tokens, DECODE_CONTEXT + args.decode_tokens)
+    load_start = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=args.model, n_threads=args.threads,
+                          n_threads_batch=args.threads, n_ctx=n_ctx, n_batch=n_ctx,
+                          n_ubatch=n_ctx, logits_all=False, flash_attn=args.flash_attn,
+                          seed=0, verbose=False)
+    log(f"loaded {args.model} in {time.perf_counter() - load_start:.2f} s")
+    n_vocab = llm.n_vocab()
+    if args.prompt_file:
+        with open(args.prompt_file) as f:
+            prompt = json.load(f)["prompt"][:args.prompt_tokens]
+        if len(prompt) != args.prompt_tokens:
+            raise SystemExit(f"{args.prompt_file}: fewer than {args.prompt_tokens} tokens")
+    else:
+        prompt = prompt_ids(llm, args.prompt_tokens)
+    context = prompt[:DECODE_CONTEXT]
+
+    time_prefill(llm, prompt[:64])  # warm-up: page the weights in, size the buffers
+    prefill = []
+    for i in range(args.repeats):
+        prefill.append(time_prefill(llm, prompt))
+        log(f"prefill {i + 1}/{args.repeats}: {args.prompt_tokens / prefill[-1]:.1f} tok/s")
+    decode, first = [], None
+    for i in range(args.repeats):
+        seconds, tokens = time_decode(llm, context, args.decode_tokens, n_vocab)
+        decode.append(seconds)
+        first = first or tokens
+        log(f"decode {i + 1}/{args.repeats}: {args.decode_tokens / seconds:.1f} tok/s")
+    log("greedy continuation: " + repr(llm.detokenize(context + first).decode(errors="replace")))
+
+    print(json.dumps({
+        "model": args.model, "threads": args.threads,
+        "prefill_tok_s": round(args.prompt_tokens / min(prefill), 2),
+        "decode_tok_s": round(args.decode_tokens / min(decode), 2),
+        "prompt_tokens": args.prompt_tokens, "decode_tokens": args.decode_tokens,
+        "repeats": args.repeats, "flash_attn": args.flash_attn,
+        "llama_cpp_version": llama_cpp.__version__,
+        "system_info": llama_cpp.llama_print_system_info().decode().strip(),
+    }))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    convert = commands.add_parser("bf16-gguf", help="write a BF16 copy of a GGUF model")
+    convert.add_argument("src")
+    convert.add_argument("dst")
+    run = commands.add_parser("bench", help="llama.cpp prefill and decode tokens/s")
+    run.add_argument("model")
+    run.add_argument("--threads", type=int, required=True)
+    run.add_argument("--prompt-tokens", type=int, default=1024)
+    run.add_argument("--decode-tokens", type=int, default=64)
+    run.add_argument("--repeats", type=int, default=3)
+    run.add_argument("--flash-attn", action="store_true")
+    run.add_argument("--prompt-file", help='{"prompt": [ids]} to use instead of the built-in text')
+    show = commands.add_parser("prompt", help="print the benchmark prompt's token ids")
+    show.add_argument("model")
+    show.add_argument("--tokens", type=int, default=1024)
+    args = parser.parse_args()
+    if args.command == "bf16-gguf":
+        bf16_gguf(args.src, args.dst)
+    elif args.command == "prompt":
+        import llama_cpp
+        llm = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False)
+        print(json.dumps({"prompt": prompt_ids(llm, args.tokens)}))
+    else:
+        bench(args)
+
+
+if __name__ == "__main__":
+    main()
