@@ -1,18 +1,14 @@
 #include "engine/model/generate.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status.h"
+#include "engine/model/host_weights.h"  // model_internal::SteadySeconds
 #include "engine/sampling/sampling.h"
 
 namespace ferry {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The request's blocks, released however Generate returns.
 class BlockTable {
@@ -55,7 +51,7 @@ absl::StatusOr<GenerateResult> Generate(Transformer& model, KvBlockPool& pool,
   BlockTable table(pool);
   std::vector<float> logits;
 
-  double start = Now();
+  double start = model_internal::SteadySeconds();
   const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : prompt_len;
   for (int64_t begin = 0; begin < prompt_len; begin += chunk) {
     const int64_t n = std::min(chunk, prompt_len - begin);
@@ -64,9 +60,9 @@ absl::StatusOr<GenerateResult> Generate(Transformer& model, KvBlockPool& pool,
     const ForwardSequence seq{prompt.subspan(begin, n), begin, table.blocks(), false};
     RETURN_IF_ERROR(model.Forward({seq}, pool, &logits));
   }
-  result.prefill_seconds = Now() - start;
+  result.prefill_seconds = model_internal::SteadySeconds() - start;
 
-  start = Now();
+  start = model_internal::SteadySeconds();
   int64_t position = prompt_len;
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     if (i > 0) {
@@ -90,7 +86,7 @@ absl::StatusOr<GenerateResult> Generate(Transformer& model, KvBlockPool& pool,
       break;
     }
   }
-  result.decode_seconds = Now() - start;
+  result.decode_seconds = model_internal::SteadySeconds() - start;
   return result;
 }
 

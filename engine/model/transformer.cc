@@ -84,17 +84,26 @@ KvBlockLayout Transformer::KvLayoutFor(int32_t block_tokens) const {
   return layout;
 }
 
-absl::StatusOr<DeviceMatrix> Transformer::UploadVector(
-    const std::vector<const HostTensor*>& parts) {
-  const DType dtype = weight_dtype_;
+namespace {
+
+// The elements of `parts`, one after the other, as bytes of `dtype`.
+std::vector<char> Concatenated(const std::vector<const HostTensor*>& parts, DType dtype) {
   std::vector<char> bytes;
-  int64_t n = 0;
   for (const HostTensor* t : parts) {
     const char* data = dtype == DType::kF32 ? reinterpret_cast<const char*>(t->f32.data())
                                             : reinterpret_cast<const char*>(t->bf16.data());
     bytes.insert(bytes.end(), data, data + t->elements() * DTypeBytes(dtype));
-    n += t->elements();
   }
+  return bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceMatrix> Transformer::UploadVector(
+    const std::vector<const HostTensor*>& parts) {
+  const DType dtype = weight_dtype_;
+  const std::vector<char> bytes = Concatenated(parts, dtype);
+  const int64_t n = static_cast<int64_t>(bytes.size() / DTypeBytes(dtype));
   ASSIGN_OR_RETURN(DeviceBuffer buffer, backend_->Allocate(bytes.size()));
   backend_->CopyToDevice(buffer.data(), bytes.data(), bytes.size());
   DeviceMatrix m = DeviceMatrix::Dense(buffer.data(), dtype, 1, n);
@@ -118,13 +127,7 @@ absl::StatusOr<DeviceWeight> Transformer::UploadMatrix(
                                             : static_cast<const void*>(parts[0]->bf16.data());
     return backend_->UploadWeight(data, dtype, rows, cols);
   }
-  std::vector<char> bytes;
-  bytes.reserve(rows * cols * DTypeBytes(dtype));
-  for (const HostTensor* t : parts) {
-    const char* data = dtype == DType::kF32 ? reinterpret_cast<const char*>(t->f32.data())
-                                            : reinterpret_cast<const char*>(t->bf16.data());
-    bytes.insert(bytes.end(), data, data + t->elements() * DTypeBytes(dtype));
-  }
+  const std::vector<char> bytes = Concatenated(parts, dtype);
   return backend_->UploadWeight(bytes.data(), dtype, rows, cols);
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "engine/common/float_math.h"
 
@@ -40,17 +41,18 @@ TokenId SampleTemperature(absl::Span<const float> logits, float temperature, dou
   const TokenId top = ArgMax(logits);
   const float max = logits.empty() ? 0.0f : logits[top];
   if (!std::isfinite(max)) return top;
+  thread_local std::vector<float> weights;
+  weights.resize(logits.size());
   double total = 0;
-  for (float l : logits) {
-    if (!std::isnan(l)) total += Exp((l - max) / temperature);
+  for (size_t i = 0; i < logits.size(); ++i) {
+    weights[i] = std::isnan(logits[i]) ? 0.0f : Exp((logits[i] - max) / temperature);
+    total += weights[i];
   }
   const double target = u * total;
   double running = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
-    if (std::isnan(logits[i])) continue;
-    const float w = Exp((logits[i] - max) / temperature);
-    if (w == 0.0f) continue;
-    running += w;
+    if (weights[i] == 0.0f) continue;
+    running += weights[i];
     if (running > target) return static_cast<TokenId>(i);
   }
   return top;  // only by rounding at the very end of the range

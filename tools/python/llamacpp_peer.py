@@ -24,6 +24,7 @@ repeated and cut to length, so every run of every model file sees the same ids.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -50,16 +51,6 @@ def log(message):
 # ---------------------------------------------------------------------------------------------
 # bf16-gguf
 
-def to_bf16(f32):
-    """float32 array -> uint16 BF16 bits, rounded to nearest even (NaNs stay quiet NaNs)."""
-    import numpy as np
-    bits = np.ascontiguousarray(f32, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(f32)
-    rounded[nan] = ((bits[nan] >> 16) | 0x40).astype(np.uint16)
-    return rounded
-
-
 def field_value(field):
     """A GGUFReader field as a value GGUFWriter.add_key_value packs back to the same bytes."""
     from gguf import GGUFValueType
@@ -80,6 +71,8 @@ def bf16_gguf(src, dst):
     import numpy as np
     import gguf
     from gguf.quants import dequantize
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from dequantize_reference import to_bf16  # Ferry's rounding, written once
 
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
@@ -101,7 +94,7 @@ def bf16_gguf(src, dst):
         # tensor.data is in ggml order reversed (rows, columns), as the writer wants it.
         values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
         if values.ndim >= 2:
-            writer.add_tensor(tensor.name, to_bf16(values),
+            writer.add_tensor(tensor.name, to_bf16(np.ascontiguousarray(values, np.float32)),
                               raw_dtype=gguf.GGMLQuantizationType.BF16)
             kind = "BF16"
         else:

@@ -154,10 +154,6 @@ void WeightedRowsScalar(const float* p, const T* v, int64_t ld, int64_t count, i
   for (int64_t j = 0; j < count; ++j) AxpyScalar(p[j], v + j * ld, acc, dims);
 }
 
-void WidenScalar(const uint16_t* in, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
-}
-
 float SumSquaresScalar(const float* x, int64_t n) {
   float a[16] = {};
   for (int64_t i = 0; i < n; ++i) a[i % 16] = std::fma(x[i], x[i], a[i % 16]);
@@ -179,7 +175,6 @@ const CpuKernels kScalarKernels = {GemmScalar,
                                    WeightedRowsScalar<float>,
                                    WeightedRowsScalar<uint16_t>,
                                    RoundActivationsBf16,
-                                   WidenScalar,
                                    AxpyScalar<float>,
                                    AxpyScalar<uint16_t>,
                                    SumSquaresScalar,
@@ -441,12 +436,6 @@ FERRY_AVX2 void RoundBf16Avx2(const float* x, int64_t k, uint16_t* out) {
   RoundActivationsBf16Tail(x, i, k, out);
 }
 
-FERRY_AVX2 void WidenAvx2(const uint16_t* in, float* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, Load8(in + i));
-  WidenScalar(in + i, out + i, n - i);
-}
-
 FERRY_AVX2 float SumSquaresAvx2(const float* x, int64_t n) {
   __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
   const int64_t full = n - n % 16;
@@ -520,7 +509,6 @@ const CpuKernels kAvx2Kernels = {GemmAvx2<float>,
                                  WeightedRowsAvx2<float>,
                                  WeightedRowsAvx2<uint16_t>,
                                  RoundBf16Avx2,
-                                 WidenAvx2,
                                  AxpyAvx2<float>,
                                  AxpyAvx2<uint16_t>,
                                  SumSquaresAvx2,
@@ -865,12 +853,6 @@ FERRY_AVX512 void WeightedRowsAvx512(const float* p, const T* v, int64_t ld, int
   if (d0 < dims) WeightedRowsAvx2(p, v + d0, ld, count, dims - d0, acc + d0);
 }
 
-FERRY_AVX512 void WidenAvx512(const uint16_t* in, float* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, Load16(in + i));
-  WidenAvx2(in + i, out + i, n - i);
-}
-
 FERRY_AVX512 float SumSquaresAvx512(const float* x, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   const int64_t full = n - n % 16;
@@ -891,7 +873,6 @@ const CpuKernels kAvx512Kernels = {GemmAvx512<float>,
                                    WeightedRowsAvx512<float>,
                                    WeightedRowsAvx512<uint16_t>,
                                    RoundBf16Avx2,
-                                   WidenAvx512,
                                    AxpyAvx512<float>,
                                    AxpyAvx512<uint16_t>,
                                    SumSquaresAvx512,
@@ -905,7 +886,6 @@ const CpuKernels kAvx512Bf16Kernels = {GemmAvx512<float>,
                                        WeightedRowsAvx512<float>,
                                        WeightedRowsAvx512<uint16_t>,
                                        RoundBf16Avx2,
-                                       WidenAvx512,
                                        AxpyAvx512<float>,
                                        AxpyAvx512<uint16_t>,
                                        SumSquaresAvx512,

@@ -99,8 +99,6 @@ struct CpuKernels {
                              int64_t dims, float* acc);
   // RoundActivationsBf16, vectorised (the same bits).
   void (*round_bf16)(const float* x, int64_t k, uint16_t* out);
-  // out[i] = Bf16ToFloat(in[i]) (exact).
-  void (*widen_bf16)(const uint16_t* in, float* out, int64_t n);
   // out[d] = fma(a, v[d], out[d]).
   void (*axpy_f32)(float a, const float* v, float* out, int64_t n);
   void (*axpy_bf16)(float a, const uint16_t* v, float* out, int64_t n);
