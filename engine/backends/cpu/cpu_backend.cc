@@ -178,7 +178,8 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int64_t panel_bytes = kPanel * k * static_cast<int64_t>(DTypeBytes(w.dtype));
   // Enough column groups to keep every thread busy at one row; each small enough for L2; a
-  // multiple of 6 panels where possible (the tiles take panels 2 or 3 at a time).
+  // multiple of 6 panels where possible (the row-block tiles take 2 or 3 panels at a time; the
+  // one-row tiles take up to 8 and then narrower ones).
   const int64_t by_cache = std::max<int64_t>(1, kPanelBytes / panel_bytes);
   const int64_t by_threads = std::max<int64_t>(1, panels / (4 * pool_->threads()));
   int64_t group = std::min(by_cache, by_threads);

@@ -238,7 +238,10 @@ FERRY_AVX2 void RowsAvx2(const float* x, int64_t xs, int64_t k, const T* packed,
   for (; p + NP <= p1; p += NP) {
     TileAvx2<MR, NP>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
   }
-  for (; p < p1; ++p) TileAvx2<MR, 1>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
+  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
+  if constexpr (NP > 1) {
+    if (p < p1) RowsAvx2<MR, (NP + 1) / 2>(x, xs, k, packed, p, p1, n, out, os);
+  }
 }
 
 template <typename T>
@@ -320,8 +323,9 @@ FERRY_AVX2 void RowsBf16Avx2(const uint16_t* xb, int64_t xs, int64_t k2, const u
   for (; p + NP <= p1; p += NP) {
     TileBf16Avx2<MR, NP>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
   }
-  for (; p < p1; ++p) {
-    TileBf16Avx2<MR, 1>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
+  if constexpr (NP > 1) {
+    if (p < p1) RowsBf16Avx2<MR, (NP + 1) / 2>(xb, xs, k2, packed, p, p1, n, out, os);
   }
 }
 
@@ -571,11 +575,10 @@ FERRY_AVX512 void RowsAvx512(const float* x, int64_t xs, int64_t k, const T* pac
   for (; p + NP <= p1; p += NP) {
     TileAvx512<MR, NP>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
   }
-  if (NP > 2 && p + 2 <= p1) {
-    TileAvx512<MR, 2>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
-    p += 2;
+  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
+  if constexpr (NP > 1) {
+    if (p < p1) RowsAvx512<MR, (NP + 1) / 2>(x, xs, k, packed, p, p1, n, out, os);
   }
-  for (; p < p1; ++p) TileAvx512<MR, 1>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
 }
 
 template <typename T>
@@ -659,8 +662,9 @@ FERRY_AVX512 void RowsBf16Avx512(const uint16_t* xb, int64_t xs, int64_t k2, con
   for (; p + NP <= p1; p += NP) {
     TileBf16Avx512<MR, NP>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
   }
-  for (; p < p1; ++p) {
-    TileBf16Avx512<MR, 1>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
+  if constexpr (NP > 1) {
+    if (p < p1) RowsBf16Avx512<MR, (NP + 1) / 2>(xb, xs, k2, packed, p, p1, n, out, os);
   }
 }
 
@@ -747,11 +751,10 @@ FERRY_AVX512BF16 void RowsDpbf16(const uint16_t* xb, int64_t xs, int64_t k2, con
   for (; p + NP <= p1; p += NP) {
     TileDpbf16<MR, NP>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
   }
-  if (NP > 2 && p + 2 <= p1) {
-    TileDpbf16<MR, 2>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
-    p += 2;
+  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
+  if constexpr (NP > 1) {
+    if (p < p1) RowsDpbf16<MR, (NP + 1) / 2>(xb, xs, k2, packed, p, p1, n, out, os);
   }
-  for (; p < p1; ++p) TileDpbf16<MR, 1>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
 }
 
 FERRY_AVX512BF16 void GemmBf16Dpbf16(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
