@@ -19,6 +19,8 @@ constexpr size_t kAlignment = 64;
 // kPanelBytes (so a group stays in the L2 cache while every row block of x passes over it).
 constexpr int64_t kRowsPerItem = 48;
 constexpr int64_t kPanelBytes = 256 * 1024;
+// Attention work items: about this many query vectors (heads of a KV group x rows).
+constexpr int64_t kAttentionQueries = 12;
 
 template <typename T>
 T* Row(const DeviceMatrix& m, int64_t r) {
@@ -307,54 +309,90 @@ void CpuBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const S
   CHECK_EQ(heads % kv.kv_heads, 0);
   const int64_t group = heads / kv.kv_heads;
   const bool f32 = kv.dtype == DType::kF32;
-  // One item per (row, KV head): the heads of a group reuse the keys and values just read.
-  pool_->ParallelFor(q.rows * kv.kv_heads, [&](size_t item) {
-    const int64_t r = item / kv.kv_heads;
+  // Work items: (runs of up to `run` consecutive rows of one sequence, KV head). The group's heads
+  // at those rows are the item's queries, so each key and value row read serves about a dozen of
+  // them; the element order does not depend on how rows are grouped (cpu_kernels.h).
+  const int64_t run = std::max<int64_t>(1, kAttentionQueries / group);
+  std::vector<int64_t> run_starts;
+  for (int64_t r = 0; r < q.rows; ++r) {
+    if (run_starts.empty() || r - run_starts.back() == run ||
+        layout.row_sequence[r] != layout.row_sequence[r - 1]) {
+      run_starts.push_back(r);
+    }
+  }
+  const int64_t runs = static_cast<int64_t>(run_starts.size());
+  run_starts.push_back(q.rows);
+  // Later rows of a sequence attend to more keys: the costliest items go first.
+  pool_->ParallelFor(runs * kv.kv_heads, [&](size_t item) {
+    const int64_t index = runs - 1 - static_cast<int64_t>(item) / kv.kv_heads;
     const int32_t kv_head = static_cast<int32_t>(item % kv.kv_heads);
-    const auto& table = layout.block_tables[layout.row_sequence[r]];
-    const int32_t pos = layout.positions[r];
-    CHECK_LT(pos / bt, static_cast<int32_t>(table.size()));
-    const int32_t keys = pos + 1;
-    thread_local std::vector<float> scores;
-    thread_local std::vector<float> acc;
-    scores.resize(keys);
-    acc.resize(head_dim);
-    for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-      const float* qh = Row<float>(q, r) + h * head_dim;
-      for (int32_t j0 = 0; j0 < keys; j0 += bt) {
-        const int32_t count = std::min(bt, keys - j0);
-        const char* kt = KeyBlock(kv, table[j0 / bt], kv_head);
+    const int64_t r0 = run_starts[index], r1 = run_starts[index + 1];
+    const auto& table = layout.block_tables[layout.row_sequence[r0]];
+    const int64_t queries = (r1 - r0) * group;
+    // Query g = (row r0 + g / group, head kv_head * group + g % group), with its key count.
+    thread_local std::vector<float> qs, scores, acc, sums;
+    thread_local std::vector<int32_t> counts;
+    qs.resize(queries * head_dim);
+    acc.assign(queries * head_dim, 0.0f);
+    counts.resize(queries);
+    sums.resize(queries);
+    int32_t most = 0, fewest = std::numeric_limits<int32_t>::max();
+    for (int64_t r = r0; r < r1; ++r) {
+      const int32_t pos = layout.positions[r];
+      CHECK_LT(pos / bt, static_cast<int32_t>(table.size()));
+      most = std::max(most, pos + 1);
+      fewest = std::min(fewest, pos + 1);
+      for (int64_t h = 0; h < group; ++h) {
+        const int64_t g = (r - r0) * group + h;
+        counts[g] = pos + 1;
+        std::memcpy(qs.data() + g * head_dim, Row<float>(q, r) + (kv_head * group + h) * head_dim,
+                    head_dim * sizeof(float));
+      }
+    }
+    // Scores against every key up to the item's last position (a query ignores the ones past
+    // its own).
+    scores.resize(queries * most);
+    for (int32_t j0 = 0; j0 < most; j0 += bt) {
+      const int32_t count = std::min(bt, most - j0);
+      const char* kt = KeyBlock(kv, table[j0 / bt], kv_head);
+      if (f32) {
+        kernels_.dot_columns_f32(qs.data(), head_dim, queries, reinterpret_cast<const float*>(kt),
+                                 bt, head_dim, count, scores.data() + j0, most);
+      } else {
+        kernels_.dot_columns_bf16(qs.data(), head_dim, queries,
+                                  reinterpret_cast<const uint16_t*>(kt), bt, head_dim, count,
+                                  scores.data() + j0, most);
+      }
+    }
+    for (int64_t g = 0; g < queries; ++g) {
+      float* s = scores.data() + g * most;
+      const float max_score = kernels_.scale_max(s, counts[g], scale);
+      sums[g] = kernels_.exp_sum(s, counts[g], max_score);
+    }
+    // Weighted values: the keys every query sees together, then each query's own rest.
+    auto weigh = [&](int64_t g0, int64_t n, int32_t from, int32_t to) {
+      for (int32_t j0 = from; j0 < to;) {
+        const int32_t block = j0 / bt, slot = j0 % bt;
+        const int32_t count = std::min(bt - slot, to - j0);
+        const char* values = ValueRow(kv, table[block], kv_head, slot);
         if (f32) {
-          kernels_.dot_columns_f32(qh, reinterpret_cast<const float*>(kt), bt, head_dim, count,
-                                   scores.data() + j0);
+          kernels_.weighted_rows_f32(scores.data() + g0 * most + j0, most, n,
+                                     reinterpret_cast<const float*>(values), head_dim, count,
+                                     head_dim, acc.data() + g0 * head_dim, head_dim);
         } else {
-          kernels_.dot_columns_bf16(qh, reinterpret_cast<const uint16_t*>(kt), bt, head_dim, count,
-                                    scores.data() + j0);
+          kernels_.weighted_rows_bf16(scores.data() + g0 * most + j0, most, n,
+                                      reinterpret_cast<const uint16_t*>(values), head_dim, count,
+                                      head_dim, acc.data() + g0 * head_dim, head_dim);
         }
+        j0 += count;
       }
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int32_t j = 0; j < keys; ++j) {
-        scores[j] = scores[j] * scale;
-        max_score = std::max(max_score, scores[j]);
-      }
-      for (int32_t j = 0; j < keys; ++j) scores[j] = scores[j] - max_score;
-      kernels_.exp(scores.data(), scores.data(), keys);
-      float sum = 0;
-      for (int32_t j = 0; j < keys; ++j) sum += scores[j];
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int32_t j0 = 0; j0 < keys; j0 += bt) {
-        const int32_t count = std::min(bt, keys - j0);
-        const char* values = ValueRow(kv, table[j0 / bt], kv_head, 0);
-        if (f32) {
-          kernels_.weighted_rows_f32(scores.data() + j0, reinterpret_cast<const float*>(values),
-                                     head_dim, count, head_dim, acc.data());
-        } else {
-          kernels_.weighted_rows_bf16(scores.data() + j0, reinterpret_cast<const uint16_t*>(values),
-                                      head_dim, count, head_dim, acc.data());
-        }
-      }
-      float* o = Row<float>(out, r) + h * head_dim;
-      for (int32_t d = 0; d < head_dim; ++d) o[d] = acc[d] / sum;
+    };
+    weigh(0, queries, 0, fewest);
+    for (int64_t g = 0; g < queries; ++g) weigh(g, 1, fewest, counts[g]);
+    for (int64_t g = 0; g < queries; ++g) {
+      float* o = Row<float>(out, r0 + g / group) + (kv_head * group + g % group) * head_dim;
+      const float* a = acc.data() + g * head_dim;
+      for (int32_t d = 0; d < head_dim; ++d) o[d] = a[d] / sums[g];
     }
   });
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/float_math.h"
@@ -13,6 +15,10 @@
 #include <immintrin.h>
 #define FERRY_HAVE_X86 1
 #endif
+
+// The loops over a register tile's rows and panels must be unrolled fully, or the compiler keeps
+// the accumulators in memory (GCC does at -O2 without it).
+#define FERRY_UNROLL _Pragma("GCC unroll 16")
 
 namespace ferry {
 
@@ -90,6 +96,25 @@ class FlushDenormals {
 #endif
 };
 
+// Calls f(std::integral_constant<int, N>{}, first) over [0, n) in tiles of kMax, the rest in one
+// tile of its own size: register tiles sized at compile time for any count.
+template <int N, typename F>
+inline void TileRest(int64_t rest, int64_t first, F& f) {
+  if constexpr (N >= 1) {
+    if (rest == N) {
+      f(std::integral_constant<int, N>{}, first);
+    } else {
+      TileRest<N - 1>(rest, first, f);
+    }
+  }
+}
+template <int kMax, typename F>
+inline void ForTiles(int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + kMax <= n; i += kMax) f(std::integral_constant<int, kMax>{}, i);
+  TileRest<kMax - 1>(n - i, i, f);
+}
+
 // ---- Scalar: the definition. ----
 
 void GemmBf16Scalar(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
@@ -134,34 +159,51 @@ void GemmScalar(const float* x, int64_t xs, int64_t rows, int64_t k, const float
 }
 
 template <typename T>
-void DotColumnsScalar(const float* q, const T* kt, int64_t ld, int64_t dims, int64_t count,
-                      float* scores) {
-  for (int64_t j = 0; j < count; ++j) {
-    float acc = 0.0f;
-    for (int64_t d = 0; d < dims; ++d) acc = std::fma(q[d], Widen(kt[d * ld + j]), acc);
-    scores[j] = acc;
+void DotColumnsScalar(const float* q, int64_t qs, int64_t queries, const T* kt, int64_t ld,
+                      int64_t dims, int64_t count, float* scores, int64_t ss) {
+  for (int64_t g = 0; g < queries; ++g) {
+    for (int64_t j = 0; j < count; ++j) {
+      float acc = 0.0f;
+      for (int64_t d = 0; d < dims; ++d) acc = std::fma(q[g * qs + d], Widen(kt[d * ld + j]), acc);
+      scores[g * ss + j] = acc;
+    }
   }
 }
 
 template <typename T>
-void AxpyScalar(float a, const T* v, float* out, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) out[d] = std::fma(a, Widen(v[d]), out[d]);
+void WeightedRowsScalar(const float* p, int64_t ps, int64_t queries, const T* v, int64_t ld,
+                        int64_t count, int64_t dims, float* acc, int64_t as) {
+  for (int64_t g = 0; g < queries; ++g) {
+    for (int64_t j = 0; j < count; ++j) {
+      for (int64_t d = 0; d < dims; ++d) {
+        acc[g * as + d] = std::fma(p[g * ps + j], Widen(v[j * ld + d]), acc[g * as + d]);
+      }
+    }
+  }
 }
 
-template <typename T>
-void WeightedRowsScalar(const float* p, const T* v, int64_t ld, int64_t count, int64_t dims,
-                        float* acc) {
-  for (int64_t j = 0; j < count; ++j) AxpyScalar(p[j], v + j * ld, acc, dims);
+float ScaleMaxScalar(float* x, int64_t n, float scale) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = x[i] * scale;
+    m = x[i] > m ? x[i] : m;
+  }
+  return m;
+}
+
+float ExpSumScalar(float* x, int64_t n, float sub) {
+  float a[16] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = Exp(x[i] - sub);
+    a[i % 16] += x[i];
+  }
+  return ReduceLanes(a);
 }
 
 float SumSquaresScalar(const float* x, int64_t n) {
   float a[16] = {};
   for (int64_t i = 0; i < n; ++i) a[i % 16] = std::fma(x[i], x[i], a[i % 16]);
   return ReduceLanes(a);
-}
-
-void ExpScalar(const float* x, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = Exp(x[i]);
 }
 
 void SiluMulScalar(const float* g, const float* u, float* out, int64_t n) {
@@ -174,11 +216,10 @@ const CpuKernels kScalarKernels = {GemmScalar,
                                    DotColumnsScalar<uint16_t>,
                                    WeightedRowsScalar<float>,
                                    WeightedRowsScalar<uint16_t>,
+                                   ScaleMaxScalar,
+                                   ExpSumScalar,
                                    RoundActivationsBf16,
-                                   AxpyScalar<float>,
-                                   AxpyScalar<uint16_t>,
                                    SumSquaresScalar,
-                                   ExpScalar,
                                    SiluMulScalar};
 
 #ifdef FERRY_HAVE_X86
@@ -199,13 +240,17 @@ FERRY_AVX2 inline void TileAvx2(const float* x, int64_t xs, int64_t k, const T* 
                                 int64_t panel_stride, int64_t first_col, int64_t n, float* out,
                                 int64_t os) {
   __m256 acc[MR][NP][2];
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
   }
   for (int64_t kk = 0; kk < k; ++kk) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       const T* b = panel0 + p * panel_stride + kk * kPanel;
       const __m256 b0 = Load8(b), b1 = Load8(b + 8);
+      FERRY_UNROLL
       for (int r = 0; r < MR; ++r) {
         const __m256 xr = _mm256_broadcast_ss(x + r * xs + kk);
         acc[r][p][0] = _mm256_fmadd_ps(xr, b0, acc[r][p][0]);
@@ -213,7 +258,9 @@ FERRY_AVX2 inline void TileAvx2(const float* x, int64_t xs, int64_t k, const T* 
       }
     }
   }
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       const int64_t col = first_col + p * kPanel;
       if (col + kPanel <= n) {
@@ -285,16 +332,20 @@ FERRY_AVX2 inline void TileBf16Avx2(const uint16_t* xb, int64_t xs, int64_t k2,
                                     const uint16_t* panel0, int64_t panel_stride, int64_t first_col,
                                     int64_t n, float* out, int64_t os) {
   __m256 acc[MR][NP][2];
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
   }
   for (int64_t i = 0; i < k2 / 2; ++i) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       const uint16_t* b = panel0 + p * panel_stride + i * 2 * kPanel;
       const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
       const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
       const __m256 w0o = OddHalves(b0), w0e = EvenHalves(b0);
       const __m256 w1o = OddHalves(b1), w1e = EvenHalves(b1);
+      FERRY_UNROLL
       for (int r = 0; r < MR; ++r) {
         uint32_t pair;
         std::memcpy(&pair, xb + r * xs + 2 * i, 4);
@@ -305,7 +356,9 @@ FERRY_AVX2 inline void TileBf16Avx2(const uint16_t* xb, int64_t xs, int64_t k2,
       }
     }
   }
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       alignas(32) float tile[kPanel];
       _mm256_store_ps(tile, acc[r][p][0]);
@@ -352,69 +405,102 @@ FERRY_AVX2 void GemmBf16Avx2(const uint16_t* xb, int64_t xs, int64_t rows, int64
   }
 }
 
-template <typename T>
-FERRY_AVX2 void DotColumnsAvx2(const float* q, const T* kt, int64_t ld, int64_t dims, int64_t count,
-                               float* scores) {
+// Scores of N queries against 16 keys (two vectors) per pass; a ragged end of the keys goes to
+// the scalar definition (AVX2 has no masked 16-bit loads).
+template <int N, typename T>
+FERRY_AVX2 void DotColumnsTileAvx2(const float* q, int64_t qs, const T* kt, int64_t ld,
+                                   int64_t dims, int64_t count, float* scores, int64_t ss) {
   int64_t j = 0;
-  for (; j + 32 <= count; j += 32) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (; j + 16 <= count; j += 16) {
+    __m256 a0[N], a1[N];
+    FERRY_UNROLL
+    for (int g = 0; g < N; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
     for (int64_t d = 0; d < dims; ++d) {
-      const __m256 qd = _mm256_broadcast_ss(q + d);
       const T* row = kt + d * ld + j;
-      a0 = _mm256_fmadd_ps(qd, Load8(row), a0);
-      a1 = _mm256_fmadd_ps(qd, Load8(row + 8), a1);
-      a2 = _mm256_fmadd_ps(qd, Load8(row + 16), a2);
-      a3 = _mm256_fmadd_ps(qd, Load8(row + 24), a3);
+      const __m256 k0 = Load8(row), k1 = Load8(row + 8);
+      FERRY_UNROLL
+      for (int g = 0; g < N; ++g) {
+        const __m256 qd = _mm256_broadcast_ss(q + g * qs + d);
+        a0[g] = _mm256_fmadd_ps(qd, k0, a0[g]);
+        a1[g] = _mm256_fmadd_ps(qd, k1, a1[g]);
+      }
     }
-    _mm256_storeu_ps(scores + j, a0);
-    _mm256_storeu_ps(scores + j + 8, a1);
-    _mm256_storeu_ps(scores + j + 16, a2);
-    _mm256_storeu_ps(scores + j + 24, a3);
-  }
-  for (; j + 8 <= count; j += 8) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < dims; ++d) {
-      a = _mm256_fmadd_ps(_mm256_broadcast_ss(q + d), Load8(kt + d * ld + j), a);
+    FERRY_UNROLL
+    for (int g = 0; g < N; ++g) {
+      _mm256_storeu_ps(scores + g * ss + j, a0[g]);
+      _mm256_storeu_ps(scores + g * ss + j + 8, a1[g]);
     }
-    _mm256_storeu_ps(scores + j, a);
   }
-  DotColumnsScalar(q, kt + j, ld, dims, count - j, scores + j);
+  if (j < count) DotColumnsScalar(q, qs, N, kt + j, ld, dims, count - j, scores + j, ss);
 }
 
 template <typename T>
-FERRY_AVX2 void AxpyAvx2(float s, const T* v, float* out, int64_t n) {
-  const __m256 sv = _mm256_set1_ps(s);
-  int64_t d = 0;
-  for (; d + 8 <= n; d += 8) {
-    _mm256_storeu_ps(out + d, _mm256_fmadd_ps(sv, Load8(v + d), _mm256_loadu_ps(out + d)));
-  }
-  for (; d < n; ++d) out[d] = std::fma(s, Widen(v[d]), out[d]);
+FERRY_AVX2 void DotColumnsAvx2(const float* q, int64_t qs, int64_t queries, const T* kt, int64_t ld,
+                               int64_t dims, int64_t count, float* scores, int64_t ss) {
+  ForTiles<6>(queries, [&](auto n, int64_t g) {
+    DotColumnsTileAvx2<decltype(n)::value>(q + g * qs, qs, kt, ld, dims, count, scores + g * ss,
+                                           ss);
+  });
 }
 
-// Accumulators for up to 128 dims in registers across all rows; wider heads go in chunks.
+// N queries x V vectors of 8 dims of the accumulators in registers across all keys.
+template <int N, int V, typename T>
+FERRY_AVX2 void WeightedRowsTileAvx2(const float* p, int64_t ps, const T* v, int64_t ld,
+                                     int64_t count, float* acc, int64_t as) {
+  __m256 a[N][V];
+  FERRY_UNROLL
+  for (int g = 0; g < N; ++g) {
+    FERRY_UNROLL
+    for (int i = 0; i < V; ++i) a[g][i] = _mm256_loadu_ps(acc + g * as + 8 * i);
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    __m256 x[V];
+    FERRY_UNROLL
+    for (int i = 0; i < V; ++i) x[i] = Load8(v + j * ld + 8 * i);
+    FERRY_UNROLL
+    for (int g = 0; g < N; ++g) {
+      const __m256 pj = _mm256_broadcast_ss(p + g * ps + j);
+      FERRY_UNROLL
+      for (int i = 0; i < V; ++i) a[g][i] = _mm256_fmadd_ps(pj, x[i], a[g][i]);
+    }
+  }
+  FERRY_UNROLL
+  for (int g = 0; g < N; ++g) {
+    FERRY_UNROLL
+    for (int i = 0; i < V; ++i) _mm256_storeu_ps(acc + g * as + 8 * i, a[g][i]);
+  }
+}
+
+template <int V, typename T>
+FERRY_AVX2 void WeightedRowsChunkAvx2(const float* p, int64_t ps, int64_t queries, const T* v,
+                                      int64_t ld, int64_t count, float* acc, int64_t as) {
+  ForTiles<V == 4 ? 3 : 4>(queries, [&](auto n, int64_t g) {
+    WeightedRowsTileAvx2<decltype(n)::value, V>(p + g * ps, ps, v, ld, count, acc + g * as, as);
+  });
+}
+
 template <typename T>
-FERRY_AVX2 void WeightedRowsAvx2(const float* p, const T* v, int64_t ld, int64_t count,
-                                 int64_t dims, float* acc) {
+FERRY_AVX2 void WeightedRowsAvx2(const float* p, int64_t ps, int64_t queries, const T* v,
+                                 int64_t ld, int64_t count, int64_t dims, float* acc, int64_t as) {
   int64_t d0 = 0;
   for (; d0 + 32 <= dims; d0 += 32) {
-    __m256 a0 = _mm256_loadu_ps(acc + d0), a1 = _mm256_loadu_ps(acc + d0 + 8);
-    __m256 a2 = _mm256_loadu_ps(acc + d0 + 16), a3 = _mm256_loadu_ps(acc + d0 + 24);
-    for (int64_t j = 0; j < count; ++j) {
-      const __m256 pj = _mm256_broadcast_ss(p + j);
-      const T* row = v + j * ld + d0;
-      a0 = _mm256_fmadd_ps(pj, Load8(row), a0);
-      a1 = _mm256_fmadd_ps(pj, Load8(row + 8), a1);
-      a2 = _mm256_fmadd_ps(pj, Load8(row + 16), a2);
-      a3 = _mm256_fmadd_ps(pj, Load8(row + 24), a3);
-    }
-    _mm256_storeu_ps(acc + d0, a0);
-    _mm256_storeu_ps(acc + d0 + 8, a1);
-    _mm256_storeu_ps(acc + d0 + 16, a2);
-    _mm256_storeu_ps(acc + d0 + 24, a3);
+    WeightedRowsChunkAvx2<4>(p, ps, queries, v + d0, ld, count, acc + d0, as);
   }
-  if (d0 < dims) {
-    for (int64_t j = 0; j < count; ++j) AxpyScalar(p[j], v + j * ld + d0, acc + d0, dims - d0);
+  switch ((dims - d0) / 8) {
+    case 3:
+      WeightedRowsChunkAvx2<3>(p, ps, queries, v + d0, ld, count, acc + d0, as);
+      break;
+    case 2:
+      WeightedRowsChunkAvx2<2>(p, ps, queries, v + d0, ld, count, acc + d0, as);
+      break;
+    case 1:
+      WeightedRowsChunkAvx2<1>(p, ps, queries, v + d0, ld, count, acc + d0, as);
+      break;
+    default:
+      break;
   }
+  d0 += (dims - d0) / 8 * 8;
+  if (d0 < dims) WeightedRowsScalar(p, ps, queries, v + d0, ld, count, dims - d0, acc + d0, as);
 }
 
 // FloatToBf16 on 8 lanes: (bits + 0x7fff + ((bits >> 16) & 1)) >> 16; NaN keeps its top half
@@ -488,10 +574,42 @@ FERRY_AVX2 inline __m256 ExpAvx2(__m256 x) {
   return _mm256_blendv_ps(result, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-FERRY_AVX2 void ExpVecAvx2(const float* x, float* out, int64_t n) {
+FERRY_AVX2 float ScaleMaxAvx2(float* x, int64_t n, float scale) {
+  const __m256 s = _mm256_set1_ps(scale);
+  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, ExpAvx2(_mm256_loadu_ps(x + i)));
-  ExpScalar(x + i, out + i, n - i);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), s);
+    _mm256_storeu_ps(x + i, v);
+    m = _mm256_max_ps(v, m);  // v > m ? v : m, lane by lane
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = ScaleMaxScalar(x + i, n - i, scale);
+  for (float l : lanes) r = l > r ? l : r;
+  return r;
+}
+
+FERRY_AVX2 float ExpSumAvx2(float* x, int64_t n, float sub) {
+  const __m256 s = _mm256_set1_ps(sub);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  const int64_t full = n - n % 16;
+  for (int64_t i = 0; i < full; i += 16) {
+    const __m256 a = ExpAvx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    const __m256 b = ExpAvx2(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8), s));
+    _mm256_storeu_ps(x + i, a);
+    _mm256_storeu_ps(x + i + 8, b);
+    lo = _mm256_add_ps(lo, a);
+    hi = _mm256_add_ps(hi, b);
+  }
+  alignas(32) float acc[16];
+  _mm256_store_ps(acc, lo);
+  _mm256_store_ps(acc + 8, hi);
+  for (int64_t i = full; i < n; ++i) {
+    x[i] = Exp(x[i] - sub);
+    acc[i - full] += x[i];
+  }
+  return ReduceLanes(acc);
 }
 
 FERRY_AVX2 void SiluMulAvx2(const float* g, const float* u, float* out, int64_t n) {
@@ -512,11 +630,10 @@ const CpuKernels kAvx2Kernels = {GemmAvx2<float>,
                                  DotColumnsAvx2<uint16_t>,
                                  WeightedRowsAvx2<float>,
                                  WeightedRowsAvx2<uint16_t>,
+                                 ScaleMaxAvx2,
+                                 ExpSumAvx2,
                                  RoundBf16Avx2,
-                                 AxpyAvx2<float>,
-                                 AxpyAvx2<uint16_t>,
                                  SumSquaresAvx2,
-                                 ExpVecAvx2,
                                  SiluMulAvx2};
 
 // ---- AVX-512: 16 lanes; a panel is one vector. ----
@@ -542,18 +659,24 @@ FERRY_AVX512 inline void TileAvx512(const float* x, int64_t xs, int64_t k, const
                                     int64_t panel_stride, int64_t first_col, int64_t n, float* out,
                                     int64_t os) {
   __m512 acc[MR][NP];
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
   }
   for (int64_t kk = 0; kk < k; ++kk) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       const __m512 b = Load16(panel0 + p * panel_stride + kk * kPanel);
+      FERRY_UNROLL
       for (int r = 0; r < MR; ++r) {
         acc[r][p] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * xs + kk]), b, acc[r][p]);
       }
     }
   }
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       const int64_t col = first_col + p * kPanel;
       if (col + kPanel <= n) {
@@ -629,13 +752,17 @@ FERRY_AVX512 inline void TileBf16Avx512(const uint16_t* xb, int64_t xs, int64_t 
                                         const uint16_t* panel0, int64_t panel_stride,
                                         int64_t first_col, int64_t n, float* out, int64_t os) {
   __m512 acc[MR][NP];
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
   }
   for (int64_t i = 0; i < k2 / 2; ++i) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       const __m512i b = _mm512_loadu_si512(panel0 + p * panel_stride + i * 2 * kPanel);
       const __m512 wo = OddHalves512(b), we = EvenHalves512(b);
+      FERRY_UNROLL
       for (int r = 0; r < MR; ++r) {
         uint32_t pair;
         std::memcpy(&pair, xb + r * xs + 2 * i, 4);
@@ -645,7 +772,9 @@ FERRY_AVX512 inline void TileBf16Avx512(const uint16_t* xb, int64_t xs, int64_t 
       }
     }
   }
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       alignas(64) float tile[kPanel];
       _mm512_store_ps(tile, acc[r][p]);
@@ -714,13 +843,17 @@ FERRY_AVX512BF16 inline void TileDpbf16(const uint16_t* xb, int64_t xs, int64_t 
                                         const uint16_t* panel0, int64_t panel_stride,
                                         int64_t first_col, int64_t n, float* out, int64_t os) {
   __m512 acc[MR][NP];
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
   }
   for (int64_t i = 0; i < k2 / 2; ++i) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       const __m512bh b = reinterpret_cast<__m512bh>(
           _mm512_loadu_si512(panel0 + p * panel_stride + i * 2 * kPanel));
+      FERRY_UNROLL
       for (int r = 0; r < MR; ++r) {
         uint32_t pair;
         std::memcpy(&pair, xb + r * xs + 2 * i, 4);
@@ -729,7 +862,9 @@ FERRY_AVX512BF16 inline void TileDpbf16(const uint16_t* xb, int64_t xs, int64_t 
       }
     }
   }
+  FERRY_UNROLL
   for (int r = 0; r < MR; ++r) {
+    FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       const int64_t col = first_col + p * kPanel;
       if (col + kPanel <= n) {
@@ -793,67 +928,130 @@ FERRY_AVX512BF16 void GemmBf16Dpbf16(const uint16_t* xb, int64_t xs, int64_t row
   }
 }
 
-template <typename T>
-FERRY_AVX512 void DotColumnsAvx512(const float* q, const T* kt, int64_t ld, int64_t dims,
-                                   int64_t count, float* scores) {
-  int64_t j = 0;
-  for (; j + 64 <= count; j += 64) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+inline __mmask16 LaneMask(int64_t valid) {
+  return valid >= 16 ? 0xFFFF : valid <= 0 ? 0 : static_cast<__mmask16>((1u << valid) - 1);
+}
+
+// Scores of N queries against 32 keys (two vectors, masked at the ragged end) per pass.
+template <int N, typename T>
+FERRY_AVX512 void DotColumnsTileAvx512(const float* q, int64_t qs, const T* kt, int64_t ld,
+                                       int64_t dims, int64_t count, float* scores, int64_t ss) {
+  for (int64_t j = 0; j < count; j += 32) {
+    const __mmask16 m0 = LaneMask(count - j), m1 = LaneMask(count - j - 16);
+    __m512 a0[N], a1[N];
+    FERRY_UNROLL
+    for (int g = 0; g < N; ++g) a0[g] = a1[g] = _mm512_setzero_ps();
     for (int64_t d = 0; d < dims; ++d) {
-      const __m512 qd = _mm512_set1_ps(q[d]);
       const T* row = kt + d * ld + j;
-      a0 = _mm512_fmadd_ps(qd, Load16(row), a0);
-      a1 = _mm512_fmadd_ps(qd, Load16(row + 16), a1);
-      a2 = _mm512_fmadd_ps(qd, Load16(row + 32), a2);
-      a3 = _mm512_fmadd_ps(qd, Load16(row + 48), a3);
+      const __m512 k0 = LoadMasked16(row, m0), k1 = LoadMasked16(row + 16, m1);
+      FERRY_UNROLL
+      for (int g = 0; g < N; ++g) {
+        const __m512 qd = _mm512_set1_ps(q[g * qs + d]);
+        a0[g] = _mm512_fmadd_ps(qd, k0, a0[g]);
+        a1[g] = _mm512_fmadd_ps(qd, k1, a1[g]);
+      }
     }
-    _mm512_storeu_ps(scores + j, a0);
-    _mm512_storeu_ps(scores + j + 16, a1);
-    _mm512_storeu_ps(scores + j + 32, a2);
-    _mm512_storeu_ps(scores + j + 48, a3);
-  }
-  for (; j < count; j += 16) {
-    // The last vector may be partial: masked lanes load zeros and are not stored.
-    const __mmask16 mask = count - j >= 16 ? 0xFFFF : (1u << (count - j)) - 1;
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dims; ++d) {
-      a = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), LoadMasked16(kt + d * ld + j, mask), a);
+    FERRY_UNROLL
+    for (int g = 0; g < N; ++g) {
+      _mm512_mask_storeu_ps(scores + g * ss + j, m0, a0[g]);
+      _mm512_mask_storeu_ps(scores + g * ss + j + 16, m1, a1[g]);
     }
-    _mm512_mask_storeu_ps(scores + j, mask, a);
   }
 }
 
 template <typename T>
-FERRY_AVX512 void AxpyAvx512(float s, const T* v, float* out, int64_t n) {
-  const __m512 sv = _mm512_set1_ps(s);
-  int64_t d = 0;
-  for (; d + 16 <= n; d += 16) {
-    _mm512_storeu_ps(out + d, _mm512_fmadd_ps(sv, Load16(v + d), _mm512_loadu_ps(out + d)));
+FERRY_AVX512 void DotColumnsAvx512(const float* q, int64_t qs, int64_t queries, const T* kt,
+                                   int64_t ld, int64_t dims, int64_t count, float* scores,
+                                   int64_t ss) {
+  ForTiles<8>(queries, [&](auto n, int64_t g) {
+    DotColumnsTileAvx512<decltype(n)::value>(q + g * qs, qs, kt, ld, dims, count, scores + g * ss,
+                                             ss);
+  });
+}
+
+// N queries x V vectors of 16 dims (the last masked to `last`) of the accumulators in registers
+// across all keys.
+template <int N, int V, typename T>
+FERRY_AVX512 void WeightedRowsTileAvx512(const float* p, int64_t ps, const T* v, int64_t ld,
+                                         int64_t count, __mmask16 last, float* acc, int64_t as) {
+  __m512 a[N][V];
+  FERRY_UNROLL
+  for (int g = 0; g < N; ++g) {
+    FERRY_UNROLL
+    for (int i = 0; i < V; ++i) {
+      a[g][i] = _mm512_maskz_loadu_ps(i == V - 1 ? last : 0xFFFF, acc + g * as + 16 * i);
+    }
   }
-  AxpyAvx2(s, v + d, out + d, n - d);
+  for (int64_t j = 0; j < count; ++j) {
+    __m512 x[V];
+    FERRY_UNROLL
+    for (int i = 0; i < V; ++i) {
+      x[i] = i == V - 1 ? LoadMasked16(v + j * ld + 16 * i, last) : Load16(v + j * ld + 16 * i);
+    }
+    FERRY_UNROLL
+    for (int g = 0; g < N; ++g) {
+      const __m512 pj = _mm512_set1_ps(p[g * ps + j]);
+      FERRY_UNROLL
+      for (int i = 0; i < V; ++i) a[g][i] = _mm512_fmadd_ps(pj, x[i], a[g][i]);
+    }
+  }
+  FERRY_UNROLL
+  for (int g = 0; g < N; ++g) {
+    FERRY_UNROLL
+    for (int i = 0; i < V; ++i) {
+      _mm512_mask_storeu_ps(acc + g * as + 16 * i, i == V - 1 ? last : 0xFFFF, a[g][i]);
+    }
+  }
+}
+
+template <int V, typename T>
+FERRY_AVX512 void WeightedRowsChunkAvx512(const float* p, int64_t ps, int64_t queries, const T* v,
+                                          int64_t ld, int64_t count, __mmask16 last, float* acc,
+                                          int64_t as) {
+  ForTiles<V == 4 ? 6 : 8>(queries, [&](auto n, int64_t g) {
+    WeightedRowsTileAvx512<decltype(n)::value, V>(p + g * ps, ps, v, ld, count, last, acc + g * as,
+                                                  as);
+  });
 }
 
 template <typename T>
-FERRY_AVX512 void WeightedRowsAvx512(const float* p, const T* v, int64_t ld, int64_t count,
-                                     int64_t dims, float* acc) {
-  int64_t d0 = 0;
-  for (; d0 + 64 <= dims; d0 += 64) {
-    __m512 a0 = _mm512_loadu_ps(acc + d0), a1 = _mm512_loadu_ps(acc + d0 + 16);
-    __m512 a2 = _mm512_loadu_ps(acc + d0 + 32), a3 = _mm512_loadu_ps(acc + d0 + 48);
-    for (int64_t j = 0; j < count; ++j) {
-      const __m512 pj = _mm512_set1_ps(p[j]);
-      const T* row = v + j * ld + d0;
-      a0 = _mm512_fmadd_ps(pj, Load16(row), a0);
-      a1 = _mm512_fmadd_ps(pj, Load16(row + 16), a1);
-      a2 = _mm512_fmadd_ps(pj, Load16(row + 32), a2);
-      a3 = _mm512_fmadd_ps(pj, Load16(row + 48), a3);
+FERRY_AVX512 void WeightedRowsAvx512(const float* p, int64_t ps, int64_t queries, const T* v,
+                                     int64_t ld, int64_t count, int64_t dims, float* acc,
+                                     int64_t as) {
+  for (int64_t d0 = 0; d0 < dims; d0 += 64) {
+    const int64_t left = std::min<int64_t>(64, dims - d0);
+    const __mmask16 last = LaneMask(left - (left - 1) / 16 * 16);
+    switch ((left + 15) / 16) {
+      case 4:
+        WeightedRowsChunkAvx512<4>(p, ps, queries, v + d0, ld, count, last, acc + d0, as);
+        break;
+      case 3:
+        WeightedRowsChunkAvx512<3>(p, ps, queries, v + d0, ld, count, last, acc + d0, as);
+        break;
+      case 2:
+        WeightedRowsChunkAvx512<2>(p, ps, queries, v + d0, ld, count, last, acc + d0, as);
+        break;
+      default:
+        WeightedRowsChunkAvx512<1>(p, ps, queries, v + d0, ld, count, last, acc + d0, as);
+        break;
     }
-    _mm512_storeu_ps(acc + d0, a0);
-    _mm512_storeu_ps(acc + d0 + 16, a1);
-    _mm512_storeu_ps(acc + d0 + 32, a2);
-    _mm512_storeu_ps(acc + d0 + 48, a3);
   }
-  if (d0 < dims) WeightedRowsAvx2(p, v + d0, ld, count, dims - d0, acc + d0);
+}
+
+FERRY_AVX512 float ScaleMaxAvx512(float* x, int64_t n, float scale) {
+  const __m512 s = _mm512_set1_ps(scale);
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = LaneMask(n - i);
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), s);
+    _mm512_mask_storeu_ps(x + i, mask, v);
+    m = _mm512_mask_max_ps(m, mask, v, m);  // v > m ? v : m in the valid lanes
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  float r = -std::numeric_limits<float>::infinity();
+  for (float l : lanes) r = l > r ? l : r;
+  return r;
 }
 
 FERRY_AVX512 float SumSquaresAvx512(const float* x, int64_t n) {
@@ -875,11 +1073,10 @@ const CpuKernels kAvx512Kernels = {GemmAvx512<float>,
                                    DotColumnsAvx512<uint16_t>,
                                    WeightedRowsAvx512<float>,
                                    WeightedRowsAvx512<uint16_t>,
+                                   ScaleMaxAvx512,
+                                   ExpSumAvx2,
                                    RoundBf16Avx2,
-                                   AxpyAvx512<float>,
-                                   AxpyAvx512<uint16_t>,
                                    SumSquaresAvx512,
-                                   ExpVecAvx2,
                                    SiluMulAvx2};
 
 const CpuKernels kAvx512Bf16Kernels = {GemmAvx512<float>,
@@ -888,11 +1085,10 @@ const CpuKernels kAvx512Bf16Kernels = {GemmAvx512<float>,
                                        DotColumnsAvx512<uint16_t>,
                                        WeightedRowsAvx512<float>,
                                        WeightedRowsAvx512<uint16_t>,
+                                       ScaleMaxAvx512,
+                                       ExpSumAvx2,
                                        RoundBf16Avx2,
-                                       AxpyAvx512<float>,
-                                       AxpyAvx512<uint16_t>,
                                        SumSquaresAvx512,
-                                       ExpVecAvx2,
                                        SiluMulAvx2};
 
 #endif  // FERRY_HAVE_X86

@@ -17,9 +17,10 @@
 //   included), so that variant runs at the bf16 dot-product rate; the others reproduce it with
 //   two FMAs per pair under DAZ + FTZ. Bit-identity across variants holds on x86.
 //
-//   SumSquares (RMSNorm): 16 partial sums, element i added to partial i mod 16 with a fused
-//   multiply-add in increasing i; then a[j] += a[j + 8] (j < 8), a[j] += a[j + 4] (j < 4),
-//   a[j] += a[j + 2] (j < 2), a[0] + a[1].
+//   SumSquares (RMSNorm) and ExpSum (the softmax denominator): 16 partial sums, term i added to
+//   partial i mod 16 in increasing i (x[i]^2 with a fused multiply-add; Exp(x[i] - max) with an
+//   add); then a[j] += a[j + 8] (j < 8), a[j] += a[j + 4] (j < 4), a[j] += a[j + 2] (j < 2),
+//   a[0] + a[1].
 //
 //   Exp: float_math.h, step for step.
 //
@@ -85,26 +86,30 @@ struct CpuKernels {
   void (*gemm_bf16)(const uint16_t* xb, int64_t xb_stride, int64_t rows, int64_t k2,
                     const uint16_t* packed, int64_t panel_begin, int64_t panel_end, int64_t n,
                     float* out, int64_t out_stride);
-  // scores[j] = sum_d q[d] * kt[d * ld + j] for j < count: dot products of q with `count` keys
-  // stored column-wise (d-major), as the KV cache stores keys.
-  void (*dot_columns_f32)(const float* q, const float* kt, int64_t ld, int64_t dims, int64_t count,
-                          float* scores);
-  void (*dot_columns_bf16)(const float* q, const uint16_t* kt, int64_t ld, int64_t dims,
-                           int64_t count, float* scores);
-  // acc[d] = fma(p[j], v_j[d], acc[d]) for j = 0..count-1 in order, d < dims, where value row
-  // v_j starts `ld` elements after v_{j-1} (the rows of one KV block): attention's weighted sum.
-  void (*weighted_rows_f32)(const float* p, const float* v, int64_t ld, int64_t count, int64_t dims,
-                            float* acc);
-  void (*weighted_rows_bf16)(const float* p, const uint16_t* v, int64_t ld, int64_t count,
-                             int64_t dims, float* acc);
+  // Attention's products, for `queries` query vectors at once so that every key and value row
+  // read serves all of them (the heads of a KV group at several positions).
+  // scores[g * ss + j] = sum_d q[g * qs + d] * kt[d * ld + j] for g < queries, j < count: dot
+  // products with `count` keys stored column-wise (d-major), as the KV cache stores keys.
+  void (*dot_columns_f32)(const float* q, int64_t qs, int64_t queries, const float* kt, int64_t ld,
+                          int64_t dims, int64_t count, float* scores, int64_t ss);
+  void (*dot_columns_bf16)(const float* q, int64_t qs, int64_t queries, const uint16_t* kt,
+                           int64_t ld, int64_t dims, int64_t count, float* scores, int64_t ss);
+  // acc[g * as + d] = fma(p[g * ps + j], v_j[d], acc[g * as + d]) for j = 0..count-1 in order,
+  // d < dims, g < queries, where value row v_j starts `ld` elements after v_{j-1} (the rows of
+  // one KV block): attention's weighted sum, continued block after block.
+  void (*weighted_rows_f32)(const float* p, int64_t ps, int64_t queries, const float* v, int64_t ld,
+                            int64_t count, int64_t dims, float* acc, int64_t as);
+  void (*weighted_rows_bf16)(const float* p, int64_t ps, int64_t queries, const uint16_t* v,
+                             int64_t ld, int64_t count, int64_t dims, float* acc, int64_t as);
+  // x[i] = x[i] * scale for i < n; returns the largest (x > m ? x : m from m = -inf: NaNs are
+  // skipped; which zero a zero maximum is, +0 or -0, is unspecified).
+  float (*scale_max)(float* x, int64_t n, float scale);
+  // x[i] = Exp(x[i] - sub) for i < n; returns their sum in SumSquares' order (16 partials, then
+  // the same tree), the softmax denominator.
+  float (*exp_sum)(float* x, int64_t n, float sub);
   // RoundActivationsBf16, vectorised (the same bits).
   void (*round_bf16)(const float* x, int64_t k, uint16_t* out);
-  // out[d] = fma(a, v[d], out[d]).
-  void (*axpy_f32)(float a, const float* v, float* out, int64_t n);
-  void (*axpy_bf16)(float a, const uint16_t* v, float* out, int64_t n);
   float (*sum_squares)(const float* x, int64_t n);
-  // out[i] = Exp(x[i]).
-  void (*exp)(const float* x, float* out, int64_t n);
   // out[i] = (g[i] / (1 + Exp(-g[i]))) * u[i].
   void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
 };

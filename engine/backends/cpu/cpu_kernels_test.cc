@@ -139,34 +139,41 @@ TEST(CpuKernelsTest, EveryVariantIsBitIdenticalToTheScalarDefinition) {
       const auto x = RandomFloats(n, 1 + n), w = RandomFloats(n, 2 + n, 3.0f);
       const auto wb = ToBf16(w);
       EXPECT_EQ(Bits(kern.sum_squares(x.data(), n)), Bits(ref.sum_squares(x.data(), n)));
-      std::vector<float> a = RandomFloats(n, 3 + n), b = a;
-      kern.axpy_f32(0.37f, w.data(), a.data(), n);
-      ref.axpy_f32(0.37f, w.data(), b.data(), n);
-      kern.axpy_bf16(-1.5f, wb.data(), a.data(), n);
-      ref.axpy_bf16(-1.5f, wb.data(), b.data(), n);
-      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * 4)) << CpuIsaName(isa) << " n=" << n;
-      // Exp over a wide range including the edges, SiLU.
+      // Softmax pieces over a wide range including the edges: scale + max, Exp + sum.
       std::vector<float> e = RandomFloats(n, 4 + n, 40.0f);
       if (n > 4) e[0] = 89.0f, e[1] = -104.0f, e[2] = NAN, e[3] = -0.0f, e[4] = -100.0f;
-      std::vector<float> ea(n), eb(n);
-      kern.exp(e.data(), ea.data(), n);
-      ref.exp(e.data(), eb.data(), n);
+      std::vector<float> ea = e, eb = e;
+      const float ma = kern.scale_max(ea.data(), n, 1.25f), mb = ref.scale_max(eb.data(), n, 1.25f);
+      EXPECT_EQ(ma, mb) << CpuIsaName(isa) << " max n=" << n;
+      EXPECT_EQ(0, std::memcmp(ea.data(), eb.data(), n * 4)) << CpuIsaName(isa) << " scale";
+      // Subtracting 0 keeps the edge values: overflow, underflow, NaN, -0.
+      EXPECT_EQ(Bits(kern.exp_sum(ea.data(), n, 0.0f)), Bits(ref.exp_sum(eb.data(), n, 0.0f)))
+          << CpuIsaName(isa) << " exp sum n=" << n;
+      EXPECT_EQ(0, std::memcmp(ea.data(), eb.data(), n * 4)) << CpuIsaName(isa) << " exp";
+      ea = e, eb = e;
+      EXPECT_EQ(Bits(kern.exp_sum(ea.data(), n, 3.5f)), Bits(ref.exp_sum(eb.data(), n, 3.5f)));
       EXPECT_EQ(0, std::memcmp(ea.data(), eb.data(), n * 4)) << CpuIsaName(isa) << " exp";
       kern.silu_mul(e.data(), x.data(), ea.data(), n);
       ref.silu_mul(e.data(), x.data(), eb.data(), n);
       EXPECT_EQ(0, std::memcmp(ea.data(), eb.data(), n * 4)) << CpuIsaName(isa) << " silu";
     }
-    // Weighted sums of value rows (dims around the register-block sizes), bf16 rounding.
-    for (int64_t dims : {8, 24, 32, 64, 72, 128, 136}) {
+    // Weighted sums of value rows for 1..14 queries at once (the register tiles' sizes and
+    // their remainders), dims around the vector and chunk widths.
+    for (int64_t dims : {8, 24, 32, 64, 72, 80, 128, 136}) {
+      for (int64_t queries : {1, 2, 3, 4, 5, 6, 7, 9, 12, 14}) {
+        const int64_t count = 13, ld = dims + 5, ps = count + 2, as = dims + 3;
+        const auto p = RandomFloats(queries * ps, 7), v = RandomFloats(count * ld, 8);
+        const auto vb = ToBf16(v);
+        std::vector<float> a = RandomFloats(queries * as, 9), b = a;
+        kern.weighted_rows_f32(p.data(), ps, queries, v.data(), ld, count, dims, a.data(), as);
+        ref.weighted_rows_f32(p.data(), ps, queries, v.data(), ld, count, dims, b.data(), as);
+        kern.weighted_rows_bf16(p.data(), ps, queries, vb.data(), ld, count, dims, a.data(), as);
+        ref.weighted_rows_bf16(p.data(), ps, queries, vb.data(), ld, count, dims, b.data(), as);
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+            << CpuIsaName(isa) << " dims=" << dims << " queries=" << queries;
+      }
       const int64_t count = 13, ld = dims + 5;
-      const auto p = RandomFloats(count, 7), v = RandomFloats(count * ld, 8);
-      const auto vb = ToBf16(v);
-      std::vector<float> a = RandomFloats(dims, 9), b = a;
-      kern.weighted_rows_f32(p.data(), v.data(), ld, count, dims, a.data());
-      ref.weighted_rows_f32(p.data(), v.data(), ld, count, dims, b.data());
-      kern.weighted_rows_bf16(p.data(), vb.data(), ld, count, dims, a.data());
-      ref.weighted_rows_bf16(p.data(), vb.data(), ld, count, dims, b.data());
-      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), dims * 4)) << CpuIsaName(isa) << " " << dims;
+      const auto v = RandomFloats(count * ld, 8);
       std::vector<uint16_t> ra(count * ld + 1), rb(count * ld + 1);
       std::vector<float> odd = v;
       odd[3] = NAN;
@@ -175,18 +182,23 @@ TEST(CpuKernelsTest, EveryVariantIsBitIdenticalToTheScalarDefinition) {
       ref.round_bf16(odd.data(), count * ld, rb.data());
       EXPECT_EQ(ra, rb) << CpuIsaName(isa);
     }
-    // Attention scores over column-wise keys (ld larger than the count, as in a partial block).
-    for (int64_t count : {1, 7, 8, 31, 32, 40, 64, 65, 100}) {
-      const int64_t dims = 24, ld = count + 3;
-      const auto q = RandomFloats(dims, 5), kt = RandomFloats(dims * ld, 6);
-      const auto ktb = ToBf16(kt);
-      std::vector<float> a(count), b(count);
-      kern.dot_columns_f32(q.data(), kt.data(), ld, dims, count, a.data());
-      ref.dot_columns_f32(q.data(), kt.data(), ld, dims, count, b.data());
-      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), count * 4)) << CpuIsaName(isa);
-      kern.dot_columns_bf16(q.data(), ktb.data(), ld, dims, count, a.data());
-      ref.dot_columns_bf16(q.data(), ktb.data(), ld, dims, count, b.data());
-      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), count * 4)) << CpuIsaName(isa);
+    // Attention scores over column-wise keys (ld larger than the count, as in a partial block),
+    // for 1..13 queries at once.
+    for (int64_t count : {1, 7, 8, 15, 16, 17, 31, 32, 40, 64, 65, 100}) {
+      for (int64_t queries : {1, 2, 3, 5, 6, 7, 8, 9, 13}) {
+        const int64_t dims = 24, ld = count + 3, qs = dims + 1, ss = count + 4;
+        const auto q = RandomFloats(queries * qs, 5), kt = RandomFloats(dims * ld, 6);
+        const auto ktb = ToBf16(kt);
+        std::vector<float> a(queries * ss, -1), b(queries * ss, -1);
+        kern.dot_columns_f32(q.data(), qs, queries, kt.data(), ld, dims, count, a.data(), ss);
+        ref.dot_columns_f32(q.data(), qs, queries, kt.data(), ld, dims, count, b.data(), ss);
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+            << CpuIsaName(isa) << " count=" << count << " queries=" << queries;
+        kern.dot_columns_bf16(q.data(), qs, queries, ktb.data(), ld, dims, count, a.data(), ss);
+        ref.dot_columns_bf16(q.data(), qs, queries, ktb.data(), ld, dims, count, b.data(), ss);
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+            << CpuIsaName(isa) << " count=" << count << " queries=" << queries;
+      }
     }
   }
 }
@@ -226,6 +238,15 @@ TEST(CpuKernelsTest, ProductsFollowTheDocumentedOrder) {
     for (int j = 0; j < 4; ++j) a[j] = a[j] + a[j + 4];
     for (int j = 0; j < 2; ++j) a[j] = a[j] + a[j + 2];
     EXPECT_EQ(Bits(CpuKernelsFor(isa).sum_squares(x.data(), k)), Bits(a[0] + a[1]));
+    // The softmax denominator: Exp(x - sub) added to partial i mod 16, the same tree.
+    float e[16] = {};
+    for (int64_t i = 0; i < k; ++i) e[i % 16] = e[i % 16] + Exp(x[i] - 0.5f);
+    for (int j = 0; j < 8; ++j) e[j] = e[j] + e[j + 8];
+    for (int j = 0; j < 4; ++j) e[j] = e[j] + e[j + 4];
+    for (int j = 0; j < 2; ++j) e[j] = e[j] + e[j + 2];
+    std::vector<float> ex = x;
+    EXPECT_EQ(Bits(CpuKernelsFor(isa).exp_sum(ex.data(), k, 0.5f)), Bits(e[0] + e[1]));
+    for (int64_t i = 0; i < k; ++i) EXPECT_EQ(Bits(ex[i]), Bits(Exp(x[i] - 0.5f)));
   }
 }
 
