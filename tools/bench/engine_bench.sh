@@ -63,7 +63,7 @@ q4 = json.load(open(f"{work}/peer_q4.json"))
 bf16 = {k: max(plain[k], fa[k]) for k in ("decode_tok_s", "prefill_tok_s")} if with_peer else {}
 print(f"engine: SmolLM2-135M-Instruct, bf16 weights and KV, {ours['engine']}; "
       f"prompt {ours['prompt_tokens']} tokens, decode {ours['decode_tokens']} tokens at batch 1")
-print(f"  machine: read bandwidth {ours['read_bw_bytes_s'] / 1e9:.1f} GB/s (best of 5 over "
+print(f"  machine: read bandwidth {ours['read_bw_bytes_s'] / 1e9:.1f} GB/s (best of 6+, around the decode runs, over "
       f"{ours['read_buffer_bytes'] >> 20} MiB), peak FMA {ours['peak_flops'] / 1e9:.1f} GFLOP/s; "
       f"weights read per decode step {ours['weight_bytes'] / 1e6:.1f} MB")
 print(f"  load: {ours['load_seconds']:.2f} s ({ours['load_gib_s']:.2f} GiB/s of model file)")

@@ -20,7 +20,7 @@ constexpr size_t kAlignment = 64;
 constexpr int64_t kRowsPerItem = 48;
 constexpr int64_t kPanelBytes = 256 * 1024;
 // Attention work items: about this many query vectors (heads of a KV group x rows).
-constexpr int64_t kAttentionQueries = 12;
+constexpr int64_t kAttentionQueries = 24;
 
 template <typename T>
 T* Row(const DeviceMatrix& m, int64_t r) {
@@ -146,7 +146,12 @@ void CpuBackend::NormRow(const float* in, const DeviceMatrix& weight, float eps,
   for (int64_t g = 0; g < cols; g += group) {
     const float mean = kernels_.sum_squares(in + g, group) / static_cast<float>(group);
     const float inv = 1.0f / std::sqrt(mean + eps);
-    for (int64_t i = 0; i < group; ++i) o[g + i] = Load(weight, 0, i) * (in[g + i] * inv);
+    if (weight.dtype == DType::kF32) {
+      const float* w = Row<float>(weight, 0);
+      for (int64_t i = 0; i < group; ++i) o[g + i] = w[i] * (in[g + i] * inv);
+    } else {
+      for (int64_t i = 0; i < group; ++i) o[g + i] = Load(weight, 0, i) * (in[g + i] * inv);
+    }
   }
 }
 
@@ -179,14 +184,20 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
   const int64_t m_rows = x.rows, n = w.rows, k = x.cols;
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int64_t panel_bytes = kPanel * k * static_cast<int64_t>(DTypeBytes(w.dtype));
-  // Enough column groups to keep every thread busy at one row; each small enough for L2; a
-  // multiple of 6 panels where possible (the row-block tiles take 2 or 3 panels at a time; the
-  // one-row tiles take up to 8 and then narrower ones).
+  // Column groups small enough for L2. Over many rows, a multiple of 3 panels (the row-block
+  // tiles take 3 at a time) and plenty of items already; over one row block (decode), at least
+  // 4 groups per thread with the panels split evenly, so no thread waits on a bigger share.
   const int64_t by_cache = std::max<int64_t>(1, kPanelBytes / panel_bytes);
-  const int64_t by_threads = std::max<int64_t>(1, panels / (4 * pool_->threads()));
-  int64_t group = std::min(by_cache, by_threads);
-  if (group > 6) group -= group % 6;
-  const int64_t groups = (panels + group - 1) / group;
+  const bool one_block = m_rows <= kRowsPerItem;
+  const int64_t group = by_cache >= 3 ? by_cache - by_cache % 3 : by_cache;
+  const int64_t groups =
+      one_block ? std::min(panels, std::max((panels + by_cache - 1) / by_cache,
+                                            static_cast<int64_t>(4 * pool_->threads())))
+                : (panels + group - 1) / group;
+  auto group_panels = [&](int64_t g) -> std::pair<int64_t, int64_t> {
+    if (one_block) return {g * panels / groups, (g + 1) * panels / groups};
+    return {g * group, std::min(panels, (g + 1) * group)};
+  };
   const int64_t row_blocks = (m_rows + kRowsPerItem - 1) / kRowsPerItem;
   // bf16 weights take bf16 activations (cpu_kernels.h), rounded once here.
   const uint16_t* activations = nullptr;
@@ -208,7 +219,7 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
   }
   pool_->ParallelFor(groups * row_blocks, [&](size_t item) {
     const int64_t g = item / row_blocks, rb = item % row_blocks;
-    const int64_t p0 = g * group, p1 = std::min(panels, p0 + group);
+    const auto [p0, p1] = group_panels(g);
     const int64_t m0 = rb * kRowsPerItem, rows = std::min(kRowsPerItem, m_rows - m0);
     const float* xr = Row<float>(x, m0);
     float* o = Row<float>(out, m0);
@@ -310,8 +321,9 @@ void CpuBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const S
   const int64_t group = heads / kv.kv_heads;
   const bool f32 = kv.dtype == DType::kF32;
   // Work items: (runs of up to `run` consecutive rows of one sequence, KV head). The group's heads
-  // at those rows are the item's queries, so each key and value row read serves about a dozen of
-  // them; the element order does not depend on how rows are grouped (cpu_kernels.h).
+  // at those rows are the item's queries (about kAttentionQueries), so each key and value row read
+  // serves all of them; the element order does not depend on how rows are grouped
+  // (cpu_kernels.h).
   const int64_t run = std::max<int64_t>(1, kAttentionQueries / group);
   std::vector<int64_t> run_starts;
   for (int64_t r = 0; r < q.rows; ++r) {
