@@ -1,5 +1,7 @@
 #include "engine/backends/cpu/cpu_backend.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +17,7 @@ namespace ferry {
 namespace {
 
 constexpr size_t kAlignment = 64;
+constexpr size_t kHugePage = size_t{2} << 20;
 // MatMul work items: up to this many rows, and column panels whose packed weights fit in about
 // kPanelBytes (so a group stays in the L2 cache while every row block of x passes over it).
 constexpr int64_t kRowsPerItem = 48;
@@ -74,12 +77,18 @@ std::string CpuBackend::name() const {
 }
 
 absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
-  const size_t rounded =
-      std::max<size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
-  void* p = std::aligned_alloc(kAlignment, rounded);
+  // Buffers of a huge page or more (weights, the KV pool) are aligned to it and asked to be
+  // backed by huge pages: streaming the weights every decode step then costs a TLB miss per
+  // 2 MiB instead of per 4 KiB.
+  const size_t alignment = bytes >= kHugePage ? kHugePage : kAlignment;
+  const size_t rounded = std::max(alignment, (bytes + alignment - 1) / alignment * alignment);
+  void* p = std::aligned_alloc(alignment, rounded);
   if (p == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
   }
+#ifdef MADV_HUGEPAGE
+  if (alignment == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);  // advice only
+#endif
   return DeviceBuffer(this, p, bytes);
 }
 
@@ -184,18 +193,23 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
   const int64_t m_rows = x.rows, n = w.rows, k = x.cols;
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int64_t panel_bytes = kPanel * k * static_cast<int64_t>(DTypeBytes(w.dtype));
-  // Column groups small enough for L2. Over many rows, a multiple of 3 panels (the row-block
-  // tiles take 3 at a time) and plenty of items already; over one row block (decode), at least
-  // 4 groups per thread with the panels split evenly, so no thread waits on a bigger share.
+  // Column groups small enough for L2. Over many rows: a multiple of 3 panels (the row-block
+  // tiles take 3 at a time), and there are plenty of items already. Over one row block (decode):
+  // at least 4 groups per thread, split evenly in units of 4 panels, because a one-row tile's
+  // accumulators are all the parallelism it has (one chain per column): a tile of fewer than 4
+  // panels waits on its chain's latency instead of on memory.
   const int64_t by_cache = std::max<int64_t>(1, kPanelBytes / panel_bytes);
   const bool one_block = m_rows <= kRowsPerItem;
   const int64_t group = by_cache >= 3 ? by_cache - by_cache % 3 : by_cache;
-  const int64_t groups =
-      one_block ? std::min(panels, std::max((panels + by_cache - 1) / by_cache,
-                                            static_cast<int64_t>(4 * pool_->threads())))
-                : (panels + group - 1) / group;
+  const int64_t units = (panels + 3) / 4;
+  const int64_t groups = one_block
+                             ? std::min(units, std::max((panels + by_cache - 1) / by_cache,
+                                                        static_cast<int64_t>(4 * pool_->threads())))
+                             : (panels + group - 1) / group;
   auto group_panels = [&](int64_t g) -> std::pair<int64_t, int64_t> {
-    if (one_block) return {g * panels / groups, (g + 1) * panels / groups};
+    if (one_block) {
+      return {4 * (g * units / groups), std::min(panels, 4 * ((g + 1) * units / groups))};
+    }
     return {g * group, std::min(panels, (g + 1) * group)};
   };
   const int64_t row_blocks = (m_rows + kRowsPerItem - 1) / kRowsPerItem;
