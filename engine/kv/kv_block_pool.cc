@@ -169,6 +169,15 @@ absl::Status KvBlockPool::Import(absl::Span<const BlockId> blocks, const void* h
   return absl::OkStatus();
 }
 
+absl::Status KvBlockPool::CopyBlock(BlockId from, BlockId to) {
+  const BlockId both[] = {from, to};
+  auto spans = Spans(both);
+  if (!spans.ok()) return spans.status();
+  if (from != to)
+    backend_->CopyOnDevice((*spans)[1].address, (*spans)[0].address, (*spans)[0].length);
+  return absl::OkStatus();
+}
+
 absl::Status KvBlockPool::ExportToHost(absl::Span<const BlockId> blocks, void* host_bytes,
                                        size_t bytes) const {
   if (bytes != blocks.size() * layout_.block_bytes()) {

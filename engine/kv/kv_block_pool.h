@@ -114,6 +114,9 @@ class KvBlockPool {
   // Imports host bytes (blocks.size() * block_bytes, in block order, this layout) into allocated
   // blocks reserved for them.
   absl::Status Import(absl::Span<const BlockId> blocks, const void* host_bytes, size_t bytes);
+  // Copies block `from` onto block `to` on the device (both allocated): a sequence that forks
+  // (the `n` choices of a request) gets its own copy of a shared partial block.
+  absl::Status CopyBlock(BlockId from, BlockId to);
   // Copies the blocks' bytes to host memory (for tests and the SSD store's writer).
   absl::Status ExportToHost(absl::Span<const BlockId> blocks, void* host_bytes, size_t bytes) const;
 

@@ -264,6 +264,10 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   for (size_t s = 0; s < batch.size(); ++s) {
     const ForwardSequence& seq = batch[s];
     const int64_t n = static_cast<int64_t>(seq.tokens.size());
+    if (seq.all_logits && seq.no_logits) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, ": all_logits and no_logits together"));
+    }
     if (n == 0) return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no tokens"));
     if (seq.start_position < 0 || seq.start_position + n > max_positions()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -288,7 +292,7 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
         return absl::InvalidArgumentError(
             absl::StrCat("token id ", t, " is outside the vocabulary (", c.vocab_size, ")"));
       }
-      if (seq.all_logits || i == n - 1) logit_rows.push_back(layout.rows());
+      if (!seq.no_logits && (seq.all_logits || i == n - 1)) logit_rows.push_back(layout.rows());
       ids.push_back(static_cast<int32_t>(t));
       layout.positions.push_back(static_cast<int32_t>(seq.start_position + i));
       layout.row_sequence.push_back(static_cast<int32_t>(s));

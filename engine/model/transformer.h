@@ -42,6 +42,7 @@ struct ForwardSequence {
   int64_t start_position = 0;        // tokens of the sequence already in the cache
   absl::Span<const BlockId> blocks;  // the block table; covers start_position + tokens.size()
   bool all_logits = false;           // logits for every new token, else for the last only
+  bool no_logits = false;            // none at all (a prefill chunk that does not end a prompt)
 };
 
 class Transformer {
@@ -60,7 +61,8 @@ class Transformer {
   KvBlockLayout KvLayoutFor(int32_t block_tokens = 64) const;
 
   // Runs one step over `batch`. Appends to `logits` one row of vocab_size floats per requested
-  // position (every new token of a sequence with all_logits, else its last), in batch order.
+  // position (every new token of a sequence with all_logits, none with no_logits, else its
+  // last), in batch order.
   // Invalid input (token ids, positions past max_positions, short block tables, a pool of another
   // layout) is an InvalidArgument error and changes nothing.
   absl::Status Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,

@@ -1,0 +1,77 @@
+#include "engine/kv/prefix_cache.h"
+
+#include "engine/common/log.h"
+
+namespace ferry {
+
+PrefixCache::PrefixCache(KvBlockPool* pool, int64_t max_bytes)
+    : pool_(pool),
+      max_bytes_(max_bytes),
+      block_bytes_(static_cast<int64_t>(pool->layout().block_bytes())) {}
+
+PrefixCache::~PrefixCache() {
+  std::vector<BlockId> held;
+  for (const auto& [hash, entry] : entries_) held.push_back(entry.block);
+  CHECK(pool_->Release(held).ok());
+}
+
+void PrefixCache::Touch(Entry& e, const Hash128& hash) {
+  lru_.erase(e.lru);
+  lru_.push_front(hash);
+  e.lru = lru_.begin();
+}
+
+std::vector<BlockId> PrefixCache::Lookup(absl::Span<const Hash128> hashes) {
+  ++lookups_;
+  std::vector<BlockId> found;
+  for (const Hash128& h : hashes) {
+    auto it = entries_.find(h);
+    if (it == entries_.end()) break;
+    found.push_back(it->second.block);
+    Touch(it->second, h);
+  }
+  CHECK(pool_->AddRef(found).ok());
+  hit_blocks_ += static_cast<int64_t>(found.size());
+  return found;
+}
+
+void PrefixCache::Insert(absl::Span<const Hash128> hashes, absl::Span<const BlockId> blocks) {
+  CHECK_EQ(hashes.size(), blocks.size());
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    auto it = entries_.find(hashes[i]);
+    if (it != entries_.end()) {
+      Touch(it->second, hashes[i]);
+      continue;
+    }
+    CHECK(pool_->AddRef(absl::MakeConstSpan(&blocks[i], 1)).ok());
+    lru_.push_front(hashes[i]);
+    entries_.emplace(hashes[i], Entry{blocks[i], lru_.begin()});
+    events_.push_back({KvCacheEvent::Kind::kStored, hashes[i]});
+  }
+  if (bytes() > max_bytes_) Evict((bytes() - max_bytes_ + block_bytes_ - 1) / block_bytes_);
+}
+
+int64_t PrefixCache::Evict(int64_t n) {
+  int64_t evicted = 0;
+  for (auto it = lru_.end(); evicted < n && it != lru_.begin();) {
+    --it;
+    auto entry = entries_.find(*it);
+    CHECK(entry != entries_.end());
+    const BlockId block = entry->second.block;
+    if (pool_->ref_count(block) > 1) continue;  // a request still uses it
+    CHECK(pool_->Release(absl::MakeConstSpan(&block, 1)).ok());
+    events_.push_back({KvCacheEvent::Kind::kEvicted, *it});
+    entries_.erase(entry);
+    it = lru_.erase(it);
+    ++evicted;
+  }
+  return evicted;
+}
+
+std::vector<KvCacheEvent> PrefixCache::TakeEvents() {
+  std::vector<KvCacheEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,229 @@
+#include "engine/sampling/sampler.h"
+
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "engine/common/float_math.h"
+#include "engine/sampling/sampling.h"
+#include "engine/sampling/stop_strings.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+const PromptTokenSet kNoPrompt;
+
+SamplingParams Greedy() {
+  SamplingParams p;
+  p.temperature = 0;
+  return p;
+}
+
+TEST(SamplerTest, GreedyAfterBiasAndPenaltiesMatchesTheFormulas) {
+  // Written from the header: bias, then repetition (prompt or output), then frequency/presence.
+  const std::vector<float> logits = {2.0f, 1.9f, -0.5f, 1.0f, 1.85f, -3.0f};
+  SamplingParams p = Greedy();
+  EXPECT_EQ(Sample(logits, p, kNoPrompt, {}, 0).token, 0);
+  p.logit_bias = {{3, 1.5f}};  // 1.0 + 1.5 = 2.5 wins
+  EXPECT_EQ(Sample(logits, p, kNoPrompt, {}, 0).token, 3);
+  p.repetition_penalty = 2.0f;  // token 3 in the prompt: 2.5 / 2 = 1.25; token 0 now wins
+  EXPECT_EQ(Sample(logits, p, PromptTokenSet{3}, {}, 0).token, 0);
+  SamplerState state;
+  state.Observe(0);  // 2.0 / 2 = 1.0: then 1.9 (token 1) wins
+  EXPECT_EQ(Sample(logits, p, PromptTokenSet{3}, state, 0).token, 1);
+  p.repetition_penalty = 1.0f;
+  p.logit_bias.clear();
+  p.frequency_penalty = 0.1f;  // token 0 seen twice: 2.0 - 0.2 = 1.8 < 1.9
+  state.Observe(0);
+  EXPECT_EQ(Sample(logits, p, kNoPrompt, state, 0).token, 1);
+  p.frequency_penalty = 0.0f;
+  p.presence_penalty = 0.12f;  // 2.0 - 0.12 = 1.88 < 1.9
+  EXPECT_EQ(Sample(logits, p, kNoPrompt, state, 0).token, 1);
+  p.presence_penalty = 0.05f;  // 1.95 > 1.9
+  EXPECT_EQ(Sample(logits, p, kNoPrompt, state, 0).token, 0);
+  // A negative logit is multiplied by the repetition penalty (pushed further down).
+  const std::vector<float> negative = {-1.0f, -1.5f};
+  SamplingParams r = Greedy();
+  r.repetition_penalty = 2.0f;
+  EXPECT_EQ(Sample(negative, r, PromptTokenSet{0}, {}, 0).token, 1);  // -2.0 < -1.5
+  // NaN is never chosen; ties go to the lowest index.
+  EXPECT_EQ(Sample(std::vector<float>{NAN, 1.0f, 1.0f}, Greedy(), kNoPrompt, {}, 0).token, 1);
+}
+
+// The draw of the header, written out: candidates in index order, weights Exp((l - max) / T),
+// first whose running sum (double) exceeds u * total.
+TokenId DirectDraw(const std::vector<float>& l, const std::vector<int>& kept, float temperature,
+                   double u) {
+  float max = -INFINITY;
+  for (int t : kept) max = std::max(max, l[t]);
+  double total = 0;
+  for (int t : kept) total += Exp((l[t] - max) / temperature);
+  double running = 0;
+  for (int t : kept) {
+    running += Exp((l[t] - max) / temperature);
+    if (running > u * total) return t;
+  }
+  return kept.back();
+}
+
+TEST(SamplerTest, TemperatureTopKTopPMinPAgainstDirectComputation) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f, 2.5f, -1.0f, 2.0f, 0.0f};
+  const float t = 0.8f;
+  // Probabilities at T = 0.8 ranked: 1 (3.0), 4 (2.5), 2 (2.0), 6 (2.0), 0, 3, 7, 5.
+  std::vector<double> w(logits.size());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) total += (w[i] = Exp((logits[i] - 3.0f) / t));
+  struct Case {
+    int32_t top_k;
+    float top_p, min_p;
+    std::vector<int> kept;  // in index order
+  };
+  const double p1 = w[1] / total, p4 = w[4] / total;
+  const std::vector<Case> cases = {
+      {0, 1.0f, 0.0f, {0, 1, 2, 3, 4, 5, 6, 7}},
+      {3, 1.0f, 0.0f, {1, 2, 4}},  // token 2 beats 6 on the tie (lower index)
+      {0, static_cast<float>(p1 + p4 * 0.5), 0.0f, {1, 4}},
+      {0, static_cast<float>(p1 * 0.9), 0.0f, {1}},
+      {0, 1.0f, static_cast<float>(w[2] * 0.99), {1, 2, 4, 6}},  // p >= min_p * p_max
+      {3, static_cast<float>((w[1] + w[4]) / (w[1] + w[4] + w[2]) * 0.99), 0.0f, {1, 4}},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p;
+    p.temperature = t;
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    p.seed = 1234;
+    std::map<TokenId, int> seen;
+    SamplerState state;
+    for (int i = 0; i < 400; ++i) {
+      const TokenId got = Sample(logits, p, kNoPrompt, state, 2).token;
+      EXPECT_EQ(got, DirectDraw(logits, c.kept, t, UniformDraw(1234, 2, i)))
+          << "top_k " << c.top_k << " top_p " << c.top_p << " min_p " << c.min_p << " i " << i;
+      ++seen[got];
+      state.Observe(got);  // moves the output position; no penalties are set
+    }
+    EXPECT_EQ(seen.size(), c.kept.size());
+  }
+}
+
+TEST(SamplerTest, ChoicesDifferUnderOneSeedAndRepeatExactly) {
+  const std::vector<float> flat(100, 0.0f);
+  SamplingParams p;
+  p.seed = 7;
+  std::set<TokenId> firsts;
+  for (uint64_t c = 0; c < 8; ++c) firsts.insert(Sample(flat, p, kNoPrompt, {}, c).token);
+  EXPECT_GE(firsts.size(), 6u);
+  EXPECT_EQ(Sample(flat, p, kNoPrompt, {}, 3).token, Sample(flat, p, kNoPrompt, {}, 3).token);
+}
+
+TEST(SamplerTest, LogprobsAreTheRawLogSoftmaxWithTopN) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f};
+  SamplingParams p = Greedy();
+  p.top_logprobs = 3;
+  p.logit_bias = {{4, 50.0f}};  // changes the choice, not the reported distribution
+  const SampledToken s = Sample(logits, p, kNoPrompt, {}, 0);
+  double sum = 0;
+  for (float v : logits) sum += std::exp(double{v});
+  auto lp = [&](int t) { return static_cast<float>(logits[t] - std::log(sum)); };
+  EXPECT_EQ(s.token, 4);
+  EXPECT_NEAR(s.logprob, lp(4), 1e-6);
+  ASSERT_EQ(s.top.size(), 3u);
+  EXPECT_EQ(s.top[0].first, 1);  // tie with 3: lower index first
+  EXPECT_EQ(s.top[1].first, 3);
+  EXPECT_EQ(s.top[2].first, 4);
+  EXPECT_NEAR(s.top[0].second, lp(1), 1e-6);
+  p.top_logprobs = -1;
+  EXPECT_TRUE(Sample(logits, p, kNoPrompt, {}, 0).top.empty());
+}
+
+TEST(SamplerTest, ValidateNamesTheField) {
+  SamplingParams p;
+  EXPECT_TRUE(p.Validate(10).ok());
+  auto message = [](const SamplingParams& q) { return std::string(q.Validate(10).message()); };
+  p.temperature = -1;
+  EXPECT_NE(message(p).find("temperature"), std::string::npos);
+  p = {};
+  p.top_p = 0;
+  EXPECT_NE(message(p).find("top_p"), std::string::npos);
+  p = {};
+  p.min_p = 1.5f;
+  EXPECT_NE(message(p).find("min_p"), std::string::npos);
+  p = {};
+  p.frequency_penalty = 3;
+  EXPECT_NE(message(p).find("frequency_penalty"), std::string::npos);
+  p = {};
+  p.logit_bias = {{10, 1.0f}};
+  EXPECT_NE(message(p).find("outside the vocabulary"), std::string::npos);
+  p = {};
+  p.logit_bias = {{1, 101.0f}};
+  EXPECT_NE(message(p).find("[-100, 100]"), std::string::npos);
+  p = {};
+  p.top_logprobs = kMaxTopLogprobs + 1;
+  EXPECT_NE(message(p).find("top_logprobs"), std::string::npos);
+  p = {};
+  p.top_k = -2;
+  EXPECT_NE(message(p).find("top_k"), std::string::npos);
+}
+
+TEST(SamplerTest, StateRoundTripsAndRejectsCorruptBytes) {
+  SamplerState state;
+  for (TokenId t : {5, 9, 5, 1000, 5}) state.Observe(t);
+  const std::string bytes = state.Serialize();
+  auto back = SamplerState::Parse(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, state);
+  EXPECT_EQ(back->count(5), 3);
+  EXPECT_EQ(back->generated(), 5);
+  EXPECT_FALSE(SamplerState::Parse(bytes.substr(0, 10)).ok());
+  EXPECT_FALSE(SamplerState::Parse(bytes + "x").ok());
+  std::string bad = bytes;
+  bad[8] = 9;  // generated no longer equals the counts' total
+  EXPECT_FALSE(SamplerState::Parse(bad).ok());
+  bad = bytes;
+  bad[0] = 'X';
+  EXPECT_FALSE(SamplerState::Parse(bad).ok());
+}
+
+TEST(StopStringsTest, MatchesAcrossDeltasAndHoldsBackPossibleStarts) {
+  StopStringMatcher m({"</answer>", "STOP"});
+  std::string shown;
+  for (const char* delta : {"The ans", "wer is 4", "2.</", "ans"}) shown += m.Push(delta);
+  EXPECT_EQ(shown, "The answer is 42.");  // "</ans" held back
+  EXPECT_EQ(m.held(), "</ans");
+  shown += m.Push("wer> and more");
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(m.matched(), "</answer>");
+  EXPECT_EQ(shown, "The answer is 42.");
+  EXPECT_EQ(m.Push("ignored"), "");
+
+  StopStringMatcher n({"STOP"});
+  EXPECT_EQ(n.Push("ST"), "");
+  EXPECT_EQ(n.Push("O"), "");
+  EXPECT_EQ(n.Push("OP"), "STOOP");  // no suffix of "STOOP" starts "STOP"
+  EXPECT_EQ(n.Push("a ST"), "a ");
+  EXPECT_EQ(n.Finish(), "ST");
+  EXPECT_FALSE(n.stopped());
+
+  // The earliest match wins; at one position the longest.
+  StopStringMatcher o({"b", "ab", "abc"});
+  EXPECT_EQ(o.Push("xxabcd"), "xx");
+  EXPECT_EQ(o.matched(), "abc");
+
+  // Restored held-back text continues exactly.
+  StopStringMatcher p({"STOP"});
+  p.Restore("ST");
+  EXPECT_EQ(p.Push("OP!"), "");
+  EXPECT_TRUE(p.stopped());
+
+  EXPECT_FALSE(StopStringMatcher::Validate({""}).ok());
+  EXPECT_FALSE(StopStringMatcher::Validate({std::string(kMaxStopStringBytes + 1, 'a')}).ok());
+  EXPECT_FALSE(
+      StopStringMatcher::Validate(std::vector<std::string>(kMaxStopStrings + 1, "a")).ok());
+  EXPECT_TRUE(StopStringMatcher::Validate({"a", "bc"}).ok());
+}
+
+}  // namespace
+}  // namespace ferry
