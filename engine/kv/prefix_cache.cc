@@ -48,6 +48,10 @@ void PrefixCache::Insert(absl::Span<const Hash128> hashes, absl::Span<const Bloc
     entries_.emplace(hashes[i], Entry{blocks[i], lru_.begin()});
     events_.push_back({KvCacheEvent::Kind::kStored, hashes[i]});
   }
+  TrimToCap();
+}
+
+void PrefixCache::TrimToCap() {
   if (bytes() > max_bytes_) Evict((bytes() - max_bytes_ + block_bytes_ - 1) / block_bytes_);
 }
 

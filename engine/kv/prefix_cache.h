@@ -50,6 +50,9 @@ class PrefixCache {
 
   // Evicts up to `n` unreferenced blocks, least recently used first; returns how many.
   int64_t Evict(int64_t n);
+  // Evicts unreferenced blocks while over the byte cap (blocks in use may keep it over until
+  // their requests release them: call again then).
+  void TrimToCap();
 
   int64_t blocks() const { return static_cast<int64_t>(entries_.size()); }
   int64_t bytes() const { return blocks() * block_bytes_; }

@@ -16,81 +16,13 @@
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
 #include "engine/model/generate.h"
+#include "engine/model/synthetic_model.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
 namespace {
 
-struct Variant {
-  std::string name;
-  bool bias = false;
-  bool qk_norm = false;
-  bool tied = false;
-  int64_t head_dim = 8;
-  WeightDType weights = WeightDType::kF32;
-  std::string kv = "f32";
-};
-
-HostWeights SyntheticModel(const Variant& v) {
-  HostWeights w;
-  ModelConfig& c = w.config;
-  c.architecture = v.qk_norm ? "qwen3" : (v.bias ? "qwen2" : "llama");
-  c.vocab_size = 97;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = v.head_dim;
-  c.max_position_embeddings = 512;
-  c.rope_theta = 10000;
-  c.rms_norm_eps = 1e-5;
-  c.tie_word_embeddings = v.tied;
-  c.qk_norm = v.qk_norm;
-  c.attention_bias = v.bias;
-  w.kv_dtype = v.kv;
-  std::mt19937 rng(1234);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float mean) {
-    HostTensor t;
-    t.shape = shape;
-    t.dtype = v.weights;
-    std::vector<float> values(t.elements());
-    for (float& f : values) f = mean + scale * normal(rng);
-    if (v.weights == WeightDType::kF32) {
-      t.f32 = values;
-    } else {
-      for (float f : values) t.bf16.push_back(FloatToBf16(f));
-    }
-    w.tensors[name] = std::move(t);
-  };
-  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
-  add("model.embed_tokens.weight", {c.vocab_size, h}, 1.0f, 0);
-  add("model.norm.weight", {h}, 0.1f, 1);
-  if (!v.tied) add("lm_head.weight", {c.vocab_size, h}, 0.2f, 0);
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    add(p + "input_layernorm.weight", {h}, 0.1f, 1);
-    add(p + "post_attention_layernorm.weight", {h}, 0.1f, 1);
-    add(p + "self_attn.q_proj.weight", {q, h}, 0.3f, 0);
-    add(p + "self_attn.k_proj.weight", {kv, h}, 0.3f, 0);
-    add(p + "self_attn.v_proj.weight", {kv, h}, 0.3f, 0);
-    add(p + "self_attn.o_proj.weight", {h, q}, 0.2f, 0);
-    if (v.bias) {
-      add(p + "self_attn.q_proj.bias", {q}, 0.1f, 0);
-      add(p + "self_attn.k_proj.bias", {kv}, 0.1f, 0);
-      add(p + "self_attn.v_proj.bias", {kv}, 0.1f, 0);
-    }
-    if (v.qk_norm) {
-      add(p + "self_attn.q_norm.weight", {c.head_dim}, 0.1f, 1);
-      add(p + "self_attn.k_norm.weight", {c.head_dim}, 0.1f, 1);
-    }
-    add(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, 0.2f, 0);
-    add(p + "mlp.up_proj.weight", {c.intermediate_size, h}, 0.2f, 0);
-    add(p + "mlp.down_proj.weight", {h, c.intermediate_size}, 0.2f, 0);
-  }
-  return w;
-}
+using Variant = SyntheticVariant;
 
 std::vector<Variant> Variants() {
   return {

@@ -1,0 +1,394 @@
+// The scheduler's promises on small synthetic models: a request's tokens and the logits they were
+// chosen from are bit-identical alone, inside a batch of mixed requests, under any prefill chunk
+// size, with its prefix from the cache, after preemption under KV pressure, resumed after k
+// tokens, and split into prefill-only + decode-only; greedy and seeded sampling. Abort frees every
+// block; a long request is not starved by a flood of short ones.
+
+#include "engine/engine.h"
+
+#include <map>
+#include <random>
+
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/model/synthetic_model.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+struct Output {
+  std::vector<TokenId> tokens;
+  std::vector<std::vector<float>> logits;
+  FinishReason finish = FinishReason::kNone;
+  std::string sampler_state;
+  std::vector<BlockId> blocks;
+  int64_t first_token_step = -1;
+};
+
+class Harness {
+ public:
+  Harness(const SyntheticVariant& variant, int64_t blocks, EngineOptions options,
+          int32_t block_tokens = 16) {
+    backend_ = *CpuBackend::Create({2, std::nullopt});
+    model_ = *Transformer::Create(SyntheticModel(variant), backend_.get());
+    allocator_ = std::make_unique<BackendKvAllocator>(backend_.get());
+    pool_ = *KvBlockPool::Create(model_->KvLayoutFor(block_tokens), blocks, allocator_.get(),
+                                 backend_.get());
+    engine_ = *Engine::Create(model_.get(), pool_.get(), nullptr, options);
+  }
+  ~Harness() { engine_.reset(); }
+
+  absl::Status Submit(EngineRequest r) {
+    const std::string id = r.id;
+    r.keep_logits = true;
+    r.on_event = [this, id](const TokenEvent& e) {
+      Output& o = outputs_[{id, e.choice}];
+      if (e.token >= 0) {
+        if (o.tokens.empty()) o.first_token_step = steps_;
+        o.tokens.push_back(e.token);
+        o.logits.push_back(e.logits);
+      }
+      if (e.finish != FinishReason::kNone) {
+        o.finish = e.finish;
+        o.sampler_state = e.sampler_state;
+        o.blocks = e.blocks;
+      }
+    };
+    return engine_->Submit(std::move(r));
+  }
+  // Steps until nothing is left to do.
+  void Drain(int64_t limit = 100000) {
+    for (int64_t i = 0; i < limit; ++i, ++steps_) {
+      auto worked = engine_->Step();
+      ASSERT_TRUE(worked.ok()) << worked.status();
+      if (!*worked) return;
+    }
+    FAIL() << "engine did not finish";
+  }
+  Output& out(const std::string& id, int32_t choice = 0) { return outputs_[{id, choice}]; }
+
+  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<BackendKvAllocator> allocator_;
+  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<Engine> engine_;
+  std::map<std::pair<std::string, int32_t>, Output> outputs_;
+  int64_t steps_ = 0;
+};
+
+std::vector<TokenId> Prompt(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<TokenId> p(n);
+  for (TokenId& t : p) t = static_cast<TokenId>(rng() % 97);
+  return p;
+}
+
+EngineRequest Req(const std::string& id, std::vector<TokenId> prompt, int64_t max_tokens,
+                  bool sampled) {
+  EngineRequest r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  if (sampled) {
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_p = 0.95f;
+    r.sampling.top_k = 40;
+    r.sampling.frequency_penalty = 0.3f;
+    r.sampling.repetition_penalty = 1.1f;
+    r.sampling.seed = 42;
+  } else {
+    r.sampling.temperature = 0;
+  }
+  return r;
+}
+
+void ExpectSame(const Output& got, const Output& want, const std::string& what) {
+  ASSERT_EQ(got.tokens, want.tokens) << what;
+  ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
+  for (size_t i = 0; i < got.logits.size(); ++i) {
+    ASSERT_EQ(0, std::memcmp(got.logits[i].data(), want.logits[i].data(),
+                             got.logits[i].size() * sizeof(float)))
+        << what << ": logits of token " << i << " differ";
+  }
+}
+
+const SyntheticVariant kVariants[] = {
+    {"llama_gqa_f32"},
+    {"qwen2_bias_bf16_weights_bf16_kv", true, false, false, 8, WeightDType::kBF16, "bf16"},
+};
+
+class EngineDeterminismTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
+  const SyntheticVariant& variant = kVariants[std::get<0>(GetParam())];
+  const bool sampled = std::get<1>(GetParam());
+  const std::vector<TokenId> prompt = Prompt(150, 7);
+  const int64_t max_tokens = 24;
+  EngineOptions whole;
+  whole.prefill_chunk = 512;
+  whole.max_batch_tokens = 512;
+
+  // Alone, the whole prompt in one step.
+  Harness alone(variant, 64, whole);
+  ASSERT_TRUE(alone.Submit(Req("r", prompt, max_tokens, sampled)).ok());
+  alone.Drain();
+  const Output want = alone.out("r");
+  ASSERT_EQ(want.tokens.size(), static_cast<size_t>(max_tokens));
+  ASSERT_EQ(want.finish, FinishReason::kLength);
+
+  // Inside a batch of 8 mixed requests (prompts of several lengths, greedy and sampled,
+  // priorities), under chunk sizes 16 and 64.
+  for (int64_t chunk : {16, 64}) {
+    EngineOptions options;
+    options.prefill_chunk = chunk;
+    options.max_batch_tokens = 3 * chunk;
+    Harness batch(variant, 128, options);
+    for (int i = 0; i < 7; ++i) {
+      EngineRequest r = Req("o" + std::to_string(i), Prompt(20 + 37 * i, 100 + i), 10 + i, i % 2);
+      r.priority = i % 3 - 1;
+      ASSERT_TRUE(batch.Submit(std::move(r)).ok());
+    }
+    ASSERT_TRUE(batch.Submit(Req("r", prompt, max_tokens, sampled)).ok());
+    batch.Drain();
+    ExpectSame(batch.out("r"), want, "batch, chunk " + std::to_string(chunk));
+    for (int i = 0; i < 7; ++i)
+      EXPECT_EQ(batch.out("o" + std::to_string(i)).finish, FinishReason::kLength);
+  }
+
+  // With its prefix from the cache: a first request leaves the prompt's full blocks there.
+  Harness cached(variant, 64, whole);
+  ASSERT_TRUE(cached.Submit(Req("warm", prompt, 2, false)).ok());
+  cached.Drain();
+  const int64_t before = cached.engine_->stats().cached_tokens;
+  ASSERT_TRUE(cached.Submit(Req("r", prompt, max_tokens, sampled)).ok());
+  cached.Drain();
+  EXPECT_EQ(cached.engine_->stats().cached_tokens - before, 144);  // 9 full blocks of 16
+  ExpectSame(cached.out("r"), want, "prefix from the cache");
+
+  // Resumed after k tokens: the first k, then a request that continues from them.
+  const int64_t k = 10;
+  Harness resumed(variant, 64, whole);
+  ASSERT_TRUE(resumed.Submit(Req("first", prompt, k, sampled)).ok());
+  resumed.Drain();
+  const Output& head = resumed.out("first");
+  ASSERT_EQ(head.tokens.size(), static_cast<size_t>(k));
+  EngineRequest rest = Req("rest", prompt, max_tokens, sampled);
+  rest.resume = {ResumePoint{head.tokens, head.sampler_state, ""}};
+  ASSERT_TRUE(resumed.Submit(std::move(rest)).ok());
+  resumed.Drain();
+  Output joined = head;
+  const Output& tail = resumed.out("rest");
+  joined.tokens.insert(joined.tokens.end(), tail.tokens.begin(), tail.tokens.end());
+  joined.logits.insert(joined.logits.end(), tail.logits.begin(), tail.logits.end());
+  ExpectSame(joined, want, "resumed after 10 tokens");
+
+  // Prefill-only hands over the KV; decode-only continues from it in another pool.
+  Harness prefill(variant, 64, whole);
+  EngineRequest p = Req("r", prompt, max_tokens, sampled);
+  p.role = EngineRole::kPrefillOnly;
+  ASSERT_TRUE(prefill.Submit(std::move(p)).ok());
+  prefill.Drain();
+  const Output& first = prefill.out("r");
+  ASSERT_EQ(first.finish, FinishReason::kHandoff);
+  ASSERT_EQ(first.tokens.size(), 1u);
+  const int64_t prompt_blocks = prefill.pool_->layout().BlocksFor(150);
+  std::vector<char> bytes(prompt_blocks * prefill.pool_->layout().block_bytes());
+  const std::vector<BlockId> handed(first.blocks.begin(), first.blocks.begin() + prompt_blocks);
+  ASSERT_TRUE(prefill.pool_->ExportToHost(handed, bytes.data(), bytes.size()).ok());
+  prefill.engine_->ReleaseHandoff("r");
+  Harness decode(variant, 64, whole);
+  auto imported = *decode.pool_->Allocate(prompt_blocks);
+  ASSERT_TRUE(decode.pool_->Import(imported, bytes.data(), bytes.size()).ok());
+  EngineRequest d = Req("r", prompt, max_tokens, sampled);
+  d.role = EngineRole::kDecodeOnly;
+  d.imported_blocks = imported;
+  d.resume = {ResumePoint{first.tokens, first.sampler_state, ""}};
+  ASSERT_TRUE(decode.Submit(std::move(d)).ok());
+  decode.Drain();
+  Output handoff = first;
+  handoff.tokens.insert(handoff.tokens.end(), decode.out("r").tokens.begin(),
+                        decode.out("r").tokens.end());
+  handoff.logits.insert(handoff.logits.end(), decode.out("r").logits.begin(),
+                        decode.out("r").logits.end());
+  ExpectSame(handoff, want, "prefill-only + decode-only");
+  prefill.Drain();  // the release
+  EXPECT_EQ(prefill.pool_->num_free() + prefill.engine_->prefix_cache().blocks(),
+            prefill.pool_->num_blocks());
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, EngineDeterminismTest,
+                         ::testing::Combine(::testing::Values(0, 1), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(kVariants[std::get<0>(info.param)].name) +
+                                  (std::get<1>(info.param) ? "_sampled" : "_greedy");
+                         });
+
+TEST(EngineTest, PreemptionUnderKvPressureGivesTheSameOutput) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  EngineOptions options;
+  options.prefill_chunk = 64;
+  options.max_batch_tokens = 256;
+  options.prefix_cache_bytes = 0;  // nothing kept: recompute from scratch
+  // Alone, with room to spare.
+  std::vector<Output> want;
+  for (int i = 0; i < 4; ++i) {
+    Harness alone(variant, 64, options);
+    ASSERT_TRUE(alone.Submit(Req("r" + std::to_string(i), Prompt(40 + i, 50 + i), 40, i % 2)).ok());
+    alone.Drain();
+    want.push_back(alone.out("r" + std::to_string(i)));
+  }
+  // Four requests that need 6 blocks each at the end, in a pool of 12.
+  Harness tight(variant, 12, options);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(tight.Submit(Req("r" + std::to_string(i), Prompt(40 + i, 50 + i), 40, i % 2)).ok());
+  }
+  tight.Drain();
+  EXPECT_GT(tight.engine_->stats().preemptions, 0);
+  for (int i = 0; i < 4; ++i) {
+    ExpectSame(tight.out("r" + std::to_string(i)), want[i], "preempted " + std::to_string(i));
+  }
+  EXPECT_EQ(tight.pool_->num_free(), tight.pool_->num_blocks());
+}
+
+TEST(EngineTest, AbortAtAnyPointFreesEveryBlock) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  for (int steps_before_abort : {0, 1, 3, 9}) {
+    EngineOptions options;
+    options.prefill_chunk = 16;
+    Harness h(variant, 64, options);
+    for (int i = 0; i < 5; ++i) {
+      EngineRequest r = Req("r" + std::to_string(i), Prompt(30 + 10 * i, i), 50, false);
+      r.n = i == 2 ? 3 : 1;
+      ASSERT_TRUE(h.Submit(std::move(r)).ok());
+    }
+    for (int s = 0; s < steps_before_abort; ++s) ASSERT_TRUE(h.engine_->Step().ok());
+    for (int i = 0; i < 5; ++i) h.engine_->Abort("r" + std::to_string(i));
+    h.Drain();
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(h.out("r" + std::to_string(i)).finish, FinishReason::kAbort) << steps_before_abort;
+    }
+    h.engine_->prefix_cache().Evict(1 << 20);
+    EXPECT_EQ(h.pool_->num_free(), h.pool_->num_blocks()) << "after " << steps_before_abort;
+    EXPECT_EQ(h.engine_->stats().running + h.engine_->stats().waiting, 0);
+    // The ids are free again.
+    EXPECT_TRUE(h.Submit(Req("r0", Prompt(5, 1), 1, false)).ok());
+  }
+}
+
+TEST(EngineTest, LongRequestIsNotStarvedByAFloodOfShortOnes) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  EngineOptions options;
+  options.prefill_chunk = 32;
+  options.max_batch_tokens = 64;
+  options.max_running = 8;
+  Harness h(variant, 256, options);
+  ASSERT_TRUE(h.Submit(Req("long", Prompt(300, 3), 4, false)).ok());
+  int next = 0;
+  for (int step = 0; step < 60; ++step) {
+    for (int j = 0; j < 3; ++j) {
+      ASSERT_TRUE(h.Submit(Req("s" + std::to_string(next++), Prompt(8, next), 3, false)).ok());
+    }
+    ASSERT_TRUE(h.engine_->Step().ok());
+    ++h.steps_;
+  }
+  // 300 tokens at up to 32 per step: its first token within ~10 steps despite the flood.
+  EXPECT_EQ(h.out("long").tokens.size(), 4u);
+  EXPECT_LE(h.out("long").first_token_step, 12);
+  h.Drain();
+}
+
+TEST(EngineTest, ChoicesDifferUnderOneSeedAndChoiceZeroIsTheSingleRequest) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness h(variant, 64, EngineOptions{});
+  EngineRequest r = Req("n4", Prompt(37, 9), 12, true);
+  r.n = 4;
+  ASSERT_TRUE(h.Submit(std::move(r)).ok());
+  ASSERT_TRUE(h.Submit(Req("n1", Prompt(37, 9), 12, true)).ok());
+  h.Drain();
+  ExpectSame(h.out("n4", 0), h.out("n1", 0), "choice 0");
+  std::set<std::vector<TokenId>> distinct;
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_EQ(h.out("n4", c).tokens.size(), 12u);
+    distinct.insert(h.out("n4", c).tokens);
+  }
+  EXPECT_EQ(distinct.size(), 4u);
+  h.engine_->prefix_cache().Evict(1 << 20);
+  EXPECT_EQ(h.pool_->num_free(), h.pool_->num_blocks());
+}
+
+TEST(EngineTest, StopTokensAndValidation) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness h(variant, 64, EngineOptions{});
+  ASSERT_TRUE(h.Submit(Req("free", Prompt(20, 4), 8, false)).ok());
+  h.Drain();
+  const TokenId third = h.out("free").tokens[2];
+  EngineRequest r = Req("stop", Prompt(20, 4), 8, false);
+  r.stop_token_ids = {third};
+  ASSERT_TRUE(h.Submit(std::move(r)).ok());
+  h.Drain();
+  const auto& got = h.out("stop").tokens;
+  EXPECT_EQ(got.back(), third);
+  EXPECT_LE(got.size(), 3u);
+  EXPECT_EQ(h.out("stop").finish, FinishReason::kStop);
+
+  auto bad = [&](auto mutate) {
+    EngineRequest q = Req("bad", Prompt(5, 1), 4, false);
+    mutate(q);
+    return h.engine_->Submit(std::move(q));
+  };
+  EXPECT_EQ(bad([](EngineRequest& q) { q.prompt.clear(); }).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(bad([](EngineRequest& q) { q.prompt[0] = 97; }).ok());
+  EXPECT_FALSE(bad([](EngineRequest& q) { q.n = 0; }).ok());
+  EXPECT_FALSE(bad([](EngineRequest& q) { q.max_tokens = 0; }).ok());
+  EXPECT_FALSE(bad([](EngineRequest& q) { q.sampling.top_p = 2; }).ok());
+  EXPECT_FALSE(bad([](EngineRequest& q) { q.stop = {"x"}; }).ok());  // no tokenizer
+  EXPECT_FALSE(bad([](EngineRequest& q) { q.prompt.assign(600, 1); }).ok());
+  EXPECT_FALSE(bad([](EngineRequest& q) { q.resume = {ResumePoint{{1}, "junk", ""}}; }).ok());
+  EXPECT_FALSE(bad([](EngineRequest& q) { q.role = EngineRole::kDecodeOnly; }).ok());
+  EXPECT_FALSE(bad([](EngineRequest& q) { q.id.clear(); }).ok());
+  ASSERT_TRUE(h.Submit(Req("dup", Prompt(5, 1), 4, false)).ok());
+  EXPECT_EQ(h.Submit(Req("dup", Prompt(5, 1), 4, false)).code(), absl::StatusCode::kAlreadyExists);
+  h.Drain();
+}
+
+TEST(EngineTest, TheEngineThreadServesConcurrentSubmitters) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness h(variant, 64, EngineOptions{});
+  Harness ref(variant, 64, EngineOptions{});
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(ref.Submit(Req("t" + std::to_string(i), Prompt(25 + i, 20 + i), 9, i % 2)).ok());
+  }
+  ref.Drain();
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  std::map<std::string, std::vector<TokenId>> got;
+  h.engine_->Start();
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 6; ++i) {
+    clients.emplace_back([&, i] {
+      EngineRequest r = Req("t" + std::to_string(i), Prompt(25 + i, 20 + i), 9, i % 2);
+      r.on_event = [&, i](const TokenEvent& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (e.token >= 0) got["t" + std::to_string(i)].push_back(e.token);
+        if (e.finish != FinishReason::kNone) {
+          ++finished;
+          cv.notify_all();
+        }
+      };
+      ASSERT_TRUE(h.engine_->Submit(std::move(r)).ok());
+    });
+  }
+  for (auto& t : clients) t.join();
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return finished == 6; }));
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(got["t" + std::to_string(i)], ref.out("t" + std::to_string(i)).tokens);
+  }
+  lock.unlock();
+  h.engine_->Stop();
+}
+
+}  // namespace
+}  // namespace ferry

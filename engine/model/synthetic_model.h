@@ -1,0 +1,30 @@
+// Small random models of each dense-family feature (GQA, q/k/v biases, q/k norm with head_dim !=
+// hidden/heads, tied embeddings), fp32 or bf16 weights, fp32 or bf16 KV: for tests of properties
+// that do not depend on trained weights (determinism across batching, chunking, caching).
+
+#ifndef FERRY_ENGINE_MODEL_SYNTHETIC_MODEL_H_
+#define FERRY_ENGINE_MODEL_SYNTHETIC_MODEL_H_
+
+#include <cstdint>
+#include <string>
+
+#include "engine/model/host_weights.h"
+
+namespace ferry {
+
+struct SyntheticVariant {
+  std::string name;
+  bool bias = false;
+  bool qk_norm = false;
+  bool tied = false;
+  int64_t head_dim = 8;
+  WeightDType weights = WeightDType::kF32;
+  std::string kv = "f32";
+};
+
+// Vocabulary 97, hidden 32, 2 layers, 4 heads over 2 KV heads, 512 positions; fixed seed.
+HostWeights SyntheticModel(const SyntheticVariant& v);
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_MODEL_SYNTHETIC_MODEL_H_
