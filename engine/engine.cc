@@ -97,7 +97,7 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
   if (r.id.empty()) return absl::InvalidArgumentError("request id is empty");
   if (r.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   for (TokenId t : r.prompt) {
-    if (t < 0 || t >= vocab) {
+    if (t >= vocab) {
       return absl::InvalidArgumentError(
           absl::StrCat("prompt token ", t, " is outside the vocabulary (", vocab, ")"));
     }
@@ -116,7 +116,7 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
   if (r.max_tokens < 1) return absl::InvalidArgumentError("max_tokens must be >= 1");
   if (absl::Status s = r.sampling.Validate(vocab); !s.ok()) return s;
   for (TokenId t : r.stop_token_ids) {
-    if (t < 0 || t >= vocab) {
+    if (t >= vocab) {
       return absl::InvalidArgumentError(
           absl::StrCat("stop token ", t, " is outside the vocabulary"));
     }
@@ -135,7 +135,7 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
       return absl::InvalidArgumentError("resume: sampler state and tokens disagree");
     }
     for (TokenId t : p.generated) {
-      if (t < 0 || t >= vocab) return absl::InvalidArgumentError("resume: token out of range");
+      if (t >= vocab) return absl::InvalidArgumentError("resume: token out of range");
     }
     if (static_cast<int64_t>(p.generated.size()) >= r.max_tokens) {
       return absl::InvalidArgumentError("resume: max_tokens already reached");
@@ -419,6 +419,7 @@ void Engine::Deliver(Sequence& seq, absl::Span<const float> logits) {
   seq.tokens.push_back(sampled.token);
   ++stats_.generated_tokens;
   TokenEvent e;
+  e.has_token = true;
   e.token = sampled.token;
   e.logprob = sampled.logprob;
   e.top_logprobs = sampled.top;

@@ -61,9 +61,10 @@ enum class EngineRole { kPrefillAndDecode, kPrefillOnly, kDecodeOnly };
 struct TokenEvent {
   std::string request_id;
   int32_t choice = 0;
-  TokenId token = -1;  // -1: no token (abort, error)
-  std::string text;    // text that became final with this token
-  float logprob = 0;   // with sampling.top_logprobs >= 0
+  bool has_token = false;  // false: an event without a token (abort, error)
+  TokenId token = 0;
+  std::string text;   // text that became final with this token
+  float logprob = 0;  // with sampling.top_logprobs >= 0
   std::vector<std::pair<TokenId, float>> top_logprobs;
   FinishReason finish = FinishReason::kNone;
   std::string error;            // kError

@@ -43,7 +43,7 @@ class Harness {
     r.keep_logits = true;
     r.on_event = [this, id](const TokenEvent& e) {
       Output& o = outputs_[{id, e.choice}];
-      if (e.token >= 0) {
+      if (e.has_token) {
         if (o.tokens.empty()) o.first_token_step = steps_;
         o.tokens.push_back(e.token);
         o.logits.push_back(e.logits);
@@ -371,7 +371,7 @@ TEST(EngineTest, TheEngineThreadServesConcurrentSubmitters) {
       EngineRequest r = Req("t" + std::to_string(i), Prompt(25 + i, 20 + i), 9, i % 2);
       r.on_event = [&, i](const TokenEvent& e) {
         std::lock_guard<std::mutex> lock(mu);
-        if (e.token >= 0) got["t" + std::to_string(i)].push_back(e.token);
+        if (e.has_token) got["t" + std::to_string(i)].push_back(e.token);
         if (e.finish != FinishReason::kNone) {
           ++finished;
           cv.notify_all();

@@ -49,7 +49,7 @@ absl::Status SamplingParams::Validate(int64_t vocab_size) const {
     return absl::InvalidArgumentError("presence_penalty must be in [-2, 2]");
   }
   for (const auto& [token, bias] : logit_bias) {
-    if (token < 0 || token >= vocab_size) {
+    if (token >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "logit_bias: token ", token, " is outside the vocabulary (", vocab_size, " tokens)"));
     }
@@ -108,7 +108,7 @@ absl::StatusOr<SamplerState> SamplerState::Parse(std::string_view bytes) {
   for (uint32_t i = 0; i < entries; ++i) {
     const auto token = static_cast<TokenId>(GetU32(bytes.data() + 20 + 8 * i));
     const auto count = static_cast<int32_t>(GetU32(bytes.data() + 24 + 8 * i));
-    if (token < 0 || count <= 0) return bad("bad entry");
+    if (count <= 0) return bad("bad entry");
     if (!state.counts_.emplace(token, count).second) return bad("duplicate token");
     total += static_cast<uint64_t>(count);
   }
