@@ -1,6 +1,6 @@
 // A generate loop for one request, enough to run a model end to end in tests and tools: prefill
 // (in one step or in chunks), then one decode step per token, greedy or seeded temperature
-// sampling, stop on a stop token or max_new_tokens. The batching scheduler (engine/scheduler)
+// sampling, stop on a stop token or max_new_tokens. The batching scheduler (engine/engine.h)
 // replaces it for serving.
 
 #ifndef FERRY_ENGINE_MODEL_GENERATE_H_

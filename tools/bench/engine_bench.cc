@@ -35,6 +35,7 @@
 
 #include "absl/strings/numbers.h"
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/engine.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/generate.h"
 #include "engine/model/host_weights.h"
@@ -220,6 +221,56 @@ double MeasurePeakFlops(int threads, PeakLoop loop) {
   return 2.0 * 12 * macs * iterations * threads / best;
 }
 
+// Decode tokens/s at batch `b` through the engine (scheduler, sampling and all): b requests, each
+// with its own 16-token prompt (the prompt rotated by its index), greedy; the steps after every
+// request has its first token are timed: tokens/s = b * steps / seconds.
+double BatchedDecode(Transformer& model, KvBlockPool& pool, const std::vector<TokenId>& prompt,
+                     int64_t b, int64_t steps) {
+  EngineOptions options;
+  options.max_running = b;
+  options.max_batch_tokens = std::max<int64_t>(512, 17 * b);
+  options.prefix_cache_bytes = 0;
+  auto engine = OrDie(Engine::Create(&model, &pool, nullptr, options), "engine");
+  int64_t first_tokens = 0;
+  std::vector<bool> started(b, false);
+  for (int64_t i = 0; i < b; ++i) {
+    EngineRequest r;
+    r.id = std::to_string(i);
+    for (int64_t j = 0; j < 16; ++j) r.prompt.push_back(prompt[(i + j) % prompt.size()]);
+    r.sampling.temperature = 0;
+    r.max_tokens = steps + 1;
+    r.on_event = [&, i](const TokenEvent& e) {
+      if (e.has_token && !started[i]) {
+        started[i] = true;
+        ++first_tokens;
+      }
+    };
+    if (absl::Status s = engine->Submit(std::move(r)); !s.ok()) {
+      std::cerr << s << "\n";
+      std::exit(1);
+    }
+  }
+  auto step = [&] {
+    auto worked = engine->Step();
+    if (!worked.ok()) {
+      std::cerr << worked.status() << "\n";
+      std::exit(1);
+    }
+    return *worked;
+  };
+  while (first_tokens < b) step();
+  const auto start = std::chrono::steady_clock::now();
+  int64_t decode_steps = 0;
+  while (step()) ++decode_steps;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (decode_steps != steps) {
+    std::cerr << "batched decode took " << decode_steps << " steps, not " << steps << "\n";
+    std::exit(1);
+  }
+  return static_cast<double>(b * steps) / seconds;
+}
+
 int Main(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: engine_bench MODEL.gguf PROMPT.json [--threads N] [--decode-tokens N]"
@@ -285,6 +336,17 @@ int Main(int argc, char** argv) {
   bandwidth.Run();
   const double decode_tok_s = decode_tokens / decode_seconds;
 
+  // Decode throughput against the batch size (the best of `repeats` runs each).
+  const int64_t batch_steps = 32;
+  nlohmann::json curve = nlohmann::json::object();
+  for (int64_t b : {1, 2, 4, 8, 16, 32, 64}) {
+    double best = 0;
+    for (int r = 0; r < std::max(repeats, 2); ++r) {
+      best = std::max(best, BatchedDecode(*model, *pool, prompt, b, batch_steps));
+    }
+    curve[std::to_string(b)] = best;
+  }
+
   // Prefill of the whole prompt in one step.
   const int64_t n = static_cast<int64_t>(prompt.size());
   auto blocks = OrDie(pool->Allocate(layout.BlocksFor(n)), "blocks");
@@ -331,6 +393,16 @@ int Main(int argc, char** argv) {
   out["peak_flops"] = peak;
   out["prefill_flops"] = prefill_flops;
   out["decode_bw_ratio"] = decode_tok_s * weight_bytes / read_bw;
+  // Batched decode: every token costs the per-token multiply-adds of every matrix (the LM head
+  // included) plus attention over a context of 16..48 positions (taken at its mean, 32).
+  const double decode_token_flops =
+      2.0 * (c.num_layers * (layer_macs + 2.0 * c.num_heads * c.head_dim * (16 + batch_steps / 2)) +
+             static_cast<double>(c.vocab_size) * h);
+  out["decode_curve_tok_s"] = curve;
+  out["decode_batch_steps"] = batch_steps;
+  out["decode_tok_s_b16"] = curve["16"];
+  out["decode_tok_s_b64"] = curve["64"];
+  out["decode_b64_flops_ratio"] = curve["64"].get<double>() * decode_token_flops / peak;
   out["prefill_flops_ratio"] = prefill_flops / prefill_seconds / peak;
   std::cout << out.dump() << std::endl;
   return 0;

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # ferry bench engine [--threads N] [--no-peer]: Ferry's engine on SmolLM2-135M (bf16 weights and
 # KV, CPU backend) against the machine's limits and against llama.cpp, all in this run:
-#   - decode tokens/s at batch 1 and prefill tokens/s for a 1024-token prompt
-#     (tools/bench/engine_bench.cc, which also measures read bandwidth and peak FMA throughput);
+#   - decode tokens/s at batch 1 and prefill tokens/s for a 1024-token prompt, and decode tokens/s
+#     through the engine's scheduler at batch 1..64 (tools/bench/engine_bench.cc, which also
+#     measures read bandwidth and peak FMA throughput);
 #   - llama.cpp (llama-cpp-python, client venv) with the same thread count and the same prompt
 #     ids, on the same weights at the same precision (a BF16 GGUF written from the default model's
 #     tensors with `gguf`, made once per machine) with flash attention off (llama-cpp-python's
 #     default) and on; the ratios are taken against the faster of the two, figure by figure; and
-#     for reference on the original Q4_1 file.
+#     for reference on the original Q4_1 file; batched decode at 16 and 64 sequences (one context,
+#     n_seq_max sequences, one llama_decode per step), flash attention off and on.
 # --no-peer skips llama.cpp (the table and the JSON say so; the ratios are then null).
 set -euo pipefail
 bench_bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
@@ -32,6 +34,8 @@ trap 'rm -rf "${work}"' EXIT
 echo "engine: Ferry, ${threads} threads..." >&2
 "${bench_bin}" "${FERRY_MODEL_GGUF}" "${work}/prompt.json" --threads "${threads}" \
   >"${work}/ferry.json"
+echo '{}' >"${work}/peer_batch.json"
+echo '{}' >"${work}/peer_batch_fa.json"
 echo '{}' >"${work}/peer_bf16.json"
 echo '{}' >"${work}/peer_bf16_fa.json"
 echo '{}' >"${work}/peer_q4.json"
@@ -48,6 +52,11 @@ if [[ "${with_peer}" == 1 ]]; then
   echo "engine: llama.cpp on the BF16 file, flash attention on..." >&2
   "${FERRY_CLIENT_PYTHON}" "${peer}" bench "${bf16}" --threads "${threads}" --flash-attn \
     --prompt-file "${work}/prompt.json" >"${work}/peer_bf16_fa.json"
+  echo "engine: llama.cpp batched decode on the BF16 file, flash attention off and on..." >&2
+  "${FERRY_CLIENT_PYTHON}" "${peer}" bench-batch "${bf16}" --threads "${threads}" --batch 16 \
+    --batch 64 --prompt-file "${work}/prompt.json" >"${work}/peer_batch.json"
+  "${FERRY_CLIENT_PYTHON}" "${peer}" bench-batch "${bf16}" --threads "${threads}" --batch 16 \
+    --batch 64 --flash-attn --prompt-file "${work}/prompt.json" >"${work}/peer_batch_fa.json"
   echo "engine: llama.cpp on the Q4_1 file..." >&2
   "${FERRY_CLIENT_PYTHON}" "${peer}" bench "${FERRY_MODEL_GGUF}" --threads "${threads}" \
     --prompt-file "${work}/prompt.json" >"${work}/peer_q4.json"
@@ -59,6 +68,9 @@ ours = json.load(open(f"{work}/ferry.json"))
 plain = json.load(open(f"{work}/peer_bf16.json"))
 fa = json.load(open(f"{work}/peer_bf16_fa.json"))
 q4 = json.load(open(f"{work}/peer_q4.json"))
+batch_plain = json.load(open(f"{work}/peer_batch.json")).get("decode_tok_s", {})
+batch_fa = json.load(open(f"{work}/peer_batch_fa.json")).get("decode_tok_s", {})
+batch_peer = {b: max(batch_plain[b], batch_fa[b]) for b in batch_plain} if with_peer else {}
 # The peer's best configuration, figure by figure.
 bf16 = {k: max(plain[k], fa[k]) for k in ("decode_tok_s", "prefill_tok_s")} if with_peer else {}
 print(f"engine: SmolLM2-135M-Instruct, bf16 weights and KV, {ours['engine']}; "
@@ -78,9 +90,18 @@ for name, key, peer_key in rows:
     b = bf16.get(peer_key)
     print(f"  {name:32} {a:8.1f} {cell(plain, peer_key):>15} {cell(fa, peer_key):>14} "
           f"{'-' if b is None else f'{a / b:.2f}':>6} {cell(q4, peer_key):>15}")
+for b in ("16", "64"):
+    a = ours[f"decode_tok_s_b{b}"]
+    peer_b = batch_peer.get(b)
+    print(f"  {'decode tokens/s, batch ' + b:32} {a:8.1f} {cell(batch_plain, b):>15} "
+          f"{cell(batch_fa, b):>14} {'-' if peer_b is None else f'{a / peer_b:.2f}':>6}")
 print("  (ratio: Ferry / the faster llama.cpp bf16 configuration)")
+curve = ours["decode_curve_tok_s"]
+print("  decode throughput against batch (Ferry's engine, tokens/s): " +
+      ", ".join(f"{b}: {curve[b]:.0f}" for b in sorted(curve, key=int)))
 print(f"  decode: {ours['decode_bw_ratio']:.2f} of read bandwidth (goal 0.7); prefill: "
-      f"{ours['prefill_flops_ratio']:.2f} of peak FLOP/s (goal 0.3)")
+      f"{ours['prefill_flops_ratio']:.2f} of peak FLOP/s (goal 0.3); decode at batch 64: "
+      f"{ours['decode_b64_flops_ratio']:.2f} of peak FLOP/s (goal 0.3)")
 if not with_peer:
     print("  llama.cpp: SKIPPED (--no-peer); the ratios to it are null")
 result = {"bench": "engine",
@@ -94,6 +115,12 @@ result = {"bench": "engine",
           if with_peer else None,
           "prefill_vs_llamacpp": round(ours["prefill_tok_s"] / bf16["prefill_tok_s"], 3)
           if with_peer else None,
+          "decode_tok_s_b16": round(ours["decode_tok_s_b16"], 2),
+          "decode_tok_s_b64": round(ours["decode_tok_s_b64"], 2),
+          "decode_b64_flops_ratio": round(ours["decode_b64_flops_ratio"], 3),
+          "decode_b64_vs_llamacpp": round(ours["decode_tok_s_b64"] / batch_peer["64"], 3)
+          if with_peer else None,
+          "llamacpp_decode_tok_s_b64": batch_peer.get("64"),
           "llamacpp_q4_1_decode_tok_s": round(q4["decode_tok_s"], 2) if with_peer else None,
           "llamacpp_q4_1_prefill_tok_s": round(q4["prefill_tok_s"], 2) if with_peer else None,
           "peer_skipped": not with_peer}

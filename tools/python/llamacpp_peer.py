@@ -19,6 +19,16 @@
       timed. Each figure is the best of --repeats, after one untimed warm-up. Prints one JSON line
       on stdout; progress goes to stderr.
 
+  llamacpp_peer.py bench-batch MODEL.gguf --threads N --batch B [--batch B ...]
+                   [--decode-tokens 32] [--repeats 2] [--flash-attn] [--prompt-file PROMPT.json]
+                                                          (client venv)
+      Batched decode: B sequences (one llama_context with n_seq_max = B), each after its own
+      16-token prompt (the prompt ids rotated by the sequence number); then --decode-tokens steps
+      of one llama_decode carrying one token of every sequence (each the greedy token of its
+      sequence's previous step). Only the decode calls are timed (argmax in numpy is not).
+      Prints {"decode_tok_s": {"B": tokens/s, ...}} with tokens/s = B * steps / seconds, the
+      best of --repeats.
+
 The prompt is a fixed English text tokenized by the model's own tokenizer (no special tokens),
 repeated and cut to length, so every run of every model file sees the same ids.
 """
@@ -188,6 +198,82 @@ def bench(args):
     }))
 
 
+def bench_batch(args):
+    import numpy as np
+    import llama_cpp
+
+    import ctypes
+
+    @llama_cpp.llama_log_callback
+    def quiet(level, text, user_data):
+        pass
+
+    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(args.model.encode(),
+                                                 llama_cpp.llama_model_default_params())
+    if not model:
+        raise SystemExit(f"cannot load {args.model}")
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    with open(args.prompt_file) as f:
+        ids = json.load(f)["prompt"]
+    steps, context = args.decode_tokens, DECODE_CONTEXT
+    out = {}
+    for b in args.batch:
+        params = llama_cpp.llama_context_default_params()
+        params.n_seq_max = b
+        params.n_ctx = b * ((context + steps + 1 + 255) // 256 * 256)
+        params.n_batch = params.n_ubatch = b * context
+        params.n_threads = params.n_threads_batch = args.threads
+        params.flash_attn_type = 1 if args.flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED
+        ctx = llama_cpp.llama_init_from_model(model, params)
+        if not ctx:
+            raise SystemExit(f"cannot create a context for batch {b}")
+        batch = llama_cpp.llama_batch_init(b * context, 0, b)
+
+        def put(i, token, pos, seq, want_logits):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = want_logits
+
+        def argmax(i):
+            row = llama_cpp.llama_get_logits_ith(ctx, i)
+            return int(np.ctypeslib.as_array(row, shape=(n_vocab,)).argmax())
+
+        best = None
+        for _ in range(args.repeats):
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+            for s in range(b):
+                prompt = [ids[(s + j) % len(ids)] for j in range(context)]
+                for j, t in enumerate(prompt):
+                    put(s * context + j, t, j, s, j == context - 1)
+            batch.n_tokens = b * context
+            if llama_cpp.llama_decode(ctx, batch) != 0:
+                raise SystemExit("llama_decode failed (prefill)")
+            tokens = [argmax(s * context + context - 1) for s in range(b)]
+            elapsed = 0.0
+            for step in range(steps):
+                for s in range(b):
+                    put(s, tokens[s], context + step, s, True)
+                batch.n_tokens = b
+                start = time.perf_counter()
+                if llama_cpp.llama_decode(ctx, batch) != 0:
+                    raise SystemExit("llama_decode failed (decode)")
+                elapsed += time.perf_counter() - start
+                tokens = [argmax(s) for s in range(b)]
+            rate = b * steps / elapsed
+            best = rate if best is None else max(best, rate)
+            log(f"batch {b}{' (flash attn)' if args.flash_attn else ''}: {rate:.1f} tok/s")
+        out[str(b)] = round(best, 2)
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    print(json.dumps({"decode_tok_s": out, "threads": args.threads, "flash_attn": args.flash_attn,
+                      "decode_tokens": steps}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -202,6 +288,14 @@ def main():
     run.add_argument("--repeats", type=int, default=3)
     run.add_argument("--flash-attn", action="store_true")
     run.add_argument("--prompt-file", help='{"prompt": [ids]} to use instead of the built-in text')
+    batched = commands.add_parser("bench-batch", help="llama.cpp batched decode tokens/s")
+    batched.add_argument("model")
+    batched.add_argument("--threads", type=int, required=True)
+    batched.add_argument("--batch", type=int, action="append", required=True)
+    batched.add_argument("--decode-tokens", type=int, default=32)
+    batched.add_argument("--repeats", type=int, default=2)
+    batched.add_argument("--flash-attn", action="store_true")
+    batched.add_argument("--prompt-file", required=True)
     show = commands.add_parser("prompt", help="print the benchmark prompt's token ids")
     show.add_argument("model")
     show.add_argument("--tokens", type=int, default=1024)
@@ -212,6 +306,8 @@ def main():
         import llama_cpp
         llm = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False)
         print(json.dumps({"prompt": prompt_ids(llm, args.tokens)}))
+    elif args.command == "bench-batch":
+        bench_batch(args)
     else:
         bench(args)
 
