@@ -150,6 +150,12 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
         pool_->layout().BlocksFor(static_cast<int64_t>(r.prompt.size()))) {
       return absl::InvalidArgumentError("decode-only: imported blocks do not cover the prompt");
     }
+    for (BlockId b : r.imported_blocks) {
+      if (b >= pool_->num_blocks() || pool_->ref_count(b) < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("decode-only: imported block ", b, " is not an allocated block"));
+      }
+    }
   } else if (!r.imported_blocks.empty()) {
     return absl::InvalidArgumentError("imported blocks are for decode-only requests");
   }
@@ -363,7 +369,22 @@ absl::StatusOr<bool> Engine::Step() {
     }
     ++running;
   }
-  if (scheduled.empty()) return false;
+  if (scheduled.empty()) {
+    // An admitted sequence that got no block although nothing ranks after it can only be one
+    // that outgrew the whole pool: nothing will ever free a block for it.
+    for (Sequence* s : order) {
+      if (s->admitted && !s->finished) {
+        TokenEvent e;
+        e.error =
+            absl::StrCat("the KV cache (", pool_->num_blocks(), " blocks of ", block_tokens_,
+                         " tokens) cannot hold this sequence's ", s->tokens.size(), " positions");
+        Finish(*s, FinishReason::kError, std::move(e));
+        RemoveFinished();
+        return true;
+      }
+    }
+    return false;
+  }
 
   // Sequences preempted while others were scheduled are no longer in `scheduled`.
   std::vector<ForwardSequence> batch;

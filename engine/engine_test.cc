@@ -352,6 +352,17 @@ TEST(EngineTest, StopTokensAndValidation) {
   h.Drain();
 }
 
+TEST(EngineTest, ASequenceThatOutgrowsThePoolEndsWithAnErrorNotAHang) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness h(variant, 4, EngineOptions{});  // 64 positions in all
+  ASSERT_TRUE(h.Submit(Req("big", Prompt(40, 2), 100, false)).ok());
+  h.Drain();
+  EXPECT_EQ(h.out("big").finish, FinishReason::kError);
+  EXPECT_EQ(h.out("big").tokens.size(), 64u - 40u + 1);  // from positions 39..63
+  h.engine_->prefix_cache().Evict(1 << 20);
+  EXPECT_EQ(h.pool_->num_free(), h.pool_->num_blocks());
+}
+
 TEST(EngineTest, TheEngineThreadServesConcurrentSubmitters) {
   const SyntheticVariant variant{"llama_gqa_f32"};
   Harness h(variant, 64, EngineOptions{});
