@@ -155,6 +155,12 @@ class Backend {
                       const DeviceMatrix& out) = 0;
   // acc += x, elementwise.
   virtual void Add(const DeviceMatrix& acc, const DeviceMatrix& x) = 0;
+  // out row i = x row rows[i] (mixture-of-experts: the tokens routed to one expert).
+  virtual void GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                          const DeviceMatrix& out) = 0;
+  // acc row rows[i] += scales[i] * x row i (the product rounded, then added), for distinct rows.
+  virtual void AddScaledRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                             const std::vector<float>& scales, const DeviceMatrix& acc) = 0;
   // out = silu(gate) * up, elementwise, silu(g) = g / (1 + e^-g).
   virtual void SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up,
                       const DeviceMatrix& out) = 0;

@@ -3,8 +3,8 @@
 # the token ids of Ferry's own tokenizer:
 #   tiny:             every tiny model of tools/make_tiny_model (Llama GQA fp32/bf16, llama3 RoPE +
 #                     tied, linear RoPE, Mistral, Qwen2 biases, Qwen3 q/k norm via the functional
-#                     reference written from the model definition, since 4.47.1 has no Qwen3),
-#                     20 prompts each;
+#                     reference written from the model definition, since 4.47.1 has no Qwen3,
+#                     Mixtral and Qwen2-MoE mixtures of experts), 20 prompts each;
 #   smollm2-logits:   the default model (GGUF, transformers' own GGUF loading), 20 prompts;
 #   smollm2-generate: the default model, 20 chat prompts rendered with its template, 32 greedy
 #                     tokens each, token for token.
@@ -15,7 +15,7 @@
 # last-bit difference upstream flips a bf16 rounding now and then, and a deep model amplifies the
 # flips. Stated bounds, with fp32 KV: tiny models 1e-4 for >= 70% of rows and 1e-2 for all
 # (measured: 80-99.7% of rows within 1e-4, worst 3.7e-3), SmolLM2 (30 layers) 5e-2 (measured 2.6e-2);
-# with bf16 KV as well: tiny 3e-2, SmolLM2 1e-1 (measured 6e-3 and 4.8e-2). The longest prompt
+# with bf16 KV as well: tiny 3e-2, SmolLM2 1e-1 (measured 6e-3, 2.1e-2 for Mixtral, and 4.8e-2). The longest prompt
 # must also give bit-identical logits in chunks of 1, 7 and 64 tokens.
 set -euo pipefail
 check="$1"

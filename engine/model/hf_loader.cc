@@ -117,10 +117,10 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
   };
   c.architecture = j.value("model_type", "");
   if (c.architecture != "llama" && c.architecture != "mistral" && c.architecture != "qwen2" &&
-      c.architecture != "qwen3") {
+      c.architecture != "qwen3" && c.architecture != "mixtral" && c.architecture != "qwen2_moe") {
     return absl::UnimplementedError(absl::StrCat(path, ": model_type '", c.architecture,
                                                  "' is not supported (llama, mistral, qwen2, "
-                                                 "qwen3)"));
+                                                 "qwen3, mixtral, qwen2_moe)"));
   }
   RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size, true));
   RETURN_IF_ERROR(get_int("hidden_size", &c.hidden_size, true));
@@ -139,6 +139,36 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
   c.qk_norm = c.architecture == "qwen3";
   c.attention_bias =
       j.value("attention_bias", c.architecture == "qwen2");  // Qwen2 has q/k/v biases
+  if (c.architecture == "mixtral") {
+    MoeConfig& m = c.moe;
+    RETURN_IF_ERROR(get_int("num_local_experts", &m.num_experts, true));
+    RETURN_IF_ERROR(get_int("num_experts_per_tok", &m.experts_per_token, true));
+    m.expert_intermediate_size = c.intermediate_size;
+    m.norm_topk_prob = true;  // Mixtral always renormalises the top-k weights
+  } else if (c.architecture == "qwen2_moe") {
+    MoeConfig& m = c.moe;
+    c.attention_bias = j.value("attention_bias", true);
+    RETURN_IF_ERROR(get_int("num_experts", &m.num_experts, true));
+    RETURN_IF_ERROR(get_int("num_experts_per_tok", &m.experts_per_token, true));
+    RETURN_IF_ERROR(get_int("moe_intermediate_size", &m.expert_intermediate_size, true));
+    RETURN_IF_ERROR(get_int("shared_expert_intermediate_size", &m.shared_intermediate_size, false));
+    m.shared_expert_gate = m.shared_intermediate_size > 0;
+    m.norm_topk_prob = j.value("norm_topk_prob", false);
+    int64_t step = 1;
+    RETURN_IF_ERROR(get_int("decoder_sparse_step", &step, false));
+    if (step < 1)
+      return absl::InvalidArgumentError(absl::StrCat(path, ": decoder_sparse_step < 1"));
+    m.dense_layers.assign(c.num_layers, false);
+    for (int64_t l = 0; l < c.num_layers; ++l) m.dense_layers[l] = (l + 1) % step != 0;
+    if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array()) {
+      for (const Json& l : j["mlp_only_layers"]) {
+        if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= c.num_layers) {
+          return absl::InvalidArgumentError(absl::StrCat(path, ": bad mlp_only_layers entry"));
+        }
+        m.dense_layers[l.get<int64_t>()] = true;
+      }
+    }
+  }
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const Json& rs = j["rope_scaling"];
     const std::string type = rs.value("rope_type", rs.value("type", std::string("default")));
@@ -176,9 +206,28 @@ std::map<std::string, std::vector<int64_t>> ExpectedTensors(const ModelConfig& c
     t[p + "self_attn.k_proj.weight"] = {kv, h};
     t[p + "self_attn.v_proj.weight"] = {kv, h};
     t[p + "self_attn.o_proj.weight"] = {h, q};
-    t[p + "mlp.gate_proj.weight"] = {c.intermediate_size, h};
-    t[p + "mlp.up_proj.weight"] = {c.intermediate_size, h};
-    t[p + "mlp.down_proj.weight"] = {h, c.intermediate_size};
+    if (c.moe.sparse(l)) {
+      const MoeConfig& m = c.moe;
+      const int64_t f = m.expert_intermediate_size;
+      t[p + "mlp.gate.weight"] = {m.num_experts, h};
+      for (int64_t e = 0; e < m.num_experts; ++e) {
+        const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
+        t[x + "gate_proj.weight"] = {f, h};
+        t[x + "up_proj.weight"] = {f, h};
+        t[x + "down_proj.weight"] = {h, f};
+      }
+      if (m.shared_intermediate_size > 0) {
+        const int64_t s = m.shared_intermediate_size;
+        t[p + "mlp.shared_expert.gate_proj.weight"] = {s, h};
+        t[p + "mlp.shared_expert.up_proj.weight"] = {s, h};
+        t[p + "mlp.shared_expert.down_proj.weight"] = {h, s};
+      }
+      if (m.shared_expert_gate) t[p + "mlp.shared_expert_gate.weight"] = {1, h};
+    } else {
+      t[p + "mlp.gate_proj.weight"] = {c.intermediate_size, h};
+      t[p + "mlp.up_proj.weight"] = {c.intermediate_size, h};
+      t[p + "mlp.down_proj.weight"] = {h, c.intermediate_size};
+    }
     if (c.attention_bias) {
       t[p + "self_attn.q_proj.bias"] = {q};
       t[p + "self_attn.k_proj.bias"] = {kv};
@@ -190,6 +239,23 @@ std::map<std::string, std::vector<int64_t>> ExpectedTensors(const ModelConfig& c
     }
   }
   return t;
+}
+
+// Mixtral's MoE tensors under the names Ferry uses (Qwen2-MoE's): block_sparse_moe.gate ->
+// mlp.gate, block_sparse_moe.experts.E.{w1,w3,w2} -> mlp.experts.E.{gate,up,down}_proj.
+std::string CanonicalTensorName(const ModelConfig& c, const std::string& name) {
+  if (c.architecture != "mixtral") return name;
+  const std::string from = ".block_sparse_moe.";
+  const size_t at = name.find(from);
+  if (at == std::string::npos) return name;
+  std::string rest = name.substr(at + from.size());
+  for (const auto& [w, proj] : {std::pair<const char*, const char*>{".w1.", ".gate_proj."},
+                                {".w3.", ".up_proj."},
+                                {".w2.", ".down_proj."}}) {
+    const size_t k = rest.find(w);
+    if (k != std::string::npos) rest.replace(k, std::strlen(w), proj);
+  }
+  return name.substr(0, at) + ".mlp." + rest;
 }
 
 absl::StatusOr<uint32_t> GgmlTypeOfSafetensors(const std::string& dtype) {
@@ -249,7 +315,7 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
     RETURN_IF_ERROR(fingerprint.AddFileFromDisk(file.substr(file.rfind('/') + 1), file));
     for (auto it = st->header().begin(); it != st->header().end(); ++it) {
       if (it.key() == "__metadata__") continue;
-      const std::string& name = it.key();
+      const std::string name = CanonicalTensorName(weights.config, it.key());
       auto want = expected.find(name);
       if (want == expected.end()) {
         if (name == "lm_head.weight" && weights.config.tie_word_embeddings) continue;

@@ -29,6 +29,18 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: head_dim ", head_dim, " is odd (RoPE rotates pairs)"));
   }
+  if (moe.num_experts > 0) {
+    if (moe.experts_per_token < 1 || moe.experts_per_token > moe.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("model config: ", moe.experts_per_token,
+                                                     " experts per token of ", moe.num_experts));
+    }
+    if (moe.expert_intermediate_size <= 0 || moe.shared_intermediate_size < 0) {
+      return absl::InvalidArgumentError("model config: expert sizes must be positive");
+    }
+    if (!(moe.routed_scaling_factor > 0)) {
+      return absl::InvalidArgumentError("model config: routed_scaling_factor must be positive");
+    }
+  }
   if (!(rope_theta > 0) || !(rms_norm_eps > 0)) {
     return absl::InvalidArgumentError("model config: rope_theta and rms_norm_eps must be positive");
   }

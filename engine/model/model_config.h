@@ -1,5 +1,5 @@
-// The hyper-parameters of a dense decoder-only transformer (Llama, Qwen2, Qwen3, Mistral
-// families), read from an HF config.json or from GGUF metadata.
+// The hyper-parameters of a decoder-only transformer (Llama, Qwen2, Qwen3, Mistral families, and
+// the mixture-of-experts Mixtral and Qwen2-MoE), read from an HF config.json or GGUF metadata.
 
 #ifndef FERRY_ENGINE_MODEL_MODEL_CONFIG_H_
 #define FERRY_ENGINE_MODEL_MODEL_CONFIG_H_
@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -21,8 +22,28 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// A mixture-of-experts FFN (num_experts > 0). Per token: router logits = h W_router; p =
+// softmax(logits) in float; the experts_per_token largest p (lower expert id first among equals),
+// renormalised to sum 1 when norm_topk_prob, times routed_scaling_factor, weigh the experts'
+// SwiGLU outputs, added in increasing expert id; a shared expert (shared_intermediate_size > 0)
+// is added last, scaled by sigmoid(h w_gate) when shared_expert_gate (Qwen2-MoE).
+struct MoeConfig {
+  int64_t num_experts = 0;
+  int64_t experts_per_token = 0;
+  int64_t expert_intermediate_size = 0;
+  int64_t shared_intermediate_size = 0;
+  bool shared_expert_gate = false;
+  bool norm_topk_prob = false;
+  double routed_scaling_factor = 1.0;
+  std::vector<bool> dense_layers;  // per layer: a dense FFN (intermediate_size) instead
+  bool sparse(int64_t layer) const {
+    return num_experts > 0 &&
+           !(layer < static_cast<int64_t>(dense_layers.size()) && dense_layers[layer]);
+  }
+};
+
 struct ModelConfig {
-  std::string architecture;  // "llama", "qwen2", "qwen3", "mistral"
+  std::string architecture;  // "llama", "qwen2", "qwen3", "mistral", "mixtral", "qwen2_moe"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -37,6 +58,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool qk_norm = false;         // Qwen3: RMSNorm on q and k per head
   bool attention_bias = false;  // Qwen2: biases on the q, k and v projections
+  MoeConfig moe;
 
   // Consistency of the numbers (positive sizes, heads dividing evenly); errors name the field.
   absl::Status Validate() const;

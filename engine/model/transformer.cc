@@ -1,10 +1,12 @@
 #include "engine/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/float_math.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
 
@@ -198,11 +200,39 @@ absl::Status Transformer::Upload(const HostWeights& weights) {
     ASSIGN_OR_RETURN(const HostTensor* post_norm,
                      shaped(p + "post_attention_layernorm.weight", {h}));
     ASSIGN_OR_RETURN(l.mlp_norm, UploadVector({post_norm}));
-    ASSIGN_OR_RETURN(const HostTensor* gate, shaped(p + "mlp.gate_proj.weight", {f, h}));
-    ASSIGN_OR_RETURN(const HostTensor* up, shaped(p + "mlp.up_proj.weight", {f, h}));
-    ASSIGN_OR_RETURN(l.gate_up, UploadMatrix({gate, up}));
-    ASSIGN_OR_RETURN(const HostTensor* down, shaped(p + "mlp.down_proj.weight", {h, f}));
-    ASSIGN_OR_RETURN(l.down, UploadMatrix({down}));
+    auto swiglu = [&](const std::string& prefix, int64_t width, DeviceWeight* gate_up,
+                      DeviceWeight* down) -> absl::Status {
+      ASSIGN_OR_RETURN(const HostTensor* gate, shaped(prefix + "gate_proj.weight", {width, h}));
+      ASSIGN_OR_RETURN(const HostTensor* up, shaped(prefix + "up_proj.weight", {width, h}));
+      ASSIGN_OR_RETURN(*gate_up, UploadMatrix({gate, up}));
+      ASSIGN_OR_RETURN(const HostTensor* dn, shaped(prefix + "down_proj.weight", {h, width}));
+      ASSIGN_OR_RETURN(*down, UploadMatrix({dn}));
+      return absl::OkStatus();
+    };
+    const MoeConfig& m = config_.moe;
+    if (!m.sparse(i)) {
+      RETURN_IF_ERROR(swiglu(p + "mlp.", f, &l.gate_up, &l.down));
+      if (m.num_experts > 0) expert_tokens_.emplace_back();
+      continue;
+    }
+    l.moe = true;
+    expert_tokens_.emplace_back(m.num_experts, 0);
+    ASSIGN_OR_RETURN(const HostTensor* router, shaped(p + "mlp.gate.weight", {m.num_experts, h}));
+    ASSIGN_OR_RETURN(l.router, UploadMatrix({router}));
+    l.expert_gate_up.resize(m.num_experts);
+    l.expert_down.resize(m.num_experts);
+    for (int64_t e = 0; e < m.num_experts; ++e) {
+      RETURN_IF_ERROR(swiglu(absl::StrCat(p, "mlp.experts.", e, "."), m.expert_intermediate_size,
+                             &l.expert_gate_up[e], &l.expert_down[e]));
+    }
+    if (m.shared_intermediate_size > 0) {
+      RETURN_IF_ERROR(swiglu(p + "mlp.shared_expert.", m.shared_intermediate_size,
+                             &l.shared_gate_up, &l.shared_down));
+    }
+    if (m.shared_expert_gate) {
+      ASSIGN_OR_RETURN(const HostTensor* g, shaped(p + "mlp.shared_expert_gate.weight", {1, h}));
+      ASSIGN_OR_RETURN(l.shared_gate, UploadMatrix({g}));
+    }
   }
   return absl::OkStatus();
 }
@@ -243,6 +273,96 @@ absl::Status Transformer::EnsureScratch(int64_t rows, int64_t logit_rows) {
   ASSIGN_OR_RETURN(scratch_, backend_->Allocate((rows * per_row + logit_rows * per_logit_row) * 4));
   scratch_rows_ = rows;
   scratch_logit_rows_ = logit_rows;
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::MoeFfn(int64_t layer, const DeviceMatrix& h) {
+  const MoeConfig& m = config_.moe;
+  const Layer& l = layers_[layer];
+  Backend& b = *backend_;
+  const int64_t rows = h.rows, hidden = config_.hidden_size, experts = m.num_experts;
+  const int64_t width = std::max(m.expert_intermediate_size, m.shared_intermediate_size);
+  // Scratch: router logits, the routed rows' inputs, their gate|up, outputs, and the sum.
+  const int64_t per_row = experts + 2 * hidden + 2 * width + hidden + 1;
+  if (rows > moe_scratch_rows_) {
+    moe_scratch_.Reset();
+    ASSIGN_OR_RETURN(moe_scratch_, b.Allocate(rows * per_row * sizeof(float)));
+    moe_scratch_rows_ = rows;
+  }
+  float* next = static_cast<float*>(moe_scratch_.data());
+  auto take = [&](int64_t r, int64_t cols) {
+    DeviceMatrix mat = DeviceMatrix::Dense(next, DType::kF32, r, cols);
+    next += r * cols;
+    return mat;
+  };
+  const DeviceMatrix logits = take(rows, experts), xin = take(rows, hidden);
+  const DeviceMatrix gate_up = take(rows, 2 * width), y = take(rows, hidden);
+  const DeviceMatrix sum = take(rows, hidden), shared_logit = take(rows, 1);
+
+  // Routing, on the host: softmax in float (the engine's Exp, sums in increasing expert id), the
+  // top k (lower id first among equals), renormalised when asked, scaled.
+  b.MatMul(h, l.router, nullptr, logits);
+  std::vector<float> host(rows * experts);
+  b.CopyToHost(host.data(), logits.data, host.size() * sizeof(float));
+  std::vector<std::vector<int32_t>> routed(experts);
+  std::vector<std::vector<float>> weights(experts);
+  std::vector<int32_t> order(experts);
+  std::vector<float> p(experts);
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* z = host.data() + t * experts;
+    float max = z[0];
+    for (int64_t e = 1; e < experts; ++e) max = std::max(max, z[e]);
+    float total = 0;
+    for (int64_t e = 0; e < experts; ++e) total += (p[e] = Exp(z[e] - max));
+    for (int64_t e = 0; e < experts; ++e) p[e] = p[e] / total;
+    for (int64_t e = 0; e < experts; ++e) order[e] = static_cast<int32_t>(e);
+    std::partial_sort(order.begin(), order.begin() + m.experts_per_token, order.end(),
+                      [&](int32_t a, int32_t c) { return p[a] > p[c] || (p[a] == p[c] && a < c); });
+    float kept = 0;
+    for (int64_t k = 0; k < m.experts_per_token; ++k) kept += p[order[k]];
+    for (int64_t k = 0; k < m.experts_per_token; ++k) {
+      float w = p[order[k]];
+      if (m.norm_topk_prob) w = w / kept;
+      if (m.routed_scaling_factor != 1.0) w = w * static_cast<float>(m.routed_scaling_factor);
+      routed[order[k]].push_back(static_cast<int32_t>(t));
+      weights[order[k]].push_back(w);
+    }
+  }
+  // Each expert over its tokens; outputs added in increasing expert id.
+  std::vector<float> zero(rows * hidden, 0.0f);
+  b.CopyToDevice(sum.data, zero.data(), zero.size() * sizeof(float));
+  const int64_t f = m.expert_intermediate_size;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t n = static_cast<int64_t>(routed[e].size());
+    expert_tokens_[layer][e] += n;
+    if (n == 0) continue;
+    const DeviceMatrix xe = xin.RowRange(0, n), ye = y.RowRange(0, n);
+    const DeviceMatrix gu = gate_up.RowRange(0, n).ColRange(0, 2 * f);
+    b.GatherRows(h, routed[e], xe);
+    b.MatMul(xe, l.expert_gate_up[e], nullptr, gu);
+    b.SwiGlu(gu.ColRange(0, f), gu.ColRange(f, f), gu.ColRange(0, f));
+    b.MatMul(gu.ColRange(0, f), l.expert_down[e], nullptr, ye);
+    b.AddScaledRows(ye, routed[e], weights[e], sum);
+  }
+  if (m.shared_intermediate_size > 0) {
+    const int64_t s = m.shared_intermediate_size;
+    const DeviceMatrix gu = gate_up.ColRange(0, 2 * s);
+    b.MatMul(h, l.shared_gate_up, nullptr, gu);
+    b.SwiGlu(gu.ColRange(0, s), gu.ColRange(s, s), gu.ColRange(0, s));
+    b.MatMul(gu.ColRange(0, s), l.shared_down, nullptr, y);
+    std::vector<int32_t> all(rows);
+    std::vector<float> scale(rows, 1.0f);
+    for (int64_t t = 0; t < rows; ++t) all[t] = static_cast<int32_t>(t);
+    if (m.shared_expert_gate) {
+      b.MatMul(h, l.shared_gate, nullptr, shared_logit);
+      std::vector<float> g(rows);
+      b.CopyToHost(g.data(), shared_logit.data, rows * sizeof(float));
+      for (int64_t t = 0; t < rows; ++t) scale[t] = 1.0f / (1.0f + Exp(-g[t]));
+      // sigmoid(g) * out, as HF computes it: the product rounded, then added.
+    }
+    b.AddScaledRows(y, all, scale, sum);
+  }
+  b.CopyOnDevice(h.data, sum.data, rows * hidden * sizeof(float));
   return absl::OkStatus();
 }
 
@@ -338,9 +458,13 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
     b.Attention(q, view, layout, scale, attn);
     b.MatMul(attn, l.o, nullptr, h);
     b.AddRmsNorm(x, h, l.mlp_norm, eps, h);
-    b.MatMul(h, l.gate_up, nullptr, gate_up);
-    b.SwiGlu(gate, up, gate);
-    b.MatMul(gate, l.down, nullptr, h);
+    if (l.moe) {
+      RETURN_IF_ERROR(MoeFfn(li, h));
+    } else {
+      b.MatMul(h, l.gate_up, nullptr, gate_up);
+      b.SwiGlu(gate, up, gate);
+      b.MatMul(gate, l.down, nullptr, h);
+    }
     // The residual, and the norm of what comes next: the next layer's, or the final one.
     b.AddRmsNorm(x, h, li + 1 < c.num_layers ? layers_[li + 1].attn_norm : final_norm_, eps, h);
   }

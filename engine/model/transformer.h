@@ -68,12 +68,21 @@ class Transformer {
   absl::Status Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
                        std::vector<float>* logits);
 
+  // Mixture-of-experts models: tokens routed to each expert since creation, [layer][expert]
+  // (empty rows for dense layers), for the per-expert metric.
+  const std::vector<std::vector<int64_t>>& expert_token_counts() const { return expert_tokens_; }
+
  private:
   // Per layer: q, k and v projections fused into one matrix (rows q | k | v, with their biases
   // likewise), gate and up fused (rows gate | up).
   struct Layer {
     DeviceMatrix attn_norm, qkv_bias, q_norm, k_norm, mlp_norm;
     DeviceWeight qkv, o, gate_up, down;
+    // Mixture of experts (config.moe.sparse(layer)): the router, each expert's fused gate|up and
+    // down, the shared expert and its gate.
+    bool moe = false;
+    DeviceWeight router, shared_gate_up, shared_down, shared_gate;
+    std::vector<DeviceWeight> expert_gate_up, expert_down;
   };
 
   Transformer(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
@@ -84,6 +93,8 @@ class Transformer {
   // Matrices stacked by rows, in the backend's weight layout.
   absl::StatusOr<DeviceWeight> UploadMatrix(const std::vector<const HostTensor*>& parts);
   absl::Status EnsureScratch(int64_t rows, int64_t logit_rows);
+  // The mixture-of-experts FFN of layer `l` on the normed rows `h`, written back into `h`.
+  absl::Status MoeFfn(int64_t layer, const DeviceMatrix& h);
 
   const ModelConfig config_;
   Backend* const backend_;
@@ -96,6 +107,11 @@ class Transformer {
   DeviceMatrix final_norm_;
   std::vector<Layer> layers_;
   RopeTable rope_;
+
+  // Tokens routed to each expert so far, per MoE layer ([layer][expert]; empty when dense).
+  std::vector<std::vector<int64_t>> expert_tokens_;
+  DeviceBuffer moe_scratch_;
+  int64_t moe_scratch_rows_ = 0;
 
   // Activations for up to scratch_rows_ rows (grown on demand).
   DeviceBuffer scratch_;

@@ -124,10 +124,16 @@ def tiny_models(out_dir):
       qwen3_qknorm                   Qwen3: q_norm/k_norm per head, head_dim 32 != hidden/heads.
                                      transformers 4.47 has no Qwen3, so it is a Llama's weights
                                      plus q_norm/k_norm, with a config.json written here.
+      mixtral_moe                    Mixtral: 8 experts, top-2 renormalised, every layer sparse
+      qwen2_moe                      Qwen2-MoE: 8 experts of width 32, top-2 (not renormalised),
+                                     a sigmoid-gated shared expert, layer 0 dense (mlp_only_layers)
+    The MoE routers' weights are scaled up (x20) so that routing is decisive: a choice between
+    two nearly equal experts would flip on rounding and no tolerance could compare the outputs.
     """
     import shutil
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+    from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, MixtralConfig,
+                              Qwen2Config, Qwen2MoeConfig)
     tok_dir = os.path.join(out_dir, "_tokenizers")
     bytelevel("llama3_bytelevel", tok_dir, 512, pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated"),
@@ -157,6 +163,13 @@ def tiny_models(out_dir):
         ("qwen3_qknorm", "qwen2_nfc", LlamaConfig,
          dict(rope_theta=1000000.0, head_dim=32, attention_bias=False, tie_word_embeddings=False),
          torch.float32),
+        ("mixtral_moe", "llama3_bytelevel", MixtralConfig,
+         dict(rope_theta=1000000.0, num_local_experts=8, num_experts_per_tok=2,
+              sliding_window=None), torch.float32),
+        ("qwen2_moe", "qwen2_nfc", Qwen2MoeConfig,
+         dict(rope_theta=1000000.0, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+              shared_expert_intermediate_size=64, norm_topk_prob=False, decoder_sparse_step=1,
+              mlp_only_layers=[0], use_sliding_window=False), torch.float32),
     ]
     for name, tok, config_class, extra, dtype in specs:
         target = os.path.join(out_dir, name)
@@ -172,6 +185,8 @@ def tiny_models(out_dir):
             for pname, p in model.named_parameters():
                 if p.dim() == 1:
                     p.add_(torch.randn_like(p) * 0.1)
+                if pname.endswith("block_sparse_moe.gate.weight") or pname.endswith("mlp.gate.weight"):
+                    p.mul_(20.0)  # decisive routing (see above)
         if name.startswith("qwen3"):
             save_qwen3(model, config, tokenizer, target)
         else:

@@ -263,6 +263,32 @@ void CpuBackend::Add(const DeviceMatrix& acc, const DeviceMatrix& x) {
   });
 }
 
+void CpuBackend::GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                            const DeviceMatrix& out) {
+  CHECK(out.rows == static_cast<int64_t>(rows.size()) && out.cols == x.cols);
+  CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    CHECK(rows[i] >= 0 && rows[i] < x.rows);
+    std::memcpy(Row<float>(out, i), Row<float>(x, rows[i]), x.cols * sizeof(float));
+  }
+}
+
+void CpuBackend::AddScaledRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                               const std::vector<float>& scales, const DeviceMatrix& acc) {
+  CHECK(x.rows == static_cast<int64_t>(rows.size()) && rows.size() == scales.size());
+  CHECK(x.cols == acc.cols);
+  pool_->ParallelFor(rows.size(), [&](size_t i) {
+    CHECK(rows[i] >= 0 && rows[i] < acc.rows);
+    const float* src = Row<float>(x, i);
+    float* a = Row<float>(acc, rows[i]);
+    const float s = scales[i];
+    for (int64_t c = 0; c < x.cols; ++c) {
+      const float product = s * src[c];
+      a[c] += product;
+    }
+  });
+}
+
 void CpuBackend::SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up, const DeviceMatrix& out) {
   CHECK(gate.rows == up.rows && gate.cols == up.cols);
   CHECK(out.rows == gate.rows && out.cols == gate.cols);

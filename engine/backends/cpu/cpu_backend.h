@@ -62,6 +62,10 @@ class CpuBackend : public Backend {
   void MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
               const DeviceMatrix& out) override;
   void Add(const DeviceMatrix& acc, const DeviceMatrix& x) override;
+  void GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                  const DeviceMatrix& out) override;
+  void AddScaledRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                     const std::vector<float>& scales, const DeviceMatrix& acc) override;
   void SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up, const DeviceMatrix& out) override;
   void Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
             const RopeTable& rope) override;
