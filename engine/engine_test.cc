@@ -1,8 +1,8 @@
-// The scheduler's promises on small synthetic models: a request's tokens and the logits they were
-// chosen from are bit-identical alone, inside a batch of mixed requests, under any prefill chunk
-// size, with its prefix from the cache, after preemption under KV pressure, resumed after k
-// tokens, and split into prefill-only + decode-only; greedy and seeded sampling. Abort frees every
-// block; a long request is not starved by a flood of short ones.
+// The scheduler's promises on small synthetic models (dense, and a mixture of experts): a request's
+// tokens and the logits they were chosen from are bit-identical alone, inside a batch of mixed
+// requests, under any prefill chunk size, with its prefix from the cache, after preemption under KV
+// pressure, resumed after k tokens, and split into prefill-only + decode-only; greedy and seeded
+// sampling. Abort frees every block; a long request is not starved by a flood of short ones.
 
 #include "engine/engine.h"
 
@@ -115,6 +115,7 @@ void ExpectSame(const Output& got, const Output& want, const std::string& what) 
 const SyntheticVariant kVariants[] = {
     {"llama_gqa_f32"},
     {"qwen2_bias_bf16_weights_bf16_kv", true, false, false, 8, WeightDType::kBF16, "bf16"},
+    {"moe_8x2_shared_bf16", false, false, false, 8, WeightDType::kBF16, "bf16", 8, 2, true},
 };
 
 class EngineDeterminismTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
@@ -217,7 +218,7 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, EngineDeterminismTest,
-                         ::testing::Combine(::testing::Values(0, 1), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(kVariants[std::get<0>(info.param)].name) +
                                   (std::get<1>(info.param) ? "_sampled" : "_greedy");

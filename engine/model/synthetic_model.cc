@@ -10,7 +10,15 @@ namespace ferry {
 HostWeights SyntheticModel(const SyntheticVariant& v) {
   HostWeights w;
   ModelConfig& c = w.config;
-  c.architecture = v.qk_norm ? "qwen3" : (v.bias ? "qwen2" : "llama");
+  c.architecture = v.experts > 0 ? "qwen2_moe" : v.qk_norm ? "qwen3" : (v.bias ? "qwen2" : "llama");
+  if (v.experts > 0) {
+    c.moe.num_experts = v.experts;
+    c.moe.experts_per_token = v.experts_per_token;
+    c.moe.expert_intermediate_size = 24;
+    c.moe.shared_intermediate_size = v.shared_expert ? 40 : 0;
+    c.moe.shared_expert_gate = v.shared_expert;
+    c.moe.dense_layers = {true, false};
+  }
   c.vocab_size = 97;
   c.hidden_size = 32;
   c.intermediate_size = 48;
@@ -60,6 +68,24 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
     if (v.qk_norm) {
       add(p + "self_attn.q_norm.weight", {c.head_dim}, 0.1f, 1);
       add(p + "self_attn.k_norm.weight", {c.head_dim}, 0.1f, 1);
+    }
+    if (c.moe.sparse(i)) {
+      const int64_t f = c.moe.expert_intermediate_size;
+      add(p + "mlp.gate.weight", {c.moe.num_experts, h}, 1.0f, 0);
+      for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        add(x + "gate_proj.weight", {f, h}, 0.2f, 0);
+        add(x + "up_proj.weight", {f, h}, 0.2f, 0);
+        add(x + "down_proj.weight", {h, f}, 0.2f, 0);
+      }
+      if (v.shared_expert) {
+        const int64_t s = c.moe.shared_intermediate_size;
+        add(p + "mlp.shared_expert.gate_proj.weight", {s, h}, 0.2f, 0);
+        add(p + "mlp.shared_expert.up_proj.weight", {s, h}, 0.2f, 0);
+        add(p + "mlp.shared_expert.down_proj.weight", {h, s}, 0.2f, 0);
+        add(p + "mlp.shared_expert_gate.weight", {1, h}, 0.3f, 0);
+      }
+      continue;
     }
     add(p + "mlp.gate_proj.weight", {c.intermediate_size, h}, 0.2f, 0);
     add(p + "mlp.up_proj.weight", {c.intermediate_size, h}, 0.2f, 0);

@@ -20,9 +20,14 @@ struct SyntheticVariant {
   int64_t head_dim = 8;
   WeightDType weights = WeightDType::kF32;
   std::string kv = "f32";
+  // Mixture of experts in layer 1 (layer 0 stays dense): experts, top-k, a gated shared expert.
+  int64_t experts = 0;
+  int64_t experts_per_token = 2;
+  bool shared_expert = false;
 };
 
-// Vocabulary 97, hidden 32, 2 layers, 4 heads over 2 KV heads, 512 positions; fixed seed.
+// Vocabulary 97, hidden 32, 2 layers, 4 heads over 2 KV heads, 512 positions; fixed seed. With
+// experts > 0, a Qwen2-MoE-style model whose layer 1 is sparse (experts of width 24).
 HostWeights SyntheticModel(const SyntheticVariant& v);
 
 }  // namespace ferry

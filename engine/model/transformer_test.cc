@@ -31,6 +31,8 @@ std::vector<Variant> Variants() {
       {"qwen2_bias_bf16_kv", true, false, false, 8, WeightDType::kF32, "bf16"},
       {"qwen3_qknorm_head_dim_16", false, true, false, 16, WeightDType::kF32, "f32"},
       {"tied_bf16_weights", false, false, true, 8, WeightDType::kBF16, "f32"},
+      {"moe_8x2_f32", false, false, false, 8, WeightDType::kF32, "f32", 8, 2, false},
+      {"moe_8x2_shared_bf16", false, false, false, 8, WeightDType::kBF16, "bf16", 8, 2, true},
   };
 }
 
