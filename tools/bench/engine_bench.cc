@@ -3,6 +3,10 @@
 // Prints one JSON object; tools/bench/engine_bench.sh adds the llama.cpp peer and the table.
 //
 //   engine_bench MODEL.gguf PROMPT.json [--threads N] [--decode-tokens 64] [--repeats 3]
+//                [--model smollm2|moe]
+//
+// --model moe measures a synthetic mixture of experts instead (SyntheticMoe below; the model
+// file and prompt are not used).
 //
 // PROMPT.json: {"prompt": [ids]} — the prefill prompt (the peer gets the same ids).
 //
@@ -35,6 +39,7 @@
 
 #include "absl/strings/numbers.h"
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/common/float_math.h"
 #include "engine/engine.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/generate.h"
@@ -271,6 +276,136 @@ double BatchedDecode(Transformer& model, KvBlockPool& pool, const std::vector<To
   return static_cast<double>(b * steps) / seconds;
 }
 
+// --model moe: a synthetic mixture of experts too big for any cache (Qwen2-MoE-style: 8 layers,
+// hidden 1024, 64 experts of width 512 with 4 routed per token, a gated shared expert; random
+// bf16 weights, so routing spreads over all experts), about 1.3 GB of weights.
+HostWeights SyntheticMoe() {
+  HostWeights w;
+  ModelConfig& c = w.config;
+  c.architecture = "qwen2_moe";
+  c.vocab_size = 32000;
+  c.hidden_size = 1024;
+  c.intermediate_size = 2816;
+  c.num_layers = 8;
+  c.num_heads = 16;
+  c.num_kv_heads = 4;
+  c.head_dim = 64;
+  c.max_position_embeddings = 4096;
+  c.rope_theta = 1e6;
+  c.rms_norm_eps = 1e-6;
+  c.attention_bias = true;
+  c.moe.num_experts = 64;
+  c.moe.experts_per_token = 4;
+  c.moe.expert_intermediate_size = 512;
+  c.moe.shared_intermediate_size = 1024;
+  c.moe.shared_expert_gate = true;
+  w.kv_dtype = "bf16";
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float mean) {
+    HostTensor t;
+    t.shape = std::move(shape);
+    t.dtype = WeightDType::kBF16;
+    t.bf16.resize(t.elements());
+    for (uint16_t& v : t.bf16) {
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;  // xorshift64
+      const float u = static_cast<float>(state >> 40) * 0x1.0p-24f - 0.5f;
+      v = FloatToBf16(mean + 2.0f * scale * u);
+    }
+    w.tensors[name] = std::move(t);
+  };
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  add("model.embed_tokens.weight", {c.vocab_size, h}, 1.0f, 0);
+  add("lm_head.weight", {c.vocab_size, h}, 0.05f, 0);
+  add("model.norm.weight", {h}, 0.1f, 1);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {h}, 0.1f, 1);
+    add(p + "post_attention_layernorm.weight", {h}, 0.1f, 1);
+    add(p + "self_attn.q_proj.weight", {q, h}, 0.05f, 0);
+    add(p + "self_attn.k_proj.weight", {kv, h}, 0.05f, 0);
+    add(p + "self_attn.v_proj.weight", {kv, h}, 0.05f, 0);
+    add(p + "self_attn.q_proj.bias", {q}, 0.05f, 0);
+    add(p + "self_attn.k_proj.bias", {kv}, 0.05f, 0);
+    add(p + "self_attn.v_proj.bias", {kv}, 0.05f, 0);
+    add(p + "self_attn.o_proj.weight", {h, q}, 0.05f, 0);
+    add(p + "mlp.gate.weight", {c.moe.num_experts, h}, 0.5f, 0);
+    const int64_t f = c.moe.expert_intermediate_size, sf = c.moe.shared_intermediate_size;
+    for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      add(x + "gate_proj.weight", {f, h}, 0.05f, 0);
+      add(x + "up_proj.weight", {f, h}, 0.05f, 0);
+      add(x + "down_proj.weight", {h, f}, 0.05f, 0);
+    }
+    add(p + "mlp.shared_expert.gate_proj.weight", {sf, h}, 0.05f, 0);
+    add(p + "mlp.shared_expert.up_proj.weight", {sf, h}, 0.05f, 0);
+    add(p + "mlp.shared_expert.down_proj.weight", {h, sf}, 0.05f, 0);
+    add(p + "mlp.shared_expert_gate.weight", {1, h}, 0.05f, 0);
+  }
+  return w;
+}
+
+// The MoE benchmark: decode at batch 1 against the bytes it actually reads per token (the
+// attention, router and shared-expert matrices, the top-k experts of every layer, the LM head)
+// and at batch 64, with the per-expert token counts.
+int MoeMain(int threads, int repeats, int64_t decode_tokens) {
+  HostWeights host = SyntheticMoe();
+  const ModelConfig c = host.config;
+  double total_bytes = 0;
+  for (const auto& [name, t] : host.tensors) total_bytes += 2.0 * t.elements();
+  CpuBackendOptions options;
+  options.threads = threads;
+  auto backend = OrDie(CpuBackend::Create(options), "backend");
+  auto model = OrDie(Transformer::Create(host, backend.get()), "model");
+  host = HostWeights();
+  BackendKvAllocator allocator(backend.get());
+  const KvBlockLayout layout = model->KvLayoutFor(64);
+  auto pool = OrDie(KvBlockPool::Create(layout, 256, &allocator, backend.get()), "KV pool");
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  const int64_t f = c.moe.expert_intermediate_size, sf = c.moe.shared_intermediate_size;
+  const double expert_bytes = 2.0 * 3 * f * h;
+  const double per_layer =
+      2.0 * (h * (q + 2 * kv) + q * h + c.moe.num_experts * h + 3 * sf * h + h) +
+      c.moe.experts_per_token * expert_bytes;
+  const double bytes_per_token = c.num_layers * per_layer + 2.0 * c.vocab_size * h;
+
+  std::vector<TokenId> prompt(16);
+  for (int64_t i = 0; i < 16; ++i) prompt[i] = static_cast<TokenId>((i * 7919) % c.vocab_size);
+  ReadBandwidth bandwidth(threads);
+  GenerateOptions gen;
+  gen.max_new_tokens = decode_tokens + 1;
+  double decode_seconds = 1e30;
+  for (int r = 0; r < std::max(repeats, 5); ++r) {
+    bandwidth.Run();
+    auto result = OrDie(Generate(*model, *pool, prompt, gen), "generate");
+    decode_seconds = std::min(decode_seconds, result.decode_seconds);
+  }
+  bandwidth.Run();
+  const double b1 = decode_tokens / decode_seconds;
+  double b64 = 0;
+  for (int r = 0; r < 2; ++r) b64 = std::max(b64, BatchedDecode(*model, *pool, prompt, 64, 16));
+
+  nlohmann::json out;
+  out["engine"] = backend->name();
+  out["model"] = "moe";
+  out["total_weight_bytes"] = total_bytes;
+  out["experts"] = c.moe.num_experts;
+  out["experts_per_token"] = c.moe.experts_per_token;
+  out["decode_tok_s_b1"] = b1;
+  out["decode_tok_s_b64"] = b64;
+  out["weight_bytes"] = bytes_per_token;
+  out["read_bw_bytes_s"] = bandwidth.best();
+  out["read_buffer_bytes"] = bandwidth.bytes();
+  out["decode_bw_ratio"] = b1 * bytes_per_token / bandwidth.best();
+  // Tokens per expert over the whole run, summed over the sparse layers.
+  std::vector<int64_t> per_expert(c.moe.num_experts, 0);
+  for (const auto& layer : model->expert_token_counts()) {
+    for (size_t e = 0; e < layer.size(); ++e) per_expert[e] += layer[e];
+  }
+  out["expert_token_counts"] = per_expert;
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: engine_bench MODEL.gguf PROMPT.json [--threads N] [--decode-tokens N]"
@@ -280,6 +415,7 @@ int Main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int64_t decode_tokens = 64;
   int repeats = 3;
+  std::string model_name = "smollm2";
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     bool ok = true;
@@ -289,6 +425,8 @@ int Main(int argc, char** argv) {
       ok = absl::SimpleAtoi(argv[i + 1], &decode_tokens);
     else if (flag == "--repeats")
       ok = absl::SimpleAtoi(argv[i + 1], &repeats);
+    else if (flag == "--model")
+      ok = (model_name = argv[i + 1]) == "smollm2" || model_name == "moe";
     else
       ok = false;
     if (!ok) {
@@ -296,6 +434,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  if (model_name == "moe") return MoeMain(threads, repeats, decode_tokens);
   std::ifstream in(argv[2]);
   std::stringstream text;
   text << in.rdbuf();

@@ -11,6 +11,9 @@
 #     for reference on the original Q4_1 file; batched decode at 16 and 64 sequences (one context,
 #     n_seq_max sequences, one llama_decode per step), flash attention off and on.
 # --no-peer skips llama.cpp (the table and the JSON say so; the ratios are then null).
+# --model moe measures a synthetic ~1.8 GB mixture of experts instead (64 experts, 4 per token,
+# a gated shared expert): decode at batch 1 against the bytes it actually reads per token (the
+# experts chosen, not all of them), decode at batch 64, and the tokens each expert received.
 set -euo pipefail
 bench_bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 peer="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
@@ -20,15 +23,44 @@ shift 2
 : "${FERRY_MODEL_GGUF:?run through ./ferry bench engine}"
 threads=$(nproc)
 with_peer=1
+model=smollm2
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --threads) threads="$2"; shift 2 ;;
     --no-peer) with_peer=0; shift ;;
-    *) echo "usage: ferry bench engine [--threads N] [--no-peer]" >&2; exit 2 ;;
+    --model) model="$2"; shift 2 ;;
+    *) echo "usage: ferry bench engine [--threads N] [--no-peer] [--model smollm2|moe]" >&2; exit 2 ;;
   esac
 done
 work=$(mktemp -d)
 trap 'rm -rf "${work}"' EXIT
+
+if [[ "${model}" == moe ]]; then
+  echo "engine: Ferry on a synthetic mixture of experts, ${threads} threads..." >&2
+  "${bench_bin}" - - --model moe --threads "${threads}" --decode-tokens 32 >"${work}/moe.json"
+  "${FERRY_REF_PYTHON}" - "${work}/moe.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"engine --model moe: synthetic Qwen2-MoE-style model, {d['total_weight_bytes'] / 1e9:.2f} GB "
+      f"of bf16 weights, {d['experts']} experts, {d['experts_per_token']} per token, {d['engine']}")
+print(f"  machine: read bandwidth {d['read_bw_bytes_s'] / 1e9:.1f} GB/s; bytes read per token at "
+      f"batch 1 (the experts chosen, not all): {d['weight_bytes'] / 1e6:.1f} MB")
+print(f"  decode tokens/s: batch 1 {d['decode_tok_s_b1']:.1f} ({d['decode_bw_ratio']:.2f} of read "
+      f"bandwidth, goal 0.6), batch 64 {d['decode_tok_s_b64']:.1f}")
+counts = d["expert_token_counts"]
+print(f"  tokens per expert (all sparse layers, whole run): min {min(counts)}, max {max(counts)}")
+print("   " + " ".join(str(c) for c in counts))
+print(json.dumps({"bench": "engine", "model": "moe",
+                  "decode_tok_s_b1": round(d["decode_tok_s_b1"], 2),
+                  "decode_tok_s_b64": round(d["decode_tok_s_b64"], 2),
+                  "weight_bytes": int(d["weight_bytes"]),
+                  "read_bw_bytes_s": int(d["read_bw_bytes_s"]),
+                  "decode_bw_ratio": round(d["decode_bw_ratio"], 3),
+                  "total_weight_bytes": int(d["total_weight_bytes"]),
+                  "expert_token_counts": counts}))
+PY
+  exit 0
+fi
 
 "${FERRY_CLIENT_PYTHON}" "${peer}" prompt "${FERRY_MODEL_GGUF}" --tokens 1024 >"${work}/prompt.json"
 echo "engine: Ferry, ${threads} threads..." >&2
