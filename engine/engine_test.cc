@@ -1,4 +1,5 @@
-// The scheduler's promises on small synthetic models (dense, and a mixture of experts): a request's
+// The scheduler's promises on small synthetic models (dense, a mixture of experts, a hybrid of
+// sliding-window and full-attention layers): a request's
 // tokens and the logits they were chosen from are bit-identical alone, inside a batch of mixed
 // requests, under any prefill chunk size, with its prefix from the cache, after preemption under KV
 // pressure, resumed after k tokens, and split into prefill-only + decode-only; greedy and seeded
@@ -116,6 +117,8 @@ const SyntheticVariant kVariants[] = {
     {"llama_gqa_f32"},
     {"qwen2_bias_bf16_weights_bf16_kv", true, false, false, 8, WeightDType::kBF16, "bf16"},
     {"moe_8x2_shared_bf16", false, false, false, 8, WeightDType::kBF16, "bf16", 8, 2, true},
+    {"hybrid_window_24_bf16_kv", false, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false,
+     24},
 };
 
 class EngineDeterminismTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
@@ -218,7 +221,7 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, EngineDeterminismTest,
-                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(kVariants[std::get<0>(info.param)].name) +
                                   (std::get<1>(info.param) ? "_sampled" : "_greedy");

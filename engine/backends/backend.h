@@ -175,9 +175,10 @@ class Backend {
                        const StepLayout& layout) = 0;
   // Causal attention of q (rows x heads*head_dim) over the cached keys and values of each row's
   // sequence (see StepLayout); heads share KV heads in groups of heads / kv.kv_heads. Scores are
-  // scaled by `scale`. out: rows x heads*head_dim.
+  // scaled by `scale`. With window > 0 (sliding-window layers) a row at position p sees the keys
+  // at positions max(0, p - window + 1)..p only. out: rows x heads*head_dim.
   virtual void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
-                         float scale, const DeviceMatrix& out) = 0;
+                         float scale, int32_t window, const DeviceMatrix& out) = 0;
 
   // Waits until all issued work has finished.
   virtual void Synchronize() = 0;

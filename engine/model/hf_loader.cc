@@ -169,6 +169,45 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
       }
     }
   }
+  // Sliding-window layers, as the families spell them: Mistral and Mixtral's sliding_window
+  // covers every layer; Qwen2/Qwen3(-MoE) apply it with use_sliding_window to the layers from
+  // max_window_layers on (the model definition's flash-attention path); layer_types
+  // ("sliding_attention" / "full_attention"), where present, names each layer's kind.
+  int64_t window = 0;
+  RETURN_IF_ERROR(get_int("sliding_window", &window, false));
+  if (window < 0 || window > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": bad sliding_window"));
+  }
+  if (j.contains("layer_types") && j["layer_types"].is_array()) {
+    const Json& types = j["layer_types"];
+    if (static_cast<int64_t>(types.size()) != c.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": layer_types has ", types.size(),
+                                                     " entries for ", c.num_layers, " layers"));
+    }
+    c.sliding_windows.assign(c.num_layers, 0);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string type = types[l].is_string() ? types[l].get<std::string>() : "";
+      if (type == "sliding_attention") {
+        if (window == 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": sliding_attention layers without a sliding_window"));
+        }
+        c.sliding_windows[l] = static_cast<int32_t>(window);
+      } else if (type != "full_attention") {
+        return absl::UnimplementedError(
+            absl::StrCat(path, ": layer type '", type, "' is not supported"));
+      }
+    }
+  } else if (window > 0 && (c.architecture == "mistral" || c.architecture == "mixtral")) {
+    c.sliding_windows.assign(c.num_layers, static_cast<int32_t>(window));
+  } else if (window > 0 && j.value("use_sliding_window", false)) {
+    int64_t from = c.num_layers;
+    RETURN_IF_ERROR(get_int("max_window_layers", &from, false));
+    c.sliding_windows.assign(c.num_layers, 0);
+    for (int64_t l = std::max<int64_t>(from, 0); l < c.num_layers; ++l) {
+      c.sliding_windows[l] = static_cast<int32_t>(window);
+    }
+  }
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const Json& rs = j["rope_scaling"];
     const std::string type = rs.value("rope_type", rs.value("type", std::string("default")));

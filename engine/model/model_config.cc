@@ -41,6 +41,12 @@ absl::Status ModelConfig::Validate() const {
       return absl::InvalidArgumentError("model config: routed_scaling_factor must be positive");
     }
   }
+  if (!sliding_windows.empty() && static_cast<int64_t>(sliding_windows.size()) != num_layers) {
+    return absl::InvalidArgumentError("model config: one sliding window per layer");
+  }
+  for (int32_t w : sliding_windows) {
+    if (w < 0) return absl::InvalidArgumentError("model config: negative sliding window");
+  }
   if (!(rope_theta > 0) || !(rms_norm_eps > 0)) {
     return absl::InvalidArgumentError("model config: rope_theta and rms_norm_eps must be positive");
   }

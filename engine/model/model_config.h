@@ -59,6 +59,12 @@ struct ModelConfig {
   bool qk_norm = false;         // Qwen3: RMSNorm on q and k per head
   bool attention_bias = false;  // Qwen2: biases on the q, k and v projections
   MoeConfig moe;
+  // Per layer: the sliding attention window (a position sees itself and the window - 1 before
+  // it), or 0 for full attention. Empty: every layer full.
+  std::vector<int32_t> sliding_windows;
+  int32_t window(int64_t layer) const {
+    return layer < static_cast<int64_t>(sliding_windows.size()) ? sliding_windows[layer] : 0;
+  }
 
   // Consistency of the numbers (positive sizes, heads dividing evenly); errors name the field.
   absl::Status Validate() const;

@@ -11,6 +11,7 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
   HostWeights w;
   ModelConfig& c = w.config;
   c.architecture = v.experts > 0 ? "qwen2_moe" : v.qk_norm ? "qwen3" : (v.bias ? "qwen2" : "llama");
+  if (v.window > 0) c.sliding_windows = {v.window, 0};
   if (v.experts > 0) {
     c.moe.num_experts = v.experts;
     c.moe.experts_per_token = v.experts_per_token;

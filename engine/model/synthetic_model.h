@@ -24,6 +24,8 @@ struct SyntheticVariant {
   int64_t experts = 0;
   int64_t experts_per_token = 2;
   bool shared_expert = false;
+  // A sliding window on layer 0 (layer 1 attends to everything): a hybrid model.
+  int32_t window = 0;
 };
 
 // Vocabulary 97, hidden 32, 2 layers, 4 heads over 2 KV heads, 512 positions; fixed seed. With

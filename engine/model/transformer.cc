@@ -455,7 +455,7 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
     b.Rope(q, static_cast<int32_t>(c.num_heads), layout.positions, rope_);
     b.Rope(k, static_cast<int32_t>(c.num_kv_heads), layout.positions, rope_);
     b.WriteKv(k, v, view, layout);
-    b.Attention(q, view, layout, scale, attn);
+    b.Attention(q, view, layout, scale, c.window(li), attn);
     b.MatMul(attn, l.o, nullptr, h);
     b.AddRmsNorm(x, h, l.mlp_norm, eps, h);
     if (l.moe) {

@@ -33,6 +33,9 @@ std::vector<Variant> Variants() {
       {"tied_bf16_weights", false, false, true, 8, WeightDType::kBF16, "f32"},
       {"moe_8x2_f32", false, false, false, 8, WeightDType::kF32, "f32", 8, 2, false},
       {"moe_8x2_shared_bf16", false, false, false, 8, WeightDType::kBF16, "bf16", 8, 2, true},
+      {"hybrid_window_5_f32", false, false, false, 8, WeightDType::kF32, "f32", 0, 2, false, 5},
+      {"hybrid_window_37_bf16_kv", true, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false,
+       37},
   };
 }
 

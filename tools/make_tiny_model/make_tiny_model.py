@@ -124,6 +124,10 @@ def tiny_models(out_dir):
       qwen3_qknorm                   Qwen3: q_norm/k_norm per head, head_dim 32 != hidden/heads.
                                      transformers 4.47 has no Qwen3, so it is a Llama's weights
                                      plus q_norm/k_norm, with a config.json written here.
+      mistral_swa                    Mistral with a sliding window of 8 on every layer
+      qwen3_hybrid                   Qwen3 (as qwen3_qknorm) whose layer 0 slides over 8 positions
+                                     and layer 1 attends to all (layer_types, as newer Qwen3
+                                     configs spell it); the functional reference checks it
       mixtral_moe                    Mixtral: 8 experts, top-2 renormalised, every layer sparse
       qwen2_moe                      Qwen2-MoE: 8 experts of width 32, top-2 (not renormalised),
                                      a sigmoid-gated shared expert, layer 0 dense (mlp_only_layers)
@@ -163,6 +167,11 @@ def tiny_models(out_dir):
         ("qwen3_qknorm", "qwen2_nfc", LlamaConfig,
          dict(rope_theta=1000000.0, head_dim=32, attention_bias=False, tie_word_embeddings=False),
          torch.float32),
+        ("mistral_swa", "llama3_bytelevel", MistralConfig,
+         dict(rope_theta=10000.0, sliding_window=8), torch.float32),
+        ("qwen3_hybrid", "qwen2_nfc", LlamaConfig,
+         dict(rope_theta=1000000.0, head_dim=32, attention_bias=False, tie_word_embeddings=False),
+         torch.float32),
         ("mixtral_moe", "llama3_bytelevel", MixtralConfig,
          dict(rope_theta=1000000.0, num_local_experts=8, num_experts_per_tok=2,
               sliding_window=None), torch.float32),
@@ -188,12 +197,14 @@ def tiny_models(out_dir):
                 if pname.endswith("block_sparse_moe.gate.weight") or pname.endswith("mlp.gate.weight"):
                     p.mul_(20.0)  # decisive routing (see above)
         if name.startswith("qwen3"):
-            save_qwen3(model, config, tokenizer, target)
+            hybrid = name == "qwen3_hybrid"
+            save_qwen3(model, config, tokenizer, target,
+                       layer_types=["sliding_attention", "full_attention"] if hybrid else None)
         else:
             model.save_pretrained(target, safe_serialization=True)
 
 
-def save_qwen3(model, config, tokenizer, target):
+def save_qwen3(model, config, tokenizer, target, layer_types=None):
     """Saves a Llama model (made with the config's head_dim) as a Qwen3 one: its weights plus
     per-layer q_norm/k_norm weights of shape [head_dim] (1 + 0.1 * randn, from torch's global RNG,
     seeded by the caller), and a config.json with the fields of a real Qwen3 config."""
@@ -232,6 +243,8 @@ def save_qwen3(model, config, tokenizer, target):
         "use_sliding_window": False,
         "vocab_size": config.vocab_size,
     }
+    if layer_types:
+        qwen3.update(use_sliding_window=True, sliding_window=8, layer_types=layer_types)
     with open(os.path.join(target, "config.json"), "w", encoding="utf-8") as f:
         json.dump(qwen3, f, indent=2)
         f.write("\n")

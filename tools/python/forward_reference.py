@@ -197,9 +197,19 @@ class FunctionalModel:
         self.qk_norm = self.family == "qwen3"
         # Qwen2's q/k/v always have biases (transformers 4.47 has no attention_bias for it).
         self.qkv_bias = bool(c.get("attention_bias", self.family == "qwen2"))
-        # Mistral's window applies as given; Qwen2/Qwen3 only with use_sliding_window.
-        self.window = c.get("sliding_window") if (
-            self.family == "mistral" or c.get("use_sliding_window")) else None
+        # Each layer's sliding window (None: full attention), as the model definitions have it:
+        # layer_types where the config lists them; Mistral's window on every layer; Qwen2/Qwen3
+        # with use_sliding_window on the layers from max_window_layers on.
+        window = c.get("sliding_window")
+        if c.get("layer_types"):
+            self.windows = [window if t == "sliding_attention" else None for t in c["layer_types"]]
+        elif window and self.family == "mistral":
+            self.windows = [window] * self.layers
+        elif window and c.get("use_sliding_window"):
+            start = c.get("max_window_layers", self.layers)
+            self.windows = [window if i >= start else None for i in range(self.layers)]
+        else:
+            self.windows = [None] * self.layers
         self.inv_freq = rope_inv_freq(c, self.head_dim)
         self.round_activations = False  # set by load() for --activations bf16
 
@@ -257,18 +267,18 @@ class FunctionalModel:
     @torch.no_grad()
     def logits(self, ids):
         n = len(ids)
-        if self.window is not None and n > self.window:
-            raise SystemExit("prompt of %d tokens exceeds the sliding window %d, which this "
-                             "reference does not implement" % (n, self.window))
         x = F.embedding(torch.tensor([ids]), self.w["model.embed_tokens.weight"])
         # RoPE tables as transformers makes them: freqs = inv_freq (x) positions, in float32.
         positions = torch.arange(n, dtype=torch.int64)[None, None, :].float()
         freqs = (self.inv_freq[None, :, None] @ positions).transpose(1, 2)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # [1, 1, n, head_dim]
-        mask = torch.ones(n, n, dtype=torch.bool).triu(1)  # True above the diagonal: masked
+        causal = torch.ones(n, n, dtype=torch.bool).triu(1)  # True above the diagonal: masked
         for i in range(self.layers):
             p = "model.layers.%d." % i
+            mask = causal
+            if self.windows[i] is not None:  # key j is masked when j <= position - window
+                mask = causal | torch.ones(n, n, dtype=torch.bool).tril(-self.windows[i])
             x = x + self.attention(rms_norm(x, self.w[p + "input_layernorm.weight"], self.eps),
                                    i, cos, sin, mask)
             x = x + self.mlp(rms_norm(x, self.w[p + "post_attention_layernorm.weight"],

@@ -352,9 +352,10 @@ void CpuBackend::WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvL
 }
 
 void CpuBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
-                           float scale, const DeviceMatrix& out) {
+                           float scale, int32_t window, const DeviceMatrix& out) {
   CHECK_EQ(q.rows, layout.rows());
   CHECK(out.rows == q.rows && out.cols == q.cols);
+  CHECK_GE(window, 0);
   const int32_t head_dim = kv.head_dim, bt = kv.block_tokens;
   const int64_t heads = q.cols / head_dim;
   CHECK_EQ(heads % kv.kv_heads, 0);
@@ -381,30 +382,35 @@ void CpuBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const S
     const int64_t r0 = run_starts[index], r1 = run_starts[index + 1];
     const auto& table = layout.block_tables[layout.row_sequence[r0]];
     const int64_t queries = (r1 - r0) * group;
-    // Query g = (row r0 + g / group, head kv_head * group + g % group), with its key count.
+    // Query g = (row r0 + g / group, head kv_head * group + g % group) sees keys [first, end).
     thread_local std::vector<float> qs, scores, acc, sums;
-    thread_local std::vector<int32_t> counts;
+    thread_local std::vector<int32_t> firsts, ends;
     qs.resize(queries * head_dim);
     acc.assign(queries * head_dim, 0.0f);
-    counts.resize(queries);
+    firsts.resize(queries);
+    ends.resize(queries);
     sums.resize(queries);
     int32_t most = 0, fewest = std::numeric_limits<int32_t>::max();
+    int32_t lowest = std::numeric_limits<int32_t>::max(), highest = 0;
     for (int64_t r = r0; r < r1; ++r) {
       const int32_t pos = layout.positions[r];
       CHECK_LT(pos / bt, static_cast<int32_t>(table.size()));
+      const int32_t first = window > 0 ? std::max(0, pos + 1 - window) : 0;
       most = std::max(most, pos + 1);
       fewest = std::min(fewest, pos + 1);
+      lowest = std::min(lowest, first);
+      highest = std::max(highest, first);
       for (int64_t h = 0; h < group; ++h) {
         const int64_t g = (r - r0) * group + h;
-        counts[g] = pos + 1;
+        firsts[g] = first;
+        ends[g] = pos + 1;
         std::memcpy(qs.data() + g * head_dim, Row<float>(q, r) + (kv_head * group + h) * head_dim,
                     head_dim * sizeof(float));
       }
     }
-    // Scores against every key up to the item's last position (a query ignores the ones past
-    // its own).
+    // Scores against every key any query of the item sees (a query ignores the others).
     scores.resize(queries * most);
-    for (int32_t j0 = 0; j0 < most; j0 += bt) {
+    for (int32_t j0 = lowest / bt * bt; j0 < most; j0 += bt) {
       const int32_t count = std::min(bt, most - j0);
       const char* kt = KeyBlock(kv, table[j0 / bt], kv_head);
       if (f32) {
@@ -417,11 +423,13 @@ void CpuBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const S
       }
     }
     for (int64_t g = 0; g < queries; ++g) {
-      float* s = scores.data() + g * most;
-      const float max_score = kernels_.scale_max(s, counts[g], scale);
-      sums[g] = kernels_.exp_sum(s, counts[g], max_score);
+      float* s = scores.data() + g * most + firsts[g];
+      const int32_t n = ends[g] - firsts[g];
+      const float max_score = kernels_.scale_max(s, n, scale);
+      sums[g] = kernels_.exp_sum(s, n, max_score);
     }
-    // Weighted values: the keys every query sees together, then each query's own rest.
+    // Weighted values, each query over its keys in increasing order: its own keys before the
+    // range all queries share, that range for all of them at once, then its own keys after it.
     auto weigh = [&](int64_t g0, int64_t n, int32_t from, int32_t to) {
       for (int32_t j0 = from; j0 < to;) {
         const int32_t block = j0 / bt, slot = j0 % bt;
@@ -439,8 +447,10 @@ void CpuBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const S
         j0 += count;
       }
     };
-    weigh(0, queries, 0, fewest);
-    for (int64_t g = 0; g < queries; ++g) weigh(g, 1, fewest, counts[g]);
+    const int32_t shared_from = highest, shared_to = std::max(highest, fewest);
+    for (int64_t g = 0; g < queries; ++g) weigh(g, 1, firsts[g], std::min(shared_from, ends[g]));
+    weigh(0, queries, shared_from, shared_to);
+    for (int64_t g = 0; g < queries; ++g) weigh(g, 1, std::max(shared_to, firsts[g]), ends[g]);
     for (int64_t g = 0; g < queries; ++g) {
       float* o = Row<float>(out, r0 + g / group) + (kv_head * group + g % group) * head_dim;
       const float* a = acc.data() + g * head_dim;

@@ -72,7 +72,7 @@ class CpuBackend : public Backend {
   void WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,
                const StepLayout& layout) override;
   void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
-                 float scale, const DeviceMatrix& out) override;
+                 float scale, int32_t window, const DeviceMatrix& out) override;
   void Synchronize() override {}
 
  protected:

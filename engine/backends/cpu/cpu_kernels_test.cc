@@ -431,37 +431,41 @@ TEST_P(CpuBackendTest, PagedAttentionMatchesDirectSoftmax) {
     auto k = RandomFloats(rows * kv_heads * d, 10), v = RandomFloats(rows * kv_heads * d, 11);
     auto q = RandomFloats(rows * heads * d, 12);
     backend_->WriteKv(M(k, rows, kv_heads * d), M(v, rows, kv_heads * d), view, layout);
-    std::vector<float> out(rows * heads * d);
-    backend_->Attention(M(q, rows, heads * d), view, layout, 0.35f, M(out, rows, heads * d));
-    auto cached = [&](float f) { return kv_dtype == DType::kF32 ? f : RoundToBf16(f); };
-    std::vector<double> want(rows * heads * d);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t first = layout.row_sequence[r] == 0 ? 0 : 7;  // the sequence's first row
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t kh = h / (heads / kv_heads);
-        std::vector<double> s;
-        double mx = -1e300;
-        for (int64_t j = 0; j <= layout.positions[r]; ++j) {
-          double dot = 0;
+    for (int32_t window : {0, 3, 5}) {
+      std::vector<float> out(rows * heads * d);
+      backend_->Attention(M(q, rows, heads * d), view, layout, 0.35f, window,
+                          M(out, rows, heads * d));
+      auto cached = [&](float f) { return kv_dtype == DType::kF32 ? f : RoundToBf16(f); };
+      std::vector<double> want(rows * heads * d);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t seq_first = layout.row_sequence[r] == 0 ? 0 : 7;  // the sequence's first row
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t kh = h / (heads / kv_heads);
+          std::vector<double> s;
+          double mx = -1e300;
+          const int64_t first = window > 0 ? std::max(0, layout.positions[r] + 1 - window) : 0;
+          for (int64_t j = first; j <= layout.positions[r]; ++j) {
+            double dot = 0;
+            for (int64_t i = 0; i < d; ++i) {
+              dot += double{q[(r * heads + h) * d + i]} *
+                     cached(k[((seq_first + j) * kv_heads + kh) * d + i]);
+            }
+            s.push_back(dot * 0.35);
+            mx = std::max(mx, s.back());
+          }
+          double sum = 0;
+          for (double& e : s) sum += (e = std::exp(e - mx));
           for (int64_t i = 0; i < d; ++i) {
-            dot += double{q[(r * heads + h) * d + i]} *
-                   cached(k[((first + j) * kv_heads + kh) * d + i]);
+            double o = 0;
+            for (size_t j = 0; j < s.size(); ++j) {
+              o += s[j] / sum * cached(v[((seq_first + first + j) * kv_heads + kh) * d + i]);
+            }
+            want[(r * heads + h) * d + i] = o;
           }
-          s.push_back(dot * 0.35);
-          mx = std::max(mx, s.back());
-        }
-        double sum = 0;
-        for (double& e : s) sum += (e = std::exp(e - mx));
-        for (int64_t i = 0; i < d; ++i) {
-          double o = 0;
-          for (size_t j = 0; j < s.size(); ++j) {
-            o += s[j] / sum * cached(v[((first + j) * kv_heads + kh) * d + i]);
-          }
-          want[(r * heads + h) * d + i] = o;
         }
       }
+      ExpectClose(out, want, 1e-5);
     }
-    ExpectClose(out, want, 1e-5);
   }
 }
 
