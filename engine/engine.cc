@@ -560,6 +560,11 @@ void Engine::RemoveFinished() {
     }
   }
   published_ = stats_;
+  published_.expert_tokens.clear();
+  for (const auto& layer : model_->expert_token_counts()) {
+    published_.expert_tokens.resize(std::max(published_.expert_tokens.size(), layer.size()), 0);
+    for (size_t e = 0; e < layer.size(); ++e) published_.expert_tokens[e] += layer[e];
+  }
   published_.running = 0;
   published_.waiting = 0;
   for (const auto& s : seqs_) (s->admitted ? published_.running : published_.waiting)++;

@@ -113,6 +113,8 @@ struct EngineStats {
   int64_t waiting = 0, running = 0;
   int64_t steps = 0, preemptions = 0;
   int64_t prompt_tokens_computed = 0, cached_tokens = 0, generated_tokens = 0;
+  // Mixture-of-experts models: tokens routed to each expert, summed over the sparse layers.
+  std::vector<int64_t> expert_tokens;
 };
 
 class Engine {

@@ -218,6 +218,17 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   prefill.Drain();  // the release
   EXPECT_EQ(prefill.pool_->num_free() + prefill.engine_->prefix_cache().blocks(),
             prefill.pool_->num_blocks());
+  // A mixture of experts counts the tokens each expert received: experts_per_token per token of
+  // its one sparse layer (the prompt's 150 and the 23 decoded after the first token).
+  const auto& experts = alone.engine_->stats().expert_tokens;
+  if (variant.experts > 0) {
+    ASSERT_EQ(experts.size(), static_cast<size_t>(variant.experts));
+    int64_t total = 0;
+    for (int64_t n : experts) total += n;
+    EXPECT_EQ(total, variant.experts_per_token * (150 + max_tokens - 1));
+  } else {
+    EXPECT_TRUE(experts.empty());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, EngineDeterminismTest,
