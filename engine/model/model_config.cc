@@ -40,6 +40,21 @@ absl::Status ModelConfig::Validate() const {
     if (!(moe.routed_scaling_factor > 0)) {
       return absl::InvalidArgumentError("model config: routed_scaling_factor must be positive");
     }
+    if (!moe.score_bias.empty() && static_cast<int64_t>(moe.score_bias.size()) != moe.num_experts) {
+      return absl::InvalidArgumentError("model config: one score bias per expert");
+    }
+    if (moe.num_groups < 1 || moe.num_experts % moe.num_groups != 0 || moe.top_groups < 1 ||
+        moe.top_groups > moe.num_groups ||
+        moe.experts_per_token > moe.top_groups * (moe.num_experts / moe.num_groups)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: ", moe.num_experts, " experts in ", moe.num_groups, " groups, ",
+          moe.top_groups, " kept, cannot give ", moe.experts_per_token, " experts per token"));
+    }
+    if (moe.group_score == MoeConfig::GroupScore::kTopTwoSum && moe.num_groups > 1 &&
+        moe.num_experts / moe.num_groups < 2) {
+      return absl::InvalidArgumentError(
+          "model config: top-two group scores need 2+ experts a group");
+    }
   }
   if (!sliding_windows.empty() && static_cast<int64_t>(sliding_windows.size()) != num_layers) {
     return absl::InvalidArgumentError("model config: one sliding window per layer");

@@ -22,12 +22,14 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
-// A mixture-of-experts FFN (num_experts > 0). Per token: router logits = h W_router; p =
-// softmax(logits) in float; the experts_per_token largest p (lower expert id first among equals),
-// renormalised to sum 1 when norm_topk_prob, times routed_scaling_factor, weigh the experts'
-// SwiGLU outputs, added in increasing expert id; a shared expert (shared_intermediate_size > 0)
-// is added last, scaled by sigmoid(h w_gate) when shared_expert_gate (Qwen2-MoE).
+// A mixture-of-experts FFN (num_experts > 0). Per token: router logits = h W_router, routed as
+// engine/model/moe_routing.h defines (softmax or sigmoid scores, top-k, optional group limit,
+// renormalisation and scaling); the chosen experts' SwiGLU outputs times their weights are added
+// in increasing expert id; a shared expert (shared_intermediate_size > 0) is added last, scaled
+// by sigmoid(h w_gate) when shared_expert_gate (Qwen2-MoE).
 struct MoeConfig {
+  enum class Scoring { kSoftmax, kSigmoid };
+  enum class GroupScore { kMax, kTopTwoSum };
   int64_t num_experts = 0;
   int64_t experts_per_token = 0;
   int64_t expert_intermediate_size = 0;
@@ -35,6 +37,13 @@ struct MoeConfig {
   bool shared_expert_gate = false;
   bool norm_topk_prob = false;
   double routed_scaling_factor = 1.0;
+  // DeepSeek-style options (engine/model/moe_routing.h): sigmoid scores, a per-expert bias used
+  // for the choice only, group-limited choice.
+  Scoring scoring = Scoring::kSoftmax;
+  std::vector<float> score_bias;  // empty, or one per expert (per model, not per layer)
+  int64_t num_groups = 1;
+  int64_t top_groups = 1;
+  GroupScore group_score = GroupScore::kMax;
   std::vector<bool> dense_layers;  // per layer: a dense FFN (intermediate_size) instead
   bool sparse(int64_t layer) const {
     return num_experts > 0 &&

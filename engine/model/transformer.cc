@@ -9,6 +9,7 @@
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
+#include "engine/model/moe_routing.h"
 
 namespace ferry {
 namespace {
@@ -299,33 +300,19 @@ absl::Status Transformer::MoeFfn(int64_t layer, const DeviceMatrix& h) {
   const DeviceMatrix gate_up = take(rows, 2 * width), y = take(rows, hidden);
   const DeviceMatrix sum = take(rows, hidden), shared_logit = take(rows, 1);
 
-  // Routing, on the host: softmax in float (the engine's Exp, sums in increasing expert id), the
-  // top k (lower id first among equals), renormalised when asked, scaled.
+  // Routing, on the host (engine/model/moe_routing.h).
   b.MatMul(h, l.router, nullptr, logits);
   std::vector<float> host(rows * experts);
   b.CopyToHost(host.data(), logits.data, host.size() * sizeof(float));
   std::vector<std::vector<int32_t>> routed(experts);
   std::vector<std::vector<float>> weights(experts);
-  std::vector<int32_t> order(experts);
-  std::vector<float> p(experts);
+  std::vector<RoutedExpert> chosen;
   for (int64_t t = 0; t < rows; ++t) {
-    const float* z = host.data() + t * experts;
-    float max = z[0];
-    for (int64_t e = 1; e < experts; ++e) max = std::max(max, z[e]);
-    float total = 0;
-    for (int64_t e = 0; e < experts; ++e) total += (p[e] = Exp(z[e] - max));
-    for (int64_t e = 0; e < experts; ++e) p[e] = p[e] / total;
-    for (int64_t e = 0; e < experts; ++e) order[e] = static_cast<int32_t>(e);
-    std::partial_sort(order.begin(), order.begin() + m.experts_per_token, order.end(),
-                      [&](int32_t a, int32_t c) { return p[a] > p[c] || (p[a] == p[c] && a < c); });
-    float kept = 0;
-    for (int64_t k = 0; k < m.experts_per_token; ++k) kept += p[order[k]];
-    for (int64_t k = 0; k < m.experts_per_token; ++k) {
-      float w = p[order[k]];
-      if (m.norm_topk_prob) w = w / kept;
-      if (m.routed_scaling_factor != 1.0) w = w * static_cast<float>(m.routed_scaling_factor);
-      routed[order[k]].push_back(static_cast<int32_t>(t));
-      weights[order[k]].push_back(w);
+    chosen.clear();
+    RouteToken(host.data() + t * experts, m, &chosen);
+    for (const RoutedExpert& r : chosen) {
+      routed[r.expert].push_back(static_cast<int32_t>(t));
+      weights[r.expert].push_back(r.weight);
     }
   }
   // Each expert over its tokens; outputs added in increasing expert id.
