@@ -397,7 +397,8 @@ absl::StatusOr<bool> Engine::Step() {
     f.no_logits = s->step_chunk != remaining;
     batch.push_back(f);
   }
-  std::vector<float> logits;
+  std::vector<float>& logits = logits_;  // kept across steps: no fresh pages every step
+  logits.clear();
   absl::Status status = model_->Forward(batch, *pool_, &logits);
   ++stats_.steps;
   if (!status.ok()) {

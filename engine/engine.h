@@ -178,6 +178,7 @@ class Engine {
   absl::flat_hash_map<std::string, std::vector<BlockId>> handoffs_;
   int64_t arrivals_ = 0;
   EngineStats stats_;
+  std::vector<float> logits_;
 
   // Inbox, filled by other threads.
   mutable std::mutex mu_;
