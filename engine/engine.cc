@@ -34,7 +34,6 @@ struct Engine::Request {
   PromptTokenSet prompt_set;
   Hash128 root;               // of the block-hash chain (model, tenant salt)
   bool fork_pending = false;  // choices 1..n-1 start from choice 0's prompt
-  bool aborted = false;
 };
 
 struct Engine::Sequence {
@@ -517,7 +516,6 @@ void Engine::Emit(const Sequence& seq, TokenEvent& event) {
 void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
   if (seq.finished) return;
   seq.finished = true;
-  if (reason == FinishReason::kAbort) seq.req->aborted = true;
   if ((reason == FinishReason::kLength || reason == FinishReason::kStop) && !seq.stop.stopped()) {
     // The end of the text: what the detokenizer and the stop matcher held back. (A handoff
     // keeps it: the decode side continues the same text.)
