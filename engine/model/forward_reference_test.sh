@@ -4,7 +4,9 @@
 #   tiny:             every tiny model of tools/make_tiny_model (Llama GQA fp32/bf16, llama3 RoPE +
 #                     tied, linear RoPE, Mistral, Qwen2 biases, Qwen3 q/k norm via the functional
 #                     reference written from the model definition, since 4.47.1 has no Qwen3,
-#                     Mixtral and Qwen2-MoE mixtures of experts), 20 prompts each;
+#                     Mixtral and Qwen2-MoE mixtures of experts, Mistral with a sliding window,
+#                     and via the functional reference Qwen3-MoE and a Qwen3 hybrid of sliding and
+#                     full layers), 20 prompts each;
 #   smollm2-logits:   the default model (GGUF, transformers' own GGUF loading), 20 prompts;
 #   smollm2-generate: the default model, 20 chat prompts rendered with its template, 32 greedy
 #                     tokens each, token for token.
@@ -15,7 +17,8 @@
 # last-bit difference upstream flips a bf16 rounding now and then, and a deep model amplifies the
 # flips. Stated bounds, with fp32 KV: tiny models 1e-4 for >= 70% of rows and 1e-2 for all
 # (measured: 80-99.7% of rows within 1e-4, worst 3.7e-3), SmolLM2 (30 layers) 5e-2 (measured 2.6e-2);
-# with bf16 KV as well: tiny 3e-2, SmolLM2 1e-1 (measured 6e-3, 2.1e-2 for Mixtral, and 4.8e-2). The longest prompt
+# with bf16 KV as well: tiny 3e-2, SmolLM2 1e-1 (measured 6e-3, and 4.8e-2); the mixtures of
+# experts may have 1% of rows up to 1e-1 (a flipped expert choice; measured 2 rows at 3.6e-2). The longest prompt
 # must also give bit-identical logits in chunks of 1, 7 and 64 tokens.
 set -euo pipefail
 check="$1"
@@ -27,8 +30,8 @@ mode="$6"
 source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_REF_PYTHON
 t="${TEST_TMPDIR}"
 
-logits_checks() {  # MODEL NAME BF16_FLAGS BF16_KV_TOLERANCE
-  local model="$1" name="$2" bf16_flags="$3" bf16_kv_tolerance="$4"
+logits_checks() {  # MODEL NAME BF16_FLAGS BF16_KV_FLAGS
+  local model="$1" name="$2" bf16_flags="$3" bf16_kv_flags="$4"
   "${check}" prompts "${model}" "${prompts}" >"${t}/${name}.json"
   for w in f32 bf16; do
     # bf16 weights: Ferry's products take bf16 activations, so the reference rounds them too.
@@ -43,8 +46,9 @@ logits_checks() {  # MODEL NAME BF16_FLAGS BF16_KV_TOLERANCE
   "${check}" logits "${model}" "${t}/${name}.json" "${t}/${name}_bf16" --weights bf16 --kv f32 \
     ${bf16_flags} | tail -1
   echo "== ${name}: bf16 weights, bf16 KV"
+  # shellcheck disable=SC2086
   "${check}" logits "${model}" "${t}/${name}.json" "${t}/${name}_bf16" --weights bf16 --kv bf16 \
-    --tolerance "${bf16_kv_tolerance}" --chunks 7 | tail -2
+    ${bf16_kv_flags} --chunks 7 | tail -2
 }
 
 case "${mode}" in
@@ -53,12 +57,17 @@ case "${mode}" in
       { cat "${t}/make.log" >&2; exit 1; }
     for model in "${t}"/models/*; do
       [[ "$(basename "${model}")" == _* ]] && continue
-      logits_checks "${model}" "$(basename "${model}")" "--tolerance 1e-4 --outliers 0.3:1e-2" 3e-2
+      # A mixture of experts routes each token through a discontinuous top-k: bf16 rounding of
+      # the KV can flip a near-tied expert choice, which moves that row a lot; 1% of rows may.
+      kv_flags="--tolerance 3e-2"
+      [[ "$(basename "${model}")" == *moe* ]] && kv_flags="--tolerance 3e-2 --outliers 0.01:1e-1"
+      logits_checks "${model}" "$(basename "${model}")" "--tolerance 1e-4 --outliers 0.3:1e-2" \
+        "${kv_flags}"
     done
     ;;
   smollm2-logits)
     source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_MODEL_GGUF
-    logits_checks "${FERRY_MODEL_GGUF}" smollm2 "--tolerance 5e-2" 1e-1
+    logits_checks "${FERRY_MODEL_GGUF}" smollm2 "--tolerance 5e-2" "--tolerance 1e-1"
     ;;
   smollm2-generate)
     source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_MODEL_GGUF

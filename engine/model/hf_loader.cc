@@ -117,10 +117,11 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
   };
   c.architecture = j.value("model_type", "");
   if (c.architecture != "llama" && c.architecture != "mistral" && c.architecture != "qwen2" &&
-      c.architecture != "qwen3" && c.architecture != "mixtral" && c.architecture != "qwen2_moe") {
+      c.architecture != "qwen3" && c.architecture != "mixtral" && c.architecture != "qwen2_moe" &&
+      c.architecture != "qwen3_moe") {
     return absl::UnimplementedError(absl::StrCat(path, ": model_type '", c.architecture,
                                                  "' is not supported (llama, mistral, qwen2, "
-                                                 "qwen3, mixtral, qwen2_moe)"));
+                                                 "qwen3, mixtral, qwen2_moe, qwen3_moe)"));
   }
   RETURN_IF_ERROR(get_int("vocab_size", &c.vocab_size, true));
   RETURN_IF_ERROR(get_int("hidden_size", &c.hidden_size, true));
@@ -136,7 +137,7 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
   c.rope_theta = j.value("rope_theta", 10000.0);
   c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  c.qk_norm = c.architecture == "qwen3";
+  c.qk_norm = c.architecture == "qwen3" || c.architecture == "qwen3_moe";
   c.attention_bias =
       j.value("attention_bias", c.architecture == "qwen2");  // Qwen2 has q/k/v biases
   if (c.architecture == "mixtral") {
@@ -145,9 +146,10 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
     RETURN_IF_ERROR(get_int("num_experts_per_tok", &m.experts_per_token, true));
     m.expert_intermediate_size = c.intermediate_size;
     m.norm_topk_prob = true;  // Mixtral always renormalises the top-k weights
-  } else if (c.architecture == "qwen2_moe") {
+  } else if (c.architecture == "qwen2_moe" || c.architecture == "qwen3_moe") {
     MoeConfig& m = c.moe;
-    c.attention_bias = j.value("attention_bias", true);
+    // Qwen2-MoE's q/k/v always have biases; Qwen3-MoE's have none unless attention_bias.
+    c.attention_bias = j.value("attention_bias", c.architecture == "qwen2_moe");
     RETURN_IF_ERROR(get_int("num_experts", &m.num_experts, true));
     RETURN_IF_ERROR(get_int("num_experts_per_tok", &m.experts_per_token, true));
     RETURN_IF_ERROR(get_int("moe_intermediate_size", &m.expert_intermediate_size, true));

@@ -75,10 +75,10 @@ absl::Status ConvertTensors(const std::vector<ConversionJob>& jobs);
 // llama.cpp's Q/K row permutation so that tensors are in HF layout; checks every expected tensor
 // is present with its shape and no unexpected one is; computes the fingerprint with `kv_dtype`
 // ("f32" or "bf16") as the KV cache type.
-// Loads an HF model directory: config.json (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe),
-// model.safetensors or the shards of model.safetensors.index.json (F32, F16, BF16), and
-// tokenizer.json (for the fingerprint). Every tensor the config calls for must be present with its
-// shape; an unexpected one is an error.
+// Loads an HF model directory: config.json (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe,
+// qwen3_moe), model.safetensors or the shards of model.safetensors.index.json (F32, F16, BF16),
+// and tokenizer.json (for the fingerprint). Every tensor the config calls for must be present with
+// its shape; an unexpected one is an error.
 absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtype,
                                         const std::string& kv_dtype = "bf16");
 

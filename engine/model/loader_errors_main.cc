@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
       {"hf_no_config", "hf_no_config/config.json: No such file or directory"},
       {"hf_bad_json", "config.json: [json.exception.parse_error.101]"},
       {"hf_arch",
-       "model_type 'gpt2' is not supported (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe)"},
+       "model_type 'gpt2' is not supported (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, "
+       "qwen3_moe)"},
       {"hf_rope", "rope scaling 'yarn' is not supported (linear, llama3)"},
       {"hf_heads", "3 attention heads are not a multiple of 2 key/value heads"},
       {"hf_missing", "missing tensor model.layers.1.mlp.up_proj.weight"},

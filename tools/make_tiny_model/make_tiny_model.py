@@ -131,6 +131,10 @@ def tiny_models(out_dir):
       mixtral_moe                    Mixtral: 8 experts, top-2 renormalised, every layer sparse
       qwen2_moe                      Qwen2-MoE: 8 experts of width 32, top-2 (not renormalised),
                                      a sigmoid-gated shared expert, layer 0 dense (mlp_only_layers)
+      qwen3_moe                      Qwen3-MoE: q/k norm, no q/k/v biases, 8 experts top-2
+                                     renormalised, no shared expert; made from a Qwen2-MoE's
+                                     weights (4.47 has no Qwen3-MoE) with a config.json written
+                                     here, checked against the functional reference
     The MoE routers' weights are scaled up (x20) so that routing is decisive: a choice between
     two nearly equal experts would flip on rounding and no tolerance could compare the outputs.
     """
@@ -179,6 +183,10 @@ def tiny_models(out_dir):
          dict(rope_theta=1000000.0, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
               shared_expert_intermediate_size=64, norm_topk_prob=False, decoder_sparse_step=1,
               mlp_only_layers=[0], use_sliding_window=False), torch.float32),
+        ("qwen3_moe", "qwen2_nfc", Qwen2MoeConfig,
+         dict(rope_theta=1000000.0, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+              shared_expert_intermediate_size=8, norm_topk_prob=True, decoder_sparse_step=1,
+              mlp_only_layers=[], use_sliding_window=False), torch.float32),
     ]
     for name, tok, config_class, extra, dtype in specs:
         target = os.path.join(out_dir, name)
@@ -196,7 +204,9 @@ def tiny_models(out_dir):
                     p.add_(torch.randn_like(p) * 0.1)
                 if pname.endswith("block_sparse_moe.gate.weight") or pname.endswith("mlp.gate.weight"):
                     p.mul_(20.0)  # decisive routing (see above)
-        if name.startswith("qwen3"):
+        if name == "qwen3_moe":
+            save_qwen3_moe(model, config, tokenizer, target)
+        elif name.startswith("qwen3"):
             hybrid = name == "qwen3_hybrid"
             save_qwen3(model, config, tokenizer, target,
                        layer_types=["sliding_attention", "full_attention"] if hybrid else None)
@@ -247,6 +257,58 @@ def save_qwen3(model, config, tokenizer, target, layer_types=None):
         qwen3.update(use_sliding_window=True, sliding_window=8, layer_types=layer_types)
     with open(os.path.join(target, "config.json"), "w", encoding="utf-8") as f:
         json.dump(qwen3, f, indent=2)
+        f.write("\n")
+
+
+def save_qwen3_moe(model, config, tokenizer, target):
+    """Saves a Qwen2-MoE model as a Qwen3-MoE one: without the q/k/v biases and the shared
+    expert (Qwen3-MoE has neither), plus per-layer q_norm/k_norm weights (1 + 0.1 * randn), and a
+    config.json with the fields of a real Qwen3-MoE config."""
+    import torch
+    from safetensors.torch import save_file
+    tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
+               if not (k.endswith("_proj.bias") or ".shared_expert" in k)}
+    head_dim = config.hidden_size // config.num_attention_heads
+    for i in range(config.num_hidden_layers):
+        for norm in ("q_norm", "k_norm"):
+            tensors["model.layers.%d.self_attn.%s.weight" % (i, norm)] = (
+                1.0 + 0.1 * torch.randn(head_dim, dtype=torch.float32))
+    save_file(tensors, os.path.join(target, "model.safetensors"), metadata={"format": "pt"})
+    qwen3_moe = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": tokenizer.token_to_id("<|endoftext|>"),
+        "decoder_sparse_step": 1,
+        "eos_token_id": tokenizer.token_to_id("<|im_end|>"),
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "hidden_size": config.hidden_size,
+        "initializer_range": config.initializer_range,
+        "intermediate_size": config.intermediate_size,
+        "max_position_embeddings": config.max_position_embeddings,
+        "max_window_layers": config.num_hidden_layers,
+        "mlp_only_layers": [],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": config.moe_intermediate_size,
+        "norm_topk_prob": True,
+        "num_attention_heads": config.num_attention_heads,
+        "num_experts": config.num_experts,
+        "num_experts_per_tok": config.num_experts_per_tok,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_key_value_heads": config.num_key_value_heads,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_scaling": None,
+        "rope_theta": config.rope_theta,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": config.vocab_size,
+    }
+    with open(os.path.join(target, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(qwen3_moe, f, indent=2)
         f.write("\n")
 
 

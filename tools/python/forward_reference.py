@@ -40,8 +40,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
-NO_TRANSFORMERS = ("qwen3",)  # families transformers 4.47.1 cannot load
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+NO_TRANSFORMERS = ("qwen3", "qwen3_moe")  # families transformers 4.47.1 cannot load
 SELFCHECK_TOLERANCE = 1e-5
 
 
@@ -132,6 +132,16 @@ def load_safetensors(path):
     return tensors
 
 
+def mixtral_name(name):
+    """Mixtral's block_sparse_moe.{gate, experts.E.w1/w3/w2} as mlp.{gate, experts.E.gate/up/down}."""
+    if ".block_sparse_moe." not in name:
+        return name
+    name = name.replace(".block_sparse_moe.", ".mlp.")
+    for w, proj in ((".w1.", ".gate_proj."), (".w3.", ".up_proj."), (".w2.", ".down_proj.")):
+        name = name.replace(w, proj)
+    return name
+
+
 def rms_norm(x, weight, eps):
     """As transformers' LlamaRMSNorm in float32: weight * (x * rsqrt(mean(x^2) + eps))."""
     variance = x.pow(2).mean(-1, keepdim=True)
@@ -177,7 +187,8 @@ def rotate_half(x):
 
 
 class FunctionalModel:
-    """Llama / Mistral / Qwen2 / Qwen3 ForCausalLM, from their HF definitions."""
+    """Llama / Mistral / Qwen2 / Qwen3 / Mixtral / Qwen2-MoE / Qwen3-MoE ForCausalLM, from their HF
+    definitions."""
 
     def __init__(self, path, weights):
         c = read_config(path)
@@ -194,9 +205,21 @@ class FunctionalModel:
         self.kv_heads = c.get("num_key_value_heads") or self.heads
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
         self.eps = float(c.get("rms_norm_eps", 1e-6))
-        self.qk_norm = self.family == "qwen3"
+        self.qk_norm = self.family in ("qwen3", "qwen3_moe")
         # Qwen2's q/k/v always have biases (transformers 4.47 has no attention_bias for it).
-        self.qkv_bias = bool(c.get("attention_bias", self.family == "qwen2"))
+        self.qkv_bias = bool(c.get("attention_bias", self.family in ("qwen2", "qwen2_moe")))
+        # Mixture of experts: which layers are sparse, the router's top-k and its normalisation.
+        if self.family == "mixtral":
+            self.experts, self.top_k = c["num_local_experts"], c["num_experts_per_tok"]
+            self.norm_topk, sparse = True, [True] * self.layers
+        elif self.family in ("qwen2_moe", "qwen3_moe"):
+            self.experts, self.top_k = c["num_experts"], c["num_experts_per_tok"]
+            self.norm_topk = bool(c.get("norm_topk_prob", False))
+            step, dense = c.get("decoder_sparse_step", 1), c.get("mlp_only_layers", [])
+            sparse = [i not in dense and (i + 1) % step == 0 for i in range(self.layers)]
+        else:
+            self.experts, sparse = 0, [False] * self.layers
+        self.sparse = sparse
         # Each layer's sliding window (None: full attention), as the model definitions have it:
         # layer_types where the config lists them; Mistral's window on every layer; Qwen2/Qwen3
         # with use_sliding_window on the layers from max_window_layers on.
@@ -214,6 +237,8 @@ class FunctionalModel:
         self.round_activations = False  # set by load() for --activations bf16
 
         w = load_safetensors(path)
+        if self.family == "mixtral":  # Mixtral's names -> Qwen-MoE's (mlp.gate, experts.E.*_proj)
+            w = {mixtral_name(k): v for k, v in w.items()}
         if weights == "bf16":
             w = {k: round_bf16(v) for k, v in w.items()}
         if c.get("tie_word_embeddings", False):
@@ -259,10 +284,35 @@ class FunctionalModel:
         out = torch.matmul(probs, v).transpose(1, 2).reshape(1, n, self.heads * self.head_dim)
         return self.linear(out, p + "o_proj")
 
-    def mlp(self, x, i):
-        p = "model.layers.%d.mlp." % i
+    def swiglu(self, x, p):
         return self.linear(F.silu(self.linear(x, p + "gate_proj")) * self.linear(x, p + "up_proj"),
                            p + "down_proj")
+
+    def mlp(self, x, i):
+        p = "model.layers.%d.mlp." % i
+        if not self.sparse[i]:
+            return self.swiglu(x, p)
+        # As the HF MoE blocks compute it: softmax router in float32, top-k (renormalised when
+        # norm_topk_prob), each expert over its tokens, its output times the weight added with
+        # index_add_ in expert order; Qwen2-MoE's shared expert scaled by sigmoid(gate) last.
+        h = x[0]
+        probs = F.softmax(self.linear(h, p + "gate"), dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(h)
+        for e in range(self.experts):
+            token, slot = torch.where(chosen == e)
+            if token.numel() == 0:
+                continue
+            y = self.swiglu(h[token], p + "experts.%d." % e) * weights[token, slot, None]
+            out.index_add_(0, token, y)
+        if p + "shared_expert.gate_proj.weight" in self.w:
+            shared = self.swiglu(h, p + "shared_expert.")
+            if p + "shared_expert_gate.weight" in self.w:
+                shared = torch.sigmoid(self.linear(h, p + "shared_expert_gate")) * shared
+            out = out + shared
+        return out[None]
 
     @torch.no_grad()
     def logits(self, ids):
