@@ -214,17 +214,16 @@ def tiny_models(out_dir):
             model.save_pretrained(target, safe_serialization=True)
 
 
-def save_qwen3(model, config, tokenizer, target, layer_types=None):
-    """Saves a Llama model (made with the config's head_dim) as a Qwen3 one: its weights plus
-    per-layer q_norm/k_norm weights of shape [head_dim] (1 + 0.1 * randn, from torch's global RNG,
-    seeded by the caller), and a config.json with the fields of a real Qwen3 config."""
+def save_qwen3_family(tensors, config, tokenizer, target, head_dim, **fields):
+    """Writes a Qwen3-family checkpoint: `tensors` plus per-layer q_norm/k_norm weights of shape
+    [head_dim] (1 + 0.1 * randn, from torch's global RNG, seeded by the caller), and a config.json
+    with the fields of a real Qwen3 config, updated with `fields` (model type, MoE fields...)."""
     import torch
     from safetensors.torch import save_file
-    tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     for i in range(config.num_hidden_layers):
         for norm in ("q_norm", "k_norm"):
             tensors["model.layers.%d.self_attn.%s.weight" % (i, norm)] = (
-                1.0 + 0.1 * torch.randn(config.head_dim, dtype=torch.float32))
+                1.0 + 0.1 * torch.randn(head_dim, dtype=torch.float32))
     save_file(tensors, os.path.join(target, "model.safetensors"), metadata={"format": "pt"})
     qwen3 = {
         "architectures": ["Qwen3ForCausalLM"],
@@ -232,7 +231,7 @@ def save_qwen3(model, config, tokenizer, target, layer_types=None):
         "attention_dropout": 0.0,
         "bos_token_id": tokenizer.token_to_id("<|endoftext|>"),
         "eos_token_id": tokenizer.token_to_id("<|im_end|>"),
-        "head_dim": config.head_dim,
+        "head_dim": head_dim,
         "hidden_act": "silu",
         "hidden_size": config.hidden_size,
         "initializer_range": config.initializer_range,
@@ -253,63 +252,32 @@ def save_qwen3(model, config, tokenizer, target, layer_types=None):
         "use_sliding_window": False,
         "vocab_size": config.vocab_size,
     }
-    if layer_types:
-        qwen3.update(use_sliding_window=True, sliding_window=8, layer_types=layer_types)
+    qwen3.update(fields)
     with open(os.path.join(target, "config.json"), "w", encoding="utf-8") as f:
         json.dump(qwen3, f, indent=2)
         f.write("\n")
 
 
+def save_qwen3(model, config, tokenizer, target, layer_types=None):
+    """Saves a Llama model (made with the config's head_dim) as a Qwen3 one (save_qwen3_family);
+    with layer_types, a hybrid whose "sliding_attention" layers have a window of 8."""
+    tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    fields = dict(use_sliding_window=True, sliding_window=8, layer_types=layer_types) \
+        if layer_types else {}
+    save_qwen3_family(tensors, config, tokenizer, target, config.head_dim, **fields)
+
+
 def save_qwen3_moe(model, config, tokenizer, target):
     """Saves a Qwen2-MoE model as a Qwen3-MoE one: without the q/k/v biases and the shared
-    expert (Qwen3-MoE has neither), plus per-layer q_norm/k_norm weights (1 + 0.1 * randn), and a
-    config.json with the fields of a real Qwen3-MoE config."""
-    import torch
-    from safetensors.torch import save_file
+    expert (Qwen3-MoE has neither), with q/k norms and the config fields of a real Qwen3-MoE."""
     tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
                if not (k.endswith("_proj.bias") or ".shared_expert" in k)}
-    head_dim = config.hidden_size // config.num_attention_heads
-    for i in range(config.num_hidden_layers):
-        for norm in ("q_norm", "k_norm"):
-            tensors["model.layers.%d.self_attn.%s.weight" % (i, norm)] = (
-                1.0 + 0.1 * torch.randn(head_dim, dtype=torch.float32))
-    save_file(tensors, os.path.join(target, "model.safetensors"), metadata={"format": "pt"})
-    qwen3_moe = {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": tokenizer.token_to_id("<|endoftext|>"),
-        "decoder_sparse_step": 1,
-        "eos_token_id": tokenizer.token_to_id("<|im_end|>"),
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "hidden_size": config.hidden_size,
-        "initializer_range": config.initializer_range,
-        "intermediate_size": config.intermediate_size,
-        "max_position_embeddings": config.max_position_embeddings,
-        "max_window_layers": config.num_hidden_layers,
-        "mlp_only_layers": [],
-        "model_type": "qwen3_moe",
-        "moe_intermediate_size": config.moe_intermediate_size,
-        "norm_topk_prob": True,
-        "num_attention_heads": config.num_attention_heads,
-        "num_experts": config.num_experts,
-        "num_experts_per_tok": config.num_experts_per_tok,
-        "num_hidden_layers": config.num_hidden_layers,
-        "num_key_value_heads": config.num_key_value_heads,
-        "rms_norm_eps": config.rms_norm_eps,
-        "rope_scaling": None,
-        "rope_theta": config.rope_theta,
-        "sliding_window": None,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "use_cache": True,
-        "use_sliding_window": False,
-        "vocab_size": config.vocab_size,
-    }
-    with open(os.path.join(target, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(qwen3_moe, f, indent=2)
-        f.write("\n")
+    save_qwen3_family(
+        tensors, config, tokenizer, target, config.hidden_size // config.num_attention_heads,
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", decoder_sparse_step=1,
+        mlp_only_layers=[], moe_intermediate_size=config.moe_intermediate_size,
+        norm_topk_prob=True, num_experts=config.num_experts,
+        num_experts_per_tok=config.num_experts_per_tok)
 
 
 def main():
