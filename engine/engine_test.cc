@@ -7,6 +7,7 @@
 
 #include "engine/engine.h"
 
+#include <cmath>
 #include <map>
 #include <random>
 
@@ -329,6 +330,37 @@ TEST(EngineTest, ChoicesDifferUnderOneSeedAndChoiceZeroIsTheSingleRequest) {
   EXPECT_EQ(distinct.size(), 4u);
   h.engine_->prefix_cache().Evict(1 << 20);
   EXPECT_EQ(h.pool_->num_free(), h.pool_->num_blocks());
+}
+
+TEST(EngineTest, EventsCarryLogprobsOfTheLogitsTheTokenCameFrom) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness h(variant, 64, EngineOptions{});
+  std::vector<TokenEvent> events;
+  EngineRequest r = Req("lp", Prompt(30, 8), 6, true);
+  r.sampling.top_logprobs = 3;
+  r.keep_logits = true;
+  r.on_event = [&](const TokenEvent& e) { events.push_back(e); };
+  ASSERT_TRUE(h.engine_->Submit(std::move(r)).ok());
+  h.Drain();
+  ASSERT_EQ(events.size(), 6u);
+  for (const TokenEvent& e : events) {
+    ASSERT_TRUE(e.has_token);
+    // log-softmax of the raw logits, in double.
+    double max = -1e300, sum = 0;
+    for (float v : e.logits) max = std::max(max, double{v});
+    for (float v : e.logits) sum += std::exp(v - max);
+    auto lp = [&](TokenId t) { return e.logits[t] - max - std::log(sum); };
+    EXPECT_NEAR(e.logprob, lp(e.token), 1e-5);
+    ASSERT_EQ(e.top_logprobs.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(e.top_logprobs[i].second, lp(e.top_logprobs[i].first), 1e-5);
+      if (i > 0) EXPECT_GE(e.top_logprobs[i - 1].second, e.top_logprobs[i].second);
+    }
+    for (size_t t = 0; t < e.logits.size(); ++t) {
+      EXPECT_LE(lp(static_cast<TokenId>(t)), e.top_logprobs[0].second + 1e-6);
+    }
+  }
+  EXPECT_EQ(events.back().finish, FinishReason::kLength);
 }
 
 TEST(EngineTest, StopTokensAndValidation) {
