@@ -32,6 +32,8 @@
 namespace ferry {
 
 using BlockId = int32_t;
+// A block-table entry with no block (a sliding-window table's blocks before the window).
+inline constexpr BlockId kNoBlock = -1;
 
 struct KvBlockLayout {
   int32_t num_layers = 0;

@@ -27,18 +27,23 @@ struct GenerateOptions {
 };
 
 struct GenerateResult {
-  std::vector<TokenId> tokens;  // generated, including a final stop token
-  bool stopped = false;         // ended on a stop token (else on max_new_tokens)
+  std::vector<TokenId> tokens;     // generated, including a final stop token
+  bool stopped = false;            // ended on a stop token (else on max_new_tokens)
+  int64_t window_blocks_peak = 0;  // with a window pool: the most window blocks held at once
   std::vector<std::vector<float>> logits;
   double prefill_seconds = 0;
   double decode_seconds = 0;
 };
 
 // Runs `prompt` (non-empty) through `model` with KV blocks from `pool`, which are all released
-// before returning.
+// before returning. A hybrid model may keep its sliding-window layers in `window_pool`
+// (Transformer::WindowKvLayoutFor; `pool` then has FullKvLayoutFor's layout): blocks that fall
+// out of every window are released as the sequence grows, so it holds at most
+// ceil((window + prefill_chunk) / block_tokens) + 1 of them.
 absl::StatusOr<GenerateResult> Generate(Transformer& model, KvBlockPool& pool,
                                         absl::Span<const TokenId> prompt,
-                                        const GenerateOptions& options);
+                                        const GenerateOptions& options,
+                                        KvBlockPool* window_pool = nullptr);
 
 }  // namespace ferry
 

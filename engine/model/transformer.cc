@@ -77,6 +77,26 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const HostWeigh
   return model;
 }
 
+int32_t Transformer::max_window() const {
+  int32_t w = 0;
+  for (int64_t l = 0; l < config_.num_layers; ++l) w = std::max(w, config_.window(l));
+  return w;
+}
+
+KvBlockLayout Transformer::FullKvLayoutFor(int32_t block_tokens) const {
+  KvBlockLayout layout = KvLayoutFor(block_tokens);
+  int32_t full = 0;
+  for (int64_t l = 0; l < config_.num_layers; ++l) full += config_.window(l) == 0;
+  layout.num_layers = full > 0 && full < config_.num_layers ? full : 0;
+  return layout;
+}
+
+KvBlockLayout Transformer::WindowKvLayoutFor(int32_t block_tokens) const {
+  KvBlockLayout layout = FullKvLayoutFor(block_tokens);
+  if (layout.num_layers > 0) layout.num_layers = config_.num_layers - layout.num_layers;
+  return layout;
+}
+
 KvBlockLayout Transformer::KvLayoutFor(int32_t block_tokens) const {
   KvBlockLayout layout;
   layout.num_layers = static_cast<int32_t>(config_.num_layers);
@@ -354,18 +374,36 @@ absl::Status Transformer::MoeFfn(int64_t layer, const DeviceMatrix& h) {
 }
 
 absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
-                                  std::vector<float>* logits) {
+                                  std::vector<float>* logits, KvBlockPool* window_kv) {
   const ModelConfig& c = config_;
   const KvBlockLayout& kl = kv.layout();
-  if (kl.num_layers != c.num_layers || kl.num_kv_heads != c.num_kv_heads ||
-      kl.head_dim != c.head_dim || kl.dtype != kv_dtype_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV pool layout (", kl.DebugString(), ") is not this model's (",
-                     KvLayoutFor(kl.block_tokens).DebugString(), ")"));
+  auto same = [](const KvBlockLayout& a, const KvBlockLayout& b) {
+    return a.num_layers == b.num_layers && a.num_kv_heads == b.num_kv_heads &&
+           a.head_dim == b.head_dim && a.dtype == b.dtype && a.block_tokens == b.block_tokens;
+  };
+  if (window_kv == nullptr) {
+    if (!same(kl, KvLayoutFor(kl.block_tokens))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV pool layout (", kl.DebugString(), ") is not this model's (",
+                       KvLayoutFor(kl.block_tokens).DebugString(), ")"));
+    }
+  } else {
+    const KvBlockLayout full = FullKvLayoutFor(kl.block_tokens);
+    const KvBlockLayout window = WindowKvLayoutFor(kl.block_tokens);
+    if (full.num_layers == 0) {
+      return absl::InvalidArgumentError(
+          "a window pool needs a model with both sliding-window and full-attention layers");
+    }
+    if (!same(kl, full) || !same(window_kv->layout(), window)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV pools (", kl.DebugString(), "; ", window_kv->layout().DebugString(),
+          ") are not this model's (", full.DebugString(), "; ", window.DebugString(), ")"));
+    }
   }
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   // The step's layout, validated before anything runs.
   StepLayout layout;
+  std::vector<std::vector<BlockId>> window_tables;
   std::vector<int32_t> ids;
   std::vector<int64_t> logit_rows;  // rows of the step whose logits are returned
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -393,6 +431,23 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
       }
     }
     layout.block_tables.emplace_back(seq.blocks.begin(), seq.blocks.end());
+    if (window_kv != nullptr) {
+      // The window blocks every new row needs: from the first key of the widest window.
+      const int64_t end = seq.start_position + n;
+      if (static_cast<int64_t>(seq.window_blocks.size()) < kl.BlocksFor(end)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, ": window blocks cannot hold ", end, " positions"));
+      }
+      const int64_t first = std::max<int64_t>(0, seq.start_position + 1 - max_window());
+      for (int64_t bi = first / kl.block_tokens; bi < kl.BlocksFor(end); ++bi) {
+        const BlockId b = seq.window_blocks[bi];
+        if (b < 0 || b >= window_kv->num_blocks()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("sequence ", s, ": window block ", bi, " is missing or out of range"));
+        }
+      }
+      window_tables.emplace_back(seq.window_blocks.begin(), seq.window_blocks.end());
+    }
     for (int64_t i = 0; i < n; ++i) {
       const TokenId t = seq.tokens[i];
       if (t >= static_cast<TokenId>(c.vocab_size)) {
@@ -430,9 +485,20 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   Backend& b = *backend_;
   b.Embed(embed_, ids, x);
   b.RmsNorm(x, layers_[0].attn_norm, eps, h);
+  // With a window pool, each layer's slot in its own pool, and the window layers' tables.
+  StepLayout window_layout;
+  if (window_kv != nullptr) {
+    window_layout = layout;
+    window_layout.block_tables = std::move(window_tables);
+  }
+  int32_t full_slot = 0, window_slot = 0;
   for (int64_t li = 0; li < c.num_layers; ++li) {
     const Layer& l = layers_[li];
-    const KvLayerView view = kv.LayerView(static_cast<int32_t>(li));
+    const bool windowed = window_kv != nullptr && c.window(li) > 0;
+    const KvLayerView view = window_kv == nullptr ? kv.LayerView(static_cast<int32_t>(li))
+                             : windowed           ? window_kv->LayerView(window_slot++)
+                                                  : kv.LayerView(full_slot++);
+    const StepLayout& steps = windowed ? window_layout : layout;
     // h holds RmsNorm(x) for this layer's attention.
     b.MatMul(h, l.qkv, c.attention_bias ? &l.qkv_bias : nullptr, qkv);
     if (c.qk_norm) {
@@ -441,8 +507,8 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
     }
     b.Rope(q, static_cast<int32_t>(c.num_heads), layout.positions, rope_);
     b.Rope(k, static_cast<int32_t>(c.num_kv_heads), layout.positions, rope_);
-    b.WriteKv(k, v, view, layout);
-    b.Attention(q, view, layout, scale, c.window(li), attn);
+    b.WriteKv(k, v, view, steps);
+    b.Attention(q, view, steps, scale, c.window(li), attn);
     b.MatMul(attn, l.o, nullptr, h);
     b.AddRmsNorm(x, h, l.mlp_norm, eps, h);
     if (l.moe) {

@@ -43,6 +43,9 @@ struct ForwardSequence {
   absl::Span<const BlockId> blocks;  // the block table; covers start_position + tokens.size()
   bool all_logits = false;           // logits for every new token, else for the last only
   bool no_logits = false;            // none at all (a prefill chunk that does not end a prompt)
+  // With a window pool (Forward's window_kv): the sliding-window layers' block table, indexed
+  // like `blocks`; blocks wholly before every window may be kNoBlock (released).
+  absl::Span<const BlockId> window_blocks;
 };
 
 class Transformer {
@@ -57,16 +60,27 @@ class Transformer {
   DType kv_dtype() const { return kv_dtype_; }
   // Positions the model accepts (its max_position_embeddings).
   int64_t max_positions() const { return config_.max_position_embeddings; }
-  // The layout of this model's KV blocks, in the cache dtype the fingerprint was computed for.
+  // The layout of this model's KV blocks, in the cache dtype the fingerprint was computed for:
+  // every layer in one pool.
   KvBlockLayout KvLayoutFor(int32_t block_tokens = 64) const;
+  // A hybrid model (sliding-window and full-attention layers) may keep its window layers' KV in
+  // a pool of their own, where a sequence holds only the blocks its window still covers: the
+  // full-attention layers' layout and the window layers' layout. Both have num_layers 0 unless
+  // the model has layers of both kinds.
+  KvBlockLayout FullKvLayoutFor(int32_t block_tokens = 64) const;
+  KvBlockLayout WindowKvLayoutFor(int32_t block_tokens = 64) const;
+  // The largest sliding window of any layer (0: none).
+  int32_t max_window() const;
 
   // Runs one step over `batch`. Appends to `logits` one row of vocab_size floats per requested
   // position (every new token of a sequence with all_logits, none with no_logits, else its
   // last), in batch order.
   // Invalid input (token ids, positions past max_positions, short block tables, a pool of another
   // layout) is an InvalidArgument error and changes nothing.
+  // With `window_kv` (a hybrid model), `kv` has FullKvLayoutFor's layout, window_kv
+  // WindowKvLayoutFor's, and every sequence its window_blocks.
   absl::Status Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
-                       std::vector<float>* logits);
+                       std::vector<float>* logits, KvBlockPool* window_kv = nullptr);
 
   // Mixture-of-experts models: tokens routed to each expert since creation, [layer][expert]
   // (empty rows for dense layers), for the per-expert metric.

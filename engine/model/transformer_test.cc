@@ -263,5 +263,43 @@ TEST(RopeTest, Llama3ScalingKeepsHighFrequenciesAndScalesLowOnes) {
   EXPECT_EQ(RopeInverseFrequencies(c)[5], plain[5] / 2.0f);
 }
 
+// A hybrid model whose window layers keep their KV in a pool of their own: the same logits
+// and tokens as with one pool, while the window pool holds only what the window still covers.
+TEST(TransformerWindowPoolTest, SameResultsWithTheWindowLayersInABoundedPool) {
+  for (int32_t window : {5, 37}) {
+    Variant v{"hybrid", false, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false, window};
+    Fixture f = Make(v);
+    const auto full = f.model->FullKvLayoutFor(16), win = f.model->WindowKvLayoutFor(16);
+    ASSERT_EQ(full.num_layers, 1);
+    ASSERT_EQ(win.num_layers, 1);
+    auto full_pool = *KvBlockPool::Create(full, 64, f.allocator.get(), f.backend.get());
+    auto window_pool = *KvBlockPool::Create(win, 64, f.allocator.get(), f.backend.get());
+    const auto prompt = Prompt(150, 4);
+    for (int64_t chunk : {0, 1, 7, 64}) {
+      GenerateOptions options;
+      options.max_new_tokens = 40;
+      options.prefill_chunk = chunk;
+      options.keep_logits = true;
+      auto one = Generate(*f.model, *f.pool, prompt, options);
+      auto split = Generate(*f.model, *full_pool, prompt, options, window_pool.get());
+      ASSERT_TRUE(one.ok()) << one.status();
+      ASSERT_TRUE(split.ok()) << split.status();
+      EXPECT_EQ(split->tokens, one->tokens) << "window " << window << " chunk " << chunk;
+      ASSERT_EQ(split->logits.size(), one->logits.size());
+      for (size_t i = 0; i < one->logits.size(); ++i) {
+        ASSERT_TRUE(SameBits(split->logits[i], one->logits[i])) << "token " << i;
+      }
+      const int64_t step = chunk > 0 ? chunk : 150;
+      EXPECT_LE(split->window_blocks_peak, (window + step + 15) / 16 + 1)
+          << "window " << window << " chunk " << chunk;
+      EXPECT_EQ(window_pool->num_free(), 64);
+      EXPECT_EQ(full_pool->num_free(), 64);
+    }
+    // Wrong pools are refused.
+    GenerateOptions options;
+    EXPECT_FALSE(Generate(*f.model, *f.pool, prompt, options, window_pool.get()).ok());
+  }
+}
+
 }  // namespace
 }  // namespace ferry
