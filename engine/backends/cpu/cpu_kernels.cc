@@ -115,6 +115,18 @@ inline void ForTiles(int64_t n, F&& f) {
   TileRest<kMax - 1>(n - i, i, f);
 }
 
+// Calls tile(std::integral_constant<int, W>{}, p) over panels [p0, p1): tiles of NP panels, the
+// rest with narrower ones (NP/2 rounded up, down to one panel), so a remainder still runs as
+// few, wide tiles as fit.
+template <int NP, typename F>
+inline void ForPanelTiles(int64_t p0, int64_t p1, F&& tile) {
+  int64_t p = p0;
+  for (; p + NP <= p1; p += NP) tile(std::integral_constant<int, NP>{}, p);
+  if constexpr (NP > 1) {
+    if (p < p1) ForPanelTiles<(NP + 1) / 2>(p, p1, tile);
+  }
+}
+
 // ---- Scalar: the definition. ----
 
 void GemmBf16Scalar(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
@@ -276,19 +288,14 @@ FERRY_AVX2 inline void TileAvx2(const float* x, int64_t xs, int64_t k, const T* 
   }
 }
 
-// Rows in tiles of MR, panels in groups of NP (then one at a time).
+// MR rows over panels [p0, p1) in tiles of NP panels (ForPanelTiles).
 template <int MR, int NP, typename T>
 FERRY_AVX2 void RowsAvx2(const float* x, int64_t xs, int64_t k, const T* packed, int64_t p0,
                          int64_t p1, int64_t n, float* out, int64_t os) {
   const int64_t ps = kPanel * k;
-  int64_t p = p0;
-  for (; p + NP <= p1; p += NP) {
-    TileAvx2<MR, NP>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
-  }
-  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
-  if constexpr (NP > 1) {
-    if (p < p1) RowsAvx2<MR, (NP + 1) / 2>(x, xs, k, packed, p, p1, n, out, os);
-  }
+  ForPanelTiles<NP>(p0, p1, [&](auto np, int64_t p) {
+    TileAvx2<MR, decltype(np)::value>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
+  });
 }
 
 template <typename T>
@@ -372,14 +379,9 @@ template <int MR, int NP>
 FERRY_AVX2 void RowsBf16Avx2(const uint16_t* xb, int64_t xs, int64_t k2, const uint16_t* packed,
                              int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
   const int64_t ps = kPanel * k2;
-  int64_t p = p0;
-  for (; p + NP <= p1; p += NP) {
-    TileBf16Avx2<MR, NP>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
-  }
-  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
-  if constexpr (NP > 1) {
-    if (p < p1) RowsBf16Avx2<MR, (NP + 1) / 2>(xb, xs, k2, packed, p, p1, n, out, os);
-  }
+  ForPanelTiles<NP>(p0, p1, [&](auto np, int64_t p) {
+    TileBf16Avx2<MR, decltype(np)::value>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+  });
 }
 
 FERRY_AVX2 void GemmBf16Avx2(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
@@ -694,14 +696,9 @@ template <int MR, int NP, typename T>
 FERRY_AVX512 void RowsAvx512(const float* x, int64_t xs, int64_t k, const T* packed, int64_t p0,
                              int64_t p1, int64_t n, float* out, int64_t os) {
   const int64_t ps = kPanel * k;
-  int64_t p = p0;
-  for (; p + NP <= p1; p += NP) {
-    TileAvx512<MR, NP>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
-  }
-  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
-  if constexpr (NP > 1) {
-    if (p < p1) RowsAvx512<MR, (NP + 1) / 2>(x, xs, k, packed, p, p1, n, out, os);
-  }
+  ForPanelTiles<NP>(p0, p1, [&](auto np, int64_t p) {
+    TileAvx512<MR, decltype(np)::value>(x, xs, k, packed + p * ps, ps, p * kPanel, n, out, os);
+  });
 }
 
 template <typename T>
@@ -787,14 +784,10 @@ template <int MR, int NP>
 FERRY_AVX512 void RowsBf16Avx512(const uint16_t* xb, int64_t xs, int64_t k2, const uint16_t* packed,
                                  int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
   const int64_t ps = kPanel * k2;
-  int64_t p = p0;
-  for (; p + NP <= p1; p += NP) {
-    TileBf16Avx512<MR, NP>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
-  }
-  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
-  if constexpr (NP > 1) {
-    if (p < p1) RowsBf16Avx512<MR, (NP + 1) / 2>(xb, xs, k2, packed, p, p1, n, out, os);
-  }
+  ForPanelTiles<NP>(p0, p1, [&](auto np, int64_t p) {
+    TileBf16Avx512<MR, decltype(np)::value>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out,
+                                            os);
+  });
 }
 
 FERRY_AVX512 void GemmBf16Avx512(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
@@ -882,14 +875,9 @@ template <int MR, int NP>
 FERRY_AVX512BF16 void RowsDpbf16(const uint16_t* xb, int64_t xs, int64_t k2, const uint16_t* packed,
                                  int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
   const int64_t ps = kPanel * k2;
-  int64_t p = p0;
-  for (; p + NP <= p1; p += NP) {
-    TileDpbf16<MR, NP>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
-  }
-  // The rest with narrower tiles: NP/2 rounded up, down to one panel.
-  if constexpr (NP > 1) {
-    if (p < p1) RowsDpbf16<MR, (NP + 1) / 2>(xb, xs, k2, packed, p, p1, n, out, os);
-  }
+  ForPanelTiles<NP>(p0, p1, [&](auto np, int64_t p) {
+    TileDpbf16<MR, decltype(np)::value>(xb, xs, k2, packed + p * ps, ps, p * kPanel, n, out, os);
+  });
 }
 
 FERRY_AVX512BF16 void GemmBf16Dpbf16(const uint16_t* xb, int64_t xs, int64_t rows, int64_t k2,
