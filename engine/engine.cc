@@ -44,6 +44,11 @@ struct Engine::Sequence {
   std::vector<TokenId> tokens;  // prompt + generated
   int64_t computed = 0;         // positions whose KV is in `blocks`
   std::vector<BlockId> blocks;
+  // With a window pool: the window layers' table, indexed like `blocks`; entries before
+  // window_begin are kNoBlock (given back or never held).
+  std::vector<BlockId> window_blocks;
+  int64_t window_begin = 0;
+  int64_t window_cached = 0;  // of window_blocks, offered to the window cache
   bool admitted = false;
   bool finished = false;
   std::vector<Hash128> hashes;  // of full blocks of `tokens`, as far as computed
@@ -58,28 +63,87 @@ struct Engine::Sequence {
   std::tuple<int32_t, int64_t, int32_t> rank() const { return {req->r.priority, arrival, choice}; }
 };
 
+namespace {
+
+bool SameLayout(const KvBlockLayout& a, const KvBlockLayout& b) {
+  return a.num_layers == b.num_layers && a.num_kv_heads == b.num_kv_heads &&
+         a.head_dim == b.head_dim && a.dtype == b.dtype && a.block_tokens == b.block_tokens;
+}
+
+void ReleaseTable(KvBlockPool& pool, std::vector<BlockId>& table) {
+  std::vector<BlockId> held;
+  for (BlockId b : table) {
+    if (b != kNoBlock) held.push_back(b);
+  }
+  CHECK(pool.Release(held).ok());
+  table.clear();
+}
+
+}  // namespace
+
+int64_t Engine::WindowBlocksPerSequence(const Transformer& model, const EngineOptions& options,
+                                        int32_t block_tokens) {
+  // During a step a sequence holds the blocks from the one with the first key its first new row
+  // sees (window - 1 positions back) to the one of its last new row: at most
+  // ceil((window - 2 + chunk) / block_tokens) + 1.
+  const int64_t chunk = std::min(options.prefill_chunk, options.max_batch_tokens);
+  const int64_t span = std::max<int64_t>(0, model.max_window() - 2 + chunk);
+  return (span + block_tokens - 1) / block_tokens + 1;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Transformer* model, KvBlockPool* pool,
                                                        const Tokenizer* tokenizer,
-                                                       const EngineOptions& options) {
+                                                       const EngineOptions& options,
+                                                       KvBlockPool* window_pool) {
   if (options.max_batch_tokens < 1 || options.max_running < 1 || options.prefill_chunk < 1 ||
-      options.max_n < 1 || options.prefix_cache_bytes < 0) {
+      options.max_n < 1 || options.prefix_cache_bytes < 0 || options.window_cache_bytes < 0) {
     return absl::InvalidArgumentError("engine options must be positive");
   }
-  const KvBlockLayout want = model->KvLayoutFor(pool->layout().block_tokens);
-  if (want.block_bytes() != pool->layout().block_bytes() || want.dtype != pool->layout().dtype) {
-    return absl::InvalidArgumentError("the KV pool's layout is not the model's");
+  const int32_t bt = pool->layout().block_tokens;
+  if (window_pool == nullptr) {
+    if (!SameLayout(model->KvLayoutFor(bt), pool->layout())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the KV pool's layout (", pool->layout().DebugString(),
+                       ") is not the model's (", model->KvLayoutFor(bt).DebugString(), ")"));
+    }
+  } else {
+    if (model->FullKvLayoutFor(bt).num_layers == 0) {
+      return absl::InvalidArgumentError(
+          "a window pool needs a model with both sliding-window and full-attention layers");
+    }
+    if (!SameLayout(model->FullKvLayoutFor(bt), pool->layout()) ||
+        !SameLayout(model->WindowKvLayoutFor(bt), window_pool->layout())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the KV pools' layouts (", pool->layout().DebugString(), "; ",
+                       window_pool->layout().DebugString(), ") are not the model's (",
+                       model->FullKvLayoutFor(bt).DebugString(), "; ",
+                       model->WindowKvLayoutFor(bt).DebugString(), ")"));
+    }
+    const int64_t need = WindowBlocksPerSequence(*model, options, bt);
+    if (window_pool->num_blocks() < need) {
+      return absl::InvalidArgumentError(absl::StrCat("the window pool (", window_pool->num_blocks(),
+                                                     " blocks) cannot hold one sequence's window (",
+                                                     need, " blocks)"));
+    }
   }
-  return std::unique_ptr<Engine>(new Engine(model, pool, tokenizer, options));
+  return std::unique_ptr<Engine>(new Engine(model, pool, tokenizer, options, window_pool));
 }
 
 Engine::Engine(Transformer* model, KvBlockPool* pool, const Tokenizer* tokenizer,
-               const EngineOptions& options)
+               const EngineOptions& options, KvBlockPool* window_pool)
     : model_(model),
       pool_(pool),
       tokenizer_(tokenizer),
       options_(options),
+      window_pool_(window_pool),
       block_tokens_(pool->layout().block_tokens),
-      cache_(pool, options.prefix_cache_bytes) {}
+      cache_(pool, options.prefix_cache_bytes) {
+  if (window_pool_ != nullptr) {
+    // Its blocks are of use to this engine only: nobody is told about them.
+    window_cache_ = std::make_unique<PrefixCache>(window_pool_, options.window_cache_bytes,
+                                                  /*record_events=*/false);
+  }
+}
 
 Engine::~Engine() {
   Stop();
@@ -88,7 +152,7 @@ Engine::~Engine() {
     if (!seq->finished) Finish(*seq, FinishReason::kAbort, TokenEvent{});
   }
   RemoveFinished();
-  for (auto& [id, blocks] : handoffs_) CHECK(pool_->Release(blocks).ok());
+  for (auto& [id, handoff] : handoffs_) ReleaseHandoffBlocks(handoff);
 }
 
 absl::Status Engine::Validate(const EngineRequest& r) const {
@@ -150,12 +214,30 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
       return absl::InvalidArgumentError("decode-only: imported blocks do not cover the prompt");
     }
     for (BlockId b : r.imported_blocks) {
-      if (b >= pool_->num_blocks() || pool_->ref_count(b) < 1) {
+      if (b < 0 || b >= pool_->num_blocks() || pool_->ref_count(b) < 1) {
         return absl::InvalidArgumentError(
             absl::StrCat("decode-only: imported block ", b, " is not an allocated block"));
       }
     }
-  } else if (!r.imported_blocks.empty()) {
+    if (window_pool_ != nullptr) {
+      if (r.imported_window_blocks.size() != r.imported_blocks.size()) {
+        return absl::InvalidArgumentError(
+            "decode-only: the window layers' imported table does not cover the prompt");
+      }
+      // Present from the block the next row (at prompt length) sees; before it, optional.
+      const int64_t first = FirstWindowBlock(static_cast<int64_t>(r.prompt.size()));
+      for (size_t i = 0; i < r.imported_window_blocks.size(); ++i) {
+        const BlockId b = r.imported_window_blocks[i];
+        if (b == kNoBlock && static_cast<int64_t>(i) < first) continue;
+        if (b < 0 || b >= window_pool_->num_blocks() || window_pool_->ref_count(b) < 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("decode-only: imported window block ", b, " is not an allocated block"));
+        }
+      }
+    } else if (!r.imported_window_blocks.empty()) {
+      return absl::InvalidArgumentError("imported window blocks need an engine with a window pool");
+    }
+  } else if (!r.imported_blocks.empty() || !r.imported_window_blocks.empty()) {
     return absl::InvalidArgumentError("imported blocks are for decode-only requests");
   }
   if (r.role == EngineRole::kPrefillOnly && r.n != 1) {
@@ -211,7 +293,7 @@ void Engine::DrainInbox() {
   for (const std::string& id : released) {
     auto it = handoffs_.find(id);
     if (it == handoffs_.end()) continue;
-    CHECK(pool_->Release(it->second).ok());
+    ReleaseHandoffBlocks(it->second);
     handoffs_.erase(it);
   }
   RemoveFinished();
@@ -249,6 +331,7 @@ void Engine::AddRequest(EngineRequest r) {
     }
     if (er.role == EngineRole::kDecodeOnly) {
       seq->blocks = er.imported_blocks;
+      seq->window_blocks = er.imported_window_blocks;
       seq->computed = seq->prompt_len;
       seq->admitted = true;
     }
@@ -257,11 +340,18 @@ void Engine::AddRequest(EngineRequest r) {
 }
 
 bool Engine::Reserve(Sequence& seq, int64_t positions, std::vector<Sequence*>& scheduled) {
+  // Both tables grow alike (the window table's entries before the window are kNoBlock).
   const int64_t need =
       pool_->layout().BlocksFor(positions) - static_cast<int64_t>(seq.blocks.size());
   if (need <= 0) return true;
-  while (pool_->num_free() < need) {
-    if (cache_.Evict(need - pool_->num_free()) > 0) continue;
+  auto short_of = [&](KvBlockPool* pool) {
+    return pool == nullptr ? 0 : std::max<int64_t>(0, need - pool->num_free());
+  };
+  while (short_of(pool_) > 0 || short_of(window_pool_) > 0) {
+    int64_t evicted = 0;
+    if (short_of(pool_) > 0) evicted += cache_.Evict(short_of(pool_));
+    if (short_of(window_pool_) > 0) evicted += window_cache_->Evict(short_of(window_pool_));
+    if (evicted > 0) continue;
     // Preempt the admitted sequence ranked last, if it ranks after `seq`.
     Sequence* victim = nullptr;
     for (auto& s : seqs_) {
@@ -277,16 +367,38 @@ bool Engine::Reserve(Sequence& seq, int64_t positions, std::vector<Sequence*>& s
   auto more = pool_->Allocate(need);
   CHECK(more.ok());
   seq.blocks.insert(seq.blocks.end(), more->begin(), more->end());
+  if (window_pool_ != nullptr) {
+    auto window = window_pool_->Allocate(need);
+    CHECK(window.ok());
+    seq.window_blocks.insert(seq.window_blocks.end(), window->begin(), window->end());
+  }
   return true;
 }
 
+void Engine::ReleaseBlocks(Sequence& seq) {
+  ReleaseTable(*pool_, seq.blocks);
+  cache_.TrimToCap();
+  if (window_pool_ != nullptr) {
+    ReleaseTable(*window_pool_, seq.window_blocks);
+    window_cache_->TrimToCap();
+  }
+  seq.window_begin = 0;
+}
+
+void Engine::ReleaseHandoffBlocks(Handoff& handoff) {
+  ReleaseTable(*pool_, handoff.blocks);
+  if (window_pool_ != nullptr) ReleaseTable(*window_pool_, handoff.window_blocks);
+}
+
 void Engine::Preempt(Sequence& seq) {
-  CHECK(pool_->Release(seq.blocks).ok());
-  seq.blocks.clear();
+  ReleaseBlocks(seq);
   seq.computed = 0;
   seq.admitted = false;
   ++stats_.preemptions;
-  cache_.TrimToCap();
+}
+
+int64_t Engine::FirstWindowBlock(int64_t position) const {
+  return std::max<int64_t>(0, position + 1 - model_->max_window()) / block_tokens_;
 }
 
 int64_t Engine::Admit(Sequence& seq) {
@@ -299,7 +411,31 @@ int64_t Engine::Admit(Sequence& seq) {
     seq.hashes.push_back(NextBlockHash(
         parent, absl::MakeConstSpan(seq.tokens).subspan(i * block_tokens_, block_tokens_), {}));
   }
-  seq.blocks = cache_.Lookup(absl::MakeConstSpan(seq.hashes).subspan(0, full));
+  const absl::Span<const Hash128> hashes(seq.hashes);
+  if (window_pool_ == nullptr) {
+    seq.blocks = cache_.Lookup(hashes.subspan(0, full));
+  } else {
+    // k cached blocks are of use when the window cache also holds the window layers' blocks
+    // that the row after them (at k * block_tokens) sees: blocks [FirstWindowBlock, k).
+    int64_t k = 0;
+    while (k < full && cache_.Contains(hashes[k])) ++k;
+    auto window_cached = [&](int64_t k) {
+      for (int64_t i = FirstWindowBlock(k * block_tokens_); i < k; ++i) {
+        if (!window_cache_->Contains(hashes[i])) return false;
+      }
+      return true;
+    };
+    while (k > 0 && !window_cached(k)) --k;
+    seq.blocks = cache_.Lookup(hashes.subspan(0, k));
+    CHECK_EQ(static_cast<int64_t>(seq.blocks.size()), k);
+    seq.window_begin = FirstWindowBlock(k * block_tokens_);
+    seq.window_blocks.assign(seq.window_begin, kNoBlock);
+    const std::vector<BlockId> window =
+        window_cache_->LookupAll(hashes.subspan(seq.window_begin, k - seq.window_begin));
+    CHECK_EQ(static_cast<int64_t>(window.size()), k - seq.window_begin);
+    seq.window_blocks.insert(seq.window_blocks.end(), window.begin(), window.end());
+    seq.window_cached = k;
+  }
   seq.computed = static_cast<int64_t>(seq.blocks.size()) * block_tokens_;
   seq.cached_blocks = static_cast<int64_t>(seq.blocks.size());
   stats_.cached_tokens += seq.computed;
@@ -320,6 +456,24 @@ void Engine::CacheFullBlocks(Sequence& seq) {
         absl::MakeConstSpan(seq.hashes).subspan(seq.cached_blocks, full - seq.cached_blocks),
         absl::MakeConstSpan(seq.blocks).subspan(seq.cached_blocks, full - seq.cached_blocks));
     seq.cached_blocks = full;
+  }
+  if (window_pool_ != nullptr) {
+    for (int64_t i = seq.window_cached; i < full; ++i) {
+      const BlockId b = seq.window_blocks[i];
+      if (b != kNoBlock) window_cache_->Insert({seq.hashes[i]}, absl::MakeConstSpan(&b, 1));
+    }
+    seq.window_cached = std::max(seq.window_cached, full);
+  }
+}
+
+void Engine::Slide(Sequence& seq) {
+  if (window_pool_ == nullptr) return;
+  const int64_t first = std::min<int64_t>(FirstWindowBlock(seq.computed), seq.window_blocks.size());
+  for (; seq.window_begin < first; ++seq.window_begin) {
+    BlockId& b = seq.window_blocks[seq.window_begin];
+    if (b == kNoBlock) continue;
+    CHECK(window_pool_->Release(absl::MakeConstSpan(&b, 1)).ok());
+    b = kNoBlock;
   }
 }
 
@@ -359,8 +513,7 @@ absl::StatusOr<bool> Engine::Step() {
     const int64_t cached = Admit(*s);
     if (!schedule(s)) {
       // Not now: give the cache hits back and hold everything behind it.
-      CHECK(pool_->Release(s->blocks).ok());
-      s->blocks.clear();
+      ReleaseBlocks(*s);
       s->computed = 0;
       s->admitted = false;
       stats_.cached_tokens -= cached;
@@ -369,10 +522,11 @@ absl::StatusOr<bool> Engine::Step() {
     ++running;
   }
   if (scheduled.empty()) {
-    // An admitted sequence that got no block although nothing ranks after it can only be one
-    // that outgrew the whole pool: nothing will ever free a block for it.
+    // An admitted sequence that got no block although nothing ranks after it: when it outgrew
+    // the whole pool nothing will ever free a block for it; otherwise it waits for handoffs.
     for (Sequence* s : order) {
-      if (s->admitted && !s->finished) {
+      if (s->admitted && !s->finished &&
+          pool_->layout().BlocksFor(s->computed + 1) > pool_->num_blocks()) {
         TokenEvent e;
         e.error =
             absl::StrCat("the KV cache (", pool_->num_blocks(), " blocks of ", block_tokens_,
@@ -393,12 +547,13 @@ absl::StatusOr<bool> Engine::Step() {
     f.tokens = absl::MakeConstSpan(s->tokens).subspan(s->computed, s->step_chunk);
     f.start_position = s->computed;
     f.blocks = s->blocks;
+    f.window_blocks = s->window_blocks;
     f.no_logits = s->step_chunk != remaining;
     batch.push_back(f);
   }
   std::vector<float>& logits = logits_;  // kept across steps: no fresh pages every step
   logits.clear();
-  absl::Status status = model_->Forward(batch, *pool_, &logits);
+  absl::Status status = model_->Forward(batch, *pool_, &logits, window_pool_);
   ++stats_.steps;
   if (!status.ok()) {
     for (Sequence* s : scheduled) {
@@ -418,6 +573,7 @@ absl::StatusOr<bool> Engine::Step() {
     }
     s.computed += s.step_chunk;
     CacheFullBlocks(s);
+    Slide(s);
     if (batch[i].no_logits) continue;
     const absl::Span<const float> l(logits.data() + row * vocab, vocab);
     ++row;
@@ -484,19 +640,45 @@ void Engine::Fork(Sequence& first, absl::Span<const float> logits) {
     }
     seq->hashes = first.hashes;
     seq->cached_blocks = std::min<int64_t>(first.cached_blocks, full);
-    std::vector<BlockId> shared(first.blocks.begin(), first.blocks.begin() + full);
-    std::vector<BlockId> copy;
-    if (partial) {
-      auto b = pool_->Allocate(1);
-      if (!b.ok() && cache_.Evict(1) > 0) b = pool_->Allocate(1);
-      if (b.ok()) copy = *b;
+    // The partial block's copies, in each pool (none: the choice waits).
+    auto copy_of = [&](KvBlockPool& pool, PrefixCache& cache) -> BlockId {
+      if (!partial) return kNoBlock;
+      auto b = pool.Allocate(1);
+      if (!b.ok() && cache.Evict(1) > 0) b = pool.Allocate(1);
+      return b.ok() ? (*b)[0] : kNoBlock;
+    };
+    const BlockId copy = copy_of(*pool_, cache_);
+    const BlockId window_copy =
+        window_pool_ != nullptr ? copy_of(*window_pool_, *window_cache_) : kNoBlock;
+    const bool copied =
+        !partial || (copy != kNoBlock && (window_pool_ == nullptr || window_copy != kNoBlock));
+    if (!copied) {
+      if (copy != kNoBlock) CHECK(pool_->Release(absl::MakeConstSpan(&copy, 1)).ok());
+      if (window_copy != kNoBlock) {
+        CHECK(window_pool_->Release(absl::MakeConstSpan(&window_copy, 1)).ok());
+      }
     }
-    if (!partial || !copy.empty()) {
-      CHECK(pool_->AddRef(shared).ok());
-      seq->blocks = shared;
+    if (copied) {
+      seq->blocks.assign(first.blocks.begin(), first.blocks.begin() + full);
+      CHECK(pool_->AddRef(seq->blocks).ok());
       if (partial) {
-        CHECK(pool_->CopyBlock(first.blocks[full], copy[0]).ok());
-        seq->blocks.push_back(copy[0]);
+        CHECK(pool_->CopyBlock(first.blocks[full], copy).ok());
+        seq->blocks.push_back(copy);
+      }
+      if (window_pool_ != nullptr) {
+        // The window blocks still held (full ones shared, the partial one copied).
+        seq->window_blocks.assign(first.window_blocks.begin(), first.window_blocks.begin() + full);
+        std::vector<BlockId> shared;
+        for (BlockId b : seq->window_blocks) {
+          if (b != kNoBlock) shared.push_back(b);
+        }
+        CHECK(window_pool_->AddRef(shared).ok());
+        if (partial) {
+          CHECK(window_pool_->CopyBlock(first.window_blocks[full], window_copy).ok());
+          seq->window_blocks.push_back(window_copy);
+        }
+        seq->window_begin = std::min<int64_t>(first.window_begin, full);
+        seq->window_cached = std::min<int64_t>(first.window_cached, full);
       }
       seq->computed = first.prompt_len;
       seq->admitted = true;
@@ -530,12 +712,12 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
   event.held_text = seq.stop.held();
   if (reason == FinishReason::kHandoff) {
     event.blocks = seq.blocks;
-    handoffs_[seq.req->r.id] = std::move(seq.blocks);
+    event.window_blocks = seq.window_blocks;
+    handoffs_[seq.req->r.id] = Handoff{std::move(seq.blocks), std::move(seq.window_blocks)};
     seq.blocks.clear();
+    seq.window_blocks.clear();
   } else {
-    CHECK(pool_->Release(seq.blocks).ok());
-    seq.blocks.clear();
-    cache_.TrimToCap();
+    ReleaseBlocks(seq);
   }
   seq.admitted = false;
   Emit(seq, event);

@@ -24,6 +24,16 @@
 // kHandoff, blocks held until ReleaseHandoff); kDecodeOnly starts from imported KV blocks of the
 // prompt plus the first token (as a resume point).
 //
+// Hybrid models (sliding-window and full-attention layers) may run on two pools: the
+// full-attention layers' (`pool`) and the window layers' (`window_pool`), where a sequence holds
+// only the blocks its window still covers: after each step the window blocks no later row can see
+// go back (to the window cache, below, or free), so the window pool needs about
+// (window + chunk) / block_tokens + 1 blocks per running sequence whatever its length. Full blocks
+// of the window layers are kept in a window cache (LRU, window_cache_bytes) under the same block
+// hashes as the prefix cache; a cached prefix of k blocks is taken only when the window cache also
+// holds the window layers' blocks the next row can see, otherwise the longest shorter prefix that
+// has them (exact, never an approximation). Handoffs and imports carry both tables.
+//
 // Events are delivered on the engine thread, in order per choice; the last event of a choice
 // has a finish reason and carries what a resume elsewhere needs (sampler state, held-back text).
 
@@ -70,6 +80,9 @@ struct TokenEvent {
   std::string error;            // kError
   std::vector<float> logits;    // the row the token was chosen from (keep_logits)
   std::vector<BlockId> blocks;  // kHandoff: the KV of prompt + first token
+  // kHandoff on a window pool: the window layers' table, indexed like `blocks`, kNoBlock for the
+  // blocks before the window.
+  std::vector<BlockId> window_blocks;
   // With every finish: what continuing this choice elsewhere needs (ResumePoint).
   std::string sampler_state;
   std::string held_text;
@@ -95,9 +108,11 @@ struct EngineRequest {
   std::string cache_salt;         // the tenant's, enters the block hashes
   EngineRole role = EngineRole::kPrefillAndDecode;
   bool keep_logits = false;
-  std::vector<ResumePoint> resume;       // empty, or one per choice
-  std::vector<BlockId> imported_blocks;  // kDecodeOnly: the prompt's KV (one reference each,
-                                         // handed to the engine)
+  std::vector<ResumePoint> resume;              // empty, or one per choice
+  std::vector<BlockId> imported_blocks;         // kDecodeOnly: the prompt's KV (one reference each,
+                                                // handed to the engine)
+  std::vector<BlockId> imported_window_blocks;  // on a window pool: the window layers' table
+                                                // (kNoBlock before the window)
   std::function<void(const TokenEvent&)> on_event;
 };
 
@@ -106,6 +121,7 @@ struct EngineOptions {
   int64_t max_running = 64;        // sequences with KV at once
   int64_t prefill_chunk = 256;     // tokens per sequence per step
   int64_t prefix_cache_bytes = int64_t{1} << 30;
+  int64_t window_cache_bytes = int64_t{256} << 20;  // with a window pool
   int32_t max_n = 16;
 };
 
@@ -120,10 +136,16 @@ struct EngineStats {
 class Engine {
  public:
   // model and pool (and tokenizer, which may be null: no text, no stop strings) must outlive the
-  // engine.
+  // engine. `pool` has the model's KvLayoutFor layout, or with `window_pool` (a hybrid model)
+  // FullKvLayoutFor's, and window_pool WindowKvLayoutFor's with room for at least one sequence's
+  // window (WindowBlocksPerSequence).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(Transformer* model, KvBlockPool* pool,
                                                         const Tokenizer* tokenizer,
-                                                        const EngineOptions& options);
+                                                        const EngineOptions& options,
+                                                        KvBlockPool* window_pool = nullptr);
+  // The most window blocks one running sequence holds at once.
+  static int64_t WindowBlocksPerSequence(const Transformer& model, const EngineOptions& options,
+                                         int32_t block_tokens);
   ~Engine();  // stops the engine thread; live requests end with kAbort
 
   // Validates and queues; thread-safe. Invalid requests are an InvalidArgument and send nothing.
@@ -142,13 +164,17 @@ class Engine {
   EngineStats stats() const;
   int64_t free_blocks() const { return pool_->num_free(); }
   PrefixCache& prefix_cache() { return cache_; }
+  PrefixCache* window_cache() { return window_cache_.get(); }  // null without a window pool
 
  private:
   struct Request;
   struct Sequence;
+  struct Handoff {
+    std::vector<BlockId> blocks, window_blocks;
+  };
 
   Engine(Transformer* model, KvBlockPool* pool, const Tokenizer* tokenizer,
-         const EngineOptions& options);
+         const EngineOptions& options, KvBlockPool* window_pool);
   absl::Status Validate(const EngineRequest& r) const;
   void DrainInbox();
   void AddRequest(EngineRequest r);
@@ -156,9 +182,16 @@ class Engine {
   // after `seq` (never `seq` itself); false when it still cannot.
   bool Reserve(Sequence& seq, int64_t positions, std::vector<Sequence*>& scheduled);
   void Preempt(Sequence& seq);
-  // Takes the longest cached prefix; returns its tokens.
+  // Releases a sequence's blocks in both pools.
+  void ReleaseBlocks(Sequence& seq);
+  void ReleaseHandoffBlocks(Handoff& handoff);
+  // Takes the longest usable cached prefix; returns its tokens.
   int64_t Admit(Sequence& seq);
+  // The first block of the window layers' table that the row at `position` can see.
+  int64_t FirstWindowBlock(int64_t position) const;
   void CacheFullBlocks(Sequence& seq);
+  // Gives back the window blocks no later row of `seq` can see.
+  void Slide(Sequence& seq);
   void Deliver(Sequence& seq, absl::Span<const float> logits);
   void Fork(Sequence& first, absl::Span<const float> logits);
   void Finish(Sequence& seq, FinishReason reason, TokenEvent event);
@@ -170,12 +203,14 @@ class Engine {
   KvBlockPool* const pool_;
   const Tokenizer* const tokenizer_;
   const EngineOptions options_;
+  KvBlockPool* const window_pool_;  // null: every layer in pool_
   const int32_t block_tokens_;
   PrefixCache cache_;
+  std::unique_ptr<PrefixCache> window_cache_;
 
   // Engine-thread state.
   std::vector<std::unique_ptr<Sequence>> seqs_;  // every live sequence, in arrival order
-  absl::flat_hash_map<std::string, std::vector<BlockId>> handoffs_;
+  absl::flat_hash_map<std::string, Handoff> handoffs_;
   int64_t arrivals_ = 0;
   EngineStats stats_;
   std::vector<float> logits_;

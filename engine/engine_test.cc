@@ -1,9 +1,10 @@
 // The scheduler's promises on small synthetic models (dense, a mixture of experts, a hybrid of
-// sliding-window and full-attention layers): a request's
-// tokens and the logits they were chosen from are bit-identical alone, inside a batch of mixed
-// requests, under any prefill chunk size, with its prefix from the cache, after preemption under KV
-// pressure, resumed after k tokens, and split into prefill-only + decode-only; greedy and seeded
-// sampling. Abort frees every block; a long request is not starved by a flood of short ones.
+// sliding-window and full-attention layers, the hybrid also with its window layers in a pool of
+// their own): a request's tokens and the logits they were chosen from are bit-identical alone,
+// inside a batch of mixed requests, under any prefill chunk size, with its prefix from the cache,
+// after preemption under KV pressure, resumed after k tokens, and split into prefill-only +
+// decode-only; greedy and seeded sampling. Abort frees every block; a long request is not starved
+// by a flood of short ones; a window pool stays bounded by the window.
 
 #include "engine/engine.h"
 
@@ -23,20 +24,30 @@ struct Output {
   std::vector<std::vector<float>> logits;
   FinishReason finish = FinishReason::kNone;
   std::string sampler_state;
-  std::vector<BlockId> blocks;
+  std::vector<BlockId> blocks, window_blocks;
   int64_t first_token_step = -1;
 };
 
 class Harness {
  public:
+  // window_blocks > 0: the window layers in a pool of their own of that many blocks.
   Harness(const SyntheticVariant& variant, int64_t blocks, EngineOptions options,
-          int32_t block_tokens = 16) {
+          int32_t block_tokens = 16, int64_t window_blocks = 0) {
     backend_ = *CpuBackend::Create({2, std::nullopt});
     model_ = *Transformer::Create(SyntheticModel(variant), backend_.get());
     allocator_ = std::make_unique<BackendKvAllocator>(backend_.get());
-    pool_ = *KvBlockPool::Create(model_->KvLayoutFor(block_tokens), blocks, allocator_.get(),
-                                 backend_.get());
-    engine_ = *Engine::Create(model_.get(), pool_.get(), nullptr, options);
+    if (window_blocks == 0) {
+      pool_ = *KvBlockPool::Create(model_->KvLayoutFor(block_tokens), blocks, allocator_.get(),
+                                   backend_.get());
+    } else {
+      pool_ = *KvBlockPool::Create(model_->FullKvLayoutFor(block_tokens), blocks, allocator_.get(),
+                                   backend_.get());
+      window_pool_ = *KvBlockPool::Create(model_->WindowKvLayoutFor(block_tokens), window_blocks,
+                                          allocator_.get(), backend_.get());
+    }
+    auto engine = Engine::Create(model_.get(), pool_.get(), nullptr, options, window_pool_.get());
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
   }
   ~Harness() { engine_.reset(); }
 
@@ -54,6 +65,7 @@ class Harness {
         o.finish = e.finish;
         o.sampler_state = e.sampler_state;
         o.blocks = e.blocks;
+        o.window_blocks = e.window_blocks;
       }
     };
     return engine_->Submit(std::move(r));
@@ -63,6 +75,11 @@ class Harness {
     for (int64_t i = 0; i < limit; ++i, ++steps_) {
       auto worked = engine_->Step();
       ASSERT_TRUE(worked.ok()) << worked.status();
+      if (window_pool_ != nullptr) {
+        window_peak_ =
+            std::max(window_peak_, window_pool_->num_blocks() - window_pool_->num_free() -
+                                       engine_->window_cache()->blocks());
+      }
       if (!*worked) return;
     }
     FAIL() << "engine did not finish";
@@ -72,8 +89,9 @@ class Harness {
   std::unique_ptr<CpuBackend> backend_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<BackendKvAllocator> allocator_;
-  std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<KvBlockPool> pool_, window_pool_;
   std::unique_ptr<Engine> engine_;
+  int64_t window_peak_ = 0;  // window blocks held by sequences (not only the cache) after a step
   std::map<std::pair<std::string, int32_t>, Output> outputs_;
   int64_t steps_ = 0;
 };
@@ -120,7 +138,16 @@ const SyntheticVariant kVariants[] = {
     {"moe_8x2_shared_bf16", false, false, false, 8, WeightDType::kBF16, "bf16", 8, 2, true},
     {"hybrid_window_24_bf16_kv", false, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false,
      24},
+    {"hybrid_window_24_two_pools", false, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false,
+     24},
 };
+// The last variant keeps its window layer in a pool of its own (as many blocks as the other).
+bool TwoPools(const SyntheticVariant& v) { return v.name == "hybrid_window_24_two_pools"; }
+
+// A harness for `variant`: one pool, or two pools of `blocks` each.
+Harness Make(const SyntheticVariant& v, int64_t blocks, const EngineOptions& options) {
+  return Harness(v, blocks, options, 16, TwoPools(v) ? blocks : 0);
+}
 
 class EngineDeterminismTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
@@ -134,7 +161,7 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   whole.max_batch_tokens = 512;
 
   // Alone, the whole prompt in one step.
-  Harness alone(variant, 64, whole);
+  Harness alone = Make(variant, 64, whole);
   ASSERT_TRUE(alone.Submit(Req("r", prompt, max_tokens, sampled)).ok());
   alone.Drain();
   const Output want = alone.out("r");
@@ -147,7 +174,7 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
     EngineOptions options;
     options.prefill_chunk = chunk;
     options.max_batch_tokens = 3 * chunk;
-    Harness batch(variant, 128, options);
+    Harness batch = Make(variant, 128, options);
     for (int i = 0; i < 7; ++i) {
       EngineRequest r = Req("o" + std::to_string(i), Prompt(20 + 37 * i, 100 + i), 10 + i, i % 2);
       r.priority = i % 3 - 1;
@@ -161,7 +188,7 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   }
 
   // With its prefix from the cache: a first request leaves the prompt's full blocks there.
-  Harness cached(variant, 64, whole);
+  Harness cached = Make(variant, 64, whole);
   ASSERT_TRUE(cached.Submit(Req("warm", prompt, 2, false)).ok());
   cached.Drain();
   const int64_t before = cached.engine_->stats().cached_tokens;
@@ -169,10 +196,25 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   cached.Drain();
   EXPECT_EQ(cached.engine_->stats().cached_tokens - before, 144);  // 9 full blocks of 16
   ExpectSame(cached.out("r"), want, "prefix from the cache");
+  if (TwoPools(variant)) {
+    // Without the window layers' blocks in the window cache the full layers' prefix is of no use
+    // (the window layer would miss the 23 positions before it): computed from the start.
+    EngineOptions no_window_cache = whole;
+    no_window_cache.window_cache_bytes = 0;
+    Harness uncached = Make(variant, 64, no_window_cache);
+    ASSERT_TRUE(uncached.Submit(Req("warm", prompt, 2, false)).ok());
+    uncached.Drain();
+    EXPECT_GT(uncached.engine_->prefix_cache().blocks(), 0);
+    EXPECT_EQ(uncached.engine_->window_cache()->blocks(), 0);
+    ASSERT_TRUE(uncached.Submit(Req("r", prompt, max_tokens, sampled)).ok());
+    uncached.Drain();
+    EXPECT_EQ(uncached.engine_->stats().cached_tokens, 0);
+    ExpectSame(uncached.out("r"), want, "full layers' prefix cached, window layers' not");
+  }
 
   // Resumed after k tokens: the first k, then a request that continues from them.
   const int64_t k = 10;
-  Harness resumed(variant, 64, whole);
+  Harness resumed = Make(variant, 64, whole);
   ASSERT_TRUE(resumed.Submit(Req("first", prompt, k, sampled)).ok());
   resumed.Drain();
   const Output& head = resumed.out("first");
@@ -188,7 +230,7 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   ExpectSame(joined, want, "resumed after 10 tokens");
 
   // Prefill-only hands over the KV; decode-only continues from it in another pool.
-  Harness prefill(variant, 64, whole);
+  Harness prefill = Make(variant, 64, whole);
   EngineRequest p = Req("r", prompt, max_tokens, sampled);
   p.role = EngineRole::kPrefillOnly;
   ASSERT_TRUE(prefill.Submit(std::move(p)).ok());
@@ -197,16 +239,39 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   ASSERT_EQ(first.finish, FinishReason::kHandoff);
   ASSERT_EQ(first.tokens.size(), 1u);
   const int64_t prompt_blocks = prefill.pool_->layout().BlocksFor(150);
-  std::vector<char> bytes(prompt_blocks * prefill.pool_->layout().block_bytes());
+  // Each pool's blocks to host bytes and into the other engine's pools (the window table only
+  // where it holds blocks).
+  auto move_blocks = [](KvBlockPool& from, KvBlockPool& to, const std::vector<BlockId>& table) {
+    std::vector<BlockId> held, imported(table.size(), kNoBlock);
+    for (BlockId b : table) {
+      if (b != kNoBlock) held.push_back(b);
+    }
+    std::vector<char> bytes(held.size() * from.layout().block_bytes());
+    EXPECT_TRUE(from.ExportToHost(held, bytes.data(), bytes.size()).ok());
+    auto fresh = *to.Allocate(static_cast<int64_t>(held.size()));
+    EXPECT_TRUE(to.Import(fresh, bytes.data(), bytes.size()).ok());
+    for (size_t i = 0, j = 0; i < table.size(); ++i) {
+      if (table[i] != kNoBlock) imported[i] = fresh[j++];
+    }
+    return imported;
+  };
+  Harness decode = Make(variant, 64, whole);
   const std::vector<BlockId> handed(first.blocks.begin(), first.blocks.begin() + prompt_blocks);
-  ASSERT_TRUE(prefill.pool_->ExportToHost(handed, bytes.data(), bytes.size()).ok());
+  const std::vector<BlockId> imported = move_blocks(*prefill.pool_, *decode.pool_, handed);
+  std::vector<BlockId> imported_window;
+  if (TwoPools(variant)) {
+    ASSERT_EQ(first.window_blocks.size(), static_cast<size_t>(prompt_blocks));
+    // Only the window (positions 127.. of 150) is handed over: blocks 7..9.
+    EXPECT_EQ(first.window_blocks[6], kNoBlock);
+    imported_window = move_blocks(*prefill.window_pool_, *decode.window_pool_, first.window_blocks);
+  } else {
+    EXPECT_TRUE(first.window_blocks.empty());
+  }
   prefill.engine_->ReleaseHandoff("r");
-  Harness decode(variant, 64, whole);
-  auto imported = *decode.pool_->Allocate(prompt_blocks);
-  ASSERT_TRUE(decode.pool_->Import(imported, bytes.data(), bytes.size()).ok());
   EngineRequest d = Req("r", prompt, max_tokens, sampled);
   d.role = EngineRole::kDecodeOnly;
   d.imported_blocks = imported;
+  d.imported_window_blocks = imported_window;
   d.resume = {ResumePoint{first.tokens, first.sampler_state, ""}};
   ASSERT_TRUE(decode.Submit(std::move(d)).ok());
   decode.Drain();
@@ -219,6 +284,10 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   prefill.Drain();  // the release
   EXPECT_EQ(prefill.pool_->num_free() + prefill.engine_->prefix_cache().blocks(),
             prefill.pool_->num_blocks());
+  if (TwoPools(variant)) {
+    EXPECT_EQ(prefill.window_pool_->num_free() + prefill.engine_->window_cache()->blocks(),
+              prefill.window_pool_->num_blocks());
+  }
   // A mixture of experts counts the tokens each expert received: experts_per_token per token of
   // its one sparse layer (the prompt's 150 and the 23 decoded after the first token).
   const auto& experts = alone.engine_->stats().expert_tokens;
@@ -233,7 +302,7 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, EngineDeterminismTest,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3, 4), ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(kVariants[std::get<0>(info.param)].name) +
                                   (std::get<1>(info.param) ? "_sampled" : "_greedy");
@@ -264,6 +333,96 @@ TEST(EngineTest, PreemptionUnderKvPressureGivesTheSameOutput) {
     ExpectSame(tight.out("r" + std::to_string(i)), want[i], "preempted " + std::to_string(i));
   }
   EXPECT_EQ(tight.pool_->num_free(), tight.pool_->num_blocks());
+}
+
+TEST(EngineTest, AWindowPoolHoldsOnlyTheWindowAndChangesNoBit) {
+  const SyntheticVariant& variant = kVariants[4];  // window 24 on layer 0
+  ASSERT_TRUE(TwoPools(variant));
+  EngineOptions options;
+  options.prefill_chunk = 16;
+  options.max_batch_tokens = 64;
+  struct Case {
+    std::string id;
+    int64_t prompt;
+    int32_t n;
+  };
+  const std::vector<Case> cases = {{"a", 150, 1}, {"b", 120, 1}, {"c", 90, 1}, {"n3", 37, 3}};
+  auto submit_all = [&](Harness& h) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      EngineRequest r = Req(cases[i].id, Prompt(cases[i].prompt, 30 + i), 40, i % 2 == 1);
+      r.n = cases[i].n;
+      if (r.n > 1) r.sampling = Req("", {}, 1, true).sampling;
+      ASSERT_TRUE(h.Submit(std::move(r)).ok());
+    }
+  };
+  Harness one(variant, 64, options);  // every layer in one pool
+  submit_all(one);
+  one.Drain();
+
+  const int64_t per = Engine::WindowBlocksPerSequence(*one.model_, options, 16);
+  EXPECT_EQ(per, 4);  // ceil((24 - 2 + 16) / 16) + 1
+  // Room for the windows of all six sequences (n3 has three) with the window cache off and on
+  // (on: it fills the pool and gives blocks back under pressure), then room for one sequence's
+  // window only (the others wait or are preempted).
+  for (const auto& [window_blocks, cache_bytes] : std::vector<std::pair<int64_t, int64_t>>{
+           {6 * per, 0}, {6 * per, int64_t{1} << 30}, {per, 0}}) {
+    EngineOptions o = options;
+    o.window_cache_bytes = cache_bytes;
+    Harness two(variant, 64, o, 16, window_blocks);
+    submit_all(two);
+    two.Drain();
+    const std::string what = "window pool of " + std::to_string(window_blocks) + ", cache " +
+                             std::to_string(cache_bytes);
+    for (const Case& c : cases) {
+      for (int32_t choice = 0; choice < c.n; ++choice) {
+        ExpectSame(two.out(c.id, choice), one.out(c.id, choice), what + ": " + c.id);
+      }
+    }
+    EXPECT_LE(two.window_peak_, window_blocks) << what;
+    if (window_blocks == 6 * per) EXPECT_EQ(two.engine_->stats().preemptions, 0) << what;
+    if (cache_bytes > 0) EXPECT_GT(two.engine_->window_cache()->blocks(), 0) << what;
+    two.engine_->window_cache()->Evict(1 << 20);
+    EXPECT_EQ(two.window_pool_->num_free(), window_blocks) << what;
+  }
+}
+
+TEST(EngineTest, CreateRefusesPoolsThatDoNotFitTheModel) {
+  const SyntheticVariant& hybrid = kVariants[4];
+  Harness h(hybrid, 8, EngineOptions{}, 16, 32);
+  EngineOptions options;
+  options.prefill_chunk = 64;
+  // 64-token chunks need ceil((24 - 2 + 64) / 16) + 1 = 7 window blocks.
+  auto small = *KvBlockPool::Create(h.model_->WindowKvLayoutFor(16), 6, h.allocator_.get(),
+                                    h.backend_.get());
+  auto status = Engine::Create(h.model_.get(), h.pool_.get(), nullptr, options, small.get());
+  EXPECT_EQ(status.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.status().message().find("one sequence's window (7 blocks)"), std::string::npos)
+      << status.status();
+  // One pool of the full layers' layout without a window pool.
+  EXPECT_FALSE(Engine::Create(h.model_.get(), h.pool_.get(), nullptr, options).ok());
+  // A model without sliding-window layers has no use for a window pool.
+  Harness dense(kVariants[0], 8, EngineOptions{});
+  EXPECT_FALSE(
+      Engine::Create(dense.model_.get(), dense.pool_.get(), nullptr, options, h.window_pool_.get())
+          .ok());
+  // A decode-only import must bring the window layers' table on a window pool, and only there.
+  EngineRequest d = Req("d", Prompt(40, 1), 4, false);
+  d.role = EngineRole::kDecodeOnly;
+  d.imported_blocks = *h.pool_->Allocate(3);
+  SamplerState state;
+  state.Observe(5);
+  d.resume = {ResumePoint{{5}, state.Serialize(), ""}};
+  EXPECT_EQ(h.engine_->Submit(d).code(), absl::StatusCode::kInvalidArgument);
+  d.imported_window_blocks = {kNoBlock, kNoBlock, kNoBlock};  // the window (17..) is missing
+  EXPECT_EQ(h.engine_->Submit(d).code(), absl::StatusCode::kInvalidArgument);
+  d.imported_window_blocks = *h.window_pool_->Allocate(3);
+  d.imported_window_blocks[0] = kNoBlock;  // before the window: may be gone
+  EXPECT_TRUE(h.Submit(d).ok());
+  h.Drain();
+  EXPECT_EQ(h.out("d").tokens.size(), 3u);
+  d.imported_blocks = *dense.pool_->Allocate(3);
+  EXPECT_EQ(dense.engine_->Submit(d).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(dense.pool_->Release(d.imported_blocks).ok());
 }
 
 TEST(EngineTest, AbortAtAnyPointFreesEveryBlock) {

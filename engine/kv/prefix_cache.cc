@@ -4,10 +4,11 @@
 
 namespace ferry {
 
-PrefixCache::PrefixCache(KvBlockPool* pool, int64_t max_bytes)
+PrefixCache::PrefixCache(KvBlockPool* pool, int64_t max_bytes, bool record_events)
     : pool_(pool),
       max_bytes_(max_bytes),
-      block_bytes_(static_cast<int64_t>(pool->layout().block_bytes())) {}
+      block_bytes_(static_cast<int64_t>(pool->layout().block_bytes())),
+      record_events_(record_events) {}
 
 PrefixCache::~PrefixCache() {
   std::vector<BlockId> held;
@@ -19,6 +20,31 @@ void PrefixCache::Touch(Entry& e, const Hash128& hash) {
   lru_.erase(e.lru);
   lru_.push_front(hash);
   e.lru = lru_.begin();
+}
+
+void PrefixCache::Record(KvCacheEvent::Kind kind, const Hash128& hash) {
+  if (!record_events_) return;
+  if (events_.size() >= kMaxEvents) {
+    events_.pop_front();
+    ++dropped_events_;
+  }
+  events_.push_back({kind, hash});
+}
+
+std::vector<BlockId> PrefixCache::LookupAll(absl::Span<const Hash128> hashes) {
+  ++lookups_;
+  for (const Hash128& h : hashes) {
+    if (!entries_.contains(h)) return {};
+  }
+  std::vector<BlockId> found;
+  for (const Hash128& h : hashes) {
+    Entry& e = entries_.find(h)->second;
+    found.push_back(e.block);
+    Touch(e, h);
+  }
+  CHECK(pool_->AddRef(found).ok());
+  hit_blocks_ += static_cast<int64_t>(found.size());
+  return found;
 }
 
 std::vector<BlockId> PrefixCache::Lookup(absl::Span<const Hash128> hashes) {
@@ -46,7 +72,7 @@ void PrefixCache::Insert(absl::Span<const Hash128> hashes, absl::Span<const Bloc
     CHECK(pool_->AddRef(absl::MakeConstSpan(&blocks[i], 1)).ok());
     lru_.push_front(hashes[i]);
     entries_.emplace(hashes[i], Entry{blocks[i], lru_.begin()});
-    events_.push_back({KvCacheEvent::Kind::kStored, hashes[i]});
+    Record(KvCacheEvent::Kind::kStored, hashes[i]);
   }
   TrimToCap();
 }
@@ -64,7 +90,7 @@ int64_t PrefixCache::Evict(int64_t n) {
     const BlockId block = entry->second.block;
     if (pool_->ref_count(block) > 1) continue;  // a request still uses it
     CHECK(pool_->Release(absl::MakeConstSpan(&block, 1)).ok());
-    events_.push_back({KvCacheEvent::Kind::kEvicted, *it});
+    Record(KvCacheEvent::Kind::kEvicted, *it);
     entries_.erase(entry);
     it = lru_.erase(it);
     ++evicted;
@@ -73,8 +99,8 @@ int64_t PrefixCache::Evict(int64_t n) {
 }
 
 std::vector<KvCacheEvent> PrefixCache::TakeEvents() {
-  std::vector<KvCacheEvent> out;
-  out.swap(events_);
+  std::vector<KvCacheEvent> out(events_.begin(), events_.end());
+  events_.clear();
   return out;
 }
 

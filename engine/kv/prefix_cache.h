@@ -8,7 +8,8 @@
 // cached prefix of a chain and hand the caller its own reference to each block.
 //
 // Events (stored / evicted block hashes) accumulate until taken, for the router's view of which
-// worker holds which prefix.
+// worker holds which prefix; at most kMaxEvents are kept (the oldest are dropped and counted, and a
+// consumer that sees drops resynchronises). A cache nobody reports on records none.
 //
 // Thread-compatible: the engine thread owns it.
 
@@ -16,6 +17,7 @@
 #define FERRY_ENGINE_KV_PREFIX_CACHE_H_
 
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <vector>
 
@@ -34,8 +36,10 @@ struct KvCacheEvent {
 
 class PrefixCache {
  public:
+  static constexpr size_t kMaxEvents = size_t{1} << 16;
+
   // `pool` must outlive the cache. max_bytes bounds the bytes of the blocks the cache holds.
-  PrefixCache(KvBlockPool* pool, int64_t max_bytes);
+  PrefixCache(KvBlockPool* pool, int64_t max_bytes, bool record_events = true);
   ~PrefixCache();  // drops every reference it holds
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
@@ -43,6 +47,11 @@ class PrefixCache {
   // The blocks of the longest cached prefix of `hashes` (block i of the chain at index i), each
   // with one new reference for the caller. Marks them recently used.
   std::vector<BlockId> Lookup(absl::Span<const Hash128> hashes);
+  // Whether `hash` is cached (no reference, no change to the recency order).
+  bool Contains(const Hash128& hash) const { return entries_.contains(hash); }
+  // The blocks of all of `hashes`, each with one new reference for the caller, or none at all
+  // when one is missing. Marks them recently used.
+  std::vector<BlockId> LookupAll(absl::Span<const Hash128> hashes);
 
   // Offers block i of a chain: stores hashes[i] -> blocks[i] for those not cached yet (taking a
   // reference) and marks all recently used. Then evicts down to the byte cap.
@@ -62,6 +71,8 @@ class PrefixCache {
   int64_t hit_blocks() const { return hit_blocks_; }
 
   std::vector<KvCacheEvent> TakeEvents();
+  // Events dropped because nobody took them in time (kMaxEvents), since creation.
+  int64_t dropped_events() const { return dropped_events_; }
 
  private:
   struct Entry {
@@ -72,13 +83,16 @@ class PrefixCache {
     size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 31)); }
   };
   void Touch(Entry& e, const Hash128& hash);
+  void Record(KvCacheEvent::Kind kind, const Hash128& hash);
 
   KvBlockPool* const pool_;
   const int64_t max_bytes_;
   const int64_t block_bytes_;
+  const bool record_events_;
   absl::flat_hash_map<Hash128, Entry, HashOf> entries_;
   std::list<Hash128> lru_;
-  std::vector<KvCacheEvent> events_;
+  std::deque<KvCacheEvent> events_;
+  int64_t dropped_events_ = 0;
   int64_t lookups_ = 0;
   int64_t hit_blocks_ = 0;
 };

@@ -97,5 +97,51 @@ TEST_F(PrefixCacheTest, DestructionReleasesEverythingAndCopyBlockCopies) {
   EXPECT_FALSE(pool_->CopyBlock(b[0], 7).ok());  // not allocated
 }
 
+TEST_F(PrefixCacheTest, LookupAllIsAllOrNothingAndContainsTouchesNothing) {
+  PrefixCache cache(pool_.get(), 1 << 20);
+  auto blocks = *pool_->Allocate(3);
+  cache.Insert({H(4), H(5), H(6)}, blocks);
+  ASSERT_TRUE(pool_->Release(blocks).ok());
+  EXPECT_TRUE(cache.Contains(H(5)));
+  EXPECT_FALSE(cache.Contains(H(7)));
+  // Blocks 5 and 6 (not a prefix of the chain): found, with references.
+  auto found = cache.LookupAll({H(5), H(6)});
+  ASSERT_EQ(found, std::vector<BlockId>({blocks[1], blocks[2]}));
+  for (BlockId b : found) EXPECT_EQ(pool_->ref_count(b), 2);
+  // One missing: nothing found, no reference taken.
+  EXPECT_TRUE(cache.LookupAll({H(4), H(7)}).empty());
+  EXPECT_EQ(pool_->ref_count(blocks[0]), 1);
+  ASSERT_TRUE(pool_->Release(found).ok());
+}
+
+TEST_F(PrefixCacheTest, EventsAreBoundedAndACacheWithoutReportsRecordsNone) {
+  // Offers one fresh block under `hash` and lets the request that computed it end.
+  auto offer = [&](PrefixCache& cache, const Hash128& hash) {
+    auto blocks = *pool_->Allocate(1);
+    cache.Insert({hash}, blocks);
+    ASSERT_TRUE(pool_->Release(blocks).ok());
+  };
+  PrefixCache quiet(pool_.get(), 1 << 20, /*record_events=*/false);
+  offer(quiet, H(1));
+  EXPECT_EQ(quiet.Evict(1), 1);
+  EXPECT_TRUE(quiet.TakeEvents().empty());
+
+  // Stored and evicted again and again with nobody taking the events: at most kMaxEvents kept,
+  // the oldest dropped and counted.
+  PrefixCache cache(pool_.get(), 1 << 20);
+  const int64_t rounds = PrefixCache::kMaxEvents / 2 + 10;
+  for (int64_t i = 0; i < rounds; ++i) {
+    offer(cache, H(static_cast<uint64_t>(i) + 100));
+    ASSERT_EQ(cache.Evict(1), 1);
+  }
+  EXPECT_EQ(cache.dropped_events(), 2 * rounds - static_cast<int64_t>(PrefixCache::kMaxEvents));
+  const auto events = cache.TakeEvents();
+  ASSERT_EQ(events.size(), PrefixCache::kMaxEvents);
+  EXPECT_EQ(events.back().kind, KvCacheEvent::Kind::kEvicted);
+  EXPECT_EQ(events.back().hash, H(static_cast<uint64_t>(rounds - 1) + 100));
+  EXPECT_TRUE(cache.TakeEvents().empty());
+  EXPECT_EQ(pool_->num_free(), pool_->num_blocks());
+}
+
 }  // namespace
 }  // namespace ferry
