@@ -309,30 +309,38 @@ INSTANTIATE_TEST_SUITE_P(Variants, EngineDeterminismTest,
                          });
 
 TEST(EngineTest, PreemptionUnderKvPressureGivesTheSameOutput) {
-  const SyntheticVariant variant{"llama_gqa_f32"};
-  EngineOptions options;
-  options.prefill_chunk = 64;
-  options.max_batch_tokens = 256;
-  options.prefix_cache_bytes = 0;  // nothing kept: recompute from scratch
-  // Alone, with room to spare.
-  std::vector<Output> want;
-  for (int i = 0; i < 4; ++i) {
-    Harness alone(variant, 64, options);
-    ASSERT_TRUE(alone.Submit(Req("r" + std::to_string(i), Prompt(40 + i, 50 + i), 40, i % 2)).ok());
-    alone.Drain();
-    want.push_back(alone.out("r" + std::to_string(i)));
+  for (const SyntheticVariant& variant : kVariants) {
+    EngineOptions options;
+    options.prefill_chunk = 64;
+    options.max_batch_tokens = 256;
+    options.prefix_cache_bytes = 0;  // nothing kept: recompute from scratch
+    options.window_cache_bytes = 0;
+    // Alone, with room to spare.
+    std::vector<Output> want;
+    for (int i = 0; i < 4; ++i) {
+      Harness alone = Make(variant, 64, options);
+      ASSERT_TRUE(
+          alone.Submit(Req("r" + std::to_string(i), Prompt(40 + i, 50 + i), 40, i % 2)).ok());
+      alone.Drain();
+      want.push_back(alone.out("r" + std::to_string(i)));
+    }
+    // Four requests that need 6 blocks each at the end, in a pool of 12.
+    Harness tight = Make(variant, 12, options);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(
+          tight.Submit(Req("r" + std::to_string(i), Prompt(40 + i, 50 + i), 40, i % 2)).ok());
+    }
+    tight.Drain();
+    EXPECT_GT(tight.engine_->stats().preemptions, 0) << variant.name;
+    for (int i = 0; i < 4; ++i) {
+      ExpectSame(tight.out("r" + std::to_string(i)), want[i],
+                 variant.name + ": preempted " + std::to_string(i));
+    }
+    EXPECT_EQ(tight.pool_->num_free(), tight.pool_->num_blocks()) << variant.name;
+    if (tight.window_pool_ != nullptr) {
+      EXPECT_EQ(tight.window_pool_->num_free(), tight.window_pool_->num_blocks());
+    }
   }
-  // Four requests that need 6 blocks each at the end, in a pool of 12.
-  Harness tight(variant, 12, options);
-  for (int i = 0; i < 4; ++i) {
-    ASSERT_TRUE(tight.Submit(Req("r" + std::to_string(i), Prompt(40 + i, 50 + i), 40, i % 2)).ok());
-  }
-  tight.Drain();
-  EXPECT_GT(tight.engine_->stats().preemptions, 0);
-  for (int i = 0; i < 4; ++i) {
-    ExpectSame(tight.out("r" + std::to_string(i)), want[i], "preempted " + std::to_string(i));
-  }
-  EXPECT_EQ(tight.pool_->num_free(), tight.pool_->num_blocks());
 }
 
 TEST(EngineTest, AWindowPoolHoldsOnlyTheWindowAndChangesNoBit) {

@@ -241,6 +241,18 @@ int Generation(const std::string& model, const std::string& cases_file, const st
   Loaded l = Load(model, WeightDType::kF32, "f32");
   const auto cases = ReadCases(cases_file);
   const auto ref = nlohmann::json::parse(ReadFile(ref_file))["results"];
+  // A hybrid model also generates with its sliding-window layers in a pool of their own, in
+  // 4-token blocks and prefill chunks so that the window slides often: the same tokens.
+  std::unique_ptr<KvBlockPool> full_pool, window_pool;
+  if (l.model->FullKvLayoutFor(4).num_layers > 0) {
+    const KvBlockLayout full = l.model->FullKvLayoutFor(4);
+    full_pool = OrDie(KvBlockPool::Create(full, full.BlocksFor(l.model->max_positions()),
+                                          l.allocator.get(), l.backend.get()),
+                      "KV pool");
+    window_pool = OrDie(
+        KvBlockPool::Create(l.model->WindowKvLayoutFor(4), 64, l.allocator.get(), l.backend.get()),
+        "window pool");
+  }
   int failures = 0;
   int64_t compared = 0, cut = 0;
   double decode_seconds = 0;
@@ -249,6 +261,16 @@ int Generation(const std::string& model, const std::string& cases_file, const st
     options.max_new_tokens = max_new;
     const GenerateResult got = OrDie(Generate(*l.model, *l.pool, cases[i], options), "generate");
     decode_seconds += got.decode_seconds;
+    if (window_pool != nullptr) {
+      GenerateOptions chunked = options;
+      chunked.prefill_chunk = 4;
+      const GenerateResult split =
+          OrDie(Generate(*l.model, *full_pool, cases[i], chunked, window_pool.get()), "generate");
+      const bool same = split.tokens == got.tokens;
+      std::printf("prompt %2zu with a window pool: %s tokens, at most %ld window blocks held\n", i,
+                  same ? "the same" : "DIFFERENT", static_cast<long>(split.window_blocks_peak));
+      if (!same) ++failures;
+    }
     const auto want = ref[i]["tokens"].get<std::vector<TokenId>>();
     const auto margins = ref[i]["margins"].get<std::vector<double>>();
     int64_t limit = max_new;

@@ -64,6 +64,17 @@ case "${mode}" in
       logits_checks "${model}" "$(basename "${model}")" "--tolerance 1e-4 --outliers 0.3:1e-2" \
         "${kv_flags}"
     done
+    # Sliding windows decode correctly past the window (8 positions; prompts of up to ~90
+    # tokens): greedy generation equals the reference's, the hybrid also with its window layers
+    # in a pool of their own.
+    for name in mistral_swa qwen3_hybrid; do
+      echo "== ${name}: greedy generation, 16 tokens"
+      "${FERRY_REF_PYTHON}" "${reference}" generate "${t}/models/${name}" "${t}/${name}.json" \
+        --max-new-tokens 16 >"${t}/${name}_generated.json" 2>"${t}/ref.log" ||
+        { cat "${t}/ref.log" >&2; exit 1; }
+      "${check}" generate "${t}/models/${name}" "${t}/${name}.json" "${t}/${name}_generated.json" \
+        --max-new-tokens 16 --margin 1e-4 | tail -3
+    done
     ;;
   smollm2-logits)
     source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_MODEL_GGUF
