@@ -1,0 +1,155 @@
+// The KV store's storage engine (ARCHITECTURE.md §5): content-addressed KV blocks on local
+// SSD, for any prefill worker to reuse any earlier prefix.
+//
+//   auto store = kv::KvStore::Open("/var/lib/ferry/kv", kv::StoreOptions{});
+//   (*store)->Put({{hash, meta, bytes}});                         // durable when it returns
+//   auto hits = (*store)->Exists(chain_hashes, fingerprint);      // longest present prefix
+//   auto got = (*store)->Get({hash}, fingerprint);                // a miss, never corrupt bytes
+//
+// Layout: append-only segment files (format.h) written by one writer thread in groups: the
+// puts and deletes queued while the previous group was being written become one sequential
+// write and one fdatasync, after which all of them are acknowledged (group commit). Records are
+// 4 KiB-aligned and read with O_DIRECT by (segment, offset, length) from an in-memory index
+// (key -> location and metadata, ~100 bytes per object). A full segment is sealed with an index
+// footer, so opening reads the footers and scans only the segment that was open (verifying every
+// record there, and cutting a torn tail).
+//
+// Reads verify the record header and the value checksum; a corrupt or torn object is a miss
+// (counted, dropped from the index), as is an object of another model fingerprint, an expired
+// one, or a deleted one. The newest record of a key (by sequence number) wins across segments;
+// deletes write tombstones.
+//
+// Retention and capacity: an object expires `ttl` of its traffic class after its last use
+// (creation or read). When the segment files exceed capacity_bytes, the oldest segment is
+// compacted: objects read since that segment was written are rewritten at the head (at most
+// half a segment's worth, most recently read first; one more round each, as in a second-chance
+// FIFO), the rest evicted, and the file removed, until the store is under the low watermark.
+// Segments mostly dead (deleted, expired, superseded) are compacted the same way in the
+// background, so the files stay within capacity and at most ~2x the live bytes; the index holds
+// only live objects and tombstones are dropped once no older segment remains.
+//
+// Thread-safe: any number of readers and writers.
+
+#ifndef FERRY_KVSTORE_KV_STORE_H_
+#define FERRY_KVSTORE_KV_STORE_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/common/clock.h"
+#include "engine/common/hash128.h"
+#include "kvstore/file_system.h"
+#include "kvstore/format.h"
+
+namespace ferry {
+namespace kv {
+
+struct StoreOptions {
+  // Retention after last use, per traffic class (indexed by TrafficClass).
+  std::array<absl::Duration, kNumTrafficClasses> ttl = {absl::Hours(24 * 7),   // chat
+                                                        absl::Hours(24 * 3)};  // agent
+  int64_t capacity_bytes = int64_t{64} << 30;  // segment files in all
+  int64_t segment_bytes = int64_t{256} << 20;  // a segment is sealed when it reaches this
+  int64_t max_object_bytes = int64_t{64} << 20;
+  int64_t max_group_bytes = int64_t{64} << 20;  // written per fdatasync at most
+  bool direct_io = true;                        // falls back where the filesystem refuses it
+  Clock* clock = nullptr;                       // null: the real clock
+  FileSystem* fs = nullptr;                     // null: POSIX
+};
+
+struct PutItem {
+  Hash128 key;  // the block hash (the tenant's salt and the model are already in it)
+  ObjectMeta meta;
+  absl::string_view value;
+};
+
+struct GetResult {
+  bool found = false;
+  ObjectMeta meta;
+  std::string value;
+  absl::Time created;
+};
+
+struct ExistsResult {
+  int64_t prefix = 0;         // leading keys all present
+  std::vector<bool> present;  // per key
+};
+
+struct ClassStats {
+  int64_t objects = 0, bytes = 0;
+  // Objects by age since creation: < 1 h, < 1 day, < 3 days, < 7 days, older.
+  std::array<int64_t, 5> by_age = {};
+};
+
+struct StoreStats {
+  int64_t objects = 0;
+  int64_t value_bytes = 0;
+  int64_t file_bytes = 0;  // segment files on disk
+  int64_t segments = 0;
+  std::array<ClassStats, kNumTrafficClasses> classes;
+  // Since open.
+  int64_t puts = 0, put_bytes = 0, deletes = 0;
+  int64_t gets = 0, hits = 0, misses = 0, read_bytes = 0;
+  int64_t corrupt_reads = 0;           // checksum or header mismatches (served as misses)
+  int64_t fingerprint_mismatches = 0;  // objects of another model asked for (misses)
+  int64_t expired = 0;                 // objects dropped by their TTL
+  int64_t evicted = 0, evicted_bytes = 0;
+  int64_t rewritten = 0, rewritten_bytes = 0;  // kept by compaction
+  int64_t compactions = 0;
+  int64_t group_commits = 0;
+  // Opening: how long, how many objects, segments read by footer vs scanned.
+  double open_seconds = 0;
+  int64_t open_objects = 0, segments_from_footer = 0, segments_scanned = 0;
+  int64_t torn_bytes_dropped = 0;  // a torn tail cut from the open segment
+  bool direct_io = false;
+};
+
+struct VerifyReport {
+  int64_t objects_checked = 0, bytes_checked = 0;
+  int64_t corrupt = 0;                // dropped from the index
+  std::vector<std::string> problems;  // one line each (at most 100)
+};
+
+class KvStore {
+ public:
+  // Opens (creating the directory if needed) and recovers; takes an exclusive lock on the
+  // directory.
+  static absl::StatusOr<std::unique_ptr<KvStore>> Open(const std::string& dir,
+                                                       const StoreOptions& options);
+  ~KvStore();  // waits for queued writes; nothing acknowledged is lost
+
+  // Stores every item, durably when it returns OK (a key already present is kept as it is). An
+  // item over max_object_bytes fails the whole batch before anything is written.
+  absl::Status Put(absl::Span<const PutItem> items);
+  // Misses for absent, expired, deleted, corrupt objects and objects of another fingerprint.
+  std::vector<GetResult> Get(absl::Span<const Hash128> keys, const Hash128& fingerprint);
+  // Presence by the index (no disk read): the longest present prefix and per-key presence.
+  ExistsResult Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint);
+  // Durable when it returns OK.
+  absl::Status Delete(absl::Span<const Hash128> keys);
+
+  StoreStats Stats() const;
+  // Reads and checks every object; corrupt ones become misses. Also drops expired objects.
+  VerifyReport Verify();
+  // Compacts now: expired objects dropped, every segment with dead space rewritten, then the
+  // capacity enforced.
+  absl::Status Compact();
+
+  struct Impl;
+
+ private:
+  explicit KvStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kv
+}  // namespace ferry
+
+#endif  // FERRY_KVSTORE_KV_STORE_H_
