@@ -549,9 +549,11 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
     } else if (op->kind == OpKind::kDelete) {
       for (const Hash128& key : op->keys) {
         {
+          // Present, or put earlier in this group (the tombstone then follows it).
           std::lock_guard<std::mutex> lock(mu);
-          if (!index.contains(key)) continue;
+          if (!index.contains(key) && !in_group.contains(key)) continue;
         }
+        in_group.erase(key);
         RecordHeader h;
         h.key = key;
         h.seq = next_seq++;
