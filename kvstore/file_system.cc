@@ -167,7 +167,14 @@ class Posix : public FileSystem {
   }
 
   absl::Status CreateDir(const std::string& dir) override {
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return Errno("mkdir", dir, errno);
+    // Each missing component, as mkdir -p.
+    for (size_t slash = dir.find('/', 1);; slash = dir.find('/', slash + 1)) {
+      const std::string part = dir.substr(0, slash);
+      if (!part.empty() && ::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {
+        return Errno("mkdir", part, errno);
+      }
+      if (slash == std::string::npos) break;
+    }
     return absl::OkStatus();
   }
 

@@ -53,7 +53,8 @@ class FileSystem {
   // Names (not paths) of the entries of `dir`, without "." and "..".
   virtual absl::StatusOr<std::vector<std::string>> List(const std::string& dir) = 0;
   virtual absl::Status Remove(const std::string& path) = 0;
-  virtual absl::Status CreateDir(const std::string& dir) = 0;  // ok when it exists
+  // Creates `dir` and any missing parent (ok when it exists).
+  virtual absl::Status CreateDir(const std::string& dir) = 0;
   // Makes the creation and removal of entries of `dir` durable.
   virtual absl::Status SyncDir(const std::string& dir) = 0;
   // An exclusive advisory lock on `path` (created if missing), held until the returned object is

@@ -71,6 +71,8 @@ const char* TrafficClassName(TrafficClass c) {
       return "chat";
     case TrafficClass::kAgent:
       return "agent";
+    case TrafficClass::kBatch:
+      return "batch";
   }
   return "unknown";
 }
@@ -78,8 +80,9 @@ const char* TrafficClassName(TrafficClass c) {
 absl::StatusOr<TrafficClass> ParseTrafficClass(absl::string_view name) {
   if (name == "chat") return TrafficClass::kChat;
   if (name == "agent") return TrafficClass::kAgent;
+  if (name == "batch") return TrafficClass::kBatch;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown traffic class '", name, "' (chat or agent)"));
+      absl::StrCat("unknown traffic class '", name, "' (chat, agent or batch)"));
 }
 
 uint64_t Checksum(absl::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }

@@ -46,8 +46,8 @@ namespace ferry {
 namespace kv {
 
 // Traffic classes, each with its own retention. Stored as one byte; new classes append.
-enum class TrafficClass : uint8_t { kChat = 0, kAgent = 1 };
-inline constexpr int kNumTrafficClasses = 2;
+enum class TrafficClass : uint8_t { kChat = 0, kAgent = 1, kBatch = 2 };
+inline constexpr int kNumTrafficClasses = 3;
 const char* TrafficClassName(TrafficClass c);
 absl::StatusOr<TrafficClass> ParseTrafficClass(absl::string_view name);
 

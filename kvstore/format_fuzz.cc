@@ -354,7 +354,7 @@ void FuzzStore(absl::string_view in, const std::string& repaired) {
     CHECK(got[0].found && got[0].value == value);
     // A Delete of an object that is there (of one that is not, it writes nothing).
     if (!keys.empty() && store.Get({keys[0].first}, keys[0].second)[0].found) {
-      CHECK_OK(store.Delete({keys[0].first}));
+      CHECK_OK(store.Delete({keys[0].first}).status());
       deleted = true;
       CHECK(!store.Get({keys[0].first}, keys[0].second)[0].found);
     }

@@ -129,9 +129,10 @@ TEST(FormatTest, TrafficClassNamesRoundTrip) {
   }
   EXPECT_STREQ(TrafficClassName(TrafficClass::kChat), "chat");
   EXPECT_STREQ(TrafficClassName(TrafficClass::kAgent), "agent");
+  EXPECT_STREQ(TrafficClassName(TrafficClass::kBatch), "batch");
   EXPECT_FALSE(ParseTrafficClass("Chat").ok());
   EXPECT_FALSE(ParseTrafficClass("").ok());
-  EXPECT_FALSE(ParseTrafficClass("batch").ok());
+  EXPECT_FALSE(ParseTrafficClass("interactive").ok());
 }
 
 TEST(FormatTest, SegmentHeaderRoundTrips) {
@@ -380,7 +381,7 @@ TEST(FormatTest, RecordHeaderFieldsAreChecked) {
   EXPECT_FALSE(DecodeRecordHeader(patched(6, 2, 2)).ok());           // unknown flag
   EXPECT_FALSE(DecodeRecordHeader(patched(6, 1, 2)).ok());           // tombstone with a value
   EXPECT_FALSE(DecodeRecordHeader(patched(8, 4096, 4)).ok());        // header bytes
-  EXPECT_FALSE(DecodeRecordHeader(patched(80, 2, 1)).ok());          // traffic class
+  EXPECT_FALSE(DecodeRecordHeader(patched(80, 3, 1)).ok());          // traffic class
   EXPECT_FALSE(DecodeRecordHeader(patched(80, 255, 1)).ok());
   EXPECT_FALSE(DecodeRecordHeader(patched(56, kMaxValueBytes + 1, 8)).ok());  // value bytes
   EXPECT_FALSE(DecodeRecordHeader(patched(56, UINT64_MAX, 8)).ok());
@@ -506,7 +507,7 @@ TEST(FormatTest, EntriesThatDoNotFitTheSegmentAreRefused) {
                 e.header.value_bytes = 0;
               }).ok());
   EXPECT_FALSE(with([](FooterEntry& e) {
-                 e.header.meta.traffic_class = static_cast<TrafficClass>(2);
+                 e.header.meta.traffic_class = static_cast<TrafficClass>(kNumTrafficClasses);
                }).ok());
   std::string footer = EncodeFooter(1, footer_offset, good);
   Put(&footer, kFooterEntryBytes + 85, 2, 1);  // entry 1's flags

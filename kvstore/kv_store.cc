@@ -94,6 +94,7 @@ struct KvStore::Impl {
     std::vector<RecordHeader> headers;
     std::vector<AlignedBuffer> records;
     absl::Span<const Hash128> keys;  // kDelete
+    int64_t deleted = 0;             // kDelete: keys that were present
     uint64_t bytes = 0;
     absl::Status status;
     bool done = false;
@@ -117,6 +118,7 @@ struct KvStore::Impl {
   absl::flat_hash_map<Hash128, Entry> index;
   std::map<uint32_t, std::shared_ptr<Segment>> segments;  // by id: oldest first
   StoreStats stats;
+  std::array<ClassStats, kNumTrafficClasses> live;  // objects and value bytes in the index
   std::vector<std::string> open_problems;
 
   // Writer thread state (only the writer touches these after Open).
@@ -162,6 +164,7 @@ struct KvStore::Impl {
   absl::Status Flush(Staged* staged);
   void Apply(const std::vector<Pending>& pending);
   void RemoveEntry(absl::flat_hash_map<Hash128, Entry>::iterator it);
+  void AddEntry(const Entry& e);  // to the index (under mu)
   // Compaction (writer thread).
   absl::Status CompactSegment(uint32_t id, bool capacity);
   absl::Status Maintain(bool full);
@@ -364,8 +367,7 @@ absl::Status KvStore::Impl::Recover() {
     entry.header = e.header;
     entry.written_us = seg->created_us;
     entry.last_read_us = e.last_read_us;
-    seg->live_bytes += static_cast<int64_t>(e.header.record_bytes());
-    index.emplace(e.header.key, entry);
+    AddEntry(entry);
   }
   // Append to the segment that was open, or start one.
   if (!segments.empty() && !segments.rbegin()->second->sealed) {
@@ -485,11 +487,23 @@ absl::Status KvStore::Impl::AppendTombstone(const RecordHeader& h, std::vector<P
 }
 
 void KvStore::Impl::RemoveEntry(absl::flat_hash_map<Hash128, Entry>::iterator it) {
-  auto seg = segments.find(it->second.segment);
+  const Entry& e = it->second;
+  auto seg = segments.find(e.segment);
   if (seg != segments.end()) {
-    seg->second->live_bytes -= static_cast<int64_t>(it->second.header.record_bytes());
+    seg->second->live_bytes -= static_cast<int64_t>(e.header.record_bytes());
   }
+  ClassStats& c = live[static_cast<int>(e.header.meta.traffic_class)];
+  --c.objects;
+  c.bytes -= static_cast<int64_t>(e.header.value_bytes);
   index.erase(it);
+}
+
+void KvStore::Impl::AddEntry(const Entry& e) {
+  segments.at(e.segment)->live_bytes += static_cast<int64_t>(e.header.record_bytes());
+  ClassStats& c = live[static_cast<int>(e.header.meta.traffic_class)];
+  ++c.objects;
+  c.bytes += static_cast<int64_t>(e.header.value_bytes);
+  index.emplace(e.header.key, e);
 }
 
 // Makes durable records visible (under mu).
@@ -516,8 +530,7 @@ void KvStore::Impl::Apply(const std::vector<Pending>& pending) {
     e.header = p.header;
     e.written_us = now;
     e.last_read_us = last_read;
-    seg.live_bytes += static_cast<int64_t>(p.header.record_bytes());
-    index.emplace(p.header.key, e);
+    AddEntry(e);
   }
 }
 
@@ -554,6 +567,7 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
           if (!index.contains(key) && !in_group.contains(key)) continue;
         }
         in_group.erase(key);
+        ++op->deleted;
         RecordHeader h;
         h.key = key;
         h.seq = next_seq++;
@@ -850,12 +864,30 @@ absl::Status KvStore::Put(absl::Span<const PutItem> items) {
   return impl_->Submit(&op);
 }
 
-absl::Status KvStore::Delete(absl::Span<const Hash128> keys) {
-  if (keys.empty()) return absl::OkStatus();
+absl::StatusOr<int64_t> KvStore::Delete(absl::Span<const Hash128> keys) {
+  if (keys.empty()) return 0;
   Impl::Op op{Impl::OpKind::kDelete};
   op.keys = keys;
   op.bytes = keys.size() * kDirectIoAlignment;
-  return impl_->Submit(&op);
+  RETURN_IF_ERROR(impl_->Submit(&op));
+  return op.deleted;
+}
+
+int64_t KvStore::max_object_bytes() const { return impl_->options.max_object_bytes; }
+
+absl::Duration KvStore::ttl(TrafficClass c) const {
+  return impl_->options.ttl[static_cast<int>(c)];
+}
+
+StoreStats KvStore::Counters() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  StoreStats s = impl_->stats;
+  s.objects = static_cast<int64_t>(impl_->index.size());
+  s.segments = static_cast<int64_t>(impl_->segments.size());
+  s.file_bytes = impl_->TotalFileBytes();
+  s.classes = impl_->live;
+  for (const ClassStats& c : s.classes) s.value_bytes += c.bytes;
+  return s;
 }
 
 absl::Status KvStore::Compact() {

@@ -53,8 +53,9 @@ namespace kv {
 
 struct StoreOptions {
   // Retention after last use, per traffic class (indexed by TrafficClass).
-  std::array<absl::Duration, kNumTrafficClasses> ttl = {absl::Hours(24 * 7),   // chat
-                                                        absl::Hours(24 * 3)};  // agent
+  std::array<absl::Duration, kNumTrafficClasses> ttl = {absl::Hours(24 * 7),  // chat
+                                                        absl::Hours(24 * 3),  // agent
+                                                        absl::Hours(24)};     // batch
   int64_t capacity_bytes = int64_t{64} << 30;  // segment files in all
   int64_t segment_bytes = int64_t{256} << 20;  // a segment is sealed when it reaches this
   int64_t max_object_bytes = int64_t{64} << 20;
@@ -132,10 +133,17 @@ class KvStore {
   std::vector<GetResult> Get(absl::Span<const Hash128> keys, const Hash128& fingerprint);
   // Presence by the index (no disk read): the longest present prefix and per-key presence.
   ExistsResult Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint);
-  // Durable when it returns OK.
-  absl::Status Delete(absl::Span<const Hash128> keys);
+  // Durable when it returns OK; the number of keys that were present.
+  absl::StatusOr<int64_t> Delete(absl::Span<const Hash128> keys);
 
+  // Everything, walking the index for the per-class age buckets (and leaving out objects past
+  // their TTL that no sweep removed yet).
   StoreStats Stats() const;
+  // The same without the walk, in constant time for metrics: by_age stays empty and objects past
+  // their TTL still count until swept.
+  StoreStats Counters() const;
+  int64_t max_object_bytes() const;
+  absl::Duration ttl(TrafficClass c) const;
   // Reads and checks every object; corrupt ones become misses. Also drops expired objects.
   VerifyReport Verify();
   // Compacts now: expired objects dropped, every segment with dead space rewritten, then the

@@ -103,7 +103,7 @@ TEST_F(KvStoreTest, PutGetExistsDelete) {
   EXPECT_EQ(e.prefix, 3);
   EXPECT_EQ(e.present, std::vector<bool>({true, true, true, false, true}));
 
-  ASSERT_TRUE(store->Delete({Key(1), Key(98)}).ok());
+  EXPECT_EQ(*store->Delete({Key(1), Key(98)}), 1);
   EXPECT_FALSE(Has(*store, 1, 10000));
   EXPECT_EQ(store->Exists({Key(0), Key(1), Key(2)}, kModel).prefix, 1);
   // Empty values, and the same key twice in one batch.
@@ -119,6 +119,14 @@ TEST_F(KvStoreTest, PutGetExistsDelete) {
   StoreStats s = store->Stats();
   EXPECT_EQ(s.objects, 11 - 1 + 1);
   EXPECT_EQ(s.classes[0].objects, s.objects);
+  // The constant-time counters agree while nothing is past its TTL.
+  const StoreStats c = store->Counters();
+  EXPECT_EQ(c.objects, s.objects);
+  EXPECT_EQ(c.value_bytes, s.value_bytes);
+  for (int k = 0; k < kNumTrafficClasses; ++k) {
+    EXPECT_EQ(c.classes[k].objects, s.classes[k].objects);
+    EXPECT_EQ(c.classes[k].bytes, s.classes[k].bytes);
+  }
 }
 
 TEST_F(KvStoreTest, OptionsAreCheckedAndADirectoryHasOneOwner) {
@@ -134,6 +142,9 @@ TEST_F(KvStoreTest, OptionsAreCheckedAndADirectoryHasOneOwner) {
   bad = options_;
   bad.ttl[1] = absl::ZeroDuration();
   EXPECT_FALSE(KvStore::Open(dir_.string(), bad).ok());
+  // Missing parents are created.
+  EXPECT_TRUE(KvStore::Open((dir_ / "a" / "b" / "c").string(), options_).ok());
+  fs::remove_all(dir_);
   auto store = OpenStore();
   auto second = KvStore::Open(dir_.string(), options_);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition) << second.status();

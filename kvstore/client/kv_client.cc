@@ -1,0 +1,581 @@
+#include "kvstore/client/kv_client.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <functional>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/common/le_encoding.h"
+#include "engine/common/log.h"
+#include "ferry/v1/kvstore.grpc.pb.h"
+#include "ferry/v1/kvstore.pb.h"
+#include "services/common/grpc_client.h"
+
+namespace ferry {
+namespace kv {
+namespace {
+
+// Every ferry-kvstore accepts messages of its max_chunk_bytes (4 MiB by default) plus a header.
+constexpr int64_t kMaxChunkBytesLimit = int64_t{4} << 20;
+// What Get reserves up front for a value at most; larger values grow as their chunks arrive, so
+// a header announcing a huge size costs nothing until the bytes really come.
+constexpr uint64_t kMaxReserveBytes = uint64_t{64} << 20;
+
+using Stub = ferry::v1::KvStore::Stub;
+
+void HashToProto(const Hash128& h, ferry::v1::Hash128* out) {
+  out->set_lo(h.lo);
+  out->set_hi(h.hi);
+}
+
+Hash128 HashFromProto(const ferry::v1::Hash128& h) { return Hash128{h.lo(), h.hi()}; }
+
+ferry::v1::TrafficClass ClassToProto(TrafficClass c) {
+  switch (c) {
+    case TrafficClass::kChat:
+      return ferry::v1::TRAFFIC_CLASS_CHAT;
+    case TrafficClass::kAgent:
+      return ferry::v1::TRAFFIC_CLASS_AGENT;
+    case TrafficClass::kBatch:
+      return ferry::v1::TRAFFIC_CLASS_BATCH;
+  }
+  return ferry::v1::TRAFFIC_CLASS_UNSPECIFIED;
+}
+
+// UNSPECIFIED (and any class this build does not know) is chat, as on the server.
+TrafficClass ClassFromProto(ferry::v1::TrafficClass c) {
+  switch (c) {
+    case ferry::v1::TRAFFIC_CLASS_AGENT:
+      return TrafficClass::kAgent;
+    case ferry::v1::TRAFFIC_CLASS_BATCH:
+      return TrafficClass::kBatch;
+    default:
+      return TrafficClass::kChat;
+  }
+}
+
+// Errors that are about the request, from a node that answered: the node stays up. Everything
+// else (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, INTERNAL, UNKNOWN, UNIMPLEMENTED, ...) is a
+// node failure.
+bool IsRequestError(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Runs fn(0..n-1) concurrently: n - 1 on threads of their own, one on the caller's. A call
+// involves a handful of nodes and each RPC blocks up to the deadline, so a shared pool could
+// queue one caller's RPCs behind another's slow node; a thread per node cannot.
+void RunInParallel(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 0) return;
+  std::vector<std::thread> threads;
+  threads.reserve(n - 1);
+  for (size_t i = 1; i < n; ++i) threads.emplace_back(fn, i);
+  fn(0);
+  for (std::thread& t : threads) t.join();
+}
+
+// One node: its channel and its health. Thread-safe.
+class Node {
+ public:
+  // Whether a request goes to the node now. A probe is the one request let through after a
+  // down node's backoff; the others keep skipping it until the probe has answered.
+  enum class Admission { kSkip, kSend, kProbe };
+
+  struct Lease {
+    Admission admission = Admission::kSkip;
+    std::shared_ptr<Stub> stub;
+  };
+
+  Node(std::string address, const ClientOptions& options, Clock* clock)
+      : address_(std::move(address)), options_(options), clock_(clock) {
+    absl::MutexLock lock(&mu_);
+    Connect();
+  }
+
+  const std::string& address() const { return address_; }
+
+  Lease Admit() {
+    absl::MutexLock lock(&mu_);
+    Lease lease;
+    if (consecutive_failures_ == 0) {
+      lease.admission = Admission::kSend;
+    } else if (probing_ || clock_->Monotonic() < down_until_) {
+      return lease;  // kSkip
+    } else {
+      probing_ = true;
+      lease.admission = Admission::kProbe;
+      // A channel that failed to connect waits out gRPC's own reconnect backoff (1 s growing to
+      // 2 min) and fails calls at once meanwhile; the probe must really try, so it gets a fresh
+      // connection.
+      if (channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+        Connect();
+      }
+    }
+    ++requests_;
+    lease.stub = stub_;
+    return lease;
+  }
+
+  // Reports how a request admitted by Admit() ended: `failed` means a node failure.
+  void Release(const Lease& lease, bool failed, const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (lease.admission == Admission::kProbe) probing_ = false;
+    if (!failed) {
+      if (consecutive_failures_ > 0) {
+        LOG(INFO) << "kv node " << address_ << " is up again";
+      }
+      consecutive_failures_ = 0;
+      return;
+    }
+    ++failures_;
+    // A request that was in flight when another one marked the node down does not extend the
+    // backoff: only the first failure and failed probes count as consecutive.
+    if (consecutive_failures_ > 0 && lease.admission != Admission::kProbe) return;
+    ++consecutive_failures_;
+    absl::Duration backoff = options_.down_backoff;
+    for (int i = 1; i < consecutive_failures_ && backoff < options_.max_down_backoff; ++i) {
+      backoff *= 2;
+    }
+    backoff = std::min(backoff, options_.max_down_backoff);
+    down_until_ = clock_->Monotonic() + backoff;
+    if (consecutive_failures_ == 1) {
+      LOG(WARNING) << "kv node " << address_ << " is down for " << backoff << ": "
+                   << static_cast<int>(status.error_code()) << " " << status.error_message();
+    }
+  }
+
+  NodeStatus status() const {
+    absl::MutexLock lock(&mu_);
+    NodeStatus s;
+    s.address = address_;
+    s.up = consecutive_failures_ == 0;
+    s.requests = requests_;
+    s.failures = failures_;
+    if (!s.up) s.down_until = clock_->Now() + (down_until_ - clock_->Monotonic());
+    return s;
+  }
+
+ private:
+  void Connect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    channel_ = NewChannel(address_);
+    stub_ = ferry::v1::KvStore::NewStub(channel_);
+  }
+
+  const std::string address_;
+  const ClientOptions& options_;  // the client's, which outlives its nodes
+  Clock* const clock_;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Stub> stub_ ABSL_GUARDED_BY(mu_);
+  int consecutive_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration down_until_ ABSL_GUARDED_BY(mu_);  // on clock_->Monotonic()
+  bool probing_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t requests_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A value being reassembled from a Get stream.
+struct Incoming {
+  bool seen = false;   // its first chunk arrived
+  bool found = false;  // ... and said found, with a usable header
+  bool bad = false;    // a chunk did not fit: a miss
+  ObjectMeta meta;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  std::string value;
+
+  bool Complete() const {
+    return found && !bad && value.size() == size && Checksum(value) == checksum;
+  }
+};
+
+class GrpcKvClient final : public KvClient {
+ public:
+  explicit GrpcKvClient(const ClientOptions& options)
+      : options_(options), clock_(options.clock != nullptr ? options.clock : &RealClock()) {
+    for (const std::string& address : options_.nodes) {
+      nodes_.push_back(std::make_unique<Node>(address, options_, clock_));
+    }
+  }
+
+  int64_t Put(absl::Span<const ClientObject> objects) override;
+  std::vector<ClientGetResult> Get(absl::Span<const Hash128> keys,
+                                   const Hash128& fingerprint) override;
+  ExistsResult Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint) override;
+  int64_t Delete(absl::Span<const Hash128> keys) override;
+  std::vector<int> NodesFor(const Hash128& key) const override;
+  std::vector<NodeStatus> nodes() const override;
+
+ private:
+  // Work for one node within one call: the indices (into the call's keys or objects) it serves.
+  struct NodeWork {
+    int node = 0;
+    Node::Lease lease;
+    std::vector<int> items;
+  };
+
+  // The replica nodes of each key (the first `replication` of NodesFor), grouped into per-node
+  // work for the nodes that admit a request now; items of skipped nodes are left out.
+  std::vector<NodeWork> Plan(absl::Span<const Hash128> keys);
+
+  std::vector<int> Replicas(const Hash128& key) const {
+    std::vector<int> order = NodesFor(key);
+    order.resize(static_cast<size_t>(options_.replication));
+    return order;
+  }
+
+  // Ends a node's request; returns whether it succeeded (neither a node nor a request error).
+  bool Finish(const NodeWork& work, const grpc::Status& status) {
+    const bool failed = !status.ok() && !IsRequestError(status.error_code());
+    nodes_[work.node]->Release(work.lease, failed, status);
+    return status.ok();
+  }
+
+  // One Get stream to `work`'s node for keys[work.items]; completed values land in results.
+  void GetFromNode(const NodeWork& work, absl::Span<const Hash128> keys, const Hash128& fingerprint,
+                   std::vector<ClientGetResult>* results);
+
+  // One Put stream of objects[work.items]; sets (*durable)[i] for each object i the node stored.
+  void PutToNode(const NodeWork& work, absl::Span<const ClientObject> objects,
+                 std::vector<char>* durable);
+
+  const ClientOptions options_;
+  Clock* const clock_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+};
+
+std::vector<int> GrpcKvClient::NodesFor(const Hash128& key) const {
+  std::vector<std::pair<uint64_t, int>> scored;
+  scored.reserve(nodes_.size());
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    scored.emplace_back(RendezvousScore(key, options_.nodes[i]), static_cast<int>(i));
+  }
+  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  std::vector<int> order;
+  order.reserve(scored.size());
+  for (const auto& s : scored) order.push_back(s.second);
+  return order;
+}
+
+std::vector<NodeStatus> GrpcKvClient::nodes() const {
+  std::vector<NodeStatus> out;
+  out.reserve(nodes_.size());
+  for (const auto& node : nodes_) out.push_back(node->status());
+  return out;
+}
+
+std::vector<GrpcKvClient::NodeWork> GrpcKvClient::Plan(absl::Span<const Hash128> keys) {
+  // Admission is asked once per node per call, and only of nodes the call needs.
+  std::vector<int> slot(nodes_.size(), -1);  // node -> index in `work`, -2 skipped
+  std::vector<NodeWork> work;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    for (int node : Replicas(keys[k])) {
+      if (slot[node] == -1) {
+        Node::Lease lease = nodes_[node]->Admit();
+        if (lease.admission == Node::Admission::kSkip) {
+          slot[node] = -2;
+        } else {
+          slot[node] = static_cast<int>(work.size());
+          work.push_back(NodeWork{node, std::move(lease), {}});
+        }
+      }
+      if (slot[node] >= 0) work[slot[node]].items.push_back(static_cast<int>(k));
+    }
+  }
+  return work;
+}
+
+int64_t GrpcKvClient::Put(absl::Span<const ClientObject> objects) {
+  std::vector<Hash128> keys;
+  keys.reserve(objects.size());
+  for (const ClientObject& o : objects) keys.push_back(o.key);
+  const std::vector<NodeWork> work = Plan(keys);
+  std::vector<std::vector<char>> durable(work.size(), std::vector<char>(objects.size(), 0));
+  RunInParallel(work.size(), [&](size_t w) { PutToNode(work[w], objects, &durable[w]); });
+  int64_t count = 0;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    bool stored = false;
+    for (const auto& d : durable) stored = stored || d[i] != 0;
+    if (stored) ++count;
+  }
+  return count;
+}
+
+void GrpcKvClient::PutToNode(const NodeWork& work, absl::Span<const ClientObject> objects,
+                             std::vector<char>* durable) {
+  auto context = NewClientContext(options_.deadline);
+  ferry::v1::PutResponse response;
+  std::unique_ptr<grpc::ClientWriter<ferry::v1::PutChunk>> writer =
+      work.lease.stub->Put(context.get(), &response);
+  bool first_message = true;
+  bool writing = true;
+  size_t sent = 0;  // objects of work.items written whole
+  for (int i : work.items) {
+    const ClientObject& o = objects[i];
+    uint64_t offset = 0;
+    do {
+      ferry::v1::PutChunk chunk;
+      if (first_message) chunk.mutable_context();  // an empty RequestContext
+      first_message = false;
+      if (offset == 0) {
+        ferry::v1::ObjectHeader* h = chunk.mutable_header();
+        HashToProto(o.key, h->mutable_block_hash());
+        HashToProto(o.meta.fingerprint, h->mutable_model_fingerprint());
+        h->set_layout_tag(o.meta.layout_tag);
+        h->set_token_count(o.meta.token_count);
+        h->set_traffic_class(ClassToProto(o.meta.traffic_class));
+        h->set_size_bytes(o.value.size());
+        h->set_checksum(Checksum(o.value));
+      }
+      const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(options_.max_chunk_bytes),
+                                            o.value.size() - offset);
+      chunk.set_offset(offset);
+      chunk.set_data(o.value.data() + offset, n);
+      offset += n;
+      writing = writer->Write(chunk);
+    } while (writing && offset < o.value.size());
+    if (!writing) break;  // the stream is broken; Finish() says why
+    ++sent;
+  }
+  if (writing) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!Finish(work, status)) return;
+  absl::flat_hash_set<Hash128> rejected;
+  for (const auto& r : response.rejections()) rejected.insert(HashFromProto(r.block_hash()));
+  std::vector<int> stored;
+  for (size_t j = 0; j < sent; ++j) {
+    if (!rejected.contains(objects[work.items[j]].key)) stored.push_back(work.items[j]);
+  }
+  // The node's own count bounds ours: when they disagree, which objects it kept is unknown, and
+  // none is counted (a lower bound, as the cache's callers need).
+  if (stored.size() > response.stored()) {
+    LOG(WARNING) << "kv node " << nodes_[work.node]->address() << " stored " << response.stored()
+                 << " of " << stored.size() << " objects it did not refuse";
+    return;
+  }
+  for (int i : stored) (*durable)[i] = 1;
+}
+
+std::vector<ClientGetResult> GrpcKvClient::Get(absl::Span<const Hash128> keys,
+                                               const Hash128& fingerprint) {
+  std::vector<ClientGetResult> results(keys.size());
+  std::vector<std::vector<int>> replicas(keys.size());
+  for (size_t k = 0; k < keys.size(); ++k) replicas[k] = Replicas(keys[k]);
+  std::vector<int> next(keys.size(), 0);  // the replica a key tries next
+  std::vector<int> pending(keys.size());
+  for (size_t k = 0; k < keys.size(); ++k) pending[k] = static_cast<int>(k);
+  // Round r asks each pending key's first admitting replica from next[k] on; misses and
+  // failures move on to the replica after it in the next round.
+  while (!pending.empty()) {
+    std::vector<int> slot(nodes_.size(), -1);  // as in Plan(), per round
+    std::vector<NodeWork> work;
+    for (int k : pending) {
+      for (; next[k] < options_.replication; ++next[k]) {
+        const int node = replicas[k][next[k]];
+        if (slot[node] == -1) {
+          Node::Lease lease = nodes_[node]->Admit();
+          if (lease.admission == Node::Admission::kSkip) {
+            slot[node] = -2;
+          } else {
+            slot[node] = static_cast<int>(work.size());
+            work.push_back(NodeWork{node, std::move(lease), {}});
+          }
+        }
+        if (slot[node] >= 0) {
+          work[slot[node]].items.push_back(k);
+          break;
+        }
+      }
+    }
+    if (work.empty()) break;
+    RunInParallel(work.size(),
+                  [&](size_t w) { GetFromNode(work[w], keys, fingerprint, &results); });
+    std::vector<int> still;
+    for (const NodeWork& w : work) {
+      for (int k : w.items) {
+        if (results[k].found) continue;
+        if (++next[k] < options_.replication) still.push_back(k);
+      }
+    }
+    pending = std::move(still);
+  }
+  return results;
+}
+
+void GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> keys,
+                               const Hash128& fingerprint, std::vector<ClientGetResult>* results) {
+  ferry::v1::GetRequest request;
+  HashToProto(fingerprint, request.mutable_model_fingerprint());
+  for (int k : work.items) HashToProto(keys[k], request.add_block_hashes());
+  request.set_max_chunk_bytes(static_cast<uint32_t>(options_.max_chunk_bytes));
+  auto context = NewClientContext(options_.deadline);
+  std::unique_ptr<grpc::ClientReader<ferry::v1::GetChunk>> reader =
+      work.lease.stub->Get(context.get(), request);
+  std::vector<Incoming> incoming(work.items.size());
+  bool broken = false;  // the server broke the protocol: the call is cancelled
+  ferry::v1::GetChunk chunk;
+  while (reader->Read(&chunk)) {
+    if (broken) continue;  // draining after TryCancel()
+    if (chunk.index() >= incoming.size()) {
+      broken = true;
+      context->TryCancel();
+      continue;
+    }
+    Incoming& in = incoming[chunk.index()];
+    if (!in.seen) {
+      in.seen = true;
+      const ferry::v1::ObjectHeader& h = chunk.header();
+      if (chunk.found()) {
+        in.found = true;
+        // The object must be the one asked for, of the model asked for.
+        in.bad = !chunk.has_header() ||
+                 HashFromProto(h.block_hash()) != keys[work.items[chunk.index()]] ||
+                 HashFromProto(h.model_fingerprint()) != fingerprint ||
+                 h.size_bytes() > kMaxValueBytes;
+        in.size = h.size_bytes();
+        in.checksum = h.checksum();
+        in.meta.fingerprint = HashFromProto(h.model_fingerprint());
+        in.meta.layout_tag = h.layout_tag();
+        in.meta.token_count = h.token_count();
+        in.meta.traffic_class = ClassFromProto(h.traffic_class());
+        if (!in.bad) in.value.reserve(std::min(in.size, kMaxReserveBytes));
+      }
+    }
+    if (chunk.data().empty() || in.bad) continue;
+    if (!in.found || chunk.offset() != in.value.size() ||
+        chunk.data().size() > in.size - in.value.size()) {
+      in.bad = true;
+      in.value.clear();
+      in.value.shrink_to_fit();
+      continue;
+    }
+    in.value.append(chunk.data());
+  }
+  grpc::Status status = reader->Finish();
+  if (broken) {
+    status = grpc::Status(grpc::StatusCode::INTERNAL,
+                          absl::StrCat("Get from ", nodes_[work.node]->address(),
+                                       ": a chunk for an index that was not asked for"));
+  }
+  Finish(work, status);
+  // Whole, verified values count even when the call failed later (they are checksummed).
+  for (size_t i = 0; i < incoming.size(); ++i) {
+    Incoming& in = incoming[i];
+    if (!in.Complete()) continue;
+    ClientGetResult& r = (*results)[work.items[i]];
+    r.found = true;
+    r.meta = in.meta;
+    r.value = std::move(in.value);
+  }
+}
+
+ExistsResult GrpcKvClient::Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint) {
+  const std::vector<NodeWork> work = Plan(keys);
+  std::vector<std::vector<bool>> present(work.size());
+  RunInParallel(work.size(), [&](size_t w) {
+    ferry::v1::ExistsRequest request;
+    request.mutable_context();
+    HashToProto(fingerprint, request.mutable_model_fingerprint());
+    for (int k : work[w].items) HashToProto(keys[k], request.add_block_hashes());
+    ferry::v1::ExistsResponse response;
+    auto context = NewClientContext(options_.deadline);
+    grpc::Status status = work[w].lease.stub->Exists(context.get(), request, &response);
+    if (status.ok() && response.present_flags_size() != request.block_hashes_size()) {
+      status = grpc::Status(grpc::StatusCode::INTERNAL,
+                            absl::StrCat("Exists from ", nodes_[work[w].node]->address(), ": ",
+                                         response.present_flags_size(), " flags for ",
+                                         request.block_hashes_size(), " keys"));
+    }
+    if (!Finish(work[w], status)) return;
+    present[w].assign(response.present_flags().begin(), response.present_flags().end());
+  });
+  ExistsResult result;
+  result.present.assign(keys.size(), false);
+  for (size_t w = 0; w < work.size(); ++w) {
+    for (size_t i = 0; i < present[w].size(); ++i) {
+      if (present[w][i]) result.present[work[w].items[i]] = true;
+    }
+  }
+  while (result.prefix < static_cast<int64_t>(keys.size()) && result.present[result.prefix]) {
+    ++result.prefix;
+  }
+  return result;
+}
+
+int64_t GrpcKvClient::Delete(absl::Span<const Hash128> keys) {
+  const std::vector<NodeWork> work = Plan(keys);
+  std::vector<int64_t> deleted(work.size(), 0);
+  RunInParallel(work.size(), [&](size_t w) {
+    ferry::v1::DeleteRequest request;
+    request.mutable_context();
+    for (int k : work[w].items) HashToProto(keys[k], request.add_block_hashes());
+    ferry::v1::DeleteResponse response;
+    auto context = NewClientContext(options_.deadline);
+    const grpc::Status status = work[w].lease.stub->Delete(context.get(), request, &response);
+    if (Finish(work[w], status)) deleted[w] = response.deleted();
+  });
+  int64_t total = 0;
+  for (int64_t d : deleted) total += d;
+  return total;
+}
+
+}  // namespace
+
+uint64_t RendezvousScore(const Hash128& key, absl::string_view address) {
+  std::string bytes;
+  bytes.reserve(16 + address.size());
+  AppendHash128Le(&bytes, key);
+  bytes.append(address.data(), address.size());
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+absl::StatusOr<std::unique_ptr<KvClient>> KvClient::Create(const ClientOptions& options) {
+  if (options.nodes.empty()) return absl::InvalidArgumentError("kv client: no nodes");
+  absl::flat_hash_set<std::string> seen;
+  for (const std::string& address : options.nodes) {
+    if (address.empty()) return absl::InvalidArgumentError("kv client: an empty node address");
+    if (!seen.insert(address).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv client: node ", address, " is listed twice"));
+    }
+  }
+  if (options.replication < 1 || options.replication > static_cast<int>(options.nodes.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("kv client: replication ", options.replication,
+                                                   " with ", options.nodes.size(), " nodes"));
+  }
+  if (options.deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("kv client: the deadline must be positive");
+  }
+  if (options.down_backoff < absl::ZeroDuration() ||
+      options.max_down_backoff < options.down_backoff) {
+    return absl::InvalidArgumentError(
+        "kv client: backoffs must satisfy 0 <= down_backoff <= max_down_backoff");
+  }
+  if (options.max_chunk_bytes < 1 || options.max_chunk_bytes > kMaxChunkBytesLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("kv client: max_chunk_bytes ",
+                                                   options.max_chunk_bytes, " outside 1..",
+                                                   kMaxChunkBytesLimit));
+  }
+  return std::unique_ptr<KvClient>(new GrpcKvClient(options));
+}
+
+}  // namespace kv
+}  // namespace ferry

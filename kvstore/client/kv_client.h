@@ -1,0 +1,150 @@
+// The KV store's sharding client (ARCHITECTURE.md §5): one logical cache over several
+// ferry-kvstore nodes, for the workers that reuse and publish KV blocks.
+//
+//   auto client = kv::KvClient::Create({.nodes = {"kv-0:7400", "kv-1:7400", "kv-2:7400"},
+//                                       .replication = 2});
+//   (*client)->Put(objects);                              // count durable on >= 1 node
+//   auto hits = (*client)->Exists(chain, fingerprint);    // merged over the replicas
+//   auto got = (*client)->Get(keys, fingerprint);         // a miss, never an error
+//
+// Placement is rendezvous (highest-random-weight) hashing: a key's nodes, best first, are the
+// nodes ordered by RendezvousScore(key, address), and it lives on the first `replication` of
+// them. Every client with the same node list computes the same placement, with no coordination;
+// removing a node moves only that node's keys.
+//
+// The cache is an optimisation, so the client never fails a user request: a node that is down,
+// slow (past the per-RPC deadline) or broken is a miss. After a failure (UNAVAILABLE,
+// DEADLINE_EXCEEDED, any transport or server fault) the node is marked down for `down_backoff`,
+// doubling with each consecutive failure up to `max_down_backoff`. While down it is skipped
+// without an RPC; once the backoff has passed, one request probes it, and success marks it up
+// again. A down node keeps its place in every key's order: its keys are misses, never remapped
+// to other nodes, so when it comes back it serves them again. A request error from a healthy
+// node (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, e.g. an object over its size limit) is not a node
+// failure: only that request's objects are affected.
+//
+// Each call sends one RPC (one stream for Get and Put) per node involved, to all of them in
+// parallel (a thread per node, the caller's among them), so a call costs about one round trip
+// plus the transfer, and at most the deadline per replica tried when nodes misbehave. Get asks a
+// key's replicas one after another (round r asks the r-th replica of the keys still missing);
+// Exists and Delete ask all of them at once; Put writes to all of them.
+
+#ifndef FERRY_KVSTORE_CLIENT_KV_CLIENT_H_
+#define FERRY_KVSTORE_CLIENT_KV_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/common/clock.h"
+#include "engine/common/hash128.h"
+#include "kvstore/format.h"
+#include "kvstore/kv_store.h"
+
+namespace ferry {
+namespace kv {
+
+struct ClientOptions {
+  // "host:port" of each ferry-kvstore node. The strings are part of the placement (see
+  // RendezvousScore): every client of a cluster must spell them the same way.
+  std::vector<std::string> nodes;
+  // Copies of each object, on the first `replication` nodes of its order (1..nodes.size()).
+  int replication = 1;
+  // Per RPC; a slower node is a miss (and is marked down).
+  absl::Duration deadline = absl::Milliseconds(500);
+  // After a failure the node is skipped this long, doubling per consecutive failure, at most
+  // max_down_backoff.
+  absl::Duration down_backoff = absl::Milliseconds(200);
+  absl::Duration max_down_backoff = absl::Seconds(5);
+  // Value bytes per PutChunk / GetChunk message: 1 byte .. 4 MiB (what a ferry-kvstore accepts
+  // by default, its --max_chunk_bytes). Nodes may answer with other chunk sizes; any is read.
+  int64_t max_chunk_bytes = int64_t{1} << 20;
+  // Times the backoffs (Monotonic) and reports them (Now); null: RealClock(). Not owned. RPC
+  // deadlines always run on real time.
+  Clock* clock = nullptr;
+};
+
+struct ClientObject {
+  Hash128 key;  // the block hash
+  ObjectMeta meta;
+  absl::string_view value;
+};
+
+struct ClientGetResult {
+  bool found = false;
+  ObjectMeta meta;
+  std::string value;
+};
+
+struct NodeStatus {
+  std::string address;
+  // False from a failure until a later request to the node succeeds.
+  bool up = true;
+  // RPCs sent to the node, and those that failed as node failures (skipped calls count in
+  // neither).
+  int64_t requests = 0, failures = 0;
+  // While !up: when the node may be probed again (wall time of the client's clock).
+  absl::Time down_until;
+};
+
+// The KV store client seam: users take a KvClient and their tests may substitute a fake.
+// Thread-safe. Create() connects lazily; nothing blocks on a node until a call needs it.
+class KvClient {
+ public:
+  // InvalidArgument for bad options only: no nodes, an empty or duplicate address, replication
+  // outside 1..nodes.size(), a deadline <= 0, negative or inverted backoffs, max_chunk_bytes
+  // outside 1..4 MiB.
+  static absl::StatusOr<std::unique_ptr<KvClient>> Create(const ClientOptions& options);
+
+  virtual ~KvClient() = default;
+
+  // Stores each object on its `replication` nodes (down ones are skipped, not replaced), one Put
+  // stream per node, the nodes in parallel. Returns how many of `objects` are durable on at
+  // least one node (already-present ones included): a lower bound, as a call that fails part way
+  // may have stored some objects before. Objects refused by a node (too large, bad header) and
+  // node failures only lower the count; never an error.
+  virtual int64_t Put(absl::Span<const ClientObject> objects) = 0;
+
+  // One result per key. Each key is read from its first replica that is up and has it: a miss,
+  // a failure or a skipped (down) node moves the key on to its next replica, in rounds, each
+  // round one Get stream per node, in parallel. A value is returned only if its size and the
+  // XXH3-64 checksum of its header match the bytes received, and the header names the key and
+  // `fingerprint`; anything else is a miss (without marking the node down).
+  virtual std::vector<ClientGetResult> Get(absl::Span<const Hash128> keys,
+                                           const Hash128& fingerprint) = 0;
+
+  // `keys` is a chain in order. A key is present if any of its replica nodes says so (all of
+  // them are asked, in parallel, one RPC per node); `prefix` is the number of leading keys
+  // present. Keys of down nodes are not present.
+  virtual ExistsResult Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint) = 0;
+
+  // Deletes each key on all its replica nodes (best effort: a node that is down keeps its copy,
+  // which it serves again when it comes back). Returns the sum of DeleteResponse.deleted over the
+  // nodes that answered (so with replication 2 a key deleted on both replicas counts twice).
+  virtual int64_t Delete(absl::Span<const Hash128> keys) = 0;
+
+  // The node indices (into ClientOptions::nodes) in `key`'s order: by RendezvousScore descending,
+  // ties by lower index. The first `replication` hold the key. Independent of node health.
+  virtual std::vector<int> NodesFor(const Hash128& key) const = 0;
+
+  // One entry per node, in ClientOptions::nodes order.
+  virtual std::vector<NodeStatus> nodes() const = 0;
+};
+
+// The placement score of `key` on the node at `address`, XXH3-64 (seed 0) of exactly these
+// bytes:
+//
+//   key.lo as 8 bytes little-endian, key.hi as 8 bytes little-endian, then the address's bytes
+//   as given in ClientOptions::nodes (no length prefix, no terminator).
+//
+// E.g. in Python: xxhash.xxh3_64_intdigest(struct.pack("<QQ", lo, hi) + address.encode()).
+uint64_t RendezvousScore(const Hash128& key, absl::string_view address);
+
+}  // namespace kv
+}  // namespace ferry
+
+#endif  // FERRY_KVSTORE_CLIENT_KV_CLIENT_H_

@@ -1,0 +1,656 @@
+// The KV store's sharding client against real nodes in-process (KvStoreService over a KvStore in
+// a temp directory, served on 127.0.0.1 port 0): placement (the exact hash bytes, determinism,
+// spread, minimal movement), round trips with multi-chunk values, replication over a node that
+// is down, misses and skipping for down nodes, probing and recovery of a node restarted on its
+// port, slow nodes, request errors that are not node failures, and concurrent callers. Backoffs
+// run on a FakeClock; gRPC deadlines on real time.
+
+#include "kvstore/client/kv_client.h"
+
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "engine/common/fake_clock.h"
+#include "ferry/v1/kvstore.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "kvstore/kv_store.h"
+#include "kvstore/service/kv_service.h"
+#include "services/common/grpc_server.h"
+
+namespace ferry {
+namespace kv {
+namespace {
+
+namespace fs = std::filesystem;
+
+const Hash128 kModel = Xxh3Hash128("model A");
+const Hash128 kOtherModel = Xxh3Hash128("model B");
+
+Hash128 Key(int i) { return Xxh3Hash128(absl::StrCat("key-", i)); }
+
+// Bytes that depend on the index and the length only.
+std::string Value(int i, size_t bytes) {
+  std::string v(bytes, '\0');
+  std::mt19937_64 rng(static_cast<uint64_t>(i) * 7919 + bytes);
+  for (size_t j = 0; j < bytes; j += 8) {
+    const uint64_t r = rng();
+    std::memcpy(&v[j], &r, std::min<size_t>(8, bytes - j));
+  }
+  return v;
+}
+
+ObjectMeta Meta(int i) {
+  ObjectMeta m;
+  m.fingerprint = kModel;
+  m.layout_tag = 0x1234'5678'9abc'def0ULL + static_cast<uint64_t>(i);  // needs all 64 bits
+  m.token_count = 16 + static_cast<uint32_t>(i);
+  m.traffic_class = static_cast<TrafficClass>(i % kNumTrafficClasses);
+  return m;
+}
+
+// Objects 0..n-1: the first three are 0 B, 100 B and 3 MiB (three Put and Get chunks at the
+// default 1 MiB), the rest `small` bytes.
+struct Objects {
+  std::vector<std::string> values;
+  std::vector<ClientObject> objects;
+  std::vector<Hash128> keys;
+
+  Objects(int from, int to, size_t small = 100) {
+    for (int i = from; i < to; ++i) {
+      const size_t bytes = i == 0 ? 0 : i == 1 ? 100 : i == 2 ? size_t{3} << 20 : small;
+      values.push_back(Value(i, bytes));
+      keys.push_back(Key(i));
+    }
+    for (int i = from; i < to; ++i) {
+      objects.push_back({Key(i), Meta(i), values[static_cast<size_t>(i - from)]});
+    }
+  }
+};
+
+void ExpectSameMeta(const ObjectMeta& a, const ObjectMeta& b) {
+  EXPECT_EQ(a.fingerprint, b.fingerprint);
+  EXPECT_EQ(a.layout_tag, b.layout_tag);
+  EXPECT_EQ(a.token_count, b.token_count);
+  EXPECT_EQ(a.traffic_class, b.traffic_class);
+}
+
+// Forwards every call to the real service after `delay` (cut short when the call is cancelled,
+// e.g. by its deadline): a slow node.
+class DelayingService final : public ferry::v1::KvStore::Service {
+ public:
+  explicit DelayingService(ferry::v1::KvStore::Service* inner) : inner_(inner) {}
+
+  void set_delay(absl::Duration delay) {
+    absl::MutexLock lock(&mu_);
+    delay_ = delay;
+  }
+
+  grpc::Status Exists(grpc::ServerContext* context, const ferry::v1::ExistsRequest* request,
+                      ferry::v1::ExistsResponse* response) override {
+    Wait(context);
+    return inner_->Exists(context, request, response);
+  }
+  grpc::Status Get(grpc::ServerContext* context, const ferry::v1::GetRequest* request,
+                   grpc::ServerWriter<ferry::v1::GetChunk>* writer) override {
+    Wait(context);
+    return inner_->Get(context, request, writer);
+  }
+  grpc::Status Put(grpc::ServerContext* context, grpc::ServerReader<ferry::v1::PutChunk>* reader,
+                   ferry::v1::PutResponse* response) override {
+    Wait(context);
+    return inner_->Put(context, reader, response);
+  }
+  grpc::Status Delete(grpc::ServerContext* context, const ferry::v1::DeleteRequest* request,
+                      ferry::v1::DeleteResponse* response) override {
+    Wait(context);
+    return inner_->Delete(context, request, response);
+  }
+
+ private:
+  void Wait(grpc::ServerContext* context) {
+    absl::Duration delay;
+    {
+      absl::MutexLock lock(&mu_);
+      delay = delay_;
+    }
+    const absl::Time end = absl::Now() + delay;
+    while (absl::Now() < end && !context->IsCancelled()) absl::SleepFor(absl::Milliseconds(2));
+  }
+
+  ferry::v1::KvStore::Service* const inner_;
+  absl::Mutex mu_;
+  absl::Duration delay_ ABSL_GUARDED_BY(mu_);
+};
+
+// One ferry-kvstore node in-process: a store in `dir`, the service, a server.
+class TestNode {
+ public:
+  // Serves the store in `dir` on `address` ("127.0.0.1:0": any free port).
+  static std::unique_ptr<TestNode> Start(const std::string& dir,
+                                         const std::string& address = "127.0.0.1:0") {
+    auto node = std::unique_ptr<TestNode>(new TestNode(dir));
+    StoreOptions options;
+    options.segment_bytes = 16 << 20;  // holds the largest object
+    options.capacity_bytes = 64 << 20;
+    options.max_object_bytes = 8 << 20;
+    auto store = KvStore::Open(dir, options);
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return nullptr;
+    node->store_ = std::move(*store);
+    node->service_ = std::make_unique<KvStoreService>(node->store_.get());
+    node->delaying_ = std::make_unique<DelayingService>(node->service_.get());
+    GrpcServerOptions server_options;
+    server_options.address = address;
+    auto server = GrpcServer::Start(server_options, {node->delaying_.get()});
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return nullptr;
+    node->server_ = std::move(*server);
+    node->port_ = node->server_->port();
+    return node;
+  }
+
+  ~TestNode() { Stop(); }
+
+  // Shuts the server down at once (in-flight calls cancelled), then closes the store.
+  void Stop() {
+    if (server_ != nullptr) server_->Shutdown(absl::ZeroDuration());
+    server_.reset();
+    delaying_.reset();
+    service_.reset();
+    store_.reset();
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int port() const { return port_; }
+  const std::string& dir() const { return dir_; }
+  KvStore& store() { return *store_; }
+  void set_delay(absl::Duration delay) { delaying_->set_delay(delay); }
+
+ private:
+  explicit TestNode(std::string dir) : dir_(std::move(dir)) {}
+
+  const std::string dir_;
+  int port_ = 0;
+  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<KvStoreService> service_;
+  std::unique_ptr<DelayingService> delaying_;
+  std::unique_ptr<GrpcServer> server_;
+};
+
+class KvClientTest : public ::testing::Test {
+ protected:
+  void StartNodes(int n) {
+    const fs::path base =
+        fs::path(::testing::TempDir()) /
+        absl::StrCat("kv_client_", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(base);
+    fs::create_directories(base);
+    for (int i = 0; i < n; ++i) {
+      auto node = TestNode::Start((base / absl::StrCat("node", i)).string());
+      ASSERT_NE(node, nullptr);
+      nodes_.push_back(std::move(node));
+    }
+  }
+
+  // Stops node i and starts it again on the same port over the same directory.
+  void RestartNode(int i) {
+    const std::string dir = nodes_[i]->dir();
+    const std::string address = nodes_[i]->address();
+    nodes_[i].reset();
+    nodes_[i] = TestNode::Start(dir, address);
+    ASSERT_NE(nodes_[i], nullptr);
+  }
+
+  ClientOptions Options(int replication = 1) {
+    ClientOptions options;
+    for (const auto& node : nodes_) options.nodes.push_back(node->address());
+    options.replication = replication;
+    options.deadline = absl::Seconds(2);
+    options.down_backoff = absl::Milliseconds(100);
+    options.max_down_backoff = absl::Milliseconds(400);
+    options.clock = &clock_;
+    return options;
+  }
+
+  std::unique_ptr<KvClient> NewClient(const ClientOptions& options) {
+    auto client = KvClient::Create(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // Whether node i's own store holds key (asked directly, not through the client).
+  bool NodeHas(int i, const Hash128& key) {
+    return nodes_[i]->store().Exists({key}, kModel).present[0];
+  }
+
+  FakeClock clock_;
+  std::vector<std::unique_ptr<TestNode>> nodes_;
+};
+
+// The score is XXH3-64 of key.lo (8 bytes LE), key.hi (8 bytes LE), the address: values from the
+// Python reference, xxhash.xxh3_64_intdigest(struct.pack("<QQ", lo, hi) + address.encode()).
+TEST(RendezvousTest, ScoreIsXxh3OfTheSpecifiedBytes) {
+  EXPECT_EQ(RendezvousScore(Hash128{0, 0}, "127.0.0.1:7000"), 0xea77cc078a00a9ebULL);
+  const Hash128 key{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+  EXPECT_EQ(RendezvousScore(key, "kv-0:7400"), 0x8594234ac9f28f05ULL);
+  EXPECT_EQ(RendezvousScore(key, "kv-1:7400"), 0x4193ac6802c2f607ULL);
+  EXPECT_EQ(RendezvousScore(key, "kv-2:7400"), 0xe24641cae5955157ULL);
+
+  ClientOptions options;
+  options.nodes = {"kv-0:7400", "kv-1:7400", "kv-2:7400"};
+  auto client = KvClient::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->NodesFor(key), (std::vector<int>{2, 0, 1}));
+}
+
+TEST(RendezvousTest, DeterministicEvenAndMovesOnlyTheRemovedNodesKeys) {
+  ClientOptions three;
+  three.nodes = {"kv-0:7400", "kv-1:7400", "kv-2:7400"};
+  ClientOptions reversed;
+  reversed.nodes = {"kv-2:7400", "kv-1:7400", "kv-0:7400"};
+  ClientOptions two;
+  two.nodes = {"kv-0:7400", "kv-2:7400"};
+  auto a = KvClient::Create(three);
+  auto b = KvClient::Create(three);
+  auto r = KvClient::Create(reversed);
+  auto c = KvClient::Create(two);
+  ASSERT_TRUE(a.ok() && b.ok() && r.ok() && c.ok());
+
+  constexpr int kKeys = 3000;
+  std::vector<int> primaries(3, 0);
+  int moved = 0;
+  for (int i = 0; i < kKeys; ++i) {
+    const std::vector<int> order = (*a)->NodesFor(Key(i));
+    ASSERT_EQ(order.size(), 3u);
+    EXPECT_EQ(std::vector<int>(order), (*b)->NodesFor(Key(i)));
+    std::vector<int> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(sorted, (std::vector<int>{0, 1, 2}));
+    ++primaries[order[0]];
+
+    // By address, the order does not depend on how the list is ordered.
+    std::vector<std::string> by_address, reversed_by_address;
+    for (int n : order) by_address.push_back(three.nodes[n]);
+    for (int n : (*r)->NodesFor(Key(i))) reversed_by_address.push_back(reversed.nodes[n]);
+    EXPECT_EQ(by_address, reversed_by_address);
+
+    // Without kv-1, every key keeps its order among the others: only kv-1's keys move.
+    std::vector<std::string> without;
+    for (const std::string& address : by_address) {
+      if (address != "kv-1:7400") without.push_back(address);
+    }
+    std::vector<std::string> two_by_address;
+    for (int n : (*c)->NodesFor(Key(i))) two_by_address.push_back(two.nodes[n]);
+    EXPECT_EQ(without, two_by_address);
+    if (by_address[0] != two_by_address[0]) {
+      ++moved;
+      EXPECT_EQ(by_address[0], "kv-1:7400");
+    }
+  }
+  for (int n = 0; n < 3; ++n) {
+    EXPECT_GE(primaries[n], kKeys * 28 / 100) << "node " << n;
+    EXPECT_LE(primaries[n], kKeys * 38 / 100) << "node " << n;
+  }
+  EXPECT_EQ(moved, primaries[1]);
+}
+
+TEST(KvClientCreateTest, RejectsBadOptionsOnly) {
+  ClientOptions ok;
+  ok.nodes = {"a:1", "b:1", "c:1"};
+  EXPECT_TRUE(KvClient::Create(ok).ok());
+  ok.replication = 3;
+  EXPECT_TRUE(KvClient::Create(ok).ok());
+
+  auto bad = [&](auto change) {
+    ClientOptions o;
+    o.nodes = {"a:1", "b:1", "c:1"};
+    change(o);
+    return KvClient::Create(o).status().code();
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(bad([](ClientOptions& o) { o.nodes.clear(); }), kInvalid);
+  EXPECT_EQ(bad([](ClientOptions& o) { o.nodes.push_back("a:1"); }), kInvalid);
+  EXPECT_EQ(bad([](ClientOptions& o) { o.nodes.push_back(""); }), kInvalid);
+  EXPECT_EQ(bad([](ClientOptions& o) { o.replication = 0; }), kInvalid);
+  EXPECT_EQ(bad([](ClientOptions& o) { o.replication = 4; }), kInvalid);
+  EXPECT_EQ(bad([](ClientOptions& o) { o.deadline = absl::ZeroDuration(); }), kInvalid);
+  EXPECT_EQ(bad([](ClientOptions& o) { o.down_backoff = absl::Seconds(10); }), kInvalid);
+  EXPECT_EQ(bad([](ClientOptions& o) { o.max_chunk_bytes = 0; }), kInvalid);
+  EXPECT_EQ(bad([](ClientOptions& o) { o.max_chunk_bytes = int64_t{5} << 20; }), kInvalid);
+}
+
+TEST_F(KvClientTest, RoundTripAcrossThreeNodes) {
+  StartNodes(3);
+  auto client = NewClient(Options());
+  ASSERT_NE(client, nullptr);
+  Objects o(0, 30);
+  EXPECT_EQ(client->Put(o.objects), 30);
+
+  // Each object is on its primary node and nowhere else; every node got some.
+  std::vector<int> per_node(3, 0);
+  for (const Hash128& key : o.keys) {
+    const int primary = client->NodesFor(key)[0];
+    ++per_node[primary];
+    for (int n = 0; n < 3; ++n) EXPECT_EQ(NodeHas(n, key), n == primary);
+  }
+  for (int n = 0; n < 3; ++n) EXPECT_GT(per_node[n], 0) << "node " << n;
+
+  const std::vector<ClientGetResult> got = client->Get(o.keys, kModel);
+  ASSERT_EQ(got.size(), 30u);
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(got[i].found) << i;
+    EXPECT_EQ(got[i].value, o.values[i]) << i;
+    ExpectSameMeta(got[i].meta, Meta(i));
+  }
+  for (const ClientGetResult& r : client->Get(o.keys, kOtherModel)) EXPECT_FALSE(r.found);
+
+  // Exists over a chain: a gap ends the prefix.
+  const Hash128 absent = Key(1000);
+  const ExistsResult e = client->Exists({Key(0), Key(1), Key(2), absent, Key(3)}, kModel);
+  EXPECT_EQ(e.prefix, 3);
+  EXPECT_EQ(e.present, (std::vector<bool>{true, true, true, false, true}));
+  EXPECT_EQ(client->Exists({Key(0)}, kOtherModel).prefix, 0);
+
+  // Smaller chunks: many Put messages, and Get asks for small ones too.
+  ClientOptions small = Options();
+  small.max_chunk_bytes = 64 << 10;
+  auto small_client = NewClient(small);
+  ASSERT_NE(small_client, nullptr);
+  Objects big(2, 3);
+  const Hash128 big_key = Key(2000);
+  big.objects[0].key = big_key;
+  EXPECT_EQ(small_client->Put(big.objects), 1);
+  const auto big_got = small_client->Get({big_key}, kModel);
+  ASSERT_TRUE(big_got[0].found);
+  EXPECT_EQ(big_got[0].value, big.values[0]);
+  EXPECT_EQ(client->Get({big_key}, kModel)[0].value, big.values[0]);
+
+  // Delete: the deleted ones miss; the count is the keys that were present.
+  EXPECT_EQ(client->Delete({Key(0), Key(1), absent}), 2);
+  const auto after = client->Get({Key(0), Key(1), Key(2)}, kModel);
+  EXPECT_FALSE(after[0].found);
+  EXPECT_FALSE(after[1].found);
+  EXPECT_TRUE(after[2].found);
+  EXPECT_EQ(client->Exists({Key(0), Key(1), Key(2)}, kModel).present,
+            (std::vector<bool>{false, false, true}));
+
+  for (const NodeStatus& s : client->nodes()) {
+    EXPECT_TRUE(s.up) << s.address;
+    EXPECT_GT(s.requests, 0) << s.address;
+    EXPECT_EQ(s.failures, 0) << s.address;
+  }
+  EXPECT_TRUE(client->Get({}, kModel).empty());
+  EXPECT_EQ(client->Exists({}, kModel).prefix, 0);
+  EXPECT_EQ(client->Put({}), 0);
+}
+
+TEST_F(KvClientTest, ReplicationServesEveryObjectWithANodeDown) {
+  StartNodes(3);
+  auto client = NewClient(Options(/*replication=*/2));
+  ASSERT_NE(client, nullptr);
+  Objects o(0, 30);
+  EXPECT_EQ(client->Put(o.objects), 30);
+  for (const Hash128& key : o.keys) {
+    const std::vector<int> order = client->NodesFor(key);
+    EXPECT_TRUE(NodeHas(order[0], key));
+    EXPECT_TRUE(NodeHas(order[1], key));
+    EXPECT_FALSE(NodeHas(order[2], key));
+  }
+
+  nodes_[1]->Stop();
+  const absl::Time start = absl::Now();
+  const auto got = client->Get(o.keys, kModel);
+  const absl::Duration get_time = absl::Now() - start;
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(got[i].found) << i;
+    EXPECT_EQ(got[i].value, o.values[i]) << i;
+    ExpectSameMeta(got[i].meta, Meta(i));
+  }
+  const ExistsResult e = client->Exists(o.keys, kModel);
+  EXPECT_EQ(e.prefix, 30);
+
+  // New objects are durable on their surviving replica.
+  Objects more(100, 120);
+  EXPECT_EQ(client->Put(more.objects), 20);
+  for (const ClientGetResult& r : client->Get(more.keys, kModel)) EXPECT_TRUE(r.found);
+
+  const NodeStatus down = client->nodes()[1];
+  EXPECT_FALSE(down.up);
+  EXPECT_EQ(down.failures, 1);
+  EXPECT_TRUE(client->nodes()[0].up);
+  EXPECT_TRUE(client->nodes()[2].up);
+  std::cerr << "replication 2, node down: Get of 30 objects (3 MiB among them) took " << get_time
+            << "\n";
+}
+
+TEST_F(KvClientTest, DownNodeIsAMissThenSkippedThenProbedUntilItIsBack) {
+  StartNodes(3);
+  ClientOptions options = Options();
+  options.deadline = absl::Milliseconds(500);
+  auto client = NewClient(options);
+  ASSERT_NE(client, nullptr);
+  Objects o(0, 30);
+  ASSERT_EQ(client->Put(o.objects), 30);
+  std::vector<bool> on_node2(30);
+  int node2_keys = 0;
+  for (int i = 0; i < 30; ++i) {
+    on_node2[i] = client->NodesFor(o.keys[i])[0] == 2;
+    node2_keys += on_node2[i];
+  }
+  ASSERT_GT(node2_keys, 0);
+
+  auto expect_node2_misses = [&](const std::vector<ClientGetResult>& got) {
+    for (int i = 0; i < 30; ++i) {
+      EXPECT_EQ(got[i].found, !on_node2[i]) << i;
+      if (got[i].found) {
+        EXPECT_EQ(got[i].value, o.values[i]);
+      }
+    }
+  };
+
+  nodes_[2]->Stop();
+  absl::Time start = absl::Now();
+  expect_node2_misses(client->Get(o.keys, kModel));
+  const absl::Duration first = absl::Now() - start;
+  EXPECT_LT(first, options.deadline + absl::Milliseconds(500));
+  NodeStatus s = client->nodes()[2];
+  EXPECT_FALSE(s.up);
+  EXPECT_EQ(s.failures, 1);
+  EXPECT_EQ(s.down_until, clock_.Now() + absl::Milliseconds(100));
+  const int64_t requests = s.requests;
+
+  // Skipped without an RPC by every call while the backoff lasts.
+  start = absl::Now();
+  expect_node2_misses(client->Get(o.keys, kModel));
+  const absl::Duration skipped = absl::Now() - start;
+  const ExistsResult e = client->Exists(o.keys, kModel);
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(e.present[i], !on_node2[i]) << i;
+  Objects extra(200, 260);
+  int extra_on_node2 = 0;
+  for (const Hash128& key : extra.keys) extra_on_node2 += client->NodesFor(key)[0] == 2;
+  EXPECT_EQ(client->Put(extra.objects), 60 - extra_on_node2);
+  std::vector<Hash128> node2_only;
+  for (int i = 0; i < 30; ++i) {
+    if (on_node2[i]) node2_only.push_back(o.keys[i]);
+  }
+  start = absl::Now();
+  for (const ClientGetResult& r : client->Get(node2_only, kModel)) EXPECT_FALSE(r.found);
+  const absl::Duration skipped_only = absl::Now() - start;
+  EXPECT_EQ(client->nodes()[2].requests, requests);
+  EXPECT_LT(skipped, absl::Milliseconds(250));
+  EXPECT_LT(skipped_only, absl::Milliseconds(50));
+
+  // After the backoff one call probes it; it fails again, and the backoff doubles up to its cap.
+  for (absl::Duration backoff :
+       {absl::Milliseconds(200), absl::Milliseconds(400), absl::Milliseconds(400)}) {
+    clock_.Advance(client->nodes()[2].down_until - clock_.Now());
+    expect_node2_misses(client->Get(o.keys, kModel));
+    s = client->nodes()[2];
+    EXPECT_FALSE(s.up);
+    EXPECT_EQ(s.down_until, clock_.Now() + backoff);
+  }
+  EXPECT_EQ(client->nodes()[2].requests, requests + 3);
+  EXPECT_EQ(client->nodes()[2].failures, 4);
+
+  // Back on the same port with the same directory: skipped until the backoff ends, then used.
+  RestartNode(2);
+  expect_node2_misses(client->Get(o.keys, kModel));
+  clock_.Advance(absl::Milliseconds(400));
+  start = absl::Now();
+  const auto back = client->Get(o.keys, kModel);
+  const absl::Duration probe = absl::Now() - start;
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(back[i].found) << i;
+    EXPECT_EQ(back[i].value, o.values[i]);
+  }
+  s = client->nodes()[2];
+  EXPECT_TRUE(s.up);
+  EXPECT_EQ(client->Exists(o.keys, kModel).prefix, 30);
+  std::cerr << "node down: first Get " << first << ", skipping Get " << skipped
+            << " (of its keys only: " << skipped_only << "), Get probing the restarted node "
+            << probe << "\n";
+}
+
+TEST_F(KvClientTest, SlowNodeIsAMissNotAnError) {
+  StartNodes(3);
+  ClientOptions options = Options(/*replication=*/2);
+  options.deadline = absl::Milliseconds(300);
+  auto replicated = NewClient(options);
+  options.replication = 1;
+  auto single = NewClient(options);
+  ASSERT_NE(replicated, nullptr);
+  ASSERT_NE(single, nullptr);
+  Objects o(0, 30);
+  ASSERT_EQ(replicated->Put(o.objects), 30);
+
+  nodes_[1]->set_delay(absl::Seconds(30));
+  absl::Time start = absl::Now();
+  const auto got = single->Get(o.keys, kModel);
+  const absl::Duration single_time = absl::Now() - start;
+  for (int i = 0; i < 30; ++i) {
+    EXPECT_EQ(got[i].found, single->NodesFor(o.keys[i])[0] != 1) << i;
+  }
+  EXPECT_GE(single_time, options.deadline);
+  EXPECT_LT(single_time, options.deadline + absl::Seconds(1));
+  EXPECT_FALSE(single->nodes()[1].up);
+
+  // With a replica the slow node costs one deadline, then its keys come from the next node.
+  start = absl::Now();
+  const auto replica = replicated->Get(o.keys, kModel);
+  const absl::Duration replicated_time = absl::Now() - start;
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(replica[i].found) << i;
+    EXPECT_EQ(replica[i].value, o.values[i]);
+  }
+  EXPECT_LT(replicated_time, options.deadline + absl::Seconds(1));
+  EXPECT_FALSE(replicated->nodes()[1].up);
+
+  // Fast again: after the backoff the probe succeeds.
+  nodes_[1]->set_delay(absl::ZeroDuration());
+  clock_.Advance(absl::Milliseconds(100));
+  for (const ClientGetResult& r : single->Get(o.keys, kModel)) EXPECT_TRUE(r.found);
+  EXPECT_TRUE(single->nodes()[1].up);
+  std::cerr << "slow node (deadline " << options.deadline << "): replication 1 Get " << single_time
+            << ", replication 2 Get " << replicated_time << "\n";
+}
+
+TEST_F(KvClientTest, AllNodesSlowGiveMissesNotErrors) {
+  StartNodes(3);
+  auto client = NewClient(Options());
+  ASSERT_NE(client, nullptr);
+  // 60 keys: every call involves every node (all but certainly).
+  Objects o(3, 63);
+  ASSERT_EQ(client->Put(o.objects), 60);
+  ClientOptions options = Options();
+  options.deadline = absl::Milliseconds(100);
+  auto hasty = NewClient(options);
+  ASSERT_NE(hasty, nullptr);
+  for (auto& node : nodes_) node->set_delay(absl::Seconds(30));
+
+  // Every kind of call: nothing, within about one deadline (the nodes are asked in parallel).
+  const absl::Time start = absl::Now();
+  for (const ClientGetResult& r : hasty->Get(o.keys, kModel)) EXPECT_FALSE(r.found);
+  const absl::Duration get_time = absl::Now() - start;
+  EXPECT_LT(get_time, options.deadline + absl::Seconds(1));
+  clock_.Advance(absl::Milliseconds(100));
+  const ExistsResult e = hasty->Exists(o.keys, kModel);
+  EXPECT_EQ(e.prefix, 0);
+  EXPECT_EQ(e.present, std::vector<bool>(60, false));
+  clock_.Advance(absl::Milliseconds(200));
+  EXPECT_EQ(hasty->Put(Objects(100, 160).objects), 0);
+  clock_.Advance(absl::Milliseconds(400));
+  EXPECT_EQ(hasty->Delete(Objects(100, 160).keys), 0);
+  for (const NodeStatus& s : hasty->nodes()) {
+    EXPECT_FALSE(s.up) << s.address;
+    EXPECT_EQ(s.failures, 4) << s.address;
+  }
+
+  // The nodes themselves are fine.
+  for (auto& node : nodes_) node->set_delay(absl::ZeroDuration());
+  for (const ClientGetResult& r : client->Get(o.keys, kModel)) EXPECT_TRUE(r.found);
+  // A deadline that has passed before the call starts: misses (or, where gRPC still completes
+  // the call, the right bytes), never anything else.
+  options.deadline = absl::Microseconds(1);
+  auto expired = NewClient(options);
+  ASSERT_NE(expired, nullptr);
+  const auto got = expired->Get(o.keys, kModel);
+  for (int i = 0; i < 60; ++i) {
+    if (got[i].found) {
+      EXPECT_EQ(got[i].value, o.values[i]);
+    }
+  }
+  std::cerr << "all nodes slow (deadline 100ms): Get " << get_time << "\n";
+}
+
+TEST_F(KvClientTest, RefusedObjectIsNotANodeFailure) {
+  StartNodes(3);
+  ClientOptions options = Options();
+  options.deadline = absl::Seconds(10);
+  auto client = NewClient(options);
+  ASSERT_NE(client, nullptr);
+  Objects o(10, 20);
+  const std::string huge = Value(99, size_t{9} << 20);  // over the nodes' 8 MiB limit
+  const Hash128 huge_key = Key(99);
+  o.objects.push_back({huge_key, Meta(99), huge});
+  EXPECT_EQ(client->Put(o.objects), 10);
+  EXPECT_FALSE(client->Get({huge_key}, kModel)[0].found);
+  for (const ClientGetResult& r : client->Get(o.keys, kModel)) EXPECT_TRUE(r.found);
+  for (const NodeStatus& s : client->nodes()) {
+    EXPECT_TRUE(s.up) << s.address;
+    EXPECT_EQ(s.failures, 0) << s.address;
+  }
+}
+
+TEST_F(KvClientTest, ConcurrentCallers) {
+  StartNodes(3);
+  auto client = NewClient(Options(/*replication=*/2));
+  ASSERT_NE(client, nullptr);
+  std::vector<std::thread> threads;
+  std::vector<int> hits(8, 0);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 10; ++round) {
+        const int from = 1000 + t * 100 + round * 5;
+        Objects o(from, from + 5, 4096);
+        EXPECT_EQ(client->Put(o.objects), 5);
+        const auto got = client->Get(o.keys, kModel);
+        for (int i = 0; i < 5; ++i) {
+          if (got[i].found && got[i].value == o.values[i]) ++hits[t];
+        }
+        EXPECT_EQ(client->Exists(o.keys, kModel).prefix, 5);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(hits[t], 50) << "thread " << t;
+}
+
+}  // namespace
+}  // namespace kv
+}  // namespace ferry

@@ -1,0 +1,111 @@
+// ferry-kvstore: one node of the shared KV store (ARCHITECTURE.md §5): the store library on a
+// local directory behind the KvStore gRPC service, with /metrics, /healthz and /readyz on the
+// admin port and the standard graceful shutdown (SIGTERM: not ready, in-flight calls finish
+// within --rpc_grace_ms, queued writes reach the disk, then exit 0; nothing acknowledged is lost).
+// Prints "grpc_port=N admin_port=M" once serving.
+//
+//   ferry-kvstore --dir /var/lib/ferry/kv --address 0.0.0.0:7100 --capacity 512GiB
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "engine/common/log.h"
+#include "engine/common/units.h"
+#include "kvstore/kv_store.h"
+#include "kvstore/service/kv_service.h"
+#include "services/common/admin_server.h"
+#include "services/common/grpc_server.h"
+#include "services/common/metrics.h"
+#include "services/common/service_lifecycle.h"
+#include "services/common/termination_signal.h"
+
+ABSL_FLAG(std::string, dir, "", "the store's directory (created if missing)");
+ABSL_FLAG(std::string, address, "127.0.0.1:0", "gRPC listen address (port 0: any free port)");
+ABSL_FLAG(int, admin_port, 0, "admin HTTP port (0: any free port)");
+ABSL_FLAG(std::string, capacity, "64GiB", "capacity of the segment files");
+ABSL_FLAG(std::string, segment_bytes, "256MiB", "segment file size");
+ABSL_FLAG(std::string, max_object_bytes, "64MiB", "largest object accepted");
+ABSL_FLAG(std::string, ttl_chat, "7d", "retention of chat objects after their last use");
+ABSL_FLAG(std::string, ttl_agent, "3d", "retention of agent objects after their last use");
+ABSL_FLAG(std::string, ttl_batch, "1d", "retention of batch objects after their last use");
+ABSL_FLAG(std::string, max_chunk_bytes, "4MiB", "data per Get/Put message at most");
+ABSL_FLAG(int, rpc_grace_ms, 10000, "grace for in-flight calls at shutdown");
+
+namespace {
+
+template <typename T>
+T OrExit(absl::StatusOr<T> v, const char* what) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "ferry-kvstore: %s: %s\n", what,
+                 std::string(v.status().message()).c_str());
+    std::exit(2);
+  }
+  return std::move(*v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ferry;
+  auto signal = TerminationSignal::Install();  // before any thread
+  CHECK_OK(signal.status());
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_dir).empty()) {
+    std::fprintf(stderr, "ferry-kvstore: --dir is required\n");
+    return 2;
+  }
+  kv::StoreOptions store_options;
+  store_options.capacity_bytes =
+      static_cast<int64_t>(OrExit(ParseByteSize(absl::GetFlag(FLAGS_capacity)), "--capacity"));
+  store_options.segment_bytes = static_cast<int64_t>(
+      OrExit(ParseByteSize(absl::GetFlag(FLAGS_segment_bytes)), "--segment_bytes"));
+  store_options.max_object_bytes = static_cast<int64_t>(
+      OrExit(ParseByteSize(absl::GetFlag(FLAGS_max_object_bytes)), "--max_object_bytes"));
+  store_options.ttl[static_cast<int>(kv::TrafficClass::kChat)] =
+      OrExit(ParseConfigDuration(absl::GetFlag(FLAGS_ttl_chat)), "--ttl_chat");
+  store_options.ttl[static_cast<int>(kv::TrafficClass::kAgent)] =
+      OrExit(ParseConfigDuration(absl::GetFlag(FLAGS_ttl_agent)), "--ttl_agent");
+  store_options.ttl[static_cast<int>(kv::TrafficClass::kBatch)] =
+      OrExit(ParseConfigDuration(absl::GetFlag(FLAGS_ttl_batch)), "--ttl_batch");
+  kv::KvServiceOptions service_options;
+  service_options.capacity_bytes = store_options.capacity_bytes;
+  service_options.max_chunk_bytes = static_cast<int64_t>(
+      OrExit(ParseByteSize(absl::GetFlag(FLAGS_max_chunk_bytes)), "--max_chunk_bytes"));
+  if (service_options.max_chunk_bytes < 4096 || service_options.max_chunk_bytes > (64 << 20)) {
+    std::fprintf(stderr, "ferry-kvstore: --max_chunk_bytes must be in 4KiB..64MiB\n");
+    return 2;
+  }
+
+  auto store = OrExit(kv::KvStore::Open(absl::GetFlag(FLAGS_dir), store_options), "open");
+  const kv::StoreStats opened = store->Counters();
+  LOG(INFO) << "kv store " << absl::GetFlag(FLAGS_dir) << ": " << opened.objects << " objects in "
+            << opened.segments << " segments, opened in " << opened.open_seconds << " s ("
+            << opened.segments_from_footer << " from footers, " << opened.segments_scanned
+            << " scanned, " << opened.torn_bytes_dropped << " torn bytes cut), direct I/O "
+            << (opened.direct_io ? "on" : "off");
+
+  auto registry = NewServiceRegistry("kvstore");
+  auto service = std::make_unique<kv::KvStoreService>(store.get(), service_options, registry);
+  GrpcServerOptions grpc_options;
+  grpc_options.address = absl::GetFlag(FLAGS_address);
+  grpc_options.max_receive_message_bytes = kv::MaxMessageBytes(service_options);
+  grpc_options.max_send_message_bytes = kv::MaxMessageBytes(service_options);
+  auto grpc = OrExit(GrpcServer::Start(grpc_options, {service.get()}), "gRPC server");
+  AdminServerOptions admin_options;
+  admin_options.port = absl::GetFlag(FLAGS_admin_port);
+  auto admin = OrExit(AdminServer::Start(admin_options, registry), "admin server");
+  admin->SetReady(true);
+  std::printf("grpc_port=%d admin_port=%d\n", grpc->port(), admin->port());
+  std::fflush(stdout);
+
+  ShutdownOptions shutdown;
+  shutdown.rpc_grace = absl::Milliseconds(absl::GetFlag(FLAGS_rpc_grace_ms));
+  ServeUntilTerminated(**signal, *grpc, admin.get(), shutdown);
+  grpc.reset();
+  service.reset();
+  store.reset();  // queued writes reach the disk first
+  LOG(INFO) << "kv store stopped";
+  return 0;
+}

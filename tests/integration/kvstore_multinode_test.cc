@@ -1,0 +1,273 @@
+// Three ferry-kvstore processes on loopback behind one KvClient (replication 1). While a reader
+// and a writer keep calling the client, one node is killed with SIGKILL: no call fails or hangs,
+// that node's keys become misses and every other key still hits; the node restarts on the same
+// port and directory and its keys hit again (its acknowledged objects were durable). Then a node
+// gets SIGTERM while puts stream to it: it exits 0, and every put it acknowledged is there after
+// its restart.
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kvstore/client/kv_client.h"
+
+extern char** environ;
+
+namespace ferry {
+namespace kv {
+namespace {
+
+namespace fs = std::filesystem;
+std::string g_server;
+
+const Hash128 kModel = Xxh3Hash128("multinode model");
+
+Hash128 Key(int i) { return Xxh3Hash128("multinode " + std::to_string(i)); }
+
+std::string Value(int i) {
+  std::string v(1024 + (i * 7919) % 60000, '\0');
+  std::mt19937 rng(i);
+  for (char& c : v) c = static_cast<char>(rng());
+  return v;
+}
+
+// A ferry-kvstore child; ready once it printed its ports.
+class Node {
+ public:
+  Node(const std::string& dir, int port) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<std::string> args = {g_server,
+                                     "--dir=" + dir,
+                                     absl::StrCat("--address=127.0.0.1:", port),
+                                     "--segment_bytes=4MiB",
+                                     "--capacity=256MiB",
+                                     "--max_object_bytes=1MiB",
+                                     "--rpc_grace_ms=5000"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    spawned_ = posix_spawn(&pid_, g_server.c_str(), &actions, nullptr, argv.data(), environ) == 0;
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(fds[1]);
+    FILE* out = ::fdopen(fds[0], "r");
+    int admin = 0;
+    ready_ = spawned_ && std::fscanf(out, "grpc_port=%d admin_port=%d", &port_, &admin) == 2;
+    std::fclose(out);
+  }
+  ~Node() {
+    if (spawned_ && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool ready() const { return ready_; }
+  int port() const { return port_; }
+  void Kill() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    reaped_ = true;
+  }
+  // SIGTERM, then the exit status (-1: killed by a signal or still running after 30 s).
+  int Terminate() {
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 3000; ++i) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = 0;
+  bool spawned_ = false, ready_ = false, reaped_ = false;
+  int port_ = 0;
+};
+
+class MultiNodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::path(::testing::TempDir()) / "multinode";
+    fs::remove_all(root_);
+    for (int n = 0; n < 3; ++n) {
+      nodes_.push_back(std::make_unique<Node>((root_ / std::to_string(n)).string(), 0));
+      ASSERT_TRUE(nodes_.back()->ready()) << "node " << n << " did not start";
+      addresses_.push_back(absl::StrCat("127.0.0.1:", nodes_.back()->port()));
+    }
+    ClientOptions o;
+    o.nodes = addresses_;
+    o.deadline = absl::Milliseconds(500);
+    o.down_backoff = absl::Milliseconds(100);
+    o.max_down_backoff = absl::Milliseconds(400);
+    client_ = *KvClient::Create(o);
+  }
+  void Restart(int n) {
+    nodes_[n] = std::make_unique<Node>((root_ / std::to_string(n)).string(),
+                                       std::stoi(addresses_[n].substr(10)));
+    ASSERT_TRUE(nodes_[n]->ready()) << "node " << n << " did not restart";
+  }
+  // Gets keys [0, n): found[i] per key, each found value checked byte for byte.
+  std::vector<bool> GetAll(int n) {
+    std::vector<Hash128> keys;
+    for (int i = 0; i < n; ++i) keys.push_back(Key(i));
+    const auto got = client_->Get(keys, kModel);
+    std::vector<bool> found(n);
+    for (int i = 0; i < n; ++i) {
+      found[i] = got[i].found;
+      if (got[i].found) EXPECT_EQ(got[i].value, Value(i)) << "object " << i;
+    }
+    return found;
+  }
+  int Owner(int i) { return client_->NodesFor(Key(i))[0]; }
+
+  fs::path root_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::string> addresses_;
+  std::unique_ptr<KvClient> client_;
+};
+
+TEST_F(MultiNodeTest, ANodeKilledAndRestartedCostsMissesNeverErrors) {
+  constexpr int kObjects = 300;
+  std::vector<std::string> values;
+  std::vector<ClientObject> objects;
+  for (int i = 0; i < kObjects; ++i) values.push_back(Value(i));
+  for (int i = 0; i < kObjects; ++i) {
+    ClientObject o;
+    o.key = Key(i);
+    o.meta.fingerprint = kModel;
+    o.meta.token_count = 64;
+    o.value = values[i];
+    objects.push_back(o);
+  }
+  ASSERT_EQ(client_->Put(objects), kObjects);
+  for (bool f : GetAll(kObjects)) ASSERT_TRUE(f);
+  int owned = 0;
+  for (int i = 0; i < kObjects; ++i) owned += Owner(i) == 1;
+  ASSERT_GT(owned, 50);
+
+  // A reader and a writer keep going while node 1 dies; every call returns, none takes long.
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> calls{0}, slow{0};
+  auto timed = [&](auto fn) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(1500)) ++slow;
+    ++calls;
+  };
+  std::thread reader([&] {
+    while (!stop) timed([&] { GetAll(kObjects); });
+  });
+  std::thread writer([&] {
+    for (int i = kObjects; !stop; ++i) {
+      const std::string v = Value(i);
+      ClientObject o{Key(i), {}, v};
+      o.meta.fingerprint = kModel;
+      timed([&] { client_->Put({o}); });
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  nodes_[1]->Kill();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Down: node 1's keys are misses, all others hit.
+  const std::vector<bool> down = GetAll(kObjects);
+  for (int i = 0; i < kObjects; ++i) EXPECT_EQ(down[i], Owner(i) != 1) << "object " << i;
+  EXPECT_FALSE(client_->nodes()[1].up);
+
+  Restart(1);
+  std::vector<bool> back;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    back = GetAll(kObjects);
+    if (std::all_of(back.begin(), back.end(), [](bool b) { return b; })) break;
+  }
+  stop = true;
+  reader.join();
+  writer.join();
+  for (int i = 0; i < kObjects; ++i) EXPECT_TRUE(back[i]) << "object " << i << " after restart";
+  EXPECT_TRUE(client_->nodes()[1].up);
+  EXPECT_GT(calls, 10);
+  EXPECT_EQ(slow, 0) << "calls that took over 1.5 s";
+}
+
+TEST_F(MultiNodeTest, SigtermLosesNothingAcknowledged) {
+  // Single-object puts; those that returned 1 were acknowledged by their node.
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::set<int> acked;
+  std::thread writer([&] {
+    for (int i = 0; !stop; ++i) {
+      const std::string v = Value(i);
+      ClientObject o{Key(i), {}, v};
+      o.meta.fingerprint = kModel;
+      if (client_->Put({o}) == 1) {
+        std::lock_guard<std::mutex> lock(mu);
+        acked.insert(i);
+      }
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(nodes_[2]->Terminate(), 0) << "ferry-kvstore did not exit cleanly on SIGTERM";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  stop = true;
+  writer.join();
+  Restart(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // past the backoff
+  std::vector<Hash128> keys;
+  std::vector<int> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i : acked) {
+      keys.push_back(Key(i));
+      ids.push_back(i);
+    }
+  }
+  ASSERT_GT(ids.size(), 20u);
+  auto got = client_->Get(keys, kModel);
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    int missing = 0;
+    for (const auto& g : got) missing += !g.found;
+    if (missing == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    got = client_->Get(keys, kModel);
+  }
+  int on_node_2 = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    on_node_2 += Owner(ids[k]) == 2;
+    ASSERT_TRUE(got[k].found) << "acknowledged object " << ids[k] << " (node " << Owner(ids[k])
+                              << ") lost";
+    EXPECT_EQ(got[k].value, Value(ids[k]));
+  }
+  EXPECT_GT(on_node_2, 5);
+}
+
+}  // namespace
+}  // namespace kv
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc > 1) ferry::kv::g_server = argv[1];
+  return RUN_ALL_TESTS();
+}
