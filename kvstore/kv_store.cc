@@ -75,10 +75,12 @@ absl::Status ReadRecordInto(const File& file, uint64_t offset, const RecordHeade
 
 // The same into this thread's buffer, the value copied out (when `value` is not null).
 absl::Status ReadRecord(const File& file, uint64_t offset, const RecordHeader& want,
-                        std::string* value) {
+                        std::string* value, uint64_t* checksum = nullptr) {
   AlignedBuffer& buf = ReadBuffer(want.record_bytes());
-  RETURN_IF_ERROR(ReadRecordInto(file, offset, want, buf.data(), nullptr));
+  RecordHeader h;
+  RETURN_IF_ERROR(ReadRecordInto(file, offset, want, buf.data(), &h));
   if (value != nullptr) value->assign(buf.data() + kRecordHeaderBytes, want.value_bytes);
+  if (checksum != nullptr) *checksum = h.value_checksum;
   return absl::OkStatus();
 }
 
@@ -940,7 +942,7 @@ std::vector<GetResult> KvStore::Get(absl::Span<const Hash128> keys, const Hash12
       file = m.segments.at(entry.segment)->file;
     }
     GetResult& r = results[i];
-    absl::Status read = ReadRecord(*file, entry.offset, entry.header, &r.value);
+    absl::Status read = ReadRecord(*file, entry.offset, entry.header, &r.value, &r.checksum);
     std::lock_guard<std::mutex> lock(m.mu);
     auto it = m.index.find(keys[i]);
     const bool same = it != m.index.end() && it->second.header.seq == entry.header.seq;

@@ -75,6 +75,7 @@ struct GetResult {
   bool found = false;
   ObjectMeta meta;
   std::string value;
+  uint64_t checksum = 0;  // XXH3-64 of value (verified against the bytes read)
   absl::Time created;
 };
 

@@ -1,22 +1,34 @@
-// ferry-kv: the operator's tool for a KV store directory (kv_store.h), run on a store no server
-// has open (KvStore::Open locks the directory, so the tool refuses a store in use):
+// ferry-kv: the operator's tool for a KV store (kv_store.h): a store directory no server has
+// open (KvStore::Open locks the directory, so the tool refuses a store in use), or a running
+// ferry-kvstore reached by its gRPC address (the Stats, Verify and Compact calls of
+// proto/ferry/v1/kvstore.proto):
 //
-//   ferry-kv stats DIR      what is stored, by traffic class and age, and how the store opened
-//   ferry-kv verify DIR     reads and checks every object; exits 1 when any is corrupt
-//   ferry-kv compact DIR    drops expired, deleted and superseded objects and enforces the
-//                           capacity; prints the stats before and after
+//   ferry-kv stats DIR|--addr HOST:PORT     what is stored, by traffic class and age, and how the
+//                                           store opened
+//   ferry-kv verify DIR|--addr HOST:PORT    reads and checks every object; exits 1 when any is
+//                                           corrupt
+//   ferry-kv compact DIR|--addr HOST:PORT   drops expired, deleted and superseded objects and
+//                                           enforces the capacity; prints the stats before and
+//                                           after
 //
-// Flags: --json (one JSON object instead of a table), and the store's options as its server runs
-// with them (compact evicts down to the capacity and drops what is past its TTL): --capacity
-// BYTES, --segment-bytes BYTES ("64GiB", "256MiB"), --ttl-chat and --ttl-agent DURATION ("7d",
-// "72h"); defaults are StoreOptions'. Opening recovers the store as a server would: a torn tail of
-// the open segment is cut, and a segment is begun when the last one is sealed.
+// Both ways print the same table, JSON or report. A server's StatsResponse lacks the bytes
+// evicted and rewritten (shown as unknown: "-", JSON null), and adds its capacity and retention
+// per class (printed only then). Deadlines over --addr: 30 s for stats, 10 min for verify and
+// compact; an unreachable node is an error (exit 1).
+//
+// Flags: --json (one JSON object instead of a table), and, for DIR only, the store's options as
+// its server runs with them (compact evicts down to the capacity and drops what is past its TTL):
+// --capacity BYTES, --segment-bytes BYTES ("64GiB", "256MiB"), --ttl-chat, --ttl-agent and
+// --ttl-batch DURATION ("7d", "72h"); defaults are StoreOptions'. Opening recovers the store as a
+// server would: a torn tail of the open segment is cut, and a segment is begun when the last one
+// is sealed. A server uses its own options.
 //
 // Exit status: 0 done, 1 an error (or corrupt objects, for verify), 2 bad usage.
 
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -30,9 +42,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "engine/common/units.h"
+#include "ferry/v1/kvstore.grpc.pb.h"
 #include "kvstore/format.h"
 #include "kvstore/kv_store.h"
 #include "nlohmann/json.hpp"
+#include "services/common/grpc_client.h"
 
 namespace ferry {
 namespace kv {
@@ -42,7 +56,8 @@ using Json = nlohmann::json;
 
 constexpr char kUsage[] =
     "usage: ferry-kv stats|verify|compact DIR [--json] [--capacity BYTES] [--segment-bytes BYTES]\n"
-    "                [--ttl-chat DURATION] [--ttl-agent DURATION]\n"
+    "                [--ttl-chat DURATION] [--ttl-agent DURATION] [--ttl-batch DURATION]\n"
+    "       ferry-kv stats|verify|compact --addr HOST:PORT [--json]\n"
     "\n"
     "  stats    objects and bytes by traffic class and age, segment files, how the store opened\n"
     "  verify   read and check every object; exit status 1 when any is corrupt\n"
@@ -50,12 +65,21 @@ constexpr char kUsage[] =
     "\n"
     "DIR must be a store directory that no running server holds (its LOCK). Give the server's\n"
     "--capacity and TTLs to compact: it evicts down to the capacity and drops expired objects.\n"
+    "--addr calls a running ferry-kvstore (its gRPC address) instead, which keeps its own\n"
+    "options; give DIR or --addr, not both.\n"
     "Sizes: 4096, 256MiB, 64GiB; durations: 72h, 7d.\n";
+
+// Deadlines of the calls to a server: Stats walks the index; Verify reads every object and
+// Compact may rewrite segments, both minutes on a large store.
+constexpr absl::Duration kStatsDeadline = absl::Seconds(30);
+constexpr absl::Duration kLongDeadline = absl::Minutes(10);
 
 struct Flags {
   std::string command;
-  std::string dir;
+  std::string dir;   // a store directory, or
+  std::string addr;  // a running ferry-kvstore's gRPC address
   bool json = false;
+  std::string store_flag;  // the first store option given (DIR only)
   StoreOptions options;
 };
 
@@ -67,6 +91,7 @@ int UsageError(const std::string& message) {
 // Parses argv into `flags`; returns -1 to go on, or the exit status.
 int ParseFlags(int argc, char** argv, Flags* flags) {
   std::vector<std::string> positional;
+  bool addr_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help" || arg == "help") {
@@ -91,7 +116,11 @@ int ParseFlags(int argc, char** argv, Flags* flags) {
     } else {
       return UsageError(absl::StrCat(arg, " needs a value"));
     }
-    if (arg == "--capacity" || arg == "--segment-bytes") {
+    if (arg == "--addr") {
+      if (value.empty()) return UsageError("--addr needs HOST:PORT");
+      addr_given = true;
+      flags->addr = value;
+    } else if (arg == "--capacity" || arg == "--segment-bytes") {
       auto bytes = ParseByteSize(value);
       if (!bytes.ok()) return UsageError(absl::StrCat(arg, ": ", bytes.status().message()));
       if (*bytes > static_cast<uint64_t>(INT64_MAX)) return UsageError(arg + ": too large");
@@ -105,22 +134,36 @@ int ParseFlags(int argc, char** argv, Flags* flags) {
             std::min<int64_t>(flags->options.max_object_bytes,
                               n - static_cast<int64_t>(kSegmentHeaderBytes + kRecordHeaderBytes));
       }
-    } else if (arg == "--ttl-chat" || arg == "--ttl-agent") {
+    } else if (arg == "--ttl-chat" || arg == "--ttl-agent" || arg == "--ttl-batch") {
       auto ttl = ParseConfigDuration(value);
       if (!ttl.ok()) return UsageError(absl::StrCat(arg, ": ", ttl.status().message()));
-      const TrafficClass c = arg == "--ttl-chat" ? TrafficClass::kChat : TrafficClass::kAgent;
+      const TrafficClass c = *ParseTrafficClass(arg.substr(6));
       flags->options.ttl[static_cast<int>(c)] = *ttl;
     } else {
       return UsageError(absl::StrCat("unknown flag ", arg));
     }
+    if (arg != "--addr" && flags->store_flag.empty()) flags->store_flag = arg;
   }
   if (positional.empty()) return UsageError("no command given");
   flags->command = positional[0];
   if (flags->command != "stats" && flags->command != "verify" && flags->command != "compact") {
     return UsageError(absl::StrCat("unknown command '", flags->command, "'"));
   }
+  if (addr_given) {
+    if (positional.size() != 1) {
+      return UsageError(
+          absl::StrCat(flags->command, " takes a store directory or --addr HOST:PORT, not both"));
+    }
+    if (!flags->store_flag.empty()) {
+      return UsageError(absl::StrCat(flags->store_flag,
+                                     " applies to a store directory; a server keeps its own "
+                                     "options"));
+    }
+    return -1;
+  }
   if (positional.size() != 2) {
-    return UsageError(absl::StrCat(flags->command, " takes one store directory"));
+    return UsageError(
+        absl::StrCat(flags->command, " takes one store directory or --addr HOST:PORT"));
   }
   flags->dir = positional[1];
   return -1;
@@ -153,18 +196,115 @@ std::unique_ptr<KvStore> OpenStore(const Flags& flags, int* exit_code) {
   return nullptr;
 }
 
+// What the tool shows of a store, from the store itself or from a server's StatsResponse.
+struct ToolStats {
+  StoreStats store;
+  // StatsResponse has no evicted_bytes and rewritten_bytes: false over --addr.
+  bool moved_bytes_known = true;
+  // Only from a server: its capacity and retention per class (a directory's are the flags').
+  bool from_server = false;
+  int64_t capacity_bytes = 0;
+  std::array<int64_t, kNumTrafficClasses> retention_seconds = {};
+};
+
+ToolStats FromStore(const StoreStats& s) {
+  ToolStats t;
+  t.store = s;
+  return t;
+}
+
+// UNSPECIFIED (and any class this build does not know) is chat, as on the server.
+TrafficClass ClassFromProto(ferry::v1::TrafficClass c) {
+  switch (c) {
+    case ferry::v1::TRAFFIC_CLASS_AGENT:
+      return TrafficClass::kAgent;
+    case ferry::v1::TRAFFIC_CLASS_BATCH:
+      return TrafficClass::kBatch;
+    default:
+      return TrafficClass::kChat;
+  }
+}
+
+ToolStats FromServer(const ferry::v1::StatsResponse& r) {
+  ToolStats t;
+  t.moved_bytes_known = false;
+  t.from_server = true;
+  t.capacity_bytes = static_cast<int64_t>(r.capacity_bytes());
+  StoreStats& s = t.store;
+  s.objects = static_cast<int64_t>(r.objects());
+  s.value_bytes = static_cast<int64_t>(r.bytes());
+  s.file_bytes = static_cast<int64_t>(r.file_bytes());
+  s.segments = r.segments();
+  for (const ferry::v1::ClassStats& cs : r.classes()) {
+    const int c = static_cast<int>(ClassFromProto(cs.traffic_class()));
+    s.classes[c].objects += static_cast<int64_t>(cs.objects());
+    s.classes[c].bytes += static_cast<int64_t>(cs.bytes());
+    for (int a = 0; a < cs.age_bucket_counts_size() && a < 5; ++a) {
+      s.classes[c].by_age[a] += static_cast<int64_t>(cs.age_bucket_counts(a));
+    }
+    t.retention_seconds[c] = cs.retention_seconds();
+  }
+  s.puts = static_cast<int64_t>(r.puts());
+  s.put_bytes = static_cast<int64_t>(r.put_bytes());
+  s.deletes = static_cast<int64_t>(r.deletes());
+  s.hits = static_cast<int64_t>(r.hits());
+  s.misses = static_cast<int64_t>(r.misses());
+  s.gets = s.hits + s.misses;  // the store counts every get as one or the other
+  s.read_bytes = static_cast<int64_t>(r.read_bytes());
+  s.corrupt_reads = static_cast<int64_t>(r.corrupt_reads());
+  s.fingerprint_mismatches = static_cast<int64_t>(r.fingerprint_mismatches());
+  s.expired = static_cast<int64_t>(r.expired_objects());
+  s.evicted = static_cast<int64_t>(r.evicted_objects());
+  s.rewritten = static_cast<int64_t>(r.rewritten_objects());
+  s.compactions = static_cast<int64_t>(r.compactions());
+  s.group_commits = static_cast<int64_t>(r.group_commits());
+  s.open_seconds = r.open_seconds();
+  s.open_objects = static_cast<int64_t>(r.open_objects());
+  s.segments_from_footer = r.segments_from_footer();
+  s.segments_scanned = r.segments_scanned();
+  s.torn_bytes_dropped = static_cast<int64_t>(r.torn_bytes_dropped());
+  s.direct_io = r.direct_io();
+  return t;
+}
+
+VerifyReport FromServer(const ferry::v1::VerifyResponse& r) {
+  VerifyReport v;
+  v.objects_checked = static_cast<int64_t>(r.objects_checked());
+  v.bytes_checked = static_cast<int64_t>(r.bytes_checked());
+  v.corrupt = static_cast<int64_t>(r.corrupt());
+  v.problems.assign(r.problems().begin(), r.problems().end());
+  return v;
+}
+
+// How the output names the store: "store DIR" or "KV store at HOST:PORT"; in JSON "dir" or
+// "addr".
+std::string Where(const Flags& flags) {
+  return flags.addr.empty() ? absl::StrCat("store ", flags.dir)
+                            : absl::StrCat("KV store at ", flags.addr);
+}
+void AddWhere(const Flags& flags, Json* j) {
+  if (flags.addr.empty()) {
+    (*j)["dir"] = flags.dir;
+  } else {
+    (*j)["addr"] = flags.addr;
+  }
+}
+
 constexpr const char* kAgeNames[5] = {"<1h", "<1d", "<3d", "<7d", "older"};
 
-Json StatsJson(const StoreStats& s) {
+Json StatsJson(const ToolStats& t) {
+  const StoreStats& s = t.store;
   Json classes = Json::object();
   for (int c = 0; c < kNumTrafficClasses; ++c) {
     const ClassStats& cs = s.classes[c];
     Json by_age = Json::object();
     for (int a = 0; a < 5; ++a) by_age[kAgeNames[a]] = cs.by_age[a];
-    classes[TrafficClassName(static_cast<TrafficClass>(c))] = {
-        {"objects", cs.objects}, {"bytes", cs.bytes}, {"by_age", by_age}};
+    Json entry = {{"objects", cs.objects}, {"bytes", cs.bytes}, {"by_age", by_age}};
+    if (t.from_server) entry["retention_seconds"] = t.retention_seconds[c];
+    classes[TrafficClassName(static_cast<TrafficClass>(c))] = entry;
   }
-  return Json{
+  auto moved = [&](int64_t v) { return t.moved_bytes_known ? Json(v) : Json(nullptr); };
+  Json j = {
       {"objects", s.objects},
       {"value_bytes", s.value_bytes},
       {"file_bytes", s.file_bytes},
@@ -189,22 +329,40 @@ Json StatsJson(const StoreStats& s) {
         {"fingerprint_mismatches", s.fingerprint_mismatches},
         {"expired", s.expired},
         {"evicted", s.evicted},
-        {"evicted_bytes", s.evicted_bytes},
+        {"evicted_bytes", moved(s.evicted_bytes)},
         {"rewritten", s.rewritten},
-        {"rewritten_bytes", s.rewritten_bytes},
+        {"rewritten_bytes", moved(s.rewritten_bytes)},
         {"compactions", s.compactions},
         {"group_commits", s.group_commits}}},
   };
+  if (t.from_server) j["capacity_bytes"] = t.capacity_bytes;
+  return j;
 }
 
 std::string Bytes(int64_t n) { return FormatByteSize(static_cast<uint64_t>(n < 0 ? 0 : n)); }
 
-void PrintStats(const std::string& dir, const StoreStats& s) {
-  std::printf("store %s\n", dir.c_str());
+// "7d", "72h", "90s".
+std::string Retention(int64_t seconds) {
+  if (seconds > 0 && seconds % 86400 == 0) return absl::StrCat(seconds / 86400, "d");
+  if (seconds > 0 && seconds % 3600 == 0) return absl::StrCat(seconds / 3600, "h");
+  return absl::StrCat(seconds, "s");
+}
+
+void PrintStats(const std::string& where, const ToolStats& t) {
+  const StoreStats& s = t.store;
+  std::printf("%s\n", where.c_str());
   std::printf("  objects        %lld (%s of values)\n", static_cast<long long>(s.objects),
               Bytes(s.value_bytes).c_str());
   std::printf("  segment files  %lld, %s\n", static_cast<long long>(s.segments),
               Bytes(s.file_bytes).c_str());
+  if (t.from_server) {
+    std::printf("  capacity       %s; retention", Bytes(t.capacity_bytes).c_str());
+    for (int c = 0; c < kNumTrafficClasses; ++c) {
+      std::printf("%s %s %s", c == 0 ? "" : ",", TrafficClassName(static_cast<TrafficClass>(c)),
+                  Retention(t.retention_seconds[c]).c_str());
+    }
+    std::printf("\n");
+  }
   std::printf("  direct I/O     %s\n\n", s.direct_io ? "yes" : "no (buffered)");
   std::printf("  %-7s %9s %12s %8s %8s %8s %8s %8s\n", "class", "objects", "bytes", kAgeNames[0],
               kAgeNames[1], kAgeNames[2], kAgeNames[3], kAgeNames[4]);
@@ -232,29 +390,28 @@ void PrintStats(const std::string& dir, const StoreStats& s) {
       static_cast<long long>(s.torn_bytes_dropped));
 }
 
-int RunStats(const Flags& flags, KvStore& store) {
-  const StoreStats s = store.Stats();
+int ReportStats(const Flags& flags, const ToolStats& s) {
   if (flags.json) {
     Json j = StatsJson(s);
-    j["dir"] = flags.dir;
+    AddWhere(flags, &j);
     std::printf("%s\n", j.dump().c_str());
   } else {
-    PrintStats(flags.dir, s);
+    PrintStats(Where(flags), s);
   }
   return 0;
 }
 
-int RunVerify(const Flags& flags, KvStore& store) {
-  const VerifyReport r = store.Verify();
+int ReportVerify(const Flags& flags, const VerifyReport& r) {
   if (flags.json) {
-    Json j = {{"dir", flags.dir},
-              {"objects_checked", r.objects_checked},
-              {"bytes_checked", r.bytes_checked},
-              {"corrupt", r.corrupt},
-              {"problems", r.problems}};
+    Json j = Json::object();
+    AddWhere(flags, &j);
+    j["objects_checked"] = r.objects_checked;
+    j["bytes_checked"] = r.bytes_checked;
+    j["corrupt"] = r.corrupt;
+    j["problems"] = r.problems;
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("store %s: %lld objects checked (%s of values), %lld corrupt\n", flags.dir.c_str(),
+    std::printf("%s: %lld objects checked (%s of values), %lld corrupt\n", Where(flags).c_str(),
                 static_cast<long long>(r.objects_checked), Bytes(r.bytes_checked).c_str(),
                 static_cast<long long>(r.corrupt));
     if (!r.problems.empty()) {
@@ -266,19 +423,21 @@ int RunVerify(const Flags& flags, KvStore& store) {
   return r.corrupt > 0 ? 1 : 0;
 }
 
-int RunCompact(const Flags& flags, KvStore& store) {
-  const StoreStats before = store.Stats();
-  const absl::Status status = store.Compact();
-  const StoreStats after = store.Stats();
+int ReportCompact(const Flags& flags, const ToolStats& before_stats, const ToolStats& after_stats,
+                  const absl::Status& status) {
+  const StoreStats& before = before_stats.store;
+  const StoreStats& after = after_stats.store;
+  const bool ok = status.ok();
   if (flags.json) {
-    Json j = {{"dir", flags.dir},
-              {"ok", status.ok()},
-              {"before", StatsJson(before)},
-              {"after", StatsJson(after)}};
-    if (!status.ok()) j["error"] = std::string(status.message());
+    Json j = Json::object();
+    AddWhere(flags, &j);
+    j["ok"] = ok;
+    j["before"] = StatsJson(before_stats);
+    j["after"] = StatsJson(after_stats);
+    if (!ok) j["error"] = std::string(status.message());
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("store %s: compacted%s\n", flags.dir.c_str(), status.ok() ? "" : " (FAILED)");
+    std::printf("%s: compacted%s\n", Where(flags).c_str(), ok ? "" : " (FAILED)");
     std::printf("  %-12s %12s %12s\n", "", "before", "after");
     std::printf("  %-12s %12s %12s\n", "file bytes", Bytes(before.file_bytes).c_str(),
                 Bytes(after.file_bytes).c_str());
@@ -288,28 +447,111 @@ int RunCompact(const Flags& flags, KvStore& store) {
                 static_cast<long long>(after.objects));
     std::printf("  %-12s %12s %12s\n", "value bytes", Bytes(before.value_bytes).c_str(),
                 Bytes(after.value_bytes).c_str());
+    auto moved = [&](int64_t bytes) {
+      return after_stats.moved_bytes_known ? Bytes(bytes) : std::string("-");
+    };
     std::printf("  expired %lld, evicted %lld (%s), rewritten %lld (%s), segments compacted %lld\n",
                 static_cast<long long>(after.expired), static_cast<long long>(after.evicted),
-                Bytes(after.evicted_bytes).c_str(), static_cast<long long>(after.rewritten),
-                Bytes(after.rewritten_bytes).c_str(), static_cast<long long>(after.compactions));
+                moved(after.evicted_bytes).c_str(), static_cast<long long>(after.rewritten),
+                moved(after.rewritten_bytes).c_str(), static_cast<long long>(after.compactions));
   }
-  if (!status.ok()) {
+  if (!ok) {
     std::fprintf(stderr, "ferry-kv: compaction failed: %s\n", status.ToString().c_str());
     return 1;
   }
   return 0;
 }
 
+int RunOnDirectory(const Flags& flags) {
+  int exit_code = 0;
+  std::unique_ptr<KvStore> store = OpenStore(flags, &exit_code);
+  if (store == nullptr) return exit_code;
+  if (flags.command == "stats") return ReportStats(flags, FromStore(store->Stats()));
+  if (flags.command == "verify") return ReportVerify(flags, store->Verify());
+  const ToolStats before = FromStore(store->Stats());
+  const absl::Status status = store->Compact();
+  const ToolStats after = FromStore(store->Stats());
+  return ReportCompact(flags, before, after, status);
+}
+
+// A running ferry-kvstore, called over a channel of its own.
+class Server {
+ public:
+  explicit Server(const std::string& addr)
+      : addr_(addr), channel_(NewChannel(addr)), stub_(ferry::v1::KvStore::NewStub(channel_)) {}
+
+  grpc::Status Stats(ferry::v1::StatsResponse* response) {
+    auto context = NewClientContext(kStatsDeadline);
+    return stub_->Stats(context.get(), ferry::v1::StatsRequest(), response);
+  }
+  grpc::Status Verify(ferry::v1::VerifyResponse* response) {
+    auto context = NewClientContext(kLongDeadline);
+    return stub_->Verify(context.get(), ferry::v1::VerifyRequest(), response);
+  }
+  grpc::Status Compact(ferry::v1::StatsResponse* response) {
+    auto context = NewClientContext(kLongDeadline);
+    return stub_->Compact(context.get(), ferry::v1::CompactRequest(), response);
+  }
+
+  // Whether a failed call reached the server: its channel is connected.
+  bool Reached() const { return channel_->GetState(false) == GRPC_CHANNEL_READY; }
+
+  // Says why `method` failed (exit status 1).
+  int Failed(const char* method, const grpc::Status& status, absl::Duration deadline) const {
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      std::fprintf(stderr, "ferry-kv: %s on %s: no answer within %s\n", method, addr_.c_str(),
+                   absl::FormatDuration(deadline).c_str());
+    } else if (!Reached()) {
+      std::fprintf(stderr,
+                   "ferry-kv: cannot reach a KV store at %s (%s); is ferry-kvstore running "
+                   "there?\n",
+                   addr_.c_str(), status.error_message().c_str());
+    } else {
+      std::fprintf(stderr, "ferry-kv: %s on %s failed: %s\n", method, addr_.c_str(),
+                   status.error_message().c_str());
+    }
+    return 1;
+  }
+
+ private:
+  const std::string addr_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<ferry::v1::KvStore::Stub> stub_;
+};
+
+int RunOnServer(const Flags& flags) {
+  Server server(flags.addr);
+  ferry::v1::StatsResponse stats;
+  if (flags.command == "verify") {
+    ferry::v1::VerifyResponse verify;
+    const grpc::Status status = server.Verify(&verify);
+    if (!status.ok()) return server.Failed("Verify", status, kLongDeadline);
+    return ReportVerify(flags, FromServer(verify));
+  }
+  grpc::Status status = server.Stats(&stats);
+  if (!status.ok()) return server.Failed("Stats", status, kStatsDeadline);
+  if (flags.command == "stats") return ReportStats(flags, FromServer(stats));
+  const ToolStats before = FromServer(stats);
+  ferry::v1::StatsResponse compacted;
+  status = server.Compact(&compacted);
+  if (status.ok()) return ReportCompact(flags, before, FromServer(compacted), absl::OkStatus());
+  // The server answered with an error (a storage failure): show where it stands now.
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || !server.Reached()) {
+    return server.Failed("Compact", status, kLongDeadline);
+  }
+  const grpc::Status after = server.Stats(&stats);
+  if (!after.ok()) return server.Failed("Stats", after, kStatsDeadline);
+  // gRPC's codes are absl's.
+  return ReportCompact(
+      flags, before, FromServer(stats),
+      absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
+}
+
 int Main(int argc, char** argv) {
   Flags flags;
   const int parsed = ParseFlags(argc, argv, &flags);
   if (parsed >= 0) return parsed;
-  int exit_code = 0;
-  std::unique_ptr<KvStore> store = OpenStore(flags, &exit_code);
-  if (store == nullptr) return exit_code;
-  if (flags.command == "stats") return RunStats(flags, *store);
-  if (flags.command == "verify") return RunVerify(flags, *store);
-  return RunCompact(flags, *store);
+  return flags.addr.empty() ? RunOnDirectory(flags) : RunOnServer(flags);
 }
 
 }  // namespace

@@ -456,7 +456,6 @@ void GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> k
         in.meta.layout_tag = h.layout_tag();
         in.meta.token_count = h.token_count();
         in.meta.traffic_class = ClassFromProto(h.traffic_class());
-        if (!in.bad) in.value.reserve(std::min(in.size, kMaxReserveBytes));
       }
     }
     if (chunk.data().empty() || in.bad) continue;
@@ -467,7 +466,12 @@ void GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> k
       in.value.shrink_to_fit();
       continue;
     }
-    in.value.append(chunk.data());
+    if (in.value.empty() && chunk.data().size() == in.size) {
+      in.value = std::move(*chunk.mutable_data());  // the whole object in one chunk: no copy
+    } else {
+      if (in.value.empty()) in.value.reserve(std::min(in.size, kMaxReserveBytes));
+      in.value.append(chunk.data());
+    }
   }
   grpc::Status status = reader->Finish();
   if (broken) {

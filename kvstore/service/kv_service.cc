@@ -1,5 +1,7 @@
 #include "kvstore/service/kv_service.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -60,6 +62,11 @@ class Timer {
 };
 
 }  // namespace
+
+void TuneAllocatorForLargeBuffers() {
+  ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
 
 TrafficClass FromProto(ferry::v1::TrafficClass c) {
   switch (c) {
@@ -250,13 +257,17 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* context, const ferry::v1::
       h->set_token_count(r.meta.token_count);
       h->set_traffic_class(ToProto(r.meta.traffic_class));
       h->set_size_bytes(r.value.size());
-      h->set_checksum(Checksum(r.value));
+      h->set_checksum(r.checksum);
       h->set_created_unix_ms(absl::ToUnixMillis(r.created));
     }
     // The first chunk carries the header and the first piece of data.
     const int64_t size = static_cast<int64_t>(r.value.size());
     int64_t offset = std::min<int64_t>(chunk, size);
-    first.set_data(r.value.data(), static_cast<size_t>(offset));
+    if (offset == size) {
+      first.set_data(std::move(r.value));  // the whole object: no copy
+    } else {
+      first.set_data(r.value.data(), static_cast<size_t>(offset));
+    }
     if (!writer->Write(first)) return Ended(context);
     while (offset < size) {
       ferry::v1::GetChunk more;
@@ -354,8 +365,6 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context,
                                               " bytes is larger than the store's limit (",
                                               store_->max_object_bytes(), ")"));
         skipping = true;
-      } else {
-        current.value.reserve(current.size);
       }
     } else if (!open) {
       return Invalid("a Put chunk without a header before it");
@@ -370,7 +379,12 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context,
       skipping = true;
       continue;
     }
-    current.value.append(chunk.data());
+    if (current.value.empty() && chunk.data().size() == current.size) {
+      current.value = std::move(*chunk.mutable_data());  // the whole object: no copy
+    } else {
+      if (current.value.empty()) current.value.reserve(current.size);
+      current.value.append(chunk.data());
+    }
   }
   if (open) {
     absl::Status s = finish();

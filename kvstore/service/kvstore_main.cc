@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   auto signal = TerminationSignal::Install();  // before any thread
   CHECK_OK(signal.status());
   absl::ParseCommandLine(argc, argv);
+  kv::TuneAllocatorForLargeBuffers();
   if (absl::GetFlag(FLAGS_dir).empty()) {
     std::fprintf(stderr, "ferry-kvstore: --dir is required\n");
     return 2;

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # ferry bench kvstore [--dir DIR] [--jobs N] [--mib-per-size M] [--reps R] [--sizes LIST]: the KV
-# store library (kvstore/kv_store.h) against fio in the same run, on the same directory, with the
-# same block sizes (256 KiB, 1 MiB, 4 MiB), I/O mode (direct I/O unless the store fell back to
-# buffered) and concurrency (N clients, default 4, vs fio --numjobs=N --iodepth=1
-# --ioengine=psync); see tools/bench/kvstore_bench.cc for what is measured and why fio
-# --fdatasync=1 is the write baseline. First, kvstore_open_bench: how long opening takes per
-# million objects (sealed segments whose footers are read; their record areas are sparse holes).
+# store library (kvstore/kv_store.h) and its gRPC service (in-process, on loopback, through the
+# sharding client) against fio in the same run, on the same directory, with the same block sizes
+# (256 KiB, 1 MiB, 4 MiB), I/O mode (direct I/O unless the store fell back to buffered) and
+# concurrency (N clients, default 4, vs fio --numjobs=N --iodepth=1 --ioengine=psync); see
+# tools/bench/kvstore_bench.cc for what is measured and why fio --fdatasync=1 is the write
+# baseline. First, kvstore_open_bench: how long opening takes per million objects (sealed
+# segments whose footers are read; their record areas are sparse holes).
 #   --dir DIR           the filesystem to measure: the bench works in a fresh directory under DIR
 #                       and removes it afterwards (default: under ${TMPDIR:-/var/tmp}, or
 #                       /var/tmp when that is a tmpfs)
 #   --jobs N            concurrent clients (default 4)
-#   --mib-per-size M    MiB the library puts per object size (default 1024), fio writes the same
+#   --mib-per-size M    MiB the library (and the service) put per object size (default 1024), fio
+#                       writes the same
 #   --reps R            rounds of every measurement, the best counting (default 3)
 #   --sizes LIST        object sizes, of 256k,1m,4m (default all; the JSON's goal figures need 1m)
 set -euo pipefail
@@ -54,8 +56,8 @@ fi
 if [[ "$(stat -f -c %T "${base}")" == tmpfs ]]; then
   echo "kvstore: NOTE: ${base} is a tmpfs: this measures memory, not a disk" >&2
 fi
-# At most one object size's store and fio's files at a time, plus slack.
-need_kb=$((mib * 1024 * 5 / 2))
+# At most one object size's two stores (library, service) and fio's files at a time, plus slack.
+need_kb=$((mib * 1024 * 7 / 2))
 avail_kb=$(df -k --output=avail "${base}" | tail -1 | tr -d ' ')
 if [[ "${avail_kb}" -lt "${need_kb}" ]]; then
   echo "kvstore: ${base} has $((avail_kb / 1024)) MiB free, the bench needs $((need_kb / 1024))" >&2
