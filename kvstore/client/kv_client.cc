@@ -29,6 +29,10 @@ constexpr uint64_t kMaxReserveBytes = uint64_t{64} << 20;
 
 using Stub = ferry::v1::KvStore::Stub;
 
+// A ferry-kvstore takes at most this many keys per request (KvServiceOptions::max_keys): longer
+// Get, Exists and Delete calls are sent in slices.
+constexpr size_t kMaxKeysPerRequest = 65536;
+
 void HashToProto(const Hash128& h, ferry::v1::Hash128* out) {
   out->set_lo(h.lo);
   out->set_hi(h.hi);
@@ -247,6 +251,11 @@ class GrpcKvClient final : public KvClient {
     return status.ok();
   }
 
+  // The public calls in slices of at most kMaxKeysPerRequest keys.
+  std::vector<ClientGetResult> GetSlice(absl::Span<const Hash128> keys, const Hash128& fingerprint);
+  ExistsResult ExistsSlice(absl::Span<const Hash128> keys, const Hash128& fingerprint);
+  int64_t DeleteSlice(absl::Span<const Hash128> keys);
+
   // One Get stream to `work`'s node for keys[work.items]; completed values land in results.
   void GetFromNode(const NodeWork& work, absl::Span<const Hash128> keys, const Hash128& fingerprint,
                    std::vector<ClientGetResult>* results);
@@ -376,6 +385,18 @@ void GrpcKvClient::PutToNode(const NodeWork& work, absl::Span<const ClientObject
 
 std::vector<ClientGetResult> GrpcKvClient::Get(absl::Span<const Hash128> keys,
                                                const Hash128& fingerprint) {
+  std::vector<ClientGetResult> results;
+  results.reserve(keys.size());
+  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerRequest) {
+    std::vector<ClientGetResult> slice =
+        GetSlice(keys.subspan(at, kMaxKeysPerRequest), fingerprint);
+    for (ClientGetResult& r : slice) results.push_back(std::move(r));
+  }
+  return results;
+}
+
+std::vector<ClientGetResult> GrpcKvClient::GetSlice(absl::Span<const Hash128> keys,
+                                                    const Hash128& fingerprint) {
   std::vector<ClientGetResult> results(keys.size());
   std::vector<std::vector<int>> replicas(keys.size());
   for (size_t k = 0; k < keys.size(); ++k) replicas[k] = Replicas(keys[k]);
@@ -492,6 +513,18 @@ void GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> k
 }
 
 ExistsResult GrpcKvClient::Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint) {
+  ExistsResult all;
+  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerRequest) {
+    const ExistsResult slice = ExistsSlice(keys.subspan(at, kMaxKeysPerRequest), fingerprint);
+    all.present.insert(all.present.end(), slice.present.begin(), slice.present.end());
+  }
+  while (all.prefix < static_cast<int64_t>(all.present.size()) && all.present[all.prefix]) {
+    ++all.prefix;
+  }
+  return all;
+}
+
+ExistsResult GrpcKvClient::ExistsSlice(absl::Span<const Hash128> keys, const Hash128& fingerprint) {
   const std::vector<NodeWork> work = Plan(keys);
   std::vector<std::vector<bool>> present(work.size());
   RunInParallel(work.size(), [&](size_t w) {
@@ -525,6 +558,14 @@ ExistsResult GrpcKvClient::Exists(absl::Span<const Hash128> keys, const Hash128&
 }
 
 int64_t GrpcKvClient::Delete(absl::Span<const Hash128> keys) {
+  int64_t deleted = 0;
+  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerRequest) {
+    deleted += DeleteSlice(keys.subspan(at, kMaxKeysPerRequest));
+  }
+  return deleted;
+}
+
+int64_t GrpcKvClient::DeleteSlice(absl::Span<const Hash128> keys) {
   const std::vector<NodeWork> work = Plan(keys);
   std::vector<int64_t> deleted(work.size(), 0);
   RunInParallel(work.size(), [&](size_t w) {

@@ -390,6 +390,32 @@ TEST_F(KvClientTest, RoundTripAcrossThreeNodes) {
   EXPECT_EQ(client->Put({}), 0);
 }
 
+TEST_F(KvClientTest, CallsOverTheServersKeyLimitGoInSlices) {
+  // A node takes 65,536 keys per request: a chain of 70,000 goes as two, invisibly.
+  StartNodes(1);
+  auto client = NewClient(Options());
+  ASSERT_NE(client, nullptr);
+  Objects o(3, 8);
+  ASSERT_EQ(client->Put(o.objects), 5);
+  std::vector<Hash128> chain;
+  for (int i = 0; i < 70000; ++i) chain.push_back(Key(100000 + i));
+  for (int i = 0; i < 3; ++i) chain[i] = o.keys[i];  // present: the first three
+  chain[65540] = o.keys[3];                          // and one in the second slice
+  const ExistsResult e = client->Exists(chain, kModel);
+  ASSERT_EQ(e.present.size(), chain.size());
+  EXPECT_EQ(e.prefix, 3);
+  EXPECT_TRUE(e.present[65540]);
+  int present = 0;
+  for (bool p : e.present) present += p;
+  EXPECT_EQ(present, 4);
+  const std::vector<ClientGetResult> got = client->Get(chain, kModel);
+  ASSERT_EQ(got.size(), chain.size());
+  EXPECT_TRUE(got[65540].found);
+  EXPECT_EQ(got[65540].value, o.values[3]);
+  EXPECT_EQ(client->Delete(chain), 4);
+  EXPECT_TRUE(client->nodes()[0].up);
+}
+
 TEST_F(KvClientTest, ReplicationServesEveryObjectWithANodeDown) {
   StartNodes(3);
   auto client = NewClient(Options(/*replication=*/2));
