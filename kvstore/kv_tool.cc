@@ -45,6 +45,7 @@
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "kvstore/format.h"
 #include "kvstore/kv_store.h"
+#include "kvstore/wire.h"
 #include "nlohmann/json.hpp"
 #include "services/common/grpc_client.h"
 
@@ -211,18 +212,6 @@ ToolStats FromStore(const StoreStats& s) {
   ToolStats t;
   t.store = s;
   return t;
-}
-
-// UNSPECIFIED (and any class this build does not know) is chat, as on the server.
-TrafficClass ClassFromProto(ferry::v1::TrafficClass c) {
-  switch (c) {
-    case ferry::v1::TRAFFIC_CLASS_AGENT:
-      return TrafficClass::kAgent;
-    case ferry::v1::TRAFFIC_CLASS_BATCH:
-      return TrafficClass::kBatch;
-    default:
-      return TrafficClass::kChat;
-  }
 }
 
 ToolStats FromServer(const ferry::v1::StatsResponse& r) {

@@ -15,6 +15,7 @@
 #include "engine/common/log.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "ferry/v1/kvstore.pb.h"
+#include "kvstore/wire.h"
 #include "services/common/grpc_client.h"
 
 namespace ferry {
@@ -32,37 +33,6 @@ using Stub = ferry::v1::KvStore::Stub;
 // A ferry-kvstore takes at most this many keys per request (KvServiceOptions::max_keys): longer
 // Get, Exists and Delete calls are sent in slices.
 constexpr size_t kMaxKeysPerRequest = 65536;
-
-void HashToProto(const Hash128& h, ferry::v1::Hash128* out) {
-  out->set_lo(h.lo);
-  out->set_hi(h.hi);
-}
-
-Hash128 HashFromProto(const ferry::v1::Hash128& h) { return Hash128{h.lo(), h.hi()}; }
-
-ferry::v1::TrafficClass ClassToProto(TrafficClass c) {
-  switch (c) {
-    case TrafficClass::kChat:
-      return ferry::v1::TRAFFIC_CLASS_CHAT;
-    case TrafficClass::kAgent:
-      return ferry::v1::TRAFFIC_CLASS_AGENT;
-    case TrafficClass::kBatch:
-      return ferry::v1::TRAFFIC_CLASS_BATCH;
-  }
-  return ferry::v1::TRAFFIC_CLASS_UNSPECIFIED;
-}
-
-// UNSPECIFIED (and any class this build does not know) is chat, as on the server.
-TrafficClass ClassFromProto(ferry::v1::TrafficClass c) {
-  switch (c) {
-    case ferry::v1::TRAFFIC_CLASS_AGENT:
-      return TrafficClass::kAgent;
-    case ferry::v1::TRAFFIC_CLASS_BATCH:
-      return TrafficClass::kBatch;
-    default:
-      return TrafficClass::kChat;
-  }
-}
 
 // Errors that are about the request, from a node that answered: the node stays up. Everything
 // else (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, INTERNAL, UNKNOWN, UNIMPLEMENTED, ...) is a

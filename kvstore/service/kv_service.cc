@@ -10,18 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/log.h"
+#include "kvstore/wire.h"
 #include "services/common/metrics.h"
 
 namespace ferry {
 namespace kv {
 namespace {
-
-Hash128 FromProto(const ferry::v1::Hash128& h) { return Hash128{h.lo(), h.hi()}; }
-
-void ToProto(const Hash128& h, ferry::v1::Hash128* out) {
-  out->set_lo(h.lo);
-  out->set_hi(h.hi);
-}
 
 // Smaller chunks are not sent: a 4 MiB object in 1-byte messages is not a request to honour.
 constexpr int64_t kMinChunkBytes = 4096;
@@ -66,29 +60,6 @@ class Timer {
 void TuneAllocatorForLargeBuffers() {
   ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-}
-
-TrafficClass FromProto(ferry::v1::TrafficClass c) {
-  switch (c) {
-    case ferry::v1::TRAFFIC_CLASS_AGENT:
-      return TrafficClass::kAgent;
-    case ferry::v1::TRAFFIC_CLASS_BATCH:
-      return TrafficClass::kBatch;
-    default:
-      return TrafficClass::kChat;
-  }
-}
-
-ferry::v1::TrafficClass ToProto(TrafficClass c) {
-  switch (c) {
-    case TrafficClass::kAgent:
-      return ferry::v1::TRAFFIC_CLASS_AGENT;
-    case TrafficClass::kBatch:
-      return ferry::v1::TRAFFIC_CLASS_BATCH;
-    case TrafficClass::kChat:
-      return ferry::v1::TRAFFIC_CLASS_CHAT;
-  }
-  return ferry::v1::TRAFFIC_CLASS_UNSPECIFIED;
 }
 
 struct KvStoreService::Metrics {
@@ -213,8 +184,8 @@ grpc::Status KvStoreService::Exists(grpc::ServerContext* context,
   if (Done(context)) return Ended(context);
   std::vector<Hash128> keys;
   keys.reserve(request->block_hashes_size());
-  for (const auto& h : request->block_hashes()) keys.push_back(FromProto(h));
-  const ExistsResult r = store_->Exists(keys, FromProto(request->model_fingerprint()));
+  for (const auto& h : request->block_hashes()) keys.push_back(HashFromProto(h));
+  const ExistsResult r = store_->Exists(keys, HashFromProto(request->model_fingerprint()));
   response->set_longest_present_prefix(static_cast<uint32_t>(r.prefix));
   for (bool p : r.present) response->add_present_flags(p);
   return grpc::Status::OK;
@@ -234,11 +205,11 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* context, const ferry::v1::
   const int64_t chunk = std::clamp<int64_t>(
       request->max_chunk_bytes() == 0 ? options_.max_chunk_bytes : request->max_chunk_bytes(),
       kMinChunkBytes, std::max(kMinChunkBytes, options_.max_chunk_bytes));
-  const Hash128 fingerprint = FromProto(request->model_fingerprint());
-  const int miss_class = static_cast<int>(FromProto(request->context().traffic_class()));
+  const Hash128 fingerprint = HashFromProto(request->model_fingerprint());
+  const int miss_class = static_cast<int>(ClassFromProto(request->context().traffic_class()));
   for (int i = 0; i < request->block_hashes_size(); ++i) {
     if (Done(context)) return Ended(context);
-    const Hash128 key = FromProto(request->block_hashes(i));
+    const Hash128 key = HashFromProto(request->block_hashes(i));
     GetResult r = std::move(store_->Get({key}, fingerprint)[0]);
     ferry::v1::GetChunk first;
     first.set_index(static_cast<uint32_t>(i));
@@ -251,11 +222,11 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* context, const ferry::v1::
     }
     if (r.found) {
       ferry::v1::ObjectHeader* h = first.mutable_header();
-      ToProto(key, h->mutable_block_hash());
-      ToProto(r.meta.fingerprint, h->mutable_model_fingerprint());
+      HashToProto(key, h->mutable_block_hash());
+      HashToProto(r.meta.fingerprint, h->mutable_model_fingerprint());
       h->set_layout_tag(r.meta.layout_tag);
       h->set_token_count(r.meta.token_count);
-      h->set_traffic_class(ToProto(r.meta.traffic_class));
+      h->set_traffic_class(ClassToProto(r.meta.traffic_class));
       h->set_size_bytes(r.value.size());
       h->set_checksum(r.checksum);
       h->set_created_unix_ms(absl::ToUnixMillis(r.created));
@@ -301,7 +272,7 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context,
   uint32_t stored = 0;
   auto reject = [&](const Hash128& key, const std::string& reason) {
     ferry::v1::PutRejection* r = response->add_rejections();
-    ToProto(key, r->mutable_block_hash());
+    HashToProto(key, r->mutable_block_hash());
     r->set_reason(reason);
   };
   auto flush = [&]() -> absl::Status {
@@ -348,11 +319,11 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context,
       }
       const ferry::v1::ObjectHeader& h = chunk.header();
       current = Object();
-      current.item.key = FromProto(h.block_hash());
-      current.item.meta.fingerprint = FromProto(h.model_fingerprint());
+      current.item.key = HashFromProto(h.block_hash());
+      current.item.meta.fingerprint = HashFromProto(h.model_fingerprint());
       current.item.meta.layout_tag = h.layout_tag();
       current.item.meta.token_count = h.token_count();
-      current.item.meta.traffic_class = FromProto(h.traffic_class());
+      current.item.meta.traffic_class = ClassFromProto(h.traffic_class());
       current.size = h.size_bytes();
       current.checksum = h.checksum();
       open = true;
@@ -407,7 +378,7 @@ grpc::Status KvStoreService::Delete(grpc::ServerContext* context,
   }
   if (Done(context)) return Ended(context);
   std::vector<Hash128> keys;
-  for (const auto& h : request->block_hashes()) keys.push_back(FromProto(h));
+  for (const auto& h : request->block_hashes()) keys.push_back(HashFromProto(h));
   auto deleted = store_->Delete(keys);
   if (!deleted.ok()) return StoreError(deleted.status());
   response->set_deleted(static_cast<uint32_t>(*deleted));
@@ -422,7 +393,7 @@ void KvStoreService::FillStats(const StoreStats& s, ferry::v1::StatsResponse* r)
   r->set_segments(static_cast<uint32_t>(s.segments));
   for (int c = 0; c < kNumTrafficClasses; ++c) {
     ferry::v1::ClassStats* cs = r->add_classes();
-    cs->set_traffic_class(ToProto(static_cast<TrafficClass>(c)));
+    cs->set_traffic_class(ClassToProto(static_cast<TrafficClass>(c)));
     cs->set_objects(static_cast<uint64_t>(s.classes[c].objects));
     cs->set_bytes(static_cast<uint64_t>(s.classes[c].bytes));
     cs->set_retention_seconds(

@@ -53,10 +53,6 @@ inline int MaxMessageBytes(const KvServiceOptions& o) {
 // serves (or benchmarks) the store.
 void TuneAllocatorForLargeBuffers();
 
-// Traffic classes between the wire and the store (UNSPECIFIED is chat).
-TrafficClass FromProto(ferry::v1::TrafficClass c);
-ferry::v1::TrafficClass ToProto(TrafficClass c);
-
 class KvStoreService final : public ferry::v1::KvStore::Service {
  public:
   // `store` must outlive the service; `registry` may be null (no metrics).
