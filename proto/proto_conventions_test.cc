@@ -8,6 +8,7 @@
 #include "ferry/v1/common.pb.h"
 #include "ferry/v1/encoder.pb.h"
 #include "ferry/v1/kvstore.pb.h"
+#include "ferry/v1/transfer.pb.h"
 #include "ferry/v1/worker.pb.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
@@ -26,6 +27,7 @@ std::vector<const FileDescriptor*> FerryFiles() {
       ferry::v1::WorkerStatus::descriptor()->file(),
       ferry::v1::ExistsRequest::descriptor()->file(),
       ferry::v1::EncodeRequest::descriptor()->file(),
+      ferry::v1::TransferWriteChunk::descriptor()->file(),
   };
 }
 
