@@ -1,11 +1,1091 @@
-// Placeholder while the UCX implementation is written (replaced in this change).
 #include "engine/transfer/ucx_transport.h"
+
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "engine/common/log.h"
+#include "engine/transfer/notification_board.h"
+#include "engine/transfer/transfer_metrics.h"
 
 namespace ferry {
 namespace transfer {
+namespace {
+
+// Prefixes of the opaque bytes this transport hands out, so that bytes from another transport
+// (or garbage) are refused before UCX parses them.
+constexpr absl::string_view kAddressMagic = "FERRY-UCX-ADDR1:";
+constexpr absl::string_view kKeyMagic = "FERRY-UCX-RKEY1:";
+// Active message id of transfer outcomes (initiator -> owner of the memory).
+constexpr unsigned kNotifyAmId = 7;
+// Operations a transfer keeps in flight at once (its cancellation granularity).
+constexpr int kMaxInflightOps = 64;
+// After the last event the progress thread polls this long before it sleeps.
+constexpr absl::Duration kSpin = absl::Milliseconds(2);
+
+absl::Status UcsError(absl::string_view what, ucs_status_t status) {
+  const std::string message = absl::StrCat(what, ": ", ucs_status_string(status));
+  switch (status) {
+    case UCS_ERR_CANCELED:
+      return absl::CancelledError(message);
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+      return absl::DeadlineExceededError(message);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return absl::InvalidArgumentError(message);
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_EXCEEDS_LIMIT:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::UnavailableError(message);
+  }
+}
+
+// The transports of an endpoint's lanes, from ucp_ep_print_info (UCX 1.13 has no query for
+// them): lines like "#   lane[0]:  3:tcp/lo.0 md[1] ..." -> "tcp". Sorted, joined by '+'.
+std::string EndpointTransports(ucp_ep_h ep) {
+  char* buffer = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&buffer, &size);
+  if (stream == nullptr) return "unknown";
+  ucp_ep_print_info(ep, stream);
+  fclose(stream);
+  std::set<std::string> names;
+  for (absl::string_view line : absl::StrSplit(absl::string_view(buffer, size), '\n')) {
+    const size_t lane = line.find("lane[");
+    if (lane == absl::string_view::npos) continue;
+    absl::string_view rest = line.substr(lane);
+    const size_t colon = rest.find(':');
+    if (colon == absl::string_view::npos) continue;
+    rest = absl::StripLeadingAsciiWhitespace(rest.substr(colon + 1));
+    // "3:tcp/lo.0 ..." -> "tcp"
+    const size_t index_end = rest.find(':');
+    if (index_end == absl::string_view::npos) continue;
+    rest = rest.substr(index_end + 1);
+    const size_t slash = rest.find('/');
+    if (slash == absl::string_view::npos || slash == 0) continue;
+    names.insert(std::string(rest.substr(0, slash)));
+  }
+  free(buffer);
+  if (names.empty()) return "unknown";
+  return absl::StrJoin(names, "+");
+}
+
+// Who a process is on its host, carried in its transport address so that a peer on the same host
+// can watch for its exit (pidfd): UCX's shared-memory transports have no peer failure detection.
+struct ProcessIdentity {
+  std::string boot_id;  // /proc/sys/kernel/random/boot_id: the host (and boot)
+  uint64_t pid_namespace = 0;
+  uint32_t pid = 0;
+  uint64_t start_time = 0;  // /proc/<pid>/stat field 22: tells a reused pid apart
+};
+constexpr size_t kBootIdBytes = 36;
+constexpr size_t kIdentityBytes = kBootIdBytes + 8 + 4 + 8;
+
+// Field 22 (starttime) of /proc/<pid>/stat; 0 if the process does not exist.
+uint64_t ProcessStartTime(uint32_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  // After ")": field 3 (state) onwards; starttime is field 22.
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(stat).substr(paren + 1), ' ', absl::SkipEmpty());
+  uint64_t start = 0;
+  if (fields.size() < 20 || !absl::SimpleAtoi(fields[19], &start)) return 0;
+  return start;
+}
+
+ProcessIdentity SelfIdentity() {
+  ProcessIdentity self;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::getline(boot, self.boot_id);
+  self.boot_id.resize(kBootIdBytes, ' ');
+  char link[64] = {};
+  if (readlink("/proc/self/ns/pid", link, sizeof(link) - 1) > 0) {
+    // "pid:[4026531836]"
+    absl::string_view text(link);
+    if (absl::ConsumePrefix(&text, "pid:[") && absl::ConsumeSuffix(&text, "]")) {
+      (void)absl::SimpleAtoi(text, &self.pid_namespace);
+    }
+  }
+  self.pid = static_cast<uint32_t>(getpid());
+  self.start_time = ProcessStartTime(self.pid);
+  return self;
+}
+
+void AppendLe(std::string* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
+}
+
+uint64_t ReadLe(absl::string_view in, size_t at, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<uint8_t>(in[at + i])) << (8 * i);
+  return v;
+}
+
+std::string EncodeIdentity(const ProcessIdentity& id) {
+  std::string out = id.boot_id;
+  AppendLe(&out, id.pid_namespace, 8);
+  AppendLe(&out, id.pid, 4);
+  AppendLe(&out, id.start_time, 8);
+  return out;
+}
+
+ProcessIdentity DecodeIdentity(absl::string_view in) {
+  ProcessIdentity id;
+  id.boot_id = std::string(in.substr(0, kBootIdBytes));
+  id.pid_namespace = ReadLe(in, kBootIdBytes, 8);
+  id.pid = static_cast<uint32_t>(ReadLe(in, kBootIdBytes + 8, 4));
+  id.start_time = ReadLe(in, kBootIdBytes + 12, 8);
+  return id;
+}
+
+// The payload of a notification: code (4 bytes LE), id length (4 bytes LE), id, message.
+std::string EncodeNotification(const std::string& transfer_id, const absl::Status& status) {
+  std::string out;
+  const uint32_t code = static_cast<uint32_t>(status.code());
+  const uint32_t length = static_cast<uint32_t>(transfer_id.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(code >> (8 * i)));
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(length >> (8 * i)));
+  out += transfer_id;
+  out.append(status.message().data(), std::min<size_t>(status.message().size(), 512));
+  return out;
+}
+
+bool DecodeNotification(absl::string_view in, std::string* transfer_id, absl::Status* status) {
+  if (in.size() < 8) return false;
+  auto u32 = [&](size_t at) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i)
+      v |= static_cast<uint32_t>(static_cast<uint8_t>(in[at + i])) << (8 * i);
+    return v;
+  };
+  const uint32_t code = u32(0), length = u32(4);
+  if (length > kMaxTransferIdBytes || in.size() < 8 + length || code > 16) return false;
+  *transfer_id = std::string(in.substr(8, length));
+  const absl::string_view message = in.substr(8 + length);
+  *status = code == 0 ? absl::OkStatus()
+                      : absl::Status(static_cast<absl::StatusCode>(code),
+                                     absl::StrCat("initiator reports: ", message));
+  return true;
+}
+
+class UcxTransport final : public KvTransport {
+ public:
+  explicit UcxTransport(const TransportOptions& options)
+      : options_(options),
+        metrics_(options.registry),
+        board_(options.early_notification_ttl, options.max_early_notifications, &metrics_, "ucx") {}
+
+  ~UcxTransport() override;
+
+  absl::Status Init();
+
+  absl::string_view kind() const override { return "ucx"; }
+  std::string address() const override { return address_; }
+  absl::StatusOr<LocalRegion> Register(MemorySpan span) override { return Map(span, false); }
+  absl::StatusOr<LocalRegion> Allocate(size_t bytes) override;
+  absl::Status Deregister(RegionId id) override;
+  int64_t registered_regions() const override;
+  absl::StatusOr<PeerId> Connect(absl::string_view address) override;
+  void Disconnect(PeerId peer) override;
+  std::string PeerTransport(PeerId peer) const override;
+  absl::StatusOr<TransferId> Post(TransferRequest request, DoneCallback done) override;
+  void Cancel(TransferId id) override;
+  void AwaitNotification(const std::string& transfer_id, absl::Time deadline,
+                         DoneCallback done) override {
+    board_.Await(transfer_id, deadline, std::move(done));
+  }
+
+ private:
+  struct Region {
+    RegionId id = 0;
+    MemorySpan span;
+    ucp_mem_h memh = nullptr;
+    bool allocated = false;
+    LocalRegion local;
+    // Transfers posted here whose local memory lies in the region.
+    int in_use = 0;
+  };
+
+  struct Transfer;
+
+  // Progress thread only, except `label` and `failed` (also under peers_mu_ in PeerInfo).
+  struct Peer {
+    PeerId id = 0;
+    ucp_ep_h ep = nullptr;
+    std::string label;
+    bool failed = false;
+    absl::Status failure;
+    std::map<std::string, ucp_rkey_h> rkeys;
+    std::set<Transfer*> transfers;
+    // A forced close in progress (null when done or not started).
+    void* close_request = nullptr;
+    bool closed = false;
+    // A pidfd of the peer's process when it runs on this host, else -1.
+    int pidfd = -1;
+  };
+
+  struct PeerInfo {
+    std::string address;
+    std::string label;
+    bool failed = false;
+  };
+
+  enum class Phase { kPosting, kFlushing, kNotifying, kDone };
+
+  struct Transfer {
+    UcxTransport* owner = nullptr;
+    TransferId id = 0;
+    Peer* peer = nullptr;
+    ucp_rkey_h rkey = nullptr;
+    TransferRequest request;
+    std::vector<ucp_mem_h> memhs;  // per segment
+    std::vector<RegionId> pinned;  // local regions held in use
+    DoneCallback done;
+    absl::Time start;
+    uint64_t bytes = 0;
+    size_t next = 0;   // next segment to post
+    int inflight = 0;  // UCX requests not yet completed
+    Phase phase = Phase::kPosting;
+    absl::Status status;
+    bool cancelled = false;
+    absl::Time cancel_force_at = absl::InfiniteFuture();
+    std::string notify_payload;  // kept alive while the notification is sent
+  };
+
+  absl::StatusOr<LocalRegion> Map(MemorySpan span, bool allocate);
+  // Runs `fn` on the progress thread and waits for it (inline when called from that thread).
+  void RunSync(std::function<void()> fn);
+  void Enqueue(std::function<void()> fn);
+  void Loop();
+  bool RunCommands();
+  void CheckTimers(absl::Time now);
+
+  // Progress-thread helpers.
+  void Pump(Transfer* t);
+  void Advance(Transfer* t);
+  void Finish(Transfer* t);
+  void FailPeer(Peer* peer, absl::Status status);
+  // Fails the peers whose process has exited.
+  void CheckExits();
+  void ReapPeers();
+  void SendNotification(Transfer* t);
+  absl::StatusOr<ucp_rkey_h> RemoteKey(Peer* peer, const std::string& key);
+  Peer* FindPeer(PeerId id);
+
+  static void OnOpDone(void* request, ucs_status_t status, void* user_data);
+  static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t OnNotification(void* arg, const void* header, size_t header_length,
+                                     void* data, size_t length, const ucp_am_recv_param_t* param);
+
+  const TransportOptions options_;
+  TransferMetrics metrics_;
+  NotificationBoard board_;
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  ProcessIdentity self_;
+  int epoll_fd_ = -1;
+  // The pidfds of peers on this host, readable when the peer process exits.
+  int exit_epoll_fd_ = -1;
+  int worker_fd_ = -1;
+  int command_fd_ = -1;
+  std::thread thread_;
+  std::thread::id thread_id_;
+
+  absl::Mutex queue_mu_;
+  std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(queue_mu_);
+  std::atomic<bool> has_commands_{false};
+  bool stopping_ = false;  // progress thread only
+  bool stopped_ = false;   // progress thread only: the loop may exit
+
+  mutable absl::Mutex regions_mu_;
+  std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(regions_mu_);  // by start address
+  uint64_t region_bytes_ ABSL_GUARDED_BY(regions_mu_) = 0;
+  RegionId next_region_id_ ABSL_GUARDED_BY(regions_mu_) = 1;
+
+  mutable absl::Mutex peers_mu_;
+  std::map<PeerId, PeerInfo> peer_info_ ABSL_GUARDED_BY(peers_mu_);
+  PeerId next_peer_id_ ABSL_GUARDED_BY(peers_mu_) = 1;
+
+  std::atomic<TransferId> next_transfer_id_{1};
+
+  // Progress thread only.
+  std::map<PeerId, std::unique_ptr<Peer>> peers_;
+  std::map<TransferId, std::unique_ptr<Transfer>> transfers_;
+  // Transfers an operation completion touched: advanced after ucp_worker_progress returns (UCX
+  // callbacks never re-enter the transport's bookkeeping).
+  std::vector<TransferId> touched_;
+};
+
+absl::Status UcxTransport::Init() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+  if (status != UCS_OK) return UcsError("ucp_config_read", status);
+  if (!options_.ucx_tls.empty()) {
+    status = ucp_config_modify(config, "TLS", options_.ucx_tls.c_str());
+    if (status != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InvalidArgumentError(absl::StrCat("UCX refuses ucx_tls '", options_.ucx_tls,
+                                                     "': ", ucs_status_string(status)));
+    }
+  }
+  ucp_params_t params = {};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  status = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (status != UCS_OK) return UcsError("ucp_init", status);
+
+  ucp_worker_params_t worker_params = {};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  status = ucp_worker_create(context_, &worker_params, &worker_);
+  if (status != UCS_OK) return UcsError("ucp_worker_create", status);
+
+  ucp_address_t* address = nullptr;
+  size_t address_length = 0;
+  status = ucp_worker_get_address(worker_, &address, &address_length);
+  if (status != UCS_OK) return UcsError("ucp_worker_get_address", status);
+  self_ = SelfIdentity();
+  address_ =
+      absl::StrCat(kAddressMagic, EncodeIdentity(self_),
+                   absl::string_view(reinterpret_cast<const char*>(address), address_length));
+  ucp_worker_release_address(worker_, address);
+
+  ucp_am_handler_param_t am = {};
+  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  am.id = kNotifyAmId;
+  am.cb = &UcxTransport::OnNotification;
+  am.arg = this;
+  status = ucp_worker_set_am_recv_handler(worker_, &am);
+  if (status != UCS_OK) return UcsError("ucp_worker_set_am_recv_handler", status);
+
+  status = ucp_worker_get_efd(worker_, &worker_fd_);
+  if (status != UCS_OK) return UcsError("ucp_worker_get_efd", status);
+  command_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  exit_epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (command_fd_ < 0 || epoll_fd_ < 0 || exit_epoll_fd_ < 0) {
+    return absl::InternalError(absl::StrCat("eventfd/epoll: ", strerror(errno)));
+  }
+  for (int fd : {worker_fd_, command_fd_, exit_epoll_fd_}) {
+    epoll_event event = {};
+    event.events = EPOLLIN;
+    event.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
+    }
+  }
+  thread_ = std::thread([this] { Loop(); });
+  thread_id_ = thread_.get_id();
+  LOG(INFO) << "KV transport: UCX " << ucp_get_version_string() << " worker ready (UCX_TLS "
+            << (options_.ucx_tls.empty() ? "default" : options_.ucx_tls) << ")";
+  return absl::OkStatus();
+}
+
+UcxTransport::~UcxTransport() {
+  if (thread_.joinable()) {
+    Enqueue([this] {
+      stopping_ = true;
+      for (auto& [id, t] : transfers_) {
+        if (t->status.ok()) t->status = absl::CancelledError("KV transport is shutting down");
+        t->cancelled = true;
+      }
+      for (auto& [id, peer] : peers_) {
+        FailPeer(peer.get(), absl::CancelledError("KV transport is shutting down"));
+      }
+    });
+    thread_.join();
+  }
+  board_.Shutdown();
+  {
+    absl::MutexLock lock(&regions_mu_);
+    for (auto& [address, region] : regions_) {
+      if (context_ != nullptr) ucp_mem_unmap(context_, region.memh);
+    }
+    regions_.clear();
+  }
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (exit_epoll_fd_ >= 0) close(exit_epoll_fd_);
+  if (command_fd_ >= 0) close(command_fd_);
+}
+
+void UcxTransport::Enqueue(std::function<void()> fn) {
+  {
+    absl::MutexLock lock(&queue_mu_);
+    commands_.push_back(std::move(fn));
+    has_commands_.store(true, std::memory_order_release);
+  }
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = write(command_fd_, &one, sizeof(one));
+}
+
+void UcxTransport::RunSync(std::function<void()> fn) {
+  if (std::this_thread::get_id() == thread_id_) {
+    fn();
+    return;
+  }
+  absl::Notification done;
+  Enqueue([&] {
+    fn();
+    done.Notify();
+  });
+  done.WaitForNotification();
+}
+
+bool UcxTransport::RunCommands() {
+  if (!has_commands_.load(std::memory_order_acquire)) return false;
+  std::deque<std::function<void()>> commands;
+  {
+    absl::MutexLock lock(&queue_mu_);
+    commands.swap(commands_);
+    has_commands_.store(false, std::memory_order_release);
+  }
+  uint64_t drained;
+  [[maybe_unused]] ssize_t n = read(command_fd_, &drained, sizeof(drained));
+  for (auto& fn : commands) fn();
+  return !commands.empty();
+}
+
+void UcxTransport::Loop() {
+  absl::Time last_busy = absl::Now();
+  absl::Time last_timers = absl::InfinitePast();
+  while (true) {
+    bool busy = RunCommands();
+    busy |= ucp_worker_progress(worker_) != 0;
+    if (!touched_.empty()) {
+      std::vector<TransferId> touched;
+      touched.swap(touched_);
+      for (TransferId id : touched) {
+        auto it = transfers_.find(id);
+        if (it != transfers_.end()) Pump(it->second.get());
+      }
+      busy = true;
+    }
+    const absl::Time now = absl::Now();
+    if (now - last_timers >= absl::Microseconds(200)) {
+      CheckTimers(now);
+      CheckExits();
+      ReapPeers();
+      last_timers = now;
+    }
+    if (stopping_ && transfers_.empty() && peers_.empty()) break;
+    if (busy) {
+      last_busy = now;
+      continue;
+    }
+    if (now - last_busy < kSpin) {
+      // Polling for the next event; a thread this one woke (a caller waiting on a callback)
+      // gets the core first.
+      sched_yield();
+      continue;
+    }
+    // Idle: sleep until UCX or a command wakes us, or the next timer check.
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    if (has_commands_.load(std::memory_order_acquire)) continue;
+    epoll_event events[2];
+    bool closing = stopping_;
+    for (const auto& [id, peer] : peers_) closing |= peer->failed;
+    absl::Time wake = now + absl::Milliseconds(100);
+    for (const auto& [id, t] : transfers_) {
+      wake = std::min({wake, t->request.deadline, t->cancel_force_at});
+    }
+    const int timeout_ms =
+        closing ? 1
+                : static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(wake - now) + 1));
+    epoll_wait(epoll_fd_, events, 2, timeout_ms);
+    last_busy = absl::Now() - kSpin;  // poll once after a wake-up, then sleep again if idle
+  }
+}
+
+absl::StatusOr<LocalRegion> UcxTransport::Map(MemorySpan span, bool allocate) {
+  if (!allocate && (span.address == nullptr || span.length == 0)) {
+    return absl::InvalidArgumentError("cannot register an empty span");
+  }
+  absl::Status status;
+  ucp_mem_h memh = nullptr;
+  std::string key;
+  MemorySpan mapped = span;
+  RunSync([&] {
+    ucp_mem_map_params_t params = {};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    params.address = allocate ? nullptr : span.address;
+    params.length = span.length;
+    params.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+    ucs_status_t s = ucp_mem_map(context_, &params, &memh);
+    if (s != UCS_OK) {
+      status = UcsError(allocate ? "ucp_mem_map (allocate)" : "ucp_mem_map (register)", s);
+      return;
+    }
+    ucp_mem_attr_t attr = {};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    s = ucp_mem_query(memh, &attr);
+    if (s != UCS_OK) {
+      status = UcsError("ucp_mem_query", s);
+      ucp_mem_unmap(context_, memh);
+      return;
+    }
+    mapped = {attr.address, allocate ? span.length : attr.length};
+    void* packed = nullptr;
+    size_t packed_size = 0;
+    s = ucp_rkey_pack(context_, memh, &packed, &packed_size);
+    if (s != UCS_OK) {
+      status = UcsError("ucp_rkey_pack", s);
+      ucp_mem_unmap(context_, memh);
+      return;
+    }
+    key = absl::StrCat(kKeyMagic, absl::string_view(static_cast<char*>(packed), packed_size));
+    ucp_rkey_buffer_release(packed);
+  });
+  if (!status.ok()) return status;
+  if (allocate) std::memset(mapped.address, 0, mapped.length);
+  absl::MutexLock lock(&regions_mu_);
+  Region region;
+  region.id = next_region_id_++;
+  region.span = mapped;
+  region.memh = memh;
+  region.allocated = allocate;
+  region.local.id = region.id;
+  region.local.span = mapped;
+  region.local.descriptor = {reinterpret_cast<uint64_t>(mapped.address), mapped.length, key};
+  const uint64_t start = reinterpret_cast<uint64_t>(mapped.address);
+  if (regions_.count(start) != 0) {
+    RunSync([&] { ucp_mem_unmap(context_, memh); });
+    return absl::AlreadyExistsError("a region starting at this address is already registered");
+  }
+  LocalRegion local = region.local;
+  regions_[start] = std::move(region);
+  region_bytes_ += mapped.length;
+  metrics_.SetRegistered("ucx", static_cast<int64_t>(regions_.size()), region_bytes_);
+  return local;
+}
+
+absl::StatusOr<LocalRegion> UcxTransport::Allocate(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("cannot allocate 0 bytes");
+  return Map({nullptr, bytes}, true);
+}
+
+absl::Status UcxTransport::Deregister(RegionId id) {
+  ucp_mem_h memh = nullptr;
+  {
+    absl::MutexLock lock(&regions_mu_);
+    auto it = std::find_if(regions_.begin(), regions_.end(),
+                           [&](const auto& entry) { return entry.second.id == id; });
+    if (it == regions_.end()) {
+      return absl::NotFoundError(absl::StrCat("no registered region ", id));
+    }
+    if (it->second.in_use > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region ", id, " is in use by ", it->second.in_use, " transfer(s) posted here"));
+    }
+    memh = it->second.memh;
+    region_bytes_ -= it->second.span.length;
+    regions_.erase(it);
+    metrics_.SetRegistered("ucx", static_cast<int64_t>(regions_.size()), region_bytes_);
+  }
+  RunSync([&] { ucp_mem_unmap(context_, memh); });
+  return absl::OkStatus();
+}
+
+int64_t UcxTransport::registered_regions() const {
+  absl::MutexLock lock(&regions_mu_);
+  return static_cast<int64_t>(regions_.size());
+}
+
+absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
+  if (!absl::StartsWith(address, kAddressMagic) ||
+      address.size() <= kAddressMagic.size() + kIdentityBytes) {
+    return absl::InvalidArgumentError("not a UCX KV transport address");
+  }
+  {
+    absl::MutexLock lock(&peers_mu_);
+    for (const auto& [id, info] : peer_info_) {
+      if (info.address == address && !info.failed) return id;
+    }
+  }
+  const ProcessIdentity identity = DecodeIdentity(address.substr(kAddressMagic.size()));
+  const std::string worker_address(address.substr(kAddressMagic.size() + kIdentityBytes));
+  // A peer on this host (same boot, same pid namespace) is watched through a pidfd.
+  int pidfd = -1;
+  if (identity.boot_id == self_.boot_id && identity.pid_namespace == self_.pid_namespace &&
+      identity.pid != 0) {
+    pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(identity.pid), 0));
+    if (pidfd >= 0 && ProcessStartTime(identity.pid) != identity.start_time) {
+      close(pidfd);
+      return absl::UnavailableError(absl::StrCat("peer process ", identity.pid, " has exited"));
+    }
+    if (pidfd < 0 && errno == ESRCH) {
+      return absl::UnavailableError(absl::StrCat("peer process ", identity.pid, " has exited"));
+    }
+  }
+  absl::Status status;
+  PeerId id = 0;
+  RunSync([&] {
+    auto peer = std::make_unique<Peer>();
+    ucp_ep_params_t params = {};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &UcxTransport::OnError;
+    params.err_handler.arg = this;
+    ucs_status_t s = ucp_ep_create(worker_, &params, &peer->ep);
+    bool peer_errors = true;
+    if (s == UCS_ERR_UNREACHABLE && pidfd >= 0) {
+      // UCX 1.13's shared-memory transports have no peer failure handling; on this host the
+      // pidfd tells when the peer dies, and deadlines bound everything else.
+      params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      s = ucp_ep_create(worker_, &params, &peer->ep);
+      peer_errors = false;
+    }
+    if (s != UCS_OK) {
+      status = UcsError("ucp_ep_create", s);
+      return;
+    }
+    peer->label = absl::StrCat("ucx:", EndpointTransports(peer->ep));
+    {
+      absl::MutexLock lock(&peers_mu_);
+      id = next_peer_id_++;
+      peer_info_[id] = PeerInfo{std::string(address), peer->label, false};
+    }
+    peer->id = id;
+    if (pidfd >= 0) {
+      peer->pidfd = pidfd;
+      pidfd = -1;
+      epoll_event event = {};
+      event.events = EPOLLIN;
+      event.data.u64 = id;
+      epoll_ctl(exit_epoll_fd_, EPOLL_CTL_ADD, peer->pidfd, &event);
+    }
+    LOG(INFO) << "KV transport: peer " << id << " connected via " << peer->label
+              << (peer_errors ? " (peer error handling)"
+                              : " (no UCX peer error handling on these transports: process exit "
+                                "watched, deadlines bound the rest)");
+    peers_[id] = std::move(peer);
+  });
+  if (pidfd >= 0) close(pidfd);
+  if (!status.ok()) return status;
+  return id;
+}
+
+void UcxTransport::Disconnect(PeerId id) {
+  RunSync([&] {
+    Peer* peer = FindPeer(id);
+    if (peer != nullptr) FailPeer(peer, absl::CancelledError("peer disconnected"));
+  });
+}
+
+std::string UcxTransport::PeerTransport(PeerId peer) const {
+  absl::MutexLock lock(&peers_mu_);
+  auto it = peer_info_.find(peer);
+  return it == peer_info_.end() ? "" : it->second.label;
+}
+
+UcxTransport::Peer* UcxTransport::FindPeer(PeerId id) {
+  auto it = peers_.find(id);
+  return it == peers_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<TransferId> UcxTransport::Post(TransferRequest request, DoneCallback done) {
+  if (absl::Status s = ValidateTransferRequest(request); !s.ok()) return s;
+  if (!absl::StartsWith(request.remote.remote_key, kKeyMagic)) {
+    return absl::InvalidArgumentError("remote key is not a UCX KV transport key");
+  }
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peer_info_.find(request.peer);
+    if (it == peer_info_.end()) {
+      return absl::NotFoundError(absl::StrCat("no peer ", request.peer));
+    }
+    if (it->second.failed) {
+      return absl::UnavailableError(
+          absl::StrCat("peer ", request.peer, " failed; Connect again to make a new connection"));
+    }
+  }
+  auto t = std::make_unique<Transfer>();
+  t->memhs.reserve(request.segments.size());
+  {
+    absl::MutexLock lock(&regions_mu_);
+    std::vector<Region*> used;
+    for (size_t i = 0; i < request.segments.size(); ++i) {
+      const TransferSegment& s = request.segments[i];
+      auto it = regions_.upper_bound(s.local_address);
+      Region* region = nullptr;
+      if (it != regions_.begin()) {
+        Region& candidate = std::prev(it)->second;
+        const uint64_t begin = reinterpret_cast<uint64_t>(candidate.span.address);
+        if (s.local_address - begin <= candidate.span.length &&
+            s.length <= candidate.span.length - (s.local_address - begin)) {
+          region = &candidate;
+        }
+      }
+      if (region == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "segment ", i, "'s local range is not inside a region registered with this transport"));
+      }
+      t->memhs.push_back(region->memh);
+      if (std::find(used.begin(), used.end(), region) == used.end()) used.push_back(region);
+    }
+    for (Region* region : used) {
+      ++region->in_use;
+      t->pinned.push_back(region->id);
+    }
+  }
+  t->owner = this;
+  t->id = next_transfer_id_.fetch_add(1);
+  for (const TransferSegment& s : request.segments) t->bytes += s.length;
+  t->request = std::move(request);
+  t->done = std::move(done);
+  t->start = absl::Now();
+  const TransferId id = t->id;
+  Enqueue([this, t = t.release()]() mutable {
+    std::unique_ptr<Transfer> owned(t);
+    Peer* peer = FindPeer(t->request.peer);
+    if (peer == nullptr || peer->failed || stopping_) {
+      t->status = stopping_
+                      ? absl::CancelledError("KV transport is shutting down")
+                      : absl::UnavailableError(absl::StrCat(
+                            "peer ", t->request.peer,
+                            " failed: ", peer == nullptr ? "gone" : peer->failure.ToString()));
+      t->phase = Phase::kDone;
+      transfers_[t->id] = std::move(owned);
+      Finish(t);
+      return;
+    }
+    t->peer = peer;
+    peer->transfers.insert(t);
+    transfers_[t->id] = std::move(owned);
+    Pump(t);
+  });
+  return id;
+}
+
+void UcxTransport::Cancel(TransferId id) {
+  Enqueue([this, id] {
+    auto it = transfers_.find(id);
+    if (it == transfers_.end()) return;
+    Transfer* t = it->second.get();
+    if (t->phase == Phase::kDone || t->cancelled) return;
+    t->cancelled = true;
+    if (t->status.ok())
+      t->status = absl::CancelledError(absl::StrCat("transfer ", id, " cancelled"));
+    t->cancel_force_at = absl::Now() + options_.cancel_grace;
+    Advance(t);
+  });
+}
+
+absl::StatusOr<ucp_rkey_h> UcxTransport::RemoteKey(Peer* peer, const std::string& key) {
+  auto it = peer->rkeys.find(key);
+  if (it != peer->rkeys.end()) return it->second;
+  ucp_rkey_h rkey = nullptr;
+  const ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, key.data() + kKeyMagic.size(), &rkey);
+  if (s != UCS_OK) return UcsError("ucp_ep_rkey_unpack", s);
+  peer->rkeys[key] = rkey;
+  return rkey;
+}
+
+void UcxTransport::OnOpDone(void* request, ucs_status_t status, void* user_data) {
+  auto* t = static_cast<Transfer*>(user_data);
+  --t->inflight;
+  if (status != UCS_OK && t->status.ok()) {
+    t->status =
+        UcsError(absl::StrCat("transfer ", t->id, " ",
+                              t->phase == Phase::kFlushing    ? "flush"
+                              : t->phase == Phase::kNotifying ? "notification"
+                                                              : TransferOpName(t->request.op)),
+                 status);
+  }
+  ucp_request_free(request);
+  t->owner->touched_.push_back(t->id);
+}
+
+// Posts segments up to the in-flight limit, then moves the transfer through flush and
+// notification; finishes it when nothing is in flight and nothing is left to do.
+void UcxTransport::Pump(Transfer* t) {
+  const bool put = t->request.op == TransferOp::kPut;
+  if (t->rkey == nullptr && t->status.ok() && t->phase == Phase::kPosting) {
+    absl::StatusOr<ucp_rkey_h> rkey = RemoteKey(t->peer, t->request.remote.remote_key);
+    if (rkey.ok()) {
+      t->rkey = *rkey;
+    } else {
+      t->status = rkey.status();
+    }
+  }
+  while (t->status.ok() && t->phase == Phase::kPosting && t->next < t->request.segments.size() &&
+         t->inflight < kMaxInflightOps) {
+    const size_t i = t->next++;
+    const TransferSegment& s = t->request.segments[i];
+    ucp_request_param_t param = {};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+    param.cb.send = &UcxTransport::OnOpDone;
+    param.user_data = t;
+    param.memh = t->memhs[i];
+    void* local = reinterpret_cast<void*>(s.local_address);
+    ucs_status_ptr_t p =
+        put ? ucp_put_nbx(t->peer->ep, local, s.length, s.remote_address, t->rkey, &param)
+            : ucp_get_nbx(t->peer->ep, local, s.length, s.remote_address, t->rkey, &param);
+    if (UCS_PTR_IS_ERR(p)) {
+      t->status = UcsError(absl::StrCat("transfer ", t->id, " ", TransferOpName(t->request.op)),
+                           UCS_PTR_STATUS(p));
+    } else if (p != nullptr) {
+      ++t->inflight;
+    }
+  }
+  Advance(t);
+}
+
+void UcxTransport::Advance(Transfer* t) {
+  if (t->phase == Phase::kDone || t->inflight > 0) return;
+  if (t->status.ok() && t->phase == Phase::kPosting) {
+    if (t->next < t->request.segments.size()) return;  // Pump posts the rest
+    if (t->request.op == TransferOp::kPut) {
+      // Puts complete locally when their source may be reused; the flush completes when they
+      // are in the peer's memory.
+      t->phase = Phase::kFlushing;
+      ucp_request_param_t param = {};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      param.cb.send = &UcxTransport::OnOpDone;
+      param.user_data = t;
+      ucs_status_ptr_t p = ucp_ep_flush_nbx(t->peer->ep, &param);
+      if (UCS_PTR_IS_ERR(p)) {
+        t->status = UcsError(absl::StrCat("transfer ", t->id, " flush"), UCS_PTR_STATUS(p));
+      } else if (p != nullptr) {
+        ++t->inflight;
+        return;
+      }
+    } else {
+      t->phase = Phase::kFlushing;
+    }
+  }
+  if (t->phase == Phase::kPosting || t->phase == Phase::kFlushing) {
+    // Done moving bytes (or failed): tell the owner, if it waits for this transfer.
+    t->phase = Phase::kNotifying;
+    if (!t->request.transfer_id.empty() && t->peer != nullptr && !t->peer->failed) {
+      SendNotification(t);
+      if (t->inflight > 0) return;
+    }
+  }
+  t->phase = Phase::kDone;
+  Finish(t);
+}
+
+void UcxTransport::SendNotification(Transfer* t) {
+  t->notify_payload = EncodeNotification(t->request.transfer_id, t->status);
+  ucp_request_param_t param = {};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_EAGER;
+  param.cb.send = &UcxTransport::OnOpDone;
+  param.user_data = t;
+  const bool was_ok = t->status.ok();
+  ucs_status_ptr_t p = ucp_am_send_nbx(t->peer->ep, kNotifyAmId, nullptr, 0,
+                                       t->notify_payload.data(), t->notify_payload.size(), &param);
+  if (UCS_PTR_IS_ERR(p)) {
+    if (was_ok) {
+      t->status = UcsError(absl::StrCat("transfer ", t->id, " notification"), UCS_PTR_STATUS(p));
+    }
+  } else if (p != nullptr) {
+    ++t->inflight;
+  }
+}
+
+void UcxTransport::Finish(Transfer* t) {
+  {
+    absl::MutexLock lock(&regions_mu_);
+    for (RegionId id : t->pinned) {
+      for (auto& [address, region] : regions_) {
+        if (region.id == id) {
+          --region.in_use;
+          break;
+        }
+      }
+    }
+  }
+  if (t->peer != nullptr) t->peer->transfers.erase(t);
+  const std::string label = t->peer != nullptr ? t->peer->label : "ucx:unknown";
+  metrics_.RecordTransfer(label, t->request.op, t->bytes, absl::Now() - t->start, t->status);
+  auto owned = std::move(transfers_[t->id]);
+  transfers_.erase(t->id);
+  DoneCallback done = std::move(t->done);
+  absl::Status status = std::move(t->status);
+  owned.reset();
+  if (done) done(std::move(status));
+}
+
+void UcxTransport::CheckTimers(absl::Time now) {
+  std::vector<Transfer*> due;
+  for (auto& [id, t] : transfers_) due.push_back(t.get());
+  for (Transfer* t : due) {
+    if (transfers_.count(t->id) == 0) continue;  // finished by an earlier one's peer failure
+    if (t->phase == Phase::kDone) continue;
+    if (now >= t->request.deadline && !absl::IsDeadlineExceeded(t->status)) {
+      if (t->status.ok() || absl::IsCancelled(t->status)) {
+        t->status = absl::DeadlineExceededError(
+            absl::StrCat("transfer ", t->id, " did not complete before its deadline (", t->next,
+                         " of ", t->request.segments.size(), " segments posted, ", t->inflight,
+                         " operations in flight)"));
+      }
+      t->cancelled = true;
+      if (t->inflight > 0 && t->peer != nullptr && !t->peer->failed) {
+        // Operations to a peer that stopped answering complete only when the endpoint goes.
+        FailPeer(t->peer, absl::UnavailableError(
+                              absl::StrCat("connection closed: transfer ", t->id,
+                                           " passed its deadline with operations in flight")));
+        continue;
+      }
+      Advance(t);
+    } else if (t->cancelled && t->inflight > 0 && now >= t->cancel_force_at && t->peer != nullptr &&
+               !t->peer->failed) {
+      FailPeer(t->peer, absl::UnavailableError(
+                            absl::StrCat("connection closed: cancelled transfer ", t->id,
+                                         " had operations in flight past the grace period")));
+    }
+  }
+}
+
+void UcxTransport::FailPeer(Peer* peer, absl::Status status) {
+  if (peer->failed) return;
+  peer->failed = true;
+  peer->failure = status;
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peer_info_.find(peer->id);
+    if (it != peer_info_.end()) it->second.failed = true;
+  }
+  LOG(WARNING) << "KV transport: peer " << peer->id << " (" << peer->label
+               << ") failed: " << status;
+  for (Transfer* t : peer->transfers) {
+    if (t->status.ok()) t->status = status;
+    t->cancelled = true;
+  }
+  ucp_request_param_t param = {};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t p = ucp_ep_close_nbx(peer->ep, &param);
+  if (UCS_PTR_IS_ERR(p) || p == nullptr) {
+    peer->closed = true;
+  } else {
+    peer->close_request = p;
+  }
+}
+
+// Frees peers whose forced close has completed and whose transfers have all finished.
+void UcxTransport::ReapPeers() {
+  for (auto it = peers_.begin(); it != peers_.end();) {
+    Peer* peer = it->second.get();
+    if (peer->close_request != nullptr &&
+        ucp_request_check_status(peer->close_request) != UCS_INPROGRESS) {
+      ucp_request_free(peer->close_request);
+      peer->close_request = nullptr;
+      peer->closed = true;
+    }
+    if (peer->closed && peer->transfers.empty()) {
+      for (auto& [key, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
+      if (peer->pidfd >= 0) {
+        epoll_ctl(exit_epoll_fd_, EPOLL_CTL_DEL, peer->pidfd, nullptr);
+        close(peer->pidfd);
+      }
+      {
+        absl::MutexLock lock(&peers_mu_);
+        peer_info_.erase(peer->id);
+      }
+      it = peers_.erase(it);
+    } else {
+      // A failed peer's transfers finish as their operations come back.
+      if (peer->failed) {
+        std::vector<Transfer*> transfers(peer->transfers.begin(), peer->transfers.end());
+        for (Transfer* t : transfers) Advance(t);
+      }
+      ++it;
+    }
+  }
+}
+
+void UcxTransport::CheckExits() {
+  epoll_event events[16];
+  const int n = epoll_wait(exit_epoll_fd_, events, 16, 0);
+  for (int i = 0; i < n; ++i) {
+    Peer* peer = FindPeer(static_cast<PeerId>(events[i].data.u64));
+    if (peer == nullptr) continue;
+    epoll_ctl(exit_epoll_fd_, EPOLL_CTL_DEL, peer->pidfd, nullptr);
+    FailPeer(peer, absl::UnavailableError(absl::StrCat("peer ", peer->id, " (", peer->label,
+                                                       "): its process exited")));
+  }
+}
+
+void UcxTransport::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<UcxTransport*>(arg);
+  for (auto& [id, peer] : self->peers_) {
+    if (peer->ep == ep && !peer->failed) {
+      self->FailPeer(peer.get(),
+                     UcsError(absl::StrCat("peer ", id, " (", peer->label, ")"), status));
+      return;
+    }
+  }
+}
+
+ucs_status_t UcxTransport::OnNotification(void* arg, const void* header, size_t header_length,
+                                          void* data, size_t length,
+                                          const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxTransport*>(arg);
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+    LOG(WARNING) << "KV transport: dropped a rendezvous notification (" << length << " bytes)";
+    return UCS_OK;
+  }
+  std::string transfer_id;
+  absl::Status status;
+  if (!DecodeNotification(absl::string_view(static_cast<const char*>(data), length), &transfer_id,
+                          &status)) {
+    LOG(WARNING) << "KV transport: dropped a malformed notification (" << length << " bytes)";
+    return UCS_OK;
+  }
+  self->board_.Deliver(transfer_id, std::move(status));
+  return UCS_OK;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<KvTransport>> NewUcxTransport(const TransportOptions& options) {
-  return absl::UnimplementedError("UCX transport not built yet");
+  auto transport = std::make_unique<UcxTransport>(options);
+  if (absl::Status s = transport->Init(); !s.ok()) return s;
+  return transport;
 }
 
 }  // namespace transfer
