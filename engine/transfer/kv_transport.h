@@ -159,6 +159,7 @@ class KvTransport {
   virtual std::string address() const = 0;
 
   // Registers caller memory for remote access (the span must stay valid until Deregister).
+  // Registrations may not overlap (AlreadyExists).
   virtual absl::StatusOr<LocalRegion> Register(MemorySpan span) = 0;
   // Memory from the transport, registered (page-aligned, zeroed). UCX allocates it where its
   // shared-memory transports can map it into a peer, so prefer this for KV pools (see

@@ -575,25 +575,33 @@ absl::StatusOr<LocalRegion> UcxTransport::Map(MemorySpan span, bool allocate) {
   });
   if (!status.ok()) return status;
   if (allocate) std::memset(mapped.address, 0, mapped.length);
-  absl::MutexLock lock(&regions_mu_);
-  Region region;
-  region.id = next_region_id_++;
-  region.span = mapped;
-  region.memh = memh;
-  region.allocated = allocate;
-  region.local.id = region.id;
-  region.local.span = mapped;
-  region.local.descriptor = {reinterpret_cast<uint64_t>(mapped.address), mapped.length, key};
   const uint64_t start = reinterpret_cast<uint64_t>(mapped.address);
-  if (regions_.count(start) != 0) {
-    RunSync([&] { ucp_mem_unmap(context_, memh); });
-    return absl::AlreadyExistsError("a region starting at this address is already registered");
+  LocalRegion local;
+  {
+    absl::MutexLock lock(&regions_mu_);
+    // Regions may not overlap: a local address must name one registration.
+    auto next = regions_.lower_bound(start);
+    const bool overlaps = (next != regions_.end() && next->first < start + mapped.length) ||
+                          (next != regions_.begin() &&
+                           std::prev(next)->first + std::prev(next)->second.span.length > start);
+    if (!overlaps) {
+      Region region;
+      region.id = next_region_id_++;
+      region.span = mapped;
+      region.memh = memh;
+      region.allocated = allocate;
+      region.local.id = region.id;
+      region.local.span = mapped;
+      region.local.descriptor = {start, mapped.length, key};
+      local = region.local;
+      regions_[start] = std::move(region);
+      region_bytes_ += mapped.length;
+      metrics_.SetRegistered("ucx", static_cast<int64_t>(regions_.size()), region_bytes_);
+      return local;
+    }
   }
-  LocalRegion local = region.local;
-  regions_[start] = std::move(region);
-  region_bytes_ += mapped.length;
-  metrics_.SetRegistered("ucx", static_cast<int64_t>(regions_.size()), region_bytes_);
-  return local;
+  RunSync([&] { ucp_mem_unmap(context_, memh); });
+  return absl::AlreadyExistsError("the span overlaps a region already registered");
 }
 
 absl::StatusOr<LocalRegion> UcxTransport::Allocate(size_t bytes) {
