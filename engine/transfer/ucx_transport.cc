@@ -5,11 +5,13 @@
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -42,8 +45,45 @@ namespace {
 // (or garbage) are refused before UCX parses them.
 constexpr absl::string_view kAddressMagic = "FERRY-UCX-ADDR1:";
 constexpr absl::string_view kKeyMagic = "FERRY-UCX-RKEY1:";
-// Active message id of transfer outcomes (initiator -> owner of the memory).
-constexpr unsigned kNotifyAmId = 7;
+// Active message id of every message between Ferry transports; AmHeader::type tells them apart.
+constexpr unsigned kFerryAmId = 7;
+// Data bytes per active message when UCX has no native RMA to the peer (see ucx_transport.h).
+constexpr size_t kAmChunkBytes = size_t{256} << 10;
+
+// The messages (all little-endian; peers share the byte order, as UCX's own wire format does).
+enum class AmType : uint32_t {
+  kNotify = 1,      // initiator -> owner: a transfer's outcome (native RMA path); data = outcome
+  kPutData = 2,     // initiator -> owner: token, a = remote address, b = region secret; data
+  kPutCommit = 3,   // initiator -> owner: token, a = total bytes, code; data = address + outcome
+  kPutAck = 4,      // owner -> initiator: token, code; data = message
+  kGetRequest = 5,  // initiator -> owner: token, b = secret; data = address, id, ranges
+  kGetData = 6,     // owner -> initiator: token, a = segment index, b = offset; data
+  kGetDone = 7,     // owner -> initiator: token, code; data = message
+};
+
+struct AmHeader {
+  uint32_t type = 0;
+  uint32_t code = 0;
+  uint64_t token = 0;
+  uint64_t a = 0;
+  uint64_t b = 0;
+};
+
+// Transports whose RMA UCX performs natively (the peer's CPU takes no part); over others (tcp,
+// ud) UCX 1.13 emulates puts and gets in software on the target, and a target whose initiator
+// dies mid-transfer aborts inside UCX (ucp_put_handler: "Fatal: unexpected error"), so those
+// peers get Ferry's own protocol over active messages instead.
+bool HasNativeRma(absl::string_view transports) {
+  static const char* const kNative[] = {"posix",    "sysv",     "cma",     "xpmem", "knem",
+                                        "rc_verbs", "rc_mlx5",  "dc_mlx5", "rc",    "dc",
+                                        "cuda_ipc", "rocm_ipc", "self"};
+  for (absl::string_view name : absl::StrSplit(transports, '+')) {
+    for (const char* native : kNative) {
+      if (name == native) return true;
+    }
+  }
+  return false;
+}
 // Operations a transfer keeps in flight at once (its cancellation granularity).
 constexpr int kMaxInflightOps = 64;
 // After the last event the progress thread polls this long before it sleeps.
@@ -54,9 +94,6 @@ absl::Status UcsError(absl::string_view what, ucs_status_t status) {
   switch (status) {
     case UCS_ERR_CANCELED:
       return absl::CancelledError(message);
-    case UCS_ERR_TIMED_OUT:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-      return absl::DeadlineExceededError(message);
     case UCS_ERR_INVALID_PARAM:
     case UCS_ERR_INVALID_ADDR:
       return absl::InvalidArgumentError(message);
@@ -66,6 +103,35 @@ absl::Status UcsError(absl::string_view what, ucs_status_t status) {
     default:
       return absl::UnavailableError(message);
   }
+}
+
+// Set while an endpoint is tried with peer error handling that the shared-memory transports
+// lack: UCX's error saying so is expected then (the endpoint is made without it next).
+thread_local bool t_expect_no_peer_failure_handler = false;
+
+// UCX's log lines go through Ferry's log (stderr, Ferry's format) instead of UCX's default
+// (stdout, where they mix with a tool's output).
+ucs_log_func_rc_t RouteUcxLog(const char* file, unsigned line, const char* function,
+                              ucs_log_level_t level, const ucs_log_component_config_t* comp_conf,
+                              const char* message, va_list ap) {
+  char text[1024];
+  va_list copy;
+  va_copy(copy, ap);
+  vsnprintf(text, sizeof(text), message, copy);
+  va_end(copy);
+  if (t_expect_no_peer_failure_handler && strstr(text, "no peer failure handler") != nullptr) {
+    return UCS_LOG_FUNC_RC_STOP;
+  }
+  const char* base = strrchr(file, '/');
+  const std::string where = absl::StrCat("UCX ", base != nullptr ? base + 1 : file, ":", line, " ");
+  if (level <= UCS_LOG_LEVEL_ERROR) {
+    LOG(ERROR) << where << text;
+  } else if (level == UCS_LOG_LEVEL_WARN) {
+    LOG(WARNING) << where << text;
+  } else {
+    LOG(INFO) << where << text;
+  }
+  return UCS_LOG_FUNC_RC_STOP;
 }
 
 // The transports of an endpoint's lanes, from ucp_ep_print_info (UCX 1.13 has no query for
@@ -235,6 +301,10 @@ class UcxTransport final : public KvTransport {
     LocalRegion local;
     // Transfers posted here whose local memory lies in the region.
     int in_use = 0;
+    // Gets a peer is being served from the region (active-message protocol).
+    int serving = 0;
+    // In the region's key: what a peer must present to write or read it through active messages.
+    uint64_t secret = 0;
   };
 
   struct Transfer;
@@ -253,6 +323,8 @@ class UcxTransport final : public KvTransport {
     bool closed = false;
     // A pidfd of the peer's process when it runs on this host, else -1.
     int pidfd = -1;
+    // No native RMA to this peer: transfers use Ferry's active-message protocol.
+    bool am_mode = false;
   };
 
   struct PeerInfo {
@@ -261,7 +333,9 @@ class UcxTransport final : public KvTransport {
     bool failed = false;
   };
 
-  enum class Phase { kPosting, kFlushing, kNotifying, kDone };
+  // kAwaitingPeer: active-message protocol only, waiting for the owner's acknowledgement (puts)
+  // or data and completion (gets).
+  enum class Phase { kPosting, kFlushing, kNotifying, kAwaitingPeer, kDone };
 
   struct Transfer {
     UcxTransport* owner = nullptr;
@@ -281,6 +355,49 @@ class UcxTransport final : public KvTransport {
     bool cancelled = false;
     absl::Time cancel_force_at = absl::InfiniteFuture();
     std::string notify_payload;  // kept alive while the notification is sent
+    // Active-message protocol.
+    uint64_t token = 0;       // names the transfer in messages: token_salt_ ^ id
+    uint64_t secret = 0;      // the remote region's, from its key
+    uint64_t seg_offset = 0;  // progress within segment `next`
+    uint64_t received = 0;    // get: data bytes arrived
+    bool peer_done = false;   // the owner's kPutAck / kGetDone arrived
+    AmHeader control;         // the commit or get request, kept alive while sent
+  };
+
+  // One active message in flight for a transfer, or one sent on its own (owner's replies).
+  struct AmOp {
+    UcxTransport* owner = nullptr;
+    TransferId transfer = 0;  // 0: none
+    uint64_t serve = 0;       // token of a get being served, 0: none
+    AmHeader header;
+    std::string payload;
+  };
+
+  // The owner's side of a put under the active-message protocol.
+  struct IncomingPut {
+    uint64_t received = 0;
+    absl::Status status;  // first problem with the data (bad key, out of range)
+    bool committed = false;
+    uint64_t total = 0;
+    absl::Status outcome;  // what the initiator reports in the commit
+    std::string transfer_id;
+    std::string initiator;  // address, for the acknowledgement
+    absl::Time expires;
+  };
+
+  // The owner's side of a get under the active-message protocol: data sent from its region.
+  struct Serve {
+    uint64_t token = 0;
+    PeerId peer = 0;  // our connection to the initiator
+    RegionId region = 0;
+    ucp_mem_h memh = nullptr;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (address, length)
+    size_t next = 0;
+    uint64_t offset = 0;
+    int inflight = 0;
+    absl::Status status;
+    std::string transfer_id;
+    bool done_sent = false;
   };
 
   absl::StatusOr<LocalRegion> Map(MemorySpan span, bool allocate);
@@ -303,10 +420,28 @@ class UcxTransport final : public KvTransport {
   absl::StatusOr<ucp_rkey_h> RemoteKey(Peer* peer, const std::string& key);
   Peer* FindPeer(PeerId id);
 
+  // Active-message protocol (peers without native RMA).
+  void PumpAm(Transfer* t);
+  void AdvanceAm(Transfer* t);
+  ucs_status_ptr_t SendAm(Peer* peer, AmOp* op, const void* data, size_t length, ucp_mem_h memh);
+  // Sends a message no transfer waits for (replies); failures are logged, not reported.
+  void SendOneWay(Peer* peer, const AmHeader& header, std::string payload);
+  void OnPutData(const AmHeader& h, absl::string_view data);
+  void OnPutCommit(const AmHeader& h, absl::string_view data);
+  void FinalizePut(uint64_t token, IncomingPut& in);
+  void OnGetRequest(const AmHeader& h, absl::string_view data);
+  void PumpServe(Serve* serve);
+  void OnReply(const AmHeader& h, absl::string_view data);
+  // The region holding [address, address + length) whose secret is `secret`, or an error.
+  absl::StatusOr<Region*> RemoteAccess(uint64_t address, uint64_t length, uint64_t secret)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(regions_mu_);
+  void ExpireIncoming(absl::Time now);
+
   static void OnOpDone(void* request, ucs_status_t status, void* user_data);
+  static void OnAmOpDone(void* request, ucs_status_t status, void* user_data);
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static ucs_status_t OnNotification(void* arg, const void* header, size_t header_length,
-                                     void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnAm(void* arg, const void* header, size_t header_length, void* data,
+                           size_t length, const ucp_am_recv_param_t* param);
 
   const TransportOptions options_;
   TransferMetrics metrics_;
@@ -322,7 +457,7 @@ class UcxTransport final : public KvTransport {
   int worker_fd_ = -1;
   int command_fd_ = -1;
   std::thread thread_;
-  std::thread::id thread_id_;
+  std::atomic<std::thread::id> thread_id_{};
 
   absl::Mutex queue_mu_;
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(queue_mu_);
@@ -338,6 +473,8 @@ class UcxTransport final : public KvTransport {
   mutable absl::Mutex peers_mu_;
   std::map<PeerId, PeerInfo> peer_info_ ABSL_GUARDED_BY(peers_mu_);
   PeerId next_peer_id_ ABSL_GUARDED_BY(peers_mu_) = 1;
+  std::deque<PeerId> failed_peers_ ABSL_GUARDED_BY(peers_mu_);
+  static constexpr size_t kMaxFailedPeers = 1024;
 
   std::atomic<TransferId> next_transfer_id_{1};
 
@@ -347,9 +484,20 @@ class UcxTransport final : public KvTransport {
   // Transfers an operation completion touched: advanced after ucp_worker_progress returns (UCX
   // callbacks never re-enter the transport's bookkeeping).
   std::vector<TransferId> touched_;
+  std::map<uint64_t, IncomingPut> incoming_puts_;
+  std::map<uint64_t, std::unique_ptr<Serve>> serves_;
+  std::vector<uint64_t> touched_serves_;
+
+  absl::BitGen bitgen_;  // progress thread only
+  const uint64_t token_salt_ = absl::Uniform<uint64_t>(absl::BitGen());
 };
 
 absl::Status UcxTransport::Init() {
+  static const bool log_routed = [] {
+    ucs_log_push_handler(&RouteUcxLog);
+    return true;
+  }();
+  (void)log_routed;
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return UcsError("ucp_config_read", status);
@@ -387,8 +535,8 @@ absl::Status UcxTransport::Init() {
   ucp_am_handler_param_t am = {};
   am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                   UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  am.id = kNotifyAmId;
-  am.cb = &UcxTransport::OnNotification;
+  am.id = kFerryAmId;
+  am.cb = &UcxTransport::OnAm;
   am.arg = this;
   status = ucp_worker_set_am_recv_handler(worker_, &am);
   if (status != UCS_OK) return UcsError("ucp_worker_set_am_recv_handler", status);
@@ -409,8 +557,10 @@ absl::Status UcxTransport::Init() {
       return absl::InternalError(absl::StrCat("epoll_ctl: ", strerror(errno)));
     }
   }
-  thread_ = std::thread([this] { Loop(); });
-  thread_id_ = thread_.get_id();
+  thread_ = std::thread([this] {
+    thread_id_.store(std::this_thread::get_id());
+    Loop();
+  });
   LOG(INFO) << "KV transport: UCX " << ucp_get_version_string() << " worker ready (UCX_TLS "
             << (options_.ucx_tls.empty() ? "default" : options_.ucx_tls) << ")";
   return absl::OkStatus();
@@ -456,7 +606,7 @@ void UcxTransport::Enqueue(std::function<void()> fn) {
 }
 
 void UcxTransport::RunSync(std::function<void()> fn) {
-  if (std::this_thread::get_id() == thread_id_) {
+  if (std::this_thread::get_id() == thread_id_.load()) {
     fn();
     return;
   }
@@ -497,14 +647,24 @@ void UcxTransport::Loop() {
       }
       busy = true;
     }
+    if (!touched_serves_.empty()) {
+      std::vector<uint64_t> touched;
+      touched.swap(touched_serves_);
+      for (uint64_t token : touched) {
+        auto it = serves_.find(token);
+        if (it != serves_.end()) PumpServe(it->second.get());
+      }
+      busy = true;
+    }
     const absl::Time now = absl::Now();
     if (now - last_timers >= absl::Microseconds(200)) {
       CheckTimers(now);
+      ExpireIncoming(now);
       CheckExits();
       ReapPeers();
       last_timers = now;
     }
-    if (stopping_ && transfers_.empty() && peers_.empty()) break;
+    if (stopping_ && transfers_.empty() && peers_.empty() && serves_.empty()) break;
     if (busy) {
       last_busy = now;
       continue;
@@ -540,6 +700,7 @@ absl::StatusOr<LocalRegion> UcxTransport::Map(MemorySpan span, bool allocate) {
   absl::Status status;
   ucp_mem_h memh = nullptr;
   std::string key;
+  uint64_t secret = 0;
   MemorySpan mapped = span;
   RunSync([&] {
     ucp_mem_map_params_t params = {};
@@ -570,7 +731,11 @@ absl::StatusOr<LocalRegion> UcxTransport::Map(MemorySpan span, bool allocate) {
       ucp_mem_unmap(context_, memh);
       return;
     }
-    key = absl::StrCat(kKeyMagic, absl::string_view(static_cast<char*>(packed), packed_size));
+    secret = absl::Uniform<uint64_t>(bitgen_);
+    std::string secret_bytes;
+    AppendLe(&secret_bytes, secret, 8);
+    key = absl::StrCat(kKeyMagic, secret_bytes,
+                       absl::string_view(static_cast<char*>(packed), packed_size));
     ucp_rkey_buffer_release(packed);
   });
   if (!status.ok()) return status;
@@ -590,6 +755,7 @@ absl::StatusOr<LocalRegion> UcxTransport::Map(MemorySpan span, bool allocate) {
       region.span = mapped;
       region.memh = memh;
       region.allocated = allocate;
+      region.secret = secret;
       region.local.id = region.id;
       region.local.span = mapped;
       region.local.descriptor = {start, mapped.length, key};
@@ -621,6 +787,10 @@ absl::Status UcxTransport::Deregister(RegionId id) {
     if (it->second.in_use > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "region ", id, " is in use by ", it->second.in_use, " transfer(s) posted here"));
+    }
+    if (it->second.serving > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("region ", id, " is being read by ", it->second.serving, " peer get(s)"));
     }
     memh = it->second.memh;
     region_bytes_ -= it->second.span.length;
@@ -673,7 +843,9 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &UcxTransport::OnError;
     params.err_handler.arg = this;
+    t_expect_no_peer_failure_handler = pidfd >= 0;
     ucs_status_t s = ucp_ep_create(worker_, &params, &peer->ep);
+    t_expect_no_peer_failure_handler = false;
     bool peer_errors = true;
     if (s == UCS_ERR_UNREACHABLE && pidfd >= 0) {
       // UCX 1.13's shared-memory transports have no peer failure handling; on this host the
@@ -686,7 +858,9 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
       status = UcsError("ucp_ep_create", s);
       return;
     }
-    peer->label = absl::StrCat("ucx:", EndpointTransports(peer->ep));
+    const std::string transports = EndpointTransports(peer->ep);
+    peer->label = absl::StrCat("ucx:", transports);
+    peer->am_mode = !HasNativeRma(transports);
     {
       absl::MutexLock lock(&peers_mu_);
       id = next_peer_id_++;
@@ -702,6 +876,7 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
       epoll_ctl(exit_epoll_fd_, EPOLL_CTL_ADD, peer->pidfd, &event);
     }
     LOG(INFO) << "KV transport: peer " << id << " connected via " << peer->label
+              << (peer->am_mode ? ", data as active messages (no native RMA)" : ", native RMA")
               << (peer_errors ? " (peer error handling)"
                               : " (no UCX peer error handling on these transports: process exit "
                                 "watched, deadlines bound the rest)");
@@ -732,7 +907,8 @@ UcxTransport::Peer* UcxTransport::FindPeer(PeerId id) {
 
 absl::StatusOr<TransferId> UcxTransport::Post(TransferRequest request, DoneCallback done) {
   if (absl::Status s = ValidateTransferRequest(request); !s.ok()) return s;
-  if (!absl::StartsWith(request.remote.remote_key, kKeyMagic)) {
+  if (!absl::StartsWith(request.remote.remote_key, kKeyMagic) ||
+      request.remote.remote_key.size() <= kKeyMagic.size() + 8) {
     return absl::InvalidArgumentError("remote key is not a UCX KV transport key");
   }
   {
@@ -777,6 +953,8 @@ absl::StatusOr<TransferId> UcxTransport::Post(TransferRequest request, DoneCallb
   }
   t->owner = this;
   t->id = next_transfer_id_.fetch_add(1);
+  t->token = token_salt_ ^ t->id;
+  t->secret = ReadLe(request.remote.remote_key, kKeyMagic.size(), 8);
   for (const TransferSegment& s : request.segments) t->bytes += s.length;
   t->request = std::move(request);
   t->done = std::move(done);
@@ -822,7 +1000,7 @@ absl::StatusOr<ucp_rkey_h> UcxTransport::RemoteKey(Peer* peer, const std::string
   auto it = peer->rkeys.find(key);
   if (it != peer->rkeys.end()) return it->second;
   ucp_rkey_h rkey = nullptr;
-  const ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, key.data() + kKeyMagic.size(), &rkey);
+  const ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, key.data() + kKeyMagic.size() + 8, &rkey);
   if (s != UCS_OK) return UcsError("ucp_ep_rkey_unpack", s);
   peer->rkeys[key] = rkey;
   return rkey;
@@ -846,6 +1024,10 @@ void UcxTransport::OnOpDone(void* request, ucs_status_t status, void* user_data)
 // Posts segments up to the in-flight limit, then moves the transfer through flush and
 // notification; finishes it when nothing is in flight and nothing is left to do.
 void UcxTransport::Pump(Transfer* t) {
+  if (t->peer != nullptr && t->peer->am_mode) {
+    PumpAm(t);
+    return;
+  }
   const bool put = t->request.op == TransferOp::kPut;
   if (t->rkey == nullptr && t->status.ok() && t->phase == Phase::kPosting) {
     absl::StatusOr<ucp_rkey_h> rkey = RemoteKey(t->peer, t->request.remote.remote_key);
@@ -880,6 +1062,10 @@ void UcxTransport::Pump(Transfer* t) {
 }
 
 void UcxTransport::Advance(Transfer* t) {
+  if (t->peer != nullptr && t->peer->am_mode) {
+    AdvanceAm(t);
+    return;
+  }
   if (t->phase == Phase::kDone || t->inflight > 0) return;
   if (t->status.ok() && t->phase == Phase::kPosting) {
     if (t->next < t->request.segments.size()) return;  // Pump posts the rest
@@ -916,6 +1102,7 @@ void UcxTransport::Advance(Transfer* t) {
 
 void UcxTransport::SendNotification(Transfer* t) {
   t->notify_payload = EncodeNotification(t->request.transfer_id, t->status);
+  t->control = AmHeader{static_cast<uint32_t>(AmType::kNotify), 0, t->token, 0, 0};
   ucp_request_param_t param = {};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -923,7 +1110,7 @@ void UcxTransport::SendNotification(Transfer* t) {
   param.cb.send = &UcxTransport::OnOpDone;
   param.user_data = t;
   const bool was_ok = t->status.ok();
-  ucs_status_ptr_t p = ucp_am_send_nbx(t->peer->ep, kNotifyAmId, nullptr, 0,
+  ucs_status_ptr_t p = ucp_am_send_nbx(t->peer->ep, kFerryAmId, &t->control, sizeof(AmHeader),
                                        t->notify_payload.data(), t->notify_payload.size(), &param);
   if (UCS_PTR_IS_ERR(p)) {
     if (was_ok) {
@@ -932,6 +1119,380 @@ void UcxTransport::SendNotification(Transfer* t) {
   } else if (p != nullptr) {
     ++t->inflight;
   }
+}
+
+// --- The active-message protocol ----------------------------------------------------------------
+//
+// Puts: the initiator sends the data as kPutData messages of at most kAmChunkBytes (each names
+// the remote address and the region's secret; the owner copies it into place after checking
+// both), then kPutCommit with the byte count, its outcome and its own address. The owner, once
+// every byte has arrived, tells its AwaitNotification and answers kPutAck over its own connection
+// to the initiator; the initiator's transfer completes with the ack. Gets: kGetRequest names the
+// ranges; the owner checks them all, sends kGetData messages straight from its registered memory
+// and then kGetDone, and tells its AwaitNotification; the initiator copies each chunk into the
+// segment it names and completes when kGetDone has come and every byte with it. The owner never
+// writes or reads outside a region whose secret the message carries.
+
+ucs_status_ptr_t UcxTransport::SendAm(Peer* peer, AmOp* op, const void* data, size_t length,
+                                      ucp_mem_h memh) {
+  ucp_request_param_t param = {};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_EAGER;
+  param.cb.send = &UcxTransport::OnAmOpDone;
+  param.user_data = op;
+  if (memh != nullptr) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    param.memh = memh;
+  }
+  return ucp_am_send_nbx(peer->ep, kFerryAmId, &op->header, sizeof(AmHeader), data, length, &param);
+}
+
+void UcxTransport::SendOneWay(Peer* peer, const AmHeader& header, std::string payload) {
+  auto* op = new AmOp;
+  op->owner = this;
+  op->header = header;
+  op->payload = std::move(payload);
+  ucs_status_ptr_t p = SendAm(peer, op, op->payload.data(), op->payload.size(), nullptr);
+  if (UCS_PTR_IS_ERR(p)) {
+    LOG(WARNING) << "KV transport: reply to peer " << peer->id
+                 << " failed: " << ucs_status_string(UCS_PTR_STATUS(p));
+  }
+  if (p == nullptr || UCS_PTR_IS_ERR(p)) delete op;
+}
+
+void UcxTransport::OnAmOpDone(void* request, ucs_status_t status, void* user_data) {
+  auto* op = static_cast<AmOp*>(user_data);
+  UcxTransport* self = op->owner;
+  if (op->transfer != 0) {
+    auto it = self->transfers_.find(op->transfer);
+    if (it != self->transfers_.end()) {
+      Transfer* t = it->second.get();
+      --t->inflight;
+      if (status != UCS_OK && t->status.ok()) {
+        t->status =
+            UcsError(absl::StrCat("transfer ", t->id, " ", TransferOpName(t->request.op)), status);
+      }
+      self->touched_.push_back(t->id);
+    }
+  } else if (op->serve != 0) {
+    auto it = self->serves_.find(op->serve);
+    if (it != self->serves_.end()) {
+      Serve* serve = it->second.get();
+      --serve->inflight;
+      if (status != UCS_OK && serve->status.ok()) {
+        serve->status = UcsError("serving a get", status);
+      }
+      self->touched_serves_.push_back(serve->token);
+    }
+  }
+  ucp_request_free(request);
+  delete op;
+}
+
+void UcxTransport::PumpAm(Transfer* t) {
+  const bool put = t->request.op == TransferOp::kPut;
+  if (put) {
+    while (t->status.ok() && t->phase == Phase::kPosting && t->next < t->request.segments.size() &&
+           t->inflight < kMaxInflightOps) {
+      const TransferSegment& s = t->request.segments[t->next];
+      const uint64_t length = std::min<uint64_t>(kAmChunkBytes, s.length - t->seg_offset);
+      auto* op = new AmOp;
+      op->owner = this;
+      op->transfer = t->id;
+      op->header = AmHeader{static_cast<uint32_t>(AmType::kPutData), 0, t->token,
+                            s.remote_address + t->seg_offset, t->secret};
+      ucs_status_ptr_t p =
+          SendAm(t->peer, op, reinterpret_cast<const void*>(s.local_address + t->seg_offset),
+                 length, t->memhs[t->next]);
+      if (UCS_PTR_IS_ERR(p)) {
+        t->status = UcsError(absl::StrCat("transfer ", t->id, " put"), UCS_PTR_STATUS(p));
+      } else if (p != nullptr) {
+        ++t->inflight;
+      }
+      if (p == nullptr || UCS_PTR_IS_ERR(p)) delete op;
+      t->seg_offset += length;
+      if (t->seg_offset == s.length) {
+        ++t->next;
+        t->seg_offset = 0;
+      }
+    }
+  } else if (t->status.ok() && t->phase == Phase::kPosting) {
+    // One request names every range; the data comes back as kGetData.
+    std::string payload;
+    AppendLe(&payload, address_.size(), 4);
+    payload += address_;
+    AppendLe(&payload, t->request.transfer_id.size(), 4);
+    payload += t->request.transfer_id;
+    for (const TransferSegment& s : t->request.segments) {
+      AppendLe(&payload, s.remote_address, 8);
+      AppendLe(&payload, s.length, 8);
+    }
+    auto* op = new AmOp;
+    op->owner = this;
+    op->transfer = t->id;
+    op->header = AmHeader{static_cast<uint32_t>(AmType::kGetRequest), 0, t->token, 0, t->secret};
+    op->payload = std::move(payload);
+    ucs_status_ptr_t p = SendAm(t->peer, op, op->payload.data(), op->payload.size(), nullptr);
+    if (UCS_PTR_IS_ERR(p)) {
+      t->status = UcsError(absl::StrCat("transfer ", t->id, " get request"), UCS_PTR_STATUS(p));
+    } else if (p != nullptr) {
+      ++t->inflight;
+    }
+    if (p == nullptr || UCS_PTR_IS_ERR(p)) delete op;
+    t->next = t->request.segments.size();
+  }
+  AdvanceAm(t);
+}
+
+void UcxTransport::AdvanceAm(Transfer* t) {
+  if (t->phase == Phase::kDone || t->inflight > 0) return;
+  const bool put = t->request.op == TransferOp::kPut;
+  if (t->phase == Phase::kPosting) {
+    if (t->status.ok() && t->next < t->request.segments.size()) return;  // PumpAm sends the rest
+    if (put && !t->peer->failed) {
+      // The commit: the owner acknowledges once every byte is in place (or reports why not).
+      std::string payload;
+      AppendLe(&payload, address_.size(), 4);
+      payload += address_;
+      payload += EncodeNotification(t->request.transfer_id, t->status);
+      auto* op = new AmOp;
+      op->owner = this;
+      op->transfer = t->id;
+      op->header = AmHeader{static_cast<uint32_t>(AmType::kPutCommit),
+                            static_cast<uint32_t>(t->status.code()), t->token, t->bytes, 0};
+      op->payload = std::move(payload);
+      ucs_status_ptr_t p = SendAm(t->peer, op, op->payload.data(), op->payload.size(), nullptr);
+      if (UCS_PTR_IS_ERR(p) && t->status.ok()) {
+        t->status = UcsError(absl::StrCat("transfer ", t->id, " commit"), UCS_PTR_STATUS(p));
+      } else if (p != nullptr && !UCS_PTR_IS_ERR(p)) {
+        ++t->inflight;
+      }
+      if (p == nullptr || UCS_PTR_IS_ERR(p)) delete op;
+    }
+    t->phase = Phase::kAwaitingPeer;
+    if (t->inflight > 0) return;
+  }
+  if (t->phase == Phase::kAwaitingPeer) {
+    // Wait for the owner unless the transfer already failed here (the owner learns from the
+    // commit, or from its own deadline).
+    const bool complete = t->peer_done && (put || t->received == t->bytes);
+    if (t->status.ok() && !complete) return;
+  }
+  t->phase = Phase::kDone;
+  Finish(t);
+}
+
+absl::StatusOr<UcxTransport::Region*> UcxTransport::RemoteAccess(uint64_t address, uint64_t length,
+                                                                 uint64_t secret) {
+  auto it = regions_.upper_bound(address);
+  if (it == regions_.begin()) {
+    return absl::OutOfRangeError("the range is not inside a registered region");
+  }
+  Region& region = std::prev(it)->second;
+  const uint64_t begin = reinterpret_cast<uint64_t>(region.span.address);
+  if (address - begin > region.span.length || length > region.span.length - (address - begin)) {
+    return absl::OutOfRangeError("the range is not inside a registered region");
+  }
+  if (region.secret != secret) {
+    return absl::PermissionDeniedError("the key does not match the region");
+  }
+  return &region;
+}
+
+void UcxTransport::OnPutData(const AmHeader& h, absl::string_view data) {
+  IncomingPut& in = incoming_puts_[h.token];
+  if (in.expires == absl::Time()) in.expires = absl::Now() + options_.early_notification_ttl;
+  if (!in.status.ok()) return;
+  absl::MutexLock lock(&regions_mu_);
+  absl::StatusOr<Region*> region = RemoteAccess(h.a, data.size(), h.b);
+  if (!region.ok()) {
+    in.status = region.status();
+    LOG(WARNING) << "KV transport: refused " << data.size() << " bytes at "
+                 << absl::StrCat("0x", absl::Hex(h.a)) << ": " << region.status();
+    return;
+  }
+  std::memcpy(reinterpret_cast<void*>(h.a), data.data(), data.size());
+  in.received += data.size();
+}
+
+void UcxTransport::OnPutCommit(const AmHeader& h, absl::string_view data) {
+  if (data.size() < 4) return;
+  const uint64_t address_length = ReadLe(data, 0, 4);
+  if (data.size() < 4 + address_length) return;
+  std::string transfer_id;
+  absl::Status outcome;
+  if (!DecodeNotification(data.substr(4 + address_length), &transfer_id, &outcome)) return;
+  IncomingPut& in = incoming_puts_[h.token];
+  in.committed = true;
+  in.total = h.a;
+  in.outcome = std::move(outcome);
+  in.transfer_id = std::move(transfer_id);
+  in.initiator = std::string(data.substr(4, address_length));
+  in.expires = absl::Now() + options_.early_notification_ttl;
+  if (in.received >= in.total || !in.status.ok() || !in.outcome.ok()) FinalizePut(h.token, in);
+}
+
+void UcxTransport::FinalizePut(uint64_t token, IncomingPut& in) {
+  absl::Status status =
+      !in.outcome.ok()  ? in.outcome
+      : !in.status.ok() ? in.status
+      : in.received == in.total
+          ? absl::OkStatus()
+          : absl::DataLossError(absl::StrCat("received ", in.received, " of ", in.total, " bytes"));
+  if (!in.transfer_id.empty()) board_.Deliver(in.transfer_id, status);
+  if (in.outcome.ok()) {
+    // The initiator waits for the acknowledgement.
+    absl::StatusOr<PeerId> peer = Connect(in.initiator);
+    Peer* p = peer.ok() ? FindPeer(*peer) : nullptr;
+    if (p != nullptr && !p->failed) {
+      SendOneWay(p,
+                 AmHeader{static_cast<uint32_t>(AmType::kPutAck),
+                          static_cast<uint32_t>(status.code()), token, 0, 0},
+                 std::string(status.message()));
+    }
+  }
+  incoming_puts_.erase(token);
+}
+
+void UcxTransport::ExpireIncoming(absl::Time now) {
+  for (auto it = incoming_puts_.begin(); it != incoming_puts_.end();) {
+    if (it->second.expires <= now) {
+      IncomingPut& in = it->second;
+      LOG(WARNING) << "KV transport: dropped an incomplete incoming put (" << in.received
+                   << " bytes, " << (in.committed ? "committed" : "never committed") << ")";
+      if (in.committed && !in.transfer_id.empty()) {
+        board_.Deliver(in.transfer_id, absl::DataLossError(absl::StrCat(
+                                           "received ", in.received, " of ", in.total, " bytes")));
+      }
+      it = incoming_puts_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void UcxTransport::OnGetRequest(const AmHeader& h, absl::string_view data) {
+  auto serve = std::make_unique<Serve>();
+  serve->token = h.token;
+  // Parse: address, transfer id, ranges.
+  if (data.size() < 4) return;
+  const uint64_t address_length = ReadLe(data, 0, 4);
+  if (data.size() < 8 + address_length) return;
+  const std::string initiator(data.substr(4, address_length));
+  const uint64_t id_length = ReadLe(data, 4 + address_length, 4);
+  size_t at = 8 + address_length;
+  if (id_length > kMaxTransferIdBytes || data.size() < at + id_length) return;
+  serve->transfer_id = std::string(data.substr(at, id_length));
+  at += id_length;
+  if ((data.size() - at) % 16 != 0) return;
+  absl::StatusOr<PeerId> peer = Connect(initiator);
+  Peer* p = peer.ok() ? FindPeer(*peer) : nullptr;
+  if (p == nullptr || p->failed || serves_.count(h.token) != 0) {
+    LOG(WARNING) << "KV transport: cannot serve a get: "
+                 << (peer.ok() ? "initiator unreachable" : peer.status().ToString());
+    if (!serve->transfer_id.empty()) {
+      board_.Deliver(serve->transfer_id, absl::UnavailableError("initiator unreachable"));
+    }
+    return;
+  }
+  serve->peer = p->id;
+  {
+    absl::MutexLock lock(&regions_mu_);
+    Region* region = nullptr;
+    for (; at < data.size(); at += 16) {
+      const uint64_t address = ReadLe(data, at, 8), length = ReadLe(data, at + 8, 8);
+      absl::StatusOr<Region*> r = RemoteAccess(address, length, h.b);
+      if (!r.ok() || (region != nullptr && *r != region)) {
+        serve->status =
+            r.ok() ? absl::InvalidArgumentError("ranges span several regions") : r.status();
+        serve->ranges.clear();
+        break;
+      }
+      region = *r;
+      serve->ranges.emplace_back(address, length);
+    }
+    if (serve->status.ok() && region != nullptr) {
+      ++region->serving;
+      serve->region = region->id;
+      serve->memh = region->memh;
+    }
+  }
+  Serve* raw = serve.get();
+  serves_[h.token] = std::move(serve);
+  PumpServe(raw);
+}
+
+void UcxTransport::PumpServe(Serve* serve) {
+  Peer* peer = FindPeer(serve->peer);
+  if (peer == nullptr || peer->failed) {
+    if (serve->status.ok()) serve->status = absl::UnavailableError("initiator failed");
+  }
+  while (serve->status.ok() && serve->next < serve->ranges.size() &&
+         serve->inflight < kMaxInflightOps) {
+    const auto [address, length] = serve->ranges[serve->next];
+    const uint64_t chunk = std::min<uint64_t>(kAmChunkBytes, length - serve->offset);
+    auto* op = new AmOp;
+    op->owner = this;
+    op->serve = serve->token;
+    op->header = AmHeader{static_cast<uint32_t>(AmType::kGetData), 0, serve->token, serve->next,
+                          serve->offset};
+    ucs_status_ptr_t p = SendAm(peer, op, reinterpret_cast<const void*>(address + serve->offset),
+                                chunk, serve->memh);
+    if (UCS_PTR_IS_ERR(p)) {
+      serve->status = UcsError("serving a get", UCS_PTR_STATUS(p));
+    } else if (p != nullptr) {
+      ++serve->inflight;
+    }
+    if (p == nullptr || UCS_PTR_IS_ERR(p)) delete op;
+    serve->offset += chunk;
+    if (serve->offset == length) {
+      ++serve->next;
+      serve->offset = 0;
+    }
+  }
+  if (serve->inflight > 0) return;
+  if (serve->status.ok() && serve->next < serve->ranges.size()) return;
+  // Every chunk has left (or the get failed): tell the initiator and the owner's await.
+  if (peer != nullptr && !peer->failed) {
+    SendOneWay(peer,
+               AmHeader{static_cast<uint32_t>(AmType::kGetDone),
+                        static_cast<uint32_t>(serve->status.code()), serve->token, 0, 0},
+               std::string(serve->status.message()));
+  }
+  if (!serve->transfer_id.empty()) board_.Deliver(serve->transfer_id, serve->status);
+  if (serve->region != 0) {
+    absl::MutexLock lock(&regions_mu_);
+    for (auto& [start, region] : regions_) {
+      if (region.id == serve->region) --region.serving;
+    }
+  }
+  serves_.erase(serve->token);
+}
+
+void UcxTransport::OnReply(const AmHeader& h, absl::string_view data) {
+  auto it = transfers_.find(h.token ^ token_salt_);
+  if (it == transfers_.end()) return;  // finished already (failed, cancelled): late data dropped
+  Transfer* t = it->second.get();
+  if (t->phase == Phase::kDone) return;
+  const auto type = static_cast<AmType>(h.type);
+  if (type == AmType::kGetData) {
+    if (t->request.op != TransferOp::kGet || h.a >= t->request.segments.size()) return;
+    const TransferSegment& s = t->request.segments[h.a];
+    if (h.b > s.length || data.size() > s.length - h.b) {
+      if (t->status.ok()) t->status = absl::DataLossError("get data outside its segment");
+    } else if (t->status.ok()) {
+      std::memcpy(reinterpret_cast<void*>(s.local_address + h.b), data.data(), data.size());
+      t->received += data.size();
+    }
+  } else {
+    t->peer_done = true;
+    if (h.code != 0 && t->status.ok()) {
+      t->status = absl::Status(static_cast<absl::StatusCode>(std::min<uint32_t>(h.code, 16)),
+                               absl::StrCat("peer reports: ", data));
+    }
+  }
+  touched_.push_back(t->id);
 }
 
 void UcxTransport::Finish(Transfer* t) {
@@ -1031,8 +1592,13 @@ void UcxTransport::ReapPeers() {
         close(peer->pidfd);
       }
       {
+        // Kept (failed) so that Post names the failure; the oldest go beyond kMaxFailedPeers.
         absl::MutexLock lock(&peers_mu_);
-        peer_info_.erase(peer->id);
+        failed_peers_.push_back(peer->id);
+        while (failed_peers_.size() > kMaxFailedPeers) {
+          peer_info_.erase(failed_peers_.front());
+          failed_peers_.pop_front();
+        }
       }
       it = peers_.erase(it);
     } else {
@@ -1069,22 +1635,43 @@ void UcxTransport::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   }
 }
 
-ucs_status_t UcxTransport::OnNotification(void* arg, const void* header, size_t header_length,
-                                          void* data, size_t length,
-                                          const ucp_am_recv_param_t* param) {
+ucs_status_t UcxTransport::OnAm(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<UcxTransport*>(arg);
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-    LOG(WARNING) << "KV transport: dropped a rendezvous notification (" << length << " bytes)";
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 || header_length != sizeof(AmHeader)) {
+    // Every Ferry message is sent eagerly with an AmHeader.
+    LOG(WARNING) << "KV transport: dropped a malformed message (" << length << " bytes)";
     return UCS_OK;
   }
-  std::string transfer_id;
-  absl::Status status;
-  if (!DecodeNotification(absl::string_view(static_cast<const char*>(data), length), &transfer_id,
-                          &status)) {
-    LOG(WARNING) << "KV transport: dropped a malformed notification (" << length << " bytes)";
-    return UCS_OK;
+  AmHeader h;
+  std::memcpy(&h, header, sizeof(h));
+  const absl::string_view bytes(static_cast<const char*>(data), length);
+  switch (static_cast<AmType>(h.type)) {
+    case AmType::kNotify: {
+      std::string transfer_id;
+      absl::Status status;
+      if (DecodeNotification(bytes, &transfer_id, &status)) {
+        self->board_.Deliver(transfer_id, std::move(status));
+      }
+      break;
+    }
+    case AmType::kPutData:
+      self->OnPutData(h, bytes);
+      break;
+    case AmType::kPutCommit:
+      self->OnPutCommit(h, bytes);
+      break;
+    case AmType::kGetRequest:
+      self->OnGetRequest(h, bytes);
+      break;
+    case AmType::kPutAck:
+    case AmType::kGetData:
+    case AmType::kGetDone:
+      self->OnReply(h, bytes);
+      break;
+    default:
+      LOG(WARNING) << "KV transport: dropped a message of unknown type " << h.type;
   }
-  self->board_.Deliver(transfer_id, std::move(status));
   return UCS_OK;
 }
 
