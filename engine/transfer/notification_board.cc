@@ -27,7 +27,12 @@ void NotificationBoard::Await(const std::string& transfer_id, absl::Time deadlin
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
-      if (auto it = early_.find(transfer_id); it != early_.end()) {
+      auto it = early_.find(transfer_id);
+      if (it != early_.end() && it->second.expires <= absl::Now()) {
+        early_.erase(it);  // kept past its time: as if swept already
+        it = early_.end();
+      }
+      if (it != early_.end()) {
         absl::Status status = std::move(it->second.status);
         early_.erase(it);
         if (metrics_ != nullptr) metrics_->RecordNotification(transport_, status);
@@ -37,6 +42,7 @@ void NotificationBoard::Await(const std::string& transfer_id, absl::Time deadlin
                                   absl::StrCat("transfer '", transfer_id, "' is already awaited")));
       } else {
         waiters_[transfer_id] = Waiter{deadline, std::move(done)};
+        kick_ = true;  // the thread may sleep past this deadline: let it recompute
       }
       return;
     }
@@ -123,9 +129,11 @@ void NotificationBoard::Loop() {
       continue;
     }
     if (stopping_) break;
-    auto wake = [this]()
-                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !ready_.empty(); };
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || kick_ || !ready_.empty();
+    };
     mu_.AwaitWithDeadline(absl::Condition(&wake), next);
+    kick_ = false;
   }
   mu_.Unlock();
 }

@@ -73,6 +73,8 @@ class NotificationBoard {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A new await: the thread recomputes its wake-up time.
+  bool kick_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Early> early_ ABSL_GUARDED_BY(mu_);
   // Ids of early_ in arrival order (entries whose outcome was taken or expired are skipped).

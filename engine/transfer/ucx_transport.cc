@@ -48,7 +48,7 @@ constexpr absl::string_view kKeyMagic = "FERRY-UCX-RKEY1:";
 // Active message id of every message between Ferry transports; AmHeader::type tells them apart.
 constexpr unsigned kFerryAmId = 7;
 // Data bytes per active message when UCX has no native RMA to the peer (see ucx_transport.h).
-constexpr size_t kAmChunkBytes = size_t{256} << 10;
+constexpr size_t kAmChunkBytes = size_t{48} << 10;
 
 // The messages (all little-endian; peers share the byte order, as UCX's own wire format does).
 enum class AmType : uint32_t {
@@ -103,6 +103,24 @@ absl::Status UcsError(absl::string_view what, ucs_status_t status) {
     default:
       return absl::UnavailableError(message);
   }
+}
+
+// Whether the context has an RDMA transport (from ucp_context_print_info's resource lines, e.g.
+// "rc_mlx5/mlx5_0:1"; UCX 1.13 has no query for them).
+bool HasRdma(ucp_context_h context) {
+  char* buffer = nullptr;
+  size_t size = 0;
+  FILE* stream = open_memstream(&buffer, &size);
+  if (stream == nullptr) return true;  // unknown: keep UCX's defaults
+  ucp_context_print_info(context, stream);
+  fclose(stream);
+  const absl::string_view info(buffer, size);
+  bool rdma = false;
+  for (absl::string_view name : {"rc_verbs/", "rc_mlx5/", "dc_mlx5/", "ud_verbs/", "ud_mlx5/"}) {
+    rdma |= absl::StrContains(info, name);
+  }
+  free(buffer);
+  return rdma;
 }
 
 // Set while an endpoint is tried with peer error handling that the shared-memory transports
@@ -318,9 +336,12 @@ class UcxTransport final : public KvTransport {
     absl::Status failure;
     std::map<std::string, ucp_rkey_h> rkeys;
     std::set<Transfer*> transfers;
-    // A forced close in progress (null when done or not started).
+    // A close in progress (null when done or not started).
     void* close_request = nullptr;
     bool closed = false;
+    // Failed, to be closed gracefully once nothing is in flight, or forcibly at close_force_at.
+    bool close_pending = false;
+    absl::Time close_force_at = absl::InfiniteFuture();
     // A pidfd of the peer's process when it runs on this host, else -1.
     int pidfd = -1;
     // No native RMA to this peer: transfers use Ferry's active-message protocol.
@@ -341,6 +362,7 @@ class UcxTransport final : public KvTransport {
     UcxTransport* owner = nullptr;
     TransferId id = 0;
     Peer* peer = nullptr;
+    std::string label;  // the peer's transports, for metrics
     ucp_rkey_h rkey = nullptr;
     TransferRequest request;
     std::vector<ucp_mem_h> memhs;  // per segment
@@ -412,7 +434,13 @@ class UcxTransport final : public KvTransport {
   void Pump(Transfer* t);
   void Advance(Transfer* t);
   void Finish(Transfer* t);
-  void FailPeer(Peer* peer, absl::Status status);
+  // Fails the peer's transfers with `status` and closes its endpoint: at once and forcibly when
+  // `force` (the peer is dead or stopped answering: what is in flight may never complete), else
+  // gracefully once nothing is in flight (forcibly if that takes longer than cancel_grace).
+  // Forced closes are kept to real failures: UCX 1.13 breaks when an endpoint still wiring up is
+  // forced closed (assertions in wireup, crashes in tcp progress).
+  void FailPeer(Peer* peer, absl::Status status, bool force);
+  void CloseEndpoint(Peer* peer, bool force);
   // Fails the peers whose process has exited.
   void CheckExits();
   void ReapPeers();
@@ -462,8 +490,8 @@ class UcxTransport final : public KvTransport {
   absl::Mutex queue_mu_;
   std::deque<std::function<void()>> commands_ ABSL_GUARDED_BY(queue_mu_);
   std::atomic<bool> has_commands_{false};
-  bool stopping_ = false;  // progress thread only
-  bool stopped_ = false;   // progress thread only: the loop may exit
+  bool stopping_ = false;     // progress thread only
+  absl::Time stop_deadline_;  // progress thread only
 
   mutable absl::Mutex regions_mu_;
   std::map<uint64_t, Region> regions_ ABSL_GUARDED_BY(regions_mu_);  // by start address
@@ -513,6 +541,20 @@ absl::Status UcxTransport::Init() {
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   status = ucp_init(&params, config, &context_);
+  if (status == UCS_OK && !HasRdma(context_) && getenv("UCX_ZCOPY_THRESH") == nullptr) {
+    // Without RDMA, peers on other hosts are reached over tcp with Ferry's active messages, and
+    // UCX 1.13 aborts ("uct_iface.h: Assertion `comp->count > 0'") when a tcp endpoint fails with
+    // zero-copy sends in flight: copy-based sends only (about half the tcp throughput).
+    // Copy-based tcp sends move 8 KiB segments by default; 256 KiB ones bring the throughput
+    // back (measured here: 0.7 -> 2-4 GB/s). Read from the environment when the worker opens
+    // its interfaces; a user's own setting wins.
+    setenv("UCX_TCP_TX_SEG_SIZE", "256K", /*overwrite=*/0);
+    setenv("UCX_TCP_RX_SEG_SIZE", "256K", /*overwrite=*/0);
+    ucp_cleanup(context_);
+    context_ = nullptr;
+    status = ucp_config_modify(config, "ZCOPY_THRESH", "inf");
+    if (status == UCS_OK) status = ucp_init(&params, config, &context_);
+  }
   ucp_config_release(config);
   if (status != UCS_OK) return UcsError("ucp_init", status);
 
@@ -570,15 +612,27 @@ UcxTransport::~UcxTransport() {
   if (thread_.joinable()) {
     Enqueue([this] {
       stopping_ = true;
+      stop_deadline_ = absl::Now() + absl::Seconds(2);
       for (auto& [id, t] : transfers_) {
         if (t->status.ok()) t->status = absl::CancelledError("KV transport is shutting down");
         t->cancelled = true;
       }
       for (auto& [id, peer] : peers_) {
-        FailPeer(peer.get(), absl::CancelledError("KV transport is shutting down"));
+        FailPeer(peer.get(), absl::CancelledError("KV transport is shutting down"), false);
       }
     });
     thread_.join();
+    // From here this thread owns the worker (stopping_ is set: incoming messages are dropped).
+    thread_id_.store(std::this_thread::get_id());
+    // Let messages UCX still has to send for connections being set up or torn down (wireup
+    // replies, endpoint removals) go out: UCX 1.13 asserts when a worker is destroyed with a
+    // wireup reply pending.
+    const absl::Time start = absl::Now();
+    absl::Time last_busy = start;
+    for (absl::Time now = start; now - start < absl::Seconds(1); now = absl::Now()) {
+      if (ucp_worker_progress(worker_) != 0) last_busy = now;
+      if (now - last_busy > absl::Milliseconds(50)) break;
+    }
   }
   board_.Shutdown();
   {
@@ -664,7 +718,12 @@ void UcxTransport::Loop() {
       ReapPeers();
       last_timers = now;
     }
-    if (stopping_ && transfers_.empty() && peers_.empty() && serves_.empty()) break;
+    // Graceful closes of peers that died meanwhile may wait for UCX's failure detection: the
+    // transport does not wait for them past stop_deadline_.
+    if (stopping_ && transfers_.empty() && serves_.empty() &&
+        (peers_.empty() || now > stop_deadline_)) {
+      break;
+    }
     if (busy) {
       last_busy = now;
       continue;
@@ -890,7 +949,7 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
 void UcxTransport::Disconnect(PeerId id) {
   RunSync([&] {
     Peer* peer = FindPeer(id);
-    if (peer != nullptr) FailPeer(peer, absl::CancelledError("peer disconnected"));
+    if (peer != nullptr) FailPeer(peer, absl::CancelledError("peer disconnected"), false);
   });
 }
 
@@ -911,6 +970,7 @@ absl::StatusOr<TransferId> UcxTransport::Post(TransferRequest request, DoneCallb
       request.remote.remote_key.size() <= kKeyMagic.size() + 8) {
     return absl::InvalidArgumentError("remote key is not a UCX KV transport key");
   }
+  std::string label;
   {
     absl::MutexLock lock(&peers_mu_);
     auto it = peer_info_.find(request.peer);
@@ -921,8 +981,10 @@ absl::StatusOr<TransferId> UcxTransport::Post(TransferRequest request, DoneCallb
       return absl::UnavailableError(
           absl::StrCat("peer ", request.peer, " failed; Connect again to make a new connection"));
     }
+    label = it->second.label;
   }
   auto t = std::make_unique<Transfer>();
+  t->label = std::move(label);
   t->memhs.reserve(request.segments.size());
   {
     absl::MutexLock lock(&regions_mu_);
@@ -977,6 +1039,13 @@ absl::StatusOr<TransferId> UcxTransport::Post(TransferRequest request, DoneCallb
     t->peer = peer;
     peer->transfers.insert(t);
     transfers_[t->id] = std::move(owned);
+    if (absl::Now() >= t->request.deadline) {
+      t->status = absl::DeadlineExceededError(
+          absl::StrCat("transfer ", t->id, "'s deadline passed before it started"));
+      t->phase = Phase::kDone;
+      Finish(t);
+      return;
+    }
     Pump(t);
   });
   return id;
@@ -1508,8 +1577,7 @@ void UcxTransport::Finish(Transfer* t) {
     }
   }
   if (t->peer != nullptr) t->peer->transfers.erase(t);
-  const std::string label = t->peer != nullptr ? t->peer->label : "ucx:unknown";
-  metrics_.RecordTransfer(label, t->request.op, t->bytes, absl::Now() - t->start, t->status);
+  metrics_.RecordTransfer(t->label, t->request.op, t->bytes, absl::Now() - t->start, t->status);
   auto owned = std::move(transfers_[t->id]);
   transfers_.erase(t->id);
   DoneCallback done = std::move(t->done);
@@ -1531,42 +1599,58 @@ void UcxTransport::CheckTimers(absl::Time now) {
                          " of ", t->request.segments.size(), " segments posted, ", t->inflight,
                          " operations in flight)"));
       }
+      // Nothing more is posted; what is in flight gets cancel_grace to come back before the
+      // connection is forced closed (below).
       t->cancelled = true;
-      if (t->inflight > 0 && t->peer != nullptr && !t->peer->failed) {
-        // Operations to a peer that stopped answering complete only when the endpoint goes.
-        FailPeer(t->peer, absl::UnavailableError(
-                              absl::StrCat("connection closed: transfer ", t->id,
-                                           " passed its deadline with operations in flight")));
-        continue;
-      }
+      t->cancel_force_at = std::min(t->cancel_force_at, now + options_.cancel_grace);
       Advance(t);
     } else if (t->cancelled && t->inflight > 0 && now >= t->cancel_force_at && t->peer != nullptr &&
-               !t->peer->failed) {
-      FailPeer(t->peer, absl::UnavailableError(
-                            absl::StrCat("connection closed: cancelled transfer ", t->id,
-                                         " had operations in flight past the grace period")));
+               !t->peer->closed && t->peer->close_request == nullptr) {
+      // Operations to a peer that stopped answering complete only when the endpoint goes.
+      FailPeer(t->peer,
+               absl::UnavailableError(absl::StrCat(
+                   "connection closed: transfer ", t->id,
+                   " still had operations in flight past its deadline or cancellation")),
+               true);
     }
   }
 }
 
-void UcxTransport::FailPeer(Peer* peer, absl::Status status) {
-  if (peer->failed) return;
-  peer->failed = true;
-  peer->failure = status;
-  {
-    absl::MutexLock lock(&peers_mu_);
-    auto it = peer_info_.find(peer->id);
-    if (it != peer_info_.end()) it->second.failed = true;
+void UcxTransport::FailPeer(Peer* peer, absl::Status status, bool force) {
+  if (!peer->failed) {
+    peer->failed = true;
+    peer->failure = status;
+    {
+      absl::MutexLock lock(&peers_mu_);
+      auto it = peer_info_.find(peer->id);
+      if (it != peer_info_.end()) it->second.failed = true;
+    }
+    if (absl::IsCancelled(status)) {
+      LOG(INFO) << "KV transport: closing peer " << peer->id << " (" << peer->label
+                << "): " << status.message();
+    } else {
+      LOG(WARNING) << "KV transport: peer " << peer->id << " (" << peer->label
+                   << ") failed: " << status;
+    }
+    const absl::Time force_at = absl::Now() + options_.cancel_grace;
+    for (Transfer* t : peer->transfers) {
+      if (t->status.ok()) t->status = status;
+      t->cancelled = true;
+      t->cancel_force_at = std::min(t->cancel_force_at, force_at);
+    }
+    peer->close_pending = true;
+    peer->close_force_at = force_at;
   }
-  LOG(WARNING) << "KV transport: peer " << peer->id << " (" << peer->label
-               << ") failed: " << status;
-  for (Transfer* t : peer->transfers) {
-    if (t->status.ok()) t->status = status;
-    t->cancelled = true;
-  }
+  if (force && peer->close_pending) CloseEndpoint(peer, true);
+}
+
+void UcxTransport::CloseEndpoint(Peer* peer, bool force) {
+  peer->close_pending = false;
   ucp_request_param_t param = {};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  if (force) {
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  }
   ucs_status_ptr_t p = ucp_ep_close_nbx(peer->ep, &param);
   if (UCS_PTR_IS_ERR(p) || p == nullptr) {
     peer->closed = true;
@@ -1577,8 +1661,17 @@ void UcxTransport::FailPeer(Peer* peer, absl::Status status) {
 
 // Frees peers whose forced close has completed and whose transfers have all finished.
 void UcxTransport::ReapPeers() {
+  const absl::Time now = absl::Now();
   for (auto it = peers_.begin(); it != peers_.end();) {
     Peer* peer = it->second.get();
+    if (peer->close_pending) {
+      bool quiet = true;
+      for (Transfer* t : peer->transfers) quiet &= t->inflight == 0;
+      for (const auto& [token, serve] : serves_) {
+        if (serve->peer == peer->id) quiet &= serve->inflight == 0;
+      }
+      if (quiet || now >= peer->close_force_at) CloseEndpoint(peer, !quiet);
+    }
     if (peer->close_request != nullptr &&
         ucp_request_check_status(peer->close_request) != UCS_INPROGRESS) {
       ucp_request_free(peer->close_request);
@@ -1619,17 +1712,20 @@ void UcxTransport::CheckExits() {
     Peer* peer = FindPeer(static_cast<PeerId>(events[i].data.u64));
     if (peer == nullptr) continue;
     epoll_ctl(exit_epoll_fd_, EPOLL_CTL_DEL, peer->pidfd, nullptr);
-    FailPeer(peer, absl::UnavailableError(absl::StrCat("peer ", peer->id, " (", peer->label,
-                                                       "): its process exited")));
+    FailPeer(peer,
+             absl::UnavailableError(
+                 absl::StrCat("peer ", peer->id, " (", peer->label, "): its process exited")),
+             true);
   }
 }
 
 void UcxTransport::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* self = static_cast<UcxTransport*>(arg);
   for (auto& [id, peer] : self->peers_) {
-    if (peer->ep == ep && !peer->failed) {
+    if (peer->ep == ep) {
+      // UCX wants a failed endpoint closed forcibly.
       self->FailPeer(peer.get(),
-                     UcsError(absl::StrCat("peer ", id, " (", peer->label, ")"), status));
+                     UcsError(absl::StrCat("peer ", id, " (", peer->label, ")"), status), true);
       return;
     }
   }
@@ -1638,6 +1734,7 @@ void UcxTransport::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
 ucs_status_t UcxTransport::OnAm(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<UcxTransport*>(arg);
+  if (self->stopping_) return UCS_OK;  // shutting down: nothing is served or acknowledged
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 || header_length != sizeof(AmHeader)) {
     // Every Ferry message is sent eagerly with an AmHeader.
     LOG(WARNING) << "KV transport: dropped a malformed message (" << length << " bytes)";
