@@ -30,8 +30,10 @@
 // connection breaks (where the transport can tell), or the await's own deadline passes first.
 //
 // Failure. Every transfer has a deadline; one still running at its deadline is cancelled and
-// completes with DEADLINE_EXCEEDED. A dead or unreachable peer fails its transfers with
-// UNAVAILABLE (UCX runs in peer error-handling mode, so a dead peer is an error, not a hang).
+// completes with DEADLINE_EXCEEDED (at the latest cancel_grace later, once operations already in
+// flight are accounted for). A dead or unreachable peer fails its transfers with UNAVAILABLE
+// (UCX runs in peer error-handling mode where its transports have it, and watches the process of
+// a same-host peer where they do not: a dead peer is an error, not a hang).
 // Cancel() stops a transfer early (CANCELLED). A transport that has to force the connection
 // closed to get its memory back (operations in flight to a peer that stopped answering) fails
 // the peer's other transfers with it (UNAVAILABLE) and marks the peer failed: Post on it fails
@@ -131,8 +133,8 @@ struct TransportOptions {
   std::string listen_address = "127.0.0.1:0";
   // gRPC only: data bytes per streamed message.
   size_t grpc_chunk_bytes = size_t{1} << 20;
-  // Gives a cancelled transfer's in-flight operations this long to finish before the connection
-  // to the peer is forced closed (see the header comment). A deadline forces it at once.
+  // Gives the in-flight operations of a transfer cancelled or past its deadline this long to
+  // finish before the connection to the peer is forced closed (see the header comment).
   absl::Duration cancel_grace = absl::Milliseconds(200);
   // A notification that arrives before its AwaitNotification is kept this long (and at most
   // max_early_notifications of them, oldest dropped first).
