@@ -7,12 +7,18 @@
 // the receiving worker progresses, so every process runs its thread) and sleeps on the worker's
 // event fd when idle.
 //
-// Endpoints use peer error handling (UCP_ERR_HANDLING_MODE_PEER): a dead peer fails its
-// operations instead of leaving them pending. A transfer posts its segments (at most
-// kMaxInflightOps / kMaxInflightBytes at a time), flushes the endpoint after puts (so that
-// success means the bytes are in the peer's memory), then, with a transfer_id, sends the peer an
-// active message with the outcome. The transports UCX chose for a peer (its endpoint's lanes)
-// are logged at connection and are the metrics' transport label ("ucx:tcp").
+// Endpoints use peer error handling (UCP_ERR_HANDLING_MODE_PEER) where the transports have it: a
+// dead peer fails its operations instead of leaving them pending. UCX 1.13's shared-memory
+// transports do not: a peer on the same host is then watched through a pidfd (the address carries
+// the process's identity) and deadlines bound the rest.
+//
+// Where UCX has native RMA to the peer (shared memory, RDMA), a transfer posts its segments as
+// ucp puts/gets (at most kMaxInflightOps at a time), flushes the endpoint after puts (so success
+// means the bytes are in the peer's memory), then, with a transfer_id, sends the owner an active
+// message with the outcome. Where it has not (tcp), UCX 1.13 emulates RMA in software and aborts a
+// target whose initiator dies mid-put, so the data travels as Ferry's own active messages instead
+// (see "The active-message protocol" in the .cc). The transports UCX chose for a peer are logged at
+// connection and are the metrics' transport label ("ucx:tcp").
 
 #ifndef FERRY_ENGINE_TRANSFER_UCX_TRANSPORT_H_
 #define FERRY_ENGINE_TRANSFER_UCX_TRANSPORT_H_
