@@ -1,5 +1,6 @@
 #include "engine/transfer/grpc_transport.h"
 
+#include <grpc/grpc.h>
 #include <grpc/slice.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -1355,6 +1356,14 @@ absl::StatusOr<std::unique_ptr<KvTransport>> NewGrpcTransport(const TransportOpt
   }
   absl::StatusOr<int> port = ParsePort(options.listen_address);
   if (!port.ok()) return port.status();
+  // gRPC shuts its library down when its last object goes, and that waits up to 10 s for an
+  // internal poller: a process that destroys its only transport would stall. Held for the
+  // process's lifetime instead.
+  static const bool grpc_held = [] {
+    grpc_init();
+    return true;
+  }();
+  (void)grpc_held;
   auto transport = std::make_unique<GrpcTransport>(options);
   absl::Status started = transport->Start();
   if (!started.ok()) return started;
