@@ -454,6 +454,8 @@ class UcxTransport final : public KvTransport {
   ucs_status_ptr_t SendAm(Peer* peer, AmOp* op, const void* data, size_t length, ucp_mem_h memh);
   // Sends a message no transfer waits for (replies); failures are logged, not reported.
   void SendOneWay(Peer* peer, const AmHeader& header, std::string payload);
+  // A working connection to an initiator, for replies: Connect, again if the one found failed.
+  absl::StatusOr<Peer*> ReplyPeer(const std::string& address);
   void OnPutData(const AmHeader& h, absl::string_view data);
   void OnPutCommit(const AmHeader& h, absl::string_view data);
   void FinalizePut(uint64_t token, IncomingPut& in);
@@ -479,6 +481,7 @@ class UcxTransport final : public KvTransport {
   ucp_worker_h worker_ = nullptr;
   std::string address_;
   ProcessIdentity self_;
+  std::vector<const char*> env_set_;  // environment variables Init set for the worker
   int epoll_fd_ = -1;
   // The pidfds of peers on this host, readable when the peer process exits.
   int exit_epoll_fd_ = -1;
@@ -548,8 +551,12 @@ absl::Status UcxTransport::Init() {
     // Copy-based tcp sends move 8 KiB segments by default; 256 KiB ones bring the throughput
     // back (measured here: 0.7 -> 2-4 GB/s). Read from the environment when the worker opens
     // its interfaces; a user's own setting wins.
-    setenv("UCX_TCP_TX_SEG_SIZE", "256K", /*overwrite=*/0);
-    setenv("UCX_TCP_RX_SEG_SIZE", "256K", /*overwrite=*/0);
+    for (const char* name : {"UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"}) {
+      if (getenv(name) == nullptr) {
+        setenv(name, "256K", /*overwrite=*/0);
+        env_set_.push_back(name);
+      }
+    }
     ucp_cleanup(context_);
     context_ = nullptr;
     status = ucp_config_modify(config, "ZCOPY_THRESH", "inf");
@@ -562,6 +569,8 @@ absl::Status UcxTransport::Init() {
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
   status = ucp_worker_create(context_, &worker_params, &worker_);
+  // The worker has read its interfaces' settings: what Init set is not left for later contexts.
+  for (const char* name : env_set_) unsetenv(name);
   if (status != UCS_OK) return UcsError("ucp_worker_create", status);
 
   ucp_address_t* address = nullptr;
@@ -1369,6 +1378,23 @@ absl::StatusOr<UcxTransport::Region*> UcxTransport::RemoteAccess(uint64_t addres
   return &region;
 }
 
+absl::StatusOr<UcxTransport::Peer*> UcxTransport::ReplyPeer(const std::string& address) {
+  absl::Status last;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    absl::StatusOr<PeerId> id = Connect(address);
+    if (!id.ok()) return id.status();
+    Peer* p = FindPeer(*id);
+    if (p != nullptr && !p->failed) return p;
+    last = p == nullptr ? absl::UnavailableError(absl::StrCat("connection ", *id, " is gone"))
+                        : p->failure;
+    // Make sure the next Connect makes a new connection.
+    absl::MutexLock lock(&peers_mu_);
+    auto it = peer_info_.find(*id);
+    if (it != peer_info_.end()) it->second.failed = true;
+  }
+  return last;
+}
+
 void UcxTransport::OnPutData(const AmHeader& h, absl::string_view data) {
   IncomingPut& in = incoming_puts_[h.token];
   if (in.expires == absl::Time()) in.expires = absl::Now() + options_.early_notification_ttl;
@@ -1412,9 +1438,11 @@ void UcxTransport::FinalizePut(uint64_t token, IncomingPut& in) {
   if (!in.transfer_id.empty()) board_.Deliver(in.transfer_id, status);
   if (in.outcome.ok()) {
     // The initiator waits for the acknowledgement.
-    absl::StatusOr<PeerId> peer = Connect(in.initiator);
-    Peer* p = peer.ok() ? FindPeer(*peer) : nullptr;
-    if (p != nullptr && !p->failed) {
+    absl::StatusOr<Peer*> peer = ReplyPeer(in.initiator);
+    if (!peer.ok()) {
+      LOG(WARNING) << "KV transport: cannot acknowledge a put: " << peer.status();
+    } else {
+      Peer* p = *peer;
       SendOneWay(p,
                  AmHeader{static_cast<uint32_t>(AmType::kPutAck),
                           static_cast<uint32_t>(status.code()), token, 0, 0},
@@ -1455,16 +1483,20 @@ void UcxTransport::OnGetRequest(const AmHeader& h, absl::string_view data) {
   serve->transfer_id = std::string(data.substr(at, id_length));
   at += id_length;
   if ((data.size() - at) % 16 != 0) return;
-  absl::StatusOr<PeerId> peer = Connect(initiator);
-  Peer* p = peer.ok() ? FindPeer(*peer) : nullptr;
-  if (p == nullptr || p->failed || serves_.count(h.token) != 0) {
-    LOG(WARNING) << "KV transport: cannot serve a get: "
-                 << (peer.ok() ? "initiator unreachable" : peer.status().ToString());
+  if (serves_.count(h.token) != 0) {
+    LOG(WARNING) << "KV transport: dropped a get request for a get already being served";
+    return;
+  }
+  absl::StatusOr<Peer*> peer = ReplyPeer(initiator);
+  if (!peer.ok()) {
+    LOG(WARNING) << "KV transport: cannot serve a get: " << peer.status();
     if (!serve->transfer_id.empty()) {
-      board_.Deliver(serve->transfer_id, absl::UnavailableError("initiator unreachable"));
+      board_.Deliver(serve->transfer_id, absl::UnavailableError(absl::StrCat(
+                                             "initiator unreachable: ", peer.status().message())));
     }
     return;
   }
+  Peer* p = *peer;
   serve->peer = p->id;
   {
     absl::MutexLock lock(&regions_mu_);
