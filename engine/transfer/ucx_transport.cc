@@ -1399,16 +1399,20 @@ void UcxTransport::OnPutData(const AmHeader& h, absl::string_view data) {
   IncomingPut& in = incoming_puts_[h.token];
   if (in.expires == absl::Time()) in.expires = absl::Now() + options_.early_notification_ttl;
   if (!in.status.ok()) return;
-  absl::MutexLock lock(&regions_mu_);
-  absl::StatusOr<Region*> region = RemoteAccess(h.a, data.size(), h.b);
-  if (!region.ok()) {
-    in.status = region.status();
-    LOG(WARNING) << "KV transport: refused " << data.size() << " bytes at "
-                 << absl::StrCat("0x", absl::Hex(h.a)) << ": " << region.status();
-    return;
+  {
+    absl::MutexLock lock(&regions_mu_);
+    absl::StatusOr<Region*> region = RemoteAccess(h.a, data.size(), h.b);
+    if (region.ok()) {
+      std::memcpy(reinterpret_cast<void*>(h.a), data.data(), data.size());
+      in.received += data.size();
+    } else {
+      in.status = region.status();
+      LOG(WARNING) << "KV transport: refused " << data.size() << " bytes at "
+                   << absl::StrCat("0x", absl::Hex(h.a)) << ": " << region.status();
+    }
   }
-  std::memcpy(reinterpret_cast<void*>(h.a), data.data(), data.size());
-  in.received += data.size();
+  // Data that overtook its commit on another lane: the commit waited for it.
+  if (in.committed && (in.received >= in.total || !in.status.ok())) FinalizePut(h.token, in);
 }
 
 void UcxTransport::OnPutCommit(const AmHeader& h, absl::string_view data) {
