@@ -339,6 +339,7 @@ class UcxTransport final : public KvTransport {
     // A close in progress (null when done or not started).
     void* close_request = nullptr;
     bool closed = false;
+    absl::Time closed_at = absl::InfinitePast();
     // Failed, to be closed gracefully once nothing is in flight, or forcibly at close_force_at.
     bool close_pending = false;
     absl::Time close_force_at = absl::InfiniteFuture();
@@ -518,6 +519,9 @@ class UcxTransport final : public KvTransport {
   std::map<uint64_t, IncomingPut> incoming_puts_;
   std::map<uint64_t, std::unique_ptr<Serve>> serves_;
   std::vector<uint64_t> touched_serves_;
+  // Transfers abandoned with requests UCX never completed; freed after the worker.
+  std::vector<std::unique_ptr<Transfer>> orphans_;
+  static constexpr absl::Duration kAbandonAfter = absl::Seconds(1);
 
   absl::BitGen bitgen_;  // progress thread only
   const uint64_t token_salt_ = absl::Uniform<uint64_t>(absl::BitGen());
@@ -652,6 +656,7 @@ UcxTransport::~UcxTransport() {
     regions_.clear();
   }
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  orphans_.clear();
   if (context_ != nullptr) ucp_cleanup(context_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (exit_epoll_fd_ >= 0) close(exit_epoll_fd_);
@@ -1618,6 +1623,10 @@ void UcxTransport::Finish(Transfer* t) {
   transfers_.erase(t->id);
   DoneCallback done = std::move(t->done);
   absl::Status status = std::move(t->status);
+  if (t->inflight > 0) {
+    // Abandoned (see ReapPeers): UCX may still complete its requests, which name the object.
+    orphans_.push_back(std::move(owned));
+  }
   owned.reset();
   if (done) done(std::move(status));
 }
@@ -1713,6 +1722,20 @@ void UcxTransport::ReapPeers() {
       ucp_request_free(peer->close_request);
       peer->close_request = nullptr;
       peer->closed = true;
+    }
+    if (peer->closed && peer->closed_at == absl::InfinitePast()) peer->closed_at = now;
+    if (peer->closed && !peer->transfers.empty() && now - peer->closed_at > kAbandonAfter) {
+      // The endpoint is gone, yet operations on it never came back (seen on UCX 1.13's
+      // shared-memory endpoints, which lack peer failure handling, when the peer was killed):
+      // their transfers end now, with the peer's failure, instead of never.
+      std::vector<Transfer*> stuck(peer->transfers.begin(), peer->transfers.end());
+      for (Transfer* t : stuck) {
+        LOG(WARNING) << "KV transport: transfer " << t->id << " abandoned with " << t->inflight
+                     << " operations UCX never completed after its endpoint closed";
+        if (t->status.ok()) t->status = peer->failure;
+        t->phase = Phase::kDone;
+        Finish(t);
+      }
     }
     if (peer->closed && peer->transfers.empty()) {
       for (auto& [key, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
