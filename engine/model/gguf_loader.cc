@@ -1,5 +1,6 @@
 // LoadGgufModel: a llama-architecture GGUF file -> HostWeights.
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -27,7 +28,9 @@ absl::StatusOr<double> FloatOr(const GgufFile& g, const std::string& key, double
   return g.GetFloat(key);
 }
 
-absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& g) {
+}  // namespace
+
+absl::StatusOr<ModelConfig> ReadGgufModelConfig(const GgufFile& g) {
   ModelConfig c;
   ASSIGN_OR_RETURN(c.architecture, g.GetString("general.architecture"));
   if (c.architecture != "llama") {
@@ -62,9 +65,25 @@ absl::StatusOr<ModelConfig> ReadConfig(const GgufFile& g) {
           absl::StrCat("GGUF rope scaling '", type, "' is not supported"));
     }
   }
+  // The ids that end a turn: end of sequence, end of turn (Llama 3's eot), end of message (eom).
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                          "tokenizer.ggml.eom_token_id"}) {
+    if (!g.Has(key)) continue;
+    ASSIGN_OR_RETURN(const int64_t id, g.GetInt(key));
+    if (id < 0 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GGUF ", key, " ", id, " is outside the vocabulary (", c.vocab_size, ")"));
+    }
+    const auto token = static_cast<TokenId>(id);
+    if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), token) == c.eos_token_ids.end()) {
+      c.eos_token_ids.push_back(token);
+    }
+  }
   RETURN_IF_ERROR(c.Validate());
   return c;
 }
+
+namespace {
 
 // HF name and expected [rows, cols] (cols 0 for vectors) of a GGUF tensor name.
 struct Mapped {
@@ -123,7 +142,7 @@ absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtyp
                                           const std::string& kv_dtype) {
   const double start = model_internal::SteadySeconds();
   HostWeights weights;
-  ASSIGN_OR_RETURN(weights.config, ReadConfig(gguf));
+  ASSIGN_OR_RETURN(weights.config, ReadGgufModelConfig(gguf));
   const ModelConfig& c = weights.config;
   std::vector<model_internal::ConversionJob> jobs;
   for (const GgufTensorInfo& t : gguf.tensors()) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -101,6 +102,34 @@ class SafetensorsFile {
   uint64_t data_start_ = 0;
   Json header_;
 };
+
+// Appends the ids of `j[key]` (an integer or a list of integers; absent or null: none).
+absl::Status ReadTokenIds(const Json& j, const char* key, const std::string& path,
+                          std::vector<TokenId>* out) {
+  if (!j.contains(key) || j[key].is_null()) return absl::OkStatus();
+  const Json& v = j[key];
+  std::vector<Json> items =
+      v.is_array() ? std::vector<Json>(v.begin(), v.end()) : std::vector<Json>{v};
+  for (const Json& item : items) {
+    if (!item.is_number_integer() || item.get<int64_t>() < 0 ||
+        item.get<int64_t>() > int64_t{0xFFFFFFFF}) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", key, " must be a token id or a list of them"));
+    }
+    const auto id = static_cast<TokenId>(item.get<int64_t>());
+    if (std::find(out->begin(), out->end(), id) == out->end()) out->push_back(id);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Json> ReadJsonFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string text, ReadText(path));
+  try {
+    return Json::parse(text);
+  } catch (const Json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+}
 
 absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path) {
   ModelConfig c;
@@ -227,6 +256,7 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
           absl::StrCat(path, ": rope scaling '", type, "' is not supported (linear, llama3)"));
     }
   }
+  RETURN_IF_ERROR(ReadTokenIds(j, "eos_token_id", path, &c.eos_token_ids));
   RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -308,19 +338,27 @@ absl::StatusOr<uint32_t> GgmlTypeOfSafetensors(const std::string& dtype) {
 
 }  // namespace
 
+absl::StatusOr<ModelConfig> ReadHfModelConfig(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  ASSIGN_OR_RETURN(const Json config_json, ReadJsonFile(config_path));
+  ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(config_json, config_path));
+  // What transformers' generate() stops on: generation_config.json's eos ids, when present.
+  const std::string generation_path = dir + "/generation_config.json";
+  if (std::ifstream(generation_path).good()) {
+    ASSIGN_OR_RETURN(const Json generation, ReadJsonFile(generation_path));
+    RETURN_IF_ERROR(
+        ReadTokenIds(generation, "eos_token_id", generation_path, &config.eos_token_ids));
+    RETURN_IF_ERROR(config.Validate());
+  }
+  return config;
+}
+
 absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtype,
                                         const std::string& kv_dtype) {
   const double start = model_internal::SteadySeconds();
   HostWeights weights;
   const std::string config_path = dir + "/config.json";
-  ASSIGN_OR_RETURN(const std::string config_text, ReadText(config_path));
-  Json config_json;
-  try {
-    config_json = Json::parse(config_text);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", e.what()));
-  }
-  ASSIGN_OR_RETURN(weights.config, ReadHfConfig(config_json, config_path));
+  ASSIGN_OR_RETURN(weights.config, ReadHfModelConfig(dir));
 
   // The shards: model.safetensors, or those listed by model.safetensors.index.json.
   std::vector<std::string> files;

@@ -85,6 +85,12 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
 absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtype,
                                           const std::string& kv_dtype = "bf16");
 
+// The configuration alone, without the weights (what LoadHfModel / LoadGgufModel put in
+// HostWeights::config): for services that need the model's shape, positions and end-of-sequence
+// ids without its tensors (the null engine).
+absl::StatusOr<ModelConfig> ReadHfModelConfig(const std::string& dir);
+absl::StatusOr<ModelConfig> ReadGgufModelConfig(const GgufFile& gguf);
+
 }  // namespace ferry
 
 #endif  // FERRY_ENGINE_MODEL_HOST_WEIGHTS_H_

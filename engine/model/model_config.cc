@@ -62,6 +62,12 @@ absl::Status ModelConfig::Validate() const {
   for (int32_t w : sliding_windows) {
     if (w < 0) return absl::InvalidArgumentError("model config: negative sliding window");
   }
+  for (TokenId t : eos_token_ids) {
+    if (t >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: eos token ", t, " is outside the vocabulary (", vocab_size, ")"));
+    }
+  }
   if (!(rope_theta > 0) || !(rms_norm_eps > 0)) {
     return absl::InvalidArgumentError("model config: rope_theta and rms_norm_eps must be positive");
   }

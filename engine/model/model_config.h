@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/common/token_id.h"
 
 namespace ferry {
 
@@ -75,6 +76,10 @@ struct ModelConfig {
     return layer < static_cast<int64_t>(sliding_windows.size()) ? sliding_windows[layer] : 0;
   }
 
+  // The tokens that end a generation (the model's end-of-sequence ids: config.json's and
+  // generation_config.json's eos_token_id, or GGUF's eos/eot/eom ids). The engine stops on them
+  // unless a request sets ignore_eos.
+  std::vector<TokenId> eos_token_ids;
   // Consistency of the numbers (positive sizes, heads dividing evenly); errors name the field.
   absl::Status Validate() const;
 };

@@ -32,45 +32,33 @@
 #include "engine/common/hash128.h"
 #include "engine/common/token_id.h"
 #include "engine/kv/kv_block_pool.h"
+#include "engine/model/forward_model.h"
 #include "engine/model/host_weights.h"
 #include "engine/model/model_config.h"
 
 namespace ferry {
 
-struct ForwardSequence {
-  absl::Span<const TokenId> tokens;  // this step's new tokens, at least one
-  int64_t start_position = 0;        // tokens of the sequence already in the cache
-  absl::Span<const BlockId> blocks;  // the block table; covers start_position + tokens.size()
-  bool all_logits = false;           // logits for every new token, else for the last only
-  bool no_logits = false;            // none at all (a prefill chunk that does not end a prompt)
-  // With a window pool (Forward's window_kv): the sliding-window layers' block table, indexed
-  // like `blocks`; blocks wholly before every window may be kNoBlock (released).
-  absl::Span<const BlockId> window_blocks;
-};
-
-class Transformer {
+class Transformer final : public ForwardModel {
  public:
   // Uploads `weights` (which may be freed afterwards) to `backend`, which must outlive the model.
   static absl::StatusOr<std::unique_ptr<Transformer>> Create(const HostWeights& weights,
                                                              Backend* backend);
 
-  const ModelConfig& config() const { return config_; }
-  const Hash128& fingerprint() const { return fingerprint_; }
+  const ModelConfig& config() const override { return config_; }
+  const Hash128& fingerprint() const override { return fingerprint_; }
   DType weight_dtype() const { return weight_dtype_; }
   DType kv_dtype() const { return kv_dtype_; }
-  // Positions the model accepts (its max_position_embeddings).
-  int64_t max_positions() const { return config_.max_position_embeddings; }
   // The layout of this model's KV blocks, in the cache dtype the fingerprint was computed for:
   // every layer in one pool.
-  KvBlockLayout KvLayoutFor(int32_t block_tokens = 64) const;
+  KvBlockLayout KvLayoutFor(int32_t block_tokens) const override;
   // A hybrid model (sliding-window and full-attention layers) may keep its window layers' KV in
   // a pool of their own, where a sequence holds only the blocks its window still covers: the
   // full-attention layers' layout and the window layers' layout. Both have num_layers 0 unless
   // the model has layers of both kinds.
-  KvBlockLayout FullKvLayoutFor(int32_t block_tokens = 64) const;
-  KvBlockLayout WindowKvLayoutFor(int32_t block_tokens = 64) const;
+  KvBlockLayout FullKvLayoutFor(int32_t block_tokens) const override;
+  KvBlockLayout WindowKvLayoutFor(int32_t block_tokens) const override;
   // The largest sliding window of any layer (0: none).
-  int32_t max_window() const;
+  int32_t max_window() const override;
 
   // Runs one step over `batch`. Appends to `logits` one row of vocab_size floats per requested
   // position (every new token of a sequence with all_logits, none with no_logits, else its
@@ -80,11 +68,13 @@ class Transformer {
   // With `window_kv` (a hybrid model), `kv` has FullKvLayoutFor's layout, window_kv
   // WindowKvLayoutFor's, and every sequence its window_blocks.
   absl::Status Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
-                       std::vector<float>* logits, KvBlockPool* window_kv = nullptr);
+                       std::vector<float>* logits, KvBlockPool* window_kv = nullptr) override;
 
   // Mixture-of-experts models: tokens routed to each expert since creation, [layer][expert]
   // (empty rows for dense layers), for the per-expert metric.
-  const std::vector<std::vector<int64_t>>& expert_token_counts() const { return expert_tokens_; }
+  const std::vector<std::vector<int64_t>>& expert_token_counts() const override {
+    return expert_tokens_;
+  }
 
  private:
   // Per layer: q, k and v projections fused into one matrix (rows q | k | v, with their biases
