@@ -116,9 +116,32 @@ absl::StatusOr<SamplerState> SamplerState::Parse(std::string_view bytes) {
   return state;
 }
 
+absl::StatusOr<SamplerState> SamplerState::FromCounts(
+    int64_t generated, const absl::flat_hash_map<TokenId, int32_t>& counts) {
+  if (generated < 0 || generated > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError("sampler state: implausible output count");
+  }
+  int64_t total = 0;
+  for (const auto& [token, count] : counts) {
+    if (count <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampler state: token ", token, " has count ", count));
+    }
+    total += count;
+  }
+  if (total != generated) {
+    return absl::InvalidArgumentError(absl::StrCat("sampler state: counts add up to ", total,
+                                                   ", not to the output count ", generated));
+  }
+  SamplerState state;
+  state.generated_ = generated;
+  state.counts_ = counts;
+  return state;
+}
+
 SampledToken Sample(absl::Span<const float> logits, const SamplingParams& params,
-                    const PromptTokenSet& prompt_tokens, const SamplerState& state,
-                    uint64_t choice) {
+                    const PromptTokenSet& prompt_tokens, const SamplerState& state, uint64_t choice,
+                    absl::Span<const TokenId> suppressed) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   thread_local std::vector<float> l;
   l.assign(logits.begin(), logits.end());
@@ -138,6 +161,18 @@ SampledToken Sample(absl::Span<const float> logits, const SamplingParams& params
   if (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) {
     for (const auto& [t, count] : state.counts()) {
       l[t] -= static_cast<float>(count) * params.frequency_penalty + params.presence_penalty;
+    }
+  }
+  if (!suppressed.empty()) {
+    bool other = false;  // is anything left to choose?
+    thread_local std::vector<char> banned;
+    banned.assign(vocab, 0);
+    for (TokenId t : suppressed) banned[t] = 1;
+    for (int32_t t = 0; t < vocab && !other; ++t) {
+      other = !banned[t] && l[t] > -std::numeric_limits<float>::infinity();
+    }
+    if (other) {
+      for (TokenId t : suppressed) l[t] = -std::numeric_limits<float>::infinity();
     }
   }
 

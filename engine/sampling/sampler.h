@@ -7,6 +7,8 @@
 //                                                                              : l[t] * r
 //   3. frequency/presence:  for t in output so far, c = its count: l[t] -= c * frequency
 //                                                                          + presence
+//      suppressed tokens:   l[t] = -inf (the engine's min_tokens: end-of-sequence and stop ids
+//                           cannot be chosen before the request's minimum output)
 //   4. temperature 0:       the token is ArgMax(l) (lowest index among equals); done.
 //   5. otherwise the candidates are all tokens with finite l, ranked by (l desc, index asc):
 //      top_k > 0 keeps the first top_k; then p_t = Exp((l_t - l_max) / T) / sum (Exp = the
@@ -67,6 +69,10 @@ class SamplerState {
 
   std::string Serialize() const;
   static absl::StatusOr<SamplerState> Parse(std::string_view bytes);
+  // From its parts (a resume point received over the wire): `counts` of each generated token,
+  // which must be positive and add up to `generated`.
+  static absl::StatusOr<SamplerState> FromCounts(
+      int64_t generated, const absl::flat_hash_map<TokenId, int32_t>& counts);
 
   bool operator==(const SamplerState& other) const {
     return generated_ == other.generated_ && counts_ == other.counts_;
@@ -86,10 +92,11 @@ struct SampledToken {
 // The prompt's distinct tokens, for the repetition penalty (computed once per request).
 using PromptTokenSet = absl::flat_hash_set<TokenId>;
 
-// One output position. `logits` has the vocabulary's size; params must be valid.
+// One output position. `logits` has the vocabulary's size; params must be valid; `suppressed`
+// tokens (in the vocabulary) are never chosen, unless nothing else can be.
 SampledToken Sample(absl::Span<const float> logits, const SamplingParams& params,
-                    const PromptTokenSet& prompt_tokens, const SamplerState& state,
-                    uint64_t choice);
+                    const PromptTokenSet& prompt_tokens, const SamplerState& state, uint64_t choice,
+                    absl::Span<const TokenId> suppressed = {});
 
 }  // namespace ferry
 

@@ -1,6 +1,7 @@
 #include "engine/sampling/sampler.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -223,6 +224,61 @@ TEST(StopStringsTest, MatchesAcrossDeltasAndHoldsBackPossibleStarts) {
   EXPECT_FALSE(
       StopStringMatcher::Validate(std::vector<std::string>(kMaxStopStrings + 1, "a")).ok());
   EXPECT_TRUE(StopStringMatcher::Validate({"a", "bc"}).ok());
+}
+
+TEST(StopStringsTest, TextThatMayNotStopNeverEndsTheStream) {
+  // min_tokens: "STOP" inside text pushed with may_stop = false is shown; one that ends in later
+  // text stops, even when it began in the text that could not.
+  StopStringMatcher m({"STOP"});
+  std::string shown = m.Push("a STOP b ST", /*may_stop=*/false);
+  EXPECT_FALSE(m.stopped());
+  EXPECT_EQ(shown, "a STOP b ");  // "ST" may begin a stop string that ends later
+  shown += m.Push("OP c", /*may_stop=*/true);
+  EXPECT_TRUE(m.stopped());
+  EXPECT_EQ(shown, "a STOP b ");
+
+  // A complete match in the early text stays text after the matcher may stop.
+  StopStringMatcher n({"ab", "xabq"});
+  EXPECT_EQ(n.Push("xab", false), "");  // held: a prefix of "xabq"
+  EXPECT_EQ(n.Push("c", true), "xabc");
+  EXPECT_FALSE(n.stopped());
+  EXPECT_EQ(n.Push("ab", true), "");
+  EXPECT_TRUE(n.stopped());
+
+  // Restored as text that could not stop.
+  StopStringMatcher p({"STOP"});
+  p.Restore("STOP", /*may_stop=*/false);
+  EXPECT_EQ(p.Push("!", true), "STOP!");
+}
+
+TEST(SamplerTest, FromCountsChecksTheTotalsAndSuppressedTokensAreNeverChosen) {
+  absl::flat_hash_map<TokenId, int32_t> counts = {{5, 3}, {9, 1}};
+  auto state = SamplerState::FromCounts(4, counts);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(state->generated(), 4);
+  EXPECT_EQ(state->count(5), 3);
+  EXPECT_FALSE(SamplerState::FromCounts(5, counts).ok());
+  EXPECT_FALSE(SamplerState::FromCounts(0, {{1, 0}}).ok());
+  EXPECT_FALSE(SamplerState::FromCounts(-1, {}).ok());
+
+  std::vector<float> logits = {0.f, 3.f, 9.f, 1.f};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  const TokenId banned[] = {2, 1};
+  EXPECT_EQ(Sample(logits, greedy, kNoPrompt, SamplerState(), 0).token, 2u);
+  EXPECT_EQ(Sample(logits, greedy, kNoPrompt, SamplerState(), 0, banned).token, 3u);
+  SamplingParams hot;
+  hot.temperature = 5;
+  hot.seed = 7;
+  hot.top_logprobs = 0;
+  for (int c = 0; c < 50; ++c) {
+    const SampledToken t = Sample(logits, hot, kNoPrompt, SamplerState(), c, banned);
+    EXPECT_TRUE(t.token == 0 || t.token == 3) << t.token;
+  }
+  // Nothing else left: the suppression yields.
+  std::vector<float> two = {-std::numeric_limits<float>::infinity(), 1.f};
+  const TokenId only[] = {1};
+  EXPECT_EQ(Sample(two, greedy, kNoPrompt, SamplerState(), 0, only).token, 1u);
 }
 
 }  // namespace

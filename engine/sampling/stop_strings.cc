@@ -21,13 +21,17 @@ absl::Status StopStringMatcher::Validate(const std::vector<std::string>& stops) 
   return absl::OkStatus();
 }
 
-std::string StopStringMatcher::Push(std::string_view delta) {
+std::string StopStringMatcher::Push(std::string_view delta, bool may_stop) {
   if (stopped_) return "";
   held_.append(delta);
-  // The earliest occurrence of any stop string (the longest one among those starting there).
+  if (!may_stop) unarmed_ = held_.size();
+  // The earliest occurrence of any stop string that ends in text that may stop (the longest one
+  // among those starting there).
   size_t first = std::string::npos;
   for (const std::string& s : stops_) {
-    const size_t at = held_.find(s);
+    if (!may_stop) break;
+    const size_t from = unarmed_ >= s.size() ? unarmed_ - s.size() + 1 : 0;
+    const size_t at = held_.find(s, from);
     if (at != std::string::npos &&
         (first == std::string::npos || at < first || (at == first && s.size() > matched_.size()))) {
       first = at;
@@ -50,8 +54,10 @@ std::string StopStringMatcher::Push(std::string_view delta) {
       }
     }
   }
-  std::string out = held_.substr(0, held_.size() - keep);
-  held_.erase(0, held_.size() - keep);
+  const size_t released = held_.size() - keep;
+  std::string out = held_.substr(0, released);
+  held_.erase(0, released);
+  unarmed_ = unarmed_ > released ? unarmed_ - released : 0;
   return out;
 }
 
@@ -59,6 +65,7 @@ std::string StopStringMatcher::Finish() {
   if (stopped_) return "";
   std::string out;
   out.swap(held_);
+  unarmed_ = 0;
   return out;
 }
 

@@ -4,6 +4,9 @@
 // appears, the text before it is released and the stream ends: the stop string itself and
 // anything after it are never shown (the OpenAI convention).
 //
+// A request's min_tokens: text pushed with may_stop = false cannot end the stream; a stop string
+// counts only when it ends in text pushed with may_stop = true.
+//
 // The held-back text is the whole state; it travels with a resumed request (held()/Restore()).
 
 #ifndef FERRY_ENGINE_SAMPLING_STOP_STRINGS_H_
@@ -28,8 +31,9 @@ class StopStringMatcher {
   explicit StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
 
   // Adds text; returns what can be released now. After a stop string matched, `stopped()` is
-  // true and further input is ignored.
-  std::string Push(std::string_view delta);
+  // true and further input is ignored. With may_stop false, no stop string can match in this
+  // text (it is still held back while it could begin one that ends later).
+  std::string Push(std::string_view delta, bool may_stop = true);
   // End of stream without a match: the rest of the held-back text.
   std::string Finish();
 
@@ -37,11 +41,16 @@ class StopStringMatcher {
   // The stop string that matched (when stopped()).
   const std::string& matched() const { return matched_; }
   const std::string& held() const { return held_; }
-  void Restore(std::string held) { held_ = std::move(held); }
+  // `may_stop`: whether the held text was pushed with may_stop (see Push).
+  void Restore(std::string held, bool may_stop = true) {
+    held_ = std::move(held);
+    unarmed_ = may_stop ? 0 : held_.size();
+  }
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
+  size_t unarmed_ = 0;  // the first bytes of held_ were pushed with may_stop false
   bool stopped_ = false;
   std::string matched_;
 };
