@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/common/status.h"
 
 namespace ferry {
 
@@ -111,8 +112,25 @@ absl::Status KvBlockPool::AddRef(absl::Span<const BlockId> blocks) {
   return absl::OkStatus();
 }
 
+void KvBlockPool::SetFreeListener(std::function<void()> listener) {
+  absl::MutexLock lock(&listener_mu_);
+  listener_ = std::move(listener);
+}
+
 absl::Status KvBlockPool::Release(absl::Span<const BlockId> blocks) {
-  absl::MutexLock lock(&mu_);
+  bool freed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(ReleaseLocked(blocks, &freed));
+  }
+  if (freed) {
+    absl::MutexLock lock(&listener_mu_);
+    if (listener_) listener_();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockPool::ReleaseLocked(absl::Span<const BlockId> blocks, bool* freed) {
   if (absl::Status s = CheckAllocated(blocks); !s.ok()) return s;
   // A block listed twice must hold two references.
   std::vector<BlockId> sorted(blocks.begin(), blocks.end());
@@ -130,6 +148,7 @@ absl::Status KvBlockPool::Release(absl::Span<const BlockId> blocks) {
     if (--ref_counts_[b] == 0) {
       free_.push_back(b);
       std::push_heap(free_.begin(), free_.end(), std::greater<BlockId>());
+      *freed = true;
     }
   }
   return absl::OkStatus();

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,6 +109,10 @@ class KvBlockPool {
   // Drops one reference to each block; a block whose count reaches zero is free again. Unknown
   // or free blocks are an error and change nothing.
   absl::Status Release(absl::Span<const BlockId> blocks);
+  // Called (on the releasing thread, after the pool's lock is dropped) whenever a Release frees
+  // at least one block: the engine uses it to wake when another thread gives blocks back. Must
+  // not call back into the pool's Release. Empty clears it.
+  void SetFreeListener(std::function<void()> listener);
   int32_t ref_count(BlockId block) const;
 
   // In-place (address, length) of each block, in order: the bytes to send when exporting, or
@@ -130,6 +135,8 @@ class KvBlockPool {
               Backend* backend, MemorySpan region);
   absl::Status CheckAllocated(absl::Span<const BlockId> blocks) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReleaseLocked(absl::Span<const BlockId> blocks, bool* freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const KvBlockLayout layout_;
   const int64_t num_blocks_;
@@ -141,6 +148,9 @@ class KvBlockPool {
   std::vector<int32_t> ref_counts_ ABSL_GUARDED_BY(mu_);
   // A min-heap: allocation takes the lowest free ids, whatever the order of releases.
   std::vector<BlockId> free_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex listener_mu_;
+  std::function<void()> listener_ ABSL_GUARDED_BY(listener_mu_);
 };
 
 }  // namespace ferry

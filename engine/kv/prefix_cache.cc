@@ -98,6 +98,13 @@ int64_t PrefixCache::Evict(int64_t n) {
   return evicted;
 }
 
+std::vector<Hash128> PrefixCache::Hashes() const {
+  std::vector<Hash128> out;
+  out.reserve(entries_.size());
+  for (const auto& [hash, entry] : entries_) out.push_back(hash);
+  return out;
+}
+
 std::vector<KvCacheEvent> PrefixCache::TakeEvents() {
   std::vector<KvCacheEvent> out(events_.begin(), events_.end());
   events_.clear();

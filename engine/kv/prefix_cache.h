@@ -64,6 +64,8 @@ class PrefixCache {
   void TrimToCap();
 
   int64_t blocks() const { return static_cast<int64_t>(entries_.size()); }
+  // Every hash cached now (no order).
+  std::vector<Hash128> Hashes() const;
   int64_t bytes() const { return blocks() * block_bytes_; }
   int64_t max_bytes() const { return max_bytes_; }
   // Lookups and the blocks they found, for metrics.
