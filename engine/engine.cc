@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -32,8 +33,12 @@ const char* FinishReasonName(FinishReason reason) {
 struct Engine::Request {
   EngineRequest r;
   PromptTokenSet prompt_set;
-  Hash128 root;               // of the block-hash chain (model, tenant salt)
-  bool fork_pending = false;  // choices 1..n-1 start from choice 0's prompt
+  Hash128 root;                   // of the block-hash chain (model, tenant salt)
+  bool fork_pending = false;      // choices 1..n-1 start from choice 0's prompt
+  std::vector<TokenId> stop_ids;  // stop_token_ids and (unless ignore_eos) the eos ids, sorted
+  int64_t live = 0;               // sequences not finished
+  bool admitted_once = false;
+  int64_t cached_prompt_tokens = 0;  // at the first admission
 };
 
 struct Engine::Sequence {
@@ -59,16 +64,13 @@ struct Engine::Sequence {
   int64_t step_chunk = 0;  // tokens scheduled in the current step
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
-  // Rank: lower runs first.
-  std::tuple<int32_t, int64_t, int32_t> rank() const { return {req->r.priority, arrival, choice}; }
+  // Rank: lower runs first (higher priority, then earlier arrival).
+  std::tuple<int64_t, int64_t, int32_t> rank() const {
+    return {-static_cast<int64_t>(req->r.priority), arrival, choice};
+  }
 };
 
 namespace {
-
-bool SameLayout(const KvBlockLayout& a, const KvBlockLayout& b) {
-  return a.num_layers == b.num_layers && a.num_kv_heads == b.num_kv_heads &&
-         a.head_dim == b.head_dim && a.dtype == b.dtype && a.block_tokens == b.block_tokens;
-}
 
 void ReleaseTable(KvBlockPool& pool, std::vector<BlockId>& table) {
   std::vector<BlockId> held;
@@ -81,7 +83,7 @@ void ReleaseTable(KvBlockPool& pool, std::vector<BlockId>& table) {
 
 }  // namespace
 
-int64_t Engine::WindowBlocksPerSequence(const Transformer& model, const EngineOptions& options,
+int64_t Engine::WindowBlocksPerSequence(const ForwardModel& model, const EngineOptions& options,
                                         int32_t block_tokens) {
   // During a step a sequence holds the blocks from the one with the first key its first new row
   // sees (window - 1 positions back) to the one of its last new row: at most
@@ -91,17 +93,18 @@ int64_t Engine::WindowBlocksPerSequence(const Transformer& model, const EngineOp
   return (span + block_tokens - 1) / block_tokens + 1;
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Transformer* model, KvBlockPool* pool,
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ForwardModel* model, KvBlockPool* pool,
                                                        const Tokenizer* tokenizer,
                                                        const EngineOptions& options,
                                                        KvBlockPool* window_pool) {
   if (options.max_batch_tokens < 1 || options.max_running < 1 || options.prefill_chunk < 1 ||
-      options.max_n < 1 || options.prefix_cache_bytes < 0 || options.window_cache_bytes < 0) {
+      options.max_n < 1 || options.max_queued < 1 || options.prefix_cache_bytes < 0 ||
+      options.window_cache_bytes < 0) {
     return absl::InvalidArgumentError("engine options must be positive");
   }
   const int32_t bt = pool->layout().block_tokens;
   if (window_pool == nullptr) {
-    if (!SameLayout(model->KvLayoutFor(bt), pool->layout())) {
+    if (!SameKvLayout(model->KvLayoutFor(bt), pool->layout())) {
       return absl::InvalidArgumentError(
           absl::StrCat("the KV pool's layout (", pool->layout().DebugString(),
                        ") is not the model's (", model->KvLayoutFor(bt).DebugString(), ")"));
@@ -111,8 +114,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Transformer* model, KvBlo
       return absl::InvalidArgumentError(
           "a window pool needs a model with both sliding-window and full-attention layers");
     }
-    if (!SameLayout(model->FullKvLayoutFor(bt), pool->layout()) ||
-        !SameLayout(model->WindowKvLayoutFor(bt), window_pool->layout())) {
+    if (!SameKvLayout(model->FullKvLayoutFor(bt), pool->layout()) ||
+        !SameKvLayout(model->WindowKvLayoutFor(bt), window_pool->layout())) {
       return absl::InvalidArgumentError(
           absl::StrCat("the KV pools' layouts (", pool->layout().DebugString(), "; ",
                        window_pool->layout().DebugString(), ") are not the model's (",
@@ -129,7 +132,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Transformer* model, KvBlo
   return std::unique_ptr<Engine>(new Engine(model, pool, tokenizer, options, window_pool));
 }
 
-Engine::Engine(Transformer* model, KvBlockPool* pool, const Tokenizer* tokenizer,
+Engine::Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenizer,
                const EngineOptions& options, KvBlockPool* window_pool)
     : model_(model),
       pool_(pool),
@@ -137,12 +140,32 @@ Engine::Engine(Transformer* model, KvBlockPool* pool, const Tokenizer* tokenizer
       options_(options),
       window_pool_(window_pool),
       block_tokens_(pool->layout().block_tokens),
-      cache_(pool, options.prefix_cache_bytes) {
+      cache_(pool, options.prefix_cache_bytes),
+      journal_(options.journal_events) {
   if (window_pool_ != nullptr) {
-    // Its blocks are of use to this engine only: nobody is told about them.
-    window_cache_ = std::make_unique<PrefixCache>(window_pool_, options.window_cache_bytes,
-                                                  /*record_events=*/false);
+    // A prefix is of use only as far as its window layers' blocks are cached too: the journal
+    // reports both (KvEventJournal).
+    window_cache_ = std::make_unique<PrefixCache>(window_pool_, options.window_cache_bytes);
   }
+  eos_ids_ = model_->config().eos_token_ids;
+  if (tokenizer_ != nullptr && tokenizer_->eos_id().has_value() &&
+      *tokenizer_->eos_id() < static_cast<TokenId>(model_->config().vocab_size)) {
+    eos_ids_.push_back(*tokenizer_->eos_id());
+  }
+  std::sort(eos_ids_.begin(), eos_ids_.end());
+  eos_ids_.erase(std::unique(eos_ids_.begin(), eos_ids_.end()), eos_ids_.end());
+  // Blocks given back by other threads (a service releasing a reservation) wake a waiting loop.
+  auto wake = [this] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_freed_ = true;
+    }
+    wake_.notify_one();
+  };
+  pool_->SetFreeListener(wake);
+  if (window_pool_ != nullptr) window_pool_->SetFreeListener(wake);
+  published_.total_blocks = pool_->num_blocks();
+  published_.free_blocks = pool_->num_free();
 }
 
 Engine::~Engine() {
@@ -153,6 +176,8 @@ Engine::~Engine() {
   }
   RemoveFinished();
   for (auto& [id, handoff] : handoffs_) ReleaseHandoffBlocks(handoff);
+  pool_->SetFreeListener(nullptr);
+  if (window_pool_ != nullptr) window_pool_->SetFreeListener(nullptr);
 }
 
 absl::Status Engine::Validate(const EngineRequest& r) const {
@@ -177,6 +202,9 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
     return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", options_.max_n, "]"));
   }
   if (r.max_tokens < 1) return absl::InvalidArgumentError("max_tokens must be >= 1");
+  if (r.min_tokens < 0 || r.min_tokens > r.max_tokens) {
+    return absl::InvalidArgumentError("min_tokens must be in [0, max_tokens]");
+  }
   if (absl::Status s = r.sampling.Validate(vocab); !s.ok()) return s;
   for (TokenId t : r.stop_token_ids) {
     if (t >= vocab) {
@@ -192,10 +220,11 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
     return absl::InvalidArgumentError("resume needs one point per choice");
   }
   for (const ResumePoint& p : r.resume) {
-    auto state = SamplerState::Parse(p.sampler_state);
-    if (!state.ok()) return state.status();
-    if (state->generated() != static_cast<int64_t>(p.generated.size())) {
+    if (p.sampler_state.generated() != static_cast<int64_t>(p.generated.size())) {
       return absl::InvalidArgumentError("resume: sampler state and tokens disagree");
+    }
+    for (const auto& [token, count] : p.sampler_state.counts()) {
+      if (token >= vocab) return absl::InvalidArgumentError("resume: counted token out of range");
     }
     for (TokenId t : p.generated) {
       if (t >= vocab) return absl::InvalidArgumentError("resume: token out of range");
@@ -250,13 +279,41 @@ absl::Status Engine::Submit(EngineRequest request) {
   if (absl::Status s = Validate(request); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const int64_t queued = static_cast<int64_t>(submitted_.size()) + published_waiting_requests_;
+    if (queued >= options_.max_queued) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the engine's queue is full (", options_.max_queued, " requests wait for admission)"));
+    }
     if (!live_ids_.insert(request.id).second) {
       return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already live"));
     }
+    submitted_tokens_ += static_cast<int64_t>(request.prompt.size());
     submitted_.push_back(std::move(request));
   }
   wake_.notify_one();
   return absl::OkStatus();
+}
+
+bool Engine::IsLive(const std::string& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_ids_.contains(id);
+}
+
+void Engine::Reserve(std::vector<Hash128> hashes, int64_t positions,
+                     std::function<void(absl::StatusOr<KvReservation>)> done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reservations_.push_back(PendingReservation{std::move(hashes), positions, std::move(done)});
+  }
+  wake_.notify_one();
+}
+
+void Engine::ClearPrefixCache() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    clear_cache_ = true;
+  }
+  wake_.notify_one();
 }
 
 void Engine::Abort(const std::string& id) {
@@ -278,11 +335,19 @@ void Engine::ReleaseHandoff(const std::string& id) {
 void Engine::DrainInbox() {
   std::deque<EngineRequest> submitted;
   std::vector<std::string> aborted, released;
+  std::vector<PendingReservation> reservations;
+  bool clear = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     submitted.swap(submitted_);
+    submitted_tokens_ = 0;
     aborted.swap(aborted_);
     released.swap(released_);
+    reservations.swap(reservations_);
+    std::swap(clear, clear_cache_);
+    blocks_freed_ = false;
+    // Until RemoveFinished publishes again, the queue bound counts these as waiting.
+    published_waiting_requests_ += static_cast<int64_t>(submitted.size());
   }
   for (EngineRequest& r : submitted) AddRequest(std::move(r));
   for (const std::string& id : aborted) {
@@ -295,8 +360,64 @@ void Engine::DrainInbox() {
     if (it == handoffs_.end()) continue;
     ReleaseHandoffBlocks(it->second);
     handoffs_.erase(it);
+    released_ids_.push_back(id);
   }
+  if (clear) EvictAllCached();
+  for (PendingReservation& r : reservations) RunReservation(r);
   RemoveFinished();
+}
+
+void Engine::EvictAllCached() {
+  cache_.Evict(cache_.blocks());
+  if (window_cache_ != nullptr) window_cache_->Evict(window_cache_->blocks());
+}
+
+bool Engine::MakeRoom(KvBlockPool* pool, PrefixCache* cache, int64_t n) {
+  while (pool->num_free() < n) {
+    if (cache->Evict(n - pool->num_free()) == 0) return false;
+  }
+  return true;
+}
+
+void Engine::RunReservation(PendingReservation& r) {
+  KvReservation out;
+  const int64_t total = pool_->layout().BlocksFor(r.positions);
+  // The prefix blocks must leave at least one position to compute (as Admit's).
+  const int64_t full = std::min<int64_t>(static_cast<int64_t>(r.hashes.size()),
+                                         std::max<int64_t>(0, r.positions - 1) / block_tokens_);
+  TakeCachedPrefix(absl::MakeConstSpan(r.hashes), full, &out.blocks, &out.window_blocks);
+  out.cached_blocks = static_cast<int64_t>(out.blocks.size());
+  const int64_t fresh = total - out.cached_blocks;
+  // The window layers need blocks only from the one the next row (at `positions`) sees; the
+  // cached prefix's window blocks come along, the entries between stay kNoBlock.
+  const int64_t window_from =
+      window_pool_ == nullptr ? total
+                              : std::max<int64_t>(out.cached_blocks, FirstWindowBlock(r.positions));
+  const int64_t window_fresh = total - window_from;
+  bool ok = r.positions >= 0 && total <= pool_->num_blocks() && MakeRoom(pool_, &cache_, fresh);
+  if (ok && window_pool_ != nullptr) {
+    ok = window_fresh <= window_pool_->num_blocks() &&
+         MakeRoom(window_pool_, window_cache_.get(), window_fresh);
+  }
+  absl::StatusOr<std::vector<BlockId>> blocks = std::vector<BlockId>{};
+  absl::StatusOr<std::vector<BlockId>> window = std::vector<BlockId>{};
+  if (ok) blocks = pool_->Allocate(fresh);
+  if (ok && blocks.ok() && window_pool_ != nullptr) window = window_pool_->Allocate(window_fresh);
+  if (!ok || !blocks.ok() || !window.ok()) {
+    if (blocks.ok()) CHECK(pool_->Release(*blocks).ok());
+    ReleaseTable(*pool_, out.blocks);
+    if (window_pool_ != nullptr) ReleaseTable(*window_pool_, out.window_blocks);
+    r.done(absl::ResourceExhaustedError(
+        absl::StrCat("the KV pool cannot reserve ", total, " blocks now (", pool_->num_free(),
+                     " of ", pool_->num_blocks(), " free, ", cache_.blocks(), " cached)")));
+    return;
+  }
+  out.blocks.insert(out.blocks.end(), blocks->begin(), blocks->end());
+  if (window_pool_ != nullptr) {
+    out.window_blocks.resize(window_from, kNoBlock);
+    out.window_blocks.insert(out.window_blocks.end(), window->begin(), window->end());
+  }
+  r.done(std::move(out));
 }
 
 void Engine::AddRequest(EngineRequest r) {
@@ -305,6 +426,10 @@ void Engine::AddRequest(EngineRequest r) {
   const EngineRequest& er = req->r;
   req->prompt_set.insert(er.prompt.begin(), er.prompt.end());
   req->root = RootBlockHash({model_->fingerprint(), er.cache_salt, ""});
+  req->stop_ids = er.stop_token_ids;
+  if (!er.ignore_eos) req->stop_ids.insert(req->stop_ids.end(), eos_ids_.begin(), eos_ids_.end());
+  std::sort(req->stop_ids.begin(), req->stop_ids.end());
+  req->stop_ids.erase(std::unique(req->stop_ids.begin(), req->stop_ids.end()), req->stop_ids.end());
   const int64_t arrival = arrivals_++;
   const int32_t first_choices = er.resume.empty() ? 1 : er.n;
   req->fork_pending = er.resume.empty() && er.n > 1;
@@ -322,8 +447,9 @@ void Engine::AddRequest(EngineRequest r) {
     if (!er.resume.empty()) {
       const ResumePoint& p = er.resume[c];
       seq->tokens.insert(seq->tokens.end(), p.generated.begin(), p.generated.end());
-      seq->state = *SamplerState::Parse(p.sampler_state);
-      seq->stop.Restore(p.held_text);
+      seq->state = p.sampler_state;
+      // Held text from before min_tokens could not stop (Deliver's may_stop).
+      seq->stop.Restore(p.held_text, seq->generated() > er.min_tokens);
       // The detokenizer sees the delivered tokens again; their text was delivered already.
       if (seq->detok != nullptr) {
         for (TokenId t : p.generated) seq->detok->Push(t).IgnoreError();
@@ -334,7 +460,9 @@ void Engine::AddRequest(EngineRequest r) {
       seq->window_blocks = er.imported_window_blocks;
       seq->computed = seq->prompt_len;
       seq->admitted = true;
+      req->admitted_once = true;
     }
+    ++req->live;
     seqs_.push_back(std::move(seq));
   }
 }
@@ -411,36 +539,43 @@ int64_t Engine::Admit(Sequence& seq) {
     seq.hashes.push_back(NextBlockHash(
         parent, absl::MakeConstSpan(seq.tokens).subspan(i * block_tokens_, block_tokens_), {}));
   }
-  const absl::Span<const Hash128> hashes(seq.hashes);
-  if (window_pool_ == nullptr) {
-    seq.blocks = cache_.Lookup(hashes.subspan(0, full));
-  } else {
-    // k cached blocks are of use when the window cache also holds the window layers' blocks
-    // that the row after them (at k * block_tokens) sees: blocks [FirstWindowBlock, k).
-    int64_t k = 0;
-    while (k < full && cache_.Contains(hashes[k])) ++k;
-    auto window_cached = [&](int64_t k) {
-      for (int64_t i = FirstWindowBlock(k * block_tokens_); i < k; ++i) {
-        if (!window_cache_->Contains(hashes[i])) return false;
-      }
-      return true;
-    };
-    while (k > 0 && !window_cached(k)) --k;
-    seq.blocks = cache_.Lookup(hashes.subspan(0, k));
-    CHECK_EQ(static_cast<int64_t>(seq.blocks.size()), k);
-    seq.window_begin = FirstWindowBlock(k * block_tokens_);
-    seq.window_blocks.assign(seq.window_begin, kNoBlock);
-    const std::vector<BlockId> window =
-        window_cache_->LookupAll(hashes.subspan(seq.window_begin, k - seq.window_begin));
-    CHECK_EQ(static_cast<int64_t>(window.size()), k - seq.window_begin);
-    seq.window_blocks.insert(seq.window_blocks.end(), window.begin(), window.end());
-    seq.window_cached = k;
+  TakeCachedPrefix(absl::MakeConstSpan(seq.hashes), full, &seq.blocks, &seq.window_blocks);
+  if (window_pool_ != nullptr) {
+    seq.window_begin = FirstWindowBlock(static_cast<int64_t>(seq.blocks.size()) * block_tokens_);
+    seq.window_cached = static_cast<int64_t>(seq.blocks.size());
   }
   seq.computed = static_cast<int64_t>(seq.blocks.size()) * block_tokens_;
   seq.cached_blocks = static_cast<int64_t>(seq.blocks.size());
   stats_.cached_tokens += seq.computed;
   seq.admitted = true;
   return seq.computed;
+}
+
+void Engine::TakeCachedPrefix(absl::Span<const Hash128> hashes, int64_t full,
+                              std::vector<BlockId>* blocks, std::vector<BlockId>* window_blocks) {
+  full = std::min<int64_t>(full, static_cast<int64_t>(hashes.size()));
+  if (window_pool_ == nullptr) {
+    *blocks = cache_.Lookup(hashes.subspan(0, full));
+    return;
+  }
+  // k cached blocks are of use when the window cache also holds the window layers' blocks
+  // that the row after them (at k * block_tokens) sees: blocks [FirstWindowBlock, k).
+  int64_t k = 0;
+  while (k < full && cache_.Contains(hashes[k])) ++k;
+  auto window_cached = [&](int64_t k) {
+    for (int64_t i = FirstWindowBlock(k * block_tokens_); i < k; ++i) {
+      if (!window_cache_->Contains(hashes[i])) return false;
+    }
+    return true;
+  };
+  while (k > 0 && !window_cached(k)) --k;
+  *blocks = cache_.Lookup(hashes.subspan(0, k));
+  CHECK_EQ(static_cast<int64_t>(blocks->size()), k);
+  const int64_t begin = FirstWindowBlock(k * block_tokens_);
+  window_blocks->assign(begin, kNoBlock);
+  const std::vector<BlockId> window = window_cache_->LookupAll(hashes.subspan(begin, k - begin));
+  CHECK_EQ(static_cast<int64_t>(window.size()), k - begin);
+  window_blocks->insert(window_blocks->end(), window.begin(), window.end());
 }
 
 void Engine::CacheFullBlocks(Sequence& seq) {
@@ -478,6 +613,7 @@ void Engine::Slide(Sequence& seq) {
 }
 
 absl::StatusOr<bool> Engine::Step() {
+  const auto start = std::chrono::steady_clock::now();
   DrainInbox();
   std::vector<Sequence*> order;
   for (auto& s : seqs_) {
@@ -519,6 +655,10 @@ absl::StatusOr<bool> Engine::Step() {
       stats_.cached_tokens -= cached;
       break;
     }
+    if (!s->req->admitted_once) {
+      s->req->admitted_once = true;
+      s->req->cached_prompt_tokens = std::min(cached, s->prompt_len);
+    }
     ++running;
   }
   if (scheduled.empty()) {
@@ -531,6 +671,7 @@ absl::StatusOr<bool> Engine::Step() {
         e.error =
             absl::StrCat("the KV cache (", pool_->num_blocks(), " blocks of ", block_tokens_,
                          " tokens) cannot hold this sequence's ", s->tokens.size(), " positions");
+        e.error_code = absl::StatusCode::kResourceExhausted;
         Finish(*s, FinishReason::kError, std::move(e));
         RemoveFinished();
         return true;
@@ -553,12 +694,20 @@ absl::StatusOr<bool> Engine::Step() {
   }
   std::vector<float>& logits = logits_;  // kept across steps: no fresh pages every step
   logits.clear();
+  StepInfo info;
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    const Sequence& s = *scheduled[i];
+    const bool decode =
+        static_cast<int64_t>(s.tokens.size()) - s.computed == 1 && s.computed >= s.prompt_len;
+    (decode ? info.decode_tokens : info.prefill_tokens) += s.step_chunk;
+  }
   absl::Status status = model_->Forward(batch, *pool_, &logits, window_pool_);
   ++stats_.steps;
   if (!status.ok()) {
     for (Sequence* s : scheduled) {
       TokenEvent e;
       e.error = std::string(status.message());
+      e.error_code = status.code();
       Finish(*s, FinishReason::kError, std::move(e));
     }
     RemoveFinished();
@@ -579,15 +728,22 @@ absl::StatusOr<bool> Engine::Step() {
     ++row;
     if (!s.finished) Deliver(s, l);
   }
+  info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.busy_seconds += info.seconds;
+  stats_.last_step_seconds = info.seconds;
   RemoveFinished();
+  if (options_.on_step) options_.on_step(info);
   return true;
 }
 
 void Engine::Deliver(Sequence& seq, absl::Span<const float> logits) {
   Request& req = *seq.req;
   const EngineRequest& r = req.r;
+  // Before min_tokens, no stop token may be chosen and no stop string may end the text.
+  const bool may_stop = seq.generated() + 1 > r.min_tokens;
   const SampledToken sampled =
-      Sample(logits, r.sampling, req.prompt_set, seq.state, static_cast<uint64_t>(seq.choice));
+      Sample(logits, r.sampling, req.prompt_set, seq.state, static_cast<uint64_t>(seq.choice),
+             may_stop ? absl::Span<const TokenId>() : absl::MakeConstSpan(req.stop_ids));
   if (req.fork_pending && seq.choice == 0) {
     req.fork_pending = false;
     Fork(seq, logits);
@@ -601,15 +757,17 @@ void Engine::Deliver(Sequence& seq, absl::Span<const float> logits) {
   e.logprob = sampled.logprob;
   e.top_logprobs = sampled.top;
   if (r.keep_logits) e.logits.assign(logits.begin(), logits.end());
-  const bool stop_token = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(),
-                                    sampled.token) != r.stop_token_ids.end();
+  const bool stop_token =
+      may_stop && std::binary_search(req.stop_ids.begin(), req.stop_ids.end(), sampled.token);
   if (seq.detok != nullptr && !stop_token) {
     auto delta = seq.detok->Push(sampled.token);
-    if (delta.ok()) e.text = seq.stop.Push(*delta);
+    if (delta.ok()) e.text = seq.stop.Push(*delta, may_stop);
   }
   FinishReason reason = FinishReason::kNone;
   if (stop_token || seq.stop.stopped()) {
     reason = FinishReason::kStop;
+    e.stop_token = stop_token;
+    if (!stop_token) e.matched_stop = seq.stop.matched();
   } else if (seq.generated() >= r.max_tokens ||
              static_cast<int64_t>(seq.tokens.size()) >= model_->max_positions()) {
     reason = FinishReason::kLength;
@@ -682,16 +840,20 @@ void Engine::Fork(Sequence& first, absl::Span<const float> logits) {
       }
       seq->computed = first.prompt_len;
       seq->admitted = true;
-      Deliver(*seq, logits);  // its first token, from the same logits with its own choice
     }
-    // Without a block to copy into, the choice waits and recomputes (from the cache).
+    ++first.req->live;
+    Sequence& added = *seq;
     seqs_.push_back(std::move(seq));
+    // Its first token, from the same logits with its own choice. (Without a block to copy into,
+    // the choice waits and recomputes, from the cache.)
+    if (copied) Deliver(added, logits);
   }
 }
 
 void Engine::Emit(const Sequence& seq, TokenEvent& event) {
   event.request_id = seq.req->r.id;
   event.choice = seq.choice;
+  event.cached_tokens = seq.req->cached_prompt_tokens;
   if (seq.req->r.on_event) seq.req->r.on_event(event);
 }
 
@@ -708,8 +870,11 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
     if (!seq.stop.stopped()) event.text += seq.stop.Finish();
   }
   event.finish = reason;
-  event.sampler_state = seq.state.Serialize();
+  event.sampler_state = seq.state;
   event.held_text = seq.stop.held();
+  if (--seq.req->live == 0 && reason != FinishReason::kHandoff) {
+    finished_ids_.push_back(seq.req->r.id);
+  }
   if (reason == FinishReason::kHandoff) {
     event.blocks = seq.blocks;
     event.window_blocks = seq.window_blocks;
@@ -720,41 +885,85 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
     ReleaseBlocks(seq);
   }
   seq.admitted = false;
+  const std::string error = event.error;
+  const absl::StatusCode event_code = event.error_code;
   Emit(seq, event);
+  Request& req = *seq.req;
+  if (seq.choice == 0 && req.fork_pending) {
+    // Choices 1..n-1 would have forked from choice 0's first token: they end with it.
+    req.fork_pending = false;
+    for (int32_t c = 1; c < req.r.n; ++c) {
+      TokenEvent e;
+      e.request_id = req.r.id;
+      e.choice = c;
+      e.finish = reason;
+      e.error = error;
+      e.error_code = event_code;
+      e.cached_tokens = req.cached_prompt_tokens;
+      if (req.r.on_event) req.r.on_event(e);
+    }
+  }
 }
 
 void Engine::RemoveFinished() {
   seqs_.erase(std::remove_if(seqs_.begin(), seqs_.end(),
                              [](const std::unique_ptr<Sequence>& s) { return s->finished; }),
               seqs_.end());
-  // Ids of requests with no live sequence left become reusable.
-  absl::flat_hash_set<std::string> live;
-  for (const auto& s : seqs_) live.insert(s->req->r.id);
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = live_ids_.begin(); it != live_ids_.end();) {
-    const bool queued = std::any_of(submitted_.begin(), submitted_.end(),
-                                    [&](const EngineRequest& r) { return r.id == *it; });
-    if (!live.contains(*it) && !queued && !handoffs_.contains(*it)) {
-      live_ids_.erase(it++);
+  PublishCacheEvents();
+  EngineStats published = stats_;
+  for (const auto& layer : model_->expert_token_counts()) {
+    published.expert_tokens.resize(std::max(published.expert_tokens.size(), layer.size()), 0);
+    for (size_t e = 0; e < layer.size(); ++e) published.expert_tokens[e] += layer[e];
+  }
+  int64_t waiting_requests = 0;
+  const Request* last = nullptr;
+  for (const auto& s : seqs_) {
+    if (s->admitted) {
+      ++published.running;
+      published.running_tokens += static_cast<int64_t>(s->tokens.size());
     } else {
-      ++it;
+      ++published.waiting;
+      published.queued_tokens += static_cast<int64_t>(s->tokens.size()) - s->computed;
+      if (!s->req->admitted_once && s->req.get() != last) ++waiting_requests;
+      last = s->req.get();
     }
   }
-  published_ = stats_;
-  published_.expert_tokens.clear();
-  for (const auto& layer : model_->expert_token_counts()) {
-    published_.expert_tokens.resize(std::max(published_.expert_tokens.size(), layer.size()), 0);
-    for (size_t e = 0; e < layer.size(); ++e) published_.expert_tokens[e] += layer[e];
+  published.total_blocks = pool_->num_blocks();
+  published.free_blocks = pool_->num_free();
+  published.cached_blocks = cache_.blocks();
+  published.window_cached_blocks = window_cache_ != nullptr ? window_cache_->blocks() : 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Ids of requests with no live sequence (and no handoff) left become reusable.
+  for (const std::string& id : finished_ids_) live_ids_.erase(id);
+  for (const std::string& id : released_ids_) live_ids_.erase(id);
+  finished_ids_.clear();
+  released_ids_.clear();
+  published_ = std::move(published);
+  published_waiting_requests_ = waiting_requests;
+}
+
+void Engine::PublishCacheEvents() {
+  const int64_t dropped =
+      cache_.dropped_events() + (window_cache_ != nullptr ? window_cache_->dropped_events() : 0);
+  if (dropped != dropped_events_) {
+    // A cache lost events (more in one step than it keeps): the journal starts over from what
+    // the caches hold.
+    dropped_events_ = dropped;
+    cache_.TakeEvents();
+    if (window_cache_ != nullptr) window_cache_->TakeEvents();
+    journal_.Reset(cache_.Hashes(),
+                   window_cache_ != nullptr ? window_cache_->Hashes() : std::vector<Hash128>{});
+    return;
   }
-  published_.running = 0;
-  published_.waiting = 0;
-  for (const auto& s : seqs_) (s->admitted ? published_.running : published_.waiting)++;
+  journal_.Append(cache_.TakeEvents(), /*window=*/false);
+  if (window_cache_ != nullptr) journal_.Append(window_cache_->TakeEvents(), /*window=*/true);
 }
 
 EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   EngineStats s = published_;
   s.waiting += static_cast<int64_t>(submitted_.size());
+  s.queued_tokens += submitted_tokens_;
   return s;
 }
 
@@ -779,8 +988,7 @@ void Engine::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] {
-        return stopping_ || !submitted_.empty() || !aborted_.empty() || !released_.empty() ||
-               published_.running + published_.waiting > 0;
+        return stopping_ || InboxHasWork() || published_.running + published_.waiting > 0;
       });
       if (stopping_) return;
     }
@@ -788,9 +996,7 @@ void Engine::Loop() {
     if (worked.ok() && !*worked) {
       // Nothing runnable (e.g. waiting for blocks held by handoffs): wait for news.
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] {
-        return stopping_ || !submitted_.empty() || !aborted_.empty() || !released_.empty();
-      });
+      wake_.wait(lock, [&] { return stopping_ || InboxHasWork() || blocks_freed_; });
       if (stopping_) return;
     }
   }

@@ -34,8 +34,31 @@
 // holds the window layers' blocks the next row can see, otherwise the longest shorter prefix that
 // has them (exact, never an approximation). Handoffs and imports carry both tables.
 //
-// Events are delivered on the engine thread, in order per choice; the last event of a choice
-// has a finish reason and carries what a resume elsewhere needs (sampler state, held-back text).
+// The service contract (what a worker may rely on):
+// - Threads. Submit, Abort, ReleaseHandoff, Reserve, ClearPrefixCache, stats() and kv_events()
+//   are thread-safe. Everything else runs on the engine thread (the one Start() creates, or the
+//   caller of Step() in tests): the scheduler, the model, the prefix caches. Nobody else touches
+//   the caches; what a service needs of them goes through the inbox (Reserve, ClearPrefixCache)
+//   or the journal (kv_events(): snapshots, events, prefix lookups).
+// - Callbacks. on_event, Reserve's `done` and EngineOptions::on_step run on the engine thread,
+//   in order per choice, and must not block (hand work to another thread; a callback that waits
+//   stalls every request). A callback may call Submit, Abort or ReleaseHandoff.
+// - Events. A choice's events carry its tokens in output order; its last event has a finish
+//   reason and what a resume elsewhere needs (sampler state, held-back text). A request that
+//   Submit accepted always ends with a finish event for each choice (kAbort when the engine is
+//   destroyed first).
+// - Ownership. A decode-only request's imported_blocks (and imported_window_blocks) carry one
+//   reference each: accepted by Submit, the engine owns them and releases them when the request
+//   ends; refused, the caller still owns them. Blocks a service releases on the pool from another
+//   thread wake an engine that was waiting for blocks (KvBlockPool::SetFreeListener).
+// - Bounds. At most max_running sequences hold KV; at most max_queued requests wait (submitted
+//   and not yet admitted: Submit answers ResourceExhausted beyond that); the prefix caches hold at
+//   most their byte caps of unreferenced blocks; the journal at most its capacity of events.
+//   Per request: n <= max_n, max_tokens and the prompt within the model's positions.
+// - Stops. A choice stops on the request's stop_token_ids, on the model's end-of-sequence ids
+//   (ModelConfig::eos_token_ids and the tokenizer's eos) unless ignore_eos, or on a stop string;
+//   before min_tokens output tokens none of them can end it (stop and end-of-sequence ids are not
+//   sampled; stop strings must end in a later token's text).
 
 #ifndef FERRY_ENGINE_ENGINE_H_
 #define FERRY_ENGINE_ENGINE_H_
@@ -56,8 +79,9 @@
 #include "engine/common/hash128.h"
 #include "engine/common/token_id.h"
 #include "engine/kv/kv_block_pool.h"
+#include "engine/kv/kv_event_journal.h"
 #include "engine/kv/prefix_cache.h"
-#include "engine/model/transformer.h"
+#include "engine/model/forward_model.h"
 #include "engine/sampling/sampler.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -77,14 +101,22 @@ struct TokenEvent {
   float logprob = 0;  // with sampling.top_logprobs >= 0
   std::vector<std::pair<TokenId, float>> top_logprobs;
   FinishReason finish = FinishReason::kNone;
-  std::string error;            // kError
+  std::string error;                                    // kError
+  absl::StatusCode error_code = absl::StatusCode::kOk;  // kError: kResourceExhausted, kInternal...
+  // kStop: `token` is a stop token (end of sequence or one of stop_token_ids), or the stop
+  // string that matched.
+  bool stop_token = false;
+  std::string matched_stop;
+  // Prompt tokens whose KV came from the prefix cache when the request was first admitted (the
+  // rest were computed), on every event once known.
+  int64_t cached_tokens = 0;
   std::vector<float> logits;    // the row the token was chosen from (keep_logits)
   std::vector<BlockId> blocks;  // kHandoff: the KV of prompt + first token
   // kHandoff on a window pool: the window layers' table, indexed like `blocks`, kNoBlock for the
   // blocks before the window.
   std::vector<BlockId> window_blocks;
   // With every finish: what continuing this choice elsewhere needs (ResumePoint).
-  std::string sampler_state;
+  SamplerState sampler_state;
   std::string held_text;
 };
 
@@ -92,8 +124,8 @@ struct TokenEvent {
 // continues here exactly as if it had never stopped.
 struct ResumePoint {
   std::vector<TokenId> generated;
-  std::string sampler_state;  // SamplerState::Serialize()
-  std::string held_text;      // text held back by the stop-string matcher
+  SamplerState sampler_state;  // after `generated`
+  std::string held_text;       // text held back by the stop-string matcher
 };
 
 struct EngineRequest {
@@ -102,9 +134,12 @@ struct EngineRequest {
   SamplingParams sampling;
   int32_t n = 1;  // choices, sampled with choice index 0..n-1
   int64_t max_tokens = 16;
+  // No stop (token, end of sequence or string) ends a choice before this many output tokens.
+  int64_t min_tokens = 0;
   std::vector<TokenId> stop_token_ids;
+  bool ignore_eos = false;        // do not stop on the model's end-of-sequence ids
   std::vector<std::string> stop;  // needs the engine's tokenizer
-  int32_t priority = 0;           // lower runs first; then arrival
+  int32_t priority = 0;           // higher runs first; then arrival
   std::string cache_salt;         // the tenant's, enters the block hashes
   EngineRole role = EngineRole::kPrefillAndDecode;
   bool keep_logits = false;
@@ -116,21 +151,48 @@ struct EngineRequest {
   std::function<void(const TokenEvent&)> on_event;
 };
 
+// What one step did, for a service's metrics (EngineOptions::on_step).
+struct StepInfo {
+  double seconds = 0;          // the whole step: scheduling, the forward pass, sampling, events
+  int64_t prefill_tokens = 0;  // positions computed for prompts (and recomputation)
+  int64_t decode_tokens = 0;   // sequences that decoded one token
+};
+
 struct EngineOptions {
   int64_t max_batch_tokens = 512;  // tokens per step
   int64_t max_running = 64;        // sequences with KV at once
+  int64_t max_queued = 1024;       // requests waiting for admission; Submit refuses more
   int64_t prefill_chunk = 256;     // tokens per sequence per step
   int64_t prefix_cache_bytes = int64_t{1} << 30;
   int64_t window_cache_bytes = int64_t{256} << 20;  // with a window pool
   int32_t max_n = 16;
+  size_t journal_events = KvEventJournal::kDefaultCapacity;  // kv_events()' bound
+  // After every step that ran the model, on the engine thread; must not block.
+  std::function<void(const StepInfo&)> on_step;
 };
 
 struct EngineStats {
-  int64_t waiting = 0, running = 0;
+  int64_t waiting = 0, running = 0;  // requests' sequences without / with KV
+  // Tokens still to compute for waiting sequences (prompt, or everything after a preemption),
+  // and the positions running sequences hold.
+  int64_t queued_tokens = 0, running_tokens = 0;
+  int64_t total_blocks = 0, free_blocks = 0;
+  int64_t cached_blocks = 0, window_cached_blocks = 0;  // held by the prefix / window cache
   int64_t steps = 0, preemptions = 0;
   int64_t prompt_tokens_computed = 0, cached_tokens = 0, generated_tokens = 0;
+  double busy_seconds = 0;       // in steps that ran the model, since creation
+  double last_step_seconds = 0;  // the latest such step
   // Mixture-of-experts models: tokens routed to each expert, summed over the sparse layers.
   std::vector<int64_t> expert_tokens;
+};
+
+// Blocks reserved for KV that arrives from elsewhere (Engine::Reserve).
+struct KvReservation {
+  std::vector<BlockId> blocks;         // the table: cached prefix blocks, then fresh ones
+  std::vector<BlockId> window_blocks;  // with a window pool: indexed like blocks; blocks from
+                                       // the one the row at `positions` sees (and the cached
+                                       // prefix's), kNoBlock elsewhere
+  int64_t cached_blocks = 0;           // leading blocks that came from the prefix cache
 };
 
 class Engine {
@@ -139,21 +201,39 @@ class Engine {
   // engine. `pool` has the model's KvLayoutFor layout, or with `window_pool` (a hybrid model)
   // FullKvLayoutFor's, and window_pool WindowKvLayoutFor's with room for at least one sequence's
   // window (WindowBlocksPerSequence).
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(Transformer* model, KvBlockPool* pool,
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(ForwardModel* model, KvBlockPool* pool,
                                                         const Tokenizer* tokenizer,
                                                         const EngineOptions& options,
                                                         KvBlockPool* window_pool = nullptr);
   // The most window blocks one running sequence holds at once.
-  static int64_t WindowBlocksPerSequence(const Transformer& model, const EngineOptions& options,
+  static int64_t WindowBlocksPerSequence(const ForwardModel& model, const EngineOptions& options,
                                          int32_t block_tokens);
   ~Engine();  // stops the engine thread; live requests end with kAbort
 
-  // Validates and queues; thread-safe. Invalid requests are an InvalidArgument and send nothing.
+  // Validates and queues; thread-safe. Invalid requests are an InvalidArgument, a duplicate live
+  // id AlreadyExists, a full queue (max_queued) ResourceExhausted; then nothing is sent.
   absl::Status Submit(EngineRequest request);
-  // Ends a request (all its choices) at the next step with kAbort; thread-safe.
+  // Ends a request (all its choices) at the next step with kAbort; thread-safe. Unknown or
+  // finished ids are ignored, so it is idempotent.
   void Abort(const std::string& id);
   // Releases the blocks of a kHandoff; thread-safe.
   void ReleaseHandoff(const std::string& id);
+  // Whether `id` is submitted and not yet finished (or a handoff not yet released).
+  bool IsLive(const std::string& id) const;
+
+  // Reserves the blocks for `positions` positions of a request whose KV will arrive from
+  // elsewhere (a decode worker's reservation, a KV store load), at the next step: the longest
+  // cached prefix of `hashes` (chained block hashes of the request's full blocks, as the engine
+  // computes them: block_hash.h with the model fingerprint and the tenant's salt; prefix blocks
+  // taken with a reference each), then fresh blocks, evicting unreferenced cached blocks as
+  // needed. `done` runs once on the engine thread with the blocks, or ResourceExhausted when the
+  // pool cannot supply them (nothing held then). The caller owns the blocks: it passes them to a
+  // decode-only request or releases them on the pool(s).
+  void Reserve(std::vector<Hash128> hashes, int64_t positions,
+               std::function<void(absl::StatusOr<KvReservation>)> done);
+  // Evicts every unreferenced block of the prefix (and window) cache at the next step (blocks
+  // running requests use stay); thread-safe.
+  void ClearPrefixCache();
 
   // The engine thread runs Step() while there is work and sleeps otherwise.
   void Start();
@@ -161,10 +241,15 @@ class Engine {
   // One step; false when there was nothing to do. Only while the thread is not running.
   absl::StatusOr<bool> Step();
 
+  // As of the last step; thread-safe.
   EngineStats stats() const;
   int64_t free_blocks() const { return pool_->num_free(); }
-  PrefixCache& prefix_cache() { return cache_; }
-  PrefixCache* window_cache() { return window_cache_.get(); }  // null without a window pool
+  // What the prefix caches hold, as events and snapshots; thread-safe.
+  const KvEventJournal& kv_events() const { return journal_; }
+  // The ids the engine stops on unless a request ignores end of sequence.
+  const std::vector<TokenId>& eos_token_ids() const { return eos_ids_; }
+  const ForwardModel& model() const { return *model_; }
+  int32_t block_tokens() const { return block_tokens_; }
 
  private:
   struct Request;
@@ -172,8 +257,13 @@ class Engine {
   struct Handoff {
     std::vector<BlockId> blocks, window_blocks;
   };
+  struct PendingReservation {
+    std::vector<Hash128> hashes;
+    int64_t positions = 0;
+    std::function<void(absl::StatusOr<KvReservation>)> done;
+  };
 
-  Engine(Transformer* model, KvBlockPool* pool, const Tokenizer* tokenizer,
+  Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenizer,
          const EngineOptions& options, KvBlockPool* window_pool);
   absl::Status Validate(const EngineRequest& r) const;
   void DrainInbox();
@@ -187,6 +277,17 @@ class Engine {
   void ReleaseHandoffBlocks(Handoff& handoff);
   // Takes the longest usable cached prefix; returns its tokens.
   int64_t Admit(Sequence& seq);
+  // The longest usable cached prefix of `hashes` (at most `full` blocks), with a reference to
+  // each block: into `blocks` and, with a window pool, `window_blocks` (kNoBlock before the
+  // window of the row after them).
+  void TakeCachedPrefix(absl::Span<const Hash128> hashes, int64_t full,
+                        std::vector<BlockId>* blocks, std::vector<BlockId>* window_blocks);
+  // Frees `n` blocks of `pool` by evicting unreferenced cached blocks; false when it cannot.
+  bool MakeRoom(KvBlockPool* pool, PrefixCache* cache, int64_t n);
+  void RunReservation(PendingReservation& r);
+  void EvictAllCached();
+  // Moves the caches' events to the journal.
+  void PublishCacheEvents();
   // The first block of the window layers' table that the row at `position` can see.
   int64_t FirstWindowBlock(int64_t position) const;
   void CacheFullBlocks(Sequence& seq);
@@ -197,9 +298,13 @@ class Engine {
   void Finish(Sequence& seq, FinishReason reason, TokenEvent event);
   void Emit(const Sequence& seq, TokenEvent& event);
   void RemoveFinished();
+  bool InboxHasWork() const {  // under mu_
+    return !submitted_.empty() || !aborted_.empty() || !released_.empty() ||
+           !reservations_.empty() || clear_cache_;
+  }
   void Loop();
 
-  Transformer* const model_;
+  ForwardModel* const model_;
   KvBlockPool* const pool_;
   const Tokenizer* const tokenizer_;
   const EngineOptions options_;
@@ -207,23 +312,33 @@ class Engine {
   const int32_t block_tokens_;
   PrefixCache cache_;
   std::unique_ptr<PrefixCache> window_cache_;
+  KvEventJournal journal_;
+  std::vector<TokenId> eos_ids_;  // the model's and the tokenizer's, sorted
 
   // Engine-thread state.
   std::vector<std::unique_ptr<Sequence>> seqs_;  // every live sequence, in arrival order
   absl::flat_hash_map<std::string, Handoff> handoffs_;
   int64_t arrivals_ = 0;
   EngineStats stats_;
+  int64_t dropped_events_ = 0;             // the caches' dropped_events() as of the last look
+  std::vector<std::string> finished_ids_;  // requests that ended since RemoveFinished
+  std::vector<std::string> released_ids_;  // handoffs released since RemoveFinished
   std::vector<float> logits_;
 
   // Inbox, filled by other threads.
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<EngineRequest> submitted_;
+  int64_t submitted_tokens_ = 0;  // prompt tokens in submitted_
   std::vector<std::string> aborted_, released_;
+  std::vector<PendingReservation> reservations_;
+  bool clear_cache_ = false;
+  bool blocks_freed_ = false;  // a release elsewhere freed blocks since the engine last looked
   absl::flat_hash_set<std::string> live_ids_;
   bool stopping_ = false;
   std::thread thread_;
-  EngineStats published_;  // stats_ as of the last step, under mu_
+  EngineStats published_;                   // stats_ as of the last step, under mu_
+  int64_t published_waiting_requests_ = 0;  // never admitted yet, as of the last step
 };
 
 }  // namespace ferry

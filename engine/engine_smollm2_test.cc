@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/host_weights.h"
+#include "engine/model/transformer.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -63,7 +64,8 @@ Shared& Model() {
 struct Output {
   std::vector<TokenId> tokens;
   std::vector<std::vector<float>> logits;
-  std::string text, sampler_state, held;
+  std::string text, held;
+  SamplerState sampler_state;
   FinishReason finish = FinishReason::kNone;
 };
 

@@ -11,9 +11,12 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
 
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/common/block_hash.h"
 #include "engine/model/synthetic_model.h"
+#include "engine/model/transformer.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -23,18 +26,24 @@ struct Output {
   std::vector<TokenId> tokens;
   std::vector<std::vector<float>> logits;
   FinishReason finish = FinishReason::kNone;
-  std::string sampler_state;
+  SamplerState sampler_state;
   std::vector<BlockId> blocks, window_blocks;
   int64_t first_token_step = -1;
+  bool stop_token = false;
+  int64_t cached_tokens = 0;
+  int finishes = 0;
 };
 
 class Harness {
  public:
   // window_blocks > 0: the window layers in a pool of their own of that many blocks.
+  // eos: the model's end-of-sequence ids (ModelConfig::eos_token_ids).
   Harness(const SyntheticVariant& variant, int64_t blocks, EngineOptions options,
-          int32_t block_tokens = 16, int64_t window_blocks = 0) {
+          int32_t block_tokens = 16, int64_t window_blocks = 0, std::vector<TokenId> eos = {}) {
     backend_ = *CpuBackend::Create({2, std::nullopt});
-    model_ = *Transformer::Create(SyntheticModel(variant), backend_.get());
+    HostWeights weights = SyntheticModel(variant);
+    weights.config.eos_token_ids = std::move(eos);
+    model_ = *Transformer::Create(weights, backend_.get());
     allocator_ = std::make_unique<BackendKvAllocator>(backend_.get());
     if (window_blocks == 0) {
       pool_ = *KvBlockPool::Create(model_->KvLayoutFor(block_tokens), blocks, allocator_.get(),
@@ -66,7 +75,10 @@ class Harness {
         o.sampler_state = e.sampler_state;
         o.blocks = e.blocks;
         o.window_blocks = e.window_blocks;
+        o.stop_token = e.stop_token;
+        ++o.finishes;
       }
+      o.cached_tokens = e.cached_tokens;
     };
     return engine_->Submit(std::move(r));
   }
@@ -78,13 +90,18 @@ class Harness {
       if (window_pool_ != nullptr) {
         window_peak_ =
             std::max(window_peak_, window_pool_->num_blocks() - window_pool_->num_free() -
-                                       engine_->window_cache()->blocks());
+                                       engine_->stats().window_cached_blocks);
       }
       if (!*worked) return;
     }
     FAIL() << "engine did not finish";
   }
   Output& out(const std::string& id, int32_t choice = 0) { return outputs_[{id, choice}]; }
+  // Blocks held by anything but the prefix caches.
+  int64_t held_blocks() {
+    const EngineStats s = engine_->stats();
+    return s.total_blocks - s.free_blocks - s.cached_blocks;
+  }
 
   std::unique_ptr<CpuBackend> backend_;
   std::unique_ptr<Transformer> model_;
@@ -204,8 +221,8 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
     Harness uncached = Make(variant, 64, no_window_cache);
     ASSERT_TRUE(uncached.Submit(Req("warm", prompt, 2, false)).ok());
     uncached.Drain();
-    EXPECT_GT(uncached.engine_->prefix_cache().blocks(), 0);
-    EXPECT_EQ(uncached.engine_->window_cache()->blocks(), 0);
+    EXPECT_GT(uncached.engine_->stats().cached_blocks, 0);
+    EXPECT_EQ(uncached.engine_->stats().window_cached_blocks, 0);
     ASSERT_TRUE(uncached.Submit(Req("r", prompt, max_tokens, sampled)).ok());
     uncached.Drain();
     EXPECT_EQ(uncached.engine_->stats().cached_tokens, 0);
@@ -282,10 +299,10 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
                         decode.out("r").logits.end());
   ExpectSame(handoff, want, "prefill-only + decode-only");
   prefill.Drain();  // the release
-  EXPECT_EQ(prefill.pool_->num_free() + prefill.engine_->prefix_cache().blocks(),
+  EXPECT_EQ(prefill.pool_->num_free() + prefill.engine_->stats().cached_blocks,
             prefill.pool_->num_blocks());
   if (TwoPools(variant)) {
-    EXPECT_EQ(prefill.window_pool_->num_free() + prefill.engine_->window_cache()->blocks(),
+    EXPECT_EQ(prefill.window_pool_->num_free() + prefill.engine_->stats().window_cached_blocks,
               prefill.window_pool_->num_blocks());
   }
   // A mixture of experts counts the tokens each expert received: experts_per_token per token of
@@ -388,8 +405,9 @@ TEST(EngineTest, AWindowPoolHoldsOnlyTheWindowAndChangesNoBit) {
     }
     EXPECT_LE(two.window_peak_, window_blocks) << what;
     if (window_blocks == 6 * per) EXPECT_EQ(two.engine_->stats().preemptions, 0) << what;
-    if (cache_bytes > 0) EXPECT_GT(two.engine_->window_cache()->blocks(), 0) << what;
-    two.engine_->window_cache()->Evict(1 << 20);
+    if (cache_bytes > 0) EXPECT_GT(two.engine_->stats().window_cached_blocks, 0) << what;
+    two.engine_->ClearPrefixCache();
+    two.Drain();
     EXPECT_EQ(two.window_pool_->num_free(), window_blocks) << what;
   }
 }
@@ -419,7 +437,7 @@ TEST(EngineTest, CreateRefusesPoolsThatDoNotFitTheModel) {
   d.imported_blocks = *h.pool_->Allocate(3);
   SamplerState state;
   state.Observe(5);
-  d.resume = {ResumePoint{{5}, state.Serialize(), ""}};
+  d.resume = {ResumePoint{{5}, state, ""}};
   EXPECT_EQ(h.engine_->Submit(d).code(), absl::StatusCode::kInvalidArgument);
   d.imported_window_blocks = {kNoBlock, kNoBlock, kNoBlock};  // the window (17..) is missing
   EXPECT_EQ(h.engine_->Submit(d).code(), absl::StatusCode::kInvalidArgument);
@@ -450,7 +468,8 @@ TEST(EngineTest, AbortAtAnyPointFreesEveryBlock) {
     for (int i = 0; i < 5; ++i) {
       EXPECT_EQ(h.out("r" + std::to_string(i)).finish, FinishReason::kAbort) << steps_before_abort;
     }
-    h.engine_->prefix_cache().Evict(1 << 20);
+    h.engine_->ClearPrefixCache();
+    h.Drain();
     EXPECT_EQ(h.pool_->num_free(), h.pool_->num_blocks()) << "after " << steps_before_abort;
     EXPECT_EQ(h.engine_->stats().running + h.engine_->stats().waiting, 0);
     // The ids are free again.
@@ -495,7 +514,8 @@ TEST(EngineTest, ChoicesDifferUnderOneSeedAndChoiceZeroIsTheSingleRequest) {
     distinct.insert(h.out("n4", c).tokens);
   }
   EXPECT_EQ(distinct.size(), 4u);
-  h.engine_->prefix_cache().Evict(1 << 20);
+  h.engine_->ClearPrefixCache();
+  h.Drain();
   EXPECT_EQ(h.pool_->num_free(), h.pool_->num_blocks());
 }
 
@@ -558,7 +578,9 @@ TEST(EngineTest, StopTokensAndValidation) {
   EXPECT_FALSE(bad([](EngineRequest& q) { q.sampling.top_p = 2; }).ok());
   EXPECT_FALSE(bad([](EngineRequest& q) { q.stop = {"x"}; }).ok());  // no tokenizer
   EXPECT_FALSE(bad([](EngineRequest& q) { q.prompt.assign(600, 1); }).ok());
-  EXPECT_FALSE(bad([](EngineRequest& q) { q.resume = {ResumePoint{{1}, "junk", ""}}; }).ok());
+  EXPECT_FALSE(bad([](EngineRequest& q) {
+                 q.resume = {ResumePoint{{1, 2}, SamplerState(), ""}};
+               }).ok());
   EXPECT_FALSE(bad([](EngineRequest& q) { q.role = EngineRole::kDecodeOnly; }).ok());
   EXPECT_FALSE(bad([](EngineRequest& q) { q.id.clear(); }).ok());
   ASSERT_TRUE(h.Submit(Req("dup", Prompt(5, 1), 4, false)).ok());
@@ -573,7 +595,8 @@ TEST(EngineTest, ASequenceThatOutgrowsThePoolEndsWithAnErrorNotAHang) {
   h.Drain();
   EXPECT_EQ(h.out("big").finish, FinishReason::kError);
   EXPECT_EQ(h.out("big").tokens.size(), 64u - 40u + 1);  // from positions 39..63
-  h.engine_->prefix_cache().Evict(1 << 20);
+  h.engine_->ClearPrefixCache();
+  h.Drain();
   EXPECT_EQ(h.pool_->num_free(), h.pool_->num_blocks());
 }
 
@@ -613,6 +636,272 @@ TEST(EngineTest, TheEngineThreadServesConcurrentSubmitters) {
   }
   lock.unlock();
   h.engine_->Stop();
+}
+
+TEST(EngineTest, TheModelsEndOfSequenceStopsUnlessIgnoredAndMinTokensHoldsStopsBack) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness free(variant, 64, EngineOptions{});
+  ASSERT_TRUE(free.Submit(Req("free", Prompt(20, 4), 12, false)).ok());
+  free.Drain();
+  const std::vector<TokenId> want = free.out("free").tokens;
+  ASSERT_EQ(want.size(), 12u);
+  const TokenId eos = want[3];
+  const size_t first_eos = std::find(want.begin(), want.end(), eos) - want.begin();
+
+  Harness h(variant, 64, EngineOptions{}, 16, 0, {eos});
+  EXPECT_EQ(h.engine_->eos_token_ids(), std::vector<TokenId>{eos});
+  ASSERT_TRUE(h.Submit(Req("eos", Prompt(20, 4), 12, false)).ok());
+  EngineRequest ignore = Req("ignore", Prompt(20, 4), 12, false);
+  ignore.ignore_eos = true;
+  ASSERT_TRUE(h.Submit(std::move(ignore)).ok());
+  h.Drain();
+  EXPECT_EQ(h.out("eos").finish, FinishReason::kStop);
+  EXPECT_TRUE(h.out("eos").stop_token);
+  EXPECT_EQ(h.out("eos").tokens,
+            std::vector<TokenId>(want.begin(), want.begin() + first_eos + 1));  // eos included
+  EXPECT_EQ(h.out("ignore").tokens, want);
+  EXPECT_EQ(h.out("ignore").finish, FinishReason::kLength);
+
+  // min_tokens = 6: the end-of-sequence id is not sampled for the first 6 tokens (greedy takes
+  // the next best there), and may end the choice from the 7th on.
+  EngineRequest min = Req("min", Prompt(20, 4), 40, false);
+  min.min_tokens = 6;
+  min.keep_logits = true;
+  ASSERT_TRUE(h.Submit(std::move(min)).ok());
+  h.Drain();
+  const Output& got = h.out("min");
+  ASSERT_GE(got.tokens.size(), 7u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_NE(got.tokens[i], eos) << i;
+    // The best token other than eos.
+    const std::vector<float>& l = got.logits[i];
+    TokenId best = eos == 0 ? 1 : 0;
+    for (TokenId t = 0; t < l.size(); ++t) {
+      if (t != eos && l[t] > l[best]) best = t;
+    }
+    EXPECT_EQ(got.tokens[i], best) << i;
+  }
+  if (got.finish == FinishReason::kStop) EXPECT_EQ(got.tokens.back(), eos);
+  EngineRequest bad = Req("bad", Prompt(20, 4), 4, false);
+  bad.min_tokens = 5;
+  EXPECT_EQ(h.engine_->Submit(std::move(bad)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EngineTest, HigherPriorityIsAdmittedFirstAndTheQueueIsBounded) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  EngineOptions options;
+  options.max_running = 1;
+  options.max_queued = 3;
+  Harness h(variant, 64, options);
+  for (int i = 0; i < 3; ++i) {
+    EngineRequest r = Req("p" + std::to_string(i), Prompt(10, i), 2, false);
+    r.priority = i;  // p2 first, then p1, then p0
+    ASSERT_TRUE(h.Submit(std::move(r)).ok());
+  }
+  EXPECT_EQ(h.Submit(Req("over", Prompt(10, 9), 2, false)).code(),
+            absl::StatusCode::kResourceExhausted);
+  h.Drain();
+  EXPECT_LT(h.out("p2").first_token_step, h.out("p1").first_token_step);
+  EXPECT_LT(h.out("p1").first_token_step, h.out("p0").first_token_step);
+  EXPECT_TRUE(h.Submit(Req("later", Prompt(10, 9), 2, false)).ok());  // room again
+  h.Drain();
+}
+
+TEST(EngineTest, AnAbortBeforeTheForkEndsEveryChoice) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness h(variant, 64, EngineOptions{});
+  EngineRequest r = Req("n3", Prompt(30, 3), 8, true);
+  r.n = 3;
+  ASSERT_TRUE(h.Submit(std::move(r)).ok());
+  h.engine_->Abort("n3");
+  h.Drain();
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(h.out("n3", c).finish, FinishReason::kAbort) << c;
+    EXPECT_EQ(h.out("n3", c).finishes, 1) << c;
+  }
+  EXPECT_FALSE(h.engine_->IsLive("n3"));
+  EXPECT_EQ(h.held_blocks(), 0);
+}
+
+TEST(EngineTest, EventsAndStatsCountCachedTokensQueuesAndSteps) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  EngineOptions options;
+  int64_t steps = 0, prefill = 0, decode = 0;
+  options.on_step = [&](const StepInfo& info) {
+    ++steps;
+    prefill += info.prefill_tokens;
+    decode += info.decode_tokens;
+    EXPECT_GT(info.seconds, 0);
+  };
+  Harness h(variant, 64, options);
+  const std::vector<TokenId> prompt = Prompt(70, 5);
+  ASSERT_TRUE(h.Submit(Req("a", prompt, 5, false)).ok());
+  EngineStats queued = h.engine_->stats();
+  EXPECT_EQ(queued.waiting, 1);
+  EXPECT_EQ(queued.queued_tokens, 70);
+  h.Drain();
+  EXPECT_EQ(h.out("a").cached_tokens, 0);
+  EXPECT_EQ(prefill, 70);
+  EXPECT_EQ(decode, 4);
+  EXPECT_EQ(steps, h.engine_->stats().steps);
+  ASSERT_TRUE(h.Submit(Req("b", prompt, 5, false)).ok());
+  ASSERT_TRUE(h.engine_->Step().ok());  // admitted with 4 blocks of 16 from the cache
+  const EngineStats running = h.engine_->stats();
+  EXPECT_EQ(running.running, 1);
+  EXPECT_EQ(running.running_tokens, 71);
+  EXPECT_EQ(running.queued_tokens, 0);
+  h.Drain();
+  EXPECT_EQ(h.out("b").cached_tokens, 64);
+  EXPECT_EQ(h.out("b").tokens, h.out("a").tokens);
+  const EngineStats done = h.engine_->stats();
+  EXPECT_EQ(done.total_blocks, 64);
+  EXPECT_GT(done.cached_blocks, 0);
+  EXPECT_EQ(done.free_blocks + done.cached_blocks, 64);
+  EXPECT_GT(done.busy_seconds, 0);
+}
+
+TEST(EngineTest, TheJournalReproducesThePrefixCaches) {
+  for (const SyntheticVariant& variant : {kVariants[0], kVariants[4]}) {
+    EngineOptions options;
+    const size_t block_bytes = Make(variant, 64, EngineOptions{}).pool_->layout().block_bytes();
+    options.prefix_cache_bytes = 12 * static_cast<int64_t>(block_bytes);  // evictions too
+    Harness h = Make(variant, 64, options);
+    const KvEventJournal& journal = h.engine_->kv_events();
+    const JournalSnapshot empty = journal.Snapshot();
+    EXPECT_TRUE(empty.hashes.empty());
+    for (int i = 0; i < 12; ++i) {
+      ASSERT_TRUE(h.Submit(Req("r" + std::to_string(i), Prompt(40 + 9 * i, i % 4), 6, false)).ok());
+    }
+    h.Drain();
+    std::set<Hash128> held, window;
+    std::vector<JournalEvent> events;
+    ASSERT_TRUE(journal.EventsAfter(empty.sequence, 1 << 20, &events));
+    bool evicted = false;
+    for (const JournalEvent& e : events) {
+      std::set<Hash128>& set = e.window ? window : held;
+      if (e.kind == KvCacheEvent::Kind::kStored) {
+        set.insert(e.hash);
+      } else {
+        set.erase(e.hash);
+        evicted = true;
+      }
+    }
+    EXPECT_TRUE(evicted) << variant.name;
+    const JournalSnapshot now = journal.Snapshot();
+    EXPECT_EQ(std::vector<Hash128>(held.begin(), held.end()), now.hashes) << variant.name;
+    EXPECT_EQ(std::vector<Hash128>(window.begin(), window.end()), now.window_hashes);
+    EXPECT_EQ(static_cast<int64_t>(now.hashes.size()), h.engine_->stats().cached_blocks);
+    EXPECT_EQ(TwoPools(variant), !now.window_hashes.empty()) << variant.name;
+    // The prefix hint agrees with the snapshot: the chain of the last request's prompt.
+    const std::vector<TokenId> p = Prompt(40 + 9 * 11, 11 % 4);
+    std::vector<Hash128> chain;
+    for (int64_t b = 0; b < 8; ++b) {
+      chain.push_back(
+          NextBlockHash(b == 0 ? RootBlockHash({h.model_->fingerprint(), "", ""}) : chain.back(),
+                        absl::MakeConstSpan(p).subspan(b * 16, 16), {}));
+    }
+    int64_t want = 0;
+    while (want < 8 && std::binary_search(now.hashes.begin(), now.hashes.end(), chain[want])) {
+      ++want;
+    }
+    EXPECT_GT(want, 0) << variant.name;  // the most recent blocks stay cached
+    EXPECT_EQ(journal.CachedPrefix(chain), want);
+    h.engine_->ClearPrefixCache();
+    h.Drain();
+    EXPECT_TRUE(journal.Snapshot().hashes.empty());
+    EXPECT_TRUE(journal.Snapshot().window_hashes.empty());
+    EXPECT_EQ(h.engine_->stats().free_blocks, 64);
+  }
+}
+
+TEST(EngineTest, ReservationsTakeTheCachedPrefixAndBlocksFreedElsewhereWakeTheEngine) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  EngineOptions options;
+  Harness h(variant, 12, options);
+  const std::vector<TokenId> prompt = Prompt(70, 6);
+  ASSERT_TRUE(h.Submit(Req("warm", prompt, 2, false)).ok());
+  h.Drain();
+  // The request's chain, as the engine computes it.
+  const Hash128 root = RootBlockHash({h.model_->fingerprint(), "", ""});
+  std::vector<Hash128> chain;
+  for (int64_t b = 0; b < 4; ++b) {
+    chain.push_back(NextBlockHash(b == 0 ? root : chain.back(),
+                                  absl::MakeConstSpan(prompt).subspan(b * 16, 16), {}));
+  }
+  EXPECT_EQ(h.engine_->kv_events().CachedPrefix(chain), 4);
+  absl::StatusOr<KvReservation> got = absl::UnknownError("not run");
+  h.engine_->Reserve(chain, 70, [&](absl::StatusOr<KvReservation> r) { got = std::move(r); });
+  h.Drain();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->cached_blocks, 4);
+  ASSERT_EQ(got->blocks.size(), 5u);  // 70 positions
+  EXPECT_TRUE(got->window_blocks.empty());
+  // More than the pool can give: refused, nothing held.
+  absl::StatusOr<KvReservation> refused;
+  h.engine_->Reserve({}, 16 * 13, [&](absl::StatusOr<KvReservation> r) { refused = std::move(r); });
+  h.Drain();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(h.engine_->stats().free_blocks, 7);
+
+  // A request that needs the reserved blocks waits for them, on the engine thread, until
+  // another thread releases them on the pool.
+  absl::StatusOr<KvReservation> all;
+  h.engine_->Reserve({}, 16 * 7,  // the 7 blocks left
+                     [&](absl::StatusOr<KvReservation> r) { all = std::move(r); });
+  h.Drain();
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  EngineRequest r = Req("waits", Prompt(40, 8), 3, false);
+  r.on_event = [&](const TokenEvent& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (e.finish != FinishReason::kNone) finished = true;
+    cv.notify_all();
+  };
+  h.engine_->Start();
+  ASSERT_TRUE(h.engine_->Submit(std::move(r)).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_FALSE(cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return finished; }));
+  }
+  ASSERT_TRUE(h.pool_->Release(all->blocks).ok());
+  ASSERT_TRUE(h.pool_->Release(got->blocks).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return finished; }));
+  }
+  h.engine_->Stop();
+}
+
+TEST(EngineTest, AReservationOnTwoPoolsHoldsTheWindowOnlyAndFeedsADecodeOnlyRequest) {
+  const SyntheticVariant& hybrid = kVariants[4];  // window 24
+  Harness h(hybrid, 32, EngineOptions{}, 16, 32);
+  absl::StatusOr<KvReservation> got = absl::UnknownError("not run");
+  h.engine_->Reserve({}, 70, [&](absl::StatusOr<KvReservation> r) { got = std::move(r); });
+  h.Drain();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->blocks.size(), 5u);
+  // The row at 70 sees positions 47..: blocks 2.. of the window layers.
+  EXPECT_EQ(got->window_blocks,
+            (std::vector<BlockId>{kNoBlock, kNoBlock, got->window_blocks[2], got->window_blocks[3],
+                                  got->window_blocks[4]}));
+  for (size_t i = 2; i < 5; ++i) EXPECT_NE(got->window_blocks[i], kNoBlock);
+  EXPECT_EQ(h.window_pool_->num_free(), 32 - 3);
+  EngineRequest d = Req("d", Prompt(70, 3), 4, false);
+  d.role = EngineRole::kDecodeOnly;
+  d.imported_blocks = got->blocks;
+  d.imported_window_blocks = got->window_blocks;
+  SamplerState state;
+  state.Observe(5);
+  d.resume = {ResumePoint{{5}, state, ""}};
+  ASSERT_TRUE(h.Submit(std::move(d)).ok());
+  h.Drain();
+  EXPECT_EQ(h.out("d").tokens.size(), 3u);
+  h.engine_->ClearPrefixCache();
+  h.Drain();
+  EXPECT_EQ(h.pool_->num_free(), 32);
+  EXPECT_EQ(h.window_pool_->num_free(), 32);
 }
 
 }  // namespace

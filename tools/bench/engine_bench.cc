@@ -244,6 +244,7 @@ double BatchedDecode(Transformer& model, KvBlockPool& pool, const std::vector<To
     for (int64_t j = 0; j < 16; ++j) r.prompt.push_back(prompt[(i + j) % prompt.size()]);
     r.sampling.temperature = 0;
     r.max_tokens = steps + 1;
+    r.ignore_eos = true;  // every sequence decodes all its steps
     r.on_event = [&, i](const TokenEvent& e) {
       if (e.has_token && !started[i]) {
         started[i] = true;
