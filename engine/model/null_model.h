@@ -1,0 +1,85 @@
+// NullModel: the `--engine=null` model (ARCHITECTURE.md §1): a deterministic token source behind
+// the same ForwardModel seam as the real Transformer, so that everything above it (the engine's
+// admission, KV accounting, block hashes, prefix cache and events; the worker's streaming, usage,
+// metrics) runs for real while the model costs only the time it is told to. The router's overhead
+// benchmark, scripted API tests and the simulator build on it.
+//
+// What it computes. Each position p of a sequence has a 64-bit state
+//   s_p = SplitMix64(s_{p-1} ^ (token_p * 0x9E3779B97F4A7C15) ^ (p << 32)),   s_{-1} = seed,
+// kept in the KV cache itself (slot p of the one layer's keys holds s_p's two 32-bit halves), so
+// it depends on the whole prefix exactly as a real model's output does: a prefix from the cache,
+// KV moved to another process, chunking or batching give the same states only when the KV
+// machinery is right. The logits of position p are -30 everywhere except for four candidates
+// drawn from `tokens` by SplitMix64(s_p + j), j = 0..3, which get 8, 7, 6 and 5 (a candidate
+// drawn twice keeps its first value): greedy decoding picks the first, sampling mostly the first
+// few, and nothing else is ever likely. With `tokens` the ordinary (non-special) tokens of the
+// model's tokenizer, the text is made of the model's vocabulary and never ends on its own: a
+// choice ends at max_tokens, a stop string or a stop id.
+//
+// Timing. A Forward returns no earlier than step_overhead + (prefill tokens) /
+// prefill_tokens_per_second + (decode_token_seconds when a row decodes) after it started, where
+// a sequence contributing one token counts as decoding and every other token as prefill.
+//
+// Fingerprint: XXH3-128 of "FERRYNUL" u32 1 (version) u64 vocab_size u64 max_positions u64 seed
+// hash128 identity (little-endian): a null model never shares cache entries with a real one, or
+// with a null model of another vocabulary or identity.
+//
+// Not thread-safe: one engine thread owns it.
+
+#ifndef FERRY_ENGINE_MODEL_NULL_MODEL_H_
+#define FERRY_ENGINE_MODEL_NULL_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model/forward_model.h"
+
+namespace ferry {
+
+struct NullModelOptions {
+  // vocab_size, max_position_embeddings and eos_token_ids are used (the engine reads them).
+  ModelConfig config;
+  // Ids the source emits; empty: every id of the vocabulary.
+  std::vector<TokenId> tokens;
+  // Enters the fingerprint (e.g. the tokenizer's digest).
+  Hash128 identity;
+  uint64_t seed = 0;
+  double prefill_tokens_per_second = 0;  // 0: prefill costs nothing
+  double decode_token_seconds = 0;       // a step with decoding rows lasts at least this
+  double step_overhead_seconds = 0;
+};
+
+class NullModel final : public ForwardModel {
+ public:
+  static absl::StatusOr<std::unique_ptr<NullModel>> Create(NullModelOptions options);
+
+  const ModelConfig& config() const override { return options_.config; }
+  const Hash128& fingerprint() const override { return fingerprint_; }
+  // One layer, one KV head of dimension 2, f32: 8 bytes of state per position (keys), unused
+  // values.
+  KvBlockLayout KvLayoutFor(int32_t block_tokens) const override;
+  KvBlockLayout FullKvLayoutFor(int32_t block_tokens) const override;
+  KvBlockLayout WindowKvLayoutFor(int32_t block_tokens) const override;
+  int32_t max_window() const override { return 0; }
+  absl::Status Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
+                       std::vector<float>* logits, KvBlockPool* window_kv = nullptr) override;
+  const std::vector<std::vector<int64_t>>& expert_token_counts() const override {
+    return no_experts_;
+  }
+
+  // The state of a position after `prev` (exposed for tests).
+  static uint64_t NextState(uint64_t prev, TokenId token, int64_t position);
+
+ private:
+  explicit NullModel(NullModelOptions options);
+
+  const NullModelOptions options_;
+  Hash128 fingerprint_;
+  const std::vector<std::vector<int64_t>> no_experts_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_MODEL_NULL_MODEL_H_

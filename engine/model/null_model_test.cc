@@ -1,0 +1,127 @@
+// The null model behind the real engine: its tokens depend on the whole prefix through the KV
+// cache (the same alone, in a batch, chunked, from the prefix cache; different after any change
+// of the prompt), it emits only its token list, and a step takes at least its configured time.
+
+#include "engine/model/null_model.h"
+
+#include <chrono>
+#include <map>
+
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/engine.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+NullModelOptions Options() {
+  NullModelOptions o;
+  o.config.vocab_size = 500;
+  o.config.max_position_embeddings = 4096;
+  for (TokenId t = 10; t < 400; t += 3) o.tokens.push_back(t);
+  o.seed = 3;
+  return o;
+}
+
+struct NullRun {
+  explicit NullRun(NullModelOptions options, EngineOptions engine_options = {}) {
+    backend = *CpuBackend::Create({1, std::nullopt});
+    model = *NullModel::Create(std::move(options));
+    allocator = std::make_unique<BackendKvAllocator>(backend.get());
+    pool = *KvBlockPool::Create(model->KvLayoutFor(16), 256, allocator.get(), backend.get());
+    engine = *Engine::Create(model.get(), pool.get(), nullptr, engine_options);
+  }
+  void Submit(const std::string& id, std::vector<TokenId> prompt, int64_t max_tokens,
+              float temperature = 0) {
+    EngineRequest r;
+    r.id = id;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 11;
+    r.on_event = [this, id](const TokenEvent& e) {
+      if (e.has_token) out[id].push_back(e.token);
+    };
+    ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+  }
+  void Drain() {
+    while (*engine->Step()) {
+    }
+  }
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<NullModel> model;
+  std::unique_ptr<BackendKvAllocator> allocator;
+  std::unique_ptr<KvBlockPool> pool;
+  std::unique_ptr<Engine> engine;
+  std::map<std::string, std::vector<TokenId>> out;
+};
+
+std::vector<TokenId> Prompt(int n, TokenId salt) {
+  std::vector<TokenId> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 7 + salt) % 500);
+  return p;
+}
+
+TEST(NullModelTest, TokensFollowTheWholePrefixWhateverTheBatchChunkOrCache) {
+  for (float temperature : {0.0f, 1.0f}) {
+    NullRun alone(Options());
+    alone.Submit("r", Prompt(100, 1), 30, temperature);
+    alone.Drain();
+    const std::vector<TokenId> want = alone.out["r"];
+    ASSERT_EQ(want.size(), 30u);
+    const NullModelOptions o = Options();
+    for (TokenId t : want) {
+      EXPECT_TRUE(std::find(o.tokens.begin(), o.tokens.end(), t) != o.tokens.end()) << t;
+    }
+    EngineOptions chunked;
+    chunked.prefill_chunk = 7;
+    chunked.max_batch_tokens = 20;
+    NullRun batch(Options(), chunked);
+    for (int i = 0; i < 5; ++i) batch.Submit("o" + std::to_string(i), Prompt(30 + i, 2 + i), 9);
+    batch.Submit("r", Prompt(100, 1), 30, temperature);
+    batch.Drain();
+    EXPECT_EQ(batch.out["r"], want);
+    batch.Submit("again", Prompt(100, 1), 30, temperature);  // 96 tokens from the cache
+    batch.Drain();
+    EXPECT_EQ(batch.out["again"], want);
+    EXPECT_GE(batch.engine->stats().cached_tokens, 96);
+    // A different first token changes everything after it.
+    std::vector<TokenId> changed = Prompt(100, 1);
+    changed[0] = 499;
+    batch.Submit("changed", changed, 30, temperature);
+    batch.Drain();
+    EXPECT_NE(batch.out["changed"], want);
+  }
+}
+
+TEST(NullModelTest, StepsTakeTheConfiguredTime) {
+  NullModelOptions o = Options();
+  o.prefill_tokens_per_second = 2000;  // 200 tokens: 100 ms
+  o.decode_token_seconds = 0.02;       // 20 ms a token
+  NullRun run(o);
+  const auto start = std::chrono::steady_clock::now();
+  run.Submit("r", Prompt(200, 4), 6);  // one prefill step (with the first token), 5 decodes
+  run.Drain();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(run.out["r"].size(), 6u);
+  EXPECT_GE(seconds, 0.1 + 5 * 0.02);
+  EXPECT_GE(run.engine->stats().busy_seconds, 0.2);
+}
+
+TEST(NullModelTest, RefusesBadInputAndDiffersFromOtherSetups) {
+  NullModelOptions o = Options();
+  o.tokens = {600};
+  EXPECT_FALSE(NullModel::Create(o).ok());
+  auto a = *NullModel::Create(Options());
+  NullModelOptions other = Options();
+  other.seed = 4;
+  auto b = *NullModel::Create(other);
+  EXPECT_NE(a->fingerprint(), b->fingerprint());
+  EXPECT_EQ(a->FullKvLayoutFor(16).num_layers, 0);
+  EXPECT_EQ(NullModel::NextState(1, 2, 3), NullModel::NextState(1, 2, 3));
+  EXPECT_NE(NullModel::NextState(1, 2, 3), NullModel::NextState(1, 2, 4));
+}
+
+}  // namespace
+}  // namespace ferry
