@@ -10,7 +10,7 @@
 // Encoding, version 2 (integers little-endian, hash128 = low 64 bits then high 64 bits):
 //
 //   H( "FERRYFP\0"                              8 bytes
-//      u32 version                              = 1
+//      u32 version                              = 2
 //      u32 n_files, then per file, sorted by name (bytewise):
 //          u32 len(name) name  hash128 digest   name: path relative to the model root
 //      hash128 tokenizer_digest
