@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "engine/common/log.h"
 
 namespace ferry {
 namespace transfer {
@@ -110,11 +112,24 @@ void TransportKvAllocator::Free(const MemorySpan& span) {
     absl::MutexLock lock(&mu_);
     auto it = std::find_if(regions_.begin(), regions_.end(),
                            [&](const LocalRegion& r) { return r.span.address == span.address; });
-    if (it == regions_.end()) return;
+    if (it == regions_.end()) {
+      LOG(ERROR) << "TransportKvAllocator: Free of " << span.address
+                 << ", which this allocator did not allocate (ignored)";
+      return;
+    }
     id = it->id;
     regions_.erase(it);
   }
-  transport_->Deregister(id).IgnoreError();
+  const absl::Time deadline = absl::Now() + free_wait_;
+  absl::Status status = transport_->Deregister(id);
+  while (status.code() == absl::StatusCode::kFailedPrecondition && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));  // a transfer still uses the region
+    status = transport_->Deregister(id);
+  }
+  if (!status.ok()) {
+    LOG(ERROR) << "TransportKvAllocator: cannot deregister the region at " << span.address << " ("
+               << span.length << " bytes): " << status << "; it stays registered";
+  }
 }
 
 absl::StatusOr<LocalRegion> TransportKvAllocator::RegionOf(const void* address) const {

@@ -214,9 +214,16 @@ absl::Status ValidateTransferRequest(const TransferRequest& request);
 // A KvAllocator (engine/kv) whose memory comes from KvTransport::Allocate, so a KV block pool
 // can be read and written by peers. Host memory: for the CPU backend (the CUDA backend stages
 // through pinned host buffers). The transport must outlive the allocator and its allocations.
+//
+// Free deregisters the allocation. While a transfer still uses the region (FailedPrecondition)
+// it waits for it, up to `free_wait` (transfers end by their deadlines); past that, or on any
+// other failure, it logs the error and leaves the region registered: memory a peer may still
+// write is never handed back.
 class TransportKvAllocator : public KvAllocator {
  public:
-  explicit TransportKvAllocator(KvTransport* transport) : transport_(transport) {}
+  explicit TransportKvAllocator(KvTransport* transport,
+                                absl::Duration free_wait = absl::Seconds(60))
+      : transport_(transport), free_wait_(free_wait) {}
   absl::StatusOr<MemorySpan> Allocate(size_t bytes) override;
   void Free(const MemorySpan& region) override;
   // The registration of the allocation at `address` (to describe it to peers); NotFound if none.
@@ -224,6 +231,7 @@ class TransportKvAllocator : public KvAllocator {
 
  private:
   KvTransport* const transport_;
+  const absl::Duration free_wait_;
   mutable absl::Mutex mu_;
   std::vector<LocalRegion> regions_ ABSL_GUARDED_BY(mu_);
 };
