@@ -33,7 +33,7 @@ std::unique_ptr<grpc::ClientContext> NewClientContext(absl::Duration timeout,
   return context;
 }
 
-std::string TraceIdOf(const grpc::ServerContext& context) {
+std::string TraceIdOf(const grpc::ServerContextBase& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kTraceIdMetadataKey);
   if (it == metadata.end()) return "";

@@ -35,7 +35,7 @@ std::unique_ptr<grpc::ClientContext> NewClientContext(absl::Duration timeout,
                                                       absl::string_view trace_id = "");
 
 // The caller's trace id ("" if none was sent).
-std::string TraceIdOf(const grpc::ServerContext& context);
+std::string TraceIdOf(const grpc::ServerContextBase& context);
 
 }  // namespace ferry
 

@@ -1,5 +1,6 @@
 #include "services/common/service_lifecycle.h"
 
+#include "absl/time/clock.h"
 #include "engine/common/log.h"
 
 namespace ferry {
@@ -10,7 +11,13 @@ int ServeUntilTerminated(TerminationSignal& signal, GrpcServer& grpc, AdminServe
   LOG(INFO) << "shutdown: no longer ready; draining";
   if (admin != nullptr) admin->SetReady(false, "shutting down");
   grpc.SetServing(false);
-  if (options.drain) options.drain();
+  if (options.drain) {
+    const absl::Time deadline = absl::Now() + options.drain_grace;
+    options.drain(deadline);
+    if (absl::Now() > deadline + absl::Seconds(1)) {
+      LOG(ERROR) << "shutdown: the drain step overran its deadline by " << absl::Now() - deadline;
+    }
+  }
   LOG(INFO) << "shutdown: stopping gRPC (in-flight calls get " << options.rpc_grace << ")";
   grpc.Shutdown(options.rpc_grace);
   if (admin != nullptr) admin->Stop();

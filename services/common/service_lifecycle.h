@@ -3,7 +3,8 @@
 //   1. wait for SIGTERM/SIGINT (or a programmatic trigger);
 //   2. report not ready (/readyz 503, gRPC health NOT_SERVING), so load balancers and routers
 //      stop sending new work;
-//   3. run the service's drain step (finish or hand off in-flight work), if any;
+//   3. run the service's drain step (finish or hand off in-flight work), if any, which must
+//      return by the deadline it is given (now + drain_grace);
 //   4. shut the gRPC server down, letting calls still in flight finish within `rpc_grace`;
 //   5. stop the admin server.
 //
@@ -25,8 +26,11 @@ namespace ferry {
 struct ShutdownOptions {
   // How long in-flight calls may run after the drain step before they are cancelled.
   absl::Duration rpc_grace = absl::Seconds(10);
-  // Service-specific drain (e.g. decode: keep decoding, then hand off). May be empty.
-  std::function<void()> drain;
+  // Service-specific drain (e.g. decode: keep decoding, then hand off). May be empty. It is
+  // given its deadline and must return by then (ending what it could not finish); a drain that
+  // overruns is logged, and the sequence goes on when it returns.
+  std::function<void(absl::Time deadline)> drain;
+  absl::Duration drain_grace = absl::Seconds(30);
 };
 
 // Blocks until termination is requested, then runs the sequence above. `admin` may be null.
