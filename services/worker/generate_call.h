@@ -1,0 +1,84 @@
+// One Generate call (worker.proto): the request goes to the engine, and what the engine thread
+// delivers streams back as GenerateEvents: TokenChunks with absolute output indexes (the tokens
+// of a choice that arrived while a write was in flight are merged into one chunk, so a slow
+// reader costs one message per choice, not one per token), then Usage; or an ErrorInfo and the
+// matching status.
+//
+// How it ends: every choice finished -> Usage, OK. The caller cancelled (or its deadline passed)
+// -> the engine request is aborted at its next step, the call ends CANCELLED. Abort RPC -> ABORT
+// chunks, Usage, OK. RequestContext.deadline_unix_ms passed -> DEADLINE_EXCEEDED. Drain deadline
+// -> UNAVAILABLE, retryable. Engine error -> its status.
+//
+// Lifetime: created by WorkerService::Generate, deletes itself when gRPC is done with it
+// (OnDone) and the engine has delivered its last event, whichever is later.
+//
+// Thread-safe: engine events arrive on the engine thread, gRPC callbacks on its threads,
+// aborts on others; state is under mu_, and no lock is held while starting a write.
+
+#ifndef FERRY_SERVICES_WORKER_GENERATE_CALL_H_
+#define FERRY_SERVICES_WORKER_GENERATE_CALL_H_
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "ferry/v1/worker.grpc.pb.h"
+
+namespace ferry {
+
+class WorkerService;
+enum class AbortCause;
+
+class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEvent> {
+ public:
+  GenerateCall(WorkerService* service, grpc::CallbackServerContext* context,
+               const ferry::v1::GenerateRequest* request);
+
+  // Ends the request early for `cause` (from the Abort call, the drain, the deadline queue).
+  void AbortFor(AbortCause cause);
+
+ private:
+  void Start(const ferry::v1::GenerateRequest& request);
+  // Finishes before the engine ever saw the request.
+  void Reject(const grpc::Status& status, bool invalid);
+  void OnEngineEvent(const TokenEvent& event);
+  // Writes the next message or finishes, when the stream is free. Takes mu_.
+  void Pump();
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+  void Unref();
+
+  WorkerService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const std::chrono::steady_clock::time_point start_;
+  std::atomic<int> refs_{1};  // gRPC's; +1 while the engine holds the request
+
+  std::mutex mu_;
+  std::string id_, trace_id_;
+  bool logprobs_ = false;
+  uint64_t seed_ = 0;
+  int64_t prompt_tokens_ = 0;
+  absl::Time deadline_ = absl::InfiniteFuture();
+  std::vector<ferry::v1::TokenChunk> pending_;  // per choice, empty when nothing waits
+  std::vector<bool> has_pending_;
+  std::vector<int64_t> next_index_;
+  int32_t choices_left_ = 0;
+  size_t next_choice_ = 0;  // round robin over choices with something pending
+  int64_t completion_tokens_ = 0, cached_tokens_ = 0;
+  bool first_token_ = false;
+  bool engine_done_ = false;
+  AbortCause cause_;
+  absl::Status error_;
+  bool writing_ = false, closing_sent_ = false, finished_ = false, broken_ = false;
+  ferry::v1::GenerateEvent out_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVICES_WORKER_GENERATE_CALL_H_

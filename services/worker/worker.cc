@@ -1,0 +1,78 @@
+#include "services/worker/worker.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/common/log.h"
+#include "engine/common/status.h"
+#include "services/common/metrics.h"
+#include "services/common/shared_token.h"
+
+namespace ferry {
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
+  RETURN_IF_ERROR(ValidateWorkerOptions(options));
+  ASSIGN_OR_RETURN(const std::string token, LoadSharedToken(options.auth_token_file));
+  std::unique_ptr<Worker> w(new Worker(options));
+  w->registry_ = NewServiceRegistry("worker");
+  w->metrics_ = std::make_unique<WorkerMetrics>(*w->registry_);
+  w->load_ = std::make_unique<LoadWindow>(options.load_window);
+  WorkerMetrics* metrics = w->metrics_.get();
+  LoadWindow* load = w->load_.get();
+  ASSIGN_OR_RETURN(w->engine_, WorkerEngine::Create(options, [metrics, load](const StepInfo& s) {
+                     metrics->Step(s);
+                     load->Record(s);
+                   }));
+  // The admin server first (not ready), so that the gRPC port is printed only when both exist.
+  AdminServerOptions admin_options;
+  admin_options.host = options.admin_host;
+  admin_options.port = options.admin_port;
+  ASSIGN_OR_RETURN(w->admin_, AdminServer::Start(admin_options, w->registry_));
+
+  WorkerServiceOptions service_options;
+  service_options.auth_token = token;
+  service_options.default_drain_grace = options.drain_grace;
+  service_options.watch.interval = options.watch_interval;
+  service_options.watch.heartbeat = options.watch_heartbeat;
+  service_options.watch.max_hashes_per_message = options.watch_max_hashes_per_message;
+  Worker* self = w.get();
+  service_options.on_draining = [self] {
+    self->admin_->SetReady(false, "draining");
+    self->grpc_->SetServing(false);
+  };
+  w->service_ = std::make_unique<WorkerService>(w->engine_.get(), metrics, load, service_options);
+  GrpcServerOptions grpc_options;
+  grpc_options.address = options.address;
+  ASSIGN_OR_RETURN(w->grpc_, GrpcServer::Start(grpc_options, {w->service_.get()}));
+  w->service_->StartWatch(options.worker_id, w->grpc_->address());
+  w->admin_->SetReady(true);
+  LOG(INFO) << "worker " << (options.worker_id.empty() ? w->grpc_->address() : options.worker_id)
+            << " serving " << w->engine_->model_name() << " (" << w->engine_->engine_kind()
+            << " engine) on " << w->grpc_->address() << ", admin on " << options.admin_host << ":"
+            << w->admin_->port()
+            << (token.empty() ? ", no shared token" : ", shared token required");
+  return w;
+}
+
+Worker::~Worker() { Shutdown(); }
+
+void Worker::Drain(absl::Time deadline) {
+  admin_->SetReady(false, "shutting down");
+  grpc_->SetServing(false);
+  service_->BeginDrain(deadline);  // no admissions from here on
+  service_->CloseWatches();
+  // Requests still running at the deadline are ended by the drain; their last events need a step.
+  const bool idle = service_->WaitIdle(deadline + absl::Seconds(5));
+  if (!idle) LOG(ERROR) << "shutdown: " << service_->live_calls() << " request(s) did not end";
+  // gRPC's Shutdown waits its whole deadline while clients keep idle connections open (routers
+  // do). With no Generate or Watch call left, nothing needs the grace: a short one ends it.
+  grpc_->Shutdown(idle ? absl::Milliseconds(200) : options_.rpc_grace);
+}
+
+void Worker::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  Drain(absl::Now() + options_.drain_grace);  // stops the gRPC server too
+  admin_->Stop();
+}
+
+}  // namespace ferry

@@ -1,0 +1,72 @@
+// A whole worker process in one object (what `ferry-worker` runs, and what tests start
+// in-process): the engine (WorkerEngine), the ferry.v1.Worker service with the standard gRPC
+// health service on `address`, and the admin HTTP server (/metrics /healthz /readyz).
+//
+//   auto worker = Worker::Start(options);          // loads the model, serves, ready
+//   ... (*worker)->grpc_port(), (*worker)->admin_port()
+//   (*worker)->Shutdown();                          // as on SIGTERM
+//
+// Shutdown (SIGTERM): not ready at once (readyz 503, health NOT_SERVING), Watch streams end at
+// once, no new Generate is admitted, running requests finish within drain_grace (the rest end
+// UNAVAILABLE, retryable), then the gRPC server stops with rpc_grace for calls still in flight.
+//
+// Thread-safe.
+
+#ifndef FERRY_SERVICES_WORKER_WORKER_H_
+#define FERRY_SERVICES_WORKER_WORKER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "services/common/admin_server.h"
+#include "services/common/grpc_server.h"
+#include "services/worker/load_window.h"
+#include "services/worker/worker_engine.h"
+#include "services/worker/worker_metrics.h"
+#include "services/worker/worker_options.h"
+#include "services/worker/worker_service.h"
+
+namespace ferry {
+
+class Worker {
+ public:
+  static absl::StatusOr<std::unique_ptr<Worker>> Start(const WorkerOptions& options);
+  ~Worker();  // Shutdown()
+
+  int grpc_port() const { return grpc_->port(); }
+  int admin_port() const { return admin_->port(); }
+  const std::string& address() const { return grpc_->address(); }
+  WorkerEngine& engine() { return *engine_; }
+  WorkerService& service() { return *service_; }
+
+  // The drain step of the shutdown sequence, which ends with the gRPC server shut down (calls
+  // still in flight get rpc_grace); returns by `deadline` + a few seconds.
+  void Drain(absl::Time deadline);
+  // Drain(now + drain_grace), then the gRPC and admin servers stop. Idempotent.
+  void Shutdown();
+
+  GrpcServer& grpc() { return *grpc_; }
+  AdminServer& admin() { return *admin_; }
+  const WorkerOptions& options() const { return options_; }
+
+ private:
+  explicit Worker(const WorkerOptions& options) : options_(options) {}
+
+  const WorkerOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<LoadWindow> load_;
+  // Destroyed in reverse: the servers, then the engine (whose last events reach live calls
+  // through the service), then the service.
+  std::unique_ptr<WorkerService> service_;
+  std::unique_ptr<WorkerEngine> engine_;
+  std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<AdminServer> admin_;
+  bool shut_down_ = false;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVICES_WORKER_WORKER_H_

@@ -1,0 +1,161 @@
+#include "services/worker/worker_engine.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/common/hash128.h"
+#include "engine/common/log.h"
+#include "engine/common/status.h"
+#include "engine/common/units.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/model/host_weights.h"
+#include "engine/model/null_model.h"
+#include "engine/model/transformer.h"
+
+namespace ferry {
+namespace {
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string BaseName(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// The ids the null model emits: ordinary tokens with text of their own.
+std::vector<TokenId> OrdinaryTokens(const Tokenizer& tokenizer, const ModelConfig& config) {
+  std::vector<TokenId> out;
+  const TokenId vocab = static_cast<TokenId>(
+      std::min<int64_t>(config.vocab_size, static_cast<int64_t>(tokenizer.vocab_size())));
+  for (TokenId t = 0; t < vocab; ++t) {
+    if (tokenizer.IsSpecial(t) || tokenizer.IsByteFallbackToken(t)) continue;
+    if (std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), t) !=
+        config.eos_token_ids.end()) {
+      continue;
+    }
+    auto text = tokenizer.Decode({&t, 1});
+    if (!text.ok() || text->empty() || text->find("\xEF\xBF\xBD") != std::string::npos) continue;
+    out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
+    const WorkerOptions& options, std::function<void(const StepInfo&)> on_step) {
+  RETURN_IF_ERROR(ValidateWorkerOptions(options));
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<WorkerEngine> w(new WorkerEngine());
+  w->model_path_ = options.model.empty() ? DefaultModelPath() : options.model;
+  w->model_name_ = options.model_name.empty() ? BaseName(w->model_path_) : options.model_name;
+  w->engine_kind_ = options.engine;
+  const bool hf = IsDirectory(w->model_path_);
+  std::unique_ptr<GgufFile> gguf;
+  if (hf) {
+    ASSIGN_OR_RETURN(w->tokenizer_, Tokenizer::FromHfDirectory(w->model_path_));
+  } else {
+    auto opened = GgufFile::Open(w->model_path_);
+    if (!opened.ok()) {
+      return absl::Status(opened.status().code(),
+                          absl::StrCat("--model ", w->model_path_,
+                                       " (a GGUF file or an HF directory; './ferry models pull' "
+                                       "fetches the default): ",
+                                       opened.status().message()));
+    }
+    gguf = std::move(*opened);
+    ASSIGN_OR_RETURN(w->tokenizer_, Tokenizer::FromGguf(*gguf));
+  }
+  CpuBackendOptions backend_options;
+  backend_options.threads = options.engine == "null" ? 1 : options.threads;
+  ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create(backend_options));
+  if (options.engine == "real") {
+    const WeightDType dtype = options.weights == "f32" ? WeightDType::kF32 : WeightDType::kBF16;
+    ASSIGN_OR_RETURN(const HostWeights weights,
+                     hf ? LoadHfModel(w->model_path_, dtype, options.kv_dtype)
+                        : LoadGgufModel(*gguf, dtype, options.kv_dtype));
+    ASSIGN_OR_RETURN(w->model_, Transformer::Create(weights, backend.get()));
+  } else {
+    NullModelOptions null;
+    if (hf) {
+      ASSIGN_OR_RETURN(null.config, ReadHfModelConfig(w->model_path_));
+    } else {
+      ASSIGN_OR_RETURN(null.config, ReadGgufModelConfig(*gguf));
+    }
+    null.tokens = OrdinaryTokens(*w->tokenizer_, null.config);
+    ASSIGN_OR_RETURN(null.identity,
+                     DigestFile(hf ? w->model_path_ + "/tokenizer.json" : w->model_path_));
+    null.prefill_tokens_per_second = options.null_prefill_tokens_per_second;
+    null.decode_token_seconds = options.null_token_seconds;
+    null.step_overhead_seconds = options.null_step_overhead_seconds;
+    ASSIGN_OR_RETURN(w->model_, NullModel::Create(std::move(null)));
+  }
+  w->backend_ = std::move(backend);
+  w->allocator_ = std::make_unique<BackendKvAllocator>(w->backend_.get());
+
+  const ForwardModel& model = *w->model_;
+  const int32_t bt = options.block_tokens;
+  const bool hybrid = model.FullKvLayoutFor(bt).num_layers > 0;
+  if (options.window_pool_bytes > 0 && !hybrid) {
+    return absl::InvalidArgumentError(
+        "--window_pool_bytes: the model has no sliding-window layers next to full ones");
+  }
+  const KvBlockLayout layout =
+      options.window_pool_bytes > 0 ? model.FullKvLayoutFor(bt) : model.KvLayoutFor(bt);
+  const int64_t blocks = options.kv_pool_bytes / static_cast<int64_t>(layout.block_bytes());
+  if (blocks < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_pool_bytes ", FormatByteSize(options.kv_pool_bytes),
+                     " holds fewer than 2 blocks of ", FormatByteSize(layout.block_bytes())));
+  }
+  ASSIGN_OR_RETURN(w->pool_,
+                   KvBlockPool::Create(layout, blocks, w->allocator_.get(), w->backend_.get()));
+  EngineOptions& eo = w->engine_options_;
+  eo.max_batch_tokens = options.max_batch_tokens;
+  eo.max_running = options.max_running;
+  eo.max_queued = options.max_queued;
+  eo.prefill_chunk = options.prefill_chunk;
+  eo.max_n = options.max_n;
+  eo.prefix_cache_bytes = options.prefix_cache_bytes >= 0
+                              ? options.prefix_cache_bytes
+                              : blocks * static_cast<int64_t>(layout.block_bytes());
+  eo.window_cache_bytes = options.window_cache_bytes;
+  eo.journal_events = options.watch_journal_events;
+  eo.on_step = std::move(on_step);
+  if (options.window_pool_bytes > 0) {
+    const KvBlockLayout window = model.WindowKvLayoutFor(bt);
+    const int64_t window_blocks =
+        options.window_pool_bytes / static_cast<int64_t>(window.block_bytes());
+    ASSIGN_OR_RETURN(w->window_pool_, KvBlockPool::Create(window, window_blocks,
+                                                          w->allocator_.get(), w->backend_.get()));
+  }
+  ASSIGN_OR_RETURN(w->engine_, Engine::Create(w->model_.get(), w->pool_.get(), w->tokenizer_.get(),
+                                              eo, w->window_pool_.get()));
+  w->engine_->Start();
+  w->load_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  LOG(INFO) << "engine " << w->engine_kind_ << ": " << w->model_name_ << " (" << w->model_path_
+            << "), " << blocks << " KV blocks of " << bt << " tokens ("
+            << FormatByteSize(blocks * layout.block_bytes()) << ")"
+            << (w->window_pool_ != nullptr
+                    ? absl::StrCat(", window pool of ", w->window_pool_->num_blocks(), " blocks")
+                    : "")
+            << ", fingerprint " << model.fingerprint() << ", loaded in " << w->load_seconds_
+            << " s";
+  return w;
+}
+
+WorkerEngine::~WorkerEngine() {
+  if (engine_ != nullptr) engine_->Stop();
+  engine_.reset();
+}
+
+}  // namespace ferry

@@ -1,0 +1,62 @@
+// The engine a worker serves, built from its options (ARCHITECTURE.md §1 `--engine=real|null`):
+// the model (the Transformer on the CPU backend, or the NullModel token source), its tokenizer,
+// the KV pool(s) and the Engine with its thread running. The worker's services see only the
+// Engine and the tokenizer; which model runs underneath is this module's business.
+//
+// Thread-safe after Create (the Engine is; the rest is immutable). Destruction stops the engine
+// thread first (live requests end with kAbort), then frees the pools and the model.
+
+#ifndef FERRY_SERVICES_WORKER_WORKER_ENGINE_H_
+#define FERRY_SERVICES_WORKER_WORKER_ENGINE_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/backends/backend.h"
+#include "engine/engine.h"
+#include "engine/kv/kv_block_pool.h"
+#include "engine/model/forward_model.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "services/worker/worker_options.h"
+
+namespace ferry {
+
+class WorkerEngine {
+ public:
+  // Loads the model named by options.model (DefaultModelPath() when empty) and starts the engine.
+  // `on_step` (may be empty) becomes EngineOptions::on_step.
+  static absl::StatusOr<std::unique_ptr<WorkerEngine>> Create(
+      const WorkerOptions& options, std::function<void(const StepInfo&)> on_step);
+  ~WorkerEngine();
+
+  Engine& engine() { return *engine_; }
+  const Engine& engine() const { return *engine_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ForwardModel& model() const { return *model_; }
+  const std::string& model_path() const { return model_path_; }
+  const std::string& model_name() const { return model_name_; }
+  const std::string& engine_kind() const { return engine_kind_; }
+  const EngineOptions& engine_options() const { return engine_options_; }
+  double load_seconds() const { return load_seconds_; }
+  // Whether the window layers of a hybrid model run in a pool of their own.
+  bool two_pools() const { return window_pool_ != nullptr; }
+
+ private:
+  WorkerEngine() = default;
+
+  std::string model_path_, model_name_, engine_kind_;
+  EngineOptions engine_options_;
+  double load_seconds_ = 0;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ForwardModel> model_;
+  std::unique_ptr<KvAllocator> allocator_;
+  std::unique_ptr<KvBlockPool> pool_, window_pool_;
+  std::unique_ptr<Engine> engine_;  // last: destroyed first
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVICES_WORKER_WORKER_ENGINE_H_

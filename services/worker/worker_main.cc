@@ -1,0 +1,177 @@
+// ferry-worker: the aggregated worker (ARCHITECTURE.md §1): one engine in prefill and decode
+// roles behind ferry.v1.Worker (Generate, Abort, Drain, Watch), the gRPC health service, and
+// /metrics, /healthz, /readyz on the admin port. Prints "grpc_port=N admin_port=M" once serving.
+// SIGTERM: not ready at once, Watch streams end, running requests finish within --drain_grace,
+// exit 0.
+//
+//   ferry-worker --model SmolLM2-135M-Instruct.Q4_1.gguf --address 127.0.0.1:7500
+//   ferry-worker --engine null --null_token_seconds 0.01      # the model's tokenizer, no weights
+//   ferry-worker --config worker.json                          # keys as the flags; flags win
+
+#include <cstdio>
+#include <set>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "engine/common/config.h"
+#include "engine/common/log.h"
+#include "engine/common/units.h"
+#include "services/common/service_lifecycle.h"
+#include "services/common/termination_signal.h"
+#include "services/worker/worker.h"
+
+ABSL_FLAG(std::string, config, "", "JSON config file (keys as the flags; flags given win)");
+ABSL_FLAG(std::string, engine, "real", "real (the model) or null (a deterministic token source)");
+ABSL_FLAG(std::string, model, "", "GGUF file or HF directory (default: ./ferry models path)");
+ABSL_FLAG(std::string, model_name, "", "name reported to routers (default: the file name)");
+ABSL_FLAG(std::string, weights, "bf16", "weight type: f32 or bf16");
+ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache type: f32 or bf16");
+ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
+ABSL_FLAG(std::string, kv_pool_bytes, "1GiB", "KV block pool size");
+ABSL_FLAG(std::string, window_pool_bytes, "0",
+          "hybrid models: the sliding-window layers' own pool (0: one pool)");
+ABSL_FLAG(std::string, prefix_cache_bytes, "",
+          "unreferenced cached KV kept at most (default: the whole pool)");
+ABSL_FLAG(std::string, window_cache_bytes, "256MiB", "hybrid models on two pools: window cache");
+ABSL_FLAG(int, block_tokens, 64, "tokens per KV block (and per block hash)");
+ABSL_FLAG(int64_t, prefill_chunk, 256, "prompt tokens per sequence per step");
+ABSL_FLAG(int64_t, max_batch_tokens, 512, "tokens per engine step");
+ABSL_FLAG(int64_t, max_running, 64, "sequences holding KV at once");
+ABSL_FLAG(int64_t, max_queued, 256, "requests waiting for admission; more are refused");
+ABSL_FLAG(int, max_n, 16, "choices per request at most");
+ABSL_FLAG(double, null_prefill_tokens_per_second, 20000, "null engine: prefill speed");
+ABSL_FLAG(double, null_token_seconds, 0.005, "null engine: per-token latency (a decode step)");
+ABSL_FLAG(double, null_step_overhead_seconds, 0, "null engine: fixed cost of a step");
+ABSL_FLAG(std::string, address, "127.0.0.1:0", "gRPC listen address (port 0: any free port)");
+ABSL_FLAG(std::string, admin_host, "127.0.0.1", "admin HTTP listen address");
+ABSL_FLAG(int, admin_port, 0, "admin HTTP port (0: any free port)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file with the shared token every call must carry (default: $FERRY_AUTH_TOKEN, if set)");
+ABSL_FLAG(std::string, worker_id, "", "id reported to routers (default: the gRPC address)");
+ABSL_FLAG(absl::Duration, watch_interval, absl::Milliseconds(100),
+          "Watch: load updates at most this often");
+ABSL_FLAG(absl::Duration, watch_heartbeat, absl::Seconds(1),
+          "Watch: a message at least this often");
+ABSL_FLAG(int64_t, watch_journal_events, 65536, "Watch: KV events kept for slow subscribers");
+ABSL_FLAG(int64_t, watch_max_hashes_per_message, 65536, "Watch: block hashes per message at most");
+ABSL_FLAG(absl::Duration, load_window, absl::Seconds(10), "window of the measured load");
+ABSL_FLAG(absl::Duration, drain_grace, absl::Seconds(30),
+          "SIGTERM/Drain: time for running requests");
+ABSL_FLAG(absl::Duration, rpc_grace, absl::Seconds(5), "then for calls still in flight");
+
+namespace {
+
+using ferry::WorkerOptions;
+
+[[noreturn]] void Die(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "ferry-worker: %s: %s\n", what.c_str(),
+               std::string(status.message()).c_str());
+  std::exit(2);
+}
+
+// Flags named on the command line ("--name=v", "--name v", "-name"; absl's syntax). Debian's
+// absl keeps CommandLineFlag::IsSpecifiedOnCommandLine private, so main reads argv itself.
+std::set<std::string>& GivenFlags() {
+  static std::set<std::string> given;
+  return given;
+}
+
+void NoteGivenFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    arg = arg.substr(arg[1] == '-' ? 2 : 1);
+    GivenFlags().insert(arg.substr(0, arg.find('=')));
+  }
+}
+
+bool Given(const char* name) { return GivenFlags().count(name) > 0; }
+
+int64_t Bytes(const std::string& flag, const std::string& text) {
+  auto v = ferry::ParseByteSize(text);
+  if (!v.ok()) Die("--" + flag, v.status());
+  return static_cast<int64_t>(*v);
+}
+
+// The flags given on the command line, over the config file's values, over the defaults.
+WorkerOptions OptionsFromFlags() {
+  WorkerOptions o;
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    auto config = ferry::Config::LoadFile(path);
+    if (!config.ok()) Die("--config", config.status());
+    if (absl::Status s = ferry::ApplyWorkerConfig(*config, &o); !s.ok()) Die("--config", s);
+  }
+#define FROM_FLAG(name) \
+  if (Given(#name)) o.name = absl::GetFlag(FLAGS_##name)
+#define BYTES_FROM_FLAG(name) \
+  if (Given(#name)) o.name = Bytes(#name, absl::GetFlag(FLAGS_##name))
+  FROM_FLAG(engine);
+  FROM_FLAG(model);
+  FROM_FLAG(model_name);
+  FROM_FLAG(weights);
+  FROM_FLAG(kv_dtype);
+  FROM_FLAG(threads);
+  BYTES_FROM_FLAG(kv_pool_bytes);
+  BYTES_FROM_FLAG(window_pool_bytes);
+  BYTES_FROM_FLAG(prefix_cache_bytes);
+  BYTES_FROM_FLAG(window_cache_bytes);
+  FROM_FLAG(block_tokens);
+  FROM_FLAG(prefill_chunk);
+  FROM_FLAG(max_batch_tokens);
+  FROM_FLAG(max_running);
+  FROM_FLAG(max_queued);
+  FROM_FLAG(max_n);
+  FROM_FLAG(null_prefill_tokens_per_second);
+  FROM_FLAG(null_token_seconds);
+  FROM_FLAG(null_step_overhead_seconds);
+  FROM_FLAG(address);
+  FROM_FLAG(admin_host);
+  FROM_FLAG(admin_port);
+  FROM_FLAG(auth_token_file);
+  FROM_FLAG(worker_id);
+  FROM_FLAG(watch_interval);
+  FROM_FLAG(watch_heartbeat);
+  if (Given("watch_journal_events")) {
+    o.watch_journal_events = static_cast<size_t>(absl::GetFlag(FLAGS_watch_journal_events));
+  }
+  if (Given("watch_max_hashes_per_message")) {
+    o.watch_max_hashes_per_message =
+        static_cast<size_t>(absl::GetFlag(FLAGS_watch_max_hashes_per_message));
+  }
+  FROM_FLAG(load_window);
+  FROM_FLAG(drain_grace);
+  FROM_FLAG(rpc_grace);
+#undef FROM_FLAG
+#undef BYTES_FROM_FLAG
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ferry;
+  auto signal = TerminationSignal::Install();  // before any thread
+  CHECK_OK(signal.status());
+  absl::SetProgramUsageMessage("the aggregated Ferry worker; see services/worker/worker_main.cc");
+  NoteGivenFlags(argc, argv);
+  absl::ParseCommandLine(argc, argv);
+  const WorkerOptions options = OptionsFromFlags();
+  if (absl::Status s = ValidateWorkerOptions(options); !s.ok()) Die("options", s);
+  auto worker = Worker::Start(options);
+  if (!worker.ok()) Die("start", worker.status());
+  std::printf("grpc_port=%d admin_port=%d\n", (*worker)->grpc_port(), (*worker)->admin_port());
+  std::fflush(stdout);
+
+  ShutdownOptions shutdown;
+  shutdown.rpc_grace = options.rpc_grace;
+  shutdown.drain_grace = options.drain_grace;
+  Worker* w = worker->get();
+  shutdown.drain = [w](absl::Time deadline) { w->Drain(deadline); };
+  ServeUntilTerminated(**signal, w->grpc(), &w->admin(), shutdown);
+  worker->reset();  // the engine stops; nothing is running any more
+  LOG(INFO) << "worker stopped";
+  return 0;
+}

@@ -1,0 +1,154 @@
+#include "services/worker/worker_metrics.h"
+
+#include "services/common/metrics.h"
+
+namespace ferry {
+
+const char* RequestOutcomeName(RequestOutcome outcome) {
+  switch (outcome) {
+    case RequestOutcome::kCompleted:
+      return "completed";
+    case RequestOutcome::kAborted:
+      return "aborted";
+    case RequestOutcome::kCancelled:
+      return "cancelled";
+    case RequestOutcome::kDeadlineExceeded:
+      return "deadline_exceeded";
+    case RequestOutcome::kDrained:
+      return "drained";
+    case RequestOutcome::kError:
+      return "error";
+    case RequestOutcome::kInvalid:
+      return "invalid";
+    case RequestOutcome::kRejected:
+      return "rejected";
+  }
+  return "?";
+}
+
+WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
+  auto& outcomes = prometheus::BuildCounter()
+                       .Name("ferry_worker_requests_total")
+                       .Help("Generate calls by how they ended.")
+                       .Register(registry);
+  for (int i = 0; i < kNumRequestOutcomes; ++i) {
+    outcomes_.push_back(
+        &outcomes.Add({{"outcome", RequestOutcomeName(static_cast<RequestOutcome>(i))}}));
+  }
+  auto gauge = [&](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+  };
+  queued_ = gauge("ferry_worker_queued_requests", "Sequences waiting for admission.");
+  running_ = gauge("ferry_worker_running_requests", "Sequences holding KV blocks.");
+  auto& blocks = prometheus::BuildGauge()
+                     .Name("ferry_worker_kv_blocks")
+                     .Help("KV blocks by state (cached blocks may also be in use).")
+                     .Register(registry);
+  blocks_used_ = &blocks.Add({{"state", "used"}});
+  blocks_free_ = &blocks.Add({{"state", "free"}});
+  blocks_cached_ = &blocks.Add({{"state", "cached"}});
+  blocks_total_ = gauge("ferry_worker_kv_blocks_total", "KV blocks in the pool.");
+  auto& prompt = prometheus::BuildCounter()
+                     .Name("ferry_worker_prompt_tokens_total")
+                     .Help(
+                         "Prompt tokens by source: computed here, or reused from this worker's "
+                         "prefix cache (local).")
+                     .Register(registry);
+  prompt_computed_ = &prompt.Add({{"source", "computed"}});
+  prompt_local_ = &prompt.Add({{"source", "local"}});
+  generated_ = &prometheus::BuildCounter()
+                    .Name("ferry_worker_generated_tokens_total")
+                    .Help("Tokens sampled.")
+                    .Register(registry)
+                    .Add({});
+  prefill_speed_ = gauge("ferry_worker_prefill_tokens_per_second",
+                         "Prompt tokens per second of the recent steps that computed prompts.");
+  auto& steps = prometheus::BuildHistogram()
+                    .Name("ferry_worker_step_seconds")
+                    .Help("Engine step time, by what the step ran.")
+                    .Register(registry);
+  step_decode_ = &steps.Add({{"kind", "decode"}}, LatencyBucketsSeconds());
+  step_prefill_ = &steps.Add({{"kind", "prefill"}}, LatencyBucketsSeconds());
+  step_mixed_ = &steps.Add({{"kind", "mixed"}}, LatencyBucketsSeconds());
+  ttft_ = &prometheus::BuildHistogram()
+               .Name("ferry_worker_ttft_seconds")
+               .Help("Time from a Generate call's arrival to its first token.")
+               .Register(registry)
+               .Add({}, LatencyBucketsSeconds());
+  experts_ = &prometheus::BuildCounter()
+                  .Name("ferry_worker_expert_tokens_total")
+                  .Help(
+                      "Tokens routed to each expert (mixture-of-experts models), over the "
+                      "sparse layers.")
+                  .Register(registry);
+  subscribers_ = gauge("ferry_worker_watch_subscribers", "Open Watch streams.");
+  auto& snapshots = prometheus::BuildCounter()
+                        .Name("ferry_worker_watch_snapshots_total")
+                        .Help(
+                            "Snapshots sent on Watch streams: initial, or lagged (the "
+                            "subscriber fell behind the event journal).")
+                        .Register(registry);
+  snapshots_initial_ = &snapshots.Add({{"reason", "initial"}});
+  snapshots_lagged_ = &snapshots.Add({{"reason", "lagged"}});
+  unauthenticated_ = &prometheus::BuildCounter()
+                          .Name("ferry_worker_unauthenticated_calls_total")
+                          .Help("Calls refused for a missing or wrong shared token.")
+                          .Register(registry)
+                          .Add({});
+}
+
+void WorkerMetrics::Outcome(RequestOutcome outcome) {
+  outcomes_[static_cast<int>(outcome)]->Increment();
+}
+
+void WorkerMetrics::Ttft(double seconds) { ttft_->Observe(seconds); }
+
+void WorkerMetrics::PromptTokens(int64_t computed, int64_t cached) {
+  prompt_computed_->Increment(static_cast<double>(computed));
+  prompt_local_->Increment(static_cast<double>(cached));
+}
+
+void WorkerMetrics::Step(const StepInfo& step) {
+  if (step.prefill_tokens == 0) {
+    step_decode_->Observe(step.seconds);
+  } else if (step.decode_tokens == 0) {
+    step_prefill_->Observe(step.seconds);
+  } else {
+    step_mixed_->Observe(step.seconds);
+  }
+}
+
+void WorkerMetrics::Refresh(const EngineStats& s, double prefill_tokens_per_second) {
+  queued_->Set(static_cast<double>(s.waiting));
+  running_->Set(static_cast<double>(s.running));
+  blocks_used_->Set(static_cast<double>(s.total_blocks - s.free_blocks));
+  blocks_free_->Set(static_cast<double>(s.free_blocks));
+  blocks_cached_->Set(static_cast<double>(s.cached_blocks));
+  blocks_total_->Set(static_cast<double>(s.total_blocks));
+  prefill_speed_->Set(prefill_tokens_per_second);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s.generated_tokens > last_generated_) {
+    generated_->Increment(static_cast<double>(s.generated_tokens - last_generated_));
+    last_generated_ = s.generated_tokens;
+  }
+  for (size_t e = 0; e < s.expert_tokens.size(); ++e) {
+    if (e == expert_counters_.size()) {
+      expert_counters_.push_back(&experts_->Add({{"expert", std::to_string(e)}}));
+      last_experts_.push_back(0);
+    }
+    if (s.expert_tokens[e] > last_experts_[e]) {
+      expert_counters_[e]->Increment(static_cast<double>(s.expert_tokens[e] - last_experts_[e]));
+      last_experts_[e] = s.expert_tokens[e];
+    }
+  }
+}
+
+void WorkerMetrics::WatchSubscribers(int64_t n) { subscribers_->Set(static_cast<double>(n)); }
+
+void WorkerMetrics::WatchSnapshot(bool lagged) {
+  (lagged ? snapshots_lagged_ : snapshots_initial_)->Increment();
+}
+
+void WorkerMetrics::Unauthenticated() { unauthenticated_->Increment(); }
+
+}  // namespace ferry

@@ -1,0 +1,95 @@
+// The worker's Prometheus metrics (ARCHITECTURE.md §9), on the registry its admin port serves:
+//
+//   ferry_worker_requests_total{outcome}        Generate calls by how they ended: completed,
+//                                                aborted (Abort), cancelled (the caller went
+//                                                away), deadline_exceeded, drained, error,
+//                                                invalid, rejected (queue full, draining)
+//   ferry_worker_queued_requests                 waiting for admission (engine)
+//   ferry_worker_running_requests                sequences holding KV
+//   ferry_worker_kv_blocks{state}                used, free, cached; ferry_worker_kv_blocks_total
+//   ferry_worker_prompt_tokens_total{source}     computed, local (reused from this worker's cache)
+//   ferry_worker_generated_tokens_total
+//   ferry_worker_prefill_tokens_per_second       over the load window (LoadWindow)
+//   ferry_worker_step_seconds{kind}              histogram per engine step: decode (only decoding
+//                                                rows), prefill, mixed
+//   ferry_worker_ttft_seconds                    histogram: Generate received -> first token
+//   ferry_worker_expert_tokens_total{expert}     mixture-of-experts models: tokens per expert
+//   ferry_worker_watch_subscribers, ferry_worker_watch_snapshots_total{reason}
+//   ferry_worker_unauthenticated_calls_total
+//
+// Thread-safe (prometheus-cpp metrics are).
+
+#ifndef FERRY_SERVICES_WORKER_WORKER_METRICS_H_
+#define FERRY_SERVICES_WORKER_WORKER_METRICS_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace ferry {
+
+enum class RequestOutcome {
+  kCompleted,
+  kAborted,
+  kCancelled,
+  kDeadlineExceeded,
+  kDrained,
+  kError,
+  kInvalid,
+  kRejected,
+};
+inline constexpr int kNumRequestOutcomes = 8;
+const char* RequestOutcomeName(RequestOutcome outcome);
+
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(prometheus::Registry& registry);
+
+  void Outcome(RequestOutcome outcome);
+  void Ttft(double seconds);
+  void PromptTokens(int64_t computed, int64_t cached);
+  void Step(const StepInfo& step);
+  // Gauges and the counters that mirror the engine's (generated tokens, experts).
+  void Refresh(const EngineStats& stats, double prefill_tokens_per_second);
+  void WatchSubscribers(int64_t n);
+  void WatchSnapshot(bool lagged);
+  void Unauthenticated();
+
+ private:
+  std::vector<prometheus::Counter*> outcomes_;
+  prometheus::Gauge* queued_;
+  prometheus::Gauge* running_;
+  prometheus::Gauge* blocks_used_;
+  prometheus::Gauge* blocks_free_;
+  prometheus::Gauge* blocks_cached_;
+  prometheus::Gauge* blocks_total_;
+  prometheus::Counter* prompt_computed_;
+  prometheus::Counter* prompt_local_;
+  prometheus::Counter* generated_;
+  prometheus::Gauge* prefill_speed_;
+  prometheus::Histogram* step_decode_;
+  prometheus::Histogram* step_prefill_;
+  prometheus::Histogram* step_mixed_;
+  prometheus::Histogram* ttft_;
+  prometheus::Family<prometheus::Counter>* experts_;
+  prometheus::Gauge* subscribers_;
+  prometheus::Counter* snapshots_initial_;
+  prometheus::Counter* snapshots_lagged_;
+  prometheus::Counter* unauthenticated_;
+
+  std::mutex mu_;  // the mirrors' last values
+  int64_t last_generated_ = 0;
+  std::vector<int64_t> last_experts_;
+  std::vector<prometheus::Counter*> expert_counters_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVICES_WORKER_WORKER_METRICS_H_

@@ -1,0 +1,143 @@
+#include "services/worker/worker_options.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/status.h"
+
+namespace ferry {
+namespace {
+
+constexpr char kDefaultModelFile[] = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+absl::Status ReadSize(const Config& c, const char* key, int64_t* out) {
+  if (!c.Has(key)) return absl::OkStatus();
+  uint64_t v = 0;
+  RETURN_IF_ERROR(c.ReadByteSize(key, &v));
+  *out = static_cast<int64_t>(v);
+  return absl::OkStatus();
+}
+
+absl::Status ReadDuration(const Config& c, const char* key, absl::Duration* out) {
+  return c.ReadDuration(key, out);
+}
+
+absl::Status ReadSizeT(const Config& c, const char* key, size_t* out) {
+  uint64_t v = *out;
+  RETURN_IF_ERROR(c.Read(key, &v));
+  *out = static_cast<size_t>(v);
+  return absl::OkStatus();
+}
+
+absl::Status ReadInt(const Config& c, const char* key, int* out) {
+  int32_t v = *out;
+  RETURN_IF_ERROR(c.Read(key, &v));
+  *out = v;
+  return absl::OkStatus();
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+}  // namespace
+
+absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
+  RETURN_IF_ERROR(c.Read("engine", &o->engine));
+  RETURN_IF_ERROR(c.Read("model", &o->model));
+  RETURN_IF_ERROR(c.Read("model_name", &o->model_name));
+  RETURN_IF_ERROR(c.Read("weights", &o->weights));
+  RETURN_IF_ERROR(c.Read("kv_dtype", &o->kv_dtype));
+  RETURN_IF_ERROR(ReadInt(c, "threads", &o->threads));
+  RETURN_IF_ERROR(ReadSize(c, "kv_pool_bytes", &o->kv_pool_bytes));
+  RETURN_IF_ERROR(ReadSize(c, "window_pool_bytes", &o->window_pool_bytes));
+  RETURN_IF_ERROR(ReadSize(c, "prefix_cache_bytes", &o->prefix_cache_bytes));
+  RETURN_IF_ERROR(ReadSize(c, "window_cache_bytes", &o->window_cache_bytes));
+  RETURN_IF_ERROR(c.Read("block_tokens", &o->block_tokens));
+  RETURN_IF_ERROR(c.Read("prefill_chunk", &o->prefill_chunk));
+  RETURN_IF_ERROR(c.Read("max_batch_tokens", &o->max_batch_tokens));
+  RETURN_IF_ERROR(c.Read("max_running", &o->max_running));
+  RETURN_IF_ERROR(c.Read("max_queued", &o->max_queued));
+  RETURN_IF_ERROR(c.Read("max_n", &o->max_n));
+  RETURN_IF_ERROR(c.Read("null_prefill_tokens_per_second", &o->null_prefill_tokens_per_second));
+  RETURN_IF_ERROR(c.Read("null_token_seconds", &o->null_token_seconds));
+  RETURN_IF_ERROR(c.Read("null_step_overhead_seconds", &o->null_step_overhead_seconds));
+  RETURN_IF_ERROR(c.Read("address", &o->address));
+  RETURN_IF_ERROR(c.Read("admin_host", &o->admin_host));
+  RETURN_IF_ERROR(ReadInt(c, "admin_port", &o->admin_port));
+  RETURN_IF_ERROR(c.Read("auth_token_file", &o->auth_token_file));
+  RETURN_IF_ERROR(c.Read("worker_id", &o->worker_id));
+  RETURN_IF_ERROR(ReadDuration(c, "watch_interval", &o->watch_interval));
+  RETURN_IF_ERROR(ReadDuration(c, "watch_heartbeat", &o->watch_heartbeat));
+  RETURN_IF_ERROR(ReadSizeT(c, "watch_journal_events", &o->watch_journal_events));
+  RETURN_IF_ERROR(ReadSizeT(c, "watch_max_hashes_per_message", &o->watch_max_hashes_per_message));
+  RETURN_IF_ERROR(ReadDuration(c, "load_window", &o->load_window));
+  RETURN_IF_ERROR(ReadDuration(c, "drain_grace", &o->drain_grace));
+  RETURN_IF_ERROR(ReadDuration(c, "rpc_grace", &o->rpc_grace));
+  return c.CheckAllKeysUsed();
+}
+
+absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError(what); };
+  if (o.engine != "real" && o.engine != "null") {
+    return bad(absl::StrCat("--engine must be real or null, not '", o.engine, "'"));
+  }
+  if (o.weights != "f32" && o.weights != "bf16") {
+    return bad(absl::StrCat("--weights must be f32 or bf16, not '", o.weights, "'"));
+  }
+  if (o.kv_dtype != "f32" && o.kv_dtype != "bf16") {
+    return bad(absl::StrCat("--kv_dtype must be f32 or bf16, not '", o.kv_dtype, "'"));
+  }
+  if (o.threads < 0) return bad("--threads must be >= 0");
+  if (o.kv_pool_bytes <= 0) return bad("--kv_pool_bytes must be positive");
+  if (o.window_pool_bytes < 0 || o.window_cache_bytes < 0 || o.prefix_cache_bytes < -1) {
+    return bad("--window_pool_bytes, --window_cache_bytes and --prefix_cache_bytes must be >= 0");
+  }
+  if (o.block_tokens < 1 || o.block_tokens > 4096)
+    return bad("--block_tokens must be in [1, 4096]");
+  if (o.prefill_chunk < 1 || o.max_batch_tokens < 1 || o.max_running < 1 || o.max_queued < 1 ||
+      o.max_n < 1) {
+    return bad(
+        "--prefill_chunk, --max_batch_tokens, --max_running, --max_queued, --max_n "
+        "must be positive");
+  }
+  if (!(o.null_prefill_tokens_per_second >= 0) || !(o.null_token_seconds >= 0) ||
+      !(o.null_step_overhead_seconds >= 0)) {
+    return bad("the null engine's timings must be >= 0");
+  }
+  if (o.admin_port < 0 || o.admin_port > 65535) return bad("--admin_port must be in [0, 65535]");
+  if (o.watch_interval <= absl::ZeroDuration() || o.watch_heartbeat < o.watch_interval) {
+    return bad("--watch_interval must be positive and --watch_heartbeat at least as long");
+  }
+  if (o.watch_journal_events < 1 || o.watch_max_hashes_per_message < 1) {
+    return bad("--watch_journal_events and --watch_max_hashes_per_message must be positive");
+  }
+  if (o.load_window <= absl::ZeroDuration()) return bad("--load_window must be positive");
+  if (o.drain_grace < absl::ZeroDuration() || o.rpc_grace < absl::ZeroDuration()) {
+    return bad("--drain_grace and --rpc_grace must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+std::string DefaultModelPath() {
+  if (std::string v = Env("FERRY_MODEL_GGUF"); !v.empty()) return v;
+  std::string dir = Env("FERRY_MODELS_DIR");
+  if (dir.empty()) {
+    std::string cache = Env("FERRY_CACHE");
+    if (cache.empty()) {
+      if (access("/var/cache", W_OK) == 0 || access("/var/cache/ferry", W_OK) == 0) {
+        cache = "/var/cache/ferry";
+      } else {
+        const std::string xdg = Env("XDG_CACHE_HOME");
+        cache = (xdg.empty() ? Env("HOME") + "/.cache" : xdg) + "/ferry";
+      }
+    }
+    dir = cache + "/models";
+  }
+  return absl::StrCat(dir, "/", kDefaultModelFile);
+}
+
+}  // namespace ferry

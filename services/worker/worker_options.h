@@ -1,0 +1,77 @@
+// Everything a worker process is configured with (STYLE.md §17: one options struct per binary).
+// `ferry-worker` fills it from its JSON config file (--config; keys named as the flags, sizes as
+// "2GiB", durations as "100ms") and then from the flags given on its command line, which win;
+// tests build a Worker from it directly.
+
+#ifndef FERRY_SERVICES_WORKER_WORKER_OPTIONS_H_
+#define FERRY_SERVICES_WORKER_WORKER_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "engine/common/config.h"
+
+namespace ferry {
+
+struct WorkerOptions {
+  // --- The model.
+  std::string engine = "real";    // "real": the model on the CPU backend; "null": NullModel
+  std::string model;              // a GGUF file or an HF directory ("": DefaultModelPath())
+  std::string model_name;         // reported in Watch ("": the file or directory name)
+  std::string weights = "bf16";   // f32 | bf16
+  std::string kv_dtype = "bf16";  // f32 | bf16
+  int threads = 0;                // compute threads (0: one per core)
+
+  // --- KV cache and scheduler.
+  int64_t kv_pool_bytes = int64_t{1} << 30;
+  // Hybrid models (sliding-window and full-attention layers): the window layers' pool (0: every
+  // layer in the one pool).
+  int64_t window_pool_bytes = 0;
+  int64_t prefix_cache_bytes = -1;  // unreferenced cached blocks at most (-1: the whole pool)
+  int64_t window_cache_bytes = int64_t{256} << 20;
+  int32_t block_tokens = 64;
+  int64_t prefill_chunk = 256;
+  int64_t max_batch_tokens = 512;
+  int64_t max_running = 64;
+  int64_t max_queued = 256;
+  int32_t max_n = 16;
+
+  // --- The null engine's timing (NullModel).
+  double null_prefill_tokens_per_second = 20000;
+  double null_token_seconds = 0.005;  // per-token latency: a step with decoding rows
+  double null_step_overhead_seconds = 0;
+
+  // --- Serving.
+  std::string address = "127.0.0.1:0";  // gRPC; port 0 picks a free port
+  std::string admin_host = "127.0.0.1";
+  int admin_port = 0;
+  std::string auth_token_file;  // "": FERRY_AUTH_TOKEN if set, else no token
+  std::string worker_id;        // "": host:port of the gRPC address
+  absl::Duration watch_interval = absl::Milliseconds(100);  // load updates at most this often
+  absl::Duration watch_heartbeat = absl::Seconds(1);        // a message at least this often
+  size_t watch_journal_events = size_t{1} << 16;            // events kept for slow subscribers
+  size_t watch_max_hashes_per_message = size_t{1} << 16;
+  absl::Duration load_window = absl::Seconds(10);
+  absl::Duration drain_grace = absl::Seconds(30);  // SIGTERM / Drain: running requests' time
+  absl::Duration rpc_grace = absl::Seconds(5);     // then in-flight calls', before cancelling
+};
+
+// Applies the keys of `config` (a worker config file's root object) to `options`; every key
+// must be known (Config::CheckAllKeysUsed).
+absl::Status ApplyWorkerConfig(const Config& config, WorkerOptions* options);
+
+// Range and consistency checks; errors name the option.
+absl::Status ValidateWorkerOptions(const WorkerOptions& options);
+
+// Where `./ferry models pull` puts the default model (what `./ferry models path` prints):
+// $FERRY_MODEL_GGUF, else SmolLM2-135M-Instruct.Q4_1.gguf under $FERRY_MODELS_DIR, else under
+// $FERRY_CACHE/models, else /var/cache/ferry/models when writable, else
+// ${XDG_CACHE_HOME:-~/.cache}/ferry/models.
+std::string DefaultModelPath();
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVICES_WORKER_WORKER_OPTIONS_H_

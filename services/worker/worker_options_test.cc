@@ -1,0 +1,68 @@
+// Worker options: a config file's keys (sizes, durations), unknown keys refused, validation, and
+// the default model path's order of precedence.
+
+#include "services/worker/worker_options.h"
+
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+TEST(WorkerOptionsTest, AConfigFileSetsWhatItNames) {
+  auto config = Config::Parse(R"({
+    // comments are allowed
+    "engine": "null", "kv_pool_bytes": "64MiB", "block_tokens": 16, "max_running": 8,
+    "watch_interval": "50ms", "drain_grace": "2s", "null_token_seconds": 0.02
+  })",
+                              "worker.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  WorkerOptions o;
+  ASSERT_TRUE(ApplyWorkerConfig(*config, &o).ok());
+  EXPECT_EQ(o.engine, "null");
+  EXPECT_EQ(o.kv_pool_bytes, 64 << 20);
+  EXPECT_EQ(o.block_tokens, 16);
+  EXPECT_EQ(o.max_running, 8);
+  EXPECT_EQ(o.watch_interval, absl::Milliseconds(50));
+  EXPECT_EQ(o.drain_grace, absl::Seconds(2));
+  EXPECT_EQ(o.null_token_seconds, 0.02);
+  EXPECT_EQ(o.max_batch_tokens, 512);  // untouched
+  EXPECT_TRUE(ValidateWorkerOptions(o).ok());
+
+  auto typo = Config::Parse(R"({"max_runing": 8})", "worker.json");
+  ASSERT_TRUE(typo.ok());
+  WorkerOptions t;
+  const absl::Status s = ApplyWorkerConfig(*typo, &t);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("max_runing"), std::string::npos) << s;
+}
+
+TEST(WorkerOptionsTest, ValidationNamesTheOption) {
+  WorkerOptions o;
+  o.engine = "fast";
+  EXPECT_NE(ValidateWorkerOptions(o).message().find("--engine"), std::string::npos);
+  o = WorkerOptions();
+  o.weights = "q4";
+  EXPECT_NE(ValidateWorkerOptions(o).message().find("--weights"), std::string::npos);
+  o = WorkerOptions();
+  o.block_tokens = 0;
+  EXPECT_FALSE(ValidateWorkerOptions(o).ok());
+  o = WorkerOptions();
+  o.watch_heartbeat = absl::Milliseconds(10);  // shorter than the interval
+  EXPECT_FALSE(ValidateWorkerOptions(o).ok());
+}
+
+TEST(WorkerOptionsTest, TheDefaultModelIsWhereFerryPutsIt) {
+  setenv("FERRY_MODEL_GGUF", "/m/explicit.gguf", 1);
+  EXPECT_EQ(DefaultModelPath(), "/m/explicit.gguf");
+  unsetenv("FERRY_MODEL_GGUF");
+  setenv("FERRY_MODELS_DIR", "/models", 1);
+  EXPECT_EQ(DefaultModelPath(), "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+  unsetenv("FERRY_MODELS_DIR");
+  setenv("FERRY_CACHE", "/cache", 1);
+  EXPECT_EQ(DefaultModelPath(), "/cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+}  // namespace
+}  // namespace ferry

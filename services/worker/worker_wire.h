@@ -1,0 +1,58 @@
+// The worker's edge between proto/ferry/v1 (worker.proto, common.proto) and the engine's types
+// (STYLE.md §16): a Generate request becomes an EngineRequest (validated, with the proto's
+// presence and zero-value conventions resolved), engine token events become TokenChunks, sampler
+// states cross in both directions, and errors become ErrorInfo. Nothing else in the worker
+// library touches generated message types for the request path.
+//
+// Thread-compatible functions.
+
+#ifndef FERRY_SERVICES_WORKER_WORKER_WIRE_H_
+#define FERRY_SERVICES_WORKER_WORKER_WIRE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/common/hash128.h"
+#include "engine/engine.h"
+#include "engine/sampling/sampler.h"
+#include "ferry/v1/worker.pb.h"
+
+namespace ferry {
+
+// What the conversion checks a request against.
+struct WireLimits {
+  Hash128 model_fingerprint;
+  int32_t block_tokens = 64;
+  int64_t max_positions = 0;  // the model's
+  int64_t vocab_size = 0;
+};
+
+// A Generate request as the engine takes it (on_event left empty). InvalidArgument for what the
+// request itself gets wrong (ranges, a resume state that does not add up), FailedPrecondition
+// when it was routed with another model's view (fingerprint, block size or block hashes that
+// are not this worker's). `first_output_index` receives, per choice, the absolute output index
+// of its first new token (the resumed tokens before it).
+absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest& request,
+                                              const WireLimits& limits,
+                                              std::vector<int64_t>* first_output_index);
+
+// SamplerState <-> proto (choice index and seed are the request's; held text the stop matcher's).
+void SamplerStateToProto(const SamplerState& state, uint64_t seed, uint32_t choice,
+                         const std::string& held_text, ferry::v1::SamplerState* out);
+absl::StatusOr<SamplerState> SamplerStateFromProto(const ferry::v1::SamplerState& state);
+
+ferry::v1::FinishReason FinishReasonToProto(FinishReason reason);
+
+// Appends one engine event's token (and logprobs when `logprobs`), text and finish to `chunk`
+// (whose request id, choice and first index the caller set).
+void AppendToChunk(const TokenEvent& event, bool logprobs, ferry::v1::TokenChunk* chunk);
+
+// An error inside a stream; `retryable`: another worker may succeed.
+void ErrorInfoFromStatus(const absl::Status& status, const std::string& trace_id, bool retryable,
+                         ferry::v1::ErrorInfo* out);
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVICES_WORKER_WORKER_WIRE_H_

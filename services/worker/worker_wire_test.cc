@@ -1,0 +1,188 @@
+// The worker's proto <-> engine conversions: presence defaults, ranges, the router's view checked
+// (fingerprint, block size, block hashes), resume states in both directions, chunks.
+
+#include "services/worker/worker_wire.h"
+
+#include "engine/common/block_hash.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+namespace v1 = ferry::v1;
+
+WireLimits Limits() {
+  WireLimits l;
+  l.model_fingerprint = Hash128{7, 9};
+  l.block_tokens = 4;
+  l.max_positions = 64;
+  l.vocab_size = 100;
+  return l;
+}
+
+v1::TokenizedRequest Request() {
+  v1::TokenizedRequest r;
+  r.mutable_context()->set_request_id("r1");
+  for (uint32_t t : {1, 2, 3, 4, 5, 6, 7, 8, 9}) r.add_prompt_token_ids(t);
+  return r;
+}
+
+TEST(WorkerWireTest, UnsetFieldsMeanTheDefaultsNotZero) {
+  std::vector<int64_t> first;
+  auto r = ToEngineRequest(Request(), Limits(), &first);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.temperature, 1.0f);
+  EXPECT_EQ(r->sampling.top_p, 1.0f);
+  EXPECT_EQ(r->sampling.repetition_penalty, 1.0f);
+  EXPECT_EQ(r->sampling.top_logprobs, -1);
+  EXPECT_EQ(r->n, 1);
+  EXPECT_EQ(r->max_tokens, 64 - 9);  // what the context leaves
+  EXPECT_EQ(first, std::vector<int64_t>{0});
+
+  v1::TokenizedRequest q = Request();
+  q.mutable_sampling()->set_temperature(0);
+  q.mutable_sampling()->set_top_p(0.5f);
+  q.mutable_sampling()->set_max_tokens(5);
+  q.mutable_sampling()->set_min_tokens(2);
+  q.mutable_sampling()->set_n(3);
+  q.mutable_sampling()->set_logprobs(true);
+  q.mutable_sampling()->set_top_logprobs(4);
+  q.mutable_sampling()->set_ignore_eos(true);
+  q.mutable_sampling()->add_stop_strings("\n\n");
+  q.mutable_sampling()->add_stop_token_ids(3);
+  q.mutable_context()->set_priority(5);
+  q.mutable_context()->set_cache_salt("tenant");
+  r = ToEngineRequest(q, Limits(), &first);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.temperature, 0.0f);
+  EXPECT_EQ(r->sampling.top_p, 0.5f);
+  EXPECT_EQ(r->max_tokens, 5);
+  EXPECT_EQ(r->min_tokens, 2);
+  EXPECT_EQ(r->n, 3);
+  EXPECT_EQ(r->sampling.top_logprobs, 4);
+  EXPECT_TRUE(r->ignore_eos);
+  EXPECT_EQ(r->stop, std::vector<std::string>{"\n\n"});
+  EXPECT_EQ(r->stop_token_ids, std::vector<TokenId>{3});
+  EXPECT_EQ(r->priority, 5);
+  EXPECT_EQ(r->cache_salt, "tenant");
+  EXPECT_EQ(first.size(), 3u);
+}
+
+TEST(WorkerWireTest, BadRequestsAndForeignViewsAreRefused) {
+  std::vector<int64_t> first;
+  auto code = [&](const v1::TokenizedRequest& q) {
+    return ToEngineRequest(q, Limits(), &first).status().code();
+  };
+  v1::TokenizedRequest q = Request();
+  q.mutable_context()->clear_request_id();
+  EXPECT_EQ(code(q), absl::StatusCode::kInvalidArgument);
+  q = Request();
+  q.clear_prompt_token_ids();
+  EXPECT_EQ(code(q), absl::StatusCode::kInvalidArgument);
+  q = Request();
+  q.add_prompt_token_ids(100);
+  EXPECT_EQ(code(q), absl::StatusCode::kInvalidArgument);
+  q = Request();
+  q.mutable_sampling()->set_top_logprobs(3);  // without logprobs
+  EXPECT_EQ(code(q), absl::StatusCode::kInvalidArgument);
+  q = Request();
+  for (int i = 0; i < 60; ++i) q.add_prompt_token_ids(1);  // no room left
+  EXPECT_EQ(code(q), absl::StatusCode::kInvalidArgument);
+
+  // The router's view of the model and of the block hashes must be this worker's.
+  q = Request();
+  q.mutable_model()->mutable_fingerprint()->set_lo(1);
+  EXPECT_EQ(code(q), absl::StatusCode::kFailedPrecondition);
+  q = Request();
+  const std::vector<TokenId> prompt(q.prompt_token_ids().begin(), q.prompt_token_ids().end());
+  const std::vector<Hash128> hashes =
+      ComputeBlockHashes({Limits().model_fingerprint, "", ""}, prompt, 4);
+  ASSERT_EQ(hashes.size(), 2u);
+  q.set_block_tokens(4);
+  for (const Hash128& h : hashes) {
+    v1::Hash128* p = q.add_block_hashes();
+    p->set_lo(h.lo);
+    p->set_hi(h.hi);
+  }
+  EXPECT_TRUE(ToEngineRequest(q, Limits(), &first).ok());
+  q.mutable_context()->set_cache_salt("other tenant");
+  EXPECT_EQ(code(q), absl::StatusCode::kFailedPrecondition);
+  q.mutable_context()->clear_cache_salt();
+  q.set_block_tokens(8);
+  EXPECT_EQ(code(q), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(WorkerWireTest, ResumeStatesCrossBothWays) {
+  SamplerState state;
+  for (TokenId t : {5, 9, 5}) state.Observe(t);
+  v1::SamplerState proto;
+  SamplerStateToProto(state, 42, 1, "ST", &proto);
+  EXPECT_EQ(proto.seed(), 42u);
+  EXPECT_EQ(proto.choice_index(), 1u);
+  EXPECT_EQ(proto.output_count(), 3u);
+  EXPECT_EQ(proto.stop_string_tail(), "ST");
+  auto back = SamplerStateFromProto(proto);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, state);
+
+  v1::TokenizedRequest q = Request();
+  q.mutable_sampling()->set_seed(42);
+  q.mutable_sampling()->set_n(2);
+  for (uint32_t c = 0; c < 2; ++c) {
+    v1::ResumedChoice* choice = q.mutable_resume()->add_choices();
+    for (TokenId t : {5, 9, 5}) choice->add_generated_token_ids(t);
+    SamplerStateToProto(state, 42, c, c == 1 ? "ST" : "", choice->mutable_sampler_state());
+  }
+  std::vector<int64_t> first;
+  auto r = ToEngineRequest(q, Limits(), &first);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->resume.size(), 2u);
+  EXPECT_EQ(r->resume[1].held_text, "ST");
+  EXPECT_EQ(r->resume[0].sampler_state, state);
+  EXPECT_EQ(first, (std::vector<int64_t>{3, 3}));
+  // A state that does not add up, a wrong seed, a wrong choice index.
+  v1::TokenizedRequest bad = q;
+  bad.mutable_resume()->mutable_choices(0)->mutable_sampler_state()->set_output_count(4);
+  EXPECT_EQ(ToEngineRequest(bad, Limits(), &first).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = q;
+  bad.mutable_resume()->mutable_choices(1)->mutable_sampler_state()->set_seed(1);
+  EXPECT_FALSE(ToEngineRequest(bad, Limits(), &first).ok());
+  bad = q;
+  bad.mutable_resume()->mutable_choices(1)->mutable_sampler_state()->set_choice_index(0);
+  EXPECT_FALSE(ToEngineRequest(bad, Limits(), &first).ok());
+}
+
+TEST(WorkerWireTest, ChunksCarryTokensTextLogprobsAndTheStop) {
+  v1::TokenChunk chunk;
+  TokenEvent e;
+  e.has_token = true;
+  e.token = 7;
+  e.text = "he";
+  e.logprob = -0.5f;
+  e.top_logprobs = {{7, -0.5f}, {8, -1.5f}};
+  AppendToChunk(e, true, &chunk);
+  e.token = 0;  // a stop token with id 0: still reported
+  e.text = "";
+  e.finish = FinishReason::kStop;
+  e.stop_token = true;
+  AppendToChunk(e, true, &chunk);
+  EXPECT_EQ(chunk.token_ids_size(), 2);
+  EXPECT_EQ(chunk.text(), "he");
+  ASSERT_EQ(chunk.logprobs_size(), 2);
+  EXPECT_EQ(chunk.logprobs(0).top_alternatives_size(), 2);
+  EXPECT_EQ(chunk.finish_reason(), v1::FINISH_REASON_STOP);
+  ASSERT_TRUE(chunk.has_matched_stop_token_id());
+  EXPECT_EQ(chunk.matched_stop_token_id(), 0u);
+  v1::TokenChunk plain;
+  TokenEvent s;
+  s.finish = FinishReason::kStop;
+  s.matched_stop = "END";
+  AppendToChunk(s, false, &plain);
+  EXPECT_FALSE(plain.has_matched_stop_token_id());
+  EXPECT_EQ(plain.matched_stop_string(), "END");
+  EXPECT_EQ(plain.logprobs_size(), 0);
+}
+
+}  // namespace
+}  // namespace ferry
