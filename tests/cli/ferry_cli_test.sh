@@ -21,7 +21,7 @@ check() {  # check DESCRIPTION EXPECTED_RC PATTERN -- COMMAND...
   fi
 }
 check "help lists every command" 0 "setup.*" -- "${ferry}" help
-for c in setup build test up down bench fmt "models pull"; do
+for c in setup build test up down bench fmt worker "models pull"; do
   check "help mentions '${c}'" 0 "^  ${c} " -- "${ferry}" help
 done
 check "unknown command fails" 1 "unknown command 'frobnicate'" -- "${ferry}" frobnicate
@@ -30,6 +30,7 @@ check "unknown benchmark fails" 1 "no benchmark named 'nope'" -- "${ferry}" benc
 check "models path follows FERRY_MODELS_DIR" 0 "^/models/here/SmolLM2-135M-Instruct.Q4_1.gguf$" \
   -- env FERRY_MODELS_DIR=/models/here "${ferry}" models path
 check "models without a verb fails" 1 "usage: ferry models" -- "${ferry}" models
+check "worker without a command fails" 1 "usage: ferry worker" -- "${ferry}" worker
 check "down with nothing running" 0 "nothing is running" -- "${ferry}" down
 # A stale pid file of a process that is gone is cleaned up, not an error.
 mkdir -p "${FERRY_STATE}/pids"

@@ -6,9 +6,6 @@
 // its restart.
 
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -24,8 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kvstore/client/kv_client.h"
-
-extern char** environ;
+#include "tests/integration/service_process.h"
 
 namespace ferry {
 namespace kv {
@@ -45,65 +41,27 @@ std::string Value(int i) {
   return v;
 }
 
-// A ferry-kvstore child; ready once it printed its ports.
+// A ferry-kvstore child on `dir`, on `port` (0: any).
 class Node {
  public:
-  Node(const std::string& dir, int port) {
-    int fds[2];
-    EXPECT_EQ(::pipe(fds), 0);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::vector<std::string> args = {g_server,
-                                     "--dir=" + dir,
-                                     absl::StrCat("--address=127.0.0.1:", port),
-                                     "--segment_bytes=4MiB",
-                                     "--capacity=256MiB",
-                                     "--max_object_bytes=1MiB",
-                                     "--rpc_grace_ms=5000"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    spawned_ = posix_spawn(&pid_, g_server.c_str(), &actions, nullptr, argv.data(), environ) == 0;
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(fds[1]);
-    FILE* out = ::fdopen(fds[0], "r");
-    int admin = 0;
-    ready_ = spawned_ && std::fscanf(out, "grpc_port=%d admin_port=%d", &port_, &admin) == 2;
-    std::fclose(out);
-  }
-  ~Node() {
-    if (spawned_ && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  bool ready() const { return ready_; }
-  int port() const { return port_; }
+  Node(const std::string& dir, int port)
+      : process_(g_server, {"--dir=" + dir, absl::StrCat("--address=127.0.0.1:", port),
+                            "--segment_bytes=4MiB", "--capacity=256MiB", "--max_object_bytes=1MiB",
+                            "--rpc_grace_ms=5000"}) {}
+  bool ready() const { return process_.ready(); }
+  int port() const { return process_.grpc_port(); }
   void Kill() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    reaped_ = true;
+    process_.Signal(SIGKILL);
+    process_.WaitForExit(absl::Seconds(30));
   }
-  // SIGTERM, then the exit status (-1: killed by a signal or still running after 30 s).
+  // SIGTERM, then the exit status (-1: still running after 30 s, 128 + signal when one ended it).
   int Terminate() {
-    ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 3000; ++i) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
+    process_.Signal(SIGTERM);
+    return process_.WaitForExit(absl::Seconds(30));
   }
 
  private:
-  pid_t pid_ = 0;
-  bool spawned_ = false, ready_ = false, reaped_ = false;
-  int port_ = 0;
+  ServiceProcess process_;
 };
 
 class MultiNodeTest : public ::testing::Test {

@@ -1,0 +1,238 @@
+#include "tests/integration/worker_test_util.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/model/host_weights.h"
+#include "gtest/gtest.h"
+#include "services/worker/worker_wire.h"
+
+namespace ferry {
+
+namespace v1 = ferry::v1;
+
+namespace {
+
+std::string g_worker, g_make_tiny_model;
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+Hash128 FromProto(const v1::Hash128& h) { return Hash128{h.lo(), h.hi()}; }
+
+}  // namespace
+
+void InitWorkerTests(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s FERRY_WORKER MAKE_TINY_MODEL_PY\n", argv[0]);
+    std::exit(2);
+  }
+  g_worker = argv[1];
+  g_make_tiny_model = argv[2];
+}
+
+const std::string& WorkerBinary() { return g_worker; }
+
+std::string TinyModel(const std::string& name) {
+  static const std::string dir = [] {
+    const char* python = std::getenv("FERRY_REF_PYTHON");
+    if (python == nullptr) {
+      ADD_FAILURE() << "FERRY_REF_PYTHON is not set; run through ./ferry test";
+      return std::string();
+    }
+    const std::string out = absl::StrCat(std::getenv("TEST_TMPDIR"), "/tiny_models");
+    const std::string command =
+        absl::StrCat(python, " ", g_make_tiny_model, " models ", out, " > ", out, ".log 2>&1");
+    if (std::system(command.c_str()) != 0) {
+      std::ifstream log(out + ".log");
+      std::stringstream text;
+      text << log.rdbuf();
+      ADD_FAILURE() << "make_tiny_model failed: " << command << "\n" << text.str();
+    }
+    return out;
+  }();
+  const std::string path = dir + "/" + name;
+  EXPECT_TRUE(IsDirectory(path)) << path;
+  return path;
+}
+
+std::unique_ptr<ServiceProcess> StartWorker(const std::string& model,
+                                            const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"--model=" + model, "--block_tokens=16", "--kv_pool_bytes=4MiB",
+                                   "--threads=1",      "--drain_grace=30s", "--rpc_grace=5s"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto worker = std::make_unique<ServiceProcess>(g_worker, args);
+  EXPECT_TRUE(worker->ready()) << "ferry-worker did not start:\n" << worker->LogTail();
+  return worker;
+}
+
+v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<TokenId>& prompt,
+                                const Sampling& s) {
+  v1::GenerateRequest request;
+  request.set_aggregated(true);
+  v1::TokenizedRequest* r = request.mutable_request();
+  r->mutable_context()->set_request_id(id);
+  r->mutable_context()->set_trace_id("trace-" + id);
+  for (TokenId t : prompt) r->add_prompt_token_ids(t);
+  v1::SamplingParams* p = r->mutable_sampling();
+  p->set_temperature(s.temperature);
+  p->set_top_p(s.top_p);
+  p->set_seed(s.seed);
+  p->set_n(s.n);
+  p->set_max_tokens(s.max_tokens);
+  p->set_min_tokens(s.min_tokens);
+  p->set_logprobs(s.logprobs);
+  p->set_top_logprobs(s.top_logprobs);
+  p->set_ignore_eos(s.ignore_eos);
+  for (const std::string& stop : s.stop) p->add_stop_strings(stop);
+  for (uint32_t id : s.stop_ids) p->add_stop_token_ids(id);
+  return request;
+}
+
+InProcessEngine::InProcessEngine(const std::string& model, int64_t window_pool_bytes,
+                                 const std::string& weights, const std::string& kv,
+                                 int32_t block_tokens, int64_t pool_bytes) {
+  backend_ = *CpuBackend::Create({1, std::nullopt});
+  const WeightDType dtype = weights == "f32" ? WeightDType::kF32 : WeightDType::kBF16;
+  absl::StatusOr<HostWeights> host;
+  if (IsDirectory(model)) {
+    tokenizer_ = *Tokenizer::FromHfDirectory(model);
+    host = LoadHfModel(model, dtype, kv);
+  } else {
+    auto gguf = *GgufFile::Open(model);
+    tokenizer_ = *Tokenizer::FromGguf(*gguf);
+    host = LoadGgufModel(*gguf, dtype, kv);
+  }
+  EXPECT_TRUE(host.ok()) << host.status();
+  model_ = *Transformer::Create(*host, backend_.get());
+  allocator_ = std::make_unique<BackendKvAllocator>(backend_.get());
+  const KvBlockLayout layout = window_pool_bytes > 0 ? model_->FullKvLayoutFor(block_tokens)
+                                                     : model_->KvLayoutFor(block_tokens);
+  pool_ = *KvBlockPool::Create(layout, pool_bytes / static_cast<int64_t>(layout.block_bytes()),
+                               allocator_.get(), backend_.get());
+  if (window_pool_bytes > 0) {
+    const KvBlockLayout window = model_->WindowKvLayoutFor(block_tokens);
+    window_pool_ =
+        *KvBlockPool::Create(window, window_pool_bytes / static_cast<int64_t>(window.block_bytes()),
+                             allocator_.get(), backend_.get());
+  }
+  EngineOptions options;  // the worker's defaults
+  options.prefix_cache_bytes = pool_bytes;
+  auto engine =
+      Engine::Create(model_.get(), pool_.get(), tokenizer_.get(), options, window_pool_.get());
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  engine_ = std::move(*engine);
+}
+
+InProcessEngine::~InProcessEngine() { engine_.reset(); }
+
+std::vector<ChoiceOutput> InProcessEngine::Run(const v1::GenerateRequest& request) {
+  WireLimits limits;
+  limits.model_fingerprint = model_->fingerprint();
+  limits.block_tokens = engine_->block_tokens();
+  limits.max_positions = model_->max_positions();
+  limits.vocab_size = model_->config().vocab_size;
+  std::vector<int64_t> first;
+  absl::StatusOr<EngineRequest> r = ToEngineRequest(request.request(), limits, &first);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return {};
+  const bool logprobs = r->sampling.top_logprobs >= 0;
+  std::vector<v1::TokenChunk> chunks(r->n);
+  r->on_event = [&](const TokenEvent& e) { AppendToChunk(e, logprobs, &chunks[e.choice]); };
+  EXPECT_TRUE(engine_->Submit(*std::move(r)).ok());
+  while (true) {
+    auto worked = engine_->Step();
+    EXPECT_TRUE(worked.ok()) << worked.status();
+    if (!worked.ok() || !*worked) break;
+  }
+  std::vector<ChoiceOutput> out(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    out[c].tokens.assign(chunks[c].token_ids().begin(), chunks[c].token_ids().end());
+    out[c].logprobs.assign(chunks[c].logprobs().begin(), chunks[c].logprobs().end());
+    out[c].text = chunks[c].text();
+    out[c].finish = chunks[c].finish_reason();
+    out[c].has_stop_token = chunks[c].has_matched_stop_token_id();
+    out[c].stop_token = chunks[c].matched_stop_token_id();
+    out[c].stop_string = chunks[c].matched_stop_string();
+  }
+  return out;
+}
+
+std::vector<TokenId> Encode(const Tokenizer& tokenizer, const std::string& text) {
+  auto ids = tokenizer.Encode(text);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  return ids.ok() ? *ids : std::vector<TokenId>{};
+}
+
+std::vector<TokenId> RandomPrompt(int n, uint32_t seed, int64_t vocab) {
+  std::mt19937 rng(seed);
+  std::vector<TokenId> p(n);
+  for (TokenId& t : p) t = 4 + static_cast<TokenId>(rng() % static_cast<uint32_t>(vocab - 4));
+  return p;
+}
+
+bool CacheView::Apply(const v1::WorkerStatus& status) {
+  if (status.snapshot()) {
+    full.clear();
+    window.clear();
+  }
+  if (status.snapshot() || status.snapshot_continues()) {
+    for (const v1::KvEvent& e : status.kv_events()) {
+      for (const v1::Hash128& h : e.block_hashes()) {
+        (e.window_layers() ? window : full).insert(FromProto(h));
+      }
+    }
+    sequence = status.sequence();
+    return true;
+  }
+  uint64_t count = 0;
+  for (const v1::KvEvent& e : status.kv_events()) {
+    for (const v1::Hash128& h : e.block_hashes()) {
+      std::set<Hash128>& set = e.window_layers() ? window : full;
+      if (e.type() == v1::KV_EVENT_TYPE_STORED) {
+        set.insert(FromProto(h));
+      } else {
+        set.erase(FromProto(h));
+      }
+      ++count;
+    }
+  }
+  const bool ok = status.sequence() - sequence == count;
+  if (!ok) consistent = false;
+  sequence = status.sequence();
+  return ok;
+}
+
+bool WaitUntilIdle(WorkerClient::WatchStream& stream, CacheView* view, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::WorkerStatus status;
+  while (absl::Now() < deadline && stream.Next(&status)) {
+    if (view != nullptr) view->Apply(status);
+    if (status.snapshot_continues()) continue;
+    const v1::WorkerLoad& l = status.load();
+    if (l.running_requests() == 0 && l.queued_requests() == 0 &&
+        l.used_kv_blocks() == l.cached_kv_blocks()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool WaitUntilIdle(WorkerClient& client, CacheView* view, absl::Duration timeout) {
+  auto stream = client.Watch(v1::WatchRequest(), timeout + absl::Seconds(5));
+  CacheView own;
+  const bool idle = WaitUntilIdle(*stream, view != nullptr ? view : &own, timeout);
+  stream->Cancel();
+  stream->Finish();
+  return idle;
+}
+
+}  // namespace ferry

@@ -1,0 +1,100 @@
+// What the worker's multi-process tests share: the tiny test models (made once per test binary
+// with tools/make_tiny_model), ferry-worker children, Generate requests, the same request run by
+// an Engine inside the test (the reference the worker's streams must equal bit for bit), and
+// waiting, through Watch, until a worker's KV pool is back to idle.
+
+#ifndef FERRY_TESTS_INTEGRATION_WORKER_TEST_UTIL_H_
+#define FERRY_TESTS_INTEGRATION_WORKER_TEST_UTIL_H_
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/model/transformer.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "ferry/v1/worker.pb.h"
+#include "tests/integration/service_process.h"
+#include "tools/worker_cli/worker_client.h"
+
+namespace ferry {
+
+// argv[1]: ferry-worker; argv[2]: make_tiny_model.py. Call from main before RUN_ALL_TESTS.
+void InitWorkerTests(int argc, char** argv);
+const std::string& WorkerBinary();
+// The directory of a tiny model (llama_gqa_bf16, qwen2_moe, qwen3_hybrid, ...), made on first use.
+std::string TinyModel(const std::string& name);
+
+// A ferry-worker on `model` with small test settings (block_tokens 16, 4 MiB pool) and `extra`
+// flags (later flags win).
+std::unique_ptr<ServiceProcess> StartWorker(const std::string& model,
+                                            const std::vector<std::string>& extra = {});
+
+struct Sampling {
+  float temperature = 0;
+  float top_p = 1;
+  uint64_t seed = 0;
+  uint32_t n = 1;
+  uint32_t max_tokens = 12;
+  uint32_t min_tokens = 0;
+  uint32_t top_logprobs = 0;
+  bool logprobs = false;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;
+  std::vector<uint32_t> stop_ids;
+};
+
+ferry::v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<TokenId>& prompt,
+                                       const Sampling& sampling);
+
+// The worker's engine, in this process, with the worker's settings for the tests.
+class InProcessEngine {
+ public:
+  // `window_pool_bytes` as the worker's flag; `weights`/`kv` as its --weights/--kv_dtype.
+  InProcessEngine(const std::string& model, int64_t window_pool_bytes = 0,
+                  const std::string& weights = "bf16", const std::string& kv = "bf16",
+                  int32_t block_tokens = 16, int64_t pool_bytes = 4 << 20);
+  ~InProcessEngine();
+  // Runs the request to its end, as the worker would convert it.
+  std::vector<ChoiceOutput> Run(const ferry::v1::GenerateRequest& request);
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ForwardModel& model() const { return *model_; }
+
+ private:
+  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ForwardModel> model_;
+  std::unique_ptr<KvAllocator> allocator_;
+  std::unique_ptr<KvBlockPool> pool_, window_pool_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// Token ids of `text` with the model's tokenizer.
+std::vector<TokenId> Encode(const Tokenizer& tokenizer, const std::string& text);
+// A prompt of `n` tokens from `seed` (ids below `vocab`, avoiding ids 0..3 the tiny tokenizers
+// use for specials).
+std::vector<TokenId> RandomPrompt(int n, uint32_t seed, int64_t vocab);
+
+// The state of a worker's prefix caches as a Watch subscriber rebuilds it.
+struct CacheView {
+  std::set<Hash128> full, window;
+  uint64_t sequence = 0;
+  bool consistent = true;  // every non-snapshot message carried exactly its sequence's events
+  // Applies one message; returns false on a gap.
+  bool Apply(const ferry::v1::WorkerStatus& status);
+};
+
+// Reads `stream` until the worker is idle: nothing queued or running, every used block cached
+// (the pool at its idle usage). Applies every message to `view` (may be null). False on timeout.
+bool WaitUntilIdle(WorkerClient::WatchStream& stream, CacheView* view,
+                   absl::Duration timeout = absl::Seconds(60));
+// The same on a fresh Watch stream; the snapshot it ended with goes to `view` if given.
+bool WaitUntilIdle(WorkerClient& client, CacheView* view = nullptr,
+                   absl::Duration timeout = absl::Seconds(60));
+
+}  // namespace ferry
+
+#endif  // FERRY_TESTS_INTEGRATION_WORKER_TEST_UTIL_H_
