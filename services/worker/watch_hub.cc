@@ -141,6 +141,7 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
       out->set_sequence(cursor_);
       out->set_snapshot(true);
       snapshot_part();
+      last_load_ = load.SerializeAsString();
       return Sent(now, *out);
     }
     // Events in order, consecutive ones of one kind and cache in one KvEvent.

@@ -124,6 +124,7 @@ int Generate(ferry::WorkerClient& client, const std::string& text) {
   } else {
     std::printf("\n");
   }
+  std::fflush(stdout);
   if (result.has_error) return Fail(absl::StrCat("error: ", result.error.message()));
   if (!result.status.ok())
     return Fail(absl::StrCat("call failed: ", result.status.error_message()));
