@@ -85,7 +85,13 @@ class AdminServer::Impl {
     response.set(http::field::content_type, "text/plain; charset=utf-8");
     const beast::string_view target = request.target();
     const beast::string_view path = target.substr(0, target.find('?'));
-    if (request.method() != http::verb::get) {
+    AdminReply reply;
+    if (options_.routes && options_.routes(std::string(request.method_string()), std::string(path),
+                                           request.body(), &reply)) {
+      response.result(static_cast<http::status>(reply.status));
+      response.set(http::field::content_type, reply.content_type);
+      response.body() = std::move(reply.body);
+    } else if (request.method() != http::verb::get) {
       response.result(http::status::method_not_allowed);
       response.set(http::field::allow, "GET");
       response.body() = "method not allowed\n";

@@ -3,13 +3,14 @@
 // GET /healthz (liveness: the process and its event loop answer) and GET /readyz (readiness:
 // the service wants traffic; false while starting or draining).
 //
-// Built on Boost.Beast, one I/O thread; requests are small and bounded (8 KiB of headers, no
-// body), idle connections close after a timeout.
+// Built on Boost.Beast, one I/O thread; requests are small and bounded (8 KiB of headers, 1 KiB
+// of body), idle connections close after a timeout. Services may add routes (AdminRoute).
 
 #ifndef FERRY_SERVICES_COMMON_ADMIN_SERVER_H_
 #define FERRY_SERVICES_COMMON_ADMIN_SERVER_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,11 +20,23 @@
 
 namespace ferry {
 
+// A service's own admin routes (the router's GET /workers, POST /workers/{id}/drain): called on
+// the admin server's I/O thread for every request before the built-in paths; return false to
+// leave the request to them. Must not block for long.
+struct AdminReply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+using AdminRoute = std::function<bool(const std::string& method, const std::string& path,
+                                      const std::string& body, AdminReply* reply)>;
+
 struct AdminServerOptions {
   // Numeric IP to bind; port 0 picks a free port.
   std::string host = "127.0.0.1";
   int port = 0;
   absl::Duration idle_timeout = absl::Seconds(30);
+  AdminRoute routes;  // optional
 };
 
 // Thread-safe.

@@ -102,12 +102,13 @@ absl::string_view OpenAiErrorType(absl::StatusCode code) {
 }
 
 std::string OpenAiErrorBody(const absl::Status& status, absl::string_view trace_id,
-                            absl::string_view param) {
+                            absl::string_view param, absl::string_view code) {
   nlohmann::json error = {
       {"message", std::string(status.message())},
       {"type", std::string(OpenAiErrorType(status.code()))},
       {"param", param.empty() ? nlohmann::json(nullptr) : nlohmann::json(std::string(param))},
-      {"code", absl::AsciiStrToLower(absl::StatusCodeToString(status.code()))},
+      {"code", code.empty() ? absl::AsciiStrToLower(absl::StatusCodeToString(status.code()))
+                            : std::string(code)},
   };
   if (!trace_id.empty()) error["trace_id"] = std::string(trace_id);
   // Replace invalid UTF-8 in messages (they may quote client input) instead of failing.

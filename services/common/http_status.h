@@ -23,10 +23,12 @@ absl::StatusCode StatusCodeFromHttp(int http_status);
 // "permission_error", "not_found_error", "rate_limit_error", "timeout_error", "server_error"...
 absl::string_view OpenAiErrorType(absl::StatusCode code);
 
-// {"error":{"message":...,"type":...,"param":<param or null>,"code":<code name or null>,
-//  "trace_id":...}} as compact JSON. `param` names the offending request field, if any.
+// {"error":{"message":...,"type":...,"param":<param or null>,"code":<code>,
+//  "trace_id":...}} as compact JSON. `param` names the offending request field, if any; `code`
+// is OpenAI's error code ("model_not_found", "context_length_exceeded"), by default the status
+// code's name.
 std::string OpenAiErrorBody(const absl::Status& status, absl::string_view trace_id,
-                            absl::string_view param = "");
+                            absl::string_view param = "", absl::string_view code = "");
 
 }  // namespace ferry
 

@@ -1,0 +1,68 @@
+// One API request after parsing and validation, in the router's own terms (STYLE.md §15: every
+// API is an adapter onto one internal request model). The OpenAI adapter fills it from a JSON
+// body (openai_parser.h); the prompt builder turns its messages or prompt into tokens; the
+// dispatcher sends it to a worker.
+
+#ifndef FERRY_ROUTER_API_API_REQUEST_H_
+#define FERRY_ROUTER_API_API_REQUEST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/common/token_id.h"
+#include "nlohmann/json.hpp"
+
+namespace ferry {
+
+enum class ApiKind { kChatCompletion, kCompletion };
+
+struct ApiSampling {
+  std::optional<int64_t> max_tokens;  // unset: what the context leaves
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;  // 0: off
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  std::vector<std::pair<TokenId, float>> logit_bias;
+  std::vector<std::string> stop;
+  std::optional<uint64_t> seed;  // unset: the router picks one
+  int32_t n = 1;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  bool ignore_eos = false;
+  int64_t min_tokens = 0;
+};
+
+struct ApiRequest {
+  ApiKind kind = ApiKind::kChatCompletion;
+  std::string model;
+  // Chat: the messages as the chat template takes them (roles mapped, text parts joined).
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  // Completions: the prompt as text, or as token ids.
+  std::string prompt_text;
+  std::vector<TokenId> prompt_ids;
+  bool prompt_is_ids = false;
+  bool echo = false;
+  bool stream = false;
+  bool include_usage = false;
+  std::string user;
+  ApiSampling sampling;
+};
+
+// A request the API refuses: the status (its code gives the HTTP status), the offending field
+// and OpenAI's error code ("model_not_found", "context_length_exceeded"...), when there is one.
+struct ApiError {
+  absl::Status status;
+  std::string param;
+  std::string code;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_API_API_REQUEST_H_

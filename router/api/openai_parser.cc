@@ -1,0 +1,417 @@
+#include "router/api/openai_parser.h"
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/sampling/stop_strings.h"
+
+namespace ferry {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+ApiError Invalid(const std::string& param, const std::string& message,
+                 const std::string& code = "") {
+  return ApiError{absl::InvalidArgumentError(message), param, code};
+}
+
+ApiError Ok() { return ApiError{absl::OkStatus(), "", ""}; }
+
+// Fields that would change the output and are not implemented: refused by name.
+const std::set<std::string>& Unsupported() {
+  static const auto* fields = new std::set<std::string>{
+      "tools",      "tool_choice",        "functions", "function_call",   "audio",
+      "prediction", "web_search_options", "suffix",    "reasoning_effort"};
+  return *fields;
+}
+
+// Fields that do not change the output: accepted and ignored.
+const std::set<std::string>& Ignored() {
+  static const auto* fields =
+      new std::set<std::string>{"metadata", "store", "service_tier", "parallel_tool_calls"};
+  return *fields;
+}
+
+// Reads the JSON of one request field, with OpenAI's conventions (null means absent).
+class Fields {
+ public:
+  explicit Fields(const Json& body) : body_(body) {}
+
+  const Json* Get(const char* key) {
+    seen_.insert(key);
+    auto it = body_.find(key);
+    if (it == body_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  ApiError Number(const char* key, double lo, double hi, float* out) {
+    const Json* v = Get(key);
+    if (v == nullptr) return Ok();
+    if (!v->is_number()) return Invalid(key, absl::StrCat("'", key, "' must be a number"));
+    const double d = v->get<double>();
+    if (!(d >= lo && d <= hi)) {
+      return Invalid(key, absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], not ", d));
+    }
+    *out = static_cast<float>(d);
+    return Ok();
+  }
+
+  ApiError Integer(const char* key, int64_t lo, int64_t hi, int64_t* out, bool* present) {
+    const Json* v = Get(key);
+    *present = v != nullptr;
+    if (v == nullptr) return Ok();
+    if (!v->is_number_integer())
+      return Invalid(key, absl::StrCat("'", key, "' must be an integer"));
+    const int64_t i =
+        v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX ? INT64_MAX : v->get<int64_t>();
+    if (i < lo || i > hi) {
+      return Invalid(key, absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], not ", i));
+    }
+    *out = i;
+    return Ok();
+  }
+
+  ApiError Bool(const char* key, bool* out) {
+    const Json* v = Get(key);
+    if (v == nullptr) return Ok();
+    if (!v->is_boolean()) return Invalid(key, absl::StrCat("'", key, "' must be a boolean"));
+    *out = v->get<bool>();
+    return Ok();
+  }
+
+  ApiError String(const char* key, std::string* out) {
+    const Json* v = Get(key);
+    if (v == nullptr) return Ok();
+    if (!v->is_string()) return Invalid(key, absl::StrCat("'", key, "' must be a string"));
+    *out = v->get<std::string>();
+    return Ok();
+  }
+
+  // Every key of the body was read, is ignored, or is refused.
+  ApiError CheckRest() {
+    for (auto it = body_.begin(); it != body_.end(); ++it) {
+      const std::string& key = it.key();
+      if (seen_.count(key) > 0 || Ignored().count(key) > 0) continue;
+      if (Unsupported().count(key) > 0) {
+        if (it->is_null()) continue;
+        if (key == "suffix" && it->is_string() && it->get<std::string>().empty()) continue;
+        return Invalid(key, absl::StrCat("'", key, "' is not supported by this server yet"),
+                       "unsupported_parameter");
+      }
+      return Invalid(key, absl::StrCat("Unrecognized request argument supplied: ", key),
+                     "unrecognized_argument");
+    }
+    return Ok();
+  }
+
+ private:
+  const Json& body_;
+  std::set<std::string> seen_;
+};
+
+#define RETURN_IF_API_ERROR(expr)   \
+  do {                              \
+    ApiError _e = (expr);           \
+    if (!_e.status.ok()) return _e; \
+  } while (0)
+
+ApiError ParseBody(absl::string_view body, Json* out) {
+  try {
+    *out = Json::parse(body.begin(), body.end());
+  } catch (const Json::exception& e) {
+    return Invalid("", absl::StrCat("the body is not valid JSON: ", e.what()));
+  }
+  if (!out->is_object()) return Invalid("", "the body must be a JSON object");
+  return Ok();
+}
+
+// What chat and completions share: model, sampling, streaming, user.
+ApiError ParseCommon(Fields& f, const ApiLimits& limits, ApiRequest* r) {
+  const Json* model = f.Get("model");
+  if (model == nullptr) return Invalid("model", "'model' is required");
+  if (!model->is_string()) return Invalid("model", "'model' must be a string");
+  r->model = model->get<std::string>();
+  if (r->model != limits.model) {
+    return ApiError{
+        absl::NotFoundError(absl::StrCat(
+            "The model '", r->model, "' does not exist; this server serves '", limits.model, "'")),
+        "model", "model_not_found"};
+  }
+  ApiSampling& s = r->sampling;
+  RETURN_IF_API_ERROR(f.Number("temperature", 0, 2, &s.temperature));
+  RETURN_IF_API_ERROR(f.Number("top_p", 0, 1, &s.top_p));
+  if (s.top_p == 0) return Invalid("top_p", "'top_p' must be greater than 0");
+  RETURN_IF_API_ERROR(f.Number("frequency_penalty", -2, 2, &s.frequency_penalty));
+  RETURN_IF_API_ERROR(f.Number("presence_penalty", -2, 2, &s.presence_penalty));
+  RETURN_IF_API_ERROR(f.Number("min_p", 0, 1, &s.min_p));
+  RETURN_IF_API_ERROR(f.Number("repetition_penalty", 0, 2, &s.repetition_penalty));
+  if (s.repetition_penalty == 0) {
+    return Invalid("repetition_penalty", "'repetition_penalty' must be greater than 0");
+  }
+  int64_t v = 0;
+  bool present = false;
+  RETURN_IF_API_ERROR(f.Integer("top_k", -1, 1 << 20, &v, &present));
+  if (present) s.top_k = v < 0 ? 0 : static_cast<int32_t>(v);  // -1: off, as vLLM spells it
+  RETURN_IF_API_ERROR(f.Integer("n", 1, limits.max_n, &v, &present));
+  if (present) s.n = static_cast<int32_t>(v);
+  RETURN_IF_API_ERROR(f.Integer("seed", INT64_MIN, INT64_MAX, &v, &present));
+  if (present) s.seed = static_cast<uint64_t>(v);
+  RETURN_IF_API_ERROR(f.Integer("min_tokens", 0, INT32_MAX, &v, &present));
+  if (present) s.min_tokens = v;
+  RETURN_IF_API_ERROR(f.Bool("ignore_eos", &s.ignore_eos));
+  RETURN_IF_API_ERROR(f.Bool("stream", &r->stream));
+  if (const Json* so = f.Get("stream_options"); so != nullptr) {
+    if (!so->is_object()) return Invalid("stream_options", "'stream_options' must be an object");
+    if (!r->stream) {
+      return Invalid("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    }
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      if (it.key() != "include_usage") {
+        return Invalid("stream_options", absl::StrCat("Unrecognized stream option: ", it.key()));
+      }
+      if (!it->is_boolean()) {
+        return Invalid("stream_options", "'stream_options.include_usage' must be a boolean");
+      }
+      r->include_usage = it->get<bool>();
+    }
+  }
+  RETURN_IF_API_ERROR(f.String("user", &r->user));
+  // stop: a string or a list of strings.
+  if (const Json* stop = f.Get("stop"); stop != nullptr) {
+    if (stop->is_string()) {
+      s.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      for (const Json& item : *stop) {
+        if (!item.is_string()) return Invalid("stop", "'stop' must be a string or strings");
+        s.stop.push_back(item.get<std::string>());
+      }
+    } else {
+      return Invalid("stop", "'stop' must be a string or a list of strings");
+    }
+    if (absl::Status st = StopStringMatcher::Validate(s.stop); !st.ok()) {
+      return Invalid("stop", std::string(st.message()));
+    }
+  }
+  // logit_bias: {"token id": bias}.
+  if (const Json* bias = f.Get("logit_bias"); bias != nullptr) {
+    if (!bias->is_object()) return Invalid("logit_bias", "'logit_bias' must be an object");
+    if (bias->size() > limits.max_logit_bias) {
+      return Invalid("logit_bias", absl::StrCat("'logit_bias' has ", bias->size(),
+                                                " entries; at most ", limits.max_logit_bias));
+    }
+    for (auto it = bias->begin(); it != bias->end(); ++it) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(it.key(), &id) || id < 0 || id >= limits.vocab_size) {
+        return Invalid("logit_bias", absl::StrCat("'logit_bias': '", it.key(),
+                                                  "' is not a token id of the vocabulary (0 to ",
+                                                  limits.vocab_size - 1, ")"));
+      }
+      if (!it->is_number() || !(it->get<double>() >= -100 && it->get<double>() <= 100)) {
+        return Invalid("logit_bias", absl::StrCat("'logit_bias': the bias of token ", id,
+                                                  " must be a number in [-100, 100]"));
+      }
+      s.logit_bias.emplace_back(static_cast<TokenId>(id), it->get<float>());
+    }
+  }
+  return Ok();
+}
+
+// A message's content as text: a string, or text parts (joined).
+ApiError ContentText(const Json& content, size_t index, std::string* out) {
+  const std::string param = absl::StrCat("messages[", index, "].content");
+  if (content.is_string()) {
+    *out = content.get<std::string>();
+    return Ok();
+  }
+  if (!content.is_array()) return Invalid(param, "content must be a string or a list of parts");
+  for (const Json& part : content) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+      return Invalid(param, "each content part must be an object with a 'type'");
+    }
+    const std::string type = part["type"].get<std::string>();
+    if (type == "text") {
+      if (!part.contains("text") || !part["text"].is_string()) {
+        return Invalid(param, "a text part needs 'text', a string");
+      }
+      *out += part["text"].get<std::string>();
+    } else if (type == "image_url" || type == "input_audio" || type == "file") {
+      return Invalid(
+          param,
+          absl::StrCat("content parts of type '", type, "' are not supported by this server yet"),
+          "unsupported_content");
+    } else {
+      return Invalid(param, absl::StrCat("unknown content part type '", type, "'"));
+    }
+  }
+  return Ok();
+}
+
+ApiError ParseMessages(const Json* messages, const ApiLimits& limits, Json* out) {
+  if (messages == nullptr) return Invalid("messages", "'messages' is required");
+  if (!messages->is_array()) return Invalid("messages", "'messages' must be an array");
+  if (messages->empty()) return Invalid("messages", "'messages' must not be empty");
+  if (messages->size() > limits.max_messages) {
+    return Invalid("messages", absl::StrCat("at most ", limits.max_messages, " messages"));
+  }
+  *out = Json::array();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const Json& m = (*messages)[i];
+    const std::string param = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return Invalid(param, "each message must be an object");
+    if (!m.contains("role") || !m["role"].is_string()) {
+      return Invalid(param + ".role", "each message needs a 'role', a string");
+    }
+    std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant" &&
+        role != "tool") {
+      return Invalid(param + ".role", absl::StrCat("unknown role '", role,
+                                                   "' (system, developer, user, assistant, tool)"));
+    }
+    Json message = Json::object();
+    message["role"] = role == "developer" ? "system" : role;
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      const std::string& key = it.key();
+      if (key == "role") continue;
+      if (key == "content") {
+        if (it->is_null()) continue;
+        std::string text;
+        RETURN_IF_API_ERROR(ContentText(*it, i, &text));
+        message["content"] = text;
+      } else if (key == "name" || key == "tool_call_id") {
+        if (!it->is_string()) return Invalid(param + "." + key, "must be a string");
+        message[key] = *it;
+      } else if (key == "tool_calls" && role == "assistant") {
+        if (!it->is_array()) return Invalid(param + ".tool_calls", "must be an array");
+        message[key] = *it;
+      } else if (key == "refusal" || key == "audio") {
+        if (!it->is_null() && key == "audio") {
+          return Invalid(param + ".audio", "audio is not supported by this server yet",
+                         "unsupported_content");
+        }
+      } else {
+        return Invalid(param + "." + key,
+                       absl::StrCat("Unrecognized message argument supplied: ", key));
+      }
+    }
+    if (!message.contains("content")) {
+      if (role != "assistant" || !message.contains("tool_calls")) {
+        return Invalid(param + ".content", "the message has no content");
+      }
+      message["content"] = "";
+    }
+    out->push_back(std::move(message));
+  }
+  return Ok();
+}
+
+}  // namespace
+
+ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* r) {
+  Json json;
+  RETURN_IF_API_ERROR(ParseBody(body, &json));
+  Fields f(json);
+  r->kind = ApiKind::kChatCompletion;
+  RETURN_IF_API_ERROR(ParseCommon(f, limits, r));
+  RETURN_IF_API_ERROR(ParseMessages(f.Get("messages"), limits, &r->messages));
+  int64_t v = 0;
+  bool present = false;
+  RETURN_IF_API_ERROR(f.Integer("max_completion_tokens", 1, INT32_MAX, &v, &present));
+  if (present) r->sampling.max_tokens = v;
+  RETURN_IF_API_ERROR(f.Integer("max_tokens", 1, INT32_MAX, &v, &present));
+  if (present) r->sampling.max_tokens = v;  // the older name wins when both are given
+  RETURN_IF_API_ERROR(f.Bool("logprobs", &r->sampling.logprobs));
+  RETURN_IF_API_ERROR(f.Integer("top_logprobs", 0, limits.max_top_logprobs, &v, &present));
+  if (present) {
+    if (!r->sampling.logprobs) {
+      return Invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+    }
+    r->sampling.top_logprobs = static_cast<int32_t>(v);
+  }
+  if (const Json* format = f.Get("response_format"); format != nullptr) {
+    if (!format->is_object() || !format->contains("type") || !(*format)["type"].is_string()) {
+      return Invalid("response_format", "'response_format' must be an object with a 'type'");
+    }
+    if ((*format)["type"].get<std::string>() != "text") {
+      return Invalid("response_format",
+                     "'response_format' other than text is not supported by this server yet",
+                     "unsupported_parameter");
+    }
+  }
+  if (const Json* modalities = f.Get("modalities"); modalities != nullptr) {
+    if (*modalities != Json::array({"text"})) {
+      return Invalid("modalities", "only the text modality is supported", "unsupported_parameter");
+    }
+  }
+  if (r->sampling.min_tokens > 0 && r->sampling.max_tokens.has_value() &&
+      r->sampling.min_tokens > *r->sampling.max_tokens) {
+    return Invalid("min_tokens", "'min_tokens' must not exceed the maximum tokens");
+  }
+  return f.CheckRest();
+}
+
+ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* r) {
+  Json json;
+  RETURN_IF_API_ERROR(ParseBody(body, &json));
+  Fields f(json);
+  r->kind = ApiKind::kCompletion;
+  RETURN_IF_API_ERROR(ParseCommon(f, limits, r));
+  const Json* prompt = f.Get("prompt");
+  if (prompt == nullptr) return Invalid("prompt", "'prompt' is required");
+  // A string, a list of token ids, or a list holding one of those (batches of prompts are
+  // OpenAI's; ask with n instead).
+  const Json* p = prompt;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    p = &(*p)[0];
+  }
+  if (p->is_string()) {
+    r->prompt_text = p->get<std::string>();
+    if (r->prompt_text.empty()) return Invalid("prompt", "'prompt' is empty");
+  } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
+    for (const Json& id : *p) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() >= limits.vocab_size) {
+        return Invalid("prompt", absl::StrCat("'prompt' token ids must be integers in [0, ",
+                                              limits.vocab_size - 1, "]"));
+      }
+      r->prompt_ids.push_back(static_cast<TokenId>(id.get<int64_t>()));
+    }
+    r->prompt_is_ids = true;
+  } else if (p->is_array() && p->empty()) {
+    return Invalid("prompt", "'prompt' is empty");
+  } else if (prompt->is_array()) {
+    return Invalid("prompt", "a list of several prompts is not supported; send one per request",
+                   "unsupported_parameter");
+  } else {
+    return Invalid("prompt", "'prompt' must be a string or a list of token ids");
+  }
+  int64_t v = 0;
+  bool present = false;
+  RETURN_IF_API_ERROR(f.Integer("max_tokens", 1, INT32_MAX, &v, &present));
+  if (present) r->sampling.max_tokens = v;
+  RETURN_IF_API_ERROR(f.Integer("logprobs", 0, limits.max_completion_logprobs, &v, &present));
+  if (present) {
+    r->sampling.logprobs = true;
+    r->sampling.top_logprobs = static_cast<int32_t>(v);
+  }
+  RETURN_IF_API_ERROR(f.Bool("echo", &r->echo));
+  if (r->echo && r->sampling.logprobs) {
+    return Invalid("echo",
+                   "'echo' with 'logprobs' needs prompt logprobs, which this server does "
+                   "not compute yet",
+                   "unsupported_parameter");
+  }
+  RETURN_IF_API_ERROR(f.Integer("best_of", 1, limits.max_n, &v, &present));
+  if (present && v != r->sampling.n) {
+    return Invalid("best_of", "'best_of' other than n is not supported", "unsupported_parameter");
+  }
+  if (r->sampling.min_tokens > 0 && r->sampling.max_tokens.has_value() &&
+      r->sampling.min_tokens > *r->sampling.max_tokens) {
+    return Invalid("min_tokens", "'min_tokens' must not exceed 'max_tokens'");
+  }
+  return f.CheckRest();
+}
+
+}  // namespace ferry

@@ -1,0 +1,44 @@
+// The OpenAI API's request bodies (POST /v1/chat/completions, POST /v1/completions) parsed and
+// validated into an ApiRequest, as OpenAI's own servers judge them: every field's type and range,
+// fields that would change the output and are not implemented (tools, audio, non-text
+// response_format, ...) refused by name, unknown fields refused ("Unrecognized request argument
+// supplied: x"), fields that change nothing (metadata, store, service_tier, ...) accepted and
+// ignored. What needs the tokens (the prompt's length against the context, max_tokens) is the
+// prompt builder's to check.
+//
+// Accepted and used, besides OpenAI's own: the common extensions top_k, min_p,
+// repetition_penalty, ignore_eos and min_tokens. Roles: system, developer (given to the template
+// as system: templates of open models know no developer role), user, assistant, tool. Content:
+// a string or text parts (joined); image and audio parts are refused until the encoder exists.
+//
+// Thread-safe (pure functions).
+
+#ifndef FERRY_ROUTER_API_OPENAI_PARSER_H_
+#define FERRY_ROUTER_API_OPENAI_PARSER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "router/api/api_request.h"
+
+namespace ferry {
+
+struct ApiLimits {
+  std::string model;       // the id the router serves (GET /v1/models)
+  int64_t vocab_size = 0;  // logit_bias ids and prompt ids must be below it
+  int32_t max_n = 16;
+  size_t max_messages = 4096;
+  size_t max_logit_bias = 1024;
+  int32_t max_top_logprobs = 20;
+  int32_t max_completion_logprobs = 5;  // completions' `logprobs` (OpenAI's cap)
+};
+
+// Parses `body` into `out`; the returned error's status is OK on success.
+ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* out);
+ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* out);
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_API_OPENAI_PARSER_H_

@@ -1,0 +1,167 @@
+// The OpenAI request parser: what it takes (defaults, both spellings of max tokens, stop as a
+// string or a list, extensions, developer as system, text parts) and a table of what it refuses,
+// each with the field it names.
+
+#include "router/api/openai_parser.h"
+
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+ApiLimits Limits() {
+  ApiLimits l;
+  l.model = "tiny";
+  l.vocab_size = 512;
+  l.max_n = 4;
+  return l;
+}
+
+TEST(OpenAiParserTest, ChatRequestsBecomeTheInternalModel) {
+  ApiRequest r;
+  ApiError e = ParseChatCompletion(R"({
+      "model": "tiny",
+      "messages": [{"role": "developer", "content": "Be brief."},
+                   {"role": "user", "content": [{"type": "text", "text": "Hi "},
+                                                {"type": "text", "text": "there"}]}],
+      "max_completion_tokens": 9, "temperature": 0.5, "top_p": 0.9, "n": 2, "seed": -3,
+      "stop": "END", "logprobs": true, "top_logprobs": 3, "logit_bias": {"7": -100},
+      "stream": true, "stream_options": {"include_usage": true}, "user": "u1",
+      "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": true,
+      "min_tokens": 2, "metadata": {"a": "b"}, "store": false})",
+                                   Limits(), &r);
+  ASSERT_TRUE(e.status.ok()) << e.status << " " << e.param;
+  EXPECT_EQ(r.messages[0]["role"], "system");
+  EXPECT_EQ(r.messages[1]["content"], "Hi there");
+  EXPECT_EQ(*r.sampling.max_tokens, 9);
+  EXPECT_EQ(r.sampling.n, 2);
+  EXPECT_EQ(*r.sampling.seed, static_cast<uint64_t>(int64_t{-3}));
+  EXPECT_EQ(r.sampling.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(r.sampling.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 3);
+  ASSERT_EQ(r.sampling.logit_bias.size(), 1u);
+  EXPECT_EQ(r.sampling.logit_bias[0].first, 7u);
+  EXPECT_TRUE(r.stream && r.include_usage);
+  EXPECT_EQ(r.sampling.top_k, 20);
+  EXPECT_TRUE(r.sampling.ignore_eos);
+  EXPECT_EQ(r.sampling.min_tokens, 2);
+
+  ApiRequest d;
+  ASSERT_TRUE(ParseChatCompletion(R"({"model":"tiny","messages":[{"role":"user","content":"x"}]})",
+                                  Limits(), &d)
+                  .status.ok());
+  EXPECT_FALSE(d.sampling.max_tokens.has_value());
+  EXPECT_FALSE(d.sampling.seed.has_value());
+  EXPECT_EQ(d.sampling.temperature, 1.0f);
+  EXPECT_FALSE(d.stream);
+}
+
+TEST(OpenAiParserTest, CompletionsTakeTextOrTokenIds) {
+  ApiRequest r;
+  ASSERT_TRUE(ParseCompletion(R"({"model":"tiny","prompt":"Once","max_tokens":5,"logprobs":2,
+                                  "echo":false,"best_of":1})",
+                              Limits(), &r)
+                  .status.ok());
+  EXPECT_EQ(r.prompt_text, "Once");
+  EXPECT_EQ(r.sampling.top_logprobs, 2);
+  ApiRequest ids;
+  ASSERT_TRUE(
+      ParseCompletion(R"({"model":"tiny","prompt":[[5,6,7]]})", Limits(), &ids).status.ok());
+  EXPECT_TRUE(ids.prompt_is_ids);
+  EXPECT_EQ(ids.prompt_ids, (std::vector<TokenId>{5, 6, 7}));
+}
+
+struct Bad {
+  const char* body;
+  const char* param;
+  absl::StatusCode code = absl::StatusCode::kInvalidArgument;
+};
+
+TEST(OpenAiParserTest, BadChatRequestsNameTheirField) {
+  const Bad cases[] = {
+      {"[1,2]", ""},
+      {"not json", ""},
+      {R"({"messages":[{"role":"user","content":"x"}]})", "model"},
+      {R"({"model":"other","messages":[{"role":"user","content":"x"}]})", "model",
+       absl::StatusCode::kNotFound},
+      {R"({"model":"tiny"})", "messages"},
+      {R"({"model":"tiny","messages":[]})", "messages"},
+      {R"({"model":"tiny","messages":"hi"})", "messages"},
+      {R"({"model":"tiny","messages":[{"content":"x"}]})", "messages[0].role"},
+      {R"({"model":"tiny","messages":[{"role":"wizard","content":"x"}]})", "messages[0].role"},
+      {R"({"model":"tiny","messages":[{"role":"user"}]})", "messages[0].content"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":5}]})", "messages[0].content"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})",
+       "messages[0].content"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x","colour":"red"}]})",
+       "messages[0].colour"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"temperature":3})",
+       "temperature"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"temperature":"hot"})",
+       "temperature"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"top_p":0})", "top_p"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"n":5})", "n"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"n":1.5})", "n"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"max_tokens":0})",
+       "max_tokens"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"presence_penalty":-3})",
+       "presence_penalty"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"logit_bias":{"999":1}})",
+       "logit_bias"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"logit_bias":{"x":1}})",
+       "logit_bias"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"logit_bias":{"5":101}})",
+       "logit_bias"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})",
+       "stop"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"stop":[""]})", "stop"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"stop":5})", "stop"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"top_logprobs":2})",
+       "top_logprobs"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})",
+       "top_logprobs"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}})",
+       "stream_options"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
+       "tools"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+       "response_format"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"audio":{}})", "audio"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"temprature":0.5})",
+       "temprature"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"stream":"yes"})", "stream"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"max_tokens":4,"min_tokens":5})",
+       "min_tokens"},
+  };
+  for (const Bad& c : cases) {
+    ApiRequest r;
+    const ApiError e = ParseChatCompletion(c.body, Limits(), &r);
+    EXPECT_EQ(e.status.code(), c.code) << c.body << ": " << e.status;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_FALSE(e.status.message().empty());
+  }
+}
+
+TEST(OpenAiParserTest, BadCompletionRequestsNameTheirField) {
+  const Bad cases[] = {
+      {R"({"model":"tiny"})", "prompt"},
+      {R"({"model":"tiny","prompt":""})", "prompt"},
+      {R"({"model":"tiny","prompt":[]})", "prompt"},
+      {R"({"model":"tiny","prompt":["a","b"]})", "prompt"},
+      {R"({"model":"tiny","prompt":[1,2,9999]})", "prompt"},
+      {R"({"model":"tiny","prompt":{"text":"a"}})", "prompt"},
+      {R"({"model":"tiny","prompt":"a","logprobs":6})", "logprobs"},
+      {R"({"model":"tiny","prompt":"a","echo":true,"logprobs":1})", "echo"},
+      {R"({"model":"tiny","prompt":"a","best_of":3})", "best_of"},
+      {R"({"model":"tiny","prompt":"a","suffix":"z"})", "suffix"},
+  };
+  for (const Bad& c : cases) {
+    ApiRequest r;
+    const ApiError e = ParseCompletion(c.body, Limits(), &r);
+    EXPECT_EQ(e.status.code(), c.code) << c.body << ": " << e.status;
+    EXPECT_EQ(e.param, c.param) << c.body;
+  }
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,172 @@
+#include "router/api/openai_writer.h"
+
+#include <cmath>
+
+namespace ferry {
+
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+// OpenAI never sends -inf: the most negative logprob it reports is -9999.0.
+double FiniteLogprob(float lp) { return std::isfinite(lp) ? lp : -9999.0; }
+
+}  // namespace
+
+std::string DumpJson(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+OpenAiWriter::OpenAiWriter(ResponseHeader header, const Tokenizer* tokenizer, bool logprobs,
+                           std::string echo_prompt)
+    : header_(std::move(header)),
+      tokenizer_(tokenizer),
+      logprobs_(logprobs),
+      echo_prompt_(std::move(echo_prompt)) {}
+
+Json OpenAiWriter::Object(bool chunk) const {
+  Json j = Json::object();
+  j["id"] = header_.id;
+  if (header_.kind == ApiKind::kChatCompletion) {
+    j["object"] = chunk ? "chat.completion.chunk" : "chat.completion";
+  } else {
+    j["object"] = "text_completion";
+  }
+  j["created"] = header_.created;
+  j["model"] = header_.model;
+  j["system_fingerprint"] = header_.system_fingerprint;
+  j["choices"] = Json::array();
+  return j;
+}
+
+Json OpenAiWriter::TokenEntry(TokenId token, float logprob) const {
+  Json e = Json::object();
+  auto text = tokenizer_->Decode({&token, 1});
+  auto bytes = tokenizer_->DecodeBytes({&token, 1});
+  e["token"] = text.ok() ? *text : "";
+  e["logprob"] = FiniteLogprob(logprob);
+  Json b = Json::array();
+  if (bytes.ok()) {
+    for (unsigned char c : *bytes) b.push_back(static_cast<int>(c));
+  }
+  e["bytes"] = b;
+  return e;
+}
+
+Json OpenAiWriter::Logprobs(const ChoiceOutputs& c, int64_t text_offset) const {
+  if (!logprobs_) return nullptr;
+  if (header_.kind == ApiKind::kChatCompletion) {
+    Json content = Json::array();
+    for (const TokenLogprob& lp : c.logprobs) {
+      Json e = TokenEntry(lp.token, lp.logprob);
+      Json top = Json::array();
+      for (const auto& [token, logprob] : lp.top) top.push_back(TokenEntry(token, logprob));
+      e["top_logprobs"] = top;
+      content.push_back(std::move(e));
+    }
+    Json j = Json::object();
+    j["content"] = content;
+    j["refusal"] = nullptr;
+    return j;
+  }
+  // Completions: parallel lists, and the text offset of each token.
+  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
+       offsets = Json::array();
+  int64_t offset = text_offset;
+  for (const TokenLogprob& lp : c.logprobs) {
+    auto text = tokenizer_->Decode({&lp.token, 1});
+    const std::string t = text.ok() ? *text : "";
+    tokens.push_back(t);
+    token_logprobs.push_back(FiniteLogprob(lp.logprob));
+    Json alternatives = Json::object();
+    for (const auto& [token, logprob] : lp.top) {
+      auto alt = tokenizer_->Decode({&token, 1});
+      alternatives[alt.ok() ? *alt : ""] = FiniteLogprob(logprob);
+    }
+    top.push_back(alternatives);
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(t.size());
+  }
+  Json j = Json::object();
+  j["tokens"] = tokens;
+  j["token_logprobs"] = token_logprobs;
+  j["top_logprobs"] = top;
+  j["text_offset"] = offsets;
+  return j;
+}
+
+Json OpenAiWriter::Usage(const UsageCounts& u) const {
+  Json j = Json::object();
+  j["prompt_tokens"] = u.prompt_tokens;
+  j["completion_tokens"] = u.completion_tokens;
+  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  j["prompt_tokens_details"] = Json{{"cached_tokens", u.cached_tokens}};
+  if (header_.kind == ApiKind::kChatCompletion) {
+    j["completion_tokens_details"] = Json{{"reasoning_tokens", 0}};
+  }
+  return j;
+}
+
+std::string OpenAiWriter::Full(const std::vector<ChoiceOutputs>& choices,
+                               const UsageCounts& usage) const {
+  Json j = Object(false);
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const ChoiceOutputs& c = choices[i];
+    Json choice = Json::object();
+    choice["index"] = i;
+    if (header_.kind == ApiKind::kChatCompletion) {
+      choice["message"] = Json{{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+      choice["logprobs"] = Logprobs(c, 0);
+    } else {
+      choice["text"] = echo_prompt_ + c.text;
+      choice["logprobs"] = Logprobs(c, static_cast<int64_t>(echo_prompt_.size()));
+    }
+    choice["finish_reason"] = c.finish_reason.empty() ? Json(nullptr) : Json(c.finish_reason);
+    j["choices"].push_back(std::move(choice));
+  }
+  j["usage"] = Usage(usage);
+  return DumpJson(j);
+}
+
+std::string OpenAiWriter::StreamStart(int32_t choice, bool include_usage) const {
+  Json j = Object(true);
+  Json c = Json::object();
+  c["index"] = choice;
+  if (header_.kind == ApiKind::kChatCompletion) {
+    c["delta"] = Json{{"role", "assistant"}, {"content", ""}};
+  } else {
+    if (echo_prompt_.empty()) return "";
+    c["text"] = echo_prompt_;
+  }
+  c["logprobs"] = nullptr;
+  c["finish_reason"] = nullptr;
+  j["choices"].push_back(std::move(c));
+  if (include_usage) j["usage"] = nullptr;
+  return "data: " + DumpJson(j) + "\n\n";
+}
+
+std::string OpenAiWriter::StreamDelta(int32_t choice, const ChoiceOutputs& delta,
+                                      bool include_usage) const {
+  Json j = Object(true);
+  Json c = Json::object();
+  c["index"] = choice;
+  if (header_.kind == ApiKind::kChatCompletion) {
+    c["delta"] = delta.text.empty() && !delta.finish_reason.empty() ? Json::object()
+                                                                    : Json{{"content", delta.text}};
+  } else {
+    c["text"] = delta.text;
+  }
+  c["logprobs"] = delta.logprobs.empty() ? Json(nullptr) : Logprobs(delta, 0);
+  c["finish_reason"] = delta.finish_reason.empty() ? Json(nullptr) : Json(delta.finish_reason);
+  j["choices"].push_back(std::move(c));
+  if (include_usage) j["usage"] = nullptr;
+  return "data: " + DumpJson(j) + "\n\n";
+}
+
+std::string OpenAiWriter::StreamUsage(const UsageCounts& usage) const {
+  Json j = Object(true);
+  j["usage"] = Usage(usage);
+  return "data: " + DumpJson(j) + "\n\n";
+}
+
+}  // namespace ferry

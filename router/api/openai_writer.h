@@ -1,0 +1,89 @@
+// OpenAI's response bodies and stream chunks, field for field, from what the workers returned:
+// chat.completion / chat.completion.chunk and text_completion objects with their ids, `created`,
+// `model`, `system_fingerprint`, choices (message or delta, logprobs, finish_reason) and usage
+// (with prompt_tokens_details.cached_tokens); SSE framing ("data: ...\n\n", "data: [DONE]").
+//
+// Token strings for logprobs come from the router's tokenizer: `token` is the token's text
+// (U+FFFD where it is part of a character), `bytes` its raw bytes.
+//
+// Thread-compatible (pure functions, and an accumulator per response).
+
+#ifndef FERRY_ROUTER_API_OPENAI_WRITER_H_
+#define FERRY_ROUTER_API_OPENAI_WRITER_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/common/token_id.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "router/api/api_request.h"
+
+namespace ferry {
+
+struct TokenLogprob {
+  TokenId token = 0;
+  float logprob = 0;
+  std::vector<std::pair<TokenId, float>> top;
+};
+
+// One choice's output so far (or in full).
+struct ChoiceOutputs {
+  std::string text;
+  std::vector<TokenId> tokens;
+  std::vector<TokenLogprob> logprobs;  // one per token when asked
+  std::string finish_reason;           // "stop", "length", "abort"... ("" while running)
+};
+
+struct UsageCounts {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;
+};
+
+// What every object of one response shares.
+struct ResponseHeader {
+  ApiKind kind = ApiKind::kChatCompletion;
+  std::string id;  // "chatcmpl-..." / "cmpl-..."
+  int64_t created = 0;
+  std::string model;
+  std::string system_fingerprint;
+};
+
+class OpenAiWriter {
+ public:
+  // `tokenizer` must outlive the writer; `echo_prompt` is prepended to completions' text (echo).
+  OpenAiWriter(ResponseHeader header, const Tokenizer* tokenizer, bool logprobs,
+               std::string echo_prompt = "");
+
+  // The whole non-streaming body.
+  std::string Full(const std::vector<ChoiceOutputs>& choices, const UsageCounts& usage) const;
+
+  // Stream events (each a complete "data: ...\n\n").
+  // The first chunk of a chat choice (role, empty content); "" for completions.
+  std::string StreamStart(int32_t choice, bool include_usage) const;
+  // Text and tokens that became final for `choice`, and its finish reason when it ended.
+  std::string StreamDelta(int32_t choice, const ChoiceOutputs& delta, bool include_usage) const;
+  std::string StreamUsage(const UsageCounts& usage) const;
+  static std::string StreamDone() { return "data: [DONE]\n\n"; }
+
+ private:
+  nlohmann::ordered_json Object(bool chunk) const;
+  nlohmann::ordered_json Logprobs(const ChoiceOutputs& c, int64_t text_offset) const;
+  nlohmann::ordered_json Usage(const UsageCounts& u) const;
+  nlohmann::ordered_json TokenEntry(TokenId token, float logprob) const;
+
+  const ResponseHeader header_;
+  const Tokenizer* const tokenizer_;
+  const bool logprobs_;
+  const std::string echo_prompt_;
+};
+
+// JSON as OpenAI serializes it (UTF-8, nothing escaped beyond what JSON needs; invalid UTF-8
+// from a model replaced by U+FFFD).
+std::string DumpJson(const nlohmann::ordered_json& json);
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_API_OPENAI_WRITER_H_

@@ -1,0 +1,329 @@
+#include "router/api_call.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/common/block_hash.h"
+#include "engine/common/log.h"
+#include "services/common/http_status.h"
+
+namespace ferry {
+
+namespace v1 = ferry::v1;
+
+namespace {
+
+uint64_t RandomU64() {
+  thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                   static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  return rng();
+}
+
+std::string RandomHex(int bytes) {
+  std::string out;
+  while (static_cast<int>(out.size()) < 2 * bytes)
+    out += absl::StrCat(absl::Hex(RandomU64(), absl::kZeroPad16));
+  return out.substr(0, 2 * bytes);
+}
+
+const char* FinishName(v1::FinishReason r) {
+  switch (r) {
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_TOOL_CALLS:
+      return "tool_calls";
+    case v1::FINISH_REASON_ABORT:
+      return "abort";
+    case v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "";
+  }
+}
+
+void SetHash(const Hash128& h, v1::Hash128* out) {
+  out->set_lo(h.lo);
+  out->set_hi(h.hi);
+}
+
+}  // namespace
+
+ApiCall::ApiCall(const ApiContext& context, ApiKind kind, std::shared_ptr<HttpResponder> responder,
+                 std::string trace_id)
+    : context_(context),
+      kind_(kind),
+      responder_(std::move(responder)),
+      trace_id_(std::move(trace_id)),
+      start_(Clock::now()) {}
+
+void ApiCall::Run(const ApiContext& context, ApiKind kind, HttpRequest request,
+                  std::shared_ptr<HttpResponder> responder, const std::string& trace_id) {
+  auto call = std::make_shared<ApiCall>(context, kind, std::move(responder), trace_id);
+  call->Start(request);
+}
+
+const char* ApiCall::endpoint() const {
+  return kind_ == ApiKind::kChatCompletion ? "/v1/chat/completions" : "/v1/completions";
+}
+
+void ApiCall::Answer(int status, std::string body) {
+  if (answered_) return;
+  answered_ = true;
+  context_.metrics->Request(endpoint(), status);
+  context_.metrics->RequestSeconds(endpoint(),
+                                   std::chrono::duration<double>(Clock::now() - start_).count());
+  HttpHeaders headers = {{"Content-Type", "application/json"}, {"x-request-id", trace_id_}};
+  if (status == 429 || status == 503) headers.emplace_back("Retry-After", "1");
+  responder_->Respond(status, headers, std::move(body));
+}
+
+void ApiCall::Fail(const ApiError& error) {
+  const std::string body = OpenAiErrorBody(error.status, trace_id_, error.param, error.code);
+  const int status = HttpStatusCode(error.status.code());
+  if (status >= 500) {
+    LOG(WARNING) << "request " << trace_id_ << ": " << status << " " << error.status;
+  }
+  if (!streaming_) return Answer(status, body);
+  // The stream started: an error event, and the end of the stream.
+  if (answered_) return;
+  answered_ = true;
+  context_.metrics->Request(endpoint(), status);
+  responder_->Write("data: " + body + "\n\n");
+  responder_->Finish();
+}
+
+void ApiCall::Start(const HttpRequest& http) {
+  std::unique_lock<std::mutex> lock(mu_);
+  ApiLimits limits = context_.limits;
+  const PoolInfo pool = context_.registry->pool();
+  if (pool.known && pool.max_choices > 0) {
+    limits.max_n = std::min<int32_t>(limits.max_n, static_cast<int32_t>(pool.max_choices));
+  }
+  ApiError error = kind_ == ApiKind::kChatCompletion
+                       ? ParseChatCompletion(http.body, limits, &request_)
+                       : ParseCompletion(http.body, limits, &request_);
+  if (!error.status.ok()) return Fail(error);
+  if (!pool.known) {
+    return Fail({absl::UnavailableError("no worker is up to serve the model"), "", ""});
+  }
+  BuiltPrompt prompt;
+  error = context_.prompts->Build(request_, pool.max_context_tokens, &prompt);
+  if (!error.status.ok()) return Fail(error);
+  prompt_tokens_ = static_cast<int64_t>(prompt.tokens.size());
+  const ApiSampling& s = request_.sampling;
+
+  // The worker request: tokens, the pool's block hashes, sampling, the request's life.
+  DispatchRequest dispatch;
+  dispatch.trace_id = trace_id_;
+  dispatch.prompt_tokens = prompt_tokens_;
+  dispatch.deadline = absl::Now() + context_.request_timeout;
+  v1::GenerateRequest& g = dispatch.request;
+  g.set_aggregated(true);
+  v1::TokenizedRequest* t = g.mutable_request();
+  t->mutable_context()->set_request_id(absl::StrCat("req-", RandomHex(12)));
+  t->mutable_context()->set_trace_id(trace_id_);
+  t->mutable_context()->set_deadline_unix_ms(absl::ToUnixMillis(dispatch.deadline));
+  t->mutable_model()->set_name(pool.model_name);
+  SetHash(pool.fingerprint, t->mutable_model()->mutable_fingerprint());
+  for (TokenId id : prompt.tokens) t->add_prompt_token_ids(id);
+  t->set_block_tokens(pool.block_tokens);
+  if (pool.block_tokens > 0) {
+    for (const Hash128& h :
+         ComputeBlockHashes({pool.fingerprint, "", ""}, prompt.tokens, pool.block_tokens)) {
+      SetHash(h, t->add_block_hashes());
+    }
+  }
+  v1::SamplingParams* p = t->mutable_sampling();
+  p->set_temperature(s.temperature);
+  p->set_top_p(s.top_p);
+  p->set_top_k(static_cast<uint32_t>(s.top_k));
+  p->set_min_p(s.min_p);
+  p->set_repetition_penalty(s.repetition_penalty);
+  p->set_frequency_penalty(s.frequency_penalty);
+  p->set_presence_penalty(s.presence_penalty);
+  for (const auto& [token, bias] : s.logit_bias) {
+    v1::LogitBias* b = p->add_logit_biases();
+    b->set_token_id(token);
+    b->set_bias(bias);
+  }
+  for (const std::string& stop : s.stop) p->add_stop_strings(stop);
+  p->set_ignore_eos(s.ignore_eos);
+  p->set_max_tokens(static_cast<uint32_t>(prompt.max_tokens));
+  p->set_min_tokens(static_cast<uint32_t>(s.min_tokens));
+  p->set_logprobs(s.logprobs);
+  p->set_top_logprobs(static_cast<uint32_t>(s.top_logprobs));
+  p->set_n(static_cast<uint32_t>(s.n));
+  // A request without a seed gets one, kept for its life (a retry draws the same tokens).
+  p->set_seed(s.seed.has_value() ? *s.seed : RandomU64());
+
+  ResponseHeader header;
+  header.kind = kind_;
+  header.id =
+      absl::StrCat(kind_ == ApiKind::kChatCompletion ? "chatcmpl-" : "cmpl-", RandomHex(12));
+  header.created = absl::ToUnixSeconds(absl::Now());
+  header.model = request_.model;
+  header.system_fingerprint = "fp_" + pool.fingerprint.ToHex().substr(0, 12);
+  std::string echo;
+  if (request_.echo) {
+    if (request_.prompt_is_ids) {
+      auto text = context_.prompts->tokenizer().Decode(request_.prompt_ids);
+      if (text.ok()) echo = *text;
+    } else {
+      echo = request_.prompt_text;
+    }
+  }
+  writer_ =
+      std::make_unique<OpenAiWriter>(header, &context_.prompts->tokenizer(), s.logprobs, echo);
+  choices_.assign(s.n, ChoiceOutputs());
+  choice_started_.assign(s.n, false);
+
+  std::weak_ptr<ApiCall> weak = weak_from_this();
+  responder_->OnClose([weak] {
+    if (auto self = weak.lock()) {
+      std::shared_ptr<Dispatcher::Job> job;
+      {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        self->answered_ = true;  // nobody to answer
+        job = self->job_;
+      }
+      if (job != nullptr) self->context_.dispatcher->Cancel(job);
+    }
+  });
+  lock.unlock();
+  auto job = context_.dispatcher->Dispatch(std::move(dispatch), shared_from_this());
+  lock.lock();
+  if (!job.ok()) return Fail({job.status(), "", ""});
+  job_ = *job;
+  if (answered_) {  // the client left while it was being dispatched
+    lock.unlock();
+    context_.dispatcher->Cancel(*job);
+  }
+}
+
+void ApiCall::OnRouted(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  worker_ = worker_id;
+}
+
+void ApiCall::OnEvent(const v1::GenerateEvent& event) {
+  std::shared_ptr<Dispatcher::Job> cancel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (answered_) return;
+    if (event.has_usage()) {
+      usage_.prompt_tokens = event.usage().prompt_tokens();
+      usage_.completion_tokens = event.usage().completion_tokens();
+      usage_.cached_tokens = event.usage().cached_tokens();
+      has_usage_ = true;
+      return;
+    }
+    if (event.has_error()) {
+      error_ = event.error();
+      has_error_ = true;
+      return;
+    }
+    if (!event.has_tokens()) return;
+    const v1::TokenChunk& chunk = event.tokens();
+    if (chunk.choice_index() >= choices_.size()) return;
+    const int32_t c = static_cast<int32_t>(chunk.choice_index());
+    const Clock::time_point now = Clock::now();
+    if (chunk.token_ids_size() > 0) {
+      if (!first_token_) {
+        first_token_ = true;
+        context_.metrics->Ttft(endpoint(), std::chrono::duration<double>(now - start_).count());
+      } else {
+        const double gap =
+            std::chrono::duration<double>(now - last_token_).count() / chunk.token_ids_size();
+        for (int i = 0; i < chunk.token_ids_size(); ++i) context_.metrics->InterToken(gap);
+      }
+      last_token_ = now;
+    }
+    ChoiceOutputs delta;
+    delta.text = chunk.text();
+    for (int i = 0; i < chunk.token_ids_size(); ++i) {
+      delta.tokens.push_back(chunk.token_ids(i));
+      if (i < chunk.logprobs_size()) {
+        TokenLogprob lp;
+        lp.token = chunk.logprobs(i).sampled().token_id();
+        lp.logprob = chunk.logprobs(i).sampled().logprob();
+        for (const auto& alt : chunk.logprobs(i).top_alternatives()) {
+          lp.top.emplace_back(alt.token_id(), alt.logprob());
+        }
+        delta.logprobs.push_back(std::move(lp));
+      }
+    }
+    delta.finish_reason = FinishName(chunk.finish_reason());
+    ChoiceOutputs& all = choices_[c];
+    all.text += delta.text;
+    all.tokens.insert(all.tokens.end(), delta.tokens.begin(), delta.tokens.end());
+    all.logprobs.insert(all.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
+    if (!delta.finish_reason.empty()) all.finish_reason = delta.finish_reason;
+    if (!request_.stream) return;
+    if (!streaming_) {
+      streaming_ = true;
+      responder_->StartStream(200, {{"Content-Type", "text/event-stream"},
+                                    {"Cache-Control", "no-cache"},
+                                    {"X-Accel-Buffering", "no"},
+                                    {"x-request-id", trace_id_}});
+    }
+    bool ok = true;
+    if (!choice_started_[c]) {
+      choice_started_[c] = true;
+      const std::string start = writer_->StreamStart(c, request_.include_usage);
+      if (!start.empty()) ok = responder_->Write(start);
+    }
+    if (!delta.text.empty() || !delta.finish_reason.empty() || !delta.logprobs.empty()) {
+      ok = responder_->Write(writer_->StreamDelta(c, delta, request_.include_usage)) && ok;
+    }
+    if (!ok) {
+      answered_ = true;  // the client stopped reading (or left): cut off, and abort
+      cancel = job_;
+    }
+  }
+  if (cancel != nullptr) context_.dispatcher->Cancel(cancel);
+}
+
+void ApiCall::OnEnd(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (answered_) {
+    context_.metrics->Request(endpoint(), 499);
+    return;
+  }
+  int64_t completion = 0;
+  for (const ChoiceOutputs& c : choices_) completion += static_cast<int64_t>(c.tokens.size());
+  if (!status.ok() || has_error_) {
+    absl::Status why = status;
+    if (has_error_) {
+      why = absl::Status(static_cast<absl::StatusCode>(error_.status_code()), error_.message());
+    }
+    if (why.code() == absl::StatusCode::kUnavailable || why.code() == absl::StatusCode::kInternal) {
+      LOG(WARNING) << "request " << trace_id_ << " failed on worker " << worker_ << ": " << why;
+    }
+    return Fail({why, "", ""});
+  }
+  if (!has_usage_) {
+    usage_.prompt_tokens = prompt_tokens_;
+    usage_.completion_tokens = completion;
+  }
+  context_.metrics->PromptTokens(usage_.prompt_tokens - usage_.cached_tokens, usage_.cached_tokens);
+  context_.metrics->CompletionTokens(usage_.completion_tokens);
+  if (!request_.stream) return Answer(200, writer_->Full(choices_, usage_));
+  if (!streaming_) {
+    streaming_ = true;
+    responder_->StartStream(200, {{"Content-Type", "text/event-stream"},
+                                  {"Cache-Control", "no-cache"},
+                                  {"x-request-id", trace_id_}});
+  }
+  if (request_.include_usage) responder_->Write(writer_->StreamUsage(usage_));
+  responder_->Write(OpenAiWriter::StreamDone());
+  responder_->Finish();
+  answered_ = true;
+  context_.metrics->Request(endpoint(), 200);
+  context_.metrics->RequestSeconds(endpoint(),
+                                   std::chrono::duration<double>(Clock::now() - start_).count());
+}
+
+}  // namespace ferry

@@ -1,0 +1,90 @@
+// One OpenAI API call through the router's pipeline, top to bottom (STYLE.md §15):
+//
+//   parse + validate (openai_parser) -> prompt (prompt_builder: template, tokens, lengths)
+//   -> hash (block hashes with the pool's fingerprint) -> route (dispatcher) -> stream
+//   (openai_writer: SSE chunks as tokens arrive, or one body at the end)
+//
+// It answers on its HttpResponder, and cancels its dispatch when the client goes away (the worker
+// aborts the request at its next step). Every log line and error body carries its trace id.
+//
+// Thread-safe: the HTTP I/O thread starts it; worker events arrive on gRPC threads.
+
+#ifndef FERRY_ROUTER_API_CALL_H_
+#define FERRY_ROUTER_API_CALL_H_
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "router/api/api_request.h"
+#include "router/api/openai_parser.h"
+#include "router/api/openai_writer.h"
+#include "router/api/prompt_builder.h"
+#include "router/dispatch/dispatcher.h"
+#include "router/http/http_server.h"
+#include "router/registry/worker_registry.h"
+#include "router/router_metrics.h"
+
+namespace ferry {
+
+// What every call of one router shares.
+struct ApiContext {
+  const PromptBuilder* prompts = nullptr;
+  WorkerRegistry* registry = nullptr;
+  Dispatcher* dispatcher = nullptr;
+  RouterMetrics* metrics = nullptr;
+  ApiLimits limits;  // model id, vocabulary; max_n is narrowed to the pool's
+  absl::Duration request_timeout = absl::Minutes(10);
+};
+
+class ApiCall final : public GenerateSink, public std::enable_shared_from_this<ApiCall> {
+ public:
+  // Runs the call for `request` (ApiKind from the endpoint) and answers on `responder`.
+  static void Run(const ApiContext& context, ApiKind kind, HttpRequest request,
+                  std::shared_ptr<HttpResponder> responder, const std::string& trace_id);
+
+  void OnRouted(const std::string& worker_id) override;
+  void OnEvent(const ferry::v1::GenerateEvent& event) override;
+  void OnEnd(const absl::Status& status) override;
+
+  ApiCall(const ApiContext& context, ApiKind kind, std::shared_ptr<HttpResponder> responder,
+          std::string trace_id);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void Start(const HttpRequest& request);
+  // An error answer (a 4xx/5xx with OpenAI's error body), or, once the stream started, an error
+  // event and the end of the stream.
+  void Fail(const ApiError& error);
+  void Answer(int status, std::string body);
+  const char* endpoint() const;
+
+  const ApiContext& context_;
+  const ApiKind kind_;
+  const std::shared_ptr<HttpResponder> responder_;
+  const std::string trace_id_;
+  const Clock::time_point start_;
+
+  std::mutex mu_;
+  ApiRequest request_;
+  int64_t prompt_tokens_ = 0;
+  std::unique_ptr<OpenAiWriter> writer_;
+  std::vector<ChoiceOutputs> choices_;
+  std::vector<bool> choice_started_;  // streaming: its first chunk was sent
+  UsageCounts usage_;
+  bool has_usage_ = false;
+  bool streaming_ = false;  // the SSE stream has started
+  bool first_token_ = false;
+  Clock::time_point last_token_;
+  std::shared_ptr<Dispatcher::Job> job_;
+  bool answered_ = false;
+  std::string worker_;
+  ferry::v1::ErrorInfo error_;
+  bool has_error_ = false;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_API_CALL_H_

@@ -1,0 +1,304 @@
+#include "router/dispatch/dispatcher.h"
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/common/log.h"
+#include "services/common/grpc_client.h"
+#include "services/common/shared_token.h"
+
+namespace ferry {
+
+namespace v1 = ferry::v1;
+
+class Dispatcher::Job {
+ public:
+  Job(DispatchRequest request, std::shared_ptr<GenerateSink> sink)
+      : request(std::move(request)), sink(std::move(sink)) {}
+
+  const DispatchRequest request;
+  const std::shared_ptr<GenerateSink> sink;
+  // Under the dispatcher's mu_.
+  int attempts = 0;
+  std::set<std::string> excluded;  // workers that failed it
+  bool queued = false;
+  bool cancelled = false;
+  bool ended = false;
+  // The running stream's context (shared: Cancel may outlive the call it cancels).
+  std::shared_ptr<grpc::ClientContext> context;
+};
+
+// One Generate stream to one worker. Deletes itself when done.
+class Dispatcher::Call final : public grpc::ClientReadReactor<v1::GenerateEvent> {
+ public:
+  Call(Dispatcher* dispatcher, std::shared_ptr<Job> job, std::string worker,
+       const std::string& token)
+      : dispatcher_(dispatcher),
+        job_(std::move(job)),
+        worker_(std::move(worker)),
+        context_(std::make_shared<grpc::ClientContext>()) {
+    context_->set_deadline(absl::ToChronoTime(job_->request.deadline));
+    context_->AddMetadata(kTraceIdMetadataKey, job_->request.trace_id);
+    AttachSharedToken(context_.get(), token);
+  }
+
+  const std::shared_ptr<grpc::ClientContext>& context() const { return context_; }
+
+  void Start(v1::Worker::Stub* stub) {
+    stub->async()->Generate(context_.get(), &job_->request.request, this);
+    StartRead(&event_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (event_.has_tokens() && event_.tokens().token_ids_size() > 0) started_ = true;
+    if (event_.has_error()) {
+      retryable_ = event_.error().retryable();
+      error_ = event_.error();
+      has_error_ = true;
+    }
+    // An error before the first token is not shown when the request will go elsewhere.
+    if (!(event_.has_error() && !started_ && retryable_)) job_->sink->OnEvent(event_);
+    event_.Clear();
+    StartRead(&event_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    absl::Status s = status.ok() ? absl::OkStatus()
+                                 : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                                status.error_message());
+    const bool transport_retryable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                     status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    dispatcher_->CallEnded(job_, worker_, s, started_,
+                           !status.ok() && (retryable_ || transport_retryable));
+    delete this;
+  }
+
+ private:
+  Dispatcher* const dispatcher_;
+  const std::shared_ptr<Job> job_;
+  const std::string worker_;
+  const std::shared_ptr<grpc::ClientContext> context_;
+  v1::GenerateEvent event_;
+  bool started_ = false;
+  bool retryable_ = false;
+  bool has_error_ = false;
+  v1::ErrorInfo error_;
+};
+
+Dispatcher::Dispatcher(WorkerRegistry* registry, RoutingPolicy* policy, DispatcherOptions options,
+                       DispatchObserver observer)
+    : registry_(registry),
+      policy_(policy),
+      options_(std::move(options)),
+      observer_(std::move(observer)) {
+  timer_ = std::thread([this] { TimerLoop(); });
+}
+
+Dispatcher::~Dispatcher() {
+  DropQueue(absl::UnavailableError("the router is shutting down"));
+  std::unique_lock<std::mutex> lock(mu_);
+  stopping_ = true;
+  cv_.notify_all();
+  cv_.wait_for(lock, std::chrono::seconds(30), [&] { return running_ == 0; });
+  lock.unlock();
+  timer_.join();
+}
+
+absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
+    DispatchRequest request, std::shared_ptr<GenerateSink> sink) {
+  if (!registry_->AnyUp()) return absl::UnavailableError("no worker is up");
+  auto job = std::make_shared<Job>(std::move(request), std::move(sink));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::UnavailableError("the router is shutting down");
+    // Behind the queue unless it is empty: arrival order.
+    if (!queue_.empty()) {
+      if (static_cast<int64_t>(queue_.size()) >= options_.max_queued) {
+        return absl::ResourceExhaustedError(absl::StrCat("every worker is busy and ", queue_.size(),
+                                                         " requests are waiting; retry later"));
+      }
+      job->queued = true;
+      queue_.push_back(job);
+      if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+      return job;
+    }
+  }
+  if (TryStart(job)) return job;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (static_cast<int64_t>(queue_.size()) >= options_.max_queued) {
+    return absl::ResourceExhaustedError("every worker is busy and the queue is full; retry later");
+  }
+  job->queued = true;
+  queue_.push_back(job);
+  if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+  cv_.notify_all();
+  return job;
+}
+
+bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
+  std::vector<Candidate> candidates = registry_->Candidates();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job->cancelled || job->ended) return true;  // nothing to start
+    candidates.erase(
+        std::remove_if(candidates.begin(), candidates.end(),
+                       [&](const Candidate& c) { return job->excluded.count(c.id) > 0; }),
+        candidates.end());
+  }
+  if (candidates.empty()) return false;
+  std::vector<WorkerLoadView> views;
+  for (const Candidate& c : candidates) views.push_back(c.load);
+  RouteRequest route;
+  route.prompt_tokens = job->request.prompt_tokens;
+  const Candidate& chosen = candidates[policy_->Pick(views, route)];
+  registry_->AddInflight(chosen.id, +1);
+  auto* call = new Call(this, job, chosen.id, options_.auth_token);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++running_;
+    ++job->attempts;
+    job->context = call->context();
+  }
+  if (observer_.routed) observer_.routed(policy_->name(), chosen.id);
+  job->sink->OnRouted(chosen.id);
+  call->Start(chosen.stub.get());
+  return true;
+}
+
+void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
+                           const absl::Status& status, bool started, bool retryable) {
+  registry_->AddInflight(worker, -1);
+  bool retry = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --running_;
+    job->context.reset();
+    retry = !status.ok() && !started && retryable && !job->cancelled &&
+            job->attempts <= options_.max_retries && absl::Now() < job->request.deadline;
+    if (retry) job->excluded.insert(worker);
+    cv_.notify_all();
+  }
+  if (retry) {
+    LOG(INFO) << "request " << job->request.trace_id << ": worker " << worker
+              << " failed it before its first token (" << status << "); trying another";
+    if (observer_.retried) observer_.retried();
+    if (!TryStart(job)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (static_cast<int64_t>(queue_.size()) < options_.max_queued && !stopping_) {
+        job->queued = true;
+        queue_.push_front(job);  // it already waited its turn
+        retry = true;
+      } else {
+        retry = false;
+      }
+    }
+  }
+  if (!retry) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job->ended = true;
+    }
+    job->sink->OnEnd(status);
+  }
+  Pump();
+}
+
+void Dispatcher::Pump() {
+  while (true) {
+    std::shared_ptr<Job> job;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty()) return;
+      job = queue_.front();
+      queue_.pop_front();
+      job->queued = false;
+    }
+    if (!TryStart(job)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      job->queued = true;
+      queue_.push_front(job);
+      if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+  }
+}
+
+void Dispatcher::Cancel(const std::shared_ptr<Job>& job) {
+  std::shared_ptr<grpc::ClientContext> context;
+  bool was_queued = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job->cancelled || job->ended) return;
+    job->cancelled = true;
+    if (job->queued) {
+      queue_.erase(std::remove(queue_.begin(), queue_.end(), job), queue_.end());
+      job->queued = false;
+      job->ended = true;
+      was_queued = true;
+    }
+    context = job->context;
+  }
+  if (context != nullptr) context->TryCancel();  // the stream ends CANCELLED; CallEnded follows
+  if (was_queued) job->sink->OnEnd(absl::CancelledError("the client went away"));
+}
+
+void Dispatcher::DropQueue(const absl::Status& why) {
+  std::deque<std::shared_ptr<Job>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped.swap(queue_);
+    for (auto& job : dropped) {
+      job->queued = false;
+      job->ended = true;
+    }
+  }
+  for (auto& job : dropped) job->sink->OnEnd(why);
+}
+
+void Dispatcher::TimerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    // Queued requests past their deadline; and, with no worker up at all, every queued one.
+    const absl::Time now = absl::Now();
+    const bool any_up = registry_->AnyUp();
+    std::vector<std::pair<std::shared_ptr<Job>, absl::Status>> ended;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (now >= (*it)->request.deadline || !any_up) {
+        (*it)->queued = false;
+        (*it)->ended = true;
+        ended.emplace_back(*it, now >= (*it)->request.deadline
+                                    ? absl::DeadlineExceededError(
+                                          "the request waited for a worker until its deadline")
+                                    : absl::UnavailableError("no worker is up"));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    const bool pump = !queue_.empty();
+    lock.unlock();
+    for (auto& [job, status] : ended) job->sink->OnEnd(status);
+    if (pump) Pump();  // in case a worker freed up without a registry change
+    lock.lock();
+  }
+}
+
+int64_t Dispatcher::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+int64_t Dispatcher::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_;
+}
+
+}  // namespace ferry

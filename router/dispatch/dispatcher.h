@@ -1,0 +1,117 @@
+// Sending requests to workers (ARCHITECTURE.md §6 admission, §7 failure): each request goes to a
+// worker the routing policy picks among the registry's candidates, as one Generate stream whose
+// events reach the request's sink as they arrive.
+//
+//   - Admission: when no candidate can take a request (every worker at its capacity), it waits
+//     in a bounded queue (max_queued); beyond it Dispatch answers ResourceExhausted (429 with
+//     Retry-After at the front door); with no worker up at all, Unavailable (503). A queued
+//     request that reaches its deadline ends with DeadlineExceeded.
+//   - Retries: a worker that fails a request before its first token (unreachable, its queue full,
+//     draining, or an error it marks retryable) makes the request go to another worker, at most
+//     max_retries times.
+//   - Cancel (the client went away): the queued request is dropped, or the stream is cancelled,
+//     which aborts the request on the worker at its next step.
+//
+// Threads: sinks are called on gRPC's callback threads, in order for one request, never after
+// OnEnd. Thread-safe.
+
+#ifndef FERRY_ROUTER_DISPATCH_DISPATCHER_H_
+#define FERRY_ROUTER_DISPATCH_DISPATCHER_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "ferry/v1/worker.grpc.pb.h"
+#include "router/policy/routing_policy.h"
+#include "router/registry/worker_registry.h"
+
+namespace ferry {
+
+class GenerateSink {
+ public:
+  virtual ~GenerateSink() = default;
+  // Which worker serves the request (again after a retry).
+  virtual void OnRouted(const std::string& worker_id) {}
+  // Every event of the stream, in order.
+  virtual void OnEvent(const ferry::v1::GenerateEvent& event) = 0;
+  // Once, last: OK when the stream completed; otherwise why it ended.
+  virtual void OnEnd(const absl::Status& status) = 0;
+};
+
+struct DispatchRequest {
+  ferry::v1::GenerateRequest request;
+  std::string trace_id;
+  absl::Time deadline = absl::InfiniteFuture();
+  int64_t prompt_tokens = 0;
+};
+
+struct DispatcherOptions {
+  int64_t max_queued = 256;
+  int max_retries = 2;
+  std::string auth_token;  // sent to the workers
+};
+
+// Counters the dispatcher reports (router metrics).
+struct DispatchObserver {
+  std::function<void(const std::string& policy, const std::string& worker)> routed;
+  std::function<void()> retried;
+  std::function<void(int64_t depth)> queue_depth;
+};
+
+class Dispatcher {
+ public:
+  class Job;
+
+  // `registry` and `policy` must outlive the dispatcher.
+  Dispatcher(WorkerRegistry* registry, RoutingPolicy* policy, DispatcherOptions options,
+             DispatchObserver observer = {});
+  ~Dispatcher();  // ends queued requests (Unavailable) and waits for running streams
+
+  // Starts (or queues) the request. Errors, before anything was sent: Unavailable (no worker up),
+  // ResourceExhausted (the queue is full). The handle cancels it.
+  absl::StatusOr<std::shared_ptr<Job>> Dispatch(DispatchRequest request,
+                                                std::shared_ptr<GenerateSink> sink);
+  void Cancel(const std::shared_ptr<Job>& job);
+
+  int64_t queued() const;
+  int64_t running() const;
+
+  // Ends every queued request (shutdown); running ones go on.
+  void DropQueue(const absl::Status& why);
+  // Starts queued requests while candidates can take them (the registry calls it on changes).
+  // Never call it holding a lock the sinks take.
+  void Pump();
+
+  class Call;
+
+ private:
+  friend class Call;
+  // Starts `job` on a candidate, or returns false when none can take it now.
+  bool TryStart(const std::shared_ptr<Job>& job);
+  void CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
+                 const absl::Status& status, bool started, bool retryable);
+  void TimerLoop();
+
+  WorkerRegistry* const registry_;
+  RoutingPolicy* const policy_;
+  const DispatcherOptions options_;
+  const DispatchObserver observer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  int64_t running_ = 0;
+  bool stopping_ = false;
+  std::thread timer_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_DISPATCH_DISPATCHER_H_

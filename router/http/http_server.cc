@@ -1,0 +1,544 @@
+#include "router/http/http_server.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "boost/asio/bind_executor.hpp"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/post.hpp"
+#include "boost/asio/strand.hpp"
+#include "boost/asio/write.hpp"
+#include "boost/beast/core.hpp"
+#include "boost/beast/http.hpp"
+#include "engine/common/log.h"
+
+namespace ferry {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+const std::string& HttpRequest::header(const std::string& lowercase_name) const {
+  static const std::string* const kEmpty = new std::string();
+  auto it = headers.find(lowercase_name);
+  return it == headers.end() ? *kEmpty : it->second;
+}
+
+namespace {
+
+std::string StatusLine(int status, bool http10) {
+  const beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
+  return absl::StrCat(http10 ? "HTTP/1.0 " : "HTTP/1.1 ", status, " ",
+                      std::string(reason.data(), reason.size()), "\r\n");
+}
+
+// The header block of a response (ends with the blank line).
+std::string HeaderBlock(int status, const HttpHeaders& headers, bool http10, bool keep_alive,
+                        const std::optional<size_t>& content_length) {
+  std::string out = StatusLine(status, http10);
+  bool has_type = false;
+  for (const auto& [name, value] : headers) {
+    const std::string lower = absl::AsciiStrToLower(name);
+    if (lower == "content-length" || lower == "transfer-encoding" || lower == "connection") {
+      continue;  // the server's to set
+    }
+    has_type = has_type || lower == "content-type";
+    absl::StrAppend(&out, name, ": ", value, "\r\n");
+  }
+  if (!has_type) out += "Content-Type: text/plain; charset=utf-8\r\n";
+  absl::StrAppend(&out, "Server: ferry\r\n");
+  if (content_length.has_value()) {
+    absl::StrAppend(&out, "Content-Length: ", *content_length, "\r\n");
+  } else if (!http10) {
+    out += "Transfer-Encoding: chunked\r\n";
+  }
+  out += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+  out += "\r\n";
+  return out;
+}
+
+std::string Chunk(const std::string& data) {
+  return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
+}
+
+}  // namespace
+
+class Session;
+
+class HttpServer::Impl {
+ public:
+  Impl(const HttpServerOptions& options, HttpHandler handler)
+      : options_(options), handler_(std::move(handler)), acceptor_(io_) {}
+  ~Impl() { Shutdown(absl::ZeroDuration()); }
+
+  absl::Status Listen();
+  void Shutdown(absl::Duration grace);
+
+  const HttpServerOptions& options() const { return options_; }
+  const HttpHandler& handler() const { return handler_; }
+  bool shutting_down() const { return shutting_down_.load(); }
+  int port() const { return port_; }
+  int64_t connections() const { return connections_.load(); }
+  int64_t active_requests() const { return active_.load(); }
+
+  void RequestStarted() { active_.fetch_add(1); }
+  void RequestEnded() {
+    if (active_.fetch_sub(1) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);
+      idle_.notify_all();
+    }
+  }
+  void SessionEnded(Session* session);
+
+ private:
+  void Accept();
+
+  const HttpServerOptions options_;
+  const HttpHandler handler_;
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  tcp::acceptor acceptor_;
+  std::vector<std::thread> threads_;
+  int port_ = 0;
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<int64_t> connections_{0};
+  std::atomic<int64_t> active_{0};
+
+  std::mutex mu_;
+  std::condition_variable idle_;
+  std::list<std::weak_ptr<Session>> sessions_;  // under mu_
+  bool stopped_ = false;                        // under mu_
+};
+
+// One connection. Everything it does runs on its strand.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, HttpServer::Impl* server)
+      : stream_(std::move(socket)), server_(server) {
+    beast::error_code ec;
+    const tcp::endpoint remote = stream_.socket().remote_endpoint(ec);
+    if (!ec) remote_ = absl::StrCat(remote.address().to_string(), ":", remote.port());
+  }
+
+  std::list<std::weak_ptr<Session>>::iterator registration;
+
+  void Start() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->WaitForRequest(); });
+  }
+
+  // Refuses the connection: too many are open.
+  void RefuseAndClose() {
+    asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      self->keep_alive_ = false;
+      const std::string body = "too many connections";
+      self->QueueWrite(HeaderBlock(503, {{"Retry-After", "1"}}, false, false, body.size()) + body);
+      self->closing_after_write_ = true;
+    });
+  }
+
+  // Shutdown: close now when no request is being answered, or at the end of the current one.
+  void CloseWhenIdle() {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] {
+      self->keep_alive_ = false;
+      if (!self->in_request_) self->Close();
+    });
+  }
+  void CloseNow() {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] { self->Close(); });
+  }
+
+  // --- For the responder (always called through the strand).
+  void Respond(int status, const HttpHeaders& headers, std::string body) {
+    if (closed_ || answered_) return;
+    answered_ = true;
+    const bool http10 = version_ == 10;
+    QueueWrite(HeaderBlock(status, headers, http10, keep_alive_, body.size()) + body);
+    complete_ = true;
+    MaybeEndRequest();
+  }
+  void StartStream(int status, const HttpHeaders& headers) {
+    if (closed_ || answered_) return;
+    answered_ = true;
+    streaming_ = true;
+    if (version_ == 10) keep_alive_ = false;  // no chunking: the end of the stream is the close
+    QueueWrite(HeaderBlock(status, headers, version_ == 10, keep_alive_, std::nullopt));
+  }
+  void WriteChunk(std::string data) {
+    if (closed_ || !streaming_ || complete_ || data.empty()) return;
+    QueueWrite(version_ == 10 ? std::move(data) : Chunk(data));
+    if (pending_bytes_ > server_->options().max_stream_buffer_bytes) {
+      LOG(WARNING) << "http: " << remote_ << " does not read its stream; cut off";
+      Close();
+    }
+  }
+  void FinishStream() {
+    if (closed_ || !streaming_ || complete_) return;
+    if (version_ != 10) QueueWrite("0\r\n\r\n");
+    complete_ = true;
+    MaybeEndRequest();
+  }
+  void SetOnClose(std::function<void()> callback) {
+    if (closed_ && !complete_) {
+      callback();
+      return;
+    }
+    on_close_ = std::move(callback);
+  }
+  bool stream_broken() const { return closed_; }
+  beast::tcp_stream::executor_type executor() { return stream_.get_executor(); }
+
+ private:
+  void WaitForRequest() {
+    if (closed_) return;
+    if (server_->shutting_down() || !keep_alive_) return Close();
+    // Idle until the first byte (or use what a pipelining client already sent).
+    if (buffer_.size() > 0) return ReadRequest();
+    stream_.expires_after(absl::ToChronoMilliseconds(server_->options().idle_timeout));
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) return self->Close();
+                              self->buffer_.commit(n);
+                              self->ReadRequest();
+                            });
+  }
+
+  void ReadRequest() {
+    parser_.emplace();
+    parser_->header_limit(server_->options().max_header_bytes);
+    parser_->body_limit(server_->options().max_body_bytes);
+    stream_.expires_after(absl::ToChronoMilliseconds(server_->options().read_timeout));
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnRead(ec); });
+  }
+
+  void OnRead(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == asio::error::operation_aborted ||
+        ec == beast::error::timeout || ec == asio::error::connection_reset || closed_) {
+      return Close();
+    }
+    if (ec) {
+      int status = 400;
+      if (ec == http::error::header_limit) status = 431;
+      if (ec == http::error::body_limit) status = 413;
+      keep_alive_ = false;
+      const std::string body =
+          absl::StrCat("{\"error\":{\"message\":\"",
+                       ec == http::error::body_limit     ? "request body too large"
+                       : ec == http::error::header_limit ? "request header too large"
+                                                         : "malformed HTTP request",
+                       "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}");
+      QueueWrite(
+          HeaderBlock(status, {{"Content-Type", "application/json"}}, false, false, body.size()) +
+          body);
+      closing_after_write_ = true;
+      return;
+    }
+    http::request<http::string_body> message = parser_->release();
+    version_ = message.version();
+    keep_alive_ = message.keep_alive();
+    HttpRequest request;
+    request.method = std::string(message.method_string());
+    request.target = std::string(message.target());
+    request.path = request.target.substr(0, request.target.find('?'));
+    for (const auto& field : message) {
+      request.headers[absl::AsciiStrToLower(std::string(field.name_string()))] =
+          std::string(field.value());
+    }
+    request.body = std::move(message.body());
+    request.remote = remote_;
+    in_request_ = true;
+    answered_ = complete_ = streaming_ = false;
+    server_->RequestStarted();
+    counted_ = true;
+    if (server_->shutting_down()) {
+      keep_alive_ = false;
+      Respond(503, {{"Content-Type", "application/json"}, {"Retry-After", "1"}},
+              "{\"error\":{\"message\":\"the server is shutting down\",\"type\":"
+              "\"server_error\",\"param\":null,\"code\":null}}");
+      return;
+    }
+    server_->handler()(std::move(request), MakeResponder());
+    WatchForClose();
+  }
+
+  // While a request is being answered, a client that closes its connection must be noticed at
+  // once (its request is then aborted), not at the next write: wait for the socket to become
+  // readable and peek. End of stream or an error closes the session; bytes (a pipelined request)
+  // stay in the socket for the next read, and watching stops.
+  void WatchForClose() {
+    if (closed_ || !in_request_) return;
+    const uint64_t request = ++request_number_;
+    stream_.socket().async_wait(
+        tcp::socket::wait_read,
+        asio::bind_executor(
+            stream_.get_executor(), [self = shared_from_this(), request](beast::error_code ec) {
+              if (self->closed_ || !self->in_request_ || request != self->request_number_) {
+                return;
+              }
+              if (ec) return self->Close();
+              char byte;
+              const ssize_t n =
+                  ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+              if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+                self->Close();
+              } else if (n < 0) {
+                self->WatchForClose();  // spurious
+              }
+            }));
+  }
+
+  std::shared_ptr<HttpResponder> MakeResponder();
+
+  void QueueWrite(std::string bytes) {
+    pending_bytes_ += bytes.size();
+    writes_.push_back(std::move(bytes));
+    if (!writing_) WriteNext();
+  }
+
+  void WriteNext() {
+    if (closed_) return;
+    if (writes_.empty()) {
+      writing_ = false;
+      if (closing_after_write_) return Close();
+      if (complete_ && in_request_) EndRequest();
+      return;
+    }
+    writing_ = true;
+    stream_.expires_after(absl::ToChronoMilliseconds(server_->options().write_timeout));
+    asio::async_write(stream_, asio::buffer(writes_.front()),
+                      [self = shared_from_this()](beast::error_code ec, size_t n) {
+                        if (ec) return self->Close();
+                        self->pending_bytes_ -= n;
+                        self->writes_.pop_front();
+                        self->WriteNext();
+                      });
+  }
+
+  void MaybeEndRequest() {
+    if (!writing_ && writes_.empty()) EndRequest();
+  }
+
+  // The answer is complete and written: next request, or close.
+  void EndRequest() {
+    if (!in_request_) return;
+    in_request_ = false;
+    on_close_ = nullptr;
+    if (counted_) {
+      counted_ = false;
+      server_->RequestEnded();
+    }
+    if (!keep_alive_ || (streaming_ && version_ == 10)) return Close();
+    WaitForRequest();
+  }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+    if (in_request_ && !complete_ && on_close_) {
+      auto callback = std::move(on_close_);
+      on_close_ = nullptr;
+      callback();
+    }
+    if (counted_) {
+      counted_ = false;
+      server_->RequestEnded();
+    }
+    in_request_ = false;
+    server_->SessionEnded(this);
+  }
+
+  beast::tcp_stream stream_;
+  HttpServer::Impl* const server_;
+  std::string remote_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+  bool in_request_ = false, answered_ = false, complete_ = false, streaming_ = false;
+  bool counted_ = false;
+  bool closed_ = false, closing_after_write_ = false;
+  bool writing_ = false;
+  uint64_t request_number_ = 0;
+  std::deque<std::string> writes_;
+  size_t pending_bytes_ = 0;
+  std::function<void()> on_close_;
+};
+
+// Posts every call onto the session's strand.
+class SessionResponder final : public HttpResponder,
+                               public std::enable_shared_from_this<SessionResponder> {
+ public:
+  explicit SessionResponder(std::shared_ptr<Session> session) : session_(std::move(session)) {}
+
+  void Respond(int status, const HttpHeaders& headers, std::string body) override {
+    Post([status, headers, body = std::move(body)](Session& s) mutable {
+      s.Respond(status, headers, std::move(body));
+    });
+  }
+  void StartStream(int status, const HttpHeaders& headers) override {
+    Post([status, headers](Session& s) { s.StartStream(status, headers); });
+  }
+  bool Write(std::string data) override {
+    if (closed_.load()) return false;
+    Post([data = std::move(data)](Session& s) mutable { s.WriteChunk(std::move(data)); });
+    return !closed_.load();
+  }
+  void Finish() override {
+    Post([](Session& s) { s.FinishStream(); });
+  }
+  void OnClose(std::function<void()> callback) override {
+    std::weak_ptr<SessionResponder> weak = shared_from_this();
+    Post([callback = std::move(callback), weak](Session& s) mutable {
+      s.SetOnClose([callback = std::move(callback), weak] {
+        if (auto self = weak.lock()) self->MarkClosed();
+        callback();
+      });
+    });
+  }
+  bool closed() const override { return closed_.load(); }
+
+  void MarkClosed() { closed_.store(true); }
+
+ private:
+  template <typename Fn>
+  void Post(Fn fn) {
+    std::shared_ptr<Session> s = session_;
+    asio::post(s->executor(), [s, fn = std::move(fn)]() mutable { fn(*s); });
+  }
+
+  const std::shared_ptr<Session> session_;
+  std::atomic<bool> closed_{false};
+};
+
+std::shared_ptr<HttpResponder> Session::MakeResponder() {
+  auto responder = std::make_shared<SessionResponder>(shared_from_this());
+  // The responder learns of a close even when the handler never asks (Write returns false).
+  std::weak_ptr<SessionResponder> weak = responder;
+  on_close_ = [weak] {
+    if (auto r = weak.lock()) r->MarkClosed();
+  };
+  return responder;
+}
+
+absl::Status HttpServer::Impl::Listen() {
+  beast::error_code ec;
+  const asio::ip::address ip = asio::ip::make_address(options_.host, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat("'", options_.host, "' is not an IP"));
+  if (options_.port < 0 || options_.port > 65535 || options_.threads < 1 ||
+      options_.max_connections < 1) {
+    return absl::InvalidArgumentError("http server: bad port, threads or max_connections");
+  }
+  const tcp::endpoint endpoint(ip, static_cast<unsigned short>(options_.port));
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options_.host, ":", options_.port, ": ", ec.message()));
+  }
+  port_ = acceptor_.local_endpoint().port();
+  work_.emplace(io_.get_executor());
+  Accept();
+  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { io_.run(); });
+  return absl::OkStatus();
+}
+
+void HttpServer::Impl::Accept() {
+  acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || shutting_down_) return;
+    if (!ec) {
+      auto session = std::make_shared<Session>(std::move(socket), this);
+      const bool full = connections_.load() >= options_.max_connections;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        session->registration = sessions_.insert(sessions_.end(), session);
+      }
+      connections_.fetch_add(1);
+      if (full) {
+        session->RefuseAndClose();
+      } else {
+        session->Start();
+      }
+    }
+    Accept();
+  });
+}
+
+void HttpServer::Impl::SessionEnded(Session* session) {
+  connections_.fetch_sub(1);
+  std::lock_guard<std::mutex> lock(mu_);
+  sessions_.erase(session->registration);
+  idle_.notify_all();
+}
+
+void HttpServer::Impl::Shutdown(absl::Duration grace) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  if (!work_.has_value()) return;  // never listened
+  shutting_down_ = true;
+  asio::post(io_, [this] {
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+  });
+  std::vector<std::shared_ptr<Session>> sessions;
+  auto collect = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    sessions.clear();
+    for (auto& weak : sessions_) {
+      if (auto s = weak.lock()) sessions.push_back(s);
+    }
+  };
+  collect();
+  for (auto& s : sessions) s->CloseWhenIdle();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait_for(lock, absl::ToChronoNanoseconds(std::max(grace, absl::ZeroDuration())),
+                   [&] { return active_.load() == 0; });
+  }
+  collect();
+  for (auto& s : sessions) s->CloseNow();
+  sessions.clear();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait_for(lock, std::chrono::seconds(5), [&] { return sessions_.empty(); });
+  }
+  work_.reset();
+  io_.stop();
+  for (auto& t : threads_) t.join();
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                              HttpHandler handler) {
+  auto impl = std::make_unique<Impl>(options, std::move(handler));
+  if (absl::Status s = impl->Listen(); !s.ok()) return s;
+  return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
+}
+
+HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HttpServer::~HttpServer() { Shutdown(absl::ZeroDuration()); }
+int HttpServer::port() const { return impl_->port(); }
+int64_t HttpServer::connections() const { return impl_->connections(); }
+int64_t HttpServer::active_requests() const { return impl_->active_requests(); }
+void HttpServer::Shutdown(absl::Duration grace) { impl_->Shutdown(grace); }
+
+}  // namespace ferry

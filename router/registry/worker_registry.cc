@@ -1,0 +1,417 @@
+#include "router/registry/worker_registry.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "engine/common/log.h"
+#include "services/common/grpc_client.h"
+#include "services/common/shared_token.h"
+
+namespace ferry {
+
+namespace v1 = ferry::v1;
+
+struct WorkerRegistry::Worker {
+  enum class State { kDown, kConnecting, kUp, kRefused };
+  std::string address;
+  std::shared_ptr<v1::Worker::Stub> stub;
+  State state = State::kDown;
+  std::string reason = "not connected yet";
+  bool accepted = false;
+  v1::WorkerStatus status;  // identity and load, as last reported
+  absl::Duration last_seen;
+  absl::Duration connected_at;
+  absl::Duration next_attempt;
+  absl::Duration backoff;
+  Subscription* subscription = nullptr;
+  uint64_t generation = 0;
+  std::string cancel_reason;  // why the registry cancelled the stream, for its OnDone
+  int64_t inflight = 0;
+  int64_t messages = 0;
+
+  std::string id() const { return status.worker_id().empty() ? address : status.worker_id(); }
+};
+
+const char* StateName(int state) {
+  switch (state) {
+    case 0:
+      return "down";
+    case 1:
+      return "connecting";
+    case 2:
+      return "up";
+    default:
+      return "refused";
+  }
+}
+
+// One Watch stream to one worker. Deletes itself when done.
+class WorkerRegistry::Subscription final : public grpc::ClientReadReactor<v1::WorkerStatus> {
+ public:
+  Subscription(WorkerRegistry* registry, Worker* worker, uint64_t generation,
+               const std::string& token)
+      : registry_(registry), worker_(worker), generation_(generation) {
+    AttachSharedToken(&context_, token);
+    TraceId();
+  }
+
+  void Start(v1::Worker::Stub* stub) {
+    stub->async()->Watch(&context_, &request_, this);
+    StartRead(&status_);
+    StartCall();
+  }
+
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended; OnDone says how
+    registry_->OnStatus(worker_, status_);
+    status_.Clear();
+    StartRead(&status_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    registry_->OnStreamDone(worker_, generation_,
+                            status.ok()
+                                ? "the stream ended"
+                                : absl::StrCat("the stream failed: ", status.error_message()));
+    delete this;
+  }
+
+ private:
+  void TraceId() { context_.AddMetadata(kTraceIdMetadataKey, "router-watch"); }
+
+  WorkerRegistry* const registry_;
+  Worker* const worker_;
+  const uint64_t generation_;
+  grpc::ClientContext context_;
+  v1::WatchRequest request_;
+  v1::WorkerStatus status_;
+};
+
+WorkerRegistry::WorkerRegistry(std::vector<std::string> addresses, RegistryOptions options,
+                               Clock* clock)
+    : options_(std::move(options)), clock_(clock) {
+  for (const std::string& address : addresses) {
+    auto w = std::make_unique<Worker>();
+    w->address = address;
+    w->stub = v1::Worker::NewStub(NewChannel(address));
+    w->backoff = options_.initial_backoff;
+    workers_.push_back(std::move(w));
+  }
+}
+
+WorkerRegistry::~WorkerRegistry() { Stop(); }
+
+absl::StatusOr<std::vector<std::string>> WorkerRegistry::ReadWorkerFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the worker file ", path));
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::string trimmed(absl::StripAsciiWhitespace(line.substr(0, line.find('#'))));
+    if (trimmed.empty()) continue;
+    if (trimmed.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": '", trimmed, "' is not host:port"));
+    }
+    out.push_back(trimmed);
+  }
+  return out;
+}
+
+void WorkerRegistry::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (started_) return;
+  started_ = true;
+  for (auto& w : workers_) Connect(*w);
+  monitor_ = std::thread([this] { MonitorLoop(); });
+}
+
+void WorkerRegistry::Stop() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!started_ || stopping_) return;
+    stopping_ = true;
+    for (auto& w : workers_) {
+      if (w->subscription != nullptr) w->subscription->Cancel();
+    }
+    stop_cv_.notify_all();
+    // Every stream's OnDone runs before the registry goes.
+    stop_cv_.wait_for(lock, std::chrono::seconds(30), [&] {
+      return std::all_of(workers_.begin(), workers_.end(),
+                         [](const auto& w) { return w->subscription == nullptr; });
+    });
+  }
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void WorkerRegistry::Connect(Worker& w) {
+  w.state = Worker::State::kConnecting;
+  w.connected_at = clock_->Monotonic();
+  ++w.generation;
+  w.subscription = new Subscription(this, &w, w.generation, options_.auth_token);
+  w.subscription->Start(w.stub.get());
+}
+
+void WorkerRegistry::MarkDown(Worker& w, const std::string& why) {
+  if (w.state == Worker::State::kUp) {
+    LOG(WARNING) << "worker " << w.id() << " (" << w.address << ") is down: " << why;
+  }
+  if (w.state != Worker::State::kRefused) {
+    w.state = Worker::State::kDown;
+    w.reason = why;
+  }
+  w.accepted = false;
+  w.next_attempt = clock_->Monotonic() + w.backoff;
+  w.backoff = std::min(w.backoff * 2, options_.max_backoff);
+  // The pool's facts hold while one accepted worker is left.
+  if (std::none_of(workers_.begin(), workers_.end(), [](const auto& x) { return x->accepted; })) {
+    pool_ = PoolInfo();
+  }
+}
+
+void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    w->last_seen = clock_->Monotonic();
+    ++w->messages;
+    if (status.snapshot() || w->messages == 1) {
+      // Identity: keep the whole message but its (possibly large) hash lists.
+      w->status = status;
+      w->status.clear_kv_events();
+    } else if (!status.snapshot_continues()) {
+      *w->status.mutable_load() = status.load();
+      w->status.set_drain_state(status.drain_state());
+      w->status.set_sequence(status.sequence());
+    }
+    if (!w->accepted && w->state != Worker::State::kRefused) {
+      const v1::WorkerStatus& s = w->status;
+      const Hash128 fp{s.model().fingerprint().lo(), s.model().fingerprint().hi()};
+      std::string refusal;
+      if (s.protocol_version() != v1::PROTOCOL_VERSION_1) {
+        refusal = "protocol";
+      } else if (pool_.known && fp != pool_.fingerprint) {
+        refusal = "fingerprint";
+      } else if (pool_.known && s.capacity().block_tokens() != pool_.block_tokens) {
+        refusal = "block_tokens";
+      }
+      if (!refusal.empty()) {
+        w->state = Worker::State::kRefused;
+        w->reason = absl::StrCat("refused: its ", refusal, " differs from the pool's");
+        LOG(WARNING) << "worker " << w->id() << " (" << w->address << ") " << w->reason;
+        refusals_.push_back(refusal);
+        if (w->subscription != nullptr) {
+          w->cancel_reason = w->reason;
+          w->subscription->Cancel();
+        }
+      } else {
+        if (!pool_.known) {
+          pool_.known = true;
+          pool_.fingerprint = fp;
+          pool_.model_name = s.model().name();
+          pool_.block_tokens = s.capacity().block_tokens();
+          pool_.max_context_tokens = s.capacity().max_context_tokens();
+          pool_.max_choices = s.capacity().max_choices();
+        }
+        pool_.max_choices = std::min(pool_.max_choices, s.capacity().max_choices());
+        pool_.max_context_tokens =
+            std::min(pool_.max_context_tokens, s.capacity().max_context_tokens());
+        w->accepted = true;
+        w->state = Worker::State::kUp;
+        w->reason.clear();
+        w->backoff = options_.initial_backoff;
+        LOG(INFO) << "worker " << w->id() << " (" << w->address << ") is up: " << s.model().name()
+                  << ", " << s.capacity().total_kv_blocks() << " KV blocks, engine " << s.engine();
+      }
+    }
+    changed = true;
+  }
+  if (changed) Changed();
+}
+
+void WorkerRegistry::OnStreamDone(Worker* w, uint64_t generation, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (w->generation == generation) {
+      w->subscription = nullptr;
+      w->messages = 0;
+      if (!stopping_) MarkDown(*w, w->cancel_reason.empty() ? why : w->cancel_reason);
+      w->cancel_reason.clear();
+    }
+    stop_cv_.notify_all();
+  }
+  Changed();
+}
+
+void WorkerRegistry::MonitorLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const absl::Duration now = clock_->Monotonic();
+    for (auto& w : workers_) {
+      const bool live = w->state == Worker::State::kUp || w->state == Worker::State::kConnecting;
+      const absl::Duration since =
+          now - (w->state == Worker::State::kUp ? w->last_seen : w->connected_at);
+      if (live && w->subscription != nullptr && since > options_.heartbeat_timeout) {
+        // Silent: cancel; its OnDone marks it down and schedules the next try.
+        w->cancel_reason = absl::StrCat("no message for ", absl::FormatDuration(since));
+        if (w->state == Worker::State::kUp) {
+          LOG(WARNING) << "worker " << w->id() << " (" << w->address << "): " << w->cancel_reason;
+        }
+        w->state = Worker::State::kDown;  // no new work from now on
+        w->accepted = false;
+        w->subscription->Cancel();
+      } else if (w->subscription == nullptr && now >= w->next_attempt) {
+        Connect(*w);
+      }
+    }
+    std::vector<std::string> refusals;
+    refusals.swap(refusals_);
+    lock.unlock();
+    for (const std::string& reason : refusals) {
+      if (on_refusal_) on_refusal_(reason);
+    }
+    lock.lock();
+    stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.check_interval),
+                      [&] { return stopping_; });
+  }
+}
+
+void WorkerRegistry::Changed() {
+  std::function<void()> callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    callback = on_change_;
+  }
+  if (callback) callback();
+}
+
+void WorkerRegistry::SetOnChange(std::function<void()> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_change_ = std::move(callback);
+}
+
+void WorkerRegistry::SetOnRefusal(std::function<void(const std::string&)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_refusal_ = std::move(callback);
+}
+
+std::vector<Candidate> WorkerRegistry::Candidates() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Candidate> out;
+  for (const auto& w : workers_) {
+    if (!w->accepted || w->state != Worker::State::kUp) continue;
+    const v1::DrainState drain = w->status.drain_state();
+    if (drain == v1::DRAIN_STATE_DRAINING || drain == v1::DRAIN_STATE_DRAINED) continue;
+    const v1::WorkerCapacity& c = w->status.capacity();
+    const int64_t capacity =
+        static_cast<int64_t>(c.max_running_requests()) + c.max_queued_requests();
+    if (capacity > 0 && w->inflight >= capacity) continue;
+    Candidate candidate;
+    candidate.id = w->id();
+    candidate.stub = w->stub;
+    candidate.load.id = w->id();
+    candidate.load.inflight = w->inflight;
+    candidate.load.queued_tokens = static_cast<int64_t>(w->status.load().queued_tokens());
+    candidate.load.running_tokens = static_cast<int64_t>(w->status.load().running_tokens());
+    candidate.load.free_kv_blocks = static_cast<int64_t>(w->status.load().free_kv_blocks());
+    out.push_back(std::move(candidate));
+  }
+  return out;
+}
+
+bool WorkerRegistry::AnyUp() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::any_of(workers_.begin(), workers_.end(),
+                     [](const auto& w) { return w->accepted && w->state == Worker::State::kUp; });
+}
+
+int64_t WorkerRegistry::up_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::count_if(workers_.begin(), workers_.end(),
+                       [](const auto& w) { return w->accepted && w->state == Worker::State::kUp; });
+}
+
+PoolInfo WorkerRegistry::pool() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_;
+}
+
+void WorkerRegistry::AddInflight(const std::string& id, int delta) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& w : workers_) {
+    if (w->id() == id) {
+      w->inflight = std::max<int64_t>(0, w->inflight + delta);
+      return;
+    }
+  }
+}
+
+absl::StatusOr<v1::DrainResponse> WorkerRegistry::Drain(const std::string& id,
+                                                        uint32_t grace_seconds) {
+  std::shared_ptr<v1::Worker::Stub> stub;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if (w->id() == id || w->address == id) stub = w->stub;
+    }
+  }
+  if (stub == nullptr) return absl::NotFoundError(absl::StrCat("no worker '", id, "'"));
+  v1::DrainRequest request;
+  request.set_grace_seconds(grace_seconds);
+  v1::DrainResponse response;
+  auto context = NewClientContext(absl::Seconds(10));
+  AttachSharedToken(context.get(), options_.auth_token);
+  const grpc::Status status = stub->Drain(context.get(), request, &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat("worker ", id, ": ", status.error_message()));
+  }
+  return response;
+}
+
+nlohmann::json WorkerRegistry::ToJson() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json out = nlohmann::json::array();
+  const absl::Duration now = clock_->Monotonic();
+  for (const auto& w : workers_) {
+    const v1::WorkerStatus& s = w->status;
+    const v1::WorkerLoad& l = s.load();
+    nlohmann::json j = {
+        {"id", w->id()},
+        {"address", w->address},
+        {"state", StateName(static_cast<int>(w->state))},
+        {"accepted", w->accepted},
+        {"reason", w->reason},
+        {"inflight", w->inflight},
+    };
+    if (w->messages > 0 || w->state == Worker::State::kRefused) {
+      j["engine"] = s.engine();
+      j["model"] = s.model().name();
+      j["fingerprint"] =
+          Hash128{s.model().fingerprint().lo(), s.model().fingerprint().hi()}.ToHex();
+      j["drain_state"] = v1::DrainState_Name(s.drain_state());
+      j["block_tokens"] = s.capacity().block_tokens();
+      j["total_kv_blocks"] = s.capacity().total_kv_blocks();
+      j["load"] = {{"queued_requests", l.queued_requests()},
+                   {"running_requests", l.running_requests()},
+                   {"queued_tokens", l.queued_tokens()},
+                   {"running_tokens", l.running_tokens()},
+                   {"used_kv_blocks", l.used_kv_blocks()},
+                   {"free_kv_blocks", l.free_kv_blocks()},
+                   {"cached_kv_blocks", l.cached_kv_blocks()},
+                   {"step_time_ms", l.step_time_ms()},
+                   {"prefill_tokens_per_second", l.prefill_tokens_per_second()},
+                   {"decode_tokens_per_second", l.decode_tokens_per_second()}};
+      j["last_message_ms_ago"] = absl::ToInt64Milliseconds(now - w->last_seen);
+    }
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,128 @@
+// The router's view of its workers (ARCHITECTURE.md §6): the addresses it was given (flags or a
+// file), and for each one a Watch subscription (worker.proto) that keeps the worker's identity,
+// capacity, drain state and load current. Workers never need to know the router.
+//
+//   - A worker is accepted into the pool when its fingerprint, block size and protocol version
+//     are the pool's (the first worker accepted sets them; when none is left the next sets them
+//     again); one that differs is refused (logged, ferry_router_worker_refusals_total{reason}).
+//   - A worker whose stream breaks, or that sends nothing for heartbeat_timeout, is down: its
+//     stream is cancelled and a new one tried after a backoff (doubling up to max_backoff).
+//   - A draining worker gets no new work.
+//
+// Time: the monitor checks heartbeats on `clock` (a FakeClock in tests), polling every
+// check_interval of real time.
+//
+// Thread-safe.
+
+#ifndef FERRY_ROUTER_REGISTRY_WORKER_REGISTRY_H_
+#define FERRY_ROUTER_REGISTRY_WORKER_REGISTRY_H_
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/common/clock.h"
+#include "engine/common/hash128.h"
+#include "ferry/v1/worker.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "router/policy/routing_policy.h"
+
+namespace ferry {
+
+struct RegistryOptions {
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  absl::Duration initial_backoff = absl::Milliseconds(200);
+  absl::Duration max_backoff = absl::Seconds(5);
+  absl::Duration check_interval = absl::Milliseconds(50);  // real time
+  std::string auth_token;                                  // sent to the workers
+};
+
+// The pool's shared facts, as the accepted workers reported them.
+struct PoolInfo {
+  bool known = false;
+  Hash128 fingerprint;
+  std::string model_name;
+  uint32_t block_tokens = 0;
+  uint32_t max_context_tokens = 0;
+  uint32_t max_choices = 0;  // the smallest of the workers'
+};
+
+// A worker that can take a request now.
+struct Candidate {
+  std::string id;
+  std::shared_ptr<ferry::v1::Worker::Stub> stub;
+  WorkerLoadView load;
+};
+
+class WorkerRegistry {
+ public:
+  // `addresses`: "host:port" each. `clock` must outlive the registry.
+  WorkerRegistry(std::vector<std::string> addresses, RegistryOptions options, Clock* clock);
+  ~WorkerRegistry();  // Stop()
+
+  // Reads a worker list file: one "host:port" a line; blank lines and # comments skipped.
+  static absl::StatusOr<std::vector<std::string>> ReadWorkerFile(const std::string& path);
+
+  void Start();
+  void Stop();
+
+  // Accepted, up, not draining, and below their capacity (running + queued allowed, minus what
+  // the router has in flight there).
+  std::vector<Candidate> Candidates() const;
+  // Whether any worker is up and accepted (draining or not).
+  bool AnyUp() const;
+  PoolInfo pool() const;
+
+  // The router's count of requests in flight per worker (the dispatcher keeps it).
+  void AddInflight(const std::string& id, int delta);
+
+  // Called (on registry threads, no lock held) whenever a worker comes up, goes down, changes
+  // drain state or reports a new load: the dispatcher retries its queue.
+  void SetOnChange(std::function<void()> callback);
+  // Called (on the monitor thread) with the reason each time a worker is refused: "protocol",
+  // "fingerprint", "block_tokens".
+  void SetOnRefusal(std::function<void(const std::string&)> callback);
+
+  // The Drain RPC on worker `id`; NotFound for an unknown id.
+  absl::StatusOr<ferry::v1::DrainResponse> Drain(const std::string& id, uint32_t grace_seconds);
+
+  // GET /workers: every worker with its state, identity, load, in-flight count, last message.
+  nlohmann::json ToJson() const;
+
+  // For tests: workers up and accepted.
+  int64_t up_count() const;
+
+  class Subscription;
+
+ private:
+  struct Worker;
+  void MonitorLoop();
+  void Connect(Worker& w);  // under mu_
+  void OnStatus(Worker* w, const ferry::v1::WorkerStatus& status);
+  void OnStreamDone(Worker* w, uint64_t generation, const std::string& why);
+  void MarkDown(Worker& w, const std::string& why);  // under mu_
+  void Changed();
+
+  const RegistryOptions options_;
+  Clock* const clock_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+
+  mutable std::mutex mu_;
+  std::condition_variable stop_cv_;
+  PoolInfo pool_;
+  bool started_ = false, stopping_ = false;
+  std::thread monitor_;
+  std::function<void()> on_change_;
+  std::function<void(const std::string&)> on_refusal_;
+  std::vector<std::string> refusals_;  // not yet reported to on_refusal_
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_REGISTRY_WORKER_REGISTRY_H_

@@ -1,0 +1,263 @@
+// The registry against fake workers (in-process gRPC servers whose Watch streams the test
+// drives): workers come up on their first message, a mismatched fingerprint or block size is
+// refused, a broken stream or a stopped heartbeat (FakeClock) takes a worker down and a new
+// stream brings it back, draining workers are no candidates, and capacity bounds candidates.
+
+#include "router/registry/worker_registry.h"
+
+#include <deque>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/common/fake_clock.h"
+#include "gtest/gtest.h"
+#include "services/common/grpc_server.h"
+
+namespace ferry {
+namespace {
+
+namespace v1 = ferry::v1;
+
+// A worker whose Watch streams send what the test pushes.
+class FakeWorker final : public v1::Worker::CallbackService {
+ public:
+  class Stream final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
+   public:
+    explicit Stream(FakeWorker* owner) : owner_(owner) {}
+    void Send(const v1::WorkerStatus& status) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return;
+      pending_.push_back(status);
+      if (!writing_) WriteNext();
+    }
+    void Break() {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!done_) {
+        done_ = true;
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "broken by the test"));
+      }
+    }
+    void OnWriteDone(bool ok) override {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      pending_.pop_front();
+      if (ok && !pending_.empty() && !done_) WriteNext();
+    }
+    void OnCancel() override { Break(); }
+    void OnDone() override {
+      owner_->Gone(this);
+      delete this;
+    }
+
+   private:
+    void WriteNext() {
+      writing_ = true;
+      StartWrite(&pending_.front());
+    }
+    FakeWorker* const owner_;
+    std::mutex mu_;
+    std::deque<v1::WorkerStatus> pending_;
+    bool writing_ = false, done_ = false;
+  };
+
+  grpc::ServerWriteReactor<v1::WorkerStatus>* Watch(grpc::CallbackServerContext*,
+                                                    const v1::WatchRequest*) override {
+    auto* s = new Stream(this);
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.push_back(s);
+    ++subscriptions_;
+    return s;
+  }
+  void Gone(Stream* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
+  }
+  // Sends to every open stream.
+  void Send(const v1::WorkerStatus& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Stream* s : streams_) s->Send(status);
+  }
+  void BreakAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Stream* s : streams_) s->Break();
+  }
+  int subscriptions() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return subscriptions_;
+  }
+  int open_streams() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(streams_.size());
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Stream*> streams_;
+  int subscriptions_ = 0;
+};
+
+v1::WorkerStatus Status(const std::string& id, uint64_t fingerprint, uint32_t block_tokens,
+                        bool snapshot = true) {
+  v1::WorkerStatus s;
+  s.set_snapshot(snapshot);
+  s.set_worker_id(id);
+  s.set_role(v1::WORKER_ROLE_AGGREGATED);
+  s.mutable_model()->set_name("tiny");
+  s.mutable_model()->mutable_fingerprint()->set_lo(fingerprint);
+  s.set_protocol_version(v1::PROTOCOL_VERSION_1);
+  s.set_drain_state(v1::DRAIN_STATE_SERVING);
+  s.mutable_capacity()->set_block_tokens(block_tokens);
+  s.mutable_capacity()->set_max_running_requests(2);
+  s.mutable_capacity()->set_max_queued_requests(1);
+  s.mutable_capacity()->set_max_context_tokens(256);
+  s.mutable_capacity()->set_max_choices(4);
+  return s;
+}
+
+// Polls `done` for up to 10 s (the registry reacts on its own threads).
+template <typename Fn>
+bool Eventually(Fn done) {
+  for (int i = 0; i < 1000; ++i) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return done();
+}
+
+struct Fleet {
+  explicit Fleet(int n) {
+    for (int i = 0; i < n; ++i) {
+      workers.push_back(std::make_unique<FakeWorker>());
+      servers.push_back(*GrpcServer::Start({}, {workers.back().get()}));
+      addresses.push_back(servers.back()->address());
+    }
+  }
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  std::vector<std::unique_ptr<GrpcServer>> servers;
+  std::vector<std::string> addresses;
+};
+
+TEST(WorkerRegistryTest, WorkersComeUpAndAMismatchedOneIsRefused) {
+  Fleet fleet(3);
+  FakeClock clock;
+  RegistryOptions options;
+  WorkerRegistry registry(fleet.addresses, options, &clock);
+  std::vector<std::string> refusals;
+  std::mutex mu;
+  registry.SetOnRefusal([&](const std::string& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    refusals.push_back(r);
+  });
+  registry.Start();
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[2]->open_streams() == 1; }));
+  EXPECT_FALSE(registry.AnyUp());
+  fleet.workers[0]->Send(Status("w0", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
+  EXPECT_EQ(registry.pool().fingerprint, (Hash128{7, 0}));
+  EXPECT_EQ(registry.pool().block_tokens, 16u);
+  fleet.workers[1]->Send(Status("w1", 8, 16));  // another model
+  fleet.workers[2]->Send(Status("w2", 7, 32));  // another block size
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return refusals.size() == 2;
+  }));
+  EXPECT_EQ(registry.up_count(), 1);
+  std::vector<Candidate> candidates = registry.Candidates();
+  ASSERT_EQ(candidates.size(), 1u);
+  EXPECT_EQ(candidates[0].id, "w0");
+  const nlohmann::json json = registry.ToJson();
+  ASSERT_EQ(json.size(), 3u);
+  EXPECT_EQ(json[1]["state"], "refused");
+  EXPECT_NE(json[1]["reason"].get<std::string>().find("fingerprint"), std::string::npos);
+  EXPECT_NE(json[2]["reason"].get<std::string>().find("block_tokens"), std::string::npos);
+  registry.Stop();
+}
+
+TEST(WorkerRegistryTest, ABrokenStreamOrAStoppedHeartbeatTakesAWorkerDownUntilItComesBack) {
+  Fleet fleet(2);
+  FakeClock clock;
+  RegistryOptions options;
+  options.heartbeat_timeout = absl::Seconds(3);
+  options.initial_backoff = absl::Milliseconds(100);
+  WorkerRegistry registry(fleet.addresses, options, &clock);
+  registry.Start();
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->open_streams() == 1; }));
+  fleet.workers[0]->Send(Status("w0", 7, 16));
+  fleet.workers[1]->Send(Status("w1", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 2; }));
+
+  // A broken stream: down at once; after the backoff a new stream, and up on its snapshot.
+  fleet.workers[0]->BreakAll();
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
+  EXPECT_EQ(registry.Candidates().size(), 1u);
+  EXPECT_EQ(fleet.workers[0]->subscriptions(), 1);
+  clock.Advance(absl::Milliseconds(150));
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->subscriptions() == 2; }));
+  fleet.workers[0]->Send(Status("w0", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 2; }));
+
+  // A worker that stops sending (w1) while the other keeps its heartbeat: down after 3 s.
+  clock.Advance(absl::Seconds(2));
+  fleet.workers[0]->Send(Status("w0", 7, 16, false));
+  ASSERT_TRUE(
+      Eventually([&] { return registry.ToJson()[0]["last_message_ms_ago"].get<int64_t>() == 0; }));
+  clock.Advance(absl::Seconds(2));  // w1 silent for 4 s, w0 for 2 s
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
+  std::vector<Candidate> left = registry.Candidates();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].id, "w0");
+  EXPECT_NE(registry.ToJson()[1]["reason"].get<std::string>().find("no message"),
+            std::string::npos);
+  // It is asked again (a new stream) after the backoff, and is back on its first message.
+  clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->subscriptions() >= 2; }));
+  fleet.workers[1]->Send(Status("w1", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 2; }));
+  registry.Stop();
+}
+
+TEST(WorkerRegistryTest, DrainingWorkersAndFullOnesAreNoCandidates) {
+  Fleet fleet(2);
+  FakeClock clock;
+  WorkerRegistry registry(fleet.addresses, RegistryOptions(), &clock);
+  registry.Start();
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->open_streams() == 1; }));
+  fleet.workers[0]->Send(Status("w0", 7, 16));
+  fleet.workers[1]->Send(Status("w1", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.Candidates().size() == 2; }));
+  v1::WorkerStatus draining = Status("w1", 7, 16, false);
+  draining.set_drain_state(v1::DRAIN_STATE_DRAINING);
+  fleet.workers[1]->Send(draining);
+  ASSERT_TRUE(Eventually([&] { return registry.Candidates().size() == 1; }));
+  EXPECT_TRUE(registry.AnyUp());
+  // Capacity: 2 running + 1 queued; the router's own count of requests in flight decides.
+  registry.AddInflight("w0", 3);
+  EXPECT_TRUE(registry.Candidates().empty());
+  registry.AddInflight("w0", -1);
+  ASSERT_EQ(registry.Candidates().size(), 1u);
+  EXPECT_EQ(registry.Candidates()[0].load.inflight, 2);
+  registry.Stop();
+}
+
+TEST(WorkerRegistryTest, AnUnreachableWorkerIsDownAndAWorkerFileIsRead) {
+  FakeClock clock;
+  WorkerRegistry registry({"127.0.0.1:1"}, RegistryOptions(), &clock);
+  registry.Start();
+  ASSERT_TRUE(Eventually([&] {
+    return registry.ToJson()[0]["state"] == "down" &&
+           registry.ToJson()[0]["reason"].get<std::string>().find("failed") != std::string::npos;
+  }));
+  EXPECT_FALSE(registry.AnyUp());
+  registry.Stop();
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/workers");
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("# workers\n127.0.0.1:7500\n\n 127.0.0.1:7501  # second\n", f);
+  std::fclose(f);
+  auto listed = WorkerRegistry::ReadWorkerFile(path);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(*listed, (std::vector<std::string>{"127.0.0.1:7500", "127.0.0.1:7501"}));
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,326 @@
+#include "router/router.h"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/common/clock.h"
+#include "engine/common/log.h"
+#include "engine/common/status.h"
+#include "engine/gguf/gguf_file.h"
+#include "engine/template/chat_template.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "router/api/openai_writer.h"
+#include "router/api/prompt_builder.h"
+#include "router/api_call.h"
+#include "router/dispatch/dispatcher.h"
+#include "router/registry/worker_registry.h"
+#include "router/router_metrics.h"
+#include "services/common/admin_server.h"
+#include "services/common/http_status.h"
+#include "services/common/metrics.h"
+#include "services/common/shared_token.h"
+
+namespace ferry {
+namespace {
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string DefaultModelId(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  std::string name = path.substr(path.rfind('/') + 1);
+  if (absl::EndsWith(name, ".gguf")) name.resize(name.size() - 5);
+  return name;
+}
+
+// A client's x-request-id when it is a plain token (letters, digits, ._-), at most 128 bytes.
+bool ValidTraceId(const std::string& id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string NewTraceId() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return absl::StrCat("req_", absl::Hex(rng(), absl::kZeroPad16));
+}
+
+std::string JsonError(const absl::Status& status, const std::string& trace_id,
+                      const std::string& code = "") {
+  return OpenAiErrorBody(status, trace_id, "", code);
+}
+
+}  // namespace
+
+class Router::Impl {
+ public:
+  explicit Impl(const RouterOptions& options) : options_(options) {}
+
+  ~Impl() { Shutdown(); }
+
+  absl::Status Start() {
+    RETURN_IF_ERROR(ValidateRouterOptions(options_));
+    ASSIGN_OR_RETURN(const std::string token, LoadSharedToken(options_.auth_token_file));
+    // The model's tokenizer and chat template, never its weights.
+    if (IsDirectory(options_.model)) {
+      ASSIGN_OR_RETURN(tokenizer_, Tokenizer::FromHfDirectory(options_.model));
+      std::ifstream config(options_.model + "/tokenizer_config.json");
+      std::stringstream text;
+      text << config.rdbuf();
+      auto chat = ChatTemplate::FromTokenizerConfig(text.str());
+      if (chat.ok()) chat_template_ = *std::move(chat);
+    } else {
+      auto gguf = GgufFile::Open(options_.model);
+      if (!gguf.ok()) {
+        return absl::Status(gguf.status().code(), absl::StrCat("--model ", options_.model, ": ",
+                                                               gguf.status().message()));
+      }
+      ASSIGN_OR_RETURN(tokenizer_, Tokenizer::FromGguf(**gguf));
+      auto chat = ChatTemplate::FromGguf(**gguf);
+      if (chat.ok()) chat_template_ = *std::move(chat);
+    }
+    if (chat_template_ == nullptr) {
+      LOG(WARNING) << "the model has no chat template: /v1/chat/completions answers 400";
+    }
+    model_id_ = options_.served_model_name.empty() ? DefaultModelId(options_.model)
+                                                   : options_.served_model_name;
+    prompts_ = std::make_unique<PromptBuilder>(tokenizer_.get(), chat_template_.get());
+
+    std::vector<std::string> workers = options_.workers;
+    if (!options_.workers_file.empty()) {
+      ASSIGN_OR_RETURN(std::vector<std::string> listed,
+                       WorkerRegistry::ReadWorkerFile(options_.workers_file));
+      workers.insert(workers.end(), listed.begin(), listed.end());
+    }
+    if (workers.empty()) return absl::InvalidArgumentError("no workers given");
+
+    registry_metrics_ = NewServiceRegistry("router");
+    metrics_ = std::make_unique<RouterMetrics>(*registry_metrics_);
+    RegistryOptions ro;
+    ro.heartbeat_timeout = options_.heartbeat_timeout;
+    ro.auth_token = token;
+    registry_ = std::make_unique<WorkerRegistry>(workers, ro, &RealClock());
+    ASSIGN_OR_RETURN(policy_, NewRoutingPolicy(options_.policy, std::random_device{}()));
+    DispatcherOptions dopts;
+    dopts.max_queued = options_.max_queued;
+    dopts.max_retries = options_.max_retries;
+    dopts.auth_token = token;
+    DispatchObserver observer;
+    RouterMetrics* m = metrics_.get();
+    observer.routed = [m](const std::string& policy, const std::string& worker) {
+      m->Routed(policy, worker);
+    };
+    observer.retried = [m] { m->Retry(); };
+    observer.queue_depth = [m](int64_t depth) { m->QueueDepth(depth); };
+    dispatcher_ = std::make_unique<Dispatcher>(registry_.get(), policy_.get(), dopts, observer);
+
+    context_.prompts = prompts_.get();
+    context_.registry = registry_.get();
+    context_.dispatcher = dispatcher_.get();
+    context_.metrics = metrics_.get();
+    context_.limits.model = model_id_;
+    context_.limits.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
+    context_.limits.max_n = options_.max_n;
+    context_.request_timeout = options_.request_timeout;
+
+    AdminServerOptions admin;
+    admin.host = options_.admin_host;
+    admin.port = options_.admin_port;
+    admin.routes = [this](const std::string& method, const std::string& path,
+                          const std::string& body,
+                          AdminReply* reply) { return AdminRoute(method, path, body, reply); };
+    ASSIGN_OR_RETURN(admin_, AdminServer::Start(admin, registry_metrics_));
+
+    registry_->SetOnChange([this] { OnRegistryChange(); });
+    registry_->SetOnRefusal([m](const std::string& reason) { m->Refusal(reason); });
+    registry_->Start();
+
+    ASSIGN_OR_RETURN(
+        http_, HttpServer::Start(options_.http, [this](HttpRequest request,
+                                                       std::shared_ptr<HttpResponder> responder) {
+          Handle(std::move(request), std::move(responder));
+        }));
+    created_ = absl::ToUnixSeconds(absl::Now());
+    LOG(INFO) << "router serving '" << model_id_ << "' on " << options_.http.host << ":"
+              << http_->port() << " (" << options_.policy << ", " << workers.size()
+              << " worker(s)), admin on " << options_.admin_host << ":" << admin_->port();
+    return absl::OkStatus();
+  }
+
+  void Shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(change_mu_);
+      if (shut_down_.exchange(true)) return;
+    }
+    if (admin_ != nullptr) admin_->SetReady(false, "shutting down");
+    if (dispatcher_ != nullptr) {
+      dispatcher_->DropQueue(absl::UnavailableError("the router is shutting down"));
+    }
+    if (http_ != nullptr) http_->Shutdown(options_.shutdown_grace);
+    dispatcher_.reset();  // waits for the streams still running
+    if (registry_ != nullptr) registry_->Stop();
+    if (admin_ != nullptr) admin_->Stop();
+    LOG(INFO) << "router stopped";
+  }
+
+  int http_port() const { return http_->port(); }
+  int admin_port() const { return admin_->port(); }
+  const std::string& model_id() const { return model_id_; }
+
+ private:
+  void OnRegistryChange() {
+    std::lock_guard<std::mutex> lock(change_mu_);
+    if (shut_down_) return;
+    const int64_t up = registry_->up_count();
+    metrics_->Workers(up, static_cast<int64_t>(registry_->ToJson().size()) - up);
+    admin_->SetReady(up > 0, up > 0 ? "" : "no worker is up");
+    dispatcher_->Pump();
+  }
+
+  bool AdminRoute(const std::string& method, const std::string& path, const std::string& body,
+                  AdminReply* reply) {
+    if (path == "/workers") {
+      if (method != "GET") {
+        reply->status = 405;
+        reply->body = R"({"error":"GET /workers"})";
+        return true;
+      }
+      reply->body = registry_->ToJson().dump(2);
+      return true;
+    }
+    const std::string prefix = "/workers/", suffix = "/drain";
+    if (absl::StartsWith(path, prefix) && absl::EndsWith(path, suffix) &&
+        path.size() > prefix.size() + suffix.size()) {
+      if (method != "POST") {
+        reply->status = 405;
+        reply->body = R"({"error":"POST /workers/{id}/drain"})";
+        return true;
+      }
+      const std::string id =
+          path.substr(prefix.size(), path.size() - prefix.size() - suffix.size());
+      uint32_t grace = 0;
+      if (!body.empty()) {
+        auto j = nlohmann::json::parse(body, nullptr, false);
+        if (j.is_object() && j.contains("grace_seconds") &&
+            j["grace_seconds"].is_number_unsigned()) {
+          grace = j["grace_seconds"].get<uint32_t>();
+        }
+      }
+      auto drained = registry_->Drain(id, grace);
+      if (!drained.ok()) {
+        reply->status = HttpStatusCode(drained.status().code());
+        reply->body = JsonError(drained.status(), "");
+        return true;
+      }
+      reply->body = nlohmann::json{{"id", id},
+                                   {"state", ferry::v1::DrainState_Name(drained->state())},
+                                   {"running_requests", drained->running_requests()}}
+                        .dump();
+      return true;
+    }
+    return false;
+  }
+
+  void Handle(HttpRequest request, std::shared_ptr<HttpResponder> responder) {
+    const std::string& sent = request.header("x-request-id");
+    const std::string trace_id = ValidTraceId(sent) ? sent : NewTraceId();
+    const std::string& path = request.path;
+    auto reply = [&](int status, const std::string& body, const std::string& endpoint) {
+      metrics_->Request(endpoint, status);
+      HttpHeaders headers = {{"Content-Type", "application/json"}, {"x-request-id", trace_id}};
+      if (status == 405) {
+        headers.emplace_back("Allow", path.rfind("/v1/models", 0) == 0 ? "GET" : "POST");
+      }
+      responder->Respond(status, headers, body);
+    };
+    if (path == "/v1/chat/completions" || path == "/v1/completions") {
+      if (request.method != "POST") {
+        return reply(405,
+                     JsonError(absl::InvalidArgumentError(
+                                   absl::StrCat(request.method, " is not allowed here; use POST")),
+                               trace_id, "method_not_allowed"),
+                     path);
+      }
+      const ApiKind kind =
+          path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChatCompletion;
+      ApiCall::Run(context_, kind, std::move(request), std::move(responder), trace_id);
+      return;
+    }
+    if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) {
+      if (request.method != "GET") {
+        return reply(
+            405, JsonError(absl::InvalidArgumentError("use GET"), trace_id, "method_not_allowed"),
+            "/v1/models");
+      }
+      const nlohmann::ordered_json model = {
+          {"id", model_id_}, {"object", "model"}, {"created", created_}, {"owned_by", "ferry"}};
+      if (path == "/v1/models") {
+        return reply(200,
+                     DumpJson(nlohmann::ordered_json{
+                         {"object", "list"}, {"data", nlohmann::ordered_json::array({model})}}),
+                     "/v1/models");
+      }
+      const std::string id = path.substr(std::string("/v1/models/").size());
+      if (id != model_id_) {
+        return reply(
+            404,
+            JsonError(absl::NotFoundError(absl::StrCat("The model '", id, "' does not exist")),
+                      trace_id, "model_not_found"),
+            "/v1/models/{id}");
+      }
+      return reply(200, DumpJson(model), "/v1/models/{id}");
+    }
+    reply(404,
+          JsonError(absl::NotFoundError(absl::StrCat("no route for ", request.method, " ", path,
+                                                     "; see /v1/chat/completions")),
+                    trace_id, "not_found"),
+          "other");
+  }
+
+  const RouterOptions options_;
+  std::mutex change_mu_;  // registry callbacks vs. shutdown
+  std::atomic<bool> shut_down_{false};
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ChatTemplate> chat_template_;
+  std::unique_ptr<PromptBuilder> prompts_;
+  std::string model_id_;
+  int64_t created_ = 0;
+  std::shared_ptr<prometheus::Registry> registry_metrics_;
+  std::unique_ptr<RouterMetrics> metrics_;
+  std::unique_ptr<WorkerRegistry> registry_;
+  std::unique_ptr<RoutingPolicy> policy_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  ApiContext context_;
+  std::unique_ptr<AdminServer> admin_;
+  std::unique_ptr<HttpServer> http_;
+};
+
+absl::StatusOr<std::unique_ptr<Router>> Router::Start(const RouterOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Router>(new Router(std::move(impl)));
+}
+
+Router::Router(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Router::~Router() { Shutdown(); }
+int Router::http_port() const { return impl_->http_port(); }
+int Router::admin_port() const { return impl_->admin_port(); }
+const std::string& Router::model_id() const { return impl_->model_id(); }
+void Router::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace ferry

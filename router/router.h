@@ -1,0 +1,55 @@
+// ferry-router in one object (ARCHITECTURE.md §1, §3, §6): the OpenAI-compatible HTTP front door
+// (HttpServer + ApiCall), the worker registry (Watch streams), the routing policy, the dispatcher,
+// and the admin port (/metrics, /healthz, /readyz, GET /workers, POST /workers/{id}/drain). The
+// router links the tokenizer and chat templates, never a compute backend.
+//
+//   auto router = Router::Start(options);   // listening; ready once a worker is up
+//   ... (*router)->http_port(), (*router)->admin_port()
+//   (*router)->Shutdown();                  // as on SIGTERM
+//
+// Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,
+// GET /v1/models/{id}. Every response carries x-request-id (the client's, when it sent a valid
+// one, else one made here), which also goes to the workers and into every log line and error body
+// of the request.
+//
+// Readiness: /readyz is 200 while at least one worker is up and the router is not shutting down.
+// Shutdown: not ready at once, queued requests end 503, running streams get `shutdown_grace`,
+// new requests on open connections get 503.
+//
+// Thread-safe.
+
+#ifndef FERRY_ROUTER_ROUTER_H_
+#define FERRY_ROUTER_ROUTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "router/router_options.h"
+
+namespace ferry {
+
+class Router {
+ public:
+  static absl::StatusOr<std::unique_ptr<Router>> Start(const RouterOptions& options);
+  ~Router();  // Shutdown()
+
+  int http_port() const;
+  int admin_port() const;
+  const std::string& model_id() const;
+
+  // Idempotent; returns when every connection is closed.
+  void Shutdown();
+
+  class Impl;
+
+ private:
+  explicit Router(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_ROUTER_H_

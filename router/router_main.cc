@@ -1,0 +1,147 @@
+// ferry-router: the OpenAI-compatible front door (router.h). Prints "http_port=N admin_port=M"
+// once listening; /readyz turns 200 when a worker is up. SIGTERM: not ready at once, running
+// streams finish within --shutdown_grace, exit 0.
+//
+//   ferry-router --model SmolLM2-135M-Instruct.Q4_1.gguf --workers 127.0.0.1:7500 --port 8000
+//   curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \
+//     -d '{"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"Hi"}]}'
+
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "engine/common/config.h"
+#include "engine/common/log.h"
+#include "engine/common/units.h"
+#include "router/router.h"
+#include "services/common/termination_signal.h"
+
+ABSL_FLAG(std::string, config, "", "JSON config file (keys as the flags; flags given win)");
+ABSL_FLAG(std::string, model, "", "GGUF file or HF directory: the tokenizer and chat template");
+ABSL_FLAG(std::string, served_model_name, "", "the model id clients use (default: the file name)");
+ABSL_FLAG(std::vector<std::string>, workers, {}, "worker gRPC addresses, comma-separated");
+ABSL_FLAG(std::string, workers_file, "", "a file of worker addresses, one per line");
+ABSL_FLAG(std::string, policy, "least_loaded", "round_robin or least_loaded");
+ABSL_FLAG(std::string, host, "127.0.0.1", "API listen address");
+ABSL_FLAG(int, port, 0, "API port (0: any free port)");
+ABSL_FLAG(int, threads, 2, "HTTP I/O threads");
+ABSL_FLAG(int, max_connections, 1024, "open connections at most");
+ABSL_FLAG(std::string, max_header_bytes, "16KiB", "request header size at most (431 beyond)");
+ABSL_FLAG(std::string, max_body_bytes, "8MiB", "request body size at most (413 beyond)");
+ABSL_FLAG(std::string, max_stream_buffer_bytes, "4MiB",
+          "a stream's unsent bytes at most (a client that does not read is cut off)");
+ABSL_FLAG(absl::Duration, read_timeout, absl::Seconds(30), "a request must arrive within this");
+ABSL_FLAG(absl::Duration, idle_timeout, absl::Seconds(60), "keep-alive idle time at most");
+ABSL_FLAG(absl::Duration, write_timeout, absl::Seconds(30), "a write stalled this long closes");
+ABSL_FLAG(std::string, admin_host, "127.0.0.1", "admin HTTP listen address");
+ABSL_FLAG(int, admin_port, 0, "admin HTTP port (0: any free port)");
+ABSL_FLAG(int64_t, max_queued, 256, "requests waiting for a worker; more get 429");
+ABSL_FLAG(int, max_retries, 2,
+          "other workers tried when one fails a request before its first token");
+ABSL_FLAG(int, max_n, 16, "choices per request at most");
+ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "a request's deadline");
+ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
+          "a silent worker is down after this");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "the workers' shared token (default: $FERRY_AUTH_TOKEN)");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30), "SIGTERM: time for running streams");
+
+namespace {
+
+using ferry::RouterOptions;
+
+[[noreturn]] void Die(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "ferry-router: %s: %s\n", what.c_str(),
+               std::string(status.message()).c_str());
+  std::exit(2);
+}
+
+// Flags named on the command line (Debian's absl keeps IsSpecifiedOnCommandLine private).
+std::set<std::string> g_given;
+void NoteGivenFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    arg = arg.substr(arg[1] == '-' ? 2 : 1);
+    g_given.insert(arg.substr(0, arg.find('=')));
+  }
+}
+bool Given(const char* name) { return g_given.count(name) > 0; }
+
+uint64_t Bytes(const std::string& flag, const std::string& text) {
+  auto v = ferry::ParseByteSize(text);
+  if (!v.ok()) Die("--" + flag, v.status());
+  return *v;
+}
+
+RouterOptions OptionsFromFlags() {
+  RouterOptions o;
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    auto config = ferry::Config::LoadFile(path);
+    if (!config.ok()) Die("--config", config.status());
+    if (absl::Status s = ferry::ApplyRouterConfig(*config, &o); !s.ok()) Die("--config", s);
+  }
+#define FROM_FLAG(name, field) \
+  if (Given(#name)) o.field = absl::GetFlag(FLAGS_##name)
+  FROM_FLAG(model, model);
+  FROM_FLAG(served_model_name, served_model_name);
+  FROM_FLAG(workers, workers);
+  FROM_FLAG(workers_file, workers_file);
+  FROM_FLAG(policy, policy);
+  FROM_FLAG(host, http.host);
+  FROM_FLAG(port, http.port);
+  FROM_FLAG(threads, http.threads);
+  FROM_FLAG(max_connections, http.max_connections);
+  if (Given("max_header_bytes")) {
+    o.http.max_header_bytes =
+        static_cast<uint32_t>(Bytes("max_header_bytes", absl::GetFlag(FLAGS_max_header_bytes)));
+  }
+  if (Given("max_body_bytes")) {
+    o.http.max_body_bytes = Bytes("max_body_bytes", absl::GetFlag(FLAGS_max_body_bytes));
+  }
+  if (Given("max_stream_buffer_bytes")) {
+    o.http.max_stream_buffer_bytes =
+        Bytes("max_stream_buffer_bytes", absl::GetFlag(FLAGS_max_stream_buffer_bytes));
+  }
+  FROM_FLAG(read_timeout, http.read_timeout);
+  FROM_FLAG(idle_timeout, http.idle_timeout);
+  FROM_FLAG(write_timeout, http.write_timeout);
+  FROM_FLAG(admin_host, admin_host);
+  FROM_FLAG(admin_port, admin_port);
+  FROM_FLAG(max_queued, max_queued);
+  FROM_FLAG(max_retries, max_retries);
+  FROM_FLAG(max_n, max_n);
+  FROM_FLAG(request_timeout, request_timeout);
+  FROM_FLAG(heartbeat_timeout, heartbeat_timeout);
+  FROM_FLAG(auth_token_file, auth_token_file);
+  FROM_FLAG(shutdown_grace, shutdown_grace);
+#undef FROM_FLAG
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ferry;
+  auto signal = TerminationSignal::Install();  // before any thread
+  CHECK_OK(signal.status());
+  absl::SetProgramUsageMessage("the Ferry router; see router/router_main.cc");
+  NoteGivenFlags(argc, argv);
+  absl::ParseCommandLine(argc, argv);
+  const RouterOptions options = OptionsFromFlags();
+  if (absl::Status s = ValidateRouterOptions(options); !s.ok()) Die("options", s);
+  auto router = Router::Start(options);
+  if (!router.ok()) Die("start", router.status());
+  std::printf("http_port=%d admin_port=%d\n", (*router)->http_port(), (*router)->admin_port());
+  std::fflush(stdout);
+  (*signal)->Wait();
+  LOG(INFO) << "shutdown: no longer ready; running streams get " << options.shutdown_grace;
+  (*router)->Shutdown();
+  router->reset();
+  return 0;
+}

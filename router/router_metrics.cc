@@ -1,0 +1,100 @@
+#include "router/router_metrics.h"
+
+#include "services/common/metrics.h"
+
+namespace ferry {
+
+RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
+  requests_ = &prometheus::BuildCounter()
+                   .Name("ferry_router_requests_total")
+                   .Help("API requests by endpoint and HTTP status code.")
+                   .Register(registry);
+  ttft_ = &prometheus::BuildHistogram()
+               .Name("ferry_router_ttft_seconds")
+               .Help("Time from a request's arrival to its first token.")
+               .Register(registry);
+  inter_token_ = &prometheus::BuildHistogram()
+                      .Name("ferry_router_inter_token_seconds")
+                      .Help("Time between consecutive tokens of a response.")
+                      .Register(registry)
+                      .Add({}, LatencyBucketsSeconds());
+  request_seconds_ = &prometheus::BuildHistogram()
+                          .Name("ferry_router_request_seconds")
+                          .Help("Time from a request's arrival to its last byte.")
+                          .Register(registry);
+  queue_depth_ = &prometheus::BuildGauge()
+                      .Name("ferry_router_queue_depth")
+                      .Help("Requests waiting for a worker that can take them.")
+                      .Register(registry)
+                      .Add({});
+  routed_ = &prometheus::BuildCounter()
+                 .Name("ferry_router_routing_decisions_total")
+                 .Help("Requests sent to a worker, by policy and worker.")
+                 .Register(registry);
+  retries_ = &prometheus::BuildCounter()
+                  .Name("ferry_router_retries_total")
+                  .Help("Requests sent to another worker after one failed them before a token.")
+                  .Register(registry)
+                  .Add({});
+  auto& prompt = prometheus::BuildCounter()
+                     .Name("ferry_router_prompt_tokens_total")
+                     .Help("Prompt tokens by source: computed by a worker, or cached (reused).")
+                     .Register(registry);
+  prompt_computed_ = &prompt.Add({{"source", "computed"}});
+  prompt_cached_ = &prompt.Add({{"source", "cached"}});
+  completion_ = &prometheus::BuildCounter()
+                     .Name("ferry_router_completion_tokens_total")
+                     .Help("Tokens generated for clients.")
+                     .Register(registry)
+                     .Add({});
+  auto& workers = prometheus::BuildGauge()
+                      .Name("ferry_router_workers")
+                      .Help("Workers by state: up (accepted into the pool) or down.")
+                      .Register(registry);
+  workers_up_ = &workers.Add({{"state", "up"}});
+  workers_down_ = &workers.Add({{"state", "down"}});
+  refusals_ = &prometheus::BuildCounter()
+                   .Name("ferry_router_worker_refusals_total")
+                   .Help("Workers refused from the pool, by what differed.")
+                   .Register(registry);
+}
+
+void RouterMetrics::Request(const std::string& endpoint, int code) {
+  requests_->Add({{"endpoint", endpoint}, {"code", std::to_string(code)}}).Increment();
+}
+
+void RouterMetrics::Ttft(const std::string& endpoint, double seconds) {
+  ttft_->Add({{"endpoint", endpoint}}, LatencyBucketsSeconds()).Observe(seconds);
+}
+
+void RouterMetrics::InterToken(double seconds) { inter_token_->Observe(seconds); }
+
+void RouterMetrics::RequestSeconds(const std::string& endpoint, double seconds) {
+  request_seconds_->Add({{"endpoint", endpoint}}, LatencyBucketsSeconds()).Observe(seconds);
+}
+
+void RouterMetrics::QueueDepth(int64_t depth) { queue_depth_->Set(static_cast<double>(depth)); }
+
+void RouterMetrics::Routed(const std::string& policy, const std::string& worker) {
+  routed_->Add({{"policy", policy}, {"worker", worker}}).Increment();
+}
+
+void RouterMetrics::Retry() { retries_->Increment(); }
+
+void RouterMetrics::PromptTokens(int64_t computed, int64_t cached) {
+  prompt_computed_->Increment(static_cast<double>(computed));
+  prompt_cached_->Increment(static_cast<double>(cached));
+}
+
+void RouterMetrics::CompletionTokens(int64_t n) { completion_->Increment(static_cast<double>(n)); }
+
+void RouterMetrics::Workers(int64_t up, int64_t down) {
+  workers_up_->Set(static_cast<double>(up));
+  workers_down_->Set(static_cast<double>(down));
+}
+
+void RouterMetrics::Refusal(const std::string& reason) {
+  refusals_->Add({{"reason", reason}}).Increment();
+}
+
+}  // namespace ferry

@@ -1,0 +1,66 @@
+// The router's Prometheus metrics (ARCHITECTURE.md §9), on its admin port's registry:
+//
+//   ferry_router_requests_total{endpoint,code}   API requests by endpoint and HTTP status
+//   ferry_router_ttft_seconds{endpoint}          request received -> first token sent
+//   ferry_router_inter_token_seconds             between consecutive tokens of a stream
+//   ferry_router_request_seconds{endpoint}       request received -> last byte
+//   ferry_router_queue_depth                     requests waiting for a worker
+//   ferry_router_routing_decisions_total{policy,worker}
+//   ferry_router_retries_total                   requests sent to another worker before a token
+//   ferry_router_prompt_tokens_total{source}     computed, cached (reused by the workers)
+//   ferry_router_completion_tokens_total
+//   ferry_router_workers{state}                  up, down
+//   ferry_router_worker_refusals_total{reason}   fingerprint, block_tokens, protocol
+//
+// Thread-safe.
+
+#ifndef FERRY_ROUTER_ROUTER_METRICS_H_
+#define FERRY_ROUTER_ROUTER_METRICS_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace ferry {
+
+class RouterMetrics {
+ public:
+  explicit RouterMetrics(prometheus::Registry& registry);
+
+  void Request(const std::string& endpoint, int code);
+  void Ttft(const std::string& endpoint, double seconds);
+  void InterToken(double seconds);
+  void RequestSeconds(const std::string& endpoint, double seconds);
+  void QueueDepth(int64_t depth);
+  void Routed(const std::string& policy, const std::string& worker);
+  void Retry();
+  void PromptTokens(int64_t computed, int64_t cached);
+  void CompletionTokens(int64_t n);
+  void Workers(int64_t up, int64_t down);
+  void Refusal(const std::string& reason);
+
+ private:
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Histogram>* ttft_;
+  prometheus::Histogram* inter_token_;
+  prometheus::Family<prometheus::Histogram>* request_seconds_;
+  prometheus::Gauge* queue_depth_;
+  prometheus::Family<prometheus::Counter>* routed_;
+  prometheus::Counter* retries_;
+  prometheus::Counter* prompt_computed_;
+  prometheus::Counter* prompt_cached_;
+  prometheus::Counter* completion_;
+  prometheus::Gauge* workers_up_;
+  prometheus::Gauge* workers_down_;
+  prometheus::Family<prometheus::Counter>* refusals_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_ROUTER_METRICS_H_

@@ -1,0 +1,77 @@
+#include "router/router_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/status.h"
+
+namespace ferry {
+
+absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
+  RETURN_IF_ERROR(c.Read("model", &o->model));
+  RETURN_IF_ERROR(c.Read("served_model_name", &o->served_model_name));
+  RETURN_IF_ERROR(c.Read("workers", &o->workers));
+  RETURN_IF_ERROR(c.Read("workers_file", &o->workers_file));
+  RETURN_IF_ERROR(c.Read("policy", &o->policy));
+  RETURN_IF_ERROR(c.Read("host", &o->http.host));
+  int32_t i = o->http.port;
+  RETURN_IF_ERROR(c.Read("port", &i));
+  o->http.port = i;
+  i = o->http.threads;
+  RETURN_IF_ERROR(c.Read("threads", &i));
+  o->http.threads = i;
+  i = o->http.max_connections;
+  RETURN_IF_ERROR(c.Read("max_connections", &i));
+  o->http.max_connections = i;
+  uint64_t bytes = o->http.max_header_bytes;
+  RETURN_IF_ERROR(c.ReadByteSize("max_header_bytes", &bytes));
+  o->http.max_header_bytes = static_cast<uint32_t>(bytes);
+  RETURN_IF_ERROR(c.ReadByteSize("max_body_bytes", &o->http.max_body_bytes));
+  bytes = o->http.max_stream_buffer_bytes;
+  RETURN_IF_ERROR(c.ReadByteSize("max_stream_buffer_bytes", &bytes));
+  o->http.max_stream_buffer_bytes = bytes;
+  RETURN_IF_ERROR(c.ReadDuration("read_timeout", &o->http.read_timeout));
+  RETURN_IF_ERROR(c.ReadDuration("idle_timeout", &o->http.idle_timeout));
+  RETURN_IF_ERROR(c.ReadDuration("write_timeout", &o->http.write_timeout));
+  RETURN_IF_ERROR(c.Read("admin_host", &o->admin_host));
+  i = o->admin_port;
+  RETURN_IF_ERROR(c.Read("admin_port", &i));
+  o->admin_port = i;
+  RETURN_IF_ERROR(c.Read("max_queued", &o->max_queued));
+  i = o->max_retries;
+  RETURN_IF_ERROR(c.Read("max_retries", &i));
+  o->max_retries = i;
+  RETURN_IF_ERROR(c.Read("max_n", &o->max_n));
+  RETURN_IF_ERROR(c.ReadDuration("request_timeout", &o->request_timeout));
+  RETURN_IF_ERROR(c.ReadDuration("heartbeat_timeout", &o->heartbeat_timeout));
+  RETURN_IF_ERROR(c.Read("auth_token_file", &o->auth_token_file));
+  RETURN_IF_ERROR(c.ReadDuration("shutdown_grace", &o->shutdown_grace));
+  return c.CheckAllKeysUsed();
+}
+
+absl::Status ValidateRouterOptions(const RouterOptions& o) {
+  auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
+  if (o.workers.empty() && o.workers_file.empty()) {
+    return bad("--workers or --workers_file: the router needs workers");
+  }
+  if (o.policy != "round_robin" && o.policy != "least_loaded") {
+    return bad(absl::StrCat("--policy must be round_robin or least_loaded, not '", o.policy, "'"));
+  }
+  if (o.http.port < 0 || o.http.port > 65535 || o.admin_port < 0 || o.admin_port > 65535) {
+    return bad("--port and --admin_port must be in [0, 65535]");
+  }
+  if (o.http.threads < 1 || o.http.max_connections < 1) {
+    return bad("--threads and --max_connections must be positive");
+  }
+  if (o.http.max_header_bytes < 1024 || o.http.max_body_bytes < 1024) {
+    return bad("--max_header_bytes and --max_body_bytes must be at least 1KiB");
+  }
+  if (o.max_queued < 0 || o.max_retries < 0 || o.max_n < 1) {
+    return bad("--max_queued and --max_retries must be >= 0, --max_n positive");
+  }
+  for (absl::Duration d : {o.http.read_timeout, o.http.idle_timeout, o.http.write_timeout,
+                           o.request_timeout, o.heartbeat_timeout}) {
+    if (d <= absl::ZeroDuration()) return bad("timeouts must be positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry

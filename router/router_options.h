@@ -1,0 +1,47 @@
+// Everything ferry-router is configured with (STYLE.md §17): `ferry-router` fills it from its
+// flags (and the JSON --config file, whose keys are the flags' names); tests build a Router from
+// it directly.
+
+#ifndef FERRY_ROUTER_ROUTER_OPTIONS_H_
+#define FERRY_ROUTER_ROUTER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "engine/common/config.h"
+#include "router/http/http_server.h"
+
+namespace ferry {
+
+struct RouterOptions {
+  // The model whose tokenizer and chat template the router uses (a GGUF file or an HF
+  // directory), and the id clients ask for ("": the file or directory name, without ".gguf").
+  std::string model;
+  std::string served_model_name;
+  // Workers: "host:port" addresses, and/or a file of them (one per line).
+  std::vector<std::string> workers;
+  std::string workers_file;
+  std::string policy = "least_loaded";  // round_robin | least_loaded
+
+  HttpServerOptions http;  // the API port and its limits
+  std::string admin_host = "127.0.0.1";
+  int admin_port = 0;
+
+  int64_t max_queued = 256;  // requests waiting for a worker; more get 429
+  int max_retries = 2;       // other workers tried before a first token
+  int32_t max_n = 16;
+  absl::Duration request_timeout = absl::Minutes(10);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  std::string auth_token_file;  // the workers' shared token ("": FERRY_AUTH_TOKEN, if set)
+  absl::Duration shutdown_grace = absl::Seconds(30);
+};
+
+absl::Status ApplyRouterConfig(const Config& config, RouterOptions* options);
+absl::Status ValidateRouterOptions(const RouterOptions& options);
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_ROUTER_OPTIONS_H_
