@@ -411,7 +411,8 @@ class UcxTransport final : public KvTransport {
   // The owner's side of a get under the active-message protocol: data sent from its region.
   struct Serve {
     uint64_t token = 0;
-    PeerId peer = 0;  // our connection to the initiator
+    std::string initiator;  // address, for the data and the completion
+    PeerId peer = 0;        // our connection to the initiator; 0 until PumpServe makes it
     RegionId region = 0;
     ucp_mem_h memh = nullptr;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (address, length)
@@ -421,6 +422,13 @@ class UcxTransport final : public KvTransport {
     absl::Status status;
     std::string transfer_id;
     bool done_sent = false;
+  };
+
+  // A put's acknowledgement, sent once ucp_worker_progress has returned (see OnAm).
+  struct PendingAck {
+    std::string initiator;  // address
+    AmHeader header;
+    std::string message;
   };
 
   absl::StatusOr<LocalRegion> Map(MemorySpan span, bool allocate);
@@ -456,7 +464,10 @@ class UcxTransport final : public KvTransport {
   // Sends a message no transfer waits for (replies); failures are logged, not reported.
   void SendOneWay(Peer* peer, const AmHeader& header, std::string payload);
   // A working connection to an initiator, for replies: Connect, again if the one found failed.
+  // Never from inside ucp_worker_progress (see OnAm).
   absl::StatusOr<Peer*> ReplyPeer(const std::string& address);
+  // Sends the acknowledgements FinalizePut queued (after ucp_worker_progress returns).
+  void SendPendingAcks();
   void OnPutData(const AmHeader& h, absl::string_view data);
   void OnPutCommit(const AmHeader& h, absl::string_view data);
   void FinalizePut(uint64_t token, IncomingPut& in);
@@ -519,6 +530,9 @@ class UcxTransport final : public KvTransport {
   std::map<uint64_t, IncomingPut> incoming_puts_;
   std::map<uint64_t, std::unique_ptr<Serve>> serves_;
   std::vector<uint64_t> touched_serves_;
+  std::vector<PendingAck> pending_acks_;
+  // Set while ucp_worker_progress runs (and so UCX may be inside one of the callbacks above).
+  bool in_worker_progress_ = false;
   // Transfers abandoned with requests UCX never completed; freed after the worker.
   std::vector<std::unique_ptr<Transfer>> orphans_;
   static constexpr absl::Duration kAbandonAfter = absl::Seconds(1);
@@ -705,7 +719,9 @@ void UcxTransport::Loop() {
   absl::Time last_timers = absl::InfinitePast();
   while (true) {
     bool busy = RunCommands();
+    in_worker_progress_ = true;
     busy |= ucp_worker_progress(worker_) != 0;
+    in_worker_progress_ = false;
     if (!touched_.empty()) {
       std::vector<TransferId> touched;
       touched.swap(touched_);
@@ -722,6 +738,10 @@ void UcxTransport::Loop() {
         auto it = serves_.find(token);
         if (it != serves_.end()) PumpServe(it->second.get());
       }
+      busy = true;
+    }
+    if (!pending_acks_.empty()) {
+      SendPendingAcks();
       busy = true;
     }
     const absl::Time now = absl::Now();
@@ -908,6 +928,13 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
   absl::Status status;
   PeerId id = 0;
   RunSync([&] {
+    if (in_worker_progress_) {
+      // From inside a UCX callback: UCX 1.13's tcp transport can hand the new endpoint the
+      // connection whose messages it is delivering, mid-buffer, and then crash (see OnAm).
+      status = absl::InternalError("Connect from inside ucp_worker_progress");
+      LOG(ERROR) << "KV transport: " << status.message();
+      return;
+    }
     auto peer = std::make_unique<Peer>();
     ucp_ep_params_t params = {};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -1215,6 +1242,13 @@ void UcxTransport::SendNotification(Transfer* t) {
 // and then kGetDone, and tells its AwaitNotification; the initiator copies each chunk into the
 // segment it names and completes when kGetDone has come and every byte with it. The owner never
 // writes or reads outside a region whose secret the message carries.
+//
+// The owner connects to the initiator (ReplyPeer) and sends its replies only after
+// ucp_worker_progress has returned, never from the message's callback: UCX 1.13's tcp transport
+// pairs a new endpoint with a connection the peer opened to it (same address and sequence number)
+// by moving that connection's receive buffer to the new endpoint. Done from inside the callback
+// while messages that came after the current one are still in that buffer, the receive loop it
+// returns to finds its buffer gone and frees a null one (SIGSEGV in uct_tcp_ep_progress_am_rx).
 
 ucs_status_ptr_t UcxTransport::SendAm(Peer* peer, AmOp* op, const void* data, size_t length,
                                       ucp_mem_h memh) {
@@ -1446,19 +1480,27 @@ void UcxTransport::FinalizePut(uint64_t token, IncomingPut& in) {
           : absl::DataLossError(absl::StrCat("received ", in.received, " of ", in.total, " bytes"));
   if (!in.transfer_id.empty()) board_.Deliver(in.transfer_id, status);
   if (in.outcome.ok()) {
-    // The initiator waits for the acknowledgement.
-    absl::StatusOr<Peer*> peer = ReplyPeer(in.initiator);
-    if (!peer.ok()) {
-      LOG(WARNING) << "KV transport: cannot acknowledge a put: " << peer.status();
-    } else {
-      Peer* p = *peer;
-      SendOneWay(p,
-                 AmHeader{static_cast<uint32_t>(AmType::kPutAck),
-                          static_cast<uint32_t>(status.code()), token, 0, 0},
-                 std::string(status.message()));
-    }
+    // The initiator waits for the acknowledgement; it leaves once ucp_worker_progress returns.
+    pending_acks_.push_back(PendingAck{std::move(in.initiator),
+                                       AmHeader{static_cast<uint32_t>(AmType::kPutAck),
+                                                static_cast<uint32_t>(status.code()), token, 0, 0},
+                                       std::string(status.message())});
   }
   incoming_puts_.erase(token);
+}
+
+void UcxTransport::SendPendingAcks() {
+  std::vector<PendingAck> acks;
+  acks.swap(pending_acks_);
+  if (stopping_) return;  // shutting down: nothing is acknowledged
+  for (PendingAck& ack : acks) {
+    absl::StatusOr<Peer*> peer = ReplyPeer(ack.initiator);
+    if (!peer.ok()) {
+      LOG(WARNING) << "KV transport: cannot acknowledge a put: " << peer.status();
+      continue;
+    }
+    SendOneWay(*peer, ack.header, std::move(ack.message));
+  }
 }
 
 void UcxTransport::ExpireIncoming(absl::Time now) {
@@ -1496,17 +1538,7 @@ void UcxTransport::OnGetRequest(const AmHeader& h, absl::string_view data) {
     LOG(WARNING) << "KV transport: dropped a get request for a get already being served";
     return;
   }
-  absl::StatusOr<Peer*> peer = ReplyPeer(initiator);
-  if (!peer.ok()) {
-    LOG(WARNING) << "KV transport: cannot serve a get: " << peer.status();
-    if (!serve->transfer_id.empty()) {
-      board_.Deliver(serve->transfer_id, absl::UnavailableError(absl::StrCat(
-                                             "initiator unreachable: ", peer.status().message())));
-    }
-    return;
-  }
-  Peer* p = *peer;
-  serve->peer = p->id;
+  serve->initiator = initiator;
   {
     absl::MutexLock lock(&regions_mu_);
     Region* region = nullptr;
@@ -1528,12 +1560,25 @@ void UcxTransport::OnGetRequest(const AmHeader& h, absl::string_view data) {
       serve->memh = region->memh;
     }
   }
-  Serve* raw = serve.get();
   serves_[h.token] = std::move(serve);
-  PumpServe(raw);
+  // Connected to and served once ucp_worker_progress returns.
+  touched_serves_.push_back(h.token);
 }
 
 void UcxTransport::PumpServe(Serve* serve) {
+  if (serve->peer == 0) {
+    // The first pump (never inside ucp_worker_progress): the connection to the initiator, which
+    // also carries the completion of a get OnGetRequest refused.
+    if (stopping_) {
+      serve->status = absl::CancelledError("KV transport is shutting down");
+    } else if (absl::StatusOr<Peer*> p = ReplyPeer(serve->initiator); p.ok()) {
+      serve->peer = (*p)->id;
+    } else {
+      LOG(WARNING) << "KV transport: cannot serve a get: " << p.status();
+      serve->status =
+          absl::UnavailableError(absl::StrCat("initiator unreachable: ", p.status().message()));
+    }
+  }
   Peer* peer = FindPeer(serve->peer);
   if (peer == nullptr || peer->failed) {
     if (serve->status.ok()) serve->status = absl::UnavailableError("initiator failed");
@@ -1790,6 +1835,9 @@ void UcxTransport::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   }
 }
 
+// Runs inside ucp_worker_progress. What it starts that needs a connection to the sender (a put's
+// acknowledgement, a get's data and completion) waits until ucp_worker_progress has returned: a
+// connection made from here can crash UCX 1.13's tcp transport (see "The active-message protocol").
 ucs_status_t UcxTransport::OnAm(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<UcxTransport*>(arg);
