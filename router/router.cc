@@ -114,6 +114,9 @@ class Router::Impl {
     RegistryOptions ro;
     ro.heartbeat_timeout = options_.heartbeat_timeout;
     ro.auth_token = token;
+    if (!options_.model_fingerprint.empty()) {
+      ASSIGN_OR_RETURN(ro.fingerprint, Hash128::FromHex(options_.model_fingerprint));
+    }
     registry_ = std::make_unique<WorkerRegistry>(workers, ro, &RealClock());
     ASSIGN_OR_RETURN(policy_, NewRoutingPolicy(options_.policy, std::random_device{}()));
     DispatcherOptions dopts;
@@ -188,7 +191,8 @@ class Router::Impl {
     if (shut_down_) return;
     const int64_t up = registry_->up_count();
     metrics_->Workers(up, static_cast<int64_t>(registry_->ToJson().size()) - up);
-    admin_->SetReady(up > 0, up > 0 ? "" : "no worker is up");
+    const bool serving = registry_->AnyUp();
+    admin_->SetReady(serving, serving ? "" : "no worker can take requests");
     dispatcher_->Pump();
   }
 

@@ -26,6 +26,8 @@ ABSL_FLAG(std::string, served_model_name, "", "the model id clients use (default
 ABSL_FLAG(std::vector<std::string>, workers, {}, "worker gRPC addresses, comma-separated");
 ABSL_FLAG(std::string, workers_file, "", "a file of worker addresses, one per line");
 ABSL_FLAG(std::string, policy, "least_loaded", "round_robin or least_loaded");
+ABSL_FLAG(std::string, model_fingerprint, "",
+          "refuse workers of any other model fingerprint (default: the first worker's)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "API listen address");
 ABSL_FLAG(int, port, 0, "API port (0: any free port)");
 ABSL_FLAG(int, threads, 2, "HTTP I/O threads");
@@ -93,6 +95,7 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(workers, workers);
   FROM_FLAG(workers_file, workers_file);
   FROM_FLAG(policy, policy);
+  FROM_FLAG(model_fingerprint, model_fingerprint);
   FROM_FLAG(host, http.host);
   FROM_FLAG(port, http.port);
   FROM_FLAG(threads, http.threads);

@@ -1,6 +1,7 @@
 #include "router/router_options.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/hash128.h"
 #include "engine/common/status.h"
 
 namespace ferry {
@@ -11,6 +12,7 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("workers", &o->workers));
   RETURN_IF_ERROR(c.Read("workers_file", &o->workers_file));
   RETURN_IF_ERROR(c.Read("policy", &o->policy));
+  RETURN_IF_ERROR(c.Read("model_fingerprint", &o->model_fingerprint));
   RETURN_IF_ERROR(c.Read("host", &o->http.host));
   int32_t i = o->http.port;
   RETURN_IF_ERROR(c.Read("port", &i));
@@ -54,6 +56,11 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
   }
   if (o.policy != "round_robin" && o.policy != "least_loaded") {
     return bad(absl::StrCat("--policy must be round_robin or least_loaded, not '", o.policy, "'"));
+  }
+  if (!o.model_fingerprint.empty()) {
+    if (absl::Status s = Hash128::FromHex(o.model_fingerprint).status(); !s.ok()) {
+      return bad(absl::StrCat("--model_fingerprint: ", s.message()));
+    }
   }
   if (o.http.port < 0 || o.http.port > 65535 || o.admin_port < 0 || o.admin_port > 65535) {
     return bad("--port and --admin_port must be in [0, 65535]");

@@ -25,6 +25,8 @@ struct RouterOptions {
   std::vector<std::string> workers;
   std::string workers_file;
   std::string policy = "least_loaded";  // round_robin | least_loaded
+  // The one model fingerprint (32 hex digits) the pool takes; "": the first worker accepted's.
+  std::string model_fingerprint;
 
   HttpServerOptions http;  // the API port and its limits
   std::string admin_host = "127.0.0.1";

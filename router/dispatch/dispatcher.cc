@@ -111,7 +111,8 @@ Dispatcher::~Dispatcher() {
 
 absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
     DispatchRequest request, std::shared_ptr<GenerateSink> sink) {
-  if (!registry_->AnyUp()) return absl::UnavailableError("no worker is up");
+  if (!registry_->AnyUp())
+    return absl::UnavailableError("no worker can take requests: none is up, or all are draining");
   auto job = std::make_shared<Job>(std::move(request), std::move(sink));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -274,10 +275,12 @@ void Dispatcher::TimerLoop() {
       if (now >= (*it)->request.deadline || !any_up) {
         (*it)->queued = false;
         (*it)->ended = true;
-        ended.emplace_back(*it, now >= (*it)->request.deadline
-                                    ? absl::DeadlineExceededError(
-                                          "the request waited for a worker until its deadline")
-                                    : absl::UnavailableError("no worker is up"));
+        ended.emplace_back(
+            *it,
+            now >= (*it)->request.deadline
+                ? absl::DeadlineExceededError("the request waited for a worker until its deadline")
+                : absl::UnavailableError(
+                      "no worker can take requests: none is up, or all are draining"));
         it = queue_.erase(it);
       } else {
         ++it;

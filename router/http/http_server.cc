@@ -464,6 +464,11 @@ void HttpServer::Impl::Accept() {
   acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || shutting_down_) return;
     if (!ec) {
+      if (options_.socket_send_buffer_bytes > 0) {
+        beast::error_code ignored;
+        socket.set_option(asio::socket_base::send_buffer_size(options_.socket_send_buffer_bytes),
+                          ignored);
+      }
       auto session = std::make_shared<Session>(std::move(socket), this);
       const bool full = connections_.load() >= options_.max_connections;
       {

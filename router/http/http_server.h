@@ -7,8 +7,9 @@
 //   - a request must arrive whole within read_timeout of its first byte (slow clients are cut off),
 //     a keep-alive connection may idle idle_timeout between requests, and a response write that
 //     makes no progress for write_timeout (a client that does not read) closes the connection;
-//   - a streamed response buffers at most max_stream_buffer_bytes not yet written; a stream
-//     that would exceed it is cut off (the handler learns it: Write returns false, OnClose runs).
+//   - a streamed response buffers at most max_stream_buffer_bytes not yet written (and the kernel
+//     at most socket_send_buffer_bytes); a stream that would exceed it is cut off (the handler
+//     learns it: Write returns false, OnClose runs).
 //
 // A handler gets each request with an HttpResponder, answers through it from any thread (now or
 // later), and learns through OnClose when the client went away first. Handlers run on the I/O
@@ -46,6 +47,9 @@ struct HttpServerOptions {
   absl::Duration idle_timeout = absl::Seconds(60);
   absl::Duration write_timeout = absl::Seconds(30);
   size_t max_stream_buffer_bytes = 4 << 20;
+  // The kernel's send buffer per connection (SO_SNDBUF; 0: the kernel's autotuning, which lets a
+  // client that does not read pin megabytes per connection).
+  int socket_send_buffer_bytes = 256 << 10;
 };
 
 struct HttpRequest {

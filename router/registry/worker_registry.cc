@@ -21,6 +21,7 @@ struct WorkerRegistry::Worker {
   State state = State::kDown;
   std::string reason = "not connected yet";
   bool accepted = false;
+  bool judged = false;      // this stream's first status was checked against the pool
   v1::WorkerStatus status;  // identity and load, as last reported
   absl::Duration last_seen;
   absl::Duration connected_at;
@@ -149,7 +150,8 @@ void WorkerRegistry::Stop() {
 }
 
 void WorkerRegistry::Connect(Worker& w) {
-  w.state = Worker::State::kConnecting;
+  if (w.state != Worker::State::kRefused) w.state = Worker::State::kConnecting;
+  w.judged = false;
   w.connected_at = clock_->Monotonic();
   ++w.generation;
   w.subscription = new Subscription(this, &w, w.generation, options_.auth_token);
@@ -189,22 +191,32 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
       w->status.set_drain_state(status.drain_state());
       w->status.set_sequence(status.sequence());
     }
-    if (!w->accepted && w->state != Worker::State::kRefused) {
+    if (!w->accepted && !w->judged) {
+      w->judged = true;
       const v1::WorkerStatus& s = w->status;
       const Hash128 fp{s.model().fingerprint().lo(), s.model().fingerprint().hi()};
+      const bool pinned = options_.fingerprint != Hash128{};
       std::string refusal;
       if (s.protocol_version() != v1::PROTOCOL_VERSION_1) {
         refusal = "protocol";
-      } else if (pool_.known && fp != pool_.fingerprint) {
+      } else if ((pinned && fp != options_.fingerprint) ||
+                 (pool_.known && fp != pool_.fingerprint)) {
         refusal = "fingerprint";
       } else if (pool_.known && s.capacity().block_tokens() != pool_.block_tokens) {
         refusal = "block_tokens";
       }
       if (!refusal.empty()) {
+        const std::string reason =
+            refusal != "fingerprint"
+                ? absl::StrCat("refused: its ", refusal, " differs from the pool's")
+                : absl::StrCat("refused: its fingerprint ", fp.ToHex(), " is not the pool's ",
+                               (pinned ? options_.fingerprint : pool_.fingerprint).ToHex());
+        if (w->state != Worker::State::kRefused || w->reason != reason) {
+          LOG(WARNING) << "worker " << w->id() << " (" << w->address << ") " << reason;
+          refusals_.push_back(refusal);
+        }
         w->state = Worker::State::kRefused;
-        w->reason = absl::StrCat("refused: its ", refusal, " differs from the pool's");
-        LOG(WARNING) << "worker " << w->id() << " (" << w->address << ") " << w->reason;
-        refusals_.push_back(refusal);
+        w->reason = reason;
         if (w->subscription != nullptr) {
           w->cancel_reason = w->reason;
           w->subscription->Cancel();
@@ -253,7 +265,8 @@ void WorkerRegistry::MonitorLoop() {
   while (!stopping_) {
     const absl::Duration now = clock_->Monotonic();
     for (auto& w : workers_) {
-      const bool live = w->state == Worker::State::kUp || w->state == Worker::State::kConnecting;
+      const bool live = w->state == Worker::State::kUp || w->state == Worker::State::kConnecting ||
+                        (w->state == Worker::State::kRefused && !w->judged);
       const absl::Duration since =
           now - (w->state == Worker::State::kUp ? w->last_seen : w->connected_at);
       if (live && w->subscription != nullptr && since > options_.heartbeat_timeout) {
@@ -262,7 +275,7 @@ void WorkerRegistry::MonitorLoop() {
         if (w->state == Worker::State::kUp) {
           LOG(WARNING) << "worker " << w->id() << " (" << w->address << "): " << w->cancel_reason;
         }
-        w->state = Worker::State::kDown;  // no new work from now on
+        if (w->state != Worker::State::kRefused) w->state = Worker::State::kDown;  // no new work
         w->accepted = false;
         w->subscription->Cancel();
       } else if (w->subscription == nullptr && now >= w->next_attempt) {
@@ -326,8 +339,11 @@ std::vector<Candidate> WorkerRegistry::Candidates() const {
 
 bool WorkerRegistry::AnyUp() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return std::any_of(workers_.begin(), workers_.end(),
-                     [](const auto& w) { return w->accepted && w->state == Worker::State::kUp; });
+  return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) {
+    const v1::DrainState drain = w->status.drain_state();
+    return w->accepted && w->state == Worker::State::kUp && drain != v1::DRAIN_STATE_DRAINING &&
+           drain != v1::DRAIN_STATE_DRAINED;
+  });
 }
 
 int64_t WorkerRegistry::up_count() const {

@@ -3,8 +3,11 @@
 // capacity, drain state and load current. Workers never need to know the router.
 //
 //   - A worker is accepted into the pool when its fingerprint, block size and protocol version
-//     are the pool's (the first worker accepted sets them; when none is left the next sets them
-//     again); one that differs is refused (logged, ferry_router_worker_refusals_total{reason}).
+//     are the pool's (the first worker accepted sets them, or `fingerprint` pins the model; when
+//     none is left the next sets them again); one that differs is refused (logged,
+//     ferry_router_worker_refusals_total{reason} counts each worker's turn to refused). A refused
+//     worker is asked again after a backoff, as a down one is, and stays "refused" until it
+//     passes: an operator who restarts it on the right model needs no router restart.
 //   - A worker whose stream breaks, or that sends nothing for heartbeat_timeout, is down: its
 //     stream is cancelled and a new one tried after a backoff (doubling up to max_backoff).
 //   - A draining worker gets no new work.
@@ -41,6 +44,8 @@ struct RegistryOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   absl::Duration check_interval = absl::Milliseconds(50);  // real time
   std::string auth_token;                                  // sent to the workers
+  // The one model fingerprint the pool takes (zero: whatever the first worker accepted has).
+  Hash128 fingerprint;
 };
 
 // The pool's shared facts, as the accepted workers reported them.
@@ -75,7 +80,7 @@ class WorkerRegistry {
   // Accepted, up, not draining, and below their capacity (running + queued allowed, minus what
   // the router has in flight there).
   std::vector<Candidate> Candidates() const;
-  // Whether any worker is up and accepted (draining or not).
+  // Whether any worker can take new work: up, accepted and not draining.
   bool AnyUp() const;
   PoolInfo pool() const;
 

@@ -1,7 +1,8 @@
 // The registry against fake workers (in-process gRPC servers whose Watch streams the test
 // drives): workers come up on their first message, a mismatched fingerprint or block size is
-// refused, a broken stream or a stopped heartbeat (FakeClock) takes a worker down and a new
-// stream brings it back, draining workers are no candidates, and capacity bounds candidates.
+// refused (also against a pinned fingerprint), a refused worker is asked again, a broken stream or
+// a stopped heartbeat (FakeClock) takes a worker down and a new stream brings it back, draining
+// workers are no candidates, and capacity bounds candidates.
 
 #include "router/registry/worker_registry.h"
 
@@ -171,6 +172,54 @@ TEST(WorkerRegistryTest, WorkersComeUpAndAMismatchedOneIsRefused) {
   EXPECT_EQ(json[1]["state"], "refused");
   EXPECT_NE(json[1]["reason"].get<std::string>().find("fingerprint"), std::string::npos);
   EXPECT_NE(json[2]["reason"].get<std::string>().find("block_tokens"), std::string::npos);
+  registry.Stop();
+}
+
+TEST(WorkerRegistryTest, APinnedFingerprintRefusesEvenTheFirstAndARefusedWorkerIsAskedAgain) {
+  Fleet fleet(2);
+  FakeClock clock;
+  RegistryOptions options;
+  options.fingerprint = Hash128{7, 0};
+  WorkerRegistry registry(fleet.addresses, options, &clock);
+  std::vector<std::string> refusals;
+  std::mutex mu;
+  registry.SetOnRefusal([&](const std::string& r) {
+    std::lock_guard<std::mutex> lock(mu);
+    refusals.push_back(r);
+  });
+  auto refused = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return refusals.size();
+  };
+  registry.Start();
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->open_streams() == 1; }));
+  fleet.workers[0]->Send(Status("w0", 8, 16));  // first, but not the pinned model
+  ASSERT_TRUE(Eventually([&] { return refused() == 1; }));
+  EXPECT_FALSE(registry.pool().known);
+  fleet.workers[1]->Send(Status("w1", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
+  EXPECT_EQ(registry.pool().fingerprint, (Hash128{7, 0}));
+
+  // After its backoff the refused worker is asked again; it stays "refused" meanwhile, and the
+  // same refusal is not counted twice.
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 0; }));
+  clock.Advance(options.initial_backoff);
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->subscriptions() == 2; }));
+  EXPECT_EQ(registry.ToJson()[0]["state"], "refused");
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 1; }));
+  fleet.workers[0]->Send(Status("w0", 8, 16));
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 0; }));
+  absl::SleepFor(options.check_interval * 3);
+  EXPECT_EQ(refused(), 1u);
+  EXPECT_EQ(registry.ToJson()[0]["state"], "refused");
+
+  // Restarted on the right model: accepted on the next try.
+  clock.Advance(options.initial_backoff * 2);
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 1; }));
+  fleet.workers[0]->Send(Status("w0", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 2; }));
+  EXPECT_EQ(registry.ToJson()[0]["state"], "up");
+  EXPECT_EQ(refused(), 1u);
   registry.Stop();
 }
 

@@ -47,7 +47,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
   blocks_used_ = &blocks.Add({{"state", "used"}});
   blocks_free_ = &blocks.Add({{"state", "free"}});
   blocks_cached_ = &blocks.Add({{"state", "cached"}});
-  blocks_total_ = gauge("ferry_worker_kv_blocks_total", "KV blocks in the pool.");
+  blocks_total_ = gauge("ferry_worker_kv_pool_blocks", "KV blocks in the pool.");
   auto& prompt = prometheus::BuildCounter()
                      .Name("ferry_worker_prompt_tokens_total")
                      .Help(

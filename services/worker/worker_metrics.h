@@ -6,7 +6,7 @@
 //                                                invalid, rejected (queue full, draining)
 //   ferry_worker_queued_requests                 waiting for admission (engine)
 //   ferry_worker_running_requests                sequences holding KV
-//   ferry_worker_kv_blocks{state}                used, free, cached; ferry_worker_kv_blocks_total
+//   ferry_worker_kv_blocks{state}                used, free, cached; ferry_worker_kv_pool_blocks
 //   ferry_worker_prompt_tokens_total{source}     computed, local (reused from this worker's cache)
 //   ferry_worker_generated_tokens_total
 //   ferry_worker_prefill_tokens_per_second       over the load window (LoadWindow)

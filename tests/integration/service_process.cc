@@ -63,7 +63,9 @@ ServiceProcess::ServiceProcess(const std::string& binary, const std::vector<std:
     if (n <= 0) break;  // exited
     line.append(buf, static_cast<size_t>(n));
   }
-  ready_ = std::sscanf(line.c_str(), "grpc_port=%d admin_port=%d", &grpc_port_, &admin_port_) == 2;
+  // "grpc_port=N admin_port=M" (or http_port=N for the router).
+  ready_ =
+      std::sscanf(line.c_str(), "%*[a-z]_port=%d admin_port=%d", &grpc_port_, &admin_port_) == 2;
 }
 
 ServiceProcess::~ServiceProcess() {

@@ -1,8 +1,8 @@
 // A Ferry service binary run as a child process for multi-process tests: started with its
-// arguments, ready once it printed "grpc_port=N admin_port=M" on stdout, its stderr kept in a log
-// file under TEST_TMPDIR, and killed (SIGKILL) and reaped when the object goes away, whatever
-// happened in between. The child also gets SIGKILL if the test process dies first
-// (PR_SET_PDEATHSIG), so a crashed test leaves no process behind.
+// arguments, ready once it printed "grpc_port=N admin_port=M" (the router: http_port=N) on stdout,
+// its stderr kept in a log file under TEST_TMPDIR, and killed (SIGKILL) and reaped when the object
+// goes away, whatever happened in between. The child also gets SIGKILL if the test process dies
+// first (PR_SET_PDEATHSIG), so a crashed test leaves no process behind.
 //
 // Thread-compatible.
 
@@ -27,7 +27,7 @@ class ServiceProcess {
   ServiceProcess& operator=(const ServiceProcess&) = delete;
 
   bool ready() const { return ready_; }
-  int grpc_port() const { return grpc_port_; }
+  int grpc_port() const { return grpc_port_; }  // the service's port (the router's: HTTP)
   int admin_port() const { return admin_port_; }
   std::string address() const;  // 127.0.0.1:grpc_port
   pid_t pid() const { return pid_; }

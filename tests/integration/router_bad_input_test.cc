@@ -1,0 +1,351 @@
+// ferry-router against malformed and hostile clients (ARCHITECTURE.md §8), with short limits
+// configured for the test, in front of a null-engine worker (the default model's tokenizer and
+// context, no weights): a table of bad requests, each answered with its 4xx and an OpenAI-shaped
+// error body naming the field and the trace id, before any worker sees it; oversized headers and
+// bodies; a slow-loris client, a flood of connections and a client that never reads its stream
+// are cut off (the stream's request aborted on the worker); and afterwards a normal request still
+// works.
+
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "boost/asio/connect.hpp"
+#include "boost/asio/ip/tcp.hpp"
+#include "boost/asio/read.hpp"
+#include "boost/asio/write.hpp"
+#include "boost/beast/core.hpp"
+#include "boost/beast/http.hpp"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/service_process.h"
+
+namespace ferry {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+std::string g_router, g_worker;
+
+struct Reply {
+  int status = -1;
+  std::string body;
+  std::map<std::string, std::string> headers;
+};
+
+// One request on a fresh connection.
+Reply Send(int port, const std::string& method, const std::string& target, const std::string& body,
+           const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+  asio::io_context io;
+  tcp::socket socket(io);
+  beast::error_code ec;
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
+  Reply reply;
+  if (ec) return reply;
+  http::request<http::string_body> request(http::string_to_verb(method), target, 11);
+  request.set(http::field::host, "127.0.0.1");
+  request.set(http::field::content_type, "application/json");
+  for (const auto& [k, v] : headers) request.set(k, v);
+  request.body() = body;
+  request.prepare_payload();
+  http::write(socket, request, ec);
+  if (ec) return reply;
+  beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  http::read(socket, buffer, response, ec);
+  if (ec) return reply;
+  reply.status = response.result_int();
+  reply.body = response.body();
+  for (const auto& f : response)
+    reply.headers[std::string(f.name_string())] = std::string(f.value());
+  return reply;
+}
+
+// Raw bytes on a fresh connection; what comes back until the server closes (or `wait` passes).
+std::string SendRaw(int port, const std::string& bytes, absl::Duration wait = absl::Seconds(10)) {
+  asio::io_context io;
+  tcp::socket socket(io);
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  asio::write(socket, asio::buffer(bytes));
+  std::string out;
+  const absl::Time deadline = absl::Now() + wait;
+  char buf[4096];
+  socket.non_blocking(true);
+  while (absl::Now() < deadline) {
+    beast::error_code ec;
+    const size_t n = socket.read_some(asio::buffer(buf), ec);
+    if (ec == asio::error::would_block) {
+      absl::SleepFor(absl::Milliseconds(5));
+      continue;
+    }
+    if (ec) break;
+    out.append(buf, n);
+  }
+  return out;
+}
+
+class RouterBadInputTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* model = std::getenv("FERRY_MODEL_GGUF");
+    ASSERT_NE(model, nullptr) << "FERRY_MODEL_GGUF is not set; run through ./ferry test";
+    worker_ = new ServiceProcess(
+        g_worker, {absl::StrCat("--model=", model), "--engine=null", "--null_token_seconds=0",
+                   "--kv_pool_bytes=64MiB", "--block_tokens=16", "--max_n=16"});
+    ASSERT_TRUE(worker_->ready()) << worker_->LogTail();
+    router_ = new ServiceProcess(
+        g_router, {absl::StrCat("--model=", model), "--served_model_name=smol",
+                   absl::StrCat("--workers=127.0.0.1:", worker_->grpc_port()), "--read_timeout=1s",
+                   "--idle_timeout=2s", "--write_timeout=1s", "--max_connections=16",
+                   "--max_body_bytes=128KiB", "--max_header_bytes=4KiB",
+                   "--max_stream_buffer_bytes=32KiB", "--threads=2"});
+    ASSERT_TRUE(router_->ready()) << router_->LogTail();
+    for (int i = 0; i < 500 && HttpGet(router_->admin_port(), "/readyz") != 200; ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_EQ(HttpGet(router_->admin_port(), "/readyz"), 200);
+  }
+  static void TearDownTestSuite() {
+    delete router_;
+    delete worker_;
+  }
+  int port() const { return router_->grpc_port(); }
+
+  void ExpectWorks() {
+    const Reply r =
+        Send(port(), "POST", "/v1/chat/completions",
+             R"({"model":"smol","messages":[{"role":"user","content":"hi"}],"max_tokens":3})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(nlohmann::json::parse(r.body)["usage"]["completion_tokens"], 3);
+  }
+
+  static ServiceProcess* router_;
+  static ServiceProcess* worker_;
+};
+
+ServiceProcess* RouterBadInputTest::router_ = nullptr;
+ServiceProcess* RouterBadInputTest::worker_ = nullptr;
+
+struct Case {
+  std::string name;
+  std::string method, path, body;
+  int status;
+  std::string param;  // expected "param" of the error ("" = null or not checked)
+};
+
+std::string Chat(const std::string& extra) {
+  return absl::StrCat(R"({"model":"smol","messages":[{"role":"user","content":"hi"}])", extra, "}");
+}
+std::string Completion(const std::string& extra) {
+  return absl::StrCat(R"({"model":"smol")", extra, "}");
+}
+
+TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
+  std::string many_ids = "[";
+  for (int i = 0; i < 9000; ++i) absl::StrAppend(&many_ids, i == 0 ? "" : ",", 100 + i % 1000);
+  many_ids += "]";
+  std::string many_bias = "{";
+  for (int i = 0; i < 1100; ++i) absl::StrAppend(&many_bias, i == 0 ? "" : ",", "\"", i, "\":1");
+  many_bias += "}";
+  const std::vector<Case> cases = {
+      {"not an object", "POST", "/v1/chat/completions", "[1,2,3]", 400, ""},
+      {"not json", "POST", "/v1/chat/completions", "{model: smol}", 400, ""},
+      {"empty body", "POST", "/v1/chat/completions", "", 400, ""},
+      {"invalid utf-8", "POST", "/v1/chat/completions",
+       "{\"model\":\"smol\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, ""},
+      {"no model", "POST", "/v1/chat/completions",
+       R"({"messages":[{"role":"user","content":"x"}]})", 400, "model"},
+      {"unknown model", "POST", "/v1/chat/completions",
+       R"({"model":"gpt-5","messages":[{"role":"user","content":"x"}]})", 404, "model"},
+      {"no messages", "POST", "/v1/chat/completions", R"({"model":"smol"})", 400, "messages"},
+      {"empty messages", "POST", "/v1/chat/completions", R"({"model":"smol","messages":[]})", 400,
+       "messages"},
+      {"bad role", "POST", "/v1/chat/completions",
+       R"({"model":"smol","messages":[{"role":"root","content":"x"}]})", 400, "messages[0].role"},
+      {"content a number", "POST", "/v1/chat/completions",
+       R"({"model":"smol","messages":[{"role":"user","content":7}]})", 400, "messages[0].content"},
+      {"image part", "POST", "/v1/chat/completions",
+       R"({"model":"smol","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]})",
+       400, "messages[0].content"},
+      {"temperature too high", "POST", "/v1/chat/completions", Chat(R"(,"temperature":2.5)"), 400,
+       "temperature"},
+      {"temperature a string", "POST", "/v1/chat/completions", Chat(R"(,"temperature":"warm")"),
+       400, "temperature"},
+      {"top_p zero", "POST", "/v1/chat/completions", Chat(R"(,"top_p":0)"), 400, "top_p"},
+      {"n too large", "POST", "/v1/chat/completions", Chat(R"(,"n":64)"), 400, "n"},
+      {"n fractional", "POST", "/v1/chat/completions", Chat(R"(,"n":1.5)"), 400, "n"},
+      {"max_tokens zero", "POST", "/v1/chat/completions", Chat(R"(,"max_tokens":0)"), 400,
+       "max_tokens"},
+      {"max_tokens past the context", "POST", "/v1/chat/completions",
+       Chat(R"(,"max_tokens":100000)"), 400, "max_tokens"},
+      {"prompt past the context", "POST", "/v1/completions",
+       Completion(absl::StrCat(R"(,"prompt":)", many_ids)), 400, "prompt"},
+      {"logit_bias id outside the vocabulary", "POST", "/v1/chat/completions",
+       Chat(R"(,"logit_bias":{"99999999":5})"), 400, "logit_bias"},
+      {"logit_bias too strong", "POST", "/v1/chat/completions", Chat(R"(,"logit_bias":{"5":500})"),
+       400, "logit_bias"},
+      {"logit_bias too many", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"logit_bias":)", many_bias)), 400, "logit_bias"},
+      {"too many stops", "POST", "/v1/chat/completions",
+       Chat(
+           R"(,"stop":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"])"),
+       400, "stop"},
+      {"stop too long", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"stop":[")", std::string(300, 'x'), R"("])")), 400, "stop"},
+      {"top_logprobs without logprobs", "POST", "/v1/chat/completions",
+       Chat(R"(,"top_logprobs":3)"), 400, "top_logprobs"},
+      {"top_logprobs too many", "POST", "/v1/chat/completions",
+       Chat(R"(,"logprobs":true,"top_logprobs":50)"), 400, "top_logprobs"},
+      {"tools", "POST", "/v1/chat/completions",
+       Chat(R"(,"tools":[{"type":"function","function":{"name":"f"}}])"), 400, "tools"},
+      {"json response format", "POST", "/v1/chat/completions",
+       Chat(R"(,"response_format":{"type":"json_object"})"), 400, "response_format"},
+      {"unknown field", "POST", "/v1/chat/completions", Chat(R"(,"temprature":0.2)"), 400,
+       "temprature"},
+      {"stream_options without stream", "POST", "/v1/chat/completions",
+       Chat(R"(,"stream_options":{"include_usage":true})"), 400, "stream_options"},
+      {"presence_penalty too low", "POST", "/v1/chat/completions",
+       Chat(R"(,"presence_penalty":-7)"), 400, "presence_penalty"},
+      {"min_tokens above max_tokens", "POST", "/v1/chat/completions",
+       Chat(R"(,"max_tokens":2,"min_tokens":5)"), 400, "min_tokens"},
+      {"seed a string", "POST", "/v1/chat/completions", Chat(R"(,"seed":"lucky")"), 400, "seed"},
+      {"completions: empty prompt", "POST", "/v1/completions", Completion(R"(,"prompt":"")"), 400,
+       "prompt"},
+      {"completions: several prompts", "POST", "/v1/completions",
+       Completion(R"(,"prompt":["a","b"])"), 400, "prompt"},
+      {"completions: token id outside the vocabulary", "POST", "/v1/completions",
+       Completion(R"(,"prompt":[1,2,99999999])"), 400, "prompt"},
+      {"completions: logprobs too many", "POST", "/v1/completions",
+       Completion(R"(,"prompt":"a","logprobs":9)"), 400, "logprobs"},
+      {"completions: suffix", "POST", "/v1/completions",
+       Completion(R"(,"prompt":"a","suffix":"z")"), 400, "suffix"},
+      {"completions: no prompt", "POST", "/v1/completions", Completion(""), 400, "prompt"},
+      {"GET on chat completions", "GET", "/v1/chat/completions", "", 405, ""},
+      {"unknown path", "POST", "/v1/embeddings", "{}", 404, ""},
+      {"unknown model id", "GET", "/v1/models/llama", "", 404, ""},
+  };
+  ASSERT_GE(cases.size(), 40u);
+  for (const Case& c : cases) {
+    const Reply r = Send(port(), c.method, c.path, c.body, {{"x-request-id", "bad-input-1"}});
+    ASSERT_EQ(r.status, c.status) << c.name << ": " << r.body;
+    nlohmann::json body = nlohmann::json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(body.is_object() && body.contains("error")) << c.name << ": " << r.body;
+    const nlohmann::json& e = body["error"];
+    EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << c.name;
+    EXPECT_TRUE(e["type"].is_string()) << c.name;
+    EXPECT_TRUE(e.contains("param") && e.contains("code")) << c.name;
+    EXPECT_EQ(e["trace_id"], "bad-input-1") << c.name;
+    if (!c.param.empty()) EXPECT_EQ(e["param"], c.param) << c.name << ": " << r.body;
+    EXPECT_EQ(r.headers.count("x-request-id") ? r.headers.at("x-request-id") : "", "bad-input-1")
+        << c.name;
+  }
+  // None of them reached the worker.
+  EXPECT_EQ(
+      MetricValue(worker_->admin_port(), "ferry_worker_requests_total{outcome=\"completed\"}"), 0);
+  ExpectWorks();
+}
+
+TEST_F(RouterBadInputTest, OversizedHeadersAndBodiesAreRefusedAtTheDoor) {
+  const Reply big_body =
+      Send(port(), "POST", "/v1/chat/completions",
+           Chat(absl::StrCat(R"(,"user":")", std::string(200 << 10, 'u'), "\"")));
+  EXPECT_EQ(big_body.status, 413);
+  const Reply big_header = Send(port(), "POST", "/v1/chat/completions", Chat(""),
+                                {{"x-padding", std::string(8 << 10, 'p')}});
+  EXPECT_EQ(big_header.status, 431);
+  const std::string garbage = SendRaw(port(), "NOT HTTP AT ALL\r\n\r\n");
+  EXPECT_NE(garbage.find(" 400 "), std::string::npos) << garbage;
+  ExpectWorks();
+}
+
+TEST_F(RouterBadInputTest, ASlowClientIsCutOffAndAnIdleOneClosed) {
+  // Half a request, then nothing: closed within the read timeout (1 s), not held.
+  const std::string slow =
+      SendRaw(port(), "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", absl::Seconds(20));
+  EXPECT_EQ(slow, "");  // closed without an answer
+  // A keep-alive connection that stays idle is closed after the idle timeout (2 s).
+  const std::string idle = SendRaw(port(), "", absl::Seconds(20));
+  EXPECT_EQ(idle, "");
+  ExpectWorks();
+}
+
+TEST_F(RouterBadInputTest, AFloodOfConnectionsIsCappedAndTheServerRecovers) {
+  asio::io_context io;
+  std::vector<std::unique_ptr<tcp::socket>> held;
+  int refused = 0;
+  for (int i = 0; i < 30; ++i) {
+    auto s = std::make_unique<tcp::socket>(io);
+    s->connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port())});
+    held.push_back(std::move(s));
+  }
+  // Those past the cap (16) are answered 503 and closed.
+  for (auto& s : held) {
+    s->non_blocking(true);
+    char buf[512];
+    for (int t = 0; t < 100; ++t) {
+      beast::error_code ec;
+      const size_t n = s->read_some(asio::buffer(buf), ec);
+      if (ec == asio::error::would_block) {
+        absl::SleepFor(absl::Milliseconds(5));
+        continue;
+      }
+      if (!ec && std::string(buf, n).find(" 503 ") != std::string::npos) ++refused;
+      break;
+    }
+  }
+  EXPECT_GE(refused, 30 - 16);
+  held.clear();
+  // Once they are gone, a request is served again.
+  for (int i = 0; i < 100; ++i) {
+    if (Send(port(), "GET", "/v1/models", "").status == 200) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ExpectWorks();
+}
+
+TEST_F(RouterBadInputTest, AClientThatNeverReadsItsStreamIsCutOffAndItsRequestAborted) {
+  asio::io_context io;
+  tcp::socket socket(io);
+  socket.open(tcp::v4());
+  socket.set_option(asio::socket_base::receive_buffer_size(4096));
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port())});
+  const std::string body =
+      R"({"model":"smol","messages":[{"role":"user","content":"go"}],"max_tokens":8000,"n":16,"stream":true,"ignore_eos":true})";
+  const std::string request = absl::StrCat(
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: ",
+      body.size(), "\r\n\r\n", body);
+  asio::write(socket, asio::buffer(request));
+  // Read nothing. The router stops writing, cuts the stream off and cancels the request; the
+  // worker aborts it at its next step.
+  const std::string cancelled = "ferry_worker_requests_total{outcome=\"cancelled\"}";
+  double n = 0;
+  for (int i = 0; i < 600 && n < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    n = MetricValue(worker_->admin_port(), cancelled);
+  }
+  EXPECT_EQ(n, 1);
+  ExpectWorks();
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s FERRY_ROUTER FERRY_WORKER\n", argv[0]);
+    return 2;
+  }
+  ferry::g_router = argv[1];
+  ferry::g_worker = argv[2];
+  return RUN_ALL_TESTS();
+}
