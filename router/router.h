@@ -12,7 +12,8 @@
 // one, else one made here), which also goes to the workers and into every log line and error body
 // of the request.
 //
-// Readiness: /readyz is 200 while at least one worker is up and the router is not shutting down.
+// Readiness: /readyz is 200 while a worker can take requests (up, accepted, not draining) and the
+// router is not shutting down.
 // Shutdown: not ready at once, queued requests end 503, running streams get `shutdown_grace`,
 // new requests on open connections get 503.
 //

@@ -4,8 +4,9 @@
 //
 //   - Admission: when no candidate can take a request (every worker at its capacity), it waits
 //     in a bounded queue (max_queued); beyond it Dispatch answers ResourceExhausted (429 with
-//     Retry-After at the front door); with no worker up at all, Unavailable (503). A queued
-//     request that reaches its deadline ends with DeadlineExceeded.
+//     Retry-After at the front door); with no worker that can take requests (none up, or every
+//     one draining), Unavailable (503). A queued request that reaches its deadline ends with
+//     DeadlineExceeded.
 //   - Retries: a worker that fails a request before its first token (unreachable, its queue full,
 //     draining, or an error it marks retryable) makes the request go to another worker, at most
 //     max_retries times.

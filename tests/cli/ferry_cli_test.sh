@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The ferry CLI's own behaviour: help, unknown commands, the benchmark list and dispatch errors,
-# model paths, and `down` with nothing running. Runs the script from the test's runfiles with a
-# private cache, so nothing is installed or downloaded.
+# model paths, `up`'s argument checks, and `down`/`status` with nothing running. Runs the script
+# from the test's runfiles with a private cache, so nothing is installed or downloaded.
 set -uo pipefail
 ferry="$1"
 export FERRY_CACHE="${TEST_TMPDIR}/cache" FERRY_STATE="${TEST_TMPDIR}/state"
@@ -21,7 +21,7 @@ check() {  # check DESCRIPTION EXPECTED_RC PATTERN -- COMMAND...
   fi
 }
 check "help lists every command" 0 "setup.*" -- "${ferry}" help
-for c in setup build test up down bench fmt worker "models pull"; do
+for c in setup build test up status down bench fmt worker "models pull"; do
   check "help mentions '${c}'" 0 "^  ${c} " -- "${ferry}" help
 done
 check "unknown command fails" 1 "unknown command 'frobnicate'" -- "${ferry}" frobnicate
@@ -32,6 +32,12 @@ check "models path follows FERRY_MODELS_DIR" 0 "^/models/here/SmolLM2-135M-Instr
 check "models without a verb fails" 1 "usage: ferry models" -- "${ferry}" models
 check "worker without a command fails" 1 "usage: ferry worker" -- "${ferry}" worker
 check "down with nothing running" 0 "nothing is running" -- "${ferry}" down
+check "status with nothing running" 3 "nothing is running" -- "${ferry}" status
+check "up --help lists its flags" 0 "--workers N" -- "${ferry}" up --help
+check "up refuses an unknown flag" 1 "unknown argument '--bogus'" -- "${ferry}" up --bogus
+check "up refuses zero workers" 1 "--workers must be 1..99" -- "${ferry}" up --workers 0
+check "up refuses a bad port" 1 "--port must be 1..65535" -- "${ferry}" up --port 70000
+check "up refuses a missing model" 1 "--model: no such file" -- "${ferry}" up --model /nonexistent.gguf
 # A stale pid file of a process that is gone is cleaned up, not an error.
 mkdir -p "${FERRY_STATE}/pids"
 echo 999999 >"${FERRY_STATE}/pids/ghost.pid"
