@@ -187,7 +187,7 @@ void ApiCall::Start(const HttpRequest& http) {
       {
         std::lock_guard<std::mutex> lock(self->mu_);
         self->answered_ = true;  // nobody to answer
-        job = self->job_;
+        job = self->job_.lock();
       }
       if (job != nullptr) self->context_.dispatcher->Cancel(job);
     }
@@ -280,7 +280,7 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
     }
     if (!ok) {
       answered_ = true;  // the client stopped reading (or left): cut off, and abort
-      cancel = job_;
+      cancel = job_.lock();
     }
   }
   if (cancel != nullptr) context_.dispatcher->Cancel(cancel);

@@ -78,7 +78,9 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   bool streaming_ = false;  // the SSE stream has started
   bool first_token_ = false;
   Clock::time_point last_token_;
-  std::shared_ptr<Dispatcher::Job> job_;
+  // Weak: the dispatcher's job holds this call as its sink until the call ends; a strong handle
+  // here would make a cycle that outlives the request.
+  std::weak_ptr<Dispatcher::Job> job_;
   bool answered_ = false;
   std::string worker_;
   ferry::v1::ErrorInfo error_;
