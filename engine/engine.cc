@@ -38,6 +38,7 @@ struct Engine::Request {
   std::vector<TokenId> stop_ids;  // stop_token_ids and (unless ignore_eos) the eos ids, sorted
   int64_t live = 0;               // sequences not finished
   bool admitted_once = false;
+  bool handed_off = false;           // prefill-only: its KV is held in handoffs_
   int64_t cached_prompt_tokens = 0;  // at the first admission
 };
 
@@ -79,6 +80,12 @@ void ReleaseTable(KvBlockPool& pool, std::vector<BlockId>& table) {
   }
   CHECK(pool.Release(held).ok());
   table.clear();
+}
+
+// The positions a decode-only request's imported KV covers: the prompt and the generated tokens
+// but the last (whose KV its first step computes). Validated requests only.
+int64_t DecodeOnlyPositions(const EngineRequest& r) {
+  return static_cast<int64_t>(r.prompt.size() + r.resume[0].generated.size()) - 1;
 }
 
 }  // namespace
@@ -139,6 +146,7 @@ Engine::Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenize
       tokenizer_(tokenizer),
       options_(options),
       window_pool_(window_pool),
+      clock_(options.clock != nullptr ? options.clock : &RealClock()),
       block_tokens_(pool->layout().block_tokens),
       cache_(pool, options.prefix_cache_bytes),
       journal_(options.journal_events) {
@@ -216,10 +224,16 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
     return absl::InvalidArgumentError("stop strings need an engine with a tokenizer");
   }
   if (absl::Status s = StopStringMatcher::Validate(r.stop); !s.ok()) return s;
-  if (!r.resume.empty() && static_cast<int32_t>(r.resume.size()) != r.n) {
-    return absl::InvalidArgumentError("resume needs one point per choice");
+  if (static_cast<int64_t>(r.resume.size()) > r.n) {
+    return absl::InvalidArgumentError("resume lists more choices than n");
   }
+  std::vector<bool> resumed(r.n, false);
   for (const ResumePoint& p : r.resume) {
+    if (p.choice < 0 || p.choice >= r.n || resumed[p.choice]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume: choice ", p.choice, " is outside [0, n) or listed twice"));
+    }
+    resumed[p.choice] = true;
     if (p.sampler_state.generated() != static_cast<int64_t>(p.generated.size())) {
       return absl::InvalidArgumentError("resume: sampler state and tokens disagree");
     }
@@ -234,13 +248,22 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
     }
   }
   if (r.role == EngineRole::kDecodeOnly) {
-    if (r.n != 1 || r.resume.size() != 1 || r.resume[0].generated.empty()) {
+    if (r.resume.empty()) {
       return absl::InvalidArgumentError(
-          "decode-only requests carry one choice that resumes after the first token");
+          "decode-only requests resume each choice they run after its first token");
     }
-    if (static_cast<int64_t>(r.imported_blocks.size()) !=
-        pool_->layout().BlocksFor(static_cast<int64_t>(r.prompt.size()))) {
-      return absl::InvalidArgumentError("decode-only: imported blocks do not cover the prompt");
+    for (const ResumePoint& p : r.resume) {
+      if (p.generated.empty() || (r.resume.size() > 1 && p.generated.size() != 1)) {
+        return absl::InvalidArgumentError(
+            "decode-only requests resume each choice after its first token (several choices "
+            "share the prompt's KV: after exactly one)");
+      }
+    }
+    const int64_t positions = DecodeOnlyPositions(r);
+    if (static_cast<int64_t>(r.imported_blocks.size()) != pool_->layout().BlocksFor(positions)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decode-only: ", r.imported_blocks.size(), " imported blocks do not cover the ",
+          positions, " positions of the prompt and the generated tokens but the last"));
     }
     for (BlockId b : r.imported_blocks) {
       if (b < 0 || b >= pool_->num_blocks() || pool_->ref_count(b) < 1) {
@@ -253,8 +276,8 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
         return absl::InvalidArgumentError(
             "decode-only: the window layers' imported table does not cover the prompt");
       }
-      // Present from the block the next row (at prompt length) sees; before it, optional.
-      const int64_t first = FirstWindowBlock(static_cast<int64_t>(r.prompt.size()));
+      // Present from the block the next row (at `positions`) sees; before it, optional.
+      const int64_t first = FirstWindowBlock(positions);
       for (size_t i = 0; i < r.imported_window_blocks.size(); ++i) {
         const BlockId b = r.imported_window_blocks[i];
         if (b == kNoBlock && static_cast<int64_t>(i) < first) continue;
@@ -269,8 +292,10 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
   } else if (!r.imported_blocks.empty() || !r.imported_window_blocks.empty()) {
     return absl::InvalidArgumentError("imported blocks are for decode-only requests");
   }
-  if (r.role == EngineRole::kPrefillOnly && r.n != 1) {
-    return absl::InvalidArgumentError("prefill-only requests have one choice");
+  if (r.role == EngineRole::kPrefillOnly && r.resume.size() > 1) {
+    return absl::InvalidArgumentError(
+        "a prefill-only request resumes at most one choice (choices with output of their own "
+        "have KV of their own)");
   }
   return absl::OkStatus();
 }
@@ -354,17 +379,36 @@ void Engine::DrainInbox() {
     for (auto& seq : seqs_) {
       if (!seq->finished && seq->req->r.id == id) Finish(*seq, FinishReason::kAbort, TokenEvent{});
     }
+    DropHandoff(id);
   }
-  for (const std::string& id : released) {
-    auto it = handoffs_.find(id);
-    if (it == handoffs_.end()) continue;
-    ReleaseHandoffBlocks(it->second);
-    handoffs_.erase(it);
-    released_ids_.push_back(id);
-  }
+  for (const std::string& id : released) DropHandoff(id);
+  ExpireHandoffs();
   if (clear) EvictAllCached();
   for (PendingReservation& r : reservations) RunReservation(r);
   RemoveFinished();
+}
+
+bool Engine::DropHandoff(const std::string& id) {
+  auto it = handoffs_.find(id);
+  if (it == handoffs_.end()) return false;
+  ReleaseHandoffBlocks(it->second);
+  handoffs_.erase(it);
+  released_ids_.push_back(id);
+  return true;
+}
+
+void Engine::ExpireHandoffs() {
+  if (handoffs_.empty()) return;
+  const absl::Duration now = clock_->Monotonic();
+  std::vector<std::string> expired;
+  for (const auto& [id, handoff] : handoffs_) {
+    if (handoff.expires <= now) expired.push_back(id);
+  }
+  for (const std::string& id : expired) {
+    LOG(WARNING) << "handoff of request " << id << " not released within "
+                 << absl::FormatDuration(options_.handoff_ttl) << ": its blocks are freed";
+    DropHandoff(id);
+  }
 }
 
 void Engine::EvictAllCached() {
@@ -431,21 +475,15 @@ void Engine::AddRequest(EngineRequest r) {
   std::sort(req->stop_ids.begin(), req->stop_ids.end());
   req->stop_ids.erase(std::unique(req->stop_ids.begin(), req->stop_ids.end()), req->stop_ids.end());
   const int64_t arrival = arrivals_++;
-  const int32_t first_choices = er.resume.empty() ? 1 : er.n;
+  // Without resume points choice 0 starts and the others fork from its first token.
   req->fork_pending = er.resume.empty() && er.n > 1;
-  for (int32_t c = 0; c < first_choices; ++c) {
-    auto seq = std::make_unique<Sequence>();
-    seq->req = req;
-    seq->choice = c;
-    seq->arrival = arrival;
-    seq->prompt_len = static_cast<int64_t>(er.prompt.size());
-    seq->tokens = er.prompt;
-    seq->stop = StopStringMatcher(er.stop);
-    if (tokenizer_ != nullptr) {
-      seq->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true);
-    }
-    if (!er.resume.empty()) {
-      const ResumePoint& p = er.resume[c];
+  std::vector<const ResumePoint*> points;
+  for (const ResumePoint& p : er.resume) points.push_back(&p);
+  if (points.empty()) points.push_back(nullptr);
+  for (const ResumePoint* resume : points) {
+    auto seq = NewSequence(req, resume != nullptr ? resume->choice : 0, arrival);
+    if (resume != nullptr) {
+      const ResumePoint& p = *resume;
       seq->tokens.insert(seq->tokens.end(), p.generated.begin(), p.generated.end());
       seq->state = p.sampler_state;
       // Held text from before min_tokens could not stop (Deliver's may_stop).
@@ -456,10 +494,16 @@ void Engine::AddRequest(EngineRequest r) {
       }
     }
     if (er.role == EngineRole::kDecodeOnly) {
-      seq->blocks = er.imported_blocks;
-      seq->window_blocks = er.imported_window_blocks;
-      seq->computed = seq->prompt_len;
-      seq->admitted = true;
+      if (resume == points[0]) {  // the imported references become this choice's
+        seq->blocks = er.imported_blocks;
+        seq->window_blocks = er.imported_window_blocks;
+        seq->computed = DecodeOnlyPositions(er);
+        seq->admitted = true;
+      } else {
+        // The others share them (each after one token: the prompt's KV). Without a block for
+        // the partial one's copy, a choice recomputes when it is admitted.
+        ShareKv(er.imported_blocks, er.imported_window_blocks, seq->prompt_len, *seq);
+      }
       req->admitted_once = true;
     }
     ++req->live;
@@ -738,16 +782,28 @@ absl::StatusOr<bool> Engine::Step() {
 
 void Engine::Deliver(Sequence& seq, absl::Span<const float> logits) {
   Request& req = *seq.req;
+  if (req.r.role == EngineRole::kPrefillOnly) return DeliverPrefillOnly(seq, logits);
+  if (req.fork_pending && seq.choice == 0) {
+    req.fork_pending = false;
+    Fork(seq, logits);
+  }
+  FinishReason reason = FinishReason::kNone;
+  TokenEvent e = NextToken(seq, logits, &reason);
+  if (reason == FinishReason::kNone) {
+    Emit(seq, e);
+    return;
+  }
+  Finish(seq, reason, std::move(e));
+}
+
+TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, FinishReason* reason) {
+  Request& req = *seq.req;
   const EngineRequest& r = req.r;
   // Before min_tokens, no stop token may be chosen and no stop string may end the text.
   const bool may_stop = seq.generated() + 1 > r.min_tokens;
   const SampledToken sampled =
       Sample(logits, r.sampling, req.prompt_set, seq.state, static_cast<uint64_t>(seq.choice),
              may_stop ? absl::Span<const TokenId>() : absl::MakeConstSpan(req.stop_ids));
-  if (req.fork_pending && seq.choice == 0) {
-    req.fork_pending = false;
-    Fork(seq, logits);
-  }
   seq.state.Observe(sampled.token);
   seq.tokens.push_back(sampled.token);
   ++stats_.generated_tokens;
@@ -763,83 +819,125 @@ void Engine::Deliver(Sequence& seq, absl::Span<const float> logits) {
     auto delta = seq.detok->Push(sampled.token);
     if (delta.ok()) e.text = seq.stop.Push(*delta, may_stop);
   }
-  FinishReason reason = FinishReason::kNone;
+  *reason = FinishReason::kNone;
   if (stop_token || seq.stop.stopped()) {
-    reason = FinishReason::kStop;
+    *reason = FinishReason::kStop;
     e.stop_token = stop_token;
     if (!stop_token) e.matched_stop = seq.stop.matched();
   } else if (seq.generated() >= r.max_tokens ||
              static_cast<int64_t>(seq.tokens.size()) >= model_->max_positions()) {
-    reason = FinishReason::kLength;
-  } else if (r.role == EngineRole::kPrefillOnly) {
-    reason = FinishReason::kHandoff;
+    *reason = FinishReason::kLength;
   }
-  if (reason == FinishReason::kNone) {
-    Emit(seq, e);
-    return;
+  return e;
+}
+
+void Engine::DeliverPrefillOnly(Sequence& seq, absl::Span<const float> logits) {
+  Request& req = *seq.req;
+  // Every choice's first token comes from these logits (with a resume point, only `seq`'s
+  // choice runs). The other choices need no KV of their own: they exist for this moment.
+  std::vector<std::unique_ptr<Sequence>> others;
+  std::vector<Sequence*> choices = {&seq};
+  if (req.fork_pending) {
+    req.fork_pending = false;
+    for (int32_t c = 1; c < req.r.n; ++c) {
+      others.push_back(NewSequence(seq.req, c, seq.arrival));
+      others.back()->computed = seq.computed;
+      ++req.live;
+      choices.push_back(others.back().get());
+    }
   }
-  Finish(seq, reason, std::move(e));
+  std::vector<TokenEvent> events;
+  std::vector<FinishReason> reasons;
+  for (Sequence* s : choices) {
+    FinishReason reason = FinishReason::kNone;
+    events.push_back(NextToken(*s, logits, &reason));
+    reasons.push_back(reason == FinishReason::kNone ? FinishReason::kHandoff : reason);
+    if (reasons.back() == FinishReason::kHandoff) req.handed_off = true;
+  }
+  if (req.handed_off) {
+    handoffs_[req.r.id] = Handoff{std::move(seq.blocks), std::move(seq.window_blocks),
+                                  clock_->Monotonic() + options_.handoff_ttl};
+    seq.blocks.clear();
+    seq.window_blocks.clear();
+  }
+  for (size_t i = 0; i < choices.size(); ++i) {
+    Finish(*choices[i], reasons[i], std::move(events[i]));
+  }
+}
+
+std::unique_ptr<Engine::Sequence> Engine::NewSequence(const std::shared_ptr<Request>& req,
+                                                      int32_t choice, int64_t arrival) {
+  auto seq = std::make_unique<Sequence>();
+  seq->req = req;
+  seq->choice = choice;
+  seq->arrival = arrival;
+  seq->prompt_len = static_cast<int64_t>(req->r.prompt.size());
+  seq->tokens = req->r.prompt;
+  seq->stop = StopStringMatcher(req->r.stop);
+  if (tokenizer_ != nullptr) {
+    seq->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true);
+  }
+  return seq;
+}
+
+bool Engine::ShareKv(const std::vector<BlockId>& blocks, const std::vector<BlockId>& window_blocks,
+                     int64_t positions, Sequence& seq) {
+  const int64_t full = positions / block_tokens_;
+  const bool partial = positions % block_tokens_ != 0;
+  // The partial block's copies, in each pool.
+  auto copy_of = [&](KvBlockPool& pool, PrefixCache& cache) -> BlockId {
+    if (!partial) return kNoBlock;
+    auto b = pool.Allocate(1);
+    if (!b.ok() && cache.Evict(1) > 0) b = pool.Allocate(1);
+    return b.ok() ? (*b)[0] : kNoBlock;
+  };
+  const BlockId copy = copy_of(*pool_, cache_);
+  const BlockId window_copy =
+      window_pool_ != nullptr ? copy_of(*window_pool_, *window_cache_) : kNoBlock;
+  const bool copied =
+      !partial || (copy != kNoBlock && (window_pool_ == nullptr || window_copy != kNoBlock));
+  if (!copied) {
+    if (copy != kNoBlock) CHECK(pool_->Release(absl::MakeConstSpan(&copy, 1)).ok());
+    if (window_copy != kNoBlock) {
+      CHECK(window_pool_->Release(absl::MakeConstSpan(&window_copy, 1)).ok());
+    }
+    return false;
+  }
+  seq.blocks.assign(blocks.begin(), blocks.begin() + full);
+  CHECK(pool_->AddRef(seq.blocks).ok());
+  if (partial) {
+    CHECK(pool_->CopyBlock(blocks[full], copy).ok());
+    seq.blocks.push_back(copy);
+  }
+  if (window_pool_ != nullptr) {
+    // The window blocks still held (full ones shared, the partial one copied).
+    seq.window_blocks.assign(window_blocks.begin(), window_blocks.begin() + full);
+    std::vector<BlockId> shared;
+    for (BlockId b : seq.window_blocks) {
+      if (b != kNoBlock) shared.push_back(b);
+    }
+    CHECK(window_pool_->AddRef(shared).ok());
+    if (partial) {
+      CHECK(window_pool_->CopyBlock(window_blocks[full], window_copy).ok());
+      seq.window_blocks.push_back(window_copy);
+    }
+  }
+  seq.computed = positions;
+  seq.admitted = true;
+  return true;
 }
 
 void Engine::Fork(Sequence& first, absl::Span<const float> logits) {
   // Choices 1..n-1 share the prompt's full blocks and copy its partial last block.
   const int64_t full = first.prompt_len / block_tokens_;
-  const bool partial = first.prompt_len % block_tokens_ != 0;
   for (int32_t c = 1; c < first.req->r.n; ++c) {
-    auto seq = std::make_unique<Sequence>();
-    seq->req = first.req;
-    seq->choice = c;
-    seq->arrival = first.arrival;
-    seq->prompt_len = first.prompt_len;
-    seq->tokens = first.tokens;
-    seq->stop = StopStringMatcher(first.req->r.stop);
-    if (tokenizer_ != nullptr) {
-      seq->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, true);
-    }
+    auto seq = NewSequence(first.req, c, first.arrival);
     seq->hashes = first.hashes;
     seq->cached_blocks = std::min<int64_t>(first.cached_blocks, full);
-    // The partial block's copies, in each pool (none: the choice waits).
-    auto copy_of = [&](KvBlockPool& pool, PrefixCache& cache) -> BlockId {
-      if (!partial) return kNoBlock;
-      auto b = pool.Allocate(1);
-      if (!b.ok() && cache.Evict(1) > 0) b = pool.Allocate(1);
-      return b.ok() ? (*b)[0] : kNoBlock;
-    };
-    const BlockId copy = copy_of(*pool_, cache_);
-    const BlockId window_copy =
-        window_pool_ != nullptr ? copy_of(*window_pool_, *window_cache_) : kNoBlock;
-    const bool copied =
-        !partial || (copy != kNoBlock && (window_pool_ == nullptr || window_copy != kNoBlock));
-    if (!copied) {
-      if (copy != kNoBlock) CHECK(pool_->Release(absl::MakeConstSpan(&copy, 1)).ok());
-      if (window_copy != kNoBlock) {
-        CHECK(window_pool_->Release(absl::MakeConstSpan(&window_copy, 1)).ok());
-      }
-    }
-    if (copied) {
-      seq->blocks.assign(first.blocks.begin(), first.blocks.begin() + full);
-      CHECK(pool_->AddRef(seq->blocks).ok());
-      if (partial) {
-        CHECK(pool_->CopyBlock(first.blocks[full], copy).ok());
-        seq->blocks.push_back(copy);
-      }
-      if (window_pool_ != nullptr) {
-        // The window blocks still held (full ones shared, the partial one copied).
-        seq->window_blocks.assign(first.window_blocks.begin(), first.window_blocks.begin() + full);
-        std::vector<BlockId> shared;
-        for (BlockId b : seq->window_blocks) {
-          if (b != kNoBlock) shared.push_back(b);
-        }
-        CHECK(window_pool_->AddRef(shared).ok());
-        if (partial) {
-          CHECK(window_pool_->CopyBlock(first.window_blocks[full], window_copy).ok());
-          seq->window_blocks.push_back(window_copy);
-        }
-        seq->window_begin = std::min<int64_t>(first.window_begin, full);
-        seq->window_cached = std::min<int64_t>(first.window_cached, full);
-      }
-      seq->computed = first.prompt_len;
-      seq->admitted = true;
+    const bool copied = ShareKv(first.blocks, first.window_blocks, first.prompt_len, *seq);
+    if (copied && window_pool_ != nullptr) {
+      seq->window_begin = std::min<int64_t>(first.window_begin, full);
+      seq->window_cached = std::min<int64_t>(first.window_cached, full);
     }
     ++first.req->live;
     Sequence& added = *seq;
@@ -872,18 +970,13 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
   event.finish = reason;
   event.sampler_state = seq.state;
   event.held_text = seq.stop.held();
-  if (--seq.req->live == 0 && reason != FinishReason::kHandoff) {
-    finished_ids_.push_back(seq.req->r.id);
-  }
+  if (--seq.req->live == 0 && !seq.req->handed_off) finished_ids_.push_back(seq.req->r.id);
   if (reason == FinishReason::kHandoff) {
-    event.blocks = seq.blocks;
-    event.window_blocks = seq.window_blocks;
-    handoffs_[seq.req->r.id] = Handoff{std::move(seq.blocks), std::move(seq.window_blocks)};
-    seq.blocks.clear();
-    seq.window_blocks.clear();
-  } else {
-    ReleaseBlocks(seq);
+    const Handoff& handoff = handoffs_.at(seq.req->r.id);
+    event.blocks = handoff.blocks;
+    event.window_blocks = handoff.window_blocks;
   }
+  ReleaseBlocks(seq);  // (a handoff's moved to handoffs_)
   seq.admitted = false;
   const std::string error = event.error;
   const absl::StatusCode event_code = event.error_code;
@@ -984,10 +1077,18 @@ void Engine::Stop() {
 }
 
 void Engine::Loop() {
+  // Waits for `ready`, or until the next handoff expires (handoffs_ is this thread's).
+  auto wait = [&](std::unique_lock<std::mutex>& lock, auto ready) {
+    if (handoffs_.empty()) return wake_.wait(lock, ready);
+    absl::Duration next = absl::InfiniteDuration();
+    for (const auto& [id, handoff] : handoffs_) next = std::min(next, handoff.expires);
+    const absl::Duration left = std::max(absl::ZeroDuration(), next - clock_->Monotonic());
+    wake_.wait_for(lock, absl::ToChronoMicroseconds(left) + std::chrono::milliseconds(1), ready);
+  };
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] {
+      wait(lock, [&] {
         return stopping_ || InboxHasWork() || published_.running + published_.waiting > 0;
       });
       if (stopping_) return;
@@ -996,7 +1097,7 @@ void Engine::Loop() {
     if (worked.ok() && !*worked) {
       // Nothing runnable (e.g. waiting for blocks held by handoffs): wait for news.
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || InboxHasWork() || blocks_freed_; });
+      wait(lock, [&] { return stopping_ || InboxHasWork() || blocks_freed_; });
       if (stopping_) return;
     }
   }

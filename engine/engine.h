@@ -20,9 +20,19 @@
 // chunked, whether its prefix came from the cache, or whether it was preempted or resumed (the
 // backend's guarantee plus position-keyed sampling), so its tokens do not either.
 //
-// Roles: kPrefillOnly stops after the first token and hands the KV blocks to the caller (event
-// kHandoff, blocks held until ReleaseHandoff); kDecodeOnly starts from imported KV blocks of the
-// prompt plus the first token (as a resume point).
+// Roles (prefill/decode disaggregation, ARCHITECTURE.md §3):
+// - kPrefillOnly computes the prompt (and a resumed choice's tokens) and samples each choice's
+//   first token from the same logits, then ends: a choice whose first token does not finish it
+//   ends with kHandoff, and the request's KV blocks (the positions computed: the prompt, plus a
+//   resumed choice's tokens before its last; not the first token, whose KV nobody computed yet)
+//   are held for the caller to send: every kHandoff event of the request names the same table.
+//   They are held until ReleaseHandoff, Abort, or handoff_ttl after the handoff, whichever comes
+//   first; the id stays live until then. With n > 1 the choices share the prompt's KV.
+// - kDecodeOnly starts from imported KV blocks and one resume point per choice to run (their
+//   first tokens, from the prefill side): the blocks cover the prompt and every generated token
+//   but the last (prompt_len + generated - 1 positions). With more than one choice every choice
+//   resumes after exactly one token and they share the prompt's blocks (the partial last block
+//   is copied per choice; without a free block a choice recomputes instead, exactly).
 //
 // Hybrid models (sliding-window and full-attention layers) may run on two pools: the
 // full-attention layers' (`pool`) and the window layers' (`window_pool`), where a sequence holds
@@ -76,6 +86,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "engine/common/clock.h"
 #include "engine/common/hash128.h"
 #include "engine/common/token_id.h"
 #include "engine/kv/kv_block_pool.h"
@@ -111,7 +122,7 @@ struct TokenEvent {
   // rest were computed), on every event once known.
   int64_t cached_tokens = 0;
   std::vector<float> logits;    // the row the token was chosen from (keep_logits)
-  std::vector<BlockId> blocks;  // kHandoff: the KV of prompt + first token
+  std::vector<BlockId> blocks;  // kHandoff: the request's KV (see Roles above)
   // kHandoff on a window pool: the window layers' table, indexed like `blocks`, kNoBlock for the
   // blocks before the window.
   std::vector<BlockId> window_blocks;
@@ -126,6 +137,7 @@ struct ResumePoint {
   std::vector<TokenId> generated;
   SamplerState sampler_state;  // after `generated`
   std::string held_text;       // text held back by the stop-string matcher
+  int32_t choice = 0;          // its index among the request's n choices (sampling is keyed by it)
 };
 
 struct EngineRequest {
@@ -143,7 +155,9 @@ struct EngineRequest {
   std::string cache_salt;         // the tenant's, enters the block hashes
   EngineRole role = EngineRole::kPrefillAndDecode;
   bool keep_logits = false;
-  std::vector<ResumePoint> resume;              // empty, or one per choice
+  // Empty, or the choices to run (distinct choice indexes < n; choices not listed finished
+  // elsewhere and are not run).
+  std::vector<ResumePoint> resume;
   std::vector<BlockId> imported_blocks;         // kDecodeOnly: the prompt's KV (one reference each,
                                                 // handed to the engine)
   std::vector<BlockId> imported_window_blocks;  // on a window pool: the window layers' table
@@ -167,6 +181,12 @@ struct EngineOptions {
   int64_t window_cache_bytes = int64_t{256} << 20;  // with a window pool
   int32_t max_n = 16;
   size_t journal_events = KvEventJournal::kDefaultCapacity;  // kv_events()' bound
+  // A handoff nobody released is released this long after it was made (a prefill worker whose
+  // push never ended). Longer than any transfer deadline: a transfer may read the blocks until
+  // then.
+  absl::Duration handoff_ttl = absl::Seconds(60);
+  // Time for handoff_ttl; null: RealClock(). Must outlive the engine.
+  Clock* clock = nullptr;
   // After every step that ran the model, on the engine thread; must not block.
   std::function<void(const StepInfo&)> on_step;
 };
@@ -213,10 +233,10 @@ class Engine {
   // Validates and queues; thread-safe. Invalid requests are an InvalidArgument, a duplicate live
   // id AlreadyExists, a full queue (max_queued) ResourceExhausted; then nothing is sent.
   absl::Status Submit(EngineRequest request);
-  // Ends a request (all its choices) at the next step with kAbort; thread-safe. Unknown or
-  // finished ids are ignored, so it is idempotent.
+  // Ends a request (all its choices) at the next step with kAbort, or releases its handoff;
+  // thread-safe. Unknown or finished ids are ignored, so it is idempotent.
   void Abort(const std::string& id);
-  // Releases the blocks of a kHandoff; thread-safe.
+  // Releases the blocks of a kHandoff; thread-safe. (Abort(id) does it too.)
   void ReleaseHandoff(const std::string& id);
   // Whether `id` is submitted and not yet finished (or a handoff not yet released).
   bool IsLive(const std::string& id) const;
@@ -256,6 +276,7 @@ class Engine {
   struct Sequence;
   struct Handoff {
     std::vector<BlockId> blocks, window_blocks;
+    absl::Duration expires;  // on clock_->Monotonic()
   };
   struct PendingReservation {
     std::vector<Hash128> hashes;
@@ -294,6 +315,22 @@ class Engine {
   // Gives back the window blocks no later row of `seq` can see.
   void Slide(Sequence& seq);
   void Deliver(Sequence& seq, absl::Span<const float> logits);
+  // Samples `seq`'s next token from `logits` into an event; `reason` is why it ends the choice
+  // (kNone: it goes on).
+  TokenEvent NextToken(Sequence& seq, absl::Span<const float> logits, FinishReason* reason);
+  // A prefill-only request's prompt is computed: each choice's first token, and the handoff.
+  void DeliverPrefillOnly(Sequence& seq, absl::Span<const float> logits);
+  // A sequence for choice `choice` of `req` that has not produced anything yet.
+  std::unique_ptr<Sequence> NewSequence(const std::shared_ptr<Request>& req, int32_t choice,
+                                        int64_t arrival);
+  // Gives `seq` the KV of the first `positions` positions of the tables `blocks` and
+  // `window_blocks`: full blocks shared, the partial last block copied. False (nothing taken)
+  // when no block is free for the copy.
+  bool ShareKv(const std::vector<BlockId>& blocks, const std::vector<BlockId>& window_blocks,
+               int64_t positions, Sequence& seq);
+  // Releases the handoff of `id`, if any; true when there was one.
+  bool DropHandoff(const std::string& id);
+  void ExpireHandoffs();
   void Fork(Sequence& first, absl::Span<const float> logits);
   void Finish(Sequence& seq, FinishReason reason, TokenEvent event);
   void Emit(const Sequence& seq, TokenEvent& event);
@@ -309,6 +346,7 @@ class Engine {
   const Tokenizer* const tokenizer_;
   const EngineOptions options_;
   KvBlockPool* const window_pool_;  // null: every layer in pool_
+  Clock* const clock_;
   const int32_t block_tokens_;
   PrefixCache cache_;
   std::unique_ptr<PrefixCache> window_cache_;

@@ -3,7 +3,8 @@
 // their own): a request's tokens and the logits they were chosen from are bit-identical alone,
 // inside a batch of mixed requests, under any prefill chunk size, with its prefix from the cache,
 // after preemption under KV pressure, resumed after k tokens, and split into prefill-only +
-// decode-only; greedy and seeded sampling. Abort frees every block; a long request is not starved
+// decode-only (several choices, a subset of them, a choice resumed on the prefill side); greedy
+// and seeded sampling. Abort frees every block; a long request is not starved
 // by a flood of short ones; a window pool stays bounded by the window.
 
 #include "engine/engine.h"
@@ -15,6 +16,7 @@
 
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/common/block_hash.h"
+#include "engine/common/fake_clock.h"
 #include "engine/model/synthetic_model.h"
 #include "engine/model/transformer.h"
 #include "gtest/gtest.h"
@@ -149,6 +151,23 @@ void ExpectSame(const Output& got, const Output& want, const std::string& what) 
   }
 }
 
+// A table's blocks to host bytes and into another engine's pool (kNoBlock entries stay).
+std::vector<BlockId> MoveBlocks(KvBlockPool& from, KvBlockPool& to,
+                                const std::vector<BlockId>& table) {
+  std::vector<BlockId> held, imported(table.size(), kNoBlock);
+  for (BlockId b : table) {
+    if (b != kNoBlock) held.push_back(b);
+  }
+  std::vector<char> bytes(held.size() * from.layout().block_bytes());
+  EXPECT_TRUE(from.ExportToHost(held, bytes.data(), bytes.size()).ok());
+  auto fresh = *to.Allocate(static_cast<int64_t>(held.size()));
+  EXPECT_TRUE(to.Import(fresh, bytes.data(), bytes.size()).ok());
+  for (size_t i = 0, j = 0; i < table.size(); ++i) {
+    if (table[i] != kNoBlock) imported[i] = fresh[j++];
+  }
+  return imported;
+}
+
 const SyntheticVariant kVariants[] = {
     {"llama_gqa_f32"},
     {"qwen2_bias_bf16_weights_bf16_kv", true, false, false, 8, WeightDType::kBF16, "bf16"},
@@ -256,31 +275,15 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   ASSERT_EQ(first.finish, FinishReason::kHandoff);
   ASSERT_EQ(first.tokens.size(), 1u);
   const int64_t prompt_blocks = prefill.pool_->layout().BlocksFor(150);
-  // Each pool's blocks to host bytes and into the other engine's pools (the window table only
-  // where it holds blocks).
-  auto move_blocks = [](KvBlockPool& from, KvBlockPool& to, const std::vector<BlockId>& table) {
-    std::vector<BlockId> held, imported(table.size(), kNoBlock);
-    for (BlockId b : table) {
-      if (b != kNoBlock) held.push_back(b);
-    }
-    std::vector<char> bytes(held.size() * from.layout().block_bytes());
-    EXPECT_TRUE(from.ExportToHost(held, bytes.data(), bytes.size()).ok());
-    auto fresh = *to.Allocate(static_cast<int64_t>(held.size()));
-    EXPECT_TRUE(to.Import(fresh, bytes.data(), bytes.size()).ok());
-    for (size_t i = 0, j = 0; i < table.size(); ++i) {
-      if (table[i] != kNoBlock) imported[i] = fresh[j++];
-    }
-    return imported;
-  };
   Harness decode = Make(variant, 64, whole);
   const std::vector<BlockId> handed(first.blocks.begin(), first.blocks.begin() + prompt_blocks);
-  const std::vector<BlockId> imported = move_blocks(*prefill.pool_, *decode.pool_, handed);
+  const std::vector<BlockId> imported = MoveBlocks(*prefill.pool_, *decode.pool_, handed);
   std::vector<BlockId> imported_window;
   if (TwoPools(variant)) {
     ASSERT_EQ(first.window_blocks.size(), static_cast<size_t>(prompt_blocks));
     // Only the window (positions 127.. of 150) is handed over: blocks 7..9.
     EXPECT_EQ(first.window_blocks[6], kNoBlock);
-    imported_window = move_blocks(*prefill.window_pool_, *decode.window_pool_, first.window_blocks);
+    imported_window = MoveBlocks(*prefill.window_pool_, *decode.window_pool_, first.window_blocks);
   } else {
     EXPECT_TRUE(first.window_blocks.empty());
   }
@@ -586,6 +589,157 @@ TEST(EngineTest, StopTokensAndValidation) {
   ASSERT_TRUE(h.Submit(Req("dup", Prompt(5, 1), 4, false)).ok());
   EXPECT_EQ(h.Submit(Req("dup", Prompt(5, 1), 4, false)).code(), absl::StatusCode::kAlreadyExists);
   h.Drain();
+}
+
+class EngineSplitTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(EngineSplitTest, SeveralChoicesASubsetAndAResumedChoiceSplitExactly) {
+  const SyntheticVariant& variant = kVariants[std::get<0>(GetParam())];
+  const bool sampled = std::get<1>(GetParam());
+  const std::vector<TokenId> prompt = Prompt(100, 11);  // 6 full blocks and a partial one
+  const int64_t max_tokens = 12;
+  const int32_t n = 3;
+  EngineOptions options;
+  auto request = [&](EngineRole role) {
+    EngineRequest r = Req("r", prompt, max_tokens, sampled);
+    r.n = n;
+    r.role = role;
+    return r;
+  };
+  Harness alone = Make(variant, 64, options);
+  ASSERT_TRUE(alone.Submit(request(EngineRole::kPrefillAndDecode)).ok());
+  alone.Drain();
+
+  // Prefill-only with n = 3: one prompt computation, every choice's first token, one table.
+  Harness prefill = Make(variant, 64, options);
+  ASSERT_TRUE(prefill.Submit(request(EngineRole::kPrefillOnly)).ok());
+  prefill.Drain();
+  const std::vector<BlockId> table = prefill.out("r", 0).blocks;
+  ASSERT_EQ(table.size(), 7u);
+  for (int32_t c = 0; c < n; ++c) {
+    const Output& first = prefill.out("r", c);
+    ASSERT_EQ(first.finish, FinishReason::kHandoff) << c;
+    ASSERT_EQ(first.tokens.size(), 1u);
+    EXPECT_EQ(first.tokens[0], alone.out("r", c).tokens[0]) << c;
+    EXPECT_EQ(first.blocks, table) << "every choice names the request's table";
+  }
+  EXPECT_EQ(prefill.engine_->stats().prompt_tokens_computed, 100);
+  EXPECT_TRUE(prefill.engine_->IsLive("r"));
+  const std::vector<BlockId> window_table = prefill.out("r", 0).window_blocks;
+
+  // Decode-only, all three choices from the one imported table; then only choice 2.
+  for (const std::vector<int32_t>& run : {std::vector<int32_t>{0, 1, 2}, {2}}) {
+    Harness decode = Make(variant, 64, options);
+    EngineRequest d = request(EngineRole::kDecodeOnly);
+    d.imported_blocks = MoveBlocks(*prefill.pool_, *decode.pool_, table);
+    if (TwoPools(variant)) {
+      d.imported_window_blocks =
+          MoveBlocks(*prefill.window_pool_, *decode.window_pool_, window_table);
+    }
+    for (int32_t c : run) {
+      const Output& first = prefill.out("r", c);
+      d.resume.push_back(ResumePoint{first.tokens, first.sampler_state, "", c});
+    }
+    ASSERT_TRUE(decode.Submit(std::move(d)).ok());
+    decode.Drain();
+    for (int32_t c = 0; c < n; ++c) {
+      const bool ran = std::find(run.begin(), run.end(), c) != run.end();
+      if (!ran) {
+        EXPECT_EQ(decode.outputs_.count({"r", c}), 0u) << "choice " << c << " was not resumed";
+        continue;
+      }
+      Output joined = prefill.out("r", c);
+      joined.tokens.insert(joined.tokens.end(), decode.out("r", c).tokens.begin(),
+                           decode.out("r", c).tokens.end());
+      joined.logits.insert(joined.logits.end(), decode.out("r", c).logits.begin(),
+                           decode.out("r", c).logits.end());
+      ExpectSame(joined, alone.out("r", c), "split, choice " + std::to_string(c));
+    }
+    decode.engine_->ClearPrefixCache();
+    decode.Drain();
+    EXPECT_EQ(decode.pool_->num_free(), decode.pool_->num_blocks());
+  }
+  prefill.engine_->ReleaseHandoff("r");
+  prefill.Drain();
+  EXPECT_FALSE(prefill.engine_->IsLive("r"));
+  EXPECT_EQ(prefill.held_blocks(), 0);
+
+  // A choice resumed on the prefill side (after 5 tokens): the handoff covers the prompt and
+  // those 5, the decode side continues after the 6th.
+  const Output& want = alone.out("r", 1);
+  const int64_t k = 5;
+  SamplerState after_k;
+  for (int64_t i = 0; i < k; ++i) after_k.Observe(want.tokens[i]);
+  EngineRequest p = request(EngineRole::kPrefillOnly);
+  p.resume = {ResumePoint{{want.tokens.begin(), want.tokens.begin() + k}, after_k, "", 1}};
+  ASSERT_TRUE(prefill.Submit(std::move(p)).ok());
+  prefill.Drain();
+  const Output& sixth = prefill.out("r", 1);
+  ASSERT_EQ(sixth.finish, FinishReason::kHandoff);
+  ASSERT_EQ(sixth.tokens.size(), 2u);  // (the 1st from before, then the 6th)
+  EXPECT_EQ(sixth.tokens[1], want.tokens[k]);
+  ASSERT_EQ(sixth.blocks.size(), static_cast<size_t>(prefill.pool_->layout().BlocksFor(100 + k)));
+  Harness decode = Make(variant, 64, options);
+  EngineRequest d = request(EngineRole::kDecodeOnly);
+  d.imported_blocks = MoveBlocks(*prefill.pool_, *decode.pool_, sixth.blocks);
+  if (TwoPools(variant)) {
+    d.imported_window_blocks =
+        MoveBlocks(*prefill.window_pool_, *decode.window_pool_, sixth.window_blocks);
+  }
+  d.resume = {
+      ResumePoint{{want.tokens.begin(), want.tokens.begin() + k + 1}, sixth.sampler_state, "", 1}};
+  // Blocks for the prompt alone are refused: they do not cover the 5 tokens.
+  EngineRequest short_table = d;
+  short_table.imported_blocks.pop_back();
+  EXPECT_EQ(decode.engine_->Submit(short_table).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(decode.Submit(std::move(d)).ok());
+  decode.Drain();
+  std::vector<TokenId> joined(want.tokens.begin(), want.tokens.begin() + k + 1);
+  joined.insert(joined.end(), decode.out("r", 1).tokens.begin(), decode.out("r", 1).tokens.end());
+  EXPECT_EQ(joined, want.tokens);
+  prefill.engine_->Abort("r");  // Abort releases a handoff too
+  prefill.Drain();
+  EXPECT_FALSE(prefill.engine_->IsLive("r"));
+  EXPECT_EQ(prefill.held_blocks(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, EngineSplitTest,
+                         ::testing::Combine(::testing::Range(0, 5), ::testing::Bool()));
+
+TEST(EngineTest, AHandoffNobodyReleasesIsFreedAfterItsTtl) {
+  FakeClock clock;
+  EngineOptions options;
+  options.clock = &clock;
+  options.handoff_ttl = absl::Seconds(30);
+  Harness h(kVariants[0], 16, options);
+  EngineRequest p = Req("p", Prompt(40, 3), 8, false);
+  p.role = EngineRole::kPrefillOnly;
+  ASSERT_TRUE(h.Submit(std::move(p)).ok());
+  h.Drain();
+  ASSERT_EQ(h.out("p").finish, FinishReason::kHandoff);
+  EXPECT_EQ(h.pool_->num_free(), 16 - 3);  // its 3 blocks (2 full ones also in the cache)
+  EXPECT_EQ(h.Submit(Req("p", Prompt(40, 3), 8, false)).code(), absl::StatusCode::kAlreadyExists)
+      << "the id stays live while its handoff is held";
+  clock.Advance(absl::Seconds(29));
+  h.Drain();
+  EXPECT_EQ(h.pool_->num_free(), 16 - 3);
+  clock.Advance(absl::Seconds(1));
+  h.Drain();
+  EXPECT_EQ(h.held_blocks(), 0);
+  EXPECT_FALSE(h.engine_->IsLive("p"));
+  h.engine_->ReleaseHandoff("p");  // late: nothing
+  h.Drain();
+  EXPECT_EQ(h.held_blocks(), 0);
+  // With max_tokens 1 nothing is handed off: the request ends and its blocks go.
+  EngineRequest one = Req("one", Prompt(40, 4), 1, false);
+  one.role = EngineRole::kPrefillOnly;
+  one.n = 2;
+  ASSERT_TRUE(h.Submit(std::move(one)).ok());
+  h.Drain();
+  EXPECT_EQ(h.out("one", 0).finish, FinishReason::kLength);
+  EXPECT_EQ(h.out("one", 1).finish, FinishReason::kLength);
+  EXPECT_FALSE(h.engine_->IsLive("one"));
+  EXPECT_EQ(h.held_blocks(), 0);
 }
 
 TEST(EngineTest, ASequenceThatOutgrowsThePoolEndsWithAnErrorNotAHang) {

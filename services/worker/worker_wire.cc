@@ -140,6 +140,7 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
       if (!state.ok()) return Invalid(absl::StrCat("resume: ", state.status().message()));
       point.sampler_state = *std::move(state);
       point.held_text = choice.sampler_state().stop_string_tail();
+      point.choice = c;
       (*first_output_index)[c] = static_cast<int64_t>(point.generated.size());
       r.resume.push_back(std::move(point));
     }
