@@ -1088,8 +1088,10 @@ void Engine::Loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
+      // (Blocks a service gave back: a step publishes the pool's new state.)
       wait(lock, [&] {
-        return stopping_ || InboxHasWork() || published_.running + published_.waiting > 0;
+        return stopping_ || InboxHasWork() || blocks_freed_ ||
+               published_.running + published_.waiting > 0;
       });
       if (stopping_) return;
     }

@@ -119,6 +119,7 @@ void TransportKvAllocator::Free(const MemorySpan& span) {
     }
     id = it->id;
     regions_.erase(it);
+    if (detached_) return;  // the transport freed it
   }
   const absl::Time deadline = absl::Now() + free_wait_;
   absl::Status status = transport_->Deregister(id);
@@ -130,6 +131,11 @@ void TransportKvAllocator::Free(const MemorySpan& span) {
     LOG(ERROR) << "TransportKvAllocator: cannot deregister the region at " << span.address << " ("
                << span.length << " bytes): " << status << "; it stays registered";
   }
+}
+
+void TransportKvAllocator::Detach() {
+  absl::MutexLock lock(&mu_);
+  detached_ = true;
 }
 
 absl::StatusOr<LocalRegion> TransportKvAllocator::RegionOf(const void* address) const {

@@ -228,9 +228,14 @@ class TransportKvAllocator : public KvAllocator {
   void Free(const MemorySpan& region) override;
   // The registration of the allocation at `address` (to describe it to peers); NotFound if none.
   absl::StatusOr<LocalRegion> RegionOf(const void* address) const;
+  // The transport is about to be destroyed (it frees its allocations itself): Free does nothing
+  // from here on. For a service whose transport must go before its pools (the transport's last
+  // callbacks still give blocks back to the pools); nothing may use the memory afterwards.
+  void Detach();
 
  private:
   KvTransport* const transport_;
+  bool detached_ ABSL_GUARDED_BY(mu_) = false;
   const absl::Duration free_wait_;
   mutable absl::Mutex mu_;
   std::vector<LocalRegion> regions_ ABSL_GUARDED_BY(mu_);

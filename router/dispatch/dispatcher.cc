@@ -31,30 +31,49 @@ class Dispatcher::Job {
   std::shared_ptr<grpc::ClientContext> context;
 };
 
-// One Generate stream to one worker. Deletes itself when done.
+// One Generate stream to one worker; on a decode worker also the Prefill call its reservation
+// asks for (the P/D path, ARCHITECTURE.md §3): the reservation event starts Prefill on a prefill
+// worker, the decode worker then streams. A prefill that fails ends the stream (the decode
+// worker frees its reservation) and counts as a failure of the prefill worker, before the first
+// token: the request is retried elsewhere. Cancelling the stream cancels the prefill too.
+// Deletes itself when the stream and the prefill call are both done.
 class Dispatcher::Call final : public grpc::ClientReadReactor<v1::GenerateEvent> {
  public:
-  Call(Dispatcher* dispatcher, std::shared_ptr<Job> job, std::string worker,
+  Call(Dispatcher* dispatcher, std::shared_ptr<Job> job, const Candidate& worker,
        const std::string& token)
       : dispatcher_(dispatcher),
         job_(std::move(job)),
-        worker_(std::move(worker)),
+        worker_(worker.id),
+        endpoint_(worker.endpoint),
+        disaggregated_(worker.role == v1::WORKER_ROLE_DECODE),
+        token_(token),
         context_(std::make_shared<grpc::ClientContext>()) {
     context_->set_deadline(absl::ToChronoTime(job_->request.deadline));
     context_->AddMetadata(kTraceIdMetadataKey, job_->request.trace_id);
     AttachSharedToken(context_.get(), token);
+    if (disaggregated_) {
+      request_ = job_->request.request;
+      request_.set_aggregated(false);
+    }
   }
 
   const std::shared_ptr<grpc::ClientContext>& context() const { return context_; }
 
   void Start(v1::Worker::Stub* stub) {
-    stub->async()->Generate(context_.get(), &job_->request.request, this);
+    stub->async()->Generate(context_.get(), disaggregated_ ? &request_ : &job_->request.request,
+                            this);
     StartRead(&event_);
     StartCall();
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;
+    if (event_.has_reservation()) {
+      StartPrefill(event_.reservation());
+      event_.Clear();
+      StartRead(&event_);
+      return;
+    }
     if (event_.has_tokens() && event_.tokens().token_ids_size() > 0) started_ = true;
     if (event_.has_error()) {
       retryable_ = event_.error().retryable();
@@ -71,23 +90,110 @@ class Dispatcher::Call final : public grpc::ClientReadReactor<v1::GenerateEvent>
     absl::Status s = status.ok() ? absl::OkStatus()
                                  : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                                                 status.error_message());
-    const bool transport_retryable = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                                     status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
-    dispatcher_->CallEnded(job_, worker_, s, started_,
-                           !status.ok() && (retryable_ || transport_retryable));
-    delete this;
+    bool retryable =
+        !status.ok() && (retryable_ || status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    std::string failed = worker_;
+    std::shared_ptr<grpc::ClientContext> prefill;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream_done_ = true;
+      if (!prefill_status_.ok() && !started_) {
+        // The prefill failed (and ended the stream): the prefill worker is the one to avoid.
+        s = prefill_status_;
+        retryable = prefill_retryable_;
+        failed = prefill_worker_;
+      }
+      prefill = prefill_context_;
+    }
+    if (prefill != nullptr) prefill->TryCancel();  // the stream ended: so does the prefill
+    dispatcher_->CallEnded(job_, worker_, failed, s, started_, !s.ok() && retryable);
+    Unref();
   }
 
  private:
+  void StartPrefill(const v1::KvReservation& reservation) {
+    auto chosen = dispatcher_->PickPrefill(job_);
+    if (!chosen.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        prefill_status_ = chosen.status();
+        prefill_retryable_ = true;
+      }
+      context_->TryCancel();
+      return;
+    }
+    auto rpc = std::make_shared<PrefillRpc>();
+    rpc->context = std::make_shared<grpc::ClientContext>();
+    rpc->context->set_deadline(absl::ToChronoTime(job_->request.deadline));
+    rpc->context->AddMetadata(kTraceIdMetadataKey, job_->request.trace_id);
+    AttachSharedToken(rpc->context.get(), token_);
+    *rpc->request.mutable_request() = job_->request.request.request();
+    *rpc->request.mutable_destination() = reservation;
+    rpc->request.set_decode_endpoint(endpoint_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      prefill_worker_ = chosen->id;
+      prefill_context_ = rpc->context;
+      if (stream_done_) return;  // (cancelled meanwhile)
+      refs_.fetch_add(1);
+    }
+    dispatcher_->registry_->AddInflight(chosen->id, +1);
+    dispatcher_->Routed(chosen->id);
+    const std::string prefill_id = chosen->id;
+    chosen->stub->async()->Prefill(
+        rpc->context.get(), &rpc->request, &rpc->response,
+        [this, rpc, prefill_id](grpc::Status status) {
+          dispatcher_->registry_->AddInflight(prefill_id, -1);
+          if (!status.ok()) {
+            bool end_stream = false;
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              if (!stream_done_) {
+                prefill_status_ = absl::Status(
+                    static_cast<absl::StatusCode>(status.error_code()),
+                    absl::StrCat("prefill worker ", prefill_id, ": ", status.error_message()));
+                prefill_retryable_ = status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
+                                     status.error_code() != grpc::StatusCode::CANCELLED;
+                end_stream = true;
+              }
+            }
+            if (end_stream) context_->TryCancel();
+          }
+          Unref();
+        });
+  }
+
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  struct PrefillRpc {
+    std::shared_ptr<grpc::ClientContext> context;
+    v1::PrefillRequest request;
+    v1::PrefillResponse response;
+  };
+
   Dispatcher* const dispatcher_;
   const std::shared_ptr<Job> job_;
   const std::string worker_;
+  const std::string endpoint_;
+  const bool disaggregated_;
+  const std::string token_;
   const std::shared_ptr<grpc::ClientContext> context_;
+  v1::GenerateRequest request_;  // disaggregated: the job's, without `aggregated`
   v1::GenerateEvent event_;
   bool started_ = false;
   bool retryable_ = false;
   bool has_error_ = false;
   v1::ErrorInfo error_;
+  std::atomic<int> refs_{1};  // the stream's; +1 while the prefill call runs
+  std::mutex mu_;
+  bool stream_done_ = false;
+  std::string prefill_worker_;
+  std::shared_ptr<grpc::ClientContext> prefill_context_;
+  absl::Status prefill_status_;
+  bool prefill_retryable_ = false;
 };
 
 Dispatcher::Dispatcher(WorkerRegistry* registry, RoutingPolicy* policy, DispatcherOptions options,
@@ -141,16 +247,53 @@ absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
   return job;
 }
 
-bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
+std::vector<Candidate> Dispatcher::CandidatesFor(const std::shared_ptr<Job>& job) {
   std::vector<Candidate> candidates = registry_->Candidates();
+  std::lock_guard<std::mutex> lock(mu_);
+  candidates.erase(
+      std::remove_if(candidates.begin(), candidates.end(),
+                     [&](const Candidate& c) { return job->excluded.count(c.id) > 0; }),
+      candidates.end());
+  return candidates;
+}
+
+absl::StatusOr<Candidate> Dispatcher::PickPrefill(const std::shared_ptr<Job>& job) {
+  std::vector<Candidate> candidates = CandidatesFor(job);
+  candidates.erase(
+      std::remove_if(candidates.begin(), candidates.end(),
+                     [](const Candidate& c) { return c.role != v1::WORKER_ROLE_PREFILL; }),
+      candidates.end());
+  if (candidates.empty()) {
+    return absl::UnavailableError("no prefill worker can take the request now");
+  }
+  std::vector<WorkerLoadView> views;
+  for (const Candidate& c : candidates) views.push_back(c.load);
+  RouteRequest route;
+  route.prompt_tokens = job->request.prompt_tokens;
+  return candidates[policy_->Pick(views, route)];
+}
+
+void Dispatcher::Routed(const std::string& worker) {
+  if (observer_.routed) observer_.routed(policy_->name(), worker);
+}
+
+bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (job->cancelled || job->ended) return true;  // nothing to start
-    candidates.erase(
-        std::remove_if(candidates.begin(), candidates.end(),
-                       [&](const Candidate& c) { return job->excluded.count(c.id) > 0; }),
-        candidates.end());
   }
+  std::vector<Candidate> candidates = CandidatesFor(job);
+  // Where the request can stream from: aggregated workers, and decode workers while a prefill
+  // worker can take it too.
+  const bool prefill = std::any_of(candidates.begin(), candidates.end(), [](const Candidate& c) {
+    return c.role == v1::WORKER_ROLE_PREFILL;
+  });
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [&](const Candidate& c) {
+                                    return c.role == v1::WORKER_ROLE_PREFILL ||
+                                           (c.role == v1::WORKER_ROLE_DECODE && !prefill);
+                                  }),
+                   candidates.end());
   if (candidates.empty()) return false;
   std::vector<WorkerLoadView> views;
   for (const Candidate& c : candidates) views.push_back(c.load);
@@ -158,7 +301,7 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   route.prompt_tokens = job->request.prompt_tokens;
   const Candidate& chosen = candidates[policy_->Pick(views, route)];
   registry_->AddInflight(chosen.id, +1);
-  auto* call = new Call(this, job, chosen.id, options_.auth_token);
+  auto* call = new Call(this, job, chosen, options_.auth_token);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++running_;
@@ -172,7 +315,8 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
 }
 
 void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
-                           const absl::Status& status, bool started, bool retryable) {
+                           const std::string& failed, const absl::Status& status, bool started,
+                           bool retryable) {
   registry_->AddInflight(worker, -1);
   bool retry = false;
   {
@@ -181,11 +325,11 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
     job->context.reset();
     retry = !status.ok() && !started && retryable && !job->cancelled &&
             job->attempts <= options_.max_retries && absl::Now() < job->request.deadline;
-    if (retry) job->excluded.insert(worker);
+    if (retry) job->excluded.insert(failed);
     cv_.notify_all();
   }
   if (retry) {
-    LOG(INFO) << "request " << job->request.trace_id << ": worker " << worker
+    LOG(INFO) << "request " << job->request.trace_id << ": worker " << failed
               << " failed it before its first token (" << status << "); trying another";
     if (observer_.retried) observer_.retried();
     if (!TryStart(job)) {

@@ -12,6 +12,11 @@
 //     max_retries times.
 //   - Cancel (the client went away): the queued request is dropped, or the stream is cancelled,
 //     which aborts the request on the worker at its next step.
+//   - Prefill/decode (ARCHITECTURE.md §3): a decode worker is a candidate while a prefill worker
+//     can take the request too; its stream's first event is a KV reservation, which the
+//     dispatcher hands to a prefill worker (Prefill) the policy picks. A failed prefill ends the
+//     stream and is retried (another prefill worker, a new reservation) before the first token;
+//     a cancel reaches both workers.
 //
 // Threads: sinks are called on gRPC's callback threads, in order for one request, never after
 // OnEnd. Thread-safe.
@@ -28,6 +33,7 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ferry/v1/worker.grpc.pb.h"
 #include "router/policy/routing_policy.h"
@@ -96,8 +102,16 @@ class Dispatcher {
   friend class Call;
   // Starts `job` on a candidate, or returns false when none can take it now.
   bool TryStart(const std::shared_ptr<Job>& job);
+  // The registry's candidates, less the workers that failed `job`.
+  std::vector<Candidate> CandidatesFor(const std::shared_ptr<Job>& job);
+  // The P/D path: a prefill worker for `job` (Unavailable when none can take it).
+  absl::StatusOr<Candidate> PickPrefill(const std::shared_ptr<Job>& job);
+  void Routed(const std::string& worker);
+  // `worker` streamed the request; `failed` is the worker to avoid on a retry (the stream's, or
+  // the prefill worker's when the prefill failed).
   void CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
-                 const absl::Status& status, bool started, bool retryable);
+                 const std::string& failed, const absl::Status& status, bool started,
+                 bool retryable);
   void TimerLoop();
 
   WorkerRegistry* const registry_;

@@ -332,6 +332,9 @@ std::vector<Candidate> WorkerRegistry::Candidates() const {
     candidate.load.queued_tokens = static_cast<int64_t>(w->status.load().queued_tokens());
     candidate.load.running_tokens = static_cast<int64_t>(w->status.load().running_tokens());
     candidate.load.free_kv_blocks = static_cast<int64_t>(w->status.load().free_kv_blocks());
+    candidate.role = w->status.role() == v1::WORKER_ROLE_UNSPECIFIED ? v1::WORKER_ROLE_AGGREGATED
+                                                                     : w->status.role();
+    candidate.endpoint = w->status.endpoint().empty() ? w->address : w->status.endpoint();
     out.push_back(std::move(candidate));
   }
   return out;
@@ -339,11 +342,25 @@ std::vector<Candidate> WorkerRegistry::Candidates() const {
 
 bool WorkerRegistry::AnyUp() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) {
+  bool aggregated = false, prefill = false, decode = false;
+  for (const auto& w : workers_) {
     const v1::DrainState drain = w->status.drain_state();
-    return w->accepted && w->state == Worker::State::kUp && drain != v1::DRAIN_STATE_DRAINING &&
-           drain != v1::DRAIN_STATE_DRAINED;
-  });
+    if (!w->accepted || w->state != Worker::State::kUp || drain == v1::DRAIN_STATE_DRAINING ||
+        drain == v1::DRAIN_STATE_DRAINED) {
+      continue;
+    }
+    switch (w->status.role()) {
+      case v1::WORKER_ROLE_PREFILL:
+        prefill = true;
+        break;
+      case v1::WORKER_ROLE_DECODE:
+        decode = true;
+        break;
+      default:
+        aggregated = true;
+    }
+  }
+  return aggregated || (prefill && decode);
 }
 
 int64_t WorkerRegistry::up_count() const {

@@ -11,6 +11,9 @@
 //   - A worker whose stream breaks, or that sends nothing for heartbeat_timeout, is down: its
 //     stream is cancelled and a new one tried after a backoff (doubling up to max_backoff).
 //   - A draining worker gets no new work.
+//   - Roles: aggregated workers serve a request alone; decode workers serve it with a prefill
+//     worker (the P/D path). All share one pool (fingerprint, block size). Requests can be
+//     served when an aggregated worker is up, or a decode and a prefill worker are.
 //
 // Time: the monitor checks heartbeats on `clock` (a FakeClock in tests), polling every
 // check_interval of real time.
@@ -63,6 +66,8 @@ struct Candidate {
   std::string id;
   std::shared_ptr<ferry::v1::Worker::Stub> stub;
   WorkerLoadView load;
+  ferry::v1::WorkerRole role = ferry::v1::WORKER_ROLE_AGGREGATED;
+  std::string endpoint;  // where its Worker service is ("host:port"), for KvReady
 };
 
 class WorkerRegistry {
@@ -80,7 +85,8 @@ class WorkerRegistry {
   // Accepted, up, not draining, and below their capacity (running + queued allowed, minus what
   // the router has in flight there).
   std::vector<Candidate> Candidates() const;
-  // Whether any worker can take new work: up, accepted and not draining.
+  // Whether requests can be served: an aggregated worker, or a decode and a prefill worker, up,
+  // accepted and not draining.
   bool AnyUp() const;
   PoolInfo pool() const;
 

@@ -1,11 +1,15 @@
 #include "services/worker/generate_call.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "engine/common/block_hash.h"
+#include "engine/common/log.h"
 #include "services/common/grpc_client.h"
 #include "services/common/grpc_status.h"
+#include "services/worker/kv_handoff.h"
 #include "services/worker/worker_service.h"
 #include "services/worker/worker_wire.h"
 
@@ -13,14 +17,28 @@ namespace ferry {
 
 namespace v1 = ferry::v1;
 
+namespace {
+
+// Transfer ids are never reused: the request id (unique among live requests) and 64 random bits.
+std::string RandomTransferSuffix() {
+  thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                   static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
+}
+
+}  // namespace
+
 GenerateCall::GenerateCall(WorkerService* service, grpc::CallbackServerContext* context,
                            const v1::GenerateRequest* request)
     : service_(service),
       context_(context),
       start_(std::chrono::steady_clock::now()),
       cause_(AbortCause::kNone) {
+  service_->CallCreated();
   Start(*request);
 }
+
+GenerateCall::~GenerateCall() { service_->CallGone(); }
 
 void GenerateCall::Reject(const grpc::Status& status, bool invalid) {
   service_->metrics().Outcome(invalid ? RequestOutcome::kInvalid : RequestOutcome::kRejected);
@@ -36,16 +54,29 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
                                "the worker is draining: it admits no new requests"),
                   false);
   }
-  if (!request.aggregated()) {
+  const std::string& role = service_->role();
+  if (role == "prefill") {
+    return Reject(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               "this worker runs the prefill role: Generate goes to a decode or "
+                               "aggregated worker, Prefill comes here"),
+                  true);
+  }
+  if (role == "aggregated" && !request.aggregated()) {
     return Reject(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                "this worker runs the aggregated role: Generate needs "
                                "`aggregated` (disaggregated requests go to a decode worker)"),
                   true);
   }
+  if (role == "decode" && request.aggregated()) {
+    return Reject(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               "this worker runs the decode role: its requests are prefilled by "
+                               "a prefill worker (`aggregated` must be unset)"),
+                  true);
+  }
   if (!request.handoff_source_endpoint().empty()) {
     return Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                               "KV hand-off from another decode worker is not supported by the "
-                               "aggregated worker"),
+                               "KV hand-off from another decode worker (drain) is not supported "
+                               "yet"),
                   true);
   }
   std::vector<int64_t> first_index;
@@ -73,6 +104,31 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
     service_->deadlines().Add(id_, deadline_);
   }
   r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
+  if (role == "decode") {
+    if (!r.resume.empty()) {
+      if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Remove(id_, deadline_);
+      service_->Unregister(id_);
+      return Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                 "resuming a disaggregated request is not supported yet"),
+                    true);
+    }
+    // Reserve first: the prompt's blocks, the cached prefix taken here.
+    const std::vector<Hash128> hashes =
+        ComputeBlockHashes({service_->limits().model_fingerprint, r.cache_salt, ""}, r.prompt,
+                           service_->limits().block_tokens);
+    const int64_t positions = static_cast<int64_t>(r.prompt.size());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      phase_ = Phase::kReserving;
+      reservation_deadline_ = std::min(deadline_, absl::Now() + service_->reservation_timeout());
+      decode_request_ = std::move(r);
+    }
+    refs_.fetch_add(2);  // the request's (until Done), the reservation callback's
+    service_->engine().engine().Reserve(
+        hashes, positions,
+        [this](absl::StatusOr<KvReservation> got) { OnReserved(std::move(got)); });
+    return;
+  }
   refs_.fetch_add(1);
   const absl::Status submitted = service_->engine().engine().Submit(std::move(r));
   if (!submitted.ok()) {
@@ -87,11 +143,223 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
 
 void GenerateCall::AbortFor(AbortCause cause) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     if (engine_done_) return;
     if (cause_ == AbortCause::kNone) cause_ = cause;
+    if (phase_ == Phase::kReserving || phase_ == Phase::kAwaitingKv) {
+      return EndBeforeEngine(lock, cause, absl::OkStatus());
+    }
+    if (phase_ != Phase::kSubmitted) return;
   }
   service_->engine().engine().Abort(id_);
+}
+
+void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (phase_ != Phase::kReserving) {
+    // Ended meanwhile: the reservation was never sent, so no push can reach its blocks.
+    if (reserved.ok()) {
+      auto kv = IncomingKv::Await(service_->transport(), &service_->engine().pool(),
+                                  service_->engine().window_pool(), *std::move(reserved), {},
+                                  absl::Now(), absl::ZeroDuration(), nullptr);
+      kv->Abandon();
+    }
+    lock.unlock();
+    Unref();
+    return;
+  }
+  if (!reserved.ok()) {
+    service_->metrics().Reservation("no_blocks");
+    EndBeforeEngine(lock, AbortCause::kNone,
+                    absl::ResourceExhaustedError(
+                        absl::StrCat("the decode worker cannot reserve KV for the prompt now: ",
+                                     reserved.status().message())));
+    Unref();
+    return;
+  }
+  const bool two_pools = service_->engine().window_pool() != nullptr;
+  transfer_id_ = absl::StrCat(id_, "/", RandomTransferSuffix());
+  std::vector<std::string> ids = {transfer_id_};
+  if (two_pools) ids.push_back(transfer_id_ + "/window");
+  auto described =
+      DescribeReservation(id_, *reserved, service_->reservation_target(), service_->kv_facts(),
+                          ids[0], two_pools ? ids[1] : "", reservation_deadline_);
+  // Awaited before the reservation leaves: the blocks are the IncomingKv's from here.
+  refs_.fetch_add(1);  // the landing callback's
+  WorkerService* service = service_;
+  kv_ = IncomingKv::Await(
+      service_->transport(), &service_->engine().pool(), service_->engine().window_pool(),
+      *std::move(reserved), ids, reservation_deadline_, service_->reservation_quarantine(),
+      [this](absl::Status s) {
+        OnKvLanded(s);
+        Unref();
+      },
+      [service, id = transfer_id_](int64_t blocks, bool known) {
+        service->metrics().KvReleased(blocks, known);
+        service->RemoveIncoming(id);
+      });
+  service_->AddIncoming(transfer_id_, kv_);
+  if (!described.ok()) {
+    LOG(ERROR) << "request " << id_ << ": " << described.status();
+    EndBeforeEngine(lock, AbortCause::kNone, described.status());
+    Unref();
+    return;
+  }
+  phase_ = Phase::kAwaitingKv;
+  reservation_ = *std::move(described);
+  reservation_ready_ = true;
+  lock.unlock();
+  Pump();
+  Unref();
+}
+
+void GenerateCall::OnKvLanded(const absl::Status& status) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (phase_ != Phase::kAwaitingKv) return;
+  if (!status.ok()) {
+    service_->metrics().Reservation(
+        status.code() == absl::StatusCode::kDeadlineExceeded ? "timed_out" : "failed");
+    return EndBeforeEngine(
+        lock, AbortCause::kNone,
+        absl::UnavailableError(absl::StrCat("the prefill worker's KV did not arrive",
+                                            status.code() == absl::StatusCode::kDeadlineExceeded
+                                                ? " by the reservation's deadline"
+                                                : "",
+                                            ": ", status.message())));
+  }
+  kv_landed_ = true;
+  if (kv_ready_ && StartDecodeLocked()) {
+    lock.unlock();
+    Done();
+    return;
+  }
+  lock.unlock();
+  Pump();
+}
+
+grpc::Status GenerateCall::OnKvReady(const v1::KvReadyRequest& ready) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (phase_ != Phase::kAwaitingKv || kv_ready_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("request ", id_, " is not waiting for its KV"));
+  }
+  if (ready.transfer_id() != transfer_id_) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("transfer ", ready.transfer_id(), " is not request ", id_, "'s reservation"));
+  }
+  if (ready.has_error() || ready.no_transfer()) {
+    if (ready.no_transfer()) kv_->NoTransfer();
+  }
+  if (ready.has_error()) {
+    service_->metrics().Reservation("failed");
+    const v1::ErrorInfo& e = ready.error();
+    EndBeforeEngine(
+        lock, AbortCause::kNone,
+        absl::Status(e.status_code() == 0 ? absl::StatusCode::kUnavailable
+                                          : static_cast<absl::StatusCode>(e.status_code()),
+                     absl::StrCat("prefill failed: ", e.message())));
+    return grpc::Status::OK;
+  }
+  if (static_cast<size_t>(ready.first_tokens_size()) != pending_.size()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("KvReady has ", ready.first_tokens_size(),
+                                     " first tokens for ", pending_.size(), " choices"));
+  }
+  kv_ready_ = true;
+  ready_ = ready;
+  if (ready.no_transfer()) kv_landed_ = true;  // nothing was pushed: every choice ended at P
+  if (kv_landed_ && StartDecodeLocked()) {
+    lock.unlock();
+    Done();
+    return grpc::Status::OK;
+  }
+  lock.unlock();
+  Pump();
+  return grpc::Status::OK;
+}
+
+bool GenerateCall::StartDecodeLocked() {
+  phase_ = Phase::kSubmitted;
+  service_->metrics().Reservation("landed");
+  EngineRequest r = std::move(decode_request_);
+  cached_tokens_ = ready_.usage().cached_tokens();  // reused on the prefill worker
+  for (int c = 0; c < ready_.first_tokens_size(); ++c) {
+    const v1::TokenChunk& first = ready_.first_tokens(c);
+    pending_[c] = first;
+    pending_[c].set_request_id(id_);
+    pending_[c].set_choice_index(static_cast<uint32_t>(c));
+    pending_[c].set_first_output_index(0);
+    has_pending_[c] = true;
+    next_index_[c] = first.token_ids_size();
+    completion_tokens_ += first.token_ids_size();
+    if (first.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      --choices_left_;
+      continue;
+    }
+    ResumePoint point;
+    point.generated.assign(first.token_ids().begin(), first.token_ids().end());
+    auto state = c < ready_.sampler_states_size()
+                     ? SamplerStateFromProto(ready_.sampler_states(c))
+                     : absl::StatusOr<SamplerState>(absl::InvalidArgumentError("missing"));
+    if (!state.ok() || point.generated.empty()) {
+      error_ = absl::InternalError(
+          absl::StrCat("the prefill worker's first token of choice ", c, " cannot be resumed"));
+      break;
+    }
+    point.sampler_state = *std::move(state);
+    point.held_text = ready_.sampler_states(c).stop_string_tail();
+    point.choice = c;
+    r.resume.push_back(std::move(point));
+  }
+  if (!first_token_) {
+    first_token_ = true;
+    service_->metrics().Ttft(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+  if (!error_.ok() || r.resume.empty()) {
+    // Every choice ended with its first token (or the answer cannot be resumed): done here.
+    kv_->Abandon();
+    phase_ = Phase::kEnded;
+    return true;
+  }
+  r.role = EngineRole::kDecodeOnly;
+  KvReservation blocks = kv_->Take();
+  service_->RemoveIncoming(transfer_id_);
+  r.imported_blocks = std::move(blocks.blocks);
+  if (service_->engine().window_pool() != nullptr) {
+    r.imported_window_blocks = std::move(blocks.window_blocks);
+  }
+  // Submitted under mu_: an abort now finds the request in the engine.
+  std::vector<BlockId> imported = r.imported_blocks, imported_window = r.imported_window_blocks;
+  const absl::Status submitted = service_->engine().engine().Submit(std::move(r));
+  if (!submitted.ok()) {
+    // Refused: the blocks are still ours, and P is done with them.
+    std::vector<BlockId> held;
+    for (BlockId b : imported) held.push_back(b);
+    CHECK_OK(service_->engine().pool().Release(held));
+    if (service_->engine().window_pool() != nullptr) {
+      held.clear();
+      for (BlockId b : imported_window) {
+        if (b != kNoBlock) held.push_back(b);
+      }
+      CHECK_OK(service_->engine().window_pool()->Release(held));
+    }
+    error_ = submitted;
+    phase_ = Phase::kEnded;
+    return true;
+  }
+  return false;
+}
+
+void GenerateCall::EndBeforeEngine(std::unique_lock<std::mutex>& lock, AbortCause cause,
+                                   absl::Status error) {
+  phase_ = Phase::kEnded;
+  if (cause_ == AbortCause::kNone) cause_ = cause;
+  if (error_.ok()) error_ = std::move(error);
+  if (kv_ != nullptr) kv_->Abandon();
+  lock.unlock();
+  Done();
 }
 
 void GenerateCall::OnEngineEvent(const TokenEvent& e) {
@@ -131,6 +399,14 @@ void GenerateCall::OnEngineEvent(const TokenEvent& e) {
   }
   if (failed && !done) service_->engine().engine().Abort(id_);  // the other choices too
   if (done) {
+    Done();
+  } else {
+    Pump();
+  }
+}
+
+void GenerateCall::Done() {
+  {
     RequestOutcome outcome = RequestOutcome::kCompleted;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -158,13 +434,11 @@ void GenerateCall::OnEngineEvent(const TokenEvent& e) {
     service_->metrics().Outcome(outcome);
     if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Remove(id_, deadline_);
     service_->Unregister(id_);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      engine_done_ = true;
-    }
+    std::lock_guard<std::mutex> lock(mu_);
+    engine_done_ = true;
   }
   Pump();
-  if (done) Unref();
+  Unref();
 }
 
 void GenerateCall::Pump() {
@@ -176,6 +450,15 @@ void GenerateCall::Pump() {
       finished_ = true;
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away"));
     }
+    return;
+  }
+  if (reservation_ready_) {
+    reservation_ready_ = false;
+    out_.Clear();
+    *out_.mutable_reservation() = reservation_;
+    writing_ = true;
+    lock.unlock();
+    StartWrite(&out_);
     return;
   }
   const size_t n = pending_.size();
@@ -234,10 +517,9 @@ void GenerateCall::OnWriteDone(bool ok) {
     if (!ok) {
       broken_ = true;
       abort = !engine_done_;
-      if (abort && cause_ == AbortCause::kNone) cause_ = AbortCause::kCancelled;
     }
   }
-  if (abort) service_->engine().engine().Abort(id_);
+  if (abort) AbortFor(AbortCause::kCancelled);
   Pump();
 }
 
@@ -247,13 +529,14 @@ void GenerateCall::OnCancel() {
     std::lock_guard<std::mutex> lock(mu_);
     broken_ = true;
     abort = !engine_done_ && refs_.load() > 1;
-    if (abort && cause_ == AbortCause::kNone) cause_ = AbortCause::kCancelled;
   }
-  if (abort) service_->engine().engine().Abort(id_);
+  if (abort) AbortFor(AbortCause::kCancelled);
   Pump();
 }
 
 void GenerateCall::OnDone() { Unref(); }
+
+void GenerateCall::Ref() { refs_.fetch_add(1); }
 
 void GenerateCall::Unref() {
   if (refs_.fetch_sub(1) == 1) delete this;

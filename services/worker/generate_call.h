@@ -4,6 +4,14 @@
 // reader costs one message per choice, not one per token), then Usage; or an ErrorInfo and the
 // matching status.
 //
+// Disaggregated (a decode worker, `aggregated` unset): the call first reserves KV blocks (the
+// prompt's, taking the longest prefix this worker's cache holds) and sends a KvReservation; a
+// prefill worker pushes the rest into those blocks and calls KvReady with every choice's first
+// token. Once the pushes' outcomes are in (IncomingKv) and KvReady came, the first tokens are
+// streamed and the choices still running continue as a decode-only engine request. KV that does
+// not arrive by the reservation's deadline, or a KvReady with an error, ends the call
+// UNAVAILABLE (retryable: nothing was streamed); the blocks go back once no push can reach them.
+//
 // How it ends: every choice finished -> Usage, OK. The caller cancelled (or its deadline passed)
 // -> the engine request is aborted at its next step, the call ends CANCELLED. Abort RPC -> ABORT
 // chunks, Usage, OK. RequestContext.deadline_unix_ms passed -> DEADLINE_EXCEEDED. Drain deadline
@@ -28,6 +36,7 @@
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "ferry/v1/worker.grpc.pb.h"
+#include "services/worker/incoming_kv.h"
 
 namespace ferry {
 
@@ -38,21 +47,40 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
  public:
   GenerateCall(WorkerService* service, grpc::CallbackServerContext* context,
                const ferry::v1::GenerateRequest* request);
+  ~GenerateCall() override;
 
   // Ends the request early for `cause` (from the Abort call, the drain, the deadline queue).
   void AbortFor(AbortCause cause);
+  // The prefill worker's KvReady for this call's reservation.
+  grpc::Status OnKvReady(const ferry::v1::KvReadyRequest& ready);
+  // A reference that keeps the call alive (the service takes one under its lock before calling
+  // AbortFor or OnKvReady without it). Unref drops it; the last one deletes the call.
+  void Ref();
+  void Unref();
 
  private:
+  // Where the call is (disaggregated calls start at kReserving, aggregated at kSubmitted).
+  enum class Phase { kReserving, kAwaitingKv, kSubmitted, kEnded };
+
   void Start(const ferry::v1::GenerateRequest& request);
   // Finishes before the engine ever saw the request.
   void Reject(const grpc::Status& status, bool invalid);
   void OnEngineEvent(const TokenEvent& event);
+  // Disaggregated: the engine's reservation, the pushes' outcome, and the decode-only start.
+  void OnReserved(absl::StatusOr<KvReservation> reserved);
+  void OnKvLanded(const absl::Status& status);
+  // Both KvReady and the pushes are in: stream the first tokens, submit the rest. Under mu_;
+  // true when the call is done (the caller unlocks and calls Done()).
+  bool StartDecodeLocked();
+  // Ends a disaggregated call that never reached the engine (under mu_ -> released).
+  void EndBeforeEngine(std::unique_lock<std::mutex>& lock, AbortCause cause, absl::Status error);
+  // The request left the worker: metrics, deadline, registration. Then Pump and drop the ref.
+  void Done();
   // Writes the next message or finishes, when the stream is free. Takes mu_.
   void Pump();
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
-  void Unref();
 
   WorkerService* const service_;
   grpc::CallbackServerContext* const context_;
@@ -60,6 +88,17 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   std::atomic<int> refs_{1};  // gRPC's; +1 while the engine holds the request
 
   std::mutex mu_;
+  Phase phase_ = Phase::kSubmitted;
+  // Disaggregated: the request to submit once the KV is in, the blocks it goes to, what was
+  // sent and what came back.
+  EngineRequest decode_request_;
+  std::shared_ptr<IncomingKv> kv_;
+  std::string transfer_id_;
+  absl::Time reservation_deadline_ = absl::InfiniteFuture();
+  bool reservation_ready_ = false;  // reservation_ waits to be written
+  ferry::v1::KvReservation reservation_;
+  bool kv_landed_ = false, kv_ready_ = false;
+  ferry::v1::KvReadyRequest ready_;
   std::string id_, trace_id_;
   bool logprobs_ = false;
   uint64_t seed_ = 0;

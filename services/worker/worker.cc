@@ -18,10 +18,29 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   w->load_ = std::make_unique<LoadWindow>(options.load_window);
   WorkerMetrics* metrics = w->metrics_.get();
   LoadWindow* load = w->load_.get();
-  ASSIGN_OR_RETURN(w->engine_, WorkerEngine::Create(options, [metrics, load](const StepInfo& s) {
-                     metrics->Step(s);
-                     load->Record(s);
-                   }));
+  if (options.role != "aggregated") {
+    transfer::TransportOptions transport;
+    transport.kind = options.transport;
+    transport.ucx_tls = options.ucx_tls;
+    transport.listen_address = options.transport_address;
+    transport.registry = w->registry_.get();
+    auto created = transfer::KvTransport::Create(transport);
+    if (!created.ok()) {
+      return absl::Status(
+          created.status().code(),
+          absl::StrCat(
+              "--transport ", options.transport, ": ", created.status().message(),
+              options.transport == "ucx" ? " (--transport grpc is the fallback without UCX)" : ""));
+    }
+    w->transport_ = *std::move(created);
+  }
+  ASSIGN_OR_RETURN(w->engine_, WorkerEngine::Create(
+                                   options,
+                                   [metrics, load](const StepInfo& s) {
+                                     metrics->Step(s);
+                                     load->Record(s);
+                                   },
+                                   w->transport_.get()));
   // The admin server first (not ready), so that the gRPC port is printed only when both exist.
   AdminServerOptions admin_options;
   admin_options.host = options.admin_host;
@@ -39,21 +58,47 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     self->admin_->SetReady(false, "draining");
     self->grpc_->SetServing(false);
   };
+  service_options.role = options.role;
+  service_options.transport = w->transport_.get();
+  service_options.reservation_timeout = options.reservation_timeout;
+  service_options.reservation_quarantine = options.reservation_quarantine;
+  service_options.push_hold_file = options.push_hold_file;
   w->service_ = std::make_unique<WorkerService>(w->engine_.get(), metrics, load, service_options);
   GrpcServerOptions grpc_options;
   grpc_options.address = options.address;
   ASSIGN_OR_RETURN(w->grpc_, GrpcServer::Start(grpc_options, {w->service_.get()}));
   w->service_->StartWatch(options.worker_id, w->grpc_->address());
   w->admin_->SetReady(true);
-  LOG(INFO) << "worker " << (options.worker_id.empty() ? w->grpc_->address() : options.worker_id)
-            << " serving " << w->engine_->model_name() << " (" << w->engine_->engine_kind()
-            << " engine) on " << w->grpc_->address() << ", admin on " << options.admin_host << ":"
+  LOG(INFO) << options.role << " worker "
+            << (options.worker_id.empty() ? w->grpc_->address() : options.worker_id) << " serving "
+            << w->engine_->model_name() << " (" << w->engine_->engine_kind() << " engine) on "
+            << w->grpc_->address() << ", admin on " << options.admin_host << ":"
             << w->admin_->port()
+            << (w->transport_ != nullptr
+                    ? absl::StrCat(", KV transport ", w->transport_->kind(),
+                                   w->transport_->kind() == "grpc"
+                                       ? absl::StrCat(" on ", w->transport_->address())
+                                       : "")
+                    : "")
             << (token.empty() ? ", no shared token" : ", shared token required");
   return w;
 }
 
-Worker::~Worker() { Shutdown(); }
+Worker::~Worker() {
+  Shutdown();
+  // The order the transport needs: no push starts any more, the engine no longer computes into
+  // the pools' memory, the transport's last callbacks (awaits and transfers failing CANCELLED)
+  // give blocks back to the pools and end their calls, then the engine (live requests end with
+  // kAbort through the service), then the service (which waits for the last call objects).
+  service_->StopPushes();
+  if (transport_ != nullptr) {
+    engine_->engine().Stop();
+    engine_->DetachTransport();
+    transport_.reset();
+  }
+  engine_.reset();
+  service_.reset();
+}
 
 void Worker::Drain(absl::Time deadline) {
   admin_->SetReady(false, "shutting down");

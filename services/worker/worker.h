@@ -1,6 +1,8 @@
-// A whole worker process in one object (what `ferry-worker` runs, and what tests start
-// in-process): the engine (WorkerEngine), the ferry.v1.Worker service with the standard gRPC
-// health service on `address`, and the admin HTTP server (/metrics /healthz /readyz).
+// A whole worker process in one object (what `ferry-worker`, `ferry-prefill` and
+// `ferry-decode` run, and what tests start in-process): the engine (WorkerEngine), the
+// ferry.v1.Worker service in its role with the standard gRPC health service on `address`, the
+// admin HTTP server (/metrics /healthz /readyz), and for the prefill and decode roles the KV
+// transport (UCX, or the gRPC fallback) whose registered memory holds the KV pools.
 //
 //   auto worker = Worker::Start(options);          // loads the model, serves, ready
 //   ... (*worker)->grpc_port(), (*worker)->admin_port()
@@ -20,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "engine/transfer/kv_transport.h"
 #include "services/common/admin_server.h"
 #include "services/common/grpc_server.h"
 #include "services/worker/load_window.h"
@@ -56,6 +59,9 @@ class Worker {
 
   const WorkerOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
+  // Prefill and decode roles. Destroyed after the servers stopped and the engine thread with
+  // them, before the engine's pools (its last callbacks give blocks back to them).
+  std::unique_ptr<transfer::KvTransport> transport_;
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<LoadWindow> load_;
   // Destroyed in reverse: the servers, then the engine (whose last events reach live calls

@@ -51,7 +51,8 @@ std::vector<TokenId> OrdinaryTokens(const Tokenizer& tokenizer, const ModelConfi
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
-    const WorkerOptions& options, std::function<void(const StepInfo&)> on_step) {
+    const WorkerOptions& options, std::function<void(const StepInfo&)> on_step,
+    transfer::KvTransport* transport) {
   RETURN_IF_ERROR(ValidateWorkerOptions(options));
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<WorkerEngine> w(new WorkerEngine());
@@ -99,7 +100,13 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
     ASSIGN_OR_RETURN(w->model_, NullModel::Create(std::move(null)));
   }
   w->backend_ = std::move(backend);
-  w->allocator_ = std::make_unique<BackendKvAllocator>(w->backend_.get());
+  if (transport != nullptr) {
+    auto allocator = std::make_unique<transfer::TransportKvAllocator>(transport);
+    w->transport_allocator_ = allocator.get();
+    w->allocator_ = std::move(allocator);
+  } else {
+    w->allocator_ = std::make_unique<BackendKvAllocator>(w->backend_.get());
+  }
 
   const ForwardModel& model = *w->model_;
   const int32_t bt = options.block_tokens;
@@ -130,6 +137,7 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   eo.window_cache_bytes = options.window_cache_bytes;
   eo.journal_events = options.watch_journal_events;
   eo.on_step = std::move(on_step);
+  eo.handoff_ttl = options.handoff_ttl;
   if (options.window_pool_bytes > 0) {
     const KvBlockLayout window = model.WindowKvLayoutFor(bt);
     const int64_t window_blocks =
@@ -151,6 +159,18 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
             << ", fingerprint " << model.fingerprint() << ", loaded in " << w->load_seconds_
             << " s";
   return w;
+}
+
+absl::StatusOr<transfer::LocalRegion> WorkerEngine::RegionOf(const KvBlockPool& pool) const {
+  if (transport_allocator_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the worker's KV pools are not registered with a transport");
+  }
+  return transport_allocator_->RegionOf(pool.region().address);
+}
+
+void WorkerEngine::DetachTransport() {
+  if (transport_allocator_ != nullptr) transport_allocator_->Detach();
 }
 
 WorkerEngine::~WorkerEngine() {

@@ -3,6 +3,9 @@
 // the KV pool(s) and the Engine with its thread running. The worker's services see only the
 // Engine and the tokenizer; which model runs underneath is this module's business.
 //
+// With a KV transport (the prefill and decode roles) the pools' memory comes from it
+// (TransportKvAllocator), registered, so that peers can read and write the blocks in place.
+//
 // Thread-safe after Create (the Engine is; the rest is immutable). Destruction stops the engine
 // thread first (live requests end with kAbort), then frees the pools and the model.
 
@@ -19,6 +22,7 @@
 #include "engine/kv/kv_block_pool.h"
 #include "engine/model/forward_model.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "engine/transfer/kv_transport.h"
 #include "services/worker/worker_options.h"
 
 namespace ferry {
@@ -26,9 +30,11 @@ namespace ferry {
 class WorkerEngine {
  public:
   // Loads the model named by options.model (DefaultModelPath() when empty) and starts the engine.
-  // `on_step` (may be empty) becomes EngineOptions::on_step.
+  // `on_step` (may be empty) becomes EngineOptions::on_step. `transport` (may be null) must
+  // outlive the WorkerEngine.
   static absl::StatusOr<std::unique_ptr<WorkerEngine>> Create(
-      const WorkerOptions& options, std::function<void(const StepInfo&)> on_step);
+      const WorkerOptions& options, std::function<void(const StepInfo&)> on_step,
+      transfer::KvTransport* transport = nullptr);
   ~WorkerEngine();
 
   Engine& engine() { return *engine_; }
@@ -42,6 +48,13 @@ class WorkerEngine {
   double load_seconds() const { return load_seconds_; }
   // Whether the window layers of a hybrid model run in a pool of their own.
   bool two_pools() const { return window_pool_ != nullptr; }
+  KvBlockPool& pool() { return *pool_; }
+  KvBlockPool* window_pool() { return window_pool_.get(); }
+  // With a transport: the registration of `pool`'s memory (for reservations).
+  absl::StatusOr<transfer::LocalRegion> RegionOf(const KvBlockPool& pool) const;
+  // Before the transport is destroyed (TransportKvAllocator::Detach); the engine thread must be
+  // stopped by then or soon after.
+  void DetachTransport();
 
  private:
   WorkerEngine() = default;
@@ -53,6 +66,7 @@ class WorkerEngine {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ForwardModel> model_;
   std::unique_ptr<KvAllocator> allocator_;
+  transfer::TransportKvAllocator* transport_allocator_ = nullptr;  // allocator_, with a transport
   std::unique_ptr<KvBlockPool> pool_, window_pool_;
   std::unique_ptr<Engine> engine_;  // last: destroyed first
 };

@@ -1,12 +1,14 @@
-// ferry-worker: the aggregated worker (ARCHITECTURE.md §1): one engine in prefill and decode
-// roles behind ferry.v1.Worker (Generate, Abort, Drain, Watch), the gRPC health service, and
-// /metrics, /healthz, /readyz on the admin port. Prints "grpc_port=N admin_port=M" once serving.
-// SIGTERM: not ready at once, Watch streams end, running requests finish within --drain_grace,
-// exit 0.
+// ferry-worker, ferry-prefill and ferry-decode (ARCHITECTURE.md §1): one engine behind
+// ferry.v1.Worker in the binary's role (--role; aggregated: Generate; prefill: Prefill, pushing KV
+// to decode workers over --transport; decode: Generate fed by prefill workers, KvReady), plus
+// Abort, Drain, Watch, the gRPC health service, and /metrics, /healthz, /readyz on the admin
+// port. Prints "grpc_port=N admin_port=M" once serving. SIGTERM: not ready at once, Watch streams
+// end, running requests finish within --drain_grace, exit 0.
 //
 //   ferry-worker --model SmolLM2-135M-Instruct.Q4_1.gguf --address 127.0.0.1:7500
 //   ferry-worker --engine null --null_token_seconds 0.01      # the model's tokenizer, no weights
-//   ferry-worker --config worker.json                          # keys as the flags; flags win
+//   ferry-prefill --transport ucx --ucx_tls tcp                # a prefill worker
+//   ferry-decode --config decode.json                          # keys as the flags; flags win
 
 #include <cstdio>
 #include <set>
@@ -15,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "engine/common/config.h"
 #include "engine/common/log.h"
 #include "engine/common/units.h"
@@ -22,7 +25,24 @@
 #include "services/common/termination_signal.h"
 #include "services/worker/worker.h"
 
+#ifndef FERRY_WORKER_ROLE
+#define FERRY_WORKER_ROLE "aggregated"
+#endif
+
 ABSL_FLAG(std::string, config, "", "JSON config file (keys as the flags; flags given win)");
+ABSL_FLAG(std::string, role, FERRY_WORKER_ROLE, "aggregated, prefill or decode");
+ABSL_FLAG(std::string, transport, "ucx", "prefill/decode: KV transport, ucx or grpc (fallback)");
+ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (tcp, shm, ...; default $UCX_TLS or UCX's)");
+ABSL_FLAG(std::string, transport_address, "127.0.0.1:0",
+          "the gRPC transport's listen address (port 0: any free port)");
+ABSL_FLAG(absl::Duration, reservation_timeout, absl::Seconds(30),
+          "decode: a reservation's KV must arrive within this");
+ABSL_FLAG(absl::Duration, reservation_quarantine, absl::Seconds(30),
+          "decode: a failed reservation's blocks wait this long for the push's outcome");
+ABSL_FLAG(absl::Duration, handoff_ttl, absl::Seconds(120),
+          "prefill: a push that never ends has its blocks freed after this");
+ABSL_FLAG(std::string, push_hold_file, "",
+          "test seam (prefill): pushes wait while this file exists");
 ABSL_FLAG(std::string, engine, "real", "real (the model) or null (a deterministic token source)");
 ABSL_FLAG(std::string, model, "", "GGUF file or HF directory (default: ./ferry models path)");
 ABSL_FLAG(std::string, model_name, "", "name reported to routers (default: the file name)");
@@ -66,8 +86,9 @@ namespace {
 using ferry::WorkerOptions;
 
 [[noreturn]] void Die(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "ferry-worker: %s: %s\n", what.c_str(),
-               std::string(status.message()).c_str());
+  const std::string role = FERRY_WORKER_ROLE;
+  std::fprintf(stderr, "ferry-%s: %s: %s\n", role == "aggregated" ? "worker" : role.c_str(),
+               what.c_str(), std::string(status.message()).c_str());
   std::exit(2);
 }
 
@@ -99,6 +120,7 @@ int64_t Bytes(const std::string& flag, const std::string& text) {
 // The flags given on the command line, over the config file's values, over the defaults.
 WorkerOptions OptionsFromFlags() {
   WorkerOptions o;
+  o.role = FERRY_WORKER_ROLE;  // the binary's, unless the config file or --role says otherwise
   if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
     auto config = ferry::Config::LoadFile(path);
     if (!config.ok()) Die("--config", config.status());
@@ -108,6 +130,14 @@ WorkerOptions OptionsFromFlags() {
   if (Given(#name)) o.name = absl::GetFlag(FLAGS_##name)
 #define BYTES_FROM_FLAG(name) \
   if (Given(#name)) o.name = Bytes(#name, absl::GetFlag(FLAGS_##name))
+  FROM_FLAG(role);
+  FROM_FLAG(transport);
+  FROM_FLAG(ucx_tls);
+  FROM_FLAG(transport_address);
+  FROM_FLAG(reservation_timeout);
+  FROM_FLAG(reservation_quarantine);
+  FROM_FLAG(handoff_ttl);
+  FROM_FLAG(push_hold_file);
   FROM_FLAG(engine);
   FROM_FLAG(model);
   FROM_FLAG(model_name);
@@ -155,7 +185,8 @@ int main(int argc, char** argv) {
   using namespace ferry;
   auto signal = TerminationSignal::Install();  // before any thread
   CHECK_OK(signal.status());
-  absl::SetProgramUsageMessage("the aggregated Ferry worker; see services/worker/worker_main.cc");
+  absl::SetProgramUsageMessage(absl::StrCat("the Ferry worker (", FERRY_WORKER_ROLE,
+                                            " role); see services/worker/worker_main.cc"));
   NoteGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   const WorkerOptions options = OptionsFromFlags();

@@ -95,6 +95,44 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                           .Help("Calls refused for a missing or wrong shared token.")
                           .Register(registry)
                           .Add({});
+  push_bytes_ =
+      &prometheus::BuildHistogram()
+           .Name("ferry_worker_kv_push_bytes")
+           .Help("KV bytes one request pushed to its decode worker.")
+           .Register(registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{1 << 16, 1 << 18, 1 << 20, 1 << 22,
+                                                            1 << 24, 1 << 26, 1 << 28, 1 << 30});
+  push_seconds_ = &prometheus::BuildHistogram()
+                       .Name("ferry_worker_kv_push_seconds")
+                       .Help("Time of one request's KV push, from posting to the outcome.")
+                       .Register(registry)
+                       .Add({}, LatencyBucketsSeconds());
+  auto& pushes = prometheus::BuildCounter()
+                     .Name("ferry_worker_kv_pushes_total")
+                     .Help("KV pushes to decode workers by outcome.")
+                     .Register(registry);
+  pushes_ok_ = &pushes.Add({{"outcome", "ok"}});
+  pushes_failed_ = &pushes.Add({{"outcome", "failed"}});
+  blocks_skipped_ = &prometheus::BuildCounter()
+                         .Name("ferry_worker_kv_blocks_skipped_total")
+                         .Help("KV blocks not pushed because the decode worker held them.")
+                         .Register(registry)
+                         .Add({});
+  reservations_ = &prometheus::BuildCounter()
+                       .Name("ferry_worker_kv_reservations_total")
+                       .Help("Decode workers' KV reservations by outcome.")
+                       .Register(registry);
+  for (const char* o : {"landed", "timed_out", "failed", "no_blocks"}) {
+    reservations_->Add({{"outcome", o}});
+  }
+  auto& released = prometheus::BuildCounter()
+                       .Name("ferry_worker_kv_reservation_blocks_released_total")
+                       .Help(
+                           "Blocks of reservations that were not used, given back once no push "
+                           "could reach them: the outcome was known, or the quarantine ran out.")
+                       .Register(registry);
+  released_known_ = &released.Add({{"outcome", "known"}});
+  released_quarantine_ = &released.Add({{"outcome", "quarantine"}});
 }
 
 void WorkerMetrics::Outcome(RequestOutcome outcome) {
@@ -150,5 +188,27 @@ void WorkerMetrics::WatchSnapshot(bool lagged) {
 }
 
 void WorkerMetrics::Unauthenticated() { unauthenticated_->Increment(); }
+
+}  // namespace ferry
+
+namespace ferry {
+
+void WorkerMetrics::Push(uint64_t bytes, double seconds, bool ok) {
+  push_bytes_->Observe(static_cast<double>(bytes));
+  push_seconds_->Observe(seconds);
+  (ok ? pushes_ok_ : pushes_failed_)->Increment();
+}
+
+void WorkerMetrics::BlocksSkipped(int64_t blocks) {
+  blocks_skipped_->Increment(static_cast<double>(blocks));
+}
+
+void WorkerMetrics::Reservation(const std::string& outcome) {
+  reservations_->Add({{"outcome", outcome}}).Increment();
+}
+
+void WorkerMetrics::KvReleased(int64_t blocks, bool outcome_known) {
+  (outcome_known ? released_known_ : released_quarantine_)->Increment(static_cast<double>(blocks));
+}
 
 }  // namespace ferry

@@ -16,6 +16,17 @@
 //   ferry_worker_expert_tokens_total{expert}     mixture-of-experts models: tokens per expert
 //   ferry_worker_watch_subscribers, ferry_worker_watch_snapshots_total{reason}
 //   ferry_worker_unauthenticated_calls_total
+//   Prefill/decode disaggregation:
+//   ferry_worker_kv_push_bytes, ferry_worker_kv_push_seconds
+//                                                histograms per request (prefill): KV pushed to
+//                                                the decode worker, and the push's time
+//   ferry_worker_kv_pushes_total{outcome}        ok, failed (prefill)
+//   ferry_worker_kv_blocks_skipped_total         blocks not pushed: the decode worker held them
+//   ferry_worker_kv_reservations_total{outcome}  decode: landed, timed_out, failed, no_blocks
+//   ferry_worker_kv_reservation_blocks_released_total{outcome}
+//                                                decode: blocks of failed reservations given back
+//                                                once the push was known to be over (known) or
+//                                                after the quarantine ran out (quarantine)
 //
 // Thread-safe (prometheus-cpp metrics are).
 
@@ -61,6 +72,11 @@ class WorkerMetrics {
   void WatchSubscribers(int64_t n);
   void WatchSnapshot(bool lagged);
   void Unauthenticated();
+  void Push(uint64_t bytes, double seconds, bool ok);
+  void BlocksSkipped(int64_t blocks);
+  // "landed", "timed_out", "failed", "no_blocks".
+  void Reservation(const std::string& outcome);
+  void KvReleased(int64_t blocks, bool outcome_known);
 
  private:
   std::vector<prometheus::Counter*> outcomes_;
@@ -83,6 +99,14 @@ class WorkerMetrics {
   prometheus::Counter* snapshots_initial_;
   prometheus::Counter* snapshots_lagged_;
   prometheus::Counter* unauthenticated_;
+  prometheus::Histogram* push_bytes_;
+  prometheus::Histogram* push_seconds_;
+  prometheus::Counter* pushes_ok_;
+  prometheus::Counter* pushes_failed_;
+  prometheus::Counter* blocks_skipped_;
+  prometheus::Family<prometheus::Counter>* reservations_;
+  prometheus::Counter* released_known_;
+  prometheus::Counter* released_quarantine_;
 
   std::mutex mu_;  // the mirrors' last values
   int64_t last_generated_ = 0;

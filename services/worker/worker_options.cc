@@ -65,6 +65,14 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("null_prefill_tokens_per_second", &o->null_prefill_tokens_per_second));
   RETURN_IF_ERROR(c.Read("null_token_seconds", &o->null_token_seconds));
   RETURN_IF_ERROR(c.Read("null_step_overhead_seconds", &o->null_step_overhead_seconds));
+  RETURN_IF_ERROR(c.Read("role", &o->role));
+  RETURN_IF_ERROR(c.Read("transport", &o->transport));
+  RETURN_IF_ERROR(c.Read("ucx_tls", &o->ucx_tls));
+  RETURN_IF_ERROR(c.Read("transport_address", &o->transport_address));
+  RETURN_IF_ERROR(ReadDuration(c, "reservation_timeout", &o->reservation_timeout));
+  RETURN_IF_ERROR(ReadDuration(c, "reservation_quarantine", &o->reservation_quarantine));
+  RETURN_IF_ERROR(ReadDuration(c, "handoff_ttl", &o->handoff_ttl));
+  RETURN_IF_ERROR(c.Read("push_hold_file", &o->push_hold_file));
   RETURN_IF_ERROR(c.Read("address", &o->address));
   RETURN_IF_ERROR(c.Read("admin_host", &o->admin_host));
   RETURN_IF_ERROR(ReadInt(c, "admin_port", &o->admin_port));
@@ -90,6 +98,21 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   }
   if (o.kv_dtype != "f32" && o.kv_dtype != "bf16") {
     return bad(absl::StrCat("--kv_dtype must be f32 or bf16, not '", o.kv_dtype, "'"));
+  }
+  if (o.role != "aggregated" && o.role != "prefill" && o.role != "decode") {
+    return bad(absl::StrCat("--role must be aggregated, prefill or decode, not '", o.role, "'"));
+  }
+  if (o.transport != "ucx" && o.transport != "grpc") {
+    return bad(absl::StrCat("--transport must be ucx or grpc, not '", o.transport, "'"));
+  }
+  if (o.reservation_timeout <= absl::ZeroDuration() ||
+      o.reservation_quarantine < absl::ZeroDuration()) {
+    return bad("--reservation_timeout must be positive and --reservation_quarantine >= 0");
+  }
+  if (o.handoff_ttl <= o.reservation_timeout) {
+    return bad(
+        "--handoff_ttl must be longer than --reservation_timeout (a push may read the "
+        "blocks until its deadline)");
   }
   if (o.threads < 0) return bad("--threads must be >= 0");
   if (o.kv_pool_bytes <= 0) return bad("--kv_pool_bytes must be positive");

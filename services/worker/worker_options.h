@@ -44,6 +44,27 @@ struct WorkerOptions {
   double null_token_seconds = 0.005;  // per-token latency: a step with decoding rows
   double null_step_overhead_seconds = 0;
 
+  // --- The role (ARCHITECTURE.md §1): "aggregated" (prefill and decode here: ferry-worker),
+  // "prefill" (ferry-prefill: Prefill calls, pushing KV to decode workers) or "decode"
+  // (ferry-decode: Generate calls whose KV a prefill worker pushes).
+  std::string role = "aggregated";
+  // --- The KV transport of the prefill and decode roles (engine/transfer/kv_transport.h).
+  std::string transport = "ucx";  // ucx | grpc (the fallback where UCX is unavailable)
+  std::string ucx_tls;            // UCX transports ("tcp", "shm", ...; "": $UCX_TLS or UCX's)
+  // The gRPC fallback's listen address (port 0 picks one).
+  std::string transport_address = "127.0.0.1:0";
+  // Decode: a reservation's KV must arrive within this (past it the request fails).
+  absl::Duration reservation_timeout = absl::Seconds(30);
+  // Decode: after a failed reservation's deadline, how long its blocks stay out of use while
+  // the prefill worker's transfer may still be reaching them (its outcome frees them sooner).
+  absl::Duration reservation_quarantine = absl::Seconds(30);
+  // Prefill: a handed-off request's blocks are freed after this even if its push never ended
+  // (longer than any reservation's timeout).
+  absl::Duration handoff_ttl = absl::Seconds(120);
+  // Test seam (prefill): while this file exists, pushes wait before they start (bounded by
+  // their deadline), so tests can act during a push without racing it. "": none.
+  std::string push_hold_file;
+
   // --- Serving.
   std::string address = "127.0.0.1:0";  // gRPC; port 0 picks a free port
   std::string admin_host = "127.0.0.1";

@@ -6,8 +6,10 @@
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
 #include "engine/common/model_fingerprint.h"
+#include "services/common/grpc_client.h"
 #include "services/common/shared_token.h"
 #include "services/worker/generate_call.h"
+#include "services/worker/prefill_call.h"
 
 namespace ferry {
 
@@ -42,13 +44,34 @@ WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadW
   limits_.block_tokens = engine_->engine().block_tokens();
   limits_.max_positions = model.max_positions();
   limits_.vocab_size = model.config().vocab_size;
+  facts_ = KvFactsOf(engine_->engine(), engine_->pool(), engine_->window_pool());
+  if (options_.transport != nullptr) {
+    target_.transport = options_.transport;
+    target_.pool = &engine_->pool();
+    target_.pool_span = engine_->pool().region();
+    auto region = engine_->RegionOf(engine_->pool());
+    CHECK_OK(region.status());
+    target_.pool_region = region->descriptor;
+    if (engine_->window_pool() != nullptr) {
+      target_.window_pool = engine_->window_pool();
+      target_.window_span = engine_->window_pool()->region();
+      auto window = engine_->RegionOf(*engine_->window_pool());
+      CHECK_OK(window.status());
+      target_.window_region = window->descriptor;
+    }
+  }
+  if (options_.role == "prefill") {
+    pushes_ = std::make_unique<SerialExecutor>(options_.max_queued_pushes);
+  }
 }
 
 void WorkerService::StartWatch(const std::string& worker_id, const std::string& endpoint) {
   const ForwardModel& model = engine_->model();
   v1::WorkerStatus identity;
   identity.set_worker_id(worker_id.empty() ? endpoint : worker_id);
-  identity.set_role(v1::WORKER_ROLE_AGGREGATED);
+  identity.set_role(options_.role == "prefill"  ? v1::WORKER_ROLE_PREFILL
+                    : options_.role == "decode" ? v1::WORKER_ROLE_DECODE
+                                                : v1::WORKER_ROLE_AGGREGATED);
   identity.mutable_model()->set_name(engine_->model_name());
   identity.mutable_model()->mutable_fingerprint()->set_lo(model.fingerprint().lo);
   identity.mutable_model()->mutable_fingerprint()->set_hi(model.fingerprint().hi);
@@ -78,13 +101,46 @@ void WorkerService::StartWatch(const std::string& worker_id, const std::string& 
 }
 
 WorkerService::~WorkerService() {
+  StopPushes();
   CloseWatches();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     stopping_ = true;
+    changed_.notify_all();
+    if (!changed_.wait_for(lock, std::chrono::seconds(30), [&] { return call_objects_ == 0; })) {
+      LOG(ERROR) << call_objects_ << " call(s) still alive at shutdown";
+    }
+  }
+  if (drainer_.joinable()) drainer_.join();
+}
+
+void WorkerService::StopPushes() {
+  std::unique_ptr<SerialExecutor> pushes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pushes_stopped_ = true;
+    pushes = std::move(pushes_);
+  }
+  pushes.reset();  // runs what is queued, then joins
+}
+
+bool WorkerService::AddPush(std::function<void()> task) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pushes_stopped_ || pushes_ == nullptr) return false;
+  return pushes_->Add(std::move(task));
+}
+
+void WorkerService::CallCreated() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++call_objects_;
+}
+
+void WorkerService::CallGone() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --call_objects_;
   }
   changed_.notify_all();
-  if (drainer_.joinable()) drainer_.join();
 }
 
 grpc::Status WorkerService::Authorize(const grpc::CallbackServerContext& context) {
@@ -111,23 +167,75 @@ void WorkerService::Unregister(const std::string& id) {
   changed_.notify_all();
 }
 
+void WorkerService::AddIncoming(const std::string& transfer_id, std::weak_ptr<IncomingKv> kv) {
+  std::lock_guard<std::mutex> lock(mu_);
+  incoming_[transfer_id] = std::move(kv);
+}
+
+void WorkerService::RemoveIncoming(const std::string& transfer_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  incoming_.erase(transfer_id);
+}
+
+bool WorkerService::RegisterPrefill(const std::string& id, PrefillCall* call) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prefills_.emplace(id, call).second;
+}
+
+void WorkerService::UnregisterPrefill(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefills_.erase(id);
+  }
+  changed_.notify_all();
+}
+
 bool WorkerService::AbortRequest(const std::string& id, AbortCause cause) {
-  std::lock_guard<std::mutex> lock(mu_);  // held: the call cannot unregister and go meanwhile
-  auto it = calls_.find(id);
-  if (it == calls_.end()) return false;
-  it->second->AbortFor(cause);
+  // A reference taken under the lock keeps the call alive; the call is told without the lock
+  // (ending it unregisters, which takes the lock).
+  GenerateCall* call = nullptr;
+  PrefillCall* prefill = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = calls_.find(id); it != calls_.end()) {
+      call = it->second;
+      call->Ref();
+    } else if (auto p = prefills_.find(id); p != prefills_.end()) {
+      prefill = p->second;
+      prefill->Ref();
+    } else {
+      return false;
+    }
+  }
+  if (call != nullptr) {
+    call->AbortFor(cause);
+    call->Unref();
+  } else {
+    prefill->AbortFor(cause);
+    prefill->Unref();
+  }
   return true;
+}
+
+std::shared_ptr<v1::Worker::Stub> WorkerService::DecodeStub(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = decode_stubs_.find(endpoint);
+  if (it != decode_stubs_.end()) return it->second;
+  if (decode_stubs_.size() >= kMaxDecodeChannels) decode_stubs_.erase(decode_stubs_.begin());
+  auto stub = std::shared_ptr<v1::Worker::Stub>(v1::Worker::NewStub(NewChannel(endpoint)));
+  decode_stubs_.emplace(endpoint, stub);
+  return stub;
 }
 
 int64_t WorkerService::live_calls() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(calls_.size());
+  return static_cast<int64_t>(calls_.size() + prefills_.size());
 }
 
 v1::DrainState WorkerService::drain_state() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!draining_) return v1::DRAIN_STATE_SERVING;
-  return calls_.empty() ? v1::DRAIN_STATE_DRAINED : v1::DRAIN_STATE_DRAINING;
+  return calls_.empty() && prefills_.empty() ? v1::DRAIN_STATE_DRAINED : v1::DRAIN_STATE_DRAINING;
 }
 
 void WorkerService::BeginDrain(absl::Time deadline) {
@@ -149,22 +257,28 @@ void WorkerService::BeginDrain(absl::Time deadline) {
 
 void WorkerService::DrainLoop() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_ && !calls_.empty() && absl::Now() < drain_deadline_) {
+  auto idle = [&] { return calls_.empty() && prefills_.empty(); };
+  while (!stopping_ && !idle() && absl::Now() < drain_deadline_) {
     changed_.wait_for(lock, absl::ToChronoNanoseconds(
                                 std::max(absl::Milliseconds(1), drain_deadline_ - absl::Now())));
   }
-  if (stopping_ || calls_.empty()) return;
-  LOG(INFO) << "draining: the deadline passed; ending " << calls_.size() << " request(s)";
-  for (auto& [id, call] : calls_) call->AbortFor(AbortCause::kDrained);
+  if (stopping_ || idle()) return;
+  std::vector<std::string> ids;
+  for (auto& [id, call] : calls_) ids.push_back(id);
+  for (auto& [id, call] : prefills_) ids.push_back(id);
+  lock.unlock();
+  LOG(INFO) << "draining: the deadline passed; ending " << ids.size() << " request(s)";
+  for (const std::string& id : ids) AbortRequest(id, AbortCause::kDrained);
 }
 
 bool WorkerService::WaitIdle(absl::Time deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!calls_.empty() && absl::Now() < deadline) {
+  auto idle = [&] { return calls_.empty() && prefills_.empty(); };
+  while (!idle() && absl::Now() < deadline) {
     changed_.wait_for(
         lock, absl::ToChronoNanoseconds(std::max(absl::Milliseconds(1), deadline - absl::Now())));
   }
-  return calls_.empty();
+  return idle();
 }
 
 void WorkerService::CloseWatches() {
@@ -177,19 +291,48 @@ void WorkerService::CloseWatches() {
 }
 
 grpc::ServerUnaryReactor* WorkerService::Prefill(grpc::CallbackServerContext* context,
-                                                 const v1::PrefillRequest*, v1::PrefillResponse*) {
-  if (grpc::Status auth = Authorize(*context); !auth.ok()) return Answer(context, auth);
-  return Answer(context, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                      "this worker runs the aggregated role; Prefill is served by "
-                                      "prefill workers"));
+                                                 const v1::PrefillRequest* request,
+                                                 v1::PrefillResponse* response) {
+  return new PrefillCall(this, context, request, response);
 }
 
 grpc::ServerUnaryReactor* WorkerService::KvReady(grpc::CallbackServerContext* context,
-                                                 const v1::KvReadyRequest*, v1::KvReadyResponse*) {
+                                                 const v1::KvReadyRequest* request,
+                                                 v1::KvReadyResponse*) {
   if (grpc::Status auth = Authorize(*context); !auth.ok()) return Answer(context, auth);
-  return Answer(context, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                      "this worker runs the aggregated role; KvReady is served by "
-                                      "decode workers"));
+  if (options_.role != "decode") {
+    return Answer(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                        absl::StrCat("this worker runs the ", options_.role,
+                                                     " role; KvReady goes to decode workers")));
+  }
+  GenerateCall* call = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(request->request_id());
+    if (it != calls_.end()) {
+      call = it->second;
+      call->Ref();
+    }
+  }
+  if (call == nullptr) {
+    std::shared_ptr<IncomingKv> kv;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = incoming_.find(request->transfer_id());
+      if (it != incoming_.end()) kv = it->second.lock();
+    }
+    if (kv != nullptr && request->no_transfer()) {
+      kv->NoTransfer();  // the call ended before this came: its blocks may go now
+      return Answer(context, grpc::Status::OK);
+    }
+    return Answer(context,
+                  grpc::Status(grpc::StatusCode::NOT_FOUND,
+                               absl::StrCat("no reservation for request ", request->request_id(),
+                                            " here (it ended, or never came)")));
+  }
+  const grpc::Status status = call->OnKvReady(*request);
+  call->Unref();
+  return Answer(context, status);
 }
 
 grpc::ServerWriteReactor<v1::GenerateEvent>* WorkerService::Generate(
@@ -224,7 +367,7 @@ grpc::ServerUnaryReactor* WorkerService::Drain(grpc::CallbackServerContext* cont
   if (!request->handoff_endpoints().empty()) {
     return Answer(context, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                                         "handing running requests to other decode workers is "
-                                        "not supported by the aggregated worker"));
+                                        "not supported yet"));
   }
   const absl::Duration grace = request->grace_seconds() > 0
                                    ? absl::Seconds(request->grace_seconds())

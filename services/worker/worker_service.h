@@ -1,6 +1,10 @@
-// ferry.v1.Worker (proto/ferry/v1/worker.proto) in the aggregated role: Generate (prefill and
-// decode here), Abort, Drain and Watch over one WorkerEngine. Prefill and KvReady belong to the
-// disaggregated roles and answer UNIMPLEMENTED here.
+// ferry.v1.Worker (proto/ferry/v1/worker.proto) over one WorkerEngine, in one of three roles:
+//   - aggregated: Generate (prefill and decode here), Abort, Drain, Watch;
+//   - decode: Generate without `aggregated` (reserve KV, wait for a prefill worker's push and
+//     KvReady, then decode: GenerateCall), KvReady, Abort, Drain, Watch;
+//   - prefill: Prefill (compute, push the KV into the decode worker's reservation, KvReady:
+//     PrefillCall), Abort, Drain, Watch.
+// Calls a role does not serve answer FAILED_PRECONDITION saying where they belong.
 //
 // Calls are gRPC callback reactors: no thread is held per stream. A Generate call (GenerateCall)
 // submits to the engine and streams what the engine thread delivers; a Watch call is one
@@ -19,6 +23,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,7 +33,10 @@
 #include "absl/time/time.h"
 #include "ferry/v1/worker.grpc.pb.h"
 #include "services/worker/deadline_queue.h"
+#include "services/worker/incoming_kv.h"
+#include "services/worker/kv_handoff.h"
 #include "services/worker/load_window.h"
+#include "services/worker/serial_executor.h"
 #include "services/worker/watch_hub.h"
 #include "services/worker/worker_engine.h"
 #include "services/worker/worker_metrics.h"
@@ -37,6 +45,7 @@
 namespace ferry {
 
 class GenerateCall;
+class PrefillCall;
 
 // Why a request ended before its choices did.
 enum class AbortCause { kNone, kAbortCall, kCancelled, kDeadline, kDrained };
@@ -47,6 +56,16 @@ struct WorkerServiceOptions {
   WatchHubOptions watch;
   // Called once when draining starts (the worker drops readiness).
   std::function<void()> on_draining;
+  // "aggregated", "prefill" or "decode" (WorkerOptions::role).
+  std::string role = "aggregated";
+  // Prefill and decode: the KV transport the pools are registered with (outlives the service).
+  transfer::KvTransport* transport = nullptr;
+  absl::Duration reservation_timeout = absl::Seconds(30);
+  absl::Duration reservation_quarantine = absl::Seconds(30);
+  // Prefill: how long the KvReady call to a decode worker may take.
+  absl::Duration kv_ready_timeout = absl::Seconds(10);
+  std::string push_hold_file;  // WorkerOptions::push_hold_file
+  size_t max_queued_pushes = 4096;
 };
 
 class WorkerService final : public ferry::v1::Worker::CallbackService {
@@ -83,16 +102,41 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   bool WaitIdle(absl::Time deadline);
   // Ends every Watch stream at once (shutdown).
   void CloseWatches();
+  // Shutdown, after the gRPC server stopped and before the transport goes: runs the pushes
+  // still queued, then refuses new ones.
+  void StopPushes();
   ferry::v1::DrainState drain_state() const;
   int64_t live_calls() const;
 
  private:
   friend class GenerateCall;
+  friend class PrefillCall;
 
-  // For GenerateCall.
+  // For the calls.
   WorkerEngine& engine() { return *engine_; }
   WorkerMetrics& metrics() { return *metrics_; }
   const WireLimits& limits() const { return limits_; }
+  const std::string& role() const { return options_.role; }
+  const WorkerServiceOptions& options() const { return options_; }
+  transfer::KvTransport* transport() { return options_.transport; }
+  const ReservationTarget& reservation_target() const { return target_; }
+  const KvFacts& kv_facts() const { return facts_; }
+  absl::Duration reservation_timeout() const { return options_.reservation_timeout; }
+  absl::Duration reservation_quarantine() const { return options_.reservation_quarantine; }
+  // Runs `task` on the push executor; false when it is full or stopped.
+  bool AddPush(std::function<void()> task);
+  // A stub for the decode worker at `endpoint` (channels are kept, at most kMaxDecodeChannels).
+  std::shared_ptr<ferry::v1::Worker::Stub> DecodeStub(const std::string& endpoint);
+  // Decode: the reservations whose blocks may still be written, by transfer id, so that a
+  // prefill worker's KvReady saying it never pushed releases them even after their call ended.
+  void AddIncoming(const std::string& transfer_id, std::weak_ptr<IncomingKv> kv);
+  void RemoveIncoming(const std::string& transfer_id);
+  bool RegisterPrefill(const std::string& id, PrefillCall* call);
+  void UnregisterPrefill(const std::string& id);
+  // Every call object counts itself while it exists (it may outlive its RPC while the engine or
+  // the transport still holds it): the destructor waits for them.
+  void CallCreated();
+  void CallGone();
   // Checks the shared token; counts refusals.
   grpc::Status Authorize(const grpc::CallbackServerContext& context);
   bool draining() const;
@@ -104,15 +148,25 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   bool AbortRequest(const std::string& id, AbortCause cause);
   void DrainLoop();
 
+  static constexpr size_t kMaxDecodeChannels = 256;
+
   WorkerEngine* const engine_;
   WorkerMetrics* const metrics_;
   const WorkerServiceOptions options_;
   LoadWindow* const load_;
   WireLimits limits_;
+  KvFacts facts_;
+  ReservationTarget target_;
+  std::unique_ptr<SerialExecutor> pushes_;
 
   mutable std::mutex mu_;
   std::condition_variable changed_;
   absl::flat_hash_map<std::string, GenerateCall*> calls_;
+  absl::flat_hash_map<std::string, PrefillCall*> prefills_;
+  absl::flat_hash_map<std::string, std::weak_ptr<IncomingKv>> incoming_;
+  std::map<std::string, std::shared_ptr<ferry::v1::Worker::Stub>> decode_stubs_;
+  int64_t call_objects_ = 0;
+  bool pushes_stopped_ = false;
   bool draining_ = false;
   absl::Time drain_deadline_ = absl::InfiniteFuture();
   bool stopping_ = false;

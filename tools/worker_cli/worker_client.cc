@@ -94,10 +94,17 @@ grpc::Status WorkerClient::Drain(uint32_t grace_seconds, v1::DrainResponse* resp
   return stub_->Drain(context.get(), request, response);
 }
 
-grpc::Status WorkerClient::Prefill(const v1::PrefillRequest& request) {
-  v1::PrefillResponse response;
+grpc::Status WorkerClient::Prefill(const v1::PrefillRequest& request, v1::PrefillResponse* response,
+                                   absl::Duration timeout) {
+  v1::PrefillResponse ignored;
+  auto context = Context(timeout);
+  return stub_->Prefill(context.get(), request, response != nullptr ? response : &ignored);
+}
+
+grpc::Status WorkerClient::KvReady(const v1::KvReadyRequest& request) {
+  v1::KvReadyResponse response;
   auto context = Context(absl::Seconds(10));
-  return stub_->Prefill(context.get(), request, &response);
+  return stub_->KvReady(context.get(), request, &response);
 }
 
 std::unique_ptr<WorkerClient::WatchStream> WorkerClient::Watch(const v1::WatchRequest& request,

@@ -56,7 +56,10 @@ class WorkerClient {
 
   grpc::Status Abort(const std::string& request_id, bool* found);
   grpc::Status Drain(uint32_t grace_seconds, ferry::v1::DrainResponse* response);
-  grpc::Status Prefill(const ferry::v1::PrefillRequest& request);
+  grpc::Status Prefill(const ferry::v1::PrefillRequest& request,
+                       ferry::v1::PrefillResponse* response = nullptr,
+                       absl::Duration timeout = absl::Seconds(60));
+  grpc::Status KvReady(const ferry::v1::KvReadyRequest& request);
 
   class WatchStream {
    public:

@@ -1,0 +1,185 @@
+#include "services/worker/kv_handoff.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/model_fingerprint.h"
+#include "engine/transfer/transfer_wire.h"
+
+namespace ferry {
+
+namespace v1 = ferry::v1;
+
+KvFacts KvFactsOf(const Engine& engine, const KvBlockPool& pool, const KvBlockPool* window_pool) {
+  KvFacts facts;
+  facts.fingerprint = engine.model().fingerprint();
+  facts.block_tokens = engine.block_tokens();
+  facts.block_bytes = pool.layout().block_bytes();
+  facts.window_block_bytes = window_pool != nullptr ? window_pool->layout().block_bytes() : 0;
+  return facts;
+}
+
+namespace {
+
+absl::Status AddSlices(const KvBlockPool& pool, const MemorySpan& span, uint32_t region,
+                       absl::Span<const BlockId> blocks, transfer::PeerDescriptor* out) {
+  auto spans = pool.Spans(blocks);
+  if (!spans.ok()) return spans.status();
+  const auto base = reinterpret_cast<uint64_t>(span.address);
+  for (const MemorySpan& s : *spans) {
+    const auto address = reinterpret_cast<uint64_t>(s.address);
+    if (address < base || address + s.length > base + span.length) {
+      return absl::InternalError("a reserved block lies outside its pool's registered region");
+    }
+    out->block_slices.push_back({region, address - base, s.length});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::KvReservation> DescribeReservation(
+    const std::string& request_id, const KvReservation& blocks, const ReservationTarget& target,
+    const KvFacts& facts, const std::string& transfer_id, const std::string& window_transfer_id,
+    absl::Time deadline) {
+  const int64_t total = static_cast<int64_t>(blocks.blocks.size());
+  if (blocks.cached_blocks >= total) {
+    return absl::InternalError("a reservation with nothing to push");
+  }
+  transfer::PeerDescriptor d;
+  d.kind = std::string(target.transport->kind());
+  d.address = target.transport->address();
+  d.transfer_id = transfer_id;
+  d.regions.push_back(target.pool_region);
+  absl::Status added =
+      AddSlices(*target.pool, target.pool_span, 0,
+                absl::MakeConstSpan(blocks.blocks).subspan(blocks.cached_blocks), &d);
+  if (!added.ok()) return added;
+  v1::KvReservation r;
+  r.set_request_id(request_id);
+  r.set_cached_prefix_blocks(static_cast<uint32_t>(blocks.cached_blocks));
+  r.set_reserved_blocks(static_cast<uint32_t>(total - blocks.cached_blocks));
+  if (target.window_pool != nullptr) {
+    if (static_cast<int64_t>(blocks.window_blocks.size()) != total) {
+      return absl::InternalError("the window table does not match the reservation's");
+    }
+    int64_t first = blocks.cached_blocks;
+    while (first < total && blocks.window_blocks[first] == kNoBlock) ++first;
+    for (int64_t i = first; i < total; ++i) {
+      if (blocks.window_blocks[i] == kNoBlock) {
+        return absl::InternalError("the window table has a gap inside the window");
+      }
+    }
+    d.regions.push_back(target.window_region);
+    added = AddSlices(*target.window_pool, target.window_span, 1,
+                      absl::MakeConstSpan(blocks.window_blocks).subspan(first), &d);
+    if (!added.ok()) return added;
+    r.set_window_first_block(static_cast<uint32_t>(first));
+    r.set_window_transfer_id(window_transfer_id);
+  }
+  *r.mutable_transfer() = transfer::ToProto(d);
+  r.mutable_model_fingerprint()->set_lo(facts.fingerprint.lo);
+  r.mutable_model_fingerprint()->set_hi(facts.fingerprint.hi);
+  r.set_block_tokens(static_cast<uint32_t>(facts.block_tokens));
+  r.set_block_bytes(facts.block_bytes);
+  r.set_window_block_bytes(facts.window_block_bytes);
+  r.set_kv_format_version(kKvFormatVersion);
+  r.set_deadline_unix_ms(absl::ToUnixMillis(deadline));
+  return r;
+}
+
+absl::Status CheckReservation(const v1::KvReservation& r, const KvFacts& mine,
+                              int64_t table_blocks) {
+  const Hash128 theirs{r.model_fingerprint().lo(), r.model_fingerprint().hi()};
+  if (theirs != mine.fingerprint) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the decode worker's model fingerprint (", theirs.ToHex(),
+                     ") is not this prefill worker's (", mine.fingerprint.ToHex(), ")"));
+  }
+  if (r.block_tokens() != static_cast<uint32_t>(mine.block_tokens)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the decode worker's block size (", r.block_tokens(),
+                     " tokens) is not this prefill worker's (", mine.block_tokens, ")"));
+  }
+  if (r.kv_format_version() != kKvFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the decode worker's KV format version (", r.kv_format_version(),
+                     ") is not this prefill worker's (", kKvFormatVersion, ")"));
+  }
+  if (r.block_bytes() != mine.block_bytes || r.window_block_bytes() != mine.window_block_bytes) {
+    auto pools = [](uint64_t bytes, uint64_t window) {
+      return window == 0 ? absl::StrCat(bytes, " bytes per block in one pool")
+                         : absl::StrCat(bytes, " + ", window,
+                                        " bytes per block (window layers in a pool of their own)");
+    };
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the decode worker's KV layout (", pools(r.block_bytes(), r.window_block_bytes()),
+        ") is not this prefill worker's (", pools(mine.block_bytes, mine.window_block_bytes),
+        "): KV dtype, model or pool settings differ"));
+  }
+  const int64_t covered = static_cast<int64_t>(r.cached_prefix_blocks()) + r.reserved_blocks();
+  if (covered != table_blocks || r.reserved_blocks() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the reservation covers ", covered, " blocks (", r.reserved_blocks(),
+                     " to push) but the request's KV is ", table_blocks, " blocks"));
+  }
+  const int64_t window_slices = mine.window_block_bytes == 0
+                                    ? 0
+                                    : table_blocks - static_cast<int64_t>(r.window_first_block());
+  if (window_slices < 0 || (mine.window_block_bytes != 0 && window_slices == 0) ||
+      r.transfer().block_slices_size() != static_cast<int>(r.reserved_blocks() + window_slices)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the reservation has ", r.transfer().block_slices_size(), " block slices for ",
+                     r.reserved_blocks(), " blocks (and ", window_slices, " window blocks)"));
+  }
+  if (r.transfer().transfer_id().empty() ||
+      (mine.window_block_bytes != 0 && r.window_transfer_id().empty())) {
+    return absl::InvalidArgumentError("the reservation names no transfer id");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
+    const v1::KvReservation& reservation, const std::vector<BlockId>& blocks,
+    const std::vector<BlockId>& window_blocks, const KvBlockPool& pool,
+    const KvBlockPool* window_pool, absl::Time deadline, uint64_t* bytes) {
+  auto remote = transfer::FromProto(reservation.transfer());
+  if (!remote.ok()) return remote.status();
+  if (reservation.deadline_unix_ms() > 0) {
+    deadline = std::min(deadline, absl::FromUnixMillis(reservation.deadline_unix_ms()));
+  }
+  *bytes = 0;
+  std::vector<transfer::TransferRequest> out;
+  const size_t cached = reservation.cached_prefix_blocks();
+  if (cached >= blocks.size()) return absl::InvalidArgumentError("nothing to push");
+  auto spans = pool.Spans(absl::MakeConstSpan(blocks).subspan(cached));
+  if (!spans.ok()) return spans.status();
+  auto put = transfer::BlockTransferRequest(*remote, 0, *spans, transfer::TransferOp::kPut);
+  if (!put.ok()) return put.status();
+  put->deadline = deadline;
+  for (const MemorySpan& s : *spans) *bytes += s.length;
+  out.push_back(*std::move(put));
+  if (window_pool != nullptr) {
+    const size_t first = reservation.window_first_block();
+    if (window_blocks.size() != blocks.size() || first >= window_blocks.size()) {
+      return absl::InvalidArgumentError("the window table does not match the reservation");
+    }
+    std::vector<BlockId> held(window_blocks.begin() + first, window_blocks.end());
+    if (std::find(held.begin(), held.end(), kNoBlock) != held.end()) {
+      return absl::InternalError("the window layers' KV is not held for the reservation's blocks");
+    }
+    auto window_spans = window_pool->Spans(held);
+    if (!window_spans.ok()) return window_spans.status();
+    transfer::PeerDescriptor window_remote = *remote;
+    window_remote.transfer_id = reservation.window_transfer_id();
+    auto window_put = transfer::BlockTransferRequest(window_remote, reservation.reserved_blocks(),
+                                                     *window_spans, transfer::TransferOp::kPut);
+    if (!window_put.ok()) return window_put.status();
+    window_put->deadline = deadline;
+    for (const MemorySpan& s : *window_spans) *bytes += s.length;
+    out.push_back(*std::move(window_put));
+  }
+  return out;
+}
+
+}  // namespace ferry

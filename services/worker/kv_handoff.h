@@ -1,0 +1,76 @@
+// The KV hand-off between a decode worker and a prefill worker (ARCHITECTURE.md §3 steps 3-6), as
+// plain functions over the wire messages, so that both sides agree by construction:
+//
+//   decode worker D:  Engine::Reserve -> DescribeReservation -> GenerateEvent{reservation}
+//   prefill worker P: CheckReservation (same model, block size, KV layout?) -> compute ->
+//                     PushTransfers (one put per pool, straight from P's blocks into D's)
+//
+// A reservation names D's pools as transfer regions (region 0 the KV pool, region 1 the window
+// pool of a hybrid model on two pools) and one slice per block to push, in table order: the
+// pool's blocks from cached_prefix_blocks on, then the window pool's from window_first_block on
+// (worker.proto KvReservation). Blocks D already holds (its cached prefix) are not pushed.
+//
+// Stateless; thread-safe.
+
+#ifndef FERRY_SERVICES_WORKER_KV_HANDOFF_H_
+#define FERRY_SERVICES_WORKER_KV_HANDOFF_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/common/hash128.h"
+#include "engine/engine.h"
+#include "engine/kv/kv_block_pool.h"
+#include "engine/transfer/kv_transport.h"
+#include "ferry/v1/worker.pb.h"
+
+namespace ferry {
+
+// What a worker's KV looks like; two workers exchange KV only when these agree.
+struct KvFacts {
+  Hash128 fingerprint;
+  int32_t block_tokens = 0;
+  uint64_t block_bytes = 0;
+  uint64_t window_block_bytes = 0;  // 0: one pool
+};
+
+KvFacts KvFactsOf(const Engine& engine, const KvBlockPool& pool, const KvBlockPool* window_pool);
+
+// Where a decode worker's pools live for peers.
+struct ReservationTarget {
+  const transfer::KvTransport* transport = nullptr;
+  transfer::RegionDescriptor pool_region;    // the pool's registration
+  MemorySpan pool_span;                      // the pool's memory (block offsets)
+  transfer::RegionDescriptor window_region;  // with a window pool
+  MemorySpan window_span;
+  const KvBlockPool* pool = nullptr;
+  const KvBlockPool* window_pool = nullptr;  // null: one pool
+};
+
+// The reservation message for `blocks` (Engine::Reserve's, for a request whose table has
+// blocks.blocks.size() blocks), the transfers named `transfer_id` (and `window_transfer_id`),
+// due by `deadline`.
+absl::StatusOr<ferry::v1::KvReservation> DescribeReservation(
+    const std::string& request_id, const KvReservation& blocks, const ReservationTarget& target,
+    const KvFacts& facts, const std::string& transfer_id, const std::string& window_transfer_id,
+    absl::Time deadline);
+
+// FailedPrecondition, naming what differs, when `reservation` was made by a worker whose model,
+// block size or KV layout is not `mine`; InvalidArgument when it does not describe a table of
+// `table_blocks` blocks.
+absl::Status CheckReservation(const ferry::v1::KvReservation& reservation, const KvFacts& mine,
+                              int64_t table_blocks);
+
+// The puts that move a handed-off table (`blocks`, and `window_blocks` on two pools) into the
+// reservation's slices: the pool's, then (two pools) the window pool's. The caller sets `peer`;
+// the deadline is the reservation's (or `deadline`, if earlier). Bytes in all of them: `bytes`.
+absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
+    const ferry::v1::KvReservation& reservation, const std::vector<BlockId>& blocks,
+    const std::vector<BlockId>& window_blocks, const KvBlockPool& pool,
+    const KvBlockPool* window_pool, absl::Time deadline, uint64_t* bytes);
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVICES_WORKER_KV_HANDOFF_H_

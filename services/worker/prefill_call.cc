@@ -1,0 +1,425 @@
+#include "services/worker/prefill_call.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/common/log.h"
+#include "services/common/grpc_client.h"
+#include "services/common/grpc_status.h"
+#include "services/common/shared_token.h"
+#include "services/worker/kv_handoff.h"
+#include "services/worker/worker_service.h"
+#include "services/worker/worker_wire.h"
+
+namespace ferry {
+
+namespace v1 = ferry::v1;
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+uint32_t Millis(std::chrono::steady_clock::duration d) {
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
+
+}  // namespace
+
+PrefillCall::PrefillCall(WorkerService* service, grpc::CallbackServerContext* context,
+                         const v1::PrefillRequest* request, v1::PrefillResponse* response)
+    : service_(service),
+      context_(context),
+      response_(response),
+      start_(std::chrono::steady_clock::now()),
+      cause_(AbortCause::kNone) {
+  service_->CallCreated();
+  Start(*request);
+}
+
+PrefillCall::~PrefillCall() { service_->CallGone(); }
+
+void PrefillCall::Start(const v1::PrefillRequest& request) {
+  bool authorized = false;
+  auto reject = [&](const grpc::Status& status, bool invalid) {
+    // The decode worker may reuse its reservation at once: nothing will be pushed into it.
+    if (authorized && !request.decode_endpoint().empty() &&
+        !request.destination().transfer().transfer_id().empty()) {
+      TellDecodeNoTransfer(request, absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                                 status.error_message()));
+    }
+    service_->metrics().Outcome(invalid ? RequestOutcome::kInvalid : RequestOutcome::kRejected);
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    Finish(status);
+  };
+  if (grpc::Status auth = service_->Authorize(*context_); !auth.ok()) return reject(auth, false);
+  authorized = true;
+  if (service_->role() != "prefill") {
+    return reject(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               absl::StrCat("this worker runs the ", service_->role(),
+                                            " role; Prefill goes to prefill workers")),
+                  true);
+  }
+  if (service_->draining()) {
+    return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "the worker is draining: it admits no new requests"),
+                  false);
+  }
+  std::vector<int64_t> first_index;
+  absl::StatusOr<EngineRequest> converted =
+      ToEngineRequest(request.request(), service_->limits(), &first_index);
+  if (!converted.ok()) return reject(ToGrpcStatus(converted.status()), true);
+  EngineRequest r = *std::move(converted);
+  if (!r.resume.empty()) {
+    return reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                               "resuming a disaggregated request is not supported yet"),
+                  true);
+  }
+  if (request.decode_endpoint().empty()) {
+    return reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "decode_endpoint is empty"),
+                  true);
+  }
+  const int64_t table =
+      service_->engine().pool().layout().BlocksFor(static_cast<int64_t>(r.prompt.size()));
+  if (absl::Status s = CheckReservation(request.destination(), service_->kv_facts(), table);
+      !s.ok()) {
+    LOG(WARNING) << "prefill " << r.id << " refused: " << s;
+    return reject(ToGrpcStatus(s), true);
+  }
+  const v1::RequestContext& ctx = request.request().context();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id_ = r.id;
+    trace_id_ = ctx.trace_id().empty() ? TraceIdOf(*context_) : ctx.trace_id();
+    decode_endpoint_ = request.decode_endpoint();
+    destination_ = request.destination();
+    logprobs_ = r.sampling.top_logprobs >= 0;
+    seed_ = r.sampling.seed;
+    prompt_tokens_ = static_cast<int64_t>(r.prompt.size());
+    first_.resize(r.n);
+    states_.resize(r.n);
+    for (int32_t c = 0; c < r.n; ++c) {
+      first_[c].set_request_id(id_);
+      first_[c].set_choice_index(static_cast<uint32_t>(c));
+    }
+    choices_left_ = r.n;
+    if (ctx.deadline_unix_ms() > 0) deadline_ = absl::FromUnixMillis(ctx.deadline_unix_ms());
+    if (destination_.deadline_unix_ms() > 0) {
+      deadline_ = std::min(deadline_, absl::FromUnixMillis(destination_.deadline_unix_ms()));
+    }
+  }
+  if (!service_->RegisterPrefill(id_, this)) {
+    return reject(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                               absl::StrCat("request ", id_, " is already running here")),
+                  true);
+  }
+  if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Add(id_, deadline_);
+  r.role = EngineRole::kPrefillOnly;
+  r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
+  refs_.fetch_add(1);  // the engine's
+  const absl::Status submitted = service_->engine().engine().Submit(std::move(r));
+  if (!submitted.ok()) {
+    refs_.fetch_sub(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      engine_done_ = true;
+      error_ = submitted;
+    }
+    End(ToGrpcStatus(submitted));
+  }
+}
+
+void PrefillCall::TellDecodeNoTransfer(const v1::PrefillRequest& request, const absl::Status& why) {
+  struct Rpc {
+    std::unique_ptr<grpc::ClientContext> context;
+    v1::KvReadyRequest request;
+    v1::KvReadyResponse response;
+  };
+  auto rpc = std::make_shared<Rpc>();
+  rpc->request.set_request_id(request.destination().request_id());
+  rpc->request.set_transfer_id(request.destination().transfer().transfer_id());
+  rpc->request.set_no_transfer(true);
+  ErrorInfoFromStatus(why, request.request().context().trace_id(), false,
+                      rpc->request.mutable_error());
+  rpc->context = NewClientContext(service_->options().kv_ready_timeout,
+                                  request.request().context().trace_id());
+  AttachSharedToken(rpc->context.get(), service_->options().auth_token);
+  auto stub = service_->DecodeStub(request.decode_endpoint());
+  stub->async()->KvReady(rpc->context.get(), &rpc->request, &rpc->response,
+                         [rpc, stub](grpc::Status) {});  // best effort
+}
+
+void PrefillCall::AbortFor(AbortCause cause) {
+  bool abort_engine = false;
+  std::vector<uint64_t> cancel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return;
+    if (cause_ == AbortCause::kNone) cause_ = cause;
+    abort_engine = !engine_done_;
+    if (pushing_) cancel = transfers_;
+  }
+  if (abort_engine) service_->engine().engine().Abort(id_);
+  for (uint64_t t : cancel) service_->transport()->Cancel(t);
+}
+
+void PrefillCall::OnEngineEvent(const TokenEvent& e) {
+  bool done = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t c = static_cast<size_t>(e.choice);
+    if (e.has_token || !e.text.empty() || e.finish != FinishReason::kNone) {
+      AppendToChunk(e, logprobs_, &first_[c]);
+    }
+    cached_tokens_ = std::max(cached_tokens_, e.cached_tokens);
+    if (e.finish != FinishReason::kNone) {
+      SamplerStateToProto(e.sampler_state, seed_, static_cast<uint32_t>(c), e.held_text,
+                          &states_[c]);
+      if (e.finish == FinishReason::kHandoff && !handed_off_) {
+        handed_off_ = true;
+        blocks_ = e.blocks;
+        window_blocks_ = e.window_blocks;
+      } else if (e.finish == FinishReason::kError && error_.ok()) {
+        error_ = absl::Status(
+            e.error_code == absl::StatusCode::kOk ? absl::StatusCode::kInternal : e.error_code,
+            e.error.empty() ? "the engine failed the request" : e.error);
+      } else if (e.finish == FinishReason::kAbort && error_.ok()) {
+        error_ = cause_ == AbortCause::kDeadline
+                     ? absl::DeadlineExceededError("the request's deadline passed")
+                 : cause_ == AbortCause::kDrained
+                     ? absl::UnavailableError("the worker drained before the prefill finished")
+                     : absl::CancelledError("the request was cancelled");
+      }
+      done = --choices_left_ == 0;
+    }
+    if (done) {
+      engine_done_ = true;
+      computed_ = std::chrono::steady_clock::now();
+      if (error_.ok() && handed_off_) pushing_ = true;
+    }
+  }
+  if (!done) return;
+  absl::Status error;
+  bool push = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    error = error_;
+    push = pushing_;
+  }
+  if (push) {
+    refs_.fetch_add(1);  // the push's
+    if (!service_->AddPush([this] { Push(); })) {
+      refs_.fetch_sub(1);
+      service_->engine().engine().ReleaseHandoff(id_);
+      NotifyDecode(absl::UnavailableError("the prefill worker's push queue is full"), true);
+    }
+  } else {
+    // Nothing handed off: an error, or every choice ended with its first token.
+    if (handed_off_) service_->engine().engine().ReleaseHandoff(id_);
+    NotifyDecode(error, /*no_transfer=*/true);
+  }
+  Unref();  // the engine's
+}
+
+void PrefillCall::Push() {
+  // Test seam: hold the push while the file exists (bounded by the deadline; a cancel ends it).
+  const std::string& hold = service_->options().push_hold_file;
+  if (!hold.empty()) {
+    while (access(hold.c_str(), F_OK) == 0 && absl::Now() < deadline_ + absl::Seconds(1)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (cause_ != AbortCause::kNone) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  transfer::KvTransport* transport = service_->transport();
+  absl::Status failed;
+  std::vector<transfer::TransferRequest> puts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cause_ != AbortCause::kNone) failed = absl::CancelledError("the request was cancelled");
+  }
+  if (failed.ok()) {
+    uint64_t bytes = 0;
+    auto built = PushTransfers(destination_, blocks_, window_blocks_, service_->engine().pool(),
+                               service_->engine().window_pool(), deadline_, &bytes);
+    if (!built.ok()) {
+      failed = built.status();
+    } else {
+      puts = *std::move(built);
+      std::lock_guard<std::mutex> lock(mu_);
+      bytes_ = bytes;
+    }
+  }
+  transfer::PeerId peer = 0;
+  if (failed.ok()) {
+    auto connected = transport->Connect(destination_.transfer().worker_address());
+    if (!connected.ok()) {
+      failed = absl::UnavailableError(absl::StrCat(
+          "cannot reach the decode worker's KV transport: ", connected.status().message()));
+    } else {
+      peer = *connected;
+    }
+  }
+  if (!failed.ok()) {
+    // Nothing was posted: the decode worker may reuse its blocks at once.
+    service_->engine().engine().ReleaseHandoff(id_);
+    service_->metrics().Push(0, 0, false);
+    NotifyDecode(absl::UnavailableError(absl::StrCat("the KV push failed: ", failed.message())),
+                 /*no_transfer=*/true);
+    Unref();  // the push's
+    return;
+  }
+  service_->metrics().BlocksSkipped(destination_.cached_prefix_blocks());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pushes_left_ = static_cast<int>(puts.size());
+  }
+  refs_.fetch_add(static_cast<int>(puts.size()) - 1);  // one per put (the push's is the first)
+  for (transfer::TransferRequest& put : puts) {
+    put.peer = peer;
+    auto posted = transport->Post(std::move(put), [this](absl::Status s) { OnPushed(s); });
+    if (!posted.ok()) {
+      OnPushed(posted.status());
+    } else {
+      std::lock_guard<std::mutex> lock(mu_);
+      transfers_.push_back(*posted);
+    }
+  }
+}
+
+void PrefillCall::OnPushed(const absl::Status& status) {
+  bool last = false;
+  absl::Status outcome;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!status.ok() && push_status_.ok()) push_status_ = status;
+    last = --pushes_left_ == 0;
+    if (last) {
+      pushing_ = false;
+      pushed_ = std::chrono::steady_clock::now();
+      outcome = push_status_;
+    }
+  }
+  if (last) {
+    // The transport no longer touches the blocks.
+    service_->engine().engine().ReleaseHandoff(id_);
+    service_->metrics().Push(bytes_, Seconds(pushed_ - computed_), outcome.ok());
+    if (!outcome.ok()) {
+      LOG(WARNING) << "request " << id_ << ": the KV push to " << decode_endpoint_
+                   << " failed: " << outcome;
+      outcome = outcome.code() == absl::StatusCode::kCancelled
+                    ? outcome
+                    : absl::UnavailableError(absl::StrCat("the KV push to the decode worker "
+                                                          "failed: ",
+                                                          outcome.message()));
+    }
+    NotifyDecode(outcome, /*no_transfer=*/false);
+  }
+  Unref();  // this put's
+}
+
+void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
+  struct Rpc {
+    std::unique_ptr<grpc::ClientContext> context;
+    v1::KvReadyRequest request;
+    v1::KvReadyResponse response;
+  };
+  auto rpc = std::make_shared<Rpc>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rpc->request.set_request_id(id_);
+    rpc->request.set_transfer_id(destination_.transfer().transfer_id());
+    rpc->request.set_no_transfer(no_transfer);
+    if (!error.ok()) {
+      ErrorInfoFromStatus(error, trace_id_, error.code() != absl::StatusCode::kCancelled,
+                          rpc->request.mutable_error());
+    } else {
+      for (const v1::TokenChunk& chunk : first_) *rpc->request.add_first_tokens() = chunk;
+      for (const v1::SamplerState& state : states_) *rpc->request.add_sampler_states() = state;
+    }
+    v1::Usage* usage = rpc->request.mutable_usage();
+    usage->set_prompt_tokens(static_cast<uint32_t>(prompt_tokens_));
+    usage->set_cached_tokens(static_cast<uint32_t>(cached_tokens_));
+    usage->mutable_cached_by_source()->set_local(static_cast<uint32_t>(cached_tokens_));
+  }
+  rpc->context = NewClientContext(service_->options().kv_ready_timeout, trace_id_);
+  AttachSharedToken(rpc->context.get(), service_->options().auth_token);
+  auto stub = service_->DecodeStub(decode_endpoint_);
+  refs_.fetch_add(1);  // the KvReady call's
+  stub->async()->KvReady(
+      rpc->context.get(), &rpc->request, &rpc->response,
+      [this, rpc, stub, error](grpc::Status status) {
+        if (!error.ok()) {
+          End(ToGrpcStatus(error));
+        } else if (!status.ok()) {
+          End(grpc::Status(
+              grpc::StatusCode::UNAVAILABLE,
+              absl::StrCat("the decode worker did not take the KV: ", status.error_message())));
+        } else {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            response_->set_request_id(id_);
+            for (const v1::TokenChunk& chunk : first_) *response_->add_first_tokens() = chunk;
+            *response_->mutable_usage() = rpc->request.usage();
+            response_->set_compute_ms(Millis(computed_ - start_));
+            response_->set_transfer_ms(Millis(pushed_ - computed_));
+            response_->set_bytes_transferred(bytes_);
+            response_->set_blocks_skipped(destination_.cached_prefix_blocks());
+          }
+          End(grpc::Status::OK);
+        }
+        Unref();
+      });
+}
+
+void PrefillCall::End(const grpc::Status& status) {
+  RequestOutcome outcome = RequestOutcome::kCompleted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return;
+    ended_ = true;
+    switch (cause_) {
+      case AbortCause::kAbortCall:
+        outcome = RequestOutcome::kAborted;
+        break;
+      case AbortCause::kCancelled:
+        outcome = RequestOutcome::kCancelled;
+        break;
+      case AbortCause::kDeadline:
+        outcome = RequestOutcome::kDeadlineExceeded;
+        break;
+      case AbortCause::kDrained:
+        outcome = RequestOutcome::kDrained;
+        break;
+      case AbortCause::kNone:
+        outcome = status.ok() ? RequestOutcome::kCompleted : RequestOutcome::kError;
+        break;
+    }
+    if (status.ok()) {
+      service_->metrics().PromptTokens(prompt_tokens_ - cached_tokens_, cached_tokens_);
+    }
+  }
+  service_->metrics().Outcome(outcome);
+  if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Remove(id_, deadline_);
+  service_->UnregisterPrefill(id_);
+  Finish(status);
+}
+
+void PrefillCall::OnCancel() { AbortFor(AbortCause::kCancelled); }
+
+void PrefillCall::OnDone() { Unref(); }
+
+void PrefillCall::Ref() { refs_.fetch_add(1); }
+
+void PrefillCall::Unref() {
+  if (refs_.fetch_sub(1) == 1) delete this;
+}
+
+}  // namespace ferry

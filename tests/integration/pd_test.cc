@@ -1,0 +1,401 @@
+// Prefill/decode disaggregation over real processes: a prefill worker and a decode worker
+// (ferry-worker --role prefill / decode) on the tiny dense, MoE and hybrid models, over UCX tcp,
+// UCX shared memory and the gRPC fallback. The test plays the router: Generate on the decode
+// worker, whose first event is the reservation; Prefill on the prefill worker with it; then the
+// decode worker's stream. Token streams (logprobs included: the first token's come from the
+// prefill worker) equal the engine in-process, greedy and seeded, n = 2, stop strings; a second
+// request sharing a prefix is reused by P and partly held by D, which P does not push again;
+// both pools are idle after. Faults: a pair whose KV layout differs is refused naming it; a
+// push held (the prefill worker's hold file) while the decode worker is killed fails within its
+// deadline and leaves P serving; a reservation whose deadline passes while the push is held
+// ends the stream and its blocks come back only after the push's outcome; a cancel during the
+// prefill aborts it.
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "engine/transfer/kv_transport.h"
+#include "engine/transfer/transfer_wire.h"
+#include "gtest/gtest.h"
+#include "tests/integration/worker_test_util.h"
+
+namespace ferry {
+namespace {
+
+namespace v1 = ferry::v1;
+
+struct PdCase {
+  std::string name;
+  std::string model;
+  std::string transport;  // ucx | grpc
+  std::string ucx_tls;
+  int64_t window_pool_bytes = 0;
+};
+
+const PdCase kCases[] = {
+    {"dense_ucx_tcp", "llama_gqa_bf16", "ucx", "tcp"},
+    {"moe_ucx_tcp", "qwen2_moe", "ucx", "tcp"},
+    {"hybrid_two_pools_ucx_tcp", "qwen3_hybrid", "ucx", "tcp", 1 << 20},
+    {"hybrid_grpc", "qwen3_hybrid", "grpc", ""},
+    {"dense_grpc", "llama_gqa_bf16", "grpc", ""},
+    {"dense_ucx_shm", "llama_gqa_bf16", "ucx", "shm"},
+};
+
+std::vector<std::string> RoleFlags(const PdCase& c, const std::string& role) {
+  std::vector<std::string> flags = {"--role=" + role, "--transport=" + c.transport};
+  if (!c.ucx_tls.empty()) flags.push_back("--ucx_tls=" + c.ucx_tls);
+  if (c.window_pool_bytes > 0) {
+    flags.push_back(absl::StrCat("--window_pool_bytes=", c.window_pool_bytes));
+  }
+  return flags;
+}
+
+std::vector<std::string> Plus(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// What one disaggregated request gave: the decode worker's stream, and the prefill call.
+struct PdResult {
+  GenerateResult stream;
+  grpc::Status prefill;
+  v1::PrefillResponse response;
+  v1::KvReservation reservation;
+  bool reserved = false;
+};
+
+// Plays the router for one request: Generate on D, Prefill on P with D's reservation.
+// `before_prefill` runs once the reservation is in (false: cancel the stream instead).
+PdResult RunPd(WorkerClient& decode, const std::string& decode_address, WorkerClient& prefill,
+               v1::GenerateRequest request,
+               const std::function<bool(const v1::KvReservation&)>& before_prefill = {},
+               absl::Duration prefill_timeout = absl::Seconds(60)) {
+  PdResult out;
+  request.set_aggregated(false);
+  const v1::TokenizedRequest tokenized = request.request();
+  out.stream = decode.Generate(request, absl::Seconds(60), [&](const v1::GenerateEvent& e) {
+    if (!e.has_reservation()) return true;
+    out.reserved = true;
+    out.reservation = e.reservation();
+    if (before_prefill && !before_prefill(e.reservation())) return false;
+    v1::PrefillRequest p;
+    *p.mutable_request() = tokenized;
+    *p.mutable_destination() = e.reservation();
+    p.set_decode_endpoint(decode_address);
+    out.prefill = prefill.Prefill(p, &out.response, prefill_timeout);
+    return true;
+  });
+  return out;
+}
+
+void ExpectSameOutput(const ChoiceOutput& got, const ChoiceOutput& want, const std::string& what) {
+  EXPECT_EQ(got.tokens, want.tokens) << what;
+  EXPECT_EQ(got.text, want.text) << what;
+  EXPECT_EQ(got.finish, want.finish) << what;
+  EXPECT_EQ(got.stop_string, want.stop_string) << what;
+  EXPECT_TRUE(got.indexes_ok) << what;
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
+  for (size_t i = 0; i < got.logprobs.size(); ++i) {
+    EXPECT_EQ(got.logprobs[i].SerializeAsString(), want.logprobs[i].SerializeAsString())
+        << what << ": logprobs of token " << i;
+  }
+}
+
+class PdTest : public ::testing::TestWithParam<PdCase> {};
+
+TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
+  const PdCase& c = GetParam();
+  const std::string model = TinyModel(c.model);
+  auto p = StartWorker(model, RoleFlags(c, "prefill"));
+  auto d = StartWorker(model, RoleFlags(c, "decode"));
+  ASSERT_TRUE(p->ready() && d->ready());
+  WorkerClient prefill(p->address()), decode(d->address());
+  InProcessEngine ref(model, c.window_pool_bytes);
+  const int64_t vocab = ref.model().config().vocab_size;
+  const std::vector<TokenId> prompt = RandomPrompt(40, 1, vocab);
+
+  // Greedy with logprobs.
+  Sampling greedy;
+  greedy.logprobs = true;
+  greedy.top_logprobs = 3;
+  greedy.ignore_eos = true;
+  PdResult got = RunPd(decode, d->address(), prefill, MakeRequest("greedy", prompt, greedy));
+  ASSERT_TRUE(got.reserved);
+  ASSERT_TRUE(got.prefill.ok()) << got.prefill.error_message();
+  ASSERT_TRUE(got.stream.status.ok()) << got.stream.status.error_message();
+  const std::vector<ChoiceOutput> want = ref.Run(MakeRequest("greedy", prompt, greedy));
+  ASSERT_EQ(got.stream.choices.size(), 1u);
+  ExpectSameOutput(got.stream.choices[0], want[0], "greedy");
+  EXPECT_EQ(got.stream.choices[0].tokens.size(), 12u);
+  EXPECT_EQ(got.stream.usage.prompt_tokens(), 40u);
+  EXPECT_EQ(got.stream.usage.completion_tokens(), 12u);
+  EXPECT_EQ(got.stream.usage.cached_tokens(), 0u);
+  EXPECT_EQ(got.reservation.cached_prefix_blocks(), 0u);
+  EXPECT_EQ(got.reservation.reserved_blocks(), 3u);  // 40 tokens in blocks of 16
+  EXPECT_GT(got.response.bytes_transferred(), 0u);
+  const uint64_t bytes_per_prompt = got.response.bytes_transferred();
+
+  // Seeded, two choices (they share the prompt's KV on both sides).
+  Sampling seeded;
+  seeded.temperature = 0.9f;
+  seeded.top_p = 0.95f;
+  seeded.seed = 7;
+  seeded.n = 2;
+  seeded.logprobs = true;
+  got = RunPd(decode, d->address(), prefill, MakeRequest("seeded", prompt, seeded));
+  ASSERT_TRUE(got.stream.status.ok()) << got.stream.status.error_message();
+  const std::vector<ChoiceOutput> want_seeded = ref.Run(MakeRequest("seeded", prompt, seeded));
+  ASSERT_EQ(got.stream.choices.size(), 2u);
+  for (int i = 0; i < 2; ++i) ExpectSameOutput(got.stream.choices[i], want_seeded[i], "seeded");
+  // D holds the prompt's 2 full blocks from the request before (its cache): P pushes the last.
+  // (With the window layers in a pool of their own D lacks the window layers' first block, which
+  // was never pushed: the prefix is of no use there, exactly as in the engine.)
+  const uint32_t held = c.window_pool_bytes == 0 ? 2 : 0;
+  EXPECT_EQ(got.reservation.cached_prefix_blocks(), held);
+  EXPECT_EQ(got.response.blocks_skipped(), held);
+  if (c.window_pool_bytes == 0) EXPECT_EQ(got.response.bytes_transferred(), bytes_per_prompt / 3);
+
+  // A stop string from the middle of the greedy text.
+  const std::string& text = want[0].text;
+  ASSERT_GE(text.size(), 4u);
+  size_t at = text.size() / 2;
+  while (at > 0 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
+  size_t end = at + 1;
+  while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
+  Sampling stopping = greedy;
+  stopping.stop = {text.substr(at, end - at)};
+  got = RunPd(decode, d->address(), prefill, MakeRequest("stop", prompt, stopping));
+  ASSERT_TRUE(got.stream.status.ok());
+  ExpectSameOutput(got.stream.choices[0], ref.Run(MakeRequest("stop", prompt, stopping))[0],
+                   "stop string");
+  // A choice that ends with its first token (the stop string in its text) needs no push.
+  const bool stop_pushed = got.stream.choices[0].tokens.size() > 1;
+  EXPECT_EQ(got.response.bytes_transferred() > 0, stop_pushed);
+
+  // A second request sharing a prefix: 40 tokens (2 full blocks) then another tail. P reuses
+  // its 2 blocks; D held them too (from the requests before): P pushes only the other 2.
+  std::vector<TokenId> b = prompt;
+  for (TokenId t : RandomPrompt(10, 3, vocab)) b.push_back(t);
+  got = RunPd(decode, d->address(), prefill, MakeRequest("b", b, greedy));
+  ASSERT_TRUE(got.stream.status.ok()) << got.stream.status.error_message();
+  EXPECT_EQ(got.stream.usage.cached_tokens(), 32u);
+  EXPECT_EQ(got.stream.usage.cached_by_source().local(), 32u);
+  EXPECT_EQ(got.reservation.cached_prefix_blocks(), held);
+  EXPECT_EQ(got.reservation.reserved_blocks(), 4u - held);
+  EXPECT_EQ(got.response.blocks_skipped(), held);
+  if (c.window_pool_bytes == 0) {
+    EXPECT_EQ(got.response.bytes_transferred(), bytes_per_prompt / 3 * 2) << "2 of 4 blocks";
+  }
+  InProcessEngine fresh(model, c.window_pool_bytes);
+  ExpectSameOutput(got.stream.choices[0], fresh.Run(MakeRequest("b", b, greedy))[0],
+                   "with prefixes held on both sides");
+
+  // Both pools back to idle; the counters say what happened.
+  EXPECT_TRUE(WaitUntilIdle(prefill));
+  EXPECT_TRUE(WaitUntilIdle(decode));
+  EXPECT_EQ(MetricValue(d->admin_port(), "ferry_worker_kv_reservations_total{outcome=\"landed\"}"),
+            4);
+  EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_kv_pushes_total{outcome=\"ok\"}"),
+            stop_pushed ? 4 : 3);
+  EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_kv_blocks_skipped_total"),
+            held * (stop_pushed ? 3 : 2));
+  EXPECT_EQ(MetricValue(d->admin_port(), "ferry_worker_requests_total{outcome=\"completed\"}"), 4);
+  for (auto* w : {p.get(), d.get()}) {
+    w->Signal(SIGTERM);
+    EXPECT_EQ(w->WaitForExit(absl::Seconds(30)), 0) << w->LogTail();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Pairs, PdTest, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param.name; });
+
+// The faults, on the tiny dense model over UCX tcp.
+class PdFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = TinyModel("llama_gqa_bf16");
+    hold_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/hold-", getpid());
+    std::filesystem::remove(hold_);
+  }
+  std::vector<std::string> Flags(const std::string& role) {
+    return {"--role=" + role,
+            "--transport=ucx",
+            "--ucx_tls=tcp",
+            "--push_hold_file=" + hold_,
+            "--reservation_timeout=3s",
+            "--reservation_quarantine=3s"};
+  }
+  void Hold() { std::ofstream(hold_) << "hold"; }
+  void Release() { std::filesystem::remove(hold_); }
+
+  std::string model_, hold_;
+};
+
+TEST_F(PdFaultTest, APairWhoseKvLayoutDiffersIsRefusedSayingWhich) {
+  // The window layers of the hybrid model in a pool of their own on P only: another layout.
+  const std::string hybrid = TinyModel("qwen3_hybrid");
+  auto p = StartWorker(hybrid, Plus(Flags("prefill"), {"--window_pool_bytes=1MiB"}));
+  auto d = StartWorker(hybrid, Flags("decode"));
+  WorkerClient prefill(p->address()), decode(d->address());
+  const std::vector<TokenId> prompt = RandomPrompt(40, 1, 64);
+  Sampling greedy;
+  PdResult got = RunPd(decode, d->address(), prefill, MakeRequest("r", prompt, greedy));
+  EXPECT_EQ(got.prefill.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(got.prefill.error_message().find("KV layout"), std::string::npos)
+      << got.prefill.error_message();
+  // P told D that nothing comes: the stream ends at once, not at the reservation's deadline.
+  EXPECT_FALSE(got.stream.status.ok());
+  EXPECT_TRUE(got.stream.has_error);
+  EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(2)));
+  // A block size that differs: refused before the engine sees it.
+  auto p16 = StartWorker(hybrid, Plus(Flags("prefill"), {"--block_tokens=32"}));
+  WorkerClient prefill16(p16->address());
+  got = RunPd(decode, d->address(), prefill16, MakeRequest("r2", prompt, greedy));
+  EXPECT_EQ(got.prefill.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(got.prefill.error_message().find("block size"), std::string::npos)
+      << got.prefill.error_message();
+  EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(2)));
+  // Another model (or KV dtype): its fingerprint differs.
+  auto other = StartWorker(model_, Flags("prefill"));
+  WorkerClient prefill_other(other->address());
+  got = RunPd(decode, d->address(), prefill_other, MakeRequest("r3", prompt, greedy));
+  EXPECT_EQ(got.prefill.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(got.prefill.error_message().find("fingerprint"), std::string::npos)
+      << got.prefill.error_message();
+  EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(2)));
+}
+
+TEST_F(PdFaultTest, DecodeKilledDuringThePushLeavesThePrefillWorkerServing) {
+  auto p = StartWorker(model_, Flags("prefill"));
+  auto d = StartWorker(model_, Flags("decode"));
+  WorkerClient prefill(p->address()), decode(d->address());
+  const std::vector<TokenId> prompt = RandomPrompt(40, 1, 64);
+  Sampling greedy;
+  Hold();
+  std::thread killer([&] {
+    // Once P holds the push (its request computed), D dies; then the push may go.
+    for (int i = 0; i < 2000; ++i) {
+      if (MetricValue(p->admin_port(), "ferry_worker_step_seconds_count{kind=\"prefill\"}") >= 1) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    d->Signal(SIGKILL);
+    d->WaitForExit(absl::Seconds(10));
+    Release();
+  });
+  PdResult got = RunPd(decode, d->address(), prefill, MakeRequest("r", prompt, greedy));
+  killer.join();
+  EXPECT_FALSE(got.prefill.ok());
+  EXPECT_EQ(got.prefill.error_code(), grpc::StatusCode::UNAVAILABLE) << got.prefill.error_message();
+  EXPECT_TRUE(WaitUntilIdle(prefill, nullptr, absl::Seconds(10)));
+  // P serves the next pair.
+  auto d2 = StartWorker(model_, Flags("decode"));
+  WorkerClient decode2(d2->address());
+  InProcessEngine ref(model_);
+  got = RunPd(decode2, d2->address(), prefill, MakeRequest("next", prompt, greedy));
+  ASSERT_TRUE(got.stream.status.ok()) << got.stream.status.error_message();
+  EXPECT_EQ(got.stream.choices[0].tokens, ref.Run(MakeRequest("next", prompt, greedy))[0].tokens);
+  EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_kv_pushes_total{outcome=\"failed\"}"), 1);
+}
+
+TEST_F(PdFaultTest, ALatePushNeverLandsInReusedBlocks) {
+  // A decode worker with 8 blocks; its reservation times out after 1 s, and its blocks wait for
+  // the push's outcome (up to 20 s). The test itself is the late prefill worker: it posts its
+  // put into the reservation after the deadline, through its own transport.
+  auto d = StartWorker(
+      model_, {"--role=decode", "--transport=ucx", "--ucx_tls=tcp", "--kv_pool_bytes=32KiB",
+               "--reservation_timeout=1s", "--reservation_quarantine=20s"});
+  auto p = StartWorker(model_, Flags("prefill"));
+  WorkerClient decode(d->address()), prefill(p->address());
+  InProcessEngine ref(model_);
+  const std::vector<TokenId> prompt = RandomPrompt(40, 1, 64);
+  Sampling greedy;
+  greedy.ignore_eos = true;
+  greedy.max_tokens = 4;
+  v1::KvReservation reservation;
+  GenerateResult timed_out = decode.Generate(
+      [&] {
+        v1::GenerateRequest r = MakeRequest("late", prompt, greedy);
+        r.set_aggregated(false);
+        return r;
+      }(),
+      absl::Seconds(30),
+      [&](const v1::GenerateEvent& e) {
+        if (e.has_reservation()) reservation = e.reservation();
+        return true;
+      });
+  EXPECT_EQ(timed_out.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << timed_out.status.error_message();
+  ASSERT_EQ(reservation.reserved_blocks(), 3u);
+  auto released = [&] {
+    return MetricValue(d->admin_port(),
+                       "ferry_worker_kv_reservation_blocks_released_total{outcome=\"known\"}") +
+           MetricValue(d->admin_port(),
+                       "ferry_worker_kv_reservation_blocks_released_total{outcome=\"quarantine\"}");
+  };
+  EXPECT_EQ(released(), 0) << "the blocks came back while a push could still land";
+  // Meanwhile the decode worker serves another request with its other 5 blocks, correctly.
+  std::vector<TokenId> other = RandomPrompt(40, 9, 64);
+  PdResult next = RunPd(decode, d->address(), prefill, MakeRequest("other", other, greedy));
+  ASSERT_TRUE(next.stream.status.ok()) << next.stream.status.error_message();
+  EXPECT_EQ(next.stream.choices[0].tokens, ref.Run(MakeRequest("other", other, greedy))[0].tokens);
+  EXPECT_EQ(released(), 0);
+
+  // The late put: bytes into the 3 reserved blocks, well after the deadline.
+  transfer::TransportOptions options;
+  options.ucx_tls = "tcp";
+  auto transport = *transfer::KvTransport::Create(options);
+  auto remote = *transfer::FromProto(reservation.transfer());
+  const uint64_t block = reservation.block_bytes();
+  auto region = *transport->Allocate(3 * block);
+  std::vector<MemorySpan> spans;
+  for (int i = 0; i < 3; ++i) {
+    spans.push_back({static_cast<char*>(region.span.address) + i * block, block});
+  }
+  auto put = *transfer::BlockTransferRequest(remote, 0, spans, transfer::TransferOp::kPut);
+  put.peer = *transport->Connect(remote.address);
+  put.deadline = absl::Now() + absl::Seconds(10);
+  EXPECT_TRUE(transport->Transfer(std::move(put)).ok());
+  // Its outcome frees the blocks at once (not the quarantine's end).
+  for (int i = 0; i < 400 && released() < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(MetricValue(d->admin_port(),
+                        "ferry_worker_kv_reservation_blocks_released_total{outcome=\"known\"}"),
+            3);
+  EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(5)));
+  // And the next request is served right.
+  next = RunPd(decode, d->address(), prefill, MakeRequest("after", other, greedy));
+  ASSERT_TRUE(next.stream.status.ok()) << next.stream.status.error_message();
+  EXPECT_EQ(next.stream.choices[0].tokens, ref.Run(MakeRequest("after", other, greedy))[0].tokens);
+  transport.reset();
+}
+
+TEST_F(PdFaultTest, ACancelledPrefillStopsAndBothPoolsComeBack) {
+  // The null engine at 1000 prompt tokens/s in steps of 16: 200 tokens take 13 steps, 200 ms.
+  const std::vector<std::string> slow = {"--engine=null", "--null_prefill_tokens_per_second=1000",
+                                         "--prefill_chunk=16", "--max_batch_tokens=16"};
+  auto p = StartWorker(model_, Plus(Flags("prefill"), slow));
+  auto d = StartWorker(model_, Plus(Flags("decode"), slow));
+  WorkerClient prefill(p->address()), decode(d->address());
+  const std::vector<TokenId> prompt = RandomPrompt(200, 4, 64);
+  Sampling greedy;
+  // The Prefill call goes away (its deadline, as a router's cancel) while P computes: P aborts
+  // the request at its next step and tells D, whose stream ends with the error.
+  PdResult got = RunPd(decode, d->address(), prefill, MakeRequest("gone", prompt, greedy), {},
+                       absl::Milliseconds(60));
+  EXPECT_EQ(got.prefill.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_FALSE(got.stream.status.ok());
+  EXPECT_TRUE(WaitUntilIdle(prefill, nullptr, absl::Seconds(10)));
+  EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(10)));
+  EXPECT_TRUE(got.reserved) << got.stream.status.error_message();
+  EXPECT_LT(MetricValue(p->admin_port(), "ferry_worker_step_seconds_count{kind=\"prefill\"}"), 13)
+      << "the cancelled prefill ran to its end";
+  EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_requests_total{outcome=\"cancelled\"}"), 1);
+}
+
+}  // namespace
+}  // namespace ferry
