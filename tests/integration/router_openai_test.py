@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ferry-router through the official `openai` Python SDK, on a real stack on loopback.
 
-  router_openai_test.py FERRY_ROUTER FERRY_WORKER MODEL [--smollm2]
+  router_openai_test.py FERRY_ROUTER FERRY_WORKER MODEL [--smollm2 | --pd]
 
 starts two ferry-workers on MODEL (an HF directory of a tiny test model, or with --smollm2 the
 default GGUF model) and a ferry-router in front of them (round_robin, so that consecutive requests
@@ -11,6 +11,11 @@ same text, cached_tokens on repeated long prompts (exact: the full blocks the wo
 errors raised as the SDK's exception types with their status codes, x-request-id. Every response
 is parsed by the SDK into its own types. Every process started is killed at the end, also when a
 check fails or this script dies (PR_SET_PDEATHSIG).
+
+With --pd: a disaggregated stack (a prefill and a decode worker over UCX tcp behind a router) next
+to an aggregated one (one worker behind another router): the same requests give the same texts,
+logprobs and finish reasons on both, streamed or not, and cached_tokens is exact on the
+disaggregated one (the prompt blocks the prefill worker reused).
 """
 import ctypes
 import json
@@ -27,6 +32,7 @@ import openai
 
 ROUTER, WORKER, MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
 SMOLLM2 = "--smollm2" in sys.argv
+PD = "--pd" in sys.argv
 BLOCK_TOKENS = 16
 PROCESSES = []
 
@@ -89,12 +95,43 @@ class Stack:
                                     max_retries=0, timeout=120)
 
 
+def start_router(workers, name):
+    _, ports = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
+                              "--workers=" + ",".join(workers)], name)
+    for _ in range(600):
+        status, body = get(f"http://127.0.0.1:{ports['admin_port']}/workers")
+        if status == 200 and sum(w["state"] == "up" for w in json.loads(body)) == len(workers):
+            break
+        time.sleep(0.05)
+    else:
+        raise RuntimeError(f"the workers did not come up in {name}")
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{ports['http_port']}/v1", api_key="none",
+                         max_retries=0, timeout=120)
+
+
+class PdStacks:
+    """An aggregated stack and a disaggregated one on the same model."""
+
+    def __init__(self):
+        common = [f"--model={MODEL}", f"--block_tokens={BLOCK_TOKENS}", "--threads=1",
+                  "--kv_pool_bytes=8MiB"]
+        _, w = start(WORKER, common, "aggregated")
+        _, p = start(WORKER, common + ["--role=prefill", "--transport=ucx", "--ucx_tls=tcp"],
+                     "prefill")
+        _, d = start(WORKER, common + ["--role=decode", "--transport=ucx", "--ucx_tls=tcp"],
+                     "decode")
+        self.prefill_admin, self.decode_admin = p["admin_port"], d["admin_port"]
+        self.aggregated = start_router([f"127.0.0.1:{w['grpc_port']}"], "router_aggregated")
+        self.pd = start_router([f"127.0.0.1:{p['grpc_port']}", f"127.0.0.1:{d['grpc_port']}"],
+                               "router_pd")
+
+
 STACK = None
 
 
 def setUpModule():
     global STACK
-    STACK = Stack()
+    STACK = PdStacks() if PD else Stack()
 
 
 def tearDownModule():
@@ -248,6 +285,69 @@ class CompletionsTest(unittest.TestCase):
         self.assertEqual(r.usage.prompt_tokens, 4)
 
 
+def metric(admin_port, name):
+    _, body = get(f"http://127.0.0.1:{admin_port}/metrics")
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+class PdTest(unittest.TestCase):
+    def both(self, **kwargs):
+        args = dict(model="tiny", messages=[{"role": "user", "content": "Tell me a story."}],
+                    max_tokens=12, temperature=0)
+        args.update(kwargs)
+        return (STACK.aggregated.chat.completions.create(**args),
+                STACK.pd.chat.completions.create(**args))
+
+    def test_the_same_answers_as_the_aggregated_stack(self):
+        for kwargs in [dict(), dict(logprobs=True, top_logprobs=2),
+                       dict(temperature=0.9, seed=11, n=2),
+                       dict(stop=["e"], max_tokens=16),
+                       dict(messages=[{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Name a river."}])]:
+            a, p = self.both(**kwargs)
+            self.assertEqual(len(a.choices), len(p.choices), kwargs)
+            for ca, cp in zip(a.choices, p.choices):
+                self.assertEqual(ca.message.content, cp.message.content, kwargs)
+                self.assertEqual(ca.finish_reason, cp.finish_reason, kwargs)
+                if kwargs.get("logprobs"):
+                    self.assertEqual(ca.logprobs.model_dump(), cp.logprobs.model_dump())
+            self.assertEqual(a.usage.completion_tokens, p.usage.completion_tokens)
+            self.assertEqual(a.usage.prompt_tokens, p.usage.prompt_tokens)
+
+    def test_streaming(self):
+        args = dict(model="tiny", messages=[{"role": "user", "content": "Sing."}],
+                    max_tokens=10, temperature=0, stream=True,
+                    stream_options={"include_usage": True})
+        texts = []
+        for client in (STACK.aggregated, STACK.pd):
+            chunks = list(client.chat.completions.create(**args))
+            texts.append("".join(c.choices[0].delta.content or "" for c in chunks if c.choices))
+            self.assertEqual(chunks[-1].usage.completion_tokens, 10)
+        self.assertEqual(texts[0], texts[1])
+
+    def test_cached_tokens_are_what_the_prefill_worker_reused(self):
+        long = " ".join(["The ferry crosses the strait twice a day."] * 2)
+        messages = [{"role": "system", "content": long},
+                    {"role": "user", "content": "How often?"}]
+        first = STACK.pd.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                                 temperature=0)
+        again = STACK.pd.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                                 temperature=0)
+        prompt = first.usage.prompt_tokens
+        self.assertGreater(prompt, 3 * BLOCK_TOKENS)
+        self.assertEqual(first.usage.prompt_tokens_details.cached_tokens, 0)
+        self.assertEqual(again.usage.prompt_tokens_details.cached_tokens,
+                         (prompt - 1) // BLOCK_TOKENS * BLOCK_TOKENS)
+        self.assertEqual(first.choices[0].message.content, again.choices[0].message.content)
+        # The requests went the P/D way, and the decode worker skipped what it held.
+        self.assertGreaterEqual(metric(STACK.decode_admin,
+                                       'ferry_worker_kv_reservations_total{outcome="landed"}'), 2)
+        self.assertGreater(metric(STACK.prefill_admin, "ferry_worker_kv_blocks_skipped_total"), 0)
+
+
 class SmolLm2Test(unittest.TestCase):
     def test_paris(self):
         r = chat(messages=[{"role": "user", "content": "What is the capital of France?"}],
@@ -259,7 +359,8 @@ class SmolLm2Test(unittest.TestCase):
 if __name__ == "__main__":
     try:
         # The default model runs its own case only (the API itself is covered on the tiny one).
-        tests = ["SmolLm2Test"] if SMOLLM2 else ["ChatTest", "CompletionsTest"]
+        tests = (["SmolLm2Test"] if SMOLLM2 else ["PdTest"] if PD else
+                 ["ChatTest", "CompletionsTest"])
         unittest.main(argv=[sys.argv[0]] + tests, verbosity=2)
     finally:
         stop_all()
