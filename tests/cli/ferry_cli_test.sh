@@ -35,7 +35,11 @@ check "down with nothing running" 0 "nothing is running" -- "${ferry}" down
 check "status with nothing running" 3 "nothing is running" -- "${ferry}" status
 check "up --help lists its flags" 0 "--workers N" -- "${ferry}" up --help
 check "up refuses an unknown flag" 1 "unknown argument '--bogus'" -- "${ferry}" up --bogus
-check "up refuses zero workers" 1 "--workers must be 1..99" -- "${ferry}" up --workers 0
+check "up --help names the disaggregated flags" 0 "--prefill N" -- "${ferry}" up --help
+check "up refuses zero workers" 1 "--workers must be 1..99" -- "${ferry}" up --aggregated --workers 0
+check "up refuses --workers without --aggregated" 1 "add --aggregated" -- "${ferry}" up --workers 2
+check "up refuses --prefill with --aggregated" 1 "not with --aggregated" -- "${ferry}" up --aggregated --prefill 2
+check "up refuses zero decode workers" 1 "--prefill and --decode must be 1..49" -- "${ferry}" up --decode 0
 check "up refuses a bad port" 1 "--port must be 1..65535" -- "${ferry}" up --port 70000
 check "up refuses a missing model" 1 "--model: no such file" -- "${ferry}" up --model /nonexistent.gguf
 # A stale pid file of a process that is gone is cleaned up, not an error.
