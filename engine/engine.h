@@ -233,6 +233,9 @@ class Engine {
   // Validates and queues; thread-safe. Invalid requests are an InvalidArgument, a duplicate live
   // id AlreadyExists, a full queue (max_queued) ResourceExhausted; then nothing is sent.
   absl::Status Submit(EngineRequest request);
+  // The checks Submit makes of `request` itself (InvalidArgument); thread-safe. A service that
+  // submits later (a decode worker, once the KV arrived) refuses a bad request before any work.
+  absl::Status Validate(const EngineRequest& request) const;
   // Ends a request (all its choices) at the next step with kAbort, or releases its handoff;
   // thread-safe. Unknown or finished ids are ignored, so it is idempotent.
   void Abort(const std::string& id);
@@ -286,7 +289,6 @@ class Engine {
 
   Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenizer,
          const EngineOptions& options, KvBlockPool* window_pool);
-  absl::Status Validate(const EngineRequest& r) const;
   void DrainInbox();
   void AddRequest(EngineRequest r);
   // Blocks so that `seq` holds `positions`; evicts cached blocks, then preempts sequences ranked

@@ -112,6 +112,11 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
                                  "resuming a disaggregated request is not supported yet"),
                     true);
     }
+    if (absl::Status valid = service_->engine().engine().Validate(r); !valid.ok()) {
+      if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Remove(id_, deadline_);
+      service_->Unregister(id_);
+      return Reject(ToGrpcStatus(valid), true);
+    }
     // Reserve first: the prompt's blocks, the cached prefix taken here.
     const std::vector<Hash128> hashes =
         ComputeBlockHashes({service_->limits().model_fingerprint, r.cache_salt, ""}, r.prompt,

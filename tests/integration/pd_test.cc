@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -395,6 +396,82 @@ TEST_F(PdFaultTest, ACancelledPrefillStopsAndBothPoolsComeBack) {
   EXPECT_LT(MetricValue(p->admin_port(), "ferry_worker_step_seconds_count{kind=\"prefill\"}"), 13)
       << "the cancelled prefill ran to its end";
   EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_requests_total{outcome=\"cancelled\"}"), 1);
+}
+
+TEST_F(PdFaultTest, PrefillKilledAfterDecodeReservedFreesTheReservation) {
+  auto p = StartWorker(model_, Flags("prefill"));
+  auto d = StartWorker(model_, Flags("decode"));
+  WorkerClient prefill(p->address()), decode(d->address());
+  const std::vector<TokenId> prompt = RandomPrompt(40, 1, 64);
+  Sampling greedy;
+  Hold();
+  std::thread killer([&] {
+    for (int i = 0; i < 2000; ++i) {
+      if (MetricValue(p->admin_port(), "ferry_worker_step_seconds_count{kind=\"prefill\"}") >= 1) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    p->Signal(SIGKILL);
+    p->WaitForExit(absl::Seconds(10));
+  });
+  PdResult got = RunPd(decode, d->address(), prefill, MakeRequest("r", prompt, greedy));
+  killer.join();
+  Release();
+  EXPECT_FALSE(got.prefill.ok());
+  // D's stream ends by the reservation's deadline (3 s), its blocks after the quarantine (3 s).
+  EXPECT_EQ(got.stream.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << got.stream.status.error_message();
+  EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(15)));
+  EXPECT_EQ(
+      MetricValue(d->admin_port(),
+                  "ferry_worker_kv_reservation_blocks_released_total{outcome=\"quarantine\"}"),
+      3);
+  // D serves the next pair.
+  auto p2 = StartWorker(model_, Flags("prefill"));
+  WorkerClient prefill2(p2->address());
+  InProcessEngine ref(model_);
+  got = RunPd(decode, d->address(), prefill2, MakeRequest("next", prompt, greedy));
+  ASSERT_TRUE(got.stream.status.ok()) << got.stream.status.error_message();
+  EXPECT_EQ(got.stream.choices[0].tokens, ref.Run(MakeRequest("next", prompt, greedy))[0].tokens);
+}
+
+TEST_F(PdFaultTest, CancelledPrefillsDoNotHoldBackTheNextRequest) {
+  // Ten long prompts (200 tokens, 13 steps of 16 each on the null engine at 1000 tokens/s) are
+  // cancelled while P computes or queues them; a short request then is computed within a step or
+  // two of P's engine, not behind 130 steps of cancelled work.
+  const std::vector<std::string> slow = {"--engine=null", "--null_prefill_tokens_per_second=1000",
+                                         "--prefill_chunk=16", "--max_batch_tokens=16"};
+  auto p = StartWorker(model_, Plus(Flags("prefill"), slow));
+  auto d = StartWorker(model_, Plus(Flags("decode"), slow));
+  WorkerClient decode(d->address());
+  std::vector<std::thread> callers;
+  std::atomic<int> cancelled{0};
+  for (int i = 0; i < 10; ++i) {
+    callers.emplace_back([&, i] {
+      WorkerClient prefill(p->address()), own_decode(d->address());
+      PdResult got =
+          RunPd(own_decode, d->address(), prefill,
+                MakeRequest(absl::StrCat("long", i), RandomPrompt(200, 10 + i, 64), Sampling()), {},
+                absl::Milliseconds(100));
+      if (got.prefill.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) ++cancelled;
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(cancelled.load(), 10);
+  const std::string steps = "ferry_worker_step_seconds_count{kind=\"prefill\"}";
+  const double before = MetricValue(p->admin_port(), steps);
+  EXPECT_LT(before, 130) << "the cancelled prefills ran on";
+  WorkerClient prefill(p->address());
+  Sampling one;
+  one.max_tokens = 2;
+  PdResult got =
+      RunPd(decode, d->address(), prefill, MakeRequest("short", RandomPrompt(12, 99, 64), one));
+  ASSERT_TRUE(got.stream.status.ok()) << got.stream.status.error_message();
+  // Its one prefill step, and at most one more the aborts may have shared.
+  EXPECT_LE(MetricValue(p->admin_port(), steps) - before, 2);
+  EXPECT_TRUE(WaitUntilIdle(prefill, nullptr, absl::Seconds(10)));
+  EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(10)));
 }
 
 }  // namespace

@@ -251,13 +251,19 @@ TEST(WorkerGenerateErrorsTest, BadRequestsAreRefusedWithClearStatuses) {
   s = Sampling();
   s.temperature = -1;
   EXPECT_EQ(code(MakeRequest("x", {5, 6, 7}, s)), grpc::StatusCode::INVALID_ARGUMENT);
+  // The calls of the other roles say where they belong.
   v1::PrefillRequest prefill;
-  EXPECT_EQ(client.Prefill(prefill).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(client.Prefill(prefill).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(client.KvReady(v1::KvReadyRequest()).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  r = MakeRequest("x", {5, 6, 7}, Sampling());
+  r.set_aggregated(false);
+  EXPECT_EQ(code(r), grpc::StatusCode::FAILED_PRECONDITION);
   // Still serving.
   EXPECT_TRUE(
       client.Generate(MakeRequest("ok", {5, 6, 7}, Sampling()), absl::Seconds(30)).status.ok());
   EXPECT_EQ(MetricValue(worker->admin_port(), "ferry_worker_requests_total{outcome=\"invalid\"}"),
-            6);
+            8);
 }
 
 }  // namespace
