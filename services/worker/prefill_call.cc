@@ -281,7 +281,9 @@ void PrefillCall::Push() {
     std::lock_guard<std::mutex> lock(mu_);
     pushes_left_ = static_cast<int>(puts.size());
   }
-  refs_.fetch_add(static_cast<int>(puts.size()) - 1);  // one per put (the push's is the first)
+  // One reference per put; the push's own is held until the loop is done (a put may complete,
+  // and the call end, before Post returns).
+  refs_.fetch_add(static_cast<int>(puts.size()));
   for (transfer::TransferRequest& put : puts) {
     put.peer = peer;
     auto posted = transport->Post(std::move(put), [this](absl::Status s) { OnPushed(s); });
@@ -292,6 +294,7 @@ void PrefillCall::Push() {
       transfers_.push_back(*posted);
     }
   }
+  Unref();  // the push's
 }
 
 void PrefillCall::OnPushed(const absl::Status& status) {
