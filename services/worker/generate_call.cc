@@ -415,23 +415,7 @@ void GenerateCall::Done() {
     RequestOutcome outcome = RequestOutcome::kCompleted;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      switch (cause_) {
-        case AbortCause::kAbortCall:
-          outcome = RequestOutcome::kAborted;
-          break;
-        case AbortCause::kCancelled:
-          outcome = RequestOutcome::kCancelled;
-          break;
-        case AbortCause::kDeadline:
-          outcome = RequestOutcome::kDeadlineExceeded;
-          break;
-        case AbortCause::kDrained:
-          outcome = RequestOutcome::kDrained;
-          break;
-        case AbortCause::kNone:
-          outcome = error_.ok() ? RequestOutcome::kCompleted : RequestOutcome::kError;
-          break;
-      }
+      outcome = OutcomeOf(cause_, error_.ok());
       if (first_token_) {
         service_->metrics().PromptTokens(prompt_tokens_ - cached_tokens_, cached_tokens_);
       }

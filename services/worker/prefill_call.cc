@@ -388,23 +388,7 @@ void PrefillCall::End(const grpc::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     if (ended_) return;
     ended_ = true;
-    switch (cause_) {
-      case AbortCause::kAbortCall:
-        outcome = RequestOutcome::kAborted;
-        break;
-      case AbortCause::kCancelled:
-        outcome = RequestOutcome::kCancelled;
-        break;
-      case AbortCause::kDeadline:
-        outcome = RequestOutcome::kDeadlineExceeded;
-        break;
-      case AbortCause::kDrained:
-        outcome = RequestOutcome::kDrained;
-        break;
-      case AbortCause::kNone:
-        outcome = status.ok() ? RequestOutcome::kCompleted : RequestOutcome::kError;
-        break;
-    }
+    outcome = OutcomeOf(cause_, status.ok());
     if (status.ok()) {
       service_->metrics().PromptTokens(prompt_tokens_ - cached_tokens_, cached_tokens_);
     }

@@ -32,6 +32,22 @@ class Refused final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
 
 }  // namespace
 
+RequestOutcome OutcomeOf(AbortCause cause, bool ok) {
+  switch (cause) {
+    case AbortCause::kAbortCall:
+      return RequestOutcome::kAborted;
+    case AbortCause::kCancelled:
+      return RequestOutcome::kCancelled;
+    case AbortCause::kDeadline:
+      return RequestOutcome::kDeadlineExceeded;
+    case AbortCause::kDrained:
+      return RequestOutcome::kDrained;
+    case AbortCause::kNone:
+      break;
+  }
+  return ok ? RequestOutcome::kCompleted : RequestOutcome::kError;
+}
+
 WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadWindow* load,
                              WorkerServiceOptions options)
     : engine_(engine),

@@ -49,6 +49,8 @@ class PrefillCall;
 
 // Why a request ended before its choices did.
 enum class AbortCause { kNone, kAbortCall, kCancelled, kDeadline, kDrained };
+// How a request that ended for `cause` is counted (kNone: completed, or error when !ok).
+RequestOutcome OutcomeOf(AbortCause cause, bool ok);
 
 struct WorkerServiceOptions {
   std::string auth_token;  // "": no check

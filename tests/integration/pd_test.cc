@@ -93,19 +93,6 @@ PdResult RunPd(WorkerClient& decode, const std::string& decode_address, WorkerCl
   return out;
 }
 
-void ExpectSameOutput(const ChoiceOutput& got, const ChoiceOutput& want, const std::string& what) {
-  EXPECT_EQ(got.tokens, want.tokens) << what;
-  EXPECT_EQ(got.text, want.text) << what;
-  EXPECT_EQ(got.finish, want.finish) << what;
-  EXPECT_EQ(got.stop_string, want.stop_string) << what;
-  EXPECT_TRUE(got.indexes_ok) << what;
-  ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
-  for (size_t i = 0; i < got.logprobs.size(); ++i) {
-    EXPECT_EQ(got.logprobs[i].SerializeAsString(), want.logprobs[i].SerializeAsString())
-        << what << ": logprobs of token " << i;
-  }
-}
-
 class PdTest : public ::testing::TestWithParam<PdCase> {};
 
 TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {

@@ -30,21 +30,6 @@ const ModelCase kCases[] = {
     {"hybrid_two_pools", "qwen3_hybrid", 1 << 20},
 };
 
-void ExpectSameOutput(const ChoiceOutput& got, const ChoiceOutput& want, const std::string& what) {
-  EXPECT_EQ(got.tokens, want.tokens) << what;
-  EXPECT_EQ(got.text, want.text) << what;
-  EXPECT_EQ(got.finish, want.finish) << what;
-  EXPECT_EQ(got.stop_string, want.stop_string) << what;
-  EXPECT_EQ(got.has_stop_token, want.has_stop_token) << what;
-  EXPECT_TRUE(got.indexes_ok) << what;
-  ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
-  for (size_t i = 0; i < got.logprobs.size(); ++i) {
-    // Bit for bit: the same floats serialize to the same bytes.
-    EXPECT_EQ(got.logprobs[i].SerializeAsString(), want.logprobs[i].SerializeAsString())
-        << what << ": logprobs of token " << i;
-  }
-}
-
 class WorkerGenerateTest : public ::testing::TestWithParam<ModelCase> {};
 
 TEST_P(WorkerGenerateTest, StreamsEqualTheEngineInProcess) {

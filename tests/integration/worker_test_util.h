@@ -72,6 +72,10 @@ class InProcessEngine {
   std::unique_ptr<Engine> engine_;
 };
 
+// Expects `got` to be `want` bit for bit: tokens, text, finish, the stop that matched, indexes,
+// logprobs (the same floats serialize to the same bytes).
+void ExpectSameOutput(const ChoiceOutput& got, const ChoiceOutput& want, const std::string& what);
+
 // Token ids of `text` with the model's tokenizer.
 std::vector<TokenId> Encode(const Tokenizer& tokenizer, const std::string& text);
 // A prompt of `n` tokens from `seed` (ids below `vocab`, avoiding ids 0..3 the tiny tokenizers
