@@ -206,6 +206,7 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
   service_->AddIncoming(transfer_id_, kv_);
   if (!described.ok()) {
     LOG(ERROR) << "request " << id_ << ": " << described.status();
+    kv_->NoTransfer();  // never sent: nobody can push into it
     EndBeforeEngine(lock, AbortCause::kNone, described.status());
     Unref();
     return;
@@ -213,6 +214,9 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
   phase_ = Phase::kAwaitingKv;
   reservation_ = *std::move(described);
   reservation_ready_ = true;
+  // KvReady is bounded too: the pushes by reservation_deadline_, KvReady a second later.
+  kv_deadline_ = reservation_deadline_ + absl::Seconds(1);
+  service_->deadlines().Add(id_ + WorkerService::kKvDeadlineSuffix, kv_deadline_);
   lock.unlock();
   Pump();
   Unref();
@@ -284,8 +288,21 @@ grpc::Status GenerateCall::OnKvReady(const v1::KvReadyRequest& ready) {
   return grpc::Status::OK;
 }
 
+void GenerateCall::OnKvDeadline() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (phase_ != Phase::kAwaitingKv) return;
+  service_->metrics().Reservation("timed_out");
+  EndBeforeEngine(lock, AbortCause::kNone,
+                  absl::UnavailableError(
+                      kv_landed_ ? "the prefill worker pushed the KV but did not call KvReady by "
+                                   "the reservation's deadline"
+                                 : "the prefill worker's KV did not arrive by the reservation's "
+                                   "deadline"));
+}
+
 bool GenerateCall::StartDecodeLocked() {
   phase_ = Phase::kSubmitted;
+  ClearKvDeadline();
   service_->metrics().Reservation("landed");
   EngineRequest r = std::move(decode_request_);
   cached_tokens_ = ready_.usage().cached_tokens();  // reused on the prefill worker
@@ -357,9 +374,16 @@ bool GenerateCall::StartDecodeLocked() {
   return false;
 }
 
+void GenerateCall::ClearKvDeadline() {
+  if (kv_deadline_ == absl::InfiniteFuture()) return;
+  service_->deadlines().Remove(id_ + WorkerService::kKvDeadlineSuffix, kv_deadline_);
+  kv_deadline_ = absl::InfiniteFuture();
+}
+
 void GenerateCall::EndBeforeEngine(std::unique_lock<std::mutex>& lock, AbortCause cause,
                                    absl::Status error) {
   phase_ = Phase::kEnded;
+  ClearKvDeadline();
   if (cause_ == AbortCause::kNone) cause_ = cause;
   if (error_.ok()) error_ = std::move(error);
   if (kv_ != nullptr) kv_->Abandon();

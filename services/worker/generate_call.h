@@ -53,6 +53,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   void AbortFor(AbortCause cause);
   // The prefill worker's KvReady for this call's reservation.
   grpc::Status OnKvReady(const ferry::v1::KvReadyRequest& ready);
+  // The reservation's deadline (and a second) passed: a call still waiting for KvReady (its KV
+  // landed, the prefill worker went quiet) ends UNAVAILABLE. Nothing in other phases.
+  void OnKvDeadline();
   // A reference that keeps the call alive (the service takes one under its lock before calling
   // AbortFor or OnKvReady without it). Unref drops it; the last one deletes the call.
   void Ref();
@@ -72,6 +75,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   // Both KvReady and the pushes are in: stream the first tokens, submit the rest. Under mu_;
   // true when the call is done (the caller unlocks and calls Done()).
   bool StartDecodeLocked();
+  // Takes the KvReady deadline out of the service's queue. Under mu_.
+  void ClearKvDeadline();
   // Ends a disaggregated call that never reached the engine (under mu_ -> released).
   void EndBeforeEngine(std::unique_lock<std::mutex>& lock, AbortCause cause, absl::Status error);
   // The request left the worker: metrics, deadline, registration. Then Pump and drop the ref.
@@ -95,7 +100,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   std::shared_ptr<IncomingKv> kv_;
   std::string transfer_id_;
   absl::Time reservation_deadline_ = absl::InfiniteFuture();
-  bool reservation_ready_ = false;  // reservation_ waits to be written
+  absl::Time kv_deadline_ = absl::InfiniteFuture();  // in the deadline queue while waiting
+  bool reservation_ready_ = false;                   // reservation_ waits to be written
   ferry::v1::KvReservation reservation_;
   bool kv_landed_ = false, kv_ready_ = false;
   ferry::v1::KvReadyRequest ready_;

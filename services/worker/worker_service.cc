@@ -1,7 +1,9 @@
 #include "services/worker/worker_service.h"
 
 #include <algorithm>
+#include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
@@ -54,7 +56,13 @@ WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadW
       metrics_(metrics),
       options_(std::move(options)),
       load_(load),
-      deadlines_([this](const std::string& id) { AbortRequest(id, AbortCause::kDeadline); }) {
+      deadlines_([this](const std::string& id) {
+        if (absl::EndsWith(id, kKvDeadlineSuffix)) {
+          KvDeadline(id.substr(0, id.size() - std::strlen(kKvDeadlineSuffix)));
+        } else {
+          AbortRequest(id, AbortCause::kDeadline);
+        }
+      }) {
   const ForwardModel& model = engine_->model();
   limits_.model_fingerprint = model.fingerprint();
   limits_.block_tokens = engine_->engine().block_tokens();
@@ -231,6 +239,19 @@ bool WorkerService::AbortRequest(const std::string& id, AbortCause cause) {
     prefill->Unref();
   }
   return true;
+}
+
+void WorkerService::KvDeadline(const std::string& id) {
+  GenerateCall* call = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(id);
+    if (it == calls_.end()) return;
+    call = it->second;
+    call->Ref();
+  }
+  call->OnKvDeadline();
+  call->Unref();
 }
 
 std::shared_ptr<v1::Worker::Stub> WorkerService::DecodeStub(const std::string& endpoint) {

@@ -148,6 +148,9 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   DeadlineQueue& deadlines() { return deadlines_; }
   // Ends the live request `id` (the call learns why); false when none is.
   bool AbortRequest(const std::string& id, AbortCause cause);
+  // The deadline queue's entry for a decode call waiting for its KV: `id` + kKvDeadlineSuffix.
+  static constexpr char kKvDeadlineSuffix[] = "#kv";
+  void KvDeadline(const std::string& id);
   void DrainLoop();
 
   static constexpr size_t kMaxDecodeChannels = 256;

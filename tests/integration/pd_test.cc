@@ -218,6 +218,24 @@ class PdFaultTest : public ::testing::Test {
             "--reservation_quarantine=3s"};
   }
   void Hold() { std::ofstream(hold_) << "hold"; }
+  // Puts bytes into every block `reservation` asks for (one pool), from a transport of the test's.
+  void PutInto(const v1::KvReservation& reservation) {
+    transfer::TransportOptions options;
+    options.ucx_tls = "tcp";
+    auto transport = *transfer::KvTransport::Create(options);
+    auto remote = *transfer::FromProto(reservation.transfer());
+    const uint64_t block = reservation.block_bytes();
+    const int n = static_cast<int>(reservation.reserved_blocks());
+    auto region = *transport->Allocate(n * block);
+    std::vector<MemorySpan> spans;
+    for (int i = 0; i < n; ++i) {
+      spans.push_back({static_cast<char*>(region.span.address) + i * block, block});
+    }
+    auto put = *transfer::BlockTransferRequest(remote, 0, spans, transfer::TransferOp::kPut);
+    put.peer = *transport->Connect(remote.address);
+    put.deadline = absl::Now() + absl::Seconds(10);
+    EXPECT_TRUE(transport->Transfer(std::move(put)).ok());
+  }
   void Release() { std::filesystem::remove(hold_); }
 
   std::string model_, hold_;
@@ -335,20 +353,7 @@ TEST_F(PdFaultTest, ALatePushNeverLandsInReusedBlocks) {
   EXPECT_EQ(released(), 0);
 
   // The late put: bytes into the 3 reserved blocks, well after the deadline.
-  transfer::TransportOptions options;
-  options.ucx_tls = "tcp";
-  auto transport = *transfer::KvTransport::Create(options);
-  auto remote = *transfer::FromProto(reservation.transfer());
-  const uint64_t block = reservation.block_bytes();
-  auto region = *transport->Allocate(3 * block);
-  std::vector<MemorySpan> spans;
-  for (int i = 0; i < 3; ++i) {
-    spans.push_back({static_cast<char*>(region.span.address) + i * block, block});
-  }
-  auto put = *transfer::BlockTransferRequest(remote, 0, spans, transfer::TransferOp::kPut);
-  put.peer = *transport->Connect(remote.address);
-  put.deadline = absl::Now() + absl::Seconds(10);
-  EXPECT_TRUE(transport->Transfer(std::move(put)).ok());
+  PutInto(reservation);
   // Its outcome frees the blocks at once (not the quarantine's end).
   for (int i = 0; i < 400 && released() < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(MetricValue(d->admin_port(),
@@ -359,7 +364,26 @@ TEST_F(PdFaultTest, ALatePushNeverLandsInReusedBlocks) {
   next = RunPd(decode, d->address(), prefill, MakeRequest("after", other, greedy));
   ASSERT_TRUE(next.stream.status.ok()) << next.stream.status.error_message();
   EXPECT_EQ(next.stream.choices[0].tokens, ref.Run(MakeRequest("after", other, greedy))[0].tokens);
-  transport.reset();
+}
+
+TEST_F(PdFaultTest, KvThatLandsWithoutKvReadyEndsTheStreamByTheDeadline) {
+  auto d = StartWorker(model_, {"--role=decode", "--transport=ucx", "--ucx_tls=tcp",
+                                "--reservation_timeout=1s", "--reservation_quarantine=20s"});
+  WorkerClient decode(d->address());
+  v1::GenerateRequest r = MakeRequest("mute", RandomPrompt(40, 1, 64), Sampling());
+  r.set_aggregated(false);
+  // The test pushes the KV and then says nothing (a prefill worker that died after its put).
+  GenerateResult got = decode.Generate(r, absl::Seconds(30), [&](const v1::GenerateEvent& e) {
+    if (e.has_reservation()) PutInto(e.reservation());
+    return true;
+  });
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(got.status.error_message().find("did not call KvReady"), std::string::npos)
+      << got.status.error_message();
+  EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(5)));
+  EXPECT_EQ(MetricValue(d->admin_port(),
+                        "ferry_worker_kv_reservation_blocks_released_total{outcome=\"known\"}"),
+            3);
 }
 
 TEST_F(PdFaultTest, ACancelledPrefillStopsAndBothPoolsComeBack) {
