@@ -29,6 +29,8 @@ namespace {
 
 namespace v1 = ferry::v1;
 
+const char kPrefillSteps[] = "ferry_worker_step_seconds_count{kind=\"prefill\"}";
+
 struct PdCase {
   std::string name;
   std::string model;
@@ -150,12 +152,8 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   // A stop string from the middle of the greedy text.
   const std::string& text = want[0].text;
   ASSERT_GE(text.size(), 4u);
-  size_t at = text.size() / 2;
-  while (at > 0 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
-  size_t end = at + 1;
-  while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
   Sampling stopping = greedy;
-  stopping.stop = {text.substr(at, end - at)};
+  stopping.stop = {MiddleCharacter(text)};
   got = RunPd(decode, d->address(), prefill, MakeRequest("stop", prompt, stopping));
   ASSERT_TRUE(got.stream.status.ok());
   ExpectSameOutput(got.stream.choices[0], ref.Run(MakeRequest("stop", prompt, stopping))[0],
@@ -284,12 +282,7 @@ TEST_F(PdFaultTest, DecodeKilledDuringThePushLeavesThePrefillWorkerServing) {
   Hold();
   std::thread killer([&] {
     // Once P holds the push (its request computed), D dies; then the push may go.
-    for (int i = 0; i < 2000; ++i) {
-      if (MetricValue(p->admin_port(), "ferry_worker_step_seconds_count{kind=\"prefill\"}") >= 1) {
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+    WaitForMetric(p->admin_port(), kPrefillSteps, 1);
     d->Signal(SIGKILL);
     d->WaitForExit(absl::Seconds(10));
     Release();
@@ -355,9 +348,9 @@ TEST_F(PdFaultTest, ALatePushNeverLandsInReusedBlocks) {
   // The late put: bytes into the 3 reserved blocks, well after the deadline.
   PutInto(reservation);
   // Its outcome frees the blocks at once (not the quarantine's end).
-  for (int i = 0; i < 400 && released() < 3; ++i) absl::SleepFor(absl::Milliseconds(10));
-  EXPECT_EQ(MetricValue(d->admin_port(),
-                        "ferry_worker_kv_reservation_blocks_released_total{outcome=\"known\"}"),
+  EXPECT_EQ(WaitForMetric(d->admin_port(),
+                          "ferry_worker_kv_reservation_blocks_released_total{outcome=\"known\"}", 3,
+                          absl::Seconds(4)),
             3);
   EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(5)));
   // And the next request is served right.
@@ -404,7 +397,7 @@ TEST_F(PdFaultTest, ACancelledPrefillStopsAndBothPoolsComeBack) {
   EXPECT_TRUE(WaitUntilIdle(prefill, nullptr, absl::Seconds(10)));
   EXPECT_TRUE(WaitUntilIdle(decode, nullptr, absl::Seconds(10)));
   EXPECT_TRUE(got.reserved) << got.stream.status.error_message();
-  EXPECT_LT(MetricValue(p->admin_port(), "ferry_worker_step_seconds_count{kind=\"prefill\"}"), 13)
+  EXPECT_LT(MetricValue(p->admin_port(), kPrefillSteps), 13)
       << "the cancelled prefill ran to its end";
   EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_requests_total{outcome=\"cancelled\"}"), 1);
 }
@@ -417,12 +410,7 @@ TEST_F(PdFaultTest, PrefillKilledAfterDecodeReservedFreesTheReservation) {
   Sampling greedy;
   Hold();
   std::thread killer([&] {
-    for (int i = 0; i < 2000; ++i) {
-      if (MetricValue(p->admin_port(), "ferry_worker_step_seconds_count{kind=\"prefill\"}") >= 1) {
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+    WaitForMetric(p->admin_port(), kPrefillSteps, 1);
     p->Signal(SIGKILL);
     p->WaitForExit(absl::Seconds(10));
   });
@@ -470,7 +458,7 @@ TEST_F(PdFaultTest, CancelledPrefillsDoNotHoldBackTheNextRequest) {
   }
   for (std::thread& t : callers) t.join();
   EXPECT_EQ(cancelled.load(), 10);
-  const std::string steps = "ferry_worker_step_seconds_count{kind=\"prefill\"}";
+  const std::string steps = kPrefillSteps;
   const double before = MetricValue(p->admin_port(), steps);
   EXPECT_LT(before, 130) << "the cancelled prefills ran on";
   WorkerClient prefill(p->address());

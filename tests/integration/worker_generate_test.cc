@@ -82,11 +82,7 @@ TEST_P(WorkerGenerateTest, StreamsEqualTheEngineInProcess) {
   // A stop string from the middle of the greedy text: the text ends before it.
   const std::string& text = want[0].text;
   ASSERT_GE(text.size(), 4u) << "the greedy text is too short for a stop string";
-  size_t at = text.size() / 2;
-  while (at > 0 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
-  size_t end = at + 1;
-  while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
-  const std::string stop = text.substr(at, end - at);
+  const std::string stop = MiddleCharacter(text);
   Sampling stopping = greedy;
   stopping.stop = {stop};
   got = client.Generate(MakeRequest("stop", prompt, stopping), absl::Seconds(60));

@@ -250,4 +250,26 @@ void ExpectSameOutput(const ChoiceOutput& got, const ChoiceOutput& want, const s
   }
 }
 
+std::string MiddleCharacter(const std::string& text) {
+  auto continuation = [&](size_t i) {
+    return (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80;
+  };
+  size_t at = text.size() / 2;
+  while (at > 0 && continuation(at)) --at;
+  size_t end = at + 1;
+  while (end < text.size() && continuation(end)) ++end;
+  return text.substr(at, end - at);
+}
+
+double WaitForMetric(int admin_port, const std::string& metric, double at_least,
+                     absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  double value = MetricValue(admin_port, metric);
+  while (value < at_least && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    value = MetricValue(admin_port, metric);
+  }
+  return value;
+}
+
 }  // namespace ferry

@@ -76,6 +76,13 @@ class InProcessEngine {
 // logprobs (the same floats serialize to the same bytes).
 void ExpectSameOutput(const ChoiceOutput& got, const ChoiceOutput& want, const std::string& what);
 
+// The UTF-8 character in the middle of `text` (a stop string that cuts it); `text` not empty.
+std::string MiddleCharacter(const std::string& text);
+
+// Polls `metric` on the admin port until it is at least `at_least`, or `timeout`; its last value.
+double WaitForMetric(int admin_port, const std::string& metric, double at_least,
+                     absl::Duration timeout = absl::Seconds(10));
+
 // Token ids of `text` with the model's tokenizer.
 std::vector<TokenId> Encode(const Tokenizer& tokenizer, const std::string& text);
 // A prompt of `n` tokens from `seed` (ids below `vocab`, avoiding ids 0..3 the tiny tokenizers
