@@ -7,7 +7,6 @@
 //     -d '{"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"Hi"}]}'
 
 #include <cstdio>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "engine/common/log.h"
 #include "engine/common/units.h"
 #include "router/router.h"
+#include "services/common/command_line.h"
 #include "services/common/termination_signal.h"
 
 ABSL_FLAG(std::string, config, "", "JSON config file (keys as the flags; flags given win)");
@@ -57,28 +57,13 @@ namespace {
 using ferry::RouterOptions;
 
 [[noreturn]] void Die(const std::string& what, const absl::Status& status) {
-  std::fprintf(stderr, "ferry-router: %s: %s\n", what.c_str(),
-               std::string(status.message()).c_str());
-  std::exit(2);
+  ferry::ExitOnBadOption("ferry-router", what, status);
 }
 
-// Flags named on the command line (Debian's absl keeps IsSpecifiedOnCommandLine private).
-std::set<std::string> g_given;
-void NoteGivenFlags(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") break;
-    if (arg.size() < 2 || arg[0] != '-') continue;
-    arg = arg.substr(arg[1] == '-' ? 2 : 1);
-    g_given.insert(arg.substr(0, arg.find('=')));
-  }
-}
-bool Given(const char* name) { return g_given.count(name) > 0; }
+bool Given(const char* name) { return ferry::FlagGiven(name); }
 
 uint64_t Bytes(const std::string& flag, const std::string& text) {
-  auto v = ferry::ParseByteSize(text);
-  if (!v.ok()) Die("--" + flag, v.status());
-  return *v;
+  return ferry::ByteSizeFlagOrExit("ferry-router", flag, text);
 }
 
 RouterOptions OptionsFromFlags() {
@@ -134,7 +119,7 @@ int main(int argc, char** argv) {
   auto signal = TerminationSignal::Install();  // before any thread
   CHECK_OK(signal.status());
   absl::SetProgramUsageMessage("the Ferry router; see router/router_main.cc");
-  NoteGivenFlags(argc, argv);
+  ferry::NoteGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   const RouterOptions options = OptionsFromFlags();
   if (absl::Status s = ValidateRouterOptions(options); !s.ok()) Die("options", s);

@@ -11,7 +11,6 @@
 //   ferry-decode --config decode.json                          # keys as the flags; flags win
 
 #include <cstdio>
-#include <set>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -21,6 +20,7 @@
 #include "engine/common/config.h"
 #include "engine/common/log.h"
 #include "engine/common/units.h"
+#include "services/common/command_line.h"
 #include "services/common/service_lifecycle.h"
 #include "services/common/termination_signal.h"
 #include "services/worker/worker.h"
@@ -85,36 +85,19 @@ namespace {
 
 using ferry::WorkerOptions;
 
-[[noreturn]] void Die(const std::string& what, const absl::Status& status) {
+std::string Program() {
   const std::string role = FERRY_WORKER_ROLE;
-  std::fprintf(stderr, "ferry-%s: %s: %s\n", role == "aggregated" ? "worker" : role.c_str(),
-               what.c_str(), std::string(status.message()).c_str());
-  std::exit(2);
+  return role == "aggregated" ? "ferry-worker" : "ferry-" + role;
 }
 
-// Flags named on the command line ("--name=v", "--name v", "-name"; absl's syntax). Debian's
-// absl keeps CommandLineFlag::IsSpecifiedOnCommandLine private, so main reads argv itself.
-std::set<std::string>& GivenFlags() {
-  static std::set<std::string> given;
-  return given;
+[[noreturn]] void Die(const std::string& what, const absl::Status& status) {
+  ferry::ExitOnBadOption(Program(), what, status);
 }
 
-void NoteGivenFlags(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") break;
-    if (arg.size() < 2 || arg[0] != '-') continue;
-    arg = arg.substr(arg[1] == '-' ? 2 : 1);
-    GivenFlags().insert(arg.substr(0, arg.find('=')));
-  }
-}
-
-bool Given(const char* name) { return GivenFlags().count(name) > 0; }
+bool Given(const char* name) { return ferry::FlagGiven(name); }
 
 int64_t Bytes(const std::string& flag, const std::string& text) {
-  auto v = ferry::ParseByteSize(text);
-  if (!v.ok()) Die("--" + flag, v.status());
-  return static_cast<int64_t>(*v);
+  return static_cast<int64_t>(ferry::ByteSizeFlagOrExit(Program(), flag, text));
 }
 
 // The flags given on the command line, over the config file's values, over the defaults.
@@ -187,7 +170,7 @@ int main(int argc, char** argv) {
   CHECK_OK(signal.status());
   absl::SetProgramUsageMessage(absl::StrCat("the Ferry worker (", FERRY_WORKER_ROLE,
                                             " role); see services/worker/worker_main.cc"));
-  NoteGivenFlags(argc, argv);
+  ferry::NoteGivenFlags(argc, argv);
   absl::ParseCommandLine(argc, argv);
   const WorkerOptions options = OptionsFromFlags();
   if (absl::Status s = ValidateWorkerOptions(options); !s.ok()) Die("options", s);
