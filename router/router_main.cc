@@ -3,8 +3,8 @@
 // streams finish within --shutdown_grace, exit 0.
 //
 //   ferry-router --model SmolLM2-135M-Instruct.Q4_1.gguf --workers 127.0.0.1:7500 --port 8000
-//   curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \
-//     -d '{"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"Hi"}]}'
+//   curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' -d  (one line)
+//     '{"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"Hi"}]}'
 
 #include <cstdio>
 #include <string>

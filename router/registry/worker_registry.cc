@@ -275,7 +275,10 @@ void WorkerRegistry::MonitorLoop() {
         if (w->state == Worker::State::kUp) {
           LOG(WARNING) << "worker " << w->id() << " (" << w->address << "): " << w->cancel_reason;
         }
-        if (w->state != Worker::State::kRefused) w->state = Worker::State::kDown;  // no new work
+        if (w->state != Worker::State::kRefused) {  // no new work, and why, from now on
+          w->state = Worker::State::kDown;
+          w->reason = w->cancel_reason;
+        }
         w->accepted = false;
         w->subscription->Cancel();
       } else if (w->subscription == nullptr && now >= w->next_attempt) {
@@ -421,6 +424,7 @@ nlohmann::json WorkerRegistry::ToJson() const {
         {"accepted", w->accepted},
         {"reason", w->reason},
         {"inflight", w->inflight},
+        {"streaming", w->subscription != nullptr},  // a status stream is open (or opening)
     };
     if (w->messages > 0 || w->state == Worker::State::kRefused) {
       j["engine"] = s.engine();

@@ -202,13 +202,13 @@ TEST(WorkerRegistryTest, APinnedFingerprintRefusesEvenTheFirstAndARefusedWorkerI
 
   // After its backoff the refused worker is asked again; it stays "refused" meanwhile, and the
   // same refusal is not counted twice.
-  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 0; }));
+  ASSERT_TRUE(Eventually([&] { return !registry.ToJson()[0]["streaming"].get<bool>(); }));
   clock.Advance(options.initial_backoff);
   ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->subscriptions() == 2; }));
   EXPECT_EQ(registry.ToJson()[0]["state"], "refused");
   ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 1; }));
   fleet.workers[0]->Send(Status("w0", 8, 16));
-  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 0; }));
+  ASSERT_TRUE(Eventually([&] { return !registry.ToJson()[0]["streaming"].get<bool>(); }));
   absl::SleepFor(options.check_interval * 3);
   EXPECT_EQ(refused(), 1u);
   EXPECT_EQ(registry.ToJson()[0]["state"], "refused");
@@ -258,7 +258,9 @@ TEST(WorkerRegistryTest, ABrokenStreamOrAStoppedHeartbeatTakesAWorkerDownUntilIt
   EXPECT_EQ(left[0].id, "w0");
   EXPECT_NE(registry.ToJson()[1]["reason"].get<std::string>().find("no message"),
             std::string::npos);
-  // It is asked again (a new stream) after the backoff, and is back on its first message.
+  // It is asked again (a new stream) after the backoff, and is back on its first message. The
+  // backoff counts from when the cancelled stream is done, so the clock moves after that.
+  ASSERT_TRUE(Eventually([&] { return !registry.ToJson()[1]["streaming"].get<bool>(); }));
   clock.Advance(absl::Seconds(1));
   ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->subscriptions() >= 2; }));
   fleet.workers[1]->Send(Status("w1", 7, 16));
