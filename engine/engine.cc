@@ -40,6 +40,8 @@ struct Engine::Request {
   bool admitted_once = false;
   bool handed_off = false;           // prefill-only: its KV is held in handoffs_
   int64_t cached_prompt_tokens = 0;  // at the first admission
+  absl::Duration submitted_at;       // clock_->Monotonic() at Submit
+  absl::Duration queued;             // submitted_at to the first admission
 };
 
 struct Engine::Sequence {
@@ -313,7 +315,7 @@ absl::Status Engine::Submit(EngineRequest request) {
       return absl::AlreadyExistsError(absl::StrCat("request ", request.id, " is already live"));
     }
     submitted_tokens_ += static_cast<int64_t>(request.prompt.size());
-    submitted_.push_back(std::move(request));
+    submitted_.push_back(Submitted{std::move(request), clock_->Monotonic()});
   }
   wake_.notify_one();
   return absl::OkStatus();
@@ -358,7 +360,7 @@ void Engine::ReleaseHandoff(const std::string& id) {
 }
 
 void Engine::DrainInbox() {
-  std::deque<EngineRequest> submitted;
+  std::deque<Submitted> submitted;
   std::vector<std::string> aborted, released;
   std::vector<PendingReservation> reservations;
   bool clear = false;
@@ -374,7 +376,7 @@ void Engine::DrainInbox() {
     // Until RemoveFinished publishes again, the queue bound counts these as waiting.
     published_waiting_requests_ += static_cast<int64_t>(submitted.size());
   }
-  for (EngineRequest& r : submitted) AddRequest(std::move(r));
+  for (Submitted& s : submitted) AddRequest(std::move(s.r), s.at);
   for (const std::string& id : aborted) {
     for (auto& seq : seqs_) {
       if (!seq->finished && seq->req->r.id == id) Finish(*seq, FinishReason::kAbort, TokenEvent{});
@@ -464,9 +466,10 @@ void Engine::RunReservation(PendingReservation& r) {
   r.done(std::move(out));
 }
 
-void Engine::AddRequest(EngineRequest r) {
+void Engine::AddRequest(EngineRequest r, absl::Duration submitted_at) {
   auto req = std::make_shared<Request>();
   req->r = std::move(r);
+  req->submitted_at = submitted_at;
   const EngineRequest& er = req->r;
   req->prompt_set.insert(er.prompt.begin(), er.prompt.end());
   req->root = RootBlockHash({model_->fingerprint(), er.cache_salt, ""});
@@ -702,6 +705,7 @@ absl::StatusOr<bool> Engine::Step() {
     if (!s->req->admitted_once) {
       s->req->admitted_once = true;
       s->req->cached_prompt_tokens = std::min(cached, s->prompt_len);
+      s->req->queued = clock_->Monotonic() - s->req->submitted_at;
     }
     ++running;
   }
@@ -952,6 +956,7 @@ void Engine::Emit(const Sequence& seq, TokenEvent& event) {
   event.request_id = seq.req->r.id;
   event.choice = seq.choice;
   event.cached_tokens = seq.req->cached_prompt_tokens;
+  event.queued = seq.req->queued;
   if (seq.req->r.on_event) seq.req->r.on_event(event);
 }
 
@@ -993,6 +998,7 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
       e.error = error;
       e.error_code = event_code;
       e.cached_tokens = req.cached_prompt_tokens;
+      e.queued = req.queued;
       if (req.r.on_event) req.r.on_event(e);
     }
   }

@@ -121,6 +121,9 @@ struct TokenEvent {
   // Prompt tokens whose KV came from the prefix cache when the request was first admitted (the
   // rest were computed), on every event once known.
   int64_t cached_tokens = 0;
+  // From Submit to the request's first admission (its wait in the queue), on every event once
+  // known; what came after is compute.
+  absl::Duration queued = absl::ZeroDuration();
   std::vector<float> logits;    // the row the token was chosen from (keep_logits)
   std::vector<BlockId> blocks;  // kHandoff: the request's KV (see Roles above)
   // kHandoff on a window pool: the window layers' table, indexed like `blocks`, kNoBlock for the
@@ -290,7 +293,7 @@ class Engine {
   Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenizer,
          const EngineOptions& options, KvBlockPool* window_pool);
   void DrainInbox();
-  void AddRequest(EngineRequest r);
+  void AddRequest(EngineRequest r, absl::Duration submitted_at);
   // Blocks so that `seq` holds `positions`; evicts cached blocks, then preempts sequences ranked
   // after `seq` (never `seq` itself); false when it still cannot.
   bool Reserve(Sequence& seq, int64_t positions, std::vector<Sequence*>& scheduled);
@@ -368,7 +371,11 @@ class Engine {
   // Inbox, filled by other threads.
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  std::deque<EngineRequest> submitted_;
+  struct Submitted {
+    EngineRequest r;
+    absl::Duration at;  // clock_->Monotonic() at Submit: the start of its queue time
+  };
+  std::deque<Submitted> submitted_;
   int64_t submitted_tokens_ = 0;  // prompt tokens in submitted_
   std::vector<std::string> aborted_, released_;
   std::vector<PendingReservation> reservations_;

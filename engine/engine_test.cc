@@ -33,6 +33,7 @@ struct Output {
   int64_t first_token_step = -1;
   bool stop_token = false;
   int64_t cached_tokens = 0;
+  absl::Duration queued;
   int finishes = 0;
 };
 
@@ -81,6 +82,7 @@ class Harness {
         ++o.finishes;
       }
       o.cached_tokens = e.cached_tokens;
+      o.queued = e.queued;
     };
     return engine_->Submit(std::move(r));
   }
@@ -705,6 +707,23 @@ TEST_P(EngineSplitTest, SeveralChoicesASubsetAndAResumedChoiceSplitExactly) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, EngineSplitTest,
                          ::testing::Combine(::testing::Range(0, 5), ::testing::Bool()));
+
+TEST(EngineTest, EventsSayHowLongTheRequestWaitedForAdmission) {
+  FakeClock clock;
+  EngineOptions options;
+  options.clock = &clock;
+  options.max_running = 1;
+  Harness h(kVariants[0], 64, options);
+  ASSERT_TRUE(h.Submit(Req("a", Prompt(40, 1), 4, false)).ok());
+  ASSERT_TRUE(h.Submit(Req("b", Prompt(40, 2), 4, false)).ok());
+  clock.Advance(absl::Seconds(2));
+  ASSERT_TRUE(h.engine_->Step().ok());  // admits a; b waits for a's slot
+  clock.Advance(absl::Seconds(3));
+  h.Drain();
+  EXPECT_EQ(h.out("a").queued, absl::Seconds(2));
+  EXPECT_EQ(h.out("b").queued, absl::Seconds(5));
+  ASSERT_EQ(h.out("b").tokens.size(), 4u);
+}
 
 TEST(EngineTest, AHandoffNobodyReleasesIsFreedAfterItsTtl) {
   FakeClock clock;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -24,8 +25,9 @@ double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
-uint32_t Millis(std::chrono::steady_clock::duration d) {
-  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+uint64_t Micros(std::chrono::steady_clock::duration d) {
+  return static_cast<uint64_t>(
+      std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::microseconds>(d).count()));
 }
 
 }  // namespace
@@ -122,6 +124,10 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
   r.role = EngineRole::kPrefillOnly;
   r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
   refs_.fetch_add(1);  // the engine's
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    submitted_ = std::chrono::steady_clock::now();
+  }
   const absl::Status submitted = service_->engine().engine().Submit(std::move(r));
   if (!submitted.ok()) {
     refs_.fetch_sub(1);
@@ -177,6 +183,7 @@ void PrefillCall::OnEngineEvent(const TokenEvent& e) {
       AppendToChunk(e, logprobs_, &first_[c]);
     }
     cached_tokens_ = std::max(cached_tokens_, e.cached_tokens);
+    queued_ = std::max(queued_, e.queued);
     if (e.finish != FinishReason::kNone) {
       SamplerStateToProto(e.sampler_state, seed_, static_cast<uint32_t>(c), e.held_text,
                           &states_[c]);
@@ -371,8 +378,10 @@ void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
             response_->set_request_id(id_);
             for (const v1::TokenChunk& chunk : first_) *response_->add_first_tokens() = chunk;
             *response_->mutable_usage() = rpc->request.usage();
-            response_->set_compute_ms(Millis(computed_ - start_));
-            response_->set_transfer_ms(Millis(pushed_ - computed_));
+            const auto queued = std::chrono::microseconds(absl::ToInt64Microseconds(queued_));
+            response_->set_queue_us(Micros(queued));
+            response_->set_compute_us(Micros(computed_ - submitted_ - queued));
+            response_->set_transfer_us(Micros(pushed_ - computed_));
             response_->set_bytes_transferred(bytes_);
             response_->set_blocks_skipped(destination_.cached_prefix_blocks());
           }

@@ -81,7 +81,8 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   int32_t choices_left_ = 0;
   bool handed_off_ = false;
   std::vector<BlockId> blocks_, window_blocks_;
-  std::chrono::steady_clock::time_point admitted_, computed_, pushed_;
+  std::chrono::steady_clock::time_point submitted_, computed_, pushed_;
+  absl::Duration queued_;            // in the engine's queue (TokenEvent::queued)
   std::vector<uint64_t> transfers_;  // posted, for Cancel
   int pushes_left_ = 0;
   absl::Status push_status_;

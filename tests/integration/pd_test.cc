@@ -127,6 +127,8 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   EXPECT_EQ(got.reservation.cached_prefix_blocks(), 0u);
   EXPECT_EQ(got.reservation.reserved_blocks(), 3u);  // 40 tokens in blocks of 16
   EXPECT_GT(got.response.bytes_transferred(), 0u);
+  EXPECT_GT(got.response.compute_us(), 0u);
+  EXPECT_GT(got.response.transfer_us(), 0u);
   const uint64_t bytes_per_prompt = got.response.bytes_transferred();
 
   // Seeded, two choices (they share the prompt's KV on both sides).
