@@ -237,10 +237,10 @@ void GenerateCall::OnKvLanded(const absl::Status& status) {
                                             ": ", status.message())));
   }
   kv_landed_ = true;
-  if (kv_ready_ && StartDecodeLocked()) {
+  if (kv_ready_) {
+    const bool ended = PrepareDecodeLocked();
     lock.unlock();
-    Done();
-    return;
+    return ended ? Done() : StartDecode();
   }
   lock.unlock();
   Pump();
@@ -278,9 +278,14 @@ grpc::Status GenerateCall::OnKvReady(const v1::KvReadyRequest& ready) {
   kv_ready_ = true;
   ready_ = ready;
   if (ready.no_transfer()) kv_landed_ = true;  // nothing was pushed: every choice ended at P
-  if (kv_landed_ && StartDecodeLocked()) {
+  if (kv_landed_) {
+    const bool ended = PrepareDecodeLocked();
     lock.unlock();
-    Done();
+    if (ended) {
+      Done();
+    } else {
+      StartDecode();
+    }
     return grpc::Status::OK;
   }
   lock.unlock();
@@ -300,8 +305,8 @@ void GenerateCall::OnKvDeadline() {
                                    "deadline"));
 }
 
-bool GenerateCall::StartDecodeLocked() {
-  phase_ = Phase::kSubmitted;
+bool GenerateCall::PrepareDecodeLocked() {
+  phase_ = Phase::kStarting;
   ClearKvDeadline();
   service_->metrics().Reservation("landed");
   EngineRequest r = std::move(decode_request_);
@@ -352,11 +357,25 @@ bool GenerateCall::StartDecodeLocked() {
   if (service_->engine().window_pool() != nullptr) {
     r.imported_window_blocks = std::move(blocks.window_blocks);
   }
-  // Submitted under mu_: an abort now finds the request in the engine.
-  std::vector<BlockId> imported = r.imported_blocks, imported_window = r.imported_window_blocks;
-  const absl::Status submitted = service_->engine().engine().Submit(std::move(r));
-  if (!submitted.ok()) {
-    // Refused: the blocks are still ours, and P is done with them.
+  decode_request_ = std::move(r);
+  return false;
+}
+
+void GenerateCall::StartDecode() {
+  Pump();  // the first tokens leave now
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    EngineRequest r = std::move(decode_request_);
+    // Submitted under mu_: an abort from here on finds the request in the engine.
+    std::vector<BlockId> imported = r.imported_blocks, imported_window = r.imported_window_blocks;
+    const absl::Status submitted = cause_ != AbortCause::kNone
+                                       ? absl::CancelledError("aborted before the decode started")
+                                       : service_->engine().engine().Submit(std::move(r));
+    if (submitted.ok()) {
+      phase_ = Phase::kSubmitted;
+      return;
+    }
+    // Refused, or aborted while starting: the blocks are still ours, and P is done with them.
     std::vector<BlockId> held;
     for (BlockId b : imported) held.push_back(b);
     CHECK_OK(service_->engine().pool().Release(held));
@@ -367,11 +386,10 @@ bool GenerateCall::StartDecodeLocked() {
       }
       CHECK_OK(service_->engine().window_pool()->Release(held));
     }
-    error_ = submitted;
+    if (cause_ == AbortCause::kNone) error_ = submitted;
     phase_ = Phase::kEnded;
-    return true;
   }
-  return false;
+  Done();
 }
 
 void GenerateCall::ClearKvDeadline() {

@@ -63,7 +63,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
 
  private:
   // Where the call is (disaggregated calls start at kReserving, aggregated at kSubmitted).
-  enum class Phase { kReserving, kAwaitingKv, kSubmitted, kEnded };
+  // kStarting: the KV is in and the first tokens are being written; the engine gets the
+  // request right after (an abort meanwhile is kept in cause_ and ends the call there).
+  enum class Phase { kReserving, kAwaitingKv, kStarting, kSubmitted, kEnded };
 
   void Start(const ferry::v1::GenerateRequest& request);
   // Finishes before the engine ever saw the request.
@@ -72,9 +74,13 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   // Disaggregated: the engine's reservation, the pushes' outcome, and the decode-only start.
   void OnReserved(absl::StatusOr<KvReservation> reserved);
   void OnKvLanded(const absl::Status& status);
-  // Both KvReady and the pushes are in: stream the first tokens, submit the rest. Under mu_;
-  // true when the call is done (the caller unlocks and calls Done()).
-  bool StartDecodeLocked();
+  // Both KvReady and the pushes are in: the first tokens wait to be written and the decode-only
+  // request is ready (kStarting). Under mu_; true when the call is done instead (every choice
+  // ended with its first token, or the answer cannot be resumed).
+  bool PrepareDecodeLocked();
+  // Then, without mu_: writes the first tokens (before the engine's first decode step competes
+  // for the cores) and submits the request; Done() when it cannot run.
+  void StartDecode();
   // Takes the KvReady deadline out of the service's queue. Under mu_.
   void ClearKvDeadline();
   // Ends a disaggregated call that never reached the engine (under mu_ -> released).
