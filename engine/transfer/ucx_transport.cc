@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "engine/common/log.h"
+#include "engine/transfer/mapping_populator.h"
 #include "engine/transfer/notification_board.h"
 #include "engine/transfer/transfer_metrics.h"
 
@@ -334,7 +335,8 @@ class UcxTransport final : public KvTransport {
     std::string label;
     bool failed = false;
     absl::Status failure;
-    std::map<std::string, ucp_rkey_h> rkeys;
+    // Unpacked remote keys, with the ticket of their mapping's population (0: none).
+    std::map<std::string, std::pair<ucp_rkey_h, uint64_t>> rkeys;
     std::set<Transfer*> transfers;
     // A close in progress (null when done or not started).
     void* close_request = nullptr;
@@ -454,7 +456,9 @@ class UcxTransport final : public KvTransport {
   void CheckExits();
   void ReapPeers();
   void SendNotification(Transfer* t);
-  absl::StatusOr<ucp_rkey_h> RemoteKey(Peer* peer, const std::string& key);
+  // The peer region's unpacked key (cached per peer); a region UCX maps into this process
+  // (shared memory) is handed to populator_ on the first unpack.
+  absl::StatusOr<ucp_rkey_h> RemoteKey(Peer* peer, const RegionDescriptor& region);
   Peer* FindPeer(PeerId id);
 
   // Active-message protocol (peers without native RMA).
@@ -520,6 +524,7 @@ class UcxTransport final : public KvTransport {
   static constexpr size_t kMaxFailedPeers = 1024;
 
   std::atomic<TransferId> next_transfer_id_{1};
+  MappingPopulator populator_;
 
   // Progress thread only.
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
@@ -649,6 +654,7 @@ UcxTransport::~UcxTransport() {
       }
     });
     thread_.join();
+    populator_.Stop();  // before the worker goes with the peers' mappings
     // From here this thread owns the worker (stopping_ is set: incoming messages are dropped).
     thread_id_.store(std::this_thread::get_id());
     // Let messages UCX still has to send for connections being set up or torn down (wireup
@@ -1106,13 +1112,20 @@ void UcxTransport::Cancel(TransferId id) {
   });
 }
 
-absl::StatusOr<ucp_rkey_h> UcxTransport::RemoteKey(Peer* peer, const std::string& key) {
+absl::StatusOr<ucp_rkey_h> UcxTransport::RemoteKey(Peer* peer, const RegionDescriptor& region) {
+  const std::string& key = region.remote_key;
   auto it = peer->rkeys.find(key);
-  if (it != peer->rkeys.end()) return it->second;
+  if (it != peer->rkeys.end()) return it->second.first;
   ucp_rkey_h rkey = nullptr;
   const ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, key.data() + kKeyMagic.size() + 8, &rkey);
   if (s != UCS_OK) return UcsError("ucp_ep_rkey_unpack", s);
-  peer->rkeys[key] = rkey;
+  uint64_t ticket = 0;
+  void* mapped = nullptr;
+  if (region.length > 0 && ucp_rkey_ptr(rkey, region.address, &mapped) == UCS_OK &&
+      mapped != nullptr) {
+    ticket = populator_.Add(mapped, region.length);
+  }
+  peer->rkeys[key] = {rkey, ticket};
   return rkey;
 }
 
@@ -1140,7 +1153,7 @@ void UcxTransport::Pump(Transfer* t) {
   }
   const bool put = t->request.op == TransferOp::kPut;
   if (t->rkey == nullptr && t->status.ok() && t->phase == Phase::kPosting) {
-    absl::StatusOr<ucp_rkey_h> rkey = RemoteKey(t->peer, t->request.remote.remote_key);
+    absl::StatusOr<ucp_rkey_h> rkey = RemoteKey(t->peer, t->request.remote);
     if (rkey.ok()) {
       t->rkey = *rkey;
     } else {
@@ -1783,7 +1796,10 @@ void UcxTransport::ReapPeers() {
       }
     }
     if (peer->closed && peer->transfers.empty()) {
-      for (auto& [key, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
+      for (auto& [key, rkey] : peer->rkeys) {
+        if (rkey.second != 0) populator_.Forget(rkey.second);  // before UCX unmaps it
+        ucp_rkey_destroy(rkey.first);
+      }
       if (peer->pidfd >= 0) {
         epoll_ctl(exit_epoll_fd_, EPOLL_CTL_DEL, peer->pidfd, nullptr);
         close(peer->pidfd);
