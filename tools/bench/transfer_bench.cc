@@ -24,6 +24,19 @@
 //                     be coalesced);
 //   contig_put/get    the same 94,371,840 bytes as one segment: the contiguous rate the scatter
 //                     rate is compared with.
+//   scatter_put_cold  the request-shaped put as a hand-off meets it: one transfer at a time,
+//                     each after the transport idled for kColdGap (250 ms: its threads asleep,
+//                     the cores idle, as while a prefill computes), between source and
+//                     destination blocks not in any cache (each side cycles through max(1 GiB,
+//                     4 x the last-level cache) of blocks; a prefill's KV is not cached either:
+//                     the weights stream through the cache after each layer writes it). mb_s is
+//                     the median of the single transfers' rates (kColdTransfers of them; --quick:
+//                     5). scatter_put rewrites the same blocks back to back, which after the first
+//                     transfer sit in the cache (an L3 of 90 MiB or more holds them all), every
+//                     thread awake: the transport at its best, which a pushed request never meets.
+// --scatter_blocks 4,16,64 measures both scatter puts at each of those block counts (the first N
+// of the scattered blocks: the KV of 256, 1,024 and 4,096 tokens; ferry bench pd's baseline), and
+// --scatter_only measures nothing else (after the check).
 // Every point runs one warm-up transfer, then --rounds (2) rounds of transfers until --min_seconds
 // (0.3) have passed; MB/s is bytes over that time (10^6 bytes per second), of the best round.
 // --quick: one round of 0.1 s. Before the timings the initiator checks that the scattered bytes
@@ -97,6 +110,18 @@ constexpr uint64_t kBlockBytes = uint64_t{64} * 30 * 2 * 3 * 64 * 2;
 constexpr int kScatterBlocks = 64;
 constexpr int kPoolBlocks = 128;
 constexpr uint64_t kPoolBytes = kBlockBytes * kPoolBlocks;
+// The cold scatter put's destination blocks: at least this many bytes of them, and 4x the
+// last-level cache (every other block of the region is one: twice that much region).
+constexpr uint64_t kMinColdBytes = uint64_t{1} << 30;
+constexpr absl::Duration kColdGap = absl::Milliseconds(250);
+constexpr int kColdTransfers = 15;
+
+uint64_t ColdRegionBytes() {
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  const uint64_t want = std::max<uint64_t>(kMinColdBytes, llc > 0 ? 4 * uint64_t(llc) : 0);
+  return 2 * ((want + kBlockBytes - 1) / kBlockBytes * kBlockBytes);
+}
+
 // No transfer here takes anywhere near this (256 MiB at 50 MB/s: 5 s).
 constexpr absl::Duration kTransferDeadline = absl::Seconds(30);
 // A transfer's callback runs by its deadline (kv_transport.h); this much later the bench gives up
@@ -112,9 +137,11 @@ struct Flags {
   bool quick = false;
   bool memcpy_only = false;
   bool gets = true;
-  double min_seconds = 0.3;   // per round of a point
-  int rounds = 2;             // per point; the best counts
-  uint64_t region_bytes = 0;  // target role: what to allocate
+  bool scatter_only = false;
+  std::string scatter_blocks = "64";  // block counts of the scatter put
+  double min_seconds = 0.3;           // per round of a point
+  int rounds = 2;                     // per point; the best counts
+  uint64_t region_bytes = 0;          // target role: what to allocate
   uint64_t seed = 1;
 };
 
@@ -123,7 +150,7 @@ int Usage() {
       stderr,
       "usage: transfer_bench [--kind ucx|grpc] [--ucx_tls tcp|shm|...] [--sizes "
       "4k,16k,...,64m] [--min_seconds S] [--rounds R] [--quick] [--no_gets] [--memcpy_only] "
-      "[--seed N]\n");
+      "[--scatter_blocks 4,16,64] [--scatter_only] [--seed N]\n");
   return 2;
 }
 
@@ -336,8 +363,11 @@ struct Point {
   int segments = 0;
   int64_t transfers = 0;
   double seconds = 0;
+  double median_mb_s = 0;  // set: the figure is the median of single transfers (cold case)
   uint64_t bytes() const { return segment_bytes * segments * transfers; }
-  double mb_s() const { return seconds > 0 ? bytes() / seconds / 1e6 : 0; }
+  double mb_s() const {
+    return median_mb_s > 0 ? median_mb_s : seconds > 0 ? bytes() / seconds / 1e6 : 0;
+  }
 };
 
 struct Session {
@@ -425,6 +455,49 @@ absl::StatusOr<Point> Measure(const Session& s, std::string name, TransferOp op,
   return best;
 }
 
+// The cold scatter put of `n` blocks (see the header): each transfer after kColdGap, between
+// blocks of both regions not touched for ColdRegionBytes() / 2; only the transfers are timed.
+// The median rate counts.
+absl::Status MeasureCold(const Session& s, int n, std::mt19937_64& rng) {
+  const uint64_t lbase = Address(s.local.span.address);
+  // Slots on each side: every other block after the warm scatter pool's.
+  const uint64_t local_slots = (s.local.span.length / kBlockBytes - kPoolBlocks) / 2;
+  const uint64_t remote_slots = (s.remote.length / kBlockBytes - kPoolBlocks) / 2;
+  uint64_t next = 0;
+  auto once = [&](double* seconds) -> absl::Status {
+    std::vector<TransferSegment> segments;
+    for (int i = 0; i < n; ++i, ++next) {
+      const uint64_t local = kPoolBlocks + 2 * (next % local_slots);
+      const uint64_t remote = kPoolBlocks + 2 * (next % remote_slots);
+      segments.push_back(
+          {lbase + local * kBlockBytes, s.remote.address + remote * kBlockBytes, kBlockBytes});
+    }
+    std::shuffle(segments.begin(), segments.end(), rng);
+    absl::SleepFor(kColdGap);
+    const double start = Now();
+    RETURN_IF_ERROR(TransferOnce(s, TransferOp::kPut, segments));
+    *seconds = Now() - start;
+    return absl::OkStatus();
+  };
+  double seconds = 0;
+  RETURN_IF_ERROR(once(&seconds));  // warm-up
+  Point p;
+  p.name = "scatter_put_cold";
+  p.segment_bytes = kBlockBytes;
+  p.segments = n;
+  std::vector<double> rates;
+  for (int i = 0; i < (s.flags->quick ? 5 : kColdTransfers); ++i) {
+    RETURN_IF_ERROR(once(&seconds));
+    ++p.transfers;
+    p.seconds += seconds;
+    rates.push_back(static_cast<double>(n * kBlockBytes) / seconds / 1e6);
+  }
+  std::sort(rates.begin(), rates.end());
+  p.median_mb_s = rates[rates.size() / 2];
+  PrintPoint(s, p);
+  return absl::OkStatus();
+}
+
 // `count` block positions in [0, pool) with no two adjacent, in a random order.
 std::vector<int> ScatteredBlocks(std::mt19937_64& rng, int pool, int count) {
   // Every other block, shifted by one from a random point on: the only way to place count =
@@ -438,8 +511,9 @@ std::vector<int> ScatteredBlocks(std::mt19937_64& rng, int pool, int count) {
 
 absl::Status RunTransport(const Flags& flags, const std::vector<uint64_t>& sizes) {
   const uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  const uint64_t target_bytes = std::max({kTargetRegionBytes, kPoolBytes, max_size});
-  const uint64_t source_bytes = std::max(kPoolBytes, max_size);
+  const uint64_t target_bytes =
+      std::max({kTargetRegionBytes, kPoolBytes + ColdRegionBytes(), max_size});
+  const uint64_t source_bytes = std::max(kPoolBytes + ColdRegionBytes(), max_size);
 
   ASSIGN_OR_RETURN(std::unique_ptr<TargetProcess> target,
                    TargetProcess::Start(flags, target_bytes));
@@ -508,7 +582,7 @@ absl::Status RunTransport(const Flags& flags, const std::vector<uint64_t>& sizes
               static_cast<unsigned long long>(kBlockBytes));
 
   // Per size: one segment per transfer, then a batch, then gets of one segment.
-  for (uint64_t size : sizes) {
+  for (uint64_t size : flags.scatter_only ? std::vector<uint64_t>{} : sizes) {
     RETURN_IF_ERROR(Measure(s, "put_b1", TransferOp::kPut, {{lbase, rbase, size}}).status());
     const uint64_t fit = std::min<uint64_t>(kBatch, s.remote.length / size);
     const uint64_t local_slots = std::max<uint64_t>(1, local.span.length / size);
@@ -522,7 +596,22 @@ absl::Status RunTransport(const Flags& flags, const std::vector<uint64_t>& sizes
     }
   }
 
-  RETURN_IF_ERROR(Measure(s, "scatter_put", TransferOp::kPut, scatter_put).status());
+  for (absl::string_view count : absl::StrSplit(flags.scatter_blocks, ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(count, &n) || n < 1 || n > kScatterBlocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--scatter_blocks: ", count, " is not a count in 1..", kScatterBlocks));
+    }
+    const std::vector<TransferSegment> first(scatter_put.begin(), scatter_put.begin() + n);
+    RETURN_IF_ERROR(Measure(s, "scatter_put", TransferOp::kPut, first).status());
+    RETURN_IF_ERROR(MeasureCold(s, n, rng));
+  }
+  if (flags.scatter_only) {
+    transport->Disconnect(peer);
+    RETURN_IF_ERROR(transport->Deregister(local.id));
+    target->Stop();
+    return absl::OkStatus();
+  }
   const uint64_t contig = kBlockBytes * kScatterBlocks;
   RETURN_IF_ERROR(Measure(s, "contig_put", TransferOp::kPut, {{lbase, rbase, contig}}).status());
   if (flags.gets) {
@@ -600,6 +689,8 @@ int Main(int argc, char** argv) {
       flags.memcpy_only = true;
     } else if (a == "--no_gets") {
       flags.gets = false;
+    } else if (a == "--scatter_only") {
+      flags.scatter_only = true;
     } else if (!value()) {
       return Usage();
     } else if (a == "--role") {
@@ -610,6 +701,8 @@ int Main(int argc, char** argv) {
       flags.ucx_tls = v;
     } else if (a == "--sizes") {
       flags.sizes = v;
+    } else if (a == "--scatter_blocks") {
+      flags.scatter_blocks = v;
     } else if (a == "--min_seconds") {
       if (!absl::SimpleAtod(v, &flags.min_seconds)) return Usage();
       min_seconds_set = true;

@@ -8,7 +8,8 @@
 # that starts its own target process) measures, per size, puts of one segment per transfer
 # (batch 1), of 64 segments per transfer (batch 64) and gets of one segment, and the
 # request-shaped transfer (64 scattered blocks of 1,474,560 bytes, the bf16 KV of a 4,096-token
-# SmolLM2-135M request) against the same bytes as one segment. Then ucx_perftest -t ucp_put_bw,
+# SmolLM2-135M request) against the same bytes as one segment, and the same transfer as a
+# hand-off meets it (one at a time after the transport idled, blocks not in any cache). Then ucx_perftest -t ucp_put_bw,
 # server and client on 127.0.0.1, same UCX_TLS, -e (endpoints with peer error handling, as the
 # transport's; where UCX refuses it, as for shm in UCX 1.13, without), per size, ~0.5 s runs. Then
 # the gRPC transport on loopback for reference (no perftest equivalent); memcpy of each size
@@ -362,6 +363,8 @@ END {
       printf "\n"
     }
     if (sg != "") printf "  request-shaped get: scattered %s MB/s; one segment %s MB/s: %sx\n", f1(sg), f1(cg), f2(ratio(sg, cg))
+    cold[t] = get("ucx", t, "scatter_put_cold", 1474560)
+    if (cold[t] != "") printf "  request-shaped put as a hand-off meets it (one at a time after 250 ms idle, blocks not in any cache; median): %s MB/s\n", f1(cold[t])
   }
   printf "\n  grpc on loopback (reference; no perftest equivalent): peer transport %s\n", ((("grpc", "-") in path) ? path["grpc", "-"] : "-")
   if (("grpc", "-") in err) printf "    FAILED: %s\n", err["grpc", "-"]
@@ -417,6 +420,7 @@ END {
     j = j ",\"perftest_errmode_" t "\":" opt(pmode, t)
     j = j ",\"perftest_e_error_" t "\":" opt(perr, t SUBSEP "peer")
     j = j ",\"scatter_put_mb_s_" t "\":" num(sc[t], 1)
+    j = j ",\"scatter_put_cold_mb_s_" t "\":" num(cold[t], 1)
     j = j ",\"contig_put_mb_s_" t "\":" num(co[t], 1)
     j = j ",\"scatter_get_mb_s_" t "\":" num(get("ucx", t, "scatter_get", 1474560), 1)
     j = j ",\"contig_get_mb_s_" t "\":" num(get("ucx", t, "contig_get", 94371840), 1)
