@@ -975,7 +975,12 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
   event.finish = reason;
   event.sampler_state = seq.state;
   event.held_text = seq.stop.held();
-  if (--seq.req->live == 0 && !seq.req->handed_off) finished_ids_.push_back(seq.req->r.id);
+  if (--seq.req->live == 0 && !seq.req->handed_off) {
+    // Reusable from its last event on: whoever sees that event finds the id free (its
+    // sequences leave seqs_ at the end of this step, before a new submission is added).
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ids_.erase(seq.req->r.id);
+  }
   if (reason == FinishReason::kHandoff) {
     const Handoff& handoff = handoffs_.at(seq.req->r.id);
     event.blocks = handoff.blocks;
@@ -1032,10 +1037,8 @@ void Engine::RemoveFinished() {
   published.cached_blocks = cache_.blocks();
   published.window_cached_blocks = window_cache_ != nullptr ? window_cache_->blocks() : 0;
   std::lock_guard<std::mutex> lock(mu_);
-  // Ids of requests with no live sequence (and no handoff) left become reusable.
-  for (const std::string& id : finished_ids_) live_ids_.erase(id);
+  // Released handoffs' ids become reusable.
   for (const std::string& id : released_ids_) live_ids_.erase(id);
-  finished_ids_.clear();
   released_ids_.clear();
   published_ = std::move(published);
   published_waiting_requests_ = waiting_requests;

@@ -244,7 +244,8 @@ class Engine {
   void Abort(const std::string& id);
   // Releases the blocks of a kHandoff; thread-safe. (Abort(id) does it too.)
   void ReleaseHandoff(const std::string& id);
-  // Whether `id` is submitted and not yet finished (or a handoff not yet released).
+  // Whether `id` is submitted and not yet finished (or a handoff not yet released). False from
+  // the moment the request's last finish event is emitted.
   bool IsLive(const std::string& id) const;
 
   // Reserves the blocks for `positions` positions of a request whose KV will arrive from
@@ -364,7 +365,6 @@ class Engine {
   int64_t arrivals_ = 0;
   EngineStats stats_;
   int64_t dropped_events_ = 0;             // the caches' dropped_events() as of the last look
-  std::vector<std::string> finished_ids_;  // requests that ended since RemoveFinished
   std::vector<std::string> released_ids_;  // handoffs released since RemoveFinished
   std::vector<float> logits_;
 

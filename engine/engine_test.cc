@@ -708,6 +708,31 @@ TEST_P(EngineSplitTest, SeveralChoicesASubsetAndAResumedChoiceSplitExactly) {
 INSTANTIATE_TEST_SUITE_P(Variants, EngineSplitTest,
                          ::testing::Combine(::testing::Range(0, 5), ::testing::Bool()));
 
+TEST(EngineTest, AnIdIsFreeFromItsLastFinishEventOn) {
+  Harness h(kVariants[0], 64, EngineOptions());
+  EngineRequest r = Req("r", Prompt(20, 7), 3, false);
+  r.n = 2;
+  std::vector<bool> live_at_finish;
+  ASSERT_TRUE(h.Submit(std::move(r)).ok());
+  // Whether the id was live when each choice's finish came.
+  EngineRequest probe = Req("probe", Prompt(20, 8), 3, false);
+  probe.n = 2;
+  probe.on_event = [&](const TokenEvent& e) {
+    if (e.finish != FinishReason::kNone) live_at_finish.push_back(h.engine_->IsLive("probe"));
+  };
+  ASSERT_TRUE(h.engine_->Submit(std::move(probe)).ok());
+  h.Drain();
+  // Live while a choice runs; free by the time the last finish event is seen.
+  ASSERT_EQ(live_at_finish.size(), 2u);
+  EXPECT_TRUE(live_at_finish[0]);
+  EXPECT_FALSE(live_at_finish[1]);
+  EXPECT_FALSE(h.engine_->IsLive("r"));
+  EXPECT_EQ(h.out("r", 0).tokens.size(), 3u);
+  EXPECT_EQ(h.out("r", 1).tokens.size(), 3u);
+  ASSERT_TRUE(h.Submit(Req("r", Prompt(20, 7), 3, false)).ok()) << "the id is reusable";
+  h.Drain();
+}
+
 TEST(EngineTest, EventsSayHowLongTheRequestWaitedForAdmission) {
   FakeClock clock;
   EngineOptions options;
