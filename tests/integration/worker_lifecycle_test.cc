@@ -150,7 +150,8 @@ TEST(WorkerLifecycleTest, AFullQueueRefusesWithResourceExhausted) {
   WorkerClient client(worker->address());
   Progress first;
   std::thread running([&] {
-    client.Generate(MakeRequest("run", Prompt(), Long(100)), absl::Seconds(60),
+    // Long enough (40 s) to be running whatever the machine's load; aborted below.
+    client.Generate(MakeRequest("run", Prompt(), Long(2000)), absl::Seconds(60),
                     [&](const v1::GenerateEvent& e) {
                       if (e.has_tokens()) first.Add(1);
                       return true;
@@ -185,7 +186,8 @@ TEST(WorkerLifecycleTest, DrainStopsAdmittingLetsRunningRequestsFinishAndReports
   Progress progress;
   GenerateResult got;
   std::thread caller([&] {
-    got = client.Generate(MakeRequest("d", Prompt(), Long(30)), absl::Seconds(60),
+    // 2 s: still running when the Drain call lands, even on a loaded machine.
+    got = client.Generate(MakeRequest("d", Prompt(), Long(100)), absl::Seconds(60),
                           [&](const v1::GenerateEvent& e) {
                             if (e.has_tokens()) progress.Add(1);
                             return true;
@@ -202,7 +204,7 @@ TEST(WorkerLifecycleTest, DrainStopsAdmittingLetsRunningRequestsFinishAndReports
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   caller.join();
   EXPECT_TRUE(got.status.ok());
-  EXPECT_EQ(got.choices[0].tokens.size(), 30u);
+  EXPECT_EQ(got.choices[0].tokens.size(), 100u);
   ASSERT_TRUE(client.Drain(0, &drain).ok());
   EXPECT_EQ(drain.state(), v1::DRAIN_STATE_DRAINED);
   EXPECT_EQ(HttpGet(worker->admin_port(), "/healthz"), 200);  // alive, just not ready
