@@ -1119,10 +1119,15 @@ absl::StatusOr<ucp_rkey_h> UcxTransport::RemoteKey(Peer* peer, const RegionDescr
   ucp_rkey_h rkey = nullptr;
   const ucs_status_t s = ucp_ep_rkey_unpack(peer->ep, key.data() + kKeyMagic.size() + 8, &rkey);
   if (s != UCS_OK) return UcsError("ucp_ep_rkey_unpack", s);
+  // Populated only where UCX maps the whole region, contiguously (its last byte checked too: a
+  // descriptor's length is the peer's word).
   uint64_t ticket = 0;
   void* mapped = nullptr;
+  void* last = nullptr;
   if (region.length > 0 && ucp_rkey_ptr(rkey, region.address, &mapped) == UCS_OK &&
-      mapped != nullptr) {
+      mapped != nullptr &&
+      ucp_rkey_ptr(rkey, region.address + region.length - 1, &last) == UCS_OK &&
+      static_cast<char*>(last) == static_cast<char*>(mapped) + region.length - 1) {
     ticket = populator_.Add(mapped, region.length);
   }
   peer->rkeys[key] = {rkey, ticket};
