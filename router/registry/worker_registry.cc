@@ -75,11 +75,15 @@ class WorkerRegistry::Subscription final : public grpc::ClientReadReactor<v1::Wo
   }
 
   void OnDone(const grpc::Status& status) override {
-    registry_->OnStreamDone(worker_, generation_,
-                            status.ok()
-                                ? "the stream ended"
-                                : absl::StrCat("the stream failed: ", status.error_message()));
+    WorkerRegistry* const registry = registry_;
+    registry->OnStreamDone(worker_, generation_,
+                           status.ok()
+                               ? "the stream ended"
+                               : absl::StrCat("the stream failed: ", status.error_message()));
     delete this;
+    // Only now may Stop return: the call's context is gone, so nothing of this stream outlives
+    // the registry (a context deleted while the process tore gRPC down tripped its refcounts).
+    registry->SubscriptionGone();
   }
 
  private:
@@ -140,11 +144,8 @@ void WorkerRegistry::Stop() {
       if (w->subscription != nullptr) w->subscription->Cancel();
     }
     stop_cv_.notify_all();
-    // Every stream's OnDone runs before the registry goes.
-    stop_cv_.wait_for(lock, std::chrono::seconds(30), [&] {
-      return std::all_of(workers_.begin(), workers_.end(),
-                         [](const auto& w) { return w->subscription == nullptr; });
-    });
+    // Every stream's OnDone has run, and its Subscription is deleted, before the registry goes.
+    stop_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return live_subscriptions_ == 0; });
   }
   if (monitor_.joinable()) monitor_.join();
 }
@@ -155,6 +156,7 @@ void WorkerRegistry::Connect(Worker& w) {
   w.connected_at = clock_->Monotonic();
   ++w.generation;
   w.subscription = new Subscription(this, &w, w.generation, options_.auth_token);
+  ++live_subscriptions_;
   w.subscription->Start(w.stub.get());
 }
 
@@ -258,6 +260,12 @@ void WorkerRegistry::OnStreamDone(Worker* w, uint64_t generation, const std::str
     stop_cv_.notify_all();
   }
   Changed();
+}
+
+void WorkerRegistry::SubscriptionGone() {
+  std::lock_guard<std::mutex> lock(mu_);
+  --live_subscriptions_;
+  stop_cv_.notify_all();
 }
 
 void WorkerRegistry::MonitorLoop() {

@@ -117,6 +117,8 @@ class WorkerRegistry {
   void Connect(Worker& w);  // under mu_
   void OnStatus(Worker* w, const ferry::v1::WorkerStatus& status);
   void OnStreamDone(Worker* w, uint64_t generation, const std::string& why);
+  // A Subscription was deleted (its ClientContext with it): Stop waits for the last one.
+  void SubscriptionGone();
   void MarkDown(Worker& w, const std::string& why);  // under mu_
   void Changed();
 
@@ -128,6 +130,7 @@ class WorkerRegistry {
   std::condition_variable stop_cv_;
   PoolInfo pool_;
   bool started_ = false, stopping_ = false;
+  int64_t live_subscriptions_ = 0;  // created and not yet deleted
   std::thread monitor_;
   std::function<void()> on_change_;
   std::function<void(const std::string&)> on_refusal_;
