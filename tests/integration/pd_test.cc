@@ -218,6 +218,16 @@ class PdFaultTest : public ::testing::Test {
             "--reservation_quarantine=3s"};
   }
   void Hold() { std::ofstream(hold_) << "hold"; }
+  // Once the prefill worker (admin port `prefill_admin`) computed its request (its push held),
+  // kills `victim`, then releases the push.
+  std::thread KillOnceComputed(int prefill_admin, ServiceProcess* victim) {
+    return std::thread([this, prefill_admin, victim] {
+      WaitForMetric(prefill_admin, kPrefillSteps, 1);
+      victim->Signal(SIGKILL);
+      victim->WaitForExit(absl::Seconds(10));
+      Release();
+    });
+  }
   // Puts bytes into every block `reservation` asks for (one pool), from a transport of the test's.
   void PutInto(const v1::KvReservation& reservation) {
     transfer::TransportOptions options;
@@ -282,13 +292,7 @@ TEST_F(PdFaultTest, DecodeKilledDuringThePushLeavesThePrefillWorkerServing) {
   const std::vector<TokenId> prompt = RandomPrompt(40, 1, 64);
   Sampling greedy;
   Hold();
-  std::thread killer([&] {
-    // Once P holds the push (its request computed), D dies; then the push may go.
-    WaitForMetric(p->admin_port(), kPrefillSteps, 1);
-    d->Signal(SIGKILL);
-    d->WaitForExit(absl::Seconds(10));
-    Release();
-  });
+  std::thread killer = KillOnceComputed(p->admin_port(), d.get());  // D dies while P holds the push
   PdResult got = RunPd(decode, d->address(), prefill, MakeRequest("r", prompt, greedy));
   killer.join();
   EXPECT_FALSE(got.prefill.ok());
@@ -411,14 +415,9 @@ TEST_F(PdFaultTest, PrefillKilledAfterDecodeReservedFreesTheReservation) {
   const std::vector<TokenId> prompt = RandomPrompt(40, 1, 64);
   Sampling greedy;
   Hold();
-  std::thread killer([&] {
-    WaitForMetric(p->admin_port(), kPrefillSteps, 1);
-    p->Signal(SIGKILL);
-    p->WaitForExit(absl::Seconds(10));
-  });
+  std::thread killer = KillOnceComputed(p->admin_port(), p.get());
   PdResult got = RunPd(decode, d->address(), prefill, MakeRequest("r", prompt, greedy));
   killer.join();
-  Release();
   EXPECT_FALSE(got.prefill.ok());
   // D's stream ends by the reservation's deadline (3 s), its blocks after the quarantine (3 s).
   EXPECT_EQ(got.stream.status.error_code(), grpc::StatusCode::UNAVAILABLE)
