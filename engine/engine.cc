@@ -65,6 +65,7 @@ struct Engine::Sequence {
   StopStringMatcher stop{{}};
   std::unique_ptr<IncrementalDetokenizer> detok;
   int64_t step_chunk = 0;  // tokens scheduled in the current step
+  int64_t reported_blocks = 0;  // stream_kv: in the latest progress event
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
   // Rank: lower runs first (higher priority, then earlier arrival).
@@ -771,7 +772,10 @@ absl::StatusOr<bool> Engine::Step() {
     s.computed += s.step_chunk;
     CacheFullBlocks(s);
     Slide(s);
-    if (batch[i].no_logits) continue;
+    if (batch[i].no_logits) {
+      ReportKvProgress(s);
+      continue;
+    }
     const absl::Span<const float> l(logits.data() + row * vocab, vocab);
     ++row;
     if (!s.finished) Deliver(s, l);
@@ -833,6 +837,17 @@ TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, Fini
     *reason = FinishReason::kLength;
   }
   return e;
+}
+
+void Engine::ReportKvProgress(Sequence& seq) {
+  const EngineRequest& r = seq.req->r;
+  if (!r.stream_kv || r.role != EngineRole::kPrefillOnly || seq.finished) return;
+  const int64_t complete = std::min(seq.computed, seq.prompt_len) / block_tokens_;
+  if (complete <= seq.reported_blocks) return;
+  seq.reported_blocks = complete;
+  TokenEvent e;
+  e.blocks.assign(seq.blocks.begin(), seq.blocks.begin() + complete);
+  Emit(seq, e);
 }
 
 void Engine::DeliverPrefillOnly(Sequence& seq, absl::Span<const float> logits) {

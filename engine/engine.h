@@ -28,6 +28,12 @@
 //   are held for the caller to send: every kHandoff event of the request names the same table.
 //   They are held until ReleaseHandoff, Abort, or handoff_ttl after the handoff, whichever comes
 //   first; the id stays live until then. With n > 1 the choices share the prompt's KV.
+//   With stream_kv, every step that completes blocks of the prompt before its last chunk also
+//   sends a progress event (choice 0, no token, no finish) naming the leading blocks of the
+//   table whose KV is complete: a caller may send them while the rest is computed. They stay
+//   the request's only while it runs (a preempted prompt recomputes into other blocks, the same
+//   bytes), so a caller that reads them later takes its own reference (KvBlockPool::AddRef)
+//   from inside the callback.
 // - kDecodeOnly starts from imported KV blocks and one resume point per choice to run (their
 //   first tokens, from the prefill side): the blocks cover the prompt and every generated token
 //   but the last (prompt_len + generated - 1 positions). With more than one choice every choice
@@ -125,7 +131,9 @@ struct TokenEvent {
   // known; what came after is compute.
   absl::Duration queued = absl::ZeroDuration();
   std::vector<float> logits;    // the row the token was chosen from (keep_logits)
-  std::vector<BlockId> blocks;  // kHandoff: the request's KV (see Roles above)
+  // kHandoff: the request's KV (see Roles above). A progress event (stream_kv; no token, no
+  // finish): the leading blocks of the table whose KV is complete, all layers.
+  std::vector<BlockId> blocks;
   // kHandoff on a window pool: the window layers' table, indexed like `blocks`, kNoBlock for the
   // blocks before the window.
   std::vector<BlockId> window_blocks;
@@ -158,6 +166,8 @@ struct EngineRequest {
   std::string cache_salt;         // the tenant's, enters the block hashes
   EngineRole role = EngineRole::kPrefillAndDecode;
   bool keep_logits = false;
+  // kPrefillOnly: progress events as blocks of the prompt complete (see Roles above).
+  bool stream_kv = false;
   // Empty, or the choices to run (distinct choice indexes < n; choices not listed finished
   // elsewhere and are not run).
   std::vector<ResumePoint> resume;
@@ -324,6 +334,8 @@ class Engine {
   // Samples `seq`'s next token from `logits` into an event; `reason` is why it ends the choice
   // (kNone: it goes on).
   TokenEvent NextToken(Sequence& seq, absl::Span<const float> logits, FinishReason* reason);
+  // stream_kv: a progress event when a step completed more of the prompt's blocks.
+  void ReportKvProgress(Sequence& seq);
   // A prefill-only request's prompt is computed: each choice's first token, and the handoff.
   void DeliverPrefillOnly(Sequence& seq, absl::Span<const float> logits);
   // A sequence for choice `choice` of `req` that has not produced anything yet.

@@ -786,6 +786,64 @@ TEST(EngineTest, AHandoffNobodyReleasesIsFreedAfterItsTtl) {
   EXPECT_EQ(h.held_blocks(), 0);
 }
 
+TEST(EngineTest, StreamedKvNamesCompleteBlocksThatNeverChangeAgain) {
+  EngineOptions options;
+  options.prefill_chunk = 24;  // 100 tokens in 5 steps: 24, 48, 72, 96, 100
+  Harness h(kVariants[1], 64, options);
+  const size_t block_bytes = h.pool_->layout().block_bytes();
+  struct Progress {
+    std::vector<BlockId> blocks;
+    std::vector<char> bytes;  // as they were when reported
+  };
+  std::vector<Progress> progress;
+  std::vector<BlockId> table;
+  auto submit = [&](const std::string& id, bool stream) {
+    EngineRequest r = Req(id, Prompt(100, 5), 8, false);
+    r.role = EngineRole::kPrefillOnly;
+    r.stream_kv = stream;
+    r.on_event = [&](const TokenEvent& e) {
+      if (e.finish == FinishReason::kHandoff) table = e.blocks;
+      if (e.has_token || e.finish != FinishReason::kNone) return;
+      Progress p{e.blocks, std::vector<char>(e.blocks.size() * block_bytes)};
+      ASSERT_TRUE(h.pool_->ExportToHost(p.blocks, p.bytes.data(), p.bytes.size()).ok());
+      progress.push_back(std::move(p));
+    };
+    ASSERT_TRUE(h.engine_->Submit(std::move(r)).ok());
+    h.Drain();
+  };
+  submit("plain", false);
+  EXPECT_TRUE(progress.empty()) << "no progress events without stream_kv";
+  h.engine_->ReleaseHandoff("plain");
+  h.engine_->ClearPrefixCache();
+  h.Drain();
+
+  submit("streamed", true);
+  ASSERT_EQ(table.size(), 7u);
+  ASSERT_EQ(progress.size(), 4u) << "one per step that completed blocks, none for the last";
+  const size_t want[] = {1, 3, 4, 6};
+  std::vector<char> now(table.size() * block_bytes);
+  ASSERT_TRUE(h.pool_->ExportToHost(table, now.data(), now.size()).ok());
+  for (size_t i = 0; i < progress.size(); ++i) {
+    ASSERT_EQ(progress[i].blocks.size(), want[i]) << i;
+    EXPECT_TRUE(std::equal(progress[i].blocks.begin(), progress[i].blocks.end(), table.begin()))
+        << "a prefix of the handed-off table";
+    EXPECT_EQ(0, std::memcmp(progress[i].bytes.data(), now.data(), progress[i].bytes.size()))
+        << "the KV of blocks reported complete never changes";
+  }
+  h.engine_->ReleaseHandoff("streamed");
+  h.Drain();
+
+  // A cached prefix (6 of the 7 blocks) completes them before the first step: the one step
+  // left computes the last block and hands off, with no progress event.
+  progress.clear();
+  submit("cached", true);
+  EXPECT_TRUE(progress.empty());
+  EXPECT_EQ(table.size(), 7u);
+  h.engine_->ReleaseHandoff("cached");
+  h.Drain();
+  EXPECT_EQ(h.held_blocks(), 0);
+}
+
 TEST(EngineTest, ASequenceThatOutgrowsThePoolEndsWithAnErrorNotAHang) {
   const SyntheticVariant variant{"llama_gqa_f32"};
   Harness h(variant, 4, EngineOptions{});  // 64 positions in all
