@@ -64,7 +64,7 @@ struct Engine::Sequence {
   SamplerState state;
   StopStringMatcher stop{{}};
   std::unique_ptr<IncrementalDetokenizer> detok;
-  int64_t step_chunk = 0;  // tokens scheduled in the current step
+  int64_t step_chunk = 0;       // tokens scheduled in the current step
   int64_t reported_blocks = 0;  // stream_kv: in the latest progress event
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }

@@ -130,7 +130,7 @@ struct TokenEvent {
   // From Submit to the request's first admission (its wait in the queue), on every event once
   // known; what came after is compute.
   absl::Duration queued = absl::ZeroDuration();
-  std::vector<float> logits;    // the row the token was chosen from (keep_logits)
+  std::vector<float> logits;  // the row the token was chosen from (keep_logits)
   // kHandoff: the request's KV (see Roles above). A progress event (stream_kv; no token, no
   // finish): the leading blocks of the table whose KV is complete, all layers.
   std::vector<BlockId> blocks;

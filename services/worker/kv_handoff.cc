@@ -142,7 +142,7 @@ absl::Status CheckReservation(const v1::KvReservation& r, const KvFacts& mine,
 absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     const v1::KvReservation& reservation, const std::vector<BlockId>& blocks,
     const std::vector<BlockId>& window_blocks, const KvBlockPool& pool,
-    const KvBlockPool* window_pool, absl::Time deadline, uint64_t* bytes) {
+    const KvBlockPool* window_pool, int64_t from_block, absl::Time deadline, uint64_t* bytes) {
   auto remote = transfer::FromProto(reservation.transfer());
   if (!remote.ok()) return remote.status();
   if (reservation.deadline_unix_ms() > 0) {
@@ -151,10 +151,13 @@ absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
   *bytes = 0;
   std::vector<transfer::TransferRequest> out;
   const size_t cached = reservation.cached_prefix_blocks();
-  if (cached >= blocks.size()) return absl::InvalidArgumentError("nothing to push");
-  auto spans = pool.Spans(absl::MakeConstSpan(blocks).subspan(cached));
+  const size_t from =
+      std::max<size_t>(cached, static_cast<size_t>(std::max<int64_t>(0, from_block)));
+  if (from >= blocks.size()) return absl::InvalidArgumentError("nothing to push");
+  auto spans = pool.Spans(absl::MakeConstSpan(blocks).subspan(from));
   if (!spans.ok()) return spans.status();
-  auto put = transfer::BlockTransferRequest(*remote, 0, *spans, transfer::TransferOp::kPut);
+  auto put =
+      transfer::BlockTransferRequest(*remote, from - cached, *spans, transfer::TransferOp::kPut);
   if (!put.ok()) return put.status();
   put->deadline = deadline;
   for (const MemorySpan& s : *spans) *bytes += s.length;
@@ -180,6 +183,35 @@ absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     out.push_back(*std::move(window_put));
   }
   return out;
+}
+
+absl::StatusOr<transfer::TransferRequest> StreamTransfer(const v1::KvReservation& reservation,
+                                                         int64_t first_block,
+                                                         absl::Span<const BlockId> blocks,
+                                                         const KvBlockPool& pool,
+                                                         absl::Time deadline, uint64_t* bytes) {
+  const int64_t cached = reservation.cached_prefix_blocks();
+  const int64_t end = first_block + static_cast<int64_t>(blocks.size());
+  if (blocks.empty() || first_block < cached || end > cached + reservation.reserved_blocks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("blocks ", first_block, "..", end - 1, " are not among the reservation's ",
+                     cached, "..", cached + reservation.reserved_blocks() - 1));
+  }
+  auto remote = transfer::FromProto(reservation.transfer());
+  if (!remote.ok()) return remote.status();
+  if (reservation.deadline_unix_ms() > 0) {
+    deadline = std::min(deadline, absl::FromUnixMillis(reservation.deadline_unix_ms()));
+  }
+  auto spans = pool.Spans(blocks);
+  if (!spans.ok()) return spans.status();
+  auto put = transfer::BlockTransferRequest(*remote, static_cast<size_t>(first_block - cached),
+                                            *spans, transfer::TransferOp::kPut);
+  if (!put.ok()) return put.status();
+  put->transfer_id.clear();
+  put->deadline = deadline;
+  *bytes = 0;
+  for (const MemorySpan& s : *spans) *bytes += s.length;
+  return put;
 }
 
 }  // namespace ferry

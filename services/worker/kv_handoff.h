@@ -2,8 +2,10 @@
 // plain functions over the wire messages, so that both sides agree by construction:
 //
 //   decode worker D:  Engine::Reserve -> DescribeReservation -> GenerateEvent{reservation}
-//   prefill worker P: CheckReservation (same model, block size, KV layout?) -> compute ->
-//                     PushTransfers (one put per pool, straight from P's blocks into D's)
+//   prefill worker P: CheckReservation (same model, block size, KV layout?) -> compute,
+//                     StreamTransfer for blocks complete before the compute ends ->
+//                     PushTransfers for the rest (one put per pool, straight from P's blocks
+//                     into D's; these name the transfer ids D awaits)
 //
 // A reservation names D's pools as transfer regions (region 0 the KV pool, region 1 the window
 // pool of a hybrid model on two pools) and one slice per block to push, in table order: the
@@ -64,12 +66,24 @@ absl::Status CheckReservation(const ferry::v1::KvReservation& reservation, const
                               int64_t table_blocks);
 
 // The puts that move a handed-off table (`blocks`, and `window_blocks` on two pools) into the
-// reservation's slices: the pool's, then (two pools) the window pool's. The caller sets `peer`;
-// the deadline is the reservation's (or `deadline`, if earlier). Bytes in all of them: `bytes`.
+// reservation's slices: the pool's from table block `from_block` on (blocks before it were
+// streamed; at least one must be left), then (two pools) the window pool's. They carry the
+// reservation's transfer ids, so they go last, once every streamed put has completed. The caller
+// sets `peer`; the deadline is the reservation's (or `deadline`, if earlier). Bytes in all of
+// them: `bytes`.
 absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     const ferry::v1::KvReservation& reservation, const std::vector<BlockId>& blocks,
     const std::vector<BlockId>& window_blocks, const KvBlockPool& pool,
-    const KvBlockPool* window_pool, absl::Time deadline, uint64_t* bytes);
+    const KvBlockPool* window_pool, int64_t from_block, absl::Time deadline, uint64_t* bytes);
+
+// A put of pool blocks that completed before the compute ended (`blocks`: the table's blocks
+// first_block, first_block + 1, ...) into their slices, without a transfer id: the decode worker
+// learns of it only through the later PushTransfers puts. InvalidArgument when the range is not
+// within the blocks to push. Deadline and `bytes` as above.
+absl::StatusOr<transfer::TransferRequest> StreamTransfer(
+    const ferry::v1::KvReservation& reservation, int64_t first_block,
+    absl::Span<const BlockId> blocks, const KvBlockPool& pool, absl::Time deadline,
+    uint64_t* bytes);
 
 }  // namespace ferry
 

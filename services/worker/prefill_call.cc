@@ -110,6 +110,9 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
       first_[c].set_choice_index(static_cast<uint32_t>(c));
     }
     choices_left_ = r.n;
+    stream_ = service_->options().stream_kv;
+    table_blocks_ = table;
+    streamed_to_ = destination_.cached_prefix_blocks();
     if (ctx.deadline_unix_ms() > 0) deadline_ = absl::FromUnixMillis(ctx.deadline_unix_ms());
     if (destination_.deadline_unix_ms() > 0) {
       deadline_ = std::min(deadline_, absl::FromUnixMillis(destination_.deadline_unix_ms()));
@@ -122,6 +125,7 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
   }
   if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Add(id_, deadline_);
   r.role = EngineRole::kPrefillOnly;
+  r.stream_kv = stream_;
   r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
   refs_.fetch_add(1);  // the engine's
   {
@@ -175,6 +179,10 @@ void PrefillCall::AbortFor(AbortCause cause) {
 }
 
 void PrefillCall::OnEngineEvent(const TokenEvent& e) {
+  if (!e.has_token && e.text.empty() && e.finish == FinishReason::kNone) {
+    if (!e.blocks.empty()) OnKvProgress(e.blocks);
+    return;
+  }
   bool done = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -220,66 +228,226 @@ void PrefillCall::OnEngineEvent(const TokenEvent& e) {
   }
   if (push) {
     refs_.fetch_add(1);  // the push's
-    if (!service_->AddPush([this] { Push(); })) {
-      refs_.fetch_sub(1);
+    AfterChunks([this] {
+      if (service_->AddPush([this] { Push(); })) return;
       service_->engine().engine().ReleaseHandoff(id_);
-      NotifyDecode(absl::UnavailableError("the prefill worker's push queue is full"), true);
-    }
+      bool uncertain = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        uncertain = uncertain_;
+      }
+      NotifyDecode(absl::UnavailableError("the prefill worker's push queue is full"), !uncertain);
+      Unref();  // the push's
+    });
   } else {
-    // Nothing handed off: an error, or every choice ended with its first token.
+    // Nothing handed off: an error, or every choice ended with its first token. The decode
+    // worker may reuse its blocks at once unless a streamed put failed on its way.
     if (handed_off_) service_->engine().engine().ReleaseHandoff(id_);
-    NotifyDecode(error, /*no_transfer=*/true);
+    AfterChunks([this, error] {
+      bool uncertain = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        uncertain = uncertain_;
+      }
+      NotifyDecode(error, /*no_transfer=*/!uncertain);
+    });
   }
   Unref();  // the engine's
 }
 
-void PrefillCall::Push() {
-  // Test seam: hold the push while the file exists (bounded by the deadline; a cancel ends it).
-  const std::string& hold = service_->options().push_hold_file;
-  if (!hold.empty()) {
-    while (access(hold.c_str(), F_OK) == 0 && absl::Now() < deadline_ + absl::Seconds(1)) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (cause_ != AbortCause::kNone) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+void PrefillCall::OnKvProgress(const std::vector<BlockId>& blocks) {
+  int64_t first = 0;
+  std::vector<BlockId> chunk;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stream_ || cause_ != AbortCause::kNone || !chunk_status_.ok()) return;
+    // The last block always goes with the transfer ids (the engine never reports it complete
+    // before the last chunk; this keeps it so whatever the table).
+    const int64_t end = std::min<int64_t>(static_cast<int64_t>(blocks.size()), table_blocks_ - 1);
+    if (end <= streamed_to_) return;
+    first = streamed_to_;
+    chunk.assign(blocks.begin() + first, blocks.begin() + end);
+    streamed_to_ = end;
+    ++chunks_;
   }
-  transfer::KvTransport* transport = service_->transport();
+  // The blocks are the running request's; this reference keeps them from reuse (a preemption,
+  // an abort) until the put is over.
+  absl::Status held = service_->engine().pool().AddRef(chunk);
+  refs_.fetch_add(1);  // the chunk's
+  if (held.ok() && service_->AddPush([this, first, chunk] { PushChunk(first, chunk); })) return;
+  if (held.ok()) CHECK_OK(service_->engine().pool().Release(chunk));
+  {
+    // Not streamed after all: the final puts take these blocks (nothing waits on chunks_ yet:
+    // the engine has not finished the request).
+    std::lock_guard<std::mutex> lock(mu_);
+    streamed_to_ = first;
+    --chunks_;
+  }
+  if (!held.ok()) LOG(ERROR) << "request " << id_ << ": cannot hold blocks to stream: " << held;
+  Unref();  // the chunk's
+}
+
+void PrefillCall::PushChunk(int64_t first, std::vector<BlockId> blocks) {
+  HoldForTest();
   absl::Status failed;
-  std::vector<transfer::TransferRequest> puts;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (cause_ != AbortCause::kNone) failed = absl::CancelledError("the request was cancelled");
+    if (!chunk_status_.ok()) failed = chunk_status_;
+  }
+  transfer::TransferRequest put;
+  uint64_t bytes = 0;
+  if (failed.ok()) {
+    auto built =
+        StreamTransfer(destination_, first, blocks, service_->engine().pool(), deadline_, &bytes);
+    if (built.ok()) {
+      put = *std::move(built);
+    } else {
+      failed = built.status();
+    }
+  }
+  if (failed.ok()) {
+    auto peer = Peer();
+    if (peer.ok()) {
+      put.peer = *peer;
+    } else {
+      failed = peer.status();
+    }
+  }
+  if (!failed.ok()) return OnChunkPushed(failed, blocks, 0, /*posted=*/false);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    WireStarted();
+  }
+  auto posted = service_->transport()->Post(std::move(put), [this, blocks, bytes](absl::Status s) {
+    OnChunkPushed(s, blocks, bytes, /*posted=*/true);
+  });
+  if (!posted.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      WireEnded();
+    }
+    OnChunkPushed(posted.status(), blocks, 0, /*posted=*/false);
+  }
+}
+
+void PrefillCall::OnChunkPushed(const absl::Status& status, const std::vector<BlockId>& blocks,
+                                uint64_t bytes, bool posted) {
+  // The transport no longer touches the blocks.
+  CHECK_OK(service_->engine().pool().Release(blocks));
+  std::function<void()> then;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (posted) WireEnded();
+    if (status.ok()) {
+      streamed_bytes_ += bytes;
+    } else {
+      if (chunk_status_.ok()) chunk_status_ = status;
+      if (posted) uncertain_ = true;
+    }
+    if (--chunks_ == 0 && after_chunks_) {
+      then = std::move(after_chunks_);
+      after_chunks_ = nullptr;
+    }
+  }
+  if (then) then();
+  Unref();  // the chunk's
+}
+
+void PrefillCall::AfterChunks(std::function<void()> then) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (chunks_ > 0) {
+      refs_.fetch_add(1);  // the wait's
+      after_chunks_ = [this, then = std::move(then)] {
+        then();
+        Unref();  // the wait's
+      };
+      return;
+    }
+  }
+  then();
+}
+
+absl::StatusOr<uint64_t> PrefillCall::Peer() {
+  if (connected_) return peer_;
+  auto connected = service_->transport()->Connect(destination_.transfer().worker_address());
+  if (!connected.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot reach the decode worker's KV transport: ",
+                                               connected.status().message()));
+  }
+  peer_ = *connected;
+  connected_ = true;
+  return peer_;
+}
+
+void PrefillCall::WireStarted() {
+  if (on_wire_++ == 0) wire_since_ = std::chrono::steady_clock::now();
+}
+
+void PrefillCall::WireEnded() {
+  if (--on_wire_ == 0) wire_ += std::chrono::steady_clock::now() - wire_since_;
+}
+
+void PrefillCall::HoldForTest() {
+  // Test seam: hold the put while the file exists (bounded by the deadline; a cancel ends it).
+  const std::string& hold = service_->options().push_hold_file;
+  if (hold.empty()) return;
+  while (access(hold.c_str(), F_OK) == 0 && absl::Now() < deadline_ + absl::Seconds(1)) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cause_ != AbortCause::kNone) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+void PrefillCall::Push() {
+  HoldForTest();
+  transfer::KvTransport* transport = service_->transport();
+  absl::Status failed;
+  std::vector<transfer::TransferRequest> puts;
+  bool cancelled = false, uncertain = false;
+  int64_t from = 0;
+  {
+    // Every streamed put is over (AfterChunks).
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled = cause_ != AbortCause::kNone;
+    if (cancelled) failed = absl::CancelledError("the request was cancelled");
+    if (failed.ok() && !chunk_status_.ok()) failed = chunk_status_;
+    uncertain = uncertain_;
+    from = streamed_to_;
   }
   if (failed.ok()) {
     uint64_t bytes = 0;
     auto built = PushTransfers(destination_, blocks_, window_blocks_, service_->engine().pool(),
-                               service_->engine().window_pool(), deadline_, &bytes);
+                               service_->engine().window_pool(), from, deadline_, &bytes);
     if (!built.ok()) {
       failed = built.status();
     } else {
       puts = *std::move(built);
       std::lock_guard<std::mutex> lock(mu_);
-      bytes_ = bytes;
+      bytes_ = streamed_bytes_ + bytes;
     }
   }
   transfer::PeerId peer = 0;
   if (failed.ok()) {
-    auto connected = transport->Connect(destination_.transfer().worker_address());
+    auto connected = Peer();
     if (!connected.ok()) {
-      failed = absl::UnavailableError(absl::StrCat(
-          "cannot reach the decode worker's KV transport: ", connected.status().message()));
+      failed = connected.status();
     } else {
       peer = *connected;
     }
   }
   if (!failed.ok()) {
-    // Nothing was posted: the decode worker may reuse its blocks at once.
+    // No put naming the transfer ids was posted: the decode worker may reuse its blocks at once,
+    // unless a streamed put failed (its bytes may still land; the transport's word decides).
     service_->engine().engine().ReleaseHandoff(id_);
-    service_->metrics().Push(0, 0, false);
-    NotifyDecode(absl::UnavailableError(absl::StrCat("the KV push failed: ", failed.message())),
-                 /*no_transfer=*/true);
+    service_->metrics().Push(0, 0, 0, 0, false);
+    NotifyDecode(
+        cancelled ? failed
+                  : absl::UnavailableError(absl::StrCat("the KV push failed: ", failed.message())),
+        /*no_transfer=*/!uncertain);
     Unref();  // the push's
     return;
   }
@@ -293,8 +461,22 @@ void PrefillCall::Push() {
   refs_.fetch_add(static_cast<int>(puts.size()));
   for (transfer::TransferRequest& put : puts) {
     put.peer = peer;
-    auto posted = transport->Post(std::move(put), [this](absl::Status s) { OnPushed(s); });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      WireStarted();
+    }
+    auto posted = transport->Post(std::move(put), [this](absl::Status s) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        WireEnded();
+      }
+      OnPushed(s);
+    });
     if (!posted.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        WireEnded();
+      }
       OnPushed(posted.status());
     } else {
       std::lock_guard<std::mutex> lock(mu_);
@@ -320,7 +502,16 @@ void PrefillCall::OnPushed(const absl::Status& status) {
   if (last) {
     // The transport no longer touches the blocks.
     service_->engine().engine().ReleaseHandoff(id_);
-    service_->metrics().Push(bytes_, Seconds(pushed_ - computed_), outcome.ok());
+    std::chrono::steady_clock::duration wire, tail;
+    uint64_t bytes = 0, streamed = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      wire = wire_;
+      tail = pushed_ - computed_;
+      bytes = bytes_;
+      streamed = streamed_bytes_;
+    }
+    service_->metrics().Push(bytes, streamed, Seconds(wire), Seconds(tail), outcome.ok());
     if (!outcome.ok()) {
       LOG(WARNING) << "request " << id_ << ": the KV push to " << decode_endpoint_
                    << " failed: " << outcome;
@@ -383,6 +574,8 @@ void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
             response_->set_compute_us(Micros(computed_ - submitted_ - queued));
             response_->set_transfer_us(Micros(pushed_ - computed_));
             response_->set_bytes_transferred(bytes_);
+            response_->set_bytes_streamed(streamed_bytes_);
+            response_->set_wire_us(Micros(wire_));
             response_->set_blocks_skipped(destination_.cached_prefix_blocks());
           }
           End(grpc::Status::OK);

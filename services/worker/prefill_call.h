@@ -1,9 +1,18 @@
 // One Prefill call on a prefill worker (worker.proto): the request's prompt is computed as a
 // prefill-only engine request (its cached prefix taken from this worker's cache), every
 // choice's first token sampled, and the KV the decode worker lacks pushed straight from this
-// worker's blocks into the decode worker's reservation (KvHandoff's PushTransfers: one put per
-// pool, no staging copy). Then KvReady tells the decode worker, and the call answers with the
-// first tokens, usage and timings.
+// worker's blocks into the decode worker's reservation (no staging copy). Then KvReady tells
+// the decode worker, and the call answers with the first tokens, usage and timings.
+//
+// Streaming (stream_kv, the default): while the prompt is computed, the blocks each step
+// completes are pushed at once (StreamTransfer: puts without a transfer id, each holding its own
+// reference to its blocks), so the first token waits only for the last chunk's KV. Once every
+// streamed put has completed OK, the rest of the table (and a hybrid model's window pool) goes in
+// the puts that carry the reservation's transfer ids (PushTransfers): the decode worker's
+// notification then means every byte is in place. Nothing is told to the decode worker, and no
+// final put is posted, while a streamed put is still running. A streamed put that failed ends
+// the push; the decode worker is then told to wait for its transport's word before it reuses the
+// blocks (no_transfer false), since that put's bytes may still be on their way.
 //
 // Failures: a reservation from a worker whose model, block size or KV layout differs ->
 // FAILED_PRECONDITION saying which, before any compute. A push that fails (the decode worker
@@ -22,6 +31,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,7 +61,22 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
  private:
   void Start(const ferry::v1::PrefillRequest& request);
   void OnEngineEvent(const TokenEvent& event);
-  // On the push executor: connect, hold (test seam), post the puts.
+  // On the engine thread (stream_kv): the table's complete blocks so far.
+  void OnKvProgress(const std::vector<BlockId>& blocks);
+  // On the push executor: one streamed put of table blocks first.. (referenced for it).
+  void PushChunk(int64_t first, std::vector<BlockId> blocks);
+  void OnChunkPushed(const absl::Status& status, const std::vector<BlockId>& blocks, uint64_t bytes,
+                     bool posted);
+  // Runs `then` once no streamed put is queued or running: now, or when the last one ends.
+  void AfterChunks(std::function<void()> then);
+  // Test seam (push_hold_file): waits while the file exists, bounded by the deadline.
+  void HoldForTest();
+  // On the push executor: the connection to the decode worker's transport, made once.
+  absl::StatusOr<uint64_t> Peer();
+  // Under mu_: a put is posted / has ended (for wire_).
+  void WireStarted();
+  void WireEnded();
+  // On the push executor: hold (test seam), connect, post the puts that name the transfer ids.
   void Push();
   void OnPushed(const absl::Status& status);
   // Tells the decode worker (KvReady, with `error` unless OK), then answers.
@@ -83,7 +108,22 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   std::vector<BlockId> blocks_, window_blocks_;
   std::chrono::steady_clock::time_point submitted_, computed_, pushed_;
   absl::Duration queued_;            // in the engine's queue (TokenEvent::queued)
-  std::vector<uint64_t> transfers_;  // posted, for Cancel
+  std::vector<uint64_t> transfers_;  // the final puts, posted, for Cancel
+  // Streaming: table blocks [cached_prefix_blocks, streamed_to_) are pushed or being pushed by
+  // chunks_ streamed puts (queued or running); after_chunks_ waits for the last.
+  bool stream_ = false;
+  int64_t table_blocks_ = 0, streamed_to_ = 0;
+  int chunks_ = 0;
+  absl::Status chunk_status_;  // the first failure of a streamed put
+  bool uncertain_ = false;     // a posted streamed put failed: its bytes may still land
+  std::function<void()> after_chunks_;
+  uint64_t streamed_bytes_ = 0;
+  bool connected_ = false;  // push executor only
+  uint64_t peer_ = 0;
+  // Puts on the wire, since when, and the union of their times.
+  int on_wire_ = 0;
+  std::chrono::steady_clock::time_point wire_since_;
+  std::chrono::steady_clock::duration wire_{};
   int pushes_left_ = 0;
   absl::Status push_status_;
   uint64_t bytes_ = 0;

@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   service_options.transport = w->transport_.get();
   service_options.reservation_timeout = options.reservation_timeout;
   service_options.reservation_quarantine = options.reservation_quarantine;
+  service_options.stream_kv = options.stream_kv;
   service_options.push_hold_file = options.push_hold_file;
   w->service_ = std::make_unique<WorkerService>(w->engine_.get(), metrics, load, service_options);
   GrpcServerOptions grpc_options;

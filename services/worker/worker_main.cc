@@ -41,6 +41,8 @@ ABSL_FLAG(absl::Duration, reservation_quarantine, absl::Seconds(30),
           "decode: a failed reservation's blocks wait this long for the push's outcome");
 ABSL_FLAG(absl::Duration, handoff_ttl, absl::Seconds(120),
           "prefill: a push that never ends has its blocks freed after this");
+ABSL_FLAG(bool, stream_kv, true,
+          "prefill: push KV blocks as they complete, during the compute (false: after it)");
 ABSL_FLAG(std::string, push_hold_file, "",
           "test seam (prefill): pushes wait while this file exists");
 ABSL_FLAG(std::string, engine, "real", "real (the model) or null (a deterministic token source)");
@@ -120,6 +122,7 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(reservation_timeout);
   FROM_FLAG(reservation_quarantine);
   FROM_FLAG(handoff_ttl);
+  FROM_FLAG(stream_kv);
   FROM_FLAG(push_hold_file);
   FROM_FLAG(engine);
   FROM_FLAG(model);

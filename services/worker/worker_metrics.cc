@@ -104,9 +104,21 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                                                             1 << 24, 1 << 26, 1 << 28, 1 << 30});
   push_seconds_ = &prometheus::BuildHistogram()
                        .Name("ferry_worker_kv_push_seconds")
-                       .Help("Time of one request's KV push, from posting to the outcome.")
+                       .Help("Time one request's KV puts were in flight (any of them).")
                        .Register(registry)
                        .Add({}, LatencyBucketsSeconds());
+  push_tail_seconds_ = &prometheus::BuildHistogram()
+                            .Name("ferry_worker_kv_push_tail_seconds")
+                            .Help(
+                                "Time of one request's KV push after its prompt was computed "
+                                "(what the first token waits for).")
+                            .Register(registry)
+                            .Add({}, LatencyBucketsSeconds());
+  streamed_bytes_ = &prometheus::BuildCounter()
+                         .Name("ferry_worker_kv_streamed_bytes_total")
+                         .Help("KV bytes pushed while the prompt was still being computed.")
+                         .Register(registry)
+                         .Add({});
   auto& pushes = prometheus::BuildCounter()
                      .Name("ferry_worker_kv_pushes_total")
                      .Help("KV pushes to decode workers by outcome.")
@@ -193,9 +205,12 @@ void WorkerMetrics::Unauthenticated() { unauthenticated_->Increment(); }
 
 namespace ferry {
 
-void WorkerMetrics::Push(uint64_t bytes, double seconds, bool ok) {
+void WorkerMetrics::Push(uint64_t bytes, uint64_t streamed, double seconds, double tail_seconds,
+                         bool ok) {
   push_bytes_->Observe(static_cast<double>(bytes));
   push_seconds_->Observe(seconds);
+  push_tail_seconds_->Observe(tail_seconds);
+  streamed_bytes_->Increment(static_cast<double>(streamed));
   (ok ? pushes_ok_ : pushes_failed_)->Increment();
 }
 

@@ -19,7 +19,11 @@
 //   Prefill/decode disaggregation:
 //   ferry_worker_kv_push_bytes, ferry_worker_kv_push_seconds
 //                                                histograms per request (prefill): KV pushed to
-//                                                the decode worker, and the push's time
+//                                                the decode worker, and the time its puts were
+//                                                in flight
+//   ferry_worker_kv_push_tail_seconds            histogram (prefill): the push's time after the
+//                                                compute, which the first token waits for
+//   ferry_worker_kv_streamed_bytes_total         KV pushed while the prompt was being computed
 //   ferry_worker_kv_pushes_total{outcome}        ok, failed (prefill)
 //   ferry_worker_kv_blocks_skipped_total         blocks not pushed: the decode worker held them
 //   ferry_worker_kv_reservations_total{outcome}  decode: landed, timed_out, failed, no_blocks
@@ -72,7 +76,8 @@ class WorkerMetrics {
   void WatchSubscribers(int64_t n);
   void WatchSnapshot(bool lagged);
   void Unauthenticated();
-  void Push(uint64_t bytes, double seconds, bool ok);
+  // A push's bytes (of them, streamed during the compute), wire and tail times, outcome.
+  void Push(uint64_t bytes, uint64_t streamed, double seconds, double tail_seconds, bool ok);
   void BlocksSkipped(int64_t blocks);
   // "landed", "timed_out", "failed", "no_blocks".
   void Reservation(const std::string& outcome);
@@ -101,6 +106,8 @@ class WorkerMetrics {
   prometheus::Counter* unauthenticated_;
   prometheus::Histogram* push_bytes_;
   prometheus::Histogram* push_seconds_;
+  prometheus::Histogram* push_tail_seconds_;
+  prometheus::Counter* streamed_bytes_;
   prometheus::Counter* pushes_ok_;
   prometheus::Counter* pushes_failed_;
   prometheus::Counter* blocks_skipped_;

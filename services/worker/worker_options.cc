@@ -72,6 +72,7 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(ReadDuration(c, "reservation_timeout", &o->reservation_timeout));
   RETURN_IF_ERROR(ReadDuration(c, "reservation_quarantine", &o->reservation_quarantine));
   RETURN_IF_ERROR(ReadDuration(c, "handoff_ttl", &o->handoff_ttl));
+  RETURN_IF_ERROR(c.Read("stream_kv", &o->stream_kv));
   RETURN_IF_ERROR(c.Read("push_hold_file", &o->push_hold_file));
   RETURN_IF_ERROR(c.Read("address", &o->address));
   RETURN_IF_ERROR(c.Read("admin_host", &o->admin_host));

@@ -61,8 +61,12 @@ struct WorkerOptions {
   // Prefill: a handed-off request's blocks are freed after this even if its push never ended
   // (longer than any reservation's timeout).
   absl::Duration handoff_ttl = absl::Seconds(120);
-  // Test seam (prefill): while this file exists, pushes wait before they start (bounded by
-  // their deadline), so tests can act during a push without racing it. "": none.
+  // Prefill: push the prompt's blocks as they complete, while the rest is computed (the first
+  // token then waits only for the last chunk's KV); false: the whole push after the compute.
+  bool stream_kv = true;
+  // Test seam (prefill): while this file exists, puts wait before they start (a streamed one,
+  // the last ones; bounded by their deadline), so tests can act during a push without racing
+  // it. "": none.
   std::string push_hold_file;
 
   // --- Serving.

@@ -66,6 +66,7 @@ struct WorkerServiceOptions {
   absl::Duration reservation_quarantine = absl::Seconds(30);
   // Prefill: how long the KvReady call to a decode worker may take.
   absl::Duration kv_ready_timeout = absl::Seconds(10);
+  bool stream_kv = true;       // WorkerOptions::stream_kv
   std::string push_hold_file;  // WorkerOptions::push_hold_file
   size_t max_queued_pushes = 4096;
 };

@@ -100,7 +100,9 @@ class PdTest : public ::testing::TestWithParam<PdCase> {};
 TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   const PdCase& c = GetParam();
   const std::string model = TinyModel(c.model);
-  auto p = StartWorker(model, RoleFlags(c, "prefill"));
+  // Chunks of 24 tokens: a 40-token prompt completes its first block in the first step, which P
+  // streams while it computes the rest.
+  auto p = StartWorker(model, Plus(RoleFlags(c, "prefill"), {"--prefill_chunk=24"}));
   auto d = StartWorker(model, RoleFlags(c, "decode"));
   ASSERT_TRUE(p->ready() && d->ready());
   WorkerClient prefill(p->address()), decode(d->address());
@@ -129,7 +131,13 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   EXPECT_GT(got.response.bytes_transferred(), 0u);
   EXPECT_GT(got.response.compute_us(), 0u);
   EXPECT_GT(got.response.transfer_us(), 0u);
+  EXPECT_GT(got.response.wire_us(), 0u);
   const uint64_t bytes_per_prompt = got.response.bytes_transferred();
+  // The first block went while the second chunk was computed.
+  const uint64_t streamed = got.response.bytes_streamed();
+  EXPECT_GT(streamed, 0u);
+  EXPECT_LT(streamed, bytes_per_prompt);
+  if (c.window_pool_bytes == 0) EXPECT_EQ(streamed, bytes_per_prompt / 3);
 
   // Seeded, two choices (they share the prompt's KV on both sides).
   Sampling seeded;
@@ -191,6 +199,9 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
             stop_pushed ? 4 : 3);
   EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_kv_blocks_skipped_total"),
             held * (stop_pushed ? 3 : 2));
+  // Only the first request computed a chunk before its last (the others had cached prefixes).
+  EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_kv_streamed_bytes_total"),
+            static_cast<double>(streamed));
   EXPECT_EQ(MetricValue(d->admin_port(), "ferry_worker_requests_total{outcome=\"completed\"}"), 4);
   for (auto* w : {p.get(), d.get()}) {
     w->Signal(SIGTERM);
@@ -247,6 +258,9 @@ class PdFaultTest : public ::testing::Test {
     EXPECT_TRUE(transport->Transfer(std::move(put)).ok());
   }
   void Release() { std::filesystem::remove(hold_); }
+  // The decode worker dies while the prefill worker's push (its first put) is held; P fails the
+  // request UNAVAILABLE, frees everything and serves the next pair.
+  void DecodeKilledDuringThePush(const std::vector<std::string>& prefill_flags);
 
   std::string model_, hold_;
 };
@@ -286,7 +300,16 @@ TEST_F(PdFaultTest, APairWhoseKvLayoutDiffersIsRefusedSayingWhich) {
 }
 
 TEST_F(PdFaultTest, DecodeKilledDuringThePushLeavesThePrefillWorkerServing) {
-  auto p = StartWorker(model_, Flags("prefill"));
+  DecodeKilledDuringThePush({});
+}
+
+TEST_F(PdFaultTest, DecodeKilledDuringAStreamedPutLeavesThePrefillWorkerServing) {
+  // Chunks of 16: the first block is streamed (and held) while the rest is computed.
+  DecodeKilledDuringThePush({"--prefill_chunk=16", "--max_batch_tokens=16"});
+}
+
+void PdFaultTest::DecodeKilledDuringThePush(const std::vector<std::string>& prefill_flags) {
+  auto p = StartWorker(model_, Plus(Flags("prefill"), prefill_flags));
   auto d = StartWorker(model_, Flags("decode"));
   WorkerClient prefill(p->address()), decode(d->address());
   const std::vector<TokenId> prompt = RandomPrompt(40, 1, 64);
@@ -298,14 +321,18 @@ TEST_F(PdFaultTest, DecodeKilledDuringThePushLeavesThePrefillWorkerServing) {
   EXPECT_FALSE(got.prefill.ok());
   EXPECT_EQ(got.prefill.error_code(), grpc::StatusCode::UNAVAILABLE) << got.prefill.error_message();
   EXPECT_TRUE(WaitUntilIdle(prefill, nullptr, absl::Seconds(10)));
-  // P serves the next pair.
+  EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_kv_streamed_bytes_total"), 0);
+  // P serves the next pair (another prompt: streamed again with small chunks).
   auto d2 = StartWorker(model_, Flags("decode"));
   WorkerClient decode2(d2->address());
   InProcessEngine ref(model_);
-  got = RunPd(decode2, d2->address(), prefill, MakeRequest("next", prompt, greedy));
+  const std::vector<TokenId> next = RandomPrompt(40, 2, 64);
+  got = RunPd(decode2, d2->address(), prefill, MakeRequest("next", next, greedy));
   ASSERT_TRUE(got.stream.status.ok()) << got.stream.status.error_message();
-  EXPECT_EQ(got.stream.choices[0].tokens, ref.Run(MakeRequest("next", prompt, greedy))[0].tokens);
+  EXPECT_EQ(got.stream.choices[0].tokens, ref.Run(MakeRequest("next", next, greedy))[0].tokens);
+  EXPECT_EQ(got.response.bytes_streamed() > 0, !prefill_flags.empty());
   EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_kv_pushes_total{outcome=\"failed\"}"), 1);
+  EXPECT_TRUE(WaitUntilIdle(prefill, nullptr, absl::Seconds(10)));
 }
 
 TEST_F(PdFaultTest, ALatePushNeverLandsInReusedBlocks) {

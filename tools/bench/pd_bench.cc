@@ -1,5 +1,5 @@
 // ferry bench pd [--reps N] [--sizes 256,1024,4096] [--concurrent N] [--concurrent_prompt N]
-//                [--threads N] [--no_load] [--quick]:
+//                [--threads N] [--no_stream] [--no_load] [--quick]:
 // what disaggregation costs a request. Five ferry-worker processes on this machine, all on
 // SmolLM2 bf16 (FERRY_MODEL_GGUF) with the same compute threads each (--threads, default half the
 // cores, so that a prefill and a decode engine never share a core):
@@ -14,10 +14,14 @@
 // (greedy, ignore_eos), --reps requests per size and stack after one warm-up each, the stacks
 // interleaved (size by size, stack by stack, rep by rep), every prompt new to every worker (no
 // prefix-cache hit) but the same for the three stacks, whose token streams must be identical.
-// Per request: TTFT (Generate sent to the first token's event), P's compute time and queue time
-// and push time and bytes (PrefillResponse, microseconds), ITL (event gaps, spread over the tokens
+// Per request: TTFT (Generate sent to the first token's event), P's compute time and queue time,
+// the push's bytes (and how many were streamed during the compute), its tail (the compute's end
+// to the last put's outcome: what the first token waits for) and its wire time (the union of its
+// puts' in flight times) (PrefillResponse, microseconds), ITL (event gaps, spread over the tokens
 // of the event). Non-compute TTFT = TTFT - P's compute time: everything disaggregation adds
-// (reservation, the Prefill call, the push, KvReady, the first event).
+// (reservation, the Prefill call, the push's tail, KvReady, the first event). The prefill workers
+// stream KV as blocks complete (their default); --no_stream runs them with --stream_kv=false, the
+// whole push after the compute.
 //
 // Baseline, in the same run before the workers start: transfer_bench_bin --scatter_only, the
 // request-shaped scattered put of `./ferry bench transfer` at the same block counts, per UCX_TLS,
@@ -25,7 +29,7 @@
 // spinning) and scatter_put_cold (one transfer at a time after the transport idled, between
 // blocks not in any cache), the conditions a push meets. The goals use the cold figure, which is
 // what the transport can do for a request's KV on this machine: non-compute TTFT p50 <= bytes /
-// (0.8 x that figure) + 2 ms at every size, and the push's own rate (bytes over P's push time,
+// (0.8 x that figure) + 2 ms at every size, and the push's own rate (bytes over its wire time,
 // p50) >= 0.8x that figure. The warm figure is printed beside it.
 //
 // Phase 2, decode under load: --concurrent (16) requests of --concurrent_prompt (256) tokens sent
@@ -80,6 +84,7 @@ struct Flags {
   bool quick = false;
   std::vector<int> sizes = {std::begin(kDefaultSizes), std::end(kDefaultSizes)};
   bool load = true;
+  bool stream = true;
 };
 
 std::string g_log_dir;  // the workers' logs, kept when the bench fails
@@ -129,8 +134,8 @@ struct Sample {
   Clock::time_point sent, first, last;
   std::vector<double> itl;  // seconds per token after the first
   // Disaggregated: the prefill worker's answer.
-  double compute = 0, queue = 0, push = 0;
-  uint64_t bytes = 0;
+  double compute = 0, queue = 0, push = 0, wire = 0;  // push: its tail after the compute
+  uint64_t bytes = 0, streamed = 0;
   double ttft() const { return Seconds(first - sent); }
 };
 
@@ -212,7 +217,9 @@ Sample Run(const Stack& stack, WorkerClient& serving, WorkerClient* prefill,
     s.compute = static_cast<double>(response.compute_us()) * 1e-6;
     s.queue = static_cast<double>(response.queue_us()) * 1e-6;
     s.push = static_cast<double>(response.transfer_us()) * 1e-6;
+    s.wire = static_cast<double>(response.wire_us()) * 1e-6;
     s.bytes = response.bytes_transferred();
+    s.streamed = response.bytes_streamed();
   }
   if (got.choices.empty() || got.choices[0].tokens != s.tokens ||
       s.tokens.size() != static_cast<size_t>(kOutputTokens)) {
@@ -315,7 +322,7 @@ int Main(int argc, char** argv) {
       if (i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], out) || *out < 1) {
         Fail(
             "usage: ferry bench pd [--reps N] [--concurrent N] [--concurrent_prompt N] "
-            "[--threads N] [--quick]");
+            "[--threads N] [--no_stream] [--no_load] [--quick]");
       }
       ++i;
     };
@@ -332,6 +339,8 @@ int Main(int argc, char** argv) {
       int_value(&flags.threads);
     } else if (a == "--no_load") {
       flags.load = false;
+    } else if (a == "--no_stream") {
+      flags.stream = false;
     } else if (a == "--sizes" && i + 1 < argc) {
       flags.sizes.clear();
       for (absl::string_view v : absl::StrSplit(argv[++i], ',')) {
@@ -342,7 +351,7 @@ int Main(int argc, char** argv) {
     } else {
       Fail("unknown flag " + a +
            "; usage: ferry bench pd [--reps N] [--concurrent N] [--concurrent_prompt N] "
-           "[--threads N] [--quick]");
+           "[--threads N] [--no_stream] [--no_load] [--quick]");
     }
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -384,7 +393,8 @@ int Main(int argc, char** argv) {
     s.decode = StartWorker(worker_binary, args,
                            {"--role=decode", "--transport=ucx", "--ucx_tls=" + s.tls});
     s.prefill = StartWorker(worker_binary, args,
-                            {"--role=prefill", "--transport=ucx", "--ucx_tls=" + s.tls});
+                            {"--role=prefill", "--transport=ucx", "--ucx_tls=" + s.tls,
+                             flags.stream ? "--stream_kv=true" : "--stream_kv=false"});
   }
   stacks[2].name = "aggregated";
   stacks[2].aggregated = StartWorker(worker_binary, args, {"--role=aggregated"});
@@ -476,9 +486,11 @@ int Main(int argc, char** argv) {
       "ferry bench pd: %s bf16, %d output tokens, %d compute threads per engine (%d cores), p50 of "
       "%d requests per point\n",
       model_name.c_str(), kOutputTokens, flags.threads, cores, flags.reps);
-  std::printf("%6s %-10s %9s %9s %8s %8s %7s %8s %9s %9s %6s %9s %7s\n", "prompt", "stack",
-              "TTFT ms", "P comp", "non-comp", "budget", "KV MB", "push ms", "push MB/s",
-              "cold MB/s", "ratio", "warm MB/s", "ITL ms");
+  std::printf("KV streamed during the compute: %s\n",
+              flags.stream ? "yes (--stream_kv, the default)" : "no (--no_stream)");
+  std::printf("%6s %-10s %9s %9s %8s %8s %7s %5s %8s %8s %9s %9s %6s %9s %7s\n", "prompt", "stack",
+              "TTFT ms", "P comp", "non-comp", "budget", "KV MB", "strm%", "tail ms", "wire ms",
+              "push MB/s", "cold MB/s", "ratio", "warm MB/s", "ITL ms");
   nlohmann::json rows = nlohmann::json::array();
   bool noncompute_ok = true, push_ok = true;
   double noncompute_big = 0, budget_big = 0, push_ratio_min = 1e30;
@@ -486,7 +498,7 @@ int Main(int argc, char** argv) {
   for (int size : flags.sizes) {
     for (int k = 0; k < 3; ++k) {
       const std::vector<Sample>& v = samples[{size, k}];
-      std::vector<double> ttft, compute, noncompute, push_ms, push_rate, itl;
+      std::vector<double> ttft, compute, noncompute, push_ms, wire_ms, streamed, push_rate, itl;
       uint64_t bytes = 0;
       for (const Sample& s : v) {
         ttft.push_back(s.ttft());
@@ -495,7 +507,9 @@ int Main(int argc, char** argv) {
           compute.push_back(s.compute);
           noncompute.push_back(s.ttft() - s.compute);
           push_ms.push_back(s.push);
-          push_rate.push_back(s.push > 0 ? static_cast<double>(s.bytes) / s.push / 1e6 : 0);
+          wire_ms.push_back(s.wire);
+          streamed.push_back(s.bytes > 0 ? static_cast<double>(s.streamed) / s.bytes : 0);
+          push_rate.push_back(s.wire > 0 ? static_cast<double>(s.bytes) / s.wire / 1e6 : 0);
           bytes = s.bytes;
         }
       }
@@ -504,9 +518,9 @@ int Main(int argc, char** argv) {
                             {"ttft_p50_ms", 1e3 * Percentile(ttft, 0.5)},
                             {"itl_p50_ms", 1e3 * Percentile(itl, 0.5)}};
       if (!stacks[k].disaggregated()) {
-        std::printf("%6d %-10s %9s %9s %8s %8s %7s %8s %9s %9s %6s %9s %7s\n", size,
+        std::printf("%6d %-10s %9s %9s %8s %8s %7s %5s %8s %8s %9s %9s %6s %9s %7s\n", size,
                     stacks[k].name.c_str(), Ms(Percentile(ttft, 0.5)).c_str(), "-", "-", "-", "-",
-                    "-", "-", "-", "-", "-", Ms(Percentile(itl, 0.5)).c_str());
+                    "-", "-", "-", "-", "-", "-", "-", Ms(Percentile(itl, 0.5)).c_str());
         rows.push_back(row);
         continue;
       }
@@ -524,16 +538,19 @@ int Main(int argc, char** argv) {
         noncompute_big = nc;
         budget_big = budget;
       }
-      std::printf("%6d %-10s %9s %9s %8s %8s %7.1f %8s %9.0f %9.0f %6.2f %9.0f %7s\n", size,
-                  stacks[k].name.c_str(), Ms(Percentile(ttft, 0.5)).c_str(),
+      std::printf("%6d %-10s %9s %9s %8s %8s %7.1f %5.0f %8s %8s %9.0f %9.0f %6.2f %9.0f %7s\n",
+                  size, stacks[k].name.c_str(), Ms(Percentile(ttft, 0.5)).c_str(),
                   Ms(Percentile(compute, 0.5)).c_str(), Ms(nc).c_str(), Ms(budget).c_str(),
-                  static_cast<double>(bytes) / 1e6, Ms(Percentile(push_ms, 0.5)).c_str(), rate,
+                  static_cast<double>(bytes) / 1e6, 100 * Percentile(streamed, 0.5),
+                  Ms(Percentile(push_ms, 0.5)).c_str(), Ms(Percentile(wire_ms, 0.5)).c_str(), rate,
                   cold, rate / cold, warm, Ms(Percentile(itl, 0.5)).c_str());
       row["compute_p50_ms"] = 1e3 * Percentile(compute, 0.5);
       row["noncompute_ttft_p50_ms"] = 1e3 * nc;
       row["noncompute_budget_ms"] = 1e3 * budget;
       row["kv_bytes"] = bytes;
-      row["push_p50_ms"] = 1e3 * Percentile(push_ms, 0.5);
+      row["push_tail_p50_ms"] = 1e3 * Percentile(push_ms, 0.5);
+      row["push_wire_p50_ms"] = 1e3 * Percentile(wire_ms, 0.5);
+      row["streamed_fraction_p50"] = Percentile(streamed, 0.5);
       row["push_mb_s"] = rate;
       row["transfer_cold_mb_s"] = cold;
       row["transfer_warm_mb_s"] = warm;
@@ -575,6 +592,7 @@ int Main(int argc, char** argv) {
                         {"model", model_name},
                         {"threads_per_engine", flags.threads},
                         {"reps", flags.reps},
+                        {"stream_kv", flags.stream},
                         {"noncompute_ttft_ms_" + big, 1e3 * noncompute_big},
                         {"noncompute_budget_ms_" + big, 1e3 * budget_big},
                         {"noncompute_goal_met", noncompute_ok},
