@@ -137,7 +137,9 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   const uint64_t streamed = got.response.bytes_streamed();
   EXPECT_GT(streamed, 0u);
   EXPECT_LT(streamed, bytes_per_prompt);
-  if (c.window_pool_bytes == 0) EXPECT_EQ(streamed, bytes_per_prompt / 3);
+  if (c.window_pool_bytes == 0) {
+    EXPECT_EQ(streamed, bytes_per_prompt / 3);
+  }
 
   // Seeded, two choices (they share the prompt's KV on both sides).
   Sampling seeded;
@@ -157,7 +159,9 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   const uint32_t held = c.window_pool_bytes == 0 ? 2 : 0;
   EXPECT_EQ(got.reservation.cached_prefix_blocks(), held);
   EXPECT_EQ(got.response.blocks_skipped(), held);
-  if (c.window_pool_bytes == 0) EXPECT_EQ(got.response.bytes_transferred(), bytes_per_prompt / 3);
+  if (c.window_pool_bytes == 0) {
+    EXPECT_EQ(got.response.bytes_transferred(), bytes_per_prompt / 3);
+  }
 
   // A stop string from the middle of the greedy text.
   const std::string& text = want[0].text;
