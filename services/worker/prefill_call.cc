@@ -315,20 +315,10 @@ void PrefillCall::PushChunk(int64_t first, std::vector<BlockId> blocks) {
     }
   }
   if (!failed.ok()) return OnChunkPushed(failed, blocks, 0, /*posted=*/false);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    WireStarted();
-  }
-  auto posted = service_->transport()->Post(std::move(put), [this, blocks, bytes](absl::Status s) {
+  auto posted = PostOnWire(std::move(put), [this, blocks, bytes](absl::Status s) {
     OnChunkPushed(s, blocks, bytes, /*posted=*/true);
   });
-  if (!posted.ok()) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      WireEnded();
-    }
-    OnChunkPushed(posted.status(), blocks, 0, /*posted=*/false);
-  }
+  if (!posted.ok()) OnChunkPushed(posted.status(), blocks, 0, /*posted=*/false);
 }
 
 void PrefillCall::OnChunkPushed(const absl::Status& status, const std::vector<BlockId>& blocks,
@@ -338,7 +328,6 @@ void PrefillCall::OnChunkPushed(const absl::Status& status, const std::vector<Bl
   std::function<void()> then;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (posted) WireEnded();
     if (status.ok()) {
       streamed_bytes_ += bytes;
     } else {
@@ -381,12 +370,22 @@ absl::StatusOr<uint64_t> PrefillCall::Peer() {
   return peer_;
 }
 
-void PrefillCall::WireStarted() {
-  if (on_wire_++ == 0) wire_since_ = std::chrono::steady_clock::now();
-}
-
-void PrefillCall::WireEnded() {
-  if (--on_wire_ == 0) wire_ += std::chrono::steady_clock::now() - wire_since_;
+absl::StatusOr<uint64_t> PrefillCall::PostOnWire(transfer::TransferRequest put,
+                                                 std::function<void(absl::Status)> done) {
+  auto wire = [this](int delta) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (delta > 0 && on_wire_++ == 0) wire_since_ = now;
+    if (delta < 0 && --on_wire_ == 0) wire_ += now - wire_since_;
+  };
+  wire(+1);  // before Post: the put may complete before it returns
+  auto posted =
+      service_->transport()->Post(std::move(put), [wire, done = std::move(done)](absl::Status s) {
+        wire(-1);
+        done(std::move(s));
+      });
+  if (!posted.ok()) wire(-1);
+  return posted;
 }
 
 void PrefillCall::HoldForTest() {
@@ -404,7 +403,6 @@ void PrefillCall::HoldForTest() {
 
 void PrefillCall::Push() {
   HoldForTest();
-  transfer::KvTransport* transport = service_->transport();
   absl::Status failed;
   std::vector<transfer::TransferRequest> puts;
   bool cancelled = false, uncertain = false;
@@ -461,22 +459,8 @@ void PrefillCall::Push() {
   refs_.fetch_add(static_cast<int>(puts.size()));
   for (transfer::TransferRequest& put : puts) {
     put.peer = peer;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      WireStarted();
-    }
-    auto posted = transport->Post(std::move(put), [this](absl::Status s) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        WireEnded();
-      }
-      OnPushed(s);
-    });
+    auto posted = PostOnWire(std::move(put), [this](absl::Status s) { OnPushed(s); });
     if (!posted.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        WireEnded();
-      }
       OnPushed(posted.status());
     } else {
       std::lock_guard<std::mutex> lock(mu_);

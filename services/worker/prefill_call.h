@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
+#include "engine/transfer/kv_transport.h"
 #include "ferry/v1/worker.grpc.pb.h"
 
 namespace ferry {
@@ -73,9 +74,10 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   void HoldForTest();
   // On the push executor: the connection to the decode worker's transport, made once.
   absl::StatusOr<uint64_t> Peer();
-  // Under mu_: a put is posted / has ended (for wire_).
-  void WireStarted();
-  void WireEnded();
+  // Posts `put`, counting its time on the wire (wire_) until just before `done` runs; a put Post
+  // refuses is off the wire again (and `done` never runs).
+  absl::StatusOr<uint64_t> PostOnWire(transfer::TransferRequest put,
+                                      std::function<void(absl::Status)> done);
   // On the push executor: hold (test seam), connect, post the puts that name the transfer ids.
   void Push();
   void OnPushed(const absl::Status& status);
