@@ -36,6 +36,7 @@
 #include "engine/common/log.h"
 #include "engine/transfer/mapping_populator.h"
 #include "engine/transfer/notification_board.h"
+#include "engine/transfer/streaming_copy.h"
 #include "engine/transfer/transfer_metrics.h"
 
 namespace ferry {
@@ -1252,7 +1253,8 @@ void UcxTransport::SendNotification(Transfer* t) {
 // --- The active-message protocol ----------------------------------------------------------------
 //
 // Puts: the initiator sends the data as kPutData messages of at most kAmChunkBytes (each names
-// the remote address and the region's secret; the owner copies it into place after checking
+// the remote address and the region's secret; the owner copies it into place, with streaming
+// stores (streaming_copy.h), after checking
 // both), then kPutCommit with the byte count, its outcome and its own address. The owner, once
 // every byte has arrived, tells its AwaitNotification and answers kPutAck over its own connection
 // to the initiator; the initiator's transfer completes with the ack. Gets: kGetRequest names the
@@ -1460,7 +1462,7 @@ void UcxTransport::OnPutData(const AmHeader& h, absl::string_view data) {
     absl::MutexLock lock(&regions_mu_);
     absl::StatusOr<Region*> region = RemoteAccess(h.a, data.size(), h.b);
     if (region.ok()) {
-      std::memcpy(reinterpret_cast<void*>(h.a), data.data(), data.size());
+      StreamingCopy(reinterpret_cast<void*>(h.a), data.data(), data.size());
       in.received += data.size();
     } else {
       in.status = region.status();
@@ -1655,7 +1657,7 @@ void UcxTransport::OnReply(const AmHeader& h, absl::string_view data) {
     if (h.b > s.length || data.size() > s.length - h.b) {
       if (t->status.ok()) t->status = absl::DataLossError("get data outside its segment");
     } else if (t->status.ok()) {
-      std::memcpy(reinterpret_cast<void*>(s.local_address + h.b), data.data(), data.size());
+      StreamingCopy(reinterpret_cast<void*>(s.local_address + h.b), data.data(), data.size());
       t->received += data.size();
     }
   } else {
