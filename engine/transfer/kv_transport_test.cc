@@ -1107,6 +1107,15 @@ TEST(TransportKvAllocatorTest, AKvBlockPoolOnTransportMemoryMovesBetweenTranspor
     ASSERT_TRUE(region_b.ok()) << region_b.status();
     EXPECT_EQ(region_b->span.length, (*pool_b)->region().length);
     EXPECT_EQ(allocator_b.RegionOf(&layout).status().code(), absl::StatusCode::kNotFound);
+    // Every 4 KiB page of the pool starts with a byte set (see the header), the rest is zeros.
+    const auto* memory = static_cast<const unsigned char*>((*pool_b)->region().address);
+    size_t marked = 0, nonzero = 0;
+    for (size_t i = 0; i < (*pool_b)->region().length; ++i) {
+      nonzero += memory[i] != 0;
+      marked += i % 4096 == 0 && memory[i] == 1;
+    }
+    EXPECT_EQ(marked, ((*pool_b)->region().length + 4095) / 4096);
+    EXPECT_EQ(nonzero, marked);
 
     // Three blocks of A's pool go to three other blocks of B's pool.
     absl::StatusOr<std::vector<BlockId>> blocks_a = (*pool_a)->Allocate(3);
