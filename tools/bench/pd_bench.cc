@@ -570,6 +570,12 @@ int Main(int argc, char** argv) {
       row["push_vs_transfer_warm"] = rate / warm;
       row["transfer_cold_same_puts_mb_s"] = cold_per_put;
       row["push_vs_transfer_same_puts"] = rate / cold_per_put;
+      // Every request's figures, in the order they ran: the spread behind the p50s.
+      std::vector<double> noncompute_each, wire_each;
+      for (double x : noncompute) noncompute_each.push_back(1e3 * x);
+      for (double x : wire_ms) wire_each.push_back(1e3 * x);
+      row["noncompute_ttft_ms_each"] = noncompute_each;
+      row["push_wire_ms_each"] = wire_each;
       rows.push_back(row);
     }
   }
