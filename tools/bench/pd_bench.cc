@@ -40,6 +40,10 @@
 // token), ITL p50/p99 and TTFT p50. On the aggregated worker the 16 prefills interrupt decoding;
 // on the pair they run on the prefill worker.
 //
+// The CPU time the hypervisor took during phase 1 (steal, /proc/stat) is printed with the table and
+// in the JSON (steal_fraction): on a shared VM the figures move with it, and the per-request
+// figures (noncompute_ttft_ms_each, push_wire_ms_each) show the spread behind each p50.
+//
 // A table for people, then one JSON line. Exit 1 when a worker fails or the streams differ.
 
 #include <stdlib.h>
@@ -51,6 +55,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -307,6 +312,21 @@ std::unique_ptr<ServiceProcess> StartWorker(const std::string& binary,
   return p;
 }
 
+// Seconds the hypervisor ran something else while this machine's CPUs wanted to run (the steal
+// column of /proc/stat, summed over the CPUs); 0 where it is not reported. A noisy neighbour
+// shows up here, not in the workers' figures.
+double StealSeconds() {
+  std::ifstream stat("/proc/stat");
+  std::string cpu;
+  uint64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  if (!(stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal) ||
+      cpu != "cpu") {
+    return 0;
+  }
+  const long ticks = sysconf(_SC_CLK_TCK);
+  return ticks > 0 ? static_cast<double>(steal) / static_cast<double>(ticks) : 0;
+}
+
 std::string Ms(double seconds) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.2f", seconds * 1e3);
@@ -408,6 +428,8 @@ int Main(int argc, char** argv) {
   stacks[2].aggregated = StartWorker(worker_binary, args, {"--role=aggregated"});
 
   // Phase 1: one request at a time.
+  const double steal_start = StealSeconds();
+  const absl::Time phase1_start = absl::Now();
   std::vector<Clients> clients;
   for (const Stack& s : stacks) clients.push_back(ClientsFor(s));
   std::map<std::pair<int, int>, std::vector<Sample>> samples;  // (size, stack) -> reps
@@ -430,6 +452,9 @@ int Main(int argc, char** argv) {
       }
     }
   }
+
+  const double phase1_steal = StealSeconds() - steal_start;
+  const double phase1_seconds = absl::ToDoubleSeconds(absl::Now() - phase1_start);
 
   // Phase 2: decode under load.
   struct Load {
@@ -496,6 +521,10 @@ int Main(int argc, char** argv) {
       model_name.c_str(), kOutputTokens, flags.threads, cores, flags.reps);
   std::printf("KV streamed during the compute: %s\n",
               flags.stream ? "yes (--stream_kv, the default)" : "no (--no_stream)");
+  std::printf(
+      "CPU time the hypervisor took during the single requests (steal): %.1f s of %.0f s x %d "
+      "CPUs (%.2f%%)\n",
+      phase1_steal, phase1_seconds, cores, 100 * phase1_steal / (phase1_seconds * cores));
   std::printf("%6s %-10s %9s %9s %8s %8s %7s %5s %8s %8s %9s %9s %6s %9s %7s\n", "prompt", "stack",
               "TTFT ms", "P comp", "non-comp", "budget", "KV MB", "strm%", "tail ms", "wire ms",
               "push MB/s", "cold MB/s", "ratio", "warm MB/s", "ITL ms");
@@ -616,6 +645,7 @@ int Main(int argc, char** argv) {
                         {"threads_per_engine", flags.threads},
                         {"reps", flags.reps},
                         {"stream_kv", flags.stream},
+                        {"steal_fraction", phase1_steal / (phase1_seconds * cores)},
                         {"noncompute_ttft_ms_" + big, 1e3 * noncompute_big},
                         {"noncompute_budget_ms_" + big, 1e3 * budget_big},
                         {"noncompute_goal_met", noncompute_ok},
