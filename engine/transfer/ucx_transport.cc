@@ -1253,9 +1253,9 @@ void UcxTransport::SendNotification(Transfer* t) {
 // --- The active-message protocol ----------------------------------------------------------------
 //
 // Puts: the initiator sends the data as kPutData messages of at most kAmChunkBytes (each names
-// the remote address and the region's secret; the owner copies it into place, with streaming
-// stores (streaming_copy.h), after checking
-// both), then kPutCommit with the byte count, its outcome and its own address. The owner, once
+// the remote address and the region's secret; the owner checks both, then copies the data into
+// place with streaming stores, streaming_copy.h), then kPutCommit with the byte count, its
+// outcome and its own address. The owner, once
 // every byte has arrived, tells its AwaitNotification and answers kPutAck over its own connection
 // to the initiator; the initiator's transfer completes with the ack. Gets: kGetRequest names the
 // ranges; the owner checks them all, sends kGetData messages straight from its registered memory
