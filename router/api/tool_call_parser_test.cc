@@ -1,0 +1,256 @@
+#include "router/api/tool_call_parser.h"
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace ferry {
+namespace {
+
+// Whether `s` is whole UTF-8 (no character cut at either end).
+bool WholeUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+// What a client rebuilds from the stream, as the OpenAI SDK does: content joined, each call's id
+// and name from its first delta, its arguments joined.
+struct Rebuilt {
+  std::string content;
+  std::vector<ParsedToolCall> calls;
+  std::vector<ParsedToolCall> parser_calls;  // the parser's own view at the end
+  int pieces_emitted = 0;
+  bool pieces_whole_utf8 = true;
+  bool id_or_name_repeated = false;
+};
+
+void Absorb(const ParsedText& t, Rebuilt* r) {
+  if (!t.content.empty()) {
+    ++r->pieces_emitted;
+    r->pieces_whole_utf8 = r->pieces_whole_utf8 && WholeUtf8(t.content);
+    r->content += t.content;
+  }
+  for (const ToolCallDelta& d : t.tool_calls) {
+    ++r->pieces_emitted;
+    r->pieces_whole_utf8 = r->pieces_whole_utf8 && WholeUtf8(d.arguments);
+    if (d.index == static_cast<int>(r->calls.size())) {
+      ASSERT_FALSE(d.id.empty());
+      ASSERT_FALSE(d.name.empty());
+      r->calls.push_back({d.id, d.name, "", false, false});
+    } else {
+      ASSERT_LT(d.index, static_cast<int>(r->calls.size()));
+      if (!d.id.empty() || !d.name.empty()) r->id_or_name_repeated = true;
+    }
+    r->calls[d.index].arguments += d.arguments;
+  }
+}
+
+Rebuilt Parse(const std::vector<std::string>& pieces, std::vector<std::string> functions = {}) {
+  std::unique_ptr<ToolCallParser> parser = NewHermesToolCallParser(std::move(functions), "call_");
+  Rebuilt r;
+  for (const std::string& piece : pieces) {
+    ParsedText t;
+    parser->Feed(piece, &t);
+    Absorb(t, &r);
+  }
+  ParsedText t;
+  parser->Finish(&t);
+  Absorb(t, &r);
+  r.parser_calls = parser->calls();
+  return r;
+}
+
+void ExpectSame(const Rebuilt& a, const Rebuilt& b, const std::string& where) {
+  EXPECT_EQ(a.content, b.content) << where;
+  ASSERT_EQ(a.calls.size(), b.calls.size()) << where;
+  for (size_t i = 0; i < a.calls.size(); ++i) {
+    EXPECT_EQ(a.calls[i].id, b.calls[i].id) << where;
+    EXPECT_EQ(a.calls[i].name, b.calls[i].name) << where;
+    EXPECT_EQ(a.calls[i].arguments, b.calls[i].arguments) << where;
+    EXPECT_EQ(b.calls[i].arguments, b.parser_calls[i].arguments) << where;
+    EXPECT_EQ(a.parser_calls[i].complete, b.parser_calls[i].complete) << where;
+    EXPECT_EQ(a.parser_calls[i].arguments_valid, b.parser_calls[i].arguments_valid) << where;
+  }
+  EXPECT_TRUE(b.pieces_whole_utf8) << where;
+  EXPECT_FALSE(b.id_or_name_repeated) << where;
+}
+
+// The same text whole, split at every byte, and in random pieces gives the same result.
+Rebuilt ExpectSplitInvariant(const std::string& text, std::vector<std::string> functions = {}) {
+  const Rebuilt whole = Parse({text}, functions);
+  EXPECT_TRUE(whole.pieces_whole_utf8);
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    ExpectSame(whole, Parse({text.substr(0, cut), text.substr(cut)}, functions),
+               "cut at byte " + std::to_string(cut));
+  }
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.push_back(std::string(1, c));
+  ExpectSame(whole, Parse(bytes, functions), "byte by byte");
+  std::mt19937 rng(42);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::string> pieces;
+    for (size_t at = 0; at < text.size();) {
+      const size_t n = std::min<size_t>(text.size() - at, 1 + rng() % 7);
+      pieces.push_back(text.substr(at, n));
+      at += n;
+    }
+    ExpectSame(whole, Parse(pieces, functions), "random pieces, round " + std::to_string(round));
+  }
+  return whole;
+}
+
+nlohmann::json Json(const std::string& s) { return nlohmann::json::parse(s); }
+
+TEST(HermesToolCallParserTest, OneCallBetweenContent) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\", \"days\": 3}}\n</tool_call>\nDone.");
+  EXPECT_EQ(r.content, "Let me look.\n\nDone.");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].id, "call_0");
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(Json(r.calls[0].arguments), Json(R"({"city": "Paris", "days": 3})"));
+  EXPECT_TRUE(r.parser_calls[0].complete);
+  EXPECT_TRUE(r.parser_calls[0].arguments_valid);
+}
+
+TEST(HermesToolCallParserTest, ParallelCallsAndNestedArguments) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "<tool_call>{\"name\": \"a\", \"arguments\": {\"q\": {\"deep\": [1, {\"x\": \"}]\"}]}, "
+      "\"s\": \"</tool_call> inside \\\"quotes\\\" \\\\\"}}</tool_call><tool_call>{\"arguments\": "
+      "{}, \"name\": \"b\"}</tool_call>");
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "a");
+  EXPECT_EQ(Json(r.calls[0].arguments),
+            Json(R"({"q": {"deep": [1, {"x": "}]"}]}, "s": "</tool_call> inside \"quotes\" \\"})"));
+  EXPECT_EQ(r.calls[1].id, "call_1");
+  EXPECT_EQ(r.calls[1].name, "b");  // arguments written before the name still follow it
+  EXPECT_EQ(Json(r.calls[1].arguments), nlohmann::json::object());
+}
+
+TEST(HermesToolCallParserTest, ArgumentsStreamAsTheyArrive) {
+  std::unique_ptr<ToolCallParser> parser = NewHermesToolCallParser({}, "id_");
+  ParsedText t;
+  parser->Feed("<tool_call>{\"name\": \"f\", \"arguments\": {\"text\": \"hel", &t);
+  ASSERT_EQ(t.tool_calls.size(), 1u);
+  EXPECT_EQ(t.tool_calls[0].name, "f");
+  EXPECT_EQ(t.tool_calls[0].arguments, "{\"text\": \"hel");
+  t = {};
+  parser->Feed("lo\"}}</tool_", &t);
+  ASSERT_EQ(t.tool_calls.size(), 1u);
+  EXPECT_TRUE(t.tool_calls[0].name.empty());
+  EXPECT_EQ(t.tool_calls[0].arguments, "lo\"}");
+  EXPECT_FALSE(parser->calls()[0].complete);
+  t = {};
+  parser->Feed("call>", &t);
+  EXPECT_TRUE(t.empty());
+  EXPECT_TRUE(parser->calls()[0].complete);
+}
+
+TEST(HermesToolCallParserTest, Utf8IsNeverCut) {
+  ExpectSplitInvariant(
+      "Température 😀 é<tool_call>{\"name\": \"say\", \"arguments\": {\"t\": \"日本語 😀\"}}"
+      "</tool_call>ü");
+}
+
+TEST(HermesToolCallParserTest, WhatIsNotACallIsContentByteForByte) {
+  const std::vector<std::string> texts = {
+      "a < b and <tool_ca but not a marker <tool",
+      "<tool_call>not json at all</tool_call> after",
+      "<tool_call>{\"arguments\": {\"x\": 1}}</tool_call>",  // no name
+      "<tool_call>{\"name\": 42, \"arguments\": {}}</tool_call>",
+      "<tool_call>[1, 2]</tool_call>",
+      "<tool_call>{\"name\": \"unknown_fn\", \"arguments\": {}}</tool_call> tail",
+  };
+  for (const std::string& text : texts) {
+    const Rebuilt r = ExpectSplitInvariant(text, {"get_weather"});
+    EXPECT_EQ(r.content, text);
+    EXPECT_TRUE(r.calls.empty()) << text;
+  }
+}
+
+TEST(HermesToolCallParserTest, ATruncatedCallStaysIncomplete) {
+  // Cut by max_tokens inside the arguments: the call began, its arguments are not JSON.
+  const Rebuilt r =
+      ExpectSplitInvariant("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": [1, 2");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, "{\"a\": [1, 2");
+  EXPECT_FALSE(r.parser_calls[0].complete);
+  EXPECT_FALSE(r.parser_calls[0].arguments_valid);
+  // Cut before the name ended: nothing was a call.
+  const Rebuilt early = ExpectSplitInvariant("ok <tool_call>{\"name\": \"f");
+  EXPECT_EQ(early.content, "ok <tool_call>{\"name\": \"f");
+  EXPECT_TRUE(early.calls.empty());
+}
+
+TEST(HermesToolCallParserTest, BrokenJsonAfterTheNameEndsTheCallAtItsMarker) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}, oops}</tool_call>after");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_TRUE(r.parser_calls[0].complete);
+  EXPECT_EQ(r.content, "after");
+}
+
+TEST(HermesToolCallParserTest, StringifiedAndMissingArguments) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"
+      "<tool_call>{\"name\": \"g\"}</tool_call><tool_call>{\"name\": \"h\", \"parameters\": "
+      "{\"b\": true}}</tool_call>");
+  ASSERT_EQ(r.calls.size(), 3u);
+  EXPECT_EQ(Json(r.calls[0].arguments), Json(R"({"a": 1})"));
+  EXPECT_EQ(r.calls[1].arguments, "{}");
+  EXPECT_EQ(Json(r.calls[2].arguments), Json(R"({"b": true})"));
+  for (const ParsedToolCall& c : r.parser_calls) EXPECT_TRUE(c.arguments_valid) << c.name;
+}
+
+TEST(HermesToolCallParserTest, ScalarValuesAndWhitespaceBeforeTheMarker) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "<tool_call>  {\"id\": 7, \"name\": \"f\" , \"ok\": true, \"arguments\": {\"n\": -1.5e3}"
+      " }  \n </tool_call>x");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(Json(r.calls[0].arguments), Json(R"({"n": -1.5e3})"));
+  EXPECT_EQ(r.content, "x");
+}
+
+// Random sequences of the pieces calls are made of (markers, JSON punctuation, names, escapes,
+// multi-byte text): no crash, and the same result however the text is split.
+TEST(HermesToolCallParserTest, RandomTextIsSplitInvariant) {
+  const std::vector<std::string> atoms = {"<tool_call>", "</tool_call>",
+                                          "{",           "}",
+                                          "[",           "]",
+                                          "\"name\"",    "\"arguments\"",
+                                          ":",           ",",
+                                          "\"f\"",       "\"",
+                                          "\\",          " ",
+                                          "\n",          "x",
+                                          "1",           "true",
+                                          "é",           "<tool",
+                                          "</tool_"};
+  std::mt19937 rng(7);
+  for (int round = 0; round < 150; ++round) {
+    std::string text;
+    const int n = 4 + static_cast<int>(rng() % 24);
+    for (int i = 0; i < n; ++i) text += atoms[rng() % atoms.size()];
+    SCOPED_TRACE(text);
+    const Rebuilt r = ExpectSplitInvariant(
+        text, round % 2 == 0 ? std::vector<std::string>{} : std::vector<std::string>{"f"});
+    for (const ParsedToolCall& c : r.parser_calls) EXPECT_EQ(c.name, "f");
+  }
+}
+
+}  // namespace
+}  // namespace ferry
