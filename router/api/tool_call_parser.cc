@@ -388,8 +388,8 @@ class HermesToolCallParser : public ToolCallParser {
       mode_ = Mode::kText;
       return true;
     }
-    if (!raw) {
-      if (final) input_.clear();
+    if (!raw) {  // nothing of a broken call is kept but what may begin its closing marker
+      input_.erase(0, final ? input_.size() : input_.size() - MarkerPrefixAtEnd(input_, kClose));
       return false;
     }
     size_t emit = input_.size();
