@@ -105,14 +105,20 @@ class HermesToolCallParser : public ToolCallParser {
       StartCall();
       return true;
     }
+    ReleaseContent(kOpen, final, out);
+    return false;
+  }
+
+  // Moves input_ to content but for what may still begin `marker` or end inside a character
+  // (everything once `final`).
+  void ReleaseContent(absl::string_view marker, bool final, ParsedText* out) {
     size_t emit = input_.size();
     if (!final) {
-      emit -= MarkerPrefixAtEnd(input_, kOpen);
+      emit -= MarkerPrefixAtEnd(input_, marker);
       emit = Utf8SafeLength(absl::string_view(input_).substr(0, emit));
     }
     out->content.append(input_, 0, emit);
     input_.erase(0, emit);
-    return false;
   }
 
   void StartCall() {
@@ -392,13 +398,7 @@ class HermesToolCallParser : public ToolCallParser {
       input_.erase(0, final ? input_.size() : input_.size() - MarkerPrefixAtEnd(input_, kClose));
       return false;
     }
-    size_t emit = input_.size();
-    if (!final) {
-      emit -= MarkerPrefixAtEnd(input_, kClose);
-      emit = Utf8SafeLength(absl::string_view(input_).substr(0, emit));
-    }
-    out->content.append(input_, 0, emit);
-    input_.erase(0, emit);
+    ReleaseContent(kClose, final, out);
     return false;
   }
 
