@@ -139,28 +139,49 @@ absl::Status CheckReservation(const v1::KvReservation& r, const KvFacts& mine,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The earlier of the reservation's deadline and `deadline`.
+absl::Time PutDeadline(const v1::KvReservation& reservation, absl::Time deadline) {
+  if (reservation.deadline_unix_ms() <= 0) return deadline;
+  return std::min(deadline, absl::FromUnixMillis(reservation.deadline_unix_ms()));
+}
+
+// A put of `blocks` of `pool` into `remote`'s slices first_slice, first_slice + 1, ..., with
+// remote's transfer id; their bytes added to `bytes`.
+absl::StatusOr<transfer::TransferRequest> BlocksPut(const transfer::PeerDescriptor& remote,
+                                                    size_t first_slice,
+                                                    absl::Span<const BlockId> blocks,
+                                                    const KvBlockPool& pool, absl::Time deadline,
+                                                    uint64_t* bytes) {
+  auto spans = pool.Spans(blocks);
+  if (!spans.ok()) return spans.status();
+  auto put =
+      transfer::BlockTransferRequest(remote, first_slice, *spans, transfer::TransferOp::kPut);
+  if (!put.ok()) return put.status();
+  put->deadline = deadline;
+  for (const MemorySpan& s : *spans) *bytes += s.length;
+  return put;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     const v1::KvReservation& reservation, const std::vector<BlockId>& blocks,
     const std::vector<BlockId>& window_blocks, const KvBlockPool& pool,
     const KvBlockPool* window_pool, int64_t from_block, absl::Time deadline, uint64_t* bytes) {
   auto remote = transfer::FromProto(reservation.transfer());
   if (!remote.ok()) return remote.status();
-  if (reservation.deadline_unix_ms() > 0) {
-    deadline = std::min(deadline, absl::FromUnixMillis(reservation.deadline_unix_ms()));
-  }
+  deadline = PutDeadline(reservation, deadline);
   *bytes = 0;
   std::vector<transfer::TransferRequest> out;
   const size_t cached = reservation.cached_prefix_blocks();
   const size_t from =
       std::max<size_t>(cached, static_cast<size_t>(std::max<int64_t>(0, from_block)));
   if (from >= blocks.size()) return absl::InvalidArgumentError("nothing to push");
-  auto spans = pool.Spans(absl::MakeConstSpan(blocks).subspan(from));
-  if (!spans.ok()) return spans.status();
-  auto put =
-      transfer::BlockTransferRequest(*remote, from - cached, *spans, transfer::TransferOp::kPut);
+  auto put = BlocksPut(*remote, from - cached, absl::MakeConstSpan(blocks).subspan(from), pool,
+                       deadline, bytes);
   if (!put.ok()) return put.status();
-  put->deadline = deadline;
-  for (const MemorySpan& s : *spans) *bytes += s.length;
   out.push_back(*std::move(put));
   if (window_pool != nullptr) {
     const size_t first = reservation.window_first_block();
@@ -171,15 +192,11 @@ absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     if (std::find(held.begin(), held.end(), kNoBlock) != held.end()) {
       return absl::InternalError("the window layers' KV is not held for the reservation's blocks");
     }
-    auto window_spans = window_pool->Spans(held);
-    if (!window_spans.ok()) return window_spans.status();
     transfer::PeerDescriptor window_remote = *remote;
     window_remote.transfer_id = reservation.window_transfer_id();
-    auto window_put = transfer::BlockTransferRequest(window_remote, reservation.reserved_blocks(),
-                                                     *window_spans, transfer::TransferOp::kPut);
+    auto window_put = BlocksPut(window_remote, reservation.reserved_blocks(), held, *window_pool,
+                                deadline, bytes);
     if (!window_put.ok()) return window_put.status();
-    window_put->deadline = deadline;
-    for (const MemorySpan& s : *window_spans) *bytes += s.length;
     out.push_back(*std::move(window_put));
   }
   return out;
@@ -199,19 +216,10 @@ absl::StatusOr<transfer::TransferRequest> StreamTransfer(const v1::KvReservation
   }
   auto remote = transfer::FromProto(reservation.transfer());
   if (!remote.ok()) return remote.status();
-  if (reservation.deadline_unix_ms() > 0) {
-    deadline = std::min(deadline, absl::FromUnixMillis(reservation.deadline_unix_ms()));
-  }
-  auto spans = pool.Spans(blocks);
-  if (!spans.ok()) return spans.status();
-  auto put = transfer::BlockTransferRequest(*remote, static_cast<size_t>(first_block - cached),
-                                            *spans, transfer::TransferOp::kPut);
-  if (!put.ok()) return put.status();
-  put->transfer_id.clear();
-  put->deadline = deadline;
+  remote->transfer_id.clear();  // D learns of streamed puts through the last ones
   *bytes = 0;
-  for (const MemorySpan& s : *spans) *bytes += s.length;
-  return put;
+  return BlocksPut(*remote, static_cast<size_t>(first_block - cached), blocks, pool,
+                   PutDeadline(reservation, deadline), bytes);
 }
 
 }  // namespace ferry
