@@ -275,7 +275,9 @@ void PrefillCall::OnKvProgress(const std::vector<BlockId>& blocks) {
   absl::Status held = service_->engine().pool().AddRef(chunk);
   refs_.fetch_add(1);  // the chunk's
   if (held.ok() && service_->AddPush([this, first, chunk] { PushChunk(first, chunk); })) return;
-  if (held.ok()) CHECK_OK(service_->engine().pool().Release(chunk));
+  if (held.ok()) {
+    CHECK_OK(service_->engine().pool().Release(chunk));
+  }
   {
     // Not streamed after all: the final puts take these blocks (nothing waits on chunks_ yet:
     // the engine has not finished the request).
