@@ -235,6 +235,18 @@ bool WaitUntilIdle(WorkerClient& client, CacheView* view, absl::Duration timeout
   return idle;
 }
 
+bool ReadUntilSequence(WorkerClient::WatchStream& stream, CacheView* view, uint64_t sequence,
+                       absl::Duration timeout) {
+  if (view->sequence >= sequence) return true;
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::WorkerStatus status;
+  while (absl::Now() < deadline && stream.Next(&status)) {
+    view->Apply(status);
+    if (!status.snapshot_continues() && view->sequence >= sequence) return true;
+  }
+  return false;
+}
+
 void ExpectSameOutput(const ChoiceOutput& got, const ChoiceOutput& want, const std::string& what) {
   EXPECT_EQ(got.tokens, want.tokens) << what;
   EXPECT_EQ(got.text, want.text) << what;

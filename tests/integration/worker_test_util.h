@@ -105,6 +105,12 @@ bool WaitUntilIdle(WorkerClient::WatchStream& stream, CacheView* view,
 // The same on a fresh Watch stream; the snapshot it ended with goes to `view` if given.
 bool WaitUntilIdle(WorkerClient& client, CacheView* view = nullptr,
                    absl::Duration timeout = absl::Seconds(60));
+// Reads `stream` into `view` until a whole message (no snapshot part follows it) at `sequence` or
+// later. A stream's idle-looking message can be an old one (the worker was idle for a moment
+// between requests), so a test that compares a stream's view with a fresh snapshot reads to the
+// snapshot's sequence first. False on timeout or the end of the stream.
+bool ReadUntilSequence(WorkerClient::WatchStream& stream, CacheView* view, uint64_t sequence,
+                       absl::Duration timeout = absl::Seconds(60));
 
 }  // namespace ferry
 
