@@ -37,7 +37,7 @@ std::vector<TextSegment> PromptSegments(const ChatPrompt& prompt) {
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::Parse(absl::string_view source) {
   ASSIGN_OR_RETURN(std::unique_ptr<jinja::Template> t, jinja::Template::Parse(source));
-  return std::unique_ptr<ChatTemplate>(new ChatTemplate(std::move(t)));
+  return std::unique_ptr<ChatTemplate>(new ChatTemplate(std::move(t), std::string(source)));
 }
 
 absl::StatusOr<std::unique_ptr<ChatTemplate>> ChatTemplate::FromGguf(const GgufFile& gguf) {

@@ -66,9 +66,14 @@ class ChatTemplate {
   absl::StatusOr<ChatPrompt> Apply(const ChatTemplateInputs& inputs,
                                    const jinja::RenderLimits& limits = {}) const;
 
+  // The Jinja source (callers look for a model's tool-call and reasoning markers in it).
+  const std::string& source() const { return source_; }
+
  private:
-  explicit ChatTemplate(std::unique_ptr<jinja::Template> t) : template_(std::move(t)) {}
+  ChatTemplate(std::unique_ptr<jinja::Template> t, std::string source)
+      : template_(std::move(t)), source_(std::move(source)) {}
   std::unique_ptr<jinja::Template> template_;
+  std::string source_;
 };
 
 }  // namespace ferry

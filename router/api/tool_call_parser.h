@@ -8,33 +8,56 @@
 // pieces are concatenated; no emitted piece ends inside a UTF-8 character; nothing is emitted
 // twice or dropped.
 //
-// Formats: Hermes / Qwen (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block
-// per call, several blocks for parallel calls). The call's JSON is scanned as it arrives: the name
-// is emitted once its string has ended, the arguments as their bytes arrive (after the name, when
-// the model wrote them first), so a marker inside an argument string does not end the call. The
-// arguments' key may also be "parameters" (Llama 3.x's JSON calls use that name).
+// Formats (what the model writes; the chat template of each renders calls the same way):
+// - kHermes (Hermes, Qwen 2.5/3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, a
+//   block per call, content around and between them.
+// - kLlama3Json (Llama 3.1-3.3): the whole reply is `{"name": ..., "parameters": {...}}`, maybe
+//   after `<|python_tag|>`, several calls separated by `;`. A reply that does not begin with a
+//   call is all content.
+// - kMistral (v0.3 templates): `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`, content
+//   before the marker.
+// - kDeepSeek (V3 / R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+//   \n```json\nARGS\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`; V3.1's `<｜tool▁call▁begin｜>NAME
+//   <｜tool▁sep｜>ARGS<｜tool▁call▁end｜>` too.
+// The JSON formats' objects are scanned as they arrive: the name is emitted once its string has
+// ended, the arguments as their bytes arrive (after the name, when the model wrote them first),
+// so a marker inside an argument string does not end the call. "arguments" and "parameters" are
+// both accepted as the arguments' key.
 //
 // What a model does wrong is never a crash and never a tool call that was not one:
 // - a call whose name is not a known function (when functions are given), or whose JSON ends or
-//   breaks before a name, is content, byte for byte as the model wrote it (marker included);
+//   breaks before a name, is content, as the model wrote it (markers included);
 // - arguments given as a JSON string (stringified JSON) are emitted decoded, in one piece when the
 //   string ends;
 // - a call the text ends inside (max_tokens) stays in calls() with complete == false, and
 //   arguments_valid tells whether its arguments parse as a JSON object: the caller picks the
-//   finish_reason.
+//   finish_reason;
+// - with first_call_only (parallel_tool_calls: false), everything after the first call ends is
+//   dropped.
 //
 // Thread-compatible: one parser per choice.
 
 #ifndef FERRY_ROUTER_API_TOOL_CALL_PARSER_H_
 #define FERRY_ROUTER_API_TOOL_CALL_PARSER_H_
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
 
 namespace ferry {
+
+enum class ToolCallFormat { kHermes, kLlama3Json, kMistral, kDeepSeek };
+
+// "hermes", "llama3_json", "mistral", "deepseek".
+const char* ToolCallFormatName(ToolCallFormat format);
+std::optional<ToolCallFormat> ToolCallFormatFromName(absl::string_view name);
+// The format a chat template renders tool calls in, from the markers in its source; nullopt when
+// it has none (the template cannot show a model its tools).
+std::optional<ToolCallFormat> DetectToolCallFormat(absl::string_view template_source);
 
 // One piece of a streamed tool call.
 struct ToolCallDelta {
@@ -72,10 +95,17 @@ class ToolCallParser {
   virtual const std::vector<ParsedToolCall>& calls() const = 0;
 };
 
-// `functions`: the names a call may have (empty: any). Call ids are `id_prefix` followed by the
-// call's index (give each request a prefix of its own, e.g. "call_<request id>_<choice>_").
-std::unique_ptr<ToolCallParser> NewHermesToolCallParser(std::vector<std::string> functions,
-                                                        std::string id_prefix);
+struct ToolCallParserOptions {
+  // The names a call may have (empty: any).
+  std::vector<std::string> functions;
+  // The id of the call at an index; unset: "call_<index>". Give each request ids of its own.
+  std::function<std::string(int)> call_id;
+  // parallel_tool_calls: false. Only the first call is kept; what follows it is dropped.
+  bool first_call_only = false;
+};
+
+std::unique_ptr<ToolCallParser> NewToolCallParser(ToolCallFormat format,
+                                                  ToolCallParserOptions options);
 
 }  // namespace ferry
 

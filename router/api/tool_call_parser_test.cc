@@ -58,8 +58,12 @@ void Absorb(const ParsedText& t, Rebuilt* r) {
   }
 }
 
-Rebuilt Parse(const std::vector<std::string>& pieces, std::vector<std::string> functions = {}) {
-  std::unique_ptr<ToolCallParser> parser = NewHermesToolCallParser(std::move(functions), "call_");
+Rebuilt Parse(ToolCallFormat format, const std::vector<std::string>& pieces,
+              std::vector<std::string> functions = {}, bool first_call_only = false) {
+  ToolCallParserOptions options;
+  options.functions = std::move(functions);
+  options.first_call_only = first_call_only;
+  std::unique_ptr<ToolCallParser> parser = NewToolCallParser(format, std::move(options));
   Rebuilt r;
   for (const std::string& piece : pieces) {
     ParsedText t;
@@ -89,7 +93,12 @@ void ExpectSame(const Rebuilt& a, const Rebuilt& b, const std::string& where) {
 }
 
 // The same text whole, split at every byte, and in random pieces gives the same result.
-Rebuilt ExpectSplitInvariant(const std::string& text, std::vector<std::string> functions = {}) {
+Rebuilt ExpectSplitInvariant(const std::string& text, std::vector<std::string> functions = {},
+                             ToolCallFormat format = ToolCallFormat::kHermes,
+                             bool first_call_only = false) {
+  auto Parse = [&](const std::vector<std::string>& pieces, const std::vector<std::string>& fns) {
+    return ::ferry::Parse(format, pieces, fns, first_call_only);
+  };
   const Rebuilt whole = Parse({text}, functions);
   EXPECT_TRUE(whole.pieces_whole_utf8);
   for (size_t cut = 0; cut <= text.size(); ++cut) {
@@ -143,7 +152,9 @@ TEST(HermesToolCallParserTest, ParallelCallsAndNestedArguments) {
 }
 
 TEST(HermesToolCallParserTest, ArgumentsStreamAsTheyArrive) {
-  std::unique_ptr<ToolCallParser> parser = NewHermesToolCallParser({}, "id_");
+  ToolCallParserOptions options;
+  options.call_id = [](int i) { return "id_" + std::to_string(i); };
+  std::unique_ptr<ToolCallParser> parser = NewToolCallParser(ToolCallFormat::kHermes, options);
   ParsedText t;
   parser->Feed("<tool_call>{\"name\": \"f\", \"arguments\": {\"text\": \"hel", &t);
   ASSERT_EQ(t.tool_calls.size(), 1u);
@@ -249,6 +260,183 @@ TEST(HermesToolCallParserTest, RandomTextIsSplitInvariant) {
     const Rebuilt r = ExpectSplitInvariant(
         text, round % 2 == 0 ? std::vector<std::string>{} : std::vector<std::string>{"f"});
     for (const ParsedToolCall& c : r.parser_calls) EXPECT_EQ(c.name, "f");
+  }
+}
+
+
+TEST(HermesToolCallParserTest, FirstCallOnlyDropsWhatFollows) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "a<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>b<tool_call>{\"name\": \"g\", "
+      "\"arguments\": {}}</tool_call>",
+      {}, ToolCallFormat::kHermes, /*first_call_only=*/true);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "f");
+  EXPECT_EQ(r.content, "a");
+}
+
+TEST(ToolCallFormatTest, NamesAndDetectionFromTemplates) {
+  for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json,
+                           ToolCallFormat::kMistral, ToolCallFormat::kDeepSeek}) {
+    EXPECT_EQ(ToolCallFormatFromName(ToolCallFormatName(f)), f);
+  }
+  EXPECT_FALSE(ToolCallFormatFromName("nope").has_value());
+  EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n' }}"), ToolCallFormat::kHermes);
+  EXPECT_EQ(DetectToolCallFormat("{{- \"[TOOL_CALLS] [\" }}"), ToolCallFormat::kMistral);
+  EXPECT_EQ(DetectToolCallFormat("'<｜tool▁call▁begin｜>' + tool['type']"),
+            ToolCallFormat::kDeepSeek);
+  EXPECT_EQ(DetectToolCallFormat("{{- '\"parameters\": ' }} ipython"),
+            ToolCallFormat::kLlama3Json);
+  EXPECT_FALSE(DetectToolCallFormat("{{ '<|im_start|>' + message['role'] }}").has_value());
+}
+
+TEST(Llama3JsonToolCallParserTest, AReplyThatIsACall) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "\n{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Zürich\", \"n\": [1, {\"k\": "
+      "\"};\"}]}}",
+      {}, ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(Json(r.calls[0].arguments), Json(R"({"city": "Zürich", "n": [1, {"k": "};"}]})"));
+  EXPECT_TRUE(r.parser_calls[0].complete);
+  EXPECT_TRUE(r.parser_calls[0].arguments_valid);
+}
+
+TEST(Llama3JsonToolCallParserTest, PythonTagAndSeveralCalls) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", "
+      "\"arguments\": {}}",
+      {}, ToolCallFormat::kLlama3Json);
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "a");
+  EXPECT_EQ(r.calls[1].name, "b");
+  EXPECT_EQ(r.calls[1].id, "call_1");
+  EXPECT_EQ(Json(r.calls[0].arguments), Json(R"({"x": 1})"));
+  EXPECT_EQ(r.content, "");
+}
+
+TEST(Llama3JsonToolCallParserTest, TextIsContentAndSoIsWhatIsNotACall) {
+  const std::vector<std::string> texts = {
+      "The weather is {\"name\": \"get_weather\"} nice.",  // a call only at the start
+      "{\"name\": \"unknown\", \"parameters\": {}}",
+      "{not json}",
+      "{\"parameters\": {\"a\": 1}}",
+      "<|python_tag|>print(1)",
+      "{\"name\": \"get_weather\", \"parameters\": {}} and then text",
+  };
+  for (const std::string& text : texts) {
+    const Rebuilt r = ExpectSplitInvariant(text, {"get_weather"}, ToolCallFormat::kLlama3Json);
+    if (text.rfind("{\"name\": \"get_weather\"", 0) == 0) {
+      ASSERT_EQ(r.calls.size(), 1u) << text;
+      EXPECT_EQ(r.content, " and then text");
+    } else {
+      EXPECT_EQ(r.content, text);
+      EXPECT_TRUE(r.calls.empty()) << text;
+    }
+  }
+}
+
+TEST(MistralToolCallParserTest, AListOfCallsAfterContent) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "Sure. [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
+      "\"id\": \"abcdefghi\"}, {\"name\": \"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"CET\\\"}\""
+      "}]",
+      {}, ToolCallFormat::kMistral);
+  EXPECT_EQ(r.content, "Sure. ");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(Json(r.calls[0].arguments), Json(R"({"city": "Paris"})"));
+  EXPECT_EQ(r.calls[1].name, "get_time");
+  EXPECT_EQ(Json(r.calls[1].arguments), Json(R"({"tz": "CET"})"));
+  for (const ParsedToolCall& c : r.parser_calls) EXPECT_TRUE(c.complete && c.arguments_valid);
+}
+
+TEST(MistralToolCallParserTest, ABareObjectAndWhatIsNotACall) {
+  const Rebuilt bare = ExpectSplitInvariant("[TOOL_CALLS]{\"name\": \"f\", \"arguments\": {}}",
+                                            {}, ToolCallFormat::kMistral);
+  ASSERT_EQ(bare.calls.size(), 1u);
+  EXPECT_EQ(bare.content, "");
+  for (const std::string& text :
+       {std::string("[TOOL_CALLS] nothing"), std::string("[TOOL_CALLS] [{\"name\": \"zz\"}]"),
+        std::string("a [TOOL_CALL b")}) {
+    const Rebuilt r = ExpectSplitInvariant(text, {"f"}, ToolCallFormat::kMistral);
+    EXPECT_EQ(r.content, text);
+    EXPECT_TRUE(r.calls.empty());
+  }
+  // Cut by max_tokens inside the second call's arguments.
+  const Rebuilt cut = ExpectSplitInvariant(
+      "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}}, {\"name\": \"f\", \"arguments\": {\"a",
+      {}, ToolCallFormat::kMistral);
+  ASSERT_EQ(cut.calls.size(), 2u);
+  EXPECT_TRUE(cut.parser_calls[0].complete);
+  EXPECT_FALSE(cut.parser_calls[1].complete);
+  EXPECT_FALSE(cut.parser_calls[1].arguments_valid);
+}
+
+TEST(DeepSeekToolCallParserTest, V3CallsWithFencedArguments) {
+  const Rebuilt r = ExpectSplitInvariant(
+      "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+      "```json\n{\"city\": \"東京\", \"q\": \"a`b\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>"
+      "function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>ok",
+      {}, ToolCallFormat::kDeepSeek);
+  EXPECT_EQ(r.content, "Let me check.ok");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(Json(r.calls[0].arguments), Json(R"({"city": "東京", "q": "a`b"})"));
+  EXPECT_EQ(r.calls[1].name, "get_time");
+  EXPECT_EQ(r.calls[1].arguments, "{}");
+  for (const ParsedToolCall& c : r.parser_calls) EXPECT_TRUE(c.complete && c.arguments_valid);
+}
+
+TEST(DeepSeekToolCallParserTest, V31HeadsUnknownFunctionsAndTruncation) {
+  const Rebuilt v31 = ExpectSplitInvariant(
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": [1]}<｜tool▁call▁end｜>"
+      "<｜tool▁calls▁end｜>",
+      {"f"}, ToolCallFormat::kDeepSeek);
+  ASSERT_EQ(v31.calls.size(), 1u);
+  EXPECT_EQ(Json(v31.calls[0].arguments), Json(R"({"a": [1]})"));
+  const std::string unknown =
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>zz\n```json\n{}\n```<｜tool▁call▁end｜>";
+  const Rebuilt u = ExpectSplitInvariant(unknown, {"f"}, ToolCallFormat::kDeepSeek);
+  EXPECT_TRUE(u.calls.empty());
+  EXPECT_EQ(u.content, unknown);
+  const Rebuilt cut = ExpectSplitInvariant(
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": ",
+      {}, ToolCallFormat::kDeepSeek);
+  ASSERT_EQ(cut.calls.size(), 1u);
+  EXPECT_EQ(cut.calls[0].arguments, "{\"a\":");
+  EXPECT_FALSE(cut.parser_calls[0].complete);
+  EXPECT_FALSE(cut.parser_calls[0].arguments_valid);
+}
+
+// Random sequences of each format's pieces: no crash, split invariant, only known names.
+TEST(ToolCallParserTest, RandomTextIsSplitInvariantInEveryFormat) {
+  const std::vector<std::string> common = {"{", "}", "[", "]", "\"name\"", "\"arguments\"",
+                                           "\"parameters\"", ":", ",", ";", "\"f\"", "\"", "\\",
+                                           " ", "\n", "x", "1", "é", "```", "```json"};
+  const std::vector<std::pair<ToolCallFormat, std::vector<std::string>>> formats = {
+      {ToolCallFormat::kLlama3Json, {"<|python_tag|>", "<|python"}},
+      {ToolCallFormat::kMistral, {"[TOOL_CALLS]", "[TOOL_"}},
+      {ToolCallFormat::kDeepSeek,
+       {"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+        "<｜tool▁calls▁end｜>", "function", "<｜tool▁"}},
+  };
+  std::mt19937 rng(11);
+  for (const auto& [format, markers] : formats) {
+    std::vector<std::string> atoms = common;
+    atoms.insert(atoms.end(), markers.begin(), markers.end());
+    for (int round = 0; round < 60; ++round) {
+      std::string text;
+      const int n = 4 + static_cast<int>(rng() % 20);
+      for (int i = 0; i < n; ++i) text += atoms[rng() % atoms.size()];
+      SCOPED_TRACE(text);
+      const Rebuilt r = ExpectSplitInvariant(
+          text, round % 2 == 0 ? std::vector<std::string>{} : std::vector<std::string>{"f"},
+          format);
+      if (round % 2 == 1) {
+        for (const ParsedToolCall& c : r.parser_calls) EXPECT_EQ(c.name, "f");
+      }
+    }
   }
 }
 
