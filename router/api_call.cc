@@ -44,6 +44,15 @@ const char* FinishName(v1::FinishReason r) {
   }
 }
 
+// Mistral's templates take call ids of 9 letters and digits.
+std::string MistralCallId() {
+  static constexpr char kAlphabet[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  std::string id;
+  for (int i = 0; i < 9; ++i) id += kAlphabet[RandomU64() % (sizeof(kAlphabet) - 1)];
+  return id;
+}
+
 void SetHash(const Hash128& h, v1::Hash128* out) {
   out->set_lo(h.lo);
   out->set_hi(h.hi);
@@ -179,6 +188,7 @@ void ApiCall::Start(const HttpRequest& http) {
       std::make_unique<OpenAiWriter>(header, &context_.prompts->tokenizer(), s.logprobs, echo);
   choices_.assign(s.n, ChoiceOutputs());
   choice_started_.assign(s.n, false);
+  StartParsers(prompt);
 
   std::weak_ptr<ApiCall> weak = weak_from_this();
   responder_->OnClose([weak] {
@@ -201,6 +211,65 @@ void ApiCall::Start(const HttpRequest& http) {
     lock.unlock();
     context_.dispatcher->Cancel(*job);
   }
+}
+
+void ApiCall::StartParsers(const BuiltPrompt& prompt) {
+  parsers_.clear();
+  parsers_.resize(choices_.size());
+  if (kind_ != ApiKind::kChatCompletion) return;
+  const ToolSetup& setup = context_.prompts->tool_setup();
+  for (ChoiceParsers& p : parsers_) {
+    if (context_.reasoning)
+      p.reasoning = std::make_unique<ReasoningParser>(prompt.reasoning_started);
+    if (!prompt.tools_rendered || !setup.format.has_value()) continue;
+    ToolCallParserOptions options;
+    if (request_.tool_choice.mode == ApiToolChoice::Mode::kFunction) {
+      options.functions = {request_.tool_choice.function};
+    } else {
+      for (const ApiTool& tool : request_.tools) options.functions.push_back(tool.name);
+    }
+    options.first_call_only = !request_.parallel_tool_calls;
+    if (*setup.format == ToolCallFormat::kMistral) {
+      options.call_id = [](int) { return MistralCallId(); };
+    } else {
+      options.call_id = [](int) { return "call_" + RandomHex(12); };
+    }
+    p.tools = NewToolCallParser(*setup.format, std::move(options));
+  }
+}
+
+void ApiCall::ParseText(int32_t c, const std::string& text, int tokens, bool finished,
+                        ChoiceOutputs* delta) {
+  ChoiceParsers& p = parsers_[c];
+  std::string content = text;
+  if (p.reasoning != nullptr) {
+    std::string reasoning;
+    content.clear();
+    p.reasoning->Feed(text, &reasoning, &content);
+    // Tokens count as reasoning while the block may still be open (by chunk: a chunk that also
+    // holds content counts as content).
+    if (content.empty() && (p.reasoning->reasoning() || !reasoning.empty())) {
+      reasoning_tokens_ += tokens;
+    }
+    if (finished) p.reasoning->Finish(&reasoning, &content);
+    delta->reasoning = std::move(reasoning);
+  }
+  if (p.tools == nullptr) {
+    delta->text = std::move(content);
+    return;
+  }
+  ParsedText parsed;
+  p.tools->Feed(content, &parsed);
+  if (finished) p.tools->Finish(&parsed);
+  delta->text = std::move(parsed.content);
+  delta->tool_call_deltas = std::move(parsed.tool_calls);
+  if (!finished) return;
+  ChoiceOutputs& all = choices_[c];
+  for (const ParsedToolCall& call : p.tools->calls()) {
+    all.tool_calls.push_back({call.id, call.name, call.arguments});
+  }
+  if (!all.tool_calls.empty() && delta->finish_reason == "stop")
+    delta->finish_reason = "tool_calls";
 }
 
 void ApiCall::OnRouted(const std::string& worker_id) {
@@ -242,7 +311,6 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
       last_token_ = now;
     }
     ChoiceOutputs delta;
-    delta.text = chunk.text();
     for (int i = 0; i < chunk.token_ids_size(); ++i) {
       delta.tokens.push_back(chunk.token_ids(i));
       if (i < chunk.logprobs_size()) {
@@ -256,8 +324,10 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
       }
     }
     delta.finish_reason = FinishName(chunk.finish_reason());
+    ParseText(c, chunk.text(), chunk.token_ids_size(), !delta.finish_reason.empty(), &delta);
     ChoiceOutputs& all = choices_[c];
     all.text += delta.text;
+    all.reasoning += delta.reasoning;
     all.tokens.insert(all.tokens.end(), delta.tokens.begin(), delta.tokens.end());
     all.logprobs.insert(all.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
     if (!delta.finish_reason.empty()) all.finish_reason = delta.finish_reason;
@@ -275,7 +345,8 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
       const std::string start = writer_->StreamStart(c, request_.include_usage);
       if (!start.empty()) ok = responder_->Write(start);
     }
-    if (!delta.text.empty() || !delta.finish_reason.empty() || !delta.logprobs.empty()) {
+    if (!delta.text.empty() || !delta.reasoning.empty() || !delta.tool_call_deltas.empty() ||
+        !delta.finish_reason.empty() || !delta.logprobs.empty()) {
       ok = responder_->Write(writer_->StreamDelta(c, delta, request_.include_usage)) && ok;
     }
     if (!ok) {
@@ -308,6 +379,7 @@ void ApiCall::OnEnd(const absl::Status& status) {
     usage_.prompt_tokens = prompt_tokens_;
     usage_.completion_tokens = completion;
   }
+  usage_.reasoning_tokens = std::min(reasoning_tokens_, usage_.completion_tokens);
   context_.metrics->PromptTokens(usage_.prompt_tokens - usage_.cached_tokens, usage_.cached_tokens);
   context_.metrics->CompletionTokens(usage_.completion_tokens);
   if (!request_.stream) return Answer(200, writer_->Full(choices_, usage_));

@@ -1,8 +1,15 @@
 // One OpenAI API call through the router's pipeline, top to bottom (STYLE.md §15):
 //
-//   parse + validate (openai_parser) -> prompt (prompt_builder: template, tokens, lengths)
-//   -> hash (block hashes with the pool's fingerprint) -> route (dispatcher) -> stream
-//   (openai_writer: SSE chunks as tokens arrive, or one body at the end)
+//   parse + validate (openai_parser) -> prompt (prompt_builder: template, tools, tokens, lengths)
+//   -> hash (block hashes with the pool's fingerprint) -> route (dispatcher) -> parse the reply
+//   (reasoning_parser, tool_call_parser: per choice, as text arrives) -> stream (openai_writer:
+//   SSE chunks as tokens arrive, or one body at the end)
+//
+// A choice that called tools finishes with "tool_calls" (when the model stopped by itself; a
+// reply cut by max_tokens stays "length", its last call incomplete). tool_choice "required" or
+// a named function cannot force the model until constrained decoding exists: only calls of the
+// allowed functions are parsed as calls, and a reply without one is answered as the model wrote
+// it, as content, finish_reason "stop".
 //
 // It answers on its HttpResponder, and cancels its dispatch when the client goes away (the worker
 // aborts the request at its next step). Every log line and error body carries its trace id.
@@ -22,6 +29,8 @@
 #include "router/api/openai_parser.h"
 #include "router/api/openai_writer.h"
 #include "router/api/prompt_builder.h"
+#include "router/api/reasoning_parser.h"
+#include "router/api/tool_call_parser.h"
 #include "router/dispatch/dispatcher.h"
 #include "router/http/http_server.h"
 #include "router/registry/worker_registry.h"
@@ -35,7 +44,8 @@ struct ApiContext {
   WorkerRegistry* registry = nullptr;
   Dispatcher* dispatcher = nullptr;
   RouterMetrics* metrics = nullptr;
-  ApiLimits limits;  // model id, vocabulary; max_n is narrowed to the pool's
+  ApiLimits limits;        // model id, vocabulary; max_n is narrowed to the pool's
+  bool reasoning = false;  // chat replies go through a <think> reasoning parser
   absl::Duration request_timeout = absl::Minutes(10);
 };
 
@@ -60,6 +70,12 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   void Fail(const ApiError& error);
   void Answer(int status, std::string body);
   const char* endpoint() const;
+  // Sets up choice parsers for a prompt.
+  void StartParsers(const BuiltPrompt& prompt);
+  // Runs a chunk's text through choice `c`'s parsers into `delta` (content, reasoning, tool-call
+  // pieces); `finished`: the choice's last chunk (held text is released, finish_reason set).
+  void ParseText(int32_t c, const std::string& text, int tokens, bool finished,
+                 ChoiceOutputs* delta);
 
   const ApiContext& context_;
   const ApiKind kind_;
@@ -73,6 +89,12 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   std::unique_ptr<OpenAiWriter> writer_;
   std::vector<ChoiceOutputs> choices_;
   std::vector<bool> choice_started_;  // streaming: its first chunk was sent
+  struct ChoiceParsers {
+    std::unique_ptr<ReasoningParser> reasoning;
+    std::unique_ptr<ToolCallParser> tools;
+  };
+  std::vector<ChoiceParsers> parsers_;
+  int64_t reasoning_tokens_ = 0;
   UsageCounts usage_;
   bool has_usage_ = false;
   bool streaming_ = false;  // the SSE stream has started

@@ -99,7 +99,26 @@ class Router::Impl {
     }
     model_id_ = options_.served_model_name.empty() ? DefaultModelId(options_.model)
                                                    : options_.served_model_name;
-    prompts_ = std::make_unique<PromptBuilder>(tokenizer_.get(), chat_template_.get());
+    // Tools and reasoning: from the template's markers unless flags say otherwise.
+    const std::string source = chat_template_ != nullptr ? chat_template_->source() : "";
+    ToolSetup tools;
+    if (options_.tool_prompt == "hermes") {
+      tools.hermes_prompt = true;
+      tools.format = ToolCallFormat::kHermes;
+    } else if (options_.tool_call_parser == "auto") {
+      tools.format = DetectToolCallFormat(source);
+    } else if (options_.tool_call_parser != "none") {
+      tools.format = ToolCallFormatFromName(options_.tool_call_parser);
+    }
+    reasoning_ =
+        options_.reasoning_parser == "think" ||
+        (options_.reasoning_parser == "auto" && absl::StrContains(source, ReasoningParser::kOpen));
+    LOG(INFO) << "tool calls: "
+              << (tools.format.has_value() ? ToolCallFormatName(*tools.format) : "none (refused)")
+              << (tools.hermes_prompt ? " (the router's Hermes system prompt)" : "")
+              << "; reasoning parser: " << (reasoning_ ? "<think>" : "none");
+    prompts_ =
+        std::make_unique<PromptBuilder>(tokenizer_.get(), chat_template_.get(), std::move(tools));
 
     std::vector<std::string> workers = options_.workers;
     if (!options_.workers_file.empty()) {
@@ -140,6 +159,7 @@ class Router::Impl {
     context_.limits.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
     context_.limits.max_n = options_.max_n;
     context_.request_timeout = options_.request_timeout;
+    context_.reasoning = reasoning_;
 
     AdminServerOptions admin;
     admin.host = options_.admin_host;
@@ -302,6 +322,7 @@ class Router::Impl {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;
   std::unique_ptr<PromptBuilder> prompts_;
+  bool reasoning_ = false;
   std::string model_id_;
   int64_t created_ = 0;
   std::shared_ptr<prometheus::Registry> registry_metrics_;

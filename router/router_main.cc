@@ -26,6 +26,15 @@ ABSL_FLAG(std::string, served_model_name, "", "the model id clients use (default
 ABSL_FLAG(std::vector<std::string>, workers, {}, "worker gRPC addresses, comma-separated");
 ABSL_FLAG(std::string, workers_file, "", "a file of worker addresses, one per line");
 ABSL_FLAG(std::string, policy, "least_loaded", "round_robin or least_loaded");
+ABSL_FLAG(std::string, tool_call_parser, "auto",
+          "how tool calls are read: auto (from the chat template), hermes, llama3_json, mistral, "
+          "deepseek, or none");
+ABSL_FLAG(std::string, tool_prompt, "template",
+          "template (the chat template shows the tools) or hermes (the router writes them into "
+          "the system prompt, for templates with no tool format)");
+ABSL_FLAG(
+    std::string, reasoning_parser, "auto",
+    "<think> blocks to reasoning_content: auto (when the template knows <think>), think, none");
 ABSL_FLAG(std::string, model_fingerprint, "",
           "refuse workers of any other model fingerprint (default: the first worker's)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "API listen address");
@@ -80,6 +89,9 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(workers, workers);
   FROM_FLAG(workers_file, workers_file);
   FROM_FLAG(policy, policy);
+  FROM_FLAG(tool_call_parser, tool_call_parser);
+  FROM_FLAG(tool_prompt, tool_prompt);
+  FROM_FLAG(reasoning_parser, reasoning_parser);
   FROM_FLAG(model_fingerprint, model_fingerprint);
   FROM_FLAG(host, http.host);
   FROM_FLAG(port, http.port);

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/hash128.h"
 #include "engine/common/status.h"
+#include "router/api/tool_call_parser.h"
 
 namespace ferry {
 
@@ -12,6 +13,9 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("workers", &o->workers));
   RETURN_IF_ERROR(c.Read("workers_file", &o->workers_file));
   RETURN_IF_ERROR(c.Read("policy", &o->policy));
+  RETURN_IF_ERROR(c.Read("tool_call_parser", &o->tool_call_parser));
+  RETURN_IF_ERROR(c.Read("tool_prompt", &o->tool_prompt));
+  RETURN_IF_ERROR(c.Read("reasoning_parser", &o->reasoning_parser));
   RETURN_IF_ERROR(c.Read("model_fingerprint", &o->model_fingerprint));
   RETURN_IF_ERROR(c.Read("host", &o->http.host));
   int32_t i = o->http.port;
@@ -56,6 +60,24 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
   }
   if (o.policy != "round_robin" && o.policy != "least_loaded") {
     return bad(absl::StrCat("--policy must be round_robin or least_loaded, not '", o.policy, "'"));
+  }
+  if (o.tool_call_parser != "auto" && o.tool_call_parser != "none" &&
+      !ToolCallFormatFromName(o.tool_call_parser).has_value()) {
+    return bad(
+        absl::StrCat("--tool_call_parser must be auto, hermes, llama3_json, mistral, "
+                     "deepseek or none, not '",
+                     o.tool_call_parser, "'"));
+  }
+  if (o.tool_prompt != "template" && o.tool_prompt != "hermes") {
+    return bad(absl::StrCat("--tool_prompt must be template or hermes, not '", o.tool_prompt, "'"));
+  }
+  if (o.tool_prompt == "hermes" && o.tool_call_parser != "auto" && o.tool_call_parser != "hermes") {
+    return bad("--tool_prompt=hermes reads Hermes calls: leave --tool_call_parser at auto");
+  }
+  if (o.reasoning_parser != "auto" && o.reasoning_parser != "think" &&
+      o.reasoning_parser != "none") {
+    return bad(absl::StrCat("--reasoning_parser must be auto, think or none, not '",
+                            o.reasoning_parser, "'"));
   }
   if (!o.model_fingerprint.empty()) {
     if (absl::Status s = Hash128::FromHex(o.model_fingerprint).status(); !s.ok()) {

@@ -25,6 +25,15 @@ struct RouterOptions {
   std::vector<std::string> workers;
   std::string workers_file;
   std::string policy = "least_loaded";  // round_robin | least_loaded
+  // How tool calls are read from the model's text: "auto" (from the chat template's markers),
+  // hermes | llama3_json | mistral | deepseek, or "none" (tools refused).
+  std::string tool_call_parser = "auto";
+  // "template": the chat template shows the model its tools; "hermes": the router writes them into
+  // the system prompt in Hermes's words and parses Hermes calls (for templates with no tool
+  // format, such as SmolLM2's).
+  std::string tool_prompt = "template";
+  // <think> blocks to reasoning_content: "auto" (when the template knows <think>), think, none.
+  std::string reasoning_parser = "auto";
   // The one model fingerprint (32 hex digits) the pool takes; "": the first worker accepted's.
   std::string model_fingerprint;
 

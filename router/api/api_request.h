@@ -1,7 +1,7 @@
-// One API request after parsing and validation, in the router's own terms (STYLE.md §15: every
-// API is an adapter onto one internal request model). The OpenAI adapter fills it from a JSON
-// body (openai_parser.h); the prompt builder turns its messages or prompt into tokens; the
-// dispatcher sends it to a worker.
+// One API request after parsing and validation, in the router's own terms (conversation.h: every
+// API is an adapter onto one internal model). The OpenAI adapter fills it from a JSON body
+// (openai_parser.h); the prompt builder turns its messages and tools, or its prompt, into tokens;
+// the dispatcher sends it to a worker.
 
 #ifndef FERRY_ROUTER_API_API_REQUEST_H_
 #define FERRY_ROUTER_API_API_REQUEST_H_
@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "engine/common/token_id.h"
-#include "nlohmann/json.hpp"
+#include "router/api/conversation.h"
 
 namespace ferry {
 
@@ -42,8 +42,11 @@ struct ApiSampling {
 struct ApiRequest {
   ApiKind kind = ApiKind::kChatCompletion;
   std::string model;
-  // Chat: the messages as the chat template takes them (roles mapped, text parts joined).
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  // Chat: the conversation, and the functions the model may call.
+  std::vector<ApiMessage> messages;
+  std::vector<ApiTool> tools;
+  ApiToolChoice tool_choice;
+  bool parallel_tool_calls = true;
   // Completions: the prompt as text, or as token ids.
   std::string prompt_text;
   std::vector<TokenId> prompt_ids;

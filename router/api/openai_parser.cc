@@ -4,6 +4,7 @@
 #include <limits>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/sampling/stop_strings.h"
@@ -22,16 +23,15 @@ ApiError Ok() { return ApiError{absl::OkStatus(), "", ""}; }
 
 // Fields that would change the output and are not implemented: refused by name.
 const std::set<std::string>& Unsupported() {
-  static const auto* fields = new std::set<std::string>{
-      "tools",      "tool_choice",        "functions", "function_call",   "audio",
-      "prediction", "web_search_options", "suffix",    "reasoning_effort"};
+  static const auto* fields =
+      new std::set<std::string>{"functions", "function_call",      "audio",           "prediction",
+                                "suffix",    "web_search_options", "reasoning_effort"};
   return *fields;
 }
 
 // Fields that do not change the output: accepted and ignored.
 const std::set<std::string>& Ignored() {
-  static const auto* fields =
-      new std::set<std::string>{"metadata", "store", "service_tier", "parallel_tool_calls"};
+  static const auto* fields = new std::set<std::string>{"metadata", "store", "service_tier"};
   return *fields;
 }
 
@@ -249,14 +249,62 @@ ApiError ContentText(const Json& content, size_t index, std::string* out) {
   return Ok();
 }
 
-ApiError ParseMessages(const Json* messages, const ApiLimits& limits, Json* out) {
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+// "arguments"}}].
+ApiError ParseToolCalls(const Json& calls, const std::string& param,
+                        std::vector<ApiToolCall>* out) {
+  if (!calls.is_array()) return Invalid(param, "'tool_calls' must be an array");
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const Json& c = calls[k];
+    const std::string p = absl::StrCat(param, "[", k, "]");
+    if (!c.is_object()) return Invalid(p, "each tool call must be an object");
+    ApiToolCall call;
+    for (auto it = c.begin(); it != c.end(); ++it) {
+      if (it.key() == "id") {
+        if (!it->is_string()) return Invalid(p + ".id", "'id' must be a string");
+        call.id = it->get<std::string>();
+      } else if (it.key() == "type") {
+        if (*it != "function") return Invalid(p + ".type", "'type' must be 'function'");
+      } else if (it.key() == "function") {
+        const Json& f = *it;
+        if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) {
+          return Invalid(p + ".function", "'function' must be an object with a 'name', a string");
+        }
+        call.name = f["name"].get<std::string>();
+        if (f.contains("arguments")) {
+          if (!f["arguments"].is_string()) {
+            return Invalid(p + ".function.arguments",
+                           "'arguments' must be a string (the arguments' JSON text)");
+          }
+          call.arguments = f["arguments"].get<std::string>();
+        }
+        for (auto g = f.begin(); g != f.end(); ++g) {
+          if (g.key() != "name" && g.key() != "arguments") {
+            return Invalid(p + ".function." + g.key(),
+                           absl::StrCat("Unrecognized tool call argument supplied: ", g.key()));
+          }
+        }
+      } else {
+        return Invalid(p + "." + it.key(),
+                       absl::StrCat("Unrecognized tool call argument supplied: ", it.key()));
+      }
+    }
+    if (call.id.empty()) return Invalid(p + ".id", "each tool call needs an 'id'");
+    if (call.name.empty()) return Invalid(p + ".function", "each tool call needs a function name");
+    out->push_back(std::move(call));
+  }
+  return Ok();
+}
+
+ApiError ParseMessages(const Json* messages, const ApiLimits& limits,
+                       std::vector<ApiMessage>* out) {
   if (messages == nullptr) return Invalid("messages", "'messages' is required");
   if (!messages->is_array()) return Invalid("messages", "'messages' must be an array");
   if (messages->empty()) return Invalid("messages", "'messages' must not be empty");
   if (messages->size() > limits.max_messages) {
     return Invalid("messages", absl::StrCat("at most ", limits.max_messages, " messages"));
   }
-  *out = Json::array();
+  out->clear();
   for (size_t i = 0; i < messages->size(); ++i) {
     const Json& m = (*messages)[i];
     const std::string param = absl::StrCat("messages[", i, "]");
@@ -264,14 +312,21 @@ ApiError ParseMessages(const Json* messages, const ApiLimits& limits, Json* out)
     if (!m.contains("role") || !m["role"].is_string()) {
       return Invalid(param + ".role", "each message needs a 'role', a string");
     }
-    std::string role = m["role"].get<std::string>();
-    if (role != "system" && role != "developer" && role != "user" && role != "assistant" &&
-        role != "tool") {
+    const std::string role = m["role"].get<std::string>();
+    ApiMessage message;
+    if (role == "system" || role == "developer") {
+      message.role = ApiRole::kSystem;  // templates of open models know no developer role
+    } else if (role == "user") {
+      message.role = ApiRole::kUser;
+    } else if (role == "assistant") {
+      message.role = ApiRole::kAssistant;
+    } else if (role == "tool") {
+      message.role = ApiRole::kTool;
+    } else {
       return Invalid(param + ".role", absl::StrCat("unknown role '", role,
                                                    "' (system, developer, user, assistant, tool)"));
     }
-    Json message = Json::object();
-    message["role"] = role == "developer" ? "system" : role;
+    bool has_content = false;
     for (auto it = m.begin(); it != m.end(); ++it) {
       const std::string& key = it.key();
       if (key == "role") continue;
@@ -279,13 +334,21 @@ ApiError ParseMessages(const Json* messages, const ApiLimits& limits, Json* out)
         if (it->is_null()) continue;
         std::string text;
         RETURN_IF_API_ERROR(ContentText(*it, i, &text));
-        message["content"] = text;
-      } else if (key == "name" || key == "tool_call_id") {
-        if (!it->is_string()) return Invalid(param + "." + key, "must be a string");
-        message[key] = *it;
+        message.content.push_back({std::move(text)});
+        has_content = true;
+      } else if (key == "name") {
+        if (!it->is_string()) return Invalid(param + ".name", "must be a string");
+        message.name = it->get<std::string>();
+      } else if (key == "tool_call_id" && role == "tool") {
+        if (!it->is_string()) return Invalid(param + ".tool_call_id", "must be a string");
+        message.tool_call_id = it->get<std::string>();
       } else if (key == "tool_calls" && role == "assistant") {
-        if (!it->is_array()) return Invalid(param + ".tool_calls", "must be an array");
-        message[key] = *it;
+        if (it->is_null()) continue;
+        RETURN_IF_API_ERROR(ParseToolCalls(*it, param + ".tool_calls", &message.tool_calls));
+      } else if ((key == "reasoning_content" || key == "reasoning") && role == "assistant") {
+        if (it->is_null()) continue;
+        if (!it->is_string()) return Invalid(param + "." + key, "must be a string");
+        message.reasoning = it->get<std::string>();
       } else if (key == "refusal" || key == "audio") {
         if (!it->is_null() && key == "audio") {
           return Invalid(param + ".audio", "audio is not supported by this server yet",
@@ -296,14 +359,162 @@ ApiError ParseMessages(const Json* messages, const ApiLimits& limits, Json* out)
                        absl::StrCat("Unrecognized message argument supplied: ", key));
       }
     }
-    if (!message.contains("content")) {
-      if (role != "assistant" || !message.contains("tool_calls")) {
-        return Invalid(param + ".content", "the message has no content");
-      }
-      message["content"] = "";
+    if (!has_content && (message.role != ApiRole::kAssistant || message.tool_calls.empty())) {
+      return Invalid(param + ".content", "the message has no content");
+    }
+    if (message.role == ApiRole::kTool && message.tool_call_id.empty()) {
+      return Invalid(param + ".tool_call_id",
+                     "a tool message needs 'tool_call_id', the id of the call it answers");
     }
     out->push_back(std::move(message));
   }
+  return Ok();
+}
+
+// A function name as OpenAI allows it: 1-64 of a-z, A-Z, 0-9, '_' and '-'.
+bool ValidFunctionName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+// The parts of a JSON schema a template and a parser rely on: an object, "type" a string (or
+// strings), "properties" an object of schemas, "required" an array of strings.
+ApiError CheckSchema(const Json& schema, const std::string& param) {
+  if (!schema.is_object())
+    return Invalid(param, "a function's 'parameters' must be a JSON schema object");
+  if (auto t = schema.find("type"); t != schema.end()) {
+    bool ok = t->is_string();
+    if (t->is_array()) {
+      ok = !t->empty();
+      for (const Json& x : *t) ok = ok && x.is_string();
+    }
+    if (!ok) return Invalid(param + ".type", "'type' must be a string or a list of strings");
+  }
+  if (auto p = schema.find("properties"); p != schema.end()) {
+    if (!p->is_object()) return Invalid(param + ".properties", "'properties' must be an object");
+    for (auto it = p->begin(); it != p->end(); ++it) {
+      if (!it->is_object() && !it->is_boolean()) {
+        return Invalid(param + ".properties." + it.key(), "each property must be a schema object");
+      }
+    }
+  }
+  if (auto r = schema.find("required"); r != schema.end()) {
+    bool ok = r->is_array();
+    if (ok) {
+      for (const Json& x : *r) ok = ok && x.is_string();
+    }
+    if (!ok) return Invalid(param + ".required", "'required' must be a list of strings");
+  }
+  return Ok();
+}
+
+ApiError ParseTools(Fields& f, const ApiLimits& limits, ApiRequest* r) {
+  const Json* tools = f.Get("tools");
+  if (tools != nullptr) {
+    if (!tools->is_array()) return Invalid("tools", "'tools' must be an array");
+    if (tools->size() > limits.max_tools) {
+      return Invalid("tools", absl::StrCat("'tools' has ", tools->size(), " entries; at most ",
+                                           limits.max_tools));
+    }
+    if (tools->dump().size() > limits.max_tools_bytes) {
+      return Invalid("tools", absl::StrCat("the tool definitions take more than ",
+                                           limits.max_tools_bytes, " bytes"));
+    }
+    std::set<std::string> names;
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& t = (*tools)[i];
+      const std::string param = absl::StrCat("tools[", i, "]");
+      if (!t.is_object()) return Invalid(param, "each tool must be an object");
+      if (!t.contains("type") || t["type"] != "function") {
+        return Invalid(param + ".type", "each tool's 'type' must be 'function'");
+      }
+      for (auto it = t.begin(); it != t.end(); ++it) {
+        if (it.key() != "type" && it.key() != "function") {
+          return Invalid(param + "." + it.key(),
+                         absl::StrCat("Unrecognized tool argument supplied: ", it.key()));
+        }
+      }
+      if (!t.contains("function") || !t["function"].is_object()) {
+        return Invalid(param + ".function", "each tool needs 'function', an object");
+      }
+      const Json& fn = t["function"];
+      ApiTool tool;
+      for (auto it = fn.begin(); it != fn.end(); ++it) {
+        const std::string p = param + ".function." + it.key();
+        if (it.key() == "name") {
+          if (!it->is_string()) return Invalid(p, "'name' must be a string");
+          tool.name = it->get<std::string>();
+        } else if (it.key() == "description") {
+          if (it->is_null()) continue;
+          if (!it->is_string()) return Invalid(p, "'description' must be a string");
+          tool.description = it->get<std::string>();
+        } else if (it.key() == "parameters") {
+          if (it->is_null()) continue;
+          RETURN_IF_API_ERROR(CheckSchema(*it, p));
+          tool.parameters = *it;
+        } else if (it.key() == "strict") {
+          if (it->is_null()) continue;
+          if (!it->is_boolean()) return Invalid(p, "'strict' must be a boolean");
+          tool.strict = it->get<bool>();
+        } else {
+          return Invalid(p, absl::StrCat("Unrecognized function argument supplied: ", it.key()));
+        }
+      }
+      if (!ValidFunctionName(tool.name)) {
+        return Invalid(param + ".function.name",
+                       absl::StrCat("'", tool.name,
+                                    "' is not a valid function name (1 to 64 of a-z, A-Z, 0-9, "
+                                    "underscores and dashes)"));
+      }
+      if (!names.insert(tool.name).second) {
+        return Invalid(param + ".function.name",
+                       absl::StrCat("two tools are named '", tool.name, "'"));
+      }
+      r->tools.push_back(std::move(tool));
+    }
+  }
+  if (const Json* choice = f.Get("tool_choice"); choice != nullptr) {
+    ApiToolChoice& c = r->tool_choice;
+    if (choice->is_string()) {
+      const std::string mode = choice->get<std::string>();
+      if (mode == "auto") {
+        c.mode = ApiToolChoice::Mode::kAuto;
+      } else if (mode == "none") {
+        c.mode = ApiToolChoice::Mode::kNone;
+      } else if (mode == "required") {
+        c.mode = ApiToolChoice::Mode::kRequired;
+      } else {
+        return Invalid("tool_choice", absl::StrCat("'tool_choice' must be 'none', 'auto', "
+                                                   "'required' or a function, not '",
+                                                   mode, "'"));
+      }
+    } else if (choice->is_object()) {
+      const Json* fn = choice->contains("function") ? &(*choice)["function"] : nullptr;
+      if (!choice->contains("type") || (*choice)["type"] != "function" || fn == nullptr ||
+          !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
+        return Invalid("tool_choice",
+                       "a named 'tool_choice' is {\"type\": \"function\", "
+                       "\"function\": {\"name\": ...}}");
+      }
+      c.mode = ApiToolChoice::Mode::kFunction;
+      c.function = (*fn)["name"].get<std::string>();
+      bool known = false;
+      for (const ApiTool& t : r->tools) known = known || t.name == c.function;
+      if (!known) {
+        return Invalid("tool_choice", absl::StrCat("'tool_choice' names the function '", c.function,
+                                                   "', which is not in 'tools'"));
+      }
+    } else {
+      return Invalid("tool_choice", "'tool_choice' must be a string or an object");
+    }
+    if (r->tools.empty() && c.mode != ApiToolChoice::Mode::kNone) {
+      return Invalid("tool_choice", "'tool_choice' is only allowed when 'tools' are specified");
+    }
+  }
+  RETURN_IF_API_ERROR(f.Bool("parallel_tool_calls", &r->parallel_tool_calls));
   return Ok();
 }
 
@@ -316,6 +527,7 @@ ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, Ap
   r->kind = ApiKind::kChatCompletion;
   RETURN_IF_API_ERROR(ParseCommon(f, limits, r));
   RETURN_IF_API_ERROR(ParseMessages(f.Get("messages"), limits, &r->messages));
+  RETURN_IF_API_ERROR(ParseTools(f, limits, r));
   int64_t v = 0;
   bool present = false;
   RETURN_IF_API_ERROR(f.Integer("max_completion_tokens", 1, INT32_MAX, &v, &present));

@@ -1,15 +1,22 @@
 // The OpenAI API's request bodies (POST /v1/chat/completions, POST /v1/completions) parsed and
 // validated into an ApiRequest, as OpenAI's own servers judge them: every field's type and range,
-// fields that would change the output and are not implemented (tools, audio, non-text
-// response_format, ...) refused by name, unknown fields refused ("Unrecognized request argument
-// supplied: x"), fields that change nothing (metadata, store, service_tier, ...) accepted and
-// ignored. What needs the tokens (the prompt's length against the context, max_tokens) is the
+// fields that would change the output and are not implemented (audio, non-text response_format,
+// the deprecated functions, ...) refused by name, unknown fields refused ("Unrecognized request
+// argument supplied: x"), fields that change nothing (metadata, store, service_tier, ...) accepted
+// and ignored. What needs the tokens (the prompt's length against the context, max_tokens) is the
 // prompt builder's to check.
 //
 // Accepted and used, besides OpenAI's own: the common extensions top_k, min_p,
-// repetition_penalty, ignore_eos and min_tokens. Roles: system, developer (given to the template
-// as system: templates of open models know no developer role), user, assistant, tool. Content:
-// a string or text parts (joined); image and audio parts are refused until the encoder exists.
+// repetition_penalty, ignore_eos and min_tokens, and an assistant message's reasoning_content
+// (the reasoning a template may show again). Roles: system, developer (given to the template as
+// system: templates of open models know no developer role), user, assistant (content and/or
+// tool_calls), tool (tool_call_id required). Content: a string or text parts; image and audio
+// parts are refused until the encoder exists.
+//
+// Tools: `tools` (functions with names as OpenAI allows them, unique, and parameters whose schema
+// is an object with a well-formed type/properties/required; at most max_tools, max_tools_bytes of
+// JSON), `tool_choice` (auto, none, required, or a function named in tools; only with tools) and
+// `parallel_tool_calls`. Whether the model can use tools at all is the prompt builder's to say.
 //
 // Thread-safe (pure functions).
 
@@ -33,6 +40,8 @@ struct ApiLimits {
   size_t max_logit_bias = 1024;
   int32_t max_top_logprobs = 20;
   int32_t max_completion_logprobs = 5;  // completions' `logprobs` (OpenAI's cap)
+  size_t max_tools = 128;               // OpenAI's cap
+  size_t max_tools_bytes = 256 << 10;   // the tool definitions' JSON
 };
 
 // Parses `body` into `out`; the returned error's status is OK on success.

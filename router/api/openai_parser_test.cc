@@ -31,8 +31,9 @@ TEST(OpenAiParserTest, ChatRequestsBecomeTheInternalModel) {
       "min_tokens": 2, "metadata": {"a": "b"}, "store": false})",
                                    Limits(), &r);
   ASSERT_TRUE(e.status.ok()) << e.status << " " << e.param;
-  EXPECT_EQ(r.messages[0]["role"], "system");
-  EXPECT_EQ(r.messages[1]["content"], "Hi there");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0].role, ApiRole::kSystem);
+  EXPECT_EQ(r.messages[1].Text(), "Hi there");
   EXPECT_EQ(*r.sampling.max_tokens, 9);
   EXPECT_EQ(r.sampling.n, 2);
   EXPECT_EQ(*r.sampling.seed, static_cast<uint64_t>(int64_t{-3}));
@@ -72,7 +73,7 @@ TEST(OpenAiParserTest, CompletionsTakeTextOrTokenIds) {
 }
 
 struct Bad {
-  const char* body;
+  std::string body;
   const char* param;
   absl::StatusCode code = absl::StatusCode::kInvalidArgument;
 };
@@ -123,7 +124,7 @@ TEST(OpenAiParserTest, BadChatRequestsNameTheirField) {
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}})",
        "stream_options"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
-       "tools"},
+       "tools[0].function"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
        "response_format"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"audio":{}})", "audio"},
@@ -140,6 +141,85 @@ TEST(OpenAiParserTest, BadChatRequestsNameTheirField) {
     EXPECT_EQ(e.param, c.param) << c.body;
     EXPECT_FALSE(e.status.message().empty());
   }
+}
+
+TEST(OpenAiParserTest, ToolsToolCallsAndResultsBecomeTheInternalModel) {
+  ApiRequest r;
+  ApiError e = ParseChatCompletion(R"({
+      "model": "tiny",
+      "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "reasoning_content": "I should look.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "22 degrees"}],
+      "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d",
+                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"]}, "strict": true}}],
+      "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+      "parallel_tool_calls": false})",
+                                   Limits(), &r);
+  ASSERT_TRUE(e.status.ok()) << e.status << " " << e.param;
+  ASSERT_EQ(r.messages.size(), 3u);
+  ASSERT_EQ(r.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(r.messages[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.messages[1].tool_calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(r.messages[1].reasoning, "I should look.");
+  EXPECT_EQ(r.messages[2].tool_call_id, "call_1");
+  ASSERT_EQ(r.tools.size(), 1u);
+  EXPECT_EQ(r.tools[0].parameters["required"][0], "city");
+  EXPECT_EQ(r.tool_choice.mode, ApiToolChoice::Mode::kFunction);
+  EXPECT_EQ(r.tool_choice.function, "get_weather");
+  EXPECT_FALSE(r.parallel_tool_calls);
+}
+
+TEST(OpenAiParserTest, BadToolRequestsNameTheirField) {
+  const std::string m = R"("model":"tiny","messages":[{"role":"user","content":"x"}])";
+  const std::string f =
+      R"({"type":"function","function":{"name":"f","parameters":{"type":"object"}}})";
+  const Bad cases[] = {
+      {"{" + m + R"(,"tools":{}})", "tools"},
+      {"{" + m + R"(,"tools":[{"type":"retrieval"}]})", "tools[0].type"},
+      {"{" + m + R"(,"tools":[{"type":"function","function":{"name":"bad name"}}]})",
+       "tools[0].function.name"},
+      {"{" + m + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":[]}}]})",
+       "tools[0].function.parameters"},
+      {"{" + m +
+           R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":5}}}]})",
+       "tools[0].function.parameters.type"},
+      {"{" + m + ",\"tools\":[" + f + "," + f + "]}", "tools[1].function.name"},
+      {"{" + m + ",\"tools\":[" + f + R"(],"tool_choice":"sometimes"})", "tool_choice"},
+      {"{" + m + ",\"tools\":[" + f +
+           R"(],"tool_choice":{"type":"function","function":{"name":"g"}}})",
+       "tool_choice"},
+      {"{" + m + R"(,"tool_choice":"required"})", "tool_choice"},
+      {"{" + m + ",\"tools\":[" + f + R"(],"parallel_tool_calls":"yes"})", "parallel_tool_calls"},
+      {R"({"model":"tiny","messages":[{"role":"tool","content":"r"}]})",
+       "messages[0].tool_call_id"},
+      {R"({"model":"tiny","messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f"}}]}]})",
+       "messages[0].tool_calls[0].id"},
+      {R"({"model":"tiny","messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":{}}}]}]})",
+       "messages[0].tool_calls[0].function.arguments"},
+  };
+  for (const Bad& c : cases) {
+    ApiRequest r;
+    const ApiError e = ParseChatCompletion(c.body, Limits(), &r);
+    EXPECT_EQ(e.status.code(), c.code) << c.body << ": " << e.status;
+    EXPECT_EQ(e.param, c.param) << c.body;
+  }
+  // Too many, too large.
+  std::string many = "{" + m + ",\"tools\":[";
+  for (int i = 0; i < 129; ++i) {
+    many += (i ? "," : "") + std::string(R"({"type":"function","function":{"name":"f)") +
+            std::to_string(i) + "\"}}";
+  }
+  ApiRequest r;
+  EXPECT_EQ(ParseChatCompletion(many + "]}", Limits(), &r).param, "tools");
+  const std::string big = "{" + m +
+                          R"(,"tools":[{"type":"function","function":{"name":"f","description":")" +
+                          std::string(300 << 10, 'x') + "\"}}]}";
+  ApiRequest r2;
+  EXPECT_EQ(ParseChatCompletion(big, Limits(), &r2).param, "tools");
 }
 
 TEST(OpenAiParserTest, BadCompletionRequestsNameTheirField) {

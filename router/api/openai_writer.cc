@@ -102,7 +102,7 @@ Json OpenAiWriter::Usage(const UsageCounts& u) const {
   j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
   j["prompt_tokens_details"] = Json{{"cached_tokens", u.cached_tokens}};
   if (header_.kind == ApiKind::kChatCompletion) {
-    j["completion_tokens_details"] = Json{{"reasoning_tokens", 0}};
+    j["completion_tokens_details"] = Json{{"reasoning_tokens", u.reasoning_tokens}};
   }
   return j;
 }
@@ -115,7 +115,22 @@ std::string OpenAiWriter::Full(const std::vector<ChoiceOutputs>& choices,
     Json choice = Json::object();
     choice["index"] = i;
     if (header_.kind == ApiKind::kChatCompletion) {
-      choice["message"] = Json{{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}};
+      Json message = Json::object();
+      message["role"] = "assistant";
+      message["content"] = c.text.empty() && !c.tool_calls.empty() ? Json(nullptr) : Json(c.text);
+      if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
+      message["refusal"] = nullptr;
+      if (!c.tool_calls.empty()) {
+        Json calls = Json::array();
+        for (const ApiToolCall& call : c.tool_calls) {
+          calls.push_back(
+              Json{{"id", call.id},
+                   {"type", "function"},
+                   {"function", Json{{"name", call.name}, {"arguments", call.arguments}}}});
+        }
+        message["tool_calls"] = std::move(calls);
+      }
+      choice["message"] = std::move(message);
       choice["logprobs"] = Logprobs(c, 0);
     } else {
       choice["text"] = echo_prompt_ + c.text;
@@ -151,8 +166,28 @@ std::string OpenAiWriter::StreamDelta(int32_t choice, const ChoiceOutputs& delta
   Json c = Json::object();
   c["index"] = choice;
   if (header_.kind == ApiKind::kChatCompletion) {
-    c["delta"] = delta.text.empty() && !delta.finish_reason.empty() ? Json::object()
-                                                                    : Json{{"content", delta.text}};
+    Json d = Json::object();
+    if (!delta.reasoning.empty()) d["reasoning_content"] = delta.reasoning;
+    if (!delta.text.empty()) d["content"] = delta.text;
+    if (!delta.tool_call_deltas.empty()) {
+      Json calls = Json::array();
+      for (const ToolCallDelta& t : delta.tool_call_deltas) {
+        Json call = Json::object();
+        call["index"] = t.index;
+        Json fn = Json::object();
+        if (!t.id.empty()) {
+          call["id"] = t.id;
+          call["type"] = "function";
+          fn["name"] = t.name;
+        }
+        fn["arguments"] = t.arguments;
+        call["function"] = std::move(fn);
+        calls.push_back(std::move(call));
+      }
+      d["tool_calls"] = std::move(calls);
+    }
+    if (d.empty() && delta.finish_reason.empty()) d["content"] = "";
+    c["delta"] = std::move(d);
   } else {
     c["text"] = delta.text;
   }

@@ -1,7 +1,11 @@
 // OpenAI's response bodies and stream chunks, field for field, from what the workers returned:
 // chat.completion / chat.completion.chunk and text_completion objects with their ids, `created`,
 // `model`, `system_fingerprint`, choices (message or delta, logprobs, finish_reason) and usage
-// (with prompt_tokens_details.cached_tokens); SSE framing ("data: ...\n\n", "data: [DONE]").
+// (with prompt_tokens_details.cached_tokens and completion_tokens_details.reasoning_tokens); SSE
+// framing ("data: ...\n\n", "data: [DONE]"). A chat message carries `tool_calls` (content null
+// when the model only called tools) and `reasoning_content` (vLLM's and DeepSeek's name) when the
+// model reasoned; a delta carries the pieces of each (delta.tool_calls: the call's index, its id,
+// type and name in its first piece, then arguments text).
 //
 // Token strings for logprobs come from the router's tokenizer: `token` is the token's text
 // (U+FFFD where it is part of a character), `bytes` its raw bytes.
@@ -19,28 +23,9 @@
 #include "engine/common/token_id.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "router/api/api_request.h"
+#include "router/api/conversation.h"
 
 namespace ferry {
-
-struct TokenLogprob {
-  TokenId token = 0;
-  float logprob = 0;
-  std::vector<std::pair<TokenId, float>> top;
-};
-
-// One choice's output so far (or in full).
-struct ChoiceOutputs {
-  std::string text;
-  std::vector<TokenId> tokens;
-  std::vector<TokenLogprob> logprobs;  // one per token when asked
-  std::string finish_reason;           // "stop", "length", "abort"... ("" while running)
-};
-
-struct UsageCounts {
-  int64_t prompt_tokens = 0;
-  int64_t completion_tokens = 0;
-  int64_t cached_tokens = 0;
-};
 
 // What every object of one response shares.
 struct ResponseHeader {

@@ -1,11 +1,128 @@
 #include "router/api/prompt_builder.h"
 
 #include "absl/strings/str_cat.h"
+#include "router/api/reasoning_parser.h"
 
 namespace ferry {
+namespace {
 
-PromptBuilder::PromptBuilder(const Tokenizer* tokenizer, const ChatTemplate* chat_template)
-    : tokenizer_(tokenizer), chat_template_(chat_template) {}
+using Json = nlohmann::ordered_json;
+
+const char* RoleName(ApiRole role) {
+  switch (role) {
+    case ApiRole::kSystem:
+      return "system";
+    case ApiRole::kUser:
+      return "user";
+    case ApiRole::kAssistant:
+      return "assistant";
+    case ApiRole::kTool:
+      return "tool";
+  }
+  return "user";
+}
+
+Json ToolJson(const ApiTool& tool) {
+  Json fn = Json::object();
+  fn["name"] = tool.name;
+  if (!tool.description.empty()) fn["description"] = tool.description;
+  fn["parameters"] = tool.parameters;
+  if (tool.strict.has_value()) fn["strict"] = *tool.strict;
+  return Json{{"type", "function"}, {"function", std::move(fn)}};
+}
+
+// Hermes's words for a model whose template has none (Qwen 2.5's template text).
+std::string HermesToolPrompt(const std::vector<ApiTool>& tools) {
+  std::string out =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+      "provided with function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const ApiTool& tool : tools) out += "\n" + ToolJson(tool).dump();
+  out +=
+      "\n</tools>\n\nFor each function call, return a json object with function name and "
+      "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+      "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+  return out;
+}
+
+std::string HermesCallBlock(const ApiToolCall& call) {
+  Json args = Json::parse(call.arguments, nullptr, false);
+  std::string arguments = args.is_discarded() ? Json(call.arguments).dump() : args.dump();
+  return "<tool_call>\n{\"name\": " + Json(call.name).dump() + ", \"arguments\": " + arguments +
+         "}\n</tool_call>";
+}
+
+}  // namespace
+
+PromptBuilder::PromptBuilder(const Tokenizer* tokenizer, const ChatTemplate* chat_template,
+                             ToolSetup tools)
+    : tokenizer_(tokenizer), chat_template_(chat_template), tools_(std::move(tools)) {}
+
+ChatTemplateInputs PromptBuilder::TemplateInputs(const ApiRequest& request) const {
+  ChatTemplateInputs inputs;
+  const bool show_tools =
+      !request.tools.empty() && request.tool_choice.mode != ApiToolChoice::Mode::kNone;
+  const bool hermes = tools_.hermes_prompt;
+  const bool string_arguments = tools_.format == ToolCallFormat::kDeepSeek;
+  Json& messages = inputs.messages;
+  for (const ApiMessage& m : request.messages) {
+    if (hermes && m.role == ApiRole::kTool) {  // results as <tool_response> blocks of a user turn
+      std::string block = "<tool_response>\n" + m.Text() + "\n</tool_response>";
+      if (!messages.empty() && messages.back().value("_tool_results", false)) {
+        messages.back()["content"] = messages.back()["content"].get<std::string>() + "\n" + block;
+      } else {
+        messages.push_back(Json{{"role", "user"}, {"content", block}, {"_tool_results", true}});
+      }
+      continue;
+    }
+    Json message = Json::object();
+    message["role"] = RoleName(m.role);
+    std::string content = m.Text();
+    if (hermes && !m.tool_calls.empty()) {
+      for (const ApiToolCall& call : m.tool_calls) {
+        content += (content.empty() ? "" : "\n") + HermesCallBlock(call);
+      }
+    }
+    message["content"] = content;
+    if (!m.name.empty()) message["name"] = m.name;
+    if (!m.reasoning.empty()) message["reasoning_content"] = m.reasoning;
+    if (m.role == ApiRole::kTool) message["tool_call_id"] = m.tool_call_id;
+    if (!hermes && !m.tool_calls.empty()) {
+      Json calls = Json::array();
+      for (const ApiToolCall& call : m.tool_calls) {
+        Json arguments = call.arguments;
+        if (!string_arguments) {
+          Json parsed = Json::parse(call.arguments, nullptr, false);
+          if (parsed.is_object()) arguments = std::move(parsed);
+        }
+        calls.push_back(Json{{"id", call.id},
+                             {"type", "function"},
+                             {"function", Json{{"name", call.name}, {"arguments", arguments}}}});
+      }
+      message["tool_calls"] = std::move(calls);
+    }
+    messages.push_back(std::move(message));
+  }
+  for (Json& m : messages) m.erase("_tool_results");
+  if (show_tools && hermes) {
+    const std::string prompt = HermesToolPrompt(request.tools);
+    if (!messages.empty() && messages[0]["role"] == "system") {
+      messages[0]["content"] = messages[0]["content"].get<std::string>() + "\n\n" + prompt;
+    } else {
+      messages.insert(messages.begin(), Json{{"role", "system"}, {"content", prompt}});
+    }
+  } else if (show_tools) {
+    inputs.tools = Json::array();
+    for (const ApiTool& tool : request.tools) inputs.tools.push_back(ToolJson(tool));
+  }
+  inputs.add_generation_prompt = true;
+  if (tokenizer_->bos_id().has_value()) {
+    inputs.bos_token = tokenizer_->TokenString(*tokenizer_->bos_id());
+  }
+  if (tokenizer_->eos_id().has_value()) {
+    inputs.eos_token = tokenizer_->TokenString(*tokenizer_->eos_id());
+  }
+  return inputs;
+}
 
 ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltPrompt* out) const {
   auto invalid = [](const std::string& param, const std::string& message,
@@ -16,20 +133,22 @@ ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltP
     if (chat_template_ == nullptr) {
       return invalid("messages", "the model has no chat template; use /v1/completions");
     }
-    ChatTemplateInputs inputs;
-    inputs.messages = request.messages;
-    inputs.add_generation_prompt = true;
-    if (tokenizer_->bos_id().has_value()) {
-      inputs.bos_token = tokenizer_->TokenString(*tokenizer_->bos_id());
+    const bool show_tools =
+        !request.tools.empty() && request.tool_choice.mode != ApiToolChoice::Mode::kNone;
+    if (show_tools && !tools_.format.has_value()) {
+      return invalid("tools",
+                     "this model's chat template has no tool-call format, so it cannot be shown "
+                     "tools (start ferry-router with --tool_prompt=hermes to describe them in a "
+                     "Hermes-style system prompt)",
+                     "unsupported_parameter");
     }
-    if (tokenizer_->eos_id().has_value()) {
-      inputs.eos_token = tokenizer_->TokenString(*tokenizer_->eos_id());
-    }
-    auto prompt = chat_template_->Apply(inputs);
+    out->tools_rendered = show_tools;
+    auto prompt = chat_template_->Apply(TemplateInputs(request));
     if (!prompt.ok()) {
       return invalid("messages", absl::StrCat("the chat template refused the messages: ",
                                               prompt.status().message()));
     }
+    out->reasoning_started = ReasoningParser::PromptOpensBlock(prompt->text);
     auto ids = tokenizer_->Encode(PromptSegments(*prompt));
     if (!ids.ok()) return invalid("messages", std::string(ids.status().message()));
     out->tokens = *std::move(ids);

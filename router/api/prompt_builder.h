@@ -4,6 +4,17 @@
 // tokenized as plain text, or their token ids taken as they are. Then the lengths are checked:
 // the prompt must leave room in the model's context for the tokens asked for.
 //
+// Tools. The conversation (conversation.h) goes to the template as HF's apply_chat_template takes
+// it: OpenAI-shaped messages, assistant tool_calls with their arguments as a JSON object (as a
+// string for DeepSeek's templates, which concatenate it), tool results with their tool_call_id,
+// and `tools` as OpenAI's function definitions. A template with no tool format (ToolSetup.format
+// unset) cannot show a model its tools: such a request is refused (400, param "tools"), unless
+// ToolSetup.hermes_prompt, where the builder itself writes the tools into the system message in
+// Hermes's words (the text Qwen 2.5's template uses: the functions' JSON inside <tools></tools>,
+// and the instruction to answer with <tool_call>{"name": ..., "arguments": ...}</tool_call>),
+// renders earlier calls as such blocks in the assistant's content and tool results as
+// <tool_response> blocks in a user message. tool_choice "none" renders no tools.
+//
 // Thread-safe (immutable after construction).
 
 #ifndef FERRY_ROUTER_API_PROMPT_BUILDER_H_
@@ -11,34 +22,50 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/template/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "router/api/api_request.h"
+#include "router/api/tool_call_parser.h"
 
 namespace ferry {
 
 struct BuiltPrompt {
   std::vector<TokenId> tokens;
-  int64_t max_tokens = 0;  // what the request may generate (asked, or what the context leaves)
+  int64_t max_tokens = 0;       // what the request may generate (asked, or what the context leaves)
+  bool tools_rendered = false;  // the model was shown tools: its reply is parsed for calls
+  bool reasoning_started = false;  // the prompt ends inside an open <think> block
+};
+
+// How a model's tools are written and read (from its template's markers, or flags).
+struct ToolSetup {
+  std::optional<ToolCallFormat> format;  // the parser; unset: the template has no tool format
+  bool hermes_prompt = false;            // the builder writes the tools (and the format is Hermes)
 };
 
 class PromptBuilder {
  public:
   // `chat_template` may be null (then chat requests are refused). Both must outlive the builder.
-  PromptBuilder(const Tokenizer* tokenizer, const ChatTemplate* chat_template);
+  PromptBuilder(const Tokenizer* tokenizer, const ChatTemplate* chat_template,
+                ToolSetup tools = {});
 
   // `context` is the model's positions. Errors: 400 with `param` (messages, prompt, max_tokens)
   // and code context_length_exceeded where the lengths do not fit.
   ApiError Build(const ApiRequest& request, int64_t context, BuiltPrompt* out) const;
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const ToolSetup& tool_setup() const { return tools_; }
+
+  // The messages and tools as the chat template takes them (what Build renders).
+  ChatTemplateInputs TemplateInputs(const ApiRequest& request) const;
 
  private:
   const Tokenizer* const tokenizer_;
   const ChatTemplate* const chat_template_;
+  const ToolSetup tools_;
 };
 
 }  // namespace ferry

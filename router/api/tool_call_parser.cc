@@ -158,11 +158,11 @@ class ParserBase : public ToolCallParser {
 
 // Hermes, Llama 3 JSON and Mistral: JSON call objects, framed by markers.
 struct JsonFraming {
-  std::string open;                 // the marker before a call or a group of calls
-  std::string close;                // the marker after each call ("" for none)
-  bool at_start_only = false;       // calls only at the reply's start (the open marker optional)
-  bool list = false;                // the group may be a JSON array of calls
-  char separator = 0;               // between the calls of a group (0: none)
+  std::string open;            // the marker before a call or a group of calls
+  std::string close;           // the marker after each call ("" for none)
+  bool at_start_only = false;  // calls only at the reply's start (the open marker optional)
+  bool list = false;           // the group may be a JSON array of calls
+  char separator = 0;          // between the calls of a group (0: none)
 };
 
 class JsonToolCallParser : public ParserBase {
@@ -539,8 +539,8 @@ class JsonToolCallParser : public ParserBase {
   // After the call's JSON: whitespace, then the close marker.
   bool RunAfterCall(bool final) {
     const size_t first = input_.find_first_not_of(" \t\r\n");
-    if (first != std::string::npos && absl::string_view(input_).substr(first, f_.close.size()) ==
-                                          absl::string_view(f_.close)) {
+    if (first != std::string::npos &&
+        absl::string_view(input_).substr(first, f_.close.size()) == absl::string_view(f_.close)) {
       input_.erase(0, first + f_.close.size());
       mode_ = Mode::kText;
       Complete();
@@ -774,8 +774,8 @@ class DeepSeekToolCallParser : public ParserBase {
       calls_.back().arguments_valid = IsJsonObject(calls_.back().arguments);
       return false;
     }
-    size_t emit = input_.size() -
-                  std::max(MarkerPrefixAtEnd(input_, kFence), MarkerPrefixAtEnd(input_, kDsCallEnd));
+    size_t emit = input_.size() - std::max(MarkerPrefixAtEnd(input_, kFence),
+                                           MarkerPrefixAtEnd(input_, kDsCallEnd));
     while (emit > 0 && IsSpace(input_[emit - 1])) --emit;
     emit = Utf8SafeLength(absl::string_view(input_).substr(0, emit));
     Arguments(out, absl::string_view(input_).substr(0, emit));

@@ -17,8 +17,8 @@
 // - kMistral (v0.3 templates): `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`, content
 //   before the marker.
 // - kDeepSeek (V3 / R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
-//   \n```json\nARGS\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`; V3.1's `<｜tool▁call▁begin｜>NAME
-//   <｜tool▁sep｜>ARGS<｜tool▁call▁end｜>` too.
+//   \n```json\nARGS\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>`; V3.1's
+//   `<｜tool▁call▁begin｜>NAME <｜tool▁sep｜>ARGS<｜tool▁call▁end｜>` too.
 // The JSON formats' objects are scanned as they arrive: the name is emitted once its string has
 // ended, the arguments as their bytes arrive (after the name, when the model wrote them first),
 // so a marker inside an argument string does not end the call. "arguments" and "parameters" are
@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "router/api/conversation.h"  // ToolCallDelta
 
 namespace ferry {
 
@@ -58,14 +59,6 @@ std::optional<ToolCallFormat> ToolCallFormatFromName(absl::string_view name);
 // The format a chat template renders tool calls in, from the markers in its source; nullopt when
 // it has none (the template cannot show a model its tools).
 std::optional<ToolCallFormat> DetectToolCallFormat(absl::string_view template_source);
-
-// One piece of a streamed tool call.
-struct ToolCallDelta {
-  int index = 0;          // the call's position among this choice's calls
-  std::string id;         // the call's first delta only
-  std::string name;       // the call's first delta only
-  std::string arguments;  // a piece of the arguments' JSON text (may be empty)
-};
 
 // What one Feed or Finish added.
 struct ParsedText {

@@ -263,7 +263,6 @@ TEST(HermesToolCallParserTest, RandomTextIsSplitInvariant) {
   }
 }
 
-
 TEST(HermesToolCallParserTest, FirstCallOnlyDropsWhatFollows) {
   const Rebuilt r = ExpectSplitInvariant(
       "a<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>b<tool_call>{\"name\": \"g\", "
@@ -284,8 +283,7 @@ TEST(ToolCallFormatTest, NamesAndDetectionFromTemplates) {
   EXPECT_EQ(DetectToolCallFormat("{{- \"[TOOL_CALLS] [\" }}"), ToolCallFormat::kMistral);
   EXPECT_EQ(DetectToolCallFormat("'<｜tool▁call▁begin｜>' + tool['type']"),
             ToolCallFormat::kDeepSeek);
-  EXPECT_EQ(DetectToolCallFormat("{{- '\"parameters\": ' }} ipython"),
-            ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(DetectToolCallFormat("{{- '\"parameters\": ' }} ipython"), ToolCallFormat::kLlama3Json);
   EXPECT_FALSE(DetectToolCallFormat("{{ '<|im_start|>' + message['role'] }}").has_value());
 }
 
@@ -339,7 +337,8 @@ TEST(Llama3JsonToolCallParserTest, TextIsContentAndSoIsWhatIsNotACall) {
 TEST(MistralToolCallParserTest, AListOfCallsAfterContent) {
   const Rebuilt r = ExpectSplitInvariant(
       "Sure. [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
-      "\"id\": \"abcdefghi\"}, {\"name\": \"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"CET\\\"}\""
+      "\"id\": \"abcdefghi\"}, {\"name\": \"get_time\", \"arguments\": \"{\\\"tz\\\": "
+      "\\\"CET\\\"}\""
       "}]",
       {}, ToolCallFormat::kMistral);
   EXPECT_EQ(r.content, "Sure. ");
@@ -352,8 +351,8 @@ TEST(MistralToolCallParserTest, AListOfCallsAfterContent) {
 }
 
 TEST(MistralToolCallParserTest, ABareObjectAndWhatIsNotACall) {
-  const Rebuilt bare = ExpectSplitInvariant("[TOOL_CALLS]{\"name\": \"f\", \"arguments\": {}}",
-                                            {}, ToolCallFormat::kMistral);
+  const Rebuilt bare = ExpectSplitInvariant("[TOOL_CALLS]{\"name\": \"f\", \"arguments\": {}}", {},
+                                            ToolCallFormat::kMistral);
   ASSERT_EQ(bare.calls.size(), 1u);
   EXPECT_EQ(bare.content, "");
   for (const std::string& text :
@@ -401,8 +400,8 @@ TEST(DeepSeekToolCallParserTest, V31HeadsUnknownFunctionsAndTruncation) {
   EXPECT_TRUE(u.calls.empty());
   EXPECT_EQ(u.content, unknown);
   const Rebuilt cut = ExpectSplitInvariant(
-      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": ",
-      {}, ToolCallFormat::kDeepSeek);
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": ", {},
+      ToolCallFormat::kDeepSeek);
   ASSERT_EQ(cut.calls.size(), 1u);
   EXPECT_EQ(cut.calls[0].arguments, "{\"a\":");
   EXPECT_FALSE(cut.parser_calls[0].complete);
@@ -411,9 +410,26 @@ TEST(DeepSeekToolCallParserTest, V31HeadsUnknownFunctionsAndTruncation) {
 
 // Random sequences of each format's pieces: no crash, split invariant, only known names.
 TEST(ToolCallParserTest, RandomTextIsSplitInvariantInEveryFormat) {
-  const std::vector<std::string> common = {"{", "}", "[", "]", "\"name\"", "\"arguments\"",
-                                           "\"parameters\"", ":", ",", ";", "\"f\"", "\"", "\\",
-                                           " ", "\n", "x", "1", "é", "```", "```json"};
+  const std::vector<std::string> common = {"{",
+                                           "}",
+                                           "[",
+                                           "]",
+                                           "\"name\"",
+                                           "\"arguments\"",
+                                           "\"parameters\"",
+                                           ":",
+                                           ",",
+                                           ";",
+                                           "\"f\"",
+                                           "\"",
+                                           "\\",
+                                           " ",
+                                           "\n",
+                                           "x",
+                                           "1",
+                                           "é",
+                                           "```",
+                                           "```json"};
   const std::vector<std::pair<ToolCallFormat, std::vector<std::string>>> formats = {
       {ToolCallFormat::kLlama3Json, {"<|python_tag|>", "<|python"}},
       {ToolCallFormat::kMistral, {"[TOOL_CALLS]", "[TOOL_"}},
