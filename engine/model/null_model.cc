@@ -30,7 +30,54 @@ uint64_t ReadState(const uint8_t* block, int32_t block_tokens, int64_t slot) {
   return lo | static_cast<uint64_t>(hi) << 32;
 }
 
+// Scripted state: bits 0-7 the armed script (kNoScript: none), 8-31 the reply cursor, 32-63
+// each script's trigger progress (8 bits each).
+constexpr uint64_t kNoScript = 0xFF;
+constexpr size_t kMaxScripts = 4;
+uint64_t Armed(uint64_t s) { return s & 0xFF; }
+uint64_t Cursor(uint64_t s) { return (s >> 8) & 0xFFFFFF; }
+uint64_t Progress(uint64_t s, size_t i) { return (s >> (32 + 8 * i)) & 0xFF; }
+uint64_t Pack(uint64_t armed, uint64_t cursor, const uint64_t progress[kMaxScripts]) {
+  uint64_t s = armed | cursor << 8;
+  for (size_t i = 0; i < kMaxScripts; ++i) s |= progress[i] << (32 + 8 * i);
+  return s;
+}
+
 }  // namespace
+
+uint64_t NullModel::InitialScriptState() const {
+  const uint64_t progress[kMaxScripts] = {0, 0, 0, 0};
+  for (size_t i = 0; i < options_.scripts.size(); ++i) {
+    if (options_.scripts[i].trigger.empty()) return Pack(i, 0, progress);
+  }
+  return Pack(kNoScript, 0, progress);
+}
+
+uint64_t NullModel::NextScriptState(uint64_t prev, TokenId token) const {
+  uint64_t armed = Armed(prev), cursor = Cursor(prev);
+  if (armed != kNoScript) {
+    const std::vector<TokenId>& reply = options_.scripts[armed].reply;
+    if (cursor < reply.size() && reply[cursor] == token) {
+      ++cursor;
+    } else {
+      cursor = !reply.empty() && reply[0] == token ? 1 : 0;
+    }
+  }
+  uint64_t progress[kMaxScripts] = {0, 0, 0, 0};
+  for (size_t i = 0; i < options_.scripts.size(); ++i) {
+    const std::vector<TokenId>& trigger = options_.scripts[i].trigger;
+    if (trigger.empty()) continue;
+    uint64_t m = Progress(prev, i);
+    while (m > 0 && trigger[m] != token) m = static_cast<uint64_t>(failure_[i][m - 1]);
+    if (trigger[m] == token) ++m;
+    if (m == trigger.size()) {
+      if (cursor == 0) armed = i;  // a trigger inside a reply being written arms nothing
+      m = static_cast<uint64_t>(failure_[i][m - 1]);
+    }
+    progress[i] = m;
+  }
+  return Pack(armed, cursor, progress);
+}
 
 uint64_t NullModel::NextState(uint64_t prev, TokenId token, int64_t position) {
   return SplitMix64(prev ^ (static_cast<uint64_t>(token) * 0x9E3779B97F4A7C15ull) ^
@@ -55,6 +102,24 @@ absl::StatusOr<std::unique_ptr<NullModel>> NullModel::Create(NullModelOptions op
       !(options.step_overhead_seconds >= 0)) {
     return absl::InvalidArgumentError("null model: timings must be >= 0");
   }
+  if (options.scripts.size() > kMaxScripts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("null model: at most ", kMaxScripts, " scripts"));
+  }
+  for (const NullScript& script : options.scripts) {
+    if (script.trigger.size() > 255 || script.reply.size() >= (size_t{1} << 24)) {
+      return absl::InvalidArgumentError(
+          "null model: a script's trigger is longer than 255 tokens or its reply too long");
+    }
+    for (const std::vector<TokenId>* ids : {&script.trigger, &script.reply}) {
+      for (TokenId t : *ids) {
+        if (t >= c.vocab_size) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("null model: script token ", t, " is outside the vocabulary"));
+        }
+      }
+    }
+  }
   return std::unique_ptr<NullModel>(new NullModel(std::move(options)));
 }
 
@@ -65,6 +130,21 @@ NullModel::NullModel(NullModelOptions options) : options_(std::move(options)) {
   AppendU64Le(&bytes, static_cast<uint64_t>(options_.config.max_position_embeddings));
   AppendU64Le(&bytes, options_.seed);
   AppendHash128Le(&bytes, options_.identity);
+  for (const NullScript& script : options_.scripts) {
+    for (const std::vector<TokenId>* ids : {&script.trigger, &script.reply}) {
+      AppendU32Le(&bytes, static_cast<uint32_t>(ids->size()));
+      for (TokenId t : *ids) AppendU32Le(&bytes, static_cast<uint32_t>(t));
+    }
+    // KMP failure function: the longest proper border of each prefix of the trigger.
+    const std::vector<TokenId>& t = script.trigger;
+    std::vector<int32_t> failure(t.size(), 0);
+    for (size_t i = 1, k = 0; i < t.size(); ++i) {
+      while (k > 0 && t[i] != t[k]) k = static_cast<size_t>(failure[k - 1]);
+      if (t[i] == t[k]) ++k;
+      failure[i] = static_cast<int32_t>(k);
+    }
+    failure_.push_back(std::move(failure));
+  }
   fingerprint_ = Xxh3Hash128(bytes);
 }
 
@@ -131,10 +211,24 @@ absl::Status NullModel::Forward(absl::Span<const ForwardSequence> batch, KvBlock
            static_cast<size_t>(seq.blocks[position / bt]) * layout.block_bytes();
   };
   const std::vector<TokenId>& tokens = options_.tokens;
+  const bool scripted = !options_.scripts.empty();
   auto emit_row = [&](uint64_t state) {
     const size_t base = logits->size();
     logits->resize(base + vocab, kBaseline);
     float* row = logits->data() + base;
+    if (scripted && Armed(state) != kNoScript) {
+      const std::vector<TokenId>& reply = options_.scripts[Armed(state)].reply;
+      const uint64_t k = Cursor(state);
+      if (k < reply.size()) {
+        row[reply[k]] = kCandidateLogits[0];
+        return;
+      }
+      if (!options_.config.eos_token_ids.empty()) {
+        row[options_.config.eos_token_ids[0]] = kCandidateLogits[0];
+        return;
+      }
+    }
+    if (scripted) state = SplitMix64(state);
     for (int j = 3; j >= 0; --j) {  // the first draw's value wins a duplicate
       const uint64_t r = SplitMix64(state + static_cast<uint64_t>(j));
       const TokenId t = tokens.empty() ? static_cast<TokenId>(r % static_cast<uint64_t>(vocab))
@@ -151,14 +245,14 @@ absl::Status NullModel::Forward(absl::Span<const ForwardSequence> batch, KvBlock
     } else {
       prefill_tokens += n;
     }
-    uint64_t state = options_.seed;
+    uint64_t state = scripted ? InitialScriptState() : options_.seed;
     if (seq.start_position > 0) {
       const int64_t p = seq.start_position - 1;
       state = ReadState(block_of(seq, p), bt, p % bt);
     }
     for (int64_t i = 0; i < n; ++i) {
       const int64_t p = seq.start_position + i;
-      state = NextState(state, seq.tokens[i], p);
+      state = scripted ? NextScriptState(state, seq.tokens[i]) : NextState(state, seq.tokens[i], p);
       WriteState(block_of(seq, p), bt, p % bt, state);
       if (seq.all_logits || (!seq.no_logits && i == n - 1)) emit_row(state);
     }

@@ -16,13 +16,24 @@
 // model's tokenizer, the text is made of the model's vocabulary and never ends on its own: a
 // choice ends at max_tokens, a stop string or a stop id.
 //
+// Scripts (the scripted token source of API tests). With `scripts`, a sequence replies with a
+// script's text: each script is a trigger (token ids; empty: armed from the first position) and
+// a reply. The state of a position is then (the armed script, how much of its reply the sequence
+// has just written, how much of each trigger it has just matched), packed in the same 64 bits:
+// the position after a completed trigger arms its script (unless a reply is being written), and
+// an armed script's next reply token gets logit 8, its end the first end-of-sequence id, so that
+// greedy decoding writes the reply of the last trigger the prompt held and then stops. A token
+// that breaks a reply restarts it. Positions with no armed script draw candidates as above. At
+// most 4 scripts, triggers of at most 255 tokens, replies of fewer than 2^24.
+//
 // Timing. A Forward returns no earlier than step_overhead + (prefill tokens) /
 // prefill_tokens_per_second + (decode_token_seconds when a row decodes) after it started, where
 // a sequence contributing one token counts as decoding and every other token as prefill.
 //
 // Fingerprint: XXH3-128 of "FERRYNUL" u32 1 (version) u64 vocab_size u64 max_positions u64 seed
-// hash128 identity (little-endian): a null model never shares cache entries with a real one, or
-// with a null model of another vocabulary or identity.
+// hash128 identity (little-endian), then, with scripts, each script's u32 trigger length, trigger
+// ids (u32), u32 reply length, reply ids: a null model never shares cache entries with a real
+// one, or with a null model of another vocabulary, identity or script.
 //
 // Not thread-safe: one engine thread owns it.
 
@@ -38,6 +49,11 @@
 
 namespace ferry {
 
+struct NullScript {
+  std::vector<TokenId> trigger;  // empty: armed from the first position
+  std::vector<TokenId> reply;
+};
+
 struct NullModelOptions {
   // vocab_size, max_position_embeddings and eos_token_ids are used (the engine reads them).
   ModelConfig config;
@@ -49,6 +65,7 @@ struct NullModelOptions {
   double prefill_tokens_per_second = 0;  // 0: prefill costs nothing
   double decode_token_seconds = 0;       // a step with decoding rows lasts at least this
   double step_overhead_seconds = 0;
+  std::vector<NullScript> scripts;  // empty: the hash-chained source
 };
 
 class NullModel final : public ForwardModel {
@@ -74,9 +91,13 @@ class NullModel final : public ForwardModel {
 
  private:
   explicit NullModel(NullModelOptions options);
+  // Scripted mode: the packed state after `prev` and `token`, and the state before position 0.
+  uint64_t NextScriptState(uint64_t prev, TokenId token) const;
+  uint64_t InitialScriptState() const;
 
   const NullModelOptions options_;
   Hash128 fingerprint_;
+  std::vector<std::vector<int32_t>> failure_;  // per script: KMP failure function of its trigger
   const std::vector<std::vector<int64_t>> no_experts_;
 };
 

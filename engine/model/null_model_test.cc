@@ -123,5 +123,31 @@ TEST(NullModelTest, RefusesBadInputAndDiffersFromOtherSetups) {
   EXPECT_NE(NullModel::NextState(1, 2, 3), NullModel::NextState(1, 2, 4));
 }
 
+TEST(NullModelTest, ScriptsReplyToTheLastTriggerAndStop) {
+  NullModelOptions o = Options();
+  o.config.eos_token_ids = {2};
+  // Script 0 armed from the start; script 1 after the trigger 7 8 9 (whose reply holds its own
+  // trigger: written whole, not restarted).
+  o.scripts = {{{}, {100, 101, 102}}, {{7, 8, 9}, {200, 7, 8, 9, 201}}};
+  NullRun run(o);
+  run.Submit("plain", {5, 6, 5, 6, 40}, 10);
+  run.Submit("triggered", {5, 7, 8, 9, 41, 42}, 10);
+  run.Submit("overlap", {7, 7, 8, 9, 43}, 10);  // KMP: 7 7 8 9 holds 7 8 9
+  run.Submit("cut", {5, 6}, 2);
+  run.Drain();
+  EXPECT_EQ(run.out["plain"], (std::vector<TokenId>{100, 101, 102, 2}));
+  EXPECT_EQ(run.out["triggered"], (std::vector<TokenId>{200, 7, 8, 9, 201, 2}));
+  EXPECT_EQ(run.out["overlap"], (std::vector<TokenId>{200, 7, 8, 9, 201, 2}));
+  EXPECT_EQ(run.out["cut"], (std::vector<TokenId>{100, 101}));
+  // The script is part of the model: another script, another fingerprint; bad scripts refused.
+  NullModelOptions other = o;
+  other.scripts[1].reply.push_back(202);
+  EXPECT_NE((*NullModel::Create(o))->fingerprint(), (*NullModel::Create(other))->fingerprint());
+  other.scripts[1].reply.push_back(9999);
+  EXPECT_FALSE(NullModel::Create(other).ok());
+  other.scripts.assign(5, NullScript{});
+  EXPECT_FALSE(NullModel::Create(other).ok());
+}
+
 }  // namespace
 }  // namespace ferry

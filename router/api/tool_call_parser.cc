@@ -239,8 +239,23 @@ class JsonToolCallParser : public ParserBase {
     return true;
   }
 
-  // Content up to an opening marker; true when the mode changed.
+  // Content up to an opening marker; true when the mode changed. Whitespace between or after
+  // calls is formatting, not content.
   bool RunText(ParsedText* out, bool final) {
+    if (after_call_) {
+      const size_t first = input_.find_first_not_of(" \t\r\n");
+      if (first == std::string::npos) {
+        if (final) input_.clear();
+        return false;
+      }
+      const absl::string_view rest = absl::string_view(input_).substr(first);
+      if (absl::StartsWith(rest, f_.open)) {
+        input_.erase(0, first);
+      } else if (!final && CouldBegin(rest, f_.open)) {
+        return false;
+      }
+      after_call_ = false;
+    }
     const size_t open = input_.find(f_.open);
     if (open != std::string::npos) {
       out->content.append(input_, 0, open);
@@ -308,6 +323,7 @@ class JsonToolCallParser : public ParserBase {
   // The group ended; `as_text`: what opened it (or the last separator) was content after all.
   void EndGroup(ParsedText* out, bool as_text) {
     if (as_text) out->content += group_text_;
+    after_call_ = !as_text;
     group_text_.clear();
     mode_ = f_.at_start_only ? Mode::kPlain : Mode::kText;
   }
@@ -543,6 +559,7 @@ class JsonToolCallParser : public ParserBase {
         absl::string_view(input_).substr(first, f_.close.size()) == absl::string_view(f_.close)) {
       input_.erase(0, first + f_.close.size());
       mode_ = Mode::kText;
+      after_call_ = true;
       Complete();
       return true;
     }
@@ -565,6 +582,7 @@ class JsonToolCallParser : public ParserBase {
       mode_ = Mode::kText;
       if (!raw) {
         calls_.back().complete = true;
+        after_call_ = true;
         if (options_.first_call_only) dropping_ = true;
       }
       return true;
@@ -579,6 +597,7 @@ class JsonToolCallParser : public ParserBase {
 
   const JsonFraming f_;
   Mode mode_;
+  bool after_call_ = false;  // kText right after a call: whitespace is held, then dropped
   // The group's opening text (marker, whitespace, '[') or its last separator, not yet known to
   // be content or framing.
   std::string group_text_;

@@ -10,7 +10,8 @@
 //
 // Formats (what the model writes; the chat template of each renders calls the same way):
 // - kHermes (Hermes, Qwen 2.5/3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, a
-//   block per call, content around and between them.
+//   block per call, content around and between them (whitespace alone between or after calls is
+//   formatting, not content).
 // - kLlama3Json (Llama 3.1-3.3): the whole reply is `{"name": ..., "parameters": {...}}`, maybe
 //   after `<|python_tag|>`, several calls separated by `;`. A reply that does not begin with a
 //   call is all content.

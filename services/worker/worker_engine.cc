@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "engine/backends/cpu/cpu_backend.h"
@@ -15,6 +17,7 @@
 #include "engine/model/host_weights.h"
 #include "engine/model/null_model.h"
 #include "engine/model/transformer.h"
+#include "nlohmann/json.hpp"
 
 namespace ferry {
 namespace {
@@ -46,6 +49,35 @@ std::vector<TokenId> OrdinaryTokens(const Tokenizer& tokenizer, const ModelConfi
     out.push_back(t);
   }
   return out;
+}
+
+// --null_script's file as token scripts.
+absl::StatusOr<std::vector<NullScript>> ReadNullScripts(const std::string& path,
+                                                        const Tokenizer& tokenizer) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--null_script ", path, ": cannot read it"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, false);
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("--null_script ", path, ": ", why));
+  };
+  if (!doc.is_array()) return bad("not a JSON array of {\"when\", \"reply\"} objects");
+  std::vector<NullScript> scripts;
+  for (const nlohmann::json& entry : doc) {
+    if (!entry.is_object() || !entry.contains("reply") || !entry["reply"].is_string() ||
+        (entry.contains("when") && !entry["when"].is_string())) {
+      return bad("each entry needs \"reply\" (and may have \"when\"), strings");
+    }
+    NullScript script;
+    if (entry.contains("when")) {
+      ASSIGN_OR_RETURN(script.trigger, tokenizer.Encode(entry["when"].get<std::string>()));
+    }
+    ASSIGN_OR_RETURN(script.reply,
+                     tokenizer.Encode(entry["reply"].get<std::string>(), /*allow_special=*/true));
+    scripts.push_back(std::move(script));
+  }
+  return scripts;
 }
 
 }  // namespace
@@ -97,6 +129,9 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
     null.prefill_tokens_per_second = options.null_prefill_tokens_per_second;
     null.decode_token_seconds = options.null_token_seconds;
     null.step_overhead_seconds = options.null_step_overhead_seconds;
+    if (!options.null_script.empty()) {
+      ASSIGN_OR_RETURN(null.scripts, ReadNullScripts(options.null_script, *w->tokenizer_));
+    }
     ASSIGN_OR_RETURN(w->model_, NullModel::Create(std::move(null)));
   }
   w->backend_ = std::move(backend);

@@ -66,6 +66,8 @@ ABSL_FLAG(int, max_n, 16, "choices per request at most");
 ABSL_FLAG(double, null_prefill_tokens_per_second, 20000, "null engine: prefill speed");
 ABSL_FLAG(double, null_token_seconds, 0.005, "null engine: per-token latency (a decode step)");
 ABSL_FLAG(double, null_step_overhead_seconds, 0, "null engine: fixed cost of a step");
+ABSL_FLAG(std::string, null_script, "",
+          "null engine: a JSON file of scripted replies, [{\"when\": text, \"reply\": text}]");
 ABSL_FLAG(std::string, address, "127.0.0.1:0", "gRPC listen address (port 0: any free port)");
 ABSL_FLAG(std::string, admin_host, "127.0.0.1", "admin HTTP listen address");
 ABSL_FLAG(int, admin_port, 0, "admin HTTP port (0: any free port)");
@@ -143,6 +145,7 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(null_prefill_tokens_per_second);
   FROM_FLAG(null_token_seconds);
   FROM_FLAG(null_step_overhead_seconds);
+  FROM_FLAG(null_script);
   FROM_FLAG(address);
   FROM_FLAG(admin_host);
   FROM_FLAG(admin_port);

@@ -65,6 +65,7 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("null_prefill_tokens_per_second", &o->null_prefill_tokens_per_second));
   RETURN_IF_ERROR(c.Read("null_token_seconds", &o->null_token_seconds));
   RETURN_IF_ERROR(c.Read("null_step_overhead_seconds", &o->null_step_overhead_seconds));
+  RETURN_IF_ERROR(c.Read("null_script", &o->null_script));
   RETURN_IF_ERROR(c.Read("role", &o->role));
   RETURN_IF_ERROR(c.Read("transport", &o->transport));
   RETURN_IF_ERROR(c.Read("ucx_tls", &o->ucx_tls));
@@ -131,6 +132,9 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (!(o.null_prefill_tokens_per_second >= 0) || !(o.null_token_seconds >= 0) ||
       !(o.null_step_overhead_seconds >= 0)) {
     return bad("the null engine's timings must be >= 0");
+  }
+  if (!o.null_script.empty() && o.engine != "null") {
+    return bad("--null_script is for --engine=null");
   }
   if (o.admin_port < 0 || o.admin_port > 65535) return bad("--admin_port must be in [0, 65535]");
   if (o.watch_interval <= absl::ZeroDuration() || o.watch_heartbeat < o.watch_interval) {

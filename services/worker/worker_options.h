@@ -43,6 +43,10 @@ struct WorkerOptions {
   double null_prefill_tokens_per_second = 20000;
   double null_token_seconds = 0.005;  // per-token latency: a step with decoding rows
   double null_step_overhead_seconds = 0;
+  // A JSON file of scripts the null engine replies with (API tests): [{"when": text, "reply":
+  // text}, ...] (at most 4; "when" absent or "": from the start). A sequence replies with the
+  // script whose "when" text it held last (as tokens), then ends; "reply" may hold special tokens.
+  std::string null_script;
 
   // --- The role (ARCHITECTURE.md §1): "aggregated" (prefill and decode here: ferry-worker),
   // "prefill" (ferry-prefill: Prefill calls, pushing KV to decode workers) or "decode"

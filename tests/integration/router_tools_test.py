@@ -1,0 +1,312 @@
+#!/usr/bin/env python3
+"""Tool calls and reasoning through the official `openai` SDK, on real stacks on loopback.
+
+  router_tools_test.py FERRY_ROUTER FERRY_WORKER TINY_MODELS_DIR TEMPLATES_DIR
+
+For each tool-call format (Hermes, Qwen 3 with <think>, Llama 3 JSON, Mistral, DeepSeek R1) a
+null-engine ferry-worker whose scripted replies (--null_script) are the completions a model of
+that family writes, token by token through the real detokenizer and streaming path, behind a
+ferry-router whose chat template is that family's: the SDK's parsed tool_calls (ids, names,
+arguments), content and reasoning_content equal the script, streamed and not; a full round trip
+(the calls and their results sent back, rendered by the template, answered); tool_choice and
+parallel_tool_calls. A template with no tool format refuses tools with a 400 unless the router
+writes a Hermes system prompt (--tool_prompt=hermes). Every process started is killed at the end,
+also when a check fails or this script dies (PR_SET_PDEATHSIG).
+"""
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+import openai
+
+ROUTER, WORKER, MODELS, TEMPLATES = sys.argv[1:5]
+TMP = os.environ.get("TEST_TMPDIR", tempfile.gettempdir())
+PROCESSES = []
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}
+RESULT = "22 degrees and sunny"  # the tool's answer; the script's second reply follows it
+ANSWER = "It is 22 degrees in Paris, Zürich too 😀."
+PARIS = {"city": "Paris"}
+TZ = {"tz": "Europe/Paris"}
+
+# name -> (template file, first reply, the calls in it, its content, its reasoning, router flags)
+FORMATS = {
+    "hermes": ("chatml_tools.jinja",
+               "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+               "{\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", "
+               "\"arguments\": {\"tz\": \"Europe/Paris\"}}\n</tool_call>",
+               [("get_weather", PARIS), ("get_time", TZ)], "Let me look.\n", None, []),
+    "qwen3": ("qwen3_reasoning.jinja",
+              "<think>\nThe user wants the weather, é.\n</think>\n\n<tool_call>\n{\"name\": "
+              "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+              [("get_weather", PARIS)], None, "\nThe user wants the weather, é.\n", []),
+    "llama3": ("llama3.jinja",
+               "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+               [("get_weather", PARIS)], None, None, []),
+    "mistral": ("mistral.jinja",
+                "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+                "{\"name\": \"get_time\", \"arguments\": {\"tz\": \"Europe/Paris\"}}]",
+                [("get_weather", PARIS), ("get_time", TZ)], None, None, []),
+    # R1's generation prompt opens <think>: the reply starts inside it.
+    "deepseek": ("deepseek.jinja",
+                 "Weather and time, 東京 no.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"
+                 "function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```"
+                 "<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n"
+                 "{\"tz\": \"Europe/Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                 [("get_weather", PARIS), ("get_time", TZ)], None, "Weather and time, 東京 no.\n",
+                 []),
+}
+PLAIN_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+                "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+                "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _die_with_parent():
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def start(binary, args, name):
+    """Starts a Ferry service; returns its {port name: port} once it printed its ports."""
+    log = open(os.path.join(TMP, name + ".log"), "w")
+    p = subprocess.Popen([binary] + args, stdout=subprocess.PIPE, stderr=log,
+                         preexec_fn=_die_with_parent, text=True)
+    log.close()  # the child has its own descriptor
+    PROCESSES.append(p)
+    ports = dict(kv.split("=") for kv in p.stdout.readline().split())
+    if not ports:
+        raise RuntimeError(f"{name} did not start: {open(log.name).read()[-3000:]}")
+    return {k: int(v) for k, v in ports.items()}
+
+
+def stop_all():
+    for p in PROCESSES:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stdout.close()
+
+
+def model_dir(name, template_source):
+    """The tiny Llama's tokenizer and config (a long context: tool prompts are long) with
+    `template_source` as its chat template."""
+    src = os.path.join(MODELS, "llama_gqa_bf16")
+    d = os.path.join(TMP, "model_" + name)
+    os.makedirs(d, exist_ok=True)
+    shutil.copy(os.path.join(src, "tokenizer.json"), d)
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["max_position_embeddings"] = 8192
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(src, "tokenizer_config.json")) as f:
+        tc = json.load(f)
+    tc["chat_template"] = template_source
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(tc, f)
+    return d
+
+
+def stack(name, template_source, first_reply, router_flags=()):
+    """A scripted null worker and a router on a model with `template_source`; an SDK client."""
+    d = model_dir(name, template_source)
+    script = os.path.join(TMP, f"script_{name}.json")
+    with open(script, "w") as f:
+        json.dump([{"reply": first_reply}, {"when": RESULT, "reply": ANSWER}], f)
+    w = start(WORKER, [f"--model={d}", "--engine=null", f"--null_script={script}",
+                       "--null_token_seconds=0", "--block_tokens=16", "--kv_pool_bytes=8MiB"],
+              f"worker_{name}")
+    r = start(ROUTER, [f"--model={d}", "--served_model_name=tiny",
+                       f"--workers=127.0.0.1:{w['grpc_port']}"] + list(router_flags),
+              f"router_{name}")
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{r['admin_port']}/workers",
+                                        timeout=5) as resp:
+                if any(x["state"] == "up" for x in json.loads(resp.read())):
+                    break
+        except OSError:
+            pass
+        time.sleep(0.05)
+    else:
+        raise RuntimeError(f"the worker did not come up in router_{name}")
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{r['http_port']}/v1", api_key="none",
+                         max_retries=0, timeout=60)
+
+
+def read_template(file):
+    with open(os.path.join(TEMPLATES, file), encoding="utf-8") as f:
+        return f.read()
+
+
+def collect(stream):
+    """What a client rebuilds from a stream of SDK chunks (checking the deltas' shape)."""
+    content, reasoning, calls, finish = "", "", [], None
+    for chunk in stream:
+        assert isinstance(chunk, openai.types.chat.ChatCompletionChunk)
+        for choice in chunk.choices:
+            d = choice.delta
+            content += d.content or ""
+            reasoning += (d.model_extra or {}).get("reasoning_content") or ""
+            for t in d.tool_calls or []:
+                if t.index == len(calls):
+                    assert t.id and t.function.name and t.type == "function", t
+                    calls.append({"id": t.id, "name": t.function.name, "arguments": ""})
+                else:
+                    assert t.index < len(calls) and t.id is None and t.function.name is None, t
+                calls[t.index]["arguments"] += t.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return content, reasoning, calls, finish
+
+
+def messages():
+    return [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+class FormatTest:
+    """The checks every format runs (mixed into one TestCase per format)."""
+    NAME = None
+
+    @classmethod
+    def setUpClass(cls):
+        file, cls.reply, cls.calls, cls.content, cls.reasoning, flags = FORMATS[cls.NAME]
+        cls.client = stack(cls.NAME, read_template(file), cls.reply, flags)
+
+    def tools(self):
+        return [WEATHER, TIME]
+
+    def check_calls(self, got):
+        self.assertEqual([(c["name"], json.loads(c["arguments"])) for c in got], self.calls)
+        ids = [c["id"] for c in got]
+        self.assertEqual(len(set(ids)), len(ids))
+        if self.NAME == "mistral":  # its template takes 9-character alphanumeric ids
+            self.assertTrue(all(len(i) == 9 and i.isalnum() for i in ids), ids)
+
+    def test_calls_whole(self):
+        r = self.client.chat.completions.create(model="tiny", messages=messages(),
+                                                tools=self.tools())
+        self.assertIsInstance(r, openai.types.chat.ChatCompletion)
+        m = r.choices[0].message
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        self.check_calls([{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                          for c in m.tool_calls])
+        self.assertEqual(m.content, self.content)
+        self.assertEqual((m.model_extra or {}).get("reasoning_content"), self.reasoning)
+        if self.reasoning:
+            self.assertGreater(r.usage.completion_tokens_details.reasoning_tokens, 0)
+
+    def test_calls_streamed(self):
+        stream = self.client.chat.completions.create(model="tiny", messages=messages(),
+                                                     tools=self.tools(), stream=True)
+        content, reasoning, calls, finish = collect(stream)
+        self.assertEqual(finish, "tool_calls")
+        self.check_calls(calls)
+        self.assertEqual(content, self.content or "")
+        self.assertEqual(reasoning, self.reasoning or "")
+
+    def test_round_trip(self):
+        r = self.client.chat.completions.create(model="tiny", messages=messages(),
+                                                tools=self.tools())
+        m = r.choices[0].message
+        history = messages() + [m.model_dump(exclude_none=True)]
+        for call in m.tool_calls:
+            history.append({"role": "tool", "tool_call_id": call.id, "content": RESULT})
+        answer = self.client.chat.completions.create(model="tiny", messages=history,
+                                                     tools=self.tools())
+        self.assertEqual(answer.choices[0].finish_reason, "stop")
+        self.assertEqual(answer.choices[0].message.content, ANSWER)
+        self.assertIsNone(answer.choices[0].message.tool_calls)
+        streamed = collect(self.client.chat.completions.create(
+            model="tiny", messages=history, tools=self.tools(), stream=True))
+        self.assertEqual(streamed[0], ANSWER)
+        self.assertEqual(streamed[3], "stop")
+
+    def test_tool_choice(self):
+        # none: no tools shown, nothing parsed: the reply is content (the model "did not comply"
+        # with nothing to call here, as written).
+        r = self.client.chat.completions.create(model="tiny", messages=messages(),
+                                                tools=self.tools(), tool_choice="none")
+        self.assertIsNone(r.choices[0].message.tool_calls)
+        self.assertEqual(r.choices[0].finish_reason, "stop")
+        # A named function: only its calls are calls.
+        r = self.client.chat.completions.create(
+            model="tiny", messages=messages(), tools=self.tools(),
+            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        self.assertEqual([c.function.name for c in r.choices[0].message.tool_calls or []],
+                         ["get_weather"])
+        # parallel_tool_calls false: the first call only.
+        r = self.client.chat.completions.create(model="tiny", messages=messages(),
+                                                tools=self.tools(), tool_choice="required",
+                                                parallel_tool_calls=False)
+        self.assertEqual(len(r.choices[0].message.tool_calls), 1)
+        self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+
+
+class HermesTest(FormatTest, unittest.TestCase):
+    NAME = "hermes"
+
+
+class Qwen3ReasoningTest(FormatTest, unittest.TestCase):
+    NAME = "qwen3"
+
+
+class Llama3JsonTest(FormatTest, unittest.TestCase):
+    NAME = "llama3"
+
+
+class MistralTest(FormatTest, unittest.TestCase):
+    NAME = "mistral"
+
+
+class DeepSeekTest(FormatTest, unittest.TestCase):
+    NAME = "deepseek"
+
+
+class NoToolFormatTest(unittest.TestCase):
+    """A plain ChatML template (SmolLM2's kind): tools refused, or the router's Hermes prompt."""
+
+    def test_refused_then_hermes_prompt(self):
+        plain = stack("plain", PLAIN_CHATML, "Hello.")
+        with self.assertRaises(openai.BadRequestError) as e:
+            plain.chat.completions.create(model="tiny", messages=messages(), tools=[WEATHER])
+        self.assertEqual(e.exception.body["param"], "tools")
+        self.assertIn("no tool-call format", e.exception.body["message"])
+        # Without tools the same model answers.
+        r = plain.chat.completions.create(model="tiny", messages=messages())
+        self.assertEqual(r.choices[0].message.content, "Hello.")
+
+        hermes = stack("plain_hermes", PLAIN_CHATML, FORMATS["hermes"][1], ["--tool_prompt=hermes"])
+        r = hermes.chat.completions.create(model="tiny", messages=messages(),
+                                           tools=[WEATHER, TIME])
+        self.assertEqual([c.function.name for c in r.choices[0].message.tool_calls],
+                         ["get_weather", "get_time"])
+        history = messages() + [r.choices[0].message.model_dump(exclude_none=True)]
+        for call in r.choices[0].message.tool_calls:
+            history.append({"role": "tool", "tool_call_id": call.id, "content": RESULT})
+        answer = hermes.chat.completions.create(model="tiny", messages=history,
+                                                tools=[WEATHER, TIME])
+        self.assertEqual(answer.choices[0].message.content, ANSWER)
+
+
+def tearDownModule():
+    stop_all()
+
+
+if __name__ == "__main__":
+    try:
+        unittest.main(argv=[sys.argv[0]], verbosity=2)
+    finally:
+        stop_all()
