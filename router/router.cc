@@ -158,6 +158,7 @@ class Router::Impl {
     context_.limits.model = model_id_;
     context_.limits.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
     context_.limits.max_n = options_.max_n;
+    context_.limits.max_tools_bytes = options_.max_tools_bytes;
     context_.request_timeout = options_.request_timeout;
     context_.reasoning = reasoning_;
 

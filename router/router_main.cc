@@ -54,6 +54,7 @@ ABSL_FLAG(int64_t, max_queued, 256, "requests waiting for a worker; more get 429
 ABSL_FLAG(int, max_retries, 2,
           "other workers tried when one fails a request before its first token");
 ABSL_FLAG(int, max_n, 16, "choices per request at most");
+ABSL_FLAG(std::string, max_tools_bytes, "256KiB", "a request's tool definitions at most (JSON)");
 ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "a request's deadline");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
           "a silent worker is down after this");
@@ -116,6 +117,9 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(max_queued, max_queued);
   FROM_FLAG(max_retries, max_retries);
   FROM_FLAG(max_n, max_n);
+  if (Given("max_tools_bytes")) {
+    o.max_tools_bytes = Bytes("max_tools_bytes", absl::GetFlag(FLAGS_max_tools_bytes));
+  }
   FROM_FLAG(request_timeout, request_timeout);
   FROM_FLAG(heartbeat_timeout, heartbeat_timeout);
   FROM_FLAG(auth_token_file, auth_token_file);

@@ -46,6 +46,7 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("max_retries", &i));
   o->max_retries = i;
   RETURN_IF_ERROR(c.Read("max_n", &o->max_n));
+  RETURN_IF_ERROR(c.ReadByteSize("max_tools_bytes", &o->max_tools_bytes));
   RETURN_IF_ERROR(c.ReadDuration("request_timeout", &o->request_timeout));
   RETURN_IF_ERROR(c.ReadDuration("heartbeat_timeout", &o->heartbeat_timeout));
   RETURN_IF_ERROR(c.Read("auth_token_file", &o->auth_token_file));

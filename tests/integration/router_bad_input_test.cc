@@ -106,7 +106,7 @@ class RouterBadInputTest : public ::testing::Test {
                    absl::StrCat("--workers=127.0.0.1:", worker_->grpc_port()), "--read_timeout=1s",
                    "--idle_timeout=2s", "--write_timeout=1s", "--max_connections=16",
                    "--max_body_bytes=128KiB", "--max_header_bytes=4KiB",
-                   "--max_stream_buffer_bytes=32KiB", "--threads=2"});
+                   "--max_stream_buffer_bytes=32KiB", "--threads=2", "--max_tools_bytes=8KiB"});
     ASSERT_TRUE(router_->ready()) << router_->LogTail();
     for (int i = 0; i < 500 && HttpGet(router_->admin_port(), "/readyz") != 200; ++i) {
       absl::SleepFor(absl::Milliseconds(20));
@@ -155,6 +155,14 @@ TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
   std::string many_bias = "{";
   for (int i = 0; i < 1100; ++i) absl::StrAppend(&many_bias, i == 0 ? "" : ",", "\"", i, "\":1");
   many_bias += "}";
+  const std::string kTool =
+      R"({"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}})";
+  std::string many_tools = "[";
+  for (int i = 0; i < 129; ++i) {
+    absl::StrAppend(&many_tools, i == 0 ? "" : ",", R"({"type":"function","function":{"name":"f)",
+                    i, "\"}}");
+  }
+  many_tools += "]";
   const std::vector<Case> cases = {
       {"not an object", "POST", "/v1/chat/completions", "[1,2,3]", 400, ""},
       {"not json", "POST", "/v1/chat/completions", "{model: smol}", 400, ""},
@@ -204,8 +212,63 @@ TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
        Chat(R"(,"top_logprobs":3)"), 400, "top_logprobs"},
       {"top_logprobs too many", "POST", "/v1/chat/completions",
        Chat(R"(,"logprobs":true,"top_logprobs":50)"), 400, "top_logprobs"},
-      {"tools", "POST", "/v1/chat/completions",
-       Chat(R"(,"tools":[{"type":"function","function":{"name":"f"}}])"), 400, "tools"},
+      // Tools: SmolLM2's template has no tool format (and the router was given no tool prompt).
+      {"tools on a template without a tool format", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"tools":[)", kTool, "]")), 400, "tools"},
+      {"tools not a list", "POST", "/v1/chat/completions", Chat(R"(,"tools":{"f":1})"), 400,
+       "tools"},
+      {"tool of another type", "POST", "/v1/chat/completions",
+       Chat(R"(,"tools":[{"type":"code_interpreter"}])"), 400, "tools[0].type"},
+      {"tool without a function", "POST", "/v1/chat/completions",
+       Chat(R"(,"tools":[{"type":"function"}])"), 400, "tools[0].function"},
+      {"function name with spaces", "POST", "/v1/chat/completions",
+       Chat(R"(,"tools":[{"type":"function","function":{"name":"get weather"}}])"), 400,
+       "tools[0].function.name"},
+      {"schema not an object", "POST", "/v1/chat/completions",
+       Chat(R"(,"tools":[{"type":"function","function":{"name":"f","parameters":"object"}}])"), 400,
+       "tools[0].function.parameters"},
+      {"schema type a number", "POST", "/v1/chat/completions",
+       Chat(R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":3}}}])"),
+       400, "tools[0].function.parameters.type"},
+      {"schema properties a list", "POST", "/v1/chat/completions",
+       Chat(
+           R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":[]}}}])"),
+       400, "tools[0].function.parameters.properties"},
+      {"schema required not strings", "POST", "/v1/chat/completions",
+       Chat(
+           R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","required":[1]}}}])"),
+       400, "tools[0].function.parameters.required"},
+      {"two tools of one name", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"tools":[)", kTool, ",", kTool, "]")), 400, "tools[1].function.name"},
+      {"tool_choice names an unknown function", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"tools":[)", kTool,
+                         R"(],"tool_choice":{"type":"function","function":{"name":"nope"}})")),
+       400, "tool_choice"},
+      {"tool_choice an unknown mode", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"tools":[)", kTool, R"(],"tool_choice":"always")")), 400,
+       "tool_choice"},
+      {"tool_choice without tools", "POST", "/v1/chat/completions",
+       Chat(R"(,"tool_choice":"required")"), 400, "tool_choice"},
+      {"too many tools", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"tools":)", many_tools)), 400, "tools"},
+      {"oversized tool definitions", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"tools":[{"type":"function","function":{"name":"f","description":")",
+                         std::string(10 << 10, 'd'), R"("}}])")),
+       400, "tools"},
+      {"parallel_tool_calls a string", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"tools":[)", kTool, R"(],"parallel_tool_calls":"yes")")), 400,
+       "parallel_tool_calls"},
+      {"tool result without its call id", "POST", "/v1/chat/completions",
+       R"({"model":"smol","messages":[{"role":"user","content":"x"},{"role":"tool","content":"r"}]})",
+       400, "messages[1].tool_call_id"},
+      {"tool call arguments an object", "POST", "/v1/chat/completions",
+       R"({"model":"smol","messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":{"a":1}}}]}]})",
+       400, "messages[0].tool_calls[0].function.arguments"},
+      {"tool call without an id", "POST", "/v1/chat/completions",
+       R"({"model":"smol","messages":[{"role":"assistant","tool_calls":[{"type":"function","function":{"name":"f","arguments":"{}"}}]}]})",
+       400, "messages[0].tool_calls[0].id"},
+      {"deprecated functions", "POST", "/v1/chat/completions",
+       Chat(R"(,"functions":[{"name":"f"}])"), 400, "functions"},
       {"json response format", "POST", "/v1/chat/completions",
        Chat(R"(,"response_format":{"type":"json_object"})"), 400, "response_format"},
       {"unknown field", "POST", "/v1/chat/completions", Chat(R"(,"temprature":0.2)"), 400,
@@ -232,7 +295,7 @@ TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
       {"unknown path", "POST", "/v1/embeddings", "{}", 404, ""},
       {"unknown model id", "GET", "/v1/models/llama", "", 404, ""},
   };
-  ASSERT_GE(cases.size(), 40u);
+  ASSERT_GE(cases.size(), 60u);
   for (const Case& c : cases) {
     const Reply r = Send(port(), c.method, c.path, c.body, {{"x-request-id", "bad-input-1"}});
     ASSERT_EQ(r.status, c.status) << c.name << ": " << r.body;

@@ -240,8 +240,9 @@ class ChatTest(unittest.TestCase):
                               (dict(n=1000), "n"),
                               (dict(max_tokens=10_000_000), "max_tokens"),
                               (dict(messages=[]), "messages"),
-                              (dict(tools=[{"type": "function", "function": {"name": "f"}}]),
-                               "tools"),
+                              (dict(tools=[{"type": "function", "function": {"name": "f"}}],
+                                    tool_choice={"type": "function", "function": {"name": "g"}}),
+                               "tool_choice"),
                               (dict(extra_body={"temprature": 0.1}), "temprature")]:
             with self.assertRaises(openai.BadRequestError, msg=str(kwargs)) as e:
                 chat(**kwargs)
