@@ -223,6 +223,12 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
           absl::StrCat("stop token ", t, " is outside the vocabulary"));
     }
   }
+  for (TokenId t : r.keep_special_token_ids) {
+    if (t >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kept special token ", t, " is outside the vocabulary"));
+    }
+  }
   if (!r.stop.empty() && tokenizer_ == nullptr) {
     return absl::InvalidArgumentError("stop strings need an engine with a tokenizer");
   }
@@ -894,7 +900,8 @@ std::unique_ptr<Engine::Sequence> Engine::NewSequence(const std::shared_ptr<Requ
   seq->tokens = req->r.prompt;
   seq->stop = StopStringMatcher(req->r.stop);
   if (tokenizer_ != nullptr) {
-    seq->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true);
+    seq->detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true,
+                                                          req->r.keep_special_token_ids);
   }
   return seq;
 }

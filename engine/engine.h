@@ -160,6 +160,8 @@ struct EngineRequest {
   // No stop (token, end of sequence or string) ends a choice before this many output tokens.
   int64_t min_tokens = 0;
   std::vector<TokenId> stop_token_ids;
+  // Special tokens whose text stays in the output text (the others are skipped).
+  std::vector<TokenId> keep_special_token_ids;
   bool ignore_eos = false;        // do not stop on the model's end-of-sequence ids
   std::vector<std::string> stop;  // needs the engine's tokenizer
   int32_t priority = 0;           // higher runs first; then arrival

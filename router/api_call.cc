@@ -165,6 +165,9 @@ void ApiCall::Start(const HttpRequest& http) {
   p->set_logprobs(s.logprobs);
   p->set_top_logprobs(static_cast<uint32_t>(s.top_logprobs));
   p->set_n(static_cast<uint32_t>(s.n));
+  if (kind_ == ApiKind::kChatCompletion && (prompt.tools_rendered || context_.reasoning)) {
+    for (TokenId id : context_.keep_special_token_ids) p->add_keep_special_token_ids(id);
+  }
   // A request without a seed gets one, kept for its life (a retry draws the same tokens).
   p->set_seed(s.seed.has_value() ? *s.seed : RandomU64());
 

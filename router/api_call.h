@@ -46,6 +46,8 @@ struct ApiContext {
   RouterMetrics* metrics = nullptr;
   ApiLimits limits;        // model id, vocabulary; max_n is narrowed to the pool's
   bool reasoning = false;  // chat replies go through a <think> reasoning parser
+  // The parsers' markers that are special tokens (kept in the worker's text for parsed replies).
+  std::vector<TokenId> keep_special_token_ids;
   absl::Duration request_timeout = absl::Minutes(10);
 };
 

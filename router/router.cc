@@ -113,6 +113,19 @@ class Router::Impl {
     reasoning_ =
         options_.reasoning_parser == "think" ||
         (options_.reasoning_parser == "auto" && absl::StrContains(source, ReasoningParser::kOpen));
+    // Markers that are special tokens of this tokenizer must reach the parsers as text.
+    std::vector<std::string> markers;
+    if (tools.format.has_value()) markers = ToolCallMarkers(*tools.format);
+    if (reasoning_) {
+      markers.emplace_back(ReasoningParser::kOpen);
+      markers.emplace_back(ReasoningParser::kClose);
+    }
+    for (const std::string& marker : markers) {
+      auto ids = tokenizer_->Encode(marker, /*allow_special=*/true);
+      if (ids.ok() && ids->size() == 1 && tokenizer_->IsSpecial((*ids)[0])) {
+        context_.keep_special_token_ids.push_back((*ids)[0]);
+      }
+    }
     LOG(INFO) << "tool calls: "
               << (tools.format.has_value() ? ToolCallFormatName(*tools.format) : "none (refused)")
               << (tools.hermes_prompt ? " (the router's Hermes system prompt)" : "")

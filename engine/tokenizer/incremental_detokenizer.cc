@@ -1,5 +1,7 @@
 #include "engine/tokenizer/incremental_detokenizer.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -16,14 +18,20 @@ absl::StatusOr<std::string> IncrementalDetokenizer::Push(TokenId id) {
   if (id >= tokenizer_.vocab_size() || tokenizer_.TokenString(id).empty()) {
     return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is not in the vocabulary"));
   }
+  ++pushed_;
+  // A skipped special token adds nothing (as Decode with skip_special leaves it out).
+  if (skip_special_ && tokenizer_.IsSpecial(id) &&
+      std::find(keep_.begin(), keep_.end(), id) == keep_.end()) {
+    return std::string();
+  }
   ids_.push_back(id);
   if (tokenizer_.IsByteFallbackToken(id)) return std::string();  // the byte group may go on
   const absl::Span<const TokenId> ids(ids_);
-  ASSIGN_OR_RETURN(const std::string before,
-                   tokenizer_.DecodeBytes(
-                       ids.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_));
+  ASSIGN_OR_RETURN(
+      const std::string before,
+      tokenizer_.DecodeBytes(ids.subspan(prefix_offset_, read_offset_ - prefix_offset_), false));
   ASSIGN_OR_RETURN(const std::string now,
-                   tokenizer_.DecodeBytes(ids.subspan(prefix_offset_), skip_special_));
+                   tokenizer_.DecodeBytes(ids.subspan(prefix_offset_), false));
   // Held back: an incomplete UTF-8 tail (byte-level), a U+FFFD tail (a byte-fallback chain
   // renders incomplete characters so), or a window whose start changed (never for HF decoders).
   const bool incomplete = IncompleteUtf8Suffix(now) > 0 ||
@@ -39,7 +47,7 @@ absl::StatusOr<std::string> IncrementalDetokenizer::Push(TokenId id) {
 }
 
 absl::StatusOr<std::string> IncrementalDetokenizer::Finish() {
-  ASSIGN_OR_RETURN(const std::string all, tokenizer_.Decode(ids_, skip_special_));
+  ASSIGN_OR_RETURN(const std::string all, tokenizer_.Decode(ids_, false));
   if (all.compare(0, emitted_.size(), emitted_) != 0) {
     return absl::InternalError("incremental detokenization diverged from the full decode");
   }

@@ -5,7 +5,8 @@
 // start-of-text rules (Strip, Metaspace) apply as in a full decode.
 //
 // Contract, checked by tests on every prefix of every test string: the deltas concatenated,
-// followed by Finish(), equal Tokenizer::Decode of all the tokens.
+// followed by Finish(), equal Tokenizer::Decode of all the tokens (with skip_special, of all but
+// the special tokens not kept).
 //
 // Thread-compatible; one per output stream. The tokenizer must outlive it.
 
@@ -23,8 +24,10 @@ namespace ferry {
 
 class IncrementalDetokenizer {
  public:
-  explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special = false)
-      : tokenizer_(tokenizer), skip_special_(skip_special) {}
+  // `skip_special`: special tokens add no text, but for those in `keep` (their text stays).
+  explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special = false,
+                                  std::vector<TokenId> keep = {})
+      : tokenizer_(tokenizer), skip_special_(skip_special), keep_(std::move(keep)) {}
 
   // Adds one token and returns the text that became final (often empty while a character is
   // incomplete). An id outside the vocabulary is an error and changes nothing.
@@ -34,17 +37,19 @@ class IncrementalDetokenizer {
   // Tokenizer::Decode).
   absl::StatusOr<std::string> Finish();
 
-  size_t tokens() const { return ids_.size(); }
+  size_t tokens() const { return pushed_; }
 
  private:
   const Tokenizer& tokenizer_;
   const bool skip_special_;
-  std::vector<TokenId> ids_;
+  const std::vector<TokenId> keep_;
+  std::vector<TokenId> ids_;  // the tokens that add text (skipped special ones are left out)
   // Text of ids_[prefix_offset_, read_offset_) has been emitted; the window starts at
   // prefix_offset_ so that start-of-text rules (Strip, Metaspace) apply as in a full decode.
   size_t prefix_offset_ = 0;
   size_t read_offset_ = 0;
   std::string emitted_;  // everything returned so far
+  size_t pushed_ = 0;
 };
 
 }  // namespace ferry

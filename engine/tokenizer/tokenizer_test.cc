@@ -201,6 +201,20 @@ TEST(TokenizerTest, IncrementalDetokenizationEqualsFullDecodeAtEveryPrefix) {
   }
 }
 
+TEST(TokenizerTest, IncrementalDetokenizerKeepsTheSpecialTokensItIsToldTo) {
+  const Tokenizer& smol = *Tokenizers()[0].tokenizer;  // SmolLM2: <|im_start|>, <|im_end|>
+  auto ids = smol.Encode("<|im_start|>a<|im_end|>b<|im_start|>", /*allow_special=*/true);
+  ASSERT_TRUE(ids.ok());
+  const TokenId im_start = (*ids)[0];
+  ASSERT_TRUE(smol.IsSpecial(im_start));
+  IncrementalDetokenizer detok(smol, /*skip_special=*/true, {im_start});
+  std::string text;
+  for (TokenId id : *ids) text += *detok.Push(id);
+  text += *detok.Finish();
+  EXPECT_EQ(text, "<|im_start|>ab<|im_start|>");
+  EXPECT_EQ(detok.tokens(), ids->size());
+}
+
 TEST(TokenizerTest, IncrementalDetokenizerHoldsSplitCharacters) {
   const Tokenizer& smol = *Tokenizers()[0].tokenizer;
   // An emoji is several byte-level tokens; nothing is shown until it is complete.

@@ -880,6 +880,21 @@ std::optional<ToolCallFormat> DetectToolCallFormat(absl::string_view source) {
   return std::nullopt;
 }
 
+std::vector<std::string> ToolCallMarkers(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return {"<tool_call>", "</tool_call>"};
+    case ToolCallFormat::kLlama3Json:
+      return {"<|python_tag|>"};
+    case ToolCallFormat::kMistral:
+      return {"[TOOL_CALLS]"};
+    case ToolCallFormat::kDeepSeek:
+      return {std::string(kDsCallsBegin), std::string(kDsCallsEnd), std::string(kDsCallBegin),
+              std::string(kDsCallEnd), std::string(kDsSep)};
+  }
+  return {};
+}
+
 std::unique_ptr<ToolCallParser> NewToolCallParser(ToolCallFormat format,
                                                   ToolCallParserOptions options) {
   JsonFraming framing;

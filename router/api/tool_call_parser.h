@@ -60,6 +60,9 @@ std::optional<ToolCallFormat> ToolCallFormatFromName(absl::string_view name);
 // The format a chat template renders tool calls in, from the markers in its source; nullopt when
 // it has none (the template cannot show a model its tools).
 std::optional<ToolCallFormat> DetectToolCallFormat(absl::string_view template_source);
+// The markers a format's parser reads (a tokenizer may have them as special tokens, which the
+// worker must then keep in the text).
+std::vector<std::string> ToolCallMarkers(ToolCallFormat format);
 
 // What one Feed or Finish added.
 struct ParsedText {

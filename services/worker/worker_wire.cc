@@ -116,6 +116,8 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
   r.min_tokens = p.min_tokens();
   r.ignore_eos = p.ignore_eos();
   r.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  r.keep_special_token_ids.assign(p.keep_special_token_ids().begin(),
+                                  p.keep_special_token_ids().end());
   r.stop.assign(p.stop_strings().begin(), p.stop_strings().end());
 
   first_output_index->assign(r.n, 0);

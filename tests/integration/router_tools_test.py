@@ -5,7 +5,8 @@
 
 For each tool-call format (Hermes, Qwen 3 with <think>, Llama 3 JSON, Mistral, DeepSeek R1) a
 null-engine ferry-worker whose scripted replies (--null_script) are the completions a model of
-that family writes, token by token through the real detokenizer and streaming path, behind a
+that family writes, token by token through the real detokenizer and streaming path (Mistral's
+[TOOL_CALLS] a special token, as in its tokenizer: the worker keeps it in the text), behind a
 ferry-router whose chat template is that family's: the SDK's parsed tool_calls (ids, names,
 arguments), content and reasoning_content equal the script, streamed and not; a full round trip
 (the calls and their results sent back, rendered by the template, answered); tool_choice and
@@ -100,15 +101,24 @@ def stop_all():
         p.stdout.close()
 
 
-def model_dir(name, template_source):
+def model_dir(name, template_source, special_markers=()):
     """The tiny Llama's tokenizer and config (a long context: tool prompts are long) with
-    `template_source` as its chat template."""
+    `template_source` as its chat template and `special_markers` added as special tokens (as
+    Mistral's tokenizer has [TOOL_CALLS]: the worker must keep them in the text it streams)."""
     src = os.path.join(MODELS, "llama_gqa_bf16")
     d = os.path.join(TMP, "model_" + name)
     os.makedirs(d, exist_ok=True)
-    shutil.copy(os.path.join(src, "tokenizer.json"), d)
+    with open(os.path.join(src, "tokenizer.json"), encoding="utf-8") as f:
+        tokenizer = json.load(f)
     with open(os.path.join(src, "config.json")) as f:
         config = json.load(f)
+    for marker in special_markers:
+        config["vocab_size"] += 1
+        tokenizer["added_tokens"].append({
+            "id": config["vocab_size"] - 1, "content": marker, "single_word": False,
+            "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer, f, ensure_ascii=False)
     config["max_position_embeddings"] = 8192
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(config, f)
@@ -120,9 +130,9 @@ def model_dir(name, template_source):
     return d
 
 
-def stack(name, template_source, first_reply, router_flags=()):
+def stack(name, template_source, first_reply, router_flags=(), special_markers=()):
     """A scripted null worker and a router on a model with `template_source`; an SDK client."""
-    d = model_dir(name, template_source)
+    d = model_dir(name, template_source, special_markers)
     script = os.path.join(TMP, f"script_{name}.json")
     with open(script, "w") as f:
         json.dump([{"reply": first_reply}, {"when": RESULT, "reply": ANSWER}], f)
@@ -183,7 +193,8 @@ class FormatTest:
     @classmethod
     def setUpClass(cls):
         file, cls.reply, cls.calls, cls.content, cls.reasoning, flags = FORMATS[cls.NAME]
-        cls.client = stack(cls.NAME, read_template(file), cls.reply, flags)
+        cls.client = stack(cls.NAME, read_template(file), cls.reply, flags,
+                           ["[TOOL_CALLS]"] if cls.NAME == "mistral" else [])
 
     def tools(self):
         return [WEATHER, TIME]
