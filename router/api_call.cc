@@ -270,6 +270,9 @@ void ApiCall::ParseText(int32_t c, const std::string& text, int tokens, bool fin
   ChoiceOutputs& all = choices_[c];
   for (const ParsedToolCall& call : p.tools->calls()) {
     all.tool_calls.push_back({call.id, call.name, call.arguments});
+    context_.metrics->ToolCall(!call.complete         ? "incomplete"
+                               : call.arguments_valid ? "valid"
+                                                      : "invalid");
   }
   if (!all.tool_calls.empty() && delta->finish_reason == "stop")
     delta->finish_reason = "tool_calls";

@@ -6,10 +6,12 @@
 //   SSE chunks as tokens arrive, or one body at the end)
 //
 // A choice that called tools finishes with "tool_calls" (when the model stopped by itself; a
-// reply cut by max_tokens stays "length", its last call incomplete). tool_choice "required" or
-// a named function cannot force the model until constrained decoding exists: only calls of the
-// allowed functions are parsed as calls, and a reply without one is answered as the model wrote
-// it, as content, finish_reason "stop".
+// reply cut by max_tokens stays "length", its last call incomplete). A call's arguments are the
+// model's text: when they are not a JSON object they are passed on as written (as OpenAI warns
+// its clients), and counted in ferry_router_tool_calls_total{arguments="invalid"}. tool_choice
+// "required" or a named function cannot force the model until constrained decoding exists: only
+// calls of the allowed functions are parsed as calls, and a reply without one is answered as the
+// model wrote it, as content, finish_reason "stop".
 //
 // It answers on its HttpResponder, and cancels its dispatch when the client goes away (the worker
 // aborts the request at its next step). Every log line and error body carries its trace id.

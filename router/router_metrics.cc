@@ -57,6 +57,12 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                    .Name("ferry_router_worker_refusals_total")
                    .Help("Workers refused from the pool, by what differed.")
                    .Register(registry);
+  tool_calls_ = &prometheus::BuildCounter()
+                     .Name("ferry_router_tool_calls_total")
+                     .Help(
+                         "Tool calls parsed from replies, by their arguments: valid, invalid, "
+                         "incomplete.")
+                     .Register(registry);
 }
 
 void RouterMetrics::Request(const std::string& endpoint, int code) {
@@ -95,6 +101,10 @@ void RouterMetrics::Workers(int64_t up, int64_t down) {
 
 void RouterMetrics::Refusal(const std::string& reason) {
   refusals_->Add({{"reason", reason}}).Increment();
+}
+
+void RouterMetrics::ToolCall(const std::string& arguments) {
+  tool_calls_->Add({{"arguments", arguments}}).Increment();
 }
 
 }  // namespace ferry

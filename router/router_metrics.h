@@ -11,6 +11,8 @@
 //   ferry_router_completion_tokens_total
 //   ferry_router_workers{state}                  up, down
 //   ferry_router_worker_refusals_total{reason}   fingerprint, block_tokens, protocol
+//   ferry_router_tool_calls_total{arguments}     calls parsed from replies: valid (a JSON
+//                                                object), invalid, incomplete (cut off)
 //
 // Thread-safe.
 
@@ -44,6 +46,7 @@ class RouterMetrics {
   void CompletionTokens(int64_t n);
   void Workers(int64_t up, int64_t down);
   void Refusal(const std::string& reason);
+  void ToolCall(const std::string& arguments);
 
  private:
   prometheus::Family<prometheus::Counter>* requests_;
@@ -59,6 +62,7 @@ class RouterMetrics {
   prometheus::Gauge* workers_up_;
   prometheus::Gauge* workers_down_;
   prometheus::Family<prometheus::Counter>* refusals_;
+  prometheus::Family<prometheus::Counter>* tool_calls_;
 };
 
 }  // namespace ferry

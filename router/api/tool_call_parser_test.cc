@@ -408,6 +408,24 @@ TEST(DeepSeekToolCallParserTest, V31HeadsUnknownFunctionsAndTruncation) {
   EXPECT_FALSE(cut.parser_calls[0].arguments_valid);
 }
 
+TEST(ToolCallParserTest, ArgumentsThatAreNotJsonAreKeptAndFlagged) {
+  // A scalar where the object should be (JSON formats) and free text (DeepSeek): the call is
+  // whole, its arguments are the model's text, arguments_valid says they are not an object.
+  const Rebuilt hermes = ExpectSplitInvariant(
+      "<tool_call>{\"name\": \"f\", \"arguments\": nope}</tool_call>", {}, ToolCallFormat::kHermes);
+  ASSERT_EQ(hermes.calls.size(), 1u);
+  EXPECT_EQ(hermes.calls[0].arguments, "nope");
+  EXPECT_TRUE(hermes.parser_calls[0].complete);
+  EXPECT_FALSE(hermes.parser_calls[0].arguments_valid);
+  const Rebuilt deepseek = ExpectSplitInvariant(
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\ncity=Paris\n```<｜tool▁call▁end｜>",
+      {}, ToolCallFormat::kDeepSeek);
+  ASSERT_EQ(deepseek.calls.size(), 1u);
+  EXPECT_EQ(deepseek.calls[0].arguments, "city=Paris");
+  EXPECT_TRUE(deepseek.parser_calls[0].complete);
+  EXPECT_FALSE(deepseek.parser_calls[0].arguments_valid);
+}
+
 // Random sequences of each format's pieces: no crash, split invariant, only known names.
 TEST(ToolCallParserTest, RandomTextIsSplitInvariantInEveryFormat) {
   const std::vector<std::string> common = {"{",

@@ -31,6 +31,7 @@ import openai
 ROUTER, WORKER, MODELS, TEMPLATES = sys.argv[1:5]
 TMP = os.environ.get("TEST_TMPDIR", tempfile.gettempdir())
 PROCESSES = []
+ADMIN = {}  # stack name -> the router's admin port
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -153,6 +154,7 @@ def stack(name, template_source, first_reply, router_flags=(), special_markers=(
         time.sleep(0.05)
     else:
         raise RuntimeError(f"the worker did not come up in router_{name}")
+    ADMIN[name] = r["admin_port"]
     return openai.OpenAI(base_url=f"http://127.0.0.1:{r['http_port']}/v1", api_key="none",
                          max_retries=0, timeout=60)
 
@@ -182,6 +184,15 @@ def collect(stream):
     return content, reasoning, calls, finish
 
 
+def metric(name, line):
+    """A counter of stack `name`'s router (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{ADMIN[name]}/metrics", timeout=5) as r:
+        for text in r.read().decode().splitlines():
+            if text.startswith(line + " "):
+                return float(text.split()[-1])
+    return 0.0
+
+
 def messages():
     return [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -207,8 +218,11 @@ class FormatTest:
             self.assertTrue(all(len(i) == 9 and i.isalnum() for i in ids), ids)
 
     def test_calls_whole(self):
+        valid = 'ferry_router_tool_calls_total{arguments="valid"}'
+        before = metric(self.NAME, valid)
         r = self.client.chat.completions.create(model="tiny", messages=messages(),
                                                 tools=self.tools())
+        self.assertEqual(metric(self.NAME, valid), before + len(self.calls))
         self.assertIsInstance(r, openai.types.chat.ChatCompletion)
         m = r.choices[0].message
         self.assertEqual(r.choices[0].finish_reason, "tool_calls")
