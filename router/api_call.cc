@@ -274,8 +274,9 @@ void ApiCall::ParseText(int32_t c, const std::string& text, int tokens, bool fin
                                : call.arguments_valid ? "valid"
                                                       : "invalid");
   }
-  if (!all.tool_calls.empty() && delta->finish_reason == "stop")
+  if (!all.tool_calls.empty() && delta->finish_reason == "stop") {
     delta->finish_reason = "tool_calls";
+  }
 }
 
 void ApiCall::OnRouted(const std::string& worker_id) {

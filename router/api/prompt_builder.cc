@@ -64,16 +64,19 @@ ChatTemplateInputs PromptBuilder::TemplateInputs(const ApiRequest& request) cons
   const bool hermes = tools_.hermes_prompt;
   const bool string_arguments = tools_.format == ToolCallFormat::kDeepSeek;
   Json& messages = inputs.messages;
+  bool in_results = false;  // hermes: the last message is a user turn of tool results
   for (const ApiMessage& m : request.messages) {
     if (hermes && m.role == ApiRole::kTool) {  // results as <tool_response> blocks of a user turn
-      std::string block = "<tool_response>\n" + m.Text() + "\n</tool_response>";
-      if (!messages.empty() && messages.back().value("_tool_results", false)) {
+      const std::string block = "<tool_response>\n" + m.Text() + "\n</tool_response>";
+      if (in_results) {
         messages.back()["content"] = messages.back()["content"].get<std::string>() + "\n" + block;
       } else {
-        messages.push_back(Json{{"role", "user"}, {"content", block}, {"_tool_results", true}});
+        messages.push_back(Json{{"role", "user"}, {"content", block}});
+        in_results = true;
       }
       continue;
     }
+    in_results = false;
     Json message = Json::object();
     message["role"] = RoleName(m.role);
     std::string content = m.Text();
@@ -102,7 +105,6 @@ ChatTemplateInputs PromptBuilder::TemplateInputs(const ApiRequest& request) cons
     }
     messages.push_back(std::move(message));
   }
-  for (Json& m : messages) m.erase("_tool_results");
   if (show_tools && hermes) {
     const std::string prompt = HermesToolPrompt(request.tools);
     if (!messages.empty() && messages[0]["role"] == "system") {
