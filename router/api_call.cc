@@ -1,5 +1,7 @@
 #include "router/api_call.h"
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -61,16 +63,19 @@ void SetHash(const Hash128& h, v1::Hash128* out) {
 }  // namespace
 
 ApiCall::ApiCall(const ApiContext& context, ApiKind kind, std::shared_ptr<HttpResponder> responder,
-                 std::string trace_id)
+                 std::string trace_id, Tenant tenant)
     : context_(context),
       kind_(kind),
       responder_(std::move(responder)),
       trace_id_(std::move(trace_id)),
+      tenant_(std::move(tenant)),
       start_(Clock::now()) {}
 
 void ApiCall::Run(const ApiContext& context, ApiKind kind, HttpRequest request,
-                  std::shared_ptr<HttpResponder> responder, const std::string& trace_id) {
-  auto call = std::make_shared<ApiCall>(context, kind, std::move(responder), trace_id);
+                  std::shared_ptr<HttpResponder> responder, const std::string& trace_id,
+                  Tenant tenant) {
+  auto call =
+      std::make_shared<ApiCall>(context, kind, std::move(responder), trace_id, std::move(tenant));
   call->Start(request);
 }
 
@@ -85,7 +90,9 @@ void ApiCall::Answer(int status, std::string body) {
   context_.metrics->RequestSeconds(endpoint(),
                                    std::chrono::duration<double>(Clock::now() - start_).count());
   HttpHeaders headers = {{"Content-Type", "application/json"}, {"x-request-id", trace_id_}};
-  if (status == 429 || status == 503) headers.emplace_back("Retry-After", "1");
+  if (status == 429 || status == 503) {
+    headers.emplace_back("Retry-After", std::to_string(retry_after_seconds_));
+  }
   responder_->Respond(status, headers, std::move(body));
 }
 
@@ -123,6 +130,19 @@ void ApiCall::Start(const HttpRequest& http) {
   if (!error.status.ok()) return Fail(error);
   prompt_tokens_ = static_cast<int64_t>(prompt.tokens.size());
   const ApiSampling& s = request_.sampling;
+  if (context_.limiter != nullptr) {
+    const RateLimiter::Decision d = context_.limiter->Admit(tenant_, prompt_tokens_);
+    if (!d.admitted) {
+      retry_after_seconds_ = std::max<int64_t>(
+          1, static_cast<int64_t>(std::ceil(absl::ToDoubleSeconds(d.retry_after))));
+      return Fail(
+          {absl::ResourceExhaustedError(absl::StrCat(
+               "Rate limit reached for tenant '", tenant_.name, "' (", tenant_.requests_per_minute,
+               " requests, ", tenant_.tokens_per_minute,
+               " tokens per minute; 0: no limit). Retry after ", retry_after_seconds_, " s.")),
+           "", "rate_limit_exceeded"});
+    }
+  }
 
   // The worker request: tokens, the pool's block hashes, sampling, the request's life.
   DispatchRequest dispatch;
@@ -135,13 +155,16 @@ void ApiCall::Start(const HttpRequest& http) {
   t->mutable_context()->set_request_id(absl::StrCat("req-", RandomHex(12)));
   t->mutable_context()->set_trace_id(trace_id_);
   t->mutable_context()->set_deadline_unix_ms(absl::ToUnixMillis(dispatch.deadline));
+  t->mutable_context()->set_tenant(tenant_.name);
+  t->mutable_context()->set_cache_salt(tenant_.cache_salt);
+  t->mutable_context()->set_traffic_class(tenant_.traffic_class);
   t->mutable_model()->set_name(pool.model_name);
   SetHash(pool.fingerprint, t->mutable_model()->mutable_fingerprint());
   for (TokenId id : prompt.tokens) t->add_prompt_token_ids(id);
   t->set_block_tokens(pool.block_tokens);
   if (pool.block_tokens > 0) {
-    for (const Hash128& h :
-         ComputeBlockHashes({pool.fingerprint, "", ""}, prompt.tokens, pool.block_tokens)) {
+    for (const Hash128& h : ComputeBlockHashes({pool.fingerprint, tenant_.cache_salt, ""},
+                                               prompt.tokens, pool.block_tokens)) {
       SetHash(h, t->add_block_hashes());
     }
   }
@@ -389,6 +412,11 @@ void ApiCall::OnEnd(const absl::Status& status) {
   usage_.reasoning_tokens = std::min(reasoning_tokens_, usage_.completion_tokens);
   context_.metrics->PromptTokens(usage_.prompt_tokens - usage_.cached_tokens, usage_.cached_tokens);
   context_.metrics->CompletionTokens(usage_.completion_tokens);
+  if (context_.limiter != nullptr) context_.limiter->Charge(tenant_, usage_.completion_tokens);
+  if (context_.billing != nullptr) {
+    context_.billing->Record(tenant_.name, request_.model, usage_.prompt_tokens,
+                             usage_.cached_tokens, usage_.completion_tokens);
+  }
   if (!request_.stream) return Answer(200, writer_->Full(choices_, usage_));
   if (!streaming_) {
     streaming_ = true;

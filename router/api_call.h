@@ -13,6 +13,11 @@
 // calls of the allowed functions are parsed as calls, and a reply without one is answered as the
 // model wrote it, as content, finish_reason "stop".
 //
+// Tenants: the call's block hashes carry its tenant's cache salt, its RequestContext the tenant and
+// traffic class; its tenant's rate limits admit it once its prompt is counted (429
+// rate_limit_exceeded with Retry-After otherwise), and its completion tokens are charged, and
+// billed, when it ends.
+//
 // It answers on its HttpResponder, and cancels its dispatch when the client goes away (the worker
 // aborts the request at its next step). Every log line and error body carries its trace id.
 //
@@ -33,6 +38,9 @@
 #include "router/api/prompt_builder.h"
 #include "router/api/reasoning_parser.h"
 #include "router/api/tool_call_parser.h"
+#include "router/auth/api_keys.h"
+#include "router/auth/rate_limiter.h"
+#include "router/billing.h"
 #include "router/dispatch/dispatcher.h"
 #include "router/http/http_server.h"
 #include "router/registry/worker_registry.h"
@@ -50,21 +58,25 @@ struct ApiContext {
   bool reasoning = false;  // chat replies go through a <think> reasoning parser
   // The parsers' markers that are special tokens (kept in the worker's text for parsed replies).
   std::vector<TokenId> keep_special_token_ids;
+  RateLimiter* limiter = nullptr;  // tenants' limits
+  Billing* billing = nullptr;
   absl::Duration request_timeout = absl::Minutes(10);
 };
 
 class ApiCall final : public GenerateSink, public std::enable_shared_from_this<ApiCall> {
  public:
-  // Runs the call for `request` (ApiKind from the endpoint) and answers on `responder`.
+  // Runs the call for `request` (ApiKind from the endpoint) of `tenant` and answers on
+  // `responder`.
   static void Run(const ApiContext& context, ApiKind kind, HttpRequest request,
-                  std::shared_ptr<HttpResponder> responder, const std::string& trace_id);
+                  std::shared_ptr<HttpResponder> responder, const std::string& trace_id,
+                  Tenant tenant);
 
   void OnRouted(const std::string& worker_id) override;
   void OnEvent(const ferry::v1::GenerateEvent& event) override;
   void OnEnd(const absl::Status& status) override;
 
   ApiCall(const ApiContext& context, ApiKind kind, std::shared_ptr<HttpResponder> responder,
-          std::string trace_id);
+          std::string trace_id, Tenant tenant);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -85,7 +97,9 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   const ApiKind kind_;
   const std::shared_ptr<HttpResponder> responder_;
   const std::string trace_id_;
+  const Tenant tenant_;
   const Clock::time_point start_;
+  int64_t retry_after_seconds_ = 1;  // a 429's or 503's Retry-After
 
   std::mutex mu_;
   ApiRequest request_;

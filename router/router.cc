@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +22,9 @@
 #include "router/api/openai_writer.h"
 #include "router/api/prompt_builder.h"
 #include "router/api_call.h"
+#include "router/auth/api_keys.h"
+#include "router/auth/rate_limiter.h"
+#include "router/billing.h"
 #include "router/dispatch/dispatcher.h"
 #include "router/registry/worker_registry.h"
 #include "router/router_metrics.h"
@@ -76,6 +80,15 @@ class Router::Impl {
   absl::Status Start() {
     RETURN_IF_ERROR(ValidateRouterOptions(options_));
     ASSIGN_OR_RETURN(const std::string token, LoadSharedToken(options_.auth_token_file));
+    if (!options_.api_keys_file.empty()) {
+      ASSIGN_OR_RETURN(std::unique_ptr<const ApiKeys> keys, ApiKeys::Load(options_.api_keys_file));
+      LOG(INFO) << "API keys: " << keys->keys() << " key(s) of " << keys->tenants().size()
+                << " tenant(s) from " << options_.api_keys_file;
+      keys_ = std::move(keys);
+    } else {
+      LOG(WARNING) << "no --api_keys_file: the API is open to anyone who can reach "
+                   << options_.http.host;
+    }
     // The model's tokenizer and chat template, never its weights.
     if (IsDirectory(options_.model)) {
       ASSIGN_OR_RETURN(tokenizer_, Tokenizer::FromHfDirectory(options_.model));
@@ -143,6 +156,11 @@ class Router::Impl {
 
     registry_metrics_ = NewServiceRegistry("router");
     metrics_ = std::make_unique<RouterMetrics>(*registry_metrics_);
+    billing_ = std::make_unique<Billing>(
+        Prices{options_.price_input_per_mtok, options_.price_cached_input_per_mtok,
+               options_.price_output_per_mtok},
+        options_.gpus_per_worker, &RealClock(), *registry_metrics_);
+    limiter_ = std::make_unique<RateLimiter>(&RealClock());
     RegistryOptions ro;
     ro.heartbeat_timeout = options_.heartbeat_timeout;
     ro.auth_token = token;
@@ -174,6 +192,8 @@ class Router::Impl {
     context_.limits.max_tools_bytes = options_.max_tools_bytes;
     context_.request_timeout = options_.request_timeout;
     context_.reasoning = reasoning_;
+    context_.limiter = limiter_.get();
+    context_.billing = billing_.get();
 
     AdminServerOptions admin;
     admin.host = options_.admin_host;
@@ -225,6 +245,7 @@ class Router::Impl {
     if (shut_down_) return;
     const int64_t up = registry_->up_count();
     metrics_->Workers(up, static_cast<int64_t>(registry_->ToJson().size()) - up);
+    billing_->WorkersUp(up);
     const bool serving = registry_->AnyUp();
     admin_->SetReady(serving, serving ? "" : "no worker can take requests");
     dispatcher_->Pump();
@@ -232,6 +253,15 @@ class Router::Impl {
 
   bool AdminRoute(const std::string& method, const std::string& path, const std::string& body,
                   AdminReply* reply) {
+    if (path == "/billing") {
+      if (method != "GET") {
+        reply->status = 405;
+        reply->body = R"({"error":"GET /billing"})";
+        return true;
+      }
+      reply->body = billing_->Report().dump(2);
+      return true;
+    }
     if (path == "/workers") {
       if (method != "GET") {
         reply->status = 405;
@@ -286,6 +316,18 @@ class Router::Impl {
       }
       responder->Respond(status, headers, body);
     };
+    // Every /v1 path needs a tenant's key when the router has a key file.
+    Tenant tenant;
+    tenant.name = "anonymous";
+    if (absl::StartsWith(path, "/v1/")) {
+      const char* endpoint = path == "/v1/chat/completions" || path == "/v1/completions"
+                                 ? path.c_str()
+                             : absl::StartsWith(path, "/v1/models") ? "/v1/models"
+                                                                    : "other";
+      std::string code;
+      absl::Status auth = Authenticate(request, &tenant, &code);
+      if (!auth.ok()) return reply(401, JsonError(auth, trace_id, code), endpoint);
+    }
     if (path == "/v1/chat/completions" || path == "/v1/completions") {
       if (request.method != "POST") {
         return reply(405,
@@ -296,7 +338,8 @@ class Router::Impl {
       }
       const ApiKind kind =
           path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChatCompletion;
-      ApiCall::Run(context_, kind, std::move(request), std::move(responder), trace_id);
+      ApiCall::Run(context_, kind, std::move(request), std::move(responder), trace_id,
+                   std::move(tenant));
       return;
     }
     if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) {
@@ -330,7 +373,65 @@ class Router::Impl {
           "other");
   }
 
+  // The tenant of the request's key (Authorization: Bearer <key>, or x-api-key), or why not; no
+  // key file: every request is the anonymous tenant's. A key never reaches a log or a reply.
+  absl::Status Authenticate(const HttpRequest& request, Tenant* tenant, std::string* code) {
+    std::shared_ptr<const ApiKeys> keys;
+    {
+      std::lock_guard<std::mutex> lock(keys_mu_);
+      keys = keys_;
+    }
+    if (keys == nullptr) return absl::OkStatus();
+    absl::string_view key;
+    const std::string& authorization = request.header("authorization");
+    if (!authorization.empty()) {
+      constexpr absl::string_view kBearer = "bearer ";
+      if (authorization.size() <= kBearer.size() ||
+          !absl::EqualsIgnoreCase(absl::string_view(authorization).substr(0, kBearer.size()),
+                                  kBearer)) {
+        *code = "invalid_api_key";
+        return absl::UnauthenticatedError(
+            "the Authorization header must be 'Bearer <your API key>'");
+      }
+      key = absl::StripAsciiWhitespace(absl::string_view(authorization).substr(kBearer.size()));
+    } else {
+      key = absl::StripAsciiWhitespace(request.header("x-api-key"));
+    }
+    if (key.empty()) {
+      *code = "missing_api_key";
+      return absl::UnauthenticatedError(
+          "You didn't provide an API key: send it as 'Authorization: Bearer <key>' or in an "
+          "'x-api-key' header");
+    }
+    const Tenant* found = keys->Find(key);
+    if (found == nullptr) {
+      *code = "invalid_api_key";
+      return absl::UnauthenticatedError("Incorrect API key provided");
+    }
+    *tenant = *found;
+    return absl::OkStatus();
+  }
+
+ public:
+  absl::Status ReloadKeys() {
+    if (options_.api_keys_file.empty()) {
+      return absl::FailedPreconditionError("the router was started without --api_keys_file");
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<const ApiKeys> keys, ApiKeys::Load(options_.api_keys_file));
+    LOG(INFO) << "API keys reloaded: " << keys->keys() << " key(s) of " << keys->tenants().size()
+              << " tenant(s)";
+    limiter_->Retain(keys->tenants());
+    std::lock_guard<std::mutex> lock(keys_mu_);
+    keys_ = std::move(keys);
+    return absl::OkStatus();
+  }
+
+ private:
   const RouterOptions options_;
+  std::mutex keys_mu_;
+  std::shared_ptr<const ApiKeys> keys_;  // null: no key file
+  std::unique_ptr<RateLimiter> limiter_;
+  std::unique_ptr<Billing> billing_;
   std::mutex change_mu_;  // registry callbacks vs. shutdown
   std::atomic<bool> shut_down_{false};
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -361,5 +462,6 @@ int Router::http_port() const { return impl_->http_port(); }
 int Router::admin_port() const { return impl_->admin_port(); }
 const std::string& Router::model_id() const { return impl_->model_id(); }
 void Router::Shutdown() { impl_->Shutdown(); }
+absl::Status Router::ReloadKeys() { return impl_->ReloadKeys(); }
 
 }  // namespace ferry

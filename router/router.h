@@ -12,6 +12,11 @@
 // one, else one made here), which also goes to the workers and into every log line and error body
 // of the request.
 //
+// Keys: with options.api_keys_file every /v1 request needs a key of a tenant (Authorization:
+// Bearer, or x-api-key; else 401), its tenant's cache salt enters its block hashes and its rate
+// limits apply (429 with Retry-After); ReloadKeys() reads the file again (SIGHUP), running
+// streams untouched. The admin port's GET /billing reports tokens and revenue (billing.h).
+//
 // Readiness: /readyz is 200 while a worker can take requests (up, accepted, not draining) and the
 // router is not shutting down.
 // Shutdown: not ready at once, queued requests end 503, running streams get `shutdown_grace`,
@@ -40,6 +45,9 @@ class Router {
   int http_port() const;
   int admin_port() const;
   const std::string& model_id() const;
+
+  // Reads the key file again; on an error the keys in use stay (and the error is returned).
+  absl::Status ReloadKeys();
 
   // Idempotent; returns when every connection is closed.
   void Shutdown();

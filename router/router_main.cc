@@ -26,6 +26,16 @@ ABSL_FLAG(std::string, served_model_name, "", "the model id clients use (default
 ABSL_FLAG(std::vector<std::string>, workers, {}, "worker gRPC addresses, comma-separated");
 ABSL_FLAG(std::string, workers_file, "", "a file of worker addresses, one per line");
 ABSL_FLAG(std::string, policy, "least_loaded", "round_robin or least_loaded");
+ABSL_FLAG(std::string, api_keys_file, "",
+          "clients' API keys and tenants (JSON; reloaded on SIGHUP); none: an open API on "
+          "loopback only");
+ABSL_FLAG(bool, allow_unauthenticated, false,
+          "serve without --api_keys_file on a non-loopback --host");
+ABSL_FLAG(double, price_input_per_mtok, 0, "billing: dollars per million cache-miss input tokens");
+ABSL_FLAG(double, price_cached_input_per_mtok, 0,
+          "billing: dollars per million cache-hit input tokens");
+ABSL_FLAG(double, price_output_per_mtok, 0, "billing: dollars per million output tokens");
+ABSL_FLAG(double, gpus_per_worker, 1, "billing: GPUs each worker holds (revenue per GPU-hour)");
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "how tool calls are read: auto (from the chat template), hermes, llama3_json, mistral, "
           "deepseek, or none");
@@ -91,6 +101,12 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(workers_file, workers_file);
   FROM_FLAG(policy, policy);
   FROM_FLAG(tool_call_parser, tool_call_parser);
+  FROM_FLAG(api_keys_file, api_keys_file);
+  FROM_FLAG(allow_unauthenticated, allow_unauthenticated);
+  FROM_FLAG(price_input_per_mtok, price_input_per_mtok);
+  FROM_FLAG(price_cached_input_per_mtok, price_cached_input_per_mtok);
+  FROM_FLAG(price_output_per_mtok, price_output_per_mtok);
+  FROM_FLAG(gpus_per_worker, gpus_per_worker);
   FROM_FLAG(tool_prompt, tool_prompt);
   FROM_FLAG(reasoning_parser, reasoning_parser);
   FROM_FLAG(model_fingerprint, model_fingerprint);
@@ -143,7 +159,14 @@ int main(int argc, char** argv) {
   if (!router.ok()) Die("start", router.status());
   std::printf("http_port=%d admin_port=%d\n", (*router)->http_port(), (*router)->admin_port());
   std::fflush(stdout);
+  Router* r = router->get();
+  (*signal)->OnHangup([r] {
+    if (absl::Status s = r->ReloadKeys(); !s.ok()) {
+      LOG(ERROR) << "SIGHUP: the keys were not reloaded (the old ones stay): " << s;
+    }
+  });
   (*signal)->Wait();
+  (*signal)->OnHangup(nullptr);
   LOG(INFO) << "shutdown: no longer ready; running streams get " << options.shutdown_grace;
   (*router)->Shutdown();
   router->reset();

@@ -50,6 +50,12 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.ReadDuration("request_timeout", &o->request_timeout));
   RETURN_IF_ERROR(c.ReadDuration("heartbeat_timeout", &o->heartbeat_timeout));
   RETURN_IF_ERROR(c.Read("auth_token_file", &o->auth_token_file));
+  RETURN_IF_ERROR(c.Read("api_keys_file", &o->api_keys_file));
+  RETURN_IF_ERROR(c.Read("allow_unauthenticated", &o->allow_unauthenticated));
+  RETURN_IF_ERROR(c.Read("price_input_per_mtok", &o->price_input_per_mtok));
+  RETURN_IF_ERROR(c.Read("price_cached_input_per_mtok", &o->price_cached_input_per_mtok));
+  RETURN_IF_ERROR(c.Read("price_output_per_mtok", &o->price_output_per_mtok));
+  RETURN_IF_ERROR(c.Read("gpus_per_worker", &o->gpus_per_worker));
   RETURN_IF_ERROR(c.ReadDuration("shutdown_grace", &o->shutdown_grace));
   return c.CheckAllKeysUsed();
 }
@@ -68,6 +74,16 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
         absl::StrCat("--tool_call_parser must be auto, hermes, llama3_json, mistral, "
                      "deepseek or none, not '",
                      o.tool_call_parser, "'"));
+  }
+  if (o.api_keys_file.empty() && !o.allow_unauthenticated && o.http.host != "127.0.0.1" &&
+      o.http.host != "::1" && o.http.host != "localhost") {
+    return bad(absl::StrCat("--host ", o.http.host,
+                            ": without --api_keys_file the API is open, so the router binds only "
+                            "loopback; give keys, or --allow_unauthenticated"));
+  }
+  if (!(o.price_input_per_mtok >= 0) || !(o.price_cached_input_per_mtok >= 0) ||
+      !(o.price_output_per_mtok >= 0) || !(o.gpus_per_worker > 0)) {
+    return bad("prices must be >= 0 and --gpus_per_worker > 0");
   }
   if (o.tool_prompt != "template" && o.tool_prompt != "hermes") {
     return bad(absl::StrCat("--tool_prompt must be template or hermes, not '", o.tool_prompt, "'"));

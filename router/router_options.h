@@ -48,6 +48,16 @@ struct RouterOptions {
   absl::Duration request_timeout = absl::Minutes(10);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   std::string auth_token_file;  // the workers' shared token ("": FERRY_AUTH_TOKEN, if set)
+  // Clients' API keys and their tenants (router/auth/api_keys.h), reloaded on SIGHUP. Without a
+  // key file the API is open, and the router binds only a loopback address unless
+  // allow_unauthenticated.
+  std::string api_keys_file;
+  bool allow_unauthenticated = false;
+  // Billing (router/billing.h): dollars per million tokens of each class, GPUs per worker.
+  double price_input_per_mtok = 0;
+  double price_cached_input_per_mtok = 0;
+  double price_output_per_mtok = 0;
+  double gpus_per_worker = 1;
   absl::Duration shutdown_grace = absl::Seconds(30);
 };
 

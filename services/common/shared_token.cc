@@ -13,7 +13,9 @@ namespace {
 constexpr char kMetadataKey[] = "authorization";
 constexpr char kBearer[] = "Bearer ";
 
-bool ConstantTimeEqual(const std::string& a, const std::string& b) {
+}  // namespace
+
+bool ConstantTimeEqual(absl::string_view a, absl::string_view b) {
   // The length is not secret (the minimum is public); the bytes are compared in full.
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
@@ -22,8 +24,6 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   }
   return diff == 0;
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> LoadSharedToken(const std::string& file, const char* env_var) {
   std::string token;

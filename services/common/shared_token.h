@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/server_context.h"
 
@@ -24,6 +25,10 @@ namespace ferry {
 
 inline constexpr char kSharedTokenEnv[] = "FERRY_AUTH_TOKEN";
 inline constexpr size_t kMinSharedTokenBytes = 16;
+
+// Whether a == b, taking the same time for every pair of equal-length strings (secrets are
+// compared with it).
+bool ConstantTimeEqual(absl::string_view a, absl::string_view b);
 
 // The configured token ("" when none is configured).
 absl::StatusOr<std::string> LoadSharedToken(const std::string& file,

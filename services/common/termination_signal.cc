@@ -18,6 +18,7 @@ sigset_t TerminationSet() {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   return set;
 }
 
@@ -52,6 +53,20 @@ void TerminationSignal::Run() {
     int signal_number = 0;
     if (sigwait(&set, &signal_number) != 0) continue;
     if (stopping_) return;
+    if (signal_number == SIGHUP) {
+      std::function<void()> callback;
+      {
+        std::lock_guard<std::mutex> lock(hangup_mu_);
+        callback = on_hangup_;
+      }
+      if (callback) {
+        LOG(INFO) << "received SIGHUP: reloading";
+        callback();
+      } else {
+        LOG(INFO) << "received SIGHUP: nothing to reload, ignored";
+      }
+      continue;
+    }
     if (notified_.load()) {
       // Second signal: the operator does not want to wait for the drain.
       static constexpr char kMessage[] = "second termination signal: exiting now\n";
@@ -80,5 +95,10 @@ int TerminationSignal::WaitFor(absl::Duration timeout) {
 }
 
 void TerminationSignal::Trigger() { NotifyOnce(0); }
+
+void TerminationSignal::OnHangup(std::function<void()> callback) {
+  std::lock_guard<std::mutex> lock(hangup_mu_);
+  on_hangup_ = std::move(callback);
+}
 
 }  // namespace ferry

@@ -5,6 +5,9 @@
 // A second SIGTERM/SIGINT while the first is being handled exits the process at once with
 // status 128 + signal, the usual "press Ctrl-C twice" escape.
 //
+// SIGHUP (a daemon's "reload your configuration") calls the OnHangup callback, on the signal
+// thread; without one it is logged and ignored (it no longer kills the process).
+//
 // Install() must run in main() before any other thread starts: it blocks the signals in the
 // calling thread, and threads created later inherit that mask, so the signals reach only the
 // dedicated sigwait thread instead of interrupting arbitrary threads.
@@ -15,7 +18,9 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -42,6 +47,9 @@ class TerminationSignal {
   // Requests termination from inside the process (admin endpoint, tests).
   void Trigger();
 
+  // What SIGHUP does from now on (replaces the previous callback).
+  void OnHangup(std::function<void()> callback);
+
  private:
   TerminationSignal() = default;
   void Run();
@@ -51,6 +59,8 @@ class TerminationSignal {
   absl::Notification notification_;
   std::atomic<int> signal_{0};
   std::atomic<bool> stopping_{false};
+  std::mutex hangup_mu_;
+  std::function<void()> on_hangup_;
   std::thread thread_;
   pthread_t thread_handle_{};
 };

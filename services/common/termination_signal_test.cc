@@ -18,6 +18,17 @@ TEST(TerminationSignalTest, SigtermIsDeliveredToWait) {
   EXPECT_TRUE((*signal)->triggered());
 }
 
+TEST(TerminationSignalTest, SighupCallsTheReloadCallbackAndDoesNotTerminate) {
+  auto signal = TerminationSignal::Install();
+  ASSERT_TRUE(signal.ok());
+  ASSERT_EQ(kill(getpid(), SIGHUP), 0);  // no callback yet: ignored, the process lives
+  absl::Notification reloaded;
+  (*signal)->OnHangup([&] { reloaded.Notify(); });
+  ASSERT_EQ(kill(getpid(), SIGHUP), 0);
+  EXPECT_TRUE(reloaded.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE((*signal)->triggered());
+}
+
 TEST(TerminationSignalTest, OnlyOneInstanceAtATime) {
   auto first = TerminationSignal::Install();
   ASSERT_TRUE(first.ok());

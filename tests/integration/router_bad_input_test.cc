@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -314,6 +315,67 @@ TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
   EXPECT_EQ(
       MetricValue(worker_->admin_port(), "ferry_worker_requests_total{outcome=\"completed\"}"), 0);
   ExpectWorks();
+}
+
+// A router with a key file: every way of not presenting a valid key is a 401 with an OpenAI
+// error body that never repeats what was sent; the right key in either header passes.
+TEST_F(RouterBadInputTest, RequestsWithoutAValidKeyAre401) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string keys = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/bad_input_keys.json");
+  {
+    std::ofstream f(keys);
+    f << R"({"keys": [{"key": "sk-good-0123456789abcdef", "tenant": "acme"}]})";
+  }
+  ServiceProcess router(g_router,
+                        {absl::StrCat("--model=", std::getenv("FERRY_MODEL_GGUF")),
+                         "--served_model_name=smol", absl::StrCat("--api_keys_file=", keys),
+                         absl::StrCat("--workers=127.0.0.1:", worker_->grpc_port())});
+  ASSERT_TRUE(router.ready()) << router.LogTail();
+  const std::string chat = Chat(R"(,"max_tokens":2)");
+  struct AuthCase {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> headers;
+    std::string code;
+  };
+  const std::vector<AuthCase> cases = {
+      {"no key", {}, "missing_api_key"},
+      {"empty bearer", {{"Authorization", "Bearer "}}, "invalid_api_key"},
+      {"basic auth", {{"Authorization", "Basic c2stZ29vZDpwdw=="}}, "invalid_api_key"},
+      {"bearer without a space",
+       {{"Authorization", "Bearersk-good-0123456789abcdef"}},
+       "invalid_api_key"},
+      {"wrong key", {{"Authorization", "Bearer sk-evil-0123456789abcdef"}}, "invalid_api_key"},
+      {"a prefix of the key",
+       {{"Authorization", "Bearer sk-good-0123456789abcde"}},
+       "invalid_api_key"},
+      {"wrong key in x-api-key", {{"x-api-key", "sk-evil-0123456789abcdef"}}, "invalid_api_key"},
+      {"key in the wrong header", {{"api-key", "sk-good-0123456789abcdef"}}, "missing_api_key"},
+      {"key as a cookie", {{"Cookie", "key=sk-good-0123456789abcdef"}}, "missing_api_key"},
+  };
+  for (const AuthCase& c : cases) {
+    for (const std::string& path :
+         {std::string("/v1/chat/completions"), std::string("/v1/models")}) {
+      std::vector<std::pair<std::string, std::string>> headers = c.headers;
+      headers.emplace_back("x-request-id", "auth-1");
+      const Reply r = Send(router.grpc_port(), path == "/v1/models" ? "GET" : "POST", path,
+                           path == "/v1/models" ? "" : chat, headers);
+      ASSERT_EQ(r.status, 401) << c.name << " " << path << ": " << r.body;
+      nlohmann::json body = nlohmann::json::parse(r.body, nullptr, false);
+      ASSERT_TRUE(body.is_object() && body.contains("error")) << c.name;
+      EXPECT_EQ(body["error"]["code"], c.code) << c.name;
+      EXPECT_EQ(body["error"]["type"], "authentication_error") << c.name;
+      EXPECT_EQ(body["error"]["trace_id"], "auth-1") << c.name;
+      EXPECT_EQ(r.body.find("sk-"), std::string::npos) << c.name << ": " << r.body;
+    }
+  }
+  for (const auto& header : std::vector<std::pair<std::string, std::string>>{
+           {"Authorization", "Bearer sk-good-0123456789abcdef"},
+           {"authorization", "bearer sk-good-0123456789abcdef"},
+           {"x-api-key", "sk-good-0123456789abcdef"}}) {
+    const Reply r = Send(router.grpc_port(), "POST", "/v1/chat/completions", chat, {header});
+    EXPECT_EQ(r.status, 200) << header.first << ": " << r.body;
+  }
+  EXPECT_EQ(router.LogTail(100000).find("sk-evil"), std::string::npos) << "a key was logged";
 }
 
 TEST_F(RouterBadInputTest, OversizedHeadersAndBodiesAreRefusedAtTheDoor) {

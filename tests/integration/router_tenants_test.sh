@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# API keys, tenants, rate limits and billing through the openai SDK (router_tenants_test.py), on a
+# null worker with the tokenizer of a tiny test model made with tools/make_tiny_model.
+set -euo pipefail
+router="$1"; worker="$2"; make_tiny_model="$3"; script="$4"
+source "${TEST_SRCDIR}/ferry/tools/testing/require_env.sh" FERRY_CLIENT_PYTHON FERRY_REF_PYTHON
+"${FERRY_REF_PYTHON}" "${make_tiny_model}" models "${TEST_TMPDIR}/models" >"${TEST_TMPDIR}/make.log" 2>&1 ||
+  { cat "${TEST_TMPDIR}/make.log" >&2; exit 1; }
+exec "${FERRY_CLIENT_PYTHON}" "${script}" "${router}" "${worker}" "${TEST_TMPDIR}/models/llama_gqa_bf16"
