@@ -57,12 +57,12 @@ PromptBuilder::PromptBuilder(const Tokenizer* tokenizer, const ChatTemplate* cha
                              ToolSetup tools)
     : tokenizer_(tokenizer), chat_template_(chat_template), tools_(std::move(tools)) {}
 
-ChatTemplateInputs PromptBuilder::TemplateInputs(const ApiRequest& request) const {
+ChatTemplateInputs TemplateInputs(const ApiRequest& request, const ToolSetup& setup) {
   ChatTemplateInputs inputs;
   const bool show_tools =
       !request.tools.empty() && request.tool_choice.mode != ApiToolChoice::Mode::kNone;
-  const bool hermes = tools_.hermes_prompt;
-  const bool string_arguments = tools_.format == ToolCallFormat::kDeepSeek;
+  const bool hermes = setup.hermes_prompt;
+  const bool string_arguments = setup.format == ToolCallFormat::kDeepSeek;
   Json& messages = inputs.messages;
   bool in_results = false;  // hermes: the last message is a user turn of tool results
   for (const ApiMessage& m : request.messages) {
@@ -117,16 +117,18 @@ ChatTemplateInputs PromptBuilder::TemplateInputs(const ApiRequest& request) cons
     for (const ApiTool& tool : request.tools) inputs.tools.push_back(ToolJson(tool));
   }
   inputs.add_generation_prompt = true;
+  return inputs;
+}
+
+ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltPrompt* out) const {
+  ChatTemplateInputs inputs;
+  if (request.kind == ApiKind::kChatCompletion) inputs = TemplateInputs(request, tools_);
   if (tokenizer_->bos_id().has_value()) {
     inputs.bos_token = tokenizer_->TokenString(*tokenizer_->bos_id());
   }
   if (tokenizer_->eos_id().has_value()) {
     inputs.eos_token = tokenizer_->TokenString(*tokenizer_->eos_id());
   }
-  return inputs;
-}
-
-ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltPrompt* out) const {
   auto invalid = [](const std::string& param, const std::string& message,
                     const std::string& code = "") {
     return ApiError{absl::InvalidArgumentError(message), param, code};
@@ -145,7 +147,7 @@ ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltP
                      "unsupported_parameter");
     }
     out->tools_rendered = show_tools;
-    auto prompt = chat_template_->Apply(TemplateInputs(request));
+    auto prompt = chat_template_->Apply(inputs);
     if (!prompt.ok()) {
       return invalid("messages", absl::StrCat("the chat template refused the messages: ",
                                               prompt.status().message()));

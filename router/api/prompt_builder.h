@@ -46,6 +46,10 @@ struct ToolSetup {
   bool hermes_prompt = false;            // the builder writes the tools (and the format is Hermes)
 };
 
+// A chat request's messages and tools as the chat template takes them (what Build renders, but
+// for the bos/eos strings, which come from the tokenizer).
+ChatTemplateInputs TemplateInputs(const ApiRequest& request, const ToolSetup& tools);
+
 class PromptBuilder {
  public:
   // `chat_template` may be null (then chat requests are refused). Both must outlive the builder.
@@ -58,9 +62,6 @@ class PromptBuilder {
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ToolSetup& tool_setup() const { return tools_; }
-
-  // The messages and tools as the chat template takes them (what Build renders).
-  ChatTemplateInputs TemplateInputs(const ApiRequest& request) const;
 
  private:
   const Tokenizer* const tokenizer_;
