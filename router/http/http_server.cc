@@ -464,6 +464,10 @@ void HttpServer::Impl::Accept() {
   acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || shutting_down_) return;
     if (!ec) {
+      // A stream's header and its events are small writes that must leave at once: with Nagle's
+      // algorithm each waited for the client's delayed ACK (40 ms on Linux) before going out.
+      beast::error_code no_delay;
+      socket.set_option(tcp::no_delay(true), no_delay);
       if (options_.socket_send_buffer_bytes > 0) {
         beast::error_code ignored;
         socket.set_option(asio::socket_base::send_buffer_size(options_.socket_send_buffer_bytes),
