@@ -112,7 +112,7 @@ TEST(CrashTest, KillNineTwentyTimes) {
       ::_exit(127);
     }
     ::close(out[1]);
-    // Read acknowledgements for a random 30..300 ms after "ready", then kill.
+    // Read acknowledgements for a random 30..300 ms after the first one, then kill.
     std::string buffer;
     bool ready = false;
     auto& acked = ledger.acked[run];
@@ -146,6 +146,12 @@ TEST(CrashTest, KillNineTwentyTimes) {
       read_some(100);
     }
     ASSERT_TRUE(ready) << "run " << run << ": the writer did not start";
+    // The kill lands a random time after the first acknowledgement (on a loaded machine the
+    // first put can take longer than the whole window).
+    while (acked.empty() && std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+      read_some(100);
+    }
+    ASSERT_FALSE(acked.empty()) << "run " << run << ": the writer acknowledged nothing in 60 s";
     const auto kill_at = std::chrono::steady_clock::now() +
                          std::chrono::milliseconds(30 + static_cast<int>(rng() % 270));
     while (std::chrono::steady_clock::now() < kill_at) read_some(5);
@@ -196,6 +202,15 @@ TEST(CrashTest, PowerCutTwentyTimes) {
             acked.insert(i);
           }
         });
+      }
+      // The power goes a random time after the first acknowledgement (on a loaded machine the
+      // first put can take longer than the whole window).
+      for (int waited = 0; waited < 60000; ++waited) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!acked.empty()) break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 200));
       dropped = fault.Crash();
