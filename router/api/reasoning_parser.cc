@@ -4,32 +4,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
+#include "router/api/streamed_text.h"
 
 namespace ferry {
-namespace {
-
-// The longest prefix of `s` that does not end inside a UTF-8 character.
-size_t Utf8SafeLength(absl::string_view s) {
-  size_t start = s.size();
-  for (int back = 0; back < 4 && start > 0; ++back) {
-    --start;
-    const auto c = static_cast<unsigned char>(s[start]);
-    if ((c & 0xC0) != 0x80) {
-      const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-      return s.size() - start >= need ? s.size() : start;
-    }
-  }
-  return s.size();
-}
-
-size_t MarkerPrefixAtEnd(absl::string_view s, absl::string_view marker) {
-  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n) {
-    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
-  }
-  return 0;
-}
-
-}  // namespace
 
 bool ReasoningParser::PromptOpensBlock(absl::string_view prompt) {
   const size_t open = prompt.rfind(kOpen);

@@ -8,37 +8,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "router/api/streamed_text.h"
 
 namespace ferry {
 namespace {
-
-// The longest prefix of `s` that does not end inside a UTF-8 character (bytes that cannot start
-// or continue one count as complete: they are passed on, not held forever).
-size_t Utf8SafeLength(absl::string_view s) {
-  size_t start = s.size();
-  for (int back = 0; back < 4 && start > 0; ++back) {
-    --start;
-    const auto c = static_cast<unsigned char>(s[start]);
-    if ((c & 0xC0) != 0x80) {  // the last character's first byte
-      const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-      return s.size() - start >= need ? s.size() : start;
-    }
-  }
-  return s.size();
-}
-
-// How many bytes at the end of `s` could begin `marker` (to be held until the next piece).
-size_t MarkerPrefixAtEnd(absl::string_view s, absl::string_view marker) {
-  for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n) {
-    if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
-  }
-  return 0;
-}
-
-// Whether `s` is a proper prefix of `marker` (more text may complete it).
-bool CouldBegin(absl::string_view s, absl::string_view marker) {
-  return s.size() < marker.size() && marker.substr(0, s.size()) == s;
-}
 
 bool IsSpace(char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); }
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -317,12 +318,21 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     writing_ = true;
+    // Everything queued goes in one gathered write (a stream's events pile up while a write is
+    // in flight: one syscall for all of them, not one each).
+    inflight_.clear();
+    buffers_.clear();
+    while (!writes_.empty()) {
+      inflight_.push_back(std::move(writes_.front()));
+      writes_.pop_front();
+    }
+    for (const std::string& w : inflight_) buffers_.emplace_back(w.data(), w.size());
     stream_.expires_after(absl::ToChronoMilliseconds(server_->options().write_timeout));
-    asio::async_write(stream_, asio::buffer(writes_.front()),
+    asio::async_write(stream_, buffers_,
                       [self = shared_from_this()](beast::error_code ec, size_t n) {
                         if (ec) return self->Close();
                         self->pending_bytes_ -= n;
-                        self->writes_.pop_front();
+                        self->inflight_.clear();
                         self->WriteNext();
                       });
   }
@@ -376,6 +386,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   uint64_t request_number_ = 0;
   std::deque<std::string> writes_;
+  std::vector<std::string> inflight_;        // the write in flight's pieces
+  std::vector<asio::const_buffer> buffers_;  // ... as buffers
   size_t pending_bytes_ = 0;
   std::function<void()> on_close_;
 };

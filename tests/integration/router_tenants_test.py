@@ -12,14 +12,11 @@ finishes; and the billing figures (/billing and the Prometheus counters) equal, 
 usage every client was told, the revenue the prices times those counters, revenue per GPU-hour the
 revenue over the GPU time. Every process started is killed at the end (PR_SET_PDEATHSIG too).
 """
-import ctypes
 import json
 import math
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 import unittest
 import urllib.error
@@ -27,9 +24,10 @@ import urllib.request
 
 import openai
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ferry_services import TMP, start, stop_all  # noqa: E402
+
 ROUTER, WORKER, MODEL = sys.argv[1:4]
-TMP = os.environ.get("TEST_TMPDIR", tempfile.gettempdir())
-PROCESSES = []
 KEYS = {"acme": "sk-acme-0123456789abcdef", "lab": "sk-lab-0123456789abcdef0",
         "slow": "sk-slow-0123456789abcdef", "gone": "sk-gone-0123456789abcdef"}
 PRICES = {"input": 2.0, "cached_input": 0.5, "output": 8.0}  # dollars per million tokens
@@ -37,23 +35,6 @@ KEY_FILE = os.path.join(TMP, "keys.json")
 BILLED = {}  # tenant -> {"input", "cached_input", "output"}: what the clients were told
 PROMPT = ("The quick brown fox jumps over the lazy dog while the cat watches from the warm "
           "windowsill, thinking about fish and the long afternoon ahead of it.")
-
-
-def _die_with_parent():
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def start(binary, args, name):
-    log = open(os.path.join(TMP, name + ".log"), "w")
-    p = subprocess.Popen([binary] + args, stdout=subprocess.PIPE, stderr=log,
-                         preexec_fn=_die_with_parent, text=True)
-    log.close()
-    PROCESSES.append(p)
-    ports = dict(kv.split("=") for kv in p.stdout.readline().split())
-    if not ports:
-        raise RuntimeError(f"{name} did not start: {open(log.name).read()[-3000:]}")
-    return p, {k: int(v) for k, v in ports.items()}
 
 
 def write_keys(tenants_with_keys):
@@ -125,11 +106,7 @@ def setUpModule():
 
 
 def tearDownModule():
-    for p in PROCESSES:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        p.stdout.close()
+    stop_all()
 
 
 class TenantsTest(unittest.TestCase):

@@ -14,23 +14,19 @@ parallel_tool_calls. A template with no tool format refuses tools with a 400 unl
 writes a Hermes system prompt (--tool_prompt=hermes). Every process started is killed at the end,
 also when a check fails or this script dies (PR_SET_PDEATHSIG).
 """
-import ctypes
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import unittest
 import urllib.request
 
 import openai
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ferry_services import TMP, start, stop_all  # noqa: E402
+
 ROUTER, WORKER, MODELS, TEMPLATES = sys.argv[1:5]
-TMP = os.environ.get("TEST_TMPDIR", tempfile.gettempdir())
-PROCESSES = []
 ADMIN = {}  # stack name -> the router's admin port
 
 WEATHER = {"type": "function", "function": {
@@ -76,32 +72,6 @@ PLAIN_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + 
                 "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def _die_with_parent():
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def start(binary, args, name):
-    """Starts a Ferry service; returns its {port name: port} once it printed its ports."""
-    log = open(os.path.join(TMP, name + ".log"), "w")
-    p = subprocess.Popen([binary] + args, stdout=subprocess.PIPE, stderr=log,
-                         preexec_fn=_die_with_parent, text=True)
-    log.close()  # the child has its own descriptor
-    PROCESSES.append(p)
-    ports = dict(kv.split("=") for kv in p.stdout.readline().split())
-    if not ports:
-        raise RuntimeError(f"{name} did not start: {open(log.name).read()[-3000:]}")
-    return {k: int(v) for k, v in ports.items()}
-
-
-def stop_all():
-    for p in PROCESSES:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        p.stdout.close()
-
-
 def model_dir(name, template_source, special_markers=()):
     """The tiny Llama's tokenizer and config (a long context: tool prompts are long) with
     `template_source` as its chat template and `special_markers` added as special tokens (as
@@ -137,10 +107,10 @@ def stack(name, template_source, first_reply, router_flags=(), special_markers=(
     script = os.path.join(TMP, f"script_{name}.json")
     with open(script, "w") as f:
         json.dump([{"reply": first_reply}, {"when": RESULT, "reply": ANSWER}], f)
-    w = start(WORKER, [f"--model={d}", "--engine=null", f"--null_script={script}",
+    _, w = start(WORKER, [f"--model={d}", "--engine=null", f"--null_script={script}",
                        "--null_token_seconds=0", "--block_tokens=16", "--kv_pool_bytes=8MiB"],
               f"worker_{name}")
-    r = start(ROUTER, [f"--model={d}", "--served_model_name=tiny",
+    _, r = start(ROUTER, [f"--model={d}", "--served_model_name=tiny",
                        f"--workers=127.0.0.1:{w['grpc_port']}"] + list(router_flags),
               f"router_{name}")
     for _ in range(600):
