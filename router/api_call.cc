@@ -245,8 +245,9 @@ void ApiCall::StartParsers(const BuiltPrompt& prompt) {
   if (kind_ != ApiKind::kChatCompletion) return;
   const ToolSetup& setup = context_.prompts->tool_setup();
   for (ChoiceParsers& p : parsers_) {
-    if (context_.reasoning)
+    if (context_.reasoning) {
       p.reasoning = std::make_unique<ReasoningParser>(prompt.reasoning_started);
+    }
     if (!prompt.tools_rendered || !setup.format.has_value()) continue;
     ToolCallParserOptions options;
     if (request_.tool_choice.mode == ApiToolChoice::Mode::kFunction) {
