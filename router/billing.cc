@@ -16,14 +16,14 @@ Billing::Billing(Prices prices, double gpus_per_worker, Clock* clock,
                   .Help("The billed tokens at the configured prices per million.")
                   .Register(registry)
                   .Add({});
-  gpu_hours_gauge_ = &prometheus::BuildGauge()
-                          .Name("ferry_router_gpu_hours_total")
-                          .Help("GPU time of the pool so far: workers up x GPUs per worker.")
-                          .Register(registry)
-                          .Add({});
+  gpu_seconds_ = &prometheus::BuildCounter()
+                      .Name("ferry_router_gpu_seconds_total")
+                      .Help("GPU time of the pool so far: workers up x GPUs per worker.")
+                      .Register(registry)
+                      .Add({});
   per_gpu_hour_ = &prometheus::BuildGauge()
                        .Name("ferry_router_revenue_per_gpu_hour")
-                       .Help("Revenue per GPU-hour: revenue_dollars_total / gpu_hours_total.")
+                       .Help("Revenue per GPU-hour: revenue_dollars_total over GPU-hours.")
                        .Register(registry)
                        .Add({});
   since_ = clock_->Monotonic();
@@ -38,9 +38,11 @@ double Billing::Revenue(const Tokens& t) const {
 
 void Billing::Advance() {
   const absl::Duration now = clock_->Monotonic();
-  gpu_hours_ += static_cast<double>(up_) * gpus_per_worker_ * absl::ToDoubleHours(now - since_);
+  const double gpu_seconds =
+      static_cast<double>(up_) * gpus_per_worker_ * absl::ToDoubleSeconds(now - since_);
   since_ = now;
-  gpu_hours_gauge_->Set(gpu_hours_);
+  gpu_hours_ += gpu_seconds / 3600;
+  gpu_seconds_->Increment(gpu_seconds);
   per_gpu_hour_->Set(gpu_hours_ > 0 ? revenue_total_ / gpu_hours_ : 0);
 }
 

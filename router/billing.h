@@ -5,8 +5,8 @@
 //
 //   ferry_router_billable_tokens_total{tenant,model,class}   the tokens clients were told of
 //   ferry_router_revenue_dollars_total                       the tokens at the configured prices
-//   ferry_router_gpu_hours_total                             the pool's GPU time so far
-//   ferry_router_revenue_per_gpu_hour                        the two above, divided
+//   ferry_router_gpu_seconds_total                           the pool's GPU time so far
+//   ferry_router_revenue_per_gpu_hour                        revenue over GPU-hours
 //
 // Report() is the same as JSON (the admin port's /billing), every figure from one snapshot.
 // The gauges are refreshed on every Record, WorkersUp and Report.
@@ -62,7 +62,7 @@ class Billing {
   Clock* const clock_;
   prometheus::Family<prometheus::Counter>* tokens_family_;
   prometheus::Counter* revenue_;
-  prometheus::Gauge* gpu_hours_gauge_;
+  prometheus::Counter* gpu_seconds_;
   prometheus::Gauge* per_gpu_hour_;
 
   std::mutex mu_;

@@ -94,7 +94,9 @@ class MultiNodeTest : public ::testing::Test {
     std::vector<bool> found(n);
     for (int i = 0; i < n; ++i) {
       found[i] = got[i].found;
-      if (got[i].found) EXPECT_EQ(got[i].value, Value(i)) << "object " << i;
+      if (got[i].found) {
+        EXPECT_EQ(got[i].value, Value(i)) << "object " << i;
+      }
     }
     return found;
   }
