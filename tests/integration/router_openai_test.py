@@ -17,58 +17,22 @@ to an aggregated one (one worker behind another router): the same requests give 
 logprobs and finish reasons on both, streamed or not, and cached_tokens is exact on the
 disaggregated one (the prompt blocks the prefill worker reused).
 """
-import ctypes
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import unittest
 import urllib.request
 
 import openai
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ferry_services import get, start, stop_all  # noqa: E402
+
 ROUTER, WORKER, MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
 SMOLLM2 = "--smollm2" in sys.argv
 PD = "--pd" in sys.argv
 BLOCK_TOKENS = 16
-PROCESSES = []
-
-
-def _die_with_parent():
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def start(binary, args, name):
-    """Starts a Ferry service; returns (process, {port name: port}) once it printed its ports."""
-    log = open(os.path.join(os.environ.get("TEST_TMPDIR", tempfile.gettempdir()), name + ".log"),
-               "w")
-    p = subprocess.Popen([binary] + args, stdout=subprocess.PIPE, stderr=log,
-                         preexec_fn=_die_with_parent, text=True)
-    PROCESSES.append(p)
-    line = p.stdout.readline()
-    ports = dict(kv.split("=") for kv in line.split())
-    if not ports:
-        raise RuntimeError(f"{name} did not start: {open(log.name).read()[-3000:]}")
-    return p, {k: int(v) for k, v in ports.items()}
-
-
-def stop_all():
-    for p in PROCESSES:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
-def get(url):
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 class Stack:
