@@ -93,6 +93,16 @@ std::string SendRaw(int port, const std::string& bytes, absl::Duration wait = ab
   return out;
 }
 
+// Waits (up to 10 s) for the router's /readyz, which turns 200 once it watches a worker that is
+// up: "ready" on stdout only means it listens.
+bool SeesAWorker(const ServiceProcess& router) {
+  for (int i = 0; i < 500; ++i) {
+    if (HttpGet(router.admin_port(), "/readyz") == 200) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
 class RouterBadInputTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -109,10 +119,7 @@ class RouterBadInputTest : public ::testing::Test {
                    "--max_body_bytes=128KiB", "--max_header_bytes=4KiB",
                    "--max_stream_buffer_bytes=32KiB", "--threads=2", "--max_tools_bytes=8KiB"});
     ASSERT_TRUE(router_->ready()) << router_->LogTail();
-    for (int i = 0; i < 500 && HttpGet(router_->admin_port(), "/readyz") != 200; ++i) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    ASSERT_EQ(HttpGet(router_->admin_port(), "/readyz"), 200);
+    ASSERT_TRUE(SeesAWorker(*router_)) << router_->LogTail();
   }
   static void TearDownTestSuite() {
     delete router_;
@@ -333,6 +340,7 @@ TEST_F(RouterBadInputTest, RequestsWithoutAValidKeyAre401) {
                          "--served_model_name=smol", absl::StrCat("--api_keys_file=", keys),
                          absl::StrCat("--workers=127.0.0.1:", worker_->grpc_port())});
   ASSERT_TRUE(router.ready()) << router.LogTail();
+  ASSERT_TRUE(SeesAWorker(router)) << router.LogTail();
   const std::string chat = Chat(R"(,"max_tokens":2)");
   struct AuthCase {
     std::string name;
