@@ -29,6 +29,7 @@
 #include "router/registry/worker_registry.h"
 #include "router/router_metrics.h"
 #include "services/common/admin_server.h"
+#include "services/common/completion_thread.h"
 #include "services/common/http_status.h"
 #include "services/common/metrics.h"
 #include "services/common/shared_token.h"
@@ -161,7 +162,11 @@ class Router::Impl {
                options_.price_output_per_mtok},
         options_.gpus_per_worker, &RealClock(), *registry_metrics_);
     limiter_ = std::make_unique<RateLimiter>(&RealClock());
+    for (int i = 0; i < options_.dispatch_threads; ++i) {
+      completions_.push_back(std::make_unique<CompletionThread>(absl::StrCat("dispatch-", i)));
+    }
     RegistryOptions ro;
+    ro.completions = completions_[0].get();
     ro.heartbeat_timeout = options_.heartbeat_timeout;
     ro.auth_token = token;
     if (!options_.model_fingerprint.empty()) {
@@ -173,6 +178,7 @@ class Router::Impl {
     dopts.max_queued = options_.max_queued;
     dopts.max_retries = options_.max_retries;
     dopts.auth_token = token;
+    for (auto& c : completions_) dopts.completions.push_back(c.get());
     DispatchObserver observer;
     RouterMetrics* m = metrics_.get();
     observer.routed = [m](const std::string& policy, const std::string& worker) {
@@ -442,6 +448,10 @@ class Router::Impl {
   int64_t created_ = 0;
   std::shared_ptr<prometheus::Registry> registry_metrics_;
   std::unique_ptr<RouterMetrics> metrics_;
+  // Where every call to the workers completes (watch streams, Generate streams, prefills): one
+  // thread polls the connections and runs what arrived (destroyed after the registry and the
+  // dispatcher, once their calls are done).
+  std::vector<std::unique_ptr<CompletionThread>> completions_;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<RoutingPolicy> policy_;
   std::unique_ptr<Dispatcher> dispatcher_;

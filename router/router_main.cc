@@ -50,6 +50,8 @@ ABSL_FLAG(std::string, model_fingerprint, "",
 ABSL_FLAG(std::string, host, "127.0.0.1", "API listen address");
 ABSL_FLAG(int, port, 0, "API port (0: any free port)");
 ABSL_FLAG(int, threads, 2, "HTTP I/O threads");
+ABSL_FLAG(int, dispatch_threads, 1,
+          "threads that run the streams to the workers (each stream's events on one)");
 ABSL_FLAG(int, max_connections, 1024, "open connections at most");
 ABSL_FLAG(std::string, max_header_bytes, "16KiB", "request header size at most (431 beyond)");
 ABSL_FLAG(std::string, max_body_bytes, "8MiB", "request body size at most (413 beyond)");
@@ -132,6 +134,7 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(admin_port, admin_port);
   FROM_FLAG(max_queued, max_queued);
   FROM_FLAG(max_retries, max_retries);
+  FROM_FLAG(dispatch_threads, dispatch_threads);
   FROM_FLAG(max_n, max_n);
   if (Given("max_tools_bytes")) {
     o.max_tools_bytes = Bytes("max_tools_bytes", absl::GetFlag(FLAGS_max_tools_bytes));

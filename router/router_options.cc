@@ -45,6 +45,9 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   i = o->max_retries;
   RETURN_IF_ERROR(c.Read("max_retries", &i));
   o->max_retries = i;
+  i = o->dispatch_threads;
+  RETURN_IF_ERROR(c.Read("dispatch_threads", &i));
+  o->dispatch_threads = i;
   RETURN_IF_ERROR(c.Read("max_n", &o->max_n));
   RETURN_IF_ERROR(c.ReadByteSize("max_tools_bytes", &o->max_tools_bytes));
   RETURN_IF_ERROR(c.ReadDuration("request_timeout", &o->request_timeout));
@@ -104,8 +107,9 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
   if (o.http.port < 0 || o.http.port > 65535 || o.admin_port < 0 || o.admin_port > 65535) {
     return bad("--port and --admin_port must be in [0, 65535]");
   }
-  if (o.http.threads < 1 || o.http.max_connections < 1) {
-    return bad("--threads and --max_connections must be positive");
+  if (o.http.threads < 1 || o.http.max_connections < 1 || o.dispatch_threads < 1 ||
+      o.dispatch_threads > 64) {
+    return bad("--threads and --max_connections must be positive, --dispatch_threads in [1, 64]");
   }
   if (o.http.max_header_bytes < 1024 || o.http.max_body_bytes < 1024) {
     return bad("--max_header_bytes and --max_body_bytes must be at least 1KiB");

@@ -43,6 +43,7 @@ struct RouterOptions {
 
   int64_t max_queued = 256;  // requests waiting for a worker; more get 429
   int max_retries = 2;       // other workers tried before a first token
+  int dispatch_threads = 1;  // threads that run the worker streams (CompletionThreads)
   int32_t max_n = 16;
   uint64_t max_tools_bytes = 256 << 10;  // a request's tool definitions (their JSON) at most
   absl::Duration request_timeout = absl::Minutes(10);

@@ -139,10 +139,60 @@ absl::StatusOr<SamplerState> SamplerState::FromCounts(
   return state;
 }
 
+namespace {
+
+// `out` with its logprob and top logprobs, when asked: log-softmax of the raw logits.
+SampledToken WithLogprobs(absl::Span<const float> logits, const SamplingParams& params,
+                          SampledToken out) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  if (params.top_logprobs >= 0) {
+    double max = -std::numeric_limits<double>::infinity();
+    for (float v : logits) {
+      if (!std::isnan(v)) max = std::max(max, static_cast<double>(v));
+    }
+    double sum = 0;
+    for (float v : logits) {
+      if (!std::isnan(v)) sum += std::exp(static_cast<double>(v) - max);
+    }
+    const double lse = max + std::log(sum);
+    auto logprob = [&](TokenId t) {
+      return std::isnan(logits[t]) ? -std::numeric_limits<float>::infinity()
+                                   : static_cast<float>(static_cast<double>(logits[t]) - lse);
+    };
+    out.logprob = logprob(out.token);
+    if (params.top_logprobs > 0) {
+      thread_local std::vector<int32_t> order;
+      order.resize(vocab);
+      for (int32_t t = 0; t < vocab; ++t) order[t] = t;
+      thread_local std::vector<float> raw;
+      raw.assign(logits.begin(), logits.end());
+      for (float& v : raw) {
+        if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+      }
+      const int32_t n = std::min(params.top_logprobs, vocab);
+      std::partial_sort(order.begin(), order.begin() + n, order.end(), Ranked{raw.data()});
+      for (int32_t i = 0; i < n; ++i) out.top.emplace_back(order[i], logprob(order[i]));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 SampledToken Sample(absl::Span<const float> logits, const SamplingParams& params,
                     const PromptTokenSet& prompt_tokens, const SamplerState& state, uint64_t choice,
                     absl::Span<const TokenId> suppressed) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
+  SampledToken out;
+  if (params.temperature == 0.0f && params.logit_bias.empty() &&
+      params.repetition_penalty == 1.0f && params.frequency_penalty == 0.0f &&
+      params.presence_penalty == 0.0f && suppressed.empty() && vocab > 0) {
+    // Greedy on the logits as they are (the common case, without the copy below): the same
+    // token, since a NaN is never the maximum and nothing above -inf means token 0 either way.
+    out.token = ArgMax(logits);
+    if (!(logits[out.token] > -std::numeric_limits<float>::infinity())) out.token = 0;
+    return WithLogprobs(logits, params, out);
+  }
   thread_local std::vector<float> l;
   l.assign(logits.begin(), logits.end());
   for (float& v : l) {
@@ -176,7 +226,6 @@ SampledToken Sample(absl::Span<const float> logits, const SamplingParams& params
     }
   }
 
-  SampledToken out;
   if (params.temperature == 0.0f) {
     out.token = ArgMax(l);
   } else {
@@ -245,36 +294,7 @@ SampledToken Sample(absl::Span<const float> logits, const SamplingParams& params
     }
   }
 
-  if (params.top_logprobs >= 0) {
-    double max = -std::numeric_limits<double>::infinity();
-    for (float v : logits) {
-      if (!std::isnan(v)) max = std::max(max, static_cast<double>(v));
-    }
-    double sum = 0;
-    for (float v : logits) {
-      if (!std::isnan(v)) sum += std::exp(static_cast<double>(v) - max);
-    }
-    const double lse = max + std::log(sum);
-    auto logprob = [&](TokenId t) {
-      return std::isnan(logits[t]) ? -std::numeric_limits<float>::infinity()
-                                   : static_cast<float>(static_cast<double>(logits[t]) - lse);
-    };
-    out.logprob = logprob(out.token);
-    if (params.top_logprobs > 0) {
-      thread_local std::vector<int32_t> order;
-      order.resize(vocab);
-      for (int32_t t = 0; t < vocab; ++t) order[t] = t;
-      thread_local std::vector<float> raw;
-      raw.assign(logits.begin(), logits.end());
-      for (float& v : raw) {
-        if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
-      }
-      const int32_t n = std::min(params.top_logprobs, vocab);
-      std::partial_sort(order.begin(), order.begin() + n, order.end(), Ranked{raw.data()});
-      for (int32_t i = 0; i < n; ++i) out.top.emplace_back(order[i], logprob(order[i]));
-    }
-  }
-  return out;
+  return WithLogprobs(logits, params, out);
 }
 
 }  // namespace ferry

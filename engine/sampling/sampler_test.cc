@@ -53,6 +53,25 @@ TEST(SamplerTest, GreedyAfterBiasAndPenaltiesMatchesTheFormulas) {
   EXPECT_EQ(Sample(std::vector<float>{NAN, 1.0f, 1.0f}, Greedy(), kNoPrompt, {}, 0).token, 1);
 }
 
+// Greedy without bias or penalties skips the sampler's working copy of the logits; a bias of 0 on
+// token 0 changes no value and takes the full path: the two agree, NaNs and infinities included.
+TEST(SamplerTest, PlainGreedyPicksWhatTheFullPathPicks) {
+  SamplingParams biased = Greedy();
+  biased.logit_bias = {{0, 0.0f}};
+  const std::vector<std::vector<float>> cases = {
+      {NAN, -INFINITY},         {-INFINITY, NAN}, {NAN, NAN},   {-INFINITY, -INFINITY},
+      {NAN, 2.0f, INFINITY, 3}, {-0.0f, 0.0f},    {1, 3, 3, 2}, {NAN, -INFINITY, -5.0f},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(Sample(c, Greedy(), kNoPrompt, {}, 0).token,
+              Sample(c, biased, kNoPrompt, {}, 0).token);
+  }
+  std::vector<float> large(49152, -30.0f);
+  large[49151] = 8.0f;
+  large[20000] = 8.0f;
+  EXPECT_EQ(Sample(large, Greedy(), kNoPrompt, {}, 0).token, 20000);
+}
+
 // The draw of the header, written out: candidates in index order, weights Exp((l - max) / T),
 // first whose running sum (double) exceeds u * total.
 TokenId DirectDraw(const std::vector<float>& l, const std::vector<int>& kept, float temperature,

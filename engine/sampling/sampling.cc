@@ -22,19 +22,57 @@ double UniformDraw(uint64_t seed, uint64_t choice, uint64_t index) {
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
+namespace {
+
+// The largest non-NaN value of x[0..kBlock) and -inf when there is none: lane-wise maxima
+// (`a < v ? v : a` never takes a NaN), which the compiler turns into vector compares and blends.
+// Exact, so the order of the lanes cannot change the result.
+constexpr size_t kBlock = 64;
+float BlockMax(const float* x) {
+  float lane[16];
+  for (int j = 0; j < 16; ++j) lane[j] = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < kBlock; i += 16) {
+    for (int j = 0; j < 16; ++j) lane[j] = lane[j] < x[i + j] ? x[i + j] : lane[j];
+  }
+  for (int w = 8; w > 0; w /= 2) {
+    for (int j = 0; j < w; ++j) lane[j] = lane[j] < lane[j + w] ? lane[j + w] : lane[j];
+  }
+  return lane[0];
+}
+
+}  // namespace
+
 TokenId ArgMax(absl::Span<const float> logits) {
-  size_t best = 0;
-  float best_value = -std::numeric_limits<float>::infinity();
-  bool found = false;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    if (std::isnan(logits[i])) continue;
-    if (!found || logits[i] > best_value) {
-      best = i;
-      best_value = logits[i];
-      found = true;
+  // Block by block, the first block whose maximum beats every earlier one's holds the answer:
+  // its first element equal to that maximum. Logits of -inf and NaN only (no block maximum above
+  // -inf) fall to the plain scan, which takes the first non-NaN.
+  const float* x = logits.data();
+  const size_t n = logits.size();
+  float best = -std::numeric_limits<float>::infinity();
+  size_t best_start = n;
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    const float m = BlockMax(x + i);
+    if (best < m) {
+      best = m;
+      best_start = i;
     }
   }
-  return static_cast<TokenId>(best);
+  for (; i < n; ++i) {
+    if (best < x[i]) {
+      best = x[i];
+      best_start = i;
+    }
+  }
+  if (best_start < n) {
+    for (size_t k = best_start;; ++k) {
+      if (x[k] == best) return static_cast<TokenId>(k);
+    }
+  }
+  for (size_t k = 0; k < n; ++k) {
+    if (!std::isnan(x[k])) return static_cast<TokenId>(k);
+  }
+  return 0;
 }
 
 TokenId SampleTemperature(absl::Span<const float> logits, float temperature, double u) {

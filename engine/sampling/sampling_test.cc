@@ -38,6 +38,41 @@ TEST(SamplingTest, ArgMaxTakesTheLowestIndexAmongEqualsAndSkipsNan) {
   EXPECT_EQ(ArgMax(std::vector<float>{-INFINITY, -INFINITY}), 0u);
 }
 
+// The definition, one element at a time: the first non-NaN element not smaller than any other.
+TokenId ArgMaxByDefinition(const std::vector<float>& x) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) continue;
+    bool largest = true;
+    for (size_t j = 0; j < x.size() && largest; ++j) largest = std::isnan(x[j]) || x[j] <= x[i];
+    if (largest) return static_cast<TokenId>(i);
+  }
+  return 0;
+}
+
+TEST(SamplingTest, ArgMaxAgreesWithItsDefinitionAcrossBlockEdgesTiesNansAndInfinities) {
+  uint64_t r = 7;
+  auto next = [&] { return r = SplitMix64(r); };
+  const float specials[] = {NAN, -INFINITY, INFINITY, 0.0f, -0.0f, 5.0f};
+  for (int round = 0; round < 3000; ++round) {
+    const size_t n = next() % 300;
+    std::vector<float> x(n);
+    const int mode = static_cast<int>(next() % 4);
+    for (float& v : x) {
+      const uint64_t u = next();
+      if (mode == 0) {
+        v = static_cast<float>(u % 1000) / 7.0f - 70.0f;  // distinct-ish values
+      } else if (mode == 1) {
+        v = static_cast<float>(u % 4);  // many ties
+      } else if (mode == 2) {
+        v = specials[u % 6];
+      } else {
+        v = (u % 3 == 0) ? NAN : -INFINITY;  // nothing above -inf
+      }
+    }
+    ASSERT_EQ(ArgMax(x), ArgMaxByDefinition(x)) << "round " << round << " n " << n;
+  }
+}
+
 TEST(SamplingTest, TemperatureSamplingFollowsTheSoftmax) {
   const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -3.0f};
   const float t = 0.7f;

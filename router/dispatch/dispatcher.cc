@@ -37,7 +37,7 @@ class Dispatcher::Job {
 // worker frees its reservation) and counts as a failure of the prefill worker, before the first
 // token: the request is retried elsewhere. Cancelling the stream cancels the prefill too.
 // Deletes itself when the stream and the prefill call are both done.
-class Dispatcher::Call final : public grpc::ClientReadReactor<v1::GenerateEvent> {
+class Dispatcher::Call final {
  public:
   Call(Dispatcher* dispatcher, std::shared_ptr<Job> job, const Candidate& worker,
        const std::string& token)
@@ -59,34 +59,52 @@ class Dispatcher::Call final : public grpc::ClientReadReactor<v1::GenerateEvent>
 
   const std::shared_ptr<grpc::ClientContext>& context() const { return context_; }
 
-  void Start(v1::Worker::Stub* stub) {
-    stub->async()->Generate(context_.get(), disaggregated_ ? &request_ : &job_->request.request,
-                            this);
-    StartRead(&event_);
-    StartCall();
+  // The stream: StartCall, then Read after Read until one fails, then Finish, each completing on
+  // `completions`' thread.
+  void Start(v1::Worker::Stub* stub, CompletionThread* completions) {
+    completions_ = completions;
+    reader_ = stub->PrepareAsyncGenerate(
+        context_.get(), disaggregated_ ? request_ : job_->request.request, completions->queue());
+    reader_->StartCall(&on_started_);
   }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
+ private:
+  // A step of the stream: runs `step` of the call when its operation completes.
+  class Step final : public CompletionThread::Tag {
+   public:
+    Step(Call* call, void (Call::*step)(bool)) : call_(call), step_(step) {}
+    void OnComplete(bool ok) override { (call_->*step_)(ok); }
+
+   private:
+    Call* const call_;
+    void (Call::*const step_)(bool);
+  };
+
+  void OnStarted(bool ok) {
+    if (!ok) return reader_->Finish(&status_, &on_finished_);
+    reader_->Read(&event_, &on_read_);
+  }
+
+  void OnRead(bool ok) {
+    if (!ok) return reader_->Finish(&status_, &on_finished_);
     if (event_.has_reservation()) {
       StartPrefill(event_.reservation());
-      event_.Clear();
-      StartRead(&event_);
-      return;
+    } else {
+      if (event_.has_tokens() && event_.tokens().token_ids_size() > 0) started_ = true;
+      if (event_.has_error()) {
+        retryable_ = event_.error().retryable();
+        error_ = event_.error();
+        has_error_ = true;
+      }
+      // An error before the first token is not shown when the request will go elsewhere.
+      if (!(event_.has_error() && !started_ && retryable_)) job_->sink->OnEvent(event_);
     }
-    if (event_.has_tokens() && event_.tokens().token_ids_size() > 0) started_ = true;
-    if (event_.has_error()) {
-      retryable_ = event_.error().retryable();
-      error_ = event_.error();
-      has_error_ = true;
-    }
-    // An error before the first token is not shown when the request will go elsewhere.
-    if (!(event_.has_error() && !started_ && retryable_)) job_->sink->OnEvent(event_);
     event_.Clear();
-    StartRead(&event_);
+    reader_->Read(&event_, &on_read_);
   }
 
-  void OnDone(const grpc::Status& status) override {
+  void OnFinished(bool) {
+    const grpc::Status& status = status_;
     absl::Status s = status.ok() ? absl::OkStatus()
                                  : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                                                 status.error_message());
@@ -111,7 +129,6 @@ class Dispatcher::Call final : public grpc::ClientReadReactor<v1::GenerateEvent>
     Unref();
   }
 
- private:
   void StartPrefill(const v1::KvReservation& reservation) {
     auto chosen = dispatcher_->PickPrefill(job_);
     if (!chosen.ok()) {
@@ -123,7 +140,7 @@ class Dispatcher::Call final : public grpc::ClientReadReactor<v1::GenerateEvent>
       context_->TryCancel();
       return;
     }
-    auto rpc = std::make_shared<PrefillRpc>();
+    auto* rpc = new PrefillRpc(this, chosen->id);
     rpc->context = std::make_shared<grpc::ClientContext>();
     rpc->context->set_deadline(absl::ToChronoTime(job_->request.deadline));
     rpc->context->AddMetadata(kTraceIdMetadataKey, job_->request.trace_id);
@@ -135,43 +152,59 @@ class Dispatcher::Call final : public grpc::ClientReadReactor<v1::GenerateEvent>
       std::lock_guard<std::mutex> lock(mu_);
       prefill_worker_ = chosen->id;
       prefill_context_ = rpc->context;
-      if (stream_done_) return;  // (cancelled meanwhile)
+      if (stream_done_) {  // (cancelled meanwhile)
+        delete rpc;
+        return;
+      }
       refs_.fetch_add(1);
     }
     dispatcher_->registry_->AddInflight(chosen->id, +1);
     dispatcher_->Routed(chosen->id);
-    const std::string prefill_id = chosen->id;
-    chosen->stub->async()->Prefill(
-        rpc->context.get(), &rpc->request, &rpc->response,
-        [this, rpc, prefill_id](grpc::Status status) {
-          dispatcher_->registry_->AddInflight(prefill_id, -1);
-          if (!status.ok()) {
-            bool end_stream = false;
-            {
-              std::lock_guard<std::mutex> lock(mu_);
-              if (!stream_done_) {
-                prefill_status_ = absl::Status(
-                    static_cast<absl::StatusCode>(status.error_code()),
-                    absl::StrCat("prefill worker ", prefill_id, ": ", status.error_message()));
-                prefill_retryable_ = status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
-                                     status.error_code() != grpc::StatusCode::CANCELLED;
-                end_stream = true;
-              }
-            }
-            if (end_stream) context_->TryCancel();
-          }
-          Unref();
-        });
+    rpc->reader =
+        chosen->stub->PrepareAsyncPrefill(rpc->context.get(), rpc->request, completions_->queue());
+    rpc->reader->StartCall();
+    rpc->reader->Finish(&rpc->response, &rpc->status, rpc);
+  }
+
+  void OnPrefillDone(const std::string& prefill_id, const grpc::Status& status) {
+    dispatcher_->registry_->AddInflight(prefill_id, -1);
+    if (!status.ok()) {
+      bool end_stream = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!stream_done_) {
+          prefill_status_ = absl::Status(
+              static_cast<absl::StatusCode>(status.error_code()),
+              absl::StrCat("prefill worker ", prefill_id, ": ", status.error_message()));
+          prefill_retryable_ = status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
+                               status.error_code() != grpc::StatusCode::CANCELLED;
+          end_stream = true;
+        }
+      }
+      if (end_stream) context_->TryCancel();
+    }
+    Unref();
   }
 
   void Unref() {
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
-  struct PrefillRpc {
+  // The Prefill call the reservation asked for; deletes itself when it completed.
+  struct PrefillRpc final : CompletionThread::Tag {
+    PrefillRpc(Call* call, std::string worker) : call(call), worker(std::move(worker)) {}
+    void OnComplete(bool) override {
+      call->OnPrefillDone(worker, status);
+      delete this;
+    }
+
+    Call* const call;
+    const std::string worker;
     std::shared_ptr<grpc::ClientContext> context;
     v1::PrefillRequest request;
     v1::PrefillResponse response;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::PrefillResponse>> reader;
+    grpc::Status status;
   };
 
   Dispatcher* const dispatcher_;
@@ -182,8 +215,14 @@ class Dispatcher::Call final : public grpc::ClientReadReactor<v1::GenerateEvent>
   const std::string token_;
   const std::shared_ptr<grpc::ClientContext> context_;
   v1::GenerateRequest request_;  // disaggregated: the job's, without `aggregated`
+  CompletionThread* completions_ = nullptr;
+  std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateEvent>> reader_;
+  Step on_started_{this, &Call::OnStarted};
+  Step on_read_{this, &Call::OnRead};
+  Step on_finished_{this, &Call::OnFinished};
+  grpc::Status status_;
   v1::GenerateEvent event_;
-  bool started_ = false;
+  bool started_ = false;  // a token arrived
   bool retryable_ = false;
   bool has_error_ = false;
   v1::ErrorInfo error_;
@@ -202,6 +241,11 @@ Dispatcher::Dispatcher(WorkerRegistry* registry, RoutingPolicy* policy, Dispatch
       policy_(policy),
       options_(std::move(options)),
       observer_(std::move(observer)) {
+  completions_ = options_.completions;
+  if (completions_.empty()) {
+    own_completions_ = std::make_unique<CompletionThread>("dispatch");
+    completions_.push_back(own_completions_.get());
+  }
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -210,7 +254,7 @@ Dispatcher::~Dispatcher() {
   std::unique_lock<std::mutex> lock(mu_);
   stopping_ = true;
   cv_.notify_all();
-  cv_.wait_for(lock, std::chrono::seconds(30), [&] { return running_ == 0; });
+  idle_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return running_ == 0; });
   lock.unlock();
   timer_.join();
 }
@@ -310,7 +354,7 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   }
   if (observer_.routed) observer_.routed(policy_->name(), chosen.id);
   job->sink->OnRouted(chosen.id);
-  call->Start(chosen.stub.get());
+  call->Start(chosen.stub.get(), completions_[next_completion_.fetch_add(1) % completions_.size()]);
   return true;
 }
 
@@ -326,7 +370,7 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
     retry = !status.ok() && !started && retryable && !job->cancelled &&
             job->attempts <= options_.max_retries && absl::Now() < job->request.deadline;
     if (retry) job->excluded.insert(failed);
-    cv_.notify_all();
+    if (stopping_ && running_ == 0) idle_cv_.notify_all();  // only the destructor waits here
   }
   if (retry) {
     LOG(INFO) << "request " << job->request.trace_id << ": worker " << failed

@@ -18,12 +18,15 @@
 //     stream and is retried (another prefill worker, a new reservation) before the first token;
 //     a cancel reaches both workers.
 //
-// Threads: sinks are called on gRPC's callback threads, in order for one request, never after
-// OnEnd. Thread-safe.
+// Threads: a request's stream, and its prefill call, run on one of the `completions` threads
+// (round robin), and its sink is called there, in order, never after OnEnd; sinks must not block
+// (they would stall every stream of that thread). OnEnd of a request that never started (queued,
+// then dropped) comes on the thread that ended it. Thread-safe.
 
 #ifndef FERRY_ROUTER_DISPATCH_DISPATCHER_H_
 #define FERRY_ROUTER_DISPATCH_DISPATCHER_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -31,6 +34,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +42,7 @@
 #include "ferry/v1/worker.grpc.pb.h"
 #include "router/policy/routing_policy.h"
 #include "router/registry/worker_registry.h"
+#include "services/common/completion_thread.h"
 
 namespace ferry {
 
@@ -63,6 +68,8 @@ struct DispatcherOptions {
   int64_t max_queued = 256;
   int max_retries = 2;
   std::string auth_token;  // sent to the workers
+  // Where the streams complete (each must outlive the dispatcher); empty: one thread of its own.
+  std::vector<CompletionThread*> completions;
 };
 
 // Counters the dispatcher reports (router metrics).
@@ -120,11 +127,16 @@ class Dispatcher {
   const DispatchObserver observer_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;       // the timer loop's
+  std::condition_variable idle_cv_;  // the destructor's: the last running stream ended
   std::deque<std::shared_ptr<Job>> queue_;
   int64_t running_ = 0;
   bool stopping_ = false;
   std::thread timer_;
+  // The streams' completion threads and the next one to take a stream.
+  std::unique_ptr<CompletionThread> own_completions_;
+  std::vector<CompletionThread*> completions_;
+  std::atomic<uint64_t> next_completion_{0};
 };
 
 }  // namespace ferry

@@ -70,10 +70,6 @@ std::string HeaderBlock(int status, const HttpHeaders& headers, bool http10, boo
   return out;
 }
 
-std::string Chunk(const std::string& data) {
-  return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
-}
-
 }  // namespace
 
 class Session;
@@ -81,7 +77,14 @@ class Session;
 class HttpServer::Impl {
  public:
   Impl(const HttpServerOptions& options, HttpHandler handler)
-      : options_(options), handler_(std::move(handler)), acceptor_(io_) {}
+      : options_(options), handler_(std::move(handler)) {
+    // One io_context per thread, each connection on one of them: a connection's events never
+    // wake a second thread to run them (one shared io_context handed work between its threads).
+    for (int i = 0; i < std::max(1, options_.threads); ++i) {
+      ios_.push_back(std::make_unique<asio::io_context>(1));
+    }
+    acceptor_.emplace(*ios_[0]);
+  }
   ~Impl() { Shutdown(absl::ZeroDuration()); }
 
   absl::Status Listen();
@@ -108,9 +111,10 @@ class HttpServer::Impl {
 
   const HttpServerOptions options_;
   const HttpHandler handler_;
-  asio::io_context io_;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
-  tcp::acceptor acceptor_;
+  std::vector<std::unique_ptr<asio::io_context>> ios_;
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::optional<tcp::acceptor> acceptor_;  // on ios_[0]
+  size_t next_io_ = 0;                     // the io_context of the next connection
   std::vector<std::thread> threads_;
   int port_ = 0;
   std::atomic<bool> shutting_down_{false};
@@ -123,7 +127,13 @@ class HttpServer::Impl {
   bool stopped_ = false;                        // under mu_
 };
 
-// One connection. Everything it does runs on its strand.
+// One connection. Reading requests, timers and closing run on its strand. Answers are written
+// from whichever thread gives them (the handler's, or the thread a worker's tokens arrive on):
+// under write_mu_, the bytes go to the socket at once with a non-blocking send() when no write is
+// pending, so that a streamed token costs no hand-off to an I/O thread; what the socket does not
+// take at once is written by the strand (an asynchronous write, bounded by write_timeout), and
+// later answers queue behind it in order. The strand learns that a request is answered (to read
+// the next one) through one post per request.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpServer::Impl* server)
@@ -131,6 +141,7 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ec;
     const tcp::endpoint remote = stream_.socket().remote_endpoint(ec);
     if (!ec) remote_ = absl::StrCat(remote.address().to_string(), ":", remote.port());
+    fd_ = stream_.socket().native_handle();
   }
 
   std::list<std::weak_ptr<Session>>::iterator registration;
@@ -142,17 +153,22 @@ class Session : public std::enable_shared_from_this<Session> {
   // Refuses the connection: too many are open.
   void RefuseAndClose() {
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      self->keep_alive_ = false;
       const std::string body = "too many connections";
-      self->QueueWrite(HeaderBlock(503, {{"Retry-After", "1"}}, false, false, body.size()) + body);
+      std::lock_guard<std::mutex> lock(self->write_mu_);
+      self->keep_alive_ = false;
       self->closing_after_write_ = true;
+      self->AppendLocked(HeaderBlock(503, {{"Retry-After", "1"}}, false, false, body.size()) +
+                         body);
     });
   }
 
   // Shutdown: close now when no request is being answered, or at the end of the current one.
   void CloseWhenIdle() {
     asio::post(stream_.get_executor(), [self = shared_from_this()] {
-      self->keep_alive_ = false;
+      {
+        std::lock_guard<std::mutex> lock(self->write_mu_);
+        self->keep_alive_ = false;
+      }
       if (!self->in_request_) self->Close();
     });
   }
@@ -160,50 +176,77 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::post(stream_.get_executor(), [self = shared_from_this()] { self->Close(); });
   }
 
-  // --- For the responder (always called through the strand).
+  // --- For the responder: from any thread.
   void Respond(int status, const HttpHeaders& headers, std::string body) {
+    std::lock_guard<std::mutex> lock(write_mu_);
     if (closed_ || answered_) return;
     answered_ = true;
-    const bool http10 = version_ == 10;
-    QueueWrite(HeaderBlock(status, headers, http10, keep_alive_, body.size()) + body);
+    AppendLocked(HeaderBlock(status, headers, version_ == 10, keep_alive_, body.size()) + body);
     complete_ = true;
-    MaybeEndRequest();
+    MaybeEndRequestLocked();
   }
   void StartStream(int status, const HttpHeaders& headers) {
+    std::lock_guard<std::mutex> lock(write_mu_);
     if (closed_ || answered_) return;
     answered_ = true;
     streaming_ = true;
     if (version_ == 10) keep_alive_ = false;  // no chunking: the end of the stream is the close
-    QueueWrite(HeaderBlock(status, headers, version_ == 10, keep_alive_, std::nullopt));
+    AppendLocked(HeaderBlock(status, headers, version_ == 10, keep_alive_, std::nullopt));
   }
-  void WriteChunk(std::string data) {
-    if (closed_ || !streaming_ || complete_ || data.empty()) return;
-    QueueWrite(version_ == 10 ? std::move(data) : Chunk(data));
-    if (pending_bytes_ > server_->options().max_stream_buffer_bytes) {
-      LOG(WARNING) << "http: " << remote_ << " does not read its stream; cut off";
-      Close();
+  // False once the stream is gone (closed, or cut off now).
+  bool WriteChunk(const std::string& data) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (closed_ || cut_off_) return false;
+    if (!streaming_ || complete_ || data.empty()) return true;
+    if (version_ == 10) {
+      AppendLocked(data);
+    } else {
+      AppendLocked(absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n"));
     }
+    if (out_.size() - sent_ + inflight_.size() > server_->options().max_stream_buffer_bytes) {
+      LOG(WARNING) << "http: " << remote_ << " does not read its stream; cut off";
+      cut_off_ = true;
+      asio::post(stream_.get_executor(), [self = shared_from_this()] { self->Close(); });
+      return false;
+    }
+    return true;
   }
   void FinishStream() {
+    std::lock_guard<std::mutex> lock(write_mu_);
     if (closed_ || !streaming_ || complete_) return;
-    if (version_ != 10) QueueWrite("0\r\n\r\n");
+    if (version_ != 10) AppendLocked("0\r\n\r\n");
     complete_ = true;
-    MaybeEndRequest();
+    MaybeEndRequestLocked();
   }
+  bool stream_broken() {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    return closed_ || cut_off_;
+  }
+  // On the strand (the handler runs there).
   void SetOnClose(std::function<void()> callback) {
-    if (closed_ && !complete_) {
+    bool run_now;
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      run_now = closed_ && !complete_;
+    }
+    if (run_now) {
       callback();
       return;
     }
     on_close_ = std::move(callback);
   }
-  bool stream_broken() const { return closed_; }
   beast::tcp_stream::executor_type executor() { return stream_.get_executor(); }
 
  private:
   void WaitForRequest() {
-    if (closed_) return;
-    if (server_->shutting_down() || !keep_alive_) return Close();
+    bool closed, keep_alive;
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      closed = closed_;
+      keep_alive = keep_alive_;
+    }
+    if (closed) return;
+    if (server_->shutting_down() || !keep_alive) return Close();
     // Idle until the first byte (or use what a pipelining client already sent).
     if (buffer_.size() > 0) return ReadRequest();
     stream_.expires_after(absl::ToChronoMilliseconds(server_->options().idle_timeout));
@@ -213,6 +256,9 @@ class Session : public std::enable_shared_from_this<Session> {
                               self->buffer_.commit(n);
                               self->ReadRequest();
                             });
+  }
+  void CloseLater() {
+    asio::post(stream_.get_executor(), [self = shared_from_this()] { self->Close(); });
   }
 
   void ReadRequest() {
@@ -227,29 +273,30 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void OnRead(beast::error_code ec) {
     if (ec == http::error::end_of_stream || ec == asio::error::operation_aborted ||
-        ec == beast::error::timeout || ec == asio::error::connection_reset || closed_) {
+        ec == beast::error::timeout || ec == asio::error::connection_reset) {
       return Close();
     }
+    stream_.expires_never();  // the answer's writes set their own deadline
     if (ec) {
       int status = 400;
       if (ec == http::error::header_limit) status = 431;
       if (ec == http::error::body_limit) status = 413;
-      keep_alive_ = false;
       const std::string body =
           absl::StrCat("{\"error\":{\"message\":\"",
                        ec == http::error::body_limit     ? "request body too large"
                        : ec == http::error::header_limit ? "request header too large"
                                                          : "malformed HTTP request",
                        "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}");
-      QueueWrite(
+      std::lock_guard<std::mutex> lock(write_mu_);
+      if (closed_) return;
+      keep_alive_ = false;
+      closing_after_write_ = true;
+      AppendLocked(
           HeaderBlock(status, {{"Content-Type", "application/json"}}, false, false, body.size()) +
           body);
-      closing_after_write_ = true;
       return;
     }
     http::request<http::string_body> message = parser_->release();
-    version_ = message.version();
-    keep_alive_ = message.keep_alive();
     HttpRequest request;
     request.method = std::string(message.method_string());
     request.target = std::string(message.target());
@@ -260,12 +307,21 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     request.body = std::move(message.body());
     request.remote = remote_;
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      if (closed_) return;
+      version_ = message.version();
+      keep_alive_ = message.keep_alive();
+      answered_ = complete_ = streaming_ = false;
+    }
     in_request_ = true;
-    answered_ = complete_ = streaming_ = false;
     server_->RequestStarted();
     counted_ = true;
     if (server_->shutting_down()) {
-      keep_alive_ = false;
+      {
+        std::lock_guard<std::mutex> lock(write_mu_);
+        keep_alive_ = false;
+      }
       Respond(503, {{"Content-Type", "application/json"}, {"Retry-After", "1"}},
               "{\"error\":{\"message\":\"the server is shutting down\",\"type\":"
               "\"server_error\",\"param\":null,\"code\":null}}");
@@ -280,19 +336,18 @@ class Session : public std::enable_shared_from_this<Session> {
   // readable and peek. End of stream or an error closes the session; bytes (a pipelined request)
   // stay in the socket for the next read, and watching stops.
   void WatchForClose() {
-    if (closed_ || !in_request_) return;
+    if (!in_request_ || stream_broken()) return;
     const uint64_t request = ++request_number_;
     stream_.socket().async_wait(
         tcp::socket::wait_read,
         asio::bind_executor(
             stream_.get_executor(), [self = shared_from_this(), request](beast::error_code ec) {
-              if (self->closed_ || !self->in_request_ || request != self->request_number_) {
+              if (!self->in_request_ || request != self->request_number_ || self->stream_broken()) {
                 return;
               }
               if (ec) return self->Close();
               char byte;
-              const ssize_t n =
-                  ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+              const ssize_t n = ::recv(self->fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
               if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
                 self->Close();
               } else if (n < 0) {
@@ -303,46 +358,81 @@ class Session : public std::enable_shared_from_this<Session> {
 
   std::shared_ptr<HttpResponder> MakeResponder();
 
-  void QueueWrite(std::string bytes) {
-    pending_bytes_ += bytes.size();
-    writes_.push_back(std::move(bytes));
-    if (!writing_) WriteNext();
+  // Queues `bytes` behind what is pending and sends what the socket takes now, unless a strand
+  // write is in flight (it will). Under write_mu_.
+  void AppendLocked(const std::string& bytes) {
+    out_ += bytes;
+    if (!writing_) SendLocked();
   }
 
-  void WriteNext() {
-    if (closed_) return;
-    if (writes_.empty()) {
-      writing_ = false;
-      if (closing_after_write_) return Close();
-      if (complete_ && in_request_) EndRequest();
+  // A non-blocking send of out_. Whatever is left goes to the strand's asynchronous write; a
+  // failed send closes the connection (on the strand). Under write_mu_, with no write in flight.
+  void SendLocked() {
+    while (sent_ < out_.size()) {
+      const ssize_t n =
+          ::send(fd_, out_.data() + sent_, out_.size() - sent_, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) {
+        sent_ += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        writing_ = true;
+        asio::post(stream_.get_executor(), [self = shared_from_this()] { self->FlushOnStrand(); });
+        return;
+      }
+      cut_off_ = true;  // the peer is gone
+      CloseLater();
       return;
     }
-    writing_ = true;
-    // Everything queued goes in one gathered write (a stream's events pile up while a write is
-    // in flight: one syscall for all of them, not one each).
-    inflight_.clear();
-    buffers_.clear();
-    while (!writes_.empty()) {
-      inflight_.push_back(std::move(writes_.front()));
-      writes_.pop_front();
+    out_.clear();
+    sent_ = 0;
+    AfterFlushLocked();
+  }
+
+  // Everything written: close if that was the last word, or let the strand read the next request.
+  void AfterFlushLocked() {
+    if (closing_after_write_) {
+      CloseLater();
+    } else if (complete_ && !end_posted_) {
+      end_posted_ = true;
+      asio::post(stream_.get_executor(), [self = shared_from_this()] { self->EndRequest(); });
     }
-    for (const std::string& w : inflight_) buffers_.emplace_back(w.data(), w.size());
+  }
+
+  void MaybeEndRequestLocked() {
+    if (!writing_ && out_.empty()) AfterFlushLocked();
+  }
+
+  // On the strand: writes what the socket did not take at once (the asynchronous write must make
+  // progress within write_timeout, or the connection closes), then sends what queued meanwhile.
+  void FlushOnStrand() {
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      if (closed_) return;
+      inflight_.assign(out_, sent_, std::string::npos);
+      out_.clear();
+      sent_ = 0;
+    }
     stream_.expires_after(absl::ToChronoMilliseconds(server_->options().write_timeout));
-    asio::async_write(stream_, buffers_,
-                      [self = shared_from_this()](beast::error_code ec, size_t n) {
+    asio::async_write(stream_, asio::buffer(inflight_),
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
                         if (ec) return self->Close();
-                        self->pending_bytes_ -= n;
+                        std::lock_guard<std::mutex> lock(self->write_mu_);
+                        if (self->closed_) return;
                         self->inflight_.clear();
-                        self->WriteNext();
+                        self->writing_ = false;
+                        self->SendLocked();  // what queued meanwhile (or nothing: done)
                       });
   }
 
-  void MaybeEndRequest() {
-    if (!writing_ && writes_.empty()) EndRequest();
-  }
-
-  // The answer is complete and written: next request, or close.
+  // The answer is complete and written: next request, or close. On the strand.
   void EndRequest() {
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      end_posted_ = false;
+      if (closed_ || !complete_ || writing_ || !out_.empty()) return;
+    }
     if (!in_request_) return;
     in_request_ = false;
     on_close_ = nullptr;
@@ -350,17 +440,22 @@ class Session : public std::enable_shared_from_this<Session> {
       counted_ = false;
       server_->RequestEnded();
     }
-    if (!keep_alive_ || (streaming_ && version_ == 10)) return Close();
     WaitForRequest();
   }
 
+  // On the strand.
   void Close() {
-    if (closed_) return;
-    closed_ = true;
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
-    if (in_request_ && !complete_ && on_close_) {
+    bool answered_whole;
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      if (closed_) return;
+      closed_ = true;
+      answered_whole = complete_;
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      stream_.socket().close(ignored);
+    }
+    if (in_request_ && !answered_whole && on_close_) {
       auto callback = std::move(on_close_);
       on_close_ = nullptr;
       callback();
@@ -376,64 +471,64 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   HttpServer::Impl* const server_;
   std::string remote_;
+  int fd_ = -1;
+  // On the strand.
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  bool in_request_ = false;
+  bool counted_ = false;
+  uint64_t request_number_ = 0;
+  std::function<void()> on_close_;
+  // The answer being given, under write_mu_ (the socket is closed under it too: no send ever
+  // reaches a closed descriptor, or one reused by another connection).
+  std::mutex write_mu_;
   unsigned version_ = 11;
   bool keep_alive_ = true;
-  bool in_request_ = false, answered_ = false, complete_ = false, streaming_ = false;
-  bool counted_ = false;
-  bool closed_ = false, closing_after_write_ = false;
-  bool writing_ = false;
-  uint64_t request_number_ = 0;
-  std::deque<std::string> writes_;
-  std::vector<std::string> inflight_;        // the write in flight's pieces
-  std::vector<asio::const_buffer> buffers_;  // ... as buffers
-  size_t pending_bytes_ = 0;
-  std::function<void()> on_close_;
+  bool answered_ = false, complete_ = false, streaming_ = false;
+  bool closed_ = false, cut_off_ = false, closing_after_write_ = false;
+  bool writing_ = false;     // the strand writes what is pending
+  bool end_posted_ = false;  // EndRequest is on its way to the strand
+  std::string out_;          // pending bytes; out_[0, sent_) already sent
+  size_t sent_ = 0;
+  std::string inflight_;  // what the strand's write is writing (while writing_)
 };
 
-// Posts every call onto the session's strand.
+// Calls the session directly (it is thread-safe); OnClose on the strand.
 class SessionResponder final : public HttpResponder,
                                public std::enable_shared_from_this<SessionResponder> {
  public:
   explicit SessionResponder(std::shared_ptr<Session> session) : session_(std::move(session)) {}
 
   void Respond(int status, const HttpHeaders& headers, std::string body) override {
-    Post([status, headers, body = std::move(body)](Session& s) mutable {
-      s.Respond(status, headers, std::move(body));
-    });
+    session_->Respond(status, headers, std::move(body));
   }
   void StartStream(int status, const HttpHeaders& headers) override {
-    Post([status, headers](Session& s) { s.StartStream(status, headers); });
+    session_->StartStream(status, headers);
   }
   bool Write(std::string data) override {
     if (closed_.load()) return false;
-    Post([data = std::move(data)](Session& s) mutable { s.WriteChunk(std::move(data)); });
-    return !closed_.load();
+    if (!session_->WriteChunk(data)) {
+      closed_.store(true);
+      return false;
+    }
+    return true;
   }
-  void Finish() override {
-    Post([](Session& s) { s.FinishStream(); });
-  }
+  void Finish() override { session_->FinishStream(); }
   void OnClose(std::function<void()> callback) override {
     std::weak_ptr<SessionResponder> weak = shared_from_this();
-    Post([callback = std::move(callback), weak](Session& s) mutable {
-      s.SetOnClose([callback = std::move(callback), weak] {
+    std::shared_ptr<Session> s = session_;
+    asio::dispatch(s->executor(), [s, callback = std::move(callback), weak]() mutable {
+      s->SetOnClose([callback = std::move(callback), weak] {
         if (auto self = weak.lock()) self->MarkClosed();
         callback();
       });
     });
   }
-  bool closed() const override { return closed_.load(); }
+  bool closed() const override { return closed_.load() || session_->stream_broken(); }
 
   void MarkClosed() { closed_.store(true); }
 
  private:
-  template <typename Fn>
-  void Post(Fn fn) {
-    std::shared_ptr<Session> s = session_;
-    asio::post(s->executor(), [s, fn = std::move(fn)]() mutable { fn(*s); });
-  }
-
   const std::shared_ptr<Session> session_;
   std::atomic<bool> closed_{false};
 };
@@ -457,23 +552,24 @@ absl::Status HttpServer::Impl::Listen() {
     return absl::InvalidArgumentError("http server: bad port, threads or max_connections");
   }
   const tcp::endpoint endpoint(ip, static_cast<unsigned short>(options_.port));
-  acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(endpoint, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  acceptor_->open(endpoint.protocol(), ec);
+  if (!ec) acceptor_->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_->bind(endpoint, ec);
+  if (!ec) acceptor_->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options_.host, ":", options_.port, ": ", ec.message()));
   }
-  port_ = acceptor_.local_endpoint().port();
-  work_.emplace(io_.get_executor());
+  port_ = acceptor_->local_endpoint().port();
+  for (auto& io : ios_) work_.emplace_back(io->get_executor());
   Accept();
-  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { io_.run(); });
+  for (auto& io : ios_) threads_.emplace_back([io = io.get()] { io->run(); });
   return absl::OkStatus();
 }
 
 void HttpServer::Impl::Accept() {
-  acceptor_.async_accept(asio::make_strand(io_), [this](beast::error_code ec, tcp::socket socket) {
+  asio::io_context& io = *ios_[next_io_++ % ios_.size()];
+  acceptor_->async_accept(asio::make_strand(io), [this](beast::error_code ec, tcp::socket socket) {
     if (ec == asio::error::operation_aborted || shutting_down_) return;
     if (!ec) {
       // A stream's header and its events are small writes that must leave at once: with Nagle's
@@ -515,11 +611,11 @@ void HttpServer::Impl::Shutdown(absl::Duration grace) {
     if (stopped_) return;
     stopped_ = true;
   }
-  if (!work_.has_value()) return;  // never listened
+  if (work_.empty()) return;  // never listened
   shutting_down_ = true;
-  asio::post(io_, [this] {
+  asio::post(*ios_[0], [this] {
     beast::error_code ignored;
-    acceptor_.close(ignored);
+    acceptor_->close(ignored);
   });
   std::vector<std::shared_ptr<Session>> sessions;
   auto collect = [&] {
@@ -543,8 +639,8 @@ void HttpServer::Impl::Shutdown(absl::Duration grace) {
     std::unique_lock<std::mutex> lock(mu_);
     idle_.wait_for(lock, std::chrono::seconds(5), [&] { return sessions_.empty(); });
   }
-  work_.reset();
-  io_.stop();
+  work_.clear();
+  for (auto& io : ios_) io->stop();
   for (auto& t : threads_) t.join();
 }
 

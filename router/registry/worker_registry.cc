@@ -49,8 +49,9 @@ const char* StateName(int state) {
   }
 }
 
-// One Watch stream to one worker. Deletes itself when done.
-class WorkerRegistry::Subscription final : public grpc::ClientReadReactor<v1::WorkerStatus> {
+// One Watch stream to one worker, on the registry's CompletionThread: StartCall, Read after Read
+// until one fails, Finish. Deletes itself when done.
+class WorkerRegistry::Subscription final {
  public:
   Subscription(WorkerRegistry* registry, Worker* worker, uint64_t generation,
                const std::string& token)
@@ -59,34 +60,48 @@ class WorkerRegistry::Subscription final : public grpc::ClientReadReactor<v1::Wo
     TraceId();
   }
 
-  void Start(v1::Worker::Stub* stub) {
-    stub->async()->Watch(&context_, &request_, this);
-    StartRead(&status_);
-    StartCall();
+  void Start(v1::Worker::Stub* stub, CompletionThread* completions) {
+    reader_ = stub->PrepareAsyncWatch(&context_, request_, completions->queue());
+    reader_->StartCall(&on_started_);
   }
 
   void Cancel() { context_.TryCancel(); }
 
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // the stream ended; OnDone says how
-    registry_->OnStatus(worker_, status_);
-    status_.Clear();
-    StartRead(&status_);
+ private:
+  class Step final : public CompletionThread::Tag {
+   public:
+    Step(Subscription* s, void (Subscription::*step)(bool)) : s_(s), step_(step) {}
+    void OnComplete(bool ok) override { (s_->*step_)(ok); }
+
+   private:
+    Subscription* const s_;
+    void (Subscription::*const step_)(bool);
+  };
+
+  void OnStarted(bool ok) {
+    if (!ok) return reader_->Finish(&result_, &on_finished_);
+    reader_->Read(&status_, &on_read_);
   }
 
-  void OnDone(const grpc::Status& status) override {
+  void OnRead(bool ok) {
+    if (!ok) return reader_->Finish(&result_, &on_finished_);  // the stream ended: how?
+    registry_->OnStatus(worker_, status_);
+    status_.Clear();
+    reader_->Read(&status_, &on_read_);
+  }
+
+  void OnFinished(bool) {
     WorkerRegistry* const registry = registry_;
     registry->OnStreamDone(worker_, generation_,
-                           status.ok()
+                           result_.ok()
                                ? "the stream ended"
-                               : absl::StrCat("the stream failed: ", status.error_message()));
+                               : absl::StrCat("the stream failed: ", result_.error_message()));
     delete this;
     // Only now may Stop return: the call's context is gone, so nothing of this stream outlives
     // the registry (a context deleted while the process tore gRPC down tripped its refcounts).
     registry->SubscriptionGone();
   }
 
- private:
   void TraceId() { context_.AddMetadata(kTraceIdMetadataKey, "router-watch"); }
 
   WorkerRegistry* const registry_;
@@ -94,12 +109,22 @@ class WorkerRegistry::Subscription final : public grpc::ClientReadReactor<v1::Wo
   const uint64_t generation_;
   grpc::ClientContext context_;
   v1::WatchRequest request_;
+  std::unique_ptr<grpc::ClientAsyncReader<v1::WorkerStatus>> reader_;
+  Step on_started_{this, &Subscription::OnStarted};
+  Step on_read_{this, &Subscription::OnRead};
+  Step on_finished_{this, &Subscription::OnFinished};
+  grpc::Status result_;
   v1::WorkerStatus status_;
 };
 
 WorkerRegistry::WorkerRegistry(std::vector<std::string> addresses, RegistryOptions options,
                                Clock* clock)
     : options_(std::move(options)), clock_(clock) {
+  completions_ = options_.completions;
+  if (completions_ == nullptr) {
+    own_completions_ = std::make_unique<CompletionThread>("registry");
+    completions_ = own_completions_.get();
+  }
   for (const std::string& address : addresses) {
     auto w = std::make_unique<Worker>();
     w->address = address;
@@ -157,7 +182,7 @@ void WorkerRegistry::Connect(Worker& w) {
   ++w.generation;
   w.subscription = new Subscription(this, &w, w.generation, options_.auth_token);
   ++live_subscriptions_;
-  w.subscription->Start(w.stub.get());
+  w.subscription->Start(w.stub.get(), completions_);
 }
 
 void WorkerRegistry::MarkDown(Worker& w, const std::string& why) {

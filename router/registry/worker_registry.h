@@ -38,6 +38,7 @@
 #include "ferry/v1/worker.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "router/policy/routing_policy.h"
+#include "services/common/completion_thread.h"
 
 namespace ferry {
 
@@ -49,6 +50,8 @@ struct RegistryOptions {
   std::string auth_token;                                  // sent to the workers
   // The one model fingerprint the pool takes (zero: whatever the first worker accepted has).
   Hash128 fingerprint;
+  // Where the Watch streams complete (must outlive the registry); null: a thread of its own.
+  CompletionThread* completions = nullptr;
 };
 
 // The pool's shared facts, as the accepted workers reported them.
@@ -135,6 +138,8 @@ class WorkerRegistry {
   std::function<void()> on_change_;
   std::function<void(const std::string&)> on_refusal_;
   std::vector<std::string> refusals_;  // not yet reported to on_refusal_
+  std::unique_ptr<CompletionThread> own_completions_;
+  CompletionThread* completions_ = nullptr;
 };
 
 }  // namespace ferry
