@@ -519,12 +519,7 @@ void GenerateCall::Pump() {
     retryable = error_.code() == absl::StatusCode::kResourceExhausted ||
                 error_.code() == absl::StatusCode::kUnavailable;
   }
-  if (closing_sent_) {
-    finished_ = true;
-    Finish(ToGrpcStatus(final_status));
-    return;
-  }
-  closing_sent_ = true;
+  finished_ = true;
   out_.Clear();
   if (final_status.ok()) {
     v1::Usage* usage = out_.mutable_usage();
@@ -535,9 +530,10 @@ void GenerateCall::Pump() {
   } else {
     ErrorInfoFromStatus(final_status, trace_id_, retryable, out_.mutable_error());
   }
-  writing_ = true;
+  // The closing message and the status in one write, which the caller reads in one wakeup (no
+  // OnWriteDone follows; out_ stays untouched until OnDone, as nothing writes once finished_).
   lock.unlock();
-  StartWrite(&out_);
+  StartWriteAndFinish(&out_, grpc::WriteOptions(), ToGrpcStatus(final_status));
 }
 
 void GenerateCall::OnWriteDone(bool ok) {

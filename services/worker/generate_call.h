@@ -126,7 +126,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   bool engine_done_ = false;
   AbortCause cause_;
   absl::Status error_;
-  bool writing_ = false, closing_sent_ = false, finished_ = false, broken_ = false;
+  bool writing_ = false, finished_ = false, broken_ = false;
   ferry::v1::GenerateEvent out_;
 };
 

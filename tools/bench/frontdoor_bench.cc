@@ -79,6 +79,70 @@ double ProcessCpuSeconds(pid_t pid) {
   return ns / 1e9;
 }
 
+// The floor under the router's cost per streamed token on this machine: a relay thread that
+// sleeps until a small message arrives on one loopback socket (as a token's gRPC message does)
+// and sends a small one on another, to a reader that sleeps until it arrives (as an SSE client
+// does), one message at a time. Nothing else: no gRPC, no HTTP, no JSON. Returns the relay's CPU
+// microseconds per message (its thread's CPU clock), over `messages`.
+double RelayFloorUs(int messages) {
+  // Loopback TCP, as the router's sockets: connected pairs (writer end first).
+  auto tcp_pair = [](int fds[2]) {
+    const int listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(listener, 1) != 0 ||
+        getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      Die("relay listener");
+    }
+    fds[0] = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(fds[0], reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Die("connect");
+    fds[1] = accept(listener, nullptr, nullptr);
+    close(listener);
+    const int one = 1;
+    for (int i = 0; i < 2; ++i) setsockopt(fds[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  };
+  int in[2], out[2];
+  tcp_pair(in);
+  tcp_pair(out);
+  const std::string token(48, 't'), event(120, 'e');
+  double relay_cpu_us = 0;
+  std::thread relay([&] {
+    char buf[4096];
+    timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    for (int i = 0; i < messages; ++i) {
+      size_t got = 0;
+      while (got < token.size()) {
+        const ssize_t n = recv(in[1], buf, sizeof(buf), 0);
+        if (n <= 0) Die("relay recv");
+        got += static_cast<size_t>(n);
+      }
+      if (send(out[0], event.data(), event.size(), MSG_NOSIGNAL) != 120) Die("relay send");
+    }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    relay_cpu_us = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / 1e3 / messages;
+  });
+  char buf[4096];
+  for (int i = 0; i < messages; ++i) {  // the next token once the last event arrived
+    if (send(in[0], token.data(), token.size(), MSG_NOSIGNAL) != 48) Die("source send");
+    size_t got = 0;
+    while (got < event.size()) {
+      const ssize_t n = recv(out[1], buf, sizeof(buf), 0);
+      if (n <= 0) Die("sink recv");
+      got += static_cast<size_t>(n);
+    }
+  }
+  relay.join();
+  for (int* p : {in, out}) {
+    close(p[0]);
+    close(p[1]);
+  }
+  return relay_cpu_us;
+}
+
 // One kept-alive HTTP/1.1 connection to the router.
 class HttpConnection {
  public:
@@ -285,6 +349,7 @@ int Main(int argc, char** argv) {
   const double long_cpu = ProcessCpuSeconds(router->pid()) - cpu0;
   const double per_token_us = std::max(0.0, long_cpu - long_requests * request_cpu_us / 1e6) /
                               std::max<int64_t>(1, streamed) * 1e6;
+  const double floor_us = RelayFloorUs(20000);
 
   // 3. 500 streams at once through the slow worker's router.
   const int streams = 500;
@@ -330,6 +395,10 @@ int Main(int argc, char** argv) {
   std::printf("router CPU per streamed token:     %8.2f us   goal <= 5 us (%lld tokens)\n",
               per_token_us, static_cast<long long>(streamed));
   std::printf(
+      "  floor: sleep, recv, send a relay:  %8.2f us   (one message in, one out, no gRPC/HTTP;"
+      " %.2fx of it)\n",
+      floor_us, per_token_us / floor_us);
+  std::printf(
       "concurrent streams:                %5d of %d ended 200 with [DONE] (%d open at "
       "once at most)\n",
       ok.load(), streams, peak.load());
@@ -347,6 +416,7 @@ int Main(int argc, char** argv) {
   j["tokenize_us"] = tokenize_us;
   j["request_cpu_ratio_to_goal"] = request_cpu_us / request_goal_us;
   j["per_token_us"] = per_token_us;
+  j["per_token_floor_us"] = floor_us;
   j["streams_held"] = ok.load();
   j["concurrent_per_token_us"] = concurrent_per_token_us;
   j["goals_met"] = {{"added_ttft_p50", added_p50 <= 1.0},
