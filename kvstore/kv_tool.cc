@@ -23,6 +23,8 @@
 // server would: a torn tail of the open segment is cut, and a segment is begun when the last one
 // is sealed. A server uses its own options.
 //
+// A server that requires the shared token gets the one in $FERRY_AUTH_TOKEN.
+//
 // Exit status: 0 done, 1 an error (or corrupt objects, for verify), 2 bad usage.
 
 #include <sys/stat.h>
@@ -48,6 +50,7 @@
 #include "kvstore/wire.h"
 #include "nlohmann/json.hpp"
 #include "services/common/grpc_client.h"
+#include "services/common/shared_token.h"
 
 namespace ferry {
 namespace kv {
@@ -466,19 +469,22 @@ int RunOnDirectory(const Flags& flags) {
 // A running ferry-kvstore, called over a channel of its own.
 class Server {
  public:
-  explicit Server(const std::string& addr)
-      : addr_(addr), channel_(NewChannel(addr)), stub_(ferry::v1::KvStore::NewStub(channel_)) {}
+  Server(const std::string& addr, const std::string& token)
+      : addr_(addr),
+        token_(token),
+        channel_(NewChannel(addr)),
+        stub_(ferry::v1::KvStore::NewStub(channel_)) {}
 
   grpc::Status Stats(ferry::v1::StatsResponse* response) {
-    auto context = NewClientContext(kStatsDeadline);
+    auto context = Context(kStatsDeadline);
     return stub_->Stats(context.get(), ferry::v1::StatsRequest(), response);
   }
   grpc::Status Verify(ferry::v1::VerifyResponse* response) {
-    auto context = NewClientContext(kLongDeadline);
+    auto context = Context(kLongDeadline);
     return stub_->Verify(context.get(), ferry::v1::VerifyRequest(), response);
   }
   grpc::Status Compact(ferry::v1::StatsResponse* response) {
-    auto context = NewClientContext(kLongDeadline);
+    auto context = Context(kLongDeadline);
     return stub_->Compact(context.get(), ferry::v1::CompactRequest(), response);
   }
 
@@ -503,13 +509,25 @@ class Server {
   }
 
  private:
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration deadline) const {
+    auto context = NewClientContext(deadline);
+    AttachSharedToken(context.get(), token_);
+    return context;
+  }
+
   const std::string addr_;
+  const std::string token_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<ferry::v1::KvStore::Stub> stub_;
 };
 
 int RunOnServer(const Flags& flags) {
-  Server server(flags.addr);
+  const absl::StatusOr<std::string> token = LoadSharedToken("");
+  if (!token.ok()) {
+    std::fprintf(stderr, "ferry-kv: %s\n", std::string(token.status().message()).c_str());
+    return 2;
+  }
+  Server server(flags.addr, *token);
   ferry::v1::StatsResponse stats;
   if (flags.command == "verify") {
     ferry::v1::VerifyResponse verify;

@@ -43,6 +43,7 @@
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/server_callback.h"
 #include "services/common/grpc_status.h"
+#include "services/common/shared_token.h"
 
 namespace ferry {
 namespace transfer {
@@ -389,6 +390,7 @@ class GrpcTransport final : public KvTransport {
 
   // For the server side.
   size_t chunk_bytes() const { return options_.grpc_chunk_bytes; }
+  const std::string& auth_token() const { return options_.auth_token; }
   NotificationBoard& board() { return board_; }
   // The live region `key` names with [address, address + length) inside it, pinned: Unpin it
   // after the copy. PermissionDenied for a key that names no live region, OutOfRange for a range
@@ -659,13 +661,27 @@ class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer message_;
 };
 
+// A call refused before it starts (a missing shared token): finishes with `status` at once.
+template <typename Reactor>
+class Refusal final : public Reactor {
+ public:
+  explicit Refusal(grpc::Status status) { this->Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
 grpc::ServerReadReactor<grpc::ByteBuffer>* KvTransferService::Write(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  if (grpc::Status s = CheckSharedToken(*context, transport_->auth_token()); !s.ok()) {
+    return new Refusal<grpc::ServerReadReactor<grpc::ByteBuffer>>(std::move(s));
+  }
   return new WriteReactor(transport_, context, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* KvTransferService::Read(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+  if (grpc::Status s = CheckSharedToken(*context, transport_->auth_token()); !s.ok()) {
+    return new Refusal<grpc::ServerWriteReactor<grpc::ByteBuffer>>(std::move(s));
+  }
   return new ReadReactor(transport_, request);
 }
 
@@ -673,6 +689,10 @@ grpc::ServerUnaryReactor* KvTransferService::Notify(grpc::CallbackServerContext*
                                                     const v1::TransferNotifyRequest* request,
                                                     v1::TransferNotifyResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status s = CheckSharedToken(*context, transport_->auth_token()); !s.ok()) {
+    reactor->Finish(std::move(s));
+    return reactor;
+  }
   if (request->transfer_id().empty() || request->transfer_id().size() > kMaxTransferIdBytes) {
     reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "a notification needs a transfer_id of 1 to 128 bytes"));
@@ -1131,6 +1151,7 @@ void GrpcTransport::WorkerLoop() {
       continue;
     }
     context.set_deadline(absl::ToChronoTime(transfer->request.deadline));
+    AttachSharedToken(&context, options_.auth_token);
     absl::Status status = transfer->request.op == TransferOp::kPut
                               ? RunPut(*transfer, &context, queue)
                               : RunGet(*transfer, &context, queue);
@@ -1276,6 +1297,7 @@ void GrpcTransport::NotifyOwner(const TransferState& transfer, const absl::Statu
   if (status.code() == absl::StatusCode::kUnavailable) return;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kNotifyTimeout));
+  AttachSharedToken(&context, options_.auth_token);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return;

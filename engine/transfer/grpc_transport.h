@@ -6,7 +6,9 @@
 // an unguessable token naming the region: the server writes or reads only inside a region whose
 // token the caller presents. Puts stream the local bytes in chunks of grpc_chunk_bytes on one
 // Write call per transfer; gets are one Read call whose chunks are copied into local memory.
-// Deadlines are the calls' gRPC deadlines; Cancel cancels the call.
+// Deadlines are the calls' gRPC deadlines; Cancel cancels the call. With TransportOptions::
+// auth_token, the server refuses every call without that shared token (UNAUTHENTICATED) before it
+// looks at a region key, and the transport's own calls carry it.
 
 #ifndef FERRY_ENGINE_TRANSFER_GRPC_TRANSPORT_H_
 #define FERRY_ENGINE_TRANSFER_GRPC_TRANSPORT_H_

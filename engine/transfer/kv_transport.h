@@ -133,6 +133,10 @@ struct TransportOptions {
   std::string listen_address = "127.0.0.1:0";
   // gRPC only: data bytes per streamed message.
   size_t grpc_chunk_bytes = size_t{1} << 20;
+  // gRPC only: the shared token (services/common/shared_token.h) the transport's server requires
+  // of every call, and its calls to peers carry; empty: calls are not checked. UCX carries no
+  // token: its endpoints belong on a network only the workers reach.
+  std::string auth_token;
   // Gives the in-flight operations of a transfer cancelled or past its deadline this long to
   // finish before the connection to the peer is forced closed (see the header comment).
   absl::Duration cancel_grace = absl::Milliseconds(200);

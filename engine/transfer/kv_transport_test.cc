@@ -1077,6 +1077,78 @@ TEST(GrpcTransportServerTest, MalformedMessagesAreRefusedAndTouchNothing) {
   EXPECT_EQ((*transport)->Deregister(neighbour->id), absl::OkStatus());
 }
 
+// A transport with a shared token refuses Write, Read and Notify calls without it (before
+// looking at the region key) and touches nothing; a peer with the token puts and gets, a peer
+// with another token or none fails UNAUTHENTICATED.
+TEST(GrpcTransportServerTest, ASharedTokenGuardsEveryCall) {
+  auto make = [](const std::string& token) {
+    TransportOptions options;
+    options.kind = "grpc";
+    options.auth_token = token;
+    absl::StatusOr<std::unique_ptr<KvTransport>> t = KvTransport::Create(options);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? *std::move(t) : nullptr;
+  };
+  const std::string token = "transfer-token-0123456789";
+  std::unique_ptr<KvTransport> owner = make(token), friendly = make(token),
+                               stranger = make("transfer-token-987654321"), anonymous = make("");
+  ASSERT_TRUE(owner && friendly && stranger && anonymous);
+  constexpr size_t kBytes = 1 << 16;
+  absl::StatusOr<LocalRegion> dst = owner->Allocate(kBytes);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  std::memset(Ptr(*dst), 0, kBytes);
+  auto transfer = [&](KvTransport& from, TransferOp op) {
+    absl::StatusOr<LocalRegion> src = from.Allocate(kBytes);
+    EXPECT_TRUE(src.ok()) << src.status();
+    FillRandom(Ptr(*src), kBytes, 5);
+    absl::StatusOr<PeerId> peer = from.Connect(owner->address());
+    EXPECT_TRUE(peer.ok()) << peer.status();
+    TransferRequest request;
+    request.peer = *peer;
+    request.op = op;
+    request.remote = dst->descriptor;
+    request.segments = {{Addr(Ptr(*src)), dst->descriptor.address, kBytes}};
+    request.deadline = absl::Now() + absl::Seconds(20);
+    auto outcome = Outcome::New();
+    absl::StatusOr<TransferId> id = from.Post(std::move(request), Outcome::CallbackOf(outcome));
+    EXPECT_TRUE(id.ok()) << id.status();
+    std::optional<absl::Status> status = outcome->Wait(absl::Seconds(30));
+    EXPECT_EQ(from.Deregister(src->id), absl::OkStatus());
+    return status.value_or(absl::InternalError("no callback"));
+  };
+  for (KvTransport* t : {stranger.get(), anonymous.get()}) {
+    EXPECT_EQ(transfer(*t, TransferOp::kPut).code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(transfer(*t, TransferOp::kGet).code(), absl::StatusCode::kUnauthenticated);
+  }
+  EXPECT_TRUE(IsZero(Ptr(*dst), kBytes)) << "an unauthenticated put wrote";
+  EXPECT_EQ(transfer(*friendly, TransferOp::kPut), absl::OkStatus());
+  EXPECT_FALSE(IsZero(Ptr(*dst), kBytes));
+  EXPECT_EQ(transfer(*friendly, TransferOp::kGet), absl::OkStatus());
+
+  // Raw calls with the region's own key but no token.
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(owner->address(), grpc::InsecureChannelCredentials());
+  const std::string& key = dst->descriptor.remote_key;
+  EXPECT_EQ(RawCall(channel, "/ferry.v1.KvTransfer/Write",
+                    {WriteChunk(key, "", dst->descriptor.address, std::string(8, 'z'))})
+                .error_code(),
+            grpc::UNAUTHENTICATED);
+  v1::TransferReadRequest get;
+  get.set_remote_key(key);
+  v1::TransferRange* range = get.add_ranges();
+  range->set_remote_address(dst->descriptor.address);
+  range->set_length(8);
+  EXPECT_EQ(RawCall(channel, "/ferry.v1.KvTransfer/Read", {get.SerializeAsString()}).error_code(),
+            grpc::UNAUTHENTICATED);
+  v1::TransferNotifyRequest notify;
+  notify.set_transfer_id("t");
+  notify.set_remote_key(key);
+  EXPECT_EQ(
+      RawCall(channel, "/ferry.v1.KvTransfer/Notify", {notify.SerializeAsString()}).error_code(),
+      grpc::UNAUTHENTICATED);
+  EXPECT_EQ(owner->Deregister(dst->id), absl::OkStatus());
+}
+
 TEST(TransportKvAllocatorTest, AKvBlockPoolOnTransportMemoryMovesBetweenTransports) {
   TransportOptions options;
   options.kind = "grpc";

@@ -17,6 +17,7 @@
 #include "ferry/v1/kvstore.pb.h"
 #include "kvstore/wire.h"
 #include "services/common/grpc_client.h"
+#include "services/common/shared_token.h"
 
 namespace ferry {
 namespace kv {
@@ -301,6 +302,7 @@ int64_t GrpcKvClient::Put(absl::Span<const ClientObject> objects) {
 void GrpcKvClient::PutToNode(const NodeWork& work, absl::Span<const ClientObject> objects,
                              std::vector<char>* durable) {
   auto context = NewClientContext(options_.deadline);
+  AttachSharedToken(context.get(), options_.auth_token);
   ferry::v1::PutResponse response;
   std::unique_ptr<grpc::ClientWriter<ferry::v1::PutChunk>> writer =
       work.lease.stub->Put(context.get(), &response);
@@ -418,6 +420,7 @@ void GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> k
   for (int k : work.items) HashToProto(keys[k], request.add_block_hashes());
   request.set_max_chunk_bytes(static_cast<uint32_t>(options_.max_chunk_bytes));
   auto context = NewClientContext(options_.deadline);
+  AttachSharedToken(context.get(), options_.auth_token);
   std::unique_ptr<grpc::ClientReader<ferry::v1::GetChunk>> reader =
       work.lease.stub->Get(context.get(), request);
   std::vector<Incoming> incoming(work.items.size());
@@ -504,6 +507,7 @@ ExistsResult GrpcKvClient::ExistsSlice(absl::Span<const Hash128> keys, const Has
     for (int k : work[w].items) HashToProto(keys[k], request.add_block_hashes());
     ferry::v1::ExistsResponse response;
     auto context = NewClientContext(options_.deadline);
+    AttachSharedToken(context.get(), options_.auth_token);
     grpc::Status status = work[w].lease.stub->Exists(context.get(), request, &response);
     if (status.ok() && response.present_flags_size() != request.block_hashes_size()) {
       status = grpc::Status(grpc::StatusCode::INTERNAL,
@@ -544,6 +548,7 @@ int64_t GrpcKvClient::DeleteSlice(absl::Span<const Hash128> keys) {
     for (int k : work[w].items) HashToProto(keys[k], request.add_block_hashes());
     ferry::v1::DeleteResponse response;
     auto context = NewClientContext(options_.deadline);
+    AttachSharedToken(context.get(), options_.auth_token);
     const grpc::Status status = work[w].lease.stub->Delete(context.get(), request, &response);
     if (Finish(work[w], status)) deleted[w] = response.deleted();
   });

@@ -66,6 +66,8 @@ struct ClientOptions {
   // Times the backoffs (Monotonic) and reports them (Now); null: RealClock(). Not owned. RPC
   // deadlines always run on real time.
   Clock* clock = nullptr;
+  // The nodes' shared token, sent with every call ("": none).
+  std::string auth_token;
 };
 
 struct ClientObject {

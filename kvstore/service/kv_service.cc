@@ -12,6 +12,7 @@
 #include "engine/common/log.h"
 #include "kvstore/wire.h"
 #include "services/common/metrics.h"
+#include "services/common/shared_token.h"
 
 namespace ferry {
 namespace kv {
@@ -176,6 +177,7 @@ void KvStoreService::RefreshMetrics() {
 grpc::Status KvStoreService::Exists(grpc::ServerContext* context,
                                     const ferry::v1::ExistsRequest* request,
                                     ferry::v1::ExistsResponse* response) {
+  if (grpc::Status s = CheckSharedToken(*context, options_.auth_token); !s.ok()) return s;
   Timer timer(metrics_ ? metrics_->exists_seconds : nullptr);
   if (request->block_hashes_size() > options_.max_keys) {
     return Invalid(absl::StrCat("Exists names ", request->block_hashes_size(), " blocks; at most ",
@@ -193,6 +195,7 @@ grpc::Status KvStoreService::Exists(grpc::ServerContext* context,
 
 grpc::Status KvStoreService::Get(grpc::ServerContext* context, const ferry::v1::GetRequest* request,
                                  grpc::ServerWriter<ferry::v1::GetChunk>* writer) {
+  if (grpc::Status s = CheckSharedToken(*context, options_.auth_token); !s.ok()) return s;
   Timer timer(metrics_ ? metrics_->get_seconds : nullptr);
   if (request->block_hashes_size() > options_.max_keys) {
     return Invalid(absl::StrCat("Get names ", request->block_hashes_size(), " blocks; at most ",
@@ -257,6 +260,7 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* context, const ferry::v1::
 grpc::Status KvStoreService::Put(grpc::ServerContext* context,
                                  grpc::ServerReader<ferry::v1::PutChunk>* reader,
                                  ferry::v1::PutResponse* response) {
+  if (grpc::Status s = CheckSharedToken(*context, options_.auth_token); !s.ok()) return s;
   Timer timer(metrics_ ? metrics_->put_seconds : nullptr);
   struct Object {
     PutItem item;
@@ -371,6 +375,7 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context,
 grpc::Status KvStoreService::Delete(grpc::ServerContext* context,
                                     const ferry::v1::DeleteRequest* request,
                                     ferry::v1::DeleteResponse* response) {
+  if (grpc::Status s = CheckSharedToken(*context, options_.auth_token); !s.ok()) return s;
   Timer timer(metrics_ ? metrics_->delete_seconds : nullptr);
   if (request->block_hashes_size() > options_.max_keys) {
     return Invalid(absl::StrCat("Delete names ", request->block_hashes_size(), " blocks; at most ",
@@ -422,15 +427,17 @@ void KvStoreService::FillStats(const StoreStats& s, ferry::v1::StatsResponse* r)
   r->set_torn_bytes_dropped(static_cast<uint64_t>(s.torn_bytes_dropped));
 }
 
-grpc::Status KvStoreService::Stats(grpc::ServerContext*, const ferry::v1::StatsRequest*,
+grpc::Status KvStoreService::Stats(grpc::ServerContext* context, const ferry::v1::StatsRequest*,
                                    ferry::v1::StatsResponse* response) {
+  if (grpc::Status s = CheckSharedToken(*context, options_.auth_token); !s.ok()) return s;
   FillStats(store_->Stats(), response);
   RefreshMetrics();
   return grpc::Status::OK;
 }
 
-grpc::Status KvStoreService::Verify(grpc::ServerContext*, const ferry::v1::VerifyRequest*,
+grpc::Status KvStoreService::Verify(grpc::ServerContext* context, const ferry::v1::VerifyRequest*,
                                     ferry::v1::VerifyResponse* response) {
+  if (grpc::Status s = CheckSharedToken(*context, options_.auth_token); !s.ok()) return s;
   const VerifyReport report = store_->Verify();
   response->set_objects_checked(static_cast<uint64_t>(report.objects_checked));
   response->set_bytes_checked(static_cast<uint64_t>(report.bytes_checked));
@@ -440,8 +447,9 @@ grpc::Status KvStoreService::Verify(grpc::ServerContext*, const ferry::v1::Verif
   return grpc::Status::OK;
 }
 
-grpc::Status KvStoreService::Compact(grpc::ServerContext*, const ferry::v1::CompactRequest*,
+grpc::Status KvStoreService::Compact(grpc::ServerContext* context, const ferry::v1::CompactRequest*,
                                      ferry::v1::StatsResponse* response) {
+  if (grpc::Status s = CheckSharedToken(*context, options_.auth_token); !s.ok()) return s;
   if (absl::Status s = store_->Compact(); !s.ok()) return StoreError(s);
   FillStats(store_->Stats(), response);
   RefreshMetrics();

@@ -14,6 +14,9 @@
 // _evicted_objects_total, _expired_objects_total, _corrupt_reads_total,
 // _fingerprint_mismatches_total.
 //
+// Auth: with an auth_token, every call without it ends UNAUTHENTICATED before it touches the store
+// (the health service stays open).
+//
 // Thread-safe (gRPC calls handlers concurrently).
 
 #ifndef FERRY_KVSTORE_SERVICE_KV_SERVICE_H_
@@ -23,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "kvstore/kv_store.h"
@@ -39,6 +43,9 @@ struct KvServiceOptions {
   int64_t max_chunk_bytes = 4 << 20;   // of data per Get chunk (a request may ask for less)
   int64_t put_batch_bytes = 16 << 20;  // objects handed to the store together
   int64_t capacity_bytes = 0;          // reported (the store's)
+  // The shared token every call must carry (services/common/shared_token.h); empty: calls are
+  // not checked. An unauthenticated Put into a store that serves requests is cache poisoning.
+  std::string auth_token;
 };
 
 // The per-message limit a server around this service should set: a chunk of max_chunk_bytes

@@ -8,9 +8,12 @@
 #include <random>
 
 #include "ferry/v1/kvstore.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "kvstore/client/kv_client.h"
 #include "services/common/grpc_client.h"
 #include "services/common/grpc_server.h"
+#include "services/common/shared_token.h"
 
 namespace ferry {
 namespace kv {
@@ -270,6 +273,109 @@ TEST_F(KvServiceTest, DeadlinesAreHonoured) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   EXPECT_LT(found.size(), 40u);
+}
+
+// With a shared token, every method refuses a call without it, or with another, before touching
+// the store (nothing is written); the token opens them all, through the client too. The health
+// service stays open for probes.
+TEST(KvServiceAuthTest, EveryMethodWantsTheSharedToken) {
+  const std::string dir = (fs::path(::testing::TempDir()) / "svc_auth").string();
+  fs::remove_all(dir);
+  StoreOptions o;
+  o.segment_bytes = 4 << 20;
+  o.capacity_bytes = 64 << 20;
+  o.max_object_bytes = 3 << 20;
+  auto opened = KvStore::Open(dir, o);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::unique_ptr<KvStore> store = *std::move(opened);
+  const std::string token = "kv-token-0123456789abcdef";
+  KvServiceOptions so;
+  so.auth_token = token;
+  KvStoreService service(store.get(), so);
+  auto server = *GrpcServer::Start(GrpcServerOptions(), {&service});
+  auto stub = ferry::v1::KvStore::NewStub(NewChannel(server->address()));
+
+  auto call_all = [&](const std::string& presented) {
+    std::vector<grpc::StatusCode> codes;
+    auto ctx = [&] {
+      auto c = NewClientContext(absl::Seconds(5));
+      AttachSharedToken(c.get(), presented);
+      return c;
+    };
+    ferry::v1::ExistsRequest exists;
+    Set(kModel, exists.mutable_model_fingerprint());
+    Set(Key(1), exists.add_block_hashes());
+    ferry::v1::ExistsResponse exists_response;
+    codes.push_back(stub->Exists(ctx().get(), exists, &exists_response).error_code());
+    ferry::v1::GetRequest get;
+    Set(kModel, get.mutable_model_fingerprint());
+    Set(Key(1), get.add_block_hashes());
+    auto get_ctx = ctx();
+    auto reader = stub->Get(get_ctx.get(), get);
+    GetChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    codes.push_back(reader->Finish().error_code());
+    ferry::v1::PutResponse put_response;
+    auto put_ctx = ctx();
+    auto writer = stub->Put(put_ctx.get(), &put_response);
+    const std::string bytes = Bytes(1, 1000);
+    PutChunk c;
+    ferry::v1::ObjectHeader* h = c.mutable_header();
+    Set(Key(1), h->mutable_block_hash());
+    Set(kModel, h->mutable_model_fingerprint());
+    h->set_token_count(64);
+    h->set_traffic_class(ferry::v1::TRAFFIC_CLASS_CHAT);
+    h->set_size_bytes(bytes.size());
+    h->set_checksum(Checksum(bytes));
+    c.set_data(bytes);
+    writer->Write(c);
+    writer->WritesDone();
+    codes.push_back(writer->Finish().error_code());
+    ferry::v1::DeleteRequest del;
+    Set(Key(2), del.add_block_hashes());
+    ferry::v1::DeleteResponse del_response;
+    codes.push_back(stub->Delete(ctx().get(), del, &del_response).error_code());
+    ferry::v1::StatsResponse stats;
+    codes.push_back(stub->Stats(ctx().get(), ferry::v1::StatsRequest(), &stats).error_code());
+    ferry::v1::VerifyResponse verify;
+    codes.push_back(stub->Verify(ctx().get(), ferry::v1::VerifyRequest(), &verify).error_code());
+    codes.push_back(stub->Compact(ctx().get(), ferry::v1::CompactRequest(), &stats).error_code());
+    return codes;
+  };
+  for (const std::string& wrong : {std::string(), std::string("kv-token-0123456789abcdeX")}) {
+    for (grpc::StatusCode code : call_all(wrong)) {
+      EXPECT_EQ(code, grpc::StatusCode::UNAUTHENTICATED) << "token '" << wrong << "'";
+    }
+  }
+  EXPECT_EQ(store->Stats().objects, 0) << "an unauthenticated Put was stored";
+  for (grpc::StatusCode code : call_all(token)) EXPECT_EQ(code, grpc::StatusCode::OK);
+  EXPECT_EQ(store->Stats().objects, 1);
+
+  // The client: with the token its objects go in and come back; without, every call is a miss.
+  const std::string value = Bytes(3, 4096);
+  ClientObject object{Key(3), ObjectMeta{kModel, 7, 64, TrafficClass::kAgent}, value};
+  ClientOptions co;
+  co.nodes = {server->address()};
+  auto anonymous = *KvClient::Create(co);
+  EXPECT_EQ(anonymous->Put({object}), 0);
+  co.auth_token = token;
+  auto client = *KvClient::Create(co);
+  EXPECT_EQ(client->Put({object}), 1);
+  auto got = client->Get({Key(3)}, kModel);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].found);
+  EXPECT_EQ(got[0].value, value);
+  EXPECT_FALSE(anonymous->Get({Key(3)}, kModel)[0].found);
+
+  // Probes carry no token.
+  auto health = grpc::health::v1::Health::NewStub(NewChannel(server->address()));
+  grpc::health::v1::HealthCheckRequest check;
+  grpc::health::v1::HealthCheckResponse serving;
+  auto health_ctx = NewClientContext(absl::Seconds(5));
+  ASSERT_TRUE(health->Check(health_ctx.get(), check, &serving).ok());
+  EXPECT_EQ(serving.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  server.reset();
 }
 
 }  // namespace

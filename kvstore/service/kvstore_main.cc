@@ -19,6 +19,7 @@
 #include "services/common/grpc_server.h"
 #include "services/common/metrics.h"
 #include "services/common/service_lifecycle.h"
+#include "services/common/shared_token.h"
 #include "services/common/termination_signal.h"
 
 ABSL_FLAG(std::string, dir, "", "the store's directory (created if missing)");
@@ -32,6 +33,9 @@ ABSL_FLAG(std::string, ttl_agent, "3d", "retention of agent objects after their 
 ABSL_FLAG(std::string, ttl_batch, "1d", "retention of batch objects after their last use");
 ABSL_FLAG(std::string, max_chunk_bytes, "4MiB", "data per Get/Put message at most");
 ABSL_FLAG(int, rpc_grace_ms, 10000, "grace for in-flight calls at shutdown");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding the shared token every call must carry (else $FERRY_AUTH_TOKEN; neither: "
+          "calls are not checked)");
 
 namespace {
 
@@ -77,6 +81,12 @@ int main(int argc, char** argv) {
   if (service_options.max_chunk_bytes < 4096 || service_options.max_chunk_bytes > (64 << 20)) {
     std::fprintf(stderr, "ferry-kvstore: --max_chunk_bytes must be in 4KiB..64MiB\n");
     return 2;
+  }
+
+  service_options.auth_token =
+      OrExit(LoadSharedToken(absl::GetFlag(FLAGS_auth_token_file)), "--auth_token_file");
+  if (service_options.auth_token.empty()) {
+    LOG(WARNING) << "no shared token: any client that reaches the store can write into it";
   }
 
   auto store = OrExit(kv::KvStore::Open(absl::GetFlag(FLAGS_dir), store_options), "open");

@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     transport.kind = options.transport;
     transport.ucx_tls = options.ucx_tls;
     transport.listen_address = options.transport_address;
+    transport.auth_token = token;  // the gRPC fallback's calls, as the worker's own
     transport.registry = w->registry_.get();
     auto created = transfer::KvTransport::Create(transport);
     if (!created.ok()) {
