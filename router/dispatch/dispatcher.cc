@@ -69,17 +69,6 @@ class Dispatcher::Call final {
   }
 
  private:
-  // A step of the stream: runs `step` of the call when its operation completes.
-  class Step final : public CompletionThread::Tag {
-   public:
-    Step(Call* call, void (Call::*step)(bool)) : call_(call), step_(step) {}
-    void OnComplete(bool ok) override { (call_->*step_)(ok); }
-
-   private:
-    Call* const call_;
-    void (Call::*const step_)(bool);
-  };
-
   void OnStarted(bool ok) {
     if (!ok) return reader_->Finish(&status_, &on_finished_);
     reader_->Read(&event_, &on_read_);
@@ -217,9 +206,9 @@ class Dispatcher::Call final {
   v1::GenerateRequest request_;  // disaggregated: the job's, without `aggregated`
   CompletionThread* completions_ = nullptr;
   std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateEvent>> reader_;
-  Step on_started_{this, &Call::OnStarted};
-  Step on_read_{this, &Call::OnRead};
-  Step on_finished_{this, &Call::OnFinished};
+  MethodTag<Call> on_started_{this, &Call::OnStarted};
+  MethodTag<Call> on_read_{this, &Call::OnRead};
+  MethodTag<Call> on_finished_{this, &Call::OnFinished};
   grpc::Status status_;
   v1::GenerateEvent event_;
   bool started_ = false;  // a token arrived

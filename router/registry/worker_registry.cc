@@ -68,16 +68,6 @@ class WorkerRegistry::Subscription final {
   void Cancel() { context_.TryCancel(); }
 
  private:
-  class Step final : public CompletionThread::Tag {
-   public:
-    Step(Subscription* s, void (Subscription::*step)(bool)) : s_(s), step_(step) {}
-    void OnComplete(bool ok) override { (s_->*step_)(ok); }
-
-   private:
-    Subscription* const s_;
-    void (Subscription::*const step_)(bool);
-  };
-
   void OnStarted(bool ok) {
     if (!ok) return reader_->Finish(&result_, &on_finished_);
     reader_->Read(&status_, &on_read_);
@@ -110,9 +100,9 @@ class WorkerRegistry::Subscription final {
   grpc::ClientContext context_;
   v1::WatchRequest request_;
   std::unique_ptr<grpc::ClientAsyncReader<v1::WorkerStatus>> reader_;
-  Step on_started_{this, &Subscription::OnStarted};
-  Step on_read_{this, &Subscription::OnRead};
-  Step on_finished_{this, &Subscription::OnFinished};
+  MethodTag<Subscription> on_started_{this, &Subscription::OnStarted};
+  MethodTag<Subscription> on_read_{this, &Subscription::OnRead};
+  MethodTag<Subscription> on_finished_{this, &Subscription::OnFinished};
   grpc::Status result_;
   v1::WorkerStatus status_;
 };

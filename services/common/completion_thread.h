@@ -48,6 +48,18 @@ class CompletionThread {
   std::thread thread_;
 };
 
+// A Tag that runs (object->*method)(ok): how a call object names the steps of its operations.
+template <typename T>
+class MethodTag final : public CompletionThread::Tag {
+ public:
+  MethodTag(T* object, void (T::*method)(bool)) : object_(object), method_(method) {}
+  void OnComplete(bool ok) override { (object_->*method_)(ok); }
+
+ private:
+  T* const object_;
+  void (T::*const method_)(bool);
+};
+
 }  // namespace ferry
 
 #endif  // FERRY_SERVICES_COMMON_COMPLETION_THREAD_H_
