@@ -172,6 +172,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!self->in_request_) self->Close();
     });
   }
+  // Closes on the strand, from any thread (also under write_mu_: it only posts).
   void CloseNow() {
     asio::post(stream_.get_executor(), [self = shared_from_this()] { self->Close(); });
   }
@@ -206,7 +207,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (out_.size() - sent_ + inflight_.size() > server_->options().max_stream_buffer_bytes) {
       LOG(WARNING) << "http: " << remote_ << " does not read its stream; cut off";
       cut_off_ = true;
-      asio::post(stream_.get_executor(), [self = shared_from_this()] { self->Close(); });
+      CloseNow();
       return false;
     }
     return true;
@@ -256,9 +257,6 @@ class Session : public std::enable_shared_from_this<Session> {
                               self->buffer_.commit(n);
                               self->ReadRequest();
                             });
-  }
-  void CloseLater() {
-    asio::post(stream_.get_executor(), [self = shared_from_this()] { self->Close(); });
   }
 
   void ReadRequest() {
@@ -382,7 +380,7 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
       cut_off_ = true;  // the peer is gone
-      CloseLater();
+      CloseNow();
       return;
     }
     out_.clear();
@@ -393,7 +391,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Everything written: close if that was the last word, or let the strand read the next request.
   void AfterFlushLocked() {
     if (closing_after_write_) {
-      CloseLater();
+      CloseNow();
     } else if (complete_ && !end_posted_) {
       end_posted_ = true;
       asio::post(stream_.get_executor(), [self = shared_from_this()] { self->EndRequest(); });
