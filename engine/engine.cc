@@ -40,8 +40,16 @@ struct Engine::Request {
   bool admitted_once = false;
   bool handed_off = false;           // prefill-only: its KV is held in handoffs_
   int64_t cached_prompt_tokens = 0;  // at the first admission
-  absl::Duration submitted_at;       // clock_->Monotonic() at Submit
-  absl::Duration queued;             // submitted_at to the first admission
+  // Imports: the blocks held until the first admission (r.imported_blocks, emptied then), and
+  // of the cached prompt tokens, how many they supplied.
+  std::vector<BlockId> pinned;
+  int64_t imported_tokens = 0;
+  int64_t replayed_tokens = 0;  // at the first admission
+  // Its KV is an approximation (a bounded replay; or imported so): never cached or offered.
+  bool approximate = false;
+  int64_t window_floor = 0;     // the window layers' first key (a bounded replay's start)
+  absl::Duration submitted_at;  // clock_->Monotonic() at Submit
+  absl::Duration queued;        // submitted_at to the first admission
 };
 
 struct Engine::Sequence {
@@ -61,6 +69,12 @@ struct Engine::Sequence {
   bool finished = false;
   std::vector<Hash128> hashes;  // of full blocks of `tokens`, as far as computed
   int64_t cached_blocks = 0;    // of `hashes`, offered to the prefix cache
+  int64_t offer_from = 0;       // blocks from here on are computed here (on_computed_blocks)
+  // A window replay (SWA replay): positions before replay_end leave the full-attention KV as it
+  // is; the window layers see no key before window_floor.
+  int64_t replay_end = 0;
+  int64_t window_floor = 0;
+  Replay admission;  // the latest admission's cached prefix (for the first's accounting)
   SamplerState state;
   StopStringMatcher stop{{}};
   std::unique_ptr<IncrementalDetokenizer> detok;
@@ -109,7 +123,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ForwardModel* model, KvBl
                                                        KvBlockPool* window_pool) {
   if (options.max_batch_tokens < 1 || options.max_running < 1 || options.prefill_chunk < 1 ||
       options.max_n < 1 || options.max_queued < 1 || options.prefix_cache_bytes < 0 ||
-      options.window_cache_bytes < 0) {
+      options.window_cache_bytes < 0 || options.swa_replay_tokens < 1 ||
+      options.window_cache_ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("engine options must be positive");
   }
   const int32_t bt = pool->layout().block_tokens;
@@ -157,6 +172,7 @@ Engine::Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenize
     // A prefix is of use only as far as its window layers' blocks are cached too: the journal
     // reports both (KvEventJournal).
     window_cache_ = std::make_unique<PrefixCache>(window_pool_, options.window_cache_bytes);
+    window_cache_->SetTtl(options.window_cache_ttl, clock_);
   }
   eos_ids_ = model_->config().eos_token_ids;
   if (tokenizer_ != nullptr && tokenizer_->eos_id().has_value() &&
@@ -285,8 +301,9 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
         return absl::InvalidArgumentError(
             "decode-only: the window layers' imported table does not cover the prompt");
       }
-      // Present from the block the next row (at `positions`) sees; before it, optional.
-      const int64_t first = FirstWindowBlock(positions);
+      // Present from the block the next row (at `positions`) sees, or the window floor's;
+      // before it, optional.
+      const int64_t first = std::max(FirstWindowBlock(positions), r.window_floor / block_tokens_);
       for (size_t i = 0; i < r.imported_window_blocks.size(); ++i) {
         const BlockId b = r.imported_window_blocks[i];
         if (b == kNoBlock && static_cast<int64_t>(i) < first) continue;
@@ -298,8 +315,35 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
     } else if (!r.imported_window_blocks.empty()) {
       return absl::InvalidArgumentError("imported window blocks need an engine with a window pool");
     }
-  } else if (!r.imported_blocks.empty() || !r.imported_window_blocks.empty()) {
-    return absl::InvalidArgumentError("imported blocks are for decode-only requests");
+    if (r.window_floor < 0 || r.window_floor > positions) {
+      return absl::InvalidArgumentError("decode-only: window floor outside the imported positions");
+    }
+    if (r.window_floor > 0 && window_pool_ == nullptr) {
+      return absl::InvalidArgumentError("a window floor needs an engine with a window pool");
+    }
+  } else {
+    if (!r.imported_window_blocks.empty() || r.window_floor != 0 || r.approximate_kv) {
+      return absl::InvalidArgumentError(
+          "imported window blocks, a window floor and approximate KV are for decode-only "
+          "requests");
+    }
+    // Imports: leading full blocks of the prompt, never the one with its last token.
+    const int64_t most = (static_cast<int64_t>(r.prompt.size()) - 1) / block_tokens_;
+    if (static_cast<int64_t>(r.imported_blocks.size()) > most) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          r.imported_blocks.size(), " imported blocks: the prompt of ", r.prompt.size(),
+          " tokens has ", most, " full blocks before its last token"));
+    }
+    if (r.imported_cached_blocks < 0 ||
+        r.imported_cached_blocks > static_cast<int64_t>(r.imported_blocks.size())) {
+      return absl::InvalidArgumentError("imported_cached_blocks outside [0, imported blocks]");
+    }
+    for (BlockId b : r.imported_blocks) {
+      if (b < 0 || b >= pool_->num_blocks() || pool_->ref_count(b) < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("imported block ", b, " is not an allocated block"));
+      }
+    }
   }
   if (r.role == EngineRole::kPrefillOnly && r.resume.size() > 1) {
     return absl::InvalidArgumentError(
@@ -337,7 +381,25 @@ void Engine::Reserve(std::vector<Hash128> hashes, int64_t positions,
                      std::function<void(absl::StatusOr<KvReservation>)> done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    reservations_.push_back(PendingReservation{std::move(hashes), positions, std::move(done)});
+    PendingReservation r;
+    r.hashes = std::move(hashes);
+    r.positions = positions;
+    r.done = std::move(done);
+    reservations_.push_back(std::move(r));
+  }
+  wake_.notify_one();
+}
+
+void Engine::ReserveImport(std::vector<Hash128> hashes, int64_t max_fresh,
+                           std::function<void(absl::StatusOr<KvReservation>)> done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    PendingReservation r;
+    r.hashes = std::move(hashes);
+    r.import = true;
+    r.max_fresh = max_fresh;
+    r.done = std::move(done);
+    reservations_.push_back(std::move(r));
   }
   wake_.notify_one();
 }
@@ -392,6 +454,7 @@ void Engine::DrainInbox() {
   }
   for (const std::string& id : released) DropHandoff(id);
   ExpireHandoffs();
+  if (window_cache_ != nullptr) stats_.window_expired_blocks += window_cache_->Expire();
   if (clear) EvictAllCached();
   for (PendingReservation& r : reservations) RunReservation(r);
   RemoveFinished();
@@ -434,6 +497,28 @@ bool Engine::MakeRoom(KvBlockPool* pool, PrefixCache* cache, int64_t n) {
 
 void Engine::RunReservation(PendingReservation& r) {
   KvReservation out;
+  if (r.import) {
+    // The full-attention pool only: the cached prefix, then as many fresh blocks as may be had.
+    out.blocks = cache_.Lookup(absl::MakeConstSpan(r.hashes));
+    out.cached_blocks = static_cast<int64_t>(out.blocks.size());
+    int64_t fresh = std::min<int64_t>(static_cast<int64_t>(r.hashes.size()) - out.cached_blocks,
+                                      std::max<int64_t>(0, r.max_fresh));
+    while (pool_->num_free() < fresh && cache_.Evict(fresh - pool_->num_free()) > 0) {
+    }
+    fresh = std::min(fresh, pool_->num_free());
+    if (fresh <= 0 && out.cached_blocks < static_cast<int64_t>(r.hashes.size())) {
+      ReleaseTable(*pool_, out.blocks);
+      r.done(absl::ResourceExhaustedError(absl::StrCat("no KV block is free to import into (",
+                                                       pool_->num_blocks(), " blocks, ",
+                                                       cache_.blocks(), " cached)")));
+      return;
+    }
+    auto blocks = pool_->Allocate(fresh);
+    CHECK(blocks.ok());
+    out.blocks.insert(out.blocks.end(), blocks->begin(), blocks->end());
+    r.done(std::move(out));
+    return;
+  }
   const int64_t total = pool_->layout().BlocksFor(r.positions);
   // The prefix blocks must leave at least one position to compute (as Admit's).
   const int64_t full = std::min<int64_t>(static_cast<int64_t>(r.hashes.size()),
@@ -485,6 +570,23 @@ void Engine::AddRequest(EngineRequest r, absl::Duration submitted_at) {
   std::sort(req->stop_ids.begin(), req->stop_ids.end());
   req->stop_ids.erase(std::unique(req->stop_ids.begin(), req->stop_ids.end()), req->stop_ids.end());
   const int64_t arrival = arrivals_++;
+  if (er.role == EngineRole::kDecodeOnly) {
+    req->approximate = er.approximate_kv;
+    req->window_floor = er.window_floor;
+  } else if (!er.imported_blocks.empty()) {
+    // Imports: offered to the prefix cache now (hashes already cached keep their blocks), held
+    // until the first admission.
+    const int64_t k = static_cast<int64_t>(er.imported_blocks.size());
+    std::vector<Hash128> hashes;
+    for (int64_t i = 0; i < k; ++i) {
+      hashes.push_back(NextBlockHash(
+          i == 0 ? req->root : hashes.back(),
+          absl::MakeConstSpan(er.prompt).subspan(i * block_tokens_, block_tokens_), {}));
+    }
+    cache_.Insert(hashes, er.imported_blocks);
+    req->pinned = std::move(req->r.imported_blocks);
+    req->r.imported_blocks.clear();
+  }
   // Without resume points choice 0 starts and the others fork from its first token.
   req->fork_pending = er.resume.empty() && er.n > 1;
   std::vector<const ResumePoint*> points;
@@ -514,6 +616,9 @@ void Engine::AddRequest(EngineRequest r, absl::Duration submitted_at) {
         // the partial one's copy, a choice recomputes when it is admitted.
         ShareKv(er.imported_blocks, er.imported_window_blocks, seq->prompt_len, *seq);
       }
+      // The imported positions were computed elsewhere: only blocks completed here are offered.
+      seq->offer_from = seq->computed / block_tokens_;
+      if (seq->admitted) seq->window_floor = er.window_floor;
       req->admitted_once = true;
     }
     ++req->live;
@@ -534,6 +639,8 @@ bool Engine::Reserve(Sequence& seq, int64_t positions, std::vector<Sequence*>& s
     if (short_of(pool_) > 0) evicted += cache_.Evict(short_of(pool_));
     if (short_of(window_pool_) > 0) evicted += window_cache_->Evict(short_of(window_pool_));
     if (evicted > 0) continue;
+    // Imports held for requests that wait behind `seq` become evictable.
+    if (UnpinWaiting(&seq)) continue;
     // Preempt the admitted sequence ranked last, if it ranks after `seq`.
     Sequence* victim = nullptr;
     for (auto& s : seqs_) {
@@ -542,7 +649,11 @@ bool Engine::Reserve(Sequence& seq, int64_t positions, std::vector<Sequence*>& s
         victim = s.get();
       }
     }
-    if (victim == nullptr) return false;
+    if (victim == nullptr) {
+      // Last, the imports of requests ranked before `seq` that still wait.
+      if (UnpinWaiting(nullptr)) continue;
+      return false;
+    }
     scheduled.erase(std::remove(scheduled.begin(), scheduled.end(), victim), scheduled.end());
     Preempt(*victim);
   }
@@ -575,8 +686,32 @@ void Engine::ReleaseHandoffBlocks(Handoff& handoff) {
 void Engine::Preempt(Sequence& seq) {
   ReleaseBlocks(seq);
   seq.computed = 0;
+  seq.replay_end = 0;
+  seq.window_floor = 0;
   seq.admitted = false;
   ++stats_.preemptions;
+}
+
+void Engine::Unpin(Request& req) {
+  if (req.pinned.empty()) return;
+  CHECK(pool_->Release(req.pinned).ok());
+  req.pinned.clear();
+  cache_.TrimToCap();
+}
+
+bool Engine::UnpinWaiting(const Sequence* than) {
+  Sequence* worst = nullptr;
+  for (auto& s : seqs_) {
+    if (s->finished || s->req->admitted_once || s->req->pinned.empty()) continue;
+    if (than != nullptr && (s->req == than->req || !(s->rank() > than->rank()))) continue;
+    if (worst == nullptr || s->rank() > worst->rank()) worst = s.get();
+  }
+  if (worst == nullptr) return false;
+  const int64_t loaded =
+      static_cast<int64_t>(worst->req->pinned.size()) - worst->req->r.imported_cached_blocks;
+  stats_.unused_imported_blocks += std::max<int64_t>(0, loaded);
+  Unpin(*worst->req);
+  return true;
 }
 
 int64_t Engine::FirstWindowBlock(int64_t position) const {
@@ -593,20 +728,63 @@ int64_t Engine::Admit(Sequence& seq) {
     seq.hashes.push_back(NextBlockHash(
         parent, absl::MakeConstSpan(seq.tokens).subspan(i * block_tokens_, block_tokens_), {}));
   }
-  TakeCachedPrefix(absl::MakeConstSpan(seq.hashes), full, &seq.blocks, &seq.window_blocks);
+  Replay replay;
+  TakeCachedPrefix(absl::MakeConstSpan(seq.hashes), full, &seq.blocks, &seq.window_blocks, &replay);
+  seq.admission = replay;
+  const int64_t cached = static_cast<int64_t>(seq.blocks.size()) * block_tokens_;
+  seq.computed = cached;
+  seq.replay_end = 0;
+  seq.window_floor = 0;
+  if (replay.end > 0) {
+    // The window layers are rebuilt from replay.from; the full-attention KV is the cache's.
+    seq.computed = replay.from;
+    seq.replay_end = replay.end;
+    seq.window_floor = replay.from;
+    if (replay.approximate) seq.req->approximate = true;
+  }
   if (window_pool_ != nullptr) {
-    seq.window_begin = FirstWindowBlock(static_cast<int64_t>(seq.blocks.size()) * block_tokens_);
+    // Window blocks a replay rebuilds are never cached (the first of them may hold positions no
+    // replay made exact).
+    seq.window_begin = FirstWindowBlock(seq.computed);
     seq.window_cached = static_cast<int64_t>(seq.blocks.size());
   }
-  seq.computed = static_cast<int64_t>(seq.blocks.size()) * block_tokens_;
   seq.cached_blocks = static_cast<int64_t>(seq.blocks.size());
-  stats_.cached_tokens += seq.computed;
+  seq.offer_from = seq.cached_blocks;
+  stats_.cached_tokens += cached;
   seq.admitted = true;
-  return seq.computed;
+  return cached;
+}
+
+void Engine::FirstAdmission(Sequence& seq, int64_t cached) {
+  Request& req = *seq.req;
+  req.admitted_once = true;
+  req.cached_prompt_tokens = std::min(cached, seq.prompt_len);
+  req.queued = clock_->Monotonic() - req.submitted_at;
+  // The imports it used: prefix blocks that are the very blocks it brought from elsewhere.
+  const int64_t prefix = std::min<int64_t>(cached / block_tokens_, req.pinned.size());
+  int64_t used = 0;
+  for (int64_t i = req.r.imported_cached_blocks; i < prefix; ++i) {
+    if (seq.blocks[i] == req.pinned[i]) ++used;
+  }
+  const int64_t loaded = static_cast<int64_t>(req.pinned.size()) - req.r.imported_cached_blocks;
+  req.imported_tokens = used * block_tokens_;
+  stats_.imported_tokens += req.imported_tokens;
+  stats_.unused_imported_blocks += std::max<int64_t>(0, loaded - used);
+  Unpin(req);
+  const Replay& a = seq.admission;
+  if (a.end > 0) {
+    req.replayed_tokens = a.end - a.from;
+    stats_.replayed_tokens += req.replayed_tokens;
+    ++stats_.window_replays;
+    if (a.approximate) req.window_floor = a.from;
+  } else if (window_pool_ != nullptr && a.longest > 0) {
+    ++(a.windowed == a.longest ? stats_.window_hits : stats_.window_misses);
+  }
 }
 
 void Engine::TakeCachedPrefix(absl::Span<const Hash128> hashes, int64_t full,
-                              std::vector<BlockId>* blocks, std::vector<BlockId>* window_blocks) {
+                              std::vector<BlockId>* blocks, std::vector<BlockId>* window_blocks,
+                              Replay* replay) {
   full = std::min<int64_t>(full, static_cast<int64_t>(hashes.size()));
   if (window_pool_ == nullptr) {
     *blocks = cache_.Lookup(hashes.subspan(0, full));
@@ -614,15 +792,45 @@ void Engine::TakeCachedPrefix(absl::Span<const Hash128> hashes, int64_t full,
   }
   // k cached blocks are of use when the window cache also holds the window layers' blocks
   // that the row after them (at k * block_tokens) sees: blocks [FirstWindowBlock, k).
-  int64_t k = 0;
-  while (k < full && cache_.Contains(hashes[k])) ++k;
+  int64_t longest = 0;
+  while (longest < full && cache_.Contains(hashes[longest])) ++longest;
   auto window_cached = [&](int64_t k) {
     for (int64_t i = FirstWindowBlock(k * block_tokens_); i < k; ++i) {
       if (!window_cache_->Contains(hashes[i])) return false;
     }
     return true;
   };
+  int64_t k = longest;
   while (k > 0 && !window_cached(k)) --k;
+  if (replay != nullptr) {
+    replay->longest = longest;
+    replay->windowed = k;
+  }
+  if (replay != nullptr && k < longest) {
+    // The whole prefix with a replay of its last positions, when that computes fewer positions
+    // than starting after the k blocks whose window blocks are cached.
+    const int64_t end = longest * block_tokens_;
+    const int64_t exact = model_->exact_replay_tokens();
+    const bool bounded = options_.swa_replay == EngineOptions::SwaReplay::kBounded &&
+                         options_.swa_replay_tokens < exact;
+    const int64_t from = std::max<int64_t>(0, end - (bounded ? options_.swa_replay_tokens : exact));
+    const int64_t first = from / block_tokens_;
+    if (end - from < (longest - k) * block_tokens_ &&
+        MakeRoom(window_pool_, window_cache_.get(), longest - first)) {
+      auto fresh = window_pool_->Allocate(longest - first);
+      CHECK(fresh.ok());
+      *blocks = cache_.Lookup(hashes.subspan(0, longest));
+      CHECK_EQ(static_cast<int64_t>(blocks->size()), longest);
+      window_blocks->assign(first, kNoBlock);
+      window_blocks->insert(window_blocks->end(), fresh->begin(), fresh->end());
+      replay->from = from;
+      replay->end = end;
+      replay->approximate = bounded && from > 0;
+      return;
+    }
+    // (Making room may have evicted window blocks k needed.)
+    while (k > 0 && !window_cached(k)) --k;
+  }
   *blocks = cache_.Lookup(hashes.subspan(0, k));
   CHECK_EQ(static_cast<int64_t>(blocks->size()), k);
   const int64_t begin = FirstWindowBlock(k * block_tokens_);
@@ -633,6 +841,8 @@ void Engine::TakeCachedPrefix(absl::Span<const Hash128> hashes, int64_t full,
 }
 
 void Engine::CacheFullBlocks(Sequence& seq) {
+  // An approximation is never shared.
+  if (seq.req->approximate) return;
   const int64_t full = seq.computed / block_tokens_;
   while (static_cast<int64_t>(seq.hashes.size()) < full) {
     const int64_t i = static_cast<int64_t>(seq.hashes.size());
@@ -644,6 +854,7 @@ void Engine::CacheFullBlocks(Sequence& seq) {
     cache_.Insert(
         absl::MakeConstSpan(seq.hashes).subspan(seq.cached_blocks, full - seq.cached_blocks),
         absl::MakeConstSpan(seq.blocks).subspan(seq.cached_blocks, full - seq.cached_blocks));
+    OfferComputedBlocks(seq, std::max(seq.cached_blocks, seq.offer_from), full);
     seq.cached_blocks = full;
   }
   if (window_pool_ != nullptr) {
@@ -653,6 +864,16 @@ void Engine::CacheFullBlocks(Sequence& seq) {
     }
     seq.window_cached = std::max(seq.window_cached, full);
   }
+}
+
+void Engine::OfferComputedBlocks(Sequence& seq, int64_t first, int64_t end) {
+  const auto& offer = seq.req->r.on_computed_blocks;
+  if (!offer || first >= end) return;
+  std::vector<ComputedBlock> blocks;
+  for (int64_t i = first; i < end; ++i) {
+    blocks.push_back(ComputedBlock{i, seq.hashes[i], seq.blocks[i]});
+  }
+  offer(blocks);
 }
 
 void Engine::Slide(Sequence& seq) {
@@ -705,16 +926,16 @@ absl::StatusOr<bool> Engine::Step() {
       // Not now: give the cache hits back and hold everything behind it.
       ReleaseBlocks(*s);
       s->computed = 0;
+      s->replay_end = 0;
+      s->window_floor = 0;
       s->admitted = false;
       stats_.cached_tokens -= cached;
       break;
     }
-    if (!s->req->admitted_once) {
-      s->req->admitted_once = true;
-      s->req->cached_prompt_tokens = std::min(cached, s->prompt_len);
-      s->req->queued = clock_->Monotonic() - s->req->submitted_at;
-    }
+    if (!s->req->admitted_once) FirstAdmission(*s, cached);
     ++running;
+    // A prefill-only request's cached prefix may be sent while the rest is computed.
+    ReportKvProgress(*s);
   }
   if (scheduled.empty()) {
     // An admitted sequence that got no block although nothing ranks after it: when it outgrew
@@ -745,6 +966,8 @@ absl::StatusOr<bool> Engine::Step() {
     f.blocks = s->blocks;
     f.window_blocks = s->window_blocks;
     f.no_logits = s->step_chunk != remaining;
+    f.replay_end = s->replay_end;
+    f.window_floor = s->window_floor;
     batch.push_back(f);
   }
   std::vector<float>& logits = logits_;  // kept across steps: no fresh pages every step
@@ -772,10 +995,14 @@ absl::StatusOr<bool> Engine::Step() {
   int64_t row = 0;
   for (size_t i = 0; i < scheduled.size(); ++i) {
     Sequence& s = *scheduled[i];
-    if (s.computed < s.prompt_len) {
-      stats_.prompt_tokens_computed += std::min(s.step_chunk, s.prompt_len - s.computed);
+    // (Replayed positions were counted at the admission.)
+    const int64_t fresh_from = std::max(s.computed, s.replay_end);
+    if (fresh_from < s.prompt_len) {
+      stats_.prompt_tokens_computed +=
+          std::max<int64_t>(0, std::min(s.computed + s.step_chunk, s.prompt_len) - fresh_from);
     }
     s.computed += s.step_chunk;
+    if (s.computed >= s.replay_end) s.replay_end = 0;
     CacheFullBlocks(s);
     Slide(s);
     if (batch[i].no_logits) {
@@ -848,7 +1075,9 @@ TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, Fini
 void Engine::ReportKvProgress(Sequence& seq) {
   const EngineRequest& r = seq.req->r;
   if (!r.stream_kv || r.role != EngineRole::kPrefillOnly || seq.finished) return;
-  const int64_t complete = std::min(seq.computed, seq.prompt_len) / block_tokens_;
+  // (A replay leaves the full-attention blocks before replay_end as they are: complete.)
+  const int64_t complete =
+      std::min(std::max(seq.computed, seq.replay_end), seq.prompt_len) / block_tokens_;
   if (complete <= seq.reported_blocks) return;
   seq.reported_blocks = complete;
   TokenEvent e;
@@ -964,7 +1193,9 @@ void Engine::Fork(Sequence& first, absl::Span<const float> logits) {
     if (copied && window_pool_ != nullptr) {
       seq->window_begin = std::min<int64_t>(first.window_begin, full);
       seq->window_cached = std::min<int64_t>(first.window_cached, full);
+      seq->window_floor = first.window_floor;
     }
+    seq->offer_from = std::min<int64_t>(first.offer_from, full);
     ++first.req->live;
     Sequence& added = *seq;
     seqs_.push_back(std::move(seq));
@@ -978,6 +1209,10 @@ void Engine::Emit(const Sequence& seq, TokenEvent& event) {
   event.request_id = seq.req->r.id;
   event.choice = seq.choice;
   event.cached_tokens = seq.req->cached_prompt_tokens;
+  event.imported_tokens = seq.req->imported_tokens;
+  event.replayed_tokens = seq.req->replayed_tokens;
+  event.approximate_kv = seq.req->approximate;
+  event.window_floor = seq.req->window_floor;
   event.queued = seq.req->queued;
   if (seq.req->r.on_event) seq.req->r.on_event(event);
 }
@@ -997,6 +1232,13 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
   event.finish = reason;
   event.sampler_state = seq.state;
   event.held_text = seq.stop.held();
+  if (seq.req->live == 1 && !seq.req->pinned.empty()) {
+    // Ended before its first admission: its imports stay cached, held no more.
+    const int64_t loaded =
+        static_cast<int64_t>(seq.req->pinned.size()) - seq.req->r.imported_cached_blocks;
+    stats_.unused_imported_blocks += std::max<int64_t>(0, loaded);
+    Unpin(*seq.req);
+  }
   if (--seq.req->live == 0 && !seq.req->handed_off) {
     // Reusable from its last event on: whoever sees that event finds the id free (its
     // sequences leave seqs_ at the end of this step, before a new submission is added).
@@ -1025,6 +1267,10 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
       e.error = error;
       e.error_code = event_code;
       e.cached_tokens = req.cached_prompt_tokens;
+      e.imported_tokens = req.imported_tokens;
+      e.replayed_tokens = req.replayed_tokens;
+      e.approximate_kv = req.approximate;
+      e.window_floor = req.window_floor;
       e.queued = req.queued;
       if (req.r.on_event) req.r.on_event(e);
     }

@@ -48,25 +48,54 @@
 // of the window layers are kept in a window cache (LRU, window_cache_bytes) under the same block
 // hashes as the prefix cache; a cached prefix of k blocks is taken only when the window cache also
 // holds the window layers' blocks the next row can see, otherwise the longest shorter prefix that
-// has them (exact, never an approximation). Handoffs and imports carry both tables.
+// has them, or, when that is cheaper, the whole prefix with a replay (below). Handoffs and
+// imports carry both tables.
+//
+// SWA replay (ARCHITECTURE.md §4; two pools only). The window layers' KV is never imported (a KV
+// store holds the full-attention layers' only), and the window cache keeps its blocks for
+// window_cache_ttl after their last use. A cached prefix of k blocks whose window blocks are gone
+// is still usable: its last positions are run through the whole model again, the full-attention
+// layers reading their KV from the cache (and writing none), the window layers rebuilding theirs
+// from the replay's start (they see no key before it). In exact mode (the default) the replay
+// is model.exact_replay_tokens() positions, after which every window layer's KV the next row
+// sees is exactly what a run from position 0 computes: the output is bit-identical to an
+// uncached run. In bounded mode it is swa_replay_tokens positions (when fewer than exact): the
+// window layers see a shorter history, the request's KV is an approximation, and nothing it
+// computes is ever cached or offered (TokenEvent::approximate_kv; its window floor travels with
+// a handoff, so a decode side sees the same history). The engine replays when that computes
+// fewer positions than the longest window-cached shorter prefix would leave.
+//
+// Imports (a KV store's blocks). A prefill or aggregated request may bring the KV of its prompt's
+// leading full blocks (imported_blocks, in blocks ReserveImport gave): the engine offers them to
+// its prefix cache under the request's block hashes and holds them until the request is first
+// admitted, which takes its cached prefix as usual. Under KV pressure the holds of requests still
+// waiting are dropped first (the blocks stay cached, evictable). Events say how many of the
+// prompt's tokens were reused (cached_tokens, a prefix: blocks before cached_tokens /
+// block_tokens reused, the rest computed), how many of those the import supplied
+// (imported_tokens) and how many positions a window replay recomputed (replayed_tokens). The full
+// blocks a request computes are offered to on_computed_blocks as they complete (to write them to
+// a store), never those it reused or imported.
 //
 // The service contract (what a worker may rely on):
-// - Threads. Submit, Abort, ReleaseHandoff, Reserve, ClearPrefixCache, stats() and kv_events()
-//   are thread-safe. Everything else runs on the engine thread (the one Start() creates, or the
-//   caller of Step() in tests): the scheduler, the model, the prefix caches. Nobody else touches
-//   the caches; what a service needs of them goes through the inbox (Reserve, ClearPrefixCache)
-//   or the journal (kv_events(): snapshots, events, prefix lookups).
-// - Callbacks. on_event, Reserve's `done` and EngineOptions::on_step run on the engine thread,
-//   in order per choice, and must not block (hand work to another thread; a callback that waits
-//   stalls every request). A callback may call Submit, Abort or ReleaseHandoff.
+// - Threads. Submit, Abort, ReleaseHandoff, Reserve, ReserveImport, ClearPrefixCache, stats()
+//   and kv_events() are thread-safe. Everything else runs on the engine thread (the one Start()
+//   creates, or the caller of Step() in tests): the scheduler, the model, the prefix caches.
+//   Nobody else touches the caches; what a service needs of them goes through the inbox
+//   (Reserve, ReserveImport, ClearPrefixCache) or the journal (kv_events(): snapshots, events,
+//   prefix lookups).
+// - Callbacks. on_event, on_computed_blocks, Reserve's and ReserveImport's `done` and
+//   EngineOptions::on_step run on the engine thread, in order per choice, and must not block
+//   (hand work to another thread; a callback that waits stalls every request). A callback may
+//   call Submit, Abort or ReleaseHandoff.
 // - Events. A choice's events carry its tokens in output order; its last event has a finish
 //   reason and what a resume elsewhere needs (sampler state, held-back text). A request that
 //   Submit accepted always ends with a finish event for each choice (kAbort when the engine is
 //   destroyed first).
-// - Ownership. A decode-only request's imported_blocks (and imported_window_blocks) carry one
-//   reference each: accepted by Submit, the engine owns them and releases them when the request
-//   ends; refused, the caller still owns them. Blocks a service releases on the pool from another
-//   thread wake an engine that was waiting for blocks (KvBlockPool::SetFreeListener).
+// - Ownership. A request's imported_blocks (and imported_window_blocks) carry one reference
+//   each: accepted by Submit, the engine owns them and releases them when the request ends (or,
+//   not decode-only, at its first admission); refused, the caller still owns them. Blocks a
+//   service releases on the pool from another thread wake an engine that was waiting for blocks
+//   (KvBlockPool::SetFreeListener).
 // - Bounds. At most max_running sequences hold KV; at most max_queued requests wait (submitted
 //   and not yet admitted: Submit answers ResourceExhausted beyond that); the prefix caches hold at
 //   most their byte caps of unreferenced blocks; the journal at most its capacity of events.
@@ -137,6 +166,16 @@ struct TokenEvent {
   // kHandoff on a window pool: the window layers' table, indexed like `blocks`, kNoBlock for the
   // blocks before the window.
   std::vector<BlockId> window_blocks;
+  // Of cached_tokens, those the request's imported blocks supplied (a KV store's), on every event
+  // once known.
+  int64_t imported_tokens = 0;
+  // Positions a window replay recomputed at the first admission (SWA replay), once known.
+  int64_t replayed_tokens = 0;
+  // A bounded replay made the request's KV an approximation: nothing of it may be cached
+  // anywhere. With it, the window layers see no key before window_floor (a decode side that
+  // continues the request must use the same floor).
+  bool approximate_kv = false;
+  int64_t window_floor = 0;
   // With every finish: what continuing this choice elsewhere needs (ResumePoint).
   SamplerState sampler_state;
   std::string held_text;
@@ -149,6 +188,14 @@ struct ResumePoint {
   SamplerState sampler_state;  // after `generated`
   std::string held_text;       // text held back by the stop-string matcher
   int32_t choice = 0;          // its index among the request's n choices (sampling is keyed by it)
+};
+
+// A full block of KV a request computed (EngineRequest::on_computed_blocks): block `index` of its
+// table, chained hash `hash`, in the full-attention pool.
+struct ComputedBlock {
+  int64_t index = 0;
+  Hash128 hash;
+  BlockId block = kNoBlock;
 };
 
 struct EngineRequest {
@@ -173,10 +220,23 @@ struct EngineRequest {
   // Empty, or the choices to run (distinct choice indexes < n; choices not listed finished
   // elsewhere and are not run).
   std::vector<ResumePoint> resume;
-  std::vector<BlockId> imported_blocks;         // kDecodeOnly: the prompt's KV (one reference each,
-                                                // handed to the engine)
-  std::vector<BlockId> imported_window_blocks;  // on a window pool: the window layers' table
-                                                // (kNoBlock before the window)
+  // One reference each, handed to the engine (see Ownership). kDecodeOnly: the KV of every
+  // position it resumes after. Otherwise (imports): the KV of the prompt's first
+  // imported_blocks.size() full blocks (none may hold the prompt's last token), in the
+  // full-attention pool; the first imported_cached_blocks of them were this engine's own cached
+  // blocks (ReserveImport's cached_blocks), the rest came from elsewhere.
+  std::vector<BlockId> imported_blocks;
+  int64_t imported_cached_blocks = 0;
+  // kDecodeOnly on a window pool: the window layers' table (kNoBlock before the window).
+  std::vector<BlockId> imported_window_blocks;
+  // kDecodeOnly: the prefill side's TokenEvent::window_floor / approximate_kv.
+  int64_t window_floor = 0;
+  bool approximate_kv = false;
+  // Full blocks of the full-attention pool that this engine computes for the request (prompt
+  // and output; not those it reused from a cache or an import, nor an approximation), after the
+  // step that completed them, on the engine thread. A callback that uses a block after it
+  // returns takes a reference (KvBlockPool::AddRef) first. May be empty.
+  std::function<void(absl::Span<const ComputedBlock>)> on_computed_blocks;
   std::function<void(const TokenEvent&)> on_event;
 };
 
@@ -194,6 +254,12 @@ struct EngineOptions {
   int64_t prefill_chunk = 256;     // tokens per sequence per step
   int64_t prefix_cache_bytes = int64_t{1} << 30;
   int64_t window_cache_bytes = int64_t{256} << 20;  // with a window pool
+  // With a window pool: the window cache's blocks expire this long after their last use (zero:
+  // never); SWA replay mode and the bounded mode's positions.
+  absl::Duration window_cache_ttl = absl::Seconds(180);
+  enum class SwaReplay { kExact, kBounded };
+  SwaReplay swa_replay = SwaReplay::kExact;
+  int64_t swa_replay_tokens = 128;
   int32_t max_n = 16;
   size_t journal_events = KvEventJournal::kDefaultCapacity;  // kv_events()' bound
   // A handoff nobody released is released this long after it was made (a prefill worker whose
@@ -215,6 +281,14 @@ struct EngineStats {
   int64_t cached_blocks = 0, window_cached_blocks = 0;  // held by the prefix / window cache
   int64_t steps = 0, preemptions = 0;
   int64_t prompt_tokens_computed = 0, cached_tokens = 0, generated_tokens = 0;
+  // Of cached_tokens, supplied by imports; imported blocks not used (already cached, or dropped
+  // under pressure before admission).
+  int64_t imported_tokens = 0, unused_imported_blocks = 0;
+  // First admissions of a cached prefix on a window pool: with the window blocks cached (hits),
+  // replayed, or cut back to where the window cache held them (misses); positions replayed;
+  // window blocks expired by their TTL.
+  int64_t window_hits = 0, window_replays = 0, window_misses = 0;
+  int64_t replayed_tokens = 0, window_expired_blocks = 0;
   double busy_seconds = 0;       // in steps that ran the model, since creation
   double last_step_seconds = 0;  // the latest such step
   // Mixture-of-experts models: tokens routed to each expert, summed over the sparse layers.
@@ -270,6 +344,15 @@ class Engine {
   // decode-only request or releases them on the pool(s).
   void Reserve(std::vector<Hash128> hashes, int64_t positions,
                std::function<void(absl::StatusOr<KvReservation>)> done);
+  // Blocks to import the KV of a prefix into (a KV store's read), at the next step: the longest
+  // cached prefix of `hashes` (a reference each), then fresh blocks for the rest of `hashes`, in
+  // the full-attention pool only, evicting unreferenced cached blocks as needed but never taking
+  // more than `max_fresh` blocks (more: the reservation stops short). `done` runs once on the
+  // engine thread with the blocks (KvReservation::cached_blocks the cached ones; window_blocks
+  // empty), or ResourceExhausted when not one fresh block was free. The caller owns the blocks:
+  // it passes them to a request (imported_blocks) or releases them on the pool.
+  void ReserveImport(std::vector<Hash128> hashes, int64_t max_fresh,
+                     std::function<void(absl::StatusOr<KvReservation>)> done);
   // Evicts every unreferenced block of the prefix (and window) cache at the next step (blocks
   // running requests use stay); thread-safe.
   void ClearPrefixCache();
@@ -300,7 +383,18 @@ class Engine {
   struct PendingReservation {
     std::vector<Hash128> hashes;
     int64_t positions = 0;
+    bool import = false;    // ReserveImport's
+    int64_t max_fresh = 0;  // import
     std::function<void(absl::StatusOr<KvReservation>)> done;
+  };
+  // How a sequence's window layers are rebuilt after a cached prefix (SWA replay), and what the
+  // window cache held.
+  struct Replay {
+    int64_t from = 0;  // the first position replayed (the window floor)
+    int64_t end = 0;   // the cached prefix's positions; 0: no replay
+    bool approximate = false;
+    int64_t longest = 0;   // blocks of the longest prefix the full-attention cache held
+    int64_t windowed = 0;  // of those, the longest prefix the window cache also served
   };
 
   Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenizer,
@@ -316,11 +410,24 @@ class Engine {
   void ReleaseHandoffBlocks(Handoff& handoff);
   // Takes the longest usable cached prefix; returns its tokens.
   int64_t Admit(Sequence& seq);
+  // The first time a request is admitted: its queue time, what it reused, its imports' holds.
+  void FirstAdmission(Sequence& seq, int64_t cached);
   // The longest usable cached prefix of `hashes` (at most `full` blocks), with a reference to
   // each block: into `blocks` and, with a window pool, `window_blocks` (kNoBlock before the
-  // window of the row after them).
+  // window of the row after them). With `replay` (a sequence's admission on a window pool), a
+  // longer prefix whose window blocks are gone may come with a replay of them instead (fresh
+  // window blocks from replay->from on; `replay` says where); otherwise *replay is left as is.
   void TakeCachedPrefix(absl::Span<const Hash128> hashes, int64_t full,
-                        std::vector<BlockId>* blocks, std::vector<BlockId>* window_blocks);
+                        std::vector<BlockId>* blocks, std::vector<BlockId>* window_blocks,
+                        Replay* replay = nullptr);
+  // Drops the hold on a waiting request's imported blocks (they stay cached, evictable).
+  void Unpin(Request& req);
+  // Under KV pressure: drops the holds of the waiting request ranked last that has any, ranked
+  // after `than` (null: any); false when there is none.
+  bool UnpinWaiting(const Sequence* than);
+  // Offers the full blocks `seq` computed since the last call to its request's
+  // on_computed_blocks.
+  void OfferComputedBlocks(Sequence& seq, int64_t first, int64_t end);
   // Frees `n` blocks of `pool` by evicting unreferenced cached blocks; false when it cannot.
   bool MakeRoom(KvBlockPool* pool, PrefixCache* cache, int64_t n);
   void RunReservation(PendingReservation& r);

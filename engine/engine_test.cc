@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <random>
 #include <set>
@@ -32,7 +33,9 @@ struct Output {
   std::vector<BlockId> blocks, window_blocks;
   int64_t first_token_step = -1;
   bool stop_token = false;
-  int64_t cached_tokens = 0;
+  int64_t cached_tokens = 0, imported_tokens = 0, replayed_tokens = 0;
+  bool approximate_kv = false;
+  int64_t window_floor = 0;
   absl::Duration queued;
   int finishes = 0;
 };
@@ -82,6 +85,10 @@ class Harness {
         ++o.finishes;
       }
       o.cached_tokens = e.cached_tokens;
+      o.imported_tokens = e.imported_tokens;
+      o.replayed_tokens = e.replayed_tokens;
+      o.approximate_kv = e.approximate_kv;
+      o.window_floor = e.window_floor;
       o.queued = e.queued;
     };
     return engine_->Submit(std::move(r));
@@ -235,8 +242,8 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   EXPECT_EQ(cached.engine_->stats().cached_tokens - before, 144);  // 9 full blocks of 16
   ExpectSame(cached.out("r"), want, "prefix from the cache");
   if (TwoPools(variant)) {
-    // Without the window layers' blocks in the window cache the full layers' prefix is of no use
-    // (the window layer would miss the 23 positions before it): computed from the start.
+    // Without the window layers' blocks in the window cache the full layers' prefix is used with
+    // a replay of its last 23 positions (the window layer sees 23 before each row): exact.
     EngineOptions no_window_cache = whole;
     no_window_cache.window_cache_bytes = 0;
     Harness uncached = Make(variant, 64, no_window_cache);
@@ -246,8 +253,10 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
     EXPECT_EQ(uncached.engine_->stats().window_cached_blocks, 0);
     ASSERT_TRUE(uncached.Submit(Req("r", prompt, max_tokens, sampled)).ok());
     uncached.Drain();
-    EXPECT_EQ(uncached.engine_->stats().cached_tokens, 0);
-    ExpectSame(uncached.out("r"), want, "full layers' prefix cached, window layers' not");
+    EXPECT_EQ(uncached.engine_->stats().cached_tokens, 144);
+    EXPECT_EQ(uncached.out("r").replayed_tokens, 23);
+    EXPECT_EQ(uncached.engine_->stats().window_replays, 1);
+    ExpectSame(uncached.out("r"), want, "full layers' prefix cached, window layers' replayed");
   }
 
   // Resumed after k tokens: the first k, then a request that continues from them.
@@ -833,12 +842,14 @@ TEST(EngineTest, StreamedKvNamesCompleteBlocksThatNeverChangeAgain) {
   h.engine_->ReleaseHandoff("streamed");
   h.Drain();
 
-  // A cached prefix (6 of the 7 blocks) completes them before the first step: the one step
-  // left computes the last block and hands off, with no progress event.
+  // A cached prefix (6 of the 7 blocks) is complete at the admission: one progress event names
+  // it before the one step left computes the last block and hands off.
   progress.clear();
   submit("cached", true);
-  EXPECT_TRUE(progress.empty());
+  ASSERT_EQ(progress.size(), 1u);
+  EXPECT_EQ(progress[0].blocks.size(), 6u);
   EXPECT_EQ(table.size(), 7u);
+  EXPECT_TRUE(std::equal(progress[0].blocks.begin(), progress[0].blocks.end(), table.begin()));
   h.engine_->ReleaseHandoff("cached");
   h.Drain();
   EXPECT_EQ(h.held_blocks(), 0);
@@ -1158,6 +1169,368 @@ TEST(EngineTest, AReservationOnTwoPoolsHoldsTheWindowOnlyAndFeedsADecodeOnlyRequ
   h.Drain();
   EXPECT_EQ(h.pool_->num_free(), 32);
   EXPECT_EQ(h.window_pool_->num_free(), 32);
+}
+
+// The chain of the first `blocks` full blocks of `prompt`, as the engine hashes it (no salt).
+std::vector<Hash128> Chain(const ForwardModel& model, const std::vector<TokenId>& prompt,
+                           int64_t blocks, int32_t block_tokens = 16) {
+  const Hash128 root = RootBlockHash({model.fingerprint(), "", ""});
+  std::vector<Hash128> chain;
+  for (int64_t b = 0; b < blocks; ++b) {
+    chain.push_back(
+        NextBlockHash(b == 0 ? root : chain.back(),
+                      absl::MakeConstSpan(prompt).subspan(b * block_tokens, block_tokens), {}));
+  }
+  return chain;
+}
+
+absl::StatusOr<KvReservation> ReserveImport(Harness& h, std::vector<Hash128> chain,
+                                            int64_t max_fresh) {
+  absl::StatusOr<KvReservation> got = absl::UnknownError("not run");
+  h.engine_->ReserveImport(std::move(chain), max_fresh,
+                           [&](absl::StatusOr<KvReservation> r) { got = std::move(r); });
+  h.Drain();
+  return got;
+}
+
+// Collects what a request offers, each block with a reference of its own (released by the
+// destructor), and reads blocks back as a KV store would have them.
+class Offered {
+ public:
+  explicit Offered(KvBlockPool* pool) : pool_(pool) {}
+  ~Offered() {
+    for (const ComputedBlock& b : blocks_) EXPECT_TRUE(pool_->Release({b.block}).ok());
+  }
+  std::function<void(absl::Span<const ComputedBlock>)> Sink() {
+    return [this](absl::Span<const ComputedBlock> blocks) {
+      for (const ComputedBlock& b : blocks) {
+        EXPECT_TRUE(pool_->AddRef({b.block}).ok());
+        blocks_.push_back(b);
+      }
+    };
+  }
+  const std::vector<ComputedBlock>& blocks() const { return blocks_; }
+  std::vector<int64_t> indexes() const {
+    std::vector<int64_t> out;
+    for (const ComputedBlock& b : blocks_) out.push_back(b.index);
+    return out;
+  }
+  // The bytes of the blocks with table indexes [first, end), in order.
+  std::vector<char> Bytes(int64_t end, int64_t first = 0) const {
+    std::vector<BlockId> ids;
+    for (int64_t i = first; i < end; ++i) {
+      for (const ComputedBlock& b : blocks_) {
+        if (b.index == i) {
+          ids.push_back(b.block);
+          break;
+        }
+      }
+    }
+    EXPECT_EQ(static_cast<int64_t>(ids.size()), end - first);
+    std::vector<char> bytes(ids.size() * pool_->layout().block_bytes());
+    EXPECT_TRUE(pool_->ExportToHost(ids, bytes.data(), bytes.size()).ok());
+    return bytes;
+  }
+
+ private:
+  KvBlockPool* const pool_;
+  std::vector<ComputedBlock> blocks_;
+};
+
+TEST(EngineTest, ImportedBlocksAreReusedAndOnlyBlocksComputedHereAreOffered) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness a(variant, 64, EngineOptions{});
+  const std::vector<TokenId> prompt = Prompt(100, 21);  // 6 full blocks before its last token
+  Offered from_a(a.pool_.get());
+  EngineRequest ra = Req("r", prompt, 12, true);
+  ra.on_computed_blocks = from_a.Sink();
+  ASSERT_TRUE(a.Submit(std::move(ra)).ok());
+  a.Drain();
+  // Every full block it computed: 112 tokens, 111 positions with KV: blocks 0..5.
+  const std::vector<Hash128> chain = Chain(*a.model_, prompt, 6);
+  ASSERT_EQ(from_a.indexes(), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(from_a.blocks()[i].hash, chain[i]);
+
+  // Another engine imports the first four blocks (a KV store's), computes the rest.
+  Harness b(variant, 64, EngineOptions{});
+  auto reserved = ReserveImport(b, {chain.begin(), chain.begin() + 4}, 16);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  EXPECT_EQ(reserved->cached_blocks, 0);
+  ASSERT_EQ(reserved->blocks.size(), 4u);
+  EXPECT_TRUE(reserved->window_blocks.empty());
+  const std::vector<char> bytes = from_a.Bytes(4);
+  ASSERT_TRUE(b.pool_->Import(reserved->blocks, bytes.data(), bytes.size()).ok());
+  Offered from_b(b.pool_.get());
+  EngineRequest rb = Req("r", prompt, 12, true);
+  rb.imported_blocks = reserved->blocks;
+  rb.on_computed_blocks = from_b.Sink();
+  ASSERT_TRUE(b.Submit(std::move(rb)).ok());
+  b.Drain();
+  ExpectSame(b.out("r"), a.out("r"), "with an imported prefix");
+  EXPECT_EQ(b.out("r").cached_tokens, 64);
+  EXPECT_EQ(b.out("r").imported_tokens, 64);
+  EXPECT_EQ(from_b.indexes(), (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(b.engine_->stats().imported_tokens, 64);
+  EXPECT_EQ(b.engine_->stats().prompt_tokens_computed, 36);
+
+  // All six are b's own now: a reservation finds them cached and asks for nothing fresh, and an
+  // import of cached blocks supplies no token of its own.
+  reserved = ReserveImport(b, chain, 16);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  EXPECT_EQ(reserved->cached_blocks, 6);
+  ASSERT_EQ(reserved->blocks.size(), 6u);
+  EngineRequest again = Req("again", prompt, 12, true);
+  again.imported_blocks = reserved->blocks;
+  again.imported_cached_blocks = 6;
+  Offered from_again(b.pool_.get());
+  again.on_computed_blocks = from_again.Sink();
+  ASSERT_TRUE(b.Submit(std::move(again)).ok());
+  b.Drain();
+  ExpectSame(b.out("again"), a.out("r"), "cached");
+  EXPECT_EQ(b.out("again").cached_tokens, 96);
+  EXPECT_EQ(b.out("again").imported_tokens, 0);
+  EXPECT_TRUE(from_again.blocks().empty());
+
+  // Bad imports are refused and stay the caller's.
+  EngineRequest bad = Req("bad", prompt, 2, false);
+  bad.imported_blocks = {0, 1, 2, 3, 4, 5, 6};  // the 7th would hold the last token's block
+  EXPECT_EQ(b.engine_->Submit(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.imported_blocks = {63};  // not allocated
+  EXPECT_EQ(b.engine_->Submit(bad).code(), absl::StatusCode::kInvalidArgument);
+
+  // A decode-only request offers only the blocks it completes: its first computed position is
+  // 100 (the prompt's KV came from the prefill side), so blocks 6 and 7 of 130 tokens.
+  EngineRequest p = Req("p", Prompt(100, 22), 30, false);
+  p.role = EngineRole::kPrefillOnly;
+  ASSERT_TRUE(a.Submit(std::move(p)).ok());
+  a.Drain();
+  Harness d(variant, 64, EngineOptions{});
+  const std::vector<BlockId> imported = MoveBlocks(*a.pool_, *d.pool_, a.out("p").blocks);
+  a.engine_->ReleaseHandoff("p");
+  EngineRequest dr = Req("p", Prompt(100, 22), 30, false);
+  dr.role = EngineRole::kDecodeOnly;
+  dr.imported_blocks = imported;
+  dr.resume = {ResumePoint{a.out("p").tokens, a.out("p").sampler_state, ""}};
+  Offered from_d(d.pool_.get());
+  dr.on_computed_blocks = from_d.Sink();
+  ASSERT_TRUE(d.Submit(std::move(dr)).ok());
+  d.Drain();
+  EXPECT_EQ(d.out("p").tokens.size(), 29u);
+  EXPECT_EQ(from_d.indexes(), (std::vector<int64_t>{6, 7}));
+}
+
+TEST(EngineTest, ImportsAreHeldUntilAdmissionAndLetGoOnAbortOrUnderPressure) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  EngineOptions tiny_cache;
+  tiny_cache.prefix_cache_bytes = 0;  // nothing unreferenced stays cached
+  const std::vector<TokenId> prompt = Prompt(70, 23), long_prompt = Prompt(150, 24);
+  Harness a(variant, 64, tiny_cache);
+  Offered from_a(a.pool_.get());
+  EngineRequest ra = Req("short", prompt, 8, false);
+  ra.on_computed_blocks = from_a.Sink();
+  ASSERT_TRUE(a.Submit(std::move(ra)).ok());
+  ASSERT_TRUE(a.Submit(Req("long", long_prompt, 20, false)).ok());
+  a.Drain();
+  const std::vector<Hash128> chain = Chain(*a.model_, prompt, 2);
+  const std::vector<char> bytes = from_a.Bytes(2);
+  auto import = [&](Harness& h) {
+    auto reserved = ReserveImport(h, chain, 8);
+    EXPECT_TRUE(reserved.ok()) << reserved.status();
+    EXPECT_TRUE(h.pool_->Import(reserved->blocks, bytes.data(), bytes.size()).ok());
+    EngineRequest r = Req("short", prompt, 8, false);
+    r.imported_blocks = reserved->blocks;
+    return r;
+  };
+
+  // Held: a cache that keeps nothing unreferenced still has them at the admission.
+  Harness b(variant, 64, tiny_cache);
+  ASSERT_TRUE(b.Submit(import(b)).ok());
+  b.Drain();
+  ExpectSame(b.out("short"), a.out("short"), "held imports");
+  EXPECT_EQ(b.out("short").imported_tokens, 32);
+  EXPECT_EQ(b.pool_->num_free(), 64);
+
+  // Aborted before its admission: nothing stays held.
+  EngineRequest gone = import(b);
+  gone.id = "gone";
+  ASSERT_TRUE(b.Submit(std::move(gone)).ok());
+  b.engine_->Abort("gone");
+  b.Drain();
+  EXPECT_EQ(b.pool_->num_free(), 64);
+  EXPECT_EQ(b.engine_->stats().unused_imported_blocks, 2);
+
+  // Pressure: one running request needs every block (11 for 170 positions of 12) while the
+  // imports of one that waits hold two: they are let go, and both finish as computed.
+  EngineOptions one;
+  one.prefix_cache_bytes = 0;
+  one.max_running = 1;
+  Harness c(variant, 12, one);
+  ASSERT_TRUE(c.Submit(Req("long", long_prompt, 20, false)).ok());
+  ASSERT_TRUE(c.engine_->Step().ok());  // admitted: 10 blocks
+  ASSERT_TRUE(c.Submit(import(c)).ok());
+  c.Drain();
+  ExpectSame(c.out("long"), a.out("long"), "the running request");
+  ExpectSame(c.out("short"), a.out("short"), "the one whose imports were let go");
+  EXPECT_EQ(c.out("short").imported_tokens, 0);
+  EXPECT_EQ(c.engine_->stats().unused_imported_blocks, 2);
+  EXPECT_EQ(c.pool_->num_free(), 12);
+}
+
+// Four layers, windows of 24 on layers 0 and 2: an exact replay is 2 x 23 positions.
+const SyntheticVariant kHybrid4{
+    "hybrid4_window_24", false, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false, 24, 4};
+
+TEST(EngineTest, AnExactReplayAfterTheWindowCacheExpiredChangesNoBit) {
+  FakeClock clock;
+  EngineOptions options;
+  options.clock = &clock;
+  options.prefill_chunk = 64;
+  Harness h(kHybrid4, 64, options, 16, 64);
+  ASSERT_EQ(h.model_->exact_replay_tokens(), 46);
+  const std::vector<TokenId> prompt = Prompt(150, 31);
+  std::vector<TokenId> longer = prompt;
+  for (TokenId t : Prompt(30, 32)) longer.push_back(t);  // 180 tokens: 11 full blocks
+  Harness fresh(kHybrid4, 64, options, 16, 64);
+  ASSERT_TRUE(fresh.Submit(Req("ref", longer, 12, true)).ok());
+  fresh.Drain();
+
+  Offered first(h.pool_.get());
+  EngineRequest r = Req("first", prompt, 4, false);
+  r.on_computed_blocks = first.Sink();
+  ASSERT_TRUE(h.Submit(std::move(r)).ok());
+  h.Drain();
+  // While the window cache holds the window blocks: a hit, no replay.
+  Offered warm_blocks(h.pool_.get());
+  r = Req("warm", longer, 12, true);
+  r.on_computed_blocks = warm_blocks.Sink();
+  ASSERT_TRUE(h.Submit(std::move(r)).ok());
+  h.Drain();
+  ExpectSame(h.out("warm"), fresh.out("ref"), "window cache hit");
+  EXPECT_EQ(h.out("warm").cached_tokens, 144);
+  EXPECT_EQ(h.out("warm").replayed_tokens, 0);
+  EXPECT_EQ(h.engine_->stats().window_hits, 1);
+
+  // Expired: the full-attention blocks are still cached, the window layers are replayed from
+  // 176 - 46.
+  clock.Advance(absl::Seconds(181));
+  ASSERT_TRUE(h.Submit(Req("replayed", longer, 12, true)).ok());
+  h.Drain();
+  EXPECT_GT(h.engine_->stats().window_expired_blocks, 0);
+  ExpectSame(h.out("replayed"), fresh.out("ref"), "exact replay");
+  EXPECT_EQ(h.out("replayed").cached_tokens, 176);
+  EXPECT_EQ(h.out("replayed").replayed_tokens, 46);
+  EXPECT_FALSE(h.out("replayed").approximate_kv);
+  EXPECT_EQ(h.engine_->stats().window_replays, 1);
+  EXPECT_EQ(h.engine_->stats().replayed_tokens, 46);
+
+  // A KV store's case: another engine imports only the full-attention blocks and replays.
+  Harness b(kHybrid4, 64, options, 16, 64);
+  const std::vector<Hash128> chain = Chain(*h.model_, longer, 11);
+  auto reserved = ReserveImport(b, chain, 16);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  ASSERT_EQ(reserved->blocks.size(), 11u);
+  std::vector<char> bytes = first.Bytes(9), more = warm_blocks.Bytes(11, 9);
+  bytes.insert(bytes.end(), more.begin(), more.end());
+  ASSERT_TRUE(b.pool_->Import(reserved->blocks, bytes.data(), bytes.size()).ok());
+  r = Req("imported", longer, 12, true);
+  r.imported_blocks = reserved->blocks;
+  ASSERT_TRUE(b.Submit(std::move(r)).ok());
+  b.Drain();
+  ExpectSame(b.out("imported"), fresh.out("ref"), "imported full-attention KV, exact replay");
+  EXPECT_EQ(b.out("imported").imported_tokens, 176);
+  EXPECT_EQ(b.out("imported").replayed_tokens, 46);
+  b.engine_->ClearPrefixCache();
+  b.Drain();
+  EXPECT_EQ(b.pool_->num_free(), 64);
+  EXPECT_EQ(b.window_pool_->num_free(), 64);
+}
+
+TEST(EngineTest, ABoundedReplayIsApproximateSharesNothingAndItsFloorTravelsToTheDecodeSide) {
+  FakeClock clock;
+  EngineOptions options;
+  options.clock = &clock;
+  options.swa_replay = EngineOptions::SwaReplay::kBounded;
+  options.swa_replay_tokens = 8;
+  Harness h(kHybrid4, 96, options, 16, 96);
+  EngineOptions exact_options;
+  exact_options.clock = &clock;
+  Harness exact(kHybrid4, 96, exact_options, 16, 96);
+  // Token agreement with the exact replay over many prompts: reported, not asserted (an
+  // approximation on a random model).
+  int64_t agree = 0, total = 0;
+  for (int i = 0; i < 100; ++i) {
+    const std::vector<TokenId> prompt = Prompt(120 + i % 40, 100 + i);
+    const std::string id = absl::StrCat("p", i);
+    for (Harness* e : {&h, &exact}) {
+      ASSERT_TRUE(e->Submit(Req(id + "-warm", prompt, 1, false)).ok());
+      e->Drain();
+    }
+    clock.Advance(absl::Seconds(181));
+    for (Harness* e : {&h, &exact}) {
+      ASSERT_TRUE(e->Submit(Req(id, prompt, 16, false)).ok());
+      e->Drain();
+      e->engine_->ClearPrefixCache();
+      e->Drain();
+    }
+    const Output& got = h.out(id);
+    ASSERT_EQ(got.replayed_tokens, 8) << id;
+    ASSERT_TRUE(got.approximate_kv);
+    ASSERT_EQ(got.window_floor, (static_cast<int64_t>(prompt.size()) - 1) / 16 * 16 - 8);
+    const Output& want = exact.out(id);
+    ASSERT_EQ(want.replayed_tokens, 46 < (static_cast<int64_t>(prompt.size()) - 1) / 16 * 16
+                                        ? 46
+                                        : (static_cast<int64_t>(prompt.size()) - 1) / 16 * 16);
+    for (size_t t = 0; t < std::min(got.tokens.size(), want.tokens.size()); ++t) {
+      agree += got.tokens[t] == want.tokens[t];
+    }
+    total += static_cast<int64_t>(std::max(got.tokens.size(), want.tokens.size()));
+  }
+  std::cout << "bounded replay (8 of 46 positions) vs exact: " << agree << " of " << total
+            << " tokens agree (" << 100.0 * agree / total << "%)\n";
+  EXPECT_EQ(h.engine_->stats().replayed_tokens, 800);
+
+  // Nothing an approximation computes is cached or offered.
+  const std::vector<TokenId> prompt = Prompt(150, 41);
+  ASSERT_TRUE(h.Submit(Req("warm", prompt, 1, false)).ok());
+  h.Drain();
+  clock.Advance(absl::Seconds(181));
+  h.Drain();
+  const EngineStats before = h.engine_->stats();
+  Offered offered(h.pool_.get());
+  EngineRequest r = Req("bounded", prompt, 40, false);
+  r.on_computed_blocks = offered.Sink();
+  ASSERT_TRUE(h.Submit(std::move(r)).ok());
+  h.Drain();
+  EXPECT_TRUE(offered.blocks().empty());
+  EXPECT_EQ(h.engine_->stats().cached_blocks, before.cached_blocks);
+  EXPECT_EQ(h.engine_->stats().window_cached_blocks, 0);
+  EXPECT_EQ(h.out("bounded").window_floor, 136);
+
+  // Split: the prefill side hands off with the floor, the decode side continues with it: the
+  // same tokens as the aggregated run.
+  EngineRequest p = Req("split", prompt, 40, false);
+  p.role = EngineRole::kPrefillOnly;
+  ASSERT_TRUE(h.Submit(std::move(p)).ok());
+  h.Drain();
+  const Output& handed = h.out("split");
+  ASSERT_EQ(handed.finish, FinishReason::kHandoff);
+  EXPECT_TRUE(handed.approximate_kv);
+  EXPECT_EQ(handed.window_floor, 136);
+  Harness d(kHybrid4, 96, EngineOptions{}, 16, 96);
+  EngineRequest dr = Req("split", prompt, 40, false);
+  dr.role = EngineRole::kDecodeOnly;
+  dr.imported_blocks = MoveBlocks(*h.pool_, *d.pool_, handed.blocks);
+  dr.imported_window_blocks = MoveBlocks(*h.window_pool_, *d.window_pool_, handed.window_blocks);
+  dr.window_floor = handed.window_floor;
+  dr.approximate_kv = true;
+  dr.resume = {ResumePoint{handed.tokens, handed.sampler_state, ""}};
+  h.engine_->ReleaseHandoff("split");
+  ASSERT_TRUE(d.Submit(std::move(dr)).ok());
+  d.Drain();
+  std::vector<TokenId> split = handed.tokens;
+  for (TokenId t : d.out("split").tokens) split.push_back(t);
+  EXPECT_EQ(split, h.out("bounded").tokens);
+  EXPECT_EQ(d.engine_->stats().cached_blocks, 0) << "the decode side shares nothing either";
 }
 
 }  // namespace

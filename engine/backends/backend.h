@@ -106,11 +106,22 @@ struct KvLayerView {
 // belongs to sequence `row_sequence[r]` at absolute position `positions[r]`; it attends to the
 // keys at positions 0..positions[r] of that sequence (causal), read through the sequence's block
 // table: position p lives in block block_tables[s][p / block_tokens], slot p % block_tokens.
+//
+// Two optional per-sequence settings serve a replay of sliding-window layers (engine.h "SWA
+// replay"): a sequence sees no key before first_keys[s] (its history before that is not in this
+// layer's cache), and its rows r with no_write[r] leave the cache as it is (their K/V there,
+// computed earlier, is what attention reads). Empty vectors: 0 and write every row.
 struct StepLayout {
   std::vector<int32_t> positions;
   std::vector<int32_t> row_sequence;
   std::vector<std::vector<int32_t>> block_tables;
+  std::vector<int32_t> first_keys;  // per sequence
+  std::vector<uint8_t> no_write;    // per row
   int64_t rows() const { return static_cast<int64_t>(positions.size()); }
+  int32_t first_key(int32_t sequence) const {
+    return first_keys.empty() ? 0 : first_keys[sequence];
+  }
+  bool writes(int64_t row) const { return no_write.empty() || no_write[row] == 0; }
 };
 
 // Rotary embedding tables: row p holds cos(p * inv_freq[i]) in columns [0, head_dim/2) and
@@ -170,13 +181,15 @@ class Backend {
   virtual void Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
                     const RopeTable& rope) = 0;
   // Writes row r of k and v (rows x kv_heads*head_dim, fp32) to the cache at the slot of
-  // (layout.row_sequence[r], layout.positions[r]), rounded to the cache dtype.
+  // (layout.row_sequence[r], layout.positions[r]), rounded to the cache dtype; rows the layout
+  // marks no_write are skipped.
   virtual void WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,
                        const StepLayout& layout) = 0;
   // Causal attention of q (rows x heads*head_dim) over the cached keys and values of each row's
   // sequence (see StepLayout); heads share KV heads in groups of heads / kv.kv_heads. Scores are
   // scaled by `scale`. With window > 0 (sliding-window layers) a row at position p sees the keys
-  // at positions max(0, p - window + 1)..p only. out: rows x heads*head_dim.
+  // at positions max(0, p - window + 1)..p only; none before its sequence's first_key either.
+  // A row's result depends only on the keys it sees. out: rows x heads*head_dim.
   virtual void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
                          float scale, int32_t window, const DeviceMatrix& out) = 0;
 

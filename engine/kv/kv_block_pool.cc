@@ -1,10 +1,14 @@
 #include "engine/kv/kv_block_pool.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/common/le_encoding.h"
+#include "engine/common/model_fingerprint.h"
 #include "engine/common/status.h"
 
 namespace ferry {
@@ -14,6 +18,18 @@ absl::Status KvBlockLayout::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("invalid KV layout: ", DebugString()));
   }
   return absl::OkStatus();
+}
+
+uint64_t KvBlockLayout::Tag() const {
+  std::string bytes = "FERRYKVL";
+  AppendU32Le(&bytes, 1);
+  AppendU32Le(&bytes, kKvFormatVersion);
+  AppendU32Le(&bytes, static_cast<uint32_t>(num_layers));
+  AppendU32Le(&bytes, static_cast<uint32_t>(num_kv_heads));
+  AppendU32Le(&bytes, static_cast<uint32_t>(head_dim));
+  AppendU32Le(&bytes, static_cast<uint32_t>(block_tokens));
+  AppendLengthPrefixed(&bytes, DTypeName(dtype));
+  return XXH3_64bits(bytes.data(), bytes.size());
 }
 
 std::string KvBlockLayout::DebugString() const {

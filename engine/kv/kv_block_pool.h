@@ -54,6 +54,17 @@ struct KvBlockLayout {
   int64_t BlocksFor(int64_t tokens) const { return (tokens + block_tokens - 1) / block_tokens; }
   absl::Status Validate() const;
   std::string DebugString() const;
+  // The layout as the KV store's objects name it (ObjectMeta::layout_tag): XXH3-64 (seed 0) of
+  // exactly these bytes, little-endian:
+  //
+  //   "FERRYKVL"  u32 tag version (1)  u32 kKvFormatVersion (model_fingerprint.h)
+  //   u32 num_layers  u32 num_kv_heads  u32 head_dim  u32 block_tokens
+  //   u32 len(dtype name) dtype name ("f32", "bf16")
+  //
+  // A reader takes an object only when its tag is its own pool's: the same fingerprint and hash
+  // chain on another layout (the full-attention layers' pool of a hybrid model against all layers
+  // in one pool, another KV format) is a miss, never bytes read as something they are not.
+  uint64_t Tag() const;
 };
 
 // A contiguous byte range of device memory.

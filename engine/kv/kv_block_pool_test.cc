@@ -57,6 +57,35 @@ TEST_F(KvBlockPoolTest, LayoutArithmetic) {
   EXPECT_FALSE(bad.Validate().ok());
 }
 
+TEST_F(KvBlockPoolTest, LayoutTagsAreTheSpecifiedBytesHashed) {
+  // Golden values from Python: xxhash.xxh3_64_intdigest(b"FERRYKVL" + struct.pack("<IIIIII", 1,
+  // 2, layers, heads, dim, tokens) + struct.pack("<I", len(dtype)) + dtype.encode()).
+  KvBlockLayout smollm2;
+  smollm2.num_layers = 30;
+  smollm2.num_kv_heads = 3;
+  smollm2.head_dim = 64;
+  smollm2.block_tokens = 64;
+  smollm2.dtype = DType::kBF16;
+  EXPECT_EQ(smollm2.Tag(), 0xcad025d131b950f9u);
+  KvBlockLayout small;
+  small.num_layers = 2;
+  small.num_kv_heads = 1;
+  small.head_dim = 4;
+  small.block_tokens = 4;
+  small.dtype = DType::kF32;
+  EXPECT_EQ(small.Tag(), 0x90a8baec8e364e8bu);
+  // Every field counts.
+  for (int field = 0; field < 5; ++field) {
+    KvBlockLayout other = smollm2;
+    if (field == 0) other.num_layers = 29;
+    if (field == 1) other.num_kv_heads = 4;
+    if (field == 2) other.head_dim = 32;
+    if (field == 3) other.block_tokens = 32;
+    if (field == 4) other.dtype = DType::kF32;
+    EXPECT_NE(other.Tag(), smollm2.Tag()) << field;
+  }
+}
+
 TEST_F(KvBlockPoolTest, MemoryComesFromTheInjectedAllocatorAndGoesBack) {
   RecordingAllocator alloc;
   {

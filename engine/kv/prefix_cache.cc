@@ -20,6 +20,39 @@ void PrefixCache::Touch(Entry& e, const Hash128& hash) {
   lru_.erase(e.lru);
   lru_.push_front(hash);
   e.lru = lru_.begin();
+  if (clock_ != nullptr) e.used = clock_->Monotonic();
+}
+
+void PrefixCache::SetTtl(absl::Duration ttl, Clock* clock) {
+  const bool on = ttl > absl::ZeroDuration() && ttl != absl::InfiniteDuration();
+  ttl_ = on ? ttl : absl::ZeroDuration();
+  clock_ = on ? clock : nullptr;
+  if (clock_ == nullptr) return;
+  const absl::Duration now = clock_->Monotonic();
+  for (auto& [hash, entry] : entries_) entry.used = now;
+}
+
+int64_t PrefixCache::Expire() {
+  if (clock_ == nullptr) return 0;
+  const absl::Duration now = clock_->Monotonic();
+  int64_t evicted = 0;
+  // lru_ is in order of last use: the oldest at the back. Entries in use are skipped (they
+  // expire once released, unless used again).
+  for (auto it = lru_.end(); it != lru_.begin();) {
+    --it;
+    auto entry = entries_.find(*it);
+    CHECK(entry != entries_.end());
+    if (entry->second.used + ttl_ > now) break;
+    const BlockId block = entry->second.block;
+    if (pool_->ref_count(block) > 1) continue;
+    CHECK(pool_->Release(absl::MakeConstSpan(&block, 1)).ok());
+    Record(KvCacheEvent::Kind::kEvicted, *it);
+    entries_.erase(entry);
+    it = lru_.erase(it);
+    ++evicted;
+  }
+  expired_ += evicted;
+  return evicted;
 }
 
 void PrefixCache::Record(KvCacheEvent::Kind kind, const Hash128& hash) {
@@ -71,7 +104,8 @@ void PrefixCache::Insert(absl::Span<const Hash128> hashes, absl::Span<const Bloc
     }
     CHECK(pool_->AddRef(absl::MakeConstSpan(&blocks[i], 1)).ok());
     lru_.push_front(hashes[i]);
-    entries_.emplace(hashes[i], Entry{blocks[i], lru_.begin()});
+    entries_.emplace(hashes[i], Entry{blocks[i], lru_.begin(),
+                                      clock_ != nullptr ? clock_->Monotonic() : absl::Duration()});
     Record(KvCacheEvent::Kind::kStored, hashes[i]);
   }
   TrimToCap();

@@ -11,6 +11,10 @@
 // worker holds which prefix; at most kMaxEvents are kept (the oldest are dropped and counted, and a
 // consumer that sees drops resynchronises). A cache nobody reports on records none.
 //
+// A cache may also expire entries by age (SetTtl): an entry not stored, looked up or touched for
+// the TTL is evicted by the next Expire() once nothing references it (the window layers' cache of
+// a hybrid model keeps its blocks for a TTL; engine.h).
+//
 // Thread-compatible: the engine thread owns it.
 
 #ifndef FERRY_ENGINE_KV_PREFIX_CACHE_H_
@@ -22,7 +26,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "engine/common/clock.h"
 #include "engine/common/hash128.h"
 #include "engine/kv/kv_block_pool.h"
 
@@ -62,6 +68,12 @@ class PrefixCache {
   // Evicts unreferenced blocks while over the byte cap (blocks in use may keep it over until
   // their requests release them: call again then).
   void TrimToCap();
+  // Entries unused for `ttl` (on clock->Monotonic()) expire; a zero or infinite ttl: never.
+  // `clock` must outlive the cache.
+  void SetTtl(absl::Duration ttl, Clock* clock);
+  // Evicts the unreferenced entries that expired; returns how many (counted in expired()).
+  int64_t Expire();
+  int64_t expired() const { return expired_; }
 
   int64_t blocks() const { return static_cast<int64_t>(entries_.size()); }
   // Every hash cached now (no order).
@@ -80,6 +92,7 @@ class PrefixCache {
   struct Entry {
     BlockId block;
     std::list<Hash128>::iterator lru;  // position in lru_ (front = most recent)
+    absl::Duration used;               // clock_->Monotonic() at the last use (with a TTL)
   };
   struct HashOf {
     size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 31)); }
@@ -97,6 +110,9 @@ class PrefixCache {
   int64_t dropped_events_ = 0;
   int64_t lookups_ = 0;
   int64_t hit_blocks_ = 0;
+  absl::Duration ttl_ = absl::ZeroDuration();
+  Clock* clock_ = nullptr;
+  int64_t expired_ = 0;
 };
 
 }  // namespace ferry

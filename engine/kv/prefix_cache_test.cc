@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/common/fake_clock.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -141,6 +142,40 @@ TEST_F(PrefixCacheTest, EventsAreBoundedAndACacheWithoutReportsRecordsNone) {
   EXPECT_EQ(events.back().hash, H(static_cast<uint64_t>(rounds - 1) + 100));
   EXPECT_TRUE(cache.TakeEvents().empty());
   EXPECT_EQ(pool_->num_free(), pool_->num_blocks());
+}
+
+TEST_F(PrefixCacheTest, EntriesExpireATtlAfterTheirLastUseOnceUnreferenced) {
+  FakeClock clock;
+  PrefixCache cache(pool_.get(), 1 << 20);
+  cache.SetTtl(absl::Seconds(180), &clock);
+  auto blocks = *pool_->Allocate(3);
+  cache.Insert({H(1), H(2), H(3)}, blocks);
+  ASSERT_TRUE(pool_->Release({blocks[0], blocks[1]}).ok());  // blocks[2] stays in use
+  clock.Advance(absl::Seconds(100));
+  // A lookup is a use: H(1) lives on, H(2) does not.
+  ASSERT_TRUE(pool_->Release(cache.LookupAll({H(1)})).ok());
+  clock.Advance(absl::Seconds(80));
+  EXPECT_EQ(cache.Expire(), 1);  // H(2): 180 s unused; H(3) is referenced, H(1) used at 100 s
+  EXPECT_FALSE(cache.Contains(H(2)));
+  EXPECT_TRUE(cache.Contains(H(1)) && cache.Contains(H(3)));
+  EXPECT_EQ(pool_->ref_count(blocks[1]), 0);
+  ASSERT_TRUE(pool_->Release({blocks[2]}).ok());
+  clock.Advance(absl::Seconds(100));
+  EXPECT_EQ(cache.Expire(), 2);  // H(1) at 280 s; H(3), unreferenced now, long unused
+  EXPECT_EQ(cache.blocks(), 0);
+  EXPECT_EQ(cache.expired(), 3);
+  auto events = cache.TakeEvents();
+  EXPECT_EQ(events.back().kind, KvCacheEvent::Kind::kEvicted);
+  EXPECT_EQ(pool_->num_free(), pool_->num_blocks());
+
+  // Without a TTL nothing expires.
+  PrefixCache forever(pool_.get(), 1 << 20);
+  auto b = *pool_->Allocate(1);
+  forever.Insert({H(7)}, b);
+  ASSERT_TRUE(pool_->Release(b).ok());
+  clock.Advance(absl::Hours(1000));
+  EXPECT_EQ(forever.Expire(), 0);
+  EXPECT_TRUE(forever.Contains(H(7)));
 }
 
 }  // namespace

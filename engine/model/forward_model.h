@@ -29,8 +29,14 @@ struct ForwardSequence {
   bool all_logits = false;           // logits for every new token, else for the last only
   bool no_logits = false;            // none at all (a prefill chunk that does not end a prompt)
   // With a window pool (Forward's window_kv): the sliding-window layers' block table, indexed
-  // like `blocks`; blocks wholly before every window may be kNoBlock (released).
+  // like `blocks`; blocks wholly before every window (or before window_floor) may be kNoBlock.
   absl::Span<const BlockId> window_blocks;
+  // A replay of the window layers (engine.h "SWA replay"; window pool only). Rows at positions
+  // before replay_end recompute the window layers' KV but leave the full-attention layers' as
+  // it is in `blocks` (read, never written); the window layers see no key before window_floor
+  // (the history the replay starts from). 0: no replay.
+  int64_t replay_end = 0;
+  int64_t window_floor = 0;
 };
 
 class ForwardModel {
@@ -53,6 +59,13 @@ class ForwardModel {
   virtual KvBlockLayout WindowKvLayoutFor(int32_t block_tokens) const = 0;
   // The largest sliding window of any layer (0: none).
   virtual int32_t max_window() const = 0;
+  // The positions a replay must recompute, ending at position P, for every sliding-window
+  // layer's KV at P - max_window() + 1 .. P - 1 to be exact when the full-attention layers' KV
+  // is read from the cache: a window layer's KV at p depends on the layer's input at p, and a
+  // window layer's output at p on its KV at p - window + 1 .. p, so each window layer adds
+  // (window - 1) positions; full-attention layers add none. The sum of (window - 1) over the
+  // window layers (0: none).
+  virtual int64_t exact_replay_tokens() const = 0;
 
   // Runs one step over `batch`. Appends to `logits` one row of vocab_size floats per requested
   // position (every new token of a sequence with all_logits, none with no_logits, else its

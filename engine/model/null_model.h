@@ -80,6 +80,7 @@ class NullModel final : public ForwardModel {
   KvBlockLayout FullKvLayoutFor(int32_t block_tokens) const override;
   KvBlockLayout WindowKvLayoutFor(int32_t block_tokens) const override;
   int32_t max_window() const override { return 0; }
+  int64_t exact_replay_tokens() const override { return 0; }
   absl::Status Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
                        std::vector<float>* logits, KvBlockPool* window_kv = nullptr) override;
   const std::vector<std::vector<int64_t>>& expert_token_counts() const override {

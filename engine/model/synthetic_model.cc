@@ -11,7 +11,11 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
   HostWeights w;
   ModelConfig& c = w.config;
   c.architecture = v.experts > 0 ? "qwen2_moe" : v.qk_norm ? "qwen3" : (v.bias ? "qwen2" : "llama");
-  if (v.window > 0) c.sliding_windows = {v.window, 0};
+  c.num_layers = v.experts > 0 ? 2 : v.layers;
+  if (v.window > 0) {
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      c.sliding_windows.push_back(l % 2 == 0 ? v.window : 0);
+  }
   if (v.experts > 0) {
     c.moe.num_experts = v.experts;
     c.moe.experts_per_token = v.experts_per_token;
@@ -23,7 +27,6 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
   c.vocab_size = 97;
   c.hidden_size = 32;
   c.intermediate_size = 48;
-  c.num_layers = 2;
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = v.head_dim;

@@ -24,12 +24,15 @@ struct SyntheticVariant {
   int64_t experts = 0;
   int64_t experts_per_token = 2;
   bool shared_expert = false;
-  // A sliding window on layer 0 (layer 1 attends to everything): a hybrid model.
+  // A sliding window on the even layers (0, 2, ...; the odd ones attend to everything): a hybrid
+  // model.
   int32_t window = 0;
+  int64_t layers = 2;  // dense models only
 };
 
-// Vocabulary 97, hidden 32, 2 layers, 4 heads over 2 KV heads, 512 positions; fixed seed. With
-// experts > 0, a Qwen2-MoE-style model whose layer 1 is sparse (experts of width 24).
+// Vocabulary 97, hidden 32, `layers` layers (2), 4 heads over 2 KV heads, 512 positions; fixed
+// seed. With experts > 0, a Qwen2-MoE-style model of 2 layers whose layer 1 is sparse (experts of
+// width 24).
 HostWeights SyntheticModel(const SyntheticVariant& v);
 
 }  // namespace ferry

@@ -83,6 +83,14 @@ int32_t Transformer::max_window() const {
   return w;
 }
 
+int64_t Transformer::exact_replay_tokens() const {
+  int64_t tokens = 0;
+  for (int64_t l = 0; l < config_.num_layers; ++l) {
+    if (config_.window(l) > 0) tokens += config_.window(l) - 1;
+  }
+  return tokens;
+}
+
 KvBlockLayout Transformer::FullKvLayoutFor(int32_t block_tokens) const {
   KvBlockLayout layout = KvLayoutFor(block_tokens);
   int32_t full = 0;
@@ -404,6 +412,9 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   // The step's layout, validated before anything runs.
   StepLayout layout;
   std::vector<std::vector<BlockId>> window_tables;
+  std::vector<int32_t> window_floors;
+  bool any_floor = false;
+  std::vector<uint8_t> no_write;  // rows of a replay: the full-attention layers' KV stays
   std::vector<int32_t> ids;
   std::vector<int64_t> logit_rows;  // rows of the step whose logits are returned
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -431,6 +442,20 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
       }
     }
     layout.block_tables.emplace_back(seq.blocks.begin(), seq.blocks.end());
+    if (seq.replay_end > 0 || seq.window_floor > 0) {
+      if (window_kv == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, ": a window replay needs a window pool"));
+      }
+      const int64_t covered = static_cast<int64_t>(seq.blocks.size()) * kl.block_tokens;
+      if (seq.window_floor < 0 || seq.window_floor > seq.start_position ||
+          seq.replay_end > covered) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, ": window floor ", seq.window_floor, " or replay end ",
+                         seq.replay_end, " outside positions 0..", seq.start_position, " / the ",
+                         covered, " the block table holds"));
+      }
+    }
     if (window_kv != nullptr) {
       // The window blocks every new row needs: from the first key of the widest window.
       const int64_t end = seq.start_position + n;
@@ -438,7 +463,8 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
         return absl::InvalidArgumentError(
             absl::StrCat("sequence ", s, ": window blocks cannot hold ", end, " positions"));
       }
-      const int64_t first = std::max<int64_t>(0, seq.start_position + 1 - max_window());
+      const int64_t first = std::max<int64_t>(
+          seq.window_floor, std::max<int64_t>(0, seq.start_position + 1 - max_window()));
       for (int64_t bi = first / kl.block_tokens; bi < kl.BlocksFor(end); ++bi) {
         const BlockId b = seq.window_blocks[bi];
         if (b < 0 || b >= window_kv->num_blocks()) {
@@ -447,6 +473,8 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
         }
       }
       window_tables.emplace_back(seq.window_blocks.begin(), seq.window_blocks.end());
+      window_floors.push_back(static_cast<int32_t>(seq.window_floor));
+      if (seq.window_floor > 0) any_floor = true;
     }
     for (int64_t i = 0; i < n; ++i) {
       const TokenId t = seq.tokens[i];
@@ -456,6 +484,7 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
       }
       if (!seq.no_logits && (seq.all_logits || i == n - 1)) logit_rows.push_back(layout.rows());
       ids.push_back(static_cast<int32_t>(t));
+      no_write.push_back(seq.start_position + i < seq.replay_end ? 1 : 0);
       layout.positions.push_back(static_cast<int32_t>(seq.start_position + i));
       layout.row_sequence.push_back(static_cast<int32_t>(s));
     }
@@ -490,6 +519,10 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   if (window_kv != nullptr) {
     window_layout = layout;
     window_layout.block_tables = std::move(window_tables);
+    if (any_floor) window_layout.first_keys = std::move(window_floors);
+    if (std::find(no_write.begin(), no_write.end(), 1) != no_write.end()) {
+      layout.no_write = std::move(no_write);
+    }
   }
   int32_t full_slot = 0, window_slot = 0;
   for (int64_t li = 0; li < c.num_layers; ++li) {

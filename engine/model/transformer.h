@@ -59,6 +59,8 @@ class Transformer final : public ForwardModel {
   KvBlockLayout WindowKvLayoutFor(int32_t block_tokens) const override;
   // The largest sliding window of any layer (0: none).
   int32_t max_window() const override;
+  // The sum over the window layers of (window - 1) (ForwardModel::exact_replay_tokens).
+  int64_t exact_replay_tokens() const override;
 
   // Runs one step over `batch`. Appends to `logits` one row of vocab_size floats per requested
   // position (every new token of a sequence with all_logits, none with no_logits, else its
@@ -66,7 +68,8 @@ class Transformer final : public ForwardModel {
   // Invalid input (token ids, positions past max_positions, short block tables, a pool of another
   // layout) is an InvalidArgument error and changes nothing.
   // With `window_kv` (a hybrid model), `kv` has FullKvLayoutFor's layout, window_kv
-  // WindowKvLayoutFor's, and every sequence its window_blocks.
+  // WindowKvLayoutFor's, and every sequence its window_blocks; a sequence may replay its window
+  // layers (ForwardSequence::replay_end, window_floor).
   absl::Status Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
                        std::vector<float>* logits, KvBlockPool* window_kv = nullptr) override;
 

@@ -326,6 +326,7 @@ void CpuBackend::WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvL
   CHECK(k.rows == layout.rows() && v.rows == layout.rows());
   CHECK(k.cols == kv.kv_heads * kv.head_dim && v.cols == k.cols);
   pool_->ParallelFor(k.rows, [&](size_t r) {
+    if (!layout.writes(static_cast<int64_t>(r))) return;
     const auto& table = layout.block_tables[layout.row_sequence[r]];
     const int32_t pos = layout.positions[r];
     CHECK_LT(pos / kv.block_tokens, static_cast<int32_t>(table.size()));
@@ -395,7 +396,9 @@ void CpuBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const S
     for (int64_t r = r0; r < r1; ++r) {
       const int32_t pos = layout.positions[r];
       CHECK_LT(pos / bt, static_cast<int32_t>(table.size()));
-      const int32_t first = window > 0 ? std::max(0, pos + 1 - window) : 0;
+      const int32_t first = std::max(layout.first_key(layout.row_sequence[r]),
+                                     window > 0 ? std::max(0, pos + 1 - window) : 0);
+      CHECK_LE(first, pos);
       most = std::max(most, pos + 1);
       fewest = std::min(fewest, pos + 1);
       lowest = std::min(lowest, first);
