@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "engine/common/le_encoding.h"
 #include "engine/common/log.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
@@ -165,7 +167,19 @@ class Node {
   int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// A value being reassembled from a Get stream.
+// Where GetInto puts the values of one slice of its keys: spans[k] for the slice's keys[k], and
+// optionally the same memory as the caller's transport describes it.
+struct IntoSpans {
+  absl::Span<const absl::Span<char>> spans;
+  // Null: the bytes come in the stream.
+  const transfer::PeerDescriptor* descriptor = nullptr;
+  // The index into descriptor->block_slices of spans[0].
+  size_t first_slice = 0;
+};
+
+// A value being reassembled from a Get stream, one mechanism for Get and GetInto: the bytes go
+// into the value's own string (Get) or into the caller's span (GetInto); with a descriptor the
+// node's transport wrote them there before the header came, and the stream brings no data.
 struct Incoming {
   bool seen = false;   // its first chunk arrived
   bool found = false;  // ... and said found, with a usable header
@@ -173,10 +187,59 @@ struct Incoming {
   ObjectMeta meta;
   uint64_t size = 0;
   uint64_t checksum = 0;
-  std::string value;
+  uint64_t received = 0;  // bytes of the value in place
+  std::string value;      // Get
+  // GetInto: the caller's memory, exactly the size expected.
+  bool into_span = false;
+  absl::Span<char> span;
+  bool by_transport = false;  // ... written by the node's transport
 
+  // The header of a found object; `expected` is the key asked for.
+  void Begin(const ferry::v1::GetChunk& chunk, const Hash128& expected,
+             const Hash128& fingerprint) {
+    const ferry::v1::ObjectHeader& h = chunk.header();
+    found = true;
+    // The object must be the one asked for, of the model asked for.
+    bad = !chunk.has_header() || HashFromProto(h.block_hash()) != expected ||
+          HashFromProto(h.model_fingerprint()) != fingerprint || h.size_bytes() > kMaxValueBytes ||
+          (into_span && h.size_bytes() != span.size());
+    size = h.size_bytes();
+    checksum = h.checksum();
+    meta.fingerprint = HashFromProto(h.model_fingerprint());
+    meta.layout_tag = h.layout_tag();
+    meta.token_count = h.token_count();
+    meta.traffic_class = ClassFromProto(h.traffic_class());
+    if (by_transport) received = size;  // in the span already: any data now is a violation
+  }
+
+  // A chunk's data (not empty).
+  void Append(ferry::v1::GetChunk* chunk) {
+    if (bad) return;
+    const std::string& data = chunk->data();
+    const uint64_t n = data.size();
+    if (!found || chunk->offset() != received || n > size - received) {
+      bad = true;
+      value.clear();
+      value.shrink_to_fit();
+      return;
+    }
+    if (into_span) {
+      std::memcpy(span.data() + received, data.data(), n);
+    } else if (value.empty() && n == size) {
+      value = std::move(*chunk->mutable_data());  // the whole object in one chunk: no copy
+    } else {
+      if (value.empty()) value.reserve(std::min(size, kMaxReserveBytes));
+      value.append(data);
+    }
+    received += n;
+  }
+
+  // Checked over the bytes where they landed, once the stream ended.
   bool Complete() const {
-    return found && !bad && value.size() == size && Checksum(value) == checksum;
+    if (!found || bad || received != size) return false;
+    const absl::string_view bytes =
+        into_span ? absl::string_view(span.data(), size) : absl::string_view(value);
+    return Checksum(bytes) == checksum;
   }
 };
 
@@ -192,6 +255,8 @@ class GrpcKvClient final : public KvClient {
   int64_t Put(absl::Span<const ClientObject> objects) override;
   std::vector<ClientGetResult> Get(absl::Span<const Hash128> keys,
                                    const Hash128& fingerprint) override;
+  std::vector<GetIntoResult> GetInto(absl::Span<const Hash128> keys, const Hash128& fingerprint,
+                                     const GetIntoDestination& destination) override;
   ExistsResult Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint) override;
   int64_t Delete(absl::Span<const Hash128> keys) override;
   std::vector<int> NodesFor(const Hash128& key) const override;
@@ -222,14 +287,25 @@ class GrpcKvClient final : public KvClient {
     return status.ok();
   }
 
-  // The public calls in slices of at most kMaxKeysPerRequest keys.
-  std::vector<ClientGetResult> GetSlice(absl::Span<const Hash128> keys, const Hash128& fingerprint);
+  // The public calls in slices of at most kMaxKeysPerRequest keys. GetSlice serves Get (`into`
+  // null: the values in the results) and GetInto (the values in into's spans, the results'
+  // strings empty).
+  std::vector<ClientGetResult> GetSlice(absl::Span<const Hash128> keys, const Hash128& fingerprint,
+                                        const IntoSpans* into);
   ExistsResult ExistsSlice(absl::Span<const Hash128> keys, const Hash128& fingerprint);
   int64_t DeleteSlice(absl::Span<const Hash128> keys);
 
-  // One Get stream to `work`'s node for keys[work.items]; completed values land in results.
-  void GetFromNode(const NodeWork& work, absl::Span<const Hash128> keys, const Hash128& fingerprint,
-                   std::vector<ClientGetResult>* results);
+  // Gets keys[work.items] from `work`'s node; completed values land in results (or into's spans).
+  // With into's descriptor, a node that cannot put into it (FAILED_PRECONDITION) is asked again
+  // for the bytes in the stream, within the same deadline. Returns true when the node's puts
+  // into the spans of the keys it did not complete may still be running (its stream failed with
+  // a descriptor): those keys must not be asked of another replica in this call.
+  bool GetFromNode(const NodeWork& work, absl::Span<const Hash128> keys, const Hash128& fingerprint,
+                   const IntoSpans* into, std::vector<ClientGetResult>* results);
+  // One Get stream of GetFromNode, by the node's transport or not; returns how it ended.
+  grpc::Status GetStream(const NodeWork& work, absl::Span<const Hash128> keys,
+                         const Hash128& fingerprint, const IntoSpans* into, bool by_transport,
+                         absl::Time deadline, std::vector<ClientGetResult>* results);
 
   // One Put stream of objects[work.items]; sets (*durable)[i] for each object i the node stored.
   void PutToNode(const NodeWork& work, absl::Span<const ClientObject> objects,
@@ -361,14 +437,72 @@ std::vector<ClientGetResult> GrpcKvClient::Get(absl::Span<const Hash128> keys,
   results.reserve(keys.size());
   for (size_t at = 0; at < keys.size(); at += kMaxKeysPerRequest) {
     std::vector<ClientGetResult> slice =
-        GetSlice(keys.subspan(at, kMaxKeysPerRequest), fingerprint);
+        GetSlice(keys.subspan(at, kMaxKeysPerRequest), fingerprint, nullptr);
     for (ClientGetResult& r : slice) results.push_back(std::move(r));
   }
   return results;
 }
 
+// Why `destination` cannot take `keys` values (OK when it can): one span per key, and a
+// descriptor's block slices exactly those spans, as the caller's transport registered them.
+absl::Status CheckDestination(size_t keys, const GetIntoDestination& destination) {
+  if (destination.spans.size() != keys) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(destination.spans.size(), " spans for ", keys, " keys"));
+  }
+  if (!destination.descriptor.has_value()) return absl::OkStatus();
+  const transfer::PeerDescriptor& d = *destination.descriptor;
+  if (d.block_slices.size() != keys) {
+    return absl::InvalidArgumentError(absl::StrCat("a descriptor of ", d.block_slices.size(),
+                                                   " block slices for ", keys, " keys"));
+  }
+  for (size_t i = 0; i < keys; ++i) {
+    const transfer::BlockSlice& slice = d.block_slices[i];
+    if (slice.region_index >= d.regions.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("block slice ", i, " names region ",
+                                                     slice.region_index, " of ", d.regions.size()));
+    }
+    const transfer::RegionDescriptor& region = d.regions[slice.region_index];
+    const absl::Span<char> span = destination.spans[i];
+    if (slice.length == 0 || slice.length != span.size() || slice.offset > region.length ||
+        slice.length > region.length - slice.offset ||
+        region.address + slice.offset != reinterpret_cast<uint64_t>(span.data())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block slice ", i, " (", slice.length, " bytes at offset ", slice.offset, " of region ",
+          slice.region_index, ") is not span ", i, " (", span.size(), " bytes)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<GetIntoResult> GrpcKvClient::GetInto(absl::Span<const Hash128> keys,
+                                                 const Hash128& fingerprint,
+                                                 const GetIntoDestination& destination) {
+  std::vector<GetIntoResult> results(keys.size());
+  if (absl::Status s = CheckDestination(keys.size(), destination); !s.ok()) {
+    LOG(WARNING) << "kv client: GetInto of " << keys.size()
+                 << " keys into a bad destination, every key a miss: " << s.message();
+    return results;
+  }
+  const absl::Span<const absl::Span<char>> spans(destination.spans);
+  for (size_t at = 0; at < keys.size(); at += kMaxKeysPerRequest) {
+    IntoSpans into;
+    into.spans = spans.subspan(at, kMaxKeysPerRequest);
+    if (destination.descriptor.has_value()) into.descriptor = &*destination.descriptor;
+    into.first_slice = at;
+    const std::vector<ClientGetResult> slice =
+        GetSlice(keys.subspan(at, kMaxKeysPerRequest), fingerprint, &into);
+    for (size_t j = 0; j < slice.size(); ++j) {
+      results[at + j].found = slice[j].found;
+      results[at + j].meta = slice[j].meta;
+    }
+  }
+  return results;
+}
+
 std::vector<ClientGetResult> GrpcKvClient::GetSlice(absl::Span<const Hash128> keys,
-                                                    const Hash128& fingerprint) {
+                                                    const Hash128& fingerprint,
+                                                    const IntoSpans* into) {
   std::vector<ClientGetResult> results(keys.size());
   std::vector<std::vector<int>> replicas(keys.size());
   for (size_t k = 0; k < keys.size(); ++k) replicas[k] = Replicas(keys[k]);
@@ -399,11 +533,15 @@ std::vector<ClientGetResult> GrpcKvClient::GetSlice(absl::Span<const Hash128> ke
       }
     }
     if (work.empty()) break;
-    RunInParallel(work.size(),
-                  [&](size_t w) { GetFromNode(work[w], keys, fingerprint, &results); });
+    std::vector<char> still_writing(work.size(), 0);
+    RunInParallel(work.size(), [&](size_t w) {
+      still_writing[w] = GetFromNode(work[w], keys, fingerprint, into, &results);
+    });
     std::vector<int> still;
-    for (const NodeWork& w : work) {
-      for (int k : w.items) {
+    for (size_t w = 0; w < work.size(); ++w) {
+      // Another replica would write into spans the failed node's puts may still reach.
+      if (still_writing[w]) continue;
+      for (int k : work[w].items) {
         if (results[k].found) continue;
         if (++next[k] < options_.replication) still.push_back(k);
       }
@@ -413,17 +551,56 @@ std::vector<ClientGetResult> GrpcKvClient::GetSlice(absl::Span<const Hash128> ke
   return results;
 }
 
-void GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> keys,
-                               const Hash128& fingerprint, std::vector<ClientGetResult>* results) {
+bool GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> keys,
+                               const Hash128& fingerprint, const IntoSpans* into,
+                               std::vector<ClientGetResult>* results) {
+  const absl::Time deadline = absl::Now() + options_.deadline;
+  const bool by_transport = into != nullptr && into->descriptor != nullptr;
+  const grpc::Status status =
+      GetStream(work, keys, fingerprint, into, by_transport, deadline, results);
+  if (by_transport && status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    // No transport of the descriptor's kind there, or it cannot reach ours: the bytes come in
+    // the stream instead.
+    Finish(work,
+           GetStream(work, keys, fingerprint, into, /*by_transport=*/false, deadline, results));
+    return false;
+  }
+  Finish(work, status);
+  return by_transport && !status.ok();
+}
+
+grpc::Status GrpcKvClient::GetStream(const NodeWork& work, absl::Span<const Hash128> keys,
+                                     const Hash128& fingerprint, const IntoSpans* into,
+                                     bool by_transport, absl::Time deadline,
+                                     std::vector<ClientGetResult>* results) {
   ferry::v1::GetRequest request;
   HashToProto(fingerprint, request.mutable_model_fingerprint());
   for (int k : work.items) HashToProto(keys[k], request.add_block_hashes());
   request.set_max_chunk_bytes(static_cast<uint32_t>(options_.max_chunk_bytes));
-  auto context = NewClientContext(options_.deadline);
+  if (by_transport) {
+    // The descriptor narrowed to this node's keys: their slices, in request order.
+    transfer::PeerDescriptor destination;
+    destination.kind = into->descriptor->kind;
+    destination.address = into->descriptor->address;
+    destination.regions = into->descriptor->regions;
+    for (int k : work.items) {
+      destination.block_slices.push_back(
+          into->descriptor->block_slices[into->first_slice + static_cast<size_t>(k)]);
+    }
+    *request.mutable_destination() = transfer::ToProto(destination);
+  }
+  auto context = NewClientContext(std::max(deadline - absl::Now(), absl::Microseconds(1)));
   AttachSharedToken(context.get(), options_.auth_token);
   std::unique_ptr<grpc::ClientReader<ferry::v1::GetChunk>> reader =
       work.lease.stub->Get(context.get(), request);
   std::vector<Incoming> incoming(work.items.size());
+  if (into != nullptr) {
+    for (size_t i = 0; i < incoming.size(); ++i) {
+      incoming[i].into_span = true;
+      incoming[i].span = into->spans[static_cast<size_t>(work.items[i])];
+      incoming[i].by_transport = by_transport;
+    }
+  }
   bool broken = false;  // the server broke the protocol: the call is cancelled
   ferry::v1::GetChunk chunk;
   while (reader->Read(&chunk)) {
@@ -436,36 +613,9 @@ void GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> k
     Incoming& in = incoming[chunk.index()];
     if (!in.seen) {
       in.seen = true;
-      const ferry::v1::ObjectHeader& h = chunk.header();
-      if (chunk.found()) {
-        in.found = true;
-        // The object must be the one asked for, of the model asked for.
-        in.bad = !chunk.has_header() ||
-                 HashFromProto(h.block_hash()) != keys[work.items[chunk.index()]] ||
-                 HashFromProto(h.model_fingerprint()) != fingerprint ||
-                 h.size_bytes() > kMaxValueBytes;
-        in.size = h.size_bytes();
-        in.checksum = h.checksum();
-        in.meta.fingerprint = HashFromProto(h.model_fingerprint());
-        in.meta.layout_tag = h.layout_tag();
-        in.meta.token_count = h.token_count();
-        in.meta.traffic_class = ClassFromProto(h.traffic_class());
-      }
+      if (chunk.found()) in.Begin(chunk, keys[work.items[chunk.index()]], fingerprint);
     }
-    if (chunk.data().empty() || in.bad) continue;
-    if (!in.found || chunk.offset() != in.value.size() ||
-        chunk.data().size() > in.size - in.value.size()) {
-      in.bad = true;
-      in.value.clear();
-      in.value.shrink_to_fit();
-      continue;
-    }
-    if (in.value.empty() && chunk.data().size() == in.size) {
-      in.value = std::move(*chunk.mutable_data());  // the whole object in one chunk: no copy
-    } else {
-      if (in.value.empty()) in.value.reserve(std::min(in.size, kMaxReserveBytes));
-      in.value.append(chunk.data());
-    }
+    if (!chunk.data().empty()) in.Append(&chunk);
   }
   grpc::Status status = reader->Finish();
   if (broken) {
@@ -473,7 +623,6 @@ void GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> k
                           absl::StrCat("Get from ", nodes_[work.node]->address(),
                                        ": a chunk for an index that was not asked for"));
   }
-  Finish(work, status);
   // Whole, verified values count even when the call failed later (they are checksummed).
   for (size_t i = 0; i < incoming.size(); ++i) {
     Incoming& in = incoming[i];
@@ -483,6 +632,7 @@ void GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> k
     r.meta = in.meta;
     r.value = std::move(in.value);
   }
+  return status;
 }
 
 ExistsResult GrpcKvClient::Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint) {

@@ -6,6 +6,7 @@
 //   (*client)->Put(objects);                              // count durable on >= 1 node
 //   auto hits = (*client)->Exists(chain, fingerprint);    // merged over the replicas
 //   auto got = (*client)->Get(keys, fingerprint);         // a miss, never an error
+//   (*client)->GetInto(keys, fingerprint, {.spans = block_spans});  // into caller memory
 //
 // Placement is rendezvous (highest-random-weight) hashing: a key's nodes, best first, are the
 // nodes ordered by RendezvousScore(key, address), and it lives on the first `replication` of
@@ -27,12 +28,19 @@
 // plus the transfer, and at most the deadline per replica tried when nodes misbehave. Get asks a
 // key's replicas one after another (round r asks the r-th replica of the keys still missing);
 // Exists and Delete ask all of them at once; Put writes to all of them.
+//
+// GetInto is Get with the values landing in caller memory (a KV block pool's blocks): copied once,
+// from the received message into the span, or, with a transfer descriptor of that memory, written
+// there by the node's own KV transport (one-sided puts from the node's staging memory; the stream
+// carries headers only). Either way the client verifies each value's checksum over the span once
+// its stream ended.
 
 #ifndef FERRY_KVSTORE_CLIENT_KV_CLIENT_H_
 #define FERRY_KVSTORE_CLIENT_KV_CLIENT_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +50,7 @@
 #include "absl/types/span.h"
 #include "engine/common/clock.h"
 #include "engine/common/hash128.h"
+#include "engine/transfer/transfer_wire.h"
 #include "kvstore/format.h"
 #include "kvstore/kv_store.h"
 
@@ -82,6 +91,25 @@ struct ClientGetResult {
   std::string value;
 };
 
+struct GetIntoResult {
+  bool found = false;
+  ObjectMeta meta;
+};
+
+// Where GetInto puts each key's value.
+struct GetIntoDestination {
+  // One span of caller memory per key, exactly the size of the value the caller expects.
+  std::vector<absl::Span<char>> spans;
+  // Optional: the same spans as the caller's KV transport registered them
+  // (engine/transfer/transfer_wire.h PeerDescriptor: kind, address, regions, one block slice per
+  // key, in key order; its transfer_id is not used). Then a node whose own KV transport is of the
+  // same kind writes each value into the caller's memory itself (one-sided puts) and its Get
+  // stream carries headers only; a node without such a transport (or that cannot reach the
+  // caller's) answers FAILED_PRECONDITION and the client asks it again for the bytes in the
+  // stream, within the same deadline.
+  std::optional<transfer::PeerDescriptor> descriptor;
+};
+
 struct NodeStatus {
   std::string address;
   // False from a failure until a later request to the node succeeds.
@@ -118,6 +146,26 @@ class KvClient {
   // `fingerprint`; anything else is a miss (without marking the node down).
   virtual std::vector<ClientGetResult> Get(absl::Span<const Hash128> keys,
                                            const Hash128& fingerprint) = 0;
+
+  // Like Get (replicas in rounds, a miss never an error), but each value lands in
+  // destination.spans[i], copied once from the received message (or written there by the node's
+  // transport): no std::string per value. A value whose size is not spans[i].size(), or whose
+  // XXH3-64 checksum (the header's) does not match the bytes in spans[i] once its stream ended,
+  // is a miss; whatever a miss left in its span is garbage. The header must name the key and
+  // `fingerprint` (as Get). A retry of a key on its next replica simply rewrites its span, so
+  // spans must not overlap. Never an error: a bad destination (spans.size() != keys.size(); a
+  // descriptor whose block slices are not exactly the spans, in count, length or address) makes
+  // every key a miss and logs once.
+  //
+  // With a descriptor, a node whose stream failed (deadline, connection lost) may still have
+  // puts landing in the spans of the keys it did not complete, until its transport gives up on
+  // them (the call's deadline plus the transport's cancel grace, 200 ms by default): those keys
+  // are misses, not asked of their next replica in this call (a key found elsewhere could be
+  // overwritten after its check), and their memory is safely reused only after that time. The
+  // node is marked down as usual, so later calls go to the next replica at once.
+  virtual std::vector<GetIntoResult> GetInto(absl::Span<const Hash128> keys,
+                                             const Hash128& fingerprint,
+                                             const GetIntoDestination& destination) = 0;
 
   // `keys` is a chain in order. A key is present if any of its replica nodes says so (all of
   // them are asked, in parallel, one RPC per node); `prefix` is the number of leading keys

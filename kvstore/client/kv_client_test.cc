@@ -2,14 +2,18 @@
 // a temp directory, served on 127.0.0.1 port 0): placement (the exact hash bytes, determinism,
 // spread, minimal movement), round trips with multi-chunk values, replication over a node that
 // is down, misses and skipping for down nodes, probing and recovery of a node restarted on its
-// port, slow nodes, request errors that are not node failures, and concurrent callers. Backoffs
-// run on a FakeClock; gRPC deadlines on real time.
+// port, slow nodes, request errors that are not node failures, and concurrent callers. GetInto:
+// values bit-exact in caller spans (multi-chunk too), wrong-size spans, corrupt or foreign values
+// from a fake node, a key found on its second replica, a node down, bad destinations; with a
+// descriptor (nodes with a gRPC KV transport), a key of a node that failed mid-call is not asked
+// of another replica in that call. Backoffs run on a FakeClock; gRPC deadlines on real time.
 
 #include "kvstore/client/kv_client.h"
 
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -17,10 +21,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/fake_clock.h"
+#include "engine/transfer/kv_transport.h"
+#include "engine/transfer/transfer_wire.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_store.h"
 #include "kvstore/service/kv_service.h"
+#include "kvstore/wire.h"
 #include "services/common/grpc_server.h"
 
 namespace ferry {
@@ -131,9 +138,11 @@ class DelayingService final : public ferry::v1::KvStore::Service {
 // One ferry-kvstore node in-process: a store in `dir`, the service, a server.
 class TestNode {
  public:
-  // Serves the store in `dir` on `address` ("127.0.0.1:0": any free port).
+  // Serves the store in `dir` on `address` ("127.0.0.1:0": any free port), with `transport` (not
+  // owned; may be null) for Gets into transfer descriptors.
   static std::unique_ptr<TestNode> Start(const std::string& dir,
-                                         const std::string& address = "127.0.0.1:0") {
+                                         const std::string& address = "127.0.0.1:0",
+                                         transfer::KvTransport* transport = nullptr) {
     auto node = std::unique_ptr<TestNode>(new TestNode(dir));
     StoreOptions options;
     options.segment_bytes = 16 << 20;  // holds the largest object
@@ -143,7 +152,13 @@ class TestNode {
     EXPECT_TRUE(store.ok()) << store.status();
     if (!store.ok()) return nullptr;
     node->store_ = std::move(*store);
-    node->service_ = std::make_unique<KvStoreService>(node->store_.get());
+    KvServiceOptions service_options;
+    service_options.transport = transport;
+    service_options.staging_bytes = 8 << 20;
+    auto service = KvStoreService::Create(node->store_.get(), service_options);
+    EXPECT_TRUE(service.ok()) << service.status();
+    if (!service.ok()) return nullptr;
+    node->service_ = *std::move(service);
     node->delaying_ = std::make_unique<DelayingService>(node->service_.get());
     GrpcServerOptions server_options;
     server_options.address = address;
@@ -185,14 +200,16 @@ class TestNode {
 
 class KvClientTest : public ::testing::Test {
  protected:
-  void StartNodes(int n) {
+  // `transport`: each node's own KV transport (null: none).
+  void StartNodes(int n, transfer::KvTransport* const* transports = nullptr) {
     const fs::path base =
         fs::path(::testing::TempDir()) /
         absl::StrCat("kv_client_", ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(base);
     fs::create_directories(base);
     for (int i = 0; i < n; ++i) {
-      auto node = TestNode::Start((base / absl::StrCat("node", i)).string());
+      auto node = TestNode::Start((base / absl::StrCat("node", i)).string(), "127.0.0.1:0",
+                                  transports != nullptr ? transports[i] : nullptr);
       ASSERT_NE(node, nullptr);
       nodes_.push_back(std::move(node));
     }
@@ -678,6 +695,264 @@ TEST_F(KvClientTest, ConcurrentCallers) {
   }
   for (std::thread& t : threads) t.join();
   for (int t = 0; t < 8; ++t) EXPECT_EQ(hits[t], 50) << "thread " << t;
+}
+
+// One buffer holding a span per size, filled with 0xEE.
+struct Spans {
+  std::vector<char> memory;
+  std::vector<absl::Span<char>> spans;
+
+  explicit Spans(const std::vector<size_t>& sizes) {
+    size_t total = 0;
+    for (size_t n : sizes) total += n;
+    memory.assign(total, '\xEE');
+    size_t at = 0;
+    for (size_t n : sizes) {
+      spans.push_back(absl::Span<char>(memory.data() + at, n));
+      at += n;
+    }
+  }
+
+  std::string operator[](size_t i) const { return std::string(spans[i].data(), spans[i].size()); }
+};
+
+std::vector<size_t> SizesOf(const std::vector<std::string>& values) {
+  std::vector<size_t> sizes;
+  for (const std::string& v : values) sizes.push_back(v.size());
+  return sizes;
+}
+
+TEST_F(KvClientTest, GetIntoLandsValuesBitExactInTheSpans) {
+  StartNodes(3);
+  auto client = NewClient(Options());
+  ASSERT_NE(client, nullptr);
+  Objects o(0, 30);  // 0 B, 100 B, 3 MiB (three chunks), then 100 B each
+  ASSERT_EQ(client->Put(o.objects), 30);
+  std::vector<Hash128> keys = o.keys;
+  keys.push_back(Key(1000));  // absent
+  std::vector<size_t> sizes = SizesOf(o.values);
+  sizes.push_back(100);
+  sizes[5] = 99;   // one byte short of its value
+  sizes[6] = 101;  // one byte over
+  Spans into(sizes);
+  const std::vector<GetIntoResult> got = client->GetInto(keys, kModel, {into.spans, std::nullopt});
+  ASSERT_EQ(got.size(), 31u);
+  for (int i = 0; i < 30; ++i) {
+    if (i == 5 || i == 6) {
+      EXPECT_FALSE(got[i].found) << i << ": a span of the wrong size is a miss";
+      continue;
+    }
+    ASSERT_TRUE(got[i].found) << i;
+    EXPECT_TRUE(into[i] == o.values[i]) << i << " is not bit-exact in its span";
+    ExpectSameMeta(got[i].meta, Meta(i));
+  }
+  EXPECT_FALSE(got[30].found);
+
+  // 64 KiB chunks: the 3 MiB value arrives in 48 pieces, each copied into place.
+  ClientOptions small = Options();
+  small.max_chunk_bytes = 64 << 10;
+  auto small_client = NewClient(small);
+  ASSERT_NE(small_client, nullptr);
+  Spans big({o.values[2].size(), o.values[1].size()});
+  const auto big_got = small_client->GetInto({o.keys[2], o.keys[1]}, kModel, {big.spans, {}});
+  ASSERT_TRUE(big_got[0].found);
+  ASSERT_TRUE(big_got[1].found);
+  EXPECT_TRUE(big[0] == o.values[2]);
+  EXPECT_TRUE(big[1] == o.values[1]);
+  // Another model's fingerprint: misses.
+  for (const GetIntoResult& r : client->GetInto({o.keys[1]}, kOtherModel, {{big.spans[1]}, {}})) {
+    EXPECT_FALSE(r.found);
+  }
+
+  // A bad destination: every key a miss, no RPC.
+  const int64_t requests =
+      client->nodes()[0].requests + client->nodes()[1].requests + client->nodes()[2].requests;
+  for (const GetIntoResult& r :
+       client->GetInto({o.keys[1], o.keys[3]}, kModel, {{big.spans[1]}, {}})) {
+    EXPECT_FALSE(r.found);
+  }
+  GetIntoDestination wrong_slices{{big.spans[1]}, transfer::PeerDescriptor()};
+  wrong_slices.descriptor->kind = "grpc";
+  wrong_slices.descriptor->address = "127.0.0.1:1";
+  for (const GetIntoResult& r : client->GetInto({o.keys[1]}, kModel, wrong_slices)) {
+    EXPECT_FALSE(r.found);
+  }
+  EXPECT_EQ(client->nodes()[0].requests + client->nodes()[1].requests + client->nodes()[2].requests,
+            requests);
+  EXPECT_TRUE(client->GetInto({}, kModel, {}).empty());
+  for (const NodeStatus& s : client->nodes()) EXPECT_EQ(s.failures, 0) << s.address;
+}
+
+// A node that answers Get from a map, sending some values with a flipped byte (the header's
+// checksum is the true value's) and one under the header of another key.
+class FakeNode final : public ferry::v1::KvStore::Service {
+ public:
+  void Add(const Hash128& key, std::string value, bool corrupt = false,
+           const Hash128* named = nullptr) {
+    objects_[key] = {std::move(value), corrupt, named != nullptr ? *named : key};
+  }
+
+  grpc::Status Get(grpc::ServerContext*, const ferry::v1::GetRequest* request,
+                   grpc::ServerWriter<ferry::v1::GetChunk>* writer) override {
+    for (int i = 0; i < request->block_hashes_size(); ++i) {
+      ferry::v1::GetChunk chunk;
+      chunk.set_index(static_cast<uint32_t>(i));
+      auto it = objects_.find(HashFromProto(request->block_hashes(i)));
+      if (it != objects_.end()) {
+        const Object& o = it->second;
+        chunk.set_found(true);
+        ferry::v1::ObjectHeader* h = chunk.mutable_header();
+        HashToProto(o.named, h->mutable_block_hash());
+        HashToProto(kModel, h->mutable_model_fingerprint());
+        h->set_size_bytes(o.value.size());
+        h->set_checksum(Checksum(o.value));
+        std::string data = o.value;
+        if (o.corrupt) data[data.size() / 2] ^= 0x01;
+        chunk.set_data(data);
+      }
+      if (!writer->Write(chunk)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  struct Object {
+    std::string value;
+    bool corrupt;
+    Hash128 named;
+  };
+  std::map<Hash128, Object> objects_;
+};
+
+TEST_F(KvClientTest, GetIntoCorruptOrForeignValueIsAMiss) {
+  FakeNode fake;
+  const std::string good = Value(1, 5000), bad = Value(2, 5000), foreign = Value(3, 5000);
+  fake.Add(Key(1), good);
+  fake.Add(Key(2), bad, /*corrupt=*/true);
+  const Hash128 other = Key(99);
+  fake.Add(Key(3), foreign, false, &other);
+  auto server = GrpcServer::Start(GrpcServerOptions(), {&fake});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ClientOptions options;
+  options.nodes = {(*server)->address()};
+  options.clock = &clock_;
+  auto client = NewClient(options);
+  ASSERT_NE(client, nullptr);
+  Spans into({5000, 5000, 5000});
+  const auto got = client->GetInto({Key(1), Key(2), Key(3)}, kModel, {into.spans, {}});
+  EXPECT_TRUE(got[0].found);
+  EXPECT_TRUE(into[0] == good);
+  EXPECT_FALSE(got[1].found) << "a value whose checksum fails is a miss";
+  EXPECT_FALSE(got[2].found) << "a value under another key's header is a miss";
+  // Get says the same.
+  const auto same = client->Get({Key(1), Key(2), Key(3)}, kModel);
+  EXPECT_TRUE(same[0].found);
+  EXPECT_FALSE(same[1].found);
+  EXPECT_FALSE(same[2].found);
+  EXPECT_TRUE(client->nodes()[0].up);
+}
+
+TEST_F(KvClientTest, GetIntoFindsAKeyOnItsSecondReplica) {
+  StartNodes(3);
+  auto client = NewClient(Options(/*replication=*/2));
+  ASSERT_NE(client, nullptr);
+  Objects o(1, 21);
+  ASSERT_EQ(client->Put(o.objects), 20);
+  // The first five are gone from their first replica: a miss there, found on the second.
+  for (int i = 0; i < 5; ++i) {
+    const int first = client->NodesFor(o.keys[i])[0];
+    ASSERT_TRUE(nodes_[first]->store().Delete({o.keys[i]}).ok());
+    ASSERT_FALSE(NodeHas(first, o.keys[i]));
+    ASSERT_TRUE(NodeHas(client->NodesFor(o.keys[i])[1], o.keys[i]));
+  }
+  Spans into(SizesOf(o.values));
+  const auto got = client->GetInto(o.keys, kModel, {into.spans, {}});
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(got[i].found) << i;
+    EXPECT_TRUE(into[i] == o.values[i]) << i;
+    ExpectSameMeta(got[i].meta, Meta(i + 1));
+  }
+  for (const NodeStatus& s : client->nodes()) EXPECT_TRUE(s.up) << s.address;
+}
+
+TEST_F(KvClientTest, GetIntoNodeDownIsAMiss) {
+  StartNodes(3);
+  auto client = NewClient(Options());
+  ASSERT_NE(client, nullptr);
+  Objects o(0, 30);
+  ASSERT_EQ(client->Put(o.objects), 30);
+  nodes_[2]->Stop();
+  Spans into(SizesOf(o.values));
+  const auto got = client->GetInto(o.keys, kModel, {into.spans, {}});
+  int misses = 0;
+  for (int i = 0; i < 30; ++i) {
+    const bool on_down_node = client->NodesFor(o.keys[i])[0] == 2;
+    EXPECT_EQ(got[i].found, !on_down_node) << i;
+    if (got[i].found) {
+      EXPECT_TRUE(into[i] == o.values[i]) << i;
+    }
+    misses += on_down_node;
+  }
+  EXPECT_GT(misses, 0);
+  EXPECT_FALSE(client->nodes()[2].up);
+}
+
+// Nodes with gRPC KV transports and a caller with its own: GetInto with a descriptor is served by
+// the nodes' puts. A node that fails mid-call (here: stopped) may have puts in flight into its
+// keys' spans, so those keys are misses in that call rather than read from the next replica; the
+// next call skips the down node and finds them there.
+TEST_F(KvClientTest, GetIntoWithADescriptorDoesNotRetryAFailedNodesKeys) {
+  std::vector<std::unique_ptr<transfer::KvTransport>> transports;
+  std::vector<transfer::KvTransport*> raw;
+  for (int i = 0; i < 4; ++i) {
+    auto t = transfer::KvTransport::Create({.kind = "grpc"});
+    ASSERT_TRUE(t.ok()) << t.status();
+    raw.push_back(t->get());
+    transports.push_back(*std::move(t));
+  }
+  transfer::KvTransport& caller = *transports[3];
+  StartNodes(3, raw.data());
+  auto client = NewClient(Options(/*replication=*/2));
+  ASSERT_NE(client, nullptr);
+  Objects o(3, 33, 4096);
+  ASSERT_EQ(client->Put(o.objects), 30);
+  auto region = caller.Allocate(30 * 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  char* base = static_cast<char*>(region->span.address);
+  GetIntoDestination destination;
+  destination.descriptor = transfer::PeerDescriptor();
+  destination.descriptor->kind = "grpc";
+  destination.descriptor->address = caller.address();
+  destination.descriptor->regions = {region->descriptor};
+  for (size_t i = 0; i < 30; ++i) {
+    destination.spans.push_back(absl::Span<char>(base + i * 4096, 4096));
+    destination.descriptor->block_slices.push_back({0, i * 4096, 4096});
+  }
+  auto got = client->GetInto(o.keys, kModel, destination);
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(got[i].found) << i;
+    EXPECT_TRUE(std::string(base + i * 4096, 4096) == o.values[i]) << i;
+  }
+
+  nodes_[0]->Stop();
+  std::memset(base, 0, 30 * 4096);
+  got = client->GetInto(o.keys, kModel, destination);
+  int first_on_stopped = 0;
+  for (int i = 0; i < 30; ++i) {
+    const bool first_stopped = client->NodesFor(o.keys[i])[0] == 0;
+    first_on_stopped += first_stopped;
+    EXPECT_EQ(got[i].found, !first_stopped) << i;
+  }
+  EXPECT_GT(first_on_stopped, 0);
+  EXPECT_FALSE(client->nodes()[0].up);
+  // Skipped while down: its keys come from their second replica.
+  got = client->GetInto(o.keys, kModel, destination);
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(got[i].found) << i;
+    EXPECT_TRUE(std::string(base + i * 4096, 4096) == o.values[i]) << i;
+  }
+  nodes_.clear();  // before the transports they use
+  EXPECT_TRUE(caller.Deregister(region->id).ok());
 }
 
 }  // namespace

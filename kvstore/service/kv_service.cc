@@ -4,12 +4,20 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "engine/common/log.h"
+#include "engine/transfer/kv_transport.h"
+#include "engine/transfer/transfer_wire.h"
+#include "kvstore/service/staging_area.h"
 #include "kvstore/wire.h"
 #include "services/common/metrics.h"
 #include "services/common/shared_token.h"
@@ -35,6 +43,86 @@ grpc::Status Ended(grpc::ServerContext* context) {
              ? grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled")
              : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the call's deadline passed");
 }
+
+// A Get into a transfer descriptor that this node cannot serve that way (the request itself is
+// fine): the client asks again for the bytes in the stream.
+grpc::Status CannotPut(const std::string& why) {
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      absl::StrCat(why, "; ask without a destination"));
+}
+
+// A call without a deadline still puts with one (the transport requires it): this long.
+constexpr absl::Duration kMaxPutWait = absl::Seconds(60);
+// How long past its puts' deadline a call waits for their callbacks (the transport promises them
+// by the deadline plus its cancel grace).
+constexpr absl::Duration kCallbackWait = absl::Seconds(10);
+
+// The deadline of a call's puts and of its waits for staging room: the call's own, at most
+// kMaxPutWait from now.
+absl::Time PutDeadline(const grpc::ServerContext& context) {
+  const auto now = std::chrono::system_clock::now();
+  return absl::FromChrono(
+      std::min(context.deadline(), now + std::chrono::seconds(absl::ToInt64Seconds(kMaxPutWait))));
+}
+
+void FillHeader(const Hash128& key, const GetResult& r, ferry::v1::ObjectHeader* h) {
+  HashToProto(key, h->mutable_block_hash());
+  HashToProto(r.meta.fingerprint, h->mutable_model_fingerprint());
+  h->set_layout_tag(r.meta.layout_tag);
+  h->set_token_count(r.meta.token_count);
+  h->set_traffic_class(ClassToProto(r.meta.traffic_class));
+  h->set_size_bytes(r.value.size());
+  h->set_checksum(r.checksum);
+  h->set_created_unix_ms(absl::ToUnixMillis(r.created));
+}
+
+// The outcomes of one Get's puts, handed from the transport's callbacks to the call's handler.
+// Shared by both (a callback may outlive a handler that gave up waiting). Thread-safe.
+class PutOutcomes {
+ public:
+  struct Outcome {
+    int index;
+    absl::Status status;
+  };
+
+  // Before Post; Unposted when Post refused the put (its callback never runs).
+  void Posted() {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+  }
+  void Unposted() {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+  }
+  // From the put's callback.
+  void Done(int index, absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    done_.push_back({index, std::move(status)});
+    --in_flight_;
+  }
+
+  // The outcomes that arrived, waiting for one until `until` while puts are in flight.
+  std::vector<Outcome> Take(absl::Time until) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !done_.empty() || in_flight_ == 0;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), until);
+    std::vector<Outcome> taken;
+    taken.swap(done_);
+    return taken;
+  }
+
+  int in_flight() const {
+    absl::MutexLock lock(&mu_);
+    return in_flight_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<Outcome> done_ ABSL_GUARDED_BY(mu_);
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // Storage failures are the node's problem, not the request's: clients treat UNAVAILABLE as a
 // node that is down (misses).
@@ -63,6 +151,13 @@ void TuneAllocatorForLargeBuffers() {
   ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+struct KvStoreService::Staging {
+  transfer::KvTransport* transport = nullptr;
+  transfer::RegionId region = 0;
+  // Shared with the puts' callbacks, which give their slots back.
+  std::shared_ptr<StagingArea> area;
+};
+
 struct KvStoreService::Metrics {
   std::array<prometheus::Gauge*, kNumTrafficClasses> objects{}, bytes{};
   prometheus::Gauge* file_bytes = nullptr;
@@ -79,13 +174,50 @@ struct KvStoreService::Metrics {
   prometheus::Counter* expired = nullptr;
   prometheus::Counter* corrupt = nullptr;
   prometheus::Counter* mismatches = nullptr;
+  // With a transport.
+  prometheus::Counter* puts_ok = nullptr;
+  prometheus::Counter* puts_failed = nullptr;
+  prometheus::Counter* staging_waits = nullptr;
   std::mutex mu;
   StoreStats last;
 };
 
+absl::StatusOr<std::unique_ptr<KvStoreService>> KvStoreService::Create(
+    KvStore* store, const KvServiceOptions& options,
+    std::shared_ptr<prometheus::Registry> registry) {
+  std::unique_ptr<Staging> staging;
+  if (options.transport != nullptr) {
+    if (options.staging_bytes <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv service: staging_bytes ", options.staging_bytes, " must be positive"));
+    }
+    absl::StatusOr<transfer::LocalRegion> region =
+        options.transport->Allocate(static_cast<size_t>(options.staging_bytes));
+    if (!region.ok()) {
+      return absl::Status(region.status().code(),
+                          absl::StrCat("kv service: staging area of ", options.staging_bytes,
+                                       " bytes: ", region.status().message()));
+    }
+    staging = std::make_unique<Staging>();
+    staging->transport = options.transport;
+    staging->region = region->id;
+    staging->area = std::make_shared<StagingArea>(
+        absl::Span<char>(static_cast<char*>(region->span.address), region->span.length));
+  }
+  return std::unique_ptr<KvStoreService>(
+      new KvStoreService(store, options, std::move(registry), std::move(staging)));
+}
+
 KvStoreService::KvStoreService(KvStore* store, const KvServiceOptions& options,
                                std::shared_ptr<prometheus::Registry> registry)
-    : store_(store), options_(options) {
+    : KvStoreService(store, options, std::move(registry), nullptr) {
+  CHECK(options.transport == nullptr) << "a KvStoreService with a transport comes from Create()";
+}
+
+KvStoreService::KvStoreService(KvStore* store, const KvServiceOptions& options,
+                               std::shared_ptr<prometheus::Registry> registry,
+                               std::unique_ptr<Staging> staging)
+    : store_(store), options_(options), staging_(std::move(staging)) {
   if (registry == nullptr) return;
   metrics_ = std::make_unique<Metrics>();
   Metrics& m = *metrics_;
@@ -121,11 +253,12 @@ KvStoreService::KvStoreService(KvStore* store, const KvServiceOptions& options,
                           .Register(*registry)
                           .Add({});
   m.capacity_bytes->Set(static_cast<double>(options_.capacity_bytes));
-  m.read_bytes = &prometheus::BuildCounter()
-                      .Name("ferry_kvstore_read_bytes_total")
-                      .Help("Value bytes served by Get.")
-                      .Register(*registry)
-                      .Add({});
+  m.read_bytes =
+      &prometheus::BuildCounter()
+           .Name("ferry_kvstore_read_bytes_total")
+           .Help("Value bytes served by Get, in the stream or put through the KV transport.")
+           .Register(*registry)
+           .Add({});
   m.written_bytes = &prometheus::BuildCounter()
                          .Name("ferry_kvstore_written_bytes_total")
                          .Help("Value bytes received by Put and stored.")
@@ -149,10 +282,30 @@ KvStoreService::KvStoreService(KvStore* store, const KvServiceOptions& options,
                       "Objects that failed their checksum or header check (served as misses).");
   m.mismatches = counter("ferry_kvstore_fingerprint_mismatches_total",
                          "Objects asked for with another model fingerprint (misses).");
+  if (staging_ != nullptr) {
+    auto& puts = prometheus::BuildCounter()
+                     .Name("ferry_kvstore_transport_puts_total")
+                     .Help(
+                         "Values a Get put into the caller's memory through the node's KV "
+                         "transport, by outcome (a failed one is a miss).")
+                     .Register(*registry);
+    m.puts_ok = &puts.Add({{"outcome", "ok"}});
+    m.puts_failed = &puts.Add({{"outcome", "failed"}});
+    m.staging_waits =
+        counter("ferry_kvstore_staging_waits_total",
+                "Values that found the transport's staging area full and waited for room.");
+  }
   RefreshMetrics();
 }
 
-KvStoreService::~KvStoreService() = default;
+KvStoreService::~KvStoreService() {
+  if (staging_ == nullptr) return;
+  // A put still running (its call gave up waiting for it) keeps the region registered; the
+  // transport frees it when it ends.
+  if (absl::Status s = staging_->transport->Deregister(staging_->region); !s.ok()) {
+    LOG(WARNING) << "kv service: staging area left to the transport: " << s;
+  }
+}
 
 void KvStoreService::RefreshMetrics() {
   if (metrics_ == nullptr) return;
@@ -201,10 +354,7 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* context, const ferry::v1::
     return Invalid(absl::StrCat("Get names ", request->block_hashes_size(), " blocks; at most ",
                                 options_.max_keys));
   }
-  if (request->has_destination()) {
-    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        "Get into a transfer descriptor needs the transfer layer; ask for bytes");
-  }
+  if (request->has_destination()) return GetIntoDestination(context, *request, writer);
   const int64_t chunk = std::clamp<int64_t>(
       request->max_chunk_bytes() == 0 ? options_.max_chunk_bytes : request->max_chunk_bytes(),
       kMinChunkBytes, std::max(kMinChunkBytes, options_.max_chunk_bytes));
@@ -223,17 +373,7 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* context, const ferry::v1::
           ->Increment();
       if (r.found) metrics_->read_bytes->Increment(static_cast<double>(r.value.size()));
     }
-    if (r.found) {
-      ferry::v1::ObjectHeader* h = first.mutable_header();
-      HashToProto(key, h->mutable_block_hash());
-      HashToProto(r.meta.fingerprint, h->mutable_model_fingerprint());
-      h->set_layout_tag(r.meta.layout_tag);
-      h->set_token_count(r.meta.token_count);
-      h->set_traffic_class(ClassToProto(r.meta.traffic_class));
-      h->set_size_bytes(r.value.size());
-      h->set_checksum(r.checksum);
-      h->set_created_unix_ms(absl::ToUnixMillis(r.created));
-    }
+    if (r.found) FillHeader(key, r, first.mutable_header());
     // The first chunk carries the header and the first piece of data.
     const int64_t size = static_cast<int64_t>(r.value.size());
     int64_t offset = std::min<int64_t>(chunk, size);
@@ -255,6 +395,162 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* context, const ferry::v1::
   }
   RefreshMetrics();
   return grpc::Status::OK;
+}
+
+grpc::Status KvStoreService::GetIntoDestination(grpc::ServerContext* context,
+                                                const ferry::v1::GetRequest& request,
+                                                grpc::ServerWriter<ferry::v1::GetChunk>* writer) {
+  if (staging_ == nullptr) {
+    return CannotPut("this node moves bytes in the Get stream only");
+  }
+  transfer::KvTransport* const transport = staging_->transport;
+  absl::StatusOr<transfer::PeerDescriptor> destination = transfer::FromProto(request.destination());
+  if (!destination.ok()) {
+    return Invalid(absl::StrCat("Get destination: ", destination.status().message()));
+  }
+  if (destination->kind != transport->kind()) {
+    return CannotPut(absl::StrCat("the destination is memory of a ", destination->kind,
+                                  " transport; this node's transport is ", transport->kind()));
+  }
+  if (destination->block_slices.size() != static_cast<size_t>(request.block_hashes_size())) {
+    return Invalid(absl::StrCat("Get destination has ", destination->block_slices.size(),
+                                " block slices for ", request.block_hashes_size(),
+                                " blocks; one per block"));
+  }
+  const absl::Time deadline = PutDeadline(*context);
+  const absl::StatusOr<transfer::PeerId> peer = transport->Connect(destination->address);
+  if (!peer.ok()) {
+    return CannotPut(
+        absl::StrCat("cannot connect to the destination's transport: ", peer.status().message()));
+  }
+  const Hash128 fingerprint = HashFromProto(request.model_fingerprint());
+  const int miss_class = static_cast<int>(ClassFromProto(request.context().traffic_class()));
+  const std::shared_ptr<StagingArea> area = staging_->area;
+  auto outcomes = std::make_shared<PutOutcomes>();
+  // The found chunk of each put in flight, written once its callback ran.
+  std::map<int, ferry::v1::GetChunk> awaiting;
+  std::vector<transfer::TransferId> posted;
+  int64_t failed = 0;
+  absl::Status first_failure;
+  bool writable = true;  // false once the stream broke (the client went away)
+
+  auto write = [&](const ferry::v1::GetChunk& chunk) {
+    writable = writable && writer->Write(chunk);
+  };
+  auto miss = [&](int index) {
+    ferry::v1::GetChunk chunk;
+    chunk.set_index(static_cast<uint32_t>(index));
+    chunk.set_found(false);
+    write(chunk);
+  };
+  auto put_failed = [&](int index, const absl::Status& why) {
+    if (metrics_ != nullptr) metrics_->puts_failed->Increment();
+    if (failed++ == 0) first_failure = why;
+    miss(index);
+  };
+  auto settle = [&](const PutOutcomes::Outcome& outcome) {
+    auto it = awaiting.find(outcome.index);
+    if (!outcome.status.ok()) {
+      awaiting.erase(it);
+      put_failed(outcome.index, outcome.status);
+      return;
+    }
+    if (metrics_ != nullptr) {
+      metrics_->puts_ok->Increment();
+      metrics_->read_bytes->Increment(static_cast<double>(it->second.header().size_bytes()));
+    }
+    write(it->second);
+    awaiting.erase(it);
+  };
+
+  grpc::Status status = grpc::Status::OK;
+  for (int i = 0; i < request.block_hashes_size() && writable; ++i) {
+    for (const PutOutcomes::Outcome& o : outcomes->Take(absl::InfinitePast())) settle(o);
+    if (Done(context)) {
+      status = Ended(context);
+      break;
+    }
+    const Hash128 key = HashFromProto(request.block_hashes(i));
+    const GetResult r = std::move(store_->Get({key}, fingerprint)[0]);
+    if (metrics_ != nullptr) {
+      (r.found ? metrics_->hits[static_cast<int>(r.meta.traffic_class)]
+               : metrics_->misses[miss_class])
+          ->Increment();
+    }
+    if (!r.found) {
+      miss(i);
+      continue;
+    }
+    // The value, staged in registered memory, then put into the key's slice.
+    const size_t size = r.value.size();
+    if (destination->block_slices[i].length != size) {
+      put_failed(i, absl::InvalidArgumentError(absl::StrCat("block slice ", i, " is ",
+                                                            destination->block_slices[i].length,
+                                                            " bytes for a value of ", size)));
+      continue;
+    }
+    bool waited = false;
+    absl::StatusOr<absl::Span<char>> slot = area->Acquire(size, deadline, &waited);
+    if (waited && metrics_ != nullptr) metrics_->staging_waits->Increment();
+    if (!slot.ok()) {
+      put_failed(i, slot.status());
+      continue;
+    }
+    std::memcpy(slot->data(), r.value.data(), size);
+    const MemorySpan local{slot->data(), size};
+    absl::StatusOr<transfer::TransferRequest> put =
+        transfer::BlockTransferRequest(*destination, static_cast<size_t>(i),
+                                       absl::MakeConstSpan(&local, 1), transfer::TransferOp::kPut);
+    if (!put.ok()) {
+      area->Release(*slot);
+      put_failed(i, put.status());
+      continue;
+    }
+    put->peer = *peer;
+    put->deadline = deadline;
+    put->transfer_id.clear();  // the stream tells the caller
+    ferry::v1::GetChunk& found = awaiting[i];
+    found.set_index(static_cast<uint32_t>(i));
+    found.set_found(true);
+    FillHeader(key, r, found.mutable_header());
+    outcomes->Posted();
+    absl::StatusOr<transfer::TransferId> id =
+        transport->Post(std::move(*put), [outcomes, area, slot = *slot, i](absl::Status s) {
+          area->Release(slot);  // the transport is done with it
+          outcomes->Done(i, std::move(s));
+        });
+    if (!id.ok()) {
+      outcomes->Unposted();
+      area->Release(*slot);
+      awaiting.erase(i);
+      put_failed(i, id.status());
+      continue;
+    }
+    posted.push_back(*id);
+  }
+  // Nobody reads the rest: stop the puts still running.
+  if (!writable || !status.ok()) {
+    for (transfer::TransferId id : posted) transport->Cancel(id);
+  }
+  // Every put's callback (they come by the deadline plus the transport's cancel grace).
+  const absl::Time give_up = deadline + kCallbackWait;
+  while (outcomes->in_flight() > 0 && absl::Now() < give_up) {
+    for (const PutOutcomes::Outcome& o : outcomes->Take(give_up)) settle(o);
+  }
+  for (const PutOutcomes::Outcome& o : outcomes->Take(absl::InfinitePast())) settle(o);
+  if (const int left = outcomes->in_flight(); left > 0) {
+    LOG(ERROR) << "kv service: " << left << " put(s) of a Get still running " << kCallbackWait
+               << " past their deadline; their staging slots come back when they end";
+  }
+  if (failed > 0) {
+    LOG(WARNING) << "kv service: " << failed << " of " << request.block_hashes_size()
+                 << " values of a Get could not be put into the destination (misses); the "
+                    "first: "
+                 << first_failure;
+  }
+  if (status.ok() && !writable) status = Ended(context);
+  RefreshMetrics();
+  return status;
 }
 
 grpc::Status KvStoreService::Put(grpc::ServerContext* context,

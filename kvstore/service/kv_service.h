@@ -10,12 +10,34 @@
 //
 // Metrics (on the registry given): ferry_kvstore_objects / _bytes {class}, _file_bytes,
 // _capacity_bytes, _lookups_total {class, result} (the object's class on a hit, the request's on
-// a miss), _read_bytes_total, _written_bytes_total, _rpc_seconds {method} (histogram),
-// _evicted_objects_total, _expired_objects_total, _corrupt_reads_total,
-// _fingerprint_mismatches_total.
+// a miss), _read_bytes_total (value bytes sent in the stream or put through the transport),
+// _written_bytes_total, _rpc_seconds {method} (histogram), _evicted_objects_total,
+// _expired_objects_total, _corrupt_reads_total, _fingerprint_mismatches_total, and with a
+// transport _transport_puts_total {outcome = ok|failed} and _staging_waits_total (values that
+// found the staging area full and waited for room).
 //
 // Auth: with an auth_token, every call without it ends UNAUTHENTICATED before it touches the store
 // (the health service stays open).
+//
+// Get into a transfer descriptor (GetRequest.destination): with a KV transport of its own
+// (KvServiceOptions::transport), the node writes each found value straight into the caller's
+// memory, one slice per requested key, and the stream carries headers only. The descriptor is
+// checked first: it must parse (transfer_wire.h FromProto) and name one block slice per key, else
+// INVALID_ARGUMENT. A node without a transport, or whose transport is of another kind than the
+// descriptor's, or that cannot connect to the descriptor's address, answers FAILED_PRECONDITION
+// (the request is fine, this node cannot serve it that way: ask it for the bytes in the stream).
+// For each found object the node copies the value into its staging area (memory its transport
+// registered, staging_bytes, allocated once; a call waits for room until its deadline; a value
+// larger than the whole area is a miss), posts a put of it into the key's slice with the call's
+// deadline (no transfer_id: the stream is the caller's completion), and once the put's callback
+// ran writes that key's GetChunk: found with the full header (size, checksum, ...) and no data
+// when the put succeeded; found=false when it failed (peer gone, deadline, a slice whose length
+// is not the value's size; a slice outside its region fails the descriptor's check), never an
+// error of the call. Puts
+// overlap with the next keys' reads, so chunks may come in any index order. The staging slot is
+// reused only after the put's callback ran. A put cut off by the call's deadline may still touch
+// the caller's memory until the node's transport gives up on it (its cancel grace): callers
+// reuse such memory only after that.
 //
 // Thread-safe (gRPC calls handlers concurrently).
 
@@ -28,6 +50,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "kvstore/kv_store.h"
 #include "prometheus/counter.h"
@@ -36,6 +59,10 @@
 #include "prometheus/registry.h"
 
 namespace ferry {
+namespace transfer {
+class KvTransport;
+}  // namespace transfer
+
 namespace kv {
 
 struct KvServiceOptions {
@@ -46,6 +73,12 @@ struct KvServiceOptions {
   // The shared token every call must carry (services/common/shared_token.h); empty: calls are
   // not checked. An unauthenticated Put into a store that serves requests is cache poisoning.
   std::string auth_token;
+  // The node's own KV transport, for Gets into a transfer descriptor; null: such a Get answers
+  // FAILED_PRECONDITION. Not owned: it must outlive the service and every server that serves it.
+  transfer::KvTransport* transport = nullptr;
+  // With a transport: the registered memory values are staged in on their way out (allocated
+  // once, by KvStoreService::Create). It bounds the bytes in flight through the transport.
+  int64_t staging_bytes = int64_t{64} << 20;
 };
 
 // The per-message limit a server around this service should set: a chunk of max_chunk_bytes
@@ -62,9 +95,19 @@ void TuneAllocatorForLargeBuffers();
 
 class KvStoreService final : public ferry::v1::KvStore::Service {
  public:
+  // The service, with or without a transport: with one, it allocates the staging area from it
+  // (InvalidArgument for staging_bytes <= 0; the transport's error when Allocate fails).
   // `store` must outlive the service; `registry` may be null (no metrics).
+  static absl::StatusOr<std::unique_ptr<KvStoreService>> Create(
+      KvStore* store, const KvServiceOptions& options = {},
+      std::shared_ptr<prometheus::Registry> registry = nullptr);
+
+  // Without a transport only (options.transport must be null, a CHECK: Create allocates what a
+  // transport needs).
   KvStoreService(KvStore* store, const KvServiceOptions& options = {},
                  std::shared_ptr<prometheus::Registry> registry = nullptr);
+  // Gives the staging area back to the transport (left to the transport's own destructor while
+  // a put still uses it).
   ~KvStoreService() override;
 
   grpc::Status Exists(grpc::ServerContext* context, const ferry::v1::ExistsRequest* request,
@@ -87,10 +130,19 @@ class KvStoreService final : public ferry::v1::KvStore::Service {
 
  private:
   struct Metrics;
+  struct Staging;
+
+  KvStoreService(KvStore* store, const KvServiceOptions& options,
+                 std::shared_ptr<prometheus::Registry> registry, std::unique_ptr<Staging> staging);
   void FillStats(const StoreStats& s, ferry::v1::StatsResponse* response) const;
+  // Get with a destination: the values go through the transport (see the header comment).
+  grpc::Status GetIntoDestination(grpc::ServerContext* context,
+                                  const ferry::v1::GetRequest& request,
+                                  grpc::ServerWriter<ferry::v1::GetChunk>* writer);
 
   KvStore* const store_;
   const KvServiceOptions options_;
+  std::unique_ptr<Staging> staging_;  // null without a transport
   std::unique_ptr<Metrics> metrics_;  // null without a registry
 };
 

@@ -1,12 +1,23 @@
 // The KV store service on loopback: every library behaviour through the wire (put in chunks,
 // get in chunks, exists, delete, stats, verify, compact), rejections with reasons, oversized
-// messages refused with a clear status, deadlines honoured, and the metrics.
+// messages refused with a clear status, deadlines honoured, and the metrics. Gets into a transfer
+// descriptor, for the gRPC transport and UCX over tcp (a "worker" transport in this process owns
+// the destination memory, the node has its own): values bit-exact in that memory with no data in
+// the stream, misses for absent keys, wrong slice lengths and values larger than the staging
+// area, invalid descriptors refused, a node without a transport refusing with
+// FAILED_PRECONDITION while the client's GetInto falls back to bytes.
 
 #include "kvstore/service/kv_service.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 
+#include "engine/transfer/kv_transport.h"
+#include "engine/transfer/transfer_wire.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
@@ -37,6 +48,46 @@ std::string Bytes(int i, size_t n) {
   std::mt19937 rng(i);
   for (char& c : v) c = static_cast<char>(rng());
   return v;
+}
+
+// The value of a metric on `registry` with the given name and labels (-1: none such).
+double MetricValue(prometheus::Registry& registry, const std::string& name,
+                   const std::map<std::string, std::string>& want = {}) {
+  for (const auto& family : registry.Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) {
+      std::map<std::string, std::string> labels;
+      for (const auto& l : metric.label) labels[l.name] = l.value;
+      if (labels == want) return metric.counter.value;
+    }
+  }
+  return -1;
+}
+
+// A raw Get with a destination: the status, the chunks by index, and the data bytes they carried.
+struct RawGet {
+  grpc::Status status;
+  std::map<int, GetChunk> chunks;
+  int64_t data_bytes = 0;
+  int duplicates = 0;  // chunks for an index already seen
+};
+
+RawGet GetInto(ferry::v1::KvStore::Stub& stub, const std::vector<Hash128>& keys,
+               const transfer::PeerDescriptor& destination) {
+  auto ctx = NewClientContext(absl::Seconds(10));
+  ferry::v1::GetRequest req;
+  Set(kModel, req.mutable_model_fingerprint());
+  for (const Hash128& k : keys) Set(k, req.add_block_hashes());
+  *req.mutable_destination() = transfer::ToProto(destination);
+  auto reader = stub.Get(ctx.get(), req);
+  RawGet got;
+  GetChunk c;
+  while (reader->Read(&c)) {
+    got.data_bytes += static_cast<int64_t>(c.data().size());
+    if (!got.chunks.emplace(static_cast<int>(c.index()), c).second) ++got.duplicates;
+  }
+  got.status = reader->Finish();
+  return got;
 }
 
 class KvServiceTest : public ::testing::Test {
@@ -376,6 +427,348 @@ TEST(KvServiceAuthTest, EveryMethodWantsTheSharedToken) {
   ASSERT_TRUE(health->Check(health_ctx.get(), check, &serving).ok());
   EXPECT_EQ(serving.status(), grpc::health::v1::HealthCheckResponse::SERVING);
   server.reset();
+}
+
+struct TransportParam {
+  std::string kind;
+  std::string ucx_tls;
+};
+
+std::string ParamName(const testing::TestParamInfo<TransportParam>& info) {
+  return info.param.ucx_tls.empty() ? info.param.kind : info.param.kind + "_" + info.param.ucx_tls;
+}
+
+// A node with a KV transport of its own and a 2 MiB staging area, and a "worker" transport of the
+// same kind owning the memory values are put into.
+class KvServiceTransportTest : public testing::TestWithParam<TransportParam> {
+ protected:
+  static constexpr int64_t kStagingBytes = 2 << 20;
+
+  transfer::TransportOptions Options() const {
+    transfer::TransportOptions o;
+    o.kind = GetParam().kind;
+    o.ucx_tls = GetParam().ucx_tls;
+    return o;
+  }
+
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<transfer::KvTransport>> worker =
+        transfer::KvTransport::Create(Options());
+    if (!worker.ok() && GetParam().kind == "ucx" &&
+        (worker.status().code() == absl::StatusCode::kUnavailable ||
+         worker.status().code() == absl::StatusCode::kUnimplemented)) {
+      // Under CI a transport this machine cannot run is a broken install, not a skip.
+      const char* ci = std::getenv("CI");
+      ASSERT_FALSE(ci != nullptr && std::string(ci) == "true")
+          << "UCX (" << GetParam().ucx_tls << ") unusable under CI=true: " << worker.status();
+      GTEST_SKIP() << "UCX (" << GetParam().ucx_tls << ") unusable here: " << worker.status();
+    }
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    worker_ = *std::move(worker);
+    absl::StatusOr<std::unique_ptr<transfer::KvTransport>> node =
+        transfer::KvTransport::Create(Options());
+    ASSERT_TRUE(node.ok()) << node.status();
+    node_transport_ = *std::move(node);
+
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');  // "Test/0"
+    dir_ = (fs::path(::testing::TempDir()) / ("svc_transport_" + name)).string();
+    fs::remove_all(dir_);
+    StoreOptions o;
+    o.segment_bytes = 8 << 20;
+    o.capacity_bytes = 64 << 20;
+    o.max_object_bytes = 4 << 20;
+    auto store = KvStore::Open(dir_, o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    KvServiceOptions so;
+    so.transport = node_transport_.get();
+    so.staging_bytes = kStagingBytes;
+    registry_ = std::make_shared<prometheus::Registry>();
+    auto service = KvStoreService::Create(store_.get(), so, registry_);
+    ASSERT_TRUE(service.ok()) << service.status();
+    service_ = *std::move(service);
+    auto server = GrpcServer::Start(GrpcServerOptions(), {service_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    stub_ = ferry::v1::KvStore::NewStub(NewChannel(server_->address()));
+    node_regions_ = node_transport_->registered_regions();
+  }
+
+  void TearDown() override {
+    server_.reset();
+    service_.reset();
+    // The service gave its staging area back.
+    if (node_transport_ != nullptr) {
+      EXPECT_EQ(node_transport_->registered_regions(), node_regions_ - 1);
+    }
+    node_transport_.reset();
+    store_.reset();
+    if (worker_ != nullptr && region_.id != 0) {
+      EXPECT_TRUE(worker_->Deregister(region_.id).ok());
+    }
+    worker_.reset();
+  }
+
+  // Stores (key i, Bytes(i, size)) for each entry through the client.
+  void Store(const std::map<int, size_t>& objects) {
+    ClientOptions co;
+    co.nodes = {server_->address()};
+    co.deadline = absl::Seconds(10);
+    auto client = KvClient::Create(co);
+    ASSERT_TRUE(client.ok()) << client.status();
+    std::vector<std::string> values;
+    for (const auto& [i, size] : objects) values.push_back(Bytes(i, size));
+    std::vector<ClientObject> items;
+    size_t v = 0;
+    for (const auto& [i, size] : objects) {
+      items.push_back({Key(i), ObjectMeta{kModel, 7, 64, TrafficClass::kAgent}, values[v++]});
+    }
+    ASSERT_EQ((*client)->Put(items), static_cast<int64_t>(items.size()));
+  }
+
+  // Worker memory for one span per size (registered with the worker transport, filled with
+  // 0xAB) and its descriptor, one block slice per span.
+  void Destination(const std::vector<size_t>& sizes) {
+    size_t total = 0;
+    for (size_t n : sizes) total += std::max<size_t>(n, 1);
+    auto region = worker_->Allocate(total);
+    ASSERT_TRUE(region.ok()) << region.status();
+    region_ = *region;
+    char* base = static_cast<char*>(region_.span.address);
+    std::memset(base, 0xAB, total);
+    descriptor_ = transfer::PeerDescriptor();
+    descriptor_.kind = std::string(worker_->kind());
+    descriptor_.address = worker_->address();
+    descriptor_.regions = {region_.descriptor};
+    spans_.clear();
+    size_t offset = 0;
+    for (size_t n : sizes) {
+      spans_.push_back(absl::Span<char>(base + offset, n));
+      descriptor_.block_slices.push_back({0, offset, n});
+      offset += std::max<size_t>(n, 1);
+    }
+  }
+
+  std::string Span(size_t i) const { return std::string(spans_[i].data(), spans_[i].size()); }
+
+  double Puts(const std::string& outcome) {
+    return MetricValue(*registry_, "ferry_kvstore_transport_puts_total", {{"outcome", outcome}});
+  }
+
+  std::string dir_;
+  std::unique_ptr<transfer::KvTransport> worker_;
+  std::unique_ptr<transfer::KvTransport> node_transport_;
+  std::unique_ptr<KvStore> store_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<KvStoreService> service_;
+  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<ferry::v1::KvStore::Stub> stub_;
+  int64_t node_regions_ = 0;
+  transfer::LocalRegion region_;
+  transfer::PeerDescriptor descriptor_;
+  std::vector<absl::Span<char>> spans_;
+};
+
+TEST_P(KvServiceTransportTest, ValuesLandInTheDestinationAndTheStreamCarriesHeadersOnly) {
+  Store({{1, 100}, {2, 1 << 20}, {3, (1 << 20) + 3}, {4, 4096}, {5, 3 << 20}});
+  // 6 is absent; 4's slice is one byte short; 5 is larger than the 2 MiB staging area.
+  Destination({100, 1 << 20, (1 << 20) + 3, 100, 4095, 3 << 20});
+  const double read_before = MetricValue(*registry_, "ferry_kvstore_read_bytes_total");
+  const RawGet got = GetInto(*stub_, {Key(1), Key(2), Key(3), Key(6), Key(4), Key(5)}, descriptor_);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.data_bytes, 0);
+  EXPECT_EQ(got.duplicates, 0);
+  ASSERT_EQ(got.chunks.size(), 6u);
+  const std::vector<std::pair<int, size_t>> found = {{1, 100}, {2, 1 << 20}, {3, (1 << 20) + 3}};
+  for (size_t i = 0; i < found.size(); ++i) {
+    const GetChunk& c = got.chunks.at(static_cast<int>(i));
+    ASSERT_TRUE(c.found()) << i;
+    const std::string want = Bytes(found[i].first, found[i].second);
+    EXPECT_EQ(c.header().size_bytes(), want.size());
+    EXPECT_EQ(c.header().checksum(), Checksum(want));
+    EXPECT_EQ(c.header().layout_tag(), 7u);
+    EXPECT_EQ(c.header().token_count(), 64u);
+    EXPECT_EQ(c.header().block_hash().lo(), Key(found[i].first).lo);
+    EXPECT_TRUE(Span(i) == want) << "value " << i << " is not bit-exact in the destination";
+  }
+  for (int i : {3, 4, 5}) EXPECT_FALSE(got.chunks.at(i).found()) << i;
+  // What missed was not written.
+  EXPECT_EQ(Span(4), std::string(4095, '\xAB'));
+  EXPECT_EQ(Span(5), std::string(3 << 20, '\xAB'));
+  EXPECT_EQ(Puts("ok"), 3);
+  EXPECT_EQ(Puts("failed"), 2);  // the short slice and the value over the staging area
+  EXPECT_EQ(MetricValue(*registry_, "ferry_kvstore_read_bytes_total") - read_before,
+            100 + (1 << 20) + (1 << 20) + 3);
+
+  // Again, many values through a staging area of two: slots come back and are reused.
+  std::map<int, size_t> many;
+  std::vector<Hash128> keys;
+  std::vector<size_t> sizes;
+  for (int i = 100; i < 124; ++i) {
+    many[i] = (i % 3 + 1) << 19;  // 512 KiB .. 1.5 MiB
+    keys.push_back(Key(i));
+    sizes.push_back(many[i]);
+  }
+  Store(many);
+  ASSERT_TRUE(worker_->Deregister(region_.id).ok());
+  Destination(sizes);
+  const RawGet all = GetInto(*stub_, keys, descriptor_);
+  ASSERT_TRUE(all.status.ok()) << all.status.error_message();
+  EXPECT_EQ(all.data_bytes, 0);
+  ASSERT_EQ(all.chunks.size(), keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(all.chunks.at(static_cast<int>(i)).found()) << i;
+    EXPECT_TRUE(Span(i) == Bytes(100 + static_cast<int>(i), sizes[i])) << i;
+  }
+  EXPECT_EQ(Puts("ok"), 3 + 24);
+}
+
+TEST_P(KvServiceTransportTest, TheClientsGetIntoUsesTheNodesTransport) {
+  Store({{1, 100}, {2, 1 << 20}, {3, 5000}});
+  Destination({100, 1 << 20, 5000, 64});
+  ClientOptions co;
+  co.nodes = {server_->address()};
+  co.deadline = absl::Seconds(10);
+  auto client = KvClient::Create(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  GetIntoDestination destination;
+  destination.spans = spans_;
+  destination.descriptor = descriptor_;
+  const std::vector<GetIntoResult> got =
+      (*client)->GetInto({Key(1), Key(2), Key(3), Key(9)}, kModel, destination);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_TRUE(got[0].found);
+  EXPECT_TRUE(got[1].found);
+  EXPECT_TRUE(got[2].found);
+  EXPECT_FALSE(got[3].found);
+  EXPECT_EQ(got[1].meta.layout_tag, 7u);
+  EXPECT_EQ(got[1].meta.traffic_class, TrafficClass::kAgent);
+  EXPECT_TRUE(Span(0) == Bytes(1, 100));
+  EXPECT_TRUE(Span(1) == Bytes(2, 1 << 20));
+  EXPECT_TRUE(Span(2) == Bytes(3, 5000));
+  EXPECT_EQ(Puts("ok"), 3);  // by the node's transport, not in the stream
+
+  // A descriptor whose slices are not the spans is a bad destination: every key a miss.
+  destination.descriptor->block_slices[1].offset += 64;
+  for (const GetIntoResult& r :
+       (*client)->GetInto({Key(1), Key(2), Key(3), Key(9)}, kModel, destination)) {
+    EXPECT_FALSE(r.found);
+  }
+  destination.descriptor = descriptor_;
+  destination.descriptor->block_slices.pop_back();
+  for (const GetIntoResult& r :
+       (*client)->GetInto({Key(1), Key(2), Key(3), Key(9)}, kModel, destination)) {
+    EXPECT_FALSE(r.found);
+  }
+  EXPECT_EQ(Puts("ok"), 3);
+  EXPECT_TRUE((*client)->nodes()[0].up);
+}
+
+TEST_P(KvServiceTransportTest, BadDescriptorsAreInvalidArguments) {
+  Store({{1, 100}});
+  Destination({100, 100});
+  // One slice too many for the keys.
+  RawGet got = GetInto(*stub_, {Key(1)}, descriptor_);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(got.status.error_message().find("2 block slices for 1 blocks"), std::string::npos)
+      << got.status.error_message();
+  EXPECT_TRUE(got.chunks.empty());
+  // A slice past its region's end.
+  transfer::PeerDescriptor outside = descriptor_;
+  outside.block_slices = {{0, region_.descriptor.length - 10, 100}};
+  got = GetInto(*stub_, {Key(1)}, outside);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // No address.
+  transfer::PeerDescriptor nowhere = descriptor_;
+  nowhere.address.clear();
+  nowhere.block_slices.pop_back();
+  got = GetInto(*stub_, {Key(1)}, nowhere);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // The other kind of transport: this node cannot serve it that way.
+  transfer::PeerDescriptor other = descriptor_;
+  other.kind = GetParam().kind == "grpc" ? "ucx" : "grpc";
+  other.block_slices.pop_back();
+  got = GetInto(*stub_, {Key(1)}, other);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << got.status.error_message();
+  EXPECT_EQ(Puts("ok"), 0);
+  EXPECT_EQ(Span(0), std::string(100, '\xAB'));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, KvServiceTransportTest,
+                         testing::Values(TransportParam{"grpc", ""}, TransportParam{"ucx", "tcp"}),
+                         ParamName);
+
+// A node without a transport refuses a Get into a descriptor with FAILED_PRECONDITION, and the
+// client's GetInto asks it again for the bytes, which land in the same spans.
+TEST_F(KvServiceTest, WithoutATransportGetIntoFallsBackToBytes) {
+  ferry::v1::PutResponse put;
+  ASSERT_TRUE(Put({{1, Bytes(1, 100)}, {2, Bytes(2, (2 << 20) + 1)}}, 1 << 20, &put).ok());
+  ASSERT_EQ(put.stored(), 2u);
+  auto worker = transfer::KvTransport::Create({.kind = "grpc"});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  auto region = (*worker)->Allocate(100 + (2 << 20) + 1);
+  ASSERT_TRUE(region.ok()) << region.status();
+  char* base = static_cast<char*>(region->span.address);
+  std::memset(base, 0, region->span.length);
+  transfer::PeerDescriptor descriptor;
+  descriptor.kind = "grpc";
+  descriptor.address = (*worker)->address();
+  descriptor.regions = {region->descriptor};
+  descriptor.block_slices = {{0, 0, 100}, {0, 100, (2 << 20) + 1}};
+
+  const RawGet raw = GetInto(*stub_, {Key(1), Key(2)}, descriptor);
+  EXPECT_EQ(raw.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(raw.status.error_message().find("ask without a destination"), std::string::npos)
+      << raw.status.error_message();
+  EXPECT_TRUE(raw.chunks.empty());
+
+  ClientOptions co;
+  co.nodes = {server_->address()};
+  co.deadline = absl::Seconds(10);
+  auto client = KvClient::Create(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  GetIntoDestination destination;
+  destination.spans = {absl::Span<char>(base, 100), absl::Span<char>(base + 100, (2 << 20) + 1)};
+  destination.descriptor = descriptor;
+  const std::vector<GetIntoResult> got = (*client)->GetInto({Key(1), Key(2)}, kModel, destination);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(got[0].found);
+  EXPECT_TRUE(got[1].found);
+  EXPECT_TRUE(std::string(base, 100) == Bytes(1, 100));
+  EXPECT_TRUE(std::string(base + 100, (2 << 20) + 1) == Bytes(2, (2 << 20) + 1));
+  EXPECT_TRUE((*client)->nodes()[0].up);  // a refusal is not a node failure
+  EXPECT_EQ(MetricValue(*registry_, "ferry_kvstore_transport_puts_total", {{"outcome", "ok"}}),
+            -1);  // no such metric without a transport
+  EXPECT_TRUE((*worker)->Deregister(region->id).ok());
+}
+
+// Create: a transport needs a positive staging area; the constructor takes none.
+TEST(KvServiceCreateTest, StagingNeedsAPositiveSize) {
+  const std::string dir = (fs::path(::testing::TempDir()) / "svc_create").string();
+  fs::remove_all(dir);
+  StoreOptions o;
+  o.segment_bytes = 4 << 20;
+  o.capacity_bytes = 16 << 20;
+  o.max_object_bytes = 1 << 20;
+  auto store = KvStore::Open(dir, o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto transport = transfer::KvTransport::Create({.kind = "grpc"});
+  ASSERT_TRUE(transport.ok()) << transport.status();
+  KvServiceOptions so;
+  so.transport = transport->get();
+  so.staging_bytes = 0;
+  EXPECT_EQ(KvStoreService::Create(store->get(), so).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  so.staging_bytes = 1 << 20;
+  auto service = KvStoreService::Create(store->get(), so);
+  ASSERT_TRUE(service.ok()) << service.status();
+  EXPECT_EQ((*transport)->registered_regions(), 1);
+  service->reset();
+  EXPECT_EQ((*transport)->registered_regions(), 0);
+  so.transport = nullptr;
+  EXPECT_TRUE(KvStoreService::Create(store->get(), so).ok());
 }
 
 }  // namespace

@@ -5,14 +5,24 @@
 // Prints "grpc_port=N admin_port=M" once serving.
 //
 //   ferry-kvstore --dir /var/lib/ferry/kv --address 0.0.0.0:7100 --capacity 512GiB
+//   ferry-kvstore --dir ... --transport ucx --ucx_tls tcp     # Gets into callers' memory too
+//
+// With --transport (ucx, or grpc: the fallback without UCX), a Get that names a transfer
+// descriptor is answered by putting each value straight into the caller's memory through the
+// node's own KV transport, staged in --transport_staging_bytes of registered memory
+// (kv_service.h); without one, such a Get answers FAILED_PRECONDITION and clients ask for the
+// bytes in the stream. The gRPC transport requires and sends the node's shared token.
 
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "engine/common/log.h"
 #include "engine/common/units.h"
+#include "engine/transfer/kv_transport.h"
 #include "kvstore/kv_store.h"
 #include "kvstore/service/kv_service.h"
 #include "services/common/admin_server.h"
@@ -33,6 +43,13 @@ ABSL_FLAG(std::string, ttl_agent, "3d", "retention of agent objects after their 
 ABSL_FLAG(std::string, ttl_batch, "1d", "retention of batch objects after their last use");
 ABSL_FLAG(std::string, max_chunk_bytes, "4MiB", "data per Get/Put message at most");
 ABSL_FLAG(int, rpc_grace_ms, 10000, "grace for in-flight calls at shutdown");
+ABSL_FLAG(std::string, transport, "none",
+          "KV transport for Gets into callers' memory: none, ucx, or grpc (the fallback)");
+ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (tcp, shm, ...; default $UCX_TLS or UCX's)");
+ABSL_FLAG(std::string, transport_address, "127.0.0.1:0",
+          "the gRPC transport's listen address (port 0: any free port)");
+ABSL_FLAG(std::string, transport_staging_bytes, "64MiB",
+          "registered memory values are staged in on their way through the transport");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding the shared token every call must carry (else $FERRY_AUTH_TOKEN; neither: "
           "calls are not checked)");
@@ -83,6 +100,14 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  const std::string transport_kind = absl::GetFlag(FLAGS_transport);
+  if (transport_kind != "none" && transport_kind != "ucx" && transport_kind != "grpc") {
+    std::fprintf(stderr, "ferry-kvstore: --transport must be none, ucx or grpc\n");
+    return 2;
+  }
+  const int64_t staging_bytes = static_cast<int64_t>(OrExit(
+      ParseByteSize(absl::GetFlag(FLAGS_transport_staging_bytes)), "--transport_staging_bytes"));
+
   service_options.auth_token =
       OrExit(LoadSharedToken(absl::GetFlag(FLAGS_auth_token_file)), "--auth_token_file");
   if (service_options.auth_token.empty()) {
@@ -98,7 +123,34 @@ int main(int argc, char** argv) {
             << (opened.direct_io ? "on" : "off");
 
   auto registry = NewServiceRegistry("kvstore");
-  auto service = std::make_unique<kv::KvStoreService>(store.get(), service_options, registry);
+  // The transport outlives the service and the server: its callbacks give staging slots back.
+  std::unique_ptr<transfer::KvTransport> transport;
+  if (transport_kind != "none") {
+    transfer::TransportOptions transport_options;
+    transport_options.kind = transport_kind;
+    transport_options.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
+    transport_options.listen_address = absl::GetFlag(FLAGS_transport_address);
+    transport_options.auth_token = service_options.auth_token;
+    transport_options.registry = registry.get();
+    transport = OrExit(transfer::KvTransport::Create(transport_options), "--transport");
+    service_options.transport = transport.get();
+    service_options.staging_bytes = staging_bytes;
+  }
+  auto service =
+      OrExit(kv::KvStoreService::Create(store.get(), service_options, registry), "start");
+  if (transport != nullptr) {
+    LOG(INFO) << "KV transport " << transport->kind()
+              << (transport->kind() == "grpc"
+                      ? absl::StrCat(" listening on ", transport->address())
+                      : absl::StrCat(" (worker address of ", transport->address().size(), " bytes",
+                                     absl::GetFlag(FLAGS_ucx_tls).empty()
+                                         ? ""
+                                         : ", ucx_tls " + absl::GetFlag(FLAGS_ucx_tls),
+                                     ")"))
+              << ", staging " << service_options.staging_bytes << " bytes";
+  } else {
+    LOG(INFO) << "no KV transport: Gets move bytes in the stream only";
+  }
   GrpcServerOptions grpc_options;
   grpc_options.address = absl::GetFlag(FLAGS_address);
   grpc_options.max_receive_message_bytes = kv::MaxMessageBytes(service_options);
@@ -116,7 +168,8 @@ int main(int argc, char** argv) {
   ServeUntilTerminated(**signal, *grpc, admin.get(), shutdown);
   grpc.reset();
   service.reset();
-  store.reset();  // queued writes reach the disk first
+  transport.reset();  // after every call and the service: its last callbacks ran
+  store.reset();      // queued writes reach the disk first
   LOG(INFO) << "kv store stopped";
   return 0;
 }
