@@ -317,6 +317,8 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
       usage_.prompt_tokens = event.usage().prompt_tokens();
       usage_.completion_tokens = event.usage().completion_tokens();
       usage_.cached_tokens = event.usage().cached_tokens();
+      usage_.store_tokens = event.usage().cached_by_source().store();
+      usage_.decode_local_tokens = event.usage().cached_by_source().decode_local();
       has_usage_ = true;
       return;
     }
@@ -411,7 +413,9 @@ void ApiCall::OnEnd(const absl::Status& status) {
     usage_.completion_tokens = completion;
   }
   usage_.reasoning_tokens = std::min(reasoning_tokens_, usage_.completion_tokens);
-  context_.metrics->PromptTokens(usage_.prompt_tokens - usage_.cached_tokens, usage_.cached_tokens);
+  context_.metrics->PromptTokens(usage_.prompt_tokens - usage_.cached_tokens,
+                                 usage_.cached_tokens - usage_.store_tokens, usage_.store_tokens,
+                                 usage_.decode_local_tokens);
   context_.metrics->CompletionTokens(usage_.completion_tokens);
   if (context_.limiter != nullptr) context_.limiter->Charge(tenant_, usage_.completion_tokens);
   if (context_.billing != nullptr) {

@@ -323,8 +323,10 @@ class Router::Impl {
       responder->Respond(status, headers, body);
     };
     // Every /v1 path needs a tenant's key when the router has a key file.
+    // Without a key file everyone is one tenant, which may choose its traffic class.
     Tenant tenant;
     tenant.name = "anonymous";
+    tenant.traffic_class_header = true;
     if (absl::StartsWith(path, "/v1/")) {
       const char* endpoint = path == "/v1/chat/completions" || path == "/v1/completions"
                                  ? path.c_str()
@@ -333,6 +335,28 @@ class Router::Impl {
       std::string code;
       absl::Status auth = Authenticate(request, &tenant, &code);
       if (!auth.ok()) return reply(401, JsonError(auth, trace_id, code), endpoint);
+      // A request's own traffic class (its KV's retention in the store), where its tenant allows.
+      if (const std::string& c = request.header("x-ferry-traffic-class"); !c.empty()) {
+        auto parsed = ParseTrafficClass(absl::AsciiStrToLower(absl::StripAsciiWhitespace(c)));
+        if (!tenant.traffic_class_header) {
+          return reply(403,
+                       JsonError(absl::PermissionDeniedError(
+                                     absl::StrCat("tenant '", tenant.name,
+                                                  "' may not choose its traffic class: remove the "
+                                                  "x-ferry-traffic-class header")),
+                                 trace_id, "traffic_class_not_allowed"),
+                       endpoint);
+        }
+        if (!parsed.ok()) {
+          return reply(
+              400,
+              JsonError(absl::InvalidArgumentError(absl::StrCat("x-ferry-traffic-class '", c,
+                                                                "': ", parsed.status().message())),
+                        trace_id, "invalid_traffic_class"),
+              endpoint);
+        }
+        tenant.traffic_class = *parsed;
+      }
     }
     if (path == "/v1/chat/completions" || path == "/v1/completions") {
       if (request.method != "POST") {

@@ -38,10 +38,15 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                   .Add({});
   auto& prompt = prometheus::BuildCounter()
                      .Name("ferry_router_prompt_tokens_total")
-                     .Help("Prompt tokens by source: computed by a worker, or cached (reused).")
+                     .Help(
+                         "Prompt tokens by source: computed by a worker, reused from its memory "
+                         "(prefill_memory), read from the KV store (store); decode_memory: held "
+                         "by the decode worker already (a part of the others).")
                      .Register(registry);
   prompt_computed_ = &prompt.Add({{"source", "computed"}});
-  prompt_cached_ = &prompt.Add({{"source", "cached"}});
+  prompt_prefill_memory_ = &prompt.Add({{"source", "prefill_memory"}});
+  prompt_store_ = &prompt.Add({{"source", "store"}});
+  prompt_decode_memory_ = &prompt.Add({{"source", "decode_memory"}});
   completion_ = &prometheus::BuildCounter()
                      .Name("ferry_router_completion_tokens_total")
                      .Help("Tokens generated for clients.")
@@ -87,9 +92,12 @@ void RouterMetrics::Routed(const std::string& policy, const std::string& worker)
 
 void RouterMetrics::Retry() { retries_->Increment(); }
 
-void RouterMetrics::PromptTokens(int64_t computed, int64_t cached) {
+void RouterMetrics::PromptTokens(int64_t computed, int64_t prefill_memory, int64_t store,
+                                 int64_t decode_memory) {
   prompt_computed_->Increment(static_cast<double>(computed));
-  prompt_cached_->Increment(static_cast<double>(cached));
+  prompt_prefill_memory_->Increment(static_cast<double>(prefill_memory));
+  prompt_store_->Increment(static_cast<double>(store));
+  prompt_decode_memory_->Increment(static_cast<double>(decode_memory));
 }
 
 void RouterMetrics::CompletionTokens(int64_t n) { completion_->Increment(static_cast<double>(n)); }

@@ -7,7 +7,12 @@
 //   ferry_router_queue_depth                     requests waiting for a worker
 //   ferry_router_routing_decisions_total{policy,worker}
 //   ferry_router_retries_total                   requests sent to another worker before a token
-//   ferry_router_prompt_tokens_total{source}     computed, cached (reused by the workers)
+//   ferry_router_prompt_tokens_total{source}     computed, prefill_memory (reused from the
+//                                                memory of the worker that computed the prompt),
+//                                                store (read from the KV store): these three sum
+//                                                to the prompt tokens; decode_memory (held by the
+//                                                decode worker already, so not pushed: a part of
+//                                                the others)
 //   ferry_router_completion_tokens_total
 //   ferry_router_workers{state}                  up, down
 //   ferry_router_worker_refusals_total{reason}   fingerprint, block_tokens, protocol
@@ -42,7 +47,7 @@ class RouterMetrics {
   void QueueDepth(int64_t depth);
   void Routed(const std::string& policy, const std::string& worker);
   void Retry();
-  void PromptTokens(int64_t computed, int64_t cached);
+  void PromptTokens(int64_t computed, int64_t prefill_memory, int64_t store, int64_t decode_memory);
   void CompletionTokens(int64_t n);
   void Workers(int64_t up, int64_t down);
   void Refusal(const std::string& reason);
@@ -57,7 +62,9 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* routed_;
   prometheus::Counter* retries_;
   prometheus::Counter* prompt_computed_;
-  prometheus::Counter* prompt_cached_;
+  prometheus::Counter* prompt_prefill_memory_;
+  prometheus::Counter* prompt_store_;
+  prometheus::Counter* prompt_decode_memory_;
   prometheus::Counter* completion_;
   prometheus::Gauge* workers_up_;
   prometheus::Gauge* workers_down_;

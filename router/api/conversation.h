@@ -93,6 +93,11 @@ struct UsageCounts {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;
+  // Of the prompt tokens (proto CachedTokens): of cached_tokens, those read from the KV store (the
+  // rest came from the prefill or aggregated worker's memory); and, not part of cached_tokens,
+  // those a decode worker already held.
+  int64_t store_tokens = 0;
+  int64_t decode_local_tokens = 0;
   int64_t reasoning_tokens = 0;  // of completion_tokens, those the reasoning took
 };
 

@@ -46,6 +46,13 @@ const char* TrafficClassName(v1::TrafficClass c) {
   }
 }
 
+absl::StatusOr<v1::TrafficClass> ParseTrafficClass(absl::string_view name) {
+  if (name == "chat") return v1::TRAFFIC_CLASS_CHAT;
+  if (name == "agent") return v1::TRAFFIC_CLASS_AGENT;
+  if (name == "batch") return v1::TRAFFIC_CLASS_BATCH;
+  return absl::InvalidArgumentError("a traffic class is chat, agent or batch");
+}
+
 absl::StatusOr<std::unique_ptr<const ApiKeys>> ApiKeys::Load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read the key file ", path));
@@ -90,16 +97,12 @@ absl::StatusOr<std::unique_ptr<const ApiKeys>> ApiKeys::Parse(absl::string_view 
       for (auto f = v.begin(); f != v.end(); ++f) {
         const std::string where = absl::StrCat("tenant '", t.name, "': '", f.key(), "'");
         if (f.key() == "traffic_class") {
-          const std::string c = f->is_string() ? f->get<std::string>() : "";
-          if (c == "chat") {
-            t.traffic_class = v1::TRAFFIC_CLASS_CHAT;
-          } else if (c == "agent") {
-            t.traffic_class = v1::TRAFFIC_CLASS_AGENT;
-          } else if (c == "batch") {
-            t.traffic_class = v1::TRAFFIC_CLASS_BATCH;
-          } else {
-            return bad(where + " must be chat, agent or batch");
-          }
+          auto c = ParseTrafficClass(f->is_string() ? f->get<std::string>() : "");
+          if (!c.ok()) return bad(where + " must be chat, agent or batch");
+          t.traffic_class = *c;
+        } else if (f.key() == "traffic_class_header") {
+          if (!f->is_boolean()) return bad(where + " must be true or false");
+          t.traffic_class_header = f->get<bool>();
         } else if (f.key() == "requests_per_minute" || f.key() == "tokens_per_minute") {
           if (!f->is_number() || !(f->get<double>() >= 0)) {
             return bad(where + " must be a number >= 0");
@@ -108,7 +111,7 @@ absl::StatusOr<std::unique_ptr<const ApiKeys>> ApiKeys::Parse(absl::string_view 
               f->get<double>();
         } else {
           return bad(where +
-                     " is unknown (traffic_class, requests_per_minute, "
+                     " is unknown (traffic_class, traffic_class_header, requests_per_minute, "
                      "tokens_per_minute)");
         }
       }

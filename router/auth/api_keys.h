@@ -5,18 +5,21 @@
 //     "tenants": {
 //       "acme": {"traffic_class": "agent", "requests_per_minute": 600,
 //                "tokens_per_minute": 2000000},
-//       "lab":  {"traffic_class": "batch"}
+//       "lab":  {"traffic_class": "batch", "traffic_class_header": true}
 //     },
 //     "keys": [{"key": "sk-acme-0123456789abcdef", "tenant": "acme"},
 //              {"key": "sk-lab-0123456789abcdef", "tenant": "lab"}]
 //   }
 //
 // A tenant's name is 1-64 of a-z, A-Z, 0-9, '.', '_', '-' (it labels metrics); its traffic class
-// (chat, agent, batch; default chat) goes to the workers and the KV store; a limit of 0 or none is
-// no limit. Its cache salt (mixed into every block hash, so that no cache entry is shared across
-// tenants) is its name. A key is 16-256 bytes of printable ASCII without spaces, and belongs to
-// one tenant; keys are never logged, and a presented key is compared with the stored one in
-// constant time (the lookup goes through a keyed hash, so its timing tells nothing useful).
+// (chat, agent, batch; default chat) goes to the workers and the KV store, where it sets how long
+// the tenant's KV is kept (by default 7 days chat, 3 days agent, 1 day batch); with
+// "traffic_class_header": true a request may choose its own class in an x-ferry-traffic-class
+// header (else such a header is refused). A limit of 0 or none is no limit. Its cache salt (mixed
+// into every block hash, so that no cache entry is shared across tenants) is its name. A key is
+// 16-256 bytes of printable ASCII without spaces, and belongs to one tenant; keys are never logged,
+// and a presented key is compared with the stored one in constant time (the lookup goes through a
+// keyed hash, so its timing tells nothing useful).
 //
 // Immutable after Load; thread-safe.
 
@@ -39,13 +42,16 @@ namespace ferry {
 struct Tenant {
   std::string name;
   ferry::v1::TrafficClass traffic_class = ferry::v1::TRAFFIC_CLASS_CHAT;
-  double requests_per_minute = 0;  // 0: no limit
-  double tokens_per_minute = 0;    // prompt and completion tokens; 0: no limit
+  bool traffic_class_header = false;  // requests may set their class (x-ferry-traffic-class)
+  double requests_per_minute = 0;     // 0: no limit
+  double tokens_per_minute = 0;       // prompt and completion tokens; 0: no limit
   std::string cache_salt;
 };
 
 // "chat", "agent", "batch".
 const char* TrafficClassName(ferry::v1::TrafficClass c);
+// The class named "chat", "agent" or "batch"; InvalidArgument otherwise.
+absl::StatusOr<ferry::v1::TrafficClass> ParseTrafficClass(absl::string_view name);
 
 class ApiKeys {
  public:

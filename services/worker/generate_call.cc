@@ -104,6 +104,7 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
     service_->deadlines().Add(id_, deadline_);
   }
   r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
+  service_->WriteComputedBlocks(r, ctx.traffic_class());
   if (role == "decode") {
     if (!r.resume.empty()) {
       if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Remove(id_, deadline_);
@@ -135,6 +136,15 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
     return;
   }
   refs_.fetch_add(1);
+  if (StoreReader* reader = service_->store_reader(); reader != nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      phase_ = Phase::kLoading;
+    }
+    reader->Read(std::move(r), deadline_,
+                 [this](EngineRequest read, const StoreRead&) { SubmitRead(std::move(read)); });
+    return;
+  }
   const absl::Status submitted = service_->engine().engine().Submit(std::move(r));
   if (!submitted.ok()) {
     refs_.fetch_sub(1);
@@ -144,6 +154,30 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
                   submitted.code() == absl::StatusCode::kInvalidArgument ||
                       submitted.code() == absl::StatusCode::kAlreadyExists);
   }
+}
+
+void GenerateCall::SubmitRead(EngineRequest r) {
+  std::vector<BlockId> imports = r.imported_blocks;
+  absl::Status submitted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cause_ != AbortCause::kNone) {
+      submitted = absl::CancelledError("the request ended while its prefix was read");
+    } else {
+      // Submitted under mu_: an abort from here on finds the request in the engine.
+      phase_ = Phase::kSubmitted;
+      submitted = service_->engine().engine().Submit(std::move(r));
+      if (!submitted.ok()) {
+        error_ = submitted;
+        refused_ = true;
+      }
+    }
+    if (!submitted.ok()) phase_ = Phase::kEnded;
+  }
+  if (submitted.ok()) return;
+  // The engine never had it: the imports are still ours, and no event will end the call.
+  if (!imports.empty()) CHECK_OK(service_->engine().pool().Release(imports));
+  Done();
 }
 
 void GenerateCall::AbortFor(AbortCause cause) {
@@ -311,6 +345,10 @@ bool GenerateCall::PrepareDecodeLocked() {
   service_->metrics().Reservation("landed");
   EngineRequest r = std::move(decode_request_);
   cached_tokens_ = ready_.usage().cached_tokens();  // reused on the prefill worker
+  store_tokens_ = ready_.usage().cached_by_source().store();
+  decode_local_tokens_ =
+      std::min<int64_t>(prompt_tokens_, static_cast<int64_t>(reservation_.cached_prefix_blocks()) *
+                                            service_->limits().block_tokens);
   for (int c = 0; c < ready_.first_tokens_size(); ++c) {
     const v1::TokenChunk& first = ready_.first_tokens(c);
     pending_[c] = first;
@@ -351,6 +389,8 @@ bool GenerateCall::PrepareDecodeLocked() {
     return true;
   }
   r.role = EngineRole::kDecodeOnly;
+  r.window_floor = static_cast<int64_t>(ready_.window_floor());
+  r.approximate_kv = ready_.approximate_kv();
   KvReservation blocks = kv_->Take();
   service_->RemoveIncoming(transfer_id_);
   r.imported_blocks = std::move(blocks.blocks);
@@ -434,6 +474,7 @@ void GenerateCall::OnEngineEvent(const TokenEvent& e) {
       ++completion_tokens_;
     }
     cached_tokens_ = std::max(cached_tokens_, e.cached_tokens);
+    store_tokens_ = std::max(store_tokens_, e.imported_tokens);
     if (e.finish != FinishReason::kNone) {
       if (e.finish == FinishReason::kError && error_.ok()) {
         failed = true;
@@ -458,8 +499,20 @@ void GenerateCall::Done() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       outcome = OutcomeOf(cause_, error_.ok());
+      if (refused_ && cause_ == AbortCause::kNone) {
+        outcome = error_.code() == absl::StatusCode::kInvalidArgument ||
+                          error_.code() == absl::StatusCode::kAlreadyExists
+                      ? RequestOutcome::kInvalid
+                      : RequestOutcome::kRejected;
+      }
       if (first_token_) {
-        service_->metrics().PromptTokens(prompt_tokens_ - cached_tokens_, cached_tokens_);
+        if (service_->role() == "decode") {
+          // The prompt was computed (or reused) by the prefill worker, which counts it.
+          service_->metrics().DecodeLocalTokens(decode_local_tokens_);
+        } else {
+          service_->metrics().PromptTokens(prompt_tokens_ - cached_tokens_,
+                                           cached_tokens_ - store_tokens_, store_tokens_);
+        }
       }
     }
     service_->metrics().Outcome(outcome);
@@ -526,7 +579,10 @@ void GenerateCall::Pump() {
     usage->set_prompt_tokens(static_cast<uint32_t>(prompt_tokens_));
     usage->set_completion_tokens(static_cast<uint32_t>(completion_tokens_));
     usage->set_cached_tokens(static_cast<uint32_t>(cached_tokens_));
-    usage->mutable_cached_by_source()->set_local(static_cast<uint32_t>(cached_tokens_));
+    v1::CachedTokens* by_source = usage->mutable_cached_by_source();
+    by_source->set_local(static_cast<uint32_t>(cached_tokens_ - store_tokens_));
+    by_source->set_store(static_cast<uint32_t>(store_tokens_));
+    by_source->set_decode_local(static_cast<uint32_t>(decode_local_tokens_));
   } else {
     ErrorInfoFromStatus(final_status, trace_id_, retryable, out_.mutable_error());
   }

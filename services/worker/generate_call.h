@@ -12,6 +12,10 @@
 // not arrive by the reservation's deadline, or a KvReady with an error, ends the call
 // UNAVAILABLE (retryable: nothing was streamed); the blocks go back once no push can reach them.
 //
+// With a KV store (aggregated calls): the prefix the worker's memory lacks is read from the store
+// first (StoreReader; kLoading), then the request goes to the engine with it. The blocks the
+// request computes go to the store's writer (both roles).
+//
 // How it ends: every choice finished -> Usage, OK. The caller cancelled (or its deadline passed)
 // -> the engine request is aborted at its next step, the call ends CANCELLED. Abort RPC -> ABORT
 // chunks, Usage, OK. RequestContext.deadline_unix_ms passed -> DEADLINE_EXCEEDED. Drain deadline
@@ -62,15 +66,19 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   void Unref();
 
  private:
-  // Where the call is (disaggregated calls start at kReserving, aggregated at kSubmitted).
-  // kStarting: the KV is in and the first tokens are being written; the engine gets the
-  // request right after (an abort meanwhile is kept in cause_ and ends the call there).
-  enum class Phase { kReserving, kAwaitingKv, kStarting, kSubmitted, kEnded };
+  // Where the call is (disaggregated calls start at kReserving, aggregated at kSubmitted, or at
+  // kLoading while the KV store is read). kStarting: the KV is in and the first tokens are being
+  // written; the engine gets the request right after (an abort meanwhile is kept in cause_ and
+  // ends the call there, as in kLoading).
+  enum class Phase { kLoading, kReserving, kAwaitingKv, kStarting, kSubmitted, kEnded };
 
   void Start(const ferry::v1::GenerateRequest& request);
   // Finishes before the engine ever saw the request.
   void Reject(const grpc::Status& status, bool invalid);
   void OnEngineEvent(const TokenEvent& event);
+  // Aggregated, after the store was read: submits the request (or gives its imports back when
+  // the call ended meanwhile or the engine refuses it).
+  void SubmitRead(EngineRequest request);
   // Disaggregated: the engine's reservation, the pushes' outcome, and the decode-only start.
   void OnReserved(absl::StatusOr<KvReservation> reserved);
   void OnKvLanded(const absl::Status& status);
@@ -122,6 +130,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   int32_t choices_left_ = 0;
   size_t next_choice_ = 0;  // round robin over choices with something pending
   int64_t completion_tokens_ = 0, cached_tokens_ = 0;
+  // Of cached_tokens_, read from the KV store; decode: prompt tokens this worker held already.
+  int64_t store_tokens_ = 0, decode_local_tokens_ = 0;
+  bool refused_ = false;  // the engine refused the request (counted invalid or rejected)
   bool first_token_ = false;
   bool engine_done_ = false;
   AbortCause cause_;

@@ -169,7 +169,8 @@ absl::StatusOr<transfer::TransferRequest> BlocksPut(const transfer::PeerDescript
 absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     const v1::KvReservation& reservation, const std::vector<BlockId>& blocks,
     const std::vector<BlockId>& window_blocks, const KvBlockPool& pool,
-    const KvBlockPool* window_pool, int64_t from_block, absl::Time deadline, uint64_t* bytes) {
+    const KvBlockPool* window_pool, int64_t from_block, int64_t window_floor, absl::Time deadline,
+    uint64_t* bytes) {
   auto remote = transfer::FromProto(reservation.transfer());
   if (!remote.ok()) return remote.status();
   deadline = PutDeadline(reservation, deadline);
@@ -188,14 +189,20 @@ absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     if (window_blocks.size() != blocks.size() || first >= window_blocks.size()) {
       return absl::InvalidArgumentError("the window table does not match the reservation");
     }
-    std::vector<BlockId> held(window_blocks.begin() + first, window_blocks.end());
+    // Blocks before a bounded replay's floor were never computed here: not pushed.
+    const size_t start = std::max(first, static_cast<size_t>(std::max<int64_t>(0, window_floor)) /
+                                             static_cast<size_t>(pool.layout().block_tokens));
+    if (start >= window_blocks.size()) {
+      return absl::InvalidArgumentError("the window floor is past the window table");
+    }
+    std::vector<BlockId> held(window_blocks.begin() + start, window_blocks.end());
     if (std::find(held.begin(), held.end(), kNoBlock) != held.end()) {
       return absl::InternalError("the window layers' KV is not held for the reservation's blocks");
     }
     transfer::PeerDescriptor window_remote = *remote;
     window_remote.transfer_id = reservation.window_transfer_id();
-    auto window_put = BlocksPut(window_remote, reservation.reserved_blocks(), held, *window_pool,
-                                deadline, bytes);
+    auto window_put = BlocksPut(window_remote, reservation.reserved_blocks() + (start - first),
+                                held, *window_pool, deadline, bytes);
     if (!window_put.ok()) return window_put.status();
     out.push_back(*std::move(window_put));
   }

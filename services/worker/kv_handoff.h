@@ -70,11 +70,14 @@ absl::Status CheckReservation(const ferry::v1::KvReservation& reservation, const
 // streamed; at least one must be left), then (two pools) the window pool's. They carry the
 // reservation's transfer ids, so they go last, once every streamed put has completed. The caller
 // sets `peer`; the deadline is the reservation's (or `deadline`, if earlier). Bytes in all of
-// them: `bytes`.
+// them: `bytes`. After a bounded window replay (TokenEvent::window_floor) the window table holds
+// no block before the floor's: those of the reservation's window slices stay unwritten (the
+// decode side, told the floor, never reads them).
 absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     const ferry::v1::KvReservation& reservation, const std::vector<BlockId>& blocks,
     const std::vector<BlockId>& window_blocks, const KvBlockPool& pool,
-    const KvBlockPool* window_pool, int64_t from_block, absl::Time deadline, uint64_t* bytes);
+    const KvBlockPool* window_pool, int64_t from_block, int64_t window_floor, absl::Time deadline,
+    uint64_t* bytes);
 
 // A put of pool blocks that completed before the compute ended (`blocks`: the table's blocks
 // first_block, first_block + 1, ...) into their slices, without a transfer id: the decode worker

@@ -78,8 +78,8 @@ TEST_F(KvHandoffTest, AStreamedPutGoesToItsBlocksSlicesAndNamesNoTransfer) {
 TEST_F(KvHandoffTest, TheLastPutsTakeTheRestAndNameTheTransfer) {
   uint64_t bytes = 0;
   // Blocks 2 and 3 were streamed: the rest is block 4, into the third slice.
-  auto puts =
-      PushTransfers(reservation_, table_, {}, *pool_, nullptr, 4, absl::InfiniteFuture(), &bytes);
+  auto puts = PushTransfers(reservation_, table_, {}, *pool_, nullptr, 4, 0, absl::InfiniteFuture(),
+                            &bytes);
   ASSERT_TRUE(puts.ok()) << puts.status();
   ASSERT_EQ(puts->size(), 1u);
   EXPECT_EQ((*puts)[0].transfer_id, "t-1");
@@ -88,15 +88,15 @@ TEST_F(KvHandoffTest, TheLastPutsTakeTheRestAndNameTheTransfer) {
   EXPECT_EQ((*puts)[0].segments[0].remote_address, kRemoteBase + 3 * block_);
   EXPECT_EQ(bytes, block_);
   // Nothing streamed: every block D lacks (from_block before them counts from them).
-  puts =
-      PushTransfers(reservation_, table_, {}, *pool_, nullptr, 0, absl::InfiniteFuture(), &bytes);
+  puts = PushTransfers(reservation_, table_, {}, *pool_, nullptr, 0, 0, absl::InfiniteFuture(),
+                       &bytes);
   ASSERT_TRUE(puts.ok()) << puts.status();
   ASSERT_EQ((*puts)[0].segments.size(), 3u);
   EXPECT_EQ((*puts)[0].segments[0].local_address, Local(2));
   EXPECT_EQ(bytes, 3 * block_);
   // Everything streamed would leave no put to name the transfer: refused.
   EXPECT_EQ(
-      PushTransfers(reservation_, table_, {}, *pool_, nullptr, 5, absl::InfiniteFuture(), &bytes)
+      PushTransfers(reservation_, table_, {}, *pool_, nullptr, 5, 0, absl::InfiniteFuture(), &bytes)
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);

@@ -127,21 +127,50 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
   r.role = EngineRole::kPrefillOnly;
   r.stream_kv = stream_;
   r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
+  service_->WriteComputedBlocks(r, ctx.traffic_class());
   refs_.fetch_add(1);  // the engine's
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    submitted_ = std::chrono::steady_clock::now();
+  if (StoreReader* reader = service_->store_reader(); reader != nullptr) {
+    reader->Read(std::move(r), deadline_, [this](EngineRequest read, const StoreRead& what) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        store_read_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(what.seconds));
+        store_bytes_read_ = what.bytes;
+      }
+      Submit(std::move(read));
+    });
+    return;
   }
-  const absl::Status submitted = service_->engine().engine().Submit(std::move(r));
-  if (!submitted.ok()) {
-    refs_.fetch_sub(1);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
+  Submit(std::move(r));
+}
+
+void PrefillCall::Submit(EngineRequest r) {
+  std::vector<BlockId> imports = r.imported_blocks;
+  absl::Status submitted;
+  {
+    // Under mu_: an abort from here on finds the request in the engine.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cause_ != AbortCause::kNone) {
+      submitted = cause_ == AbortCause::kDeadline
+                      ? absl::DeadlineExceededError("the request's deadline passed")
+                  : cause_ == AbortCause::kDrained
+                      ? absl::UnavailableError("the worker drained before the prefill started")
+                      : absl::CancelledError("the request was cancelled");
+    } else {
+      submitted_ = std::chrono::steady_clock::now();
+      submitted = service_->engine().engine().Submit(std::move(r));
+    }
+    if (!submitted.ok()) {
       engine_done_ = true;
       error_ = submitted;
     }
-    End(ToGrpcStatus(submitted));
   }
+  if (submitted.ok()) return;
+  // The engine never had it: the imports are still ours. The decode worker may reuse its
+  // reservation at once (nothing was pushed); the call ends once it was told.
+  if (!imports.empty()) CHECK_OK(service_->engine().pool().Release(imports));
+  NotifyDecode(submitted, /*no_transfer=*/true);
+  Unref();  // the engine's
 }
 
 void PrefillCall::TellDecodeNoTransfer(const v1::PrefillRequest& request, const absl::Status& why) {
@@ -191,6 +220,9 @@ void PrefillCall::OnEngineEvent(const TokenEvent& e) {
       AppendToChunk(e, logprobs_, &first_[c]);
     }
     cached_tokens_ = std::max(cached_tokens_, e.cached_tokens);
+    store_tokens_ = std::max(store_tokens_, e.imported_tokens);
+    window_floor_ = std::max(window_floor_, e.window_floor);
+    approximate_kv_ = approximate_kv_ || e.approximate_kv;
     queued_ = std::max(queued_, e.queued);
     if (e.finish != FinishReason::kNone) {
       SamplerStateToProto(e.sampler_state, seed_, static_cast<uint32_t>(c), e.held_text,
@@ -420,8 +452,9 @@ void PrefillCall::Push() {
   }
   if (failed.ok()) {
     uint64_t bytes = 0;
-    auto built = PushTransfers(destination_, blocks_, window_blocks_, service_->engine().pool(),
-                               service_->engine().window_pool(), from, deadline_, &bytes);
+    auto built =
+        PushTransfers(destination_, blocks_, window_blocks_, service_->engine().pool(),
+                      service_->engine().window_pool(), from, window_floor_, deadline_, &bytes);
     if (!built.ok()) {
       failed = built.status();
     } else {
@@ -534,7 +567,11 @@ void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
     v1::Usage* usage = rpc->request.mutable_usage();
     usage->set_prompt_tokens(static_cast<uint32_t>(prompt_tokens_));
     usage->set_cached_tokens(static_cast<uint32_t>(cached_tokens_));
-    usage->mutable_cached_by_source()->set_local(static_cast<uint32_t>(cached_tokens_));
+    usage->mutable_cached_by_source()->set_local(
+        static_cast<uint32_t>(cached_tokens_ - store_tokens_));
+    usage->mutable_cached_by_source()->set_store(static_cast<uint32_t>(store_tokens_));
+    rpc->request.set_window_floor(static_cast<uint64_t>(window_floor_));
+    rpc->request.set_approximate_kv(approximate_kv_);
   }
   rpc->context = NewClientContext(service_->options().kv_ready_timeout, trace_id_);
   AttachSharedToken(rpc->context.get(), service_->options().auth_token);
@@ -563,6 +600,8 @@ void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
             response_->set_bytes_streamed(streamed_bytes_);
             response_->set_wire_us(Micros(wire_));
             response_->set_blocks_skipped(destination_.cached_prefix_blocks());
+            response_->set_store_read_us(Micros(store_read_));
+            response_->set_store_bytes_read(static_cast<uint64_t>(store_bytes_read_));
           }
           End(grpc::Status::OK);
         }
@@ -578,7 +617,8 @@ void PrefillCall::End(const grpc::Status& status) {
     ended_ = true;
     outcome = OutcomeOf(cause_, status.ok());
     if (status.ok()) {
-      service_->metrics().PromptTokens(prompt_tokens_ - cached_tokens_, cached_tokens_);
+      service_->metrics().PromptTokens(prompt_tokens_ - cached_tokens_,
+                                       cached_tokens_ - store_tokens_, store_tokens_);
     }
   }
   service_->metrics().Outcome(outcome);

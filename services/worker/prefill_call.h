@@ -14,6 +14,12 @@
 // the push; the decode worker is then told to wait for its transport's word before it reuses the
 // blocks (no_transfer false), since that put's bytes may still be on their way.
 //
+// With a KV store: before the compute, the prefix this worker's memory lacks is read from the
+// store (StoreReader); those blocks count as cached (Usage.cached_by_source.store) and, being
+// complete at the admission, are pushed to the decode worker while the rest is computed. The
+// blocks the request computes go to the store's writer. A bounded window replay (hybrid models,
+// --swa_replay=bounded) is told to the decode worker (KvReady.window_floor, approximate_kv).
+//
 // Failures: a reservation from a worker whose model, block size or KV layout differs ->
 // FAILED_PRECONDITION saying which, before any compute. A push that fails (the decode worker
 // died, its deadline passed) -> the handoff is released, the decode worker is told (best
@@ -61,6 +67,9 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
 
  private:
   void Start(const ferry::v1::PrefillRequest& request);
+  // Submits the engine request (after the KV store was read, when there is one); a request the
+  // engine refuses, or one that ended meanwhile, is told to the decode worker and ends.
+  void Submit(EngineRequest request);
   void OnEngineEvent(const TokenEvent& event);
   // On the engine thread (stream_kv): the table's complete blocks so far.
   void OnKvProgress(const std::vector<BlockId>& blocks);
@@ -103,6 +112,12 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   bool logprobs_ = false;
   uint64_t seed_ = 0;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0;
+  int64_t store_tokens_ = 0;  // of cached_tokens_, read from the KV store
+  // A bounded window replay (TokenEvent::window_floor, approximate_kv).
+  int64_t window_floor_ = 0;
+  bool approximate_kv_ = false;
+  std::chrono::steady_clock::duration store_read_{};
+  int64_t store_bytes_read_ = 0;
   std::vector<ferry::v1::TokenChunk> first_;  // per choice
   std::vector<ferry::v1::SamplerState> states_;
   int32_t choices_left_ = 0;

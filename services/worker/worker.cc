@@ -1,6 +1,7 @@
 #include "services/worker/worker.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
@@ -42,6 +43,34 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
                                      load->Record(s);
                                    },
                                    w->transport_.get()));
+  if (!options.kvstore.empty()) {
+    kv::ClientOptions kv_options;
+    kv_options.nodes = absl::StrSplit(options.kvstore, ',', absl::SkipWhitespace());
+    kv_options.replication = options.kvstore_replication;
+    kv_options.deadline = options.kvstore_deadline;
+    kv_options.auth_token = token;
+    auto client = kv::KvClient::Create(kv_options);
+    if (!client.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kvstore ", options.kvstore, ": ", client.status().message()));
+    }
+    w->kv_client_ = *std::move(client);
+    const Hash128 fingerprint = w->engine_->model().fingerprint();
+    if (options.kvstore_read && options.role != "decode") {
+      StoreReaderOptions read;
+      read.threads = options.kvstore_read_threads;
+      read.max_blocks = options.kvstore_read_max_blocks;
+      w->store_reader_ =
+          std::make_unique<StoreReader>(w->kv_client_.get(), &w->engine_->engine(),
+                                        &w->engine_->pool(), fingerprint, metrics, read);
+    }
+    if (options.kvstore_write) {
+      StoreWriterOptions write;
+      write.max_queued_bytes = options.kvstore_write_queue_bytes;
+      w->store_writer_ = std::make_unique<StoreWriter>(w->kv_client_.get(), &w->engine_->pool(),
+                                                       fingerprint, metrics, write);
+    }
+  }
   // The admin server first (not ready), so that the gRPC port is printed only when both exist.
   AdminServerOptions admin_options;
   admin_options.host = options.admin_host;
@@ -65,6 +94,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   service_options.reservation_quarantine = options.reservation_quarantine;
   service_options.stream_kv = options.stream_kv;
   service_options.push_hold_file = options.push_hold_file;
+  service_options.store_reader = w->store_reader_.get();
+  service_options.store_writer = w->store_writer_.get();
   w->service_ = std::make_unique<WorkerService>(w->engine_.get(), metrics, load, service_options);
   GrpcServerOptions grpc_options;
   grpc_options.address = options.address;
@@ -82,6 +113,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
                                        ? absl::StrCat(" on ", w->transport_->address())
                                        : "")
                     : "")
+            << (w->kv_client_ != nullptr
+                    ? absl::StrCat(
+                          ", KV store ", options.kvstore, " (",
+                          w->store_reader_ != nullptr ? "read" : "",
+                          w->store_reader_ != nullptr && w->store_writer_ != nullptr ? ", " : "",
+                          w->store_writer_ != nullptr ? "write" : "", ")")
+                    : "")
             << (token.empty() ? ", no shared token" : ", shared token required");
   return w;
 }
@@ -92,14 +130,19 @@ Worker::~Worker() {
   // the pools' memory, the transport's last callbacks (awaits and transfers failing CANCELLED)
   // give blocks back to the pools and end their calls, then the engine (live requests end with
   // kAbort through the service), then the service (which waits for the last call objects).
+  // The store's reads end first (their callbacks submit to the engine or give their blocks
+  // back); its writes once the engine thread, which offers them, has stopped.
   service_->StopPushes();
+  store_reader_.reset();
+  engine_->engine().Stop();
+  store_writer_.reset();
   if (transport_ != nullptr) {
-    engine_->engine().Stop();
     engine_->DetachTransport();
     transport_.reset();
   }
   engine_.reset();
   service_.reset();
+  kv_client_.reset();
 }
 
 void Worker::Drain(absl::Time deadline) {

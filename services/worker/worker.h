@@ -1,8 +1,9 @@
 // A whole worker process in one object (what `ferry-worker`, `ferry-prefill` and
 // `ferry-decode` run, and what tests start in-process): the engine (WorkerEngine), the
 // ferry.v1.Worker service in its role with the standard gRPC health service on `address`, the
-// admin HTTP server (/metrics /healthz /readyz), and for the prefill and decode roles the KV
-// transport (UCX, or the gRPC fallback) whose registered memory holds the KV pools.
+// admin HTTP server (/metrics /healthz /readyz), for the prefill and decode roles the KV
+// transport (UCX, or the gRPC fallback) whose registered memory holds the KV pools, and with
+// --kvstore the shared KV store's client, reader (prefill and aggregated roles) and writer.
 //
 //   auto worker = Worker::Start(options);          // loads the model, serves, ready
 //   ... (*worker)->grpc_port(), (*worker)->admin_port()
@@ -23,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/transfer/kv_transport.h"
+#include "kvstore/client/kv_client.h"
 #include "services/common/admin_server.h"
 #include "services/common/grpc_server.h"
 #include "services/worker/load_window.h"
@@ -64,6 +66,11 @@ class Worker {
   std::unique_ptr<transfer::KvTransport> transport_;
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<LoadWindow> load_;
+  // The KV store: the reader stops before the engine (its reads submit to it), the writer after
+  // the engine thread (which offers it blocks) and before the pools (it holds blocks of them).
+  std::unique_ptr<kv::KvClient> kv_client_;
+  std::unique_ptr<StoreReader> store_reader_;
+  std::unique_ptr<StoreWriter> store_writer_;
   // Destroyed in reverse: the servers, then the engine (whose last events reach live calls
   // through the service), then the service.
   std::unique_ptr<WorkerService> service_;

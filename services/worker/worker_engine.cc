@@ -150,6 +150,12 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
     return absl::InvalidArgumentError(
         "--window_pool_bytes: the model has no sliding-window layers next to full ones");
   }
+  if (hybrid && options.window_pool_bytes == 0 && !options.kvstore.empty()) {
+    // The store holds the full-attention layers' KV only; in one pool a block holds every layer.
+    return absl::InvalidArgumentError(
+        "--kvstore with a hybrid model (sliding-window layers) needs --window_pool_bytes: the "
+        "store keeps the full-attention layers' KV, which only a pool of their own separates");
+  }
   const KvBlockLayout layout =
       options.window_pool_bytes > 0 ? model.FullKvLayoutFor(bt) : model.KvLayoutFor(bt);
   const int64_t blocks = options.kv_pool_bytes / static_cast<int64_t>(layout.block_bytes());
@@ -170,6 +176,10 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
                               ? options.prefix_cache_bytes
                               : blocks * static_cast<int64_t>(layout.block_bytes());
   eo.window_cache_bytes = options.window_cache_bytes;
+  eo.window_cache_ttl = options.window_cache_ttl;
+  eo.swa_replay = options.swa_replay == "bounded" ? EngineOptions::SwaReplay::kBounded
+                                                  : EngineOptions::SwaReplay::kExact;
+  eo.swa_replay_tokens = options.swa_replay_tokens;
   eo.journal_events = options.watch_journal_events;
   eo.on_step = std::move(on_step);
   eo.handoff_ttl = options.handoff_ttl;

@@ -57,6 +57,23 @@ ABSL_FLAG(std::string, window_pool_bytes, "0",
 ABSL_FLAG(std::string, prefix_cache_bytes, "",
           "unreferenced cached KV kept at most (default: the whole pool)");
 ABSL_FLAG(std::string, window_cache_bytes, "256MiB", "hybrid models on two pools: window cache");
+ABSL_FLAG(absl::Duration, window_cache_ttl, absl::Seconds(180),
+          "hybrid models on two pools: window cache blocks live this long after their last use");
+ABSL_FLAG(std::string, swa_replay, "exact",
+          "hybrid models: rebuild expired window layers exactly, or bounded (approximate)");
+ABSL_FLAG(int64_t, swa_replay_tokens, 128, "--swa_replay=bounded: positions replayed");
+ABSL_FLAG(std::string, kvstore, "", "KV store nodes, host:port comma-separated (none: no store)");
+ABSL_FLAG(int, kvstore_replication, 1, "KV store: copies of each block");
+ABSL_FLAG(absl::Duration, kvstore_deadline, absl::Milliseconds(500),
+          "KV store: per call; a slower node is a miss");
+ABSL_FLAG(bool, kvstore_read, true,
+          "KV store: read prefixes this worker lacks (prefill, aggregated)");
+ABSL_FLAG(bool, kvstore_write, true, "KV store: write the blocks this worker computes");
+ABSL_FLAG(int, kvstore_read_threads, 2, "KV store: concurrent reads");
+ABSL_FLAG(int64_t, kvstore_read_max_blocks, 0,
+          "KV store: blocks one read may take from the pool (0: half the pool)");
+ABSL_FLAG(std::string, kvstore_write_queue_bytes, "256MiB",
+          "KV store: computed blocks waiting to be written at most (more are dropped)");
 ABSL_FLAG(int, block_tokens, 64, "tokens per KV block (and per block hash)");
 ABSL_FLAG(int64_t, prefill_chunk, 256, "prompt tokens per sequence per step");
 ABSL_FLAG(int64_t, max_batch_tokens, 512, "tokens per engine step");
@@ -136,6 +153,17 @@ WorkerOptions OptionsFromFlags() {
   BYTES_FROM_FLAG(window_pool_bytes);
   BYTES_FROM_FLAG(prefix_cache_bytes);
   BYTES_FROM_FLAG(window_cache_bytes);
+  FROM_FLAG(window_cache_ttl);
+  FROM_FLAG(swa_replay);
+  FROM_FLAG(swa_replay_tokens);
+  FROM_FLAG(kvstore);
+  FROM_FLAG(kvstore_replication);
+  FROM_FLAG(kvstore_deadline);
+  FROM_FLAG(kvstore_read);
+  FROM_FLAG(kvstore_write);
+  FROM_FLAG(kvstore_read_threads);
+  FROM_FLAG(kvstore_read_max_blocks);
+  BYTES_FROM_FLAG(kvstore_write_queue_bytes);
   FROM_FLAG(block_tokens);
   FROM_FLAG(prefill_chunk);
   FROM_FLAG(max_batch_tokens);

@@ -1,5 +1,7 @@
 #include "services/worker/worker_metrics.h"
 
+#include <algorithm>
+
 #include "services/common/metrics.h"
 
 namespace ferry {
@@ -51,11 +53,75 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
   auto& prompt = prometheus::BuildCounter()
                      .Name("ferry_worker_prompt_tokens_total")
                      .Help(
-                         "Prompt tokens by source: computed here, or reused from this worker's "
-                         "prefix cache (local).")
+                         "Prompt tokens by source: computed here, reused from this worker's "
+                         "prefix cache (local), read from the KV store (store); decode workers: "
+                         "held already, not pushed (decode_local).")
                      .Register(registry);
   prompt_computed_ = &prompt.Add({{"source", "computed"}});
   prompt_local_ = &prompt.Add({{"source", "local"}});
+  prompt_store_ = &prompt.Add({{"source", "store"}});
+  prompt_decode_local_ = &prompt.Add({{"source", "decode_local"}});
+  store_lookups_ = &prometheus::BuildCounter()
+                        .Name("ferry_worker_store_lookups_total")
+                        .Help(
+                            "Reads of a request's prefix from the KV store: hit, miss, memory "
+                            "(nothing beyond this worker's cache), skipped.")
+                        .Register(registry);
+  for (const char* r : {"hit", "miss", "memory", "skipped"}) store_lookups_->Add({{"result", r}});
+  store_read_blocks_ = &prometheus::BuildCounter()
+                            .Name("ferry_worker_store_read_blocks_total")
+                            .Help(
+                                "KV store blocks asked for: loaded, missing (absent, corrupt, "
+                                "node down), rejected (another KV layout).")
+                            .Register(registry);
+  for (const char* o : {"loaded", "missing", "rejected"}) store_read_blocks_->Add({{"outcome", o}});
+  store_read_bytes_ = &prometheus::BuildCounter()
+                           .Name("ferry_worker_store_read_bytes_total")
+                           .Help("KV bytes read from the KV store.")
+                           .Register(registry)
+                           .Add({});
+  store_read_seconds_ = &prometheus::BuildHistogram()
+                             .Name("ferry_worker_store_read_seconds")
+                             .Help("Time of one request's read from the KV store (with blocks).")
+                             .Register(registry)
+                             .Add({}, LatencyBucketsSeconds());
+  store_write_blocks_ = &prometheus::BuildCounter()
+                             .Name("ferry_worker_store_write_blocks_total")
+                             .Help(
+                                 "Computed KV blocks offered to the KV store: written, present "
+                                 "(the store had them), dropped (queue full), failed.")
+                             .Register(registry);
+  for (const char* o : {"written", "present", "dropped", "failed"}) {
+    store_write_blocks_->Add({{"outcome", o}});
+  }
+  store_written_bytes_ = &prometheus::BuildCounter()
+                              .Name("ferry_worker_store_written_bytes_total")
+                              .Help("KV bytes written to the KV store.")
+                              .Register(registry)
+                              .Add({});
+  store_write_queue_bytes_ =
+      gauge("ferry_worker_store_write_queue_bytes",
+            "KV bytes waiting to be written to the store, or being written.");
+  auto& window = prometheus::BuildCounter()
+                     .Name("ferry_worker_window_cache_lookups_total")
+                     .Help(
+                         "Cached prefixes of hybrid models: their window layers' blocks cached "
+                         "(hit), rebuilt by a replay, or not (miss: a shorter prefix taken).")
+                     .Register(registry);
+  window_hits_ = &window.Add({{"result", "hit"}});
+  window_replays_ = &window.Add({{"result", "replay"}});
+  window_misses_ = &window.Add({{"result", "miss"}});
+  window_replayed_tokens_ =
+      &prometheus::BuildCounter()
+           .Name("ferry_worker_window_replayed_tokens_total")
+           .Help("Positions replayed to rebuild the window layers' KV of cached prefixes.")
+           .Register(registry)
+           .Add({});
+  window_expired_ = &prometheus::BuildCounter()
+                         .Name("ferry_worker_window_cache_expired_blocks_total")
+                         .Help("Window layers' cached blocks dropped by their TTL.")
+                         .Register(registry)
+                         .Add({});
   generated_ = &prometheus::BuildCounter()
                     .Name("ferry_worker_generated_tokens_total")
                     .Help("Tokens sampled.")
@@ -153,9 +219,39 @@ void WorkerMetrics::Outcome(RequestOutcome outcome) {
 
 void WorkerMetrics::Ttft(double seconds) { ttft_->Observe(seconds); }
 
-void WorkerMetrics::PromptTokens(int64_t computed, int64_t cached) {
+void WorkerMetrics::PromptTokens(int64_t computed, int64_t local, int64_t store) {
   prompt_computed_->Increment(static_cast<double>(computed));
-  prompt_local_->Increment(static_cast<double>(cached));
+  prompt_local_->Increment(static_cast<double>(local));
+  prompt_store_->Increment(static_cast<double>(store));
+}
+
+void WorkerMetrics::DecodeLocalTokens(int64_t tokens) {
+  prompt_decode_local_->Increment(static_cast<double>(tokens));
+}
+
+void WorkerMetrics::StoreLookup(const char* result) {
+  store_lookups_->Add({{"result", result}}).Increment();
+}
+
+void WorkerMetrics::StoreReadBlocks(const char* outcome, int64_t blocks) {
+  store_read_blocks_->Add({{"outcome", outcome}}).Increment(static_cast<double>(blocks));
+}
+
+void WorkerMetrics::StoreRead(int64_t bytes, double seconds) {
+  store_read_bytes_->Increment(static_cast<double>(bytes));
+  store_read_seconds_->Observe(seconds);
+}
+
+void WorkerMetrics::StoreWriteBlocks(const char* outcome, int64_t blocks) {
+  store_write_blocks_->Add({{"outcome", outcome}}).Increment(static_cast<double>(blocks));
+}
+
+void WorkerMetrics::StoreWrittenBytes(int64_t bytes) {
+  store_written_bytes_->Increment(static_cast<double>(bytes));
+}
+
+void WorkerMetrics::StoreWriteQueueBytes(int64_t bytes) {
+  store_write_queue_bytes_->Set(static_cast<double>(bytes));
 }
 
 void WorkerMetrics::Step(const StepInfo& step) {
@@ -177,6 +273,15 @@ void WorkerMetrics::Refresh(const EngineStats& s, double prefill_tokens_per_seco
   blocks_total_->Set(static_cast<double>(s.total_blocks));
   prefill_speed_->Set(prefill_tokens_per_second);
   std::lock_guard<std::mutex> lock(mu_);
+  auto mirror = [](prometheus::Counter* c, int64_t now, int64_t& last) {
+    if (now > last) c->Increment(static_cast<double>(now - last));
+    last = std::max(last, now);
+  };
+  mirror(window_hits_, s.window_hits, last_.window_hits);
+  mirror(window_replays_, s.window_replays, last_.window_replays);
+  mirror(window_misses_, s.window_misses, last_.window_misses);
+  mirror(window_replayed_tokens_, s.replayed_tokens, last_.replayed_tokens);
+  mirror(window_expired_, s.window_expired_blocks, last_.window_expired_blocks);
   if (s.generated_tokens > last_generated_) {
     generated_->Increment(static_cast<double>(s.generated_tokens - last_generated_));
     last_generated_ = s.generated_tokens;

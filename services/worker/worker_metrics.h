@@ -7,7 +7,10 @@
 //   ferry_worker_queued_requests                 waiting for admission (engine)
 //   ferry_worker_running_requests                sequences holding KV
 //   ferry_worker_kv_blocks{state}                used, free, cached; ferry_worker_kv_pool_blocks
-//   ferry_worker_prompt_tokens_total{source}     computed, local (reused from this worker's cache)
+//   ferry_worker_prompt_tokens_total{source}     prefill and aggregated workers: computed, local
+//                                                (reused from this worker's cache), store (read
+//                                                from the KV store); decode workers: decode_local
+//                                                (held already, so not pushed)
 //   ferry_worker_generated_tokens_total
 //   ferry_worker_prefill_tokens_per_second       over the load window (LoadWindow)
 //   ferry_worker_step_seconds{kind}              histogram per engine step: decode (only decoding
@@ -16,6 +19,21 @@
 //   ferry_worker_expert_tokens_total{expert}     mixture-of-experts models: tokens per expert
 //   ferry_worker_watch_subscribers, ferry_worker_watch_snapshots_total{reason}
 //   ferry_worker_unauthenticated_calls_total
+//   The KV store (--kvstore) and the window layers of hybrid models:
+//   ferry_worker_store_lookups_total{result}     reads of a request's prefix: hit (blocks read),
+//                                                miss (none stored), memory (nothing beyond this
+//                                                worker's cache), skipped (busy, past deadline)
+//   ferry_worker_store_read_blocks_total{outcome} loaded, missing (absent, corrupt, node down),
+//                                                rejected (another KV layout)
+//   ferry_worker_store_read_bytes_total, ferry_worker_store_read_seconds (histogram per read)
+//   ferry_worker_store_write_blocks_total{outcome} written, present (the store had them),
+//                                                dropped (the write queue was full), failed
+//   ferry_worker_store_written_bytes_total
+//   ferry_worker_store_write_queue_bytes         waiting or being written
+//   ferry_worker_window_cache_lookups_total{result} cached prefixes' window layers: hit, replay
+//                                                (rebuilt by a replay), miss (a shorter prefix)
+//   ferry_worker_window_replayed_tokens_total    positions replayed to rebuild them
+//   ferry_worker_window_cache_expired_blocks_total  window blocks dropped by their TTL
 //   Prefill/decode disaggregation:
 //   ferry_worker_kv_push_bytes, ferry_worker_kv_push_seconds
 //                                                histograms per request (prefill): KV pushed to
@@ -69,7 +87,18 @@ class WorkerMetrics {
 
   void Outcome(RequestOutcome outcome);
   void Ttft(double seconds);
-  void PromptTokens(int64_t computed, int64_t cached);
+  // Prompt tokens of a request computed here, reused from this worker's cache, read from the
+  // store.
+  void PromptTokens(int64_t computed, int64_t local, int64_t store);
+  // Decode workers: prompt tokens already held, not pushed.
+  void DecodeLocalTokens(int64_t tokens);
+  // The KV store: StoreReader's and StoreWriter's (labels as in the header comment).
+  void StoreLookup(const char* result);
+  void StoreReadBlocks(const char* outcome, int64_t blocks);
+  void StoreRead(int64_t bytes, double seconds);
+  void StoreWriteBlocks(const char* outcome, int64_t blocks);
+  void StoreWrittenBytes(int64_t bytes);
+  void StoreWriteQueueBytes(int64_t bytes);
   void Step(const StepInfo& step);
   // Gauges and the counters that mirror the engine's (generated tokens, experts).
   void Refresh(const EngineStats& stats, double prefill_tokens_per_second);
@@ -93,6 +122,20 @@ class WorkerMetrics {
   prometheus::Gauge* blocks_total_;
   prometheus::Counter* prompt_computed_;
   prometheus::Counter* prompt_local_;
+  prometheus::Counter* prompt_store_;
+  prometheus::Counter* prompt_decode_local_;
+  prometheus::Family<prometheus::Counter>* store_lookups_;
+  prometheus::Family<prometheus::Counter>* store_read_blocks_;
+  prometheus::Counter* store_read_bytes_;
+  prometheus::Histogram* store_read_seconds_;
+  prometheus::Family<prometheus::Counter>* store_write_blocks_;
+  prometheus::Counter* store_written_bytes_;
+  prometheus::Gauge* store_write_queue_bytes_;
+  prometheus::Counter* window_hits_;
+  prometheus::Counter* window_replays_;
+  prometheus::Counter* window_misses_;
+  prometheus::Counter* window_replayed_tokens_;
+  prometheus::Counter* window_expired_;
   prometheus::Counter* generated_;
   prometheus::Gauge* prefill_speed_;
   prometheus::Histogram* step_decode_;
@@ -117,6 +160,7 @@ class WorkerMetrics {
 
   std::mutex mu_;  // the mirrors' last values
   int64_t last_generated_ = 0;
+  EngineStats last_;  // the window counters' mirrors
   std::vector<int64_t> last_experts_;
   std::vector<prometheus::Counter*> expert_counters_;
 };

@@ -56,6 +56,17 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(ReadSize(c, "window_pool_bytes", &o->window_pool_bytes));
   RETURN_IF_ERROR(ReadSize(c, "prefix_cache_bytes", &o->prefix_cache_bytes));
   RETURN_IF_ERROR(ReadSize(c, "window_cache_bytes", &o->window_cache_bytes));
+  RETURN_IF_ERROR(ReadDuration(c, "window_cache_ttl", &o->window_cache_ttl));
+  RETURN_IF_ERROR(c.Read("swa_replay", &o->swa_replay));
+  RETURN_IF_ERROR(c.Read("swa_replay_tokens", &o->swa_replay_tokens));
+  RETURN_IF_ERROR(c.Read("kvstore", &o->kvstore));
+  RETURN_IF_ERROR(ReadInt(c, "kvstore_replication", &o->kvstore_replication));
+  RETURN_IF_ERROR(ReadDuration(c, "kvstore_deadline", &o->kvstore_deadline));
+  RETURN_IF_ERROR(c.Read("kvstore_read", &o->kvstore_read));
+  RETURN_IF_ERROR(c.Read("kvstore_write", &o->kvstore_write));
+  RETURN_IF_ERROR(ReadInt(c, "kvstore_read_threads", &o->kvstore_read_threads));
+  RETURN_IF_ERROR(c.Read("kvstore_read_max_blocks", &o->kvstore_read_max_blocks));
+  RETURN_IF_ERROR(ReadSize(c, "kvstore_write_queue_bytes", &o->kvstore_write_queue_bytes));
   RETURN_IF_ERROR(c.Read("block_tokens", &o->block_tokens));
   RETURN_IF_ERROR(c.Read("prefill_chunk", &o->prefill_chunk));
   RETURN_IF_ERROR(c.Read("max_batch_tokens", &o->max_batch_tokens));
@@ -135,6 +146,20 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   }
   if (!o.null_script.empty() && o.engine != "null") {
     return bad("--null_script is for --engine=null");
+  }
+  if (o.swa_replay != "exact" && o.swa_replay != "bounded") {
+    return bad(absl::StrCat("--swa_replay must be exact or bounded, not '", o.swa_replay, "'"));
+  }
+  if (o.swa_replay_tokens < 1) return bad("--swa_replay_tokens must be positive");
+  if (o.window_cache_ttl < absl::ZeroDuration()) {
+    return bad("--window_cache_ttl must be >= 0 (0: no expiry)");
+  }
+  if (o.kvstore_replication < 1 || o.kvstore_deadline <= absl::ZeroDuration() ||
+      o.kvstore_read_threads < 1 || o.kvstore_read_threads > 64 || o.kvstore_read_max_blocks < 0 ||
+      o.kvstore_write_queue_bytes < 0) {
+    return bad(
+        "--kvstore_replication and --kvstore_deadline must be positive, --kvstore_read_threads "
+        "in [1, 64], --kvstore_read_max_blocks and --kvstore_write_queue_bytes >= 0");
   }
   if (o.admin_port < 0 || o.admin_port > 65535) return bad("--admin_port must be in [0, 65535]");
   if (o.watch_interval <= absl::ZeroDuration() || o.watch_heartbeat < o.watch_interval) {

@@ -32,6 +32,12 @@ struct WorkerOptions {
   int64_t window_pool_bytes = 0;
   int64_t prefix_cache_bytes = -1;  // unreferenced cached blocks at most (-1: the whole pool)
   int64_t window_cache_bytes = int64_t{256} << 20;
+  // Hybrid models on two pools (engine.h "SWA replay"): the window cache's blocks live this long
+  // after their last use; a cached prefix whose window blocks are gone is replayed, "exact" (the
+  // default: bit-identical) or "bounded" (swa_replay_tokens positions: cheaper, approximate).
+  absl::Duration window_cache_ttl = absl::Seconds(180);
+  std::string swa_replay = "exact";
+  int64_t swa_replay_tokens = 128;
   int32_t block_tokens = 64;
   int64_t prefill_chunk = 256;
   int64_t max_batch_tokens = 512;
@@ -72,6 +78,19 @@ struct WorkerOptions {
   // the last ones; bounded by their deadline), so tests can act during a push without racing
   // it. "": none.
   std::string push_hold_file;
+
+  // --- The shared KV store (ARCHITECTURE.md §3 step 5, §5): ferry-kvstore nodes, "host:port"
+  // comma-separated ("": none). Prefill and aggregated workers read the prefix their memory lacks
+  // from it (StoreReader); every worker writes the full blocks it computes (StoreWriter). The
+  // nodes' shared token is the worker's own (auth_token_file / FERRY_AUTH_TOKEN).
+  std::string kvstore;
+  int kvstore_replication = 1;
+  absl::Duration kvstore_deadline = absl::Milliseconds(500);  // per store call; slower: a miss
+  bool kvstore_read = true;
+  bool kvstore_write = true;
+  int kvstore_read_threads = 2;
+  int64_t kvstore_read_max_blocks = 0;  // fresh blocks one read may take (0: half the pool)
+  int64_t kvstore_write_queue_bytes = int64_t{256} << 20;  // blocks waiting to be written
 
   // --- Serving.
   std::string address = "127.0.0.1:0";  // gRPC; port 0 picks a free port

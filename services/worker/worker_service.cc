@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
 #include "engine/common/model_fingerprint.h"
+#include "kvstore/wire.h"
 #include "services/common/grpc_client.h"
 #include "services/common/shared_token.h"
 #include "services/worker/generate_call.h"
@@ -48,6 +49,15 @@ RequestOutcome OutcomeOf(AbortCause cause, bool ok) {
       break;
   }
   return ok ? RequestOutcome::kCompleted : RequestOutcome::kError;
+}
+
+void WorkerService::WriteComputedBlocks(EngineRequest& request, v1::TrafficClass traffic_class) {
+  StoreWriter* writer = options_.store_writer;
+  if (writer == nullptr) return;
+  const kv::TrafficClass c = kv::ClassFromProto(traffic_class);
+  request.on_computed_blocks = [writer, c](absl::Span<const ComputedBlock> blocks) {
+    writer->Offer(blocks, c);
+  };
 }
 
 WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadWindow* load,

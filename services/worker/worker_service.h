@@ -37,6 +37,8 @@
 #include "services/worker/kv_handoff.h"
 #include "services/worker/load_window.h"
 #include "services/worker/serial_executor.h"
+#include "services/worker/store_reader.h"
+#include "services/worker/store_writer.h"
 #include "services/worker/watch_hub.h"
 #include "services/worker/worker_engine.h"
 #include "services/worker/worker_metrics.h"
@@ -69,6 +71,11 @@ struct WorkerServiceOptions {
   bool stream_kv = true;       // WorkerOptions::stream_kv
   std::string push_hold_file;  // WorkerOptions::push_hold_file
   size_t max_queued_pushes = 4096;
+  // The KV store (may be null: none). Prefill and aggregated calls read their prefix through
+  // the reader before the engine sees them; every call offers the blocks it computes to the
+  // writer. Both outlive the service's calls.
+  StoreReader* store_reader = nullptr;
+  StoreWriter* store_writer = nullptr;
 };
 
 class WorkerService final : public ferry::v1::Worker::CallbackService {
@@ -122,6 +129,10 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   const std::string& role() const { return options_.role; }
   const WorkerServiceOptions& options() const { return options_; }
   transfer::KvTransport* transport() { return options_.transport; }
+  StoreReader* store_reader() { return options_.store_reader; }
+  // Sends the full blocks `request` computes to the store's writer (if any), with the request's
+  // traffic class (its retention there).
+  void WriteComputedBlocks(EngineRequest& request, ferry::v1::TrafficClass traffic_class);
   const ReservationTarget& reservation_target() const { return target_; }
   const KvFacts& kv_facts() const { return facts_; }
   absl::Duration reservation_timeout() const { return options_.reservation_timeout; }

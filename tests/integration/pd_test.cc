@@ -62,39 +62,6 @@ std::vector<std::string> Plus(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
-// What one disaggregated request gave: the decode worker's stream, and the prefill call.
-struct PdResult {
-  GenerateResult stream;
-  grpc::Status prefill;
-  v1::PrefillResponse response;
-  v1::KvReservation reservation;
-  bool reserved = false;
-};
-
-// Plays the router for one request: Generate on D, Prefill on P with D's reservation.
-// `before_prefill` runs once the reservation is in (false: cancel the stream instead).
-PdResult RunPd(WorkerClient& decode, const std::string& decode_address, WorkerClient& prefill,
-               v1::GenerateRequest request,
-               const std::function<bool(const v1::KvReservation&)>& before_prefill = {},
-               absl::Duration prefill_timeout = absl::Seconds(60)) {
-  PdResult out;
-  request.set_aggregated(false);
-  const v1::TokenizedRequest tokenized = request.request();
-  out.stream = decode.Generate(request, absl::Seconds(60), [&](const v1::GenerateEvent& e) {
-    if (!e.has_reservation()) return true;
-    out.reserved = true;
-    out.reservation = e.reservation();
-    if (before_prefill && !before_prefill(e.reservation())) return false;
-    v1::PrefillRequest p;
-    *p.mutable_request() = tokenized;
-    *p.mutable_destination() = e.reservation();
-    p.set_decode_endpoint(decode_address);
-    out.prefill = prefill.Prefill(p, &out.response, prefill_timeout);
-    return true;
-  });
-  return out;
-}
-
 class PdTest : public ::testing::TestWithParam<PdCase> {};
 
 TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
@@ -140,6 +107,7 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   if (c.window_pool_bytes == 0) {
     EXPECT_EQ(streamed, bytes_per_prompt / 3);
   }
+  uint64_t streamed_total = streamed;
 
   // Seeded, two choices (they share the prompt's KV on both sides).
   Sampling seeded;
@@ -161,7 +129,12 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   EXPECT_EQ(got.response.blocks_skipped(), held);
   if (c.window_pool_bytes == 0) {
     EXPECT_EQ(got.response.bytes_transferred(), bytes_per_prompt / 3);
+    EXPECT_EQ(got.response.bytes_streamed(), 0u);
+  } else {
+    // P's 2 cached blocks, complete at the admission, went while it computed the last.
+    EXPECT_EQ(got.response.bytes_streamed(), 2 * streamed);
   }
+  streamed_total += got.response.bytes_streamed();
 
   // A stop string from the middle of the greedy text.
   const std::string& text = want[0].text;
@@ -172,6 +145,7 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   ASSERT_TRUE(got.stream.status.ok());
   ExpectSameOutput(got.stream.choices[0], ref.Run(MakeRequest("stop", prompt, stopping))[0],
                    "stop string");
+  streamed_total += got.response.bytes_streamed();
   // A choice that ends with its first token (the stop string in its text) needs no push.
   const bool stop_pushed = got.stream.choices[0].tokens.size() > 1;
   EXPECT_EQ(got.response.bytes_transferred() > 0, stop_pushed);
@@ -193,6 +167,7 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   InProcessEngine fresh(model, c.window_pool_bytes);
   ExpectSameOutput(got.stream.choices[0], fresh.Run(MakeRequest("b", b, greedy))[0],
                    "with prefixes held on both sides");
+  streamed_total += got.response.bytes_streamed();
 
   // Both pools back to idle; the counters say what happened.
   EXPECT_TRUE(WaitUntilIdle(prefill));
@@ -203,9 +178,9 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
             stop_pushed ? 4 : 3);
   EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_kv_blocks_skipped_total"),
             held * (stop_pushed ? 3 : 2));
-  // Only the first request computed a chunk before its last (the others had cached prefixes).
+  // The first request's chunk before its last; the others' cached prefixes D lacked.
   EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_kv_streamed_bytes_total"),
-            static_cast<double>(streamed));
+            static_cast<double>(streamed_total));
   EXPECT_EQ(MetricValue(d->admin_port(), "ferry_worker_requests_total{outcome=\"completed\"}"), 4);
   for (auto* w : {p.get(), d.get()}) {
     w->Signal(SIGTERM);

@@ -19,7 +19,7 @@ namespace v1 = ferry::v1;
 
 namespace {
 
-std::string g_worker, g_make_tiny_model;
+std::string g_worker, g_make_tiny_model, g_kvstore;
 
 bool IsDirectory(const std::string& path) {
   struct stat st;
@@ -32,14 +32,54 @@ Hash128 FromProto(const v1::Hash128& h) { return Hash128{h.lo(), h.hi()}; }
 
 void InitWorkerTests(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s FERRY_WORKER MAKE_TINY_MODEL_PY\n", argv[0]);
+    std::fprintf(stderr, "usage: %s FERRY_WORKER MAKE_TINY_MODEL_PY [FERRY_KVSTORE]\n", argv[0]);
     std::exit(2);
   }
   g_worker = argv[1];
   g_make_tiny_model = argv[2];
+  if (argc > 3) g_kvstore = argv[3];
 }
 
 const std::string& WorkerBinary() { return g_worker; }
+
+const std::string& KvStoreBinary() { return g_kvstore; }
+
+std::unique_ptr<ServiceProcess> StartKvStore(const std::string& dir, int port,
+                                             const std::vector<std::string>& extra) {
+  EXPECT_FALSE(g_kvstore.empty()) << "the test's third argument must be ferry-kvstore";
+  std::vector<std::string> args = {"--dir=" + dir,
+                                   absl::StrCat("--address=127.0.0.1:", port),
+                                   "--segment_bytes=4MiB",
+                                   "--capacity=256MiB",
+                                   "--max_object_bytes=1MiB",
+                                   "--rpc_grace_ms=2000"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto store = std::make_unique<ServiceProcess>(g_kvstore, args);
+  EXPECT_TRUE(store->ready()) << "ferry-kvstore did not start:\n" << store->LogTail();
+  return store;
+}
+
+PdResult RunPd(WorkerClient& decode, const std::string& decode_address, WorkerClient& prefill,
+               v1::GenerateRequest request,
+               const std::function<bool(const v1::KvReservation&)>& before_prefill,
+               absl::Duration prefill_timeout) {
+  PdResult out;
+  request.set_aggregated(false);
+  const v1::TokenizedRequest tokenized = request.request();
+  out.stream = decode.Generate(request, absl::Seconds(60), [&](const v1::GenerateEvent& e) {
+    if (!e.has_reservation()) return true;
+    out.reserved = true;
+    out.reservation = e.reservation();
+    if (before_prefill && !before_prefill(e.reservation())) return false;
+    v1::PrefillRequest p;
+    *p.mutable_request() = tokenized;
+    *p.mutable_destination() = e.reservation();
+    p.set_decode_endpoint(decode_address);
+    out.prefill = prefill.Prefill(p, &out.response, prefill_timeout);
+    return true;
+  });
+  return out;
+}
 
 std::string TinyModel(const std::string& name) {
   static const std::string dir = [] {

@@ -6,6 +6,7 @@
 #ifndef FERRY_TESTS_INTEGRATION_WORKER_TEST_UTIL_H_
 #define FERRY_TESTS_INTEGRATION_WORKER_TEST_UTIL_H_
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -22,9 +23,16 @@
 
 namespace ferry {
 
-// argv[1]: ferry-worker; argv[2]: make_tiny_model.py. Call from main before RUN_ALL_TESTS.
+// argv[1]: ferry-worker; argv[2]: make_tiny_model.py; argv[3] (optional): ferry-kvstore. Call
+// from main before RUN_ALL_TESTS.
 void InitWorkerTests(int argc, char** argv);
 const std::string& WorkerBinary();
+const std::string& KvStoreBinary();
+
+// A ferry-kvstore on `dir` (created if missing), on `port` (0: any), with small test settings and
+// `extra` flags.
+std::unique_ptr<ServiceProcess> StartKvStore(const std::string& dir, int port = 0,
+                                             const std::vector<std::string>& extra = {});
 // The directory of a tiny model (llama_gqa_bf16, qwen2_moe, qwen3_hybrid, ...), made on first use.
 std::string TinyModel(const std::string& name);
 
@@ -50,6 +58,23 @@ struct Sampling {
 ferry::v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<TokenId>& prompt,
                                        const Sampling& sampling);
 
+// What one disaggregated request gave: the decode worker's stream, and the prefill call.
+struct PdResult {
+  GenerateResult stream;
+  grpc::Status prefill;
+  ferry::v1::PrefillResponse response;
+  ferry::v1::KvReservation reservation;
+  bool reserved = false;
+};
+
+// Plays the router for one request: Generate on the decode worker, Prefill on the prefill worker
+// with its reservation. `before_prefill` runs once the reservation is in (false: cancel the
+// stream instead).
+PdResult RunPd(WorkerClient& decode, const std::string& decode_address, WorkerClient& prefill,
+               ferry::v1::GenerateRequest request,
+               const std::function<bool(const ferry::v1::KvReservation&)>& before_prefill = {},
+               absl::Duration prefill_timeout = absl::Seconds(60));
+
 // The worker's engine, in this process, with the worker's settings for the tests.
 class InProcessEngine {
  public:
@@ -62,6 +87,7 @@ class InProcessEngine {
   std::vector<ChoiceOutput> Run(const ferry::v1::GenerateRequest& request);
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ForwardModel& model() const { return *model_; }
+  const KvBlockPool& pool() const { return *pool_; }
 
  private:
   std::unique_ptr<CpuBackend> backend_;

@@ -1,0 +1,178 @@
+#include "services/worker/store_reader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/common/block_hash.h"
+#include "engine/common/log.h"
+
+namespace ferry {
+
+StoreReader::StoreReader(kv::KvClient* client, Engine* engine, KvBlockPool* pool,
+                         const Hash128& fingerprint, WorkerMetrics* metrics,
+                         const StoreReaderOptions& options)
+    : client_(client),
+      engine_(engine),
+      pool_(pool),
+      fingerprint_(fingerprint),
+      metrics_(metrics),
+      options_(options) {
+  for (int i = 0; i < std::max(1, options_.threads); ++i) {
+    threads_.emplace_back([this] { Loop(); });
+  }
+}
+
+StoreReader::~StoreReader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void StoreReader::ReleaseImports(KvBlockPool& pool, EngineRequest& request) {
+  if (request.role == EngineRole::kDecodeOnly || request.imported_blocks.empty()) return;
+  CHECK_OK(pool.Release(request.imported_blocks));
+  request.imported_blocks.clear();
+  request.imported_cached_blocks = 0;
+}
+
+void StoreReader::Read(EngineRequest request, absl::Time deadline, Done done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_ && tasks_.size() < options_.max_queued) {
+      tasks_.push_back(Task{std::move(request), deadline, std::move(done)});
+      cv_.notify_one();
+      return;
+    }
+  }
+  metrics_->StoreLookup("skipped");
+  StoreRead read;
+  read.result = "skipped";
+  done(std::move(request), read);
+}
+
+void StoreReader::Loop() {
+  while (true) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    const StoreRead read = Run(task.request, task.deadline);
+    metrics_->StoreLookup(read.result);
+    if (read.blocks > 0) metrics_->StoreRead(read.bytes, read.seconds);
+    task.done(std::move(task.request), read);
+  }
+}
+
+absl::StatusOr<KvReservation> StoreReader::Reserve(std::vector<Hash128> hashes, int64_t max_fresh) {
+  // Shared with the engine's callback, which may come after this read gave up waiting: it then
+  // gives the blocks back itself.
+  struct Answer {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool answered = false, abandoned = false;
+    absl::StatusOr<KvReservation> reservation = absl::UnknownError("no answer");
+  };
+  auto answer = std::make_shared<Answer>();
+  KvBlockPool* pool = pool_;
+  engine_->ReserveImport(std::move(hashes), max_fresh,
+                         [answer, pool](absl::StatusOr<KvReservation> got) {
+                           std::lock_guard<std::mutex> lock(answer->mu);
+                           if (answer->abandoned) {
+                             if (got.ok()) CHECK_OK(pool->Release(got->blocks));
+                             return;
+                           }
+                           answer->reservation = std::move(got);
+                           answer->answered = true;
+                           answer->cv.notify_all();
+                         });
+  std::unique_lock<std::mutex> lock(answer->mu);
+  if (!answer->cv.wait_for(lock, absl::ToChronoMilliseconds(options_.reserve_timeout),
+                           [&] { return answer->answered; })) {
+    answer->abandoned = true;
+    return absl::DeadlineExceededError("the engine did not answer the reservation in time");
+  }
+  return std::move(answer->reservation);
+}
+
+StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline) {
+  const auto start = std::chrono::steady_clock::now();
+  StoreRead read;
+  auto finish = [&](const char* result) {
+    read.result = result;
+    read.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return read;
+  };
+  const int32_t bt = pool_->layout().block_tokens;
+  const int64_t full = (static_cast<int64_t>(request.prompt.size()) - 1) / bt;
+  if (full <= 0 || request.role == EngineRole::kDecodeOnly) return finish("memory");
+  if (absl::Now() >= deadline) return finish("skipped");
+  const std::vector<Hash128> hashes =
+      ComputeBlockHashes({fingerprint_, request.cache_salt, ""},
+                         absl::MakeConstSpan(request.prompt).subspan(0, full * bt), bt);
+  // What the engine's cache holds (a hint: it may evict or add blocks before the reservation).
+  const int64_t local = engine_->kv_events().CachedPrefix(hashes);
+  if (local >= full) return finish("memory");
+  const kv::ExistsResult present =
+      client_->Exists(absl::MakeConstSpan(hashes).subspan(local), fingerprint_);
+  if (present.prefix == 0) return finish("miss");
+  const int64_t max_blocks =
+      options_.max_blocks > 0 ? options_.max_blocks : std::max<int64_t>(1, pool_->num_blocks() / 2);
+  auto reserved = Reserve(
+      std::vector<Hash128>(hashes.begin(), hashes.begin() + local + present.prefix), max_blocks);
+  if (!reserved.ok()) {
+    LOG(WARNING) << "request " << request.id
+                 << ": no blocks to read its prefix into: " << reserved.status();
+    return finish("skipped");
+  }
+  const int64_t cached = reserved->cached_blocks;
+  const int64_t fresh = static_cast<int64_t>(reserved->blocks.size()) - cached;
+  int64_t loaded = 0;
+  if (fresh > 0) {
+    const std::vector<BlockId> targets(reserved->blocks.begin() + cached, reserved->blocks.end());
+    auto spans = pool_->Spans(targets);
+    CHECK_OK(spans.status());
+    kv::GetIntoDestination destination;
+    for (const MemorySpan& s : *spans) {
+      destination.spans.push_back(absl::Span<char>(static_cast<char*>(s.address), s.length));
+    }
+    const std::vector<kv::GetIntoResult> got = client_->GetInto(
+        absl::MakeConstSpan(hashes).subspan(cached, fresh), fingerprint_, destination);
+    // The run ends at the first block that is not this pool's, whole and checked.
+    const uint64_t tag = pool_->layout().Tag();
+    const char* why = "missing";
+    for (; loaded < fresh; ++loaded) {
+      const kv::GetIntoResult& r = got[loaded];
+      if (!r.found) break;
+      if (r.meta.layout_tag != tag || r.meta.token_count != static_cast<uint32_t>(bt)) {
+        why = "rejected";
+        break;
+      }
+    }
+    metrics_->StoreReadBlocks("loaded", loaded);
+    if (loaded < fresh) metrics_->StoreReadBlocks(why, fresh - loaded);
+    CHECK_OK(pool_->Release(absl::MakeConstSpan(targets).subspan(loaded)));
+  }
+  if (loaded == 0) {
+    CHECK_OK(pool_->Release(absl::MakeConstSpan(reserved->blocks).subspan(0, cached)));
+    return finish(fresh > 0 ? "miss" : "memory");
+  }
+  request.imported_blocks.assign(reserved->blocks.begin(),
+                                 reserved->blocks.begin() + cached + loaded);
+  request.imported_cached_blocks = cached;
+  read.blocks = loaded;
+  read.bytes = loaded * static_cast<int64_t>(pool_->layout().block_bytes());
+  return finish("hit");
+}
+
+}  // namespace ferry

@@ -1,0 +1,151 @@
+#include "services/worker/store_writer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "engine/common/log.h"
+
+namespace ferry {
+
+StoreWriter::StoreWriter(kv::KvClient* client, KvBlockPool* pool, const Hash128& fingerprint,
+                         WorkerMetrics* metrics, const StoreWriterOptions& options)
+    : client_(client),
+      pool_(pool),
+      fingerprint_(fingerprint),
+      metrics_(metrics),
+      options_(options),
+      block_bytes_(static_cast<int64_t>(pool->layout().block_bytes())),
+      layout_tag_(pool->layout().Tag()) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+StoreWriter::~StoreWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StoreWriter::Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass traffic_class) {
+  int64_t dropped = 0, queued_bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const ComputedBlock& b : blocks) {
+      const int64_t bytes = static_cast<int64_t>(queue_.size() + 1) * block_bytes_;
+      if (stopping_ || bytes > options_.max_queued_bytes ||
+          !pool_->AddRef(absl::MakeConstSpan(&b.block, 1)).ok()) {
+        ++dropped;
+        continue;
+      }
+      queue_.push_back(Item{b.hash, b.block, traffic_class});
+    }
+    queued_bytes = static_cast<int64_t>(queue_.size()) * block_bytes_;
+  }
+  cv_.notify_one();
+  if (dropped > 0) metrics_->StoreWriteBlocks("dropped", dropped);
+  metrics_->StoreWriteQueueBytes(queued_bytes);
+}
+
+bool StoreWriter::Flush(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                      [this] { return queue_.empty() && !writing_; });
+}
+
+void StoreWriter::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, everything written
+    std::vector<Item> batch;
+    while (!queue_.empty() && static_cast<int64_t>(batch.size()) < options_.batch_blocks) {
+      batch.push_back(queue_.front());
+      queue_.pop_front();
+    }
+    writing_ = true;
+    const int64_t queued_bytes = static_cast<int64_t>(queue_.size() + batch.size()) * block_bytes_;
+    lock.unlock();
+    metrics_->StoreWriteQueueBytes(queued_bytes);
+    Write(std::move(batch));
+    lock.lock();
+    writing_ = false;
+    metrics_->StoreWriteQueueBytes(static_cast<int64_t>(queue_.size()) * block_bytes_);
+    cv_.notify_all();  // Flush
+  }
+}
+
+void StoreWriter::Release(const Item& item) {
+  CHECK_OK(pool_->Release(absl::MakeConstSpan(&item.block, 1)));
+}
+
+void StoreWriter::Remember(const Hash128& hash) {
+  if (!recent_.insert(hash).second) return;
+  recent_order_.push_back(hash);
+  while (recent_order_.size() > options_.recent_hashes) {
+    recent_.erase(recent_order_.front());
+    recent_order_.pop_front();
+  }
+}
+
+void StoreWriter::Write(std::vector<Item> batch) {
+  // What was written (or seen present) lately is not asked about again; nor is a hash twice.
+  std::vector<Item> fresh;
+  absl::flat_hash_set<Hash128> seen;
+  int64_t skipped = 0;
+  for (const Item& item : batch) {
+    if (recent_.contains(item.hash) || !seen.insert(item.hash).second) {
+      Release(item);
+      ++skipped;
+      continue;
+    }
+    fresh.push_back(item);
+  }
+  if (fresh.empty()) {
+    metrics_->StoreWriteBlocks("present", skipped);
+    return;
+  }
+  std::vector<Hash128> keys;
+  for (const Item& item : fresh) keys.push_back(item.hash);
+  const kv::ExistsResult present = client_->Exists(keys, fingerprint_);
+  std::vector<Item> missing;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    if (i < present.present.size() && present.present[i]) {
+      Remember(fresh[i].hash);
+      Release(fresh[i]);
+      ++skipped;
+    } else {
+      missing.push_back(fresh[i]);
+    }
+  }
+  if (skipped > 0) metrics_->StoreWriteBlocks("present", skipped);
+  if (missing.empty()) return;
+  // The values point into the pool: the blocks are full and referenced, so nothing writes them.
+  std::vector<kv::ClientObject> objects;
+  for (const Item& item : missing) {
+    auto spans = pool_->Spans(absl::MakeConstSpan(&item.block, 1));
+    CHECK_OK(spans.status());
+    kv::ClientObject o;
+    o.key = item.hash;
+    o.meta.fingerprint = fingerprint_;
+    o.meta.layout_tag = layout_tag_;
+    o.meta.token_count = static_cast<uint32_t>(pool_->layout().block_tokens);
+    o.meta.traffic_class = item.traffic_class;
+    o.value = absl::string_view(static_cast<const char*>((*spans)[0].address), (*spans)[0].length);
+    objects.push_back(o);
+  }
+  const int64_t durable = client_->Put(objects);
+  for (const Item& item : missing) Release(item);
+  const int64_t n = static_cast<int64_t>(missing.size());
+  if (durable == n) {
+    // (A lower bound: when it is short, which ones failed is unknown, and none is remembered.)
+    for (const Item& item : missing) Remember(item.hash);
+  }
+  metrics_->StoreWriteBlocks("written", durable);
+  if (durable < n) metrics_->StoreWriteBlocks("failed", n - durable);
+  metrics_->StoreWrittenBytes(durable * block_bytes_);
+}
+
+}  // namespace ferry

@@ -1,0 +1,96 @@
+// Writes the KV blocks a worker computes to the shared KV store (ARCHITECTURE.md §3 step 5, §5),
+// off the critical path: the engine thread offers each full block it computed
+// (EngineRequest::on_computed_blocks; prompt blocks on prefill and aggregated workers, output
+// blocks on decode and aggregated ones) and goes on; a writer thread sends them.
+//
+//   StoreWriter writer(client, &pool, fingerprint, metrics, {});
+//   request.on_computed_blocks = [&](absl::Span<const ComputedBlock> b) {
+//     writer.Offer(b, kv::TrafficClass::kAgent);
+//   };
+//
+// Bounded: the blocks waiting hold a pool reference each (the pool cannot reuse them before
+// their bytes are sent), at most max_queued_bytes of them; a block offered beyond that is dropped
+// and counted, never waited for. The writer takes up to batch_blocks blocks at a time, skips
+// those it wrote or found present lately (a bounded set of recent hashes), asks the store which
+// of the rest it already has (one Exists), and Puts the others in one call whose values point
+// into the pool itself (the client copies them into its messages; nothing else copies them).
+// Each block's reference is dropped as soon as that call returns. A store that is down or slow
+// costs the batch (counted failed), never a request.
+//
+// Threads: Offer on any thread (the engine's), never blocking; one writer thread. The destructor
+// writes what is queued (each call bounded by the client's deadline) and joins.
+
+#ifndef FERRY_SERVICES_WORKER_STORE_WRITER_H_
+#define FERRY_SERVICES_WORKER_STORE_WRITER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "engine/common/hash128.h"
+#include "engine/engine.h"
+#include "engine/kv/kv_block_pool.h"
+#include "kvstore/client/kv_client.h"
+#include "services/worker/worker_metrics.h"
+
+namespace ferry {
+
+struct StoreWriterOptions {
+  int64_t max_queued_bytes = int64_t{256} << 20;
+  int64_t batch_blocks = 16;
+  size_t recent_hashes = size_t{1} << 16;
+};
+
+class StoreWriter {
+ public:
+  // `client`, `pool` and `metrics` must outlive the writer. `fingerprint` is the model's.
+  StoreWriter(kv::KvClient* client, KvBlockPool* pool, const Hash128& fingerprint,
+              WorkerMetrics* metrics, const StoreWriterOptions& options);
+  ~StoreWriter();
+  StoreWriter(const StoreWriter&) = delete;
+  StoreWriter& operator=(const StoreWriter&) = delete;
+
+  // Queues `blocks` (a reference each) for the store, with their retention class; drops what
+  // does not fit. Never blocks.
+  void Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass traffic_class);
+  // Waits until nothing is queued or being written, at most `timeout`; true when so.
+  bool Flush(absl::Duration timeout);
+
+ private:
+  struct Item {
+    Hash128 hash;
+    BlockId block;
+    kv::TrafficClass traffic_class;
+  };
+  void Loop();
+  void Write(std::vector<Item> batch);
+  void Release(const Item& item);
+  void Remember(const Hash128& hash);
+
+  kv::KvClient* const client_;
+  KvBlockPool* const pool_;
+  const Hash128 fingerprint_;
+  WorkerMetrics* const metrics_;
+  const StoreWriterOptions options_;
+  const int64_t block_bytes_;
+  const uint64_t layout_tag_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool writing_ = false;
+  bool stopping_ = false;
+  // Hashes written or found present lately (writer thread only), oldest first in recent_order_.
+  absl::flat_hash_set<Hash128> recent_;
+  std::deque<Hash128> recent_order_;
+  std::thread thread_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_SERVICES_WORKER_STORE_WRITER_H_
