@@ -1,0 +1,409 @@
+// StoreWriter and StoreReader against an in-memory KvClient (the store's seam) and a real engine
+// on a small synthetic model. Writer: blocks reach the store with the model's fingerprint, the
+// pool's layout tag, their token count and class and their bytes; hashes written or present are
+// not written again; a full queue drops (no reference kept) and never blocks the caller; every
+// reference goes back. Reader: a cold engine imports the stored run and answers exactly as the
+// engine that computed it; the run ends at the first block missing or of another layout, and
+// the blocks after it go back to the pool; a prefix the engine's memory holds is not read; a
+// store that is down is a miss; a full queue skips the read.
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/common/block_hash.h"
+#include "engine/model/synthetic_model.h"
+#include "engine/model/transformer.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "services/worker/store_reader.h"
+#include "services/worker/store_writer.h"
+
+namespace ferry {
+namespace {
+
+// The store in memory, with knobs: down (every call a miss or a failure), a gate that holds
+// Puts, and counters.
+class FakeKvClient final : public kv::KvClient {
+ public:
+  struct Object {
+    kv::ObjectMeta meta;
+    std::string value;
+  };
+
+  int64_t Put(absl::Span<const kv::ClientObject> objects) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++puts_;
+    cv_.wait(lock, [this] { return !held_; });
+    if (down_) return 0;
+    for (const kv::ClientObject& o : objects) {
+      objects_[o.key] = Object{o.meta, std::string(o.value)};
+    }
+    return static_cast<int64_t>(objects.size());
+  }
+  std::vector<kv::ClientGetResult> Get(absl::Span<const Hash128> keys,
+                                       const Hash128& fingerprint) override {
+    std::vector<kv::ClientGetResult> out(keys.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = objects_.find(keys[i]);
+      if (down_ || it == objects_.end() || it->second.meta.fingerprint != fingerprint) continue;
+      out[i] = {true, it->second.meta, it->second.value};
+    }
+    return out;
+  }
+  std::vector<kv::GetIntoResult> GetInto(absl::Span<const Hash128> keys, const Hash128& fingerprint,
+                                         const kv::GetIntoDestination& destination) override {
+    std::vector<kv::GetIntoResult> out(keys.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    ++gets_;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = objects_.find(keys[i]);
+      if (down_ || it == objects_.end() || it->second.meta.fingerprint != fingerprint ||
+          it->second.value.size() != destination.spans[i].size()) {
+        continue;
+      }
+      std::memcpy(destination.spans[i].data(), it->second.value.data(), it->second.value.size());
+      out[i] = {true, it->second.meta};
+    }
+    return out;
+  }
+  kv::ExistsResult Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++exists_;
+    kv::ExistsResult r;
+    for (const Hash128& k : keys) {
+      auto it = objects_.find(k);
+      r.present.push_back(!down_ && it != objects_.end() &&
+                          it->second.meta.fingerprint == fingerprint);
+    }
+    while (r.prefix < static_cast<int64_t>(r.present.size()) && r.present[r.prefix]) ++r.prefix;
+    return r;
+  }
+  int64_t Delete(absl::Span<const Hash128> keys) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t n = 0;
+    for (const Hash128& k : keys) n += static_cast<int64_t>(objects_.erase(k));
+    return n;
+  }
+  std::vector<int> NodesFor(const Hash128&) const override { return {0}; }
+  std::vector<kv::NodeStatus> nodes() const override { return {}; }
+
+  void Hold(bool held) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_ = held;
+    }
+    cv_.notify_all();
+  }
+  void SetDown(bool down) {
+    std::lock_guard<std::mutex> lock(mu_);
+    down_ = down;
+  }
+  std::map<Hash128, Object> objects() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return objects_;
+  }
+  void Set(const Hash128& key, Object o) {
+    std::lock_guard<std::mutex> lock(mu_);
+    objects_[key] = std::move(o);
+  }
+  int puts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return puts_;
+  }
+  int gets() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return gets_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<Hash128, Object> objects_;
+  bool held_ = false, down_ = false;
+  int puts_ = 0, gets_ = 0, exists_ = 0;
+};
+
+constexpr int32_t kBlockTokens = 16;
+
+// An engine on the synthetic dense model, its thread running.
+struct TestEngine {
+  explicit TestEngine(int64_t blocks = 64) {
+    backend = *CpuBackend::Create({1, std::nullopt});
+    model = *Transformer::Create(SyntheticModel({"llama_gqa_f32"}), backend.get());
+    allocator = std::make_unique<BackendKvAllocator>(backend.get());
+    pool = *KvBlockPool::Create(model->KvLayoutFor(kBlockTokens), blocks, allocator.get(),
+                                backend.get());
+    engine = *Engine::Create(model.get(), pool.get(), nullptr, EngineOptions{});
+    engine->Start();
+  }
+  ~TestEngine() { engine.reset(); }
+
+  // Runs `r` to its end; its tokens.
+  std::vector<TokenId> Run(EngineRequest r) {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<TokenId> tokens;
+    bool done = false;
+    r.on_event = [&](const TokenEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (e.has_token) tokens.push_back(e.token);
+      imported_tokens = e.imported_tokens;
+      cached_tokens = e.cached_tokens;
+      if (e.finish != FinishReason::kNone) done = true;
+      cv.notify_all();
+    };
+    EXPECT_TRUE(engine->Submit(std::move(r)).ok());
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
+    return tokens;
+  }
+
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Transformer> model;
+  std::unique_ptr<BackendKvAllocator> allocator;
+  std::unique_ptr<KvBlockPool> pool;
+  std::unique_ptr<Engine> engine;
+  int64_t imported_tokens = 0, cached_tokens = 0;
+};
+
+EngineRequest Req(const std::string& id, const std::vector<TokenId>& prompt) {
+  EngineRequest r;
+  r.id = id;
+  r.prompt = prompt;
+  r.max_tokens = 6;
+  r.sampling.temperature = 0;
+  return r;
+}
+
+std::vector<TokenId> Prompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<TokenId> p(n);
+  for (TokenId& t : p) t = static_cast<TokenId>(rng() % 97);
+  return p;
+}
+
+class StoreTest : public ::testing::Test {
+ protected:
+  StoreTest() : metrics_(registry_) {}
+
+  // Computes `prompt` on `e` with a writer on `client` (class agent), waits for the writes.
+  void Write(TestEngine& e, kv::KvClient* client, const std::vector<TokenId>& prompt,
+             const StoreWriterOptions& options = {}) {
+    StoreWriter writer(client, e.pool.get(), e.model->fingerprint(), &metrics_, options);
+    EngineRequest r = Req("w", prompt);
+    r.on_computed_blocks = [&](absl::Span<const ComputedBlock> b) {
+      writer.Offer(b, kv::TrafficClass::kAgent);
+    };
+    e.Run(std::move(r));
+    ASSERT_TRUE(writer.Flush(absl::Seconds(30)));
+  }
+
+  prometheus::Registry registry_;
+  WorkerMetrics metrics_;
+};
+
+TEST_F(StoreTest, TheWriterStoresComputedBlocksOnceAndGivesEveryReferenceBack) {
+  TestEngine e;
+  FakeKvClient store;
+  const std::vector<TokenId> prompt = Prompt(70, 1);  // 70 + 6 tokens: 75 positions, 4 blocks
+  Write(e, &store, prompt);
+  const std::vector<Hash128> chain =
+      ComputeBlockHashes({e.model->fingerprint(), "", ""}, prompt, kBlockTokens);
+  auto objects = store.objects();
+  ASSERT_EQ(objects.size(), 4u);
+  const KvBlockLayout& layout = e.pool->layout();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(objects.count(chain[i])) << i;
+    const FakeKvClient::Object& o = objects[chain[i]];
+    EXPECT_EQ(o.meta.fingerprint, e.model->fingerprint());
+    EXPECT_EQ(o.meta.layout_tag, layout.Tag());
+    EXPECT_EQ(o.meta.token_count, 16u);
+    EXPECT_EQ(o.meta.traffic_class, kv::TrafficClass::kAgent);
+    EXPECT_EQ(o.value.size(), layout.block_bytes());
+  }
+  // The bytes are the engine's: the same prompt's cached block 0 holds them.
+  auto reserved = std::make_shared<absl::StatusOr<KvReservation>>();
+  std::mutex mu;
+  std::condition_variable cv;
+  e.engine->ReserveImport({chain[0]}, 1, [&](absl::StatusOr<KvReservation> r) {
+    std::lock_guard<std::mutex> lock(mu);
+    *reserved = std::move(r);
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return reserved->ok(); });
+  }
+  ASSERT_EQ((*reserved)->cached_blocks, 1);
+  std::string bytes(layout.block_bytes(), '\0');
+  ASSERT_TRUE(e.pool->ExportToHost((*reserved)->blocks, bytes.data(), bytes.size()).ok());
+  EXPECT_EQ(bytes, objects[chain[0]].value);
+  ASSERT_TRUE(e.pool->Release((*reserved)->blocks).ok());
+
+  // Computed again (the engine's cache cleared): written or present lately, nothing is put; a
+  // writer that never saw them finds them present.
+  const int puts = store.puts();
+  e.engine->ClearPrefixCache();
+  Write(e, &store, prompt);
+  EXPECT_EQ(store.puts(), puts);
+  // Every reference the writers took went back: only the prefix cache holds blocks.
+  e.engine->ClearPrefixCache();
+  e.Run(Req("nothing", {1}));
+  EXPECT_EQ(e.pool->num_free(), e.pool->num_blocks());
+}
+
+TEST_F(StoreTest, AFullWriteQueueDropsAndNeverBlocks) {
+  TestEngine e;
+  FakeKvClient store;
+  store.Hold(true);  // Puts wait
+  StoreWriterOptions small;
+  small.max_queued_bytes = 2 * static_cast<int64_t>(e.pool->layout().block_bytes());
+  small.batch_blocks = 1;
+  StoreWriter writer(&store, e.pool.get(), e.model->fingerprint(), &metrics_, small);
+  std::vector<BlockId> blocks = *e.pool->Allocate(6);  // as computed blocks, one reference each
+  std::vector<ComputedBlock> computed;
+  for (int i = 0; i < 6; ++i)
+    computed.push_back({i, Hash128{7, static_cast<uint64_t>(i)}, blocks[i]});
+  writer.Offer(absl::MakeConstSpan(computed).subspan(0, 1), kv::TrafficClass::kChat);
+  while (store.puts() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // The writer is inside a Put the store holds; the caller is never held: two more fit in the
+  // queue, three are dropped without a reference.
+  writer.Offer(absl::MakeConstSpan(computed).subspan(1), kv::TrafficClass::kChat);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(e.pool->ref_count(blocks[i]), 2) << i;
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(e.pool->ref_count(blocks[i]), 1) << i;
+  store.Hold(false);
+  ASSERT_TRUE(writer.Flush(absl::Seconds(30)));
+  EXPECT_EQ(store.objects().size(), 3u);
+  for (BlockId b : blocks) EXPECT_EQ(e.pool->ref_count(b), 1);
+  ASSERT_TRUE(e.pool->Release(blocks).ok());
+}
+
+TEST_F(StoreTest, AColdEngineImportsTheStoredRunAndAnswersAsTheOneThatComputedIt) {
+  FakeKvClient store;
+  const std::vector<TokenId> prompt = Prompt(100, 3);  // 6 full blocks before the last token
+  TestEngine a;
+  Write(a, &store, prompt);
+  const std::vector<TokenId> want = a.Run(Req("again", prompt));
+
+  TestEngine b;
+  StoreReader reader(&store, b.engine.get(), b.pool.get(), b.model->fingerprint(), &metrics_, {});
+  auto read = [&](const std::vector<TokenId>& p, StoreRead* what) {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    EngineRequest out;
+    reader.Read(Req("r", p), absl::InfiniteFuture(), [&](EngineRequest r, const StoreRead& w) {
+      std::lock_guard<std::mutex> lock(mu);
+      out = std::move(r);
+      *what = w;
+      done = true;
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
+    return out;
+  };
+  StoreRead what;
+  EngineRequest r = read(prompt, &what);
+  EXPECT_STREQ(what.result, "hit");
+  EXPECT_EQ(what.blocks, 6);
+  EXPECT_EQ(r.imported_blocks.size(), 6u);
+  EXPECT_EQ(r.imported_cached_blocks, 0);
+  EXPECT_EQ(b.Run(std::move(r)), want);
+  EXPECT_EQ(b.imported_tokens, 96);
+
+  // Now b's memory has them: nothing is read.
+  const int gets = store.gets();
+  r = read(prompt, &what);
+  EXPECT_STREQ(what.result, "memory");
+  EXPECT_TRUE(r.imported_blocks.empty());
+  EXPECT_EQ(store.gets(), gets);
+
+  // Another engine, and block 3 of another layout: the run ends before it; the blocks reserved
+  // for 3.. go back.
+  const std::vector<Hash128> chain =
+      ComputeBlockHashes({b.model->fingerprint(), "", ""}, prompt, kBlockTokens);
+  FakeKvClient::Object foreign = store.objects()[chain[3]];
+  foreign.meta.layout_tag ^= 1;
+  store.Set(chain[3], foreign);
+  TestEngine c;
+  StoreReader reader_c(&store, c.engine.get(), c.pool.get(), c.model->fingerprint(), &metrics_, {});
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  reader_c.Read(Req("r", prompt), absl::InfiniteFuture(),
+                [&](EngineRequest got, const StoreRead& w) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  r = std::move(got);
+                  what = w;
+                  done = true;
+                  cv.notify_all();
+                });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
+  }
+  EXPECT_EQ(r.imported_blocks.size(), 3u);
+  EXPECT_EQ(c.pool->num_free(), c.pool->num_blocks() - 3);
+  EXPECT_EQ(c.Run(std::move(r)), want);
+  EXPECT_EQ(c.imported_tokens, 48);
+
+  // A store that is down is a miss.
+  store.SetDown(true);
+  TestEngine d;
+  StoreReader reader_d(&store, d.engine.get(), d.pool.get(), d.model->fingerprint(), &metrics_, {});
+  done = false;
+  reader_d.Read(Req("r", prompt), absl::InfiniteFuture(),
+                [&](EngineRequest got, const StoreRead& w) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  r = std::move(got);
+                  what = w;
+                  done = true;
+                  cv.notify_all();
+                });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
+  }
+  EXPECT_STREQ(what.result, "miss");
+  EXPECT_TRUE(r.imported_blocks.empty());
+  EXPECT_EQ(d.pool->num_free(), d.pool->num_blocks());
+}
+
+TEST_F(StoreTest, AFullReadQueueAndAPastDeadlineSkipTheRead) {
+  FakeKvClient store;
+  TestEngine e;
+  StoreReaderOptions none;
+  none.max_queued = 0;
+  StoreReader reader(&store, e.engine.get(), e.pool.get(), e.model->fingerprint(), &metrics_, none);
+  bool ran = false;
+  reader.Read(Req("r", Prompt(100, 4)), absl::InfiniteFuture(),
+              [&](EngineRequest r, const StoreRead& w) {
+                ran = true;  // on this thread: the queue takes nothing
+                EXPECT_STREQ(w.result, "skipped");
+                EXPECT_TRUE(r.imported_blocks.empty());
+              });
+  EXPECT_TRUE(ran);
+
+  StoreReader late(&store, e.engine.get(), e.pool.get(), e.model->fingerprint(), &metrics_, {});
+  std::mutex mu;
+  std::condition_variable cv;
+  const char* result = nullptr;
+  late.Read(Req("r", Prompt(100, 4)), absl::InfinitePast(), [&](EngineRequest, const StoreRead& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    result = w.result;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return result != nullptr; }));
+  EXPECT_STREQ(result, "skipped");
+  EXPECT_EQ(store.gets(), 0);
+}
+
+}  // namespace
+}  // namespace ferry
