@@ -137,6 +137,8 @@ class Backend {
   virtual std::string name() const = 0;
   // Whether results are bit-identical by construction (see the contract above).
   virtual bool deterministic() const = 0;
+  // Whether Allocate's buffers are host memory the caller may touch directly.
+  virtual bool host_memory() const = 0;
 
   // --- Memory ---
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;

@@ -41,6 +41,13 @@ absl::StatusOr<MemorySpan> BackendKvAllocator::Allocate(size_t bytes) {
   auto buffer = backend_->Allocate(bytes);
   if (!buffer.ok()) return buffer.status();
   MemorySpan span{buffer->data(), bytes};
+  // Every page faulted in now, with a byte that is not zero (see the header), rather than on the
+  // first write of a block: a KV store read of 90 MB into blocks never touched took 100 ms more.
+  constexpr size_t kPage = 4096;
+  if (backend_->host_memory()) {
+    auto* memory = static_cast<unsigned char*>(span.address);
+    for (size_t offset = 0; offset < bytes; offset += kPage) memory[offset] = 1;
+  }
   absl::MutexLock lock(&mu_);
   buffers_.push_back(std::move(*buffer));
   return span;

@@ -82,7 +82,11 @@ class KvAllocator {
   virtual void Free(const MemorySpan& region) = 0;
 };
 
-// Device memory from a Backend.
+// Device memory from a Backend. Host memory (the CPU backend) is faulted in at once, one byte
+// that is not zero per 4 KiB page (a finite value in every KV element type; nothing reads a block
+// before writing it): the pool's pages are committed from the start, and memory the kernel zeroed
+// and nothing wrote since is never found slow to write on first use (a virtual machine's host may
+// take all-zero pages back; engine/transfer/kv_transport.h TransportKvAllocator does the same).
 class BackendKvAllocator : public KvAllocator {
  public:
   explicit BackendKvAllocator(Backend* backend) : backend_(backend) {}

@@ -1,6 +1,5 @@
 #include "kvstore/service/kv_service.h"
 
-#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -145,11 +144,6 @@ class Timer {
 };
 
 }  // namespace
-
-void TuneAllocatorForLargeBuffers() {
-  ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-}
 
 struct KvStoreService::Staging {
   transfer::KvTransport* transport = nullptr;

@@ -87,12 +87,6 @@ inline int MaxMessageBytes(const KvServiceOptions& o) {
   return static_cast<int>(o.max_chunk_bytes + (64 << 10));
 }
 
-// Keeps glibc's allocator from handing the multi-MiB buffers of every call back to the kernel
-// and faulting them in again on the next (mmap threshold 64 MiB, trim threshold 1 GiB): half of
-// the service's CPU went to page faults without it. Call once at the start of a process that
-// serves (or benchmarks) the store.
-void TuneAllocatorForLargeBuffers();
-
 class KvStoreService final : public ferry::v1::KvStore::Service {
  public:
   // The service, with or without a transport: with one, it allocates the staging area from it

@@ -26,6 +26,7 @@
 #include "kvstore/kv_store.h"
 #include "kvstore/service/kv_service.h"
 #include "services/common/admin_server.h"
+#include "services/common/allocator_tuning.h"
 #include "services/common/grpc_server.h"
 #include "services/common/metrics.h"
 #include "services/common/service_lifecycle.h"
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
   auto signal = TerminationSignal::Install();  // before any thread
   CHECK_OK(signal.status());
   absl::ParseCommandLine(argc, argv);
-  kv::TuneAllocatorForLargeBuffers();
+  TuneAllocatorForLargeBuffers();
   if (absl::GetFlag(FLAGS_dir).empty()) {
     std::fprintf(stderr, "ferry-kvstore: --dir is required\n");
     return 2;

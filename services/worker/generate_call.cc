@@ -176,7 +176,9 @@ void GenerateCall::SubmitRead(EngineRequest r) {
   }
   if (submitted.ok()) return;
   // The engine never had it: the imports are still ours, and no event will end the call.
-  if (!imports.empty()) CHECK_OK(service_->engine().pool().Release(imports));
+  if (!imports.empty()) {
+    CHECK_OK(service_->engine().pool().Release(imports));
+  }
   Done();
 }
 

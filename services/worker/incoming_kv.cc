@@ -60,7 +60,8 @@ void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
     std::unique_lock<std::mutex> lock(mu_);
     id = ids_[index];
     if (second) {
-      if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+      // (Known already when the initiator said it never pushed: nothing was late.)
+      if (status.code() == absl::StatusCode::kDeadlineExceeded && !known_[index]) {
         timed_out_ = true;
         LOG(ERROR) << "transfer " << id << ": no outcome " << absl::FormatDuration(quarantine_)
                    << " after its deadline; its blocks are given back";
@@ -75,7 +76,7 @@ void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
     } else {
       // DEADLINE_EXCEEDED may be this await's own deadline (the push may still be running) or
       // the initiator's report: either way, wait for a later outcome before the blocks go back.
-      await_again = status.code() == absl::StatusCode::kDeadlineExceeded;
+      await_again = status.code() == absl::StatusCode::kDeadlineExceeded && !known_[index];
       known_[index] = !await_again;
       if (on_ready_) {
         ready = std::move(on_ready_);

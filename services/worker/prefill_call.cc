@@ -168,7 +168,9 @@ void PrefillCall::Submit(EngineRequest r) {
   if (submitted.ok()) return;
   // The engine never had it: the imports are still ours. The decode worker may reuse its
   // reservation at once (nothing was pushed); the call ends once it was told.
-  if (!imports.empty()) CHECK_OK(service_->engine().pool().Release(imports));
+  if (!imports.empty()) {
+    CHECK_OK(service_->engine().pool().Release(imports));
+  }
   NotifyDecode(submitted, /*no_transfer=*/true);
   Unref();  // the engine's
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -89,7 +90,9 @@ absl::StatusOr<KvReservation> StoreReader::Reserve(std::vector<Hash128> hashes, 
                          [answer, pool](absl::StatusOr<KvReservation> got) {
                            std::lock_guard<std::mutex> lock(answer->mu);
                            if (answer->abandoned) {
-                             if (got.ok()) CHECK_OK(pool->Release(got->blocks));
+                             if (got.ok()) {
+                               CHECK_OK(pool->Release(got->blocks));
+                             }
                              return;
                            }
                            answer->reservation = std::move(got);
@@ -142,12 +145,24 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline) {
     const std::vector<BlockId> targets(reserved->blocks.begin() + cached, reserved->blocks.end());
     auto spans = pool_->Spans(targets);
     CHECK_OK(spans.status());
-    kv::GetIntoDestination destination;
-    for (const MemorySpan& s : *spans) {
-      destination.spans.push_back(absl::Span<char>(static_cast<char*>(s.address), s.length));
-    }
-    const std::vector<kv::GetIntoResult> got = client_->GetInto(
-        absl::MakeConstSpan(hashes).subspan(cached, fresh), fingerprint_, destination);
+    // The run in `streams` slices, read at once (this thread reads the first).
+    const int64_t streams = std::clamp<int64_t>(options_.streams, 1, fresh);
+    std::vector<kv::GetIntoResult> got(static_cast<size_t>(fresh));
+    auto read_slice = [&](int64_t s) {
+      const int64_t from = fresh * s / streams, to = fresh * (s + 1) / streams;
+      kv::GetIntoDestination destination;
+      for (int64_t i = from; i < to; ++i) {
+        destination.spans.push_back(
+            absl::Span<char>(static_cast<char*>((*spans)[i].address), (*spans)[i].length));
+      }
+      const std::vector<kv::GetIntoResult> part = client_->GetInto(
+          absl::MakeConstSpan(hashes).subspan(cached + from, to - from), fingerprint_, destination);
+      std::copy(part.begin(), part.end(), got.begin() + from);
+    };
+    std::vector<std::thread> others;
+    for (int64_t s = 1; s < streams; ++s) others.emplace_back(read_slice, s);
+    read_slice(0);
+    for (std::thread& t : others) t.join();
     // The run ends at the first block that is not this pool's, whole and checked.
     const uint64_t tag = pool_->layout().Tag();
     const char* why = "missing";

@@ -10,14 +10,14 @@
 // One read, on a reader thread: the prompt's chained block hashes (its full blocks before the last
 // token); how many of them the engine's cache holds (a hint from its journal); one Exists over the
 // rest; then Engine::ReserveImport for the longest present run (the cached prefix with a
-// reference each, fresh blocks for the rest), and one Get of those keys straight into the fresh
-// blocks' memory (KvClient::GetInto: the bytes are copied once, from the received message into
-// the pool). A value is taken only when the store's header names this pool's layout
-// (KvBlockLayout::Tag), the block's token count and the model's fingerprint and its checksum
-// holds; the first that fails ends the run, and the blocks after it go back to the pool. The
-// request then carries the run as imported_blocks (the engine holds them until it admits the
-// request). A store that is down, slow (past the client's deadline), or missing the blocks is a
-// miss, never an error: the request is computed.
+// reference each, fresh blocks for the rest), and Gets of those keys straight into the fresh
+// blocks' memory (KvClient::GetInto, `streams` calls at once over slices of the run: the bytes are
+// copied once, from the received message into the pool). A value is taken only when the store's
+// header names this pool's layout (KvBlockLayout::Tag), the block's token count and the model's
+// fingerprint and its checksum holds; the first that fails ends the run, and the blocks after it go
+// back to the pool. The request then carries the run as imported_blocks (the engine holds them
+// until it admits the request). A store that is down, slow (past the client's deadline), or missing
+// the blocks is a miss, never an error: the request is computed.
 //
 // The engine thread is never held: the reservation is answered on it, the reads run here, and the
 // engine computes other requests meanwhile. On a prefill worker the imported blocks are pushed to
@@ -56,6 +56,9 @@ namespace ferry {
 
 struct StoreReaderOptions {
   int threads = 2;
+  // Get calls one read splits its blocks over, run at once (a node serves each on a thread of its
+  // own, so its disk reads and sends overlap: 4 read 90 MB 1.6x as fast as 1 here).
+  int streams = 4;
   size_t max_queued = 256;
   int64_t max_blocks = 0;  // fresh blocks per read (0: half the pool)
   // How long a read waits for the engine's reservation (the engine answers at its next step).

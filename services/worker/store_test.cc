@@ -187,6 +187,24 @@ std::vector<TokenId> Prompt(int n, uint32_t seed) {
   return p;
 }
 
+// Reads `prompt`'s prefix with `reader`; the request it hands back (what the read said in *what).
+EngineRequest ReadPrefix(StoreReader& reader, const std::vector<TokenId>& prompt, StoreRead* what) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  EngineRequest out;
+  reader.Read(Req("r", prompt), absl::InfiniteFuture(), [&](EngineRequest r, const StoreRead& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    out = std::move(r);
+    *what = w;
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
+  return out;
+}
+
 class StoreTest : public ::testing::Test {
  protected:
   StoreTest() : metrics_(registry_) {}
@@ -292,24 +310,8 @@ TEST_F(StoreTest, AColdEngineImportsTheStoredRunAndAnswersAsTheOneThatComputedIt
 
   TestEngine b;
   StoreReader reader(&store, b.engine.get(), b.pool.get(), b.model->fingerprint(), &metrics_, {});
-  auto read = [&](const std::vector<TokenId>& p, StoreRead* what) {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    EngineRequest out;
-    reader.Read(Req("r", p), absl::InfiniteFuture(), [&](EngineRequest r, const StoreRead& w) {
-      std::lock_guard<std::mutex> lock(mu);
-      out = std::move(r);
-      *what = w;
-      done = true;
-      cv.notify_all();
-    });
-    std::unique_lock<std::mutex> lock(mu);
-    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
-    return out;
-  };
   StoreRead what;
-  EngineRequest r = read(prompt, &what);
+  EngineRequest r = ReadPrefix(reader, prompt, &what);
   EXPECT_STREQ(what.result, "hit");
   EXPECT_EQ(what.blocks, 6);
   EXPECT_EQ(r.imported_blocks.size(), 6u);
@@ -319,7 +321,7 @@ TEST_F(StoreTest, AColdEngineImportsTheStoredRunAndAnswersAsTheOneThatComputedIt
 
   // Now b's memory has them: nothing is read.
   const int gets = store.gets();
-  r = read(prompt, &what);
+  r = ReadPrefix(reader, prompt, &what);
   EXPECT_STREQ(what.result, "memory");
   EXPECT_TRUE(r.imported_blocks.empty());
   EXPECT_EQ(store.gets(), gets);
@@ -333,21 +335,7 @@ TEST_F(StoreTest, AColdEngineImportsTheStoredRunAndAnswersAsTheOneThatComputedIt
   store.Set(chain[3], foreign);
   TestEngine c;
   StoreReader reader_c(&store, c.engine.get(), c.pool.get(), c.model->fingerprint(), &metrics_, {});
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  reader_c.Read(Req("r", prompt), absl::InfiniteFuture(),
-                [&](EngineRequest got, const StoreRead& w) {
-                  std::lock_guard<std::mutex> lock(mu);
-                  r = std::move(got);
-                  what = w;
-                  done = true;
-                  cv.notify_all();
-                });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
-  }
+  r = ReadPrefix(reader_c, prompt, &what);
   EXPECT_EQ(r.imported_blocks.size(), 3u);
   EXPECT_EQ(c.pool->num_free(), c.pool->num_blocks() - 3);
   EXPECT_EQ(c.Run(std::move(r)), want);
@@ -357,19 +345,7 @@ TEST_F(StoreTest, AColdEngineImportsTheStoredRunAndAnswersAsTheOneThatComputedIt
   store.SetDown(true);
   TestEngine d;
   StoreReader reader_d(&store, d.engine.get(), d.pool.get(), d.model->fingerprint(), &metrics_, {});
-  done = false;
-  reader_d.Read(Req("r", prompt), absl::InfiniteFuture(),
-                [&](EngineRequest got, const StoreRead& w) {
-                  std::lock_guard<std::mutex> lock(mu);
-                  r = std::move(got);
-                  what = w;
-                  done = true;
-                  cv.notify_all();
-                });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
-  }
+  r = ReadPrefix(reader_d, prompt, &what);
   EXPECT_STREQ(what.result, "miss");
   EXPECT_TRUE(r.imported_blocks.empty());
   EXPECT_EQ(d.pool->num_free(), d.pool->num_blocks());

@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     if (options.kvstore_read && options.role != "decode") {
       StoreReaderOptions read;
       read.threads = options.kvstore_read_threads;
+      read.streams = options.kvstore_read_streams;
       read.max_blocks = options.kvstore_read_max_blocks;
       w->store_reader_ =
           std::make_unique<StoreReader>(w->kv_client_.get(), &w->engine_->engine(),

@@ -20,6 +20,7 @@
 #include "engine/common/config.h"
 #include "engine/common/log.h"
 #include "engine/common/units.h"
+#include "services/common/allocator_tuning.h"
 #include "services/common/command_line.h"
 #include "services/common/service_lifecycle.h"
 #include "services/common/termination_signal.h"
@@ -70,6 +71,7 @@ ABSL_FLAG(bool, kvstore_read, true,
           "KV store: read prefixes this worker lacks (prefill, aggregated)");
 ABSL_FLAG(bool, kvstore_write, true, "KV store: write the blocks this worker computes");
 ABSL_FLAG(int, kvstore_read_threads, 2, "KV store: concurrent reads");
+ABSL_FLAG(int, kvstore_read_streams, 4, "KV store: Get calls one read splits its blocks over");
 ABSL_FLAG(int64_t, kvstore_read_max_blocks, 0,
           "KV store: blocks one read may take from the pool (0: half the pool)");
 ABSL_FLAG(std::string, kvstore_write_queue_bytes, "256MiB",
@@ -162,6 +164,7 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(kvstore_read);
   FROM_FLAG(kvstore_write);
   FROM_FLAG(kvstore_read_threads);
+  FROM_FLAG(kvstore_read_streams);
   FROM_FLAG(kvstore_read_max_blocks);
   BYTES_FROM_FLAG(kvstore_write_queue_bytes);
   FROM_FLAG(block_tokens);
@@ -205,6 +208,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(absl::StrCat("the Ferry worker (", FERRY_WORKER_ROLE,
                                             " role); see services/worker/worker_main.cc"));
   ferry::NoteGivenFlags(argc, argv);
+  TuneAllocatorForLargeBuffers();  // KV store reads and writes: multi-MiB messages
   absl::ParseCommandLine(argc, argv);
   const WorkerOptions options = OptionsFromFlags();
   if (absl::Status s = ValidateWorkerOptions(options); !s.ok()) Die("options", s);

@@ -65,6 +65,7 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("kvstore_read", &o->kvstore_read));
   RETURN_IF_ERROR(c.Read("kvstore_write", &o->kvstore_write));
   RETURN_IF_ERROR(ReadInt(c, "kvstore_read_threads", &o->kvstore_read_threads));
+  RETURN_IF_ERROR(ReadInt(c, "kvstore_read_streams", &o->kvstore_read_streams));
   RETURN_IF_ERROR(c.Read("kvstore_read_max_blocks", &o->kvstore_read_max_blocks));
   RETURN_IF_ERROR(ReadSize(c, "kvstore_write_queue_bytes", &o->kvstore_write_queue_bytes));
   RETURN_IF_ERROR(c.Read("block_tokens", &o->block_tokens));
@@ -155,11 +156,13 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return bad("--window_cache_ttl must be >= 0 (0: no expiry)");
   }
   if (o.kvstore_replication < 1 || o.kvstore_deadline <= absl::ZeroDuration() ||
-      o.kvstore_read_threads < 1 || o.kvstore_read_threads > 64 || o.kvstore_read_max_blocks < 0 ||
+      o.kvstore_read_threads < 1 || o.kvstore_read_threads > 64 || o.kvstore_read_streams < 1 ||
+      o.kvstore_read_streams > 16 || o.kvstore_read_max_blocks < 0 ||
       o.kvstore_write_queue_bytes < 0) {
     return bad(
         "--kvstore_replication and --kvstore_deadline must be positive, --kvstore_read_threads "
-        "in [1, 64], --kvstore_read_max_blocks and --kvstore_write_queue_bytes >= 0");
+        "in [1, 64], --kvstore_read_streams in [1, 16], --kvstore_read_max_blocks and "
+        "--kvstore_write_queue_bytes >= 0");
   }
   if (o.admin_port < 0 || o.admin_port > 65535) return bad("--admin_port must be in [0, 65535]");
   if (o.watch_interval <= absl::ZeroDuration() || o.watch_heartbeat < o.watch_interval) {

@@ -89,6 +89,7 @@ struct WorkerOptions {
   bool kvstore_read = true;
   bool kvstore_write = true;
   int kvstore_read_threads = 2;
+  int kvstore_read_streams = 4;         // Get calls one read splits its blocks over, at once
   int64_t kvstore_read_max_blocks = 0;  // fresh blocks one read may take (0: half the pool)
   int64_t kvstore_write_queue_bytes = int64_t{256} << 20;  // blocks waiting to be written
 

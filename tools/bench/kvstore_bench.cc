@@ -73,6 +73,7 @@
 #include "kvstore/kv_store.h"
 #include "kvstore/service/kv_service.h"
 #include "nlohmann/json.hpp"
+#include "services/common/allocator_tuning.h"
 #include "services/common/grpc_server.h"
 
 namespace ferry::bench {
@@ -617,7 +618,7 @@ int Usage() {
 
 int Main(int argc, char** argv) {
   // As ferry-kvstore does (the service runs in this process).
-  kv::TuneAllocatorForLargeBuffers();
+  TuneAllocatorForLargeBuffers();
   Flags flags;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -42,6 +42,7 @@ class CpuBackend : public Backend {
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const CpuBackendOptions& options = {});
 
   std::string name() const override;
+  bool host_memory() const override { return true; }
   bool deterministic() const override { return true; }
   CpuIsa isa() const { return isa_; }
   int threads() const { return pool_->threads(); }
