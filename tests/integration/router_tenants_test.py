@@ -8,7 +8,8 @@ limited) and prices: keys in either header or refused with 401; two tenants with
 never share a cached block (the second tenant's first request reuses nothing, and the worker caches
 its blocks anew); a rate-limited tenant gets 429 rate_limit_exceeded with Retry-After while
 another is served; a key removed from the file is refused after SIGHUP while a stream it started
-finishes; and the billing figures (/billing and the Prometheus counters) equal, class by class, the
+finishes; a request chooses its traffic class (x-ferry-traffic-class) only where its tenant allows
+it (else 403; a bad class 400); and the billing figures (/billing and the Prometheus counters) equal, class by class, the
 usage every client was told, the revenue the prices times those counters, revenue per GPU-hour the
 revenue over the GPU time. Every process started is killed at the end (PR_SET_PDEATHSIG too).
 """
@@ -38,7 +39,8 @@ PROMPT = ("The quick brown fox jumps over the lazy dog while the cat watches fro
 
 
 def write_keys(tenants_with_keys):
-    doc = {"tenants": {"acme": {"traffic_class": "agent"}, "lab": {"traffic_class": "batch"},
+    doc = {"tenants": {"acme": {"traffic_class": "agent"},
+                       "lab": {"traffic_class": "batch", "traffic_class_header": True},
                        "slow": {"requests_per_minute": 2}},
            "keys": [{"key": KEYS[t], "tenant": "acme" if t == "gone" else t}
                     for t in tenants_with_keys]}
@@ -187,6 +189,22 @@ class TenantsTest(unittest.TestCase):
         self.assertEqual(finish, "length")
         self.assertEqual(usage.completion_tokens, 100)
         bill("acme", usage)
+
+    def test_5_a_request_chooses_its_traffic_class_where_its_tenant_allows(self):
+        def chat(tenant, traffic_class):
+            return STACK.client(tenant).with_options(
+                default_headers={"x-ferry-traffic-class": traffic_class}).chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        with self.assertRaises(openai.PermissionDeniedError) as e:
+            chat("acme", "batch")
+        self.assertEqual(e.exception.status_code, 403)
+        self.assertEqual(e.exception.code, "traffic_class_not_allowed")
+        with self.assertRaises(openai.BadRequestError) as e:
+            chat("lab", "gold")
+        self.assertEqual(e.exception.code, "invalid_traffic_class")
+        r = chat("lab", "Agent")
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        bill("lab", r.usage)
 
     def test_9_billing_equals_what_the_clients_were_told(self):
         report = json.loads(get(STACK.admin, "/billing"))

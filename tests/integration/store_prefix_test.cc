@@ -146,6 +146,9 @@ TEST_P(StorePrefixTest, AColdWorkerReadsTheSharedPrefixAndAnswersAsWithoutIt) {
   EXPECT_EQ(third.choices[0].tokens, second.choices[0].tokens);
   // Nothing was written twice: the blocks it computed are the ones the store lacked, or skipped.
   EXPECT_EQ(MetricValue(b->admin_port(), kWritten), 0);
+  // Every block went with its request's class (its retention in the store).
+  EXPECT_EQ(MetricValue(store->admin_port(), "ferry_kvstore_objects{class=\"agent\"}"), 8);
+  EXPECT_EQ(MetricValue(store->admin_port(), "ferry_kvstore_objects{class=\"chat\"}"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, StorePrefixTest,

@@ -71,6 +71,7 @@
 #include "engine/gguf/gguf_file.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/service_process.h"
+#include "tools/bench/synthetic_prompt.h"
 #include "tools/worker_cli/worker_client.h"
 
 namespace ferry {
@@ -113,17 +114,6 @@ double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   const size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
   return v[std::min(v.size() - 1, i)];
-}
-
-// A prompt no worker has seen: `key` picks it.
-std::vector<uint32_t> PromptFor(uint64_t key, int length, int64_t vocab) {
-  std::vector<uint32_t> p(static_cast<size_t>(length));
-  uint64_t x = key * 0x9E3779B97F4A7C15ull + 1;
-  for (uint32_t& t : p) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = static_cast<uint32_t>(100 + (x >> 33) % static_cast<uint64_t>(vocab - 100));
-  }
-  return p;
 }
 
 v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<uint32_t>& prompt) {
@@ -437,7 +427,7 @@ int Main(int argc, char** argv) {
   for (int size : flags.sizes) {
     std::fprintf(stderr, "pd: %d-token prompts, %d reps per stack\n", size, flags.reps);
     for (int rep = -1; rep < flags.reps; ++rep) {  // rep -1: the warm-up
-      const std::vector<uint32_t> prompt = PromptFor(key++, size, vocab);
+      const std::vector<uint32_t> prompt = bench::SyntheticPrompt(key++, size, vocab);
       std::vector<uint32_t> expected;
       for (int k = 0; k < 3; ++k) {
         const Stack& stack = stacks[k];
@@ -466,7 +456,7 @@ int Main(int argc, char** argv) {
   for (int round = 0; round < (flags.load ? 2 : 0); ++round) {
     std::vector<std::vector<uint32_t>> prompts;
     for (int i = 0; i < flags.concurrent; ++i) {
-      prompts.push_back(PromptFor(key++, flags.concurrent_prompt, vocab));
+      prompts.push_back(bench::SyntheticPrompt(key++, flags.concurrent_prompt, vocab));
     }
     std::vector<std::vector<uint32_t>> expected;
     for (int k = 0; k < 3; ++k) {

@@ -1,6 +1,7 @@
-// ferry bench prefix [--reps N] [--threads N] [--ucx_tls TLS]: what the shared prefix cache saves
-// a coding agent's turn. A 4,096-token prompt whose first 3,904 tokens (61 blocks of 64) an
-// earlier request left behind, on SmolLM2 bf16 (FERRY_MODEL_GGUF), against the same prompt
+// ferry bench prefix [--reps N] [--threads N] [--transport ucx|grpc] [--ucx_tls TLS] [--keep_logs]:
+// what the shared prefix
+// cache saves a coding agent's turn. A 4,096-token prompt whose first 3,904 tokens (61 blocks of
+// 64) an earlier request left behind, on SmolLM2 bf16 (FERRY_MODEL_GGUF), against the same prompt
 // computed from scratch, in three cases:
 //   memory  the prefix is in the memory of the worker that computes the prompt;
 //   store   it is only in the KV store (ferry-kvstore): that worker's memory is cold;
@@ -11,18 +12,23 @@
 // Every worker has --kvstore and the same compute threads (--threads, default half the cores).
 // Per rep a new prefix: the warm request (max_tokens 1) computes it and its writer stores its 64
 // blocks (the bench waits for them), then the memory, store and cold requests run one at a time;
-// TTFT is Generate sent to the first token's event. The store-hit answers of the two stacks must
-// be the same tokens, and every request's usage must say where its prompt came from.
+// TTFT is Generate sent to the first token's event. The store-hit prompt is asked again of the
+// warm server (a memory hit): the answers must be the same tokens; and every request's usage
+// must say where its prompt came from.
 //
 // Baselines, measured in the same run before the workers start: the compute of the last 192
 // tokens at that context (the engine in this process, the same threads: the prefix's KV in its
 // pool, one Forward of the 192 positions, best of 5) and the store's get speed for a request's
-// read (61 objects of a SmolLM2 block, written to the same ferry-kvstore then read back by one
-// KvClient::GetInto call into memory, as the worker reads them; best of 5 after one warm-up).
+// read (61 objects of a SmolLM2 block, written to the same ferry-kvstore just before and read
+// back once into memory by KvClient::GetInto, as the worker reads them: 1 call, and 4 calls at
+// once over slices of the 61, best of 3 each after one warm-up; the better counts, and the
+// workers read with 4, their --kvstore_read_streams).
 // Goals: memory-hit TTFT <= 1.2 x compute(192) (+ the P->D push's tail on the pair, from its
-// PrefillResponse); store-hit TTFT <= memory-hit TTFT + bytes / (0.8 x store get speed). The
-// speedups over cold are reported (about 15x is the arithmetic ceiling here: 4,096 / 192 tokens,
-// less the attention over the prefix that every case computes).
+// PrefillResponse); store-hit TTFT <= memory-hit TTFT + bytes / (0.8 x store get speed), judged on
+// the median over reps of each rep's store-hit minus memory-hit TTFT (the two run back to back,
+// so the machine's drift between reps cancels out; the p50s are printed too). TTFTs are p50s of
+// --reps (5) reps after a warm-up. The speedups over cold are reported (about 15x is the arithmetic
+// ceiling here: 4,096 / 192 tokens, less the attention over the prefix that every case computes).
 //
 // A table for people, then one JSON line. Exit 1 when a worker fails or a check fails.
 
@@ -33,6 +39,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -51,7 +58,9 @@
 #include "engine/model/transformer.h"
 #include "kvstore/client/kv_client.h"
 #include "nlohmann/json.hpp"
+#include "services/common/allocator_tuning.h"
 #include "tests/integration/service_process.h"
+#include "tools/bench/synthetic_prompt.h"
 #include "tools/bench/timing.h"
 #include "tools/worker_cli/worker_client.h"
 
@@ -69,9 +78,11 @@ constexpr int kPrefixBlocks = kPrefixTokens / kBlockTokens;
 constexpr int kOutputTokens = 8;
 
 struct Flags {
-  int reps = 3;
-  int threads = 0;  // 0: half the cores, at least 1
+  int reps = 5;
+  int threads = 0;                // 0: half the cores, at least 1
+  std::string transport = "ucx";  // the pairs' KV transport: ucx or grpc
   std::string ucx_tls = "shm";
+  bool keep_logs = false;
 };
 
 std::string g_log_dir;
@@ -98,17 +109,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Tokens no worker has seen: `key` picks them.
-std::vector<uint32_t> Tokens(uint64_t key, int length, int64_t vocab) {
-  std::vector<uint32_t> p(static_cast<size_t>(length));
-  uint64_t x = key * 0x9E3779B97F4A7C15ull + 1;
-  for (uint32_t& t : p) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    t = static_cast<uint32_t>(100 + (x >> 33) % static_cast<uint64_t>(vocab - 100));
-  }
-  return p;
-}
-
 std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -129,6 +129,7 @@ v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<uint32_
 }
 
 constexpr char kWritten[] = "ferry_worker_store_write_blocks_total{outcome=\"written\"}";
+constexpr char kPresent[] = "ferry_worker_store_write_blocks_total{outcome=\"present\"}";
 constexpr char kWriteQueue[] = "ferry_worker_store_write_queue_bytes";
 
 // Waits until `worker`'s store writer has nothing queued or in flight (bounded: 120 s), so that
@@ -141,10 +142,15 @@ void WaitForWriterIdle(const ServiceProcess& worker) {
   }
 }
 
-// Waits until `worker` wrote `at_least` blocks to the store in all (bounded: 120 s).
+// The blocks `worker` wrote to the store, or found there, so far.
+double Stored(const ServiceProcess& worker) {
+  return MetricValue(worker.admin_port(), kWritten) + MetricValue(worker.admin_port(), kPresent);
+}
+
+// Waits until `worker` wrote (or found present) `at_least` blocks in all (bounded: 120 s).
 void WaitForWrites(const ServiceProcess& worker, double at_least) {
   const auto deadline = Clock::now() + std::chrono::seconds(120);
-  while (MetricValue(worker.admin_port(), kWritten) < at_least) {
+  while (Stored(worker) < at_least) {
     if (Clock::now() > deadline) Fail("the warm request's blocks did not reach the store");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -153,6 +159,7 @@ void WaitForWrites(const ServiceProcess& worker, double at_least) {
 // One request as the bench saw it.
 struct Sample {
   double ttft = 0;
+  double store_read = 0;  // the computing worker's read of the store (seconds)
   std::vector<uint32_t> tokens;
   v1::Usage usage;
   v1::PrefillResponse prefill;  // the pair's
@@ -205,9 +212,16 @@ Sample RunOnce(Server& server, v1::GenerateRequest request) {
   return s;
 }
 
+// Seconds the worker's store reads took, in all.
+double StoreReadSeconds(const ServiceProcess& worker) {
+  return MetricValue(worker.admin_port(), "ferry_worker_store_read_seconds_sum");
+}
+
 // A request, then the store writes it caused.
 Sample Run(Server& server, v1::GenerateRequest request) {
+  const double read_before = StoreReadSeconds(server.computing());
   Sample s = RunOnce(server, std::move(request));
+  s.store_read = StoreReadSeconds(server.computing()) - read_before;
   WaitForWriterIdle(server.computing());
   WaitForWriterIdle(*server.serving);
   return s;
@@ -229,7 +243,7 @@ double ComputeTailSeconds(const std::string& model_path, int threads, int64_t vo
       KvBlockPool::Create(layout, layout.BlocksFor(kPromptTokens) + 1, &allocator, backend.get()),
       "KV pool");
   auto blocks = OrDie(pool->Allocate(layout.BlocksFor(kPromptTokens)), "blocks");
-  const std::vector<uint32_t> raw = Tokens(99, kPromptTokens, vocab);
+  const std::vector<uint32_t> raw = bench::SyntheticPrompt(99, kPromptTokens, vocab);
   const std::vector<TokenId> prompt(raw.begin(), raw.end());
   std::vector<float> logits;
   // The prefix in chunks of 256, as the worker computes it.
@@ -248,7 +262,8 @@ double ComputeTailSeconds(const std::string& model_path, int threads, int64_t vo
 }
 
 // The store's get speed for one request's read, bytes per second: kPrefixBlocks objects of
-// `block_bytes` put into the node, then read back with one GetInto call (the worker's read).
+// `block_bytes` put into the node, then read back once with GetInto calls over 1 or 4 slices at
+// once (the worker's read); the best.
 double StoreGetBytesPerSecond(const std::string& address, size_t block_bytes) {
   kv::ClientOptions options;
   options.nodes = {address};
@@ -256,35 +271,66 @@ double StoreGetBytesPerSecond(const std::string& address, size_t block_bytes) {
   auto client = OrDie(kv::KvClient::Create(options), "kv client");
   const Hash128 fingerprint = Xxh3Hash128("prefix bench baseline");
   std::vector<std::string> values(kPrefixBlocks, std::string(block_bytes, '\0'));
-  std::vector<kv::ClientObject> objects;
-  std::vector<Hash128> keys;
   std::mt19937_64 rng(5);
-  for (int i = 0; i < kPrefixBlocks; ++i) {
-    for (size_t b = 0; b < block_bytes; b += 8) values[i][b] = static_cast<char>(rng());
-    kv::ClientObject o;
-    o.key = Xxh3Hash128(absl::StrCat("prefix bench baseline ", i));
-    o.meta.fingerprint = fingerprint;
-    o.meta.token_count = kBlockTokens;
-    o.value = values[i];
-    objects.push_back(o);
-    keys.push_back(o.key);
-  }
-  if ((*client).Put(objects) != kPrefixBlocks) Fail("the baseline's objects were not stored");
-  std::vector<char> memory(kPrefixBlocks * block_bytes);
-  kv::GetIntoDestination destination;
-  for (int i = 0; i < kPrefixBlocks; ++i) {
-    destination.spans.push_back(absl::Span<char>(memory.data() + i * block_bytes, block_bytes));
-  }
-  auto read = [&] {
-    const auto got = client->GetInto(keys, fingerprint, destination);
-    for (const auto& r : got) {
-      if (!r.found) Fail("the baseline's read missed an object");
+  for (std::string& v : values) {
+    for (size_t b = 0; b + 8 <= block_bytes; b += 8) {
+      const uint64_t r = rng();
+      std::memcpy(&v[b], &r, 8);
     }
+  }
+  // Each read is of objects put just before and never read yet, as a request's prefix is.
+  int set = 0;
+  auto put = [&] {
+    std::vector<kv::ClientObject> objects;
+    std::vector<Hash128> keys;
+    for (int i = 0; i < kPrefixBlocks; ++i) {
+      kv::ClientObject o;
+      o.key = Xxh3Hash128(absl::StrCat("prefix bench baseline ", set, " ", i));
+      o.meta.fingerprint = fingerprint;
+      o.meta.token_count = kBlockTokens;
+      o.value = values[i];
+      objects.push_back(o);
+      keys.push_back(o.key);
+    }
+    ++set;
+    if (client->Put(objects) != kPrefixBlocks) Fail("the baseline's objects were not stored");
+    return keys;
   };
-  read();  // warm-up: connections
-  const double seconds = bench::BestSeconds(5, read);
-  client->Delete(keys);
-  return static_cast<double>(kPrefixBlocks * block_bytes) / seconds;
+  std::vector<char> memory(kPrefixBlocks * block_bytes, 1);
+  auto read = [&](const std::vector<Hash128>& keys, int streams) {
+    std::vector<std::thread> threads;
+    for (int s = 0; s < streams; ++s) {
+      threads.emplace_back([&, s] {
+        const size_t from = keys.size() * s / streams, to = keys.size() * (s + 1) / streams;
+        kv::GetIntoDestination part;
+        for (size_t i = from; i < to; ++i) {
+          part.spans.push_back(absl::Span<char>(memory.data() + i * block_bytes, block_bytes));
+        }
+        const auto got =
+            client->GetInto(absl::MakeConstSpan(keys).subspan(from, to - from), fingerprint, part);
+        for (const auto& r : got) {
+          if (!r.found) Fail("the baseline's read missed an object");
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  };
+  read(put(), 1);  // warm-up: connections
+  double best = 0;
+  for (int streams : {1, 4}) {
+    double fastest = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      const std::vector<Hash128> keys = put();
+      const auto start = Clock::now();
+      read(keys, streams);
+      fastest = std::min(fastest, Seconds(Clock::now() - start));
+      client->Delete(keys);
+    }
+    std::fprintf(stderr, "prefix: baseline: %d streams: %.0f MB/s\n", streams,
+                 kPrefixBlocks * block_bytes / fastest / 1e6);
+    best = std::max(best, kPrefixBlocks * block_bytes / fastest);
+  }
+  return best;
 }
 
 std::string Ms(double seconds) { return absl::StrFormat("%.1f", seconds * 1e3); }
@@ -292,6 +338,7 @@ std::string Ms(double seconds) { return absl::StrFormat("%.1f", seconds * 1e3); 
 int Main(int argc, char** argv) {
   if (argc < 3) Fail("usage: prefix_bench FERRY_WORKER FERRY_KVSTORE [--reps N] [--threads N]");
   const std::string worker_binary = argv[1], store_binary = argv[2];
+  TuneAllocatorForLargeBuffers();  // as the workers and the store node: the baseline reads alike
   Flags flags;
   for (int i = 3; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -300,11 +347,17 @@ int Main(int argc, char** argv) {
       ++i;
     } else if (arg == "--threads" && absl::SimpleAtoi(value, &flags.threads) && flags.threads > 0) {
       ++i;
+    } else if (arg == "--keep_logs") {
+      flags.keep_logs = true;
+    } else if (arg == "--transport" && (value == "ucx" || value == "grpc")) {
+      flags.transport = value;
+      ++i;
     } else if (arg == "--ucx_tls" && !value.empty()) {
       flags.ucx_tls = value;
       ++i;
     } else {
-      Fail("unknown or bad argument " + arg + " (--reps N, --threads N, --ucx_tls TLS)");
+      Fail("unknown or bad argument " + arg +
+           " (--reps N, --threads N, --transport ucx|grpc, --ucx_tls TLS, --keep_logs)");
     }
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -369,10 +422,13 @@ int Main(int argc, char** argv) {
     s.name = k == 0 ? "aggregated (warm)" : "aggregated (cold)";
     s.serving = start({"--role=aggregated"});
   }
-  const std::vector<std::string> ucx = {"--transport=ucx", "--ucx_tls=" + flags.ucx_tls};
+  const std::string transport_name =
+      flags.transport == "ucx" ? "ucx:" + flags.ucx_tls : flags.transport;
+  const std::vector<std::string> ucx = {"--transport=" + flags.transport,
+                                        "--ucx_tls=" + flags.ucx_tls};
   for (int k = 0; k < 2; ++k) {
     Server& s = stacks[1].emplace_back();
-    s.name = absl::StrCat(k == 0 ? "P+D (warm)" : "P+D (cold)", " ucx:", flags.ucx_tls);
+    s.name = absl::StrCat(k == 0 ? "P+D (warm)" : "P+D (cold)", " ", transport_name);
     std::vector<std::string> decode = ucx, prefill = ucx;
     decode.push_back("--role=decode");
     prefill.push_back("--role=prefill");
@@ -389,31 +445,36 @@ int Main(int argc, char** argv) {
   }
 
   struct Cases {
-    std::vector<double> cold, memory, store, push;
+    std::vector<double> cold, memory, store, push, read;
+    std::vector<double> store_over_memory;  // per rep: store-hit TTFT - memory-hit TTFT
   };
   std::vector<Cases> cases(2);
-  std::vector<double> written(2, 0);             // blocks each stack's warm server wrote so far
   for (int rep = -1; rep < flags.reps; ++rep) {  // rep -1: the warm-up
-    const uint64_t key = static_cast<uint64_t>(rep + 2) * 10;
-    const std::vector<uint32_t> prefix = Tokens(key, kPrefixTokens, vocab);
-    std::vector<uint32_t> stored_answer;
     for (int k = 0; k < 2; ++k) {
       Server& warm = stacks[k][0];
       Server& cold = stacks[k][1];
       const std::string tag = absl::StrCat(k, "-", rep + 1);
       std::fprintf(stderr, "prefix: %s, rep %d\n", k == 0 ? "aggregated" : "P+D", rep + 1);
+      // Prompts no worker and no earlier request have seen (the store is shared).
+      const uint64_t key = static_cast<uint64_t>(rep + 2) * 100 + static_cast<uint64_t>(k) * 10;
+      const std::vector<uint32_t> prefix = bench::SyntheticPrompt(key, kPrefixTokens, vocab);
       // Warm: the prefix computed, its 64 blocks stored.
-      Run(warm, MakeRequest("warm-" + tag, Concat(prefix, Tokens(key + 1, kTailTokens, vocab)), 1));
-      written[k] += kPromptTokens / kBlockTokens;
-      WaitForWrites(warm.computing(), written[k]);
-      const Sample memory = Run(
-          warm, MakeRequest("memory-" + tag, Concat(prefix, Tokens(key + 2, kTailTokens, vocab)),
-                            kOutputTokens));
+      const double stored_before = Stored(warm.computing());
+      Run(warm,
+          MakeRequest("warm-" + tag,
+                      Concat(prefix, bench::SyntheticPrompt(key + 1, kTailTokens, vocab)), 1));
+      WaitForWrites(warm.computing(), stored_before + kPromptTokens / kBlockTokens);
+      const Sample memory =
+          Run(warm, MakeRequest("memory-" + tag,
+                                Concat(prefix, bench::SyntheticPrompt(key + 2, kTailTokens, vocab)),
+                                kOutputTokens));
       const Sample stored =
-          Run(cold, MakeRequest("store-" + tag, Concat(prefix, Tokens(key + 3, kTailTokens, vocab)),
+          Run(cold, MakeRequest("store-" + tag,
+                                Concat(prefix, bench::SyntheticPrompt(key + 3, kTailTokens, vocab)),
                                 kOutputTokens));
       const Sample uncached = Run(
-          cold, MakeRequest("cold-" + tag, Tokens(key + 4, kPromptTokens, vocab), kOutputTokens));
+          cold, MakeRequest("cold-" + tag, bench::SyntheticPrompt(key + 4, kPromptTokens, vocab),
+                            kOutputTokens));
       // Where each prompt came from.
       if (memory.usage.cached_tokens() != kPrefixTokens ||
           memory.usage.cached_by_source().local() != kPrefixTokens) {
@@ -425,15 +486,32 @@ int Main(int argc, char** argv) {
                           stored.usage.cached_by_source().store(), " tokens from the store"));
       }
       if (uncached.usage.cached_tokens() != 0) Fail(cold.name + ": the cold request hit a cache");
-      if (k == 0) stored_answer = stored.tokens;
-      if (stored.tokens != stored_answer) {
-        Fail("the pair's answer to the store-hit prompt differs from the aggregated worker's");
+      // The prefix read from the store answers as the one in memory does.
+      const Sample check =
+          Run(warm, MakeRequest("check-" + tag,
+                                Concat(prefix, bench::SyntheticPrompt(key + 3, kTailTokens, vocab)),
+                                kOutputTokens));
+      if (check.tokens != stored.tokens) {
+        Fail(absl::StrCat(cold.name, ": the store-hit answer differs from the memory-hit one"));
       }
+      auto parts = [&](const Sample& x) {
+        if (k == 0)
+          return absl::StrFormat("ttft %.1f ms (read %.1f)", x.ttft * 1e3, x.store_read * 1e3);
+        const v1::PrefillResponse& p = x.prefill;
+        return absl::StrFormat(
+            "ttft %.1f ms (P: read %.1f, queue %.1f, compute %.1f, push tail %.1f, %.1f MB)",
+            x.ttft * 1e3, p.store_read_us() / 1e3, p.queue_us() / 1e3, p.compute_us() / 1e3,
+            p.transfer_us() / 1e3, p.bytes_transferred() / 1e6);
+      };
+      std::fprintf(stderr, "prefix:   memory %s\nprefix:   store  %s\n", parts(memory).c_str(),
+                   parts(stored).c_str());
       if (rep < 0) continue;
       cases[k].memory.push_back(memory.ttft);
       cases[k].store.push_back(stored.ttft);
       cases[k].cold.push_back(uncached.ttft);
       cases[k].push.push_back(static_cast<double>(memory.prefill.transfer_us()) * 1e-6);
+      cases[k].read.push_back(stored.store_read);
+      cases[k].store_over_memory.push_back(stored.ttft - memory.ttft);
     }
   }
 
@@ -448,8 +526,8 @@ int Main(int argc, char** argv) {
       "ms at 0.8x)\n\n",
       kTailTokens, Ms(compute_tail).c_str(), store_speed / 1e6, bytes / 1e6,
       Ms(bytes / (0.8 * store_speed)).c_str());
-  std::printf("%-22s %10s %10s %10s %10s %10s %10s %10s %8s %8s\n", "stack", "cold ms", "memory",
-              "budget", "store", "budget", "push ms", "", "mem x", "store x");
+  std::printf("%-22s %9s %9s %9s %9s %9s %10s %9s %9s %8s %8s %8s\n", "stack", "cold ms", "memory",
+              "budget", "store", "budget", "store-mem", "read", "push", "", "mem x", "store x");
   nlohmann::json json = {{"bench", "prefix"},
                          {"prompt_tokens", kPromptTokens},
                          {"cached_tokens", kPrefixTokens},
@@ -463,14 +541,19 @@ int Main(int argc, char** argv) {
     const double cold = Median(cases[k].cold), memory = Median(cases[k].memory);
     const double stored = Median(cases[k].store), push = k == 1 ? Median(cases[k].push) : 0;
     const double memory_budget = 1.2 * compute_tail + push;
-    const double store_budget = memory + bytes / (0.8 * store_speed);
-    const bool ok = memory <= memory_budget && stored <= store_budget;
+    const double read_budget = bytes / (0.8 * store_speed);
+    const double store_budget = memory + read_budget;
+    // The store goal on the median of each rep's store - memory TTFT: the two requests run one
+    // after the other, so the machine's drift between reps (its other tenants) cancels out.
+    const double over_memory = Median(cases[k].store_over_memory);
+    const bool ok = memory <= memory_budget && over_memory <= read_budget;
     met = met && ok;
-    std::printf("%-22s %10s %10s %10s %10s %10s %10s %10s %8.1f %8.1f\n",
-                k == 0 ? "aggregated" : ("P+D ucx:" + flags.ucx_tls).c_str(), Ms(cold).c_str(),
+    std::printf("%-22s %9s %9s %9s %9s %9s %10s %9s %9s %8s %8.1f %8.1f\n",
+                k == 0 ? "aggregated" : ("P+D " + transport_name).c_str(), Ms(cold).c_str(),
                 Ms(memory).c_str(), Ms(memory_budget).c_str(), Ms(stored).c_str(),
-                Ms(store_budget).c_str(), k == 1 ? Ms(push).c_str() : "-", ok ? "met" : "MISSED",
-                cold / memory, cold / stored);
+                Ms(store_budget).c_str(), Ms(over_memory).c_str(),
+                Ms(Median(cases[k].read)).c_str(), k == 1 ? Ms(push).c_str() : "-",
+                ok ? "met" : "MISSED", cold / memory, cold / stored);
     const std::string p = k == 0 ? "" : "pd_";
     json[p + "ttft_cold_ms"] = cold * 1e3;
     json[p + "ttft_memory_ms"] = memory * 1e3;
@@ -479,12 +562,19 @@ int Main(int argc, char** argv) {
     json[p + "store_budget_ms"] = store_budget * 1e3;
     json[p + "memory_speedup"] = cold / memory;
     json[p + "store_speedup"] = cold / stored;
+    json[p + "store_read_ms"] = Median(cases[k].read) * 1e3;
+    json[p + "store_over_memory_ms"] = over_memory * 1e3;
+    json[p + "read_budget_ms"] = read_budget * 1e3;
     if (k == 1) json["pd_push_tail_ms"] = push * 1e3;
   }
   json["goals_met"] = met;
   std::printf("\n%s\n", json.dump().c_str());
   std::filesystem::remove_all(store_dir);
-  std::filesystem::remove_all(dir);
+  if (flags.keep_logs) {
+    std::fprintf(stderr, "prefix_bench: the services' logs: %s\n", dir.c_str());
+  } else {
+    std::filesystem::remove_all(dir);
+  }
   return 0;
 }
 
