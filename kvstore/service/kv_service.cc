@@ -1,6 +1,5 @@
 #include "kvstore/service/kv_service.h"
 
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
