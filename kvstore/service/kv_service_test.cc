@@ -90,22 +90,29 @@ RawGet GetInto(ferry::v1::KvStore::Stub& stub, const std::vector<Hash128>& keys,
   return got;
 }
 
+// A store on a fresh directory `name` under the test's temp dir (segments of 4 MiB, 64 MiB in all,
+// objects up to 3 MiB unless said otherwise).
+absl::StatusOr<std::unique_ptr<KvStore>> OpenTestStore(const std::string& name,
+                                                       int64_t segment_bytes = 4 << 20,
+                                                       int64_t max_object_bytes = 3 << 20) {
+  const std::string dir = (fs::path(::testing::TempDir()) / name).string();
+  fs::remove_all(dir);
+  StoreOptions o;
+  o.segment_bytes = segment_bytes;
+  o.capacity_bytes = 64 << 20;
+  o.max_object_bytes = max_object_bytes;
+  return KvStore::Open(dir, o);
+}
+
 class KvServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (fs::path(::testing::TempDir()) /
-            ("svc_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
-               .string();
-    fs::remove_all(dir_);
-    StoreOptions o;
-    o.segment_bytes = 4 << 20;
-    o.capacity_bytes = 64 << 20;
-    o.max_object_bytes = 3 << 20;
-    store_ = *KvStore::Open(dir_, o);
+    store_ = *OpenTestStore(
+        "svc_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     KvServiceOptions so;
     so.max_chunk_bytes = 1 << 20;
     so.max_keys = 100;
-    so.capacity_bytes = o.capacity_bytes;
+    so.capacity_bytes = 64 << 20;
     registry_ = std::make_shared<prometheus::Registry>();
     service_ = std::make_unique<KvStoreService>(store_.get(), so, registry_);
     GrpcServerOptions go;
@@ -178,7 +185,6 @@ class KvServiceTest : public ::testing::Test {
     return reader->Finish();
   }
 
-  std::string dir_;
   std::unique_ptr<KvStore> store_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<KvStoreService> service_;
@@ -330,13 +336,7 @@ TEST_F(KvServiceTest, DeadlinesAreHonoured) {
 // the store (nothing is written); the token opens them all, through the client too. The health
 // service stays open for probes.
 TEST(KvServiceAuthTest, EveryMethodWantsTheSharedToken) {
-  const std::string dir = (fs::path(::testing::TempDir()) / "svc_auth").string();
-  fs::remove_all(dir);
-  StoreOptions o;
-  o.segment_bytes = 4 << 20;
-  o.capacity_bytes = 64 << 20;
-  o.max_object_bytes = 3 << 20;
-  auto opened = KvStore::Open(dir, o);
+  auto opened = OpenTestStore("svc_auth");
   ASSERT_TRUE(opened.ok()) << opened.status();
   std::unique_ptr<KvStore> store = *std::move(opened);
   const std::string token = "kv-token-0123456789abcdef";
@@ -472,13 +472,7 @@ class KvServiceTransportTest : public testing::TestWithParam<TransportParam> {
 
     std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::replace(name.begin(), name.end(), '/', '_');  // "Test/0"
-    dir_ = (fs::path(::testing::TempDir()) / ("svc_transport_" + name)).string();
-    fs::remove_all(dir_);
-    StoreOptions o;
-    o.segment_bytes = 8 << 20;
-    o.capacity_bytes = 64 << 20;
-    o.max_object_bytes = 4 << 20;
-    auto store = KvStore::Open(dir_, o);
+    auto store = OpenTestStore("svc_transport_" + name, 8 << 20, 4 << 20);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
     KvServiceOptions so;
@@ -556,7 +550,6 @@ class KvServiceTransportTest : public testing::TestWithParam<TransportParam> {
     return MetricValue(*registry_, "ferry_kvstore_transport_puts_total", {{"outcome", outcome}});
   }
 
-  std::string dir_;
   std::unique_ptr<transfer::KvTransport> worker_;
   std::unique_ptr<transfer::KvTransport> node_transport_;
   std::unique_ptr<KvStore> store_;
@@ -746,13 +739,7 @@ TEST_F(KvServiceTest, WithoutATransportGetIntoFallsBackToBytes) {
 
 // Create: a transport needs a positive staging area; the constructor takes none.
 TEST(KvServiceCreateTest, StagingNeedsAPositiveSize) {
-  const std::string dir = (fs::path(::testing::TempDir()) / "svc_create").string();
-  fs::remove_all(dir);
-  StoreOptions o;
-  o.segment_bytes = 4 << 20;
-  o.capacity_bytes = 16 << 20;
-  o.max_object_bytes = 1 << 20;
-  auto store = KvStore::Open(dir, o);
+  auto store = OpenTestStore("svc_create");
   ASSERT_TRUE(store.ok()) << store.status();
   auto transport = transfer::KvTransport::Create({.kind = "grpc"});
   ASSERT_TRUE(transport.ok()) << transport.status();

@@ -134,6 +134,14 @@ struct Fleet {
       addresses.push_back(servers.back()->address());
     }
   }
+  // Whether every worker has the registry's status stream open (a status sent before its stream
+  // is open reaches nobody).
+  bool AllStreaming() const {
+    for (const auto& w : workers) {
+      if (w->open_streams() != 1) return false;
+    }
+    return true;
+  }
   std::vector<std::unique_ptr<FakeWorker>> workers;
   std::vector<std::unique_ptr<GrpcServer>> servers;
   std::vector<std::string> addresses;
@@ -151,7 +159,7 @@ TEST(WorkerRegistryTest, WorkersComeUpAndAMismatchedOneIsRefused) {
     refusals.push_back(r);
   });
   registry.Start();
-  ASSERT_TRUE(Eventually([&] { return fleet.workers[2]->open_streams() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
   EXPECT_FALSE(registry.AnyUp());
   fleet.workers[0]->Send(Status("w0", 7, 16));
   ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
@@ -192,7 +200,7 @@ TEST(WorkerRegistryTest, APinnedFingerprintRefusesEvenTheFirstAndARefusedWorkerI
     return refusals.size();
   };
   registry.Start();
-  ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->open_streams() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
   fleet.workers[0]->Send(Status("w0", 8, 16));  // first, but not the pinned model
   ASSERT_TRUE(Eventually([&] { return refused() == 1; }));
   EXPECT_FALSE(registry.pool().known);
@@ -231,7 +239,7 @@ TEST(WorkerRegistryTest, ABrokenStreamOrAStoppedHeartbeatTakesAWorkerDownUntilIt
   options.initial_backoff = absl::Milliseconds(100);
   WorkerRegistry registry(fleet.addresses, options, &clock);
   registry.Start();
-  ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->open_streams() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
   fleet.workers[0]->Send(Status("w0", 7, 16));
   fleet.workers[1]->Send(Status("w1", 7, 16));
   ASSERT_TRUE(Eventually([&] { return registry.up_count() == 2; }));
@@ -273,7 +281,7 @@ TEST(WorkerRegistryTest, DrainingWorkersAndFullOnesAreNoCandidates) {
   FakeClock clock;
   WorkerRegistry registry(fleet.addresses, RegistryOptions(), &clock);
   registry.Start();
-  ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->open_streams() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
   fleet.workers[0]->Send(Status("w0", 7, 16));
   fleet.workers[1]->Send(Status("w1", 7, 16));
   ASSERT_TRUE(Eventually([&] { return registry.Candidates().size() == 2; }));
