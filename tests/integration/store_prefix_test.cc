@@ -41,6 +41,12 @@ std::string StoreDir(const std::string& name) {
   return dir.string();
 }
 
+// A worker's flags for `store`. The per-call deadline is the tests' own: the default (500 ms) makes
+// a call slower than that a miss, and a loaded test machine may take that long to connect.
+std::vector<std::string> StoreFlags(const ServiceProcess& store) {
+  return {"--kvstore=" + store.address(), "--kvstore_deadline=30s"};
+}
+
 std::vector<std::string> Plus(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -89,7 +95,7 @@ struct StoreCase {
 class StorePrefixTest : public ::testing::TestWithParam<StoreCase> {
  protected:
   std::vector<std::string> WorkerFlags(const ServiceProcess& store) const {
-    std::vector<std::string> flags = {"--kvstore=" + store.address()};
+    std::vector<std::string> flags = StoreFlags(store);
     if (GetParam().window_pool_bytes > 0) {
       flags.push_back(absl::StrCat("--window_pool_bytes=", GetParam().window_pool_bytes));
     }
@@ -160,7 +166,7 @@ TEST(StorePrefixPdTest, AColdPrefillWorkerReadsTheStoreAndPushesToTheDecodeWorke
   const std::string model = TinyModel("llama_gqa_bf16");
   auto store = StartKvStore(StoreDir("store_pd"));
   ASSERT_TRUE(store->ready());
-  const std::vector<std::string> kv = {"--kvstore=" + store->address(), "--transport=grpc"};
+  const std::vector<std::string> kv = Plus(StoreFlags(*store), {"--transport=grpc"});
   auto p1 = StartWorker(model, Plus({"--role=prefill"}, kv));
   auto p2 = StartWorker(model, Plus({"--role=prefill"}, kv));
   auto d = StartWorker(model, Plus({"--role=decode"}, kv));
@@ -215,18 +221,18 @@ TEST(StoreFaultTest, AStoreNodeKilledIsAMissAndHitsResumeWhenItIsBack) {
   auto store = StartKvStore(dir);
   ASSERT_TRUE(store->ready());
   const int port = store->grpc_port();
-  const std::vector<std::string> kv = {"--kvstore=" + store->address()};
+  const std::vector<std::string> kv = StoreFlags(*store);
   InProcessEngine ref(model);
   const int64_t vocab = ref.model().config().vocab_size;
   auto a = StartWorker(model, kv);
   WorkerClient on_a(a->address());
-  // Four prompts of 6 blocks each in the store.
+  // Eight prompts of 6 blocks each in the store.
   std::vector<std::vector<TokenId>> prompts;
-  for (uint32_t i = 0; i < 4; ++i) {
+  for (uint32_t i = 0; i < 8; ++i) {
     prompts.push_back(RandomPrompt(100, 10 + i, vocab));
     RunAndCompare(on_a, ref, Request(absl::StrCat("w", i), prompts.back()));
   }
-  EXPECT_EQ(WaitForMetric(a->admin_port(), kWritten, 24), 24);
+  EXPECT_EQ(WaitForMetric(a->admin_port(), kWritten, 48), 48);
 
   store->Signal(SIGKILL);
   EXPECT_EQ(store->WaitForExit(absl::Seconds(30)), 128 + SIGKILL);
@@ -237,7 +243,8 @@ TEST(StoreFaultTest, AStoreNodeKilledIsAMissAndHitsResumeWhenItIsBack) {
   EXPECT_EQ(missed.usage.cached_tokens(), 0u) << "the node is down: a miss, not an error";
 
   // Back on its directory and port: its acknowledged blocks hit again (the client tries the node
-  // again after a short backoff; each attempt takes a prompt the worker has not seen).
+  // again after its backoff and gRPC's reconnect backoff, a second or more; each attempt takes a
+  // prompt the worker has not seen).
   store = StartKvStore(dir, port);
   ASSERT_TRUE(store->ready());
   uint32_t hit = 0;
@@ -255,7 +262,7 @@ TEST(StoreFaultTest, ACorruptObjectOnDiskIsAMissNeverAWrongToken) {
   const std::string dir = StoreDir("store_corrupt");
   auto store = StartKvStore(dir);
   ASSERT_TRUE(store->ready());
-  const std::vector<std::string> kv = {"--kvstore=" + store->address()};
+  const std::vector<std::string> kv = StoreFlags(*store);
   InProcessEngine ref(model);
   const std::vector<TokenId> prompt = RandomPrompt(100, 30, ref.model().config().vocab_size);
   auto a = StartWorker(model, kv);
@@ -288,7 +295,7 @@ TEST(StoreFaultTest, TwoTenantsNeverShareABlock) {
   const std::string model = TinyModel("llama_gqa_bf16");
   auto store = StartKvStore(StoreDir("store_tenants"));
   ASSERT_TRUE(store->ready());
-  const std::vector<std::string> kv = {"--kvstore=" + store->address()};
+  const std::vector<std::string> kv = StoreFlags(*store);
   InProcessEngine ref(model);
   const std::vector<TokenId> prompt = RandomPrompt(100, 40, ref.model().config().vocab_size);
   auto a = StartWorker(model, kv);
@@ -331,11 +338,12 @@ TEST(StoreFaultTest, AnObjectOfAnotherKvLayoutIsAMiss) {
   }
   kv::ClientOptions options;
   options.nodes = {store->address()};
+  options.deadline = absl::Seconds(30);
   auto client = kv::KvClient::Create(options);
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_EQ((*client)->Put(objects), 6);
 
-  auto b = StartWorker(model, {"--kvstore=" + store->address()});
+  auto b = StartWorker(model, StoreFlags(*store));
   WorkerClient on_b(b->address());
   GenerateResult got = RunAndCompare(on_b, ref, Request("r", prompt));
   EXPECT_EQ(got.usage.cached_tokens(), 0u);
@@ -392,8 +400,8 @@ TEST(StoreSmolLm2Test, AConversationSharingTheSystemPromptIsReadFromTheStore) {
   ASSERT_NE(model, nullptr) << "FERRY_MODEL_GGUF is not set; run through ./ferry test";
   auto store = StartKvStore(StoreDir("store_smollm2"));
   ASSERT_TRUE(store->ready());
-  const std::vector<std::string> flags = {"--kvstore=" + store->address(), "--kv_pool_bytes=64MiB",
-                                          "--threads=2"};
+  const std::vector<std::string> flags =
+      Plus(StoreFlags(*store), {"--kv_pool_bytes=64MiB", "--threads=2"});
   InProcessEngine ref(model, 0, "bf16", "bf16", 16, 64 << 20);
   const std::string system =
       "You are a careful assistant for a river-shipping company that runs barges between the "

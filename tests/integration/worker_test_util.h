@@ -107,7 +107,7 @@ std::string MiddleCharacter(const std::string& text);
 
 // Polls `metric` on the admin port until it is at least `at_least`, or `timeout`; its last value.
 double WaitForMetric(int admin_port, const std::string& metric, double at_least,
-                     absl::Duration timeout = absl::Seconds(10));
+                     absl::Duration timeout = absl::Seconds(30));
 
 // Token ids of `text` with the model's tokenizer.
 std::vector<TokenId> Encode(const Tokenizer& tokenizer, const std::string& text);
