@@ -16,7 +16,7 @@ namespace {
 constexpr char kSegmentMagic[8] = {'F', 'K', 'V', 'S', 'E', 'G', '0', '1'};
 constexpr char kTrailerMagic[8] = {'F', 'K', 'V', 'F', 'O', 'O', 'T', '1'};
 constexpr uint32_t kRecordMagic = 0x52564B46;  // "FKVR"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 1;               // of segment headers and records
 constexpr uint16_t kTombstoneFlag = 1;
 
 // Sequence numbers and times a store can have written: no wrap-around or overflow downstream.
@@ -129,7 +129,8 @@ void EncodeRecordHeader(const RecordHeader& h, char* out) {
   AppendU64Le(&b, h.seq);
   AppendU64Le(&b, static_cast<uint64_t>(h.created_us));
   b.push_back(static_cast<char>(h.meta.traffic_class));
-  b.resize(88, '\0');
+  b.resize(84, '\0');
+  AppendU32Le(&b, h.meta.retention_floor_s);
   AppendU64Le(&b, h.value_checksum);
   b.resize(120, '\0');
   AppendU64Le(&b, Checksum(b));
@@ -160,7 +161,8 @@ absl::StatusOr<RecordHeader> DecodeRecordHeader(absl::string_view bytes) {
   const uint8_t cls = r.U8();
   if (cls >= kNumTrafficClasses) return absl::DataLossError("unknown traffic class");
   h.meta.traffic_class = static_cast<TrafficClass>(cls);
-  r.Skip(7);
+  r.Skip(3);
+  h.meta.retention_floor_s = r.U32();
   h.value_checksum = r.U64();
   if (h.value_bytes > kMaxValueBytes) return absl::DataLossError("record value too large");
   if (!SaneSeqAndTime(h.seq, h.created_us)) {
@@ -170,8 +172,19 @@ absl::StatusOr<RecordHeader> DecodeRecordHeader(absl::string_view bytes) {
   return h;
 }
 
+size_t FooterEntryBytes(uint32_t footer_version) {
+  switch (footer_version) {
+    case 1:
+      return kFooterEntryBytesV1;
+    case 2:
+      return kFooterEntryBytes;
+  }
+  return 0;
+}
+
 namespace {
 
+// A version 2 entry.
 std::string EncodeEntry(const FooterEntry& e) {
   std::string b;
   AppendHash128Le(&b, e.header.key);
@@ -186,6 +199,8 @@ std::string EncodeEntry(const FooterEntry& e) {
   b.push_back(static_cast<char>(e.header.meta.traffic_class));
   b.push_back(static_cast<char>(e.header.tombstone ? kTombstoneFlag : 0));
   b.append(2, '\0');
+  AppendU32Le(&b, e.header.meta.retention_floor_s);
+  b.append(4, '\0');
   AppendU64Le(&b, Checksum(b));
   return b;
 }
@@ -200,7 +215,7 @@ std::string EncodeFooter(uint32_t segment_id, uint64_t footer_offset,
   const uint64_t entries_checksum = Checksum(out);
   out.resize(AlignUp(out.size() + kTrailerBytes) - kTrailerBytes, '\0');
   std::string t(kTrailerMagic, 8);
-  AppendU32Le(&t, kVersion);
+  AppendU32Le(&t, kFooterVersion);
   AppendU32Le(&t, segment_id);
   AppendU64Le(&t, entries.size());
   AppendU64Le(&t, footer_offset);
@@ -220,16 +235,18 @@ absl::StatusOr<Trailer> DecodeTrailer(absl::string_view bytes, uint64_t file_siz
     return absl::DataLossError("trailer checksum mismatch");
   }
   LeReader r(bytes.substr(8));
-  if (r.U32() != kVersion) return absl::DataLossError("unknown footer version");
   Trailer t;
+  t.version = r.U32();
+  const uint64_t entry_bytes = FooterEntryBytes(t.version);
+  if (entry_bytes == 0) return absl::DataLossError("unknown footer version");
   t.segment_id = r.U32();
   t.count = r.U64();
   t.footer_offset = r.U64();
   t.entries_checksum = r.U64();
   // The footer is count entries + padding + trailer, a multiple of 4096 ending the file.
   if (t.footer_offset < kSegmentHeaderBytes || t.footer_offset % kDirectIoAlignment != 0 ||
-      t.footer_offset >= file_size || t.count > (file_size - t.footer_offset) / kFooterEntryBytes ||
-      AlignUp(t.count * kFooterEntryBytes + kTrailerBytes) != file_size - t.footer_offset) {
+      t.footer_offset >= file_size || t.count > (file_size - t.footer_offset) / entry_bytes ||
+      AlignUp(t.count * entry_bytes + kTrailerBytes) != file_size - t.footer_offset) {
     return absl::DataLossError("footer does not fit the file");
   }
   return t;
@@ -237,17 +254,19 @@ absl::StatusOr<Trailer> DecodeTrailer(absl::string_view bytes, uint64_t file_siz
 
 absl::StatusOr<std::vector<FooterEntry>> DecodeFooterEntries(absl::string_view bytes,
                                                              const Trailer& trailer) {
-  if (trailer.count > bytes.size() / kFooterEntryBytes) return absl::DataLossError("short footer");
-  const absl::string_view all = bytes.substr(0, trailer.count * kFooterEntryBytes);
+  const size_t entry_bytes = FooterEntryBytes(trailer.version);
+  if (entry_bytes == 0) return absl::DataLossError("unknown footer version");
+  if (trailer.count > bytes.size() / entry_bytes) return absl::DataLossError("short footer");
+  const absl::string_view all = bytes.substr(0, trailer.count * entry_bytes);
   if (Checksum(all) != trailer.entries_checksum) {
     return absl::DataLossError("footer checksum mismatch");
   }
   std::vector<FooterEntry> entries;
   entries.reserve(trailer.count);
   for (uint64_t i = 0; i < trailer.count; ++i) {
-    const absl::string_view b = all.substr(i * kFooterEntryBytes, kFooterEntryBytes);
-    LeReader c(b.substr(88));
-    if (c.U64() != Checksum(b.substr(0, 88))) {
+    const absl::string_view b = all.substr(i * entry_bytes, entry_bytes);
+    LeReader c(b.substr(entry_bytes - 8));
+    if (c.U64() != Checksum(b.substr(0, entry_bytes - 8))) {
       return absl::DataLossError(absl::StrCat("footer entry ", i, " checksum mismatch"));
     }
     LeReader r(b);
@@ -263,6 +282,10 @@ absl::StatusOr<std::vector<FooterEntry>> DecodeFooterEntries(absl::string_view b
     e.header.meta.token_count = r.U32();
     const uint8_t cls = r.U8();
     const uint8_t flags = r.U8();
+    if (trailer.version >= 2) {
+      r.Skip(2);
+      e.header.meta.retention_floor_s = r.U32();
+    }
     if (cls >= kNumTrafficClasses || (flags & ~kTombstoneFlag) != 0) {
       return absl::DataLossError(absl::StrCat("footer entry ", i, " is invalid"));
     }

@@ -15,16 +15,21 @@
 //   8 u32 header bytes (128)          12 u32 token count  16 key (Hash128: lo, hi)
 //   32 model fingerprint (Hash128)    48 u64 layout tag   56 u64 value bytes
 //   64 u64 sequence number            72 i64 created (unix us)   80 u8 traffic class
-//   81..87 zero                       88 u64 XXH3-64 of the value
-//   96..119 zero                      120 u64 XXH3-64 of bytes 0..119
+//   81..83 zero                       84 u32 retention floor (seconds)
+//   88 u64 XXH3-64 of the value       96..119 zero       120 u64 XXH3-64 of bytes 0..119
+// The retention floor took bytes that were zero before it existed: older records read as floor
+// 0 (the class alone), with the same version.
 //
-// Footer entry (96 bytes): key, fingerprint, u64 layout tag, u64 value bytes, u64 sequence, i64
-// created, i64 last read (unix us, as of sealing), u64 record offset, u32 token count, u8 class,
-// u8 flags, 2 zero bytes, u64 XXH3-64 of the entry's first 88 bytes.
+// Footer entry, version 2 (104 bytes): key, fingerprint, u64 layout tag, u64 value bytes, u64
+// sequence, i64 created, i64 last read (unix us, as of sealing), u64 record offset, u32 token
+// count, u8 class, u8 flags, 2 zero bytes, u32 retention floor (seconds), 4 zero bytes, u64
+// XXH3-64 of the entry's first 96 bytes. Version 1 (96 bytes, written before retention floors;
+// still read, as floor 0): the same up to the 2 zero bytes, then u64 XXH3-64 of the first 88.
 //
-// Trailer (64 bytes, the file's last): magic "FKVFOOT1", u32 version (1), u32 segment id, u64
-// entry count, u64 footer offset (where the entries start, a multiple of 4096), u64 XXH3-64 of
-// the entries, 16 zero bytes, u64 XXH3-64 of the trailer's first 56 bytes.
+// Trailer (64 bytes, the file's last): magic "FKVFOOT1", u32 footer version (2; 1 is still read),
+// u32 segment id, u64 entry count, u64 footer offset (where the entries start, a multiple of
+// 4096), u64 XXH3-64 of the entries, 16 zero bytes, u64 XXH3-64 of the trailer's first 56 bytes.
+// (A build that predates version 2 refuses its footer and scans the segment instead.)
 //
 // A record is valid when its header checksum, magic, version and lengths hold and its value's
 // checksum matches; anything else is not a record (a torn or corrupt write), never an error.
@@ -57,11 +62,19 @@ struct ObjectMeta {
   uint64_t layout_tag = 0;  // the writer's KV layout (layers, heads, dtype, block tokens)
   uint32_t token_count = 0;
   TrafficClass traffic_class = TrafficClass::kChat;
+  // The object is kept at least this long after its last use, whatever its class's ttl (the
+  // class may keep it longer); 0: the class alone.
+  uint32_t retention_floor_s = 0;
 };
 
 inline constexpr size_t kSegmentHeaderBytes = 4096;
 inline constexpr size_t kRecordHeaderBytes = 128;
-inline constexpr size_t kFooterEntryBytes = 96;
+// Footers are written in version kFooterVersion; version 1 footers are read too.
+inline constexpr uint32_t kFooterVersion = 2;
+inline constexpr size_t kFooterEntryBytes = 104;   // version 2
+inline constexpr size_t kFooterEntryBytesV1 = 96;  // version 1
+// The entry size of a footer version (0 for a version this build does not know).
+size_t FooterEntryBytes(uint32_t footer_version);
 inline constexpr size_t kTrailerBytes = 64;
 // Larger values are refused by the decoders (and by the store, with its own smaller limit).
 inline constexpr uint64_t kMaxValueBytes = uint64_t{1} << 32;
@@ -100,12 +113,13 @@ struct FooterEntry {
   uint64_t offset = 0;
 };
 
-// The footer for `entries` written at `footer_offset` (a multiple of 4096, after every record):
-// a multiple of 4096 bytes, the trailer last.
+// The footer (version kFooterVersion) for `entries` written at `footer_offset` (a multiple of
+// 4096, after every record): a multiple of 4096 bytes, the trailer last.
 std::string EncodeFooter(uint32_t segment_id, uint64_t footer_offset,
                          const std::vector<FooterEntry>& entries);
 
 struct Trailer {
+  uint32_t version = kFooterVersion;  // of the footer: its entries' layout
   uint32_t segment_id = 0;
   uint64_t count = 0;
   uint64_t footer_offset = 0;
@@ -113,8 +127,8 @@ struct Trailer {
 };
 // The trailer in the last kTrailerBytes of a file of `file_size` bytes, checked against it.
 absl::StatusOr<Trailer> DecodeTrailer(absl::string_view bytes, uint64_t file_size);
-// The entries (the bytes from trailer.footer_offset, count * kFooterEntryBytes of them), each
-// checked: offsets aligned, after the segment header, records before the footer.
+// The entries (the bytes from trailer.footer_offset, count * FooterEntryBytes(version) of them),
+// each checked: offsets aligned, after the segment header, records before the footer.
 absl::StatusOr<std::vector<FooterEntry>> DecodeFooterEntries(absl::string_view bytes,
                                                              const Trailer& trailer);
 

@@ -2,8 +2,8 @@
 // a KvStore opened on a directory whose segment files are those bytes. Nothing may crash, leak or
 // trip a sanitizer, and what the store serves stays consistent: decoded values encode and decode
 // to the same, the stats add up, a second Verify finds nothing corrupt, what was served is still
-// served after Compact(), a Put is read back (also after compacting and reopening) and a Delete
-// stays deleted.
+// served after Compact(), a Put is read back with its retention floor (also after compacting and
+// reopening) and a Delete stays deleted.
 //
 // The store sees two segment files: 00000001.seg holds the input as it is, 00000002.seg the input
 // with every checksum recomputed (segment header, records at 4096-byte boundaries, footer
@@ -112,7 +112,8 @@ void StoreLe(std::string* b, size_t at, uint64_t v, int bytes) {
 bool SameHeader(const RecordHeader& a, const RecordHeader& b) {
   return a.key == b.key && a.meta.fingerprint == b.meta.fingerprint &&
          a.meta.layout_tag == b.meta.layout_tag && a.meta.token_count == b.meta.token_count &&
-         a.meta.traffic_class == b.meta.traffic_class && a.tombstone == b.tombstone &&
+         a.meta.traffic_class == b.meta.traffic_class &&
+         a.meta.retention_floor_s == b.meta.retention_floor_s && a.tombstone == b.tombstone &&
          a.value_bytes == b.value_bytes && a.seq == b.seq && a.created_us == b.created_us &&
          a.value_checksum == b.value_checksum;
 }
@@ -127,7 +128,8 @@ void CheckRecordRoundTrip(const RecordHeader& h) {
 }
 
 // Decoded footers re-encode to footers that decode to the same (the bytes may differ: the
-// decoders do not insist on zero reserved bytes).
+// decoders do not insist on zero reserved bytes, and a version 1 footer comes back as version 2,
+// its floors 0).
 void CheckFooterRoundTrip(const Trailer& t, const std::vector<FooterEntry>& entries) {
   CHECK_EQ(entries.size(), t.count);
   const std::string footer = EncodeFooter(t.segment_id, t.footer_offset, entries);
@@ -174,14 +176,17 @@ void FuzzDecoders(absl::string_view in) {
     auto entries = DecodeFooterEntries(footer, *trailer);
     if (entries.ok()) CheckFooterRoundTrip(*trailer, *entries);
   }
-  // A trailer made up from the first bytes, its entries at the start of the input. Counts stay
-  // within what the input could hold plus one, as a trailer DecodeTrailer accepted would.
+  // A trailer made up from the first bytes, its entries at the start of the input, of either
+  // footer version. Counts stay within what the input could hold plus one, as a trailer
+  // DecodeTrailer accepted would.
   if (in.size() >= 16) {
     Trailer t;
+    t.version = LoadLe(in, 8, 1) % 2 == 0 ? kFooterVersion : 1;
+    const size_t entry_bytes = FooterEntryBytes(t.version);
     t.segment_id = 1;
-    t.count = LoadLe(in, 0, 8) % (in.size() / kFooterEntryBytes + 2);
+    t.count = LoadLe(in, 0, 8) % (in.size() / entry_bytes + 2);
     t.footer_offset = LoadLe(in, 8, 8);
-    t.entries_checksum = Checksum(in.substr(0, t.count * kFooterEntryBytes));
+    t.entries_checksum = Checksum(in.substr(0, t.count * entry_bytes));
     auto entries = DecodeFooterEntries(in, t);
     if (entries.ok()) {
       CHECK_EQ(entries->size(), t.count);
@@ -221,14 +226,18 @@ std::string Repaired(absl::string_view in) {
       v.substr(s.size() - kTrailerBytes, 8) == "FKVFOOT1") {
     const size_t t = s.size() - kTrailerBytes;
     StoreLe(&s, t + 12, kRepairedId, 4);
+    // Entries of the trailer's version (an unknown one: of the current version).
+    size_t entry_bytes = FooterEntryBytes(static_cast<uint32_t>(LoadLe(v, t + 8, 4)));
+    if (entry_bytes == 0) entry_bytes = kFooterEntryBytes;
+    const size_t sum_at = entry_bytes - 8;
     const uint64_t count = LoadLe(v, t + 16, 8);
     const uint64_t offset = LoadLe(v, t + 24, 8);
-    if (offset <= t && count <= (t - offset) / kFooterEntryBytes) {
+    if (offset <= t && count <= (t - offset) / entry_bytes) {
       for (uint64_t i = 0; i < count; ++i) {
-        const size_t e = offset + i * kFooterEntryBytes;
-        StoreLe(&s, e + 88, Checksum(v.substr(e, 88)), 8);
+        const size_t e = offset + i * entry_bytes;
+        StoreLe(&s, e + sum_at, Checksum(v.substr(e, sum_at)), 8);
       }
-      StoreLe(&s, t + 32, Checksum(v.substr(offset, count * kFooterEntryBytes)), 8);
+      StoreLe(&s, t + 32, Checksum(v.substr(offset, count * entry_bytes)), 8);
     }
     StoreLe(&s, t + 56, Checksum(v.substr(t, 56)), 8);
   }
@@ -325,6 +334,7 @@ void FuzzStore(absl::string_view in, const std::string& repaired) {
   ObjectMeta meta;
   meta.fingerprint = model;
   meta.token_count = 1;
+  meta.retention_floor_s = 3600;
   bool deleted = false;
   {
     auto opened = KvStore::Open(dir, options);
@@ -375,6 +385,7 @@ void FuzzStore(absl::string_view in, const std::string& repaired) {
     KvStore& store = **reopened;
     std::vector<GetResult> got = store.Get({fresh}, model);
     CHECK(got[0].found && got[0].value == value) << "an acknowledged put is lost";
+    CHECK_EQ(got[0].meta.retention_floor_s, meta.retention_floor_s) << "a floor is lost";
     if (deleted) {
       CHECK(!store.Get({keys[0].first}, keys[0].second)[0].found) << "a deleted object is back";
     }

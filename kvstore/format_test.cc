@@ -2,7 +2,8 @@
 // single-bit flip of a record header, segment header, footer entry and trailer is refused,
 // lengths and offsets that do not fit the file are refused, segment file names are exactly
 // 8 lowercase hex digits + ".seg", and the fuzz seeds (written by make_fuzz_corpus.py from the
-// description in format.h, not from format.cc) decode.
+// description in format.h, not from format.cc) decode. Files written before retention floors
+// (record headers with zeros where the floor is, version 1 footers) still decode, as floor 0.
 
 #include "kvstore/format.h"
 
@@ -32,6 +33,7 @@ RecordHeader SampleHeader(uint64_t i = 1) {
   h.meta.layout_tag = 0x00c0ffee00000000 + i;
   h.meta.token_count = 64 + static_cast<uint32_t>(i);
   h.meta.traffic_class = i % 2 ? TrafficClass::kAgent : TrafficClass::kChat;
+  h.meta.retention_floor_s = 300 * static_cast<uint32_t>(i) + 7;
   h.value_bytes = 1000 * i;
   h.seq = 77 + i;
   h.created_us = 1'750'000'000'000'000 + static_cast<int64_t>(i);
@@ -45,6 +47,7 @@ void ExpectSameHeader(const RecordHeader& a, const RecordHeader& b) {
   EXPECT_EQ(a.meta.layout_tag, b.meta.layout_tag);
   EXPECT_EQ(a.meta.token_count, b.meta.token_count);
   EXPECT_EQ(a.meta.traffic_class, b.meta.traffic_class);
+  EXPECT_EQ(a.meta.retention_floor_s, b.meta.retention_floor_s);
   EXPECT_EQ(a.tombstone, b.tombstone);
   EXPECT_EQ(a.value_bytes, b.value_bytes);
   EXPECT_EQ(a.seq, b.seq);
@@ -103,6 +106,43 @@ Footer MakeFooter(const std::vector<FooterEntry>& entries, uint32_t id = 5) {
   Footer f;
   f.offset = AlignUp(EndOf(entries));
   f.bytes = EncodeFooter(id, f.offset, entries);
+  return f;
+}
+
+// A version 1 footer (as written before retention floors), from format.h's description: 96-byte
+// entries without the floor.
+Footer MakeFooterV1(const std::vector<FooterEntry>& entries, uint32_t id = 5) {
+  std::string b;
+  for (const FooterEntry& e : entries) {
+    std::string entry;
+    AppendHash128Le(&entry, e.header.key);
+    AppendHash128Le(&entry, e.header.meta.fingerprint);
+    AppendU64Le(&entry, e.header.meta.layout_tag);
+    AppendU64Le(&entry, e.header.value_bytes);
+    AppendU64Le(&entry, e.header.seq);
+    AppendU64Le(&entry, static_cast<uint64_t>(e.header.created_us));
+    AppendU64Le(&entry, static_cast<uint64_t>(e.last_read_us));
+    AppendU64Le(&entry, e.offset);
+    AppendU32Le(&entry, e.header.meta.token_count);
+    entry.push_back(static_cast<char>(e.header.meta.traffic_class));
+    entry.push_back(e.header.tombstone ? 1 : 0);
+    entry.append(2, '\0');
+    AppendU64Le(&entry, Checksum(entry));
+    b += entry;
+  }
+  const uint64_t entries_checksum = Checksum(b);
+  b.resize(AlignUp(b.size() + kTrailerBytes) - kTrailerBytes, '\0');
+  Footer f;
+  f.offset = AlignUp(EndOf(entries));
+  std::string t("FKVFOOT1");
+  AppendU32Le(&t, 1);
+  AppendU32Le(&t, id);
+  AppendU64Le(&t, entries.size());
+  AppendU64Le(&t, f.offset);
+  AppendU64Le(&t, entries_checksum);
+  t.resize(56, '\0');
+  AppendU64Le(&t, Checksum(t));
+  f.bytes = b + t;
   return f;
 }
 
@@ -171,6 +211,7 @@ TEST(FormatTest, RecordHeaderRoundTrips) {
   extremes.seq = kMaxSequence - 1;
   extremes.created_us = kMaxTimeUs;
   extremes.meta.token_count = UINT32_MAX;
+  extremes.meta.retention_floor_s = UINT32_MAX;
   extremes.meta.layout_tag = UINT64_MAX;
   extremes.key = H(UINT64_MAX, UINT64_MAX);
   headers.push_back(extremes);
@@ -212,12 +253,40 @@ TEST(FormatTest, RecordHeaderLayoutIsAsDocumented) {
   AppendU64Le(&want, h.seq);
   AppendU64Le(&want, static_cast<uint64_t>(h.created_us));
   want.push_back(static_cast<char>(h.meta.traffic_class));
-  want.resize(88, '\0');
+  want.resize(84, '\0');
+  AppendU32Le(&want, h.meta.retention_floor_s);
   AppendU64Le(&want, h.value_checksum);
   want.resize(120, '\0');
   AppendU64Le(&want, Checksum(want));
   EXPECT_EQ(b, want);
   EXPECT_EQ(h.record_bytes(), 4096u);  // 128 + 1000, padded
+}
+
+TEST(FormatTest, RecordHeadersWrittenBeforeFloorsReadAsFloorZero) {
+  // The layout before retention floors: bytes 81..87 zero, the same version.
+  RecordHeader h = SampleHeader(1);
+  std::string old;
+  AppendU32Le(&old, 0x52564B46);
+  old += std::string("\x01\x00\x00\x00", 4);
+  AppendU32Le(&old, 128);
+  AppendU32Le(&old, h.meta.token_count);
+  AppendHash128Le(&old, h.key);
+  AppendHash128Le(&old, h.meta.fingerprint);
+  AppendU64Le(&old, h.meta.layout_tag);
+  AppendU64Le(&old, h.value_bytes);
+  AppendU64Le(&old, h.seq);
+  AppendU64Le(&old, static_cast<uint64_t>(h.created_us));
+  old.push_back(static_cast<char>(h.meta.traffic_class));
+  old.resize(88, '\0');
+  AppendU64Le(&old, h.value_checksum);
+  old.resize(120, '\0');
+  AppendU64Le(&old, Checksum(old));
+  auto got = DecodeRecordHeader(old);
+  ASSERT_TRUE(got.ok()) << got.status();
+  h.meta.retention_floor_s = 0;
+  ExpectSameHeader(*got, h);
+  // And a floor of 0 is written as those zeros.
+  EXPECT_EQ(EncodeHeader(h), old);
 }
 
 TEST(FormatTest, RecordBytesPadToTheAlignment) {
@@ -233,7 +302,7 @@ TEST(FormatTest, RecordBytesPadToTheAlignment) {
 }
 
 TEST(FormatTest, FooterRoundTrips) {
-  for (int n : {0, 1, 3, 42, 43, 100}) {  // 42 entries and the trailer fit one block, 43 do not
+  for (int n : {0, 1, 3, 38, 39, 100}) {  // 38 entries and the trailer fit one block, 39 do not
     std::vector<FooterEntry> entries = SampleEntries(n);
     if (n > 1) {
       entries[1].header.tombstone = true;
@@ -244,6 +313,7 @@ TEST(FormatTest, FooterRoundTrips) {
     EXPECT_EQ(f.bytes.size(), AlignUp(n * kFooterEntryBytes + kTrailerBytes)) << n;
     auto t = DecodeTrailer(f.trailer(), f.file_size());
     ASSERT_TRUE(t.ok()) << n << ": " << t.status();
+    EXPECT_EQ(t->version, kFooterVersion);
     EXPECT_EQ(t->segment_id, 7u);
     EXPECT_EQ(t->count, static_cast<uint64_t>(n));
     EXPECT_EQ(t->footer_offset, f.offset);
@@ -258,8 +328,62 @@ TEST(FormatTest, FooterRoundTrips) {
       EXPECT_EQ((*got)[i].offset, entries[i].offset);
     }
   }
-  EXPECT_EQ(AlignUp(42 * kFooterEntryBytes + kTrailerBytes), 4096u);
-  EXPECT_EQ(AlignUp(43 * kFooterEntryBytes + kTrailerBytes), 8192u);
+  EXPECT_EQ(AlignUp(38 * kFooterEntryBytes + kTrailerBytes), 4096u);
+  EXPECT_EQ(AlignUp(39 * kFooterEntryBytes + kTrailerBytes), 8192u);
+}
+
+TEST(FormatTest, Version1FootersDecodeWithFloorZero) {
+  for (int n : {0, 1, 3, 42, 43, 100}) {  // 42 entries and the trailer fit one block, 43 do not
+    std::vector<FooterEntry> entries = SampleEntries(n);
+    if (n > 1) {
+      entries[1].header.tombstone = true;
+      entries[1].header.value_bytes = 0;
+    }
+    const Footer f = MakeFooterV1(entries, 7);
+    ASSERT_EQ(f.bytes.size(), AlignUp(n * kFooterEntryBytesV1 + kTrailerBytes)) << n;
+    auto t = DecodeTrailer(f.trailer(), f.file_size());
+    ASSERT_TRUE(t.ok()) << n << ": " << t.status();
+    EXPECT_EQ(t->version, 1u);
+    EXPECT_EQ(t->count, static_cast<uint64_t>(n));
+    auto got = DecodeFooterEntries(f.bytes, *t);
+    ASSERT_TRUE(got.ok()) << n << ": " << got.status();
+    ASSERT_EQ(got->size(), entries.size());
+    for (int i = 0; i < n; ++i) {
+      RecordHeader want = entries[i].header;
+      want.meta.retention_floor_s = 0;
+      ExpectSameHeader((*got)[i].header, want);
+      EXPECT_EQ((*got)[i].last_read_us, entries[i].last_read_us);
+      EXPECT_EQ((*got)[i].offset, entries[i].offset);
+    }
+  }
+  EXPECT_EQ(FooterEntryBytes(1), kFooterEntryBytesV1);
+  EXPECT_EQ(FooterEntryBytes(2), kFooterEntryBytes);
+  EXPECT_EQ(FooterEntryBytes(0), 0u);
+  EXPECT_EQ(FooterEntryBytes(3), 0u);
+}
+
+TEST(FormatTest, FooterEntryLayoutIsAsDocumented) {
+  const std::vector<FooterEntry> entries = SampleEntries(1);
+  const FooterEntry& e = entries[0];
+  const Footer f = MakeFooter(entries);
+  std::string want;
+  AppendHash128Le(&want, e.header.key);
+  AppendHash128Le(&want, e.header.meta.fingerprint);
+  AppendU64Le(&want, e.header.meta.layout_tag);
+  AppendU64Le(&want, e.header.value_bytes);
+  AppendU64Le(&want, e.header.seq);
+  AppendU64Le(&want, static_cast<uint64_t>(e.header.created_us));
+  AppendU64Le(&want, static_cast<uint64_t>(e.last_read_us));
+  AppendU64Le(&want, e.offset);
+  AppendU32Le(&want, e.header.meta.token_count);
+  want.push_back(static_cast<char>(e.header.meta.traffic_class));
+  want.push_back(0);  // flags
+  want.append(2, '\0');
+  AppendU32Le(&want, e.header.meta.retention_floor_s);
+  want.append(4, '\0');
+  AppendU64Le(&want, Checksum(want));
+  ASSERT_EQ(want.size(), kFooterEntryBytes);
+  EXPECT_EQ(f.bytes.substr(0, kFooterEntryBytes), want);
 }
 
 TEST(FormatTest, FooterValueChecksumIsNotKept) {
@@ -277,7 +401,7 @@ TEST(FormatTest, TrailerLayoutIsAsDocumented) {
   const std::vector<FooterEntry> entries = SampleEntries(2);
   const Footer f = MakeFooter(entries, 0x01020304);
   std::string want("FKVFOOT1");
-  AppendU32Le(&want, 1);
+  AppendU32Le(&want, 2);
   AppendU32Le(&want, 0x01020304);
   AppendU64Le(&want, 2);
   AppendU64Le(&want, f.offset);
@@ -336,22 +460,27 @@ TEST(FormatTest, EveryBitFlipOfASegmentHeaderIsRefused) {
 
 TEST(FormatTest, EveryBitFlipOfAFooterEntryIsRefused) {
   const std::vector<FooterEntry> entries = SampleEntries(3);
-  const Footer f = MakeFooter(entries);
-  auto t = DecodeTrailer(f.trailer(), f.file_size());
-  ASSERT_TRUE(t.ok()) << t.status();
-  ASSERT_TRUE(DecodeFooterEntries(f.bytes, *t).ok());
-  for (size_t bit = 0; bit < 3 * kFooterEntryBytes * 8; ++bit) {
-    std::string bad = f.bytes;
-    bad[bit / 8] ^= static_cast<char>(1 << (bit % 8));
-    EXPECT_FALSE(DecodeFooterEntries(bad, *t).ok()) << "bit " << bit;
-  }
-  // Also with the entries checksum made to match the flipped bytes: each entry's own checksum.
-  for (size_t bit = 0; bit < 3 * kFooterEntryBytes * 8; ++bit) {
-    std::string bad = f.bytes;
-    bad[bit / 8] ^= static_cast<char>(1 << (bit % 8));
-    Trailer resealed = *t;
-    resealed.entries_checksum = Checksum(absl::string_view(bad).substr(0, 3 * kFooterEntryBytes));
-    EXPECT_FALSE(DecodeFooterEntries(bad, resealed).ok()) << "bit " << bit;
+  for (uint32_t version : {kFooterVersion, 1u}) {
+    SCOPED_TRACE(version);
+    const Footer f = version == 1 ? MakeFooterV1(entries) : MakeFooter(entries);
+    const size_t bytes = 3 * FooterEntryBytes(version);
+    auto t = DecodeTrailer(f.trailer(), f.file_size());
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_EQ(t->version, version);
+    ASSERT_TRUE(DecodeFooterEntries(f.bytes, *t).ok());
+    for (size_t bit = 0; bit < bytes * 8; ++bit) {
+      std::string bad = f.bytes;
+      bad[bit / 8] ^= static_cast<char>(1 << (bit % 8));
+      EXPECT_FALSE(DecodeFooterEntries(bad, *t).ok()) << "bit " << bit;
+    }
+    // Also with the entries checksum made to match the flipped bytes: each entry's own checksum.
+    for (size_t bit = 0; bit < bytes * 8; ++bit) {
+      std::string bad = f.bytes;
+      bad[bit / 8] ^= static_cast<char>(1 << (bit % 8));
+      Trailer resealed = *t;
+      resealed.entries_checksum = Checksum(absl::string_view(bad).substr(0, bytes));
+      EXPECT_FALSE(DecodeFooterEntries(bad, resealed).ok()) << "bit " << bit;
+    }
   }
 }
 
@@ -422,7 +551,7 @@ TEST(FormatTest, SegmentHeaderVersionIsChecked) {
 // A trailer with any fields and a good checksum (the layout is checked against EncodeFooter's in
 // TrailerLayoutIsAsDocumented).
 std::string MakeTrailer(uint64_t count, uint64_t footer_offset, uint64_t entries_checksum = 0,
-                        uint32_t version = 1) {
+                        uint32_t version = kFooterVersion) {
   std::string t("FKVFOOT1");
   AppendU32Le(&t, version);
   AppendU32Le(&t, 1);
@@ -438,9 +567,15 @@ TEST(FormatTest, TrailersThatDoNotFitTheFileAreRefused) {
   // The good case for reference: footer at 8192, 2 entries, file of 12288.
   EXPECT_TRUE(DecodeTrailer(MakeTrailer(2, 8192), 12288).ok());
   EXPECT_TRUE(DecodeTrailer(MakeTrailer(0, 4096), 8192).ok());
-  EXPECT_TRUE(DecodeTrailer(MakeTrailer(42, 4096), 8192).ok());  // a full block
-  // Unknown version.
-  EXPECT_FALSE(DecodeTrailer(MakeTrailer(2, 8192, 0, 2), 12288).ok());
+  EXPECT_TRUE(DecodeTrailer(MakeTrailer(38, 4096), 8192).ok());  // a full block
+  EXPECT_FALSE(DecodeTrailer(MakeTrailer(39, 4096), 8192).ok());
+  // Version 1 (96-byte entries) is still read.
+  EXPECT_TRUE(DecodeTrailer(MakeTrailer(2, 8192, 0, 1), 12288).ok());
+  EXPECT_TRUE(DecodeTrailer(MakeTrailer(42, 4096, 0, 1), 8192).ok());  // a full block
+  EXPECT_FALSE(DecodeTrailer(MakeTrailer(43, 4096, 0, 1), 8192).ok());
+  // Unknown versions.
+  EXPECT_FALSE(DecodeTrailer(MakeTrailer(2, 8192, 0, 0), 12288).ok());
+  EXPECT_FALSE(DecodeTrailer(MakeTrailer(2, 8192, 0, 3), 12288).ok());
   // Footer offset past the file, at its end, inside the segment header, unaligned.
   EXPECT_FALSE(DecodeTrailer(MakeTrailer(2, 16384), 12288).ok());
   EXPECT_FALSE(DecodeTrailer(MakeTrailer(2, 12288), 12288).ok());
@@ -451,6 +586,8 @@ TEST(FormatTest, TrailersThatDoNotFitTheFileAreRefused) {
   EXPECT_FALSE(DecodeTrailer(MakeTrailer(2, 8192 + 2048), 12288 + 2048).ok());
   // More entries than the footer holds, and counts whose byte size overflows.
   EXPECT_FALSE(DecodeTrailer(MakeTrailer(43, 4096), 8192).ok());
+  EXPECT_FALSE(
+      DecodeTrailer(MakeTrailer(UINT64_MAX / kFooterEntryBytesV1 + 1, 4096, 0, 1), 8192).ok());
   EXPECT_FALSE(DecodeTrailer(MakeTrailer(UINT64_MAX, 4096), 8192).ok());
   EXPECT_FALSE(DecodeTrailer(MakeTrailer(UINT64_MAX / kFooterEntryBytes + 1, 4096), 8192).ok());
   EXPECT_FALSE(DecodeTrailer(MakeTrailer((uint64_t{1} << 62) + 1, 4096), 8192).ok());
@@ -511,7 +648,7 @@ TEST(FormatTest, EntriesThatDoNotFitTheSegmentAreRefused) {
                }).ok());
   std::string footer = EncodeFooter(1, footer_offset, good);
   Put(&footer, kFooterEntryBytes + 85, 2, 1);  // entry 1's flags
-  Reseal(&footer, kFooterEntryBytes, kFooterEntryBytes + 88);
+  Reseal(&footer, kFooterEntryBytes, kFooterEntryBytes + 96);
   Trailer t;
   t.count = 3;
   t.footer_offset = footer_offset;
@@ -526,10 +663,9 @@ TEST(FormatTest, EntriesThatDoNotFitTheSegmentAreRefused) {
   EXPECT_FALSE(DecodeFooterEntries(footer, t).ok());
 }
 
-// DecodeFooterEntries trusts trailer.count not to overflow count * kFooterEntryBytes: a count of
-// 2^62 + 1 wraps to 96 bytes, passes the size and checksum checks, and then reserve(2^62 + 1)
-// throws std::length_error (the process aborts). DecodeTrailer never yields such a count, so the
-// store is safe today; enable once DecodeFooterEntries compares count with bytes.size() / 96.
+// A count whose byte size overflows: 2^62 + 1 entries of 104 bytes wrap to 104 bytes, which would
+// pass the size and checksum checks, and then reserve(2^62 + 1) would throw std::length_error.
+// DecodeFooterEntries compares the count with bytes.size() / the entry size first.
 TEST(FormatTest, EntriesCountsThatOverflowAreRefused) {
   const std::string footer = EncodeFooter(1, 8192, SampleEntries(1));
   Trailer t;
@@ -599,32 +735,42 @@ TEST(FormatTest, OnlyEightLowercaseHexDigitsAndSegAreSegmentFileNames) {
 
 constexpr char kCorpus[] = "kvstore/testdata/fuzz_corpus/";
 
-TEST(FormatTest, SealedSeedDecodes) {
-  const std::string file = ReadFile(std::string(kCorpus) + "sealed.seg");
-  ASSERT_EQ(file.size(), 5 * 4096u);
-  auto h = DecodeSegmentHeader(file);
-  ASSERT_TRUE(h.ok()) << h.status();
-  EXPECT_EQ(h->id, 1u);
-  auto t = DecodeTrailer(absl::string_view(file).substr(file.size() - kTrailerBytes), file.size());
-  ASSERT_TRUE(t.ok()) << t.status();
-  EXPECT_EQ(t->segment_id, 1u);
-  EXPECT_EQ(t->count, 3u);
-  EXPECT_EQ(t->footer_offset, 4 * 4096u);
-  auto entries = DecodeFooterEntries(absl::string_view(file).substr(t->footer_offset), *t);
-  ASSERT_TRUE(entries.ok()) << entries.status();
-  ASSERT_EQ(entries->size(), 3u);
-  for (const FooterEntry& e : *entries) {
-    auto r = DecodeRecordHeader(absl::string_view(file).substr(e.offset, kRecordHeaderBytes));
-    ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->key, e.header.key);
-    EXPECT_EQ(r->seq, e.header.seq);
-    EXPECT_EQ(r->value_bytes, e.header.value_bytes);
-    EXPECT_EQ(r->meta.traffic_class, e.header.meta.traffic_class);
-    EXPECT_EQ(r->value_checksum, Checksum(absl::string_view(file).substr(
-                                     e.offset + kRecordHeaderBytes, r->value_bytes)));
+TEST(FormatTest, SealedSeedsDecode) {
+  // sealed.seg as written now, sealed_v1.seg as written before retention floors.
+  for (const char* name : {"sealed.seg", "sealed_v1.seg"}) {
+    SCOPED_TRACE(name);
+    const bool v1 = std::string(name) == "sealed_v1.seg";
+    const std::string file = ReadFile(std::string(kCorpus) + name);
+    ASSERT_EQ(file.size(), 5 * 4096u);
+    auto h = DecodeSegmentHeader(file);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->id, 1u);
+    auto t =
+        DecodeTrailer(absl::string_view(file).substr(file.size() - kTrailerBytes), file.size());
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->version, v1 ? 1u : kFooterVersion);
+    EXPECT_EQ(t->segment_id, 1u);
+    EXPECT_EQ(t->count, 3u);
+    EXPECT_EQ(t->footer_offset, 4 * 4096u);
+    auto entries = DecodeFooterEntries(absl::string_view(file).substr(t->footer_offset), *t);
+    ASSERT_TRUE(entries.ok()) << entries.status();
+    ASSERT_EQ(entries->size(), 3u);
+    for (const FooterEntry& e : *entries) {
+      auto r = DecodeRecordHeader(absl::string_view(file).substr(e.offset, kRecordHeaderBytes));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->key, e.header.key);
+      EXPECT_EQ(r->seq, e.header.seq);
+      EXPECT_EQ(r->value_bytes, e.header.value_bytes);
+      EXPECT_EQ(r->meta.traffic_class, e.header.meta.traffic_class);
+      EXPECT_EQ(r->meta.retention_floor_s, e.header.meta.retention_floor_s);
+      EXPECT_EQ(r->value_checksum, Checksum(absl::string_view(file).substr(
+                                       e.offset + kRecordHeaderBytes, r->value_bytes)));
+    }
+    EXPECT_EQ((*entries)[1].header.meta.traffic_class, TrafficClass::kAgent);
+    EXPECT_EQ((*entries)[1].header.meta.retention_floor_s, v1 ? 0u : 3600u);
+    EXPECT_EQ((*entries)[0].header.meta.retention_floor_s, 0u);
+    EXPECT_NE((*entries)[2].last_read_us, 0);
   }
-  EXPECT_EQ((*entries)[1].header.meta.traffic_class, TrafficClass::kAgent);
-  EXPECT_NE((*entries)[2].last_read_us, 0);
 }
 
 TEST(FormatTest, UnsealedSeedHoldsRecordsAndATombstone) {
@@ -637,6 +783,8 @@ TEST(FormatTest, UnsealedSeedHoldsRecordsAndATombstone) {
     records.push_back(*r);
   }
   ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[0].meta.retention_floor_s, 0u);
+  EXPECT_EQ(records[1].meta.retention_floor_s, 300u);
   EXPECT_TRUE(records[2].tombstone);
   EXPECT_EQ(records[2].key, records[0].key);
   EXPECT_GT(records[2].seq, records[0].seq);
@@ -649,23 +797,31 @@ TEST(FormatTest, PieceSeedsDecode) {
   ASSERT_EQ(record.size(), 4096u);
   auto r = DecodeRecordHeader(record);
   ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->meta.retention_floor_s, 300u);
   EXPECT_EQ(r->value_checksum,
             Checksum(absl::string_view(record).substr(kRecordHeaderBytes, r->value_bytes)));
   const std::string header = ReadFile(std::string(kCorpus) + "record_header.bin");
   ASSERT_EQ(header.size(), kRecordHeaderBytes);
   EXPECT_TRUE(DecodeRecordHeader(header).ok());
-  const std::string footer = ReadFile(std::string(kCorpus) + "footer.bin");
-  ASSERT_EQ(footer.size(), 4096u);
-  auto t = DecodeTrailer(absl::string_view(footer).substr(4096 - kTrailerBytes), 5 * 4096);
-  ASSERT_TRUE(t.ok()) << t.status();
-  auto entries = DecodeFooterEntries(footer, *t);
-  ASSERT_TRUE(entries.ok()) << entries.status();
-  EXPECT_EQ(entries->size(), 2u);
+  for (const char* name : {"footer.bin", "footer_v1.bin"}) {
+    SCOPED_TRACE(name);
+    const bool v1 = std::string(name) == "footer_v1.bin";
+    const std::string footer = ReadFile(std::string(kCorpus) + name);
+    ASSERT_EQ(footer.size(), 4096u);
+    auto t = DecodeTrailer(absl::string_view(footer).substr(4096 - kTrailerBytes), 5 * 4096);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->version, v1 ? 1u : kFooterVersion);
+    auto entries = DecodeFooterEntries(footer, *t);
+    ASSERT_TRUE(entries.ok()) << entries.status();
+    ASSERT_EQ(entries->size(), 2u);
+    EXPECT_EQ((*entries)[1].header.meta.retention_floor_s, v1 ? 0u : 3600u);
+  }
   const std::string trailer = ReadFile(std::string(kCorpus) + "trailer.bin");
   ASSERT_EQ(trailer.size(), kTrailerBytes);
   auto empty = DecodeTrailer(trailer, 2 * 4096);
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->count, 0u);
+  EXPECT_EQ(empty->version, kFooterVersion);
 }
 
 }  // namespace

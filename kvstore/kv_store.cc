@@ -9,7 +9,6 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
@@ -138,9 +137,13 @@ struct KvStore::Impl {
   std::thread writer;
 
   int64_t NowUs() const { return absl::ToUnixMicros(clock->Now()); }
+  // How long after its last use an object of `meta` is kept: its class's ttl or its own floor.
+  int64_t RetentionUs(const ObjectMeta& meta) const {
+    return std::max(absl::ToInt64Microseconds(options.ttl[static_cast<int>(meta.traffic_class)]),
+                    static_cast<int64_t>(meta.retention_floor_s) * 1'000'000);
+  }
   bool Expired(const Entry& e, int64_t now) const {
-    return now - e.last_use_us() >
-           absl::ToInt64Microseconds(options.ttl[static_cast<int>(e.header.meta.traffic_class)]);
+    return now - e.last_use_us() > RetentionUs(e.header.meta);
   }
 
   absl::Status Recover();
@@ -541,20 +544,34 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
   Staged staged;
   absl::Status status;
   int64_t puts = 0, put_bytes = 0, deletes = 0;
-  absl::flat_hash_set<Hash128> in_group;
+  // Keys put in this group, with the retention floor they were put with.
+  absl::flat_hash_map<Hash128, uint32_t> in_group;
   for (Op* op : ops) {
     if (!status.ok()) break;
     if (op->kind == OpKind::kPut) {
       for (size_t i = 0; i < op->headers.size(); ++i) {
         RecordHeader& h = op->headers[i];
         {
-          // Content-addressed: a live copy is the same bytes.
+          // Content-addressed: a live copy is the same bytes, and is enough unless this item
+          // asks for a longer floor. Then it is written again, no shorter-lived than it was.
           std::lock_guard<std::mutex> lock(mu);
           auto it = index.find(h.key);
-          if (it != index.end() && !Expired(it->second, NowUs())) continue;
+          if (it != index.end() && !Expired(it->second, NowUs())) {
+            const ObjectMeta& live = it->second.header.meta;
+            if (live.retention_floor_s >= h.meta.retention_floor_s) continue;
+            if (options.ttl[static_cast<int>(live.traffic_class)] >
+                options.ttl[static_cast<int>(h.meta.traffic_class)]) {
+              h.meta.traffic_class = live.traffic_class;
+            }
+          }
         }
-        // The same key twice in one group: the first is enough.
-        if (!in_group.insert(h.key).second) continue;
+        // The same key twice in one group: the first is enough, unless this one asks for a
+        // longer floor (it is written after the first, and wins).
+        auto [at, inserted] = in_group.emplace(h.key, h.meta.retention_floor_s);
+        if (!inserted) {
+          if (at->second >= h.meta.retention_floor_s) continue;
+          at->second = h.meta.retention_floor_s;
+        }
         h.seq = next_seq++;
         status = Append(h, op->records[i].data(), AlignedBuffer(), &pending, &staged);
         if (!status.ok()) break;
@@ -900,6 +917,7 @@ absl::Status KvStore::Compact() {
 ExistsResult KvStore::Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint) {
   ExistsResult r;
   r.present.resize(keys.size());
+  r.retention_floor_s.resize(keys.size());
   std::lock_guard<std::mutex> lock(impl_->mu);
   const int64_t now = impl_->NowUs();
   bool prefix = true;
@@ -907,6 +925,7 @@ ExistsResult KvStore::Exists(absl::Span<const Hash128> keys, const Hash128& fing
     auto it = impl_->index.find(keys[i]);
     r.present[i] = it != impl_->index.end() && it->second.header.meta.fingerprint == fingerprint &&
                    !impl_->Expired(it->second, now);
+    if (r.present[i]) r.retention_floor_s[i] = it->second.header.meta.retention_floor_s;
     prefix = prefix && r.present[i];
     if (prefix) ++r.prefix;
   }

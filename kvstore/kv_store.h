@@ -19,11 +19,15 @@
 // one, or a deleted one. The newest record of a key (by sequence number) wins across segments;
 // deletes write tombstones.
 //
-// Retention and capacity: an object expires `ttl` of its traffic class after its last use
-// (creation or read). When the segment files exceed capacity_bytes, the oldest segment is
-// compacted: objects read since that segment was written are rewritten at the head (at most
-// half a segment's worth, most recently read first; one more round each, as in a second-chance
-// FIFO), the rest evicted, and the file removed, until the store is under the low watermark.
+// Retention and capacity: an object expires after its last use (creation or read) plus the longer
+// of its traffic class's `ttl` and its own retention floor (ObjectMeta::retention_floor_s, kept
+// in its record and its segment's footer, so a restart keeps it too). A Put of a present key
+// asking for a longer floor writes the object again (the newest record wins). Neither the ttl
+// nor a floor reserves room: capacity eviction comes first. When the segment files exceed
+// capacity_bytes, the oldest segment is compacted: objects read since that segment was written
+// are rewritten at the head (at most half a segment's worth, most recently read first; one more
+// round each, as in a second-chance FIFO), the rest evicted, and the file removed, until the
+// store is under the low watermark.
 // Segments mostly dead (deleted, expired, superseded) are compacted the same way in the
 // background, so the files stay within capacity and at most ~2x the live bytes; the index holds
 // only live objects and tombstones are dropped once no older segment remains.
@@ -52,7 +56,8 @@ namespace ferry {
 namespace kv {
 
 struct StoreOptions {
-  // Retention after last use, per traffic class (indexed by TrafficClass).
+  // Retention after last use, per traffic class (indexed by TrafficClass); an object's own
+  // retention floor may keep it longer.
   std::array<absl::Duration, kNumTrafficClasses> ttl = {absl::Hours(24 * 7),  // chat
                                                         absl::Hours(24 * 3),  // agent
                                                         absl::Hours(24)};     // batch
@@ -82,6 +87,9 @@ struct GetResult {
 struct ExistsResult {
   int64_t prefix = 0;         // leading keys all present
   std::vector<bool> present;  // per key
+  // Per key: the present object's retention floor (ObjectMeta::retention_floor_s), 0 for an
+  // absent one; a writer that wants a longer one puts the object again.
+  std::vector<uint32_t> retention_floor_s;
 };
 
 struct ClassStats {
@@ -127,12 +135,16 @@ class KvStore {
                                                        const StoreOptions& options);
   ~KvStore();  // waits for queued writes; nothing acknowledged is lost
 
-  // Stores every item, durably when it returns OK (a key already present is kept as it is). An
-  // item over max_object_bytes fails the whole batch before anything is written.
+  // Stores every item, durably when it returns OK. A key already present is kept as it is, unless
+  // the item asks for a longer retention floor than the present object's: then the item is
+  // written again with that floor and the longer-lived class of the two (the newest record
+  // wins), its last use now. An item over max_object_bytes fails the whole batch before anything
+  // is written.
   absl::Status Put(absl::Span<const PutItem> items);
   // Misses for absent, expired, deleted, corrupt objects and objects of another fingerprint.
   std::vector<GetResult> Get(absl::Span<const Hash128> keys, const Hash128& fingerprint);
-  // Presence by the index (no disk read): the longest present prefix and per-key presence.
+  // Presence by the index (no disk read): the longest present prefix, per-key presence and the
+  // present objects' retention floors.
   ExistsResult Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint);
   // Durable when it returns OK; the number of keys that were present.
   absl::StatusOr<int64_t> Delete(absl::Span<const Hash128> keys);

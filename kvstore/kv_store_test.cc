@@ -1,6 +1,7 @@
-// The KV store library: put/get/exists/delete, chain prefixes, fingerprints, TTLs on a fake
-// clock, capacity eviction that keeps what is read, restarts, corruption and torn segments
-// served as misses, concurrent readers and writers, and writes lost by a simulated power cut.
+// The KV store library: put/get/exists/delete, chain prefixes, fingerprints, TTLs and per-object
+// retention floors on a fake clock, capacity eviction that keeps what is read, restarts (floors
+// included, and stores written before floors existed), corruption and torn segments served as
+// misses, concurrent readers and writers, and writes lost by a simulated power cut.
 
 #include "kvstore/kv_store.h"
 
@@ -38,12 +39,13 @@ std::string Value(uint64_t i, size_t bytes) {
   return v;
 }
 
-ObjectMeta Meta(TrafficClass c = TrafficClass::kChat) {
+ObjectMeta Meta(TrafficClass c = TrafficClass::kChat, uint32_t retention_floor_s = 0) {
   ObjectMeta m;
   m.fingerprint = kModel;
   m.layout_tag = 42;
   m.token_count = 64;
   m.traffic_class = c;
+  m.retention_floor_s = retention_floor_s;
   return m;
 }
 
@@ -64,13 +66,17 @@ class KvStoreTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
   void PutN(KvStore& store, uint64_t from, uint64_t to, size_t bytes,
-            TrafficClass c = TrafficClass::kChat) {
+            TrafficClass c = TrafficClass::kChat, uint32_t retention_floor_s = 0) {
     std::vector<std::string> values;
     std::vector<PutItem> items;
     for (uint64_t i = from; i < to; ++i) values.push_back(Value(i, bytes));
-    for (uint64_t i = from; i < to; ++i) items.push_back({Key(i), Meta(c), values[i - from]});
+    for (uint64_t i = from; i < to; ++i) {
+      items.push_back({Key(i), Meta(c, retention_floor_s), values[i - from]});
+    }
     ASSERT_TRUE(store.Put(items).ok());
   }
+  // Present by Exists, which (unlike Get) is not a use: it does not move the expiry.
+  bool Present(KvStore& store, uint64_t i) { return store.Exists({Key(i)}, kModel).present[0]; }
   bool Has(KvStore& store, uint64_t i, size_t bytes) {
     auto r = store.Get({Key(i)}, kModel);
     if (!r[0].found) return false;
@@ -179,6 +185,177 @@ TEST_F(KvStoreTest, TtlPerTrafficClassFromLastUse) {
   PutN(*store, 10, 11, 100, TrafficClass::kChat);
   clock_.Advance(absl::Minutes(6));
   EXPECT_FALSE(Has(*store, 10, 100));
+}
+
+TEST_F(KvStoreTest, ARetentionFloorOutlastsAShorterClassTtl) {
+  options_.ttl[static_cast<int>(TrafficClass::kChat)] = absl::Minutes(10);
+  auto store = OpenStore();
+  PutN(*store, 0, 1, 5000, TrafficClass::kChat, 3600);  // "1h"
+  PutN(*store, 1, 2, 5000, TrafficClass::kChat, 300);   // "5m": the class keeps it longer
+  PutN(*store, 2, 3, 5000, TrafficClass::kChat, 0);     // the class alone, as before floors
+  const ExistsResult e = store->Exists({Key(0), Key(1), Key(2), Key(3)}, kModel);
+  EXPECT_EQ(e.present, std::vector<bool>({true, true, true, false}));
+  EXPECT_EQ(e.retention_floor_s, std::vector<uint32_t>({3600, 300, 0, 0}));
+  EXPECT_EQ(store->Get({Key(0)}, kModel)[0].meta.retention_floor_s, 3600u);  // a use, at 0
+  clock_.Advance(absl::Minutes(10) - absl::Seconds(1));
+  EXPECT_TRUE(Present(*store, 1));
+  EXPECT_TRUE(Present(*store, 2));
+  clock_.Advance(absl::Seconds(2));  // 10 min + 1 s
+  EXPECT_FALSE(Present(*store, 1));
+  EXPECT_FALSE(Present(*store, 2));
+  EXPECT_FALSE(Has(*store, 2, 5000));
+  clock_.Advance(absl::Minutes(49));  // 59 min after its last use
+  EXPECT_TRUE(Present(*store, 0));
+  EXPECT_EQ(store->Stats().objects, 1);
+  clock_.Advance(absl::Minutes(2));  // 61 min
+  EXPECT_FALSE(Present(*store, 0));
+  EXPECT_FALSE(Has(*store, 0, 5000));
+  ASSERT_TRUE(store->Compact().ok());
+  EXPECT_EQ(store->Stats().objects, 0);
+}
+
+TEST_F(KvStoreTest, ALongerClassTtlOutlastsTheFloor) {
+  options_.ttl[static_cast<int>(TrafficClass::kBatch)] = absl::Hours(24);
+  auto store = OpenStore();
+  PutN(*store, 0, 1, 5000, TrafficClass::kBatch, 3600);
+  clock_.Advance(absl::Hours(23));
+  EXPECT_TRUE(Present(*store, 0));
+  EXPECT_TRUE(Has(*store, 0, 5000));  // a use at 23 h: kept until 47 h
+  clock_.Advance(absl::Hours(24) - absl::Seconds(1));
+  EXPECT_TRUE(Present(*store, 0));
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_FALSE(Present(*store, 0));
+}
+
+TEST_F(KvStoreTest, APutWithAHigherFloorExtendsAPresentObject) {
+  options_.ttl[static_cast<int>(TrafficClass::kChat)] = absl::Minutes(10);
+  options_.ttl[static_cast<int>(TrafficClass::kBatch)] = absl::Minutes(5);
+  auto store = OpenStore();
+  PutN(*store, 0, 1, 5000, TrafficClass::kChat, 300);
+  EXPECT_EQ(store->Stats().puts, 1);
+  clock_.Advance(absl::Minutes(8));
+  // A lower or equal floor: the object is kept as it is (nothing written, its last use stays).
+  PutN(*store, 0, 1, 5000, TrafficClass::kChat, 0);
+  PutN(*store, 0, 1, 5000, TrafficClass::kChat, 300);
+  EXPECT_EQ(store->Stats().puts, 1);
+  // A higher one: written again (its last use now), keeping the longer-lived class (chat's
+  // 10 min over batch's 5).
+  PutN(*store, 0, 1, 5000, TrafficClass::kBatch, 3600);
+  EXPECT_EQ(store->Stats().puts, 2);
+  EXPECT_EQ(store->Exists({Key(0)}, kModel).retention_floor_s[0], 3600u);
+  auto got = store->Get({Key(0)}, kModel);  // at the re-put's time: its last use stays
+  ASSERT_TRUE(got[0].found);
+  EXPECT_EQ(got[0].value, Value(0, 5000));
+  EXPECT_EQ(got[0].meta.retention_floor_s, 3600u);
+  EXPECT_EQ(got[0].meta.traffic_class, TrafficClass::kChat);
+  EXPECT_EQ(store->Stats().objects, 1);
+  clock_.Advance(absl::Minutes(59));  // 67 min after the first put, 59 after the re-put
+  EXPECT_TRUE(Present(*store, 0));
+  // The same key twice in one batch: the higher floor wins.
+  const std::string v = Value(1, 100);
+  ASSERT_TRUE(store
+                  ->Put({{Key(1), Meta(TrafficClass::kChat, 0), v},
+                         {Key(1), Meta(TrafficClass::kChat, 900), v}})
+                  .ok());
+  EXPECT_EQ(store->Exists({Key(1)}, kModel).retention_floor_s[0], 900u);
+  // Both outlive a restart (the newest record of each key wins).
+  store.reset();
+  store = OpenStore();
+  const ExistsResult e = store->Exists({Key(0), Key(1)}, kModel);
+  EXPECT_EQ(e.retention_floor_s, std::vector<uint32_t>({3600, 900}));
+  clock_.Advance(absl::Seconds(30));
+  EXPECT_TRUE(Present(*store, 0));
+  clock_.Advance(absl::Minutes(1));  // 60.5 min after the re-put
+  EXPECT_FALSE(Present(*store, 0));
+  clock_.Advance(absl::Minutes(12));  // 13.5 min after key 1's put: its floor, not chat's 10 min
+  EXPECT_TRUE(Present(*store, 1));
+  clock_.Advance(absl::Minutes(2));
+  EXPECT_FALSE(Present(*store, 1));
+}
+
+TEST_F(KvStoreTest, FloorsSurviveARestartFromSealedAndOpenSegments) {
+  options_.ttl[static_cast<int>(TrafficClass::kChat)] = absl::Minutes(10);
+  const size_t bytes = 200 << 10;  // 5 a segment
+  {
+    auto store = OpenStore();
+    PutN(*store, 0, 6, bytes, TrafficClass::kChat, 3600);  // 0..4 sealed, 5 in the open one
+    PutN(*store, 6, 12, bytes, TrafficClass::kChat, 0);    // 6..9 sealed, 10 and 11 open
+    EXPECT_GE(store->Stats().segments, 3);
+  }
+  auto check = [&](const char* when) {
+    SCOPED_TRACE(when);
+    auto store = OpenStore();
+    const StoreStats s = store->Stats();
+    EXPECT_GE(s.segments_from_footer, 2);
+    EXPECT_EQ(s.segments_scanned, 1);  // only the segment that was open
+    std::vector<Hash128> keys;
+    for (uint64_t i = 0; i < 12; ++i) keys.push_back(Key(i));
+    const ExistsResult e = store->Exists(keys, kModel);
+    for (uint64_t i = 0; i < 12; ++i) {
+      EXPECT_TRUE(e.present[i]) << i;
+      EXPECT_EQ(e.retention_floor_s[i], i < 6 ? 3600u : 0u) << i;
+    }
+  };
+  check("reopened");
+  {
+    // Compaction rewrites records as they are: their floors move with them.
+    auto store = OpenStore();
+    ASSERT_TRUE(store->Delete({Key(1), Key(7)}).ok());
+    ASSERT_TRUE(store->Compact().ok());
+    PutN(*store, 1, 2, bytes, TrafficClass::kChat, 3600);
+    PutN(*store, 7, 8, bytes, TrafficClass::kChat, 0);
+  }
+  check("compacted and reopened");
+  clock_.Advance(absl::Minutes(30));
+  auto store = OpenStore();
+  for (uint64_t i = 0; i < 12; ++i) EXPECT_EQ(Present(*store, i), i < 6) << i;
+}
+
+// The fuzz seeds (kvstore/testdata/make_fuzz_corpus.py), written relative to this time.
+constexpr int64_t kSeedNowUs = 1'750'000'000'000'000;
+
+void CopyFile(const std::string& from, const fs::path& to) {
+  fs::create_directories(to.parent_path());
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+}
+
+TEST_F(KvStoreTest, AStoreWrittenBeforeFloorsOpensWithFloorZero) {
+  // A sealed segment with a version 1 footer and records without floors, as written before them.
+  clock_.SetWallTime(absl::FromUnixMicros(kSeedNowUs));
+  CopyFile("kvstore/testdata/fuzz_corpus/sealed_v1.seg", dir_ / SegmentFileName(1));
+  {
+    auto store = OpenStore();
+    const StoreStats s = store->Stats();
+    EXPECT_EQ(s.segments_from_footer, 1);
+    EXPECT_EQ(s.segments_scanned, 0);
+    EXPECT_EQ(s.objects, 3);
+    const std::vector<Hash128> keys = {Xxh3Hash128("sealed 1"), Xxh3Hash128("sealed 2"),
+                                       Xxh3Hash128("sealed 3")};
+    const ExistsResult e = store->Exists(keys, kModel);
+    EXPECT_EQ(e.present, std::vector<bool>({true, true, true}));
+    EXPECT_EQ(e.retention_floor_s, std::vector<uint32_t>({0, 0, 0}));
+    auto got = store->Get(keys, kModel);
+    for (const GetResult& r : got) EXPECT_TRUE(r.found);
+    EXPECT_EQ(got[1].meta.traffic_class, TrafficClass::kAgent);
+    // New objects next to the old ones, with floors, after a restart.
+    PutN(*store, 0, 1, 1000, TrafficClass::kChat, 300);
+  }
+  auto store = OpenStore();
+  EXPECT_EQ(store->Stats().objects, 4);
+  EXPECT_EQ(store->Exists({Key(0)}, kModel).retention_floor_s[0], 300u);
+  EXPECT_TRUE(store->Get({Xxh3Hash128("sealed 3")}, kModel)[0].found);
+  EXPECT_EQ(store->Verify().corrupt, 0);
+}
+
+TEST_F(KvStoreTest, ASealedSegmentWithFloorsOpens) {
+  clock_.SetWallTime(absl::FromUnixMicros(kSeedNowUs));
+  CopyFile("kvstore/testdata/fuzz_corpus/sealed.seg", dir_ / SegmentFileName(1));
+  auto store = OpenStore();
+  EXPECT_EQ(store->Stats().segments_from_footer, 1);
+  const ExistsResult e = store->Exists(
+      {Xxh3Hash128("sealed 1"), Xxh3Hash128("sealed 2"), Xxh3Hash128("sealed 3")}, kModel);
+  EXPECT_EQ(e.present, std::vector<bool>({true, true, true}));
+  EXPECT_EQ(e.retention_floor_s, std::vector<uint32_t>({0, 3600, 0}));
 }
 
 TEST_F(KvStoreTest, CapacityEvictsTheColdestAndKeepsWhatIsRead) {

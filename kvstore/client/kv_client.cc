@@ -209,6 +209,7 @@ struct Incoming {
     meta.layout_tag = h.layout_tag();
     meta.token_count = h.token_count();
     meta.traffic_class = ClassFromProto(h.traffic_class());
+    meta.retention_floor_s = h.retention_floor_seconds();
     if (by_transport) received = size;  // in the span already: any data now is a violation
   }
 
@@ -399,6 +400,7 @@ void GrpcKvClient::PutToNode(const NodeWork& work, absl::Span<const ClientObject
         h->set_layout_tag(o.meta.layout_tag);
         h->set_token_count(o.meta.token_count);
         h->set_traffic_class(ClassToProto(o.meta.traffic_class));
+        h->set_retention_floor_seconds(o.meta.retention_floor_s);
         h->set_size_bytes(o.value.size());
         h->set_checksum(Checksum(o.value));
       }
@@ -640,6 +642,8 @@ ExistsResult GrpcKvClient::Exists(absl::Span<const Hash128> keys, const Hash128&
   for (size_t at = 0; at < keys.size(); at += kMaxKeysPerRequest) {
     const ExistsResult slice = ExistsSlice(keys.subspan(at, kMaxKeysPerRequest), fingerprint);
     all.present.insert(all.present.end(), slice.present.begin(), slice.present.end());
+    all.retention_floor_s.insert(all.retention_floor_s.end(), slice.retention_floor_s.begin(),
+                                 slice.retention_floor_s.end());
   }
   while (all.prefix < static_cast<int64_t>(all.present.size()) && all.present[all.prefix]) {
     ++all.prefix;
@@ -650,6 +654,7 @@ ExistsResult GrpcKvClient::Exists(absl::Span<const Hash128> keys, const Hash128&
 ExistsResult GrpcKvClient::ExistsSlice(absl::Span<const Hash128> keys, const Hash128& fingerprint) {
   const std::vector<NodeWork> work = Plan(keys);
   std::vector<std::vector<bool>> present(work.size());
+  std::vector<std::vector<uint32_t>> floors(work.size());
   RunInParallel(work.size(), [&](size_t w) {
     ferry::v1::ExistsRequest request;
     request.mutable_context();
@@ -667,12 +672,26 @@ ExistsResult GrpcKvClient::ExistsSlice(absl::Span<const Hash128> keys, const Has
     }
     if (!Finish(work[w], status)) return;
     present[w].assign(response.present_flags().begin(), response.present_flags().end());
+    // A node that predates retention floors sends none: 0 each.
+    floors[w].assign(present[w].size(), 0);
+    if (response.retention_floor_seconds_size() == response.present_flags_size()) {
+      floors[w].assign(response.retention_floor_seconds().begin(),
+                       response.retention_floor_seconds().end());
+    }
   });
+  // Present on any replica; the floor is the lowest of the replicas that have the key (what a
+  // writer can count on).
   ExistsResult result;
   result.present.assign(keys.size(), false);
+  result.retention_floor_s.assign(keys.size(), 0);
   for (size_t w = 0; w < work.size(); ++w) {
     for (size_t i = 0; i < present[w].size(); ++i) {
-      if (present[w][i]) result.present[work[w].items[i]] = true;
+      if (!present[w][i]) continue;
+      const int k = work[w].items[i];
+      const uint32_t floor = floors[w][i];
+      result.retention_floor_s[k] =
+          result.present[k] ? std::min(result.retention_floor_s[k], floor) : floor;
+      result.present[k] = true;
     }
   }
   while (result.prefix < static_cast<int64_t>(keys.size()) && result.present[result.prefix]) {

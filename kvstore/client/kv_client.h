@@ -136,7 +136,9 @@ class KvClient {
   // stream per node, the nodes in parallel. Returns how many of `objects` are durable on at
   // least one node (already-present ones included): a lower bound, as a call that fails part way
   // may have stored some objects before. Objects refused by a node (too large, bad header) and
-  // node failures only lower the count; never an error.
+  // node failures only lower the count; never an error. Each object's meta travels with it, its
+  // retention floor included: a node that has the object with a lower floor writes it again
+  // (KvStore::Put).
   virtual int64_t Put(absl::Span<const ClientObject> objects) = 0;
 
   // One result per key. Each key is read from its first replica that is up and has it: a miss,
@@ -169,7 +171,8 @@ class KvClient {
 
   // `keys` is a chain in order. A key is present if any of its replica nodes says so (all of
   // them are asked, in parallel, one RPC per node); `prefix` is the number of leading keys
-  // present. Keys of down nodes are not present.
+  // present. Keys of down nodes are not present. A present key's retention_floor_s is the lowest
+  // among the replicas that have it (0 from a node that predates floors), 0 for an absent key.
   virtual ExistsResult Exists(absl::Span<const Hash128> keys, const Hash128& fingerprint) = 0;
 
   // Deletes each key on all its replica nodes (best effort: a node that is down keeps its copy,

@@ -58,6 +58,7 @@ ObjectMeta Meta(int i) {
   m.layout_tag = 0x1234'5678'9abc'def0ULL + static_cast<uint64_t>(i);  // needs all 64 bits
   m.token_count = 16 + static_cast<uint32_t>(i);
   m.traffic_class = static_cast<TrafficClass>(i % kNumTrafficClasses);
+  m.retention_floor_s = i % 4 == 0 ? 0 : 300 * static_cast<uint32_t>(i % 4);
   return m;
 }
 
@@ -85,6 +86,7 @@ void ExpectSameMeta(const ObjectMeta& a, const ObjectMeta& b) {
   EXPECT_EQ(a.layout_tag, b.layout_tag);
   EXPECT_EQ(a.token_count, b.token_count);
   EXPECT_EQ(a.traffic_class, b.traffic_class);
+  EXPECT_EQ(a.retention_floor_s, b.retention_floor_s);
 }
 
 // Forwards every call to the real service after `delay` (cut short when the call is cancelled,
@@ -372,6 +374,8 @@ TEST_F(KvClientTest, RoundTripAcrossThreeNodes) {
   const ExistsResult e = client->Exists({Key(0), Key(1), Key(2), absent, Key(3)}, kModel);
   EXPECT_EQ(e.prefix, 3);
   EXPECT_EQ(e.present, (std::vector<bool>{true, true, true, false, true}));
+  // The present objects' retention floors, as put.
+  EXPECT_EQ(e.retention_floor_s, (std::vector<uint32_t>{0, 300, 600, 0, 900}));
   EXPECT_EQ(client->Exists({Key(0)}, kOtherModel).prefix, 0);
 
   // Smaller chunks: many Put messages, and Get asks for small ones too.
@@ -423,8 +427,10 @@ TEST_F(KvClientTest, CallsOverTheServersKeyLimitGoInSlices) {
   chain[65540] = o.keys[3];                          // and one in the second slice
   const ExistsResult e = client->Exists(chain, kModel);
   ASSERT_EQ(e.present.size(), chain.size());
+  ASSERT_EQ(e.retention_floor_s.size(), chain.size());
   EXPECT_EQ(e.prefix, 3);
   EXPECT_TRUE(e.present[65540]);
+  EXPECT_EQ(e.retention_floor_s[65540], Meta(6).retention_floor_s);
   int present = 0;
   for (bool p : e.present) present += p;
   EXPECT_EQ(present, 4);
@@ -473,6 +479,34 @@ TEST_F(KvClientTest, ReplicationServesEveryObjectWithANodeDown) {
   EXPECT_TRUE(client->nodes()[2].up);
   std::cerr << "replication 2, node down: Get of 30 objects (3 MiB among them) took " << get_time
             << "\n";
+}
+
+TEST_F(KvClientTest, ExistsReportsTheLowestFloorOfTheReplicasThatHaveAKey) {
+  StartNodes(2);
+  auto client = NewClient(Options(/*replication=*/2));
+  ASSERT_NE(client, nullptr);
+  Objects o(4, 7);  // floors 0, 300, 600
+  EXPECT_EQ(client->Put(o.objects), 3);
+  EXPECT_EQ(client->Exists(o.keys, kModel).retention_floor_s, (std::vector<uint32_t>{0, 300, 600}));
+  // Through the client, a higher floor writes the objects again on both replicas.
+  for (ClientObject& obj : o.objects) obj.meta.retention_floor_s = 3600;
+  EXPECT_EQ(client->Put(o.objects), 3);
+  EXPECT_EQ(client->Exists(o.keys, kModel).retention_floor_s,
+            (std::vector<uint32_t>{3600, 3600, 3600}));
+  const auto got = client->Get(o.keys, kModel);
+  for (const ClientGetResult& r : got) EXPECT_EQ(r.meta.retention_floor_s, 3600u);
+  // One replica with a longer floor than the other: the lower one counts.
+  ObjectMeta meta = Meta(8);
+  meta.retention_floor_s = 300;
+  ASSERT_TRUE(nodes_[0]->store().Put({{Key(8), meta, "v"}}).ok());
+  meta.retention_floor_s = 7200;
+  ASSERT_TRUE(nodes_[1]->store().Put({{Key(8), meta, "v"}}).ok());
+  // Present on one replica only: its floor.
+  meta.retention_floor_s = 900;
+  ASSERT_TRUE(nodes_[1]->store().Put({{Key(9), meta, "v"}}).ok());
+  const ExistsResult e = client->Exists({Key(8), Key(9), Key(10)}, kModel);
+  EXPECT_EQ(e.present, (std::vector<bool>{true, true, false}));
+  EXPECT_EQ(e.retention_floor_s, (std::vector<uint32_t>{300, 900, 0}));
 }
 
 TEST_F(KvClientTest, DownNodeIsAMissThenSkippedThenProbedUntilItIsBack) {

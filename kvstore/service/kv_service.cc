@@ -69,6 +69,7 @@ void FillHeader(const Hash128& key, const GetResult& r, ferry::v1::ObjectHeader*
   h->set_layout_tag(r.meta.layout_tag);
   h->set_token_count(r.meta.token_count);
   h->set_traffic_class(ClassToProto(r.meta.traffic_class));
+  h->set_retention_floor_seconds(r.meta.retention_floor_s);
   h->set_size_bytes(r.value.size());
   h->set_checksum(r.checksum);
   h->set_created_unix_ms(absl::ToUnixMillis(r.created));
@@ -336,6 +337,7 @@ grpc::Status KvStoreService::Exists(grpc::ServerContext* context,
   const ExistsResult r = store_->Exists(keys, HashFromProto(request->model_fingerprint()));
   response->set_longest_present_prefix(static_cast<uint32_t>(r.prefix));
   for (bool p : r.present) response->add_present_flags(p);
+  for (uint32_t floor : r.retention_floor_s) response->add_retention_floor_seconds(floor);
   return grpc::Status::OK;
 }
 
@@ -617,6 +619,7 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context,
       current.item.meta.layout_tag = h.layout_tag();
       current.item.meta.token_count = h.token_count();
       current.item.meta.traffic_class = ClassFromProto(h.traffic_class());
+      current.item.meta.retention_floor_s = h.retention_floor_seconds();
       current.size = h.size_bytes();
       current.checksum = h.checksum();
       open = true;

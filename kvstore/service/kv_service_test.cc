@@ -37,6 +37,8 @@ using ferry::v1::PutChunk;
 const Hash128 kModel = Xxh3Hash128("model");
 
 Hash128 Key(int i) { return Xxh3Hash128("block " + std::to_string(i)); }
+// The retention floor the tests' puts give object i.
+uint32_t FloorOf(int i) { return 100 * static_cast<uint32_t>(i); }
 
 void Set(const Hash128& h, ferry::v1::Hash128* out) {
   out->set_lo(h.lo);
@@ -145,6 +147,7 @@ class KvServiceTest : public ::testing::Test {
           h->set_layout_tag(7);
           h->set_token_count(64);
           h->set_traffic_class(ferry::v1::TRAFFIC_CLASS_AGENT);
+          h->set_retention_floor_seconds(FloorOf(i));
           h->set_size_bytes(bytes.size());
           h->set_checksum(Checksum(bytes) + (bad_checksum ? 1 : 0));
         }
@@ -177,6 +180,7 @@ class KvServiceTest : public ::testing::Test {
       if (c.offset() == 0) {
         EXPECT_EQ(c.header().layout_tag(), 7u);
         EXPECT_EQ(c.header().traffic_class(), ferry::v1::TRAFFIC_CLASS_AGENT);
+        EXPECT_EQ(c.header().retention_floor_seconds(), FloorOf(k));
         (*found)[k] = "";
       }
       EXPECT_EQ((*found)[k].size(), c.offset());
@@ -221,6 +225,11 @@ TEST_F(KvServiceTest, EveryOperationThroughTheWire) {
   EXPECT_EQ(exr.longest_present_prefix(), 2u);
   EXPECT_EQ(std::vector<bool>(exr.present_flags().begin(), exr.present_flags().end()),
             std::vector<bool>({true, true, false, true}));
+  // The present objects' floors, as put (0 for the absent one).
+  EXPECT_EQ(std::vector<uint32_t>(exr.retention_floor_seconds().begin(),
+                                  exr.retention_floor_seconds().end()),
+            std::vector<uint32_t>({FloorOf(1), FloorOf(2), 0, FloorOf(3)}));
+  EXPECT_EQ(store_->Get({Key(3)}, kModel)[0].meta.retention_floor_s, FloorOf(3));
 
   ferry::v1::DeleteRequest del;
   Set(Key(2), del.add_block_hashes());

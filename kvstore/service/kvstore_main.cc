@@ -19,6 +19,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/log.h"
 #include "engine/common/units.h"
@@ -39,9 +42,13 @@ ABSL_FLAG(int, admin_port, 0, "admin HTTP port (0: any free port)");
 ABSL_FLAG(std::string, capacity, "64GiB", "capacity of the segment files");
 ABSL_FLAG(std::string, segment_bytes, "256MiB", "segment file size");
 ABSL_FLAG(std::string, max_object_bytes, "64MiB", "largest object accepted");
-ABSL_FLAG(std::string, ttl_chat, "7d", "retention of chat objects after their last use");
-ABSL_FLAG(std::string, ttl_agent, "3d", "retention of agent objects after their last use");
-ABSL_FLAG(std::string, ttl_batch, "1d", "retention of batch objects after their last use");
+ABSL_FLAG(std::string, ttl_chat, "7d",
+          "retention of chat objects after their last use (an object's own retention floor, "
+          "from its request, may keep it longer)");
+ABSL_FLAG(std::string, ttl_agent, "3d",
+          "retention of agent objects after their last use (or their own floor, if longer)");
+ABSL_FLAG(std::string, ttl_batch, "1d",
+          "retention of batch objects after their last use (or their own floor, if longer)");
 ABSL_FLAG(std::string, max_chunk_bytes, "4MiB", "data per Get/Put message at most");
 ABSL_FLAG(int, rpc_grace_ms, 10000, "grace for in-flight calls at shutdown");
 ABSL_FLAG(std::string, transport, "none",
@@ -73,6 +80,14 @@ int main(int argc, char** argv) {
   using namespace ferry;
   auto signal = TerminationSignal::Install();  // before any thread
   CHECK_OK(signal.status());
+  absl::SetProgramUsageMessage(
+      "one node of the Ferry KV store; see kvstore/service/kvstore_main.cc");
+  // --help lists this file's flags (absl looks for a file named after the binary by default).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "kvstore_main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   TuneAllocatorForLargeBuffers();
   if (absl::GetFlag(FLAGS_dir).empty()) {

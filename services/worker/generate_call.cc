@@ -104,7 +104,7 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
     service_->deadlines().Add(id_, deadline_);
   }
   r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
-  service_->WriteComputedBlocks(r, ctx.traffic_class());
+  service_->WriteComputedBlocks(r, ctx);
   if (role == "decode") {
     if (!r.resume.empty()) {
       if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Remove(id_, deadline_);

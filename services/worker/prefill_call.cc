@@ -127,7 +127,7 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
   r.role = EngineRole::kPrefillOnly;
   r.stream_kv = stream_;
   r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
-  service_->WriteComputedBlocks(r, ctx.traffic_class());
+  service_->WriteComputedBlocks(r, ctx);
   refs_.fetch_add(1);  // the engine's
   if (StoreReader* reader = service_->store_reader(); reader != nullptr) {
     reader->Read(std::move(r), deadline_, [this](EngineRequest read, const StoreRead& what) {

@@ -1,11 +1,12 @@
 // StoreWriter and StoreReader against an in-memory KvClient (the store's seam) and a real engine
 // on a small synthetic model. Writer: blocks reach the store with the model's fingerprint, the
-// pool's layout tag, their token count and class and their bytes; hashes written or present are
-// not written again; a full queue drops (no reference kept) and never blocks the caller; every
-// reference goes back. Reader: a cold engine imports the stored run and answers exactly as the
-// engine that computed it; the run ends at the first block missing or of another layout, and
-// the blocks after it go back to the pool; a prefix the engine's memory holds is not read; a
-// store that is down is a miss; a full queue skips the read.
+// pool's layout tag, their token count, class and retention floor and their bytes; hashes
+// written or present are not written again unless a higher floor is wanted than the one known
+// (then they are, counted "extended"); a full queue drops (no reference kept) and never blocks
+// the caller; every reference goes back. Reader: a cold engine imports the stored run and answers
+// exactly as the engine that computed it; the run ends at the first block missing or of another
+// layout, and the blocks after it go back to the pool; a prefix the engine's memory holds is not
+// read; a store that is down is a miss; a full queue skips the read.
 
 #include <condition_variable>
 #include <map>
@@ -79,6 +80,7 @@ class FakeKvClient final : public kv::KvClient {
       auto it = objects_.find(k);
       r.present.push_back(!down_ && it != objects_.end() &&
                           it->second.meta.fingerprint == fingerprint);
+      r.retention_floor_s.push_back(r.present.back() ? it->second.meta.retention_floor_s : 0);
     }
     while (r.prefix < static_cast<int64_t>(r.present.size()) && r.present[r.prefix]) ++r.prefix;
     return r;
@@ -118,6 +120,10 @@ class FakeKvClient final : public kv::KvClient {
   int gets() {
     std::lock_guard<std::mutex> lock(mu_);
     return gets_;
+  }
+  int exists() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return exists_;
   }
 
  private:
@@ -221,6 +227,19 @@ class StoreTest : public ::testing::Test {
     ASSERT_TRUE(writer.Flush(absl::Seconds(30)));
   }
 
+  // ferry_worker_store_write_blocks_total{outcome}.
+  double WriteBlocks(const std::string& outcome) {
+    for (const auto& family : registry_.Collect()) {
+      if (family.name != "ferry_worker_store_write_blocks_total") continue;
+      for (const auto& metric : family.metric) {
+        for (const auto& l : metric.label) {
+          if (l.name == "outcome" && l.value == outcome) return metric.counter.value;
+        }
+      }
+    }
+    return -1;
+  }
+
   prometheus::Registry registry_;
   WorkerMetrics metrics_;
 };
@@ -273,6 +292,65 @@ TEST_F(StoreTest, TheWriterStoresComputedBlocksOnceAndGivesEveryReferenceBack) {
   e.engine->ClearPrefixCache();
   e.Run(Req("nothing", {1}));
   EXPECT_EQ(e.pool->num_free(), e.pool->num_blocks());
+}
+
+TEST_F(StoreTest, AHigherFloorWritesAPresentBlockAgainALowerOrEqualOneDoesNot) {
+  TestEngine e;
+  FakeKvClient store;
+  StoreWriter writer(&store, e.pool.get(), e.model->fingerprint(), &metrics_, {});
+  std::vector<BlockId> blocks = *e.pool->Allocate(3);  // as computed blocks, one reference each
+  const std::vector<ComputedBlock> computed = {{0, Hash128{9, 0}, blocks[0]},
+                                               {1, Hash128{9, 1}, blocks[1]}};
+  auto offer = [&](uint32_t floor, absl::Span<const ComputedBlock> which) {
+    writer.Offer(which, kv::TrafficClass::kChat, floor);
+    ASSERT_TRUE(writer.Flush(absl::Seconds(30)));
+  };
+  auto floor_of = [&](int i) { return store.objects()[computed[i].hash].meta.retention_floor_s; };
+  offer(300, computed);
+  EXPECT_EQ(store.puts(), 1);
+  EXPECT_EQ(floor_of(0), 300u);
+  EXPECT_EQ(floor_of(1), 300u);
+  EXPECT_EQ(WriteBlocks("written"), 2);
+  // Written lately with 300: an equal or lower floor is not even asked about.
+  const int exists = store.exists();
+  offer(300, computed);
+  offer(0, computed);
+  EXPECT_EQ(store.exists(), exists);
+  EXPECT_EQ(store.puts(), 1);
+  EXPECT_EQ(WriteBlocks("present"), 4);
+  // A higher one: asked (the store says 300) and written again with it.
+  offer(3600, absl::MakeConstSpan(computed).subspan(0, 1));
+  EXPECT_EQ(store.puts(), 2);
+  EXPECT_EQ(floor_of(0), 3600u);
+  EXPECT_EQ(floor_of(1), 300u);
+  EXPECT_EQ(WriteBlocks("extended"), 1);
+  EXPECT_EQ(WriteBlocks("written"), 2);
+  offer(3600, absl::MakeConstSpan(computed).subspan(0, 1));
+  EXPECT_EQ(store.puts(), 2);
+
+  // A writer that never saw them asks the store: a floor at or below the store's is present.
+  StoreWriter other(&store, e.pool.get(), e.model->fingerprint(), &metrics_, {});
+  other.Offer(computed, kv::TrafficClass::kChat, 300);
+  ASSERT_TRUE(other.Flush(absl::Seconds(30)));
+  EXPECT_EQ(store.puts(), 2);
+  // The same block twice in one batch, with 1800 and 2400 (both above the 300 known): put once,
+  // with 2400. (The writer is held inside a Put of a third block while both are queued.)
+  const std::vector<ComputedBlock> third = {{2, Hash128{9, 2}, blocks[2]}};
+  store.Hold(true);
+  other.Offer(third, kv::TrafficClass::kChat, 0);
+  while (store.puts() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  other.Offer(absl::MakeConstSpan(computed).subspan(1, 1), kv::TrafficClass::kChat, 1800);
+  other.Offer(absl::MakeConstSpan(computed).subspan(1, 1), kv::TrafficClass::kChat, 2400);
+  store.Hold(false);
+  ASSERT_TRUE(other.Flush(absl::Seconds(30)));
+  EXPECT_EQ(store.puts(), 4);
+  EXPECT_EQ(floor_of(1), 2400u);
+  EXPECT_EQ(floor_of(0), 3600u);
+  EXPECT_EQ(WriteBlocks("extended"), 2);
+  EXPECT_EQ(WriteBlocks("written"), 3);
+  // Every reference went back.
+  for (BlockId b : blocks) EXPECT_EQ(e.pool->ref_count(b), 1);
+  ASSERT_TRUE(e.pool->Release(blocks).ok());
 }
 
 TEST_F(StoreTest, AFullWriteQueueDropsAndNeverBlocks) {

@@ -29,7 +29,8 @@ StoreWriter::~StoreWriter() {
   thread_.join();
 }
 
-void StoreWriter::Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass traffic_class) {
+void StoreWriter::Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass traffic_class,
+                        uint32_t retention_floor_s) {
   int64_t dropped = 0, queued_bytes = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -40,7 +41,7 @@ void StoreWriter::Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass
         ++dropped;
         continue;
       }
-      queue_.push_back(Item{b.hash, b.block, traffic_class});
+      queue_.push_back(Item{b.hash, b.block, traffic_class, retention_floor_s});
     }
     queued_bytes = static_cast<int64_t>(queue_.size()) * block_bytes_;
   }
@@ -81,8 +82,12 @@ void StoreWriter::Release(const Item& item) {
   CHECK_OK(pool_->Release(absl::MakeConstSpan(&item.block, 1)));
 }
 
-void StoreWriter::Remember(const Hash128& hash) {
-  if (!recent_.insert(hash).second) return;
+void StoreWriter::Remember(const Hash128& hash, uint32_t retention_floor_s) {
+  auto [it, inserted] = recent_.emplace(hash, retention_floor_s);
+  if (!inserted) {
+    it->second = std::max(it->second, retention_floor_s);
+    return;
+  }
   recent_order_.push_back(hash);
   while (recent_order_.size() > options_.recent_hashes) {
     recent_.erase(recent_order_.front());
@@ -91,12 +96,22 @@ void StoreWriter::Remember(const Hash128& hash) {
 }
 
 void StoreWriter::Write(std::vector<Item> batch) {
-  // What was written (or seen present) lately is not asked about again; nor is a hash twice.
+  // What was written (or seen present) lately with at least the floor wanted is not asked about
+  // again; nor is a hash twice (the first goes, with the highest floor asked for).
   std::vector<Item> fresh;
-  absl::flat_hash_set<Hash128> seen;
+  absl::flat_hash_map<Hash128, size_t> seen;  // hash -> its index in `fresh`
   int64_t skipped = 0;
   for (const Item& item : batch) {
-    if (recent_.contains(item.hash) || !seen.insert(item.hash).second) {
+    auto known = recent_.find(item.hash);
+    if (known != recent_.end() && known->second >= item.retention_floor_s) {
+      Release(item);
+      ++skipped;
+      continue;
+    }
+    auto [at, inserted] = seen.emplace(item.hash, fresh.size());
+    if (!inserted) {
+      Item& first = fresh[at->second];
+      first.retention_floor_s = std::max(first.retention_floor_s, item.retention_floor_s);
       Release(item);
       ++skipped;
       continue;
@@ -110,17 +125,25 @@ void StoreWriter::Write(std::vector<Item> batch) {
   std::vector<Hash128> keys;
   for (const Item& item : fresh) keys.push_back(item.hash);
   const kv::ExistsResult present = client_->Exists(keys, fingerprint_);
-  std::vector<Item> missing;
+  // To put: the absent ones first, then those present with a lower floor than wanted.
+  std::vector<Item> missing, extend;
   for (size_t i = 0; i < fresh.size(); ++i) {
-    if (i < present.present.size() && present.present[i]) {
-      Remember(fresh[i].hash);
-      Release(fresh[i]);
-      ++skipped;
-    } else {
+    if (i >= present.present.size() || !present.present[i]) {
       missing.push_back(fresh[i]);
+      continue;
     }
+    const uint32_t floor = i < present.retention_floor_s.size() ? present.retention_floor_s[i] : 0;
+    if (floor < fresh[i].retention_floor_s) {
+      extend.push_back(fresh[i]);
+      continue;
+    }
+    Remember(fresh[i].hash, floor);
+    Release(fresh[i]);
+    ++skipped;
   }
   if (skipped > 0) metrics_->StoreWriteBlocks("present", skipped);
+  const int64_t absent = static_cast<int64_t>(missing.size());
+  missing.insert(missing.end(), extend.begin(), extend.end());
   if (missing.empty()) return;
   // The values point into the pool: the blocks are full and referenced, so nothing writes them.
   std::vector<kv::ClientObject> objects;
@@ -133,6 +156,7 @@ void StoreWriter::Write(std::vector<Item> batch) {
     o.meta.layout_tag = layout_tag_;
     o.meta.token_count = static_cast<uint32_t>(pool_->layout().block_tokens);
     o.meta.traffic_class = item.traffic_class;
+    o.meta.retention_floor_s = item.retention_floor_s;
     o.value = absl::string_view(static_cast<const char*>((*spans)[0].address), (*spans)[0].length);
     objects.push_back(o);
   }
@@ -141,9 +165,12 @@ void StoreWriter::Write(std::vector<Item> batch) {
   const int64_t n = static_cast<int64_t>(missing.size());
   if (durable == n) {
     // (A lower bound: when it is short, which ones failed is unknown, and none is remembered.)
-    for (const Item& item : missing) Remember(item.hash);
+    for (const Item& item : missing) Remember(item.hash, item.retention_floor_s);
   }
-  metrics_->StoreWriteBlocks("written", durable);
+  // When the call stored only some, which is unknown: the absent ones count first.
+  const int64_t written = std::min(durable, absent);
+  metrics_->StoreWriteBlocks("written", written);
+  if (durable > written) metrics_->StoreWriteBlocks("extended", durable - written);
   if (durable < n) metrics_->StoreWriteBlocks("failed", n - durable);
   metrics_->StoreWrittenBytes(durable * block_bytes_);
 }

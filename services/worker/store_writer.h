@@ -5,17 +5,23 @@
 //
 //   StoreWriter writer(client, &pool, fingerprint, metrics, {});
 //   request.on_computed_blocks = [&](absl::Span<const ComputedBlock> b) {
-//     writer.Offer(b, kv::TrafficClass::kAgent);
+//     writer.Offer(b, kv::TrafficClass::kAgent, /*retention_floor_s=*/3600);
 //   };
+//
+// Retention: each block goes with its traffic class and a retention floor (the store keeps it at
+// least that long after its last use; the class may keep it longer; 0: the class alone).
 //
 // Bounded: the blocks waiting hold a pool reference each (the pool cannot reuse them before
 // their bytes are sent), at most max_queued_bytes of them; a block offered beyond that is dropped
 // and counted, never waited for. The writer takes up to batch_blocks blocks at a time, skips
-// those it wrote or found present lately (a bounded set of recent hashes), asks the store which
-// of the rest it already has (one Exists), and Puts the others in one call whose values point
-// into the pool itself (the client copies them into its messages; nothing else copies them).
-// Each block's reference is dropped as soon as that call returns. A store that is down or slow
-// costs the batch (counted failed), never a request.
+// those it wrote or found present lately with at least the floor wanted (a bounded map of recent
+// hashes to the floor known for each; a hash twice in a batch goes once, with its highest
+// floor), asks the store which of the rest it already has and with which floor (one Exists), and
+// Puts the others in one call whose values point into the pool itself (the client copies them
+// into its messages; nothing else copies them): those absent, and those present with a lower
+// floor than wanted (written again with the higher one, counted "extended"). Each block's
+// reference is dropped as soon as that call returns. A store that is down or slow costs the
+// batch (counted failed), never a request.
 //
 // Threads: Offer on any thread (the engine's), never blocking; one writer thread. The destructor
 // writes what is queued (each call bounded by the client's deadline) and joins.
@@ -29,7 +35,7 @@
 #include <mutex>
 #include <thread>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/common/hash128.h"
@@ -55,9 +61,10 @@ class StoreWriter {
   StoreWriter(const StoreWriter&) = delete;
   StoreWriter& operator=(const StoreWriter&) = delete;
 
-  // Queues `blocks` (a reference each) for the store, with their retention class; drops what
-  // does not fit. Never blocks.
-  void Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass traffic_class);
+  // Queues `blocks` (a reference each) for the store, with their retention class and floor
+  // (seconds; 0: the class alone); drops what does not fit. Never blocks.
+  void Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass traffic_class,
+             uint32_t retention_floor_s = 0);
   // Waits until nothing is queued or being written, at most `timeout`; true when so.
   bool Flush(absl::Duration timeout);
 
@@ -66,11 +73,13 @@ class StoreWriter {
     Hash128 hash;
     BlockId block;
     kv::TrafficClass traffic_class;
+    uint32_t retention_floor_s;
   };
   void Loop();
   void Write(std::vector<Item> batch);
   void Release(const Item& item);
-  void Remember(const Hash128& hash);
+  // Notes that the store has `hash` with at least `retention_floor_s`.
+  void Remember(const Hash128& hash, uint32_t retention_floor_s);
 
   kv::KvClient* const client_;
   KvBlockPool* const pool_;
@@ -85,8 +94,9 @@ class StoreWriter {
   std::deque<Item> queue_;
   bool writing_ = false;
   bool stopping_ = false;
-  // Hashes written or found present lately (writer thread only), oldest first in recent_order_.
-  absl::flat_hash_set<Hash128> recent_;
+  // Hashes written or found present lately, with the retention floor the store has them with
+  // (writer thread only), oldest first in recent_order_.
+  absl::flat_hash_map<Hash128, uint32_t> recent_;
   std::deque<Hash128> recent_order_;
   std::thread thread_;
 };

@@ -88,10 +88,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
   store_write_blocks_ = &prometheus::BuildCounter()
                              .Name("ferry_worker_store_write_blocks_total")
                              .Help(
-                                 "Computed KV blocks offered to the KV store: written, present "
-                                 "(the store had them), dropped (queue full), failed.")
+                                 "Computed KV blocks offered to the KV store: written, extended "
+                                 "(the store had them with a shorter retention floor: written "
+                                 "again), present (the store had them), dropped (queue full), "
+                                 "failed.")
                              .Register(registry);
-  for (const char* o : {"written", "present", "dropped", "failed"}) {
+  for (const char* o : {"written", "extended", "present", "dropped", "failed"}) {
     store_write_blocks_->Add({{"outcome", o}});
   }
   store_written_bytes_ = &prometheus::BuildCounter()

@@ -26,7 +26,9 @@
 //   ferry_worker_store_read_blocks_total{outcome} loaded, missing (absent, corrupt, node down),
 //                                                rejected (another KV layout)
 //   ferry_worker_store_read_bytes_total, ferry_worker_store_read_seconds (histogram per read)
-//   ferry_worker_store_write_blocks_total{outcome} written, present (the store had them),
+//   ferry_worker_store_write_blocks_total{outcome} written, extended (the store had them with a
+//                                                shorter retention floor than the request's:
+//                                                written again), present (the store had them),
 //                                                dropped (the write queue was full), failed
 //   ferry_worker_store_written_bytes_total
 //   ferry_worker_store_write_queue_bytes         waiting or being written

@@ -131,8 +131,9 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   transfer::KvTransport* transport() { return options_.transport; }
   StoreReader* store_reader() { return options_.store_reader; }
   // Sends the full blocks `request` computes to the store's writer (if any), with the request's
-  // traffic class (its retention there).
-  void WriteComputedBlocks(EngineRequest& request, ferry::v1::TrafficClass traffic_class);
+  // traffic class (its retention there) and, for the blocks wholly inside its prompt, the
+  // context's retention floor (output blocks: the class alone).
+  void WriteComputedBlocks(EngineRequest& request, const ferry::v1::RequestContext& context);
   const ReservationTarget& reservation_target() const { return target_; }
   const KvFacts& kv_facts() const { return facts_; }
   absl::Duration reservation_timeout() const { return options_.reservation_timeout; }

@@ -7,7 +7,8 @@
 // cold prefill worker pushes what it read to the decode worker). Faults: a store node SIGKILLed is
 // a miss (requests still succeed) and hits resume once it is back on its directory; a corrupt
 // object on disk is a miss, never a wrong token; two tenants never share a block; an object of
-// another KV layout is a miss. And a bounded window replay answers the same split or not.
+// another KV layout is a miss. A request's retention floor reaches the store with its prompt's
+// blocks. And a bounded window replay answers the same split or not.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -350,6 +351,36 @@ TEST(StoreFaultTest, AnObjectOfAnotherKvLayoutIsAMiss) {
   EXPECT_EQ(
       MetricValue(b->admin_port(), "ferry_worker_store_read_blocks_total{outcome=\"rejected\"}"),
       6);
+}
+
+TEST(StoreRetentionTest, ARequestsRetentionFloorGoesWithItsPromptBlocks) {
+  const std::string model = TinyModel("llama_gqa_bf16");
+  auto store = StartKvStore(StoreDir("store_floor"));
+  ASSERT_TRUE(store->ready());
+  InProcessEngine ref(model);
+  // 90 tokens: blocks 0..4 hold prompt tokens only; block 5 (tokens 80..95) ends in output.
+  const std::vector<TokenId> prompt = RandomPrompt(90, 60, ref.model().config().vocab_size);
+  auto a = StartWorker(model, StoreFlags(*store));
+  ASSERT_TRUE(a->ready());
+  WorkerClient on_a(a->address());
+  v1::GenerateRequest request = Request("floor", prompt);
+  request.mutable_request()->mutable_context()->set_retention_floor_seconds(3600);
+  GenerateResult got = RunAndCompare(on_a, ref, request);
+  ASSERT_EQ(got.choices.size(), 1u);
+  // 101 positions with KV: 6 full blocks.
+  EXPECT_EQ(WaitForMetric(a->admin_port(), kWritten, 6), 6);
+  const std::vector<TokenId> tokens = Concat(prompt, got.choices[0].tokens);
+  ASSERT_GE(tokens.size(), 96u);
+  const std::vector<Hash128> keys = ComputeBlockHashes(
+      {ref.model().fingerprint(), "", ""}, absl::MakeConstSpan(tokens).subspan(0, 96), 16);
+  kv::ClientOptions options;
+  options.nodes = {store->address()};
+  options.deadline = absl::Seconds(30);
+  auto client = kv::KvClient::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const kv::ExistsResult e = (*client)->Exists(keys, ref.model().fingerprint());
+  EXPECT_EQ(e.prefix, 6);
+  EXPECT_EQ(e.retention_floor_s, (std::vector<uint32_t>{3600, 3600, 3600, 3600, 3600, 0}));
 }
 
 // A hybrid model whose window cache keeps nothing replays every cached prefix; in bounded mode
