@@ -2,12 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/common/block_hash.h"
 #include "engine/common/log.h"
+#include "router/api/anthropic_parser.h"
+#include "router/api/anthropic_writer.h"
+#include "router/api/responses_parser.h"
+#include "router/api/responses_writer.h"
 #include "services/common/http_status.h"
 
 namespace ferry {
@@ -62,6 +67,29 @@ void SetHash(const Hash128& h, v1::Hash128* out) {
 
 }  // namespace
 
+const char* ApiEndpoint(ApiKind kind) {
+  switch (kind) {
+    case ApiKind::kChatCompletion:
+      return "/v1/chat/completions";
+    case ApiKind::kCompletion:
+      return "/v1/completions";
+    case ApiKind::kMessages:
+      return "/v1/messages";
+    case ApiKind::kResponses:
+      return "/v1/responses";
+  }
+  return "other";
+}
+
+int ApiErrorStatus(ApiKind kind, absl::StatusCode code) {
+  return kind == ApiKind::kMessages ? AnthropicHttpStatus(code) : HttpStatusCode(code);
+}
+
+std::string ApiErrorBody(ApiKind kind, const ApiError& error, const std::string& trace_id) {
+  if (kind == ApiKind::kMessages) return AnthropicErrorBody(error.status, trace_id);
+  return OpenAiErrorBody(error.status, trace_id, error.param, error.code);
+}
+
 ApiCall::ApiCall(const ApiContext& context, ApiKind kind, std::shared_ptr<HttpResponder> responder,
                  std::string trace_id, Tenant tenant)
     : context_(context),
@@ -79,8 +107,41 @@ void ApiCall::Run(const ApiContext& context, ApiKind kind, HttpRequest request,
   call->Start(request);
 }
 
-const char* ApiCall::endpoint() const {
-  return kind_ == ApiKind::kChatCompletion ? "/v1/chat/completions" : "/v1/completions";
+const char* ApiCall::endpoint() const { return ApiEndpoint(kind_); }
+
+void ApiCall::CountTokens(const ApiContext& context, const HttpRequest& http,
+                          HttpResponder& responder, const std::string& trace_id) {
+  const char* endpoint = "/v1/messages/count_tokens";
+  HttpHeaders headers = {
+      {"Content-Type", "application/json"}, {"x-request-id", trace_id}, {"request-id", trace_id}};
+  auto fail = [&](const ApiError& error) {
+    const int status = ApiErrorStatus(ApiKind::kMessages, error.status.code());
+    context.metrics->Request(endpoint, status);
+    responder.Respond(status, headers, ApiErrorBody(ApiKind::kMessages, error, trace_id));
+  };
+  ApiRequest request;
+  ApiError error = ParseAnthropicCountTokens(http.body, context.limits, &request);
+  if (!error.status.ok()) return fail(error);
+  // Counted whatever the context holds: the count is what a client checks against it.
+  BuiltPrompt prompt;
+  request.sampling.max_tokens = 1;
+  error = context.prompts->Build(request, std::numeric_limits<int32_t>::max(), &prompt);
+  if (!error.status.ok()) return fail(error);
+  context.metrics->Request(endpoint, 200);
+  responder.Respond(200, headers,
+                    DumpJson(nlohmann::ordered_json{
+                        {"input_tokens", static_cast<int64_t>(prompt.tokens.size())}}));
+}
+
+void ApiCall::StartStream() {
+  if (streaming_) return;
+  streaming_ = true;
+  HttpHeaders headers = {{"Content-Type", "text/event-stream"},
+                         {"Cache-Control", "no-cache"},
+                         {"X-Accel-Buffering", "no"},
+                         {"x-request-id", trace_id_}};
+  if (kind_ == ApiKind::kMessages) headers.emplace_back("request-id", trace_id_);
+  responder_->StartStream(200, headers);
 }
 
 void ApiCall::Answer(int status, std::string body) {
@@ -90,24 +151,24 @@ void ApiCall::Answer(int status, std::string body) {
   context_.metrics->RequestSeconds(endpoint(),
                                    std::chrono::duration<double>(Clock::now() - start_).count());
   HttpHeaders headers = {{"Content-Type", "application/json"}, {"x-request-id", trace_id_}};
-  if (status == 429 || status == 503) {
+  if (kind_ == ApiKind::kMessages) headers.emplace_back("request-id", trace_id_);
+  if (status == 429 || status == 503 || status == 529) {
     headers.emplace_back("Retry-After", std::to_string(retry_after_seconds_));
   }
   responder_->Respond(status, headers, std::move(body));
 }
 
 void ApiCall::Fail(const ApiError& error) {
-  const std::string body = OpenAiErrorBody(error.status, trace_id_, error.param, error.code);
-  const int status = HttpStatusCode(error.status.code());
+  const int status = ApiErrorStatus(kind_, error.status.code());
   if (status >= 500) {
     LOG(WARNING) << "request " << trace_id_ << ": " << status << " " << error.status;
   }
-  if (!streaming_) return Answer(status, body);
+  if (!streaming_) return Answer(status, ApiErrorBody(kind_, error, trace_id_));
   // The stream started: an error event, and the end of the stream.
   if (answered_) return;
   answered_ = true;
   context_.metrics->Request(endpoint(), status);
-  responder_->Write("data: " + body + "\n\n");
+  responder_->Write(writer_->StreamError(error, trace_id_));
   responder_->Finish();
 }
 
@@ -118,10 +179,28 @@ void ApiCall::Start(const HttpRequest& http) {
   if (pool.known && pool.max_choices > 0) {
     limits.max_n = std::min<int32_t>(limits.max_n, static_cast<int32_t>(pool.max_choices));
   }
-  ApiError error = kind_ == ApiKind::kChatCompletion
-                       ? ParseChatCompletion(http.body, limits, &request_)
-                       : ParseCompletion(http.body, limits, &request_);
+  ApiError error;
+  switch (kind_) {
+    case ApiKind::kChatCompletion:
+      error = ParseChatCompletion(http.body, limits, &request_);
+      break;
+    case ApiKind::kCompletion:
+      error = ParseCompletion(http.body, limits, &request_);
+      break;
+    case ApiKind::kMessages:
+      error = ParseAnthropicMessages(http.body, limits, &request_);
+      break;
+    case ApiKind::kResponses:
+      error = ParseResponses(http.body, limits, &request_);
+      break;
+  }
   if (!error.status.ok()) return Fail(error);
+  // Responses: the conversation so far (previous_response_id's), then this request's input.
+  std::vector<ApiMessage> history;
+  if (kind_ == ApiKind::kResponses) {
+    error = ResponsesConversation(*context_.responses, tenant_.name, &request_, &history);
+    if (!error.status.ok()) return Fail(error);
+  }
   if (!pool.known) {
     return Fail({absl::UnavailableError("no worker is up to serve the model"), "", ""});
   }
@@ -158,6 +237,8 @@ void ApiCall::Start(const HttpRequest& http) {
   t->mutable_context()->set_tenant(tenant_.name);
   t->mutable_context()->set_cache_salt(tenant_.cache_salt);
   t->mutable_context()->set_traffic_class(tenant_.traffic_class);
+  t->mutable_context()->set_retention_floor_seconds(
+      static_cast<uint32_t>(request_.retention_floor_seconds));
   t->mutable_model()->set_name(pool.model_name);
   SetHash(pool.fingerprint, t->mutable_model()->mutable_fingerprint());
   for (TokenId id : prompt.tokens) t->add_prompt_token_ids(id);
@@ -188,30 +269,46 @@ void ApiCall::Start(const HttpRequest& http) {
   p->set_logprobs(s.logprobs);
   p->set_top_logprobs(static_cast<uint32_t>(s.top_logprobs));
   p->set_n(static_cast<uint32_t>(s.n));
-  if (kind_ == ApiKind::kChatCompletion && (prompt.tools_rendered || context_.reasoning)) {
+  if (kind_ != ApiKind::kCompletion && (prompt.tools_rendered || context_.reasoning)) {
     for (TokenId id : context_.keep_special_token_ids) p->add_keep_special_token_ids(id);
   }
   // A request without a seed gets one, kept for its life (a retry draws the same tokens).
   p->set_seed(s.seed.has_value() ? *s.seed : RandomU64());
 
-  ResponseHeader header;
-  header.kind = kind_;
-  header.id =
-      absl::StrCat(kind_ == ApiKind::kChatCompletion ? "chatcmpl-" : "cmpl-", RandomHex(12));
-  header.created = absl::ToUnixSeconds(absl::Now());
-  header.model = request_.model;
-  header.system_fingerprint = "fp_" + pool.fingerprint.ToHex().substr(0, 12);
-  std::string echo;
-  if (request_.echo) {
-    if (request_.prompt_is_ids) {
-      auto text = context_.prompts->tokenizer().Decode(request_.prompt_ids);
-      if (text.ok()) echo = *text;
-    } else {
-      echo = request_.prompt_text;
+  const int64_t created = absl::ToUnixSeconds(absl::Now());
+  switch (kind_) {
+    case ApiKind::kChatCompletion:
+    case ApiKind::kCompletion: {
+      ResponseHeader header;
+      header.kind = kind_;
+      header.id =
+          absl::StrCat(kind_ == ApiKind::kChatCompletion ? "chatcmpl-" : "cmpl-", RandomHex(12));
+      header.created = created;
+      header.model = request_.model;
+      header.system_fingerprint = "fp_" + pool.fingerprint.ToHex().substr(0, 12);
+      std::string echo;
+      if (request_.echo) {
+        if (request_.prompt_is_ids) {
+          auto text = context_.prompts->tokenizer().Decode(request_.prompt_ids);
+          if (text.ok()) echo = *text;
+        } else {
+          echo = request_.prompt_text;
+        }
+      }
+      writer_ = std::make_unique<OpenAiWriter>(header, &context_.prompts->tokenizer(), s.logprobs,
+                                               echo, request_.include_usage);
+      break;
     }
+    case ApiKind::kMessages:
+      writer_ = std::make_unique<AnthropicWriter>(absl::StrCat("msg_", RandomHex(12)),
+                                                  request_.model, prompt_tokens_);
+      break;
+    case ApiKind::kResponses:
+      writer_ =
+          std::make_unique<ResponsesWriter>(absl::StrCat("resp_", RandomHex(24)), created, request_,
+                                            std::move(history), context_.responses, tenant_.name);
+      break;
   }
-  writer_ =
-      std::make_unique<OpenAiWriter>(header, &context_.prompts->tokenizer(), s.logprobs, echo);
   choices_.assign(s.n, ChoiceOutputs());
   choice_started_.assign(s.n, false);
   StartParsers(prompt);
@@ -242,7 +339,7 @@ void ApiCall::Start(const HttpRequest& http) {
 void ApiCall::StartParsers(const BuiltPrompt& prompt) {
   parsers_.clear();
   parsers_.resize(choices_.size());
-  if (kind_ != ApiKind::kChatCompletion) return;
+  if (kind_ == ApiKind::kCompletion) return;
   const ToolSetup& setup = context_.prompts->tool_setup();
   for (ChoiceParsers& p : parsers_) {
     if (context_.reasoning) {
@@ -364,23 +461,20 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
     all.tokens.insert(all.tokens.end(), delta.tokens.begin(), delta.tokens.end());
     all.logprobs.insert(all.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
     if (!delta.finish_reason.empty()) all.finish_reason = delta.finish_reason;
+    if (!delta.finish_reason.empty()) all.matched_stop = chunk.matched_stop_string();
+    delta.matched_stop = chunk.matched_stop_string();
     if (!request_.stream) return;
-    if (!streaming_) {
-      streaming_ = true;
-      responder_->StartStream(200, {{"Content-Type", "text/event-stream"},
-                                    {"Cache-Control", "no-cache"},
-                                    {"X-Accel-Buffering", "no"},
-                                    {"x-request-id", trace_id_}});
-    }
+    StartStream();
     bool ok = true;
     if (!choice_started_[c]) {
       choice_started_[c] = true;
-      const std::string start = writer_->StreamStart(c, request_.include_usage);
+      const std::string start = writer_->StreamStart(c);
       if (!start.empty()) ok = responder_->Write(start);
     }
     if (!delta.text.empty() || !delta.reasoning.empty() || !delta.tool_call_deltas.empty() ||
         !delta.finish_reason.empty() || !delta.logprobs.empty()) {
-      ok = responder_->Write(writer_->StreamDelta(c, delta, request_.include_usage)) && ok;
+      const std::string events = writer_->StreamDelta(c, delta);
+      if (!events.empty()) ok = responder_->Write(events) && ok;
     }
     if (!ok) {
       answered_ = true;  // the client stopped reading (or left): cut off, and abort
@@ -423,14 +517,14 @@ void ApiCall::OnEnd(const absl::Status& status) {
                              usage_.cached_tokens, usage_.completion_tokens);
   }
   if (!request_.stream) return Answer(200, writer_->Full(choices_, usage_));
-  if (!streaming_) {
-    streaming_ = true;
-    responder_->StartStream(200, {{"Content-Type", "text/event-stream"},
-                                  {"Cache-Control", "no-cache"},
-                                  {"x-request-id", trace_id_}});
+  StartStream();
+  for (size_t c = 0; c < choices_.size(); ++c) {
+    if (choice_started_[c]) continue;  // a choice that never sent a chunk still starts
+    choice_started_[c] = true;
+    const std::string start = writer_->StreamStart(static_cast<int32_t>(c));
+    if (!start.empty()) responder_->Write(start);
   }
-  if (request_.include_usage) responder_->Write(writer_->StreamUsage(usage_));
-  responder_->Write(OpenAiWriter::StreamDone());
+  responder_->Write(writer_->StreamEnd(choices_, usage_));
   responder_->Finish();
   answered_ = true;
   context_.metrics->Request(endpoint(), 200);

@@ -1,9 +1,15 @@
-// One OpenAI API call through the router's pipeline, top to bottom (STYLE.md §15):
+// One API call through the router's pipeline, top to bottom (STYLE.md §15):
 //
-//   parse + validate (openai_parser) -> prompt (prompt_builder: template, tools, tokens, lengths)
-//   -> hash (block hashes with the pool's fingerprint) -> route (dispatcher) -> parse the reply
-//   (reasoning_parser, tool_call_parser: per choice, as text arrives) -> stream (openai_writer:
-//   SSE chunks as tokens arrive, or one body at the end)
+//   parse + validate (the endpoint's adapter: openai_parser, anthropic_parser, responses_parser;
+//   Responses put the stored conversation of previous_response_id first) -> prompt
+//   (prompt_builder: template, tools, tokens, lengths) -> hash (block hashes with the pool's
+//   fingerprint) -> route (dispatcher) -> parse the reply (reasoning_parser, tool_call_parser: per
+//   choice, as text arrives) -> write (the adapter's ApiWriter: SSE events as tokens arrive, or one
+//   body at the end; a Responses answer is kept in the router's ResponseStore when `store`)
+//
+// Every endpoint shares validation limits, auth, tenants, rate limits, billing and metrics (by
+// endpoint); errors take the endpoint's shape (Anthropic's {"type":"error",...} and status codes
+// on /v1/messages, OpenAI's elsewhere).
 //
 // A choice that called tools finishes with "tool_calls" (when the model stopped by itself; a
 // reply cut by max_tokens stays "length", its last call incomplete). A call's arguments are the
@@ -33,10 +39,12 @@
 #include <vector>
 
 #include "router/api/api_request.h"
+#include "router/api/api_writer.h"
 #include "router/api/openai_parser.h"
 #include "router/api/openai_writer.h"
 #include "router/api/prompt_builder.h"
 #include "router/api/reasoning_parser.h"
+#include "router/api/response_store.h"
 #include "router/api/tool_call_parser.h"
 #include "router/auth/api_keys.h"
 #include "router/auth/rate_limiter.h"
@@ -60,8 +68,15 @@ struct ApiContext {
   std::vector<TokenId> keep_special_token_ids;
   RateLimiter* limiter = nullptr;  // tenants' limits
   Billing* billing = nullptr;
+  ResponseStore* responses = nullptr;  // stored Responses answers
   absl::Duration request_timeout = absl::Minutes(10);
 };
+
+// The HTTP status and error body of `error` in the shape of `kind`'s API.
+int ApiErrorStatus(ApiKind kind, absl::StatusCode code);
+std::string ApiErrorBody(ApiKind kind, const ApiError& error, const std::string& trace_id);
+// The endpoint's name in metrics ("/v1/chat/completions", "/v1/messages"...).
+const char* ApiEndpoint(ApiKind kind);
 
 class ApiCall final : public GenerateSink, public std::enable_shared_from_this<ApiCall> {
  public:
@@ -70,6 +85,10 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   static void Run(const ApiContext& context, ApiKind kind, HttpRequest request,
                   std::shared_ptr<HttpResponder> responder, const std::string& trace_id,
                   Tenant tenant);
+  // POST /v1/messages/count_tokens: the prompt's tokens as the model would see them
+  // ({"input_tokens": n}); nothing is dispatched.
+  static void CountTokens(const ApiContext& context, const HttpRequest& request,
+                          HttpResponder& responder, const std::string& trace_id);
 
   void OnRouted(const std::string& worker_id) override;
   void OnEvent(const ferry::v1::GenerateEvent& event) override;
@@ -81,13 +100,15 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
  private:
   using Clock = std::chrono::steady_clock;
   void Start(const HttpRequest& request);
-  // An error answer (a 4xx/5xx with OpenAI's error body), or, once the stream started, an error
+  // An error answer (a 4xx/5xx with the API's error body), or, once the stream started, an error
   // event and the end of the stream.
   void Fail(const ApiError& error);
   void Answer(int status, std::string body);
   const char* endpoint() const;
   // Sets up choice parsers for a prompt.
   void StartParsers(const BuiltPrompt& prompt);
+  // Starts the SSE stream (headers) once.
+  void StartStream();
   // Runs a chunk's text through choice `c`'s parsers into `delta` (content, reasoning, tool-call
   // pieces); `finished`: the choice's last chunk (held text is released, finish_reason set).
   void ParseText(int32_t c, const std::string& text, int tokens, bool finished,
@@ -104,7 +125,7 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   std::mutex mu_;
   ApiRequest request_;
   int64_t prompt_tokens_ = 0;
-  std::unique_ptr<OpenAiWriter> writer_;
+  std::unique_ptr<ApiWriter> writer_;
   std::vector<ChoiceOutputs> choices_;
   std::vector<bool> choice_started_;  // streaming: its first chunk was sent
   struct ChoiceParsers {

@@ -21,6 +21,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "router/api/openai_writer.h"
 #include "router/api/prompt_builder.h"
+#include "router/api/response_store.h"
 #include "router/api_call.h"
 #include "router/auth/api_keys.h"
 #include "router/auth/rate_limiter.h"
@@ -58,6 +59,16 @@ bool ValidTraceId(const std::string& id) {
     }
   }
   return true;
+}
+
+// YYYY-MM-DD, from 2023-01-01 on.
+bool ValidAnthropicVersion(const std::string& v) {
+  if (v.size() != 10 || v[4] != '-' || v[7] != '-') return false;
+  for (int i : {0, 1, 2, 3, 5, 6, 8, 9}) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(v[i]))) return false;
+  }
+  const int month = std::stoi(v.substr(5, 2)), day = std::stoi(v.substr(8, 2));
+  return v >= "2023-01-01" && month >= 1 && month <= 12 && day >= 1 && day <= 31;
 }
 
 std::string NewTraceId() {
@@ -162,6 +173,12 @@ class Router::Impl {
                options_.price_output_per_mtok},
         options_.gpus_per_worker, &RealClock(), *registry_metrics_);
     limiter_ = std::make_unique<RateLimiter>(&RealClock());
+    ResponseStoreOptions stored;
+    stored.ttl = responses_ttl_ = options_.responses_ttl;
+    stored.max_responses_per_tenant = options_.responses_per_tenant;
+    stored.max_bytes_per_tenant = options_.responses_bytes_per_tenant;
+    stored.clock = &RealClock();
+    responses_ = std::make_unique<ResponseStore>(stored);
     for (int i = 0; i < options_.dispatch_threads; ++i) {
       completions_.push_back(std::make_unique<CompletionThread>(absl::StrCat("dispatch-", i)));
     }
@@ -200,6 +217,7 @@ class Router::Impl {
     context_.reasoning = reasoning_;
     context_.limiter = limiter_.get();
     context_.billing = billing_.get();
+    context_.responses = responses_.get();
 
     AdminServerOptions admin;
     admin.host = options_.admin_host;
@@ -314,13 +332,32 @@ class Router::Impl {
     const std::string& sent = request.header("x-request-id");
     const std::string trace_id = ValidTraceId(sent) ? sent : NewTraceId();
     const std::string& path = request.path;
+    // The API whose shape errors take: Anthropic's under /v1/messages, OpenAI's elsewhere.
+    const bool anthropic = path == "/v1/messages" || absl::StartsWith(path, "/v1/messages/");
+    const ApiKind shape = anthropic ? ApiKind::kMessages : ApiKind::kChatCompletion;
+    const char* endpoint = "other";
+    if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/messages" ||
+        path == "/v1/messages/count_tokens" || path == "/v1/responses") {
+      endpoint = path.c_str();
+    } else if (absl::StartsWith(path, "/v1/responses/")) {
+      endpoint = "/v1/responses/{id}";
+    } else if (absl::StartsWith(path, "/v1/models")) {
+      endpoint = "/v1/models";
+    }
     auto reply = [&](int status, const std::string& body, const std::string& endpoint) {
       metrics_->Request(endpoint, status);
       HttpHeaders headers = {{"Content-Type", "application/json"}, {"x-request-id", trace_id}};
+      if (anthropic) headers.emplace_back("request-id", trace_id);
       if (status == 405) {
-        headers.emplace_back("Allow", path.rfind("/v1/models", 0) == 0 ? "GET" : "POST");
+        headers.emplace_back("Allow", path.rfind("/v1/models", 0) == 0           ? "GET"
+                                      : absl::StartsWith(path, "/v1/responses/") ? "GET, DELETE"
+                                                                                 : "POST");
       }
       responder->Respond(status, headers, body);
+    };
+    auto fail = [&](const absl::Status& status, const std::string& code) {
+      reply(code == "method_not_allowed" ? 405 : ApiErrorStatus(shape, status.code()),
+            ApiErrorBody(shape, {status, "", code}, trace_id), endpoint);
     };
     // Every /v1 path needs a tenant's key when the router has a key file.
     // Without a key file everyone is one tenant, which may choose its traffic class.
@@ -328,49 +365,67 @@ class Router::Impl {
     tenant.name = "anonymous";
     tenant.traffic_class_header = true;
     if (absl::StartsWith(path, "/v1/")) {
-      const char* endpoint = path == "/v1/chat/completions" || path == "/v1/completions"
-                                 ? path.c_str()
-                             : absl::StartsWith(path, "/v1/models") ? "/v1/models"
-                                                                    : "other";
       std::string code;
       absl::Status auth = Authenticate(request, &tenant, &code);
-      if (!auth.ok()) return reply(401, JsonError(auth, trace_id, code), endpoint);
+      if (!auth.ok()) return fail(auth, code);
       // A request's own traffic class (its KV's retention in the store), where its tenant allows.
       if (const std::string& c = request.header("x-ferry-traffic-class"); !c.empty()) {
         auto parsed = ParseTrafficClass(absl::AsciiStrToLower(absl::StripAsciiWhitespace(c)));
         if (!tenant.traffic_class_header) {
-          return reply(403,
-                       JsonError(absl::PermissionDeniedError(
-                                     absl::StrCat("tenant '", tenant.name,
-                                                  "' may not choose its traffic class: remove the "
-                                                  "x-ferry-traffic-class header")),
-                                 trace_id, "traffic_class_not_allowed"),
-                       endpoint);
+          return fail(absl::PermissionDeniedError(
+                          absl::StrCat("tenant '", tenant.name,
+                                       "' may not choose its traffic class: remove the "
+                                       "x-ferry-traffic-class header")),
+                      "traffic_class_not_allowed");
         }
         if (!parsed.ok()) {
-          return reply(
-              400,
-              JsonError(absl::InvalidArgumentError(absl::StrCat("x-ferry-traffic-class '", c,
-                                                                "': ", parsed.status().message())),
-                        trace_id, "invalid_traffic_class"),
-              endpoint);
+          return fail(absl::InvalidArgumentError(absl::StrCat("x-ferry-traffic-class '", c,
+                                                              "': ", parsed.status().message())),
+                      "invalid_traffic_class");
         }
         tenant.traffic_class = *parsed;
       }
-    }
-    if (path == "/v1/chat/completions" || path == "/v1/completions") {
-      if (request.method != "POST") {
-        return reply(405,
-                     JsonError(absl::InvalidArgumentError(
-                                   absl::StrCat(request.method, " is not allowed here; use POST")),
-                               trace_id, "method_not_allowed"),
-                     path);
+      // Anthropic's API version, required as Anthropic requires it: a date (every SDK sends
+      // one). Ferry answers every version in the shape of 2023-06-01, the API's one version so far.
+      if (anthropic) {
+        const std::string& version = request.header("anthropic-version");
+        if (version.empty()) {
+          return fail(absl::InvalidArgumentError("anthropic-version: header is required"), "");
+        }
+        if (!ValidAnthropicVersion(version)) {
+          return fail(absl::InvalidArgumentError(
+                          absl::StrCat("anthropic-version: '", version,
+                                       "' is not a version; send a date such as 2023-06-01")),
+                      "");
+        }
       }
-      const ApiKind kind =
-          path == "/v1/completions" ? ApiKind::kCompletion : ApiKind::kChatCompletion;
+    }
+    static const std::pair<const char*, ApiKind> kCalls[] = {
+        {"/v1/chat/completions", ApiKind::kChatCompletion},
+        {"/v1/completions", ApiKind::kCompletion},
+        {"/v1/messages", ApiKind::kMessages},
+        {"/v1/responses", ApiKind::kResponses}};
+    for (const auto& [route, kind] : kCalls) {
+      if (path != route) continue;
+      if (request.method != "POST") {
+        return fail(absl::InvalidArgumentError(
+                        absl::StrCat(request.method, " is not allowed here; use POST")),
+                    "method_not_allowed");
+      }
       ApiCall::Run(context_, kind, std::move(request), std::move(responder), trace_id,
                    std::move(tenant));
       return;
+    }
+    if (path == "/v1/messages/count_tokens") {
+      if (request.method != "POST") {
+        return fail(absl::InvalidArgumentError(
+                        absl::StrCat(request.method, " is not allowed here; use POST")),
+                    "method_not_allowed");
+      }
+      return ApiCall::CountTokens(context_, request, *responder, trace_id);
+    }
+    if (absl::StartsWith(path, "/v1/responses/")) {
+      return StoredResponse(request, tenant, trace_id, reply);
     }
     if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) {
       if (request.method != "GET") {
@@ -396,11 +451,44 @@ class Router::Impl {
       }
       return reply(200, DumpJson(model), "/v1/models/{id}");
     }
-    reply(404,
-          JsonError(absl::NotFoundError(absl::StrCat("no route for ", request.method, " ", path,
-                                                     "; see /v1/chat/completions")),
-                    trace_id, "not_found"),
-          "other");
+    fail(absl::NotFoundError(absl::StrCat("no route for ", request.method, " ", path,
+                                          "; see /v1/chat/completions, /v1/messages or "
+                                          "/v1/responses")),
+         "not_found");
+  }
+
+  // GET and DELETE /v1/responses/{id}: a response this router stored for the tenant.
+  template <typename Reply>
+  void StoredResponse(const HttpRequest& request, const Tenant& tenant, const std::string& trace_id,
+                      Reply& reply) {
+    const std::string id = request.path.substr(std::string("/v1/responses/").size());
+    const char* endpoint = "/v1/responses/{id}";
+    if (request.method != "GET" && request.method != "DELETE") {
+      return reply(405,
+                   JsonError(absl::InvalidArgumentError(absl::StrCat(
+                                 request.method, " is not allowed here; use GET or DELETE")),
+                             trace_id, "method_not_allowed"),
+                   endpoint);
+    }
+    auto not_found = [&] {
+      reply(404,
+            JsonError(
+                absl::NotFoundError(absl::StrCat(
+                    "Response with id '", id, "' not found. Responses are kept for ",
+                    FormatDuration(responses_ttl_), " by the router replica that served them.")),
+                trace_id, "not_found"),
+            endpoint);
+    };
+    if (request.method == "DELETE") {
+      if (!responses_->Delete(tenant.name, id)) return not_found();
+      return reply(
+          200,
+          DumpJson(nlohmann::ordered_json{{"id", id}, {"object", "response"}, {"deleted", true}}),
+          endpoint);
+    }
+    auto stored = responses_->Get(tenant.name, id);
+    if (!stored.has_value()) return not_found();
+    reply(200, stored->response_json, endpoint);
   }
 
   // The tenant of the request's key (Authorization: Bearer <key>, or x-api-key), or why not; no
@@ -462,6 +550,8 @@ class Router::Impl {
   std::shared_ptr<const ApiKeys> keys_;  // null: no key file
   std::unique_ptr<RateLimiter> limiter_;
   std::unique_ptr<Billing> billing_;
+  std::unique_ptr<ResponseStore> responses_;  // Responses answers kept for GET and continuations
+  absl::Duration responses_ttl_;
   std::mutex change_mu_;  // registry callbacks vs. shutdown
   std::atomic<bool> shut_down_{false};
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -73,6 +73,12 @@ ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
 ABSL_FLAG(std::string, auth_token_file, "",
           "the workers' shared token (default: $FERRY_AUTH_TOKEN)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30), "SIGTERM: time for running streams");
+ABSL_FLAG(absl::Duration, responses_ttl, absl::Hours(1),
+          "/v1/responses answers are kept this long (in this replica's memory) for GET and "
+          "previous_response_id");
+ABSL_FLAG(int64_t, responses_per_tenant, 1000, "stored /v1/responses answers per tenant at most");
+ABSL_FLAG(std::string, responses_bytes_per_tenant, "64MiB",
+          "stored /v1/responses answers per tenant at most, in bytes");
 
 namespace {
 
@@ -143,6 +149,12 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(heartbeat_timeout, heartbeat_timeout);
   FROM_FLAG(auth_token_file, auth_token_file);
   FROM_FLAG(shutdown_grace, shutdown_grace);
+  FROM_FLAG(responses_ttl, responses_ttl);
+  FROM_FLAG(responses_per_tenant, responses_per_tenant);
+  if (Given("responses_bytes_per_tenant")) {
+    o.responses_bytes_per_tenant =
+        Bytes("responses_bytes_per_tenant", absl::GetFlag(FLAGS_responses_bytes_per_tenant));
+  }
 #undef FROM_FLAG
   return o;
 }

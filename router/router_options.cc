@@ -60,6 +60,9 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("price_output_per_mtok", &o->price_output_per_mtok));
   RETURN_IF_ERROR(c.Read("gpus_per_worker", &o->gpus_per_worker));
   RETURN_IF_ERROR(c.ReadDuration("shutdown_grace", &o->shutdown_grace));
+  RETURN_IF_ERROR(c.ReadDuration("responses_ttl", &o->responses_ttl));
+  RETURN_IF_ERROR(c.Read("responses_per_tenant", &o->responses_per_tenant));
+  RETURN_IF_ERROR(c.ReadByteSize("responses_bytes_per_tenant", &o->responses_bytes_per_tenant));
   return c.CheckAllKeysUsed();
 }
 
@@ -117,8 +120,9 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
   if (o.max_queued < 0 || o.max_retries < 0 || o.max_n < 1) {
     return bad("--max_queued and --max_retries must be >= 0, --max_n positive");
   }
+  if (o.responses_per_tenant < 0) return bad("--responses_per_tenant must be >= 0");
   for (absl::Duration d : {o.http.read_timeout, o.http.idle_timeout, o.http.write_timeout,
-                           o.request_timeout, o.heartbeat_timeout}) {
+                           o.request_timeout, o.heartbeat_timeout, o.responses_ttl}) {
     if (d <= absl::ZeroDuration()) return bad("timeouts must be positive");
   }
   return absl::OkStatus();

@@ -60,6 +60,10 @@ struct RouterOptions {
   double price_output_per_mtok = 0;
   double gpus_per_worker = 1;
   absl::Duration shutdown_grace = absl::Seconds(30);
+  // /v1/responses answers kept (in this replica's memory) for GET and previous_response_id.
+  absl::Duration responses_ttl = absl::Hours(1);
+  int64_t responses_per_tenant = 1000;
+  uint64_t responses_bytes_per_tenant = 64 << 20;
 };
 
 absl::Status ApplyRouterConfig(const Config& config, RouterOptions* options);

@@ -1,7 +1,8 @@
 // One API request after parsing and validation, in the router's own terms (conversation.h: every
-// API is an adapter onto one internal model). The OpenAI adapter fills it from a JSON body
-// (openai_parser.h); the prompt builder turns its messages and tools, or its prompt, into tokens;
-// the dispatcher sends it to a worker.
+// API is an adapter onto one internal model). The adapters fill it from a JSON body: OpenAI chat
+// and completions (openai_parser.h), Anthropic Messages (anthropic_parser.h), OpenAI Responses
+// (responses_parser.h). The prompt builder turns its messages and tools, or its prompt, into
+// tokens; the dispatcher sends it to a worker.
 
 #ifndef FERRY_ROUTER_API_API_REQUEST_H_
 #define FERRY_ROUTER_API_API_REQUEST_H_
@@ -18,7 +19,8 @@
 
 namespace ferry {
 
-enum class ApiKind { kChatCompletion, kCompletion };
+// The endpoint a request came by: which adapter parses it and writes its answer.
+enum class ApiKind { kChatCompletion, kCompletion, kMessages, kResponses };
 
 struct ApiSampling {
   std::optional<int64_t> max_tokens;  // unset: what the context leaves
@@ -56,6 +58,18 @@ struct ApiRequest {
   bool include_usage = false;
   std::string user;
   ApiSampling sampling;
+  // The KV store keeps the prompt's blocks at least this long (Anthropic's cache_control ttl:
+  // 300 for "5m", 3600 for "1h"; 0: the tenant's class alone decides).
+  int64_t retention_floor_seconds = 0;
+  // Echoed in the response where the API does (Anthropic and Responses `metadata`).
+  nlohmann::json metadata;
+  // Responses: its `instructions` (a system message for this response only, not carried to the
+  // next one), the response it continues, and whether to keep it for GET and later
+  // previous_response_id (`store`, default true). `messages` holds its own input items only; the
+  // call puts the stored conversation before them.
+  std::string instructions;
+  std::string previous_response_id;
+  bool store = true;
 };
 
 // A request the API refuses: the status (its code gives the HTTP status), the offending field

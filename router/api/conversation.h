@@ -87,6 +87,7 @@ struct ChoiceOutputs {
   std::vector<TokenId> tokens;
   std::vector<TokenLogprob> logprobs;  // one per token when asked
   std::string finish_reason;           // "stop", "length", "tool_calls"... ("" while running)
+  std::string matched_stop;  // the stop string that ended the choice ("" if none or a token)
 };
 
 struct UsageCounts {

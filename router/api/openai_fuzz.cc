@@ -1,8 +1,9 @@
-// Fuzz target for the OpenAI request adapters (both endpoints) and what the router does with a
-// request that passes: any body is refused with a field and a message or becomes an ApiRequest,
-// whose conversation and tools then go to a chat template with a tool format and to one without
-// (the Hermes system prompt), never a crash. The first byte picks the endpoint and the tool setup;
-// the rest is the body.
+// Fuzz target for the API request adapters (OpenAI chat and completions, Anthropic Messages and
+// count_tokens, OpenAI Responses) and what the router does with a request that passes: any body
+// is refused with a message or becomes an ApiRequest, whose conversation and tools then go to a
+// chat template with a tool format and to one without (the Hermes system prompt), never a crash.
+// The first byte picks the endpoint (bits 3-4: OpenAI, Messages, count_tokens, Responses; bit 0:
+// chat or completions) and the tool setup (bits 1-2); the rest is the body.
 
 #include <cstddef>
 #include <cstdint>
@@ -10,8 +11,11 @@
 #include <string>
 
 #include "engine/template/chat_template.h"
+#include "router/api/anthropic_parser.h"
 #include "router/api/openai_parser.h"
 #include "router/api/prompt_builder.h"
+#include "router/api/response_store.h"
+#include "router/api/responses_parser.h"
 
 namespace {
 
@@ -45,13 +49,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_messages = 64;
   limits.max_tools_bytes = 4096;
   ferry::ApiRequest request;
-  const ferry::ApiError error = (mode & 1) != 0 ? ferry::ParseChatCompletion(body, limits, &request)
-                                                : ferry::ParseCompletion(body, limits, &request);
+  ferry::ApiError error;
+  switch ((mode >> 3) & 3) {
+    case 0:
+      error = (mode & 1) != 0 ? ferry::ParseChatCompletion(body, limits, &request)
+                              : ferry::ParseCompletion(body, limits, &request);
+      break;
+    case 1:
+      error = ferry::ParseAnthropicMessages(body, limits, &request);
+      break;
+    case 2:
+      error = ferry::ParseAnthropicCountTokens(body, limits, &request);
+      break;
+    default: {
+      error = ferry::ParseResponses(body, limits, &request);
+      if (!error.status.ok()) break;
+      static auto* store = new ferry::ResponseStore(ferry::ResponseStoreOptions{});
+      std::vector<ferry::ApiMessage> history;
+      error = ferry::ResponsesConversation(*store, "t", &request, &history);
+      break;
+    }
+  }
   if (!error.status.ok()) {
     if (error.status.message().empty()) __builtin_trap();  // a refusal always says why
     return 0;
   }
-  if (request.kind != ferry::ApiKind::kChatCompletion) return 0;
+  if (request.kind == ferry::ApiKind::kCompletion) return 0;
   ferry::ToolSetup setup;
   setup.hermes_prompt = (mode & 2) != 0;
   setup.format =

@@ -8,18 +8,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/sampling/stop_strings.h"
+#include "router/api/request_json.h"
 
 namespace ferry {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-ApiError Invalid(const std::string& param, const std::string& message,
-                 const std::string& code = "") {
-  return ApiError{absl::InvalidArgumentError(message), param, code};
-}
-
-ApiError Ok() { return ApiError{absl::OkStatus(), "", ""}; }
 
 // Fields that would change the output and are not implemented: refused by name.
 const std::set<std::string>& Unsupported() {
@@ -35,104 +29,11 @@ const std::set<std::string>& Ignored() {
   return *fields;
 }
 
-// Reads the JSON of one request field, with OpenAI's conventions (null means absent).
-class Fields {
- public:
-  explicit Fields(const Json& body) : body_(body) {}
-
-  const Json* Get(const char* key) {
-    seen_.insert(key);
-    auto it = body_.find(key);
-    if (it == body_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  ApiError Number(const char* key, double lo, double hi, float* out) {
-    const Json* v = Get(key);
-    if (v == nullptr) return Ok();
-    if (!v->is_number()) return Invalid(key, absl::StrCat("'", key, "' must be a number"));
-    const double d = v->get<double>();
-    if (!(d >= lo && d <= hi)) {
-      return Invalid(key, absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], not ", d));
-    }
-    *out = static_cast<float>(d);
-    return Ok();
-  }
-
-  ApiError Integer(const char* key, int64_t lo, int64_t hi, int64_t* out, bool* present) {
-    const Json* v = Get(key);
-    *present = v != nullptr;
-    if (v == nullptr) return Ok();
-    if (!v->is_number_integer())
-      return Invalid(key, absl::StrCat("'", key, "' must be an integer"));
-    const int64_t i =
-        v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX ? INT64_MAX : v->get<int64_t>();
-    if (i < lo || i > hi) {
-      return Invalid(key, absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], not ", i));
-    }
-    *out = i;
-    return Ok();
-  }
-
-  ApiError Bool(const char* key, bool* out) {
-    const Json* v = Get(key);
-    if (v == nullptr) return Ok();
-    if (!v->is_boolean()) return Invalid(key, absl::StrCat("'", key, "' must be a boolean"));
-    *out = v->get<bool>();
-    return Ok();
-  }
-
-  ApiError String(const char* key, std::string* out) {
-    const Json* v = Get(key);
-    if (v == nullptr) return Ok();
-    if (!v->is_string()) return Invalid(key, absl::StrCat("'", key, "' must be a string"));
-    *out = v->get<std::string>();
-    return Ok();
-  }
-
-  // Every key of the body was read, is ignored, or is refused.
-  ApiError CheckRest() {
-    for (auto it = body_.begin(); it != body_.end(); ++it) {
-      const std::string& key = it.key();
-      if (seen_.count(key) > 0 || Ignored().count(key) > 0) continue;
-      if (Unsupported().count(key) > 0) {
-        if (it->is_null()) continue;
-        if (key == "suffix" && it->is_string() && it->get<std::string>().empty()) continue;
-        return Invalid(key, absl::StrCat("'", key, "' is not supported by this server yet"),
-                       "unsupported_parameter");
-      }
-      return Invalid(key, absl::StrCat("Unrecognized request argument supplied: ", key),
-                     "unrecognized_argument");
-    }
-    return Ok();
-  }
-
- private:
-  const Json& body_;
-  std::set<std::string> seen_;
-};
-
-#define RETURN_IF_API_ERROR(expr)   \
-  do {                              \
-    ApiError _e = (expr);           \
-    if (!_e.status.ok()) return _e; \
-  } while (0)
-
-ApiError ParseBody(absl::string_view body, Json* out) {
-  try {
-    *out = Json::parse(body.begin(), body.end());
-  } catch (const Json::exception& e) {
-    return Invalid("", absl::StrCat("the body is not valid JSON: ", e.what()));
-  }
-  if (!out->is_object()) return Invalid("", "the body must be a JSON object");
-  return Ok();
-}
-
 // What chat and completions share: model, sampling, streaming, user.
-ApiError ParseCommon(Fields& f, const ApiLimits& limits, ApiRequest* r) {
+ApiError ParseCommon(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
   const Json* model = f.Get("model");
-  if (model == nullptr) return Invalid("model", "'model' is required");
-  if (!model->is_string()) return Invalid("model", "'model' must be a string");
+  if (model == nullptr) return ApiInvalid("model", "'model' is required");
+  if (!model->is_string()) return ApiInvalid("model", "'model' must be a string");
   r->model = model->get<std::string>();
   if (r->model != limits.model) {
     return ApiError{
@@ -143,13 +44,13 @@ ApiError ParseCommon(Fields& f, const ApiLimits& limits, ApiRequest* r) {
   ApiSampling& s = r->sampling;
   RETURN_IF_API_ERROR(f.Number("temperature", 0, 2, &s.temperature));
   RETURN_IF_API_ERROR(f.Number("top_p", 0, 1, &s.top_p));
-  if (s.top_p == 0) return Invalid("top_p", "'top_p' must be greater than 0");
+  if (s.top_p == 0) return ApiInvalid("top_p", "'top_p' must be greater than 0");
   RETURN_IF_API_ERROR(f.Number("frequency_penalty", -2, 2, &s.frequency_penalty));
   RETURN_IF_API_ERROR(f.Number("presence_penalty", -2, 2, &s.presence_penalty));
   RETURN_IF_API_ERROR(f.Number("min_p", 0, 1, &s.min_p));
   RETURN_IF_API_ERROR(f.Number("repetition_penalty", 0, 2, &s.repetition_penalty));
   if (s.repetition_penalty == 0) {
-    return Invalid("repetition_penalty", "'repetition_penalty' must be greater than 0");
+    return ApiInvalid("repetition_penalty", "'repetition_penalty' must be greater than 0");
   }
   int64_t v = 0;
   bool present = false;
@@ -164,16 +65,16 @@ ApiError ParseCommon(Fields& f, const ApiLimits& limits, ApiRequest* r) {
   RETURN_IF_API_ERROR(f.Bool("ignore_eos", &s.ignore_eos));
   RETURN_IF_API_ERROR(f.Bool("stream", &r->stream));
   if (const Json* so = f.Get("stream_options"); so != nullptr) {
-    if (!so->is_object()) return Invalid("stream_options", "'stream_options' must be an object");
+    if (!so->is_object()) return ApiInvalid("stream_options", "'stream_options' must be an object");
     if (!r->stream) {
-      return Invalid("stream_options", "'stream_options' is only allowed when 'stream' is true");
+      return ApiInvalid("stream_options", "'stream_options' is only allowed when 'stream' is true");
     }
     for (auto it = so->begin(); it != so->end(); ++it) {
       if (it.key() != "include_usage") {
-        return Invalid("stream_options", absl::StrCat("Unrecognized stream option: ", it.key()));
+        return ApiInvalid("stream_options", absl::StrCat("Unrecognized stream option: ", it.key()));
       }
       if (!it->is_boolean()) {
-        return Invalid("stream_options", "'stream_options.include_usage' must be a boolean");
+        return ApiInvalid("stream_options", "'stream_options.include_usage' must be a boolean");
       }
       r->include_usage = it->get<bool>();
     }
@@ -185,38 +86,38 @@ ApiError ParseCommon(Fields& f, const ApiLimits& limits, ApiRequest* r) {
       s.stop.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
       for (const Json& item : *stop) {
-        if (!item.is_string()) return Invalid("stop", "'stop' must be a string or strings");
+        if (!item.is_string()) return ApiInvalid("stop", "'stop' must be a string or strings");
         s.stop.push_back(item.get<std::string>());
       }
     } else {
-      return Invalid("stop", "'stop' must be a string or a list of strings");
+      return ApiInvalid("stop", "'stop' must be a string or a list of strings");
     }
     if (absl::Status st = StopStringMatcher::Validate(s.stop); !st.ok()) {
-      return Invalid("stop", std::string(st.message()));
+      return ApiInvalid("stop", std::string(st.message()));
     }
   }
   // logit_bias: {"token id": bias}.
   if (const Json* bias = f.Get("logit_bias"); bias != nullptr) {
-    if (!bias->is_object()) return Invalid("logit_bias", "'logit_bias' must be an object");
+    if (!bias->is_object()) return ApiInvalid("logit_bias", "'logit_bias' must be an object");
     if (bias->size() > limits.max_logit_bias) {
-      return Invalid("logit_bias", absl::StrCat("'logit_bias' has ", bias->size(),
-                                                " entries; at most ", limits.max_logit_bias));
+      return ApiInvalid("logit_bias", absl::StrCat("'logit_bias' has ", bias->size(),
+                                                   " entries; at most ", limits.max_logit_bias));
     }
     for (auto it = bias->begin(); it != bias->end(); ++it) {
       int64_t id = 0;
       if (!absl::SimpleAtoi(it.key(), &id) || id < 0 || id >= limits.vocab_size) {
-        return Invalid("logit_bias", absl::StrCat("'logit_bias': '", it.key(),
-                                                  "' is not a token id of the vocabulary (0 to ",
-                                                  limits.vocab_size - 1, ")"));
+        return ApiInvalid("logit_bias", absl::StrCat("'logit_bias': '", it.key(),
+                                                     "' is not a token id of the vocabulary (0 to ",
+                                                     limits.vocab_size - 1, ")"));
       }
       if (!it->is_number() || !(it->get<double>() >= -100 && it->get<double>() <= 100)) {
-        return Invalid("logit_bias", absl::StrCat("'logit_bias': the bias of token ", id,
-                                                  " must be a number in [-100, 100]"));
+        return ApiInvalid("logit_bias", absl::StrCat("'logit_bias': the bias of token ", id,
+                                                     " must be a number in [-100, 100]"));
       }
       s.logit_bias.emplace_back(static_cast<TokenId>(id), it->get<float>());
     }
   }
-  return Ok();
+  return ApiOk();
 }
 
 // A message's content as text: a string, or text parts (joined).
@@ -224,93 +125,95 @@ ApiError ContentText(const Json& content, size_t index, std::string* out) {
   const std::string param = absl::StrCat("messages[", index, "].content");
   if (content.is_string()) {
     *out = content.get<std::string>();
-    return Ok();
+    return ApiOk();
   }
-  if (!content.is_array()) return Invalid(param, "content must be a string or a list of parts");
+  if (!content.is_array()) return ApiInvalid(param, "content must be a string or a list of parts");
   for (const Json& part : content) {
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
-      return Invalid(param, "each content part must be an object with a 'type'");
+      return ApiInvalid(param, "each content part must be an object with a 'type'");
     }
     const std::string type = part["type"].get<std::string>();
     if (type == "text") {
       if (!part.contains("text") || !part["text"].is_string()) {
-        return Invalid(param, "a text part needs 'text', a string");
+        return ApiInvalid(param, "a text part needs 'text', a string");
       }
       *out += part["text"].get<std::string>();
     } else if (type == "image_url" || type == "input_audio" || type == "file") {
-      return Invalid(
+      return ApiInvalid(
           param,
           absl::StrCat("content parts of type '", type, "' are not supported by this server yet"),
           "unsupported_content");
     } else {
-      return Invalid(param, absl::StrCat("unknown content part type '", type, "'"));
+      return ApiInvalid(param, absl::StrCat("unknown content part type '", type, "'"));
     }
   }
-  return Ok();
+  return ApiOk();
 }
 
 // An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
 // "arguments"}}].
 ApiError ParseToolCalls(const Json& calls, const std::string& param,
                         std::vector<ApiToolCall>* out) {
-  if (!calls.is_array()) return Invalid(param, "'tool_calls' must be an array");
+  if (!calls.is_array()) return ApiInvalid(param, "'tool_calls' must be an array");
   for (size_t k = 0; k < calls.size(); ++k) {
     const Json& c = calls[k];
     const std::string p = absl::StrCat(param, "[", k, "]");
-    if (!c.is_object()) return Invalid(p, "each tool call must be an object");
+    if (!c.is_object()) return ApiInvalid(p, "each tool call must be an object");
     ApiToolCall call;
     for (auto it = c.begin(); it != c.end(); ++it) {
       if (it.key() == "id") {
-        if (!it->is_string()) return Invalid(p + ".id", "'id' must be a string");
+        if (!it->is_string()) return ApiInvalid(p + ".id", "'id' must be a string");
         call.id = it->get<std::string>();
       } else if (it.key() == "type") {
-        if (*it != "function") return Invalid(p + ".type", "'type' must be 'function'");
+        if (*it != "function") return ApiInvalid(p + ".type", "'type' must be 'function'");
       } else if (it.key() == "function") {
         const Json& f = *it;
         if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) {
-          return Invalid(p + ".function", "'function' must be an object with a 'name', a string");
+          return ApiInvalid(p + ".function",
+                            "'function' must be an object with a 'name', a string");
         }
         call.name = f["name"].get<std::string>();
         if (f.contains("arguments")) {
           if (!f["arguments"].is_string()) {
-            return Invalid(p + ".function.arguments",
-                           "'arguments' must be a string (the arguments' JSON text)");
+            return ApiInvalid(p + ".function.arguments",
+                              "'arguments' must be a string (the arguments' JSON text)");
           }
           call.arguments = f["arguments"].get<std::string>();
         }
         for (auto g = f.begin(); g != f.end(); ++g) {
           if (g.key() != "name" && g.key() != "arguments") {
-            return Invalid(p + ".function." + g.key(),
-                           absl::StrCat("Unrecognized tool call argument supplied: ", g.key()));
+            return ApiInvalid(p + ".function." + g.key(),
+                              absl::StrCat("Unrecognized tool call argument supplied: ", g.key()));
           }
         }
       } else {
-        return Invalid(p + "." + it.key(),
-                       absl::StrCat("Unrecognized tool call argument supplied: ", it.key()));
+        return ApiInvalid(p + "." + it.key(),
+                          absl::StrCat("Unrecognized tool call argument supplied: ", it.key()));
       }
     }
-    if (call.id.empty()) return Invalid(p + ".id", "each tool call needs an 'id'");
-    if (call.name.empty()) return Invalid(p + ".function", "each tool call needs a function name");
+    if (call.id.empty()) return ApiInvalid(p + ".id", "each tool call needs an 'id'");
+    if (call.name.empty())
+      return ApiInvalid(p + ".function", "each tool call needs a function name");
     out->push_back(std::move(call));
   }
-  return Ok();
+  return ApiOk();
 }
 
 ApiError ParseMessages(const Json* messages, const ApiLimits& limits,
                        std::vector<ApiMessage>* out) {
-  if (messages == nullptr) return Invalid("messages", "'messages' is required");
-  if (!messages->is_array()) return Invalid("messages", "'messages' must be an array");
-  if (messages->empty()) return Invalid("messages", "'messages' must not be empty");
+  if (messages == nullptr) return ApiInvalid("messages", "'messages' is required");
+  if (!messages->is_array()) return ApiInvalid("messages", "'messages' must be an array");
+  if (messages->empty()) return ApiInvalid("messages", "'messages' must not be empty");
   if (messages->size() > limits.max_messages) {
-    return Invalid("messages", absl::StrCat("at most ", limits.max_messages, " messages"));
+    return ApiInvalid("messages", absl::StrCat("at most ", limits.max_messages, " messages"));
   }
   out->clear();
   for (size_t i = 0; i < messages->size(); ++i) {
     const Json& m = (*messages)[i];
     const std::string param = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return Invalid(param, "each message must be an object");
+    if (!m.is_object()) return ApiInvalid(param, "each message must be an object");
     if (!m.contains("role") || !m["role"].is_string()) {
-      return Invalid(param + ".role", "each message needs a 'role', a string");
+      return ApiInvalid(param + ".role", "each message needs a 'role', a string");
     }
     const std::string role = m["role"].get<std::string>();
     ApiMessage message;
@@ -323,8 +226,9 @@ ApiError ParseMessages(const Json* messages, const ApiLimits& limits,
     } else if (role == "tool") {
       message.role = ApiRole::kTool;
     } else {
-      return Invalid(param + ".role", absl::StrCat("unknown role '", role,
-                                                   "' (system, developer, user, assistant, tool)"));
+      return ApiInvalid(
+          param + ".role",
+          absl::StrCat("unknown role '", role, "' (system, developer, user, assistant, tool)"));
     }
     bool has_content = false;
     for (auto it = m.begin(); it != m.end(); ++it) {
@@ -337,141 +241,101 @@ ApiError ParseMessages(const Json* messages, const ApiLimits& limits,
         message.content.push_back({std::move(text)});
         has_content = true;
       } else if (key == "name") {
-        if (!it->is_string()) return Invalid(param + ".name", "must be a string");
+        if (!it->is_string()) return ApiInvalid(param + ".name", "must be a string");
         message.name = it->get<std::string>();
       } else if (key == "tool_call_id" && role == "tool") {
-        if (!it->is_string()) return Invalid(param + ".tool_call_id", "must be a string");
+        if (!it->is_string()) return ApiInvalid(param + ".tool_call_id", "must be a string");
         message.tool_call_id = it->get<std::string>();
       } else if (key == "tool_calls" && role == "assistant") {
         if (it->is_null()) continue;
         RETURN_IF_API_ERROR(ParseToolCalls(*it, param + ".tool_calls", &message.tool_calls));
       } else if ((key == "reasoning_content" || key == "reasoning") && role == "assistant") {
         if (it->is_null()) continue;
-        if (!it->is_string()) return Invalid(param + "." + key, "must be a string");
+        if (!it->is_string()) return ApiInvalid(param + "." + key, "must be a string");
         message.reasoning = it->get<std::string>();
       } else if (key == "refusal" || key == "audio") {
         if (!it->is_null() && key == "audio") {
-          return Invalid(param + ".audio", "audio is not supported by this server yet",
-                         "unsupported_content");
+          return ApiInvalid(param + ".audio", "audio is not supported by this server yet",
+                            "unsupported_content");
         }
       } else {
-        return Invalid(param + "." + key,
-                       absl::StrCat("Unrecognized message argument supplied: ", key));
+        return ApiInvalid(param + "." + key,
+                          absl::StrCat("Unrecognized message argument supplied: ", key));
       }
     }
     if (!has_content && (message.role != ApiRole::kAssistant || message.tool_calls.empty())) {
-      return Invalid(param + ".content", "the message has no content");
+      return ApiInvalid(param + ".content", "the message has no content");
     }
     if (message.role == ApiRole::kTool && message.tool_call_id.empty()) {
-      return Invalid(param + ".tool_call_id",
-                     "a tool message needs 'tool_call_id', the id of the call it answers");
+      return ApiInvalid(param + ".tool_call_id",
+                        "a tool message needs 'tool_call_id', the id of the call it answers");
     }
     out->push_back(std::move(message));
   }
-  return Ok();
+  return ApiOk();
 }
 
-// A function name as OpenAI allows it: 1-64 of a-z, A-Z, 0-9, '_' and '-'.
-bool ValidFunctionName(const std::string& name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (char c : name) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
-  }
-  return true;
-}
-
-// The parts of a JSON schema a template and a parser rely on: an object, "type" a string (or
-// strings), "properties" an object of schemas, "required" an array of strings.
-ApiError CheckSchema(const Json& schema, const std::string& param) {
-  if (!schema.is_object())
-    return Invalid(param, "a function's 'parameters' must be a JSON schema object");
-  if (auto t = schema.find("type"); t != schema.end()) {
-    bool ok = t->is_string();
-    if (t->is_array()) {
-      ok = !t->empty();
-      for (const Json& x : *t) ok = ok && x.is_string();
-    }
-    if (!ok) return Invalid(param + ".type", "'type' must be a string or a list of strings");
-  }
-  if (auto p = schema.find("properties"); p != schema.end()) {
-    if (!p->is_object()) return Invalid(param + ".properties", "'properties' must be an object");
-    for (auto it = p->begin(); it != p->end(); ++it) {
-      if (!it->is_object() && !it->is_boolean()) {
-        return Invalid(param + ".properties." + it.key(), "each property must be a schema object");
-      }
-    }
-  }
-  if (auto r = schema.find("required"); r != schema.end()) {
-    bool ok = r->is_array();
-    if (ok) {
-      for (const Json& x : *r) ok = ok && x.is_string();
-    }
-    if (!ok) return Invalid(param + ".required", "'required' must be a list of strings");
-  }
-  return Ok();
-}
-
-ApiError ParseTools(Fields& f, const ApiLimits& limits, ApiRequest* r) {
+ApiError ParseTools(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
   const Json* tools = f.Get("tools");
   if (tools != nullptr) {
-    if (!tools->is_array()) return Invalid("tools", "'tools' must be an array");
+    if (!tools->is_array()) return ApiInvalid("tools", "'tools' must be an array");
     if (tools->size() > limits.max_tools) {
-      return Invalid("tools", absl::StrCat("'tools' has ", tools->size(), " entries; at most ",
-                                           limits.max_tools));
+      return ApiInvalid("tools", absl::StrCat("'tools' has ", tools->size(), " entries; at most ",
+                                              limits.max_tools));
     }
     if (tools->dump().size() > limits.max_tools_bytes) {
-      return Invalid("tools", absl::StrCat("the tool definitions take more than ",
-                                           limits.max_tools_bytes, " bytes"));
+      return ApiInvalid("tools", absl::StrCat("the tool definitions take more than ",
+                                              limits.max_tools_bytes, " bytes"));
     }
     std::set<std::string> names;
     for (size_t i = 0; i < tools->size(); ++i) {
       const Json& t = (*tools)[i];
       const std::string param = absl::StrCat("tools[", i, "]");
-      if (!t.is_object()) return Invalid(param, "each tool must be an object");
+      if (!t.is_object()) return ApiInvalid(param, "each tool must be an object");
       if (!t.contains("type") || t["type"] != "function") {
-        return Invalid(param + ".type", "each tool's 'type' must be 'function'");
+        return ApiInvalid(param + ".type", "each tool's 'type' must be 'function'");
       }
       for (auto it = t.begin(); it != t.end(); ++it) {
         if (it.key() != "type" && it.key() != "function") {
-          return Invalid(param + "." + it.key(),
-                         absl::StrCat("Unrecognized tool argument supplied: ", it.key()));
+          return ApiInvalid(param + "." + it.key(),
+                            absl::StrCat("Unrecognized tool argument supplied: ", it.key()));
         }
       }
       if (!t.contains("function") || !t["function"].is_object()) {
-        return Invalid(param + ".function", "each tool needs 'function', an object");
+        return ApiInvalid(param + ".function", "each tool needs 'function', an object");
       }
       const Json& fn = t["function"];
       ApiTool tool;
       for (auto it = fn.begin(); it != fn.end(); ++it) {
         const std::string p = param + ".function." + it.key();
         if (it.key() == "name") {
-          if (!it->is_string()) return Invalid(p, "'name' must be a string");
+          if (!it->is_string()) return ApiInvalid(p, "'name' must be a string");
           tool.name = it->get<std::string>();
         } else if (it.key() == "description") {
           if (it->is_null()) continue;
-          if (!it->is_string()) return Invalid(p, "'description' must be a string");
+          if (!it->is_string()) return ApiInvalid(p, "'description' must be a string");
           tool.description = it->get<std::string>();
         } else if (it.key() == "parameters") {
           if (it->is_null()) continue;
-          RETURN_IF_API_ERROR(CheckSchema(*it, p));
+          RETURN_IF_API_ERROR(CheckFunctionSchema(*it, p));
           tool.parameters = *it;
         } else if (it.key() == "strict") {
           if (it->is_null()) continue;
-          if (!it->is_boolean()) return Invalid(p, "'strict' must be a boolean");
+          if (!it->is_boolean()) return ApiInvalid(p, "'strict' must be a boolean");
           tool.strict = it->get<bool>();
         } else {
-          return Invalid(p, absl::StrCat("Unrecognized function argument supplied: ", it.key()));
+          return ApiInvalid(p, absl::StrCat("Unrecognized function argument supplied: ", it.key()));
         }
       }
       if (!ValidFunctionName(tool.name)) {
-        return Invalid(param + ".function.name",
-                       absl::StrCat("'", tool.name,
-                                    "' is not a valid function name (1 to 64 of a-z, A-Z, 0-9, "
-                                    "underscores and dashes)"));
+        return ApiInvalid(param + ".function.name",
+                          absl::StrCat("'", tool.name,
+                                       "' is not a valid function name (1 to 64 of a-z, A-Z, 0-9, "
+                                       "underscores and dashes)"));
       }
       if (!names.insert(tool.name).second) {
-        return Invalid(param + ".function.name",
-                       absl::StrCat("two tools are named '", tool.name, "'"));
+        return ApiInvalid(param + ".function.name",
+                          absl::StrCat("two tools are named '", tool.name, "'"));
       }
       r->tools.push_back(std::move(tool));
     }
@@ -487,43 +351,43 @@ ApiError ParseTools(Fields& f, const ApiLimits& limits, ApiRequest* r) {
       } else if (mode == "required") {
         c.mode = ApiToolChoice::Mode::kRequired;
       } else {
-        return Invalid("tool_choice", absl::StrCat("'tool_choice' must be 'none', 'auto', "
-                                                   "'required' or a function, not '",
-                                                   mode, "'"));
+        return ApiInvalid("tool_choice", absl::StrCat("'tool_choice' must be 'none', 'auto', "
+                                                      "'required' or a function, not '",
+                                                      mode, "'"));
       }
     } else if (choice->is_object()) {
       const Json* fn = choice->contains("function") ? &(*choice)["function"] : nullptr;
       if (!choice->contains("type") || (*choice)["type"] != "function" || fn == nullptr ||
           !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
-        return Invalid("tool_choice",
-                       "a named 'tool_choice' is {\"type\": \"function\", "
-                       "\"function\": {\"name\": ...}}");
+        return ApiInvalid("tool_choice",
+                          "a named 'tool_choice' is {\"type\": \"function\", "
+                          "\"function\": {\"name\": ...}}");
       }
       c.mode = ApiToolChoice::Mode::kFunction;
       c.function = (*fn)["name"].get<std::string>();
       bool known = false;
       for (const ApiTool& t : r->tools) known = known || t.name == c.function;
       if (!known) {
-        return Invalid("tool_choice", absl::StrCat("'tool_choice' names the function '", c.function,
-                                                   "', which is not in 'tools'"));
+        return ApiInvalid("tool_choice", absl::StrCat("'tool_choice' names the function '",
+                                                      c.function, "', which is not in 'tools'"));
       }
     } else {
-      return Invalid("tool_choice", "'tool_choice' must be a string or an object");
+      return ApiInvalid("tool_choice", "'tool_choice' must be a string or an object");
     }
     if (r->tools.empty() && c.mode != ApiToolChoice::Mode::kNone) {
-      return Invalid("tool_choice", "'tool_choice' is only allowed when 'tools' are specified");
+      return ApiInvalid("tool_choice", "'tool_choice' is only allowed when 'tools' are specified");
     }
   }
   RETURN_IF_API_ERROR(f.Bool("parallel_tool_calls", &r->parallel_tool_calls));
-  return Ok();
+  return ApiOk();
 }
 
 }  // namespace
 
 ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* r) {
   Json json;
-  RETURN_IF_API_ERROR(ParseBody(body, &json));
-  Fields f(json);
+  RETURN_IF_API_ERROR(ParseRequestJson(body, &json));
+  RequestFields f(json);
   r->kind = ApiKind::kChatCompletion;
   RETURN_IF_API_ERROR(ParseCommon(f, limits, r));
   RETURN_IF_API_ERROR(ParseMessages(f.Get("messages"), limits, &r->messages));
@@ -538,40 +402,48 @@ ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, Ap
   RETURN_IF_API_ERROR(f.Integer("top_logprobs", 0, limits.max_top_logprobs, &v, &present));
   if (present) {
     if (!r->sampling.logprobs) {
-      return Invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+      return ApiInvalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
     }
     r->sampling.top_logprobs = static_cast<int32_t>(v);
   }
   if (const Json* format = f.Get("response_format"); format != nullptr) {
     if (!format->is_object() || !format->contains("type") || !(*format)["type"].is_string()) {
-      return Invalid("response_format", "'response_format' must be an object with a 'type'");
+      return ApiInvalid("response_format", "'response_format' must be an object with a 'type'");
     }
     if ((*format)["type"].get<std::string>() != "text") {
-      return Invalid("response_format",
-                     "'response_format' other than text is not supported by this server yet",
-                     "unsupported_parameter");
+      return ApiInvalid("response_format",
+                        "'response_format' other than text is not supported by this server yet",
+                        "unsupported_parameter");
     }
   }
   if (const Json* modalities = f.Get("modalities"); modalities != nullptr) {
     if (*modalities != Json::array({"text"})) {
-      return Invalid("modalities", "only the text modality is supported", "unsupported_parameter");
+      return ApiInvalid("modalities", "only the text modality is supported",
+                        "unsupported_parameter");
     }
   }
   if (r->sampling.min_tokens > 0 && r->sampling.max_tokens.has_value() &&
       r->sampling.min_tokens > *r->sampling.max_tokens) {
-    return Invalid("min_tokens", "'min_tokens' must not exceed the maximum tokens");
+    return ApiInvalid("min_tokens", "'min_tokens' must not exceed the maximum tokens");
   }
-  return f.CheckRest();
+  // An empty suffix is no suffix.
+  if (const Json* suffix = f.Get("suffix"); suffix != nullptr) {
+    if (!suffix->is_string() || !suffix->get<std::string>().empty()) {
+      return ApiInvalid("suffix", "'suffix' is not supported by this server yet",
+                        "unsupported_parameter");
+    }
+  }
+  return f.CheckRest(Ignored(), Unsupported());
 }
 
 ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* r) {
   Json json;
-  RETURN_IF_API_ERROR(ParseBody(body, &json));
-  Fields f(json);
+  RETURN_IF_API_ERROR(ParseRequestJson(body, &json));
+  RequestFields f(json);
   r->kind = ApiKind::kCompletion;
   RETURN_IF_API_ERROR(ParseCommon(f, limits, r));
   const Json* prompt = f.Get("prompt");
-  if (prompt == nullptr) return Invalid("prompt", "'prompt' is required");
+  if (prompt == nullptr) return ApiInvalid("prompt", "'prompt' is required");
   // A string, a list of token ids, or a list holding one of those (batches of prompts are
   // OpenAI's; ask with n instead).
   const Json* p = prompt;
@@ -580,24 +452,24 @@ ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiReq
   }
   if (p->is_string()) {
     r->prompt_text = p->get<std::string>();
-    if (r->prompt_text.empty()) return Invalid("prompt", "'prompt' is empty");
+    if (r->prompt_text.empty()) return ApiInvalid("prompt", "'prompt' is empty");
   } else if (p->is_array() && !p->empty() && (*p)[0].is_number_integer()) {
     for (const Json& id : *p) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
           id.get<int64_t>() >= limits.vocab_size) {
-        return Invalid("prompt", absl::StrCat("'prompt' token ids must be integers in [0, ",
-                                              limits.vocab_size - 1, "]"));
+        return ApiInvalid("prompt", absl::StrCat("'prompt' token ids must be integers in [0, ",
+                                                 limits.vocab_size - 1, "]"));
       }
       r->prompt_ids.push_back(static_cast<TokenId>(id.get<int64_t>()));
     }
     r->prompt_is_ids = true;
   } else if (p->is_array() && p->empty()) {
-    return Invalid("prompt", "'prompt' is empty");
+    return ApiInvalid("prompt", "'prompt' is empty");
   } else if (prompt->is_array()) {
-    return Invalid("prompt", "a list of several prompts is not supported; send one per request",
-                   "unsupported_parameter");
+    return ApiInvalid("prompt", "a list of several prompts is not supported; send one per request",
+                      "unsupported_parameter");
   } else {
-    return Invalid("prompt", "'prompt' must be a string or a list of token ids");
+    return ApiInvalid("prompt", "'prompt' must be a string or a list of token ids");
   }
   int64_t v = 0;
   bool present = false;
@@ -610,20 +482,28 @@ ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiReq
   }
   RETURN_IF_API_ERROR(f.Bool("echo", &r->echo));
   if (r->echo && r->sampling.logprobs) {
-    return Invalid("echo",
-                   "'echo' with 'logprobs' needs prompt logprobs, which this server does "
-                   "not compute yet",
-                   "unsupported_parameter");
+    return ApiInvalid("echo",
+                      "'echo' with 'logprobs' needs prompt logprobs, which this server does "
+                      "not compute yet",
+                      "unsupported_parameter");
   }
   RETURN_IF_API_ERROR(f.Integer("best_of", 1, limits.max_n, &v, &present));
   if (present && v != r->sampling.n) {
-    return Invalid("best_of", "'best_of' other than n is not supported", "unsupported_parameter");
+    return ApiInvalid("best_of", "'best_of' other than n is not supported",
+                      "unsupported_parameter");
   }
   if (r->sampling.min_tokens > 0 && r->sampling.max_tokens.has_value() &&
       r->sampling.min_tokens > *r->sampling.max_tokens) {
-    return Invalid("min_tokens", "'min_tokens' must not exceed 'max_tokens'");
+    return ApiInvalid("min_tokens", "'min_tokens' must not exceed 'max_tokens'");
   }
-  return f.CheckRest();
+  // An empty suffix is no suffix.
+  if (const Json* suffix = f.Get("suffix"); suffix != nullptr) {
+    if (!suffix->is_string() || !suffix->get<std::string>().empty()) {
+      return ApiInvalid("suffix", "'suffix' is not supported by this server yet",
+                        "unsupported_parameter");
+    }
+  }
+  return f.CheckRest(Ignored(), Unsupported());
 }
 
 }  // namespace ferry

@@ -57,6 +57,28 @@ TEST(OpenAiParserTest, ChatRequestsBecomeTheInternalModel) {
   EXPECT_FALSE(d.stream);
 }
 
+// JSON nested past 128 levels is refused as it is parsed (a tool schema of 100,000 levels would
+// otherwise overflow the stack when it is copied or dumped).
+TEST(OpenAiParserTest, DeeplyNestedJsonIsRefused) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  for (
+      const std::string& body :
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":)" +
+           deep + "}}}}]}",
+       R"({"model":"tiny","metadata":)" + deep + "}"}) {
+    ApiRequest r;
+    ApiError e = ParseChatCompletion(body, Limits(), &r);
+    EXPECT_EQ(e.status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status.message().find("deeper than 128"), std::string::npos) << e.status;
+  }
+  ApiRequest r;
+  EXPECT_TRUE(
+      ParseChatCompletion(
+          R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"metadata":{"a":[[[[1]]]]}})",
+          Limits(), &r)
+          .status.ok());
+}
+
 TEST(OpenAiParserTest, CompletionsTakeTextOrTokenIds) {
   ApiRequest r;
   ASSERT_TRUE(ParseCompletion(R"({"model":"tiny","prompt":"Once","max_tokens":5,"logprobs":2,

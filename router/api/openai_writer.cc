@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "services/common/http_status.h"
+
 namespace ferry {
 
 using Json = nlohmann::ordered_json;
@@ -18,11 +20,12 @@ std::string DumpJson(const Json& json) {
 }
 
 OpenAiWriter::OpenAiWriter(ResponseHeader header, const Tokenizer* tokenizer, bool logprobs,
-                           std::string echo_prompt)
+                           std::string echo_prompt, bool include_usage)
     : header_(std::move(header)),
       tokenizer_(tokenizer),
       logprobs_(logprobs),
-      echo_prompt_(std::move(echo_prompt)) {}
+      echo_prompt_(std::move(echo_prompt)),
+      include_usage_(include_usage) {}
 
 Json OpenAiWriter::Object(bool chunk) const {
   Json j = Json::object();
@@ -108,7 +111,7 @@ Json OpenAiWriter::Usage(const UsageCounts& u) const {
 }
 
 std::string OpenAiWriter::Full(const std::vector<ChoiceOutputs>& choices,
-                               const UsageCounts& usage) const {
+                               const UsageCounts& usage) {
   Json j = Object(false);
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceOutputs& c = choices[i];
@@ -143,7 +146,7 @@ std::string OpenAiWriter::Full(const std::vector<ChoiceOutputs>& choices,
   return DumpJson(j);
 }
 
-std::string OpenAiWriter::StreamStart(int32_t choice, bool include_usage) const {
+std::string OpenAiWriter::StreamStart(int32_t choice) {
   Json j = Object(true);
   Json c = Json::object();
   c["index"] = choice;
@@ -156,12 +159,11 @@ std::string OpenAiWriter::StreamStart(int32_t choice, bool include_usage) const 
   c["logprobs"] = nullptr;
   c["finish_reason"] = nullptr;
   j["choices"].push_back(std::move(c));
-  if (include_usage) j["usage"] = nullptr;
+  if (include_usage_) j["usage"] = nullptr;
   return "data: " + DumpJson(j) + "\n\n";
 }
 
-std::string OpenAiWriter::StreamDelta(int32_t choice, const ChoiceOutputs& delta,
-                                      bool include_usage) const {
+std::string OpenAiWriter::StreamDelta(int32_t choice, const ChoiceOutputs& delta) {
   Json j = Object(true);
   Json c = Json::object();
   c["index"] = choice;
@@ -194,14 +196,23 @@ std::string OpenAiWriter::StreamDelta(int32_t choice, const ChoiceOutputs& delta
   c["logprobs"] = delta.logprobs.empty() ? Json(nullptr) : Logprobs(delta, 0);
   c["finish_reason"] = delta.finish_reason.empty() ? Json(nullptr) : Json(delta.finish_reason);
   j["choices"].push_back(std::move(c));
-  if (include_usage) j["usage"] = nullptr;
+  if (include_usage_) j["usage"] = nullptr;
   return "data: " + DumpJson(j) + "\n\n";
 }
 
-std::string OpenAiWriter::StreamUsage(const UsageCounts& usage) const {
-  Json j = Object(true);
-  j["usage"] = Usage(usage);
-  return "data: " + DumpJson(j) + "\n\n";
+std::string OpenAiWriter::StreamEnd(const std::vector<ChoiceOutputs>& choices,
+                                    const UsageCounts& usage) {
+  std::string out;
+  if (include_usage_) {
+    Json j = Object(true);
+    j["usage"] = Usage(usage);
+    out = "data: " + DumpJson(j) + "\n\n";
+  }
+  return out + "data: [DONE]\n\n";
+}
+
+std::string OpenAiWriter::StreamError(const ApiError& error, const std::string& trace_id) {
+  return "data: " + OpenAiErrorBody(error.status, trace_id, error.param, error.code) + "\n\n";
 }
 
 }  // namespace ferry

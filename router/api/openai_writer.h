@@ -23,6 +23,7 @@
 #include "engine/common/token_id.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "router/api/api_request.h"
+#include "router/api/api_writer.h"
 #include "router/api/conversation.h"
 
 namespace ferry {
@@ -36,22 +37,27 @@ struct ResponseHeader {
   std::string system_fingerprint;
 };
 
-class OpenAiWriter {
+class OpenAiWriter final : public ApiWriter {
  public:
-  // `tokenizer` must outlive the writer; `echo_prompt` is prepended to completions' text (echo).
+  // `tokenizer` must outlive the writer; `echo_prompt` is prepended to completions' text (echo);
+  // `include_usage`: stream_options.include_usage (every chunk has "usage": null, and a last
+  // chunk carries the usage).
   OpenAiWriter(ResponseHeader header, const Tokenizer* tokenizer, bool logprobs,
-               std::string echo_prompt = "");
+               std::string echo_prompt = "", bool include_usage = false);
 
   // The whole non-streaming body.
-  std::string Full(const std::vector<ChoiceOutputs>& choices, const UsageCounts& usage) const;
+  std::string Full(const std::vector<ChoiceOutputs>& choices, const UsageCounts& usage) override;
 
   // Stream events (each a complete "data: ...\n\n").
   // The first chunk of a chat choice (role, empty content); "" for completions.
-  std::string StreamStart(int32_t choice, bool include_usage) const;
+  std::string StreamStart(int32_t choice) override;
   // Text and tokens that became final for `choice`, and its finish reason when it ended.
-  std::string StreamDelta(int32_t choice, const ChoiceOutputs& delta, bool include_usage) const;
-  std::string StreamUsage(const UsageCounts& usage) const;
-  static std::string StreamDone() { return "data: [DONE]\n\n"; }
+  std::string StreamDelta(int32_t choice, const ChoiceOutputs& delta) override;
+  // The usage chunk (with include_usage), then "data: [DONE]".
+  std::string StreamEnd(const std::vector<ChoiceOutputs>& choices,
+                        const UsageCounts& usage) override;
+  // OpenAI's error body as an event (the stream ends after it, without [DONE]).
+  std::string StreamError(const ApiError& error, const std::string& trace_id) override;
 
  private:
   nlohmann::ordered_json Object(bool chunk) const;
@@ -63,6 +69,7 @@ class OpenAiWriter {
   const Tokenizer* const tokenizer_;
   const bool logprobs_;
   const std::string echo_prompt_;
+  const bool include_usage_;
 };
 
 // JSON as OpenAI serializes it (UTF-8, nothing escaped beyond what JSON needs; invalid UTF-8

@@ -122,7 +122,7 @@ ChatTemplateInputs TemplateInputs(const ApiRequest& request, const ToolSetup& se
 
 ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltPrompt* out) const {
   ChatTemplateInputs inputs;
-  if (request.kind == ApiKind::kChatCompletion) inputs = TemplateInputs(request, tools_);
+  if (request.kind != ApiKind::kCompletion) inputs = TemplateInputs(request, tools_);
   if (tokenizer_->bos_id().has_value()) {
     inputs.bos_token = tokenizer_->TokenString(*tokenizer_->bos_id());
   }
@@ -133,7 +133,7 @@ ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltP
                     const std::string& code = "") {
     return ApiError{absl::InvalidArgumentError(message), param, code};
   };
-  if (request.kind == ApiKind::kChatCompletion) {
+  if (request.kind != ApiKind::kCompletion) {
     if (chat_template_ == nullptr) {
       return invalid("messages", "the model has no chat template; use /v1/completions");
     }
@@ -163,7 +163,7 @@ ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltP
     if (!ids.ok()) return invalid("prompt", std::string(ids.status().message()));
     out->tokens = *std::move(ids);
   }
-  const char* param = request.kind == ApiKind::kChatCompletion ? "messages" : "prompt";
+  const char* param = request.kind != ApiKind::kCompletion ? "messages" : "prompt";
   const int64_t n = static_cast<int64_t>(out->tokens.size());
   if (n == 0) return invalid(param, "the prompt is empty");
   if (n >= context) {

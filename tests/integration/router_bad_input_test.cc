@@ -326,6 +326,175 @@ TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
   ExpectWorks();
 }
 
+std::string Messages(const std::string& extra) {
+  return absl::StrCat(R"({"model":"smol","max_tokens":5,"messages":[{"role":"user","content":"hi"}])",
+                      extra, "}");
+}
+std::string Responses(const std::string& extra) {
+  return absl::StrCat(R"({"model":"smol","input":"hi")", extra, "}");
+}
+
+// Anthropic Messages and OpenAI Responses: each bad request gets its status and its API's error
+// body (Anthropic's {"type":"error","error":{"type","message"},"request_id"} on /v1/messages,
+// OpenAI's on /v1/responses), before any worker sees it.
+TEST_F(RouterBadInputTest, EveryBadMessagesOrResponsesRequestGetsItsApisErrorShape) {
+  const double completed_before =
+      MetricValue(worker_->admin_port(), "ferry_worker_requests_total{outcome=\"completed\"}");
+  const std::vector<std::pair<std::string, std::string>> version = {
+      {"anthropic-version", "2023-06-01"}};
+  std::string five_breakpoints;
+  for (int i = 0; i < 5; ++i) {
+    absl::StrAppend(&five_breakpoints, i == 0 ? "" : ",",
+                    R"({"type":"text","text":"s","cache_control":{"type":"ephemeral"}})");
+  }
+  std::string many_metadata = "{";
+  for (int i = 0; i < 17; ++i) absl::StrAppend(&many_metadata, i ? "," : "", "\"k", i, "\":\"v\"");
+  many_metadata += "}";
+  const std::vector<Case> messages = {
+      {"messages: not json", "POST", "/v1/messages", "{model: smol}", 400, ""},
+      {"messages: no max_tokens", "POST", "/v1/messages",
+       R"({"model":"smol","messages":[{"role":"user","content":"hi"}]})", 400, ""},
+      {"messages: max_tokens zero", "POST", "/v1/messages",
+       R"({"model":"smol","max_tokens":0,"messages":[{"role":"user","content":"hi"}]})", 400, ""},
+      {"messages: no messages", "POST", "/v1/messages", R"({"model":"smol","max_tokens":5})", 400,
+       ""},
+      {"messages: empty messages", "POST", "/v1/messages",
+       R"({"model":"smol","max_tokens":5,"messages":[]})", 400, ""},
+      {"messages: a tool role in messages", "POST", "/v1/messages",
+       R"({"model":"smol","max_tokens":5,"messages":[{"role":"tool","content":"x"}]})", 400, ""},
+      {"messages: content a number", "POST", "/v1/messages",
+       R"({"model":"smol","max_tokens":5,"messages":[{"role":"user","content":7}]})", 400, ""},
+      {"messages: an image block", "POST", "/v1/messages",
+       R"({"model":"smol","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}}]}]})",
+       400, ""},
+      {"messages: an unknown block type", "POST", "/v1/messages",
+       R"({"model":"smol","max_tokens":5,"messages":[{"role":"user","content":[{"type":"hologram"}]}]})",
+       400, ""},
+      {"messages: tool_use from the user", "POST", "/v1/messages",
+       R"({"model":"smol","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_use","id":"t1","name":"f","input":{}}]}]})",
+       400, ""},
+      {"messages: tool_result from the assistant", "POST", "/v1/messages",
+       R"({"model":"smol","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"t1","content":"r"}]}]})",
+       400, ""},
+      {"messages: temperature above 1", "POST", "/v1/messages", Messages(R"(,"temperature":1.5)"),
+       400, ""},
+      {"messages: top_k negative", "POST", "/v1/messages", Messages(R"(,"top_k":-1)"), 400, ""},
+      {"messages: stop_sequences a string", "POST", "/v1/messages",
+       Messages(R"(,"stop_sequences":"END")"), 400, ""},
+      {"messages: an unknown field", "POST", "/v1/messages", Messages(R"(,"temprature":0.2)"), 400,
+       ""},
+      {"messages: an unknown model", "POST", "/v1/messages",
+       R"({"model":"claude-opus-4","max_tokens":5,"messages":[{"role":"user","content":"hi"}]})",
+       404, ""},
+      {"messages: a cache_control ttl of 2h", "POST", "/v1/messages",
+       Messages(R"(,"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral","ttl":"2h"}}])"),
+       400, ""},
+      {"messages: five cache_control blocks", "POST", "/v1/messages",
+       Messages(absl::StrCat(R"(,"system":[)", five_breakpoints, "]")), 400, ""},
+      {"messages: a server tool", "POST", "/v1/messages",
+       Messages(R"(,"tools":[{"type":"web_search_20250305","name":"web_search"}])"), 400, ""},
+      {"messages: tools on a template without a tool format", "POST", "/v1/messages",
+       Messages(
+           R"(,"tools":[{"name":"f","input_schema":{"type":"object","properties":{}}}])"),
+       400, ""},
+      {"messages: a thinking budget under 1024", "POST", "/v1/messages",
+       R"({"model":"smol","max_tokens":2000,"thinking":{"type":"enabled","budget_tokens":100},"messages":[{"role":"user","content":"hi"}]})",
+       400, ""},
+      {"messages: system a number", "POST", "/v1/messages", Messages(R"(,"system":3)"), 400, ""},
+      {"messages: metadata a list", "POST", "/v1/messages", Messages(R"(,"metadata":[1])"), 400,
+       ""},
+      {"messages: GET", "GET", "/v1/messages", "", 405, ""},
+      {"count_tokens: no messages", "POST", "/v1/messages/count_tokens", R"({"model":"smol"})", 400,
+       ""},
+  };
+  for (const Case& c : messages) {
+    std::vector<std::pair<std::string, std::string>> headers = version;
+    headers.emplace_back("x-request-id", "bad-messages-1");
+    const Reply r = Send(port(), c.method, c.path, c.body, headers);
+    ASSERT_EQ(r.status, c.status) << c.name << ": " << r.body;
+    nlohmann::json body = nlohmann::json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(body.is_object()) << c.name << ": " << r.body;
+    EXPECT_EQ(body["type"], "error") << c.name << ": " << r.body;
+    EXPECT_EQ(body["request_id"], "bad-messages-1") << c.name;
+    ASSERT_TRUE(body["error"].is_object()) << c.name << ": " << r.body;
+    if (c.status != 405) {
+      EXPECT_EQ(body["error"]["type"], c.status == 404 ? "not_found_error" : "invalid_request_error")
+          << c.name;
+    }
+    EXPECT_TRUE(body["error"]["message"].is_string() &&
+                !body["error"]["message"].get<std::string>().empty())
+        << c.name;
+    EXPECT_EQ(r.headers.count("request-id") ? r.headers.at("request-id") : "", "bad-messages-1")
+        << c.name;
+  }
+  // Without anthropic-version, or with one that is not a date.
+  for (const std::string& v : {std::string(""), std::string("latest"), std::string("2023-13-01")}) {
+    std::vector<std::pair<std::string, std::string>> headers;
+    if (!v.empty()) headers.emplace_back("anthropic-version", v);
+    const Reply r = Send(port(), "POST", "/v1/messages", Messages(""), headers);
+    ASSERT_EQ(r.status, 400) << v << ": " << r.body;
+    EXPECT_NE(r.body.find("anthropic-version"), std::string::npos) << r.body;
+  }
+
+  const std::vector<Case> responses = {
+      {"responses: no input", "POST", "/v1/responses", R"({"model":"smol"})", 400, "input"},
+      {"responses: input a number", "POST", "/v1/responses", R"({"model":"smol","input":5})", 400,
+       "input"},
+      {"responses: an input_image part", "POST", "/v1/responses",
+       R"({"model":"smol","input":[{"role":"user","content":[{"type":"input_image","image_url":"http://x/y.png"}]}]})",
+       400, ""},
+      {"responses: an unknown item type", "POST", "/v1/responses",
+       R"({"model":"smol","input":[{"type":"hologram"}]})", 400, ""},
+      {"responses: a function_call_output without its call_id", "POST", "/v1/responses",
+       R"({"model":"smol","input":[{"type":"function_call_output","output":"r"}]})", 400, ""},
+      {"responses: max_output_tokens zero", "POST", "/v1/responses",
+       Responses(R"(,"max_output_tokens":0)"), 400, "max_output_tokens"},
+      {"responses: temperature 3", "POST", "/v1/responses", Responses(R"(,"temperature":3)"), 400,
+       "temperature"},
+      {"responses: a web_search tool", "POST", "/v1/responses",
+       Responses(R"(,"tools":[{"type":"web_search"}])"), 400, ""},
+      {"responses: a json_schema text format", "POST", "/v1/responses",
+       Responses(
+           R"(,"text":{"format":{"type":"json_schema","name":"x","schema":{"type":"object"}}})"),
+       400, ""},
+      {"responses: background", "POST", "/v1/responses", Responses(R"(,"background":true)"), 400,
+       "background"},
+      {"responses: an unknown field", "POST", "/v1/responses", Responses(R"(,"temprature":1)"), 400,
+       ""},
+      {"responses: an unknown previous_response_id", "POST", "/v1/responses",
+       Responses(R"(,"previous_response_id":"resp_nope")"), 404, "previous_response_id"},
+      {"responses: 17 metadata keys", "POST", "/v1/responses",
+       Responses(absl::StrCat(R"(,"metadata":)", many_metadata)), 400, "metadata"},
+      {"responses: store a string", "POST", "/v1/responses", Responses(R"(,"store":"yes")"), 400,
+       "store"},
+      {"responses: instructions a number", "POST", "/v1/responses",
+       Responses(R"(,"instructions":4)"), 400, "instructions"},
+      {"responses: an unknown model", "POST", "/v1/responses", R"({"model":"gpt-5","input":"hi"})",
+       404, "model"},
+      {"responses: GET an unknown id", "GET", "/v1/responses/resp_nope", "", 404, ""},
+      {"responses: DELETE an unknown id", "DELETE", "/v1/responses/resp_nope", "", 404, ""},
+      {"responses: PUT", "PUT", "/v1/responses/resp_nope", "{}", 405, ""},
+      {"responses: GET the collection", "GET", "/v1/responses", "", 405, ""},
+  };
+  for (const Case& c : responses) {
+    const Reply r = Send(port(), c.method, c.path, c.body, {{"x-request-id", "bad-responses-1"}});
+    ASSERT_EQ(r.status, c.status) << c.name << ": " << r.body;
+    nlohmann::json body = nlohmann::json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(body.is_object() && body["error"].is_object()) << c.name << ": " << r.body;
+    EXPECT_TRUE(body["error"]["message"].is_string()) << c.name;
+    EXPECT_EQ(body["error"]["trace_id"], "bad-responses-1") << c.name;
+    if (!c.param.empty()) {
+      EXPECT_EQ(body["error"]["param"], c.param) << c.name << ": " << r.body;
+    }
+  }
+  EXPECT_GE(messages.size() + responses.size(), 40u);
+  // None of them reached the worker.
+  EXPECT_EQ(
+      MetricValue(worker_->admin_port(), "ferry_worker_requests_total{outcome=\"completed\"}"),
+      completed_before);
+  ExpectWorks();
+}
+
 // A router with a key file: every way of not presenting a valid key is a 401 with an OpenAI
 // error body that never repeats what was sent; the right key in either header passes.
 TEST_F(RouterBadInputTest, RequestsWithoutAValidKeyAre401) {

@@ -1,0 +1,141 @@
+#include "router/api/request_json.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+using Json = nlohmann::ordered_json;
+
+ApiError ParseRequestJson(absl::string_view body, Json* out) {
+  bool too_deep = false;
+  // Once too deep, every later value is discarded (never stored, so never recursed over).
+  Json::parser_callback_t keep = [&too_deep](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxRequestJsonDepth) too_deep = true;
+    return !too_deep;
+  };
+  try {
+    *out = Json::parse(body.begin(), body.end(), keep);
+  } catch (const Json::exception& e) {
+    return ApiInvalid("", absl::StrCat("the body is not valid JSON: ", e.what()));
+  }
+  if (too_deep) {
+    return ApiInvalid(
+        "", absl::StrCat("the body nests JSON deeper than ", kMaxRequestJsonDepth, " levels"));
+  }
+  if (!out->is_object()) return ApiInvalid("", "the body must be a JSON object");
+  return ApiOk();
+}
+
+const Json* JsonMember(const Json& object, const char* key) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool ValidFunctionName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
+ApiError CheckFunctionSchema(const Json& schema, const std::string& param) {
+  if (!schema.is_object()) {
+    return ApiInvalid(param, "a function's 'parameters' must be a JSON schema object");
+  }
+  if (auto t = schema.find("type"); t != schema.end()) {
+    bool ok = t->is_string();
+    if (t->is_array()) {
+      ok = !t->empty();
+      for (const Json& x : *t) ok = ok && x.is_string();
+    }
+    if (!ok) return ApiInvalid(param + ".type", "'type' must be a string or a list of strings");
+  }
+  if (auto p = schema.find("properties"); p != schema.end()) {
+    if (!p->is_object()) return ApiInvalid(param + ".properties", "'properties' must be an object");
+    for (auto it = p->begin(); it != p->end(); ++it) {
+      if (!it->is_object() && !it->is_boolean()) {
+        return ApiInvalid(param + ".properties." + it.key(),
+                          "each property must be a schema object");
+      }
+    }
+  }
+  if (auto r = schema.find("required"); r != schema.end()) {
+    bool ok = r->is_array();
+    if (ok) {
+      for (const Json& x : *r) ok = ok && x.is_string();
+    }
+    if (!ok) return ApiInvalid(param + ".required", "'required' must be a list of strings");
+  }
+  return ApiOk();
+}
+
+const Json* RequestFields::Get(const char* key) {
+  seen_.insert(key);
+  return JsonMember(body_, key);
+}
+
+ApiError RequestFields::Number(const char* key, double lo, double hi, float* out) {
+  const Json* v = Get(key);
+  if (v == nullptr) return ApiOk();
+  if (!v->is_number()) return ApiInvalid(key, absl::StrCat("'", key, "' must be a number"));
+  const double d = v->get<double>();
+  if (!(d >= lo && d <= hi)) {
+    return ApiInvalid(key, absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], not ", d));
+  }
+  *out = static_cast<float>(d);
+  return ApiOk();
+}
+
+ApiError RequestFields::Integer(const char* key, int64_t lo, int64_t hi, int64_t* out,
+                                bool* present) {
+  const Json* v = Get(key);
+  *present = v != nullptr;
+  if (v == nullptr) return ApiOk();
+  if (!v->is_number_integer()) {
+    return ApiInvalid(key, absl::StrCat("'", key, "' must be an integer"));
+  }
+  const int64_t i =
+      v->is_number_unsigned() && v->get<uint64_t>() > INT64_MAX ? INT64_MAX : v->get<int64_t>();
+  if (i < lo || i > hi) {
+    return ApiInvalid(key, absl::StrCat("'", key, "' must be in [", lo, ", ", hi, "], not ", i));
+  }
+  *out = i;
+  return ApiOk();
+}
+
+ApiError RequestFields::Bool(const char* key, bool* out) {
+  const Json* v = Get(key);
+  if (v == nullptr) return ApiOk();
+  if (!v->is_boolean()) return ApiInvalid(key, absl::StrCat("'", key, "' must be a boolean"));
+  *out = v->get<bool>();
+  return ApiOk();
+}
+
+ApiError RequestFields::String(const char* key, std::string* out) {
+  const Json* v = Get(key);
+  if (v == nullptr) return ApiOk();
+  if (!v->is_string()) return ApiInvalid(key, absl::StrCat("'", key, "' must be a string"));
+  *out = v->get<std::string>();
+  return ApiOk();
+}
+
+ApiError RequestFields::CheckRest(const std::set<std::string>& ignored,
+                                  const std::set<std::string>& unsupported) const {
+  for (auto it = body_.begin(); it != body_.end(); ++it) {
+    const std::string& key = it.key();
+    if (seen_.count(key) > 0 || ignored.count(key) > 0) continue;
+    if (unsupported.count(key) > 0) {
+      if (it->is_null()) continue;
+      return ApiInvalid(key, absl::StrCat("'", key, "' is not supported by this server yet"),
+                        "unsupported_parameter");
+    }
+    return ApiInvalid(key, absl::StrCat("Unrecognized request argument supplied: ", key),
+                      "unrecognized_argument");
+  }
+  return ApiOk();
+}
+
+}  // namespace ferry

@@ -1,0 +1,77 @@
+// What the API adapters (openai_parser.h, anthropic_parser.h, responses_parser.h) share in reading
+// a request's JSON body: parsing it with a depth limit, OpenAI's field conventions (null means
+// absent; every top-level field read, ignored, or refused), and the checks of a function tool's
+// name and JSON schema.
+//
+// Pure functions and a reader per request; thread-compatible.
+
+#ifndef FERRY_ROUTER_API_REQUEST_JSON_H_
+#define FERRY_ROUTER_API_REQUEST_JSON_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+#include "router/api/api_request.h"
+
+namespace ferry {
+
+#define RETURN_IF_API_ERROR(expr)   \
+  do {                              \
+    ApiError _e = (expr);           \
+    if (!_e.status.ok()) return _e; \
+  } while (0)
+
+inline ApiError ApiOk() { return ApiError{absl::OkStatus(), "", ""}; }
+
+// A 400 naming the field at `param` (its path in the body), with OpenAI's error `code` if any.
+inline ApiError ApiInvalid(const std::string& param, const std::string& message,
+                           const std::string& code = "") {
+  return ApiError{absl::InvalidArgumentError(message), param, code};
+}
+
+// JSON nested deeper than this is refused as it is parsed: copying or dumping a value recurses
+// over its levels, and a body of a few MiB could otherwise hold a million of them.
+inline constexpr int kMaxRequestJsonDepth = 128;
+
+// `body` as a JSON object, or a 400 saying why not (not JSON, too deep, not an object).
+ApiError ParseRequestJson(absl::string_view body, nlohmann::ordered_json* out);
+
+// Member `key` of `object`, or null when it is absent or JSON null (OpenAI's convention).
+const nlohmann::ordered_json* JsonMember(const nlohmann::ordered_json& object, const char* key);
+
+// A function name as OpenAI allows it: 1-64 of a-z, A-Z, 0-9, '_' and '-'.
+bool ValidFunctionName(const std::string& name);
+
+// The parts of a function's JSON schema a template and a reply parser rely on: an object, "type"
+// a string (or strings), "properties" an object of schemas, "required" an array of strings.
+ApiError CheckFunctionSchema(const nlohmann::ordered_json& schema, const std::string& param);
+
+// Reads the top-level fields of one request body (which must outlive it), OpenAI's way: each
+// read once by name, null meaning absent, a wrong type or range a 400 naming the field.
+class RequestFields {
+ public:
+  explicit RequestFields(const nlohmann::ordered_json& body) : body_(body) {}
+
+  const nlohmann::ordered_json* Get(const char* key);
+  ApiError Number(const char* key, double lo, double hi, float* out);
+  ApiError Integer(const char* key, int64_t lo, int64_t hi, int64_t* out, bool* present);
+  ApiError Bool(const char* key, bool* out);
+  ApiError String(const char* key, std::string* out);
+
+  // Every field was read or is `ignored` (changes nothing); one in `unsupported` (would change
+  // the output and is not implemented) is refused by name (unsupported_parameter) unless null;
+  // any other is OpenAI's "Unrecognized request argument supplied: x".
+  ApiError CheckRest(const std::set<std::string>& ignored,
+                     const std::set<std::string>& unsupported) const;
+
+ private:
+  const nlohmann::ordered_json& body_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_API_REQUEST_JSON_H_
