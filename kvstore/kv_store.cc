@@ -120,6 +120,7 @@ struct KvStore::Impl {
   std::map<uint32_t, std::shared_ptr<Segment>> segments;  // by id: oldest first
   StoreStats stats;
   std::array<ClassStats, kNumTrafficClasses> live;  // objects and value bytes in the index
+  std::array<int64_t, kFloorBuckets> live_by_floor = {};
   std::vector<std::string> open_problems;
 
   // Writer thread state (only the writer touches these after Open).
@@ -500,6 +501,7 @@ void KvStore::Impl::RemoveEntry(absl::flat_hash_map<Hash128, Entry>::iterator it
   ClassStats& c = live[static_cast<int>(e.header.meta.traffic_class)];
   --c.objects;
   c.bytes -= static_cast<int64_t>(e.header.value_bytes);
+  --live_by_floor[FloorBucket(e.header.meta.retention_floor_s)];
   index.erase(it);
 }
 
@@ -508,6 +510,7 @@ void KvStore::Impl::AddEntry(const Entry& e) {
   ClassStats& c = live[static_cast<int>(e.header.meta.traffic_class)];
   ++c.objects;
   c.bytes += static_cast<int64_t>(e.header.value_bytes);
+  ++live_by_floor[FloorBucket(e.header.meta.retention_floor_s)];
   index.emplace(e.header.key, e);
 }
 
@@ -905,6 +908,7 @@ StoreStats KvStore::Counters() const {
   s.segments = static_cast<int64_t>(impl_->segments.size());
   s.file_bytes = impl_->TotalFileBytes();
   s.classes = impl_->live;
+  s.objects_by_floor = impl_->live_by_floor;
   for (const ClassStats& c : s.classes) s.value_bytes += c.bytes;
   return s;
 }
@@ -987,6 +991,18 @@ std::vector<GetResult> KvStore::Get(absl::Span<const Hash128> keys, const Hash12
   return results;
 }
 
+int FloorBucket(uint32_t retention_floor_s) {
+  return retention_floor_s == 0      ? 0
+         : retention_floor_s <= 300  ? 1
+         : retention_floor_s <= 3600 ? 2
+                                     : 3;
+}
+
+const char* FloorBucketName(int bucket) {
+  static constexpr const char* kNames[kFloorBuckets] = {"none", "5m", "1h", "longer"};
+  return bucket >= 0 && bucket < kFloorBuckets ? kNames[bucket] : "?";
+}
+
 StoreStats KvStore::Stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   StoreStats s = impl_->stats;
@@ -1001,6 +1017,7 @@ StoreStats KvStore::Stats() const {
       continue;
     }
     s.value_bytes += static_cast<int64_t>(e.header.value_bytes);
+    ++s.objects_by_floor[FloorBucket(e.header.meta.retention_floor_s)];
     ClassStats& c = s.classes[static_cast<int>(e.header.meta.traffic_class)];
     ++c.objects;
     c.bytes += static_cast<int64_t>(e.header.value_bytes);

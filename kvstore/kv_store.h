@@ -98,12 +98,18 @@ struct ClassStats {
   std::array<int64_t, 5> by_age = {};
 };
 
+// Objects by retention floor: none, up to 5 minutes, up to an hour, longer.
+inline constexpr int kFloorBuckets = 4;
+int FloorBucket(uint32_t retention_floor_s);
+const char* FloorBucketName(int bucket);  // "none", "5m", "1h", "longer"
+
 struct StoreStats {
   int64_t objects = 0;
   int64_t value_bytes = 0;
   int64_t file_bytes = 0;  // segment files on disk
   int64_t segments = 0;
   std::array<ClassStats, kNumTrafficClasses> classes;
+  std::array<int64_t, kFloorBuckets> objects_by_floor = {};
   // Since open.
   int64_t puts = 0, put_bytes = 0, deletes = 0;
   int64_t gets = 0, hits = 0, misses = 0, read_bytes = 0;

@@ -197,6 +197,9 @@ TEST_F(KvStoreTest, ARetentionFloorOutlastsAShorterClassTtl) {
   EXPECT_EQ(e.present, std::vector<bool>({true, true, true, false}));
   EXPECT_EQ(e.retention_floor_s, std::vector<uint32_t>({3600, 300, 0, 0}));
   EXPECT_EQ(store->Get({Key(0)}, kModel)[0].meta.retention_floor_s, 3600u);  // a use, at 0
+  // Counted by floor (the metric ferry_kvstore_objects_by_retention_floor).
+  EXPECT_EQ(store->Counters().objects_by_floor, (std::array<int64_t, kFloorBuckets>{1, 1, 1, 0}));
+  EXPECT_EQ(store->Stats().objects_by_floor, (std::array<int64_t, kFloorBuckets>{1, 1, 1, 0}));
   clock_.Advance(absl::Minutes(10) - absl::Seconds(1));
   EXPECT_TRUE(Present(*store, 1));
   EXPECT_TRUE(Present(*store, 2));
@@ -207,6 +210,7 @@ TEST_F(KvStoreTest, ARetentionFloorOutlastsAShorterClassTtl) {
   clock_.Advance(absl::Minutes(49));  // 59 min after its last use
   EXPECT_TRUE(Present(*store, 0));
   EXPECT_EQ(store->Stats().objects, 1);
+  EXPECT_EQ(store->Stats().objects_by_floor, (std::array<int64_t, kFloorBuckets>{0, 0, 1, 0}));
   clock_.Advance(absl::Minutes(2));  // 61 min
   EXPECT_FALSE(Present(*store, 0));
   EXPECT_FALSE(Has(*store, 0, 5000));

@@ -154,6 +154,7 @@ struct KvStoreService::Staging {
 
 struct KvStoreService::Metrics {
   std::array<prometheus::Gauge*, kNumTrafficClasses> objects{}, bytes{};
+  std::array<prometheus::Gauge*, kFloorBuckets> objects_by_floor{};
   prometheus::Gauge* file_bytes = nullptr;
   prometheus::Gauge* capacity_bytes = nullptr;
   std::array<prometheus::Counter*, kNumTrafficClasses> hits{}, misses{};
@@ -236,6 +237,15 @@ KvStoreService::KvStoreService(KvStore* store, const KvServiceOptions& options,
     m.hits[c] = &lookups.Add({{"class", name}, {"result", "hit"}});
     m.misses[c] = &lookups.Add({{"class", name}, {"result", "miss"}});
   }
+  auto& by_floor = prometheus::BuildGauge()
+                       .Name("ferry_kvstore_objects_by_retention_floor")
+                       .Help(
+                           "Objects stored, by their retention floor (a request's cache_control "
+                           "ttl): none, up to 5m, up to 1h, longer.")
+                       .Register(*registry);
+  for (int b = 0; b < kFloorBuckets; ++b) {
+    m.objects_by_floor[b] = &by_floor.Add({{"floor", FloorBucketName(b)}});
+  }
   m.file_bytes = &prometheus::BuildGauge()
                       .Name("ferry_kvstore_file_bytes")
                       .Help("Bytes of the segment files on disk.")
@@ -309,6 +319,9 @@ void KvStoreService::RefreshMetrics() {
   for (int c = 0; c < kNumTrafficClasses; ++c) {
     m.objects[c]->Set(static_cast<double>(s.classes[c].objects));
     m.bytes[c]->Set(static_cast<double>(s.classes[c].bytes));
+  }
+  for (int b = 0; b < kFloorBuckets; ++b) {
+    m.objects_by_floor[b]->Set(static_cast<double>(s.objects_by_floor[b]));
   }
   m.file_bytes->Set(static_cast<double>(s.file_bytes));
   auto grow = [](prometheus::Counter* c, int64_t now, int64_t before) {

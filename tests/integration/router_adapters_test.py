@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Anthropic Messages and OpenAI Responses through their official SDKs, on real stacks on loopback.
 
-  router_adapters_test.py FERRY_ROUTER FERRY_WORKER TINY_MODELS_DIR TEMPLATES_DIR
+  router_adapters_test.py FERRY_ROUTER FERRY_WORKER FERRY_KVSTORE TINY_MODELS_DIR TEMPLATES_DIR
 
-Stacks: an aggregated worker and a disaggregated pair (prefill + decode over gRPC) on a tiny
-Llama, each behind a router (the aggregated one with an API key file), and scripted null workers
-behind routers with Hermes's and Qwen 3's chat templates (tool calls, thinking).
+Stacks: an aggregated worker (writing to a ferry-kvstore) and a disaggregated pair (prefill +
+decode over gRPC) on a tiny Llama, each behind a router (the aggregated one with an API key
+file), and scripted null workers behind routers with Hermes's and Qwen 3's chat templates (tool
+calls, thinking).
 
 Checks: every body and stream event parses as the SDK's own types; Messages with and without
 streaming, system blocks, count_tokens, errors raised as the SDK's exception types with
 Anthropic's status codes and body; a tool_use round trip and thinking blocks; Responses with and
 without streaming, instructions, previous_response_id chains (the stored conversation continues,
-its prefix read from the worker's cache), GET and DELETE, function calls round trip; the same
+GET and DELETE, function calls round trip; cache_control's ttl reaching the KV store as the
+blocks' retention floor; the same
 greedy text from the three APIs for the same conversation; and usage identity: OpenAI's
 cached_tokens, Anthropic's cache_read_input_tokens and Responses' cached_tokens agree with each
 other and with the workers' counters. Every process started is killed at the end, also when a
@@ -30,7 +32,7 @@ import openai
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ferry_services import TMP, get, start, stop_all  # noqa: E402
 
-ROUTER, WORKER, MODELS, TEMPLATES = sys.argv[1:5]
+ROUTER, WORKER, KVSTORE, MODELS, TEMPLATES = sys.argv[1:6]
 MODEL = os.path.join(MODELS, "llama_gqa_bf16")
 KEY = "sk-adapters-test-key"
 SYSTEM = "You are the harbour master: answer briefly."  # the tiny model's context is 256
@@ -120,15 +122,19 @@ def scripted_stack(name, template_file, first_reply):
 
 AGG = PD = HERMES = QWEN3 = None
 WORKER_ADMIN = {}
+STORE_ADMIN = None
 
 
 def setUpModule():
-    global AGG, PD, HERMES, QWEN3
+    global AGG, PD, HERMES, QWEN3, STORE_ADMIN
     keys = os.path.join(TMP, "keys.json")
     with open(keys, "w") as f:
         json.dump({"tenants": {"acme": {}}, "keys": [{"key": KEY, "tenant": "acme"}]}, f)
     common = [f"--model={MODEL}", "--block_tokens=16", "--threads=1", "--kv_pool_bytes=8MiB"]
-    _, w = start(WORKER, common, "aggregated")
+    _, store = start(KVSTORE, [f"--dir={os.path.join(TMP, 'kvstore')}"], "kvstore")
+    STORE_ADMIN = store["admin_port"]
+    _, w = start(WORKER, common + [f"--kvstore=127.0.0.1:{store['grpc_port']}",
+                                   "--kvstore_deadline=30s"], "aggregated")
     _, p = start(WORKER, common + ["--role=prefill", "--transport=grpc"], "prefill")
     _, d = start(WORKER, common + ["--role=decode", "--transport=grpc"], "decode")
     WORKER_ADMIN.update(aggregated=w["admin_port"], prefill=p["admin_port"],
@@ -242,6 +248,26 @@ class MessagesTest(unittest.TestCase):
             error = json.loads(e.exception.read())
             self.assertEqual(error["type"], "error")
             self.assertIn(want, error["error"]["message"])
+
+
+class MessagesRetentionTest(unittest.TestCase):
+    def test_cache_control_ttl_is_the_blocks_retention_floor_in_the_store(self):
+        floor = 'ferry_kvstore_objects_by_retention_floor{floor="%s"}'
+        before = {f: metric(STORE_ADMIN, floor % f) for f in ("none", "5m", "1h")}
+        # Prompts of their own (no block already stored), one per ttl.
+        for i, ttl in enumerate((None, "5m", "1h")):
+            system = {"type": "text", "text": f"{SYSTEM} Ticket {i}: {'x' * 10 * (i + 1)}."}
+            if ttl:
+                system["cache_control"] = {"type": "ephemeral", "ttl": ttl}
+            AGG.anthropic.messages.create(model="tiny", max_tokens=2, extra_body=GREEDY,
+                                          system=[system],
+                                          messages=[{"role": "user", "content": QUESTION}])
+        for _ in range(400):  # the worker writes after the answer
+            got = {f: metric(STORE_ADMIN, floor % f) - before[f] for f in before}
+            if all(v > 0 for v in got.values()):
+                break
+            time.sleep(0.05)
+        self.assertTrue(all(v > 0 for v in got.values()), got)
 
 
 class MessagesToolsTest(unittest.TestCase):
