@@ -672,12 +672,7 @@ ApiError Parse(absl::string_view body, const ApiLimits& limits, bool count_token
   if (model == nullptr) return Invalid("model", "Field required");
   if (!model->is_string()) return Invalid("model", "must be a string");
   r->model = model->get<std::string>();
-  if (r->model != limits.model) {
-    return ApiError{
-        absl::NotFoundError(absl::StrCat(
-            "The model '", r->model, "' does not exist; this server serves '", limits.model, "'")),
-        "model", "model_not_found"};
-  }
+  RETURN_IF_API_ERROR(ServedModel(r->model, limits));
   if (!count_tokens) {
     const Json* max_tokens = f.Get("max_tokens");
     if (max_tokens == nullptr) return Invalid("max_tokens", "Field required");

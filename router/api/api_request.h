@@ -7,6 +7,7 @@
 #ifndef FERRY_ROUTER_API_API_REQUEST_H_
 #define FERRY_ROUTER_API_API_REQUEST_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -70,6 +71,19 @@ struct ApiRequest {
   std::string instructions;
   std::string previous_response_id;
   bool store = true;
+};
+
+// What every API adapter checks a request against.
+struct ApiLimits {
+  std::string model;       // the id the router serves (GET /v1/models)
+  int64_t vocab_size = 0;  // logit_bias ids and prompt ids must be below it
+  int32_t max_n = 16;
+  size_t max_messages = 4096;
+  size_t max_logit_bias = 1024;
+  int32_t max_top_logprobs = 20;
+  int32_t max_completion_logprobs = 5;  // completions' `logprobs` (OpenAI's cap)
+  size_t max_tools = 128;               // OpenAI's cap
+  size_t max_tools_bytes = 256 << 10;   // the tool definitions' JSON
 };
 
 // A request the API refuses: the status (its code gives the HTTP status), the offending field

@@ -35,12 +35,7 @@ ApiError ParseCommon(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
   if (model == nullptr) return ApiInvalid("model", "'model' is required");
   if (!model->is_string()) return ApiInvalid("model", "'model' must be a string");
   r->model = model->get<std::string>();
-  if (r->model != limits.model) {
-    return ApiError{
-        absl::NotFoundError(absl::StrCat(
-            "The model '", r->model, "' does not exist; this server serves '", limits.model, "'")),
-        "model", "model_not_found"};
-  }
+  RETURN_IF_API_ERROR(ServedModel(r->model, limits));
   ApiSampling& s = r->sampling;
   RETURN_IF_API_ERROR(f.Number("temperature", 0, 2, &s.temperature));
   RETURN_IF_API_ERROR(f.Number("top_p", 0, 1, &s.top_p));
@@ -343,18 +338,7 @@ ApiError ParseTools(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
   if (const Json* choice = f.Get("tool_choice"); choice != nullptr) {
     ApiToolChoice& c = r->tool_choice;
     if (choice->is_string()) {
-      const std::string mode = choice->get<std::string>();
-      if (mode == "auto") {
-        c.mode = ApiToolChoice::Mode::kAuto;
-      } else if (mode == "none") {
-        c.mode = ApiToolChoice::Mode::kNone;
-      } else if (mode == "required") {
-        c.mode = ApiToolChoice::Mode::kRequired;
-      } else {
-        return ApiInvalid("tool_choice", absl::StrCat("'tool_choice' must be 'none', 'auto', "
-                                                      "'required' or a function, not '",
-                                                      mode, "'"));
-      }
+      RETURN_IF_API_ERROR(ToolChoiceMode(choice->get<std::string>(), &c));
     } else if (choice->is_object()) {
       const Json* fn = choice->contains("function") ? &(*choice)["function"] : nullptr;
       if (!choice->contains("type") || (*choice)["type"] != "function" || fn == nullptr ||

@@ -32,18 +32,6 @@
 
 namespace ferry {
 
-struct ApiLimits {
-  std::string model;       // the id the router serves (GET /v1/models)
-  int64_t vocab_size = 0;  // logit_bias ids and prompt ids must be below it
-  int32_t max_n = 16;
-  size_t max_messages = 4096;
-  size_t max_logit_bias = 1024;
-  int32_t max_top_logprobs = 20;
-  int32_t max_completion_logprobs = 5;  // completions' `logprobs` (OpenAI's cap)
-  size_t max_tools = 128;               // OpenAI's cap
-  size_t max_tools_bytes = 256 << 10;   // the tool definitions' JSON
-};
-
 // Parses `body` into `out`; the returned error's status is OK on success.
 ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* out);
 ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* out);

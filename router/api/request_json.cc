@@ -72,6 +72,29 @@ ApiError CheckFunctionSchema(const Json& schema, const std::string& param) {
   return ApiOk();
 }
 
+ApiError ServedModel(const std::string& model, const ApiLimits& limits) {
+  if (model == limits.model) return ApiOk();
+  return ApiError{
+      absl::NotFoundError(absl::StrCat(
+          "The model '", model, "' does not exist; this server serves '", limits.model, "'")),
+      "model", "model_not_found"};
+}
+
+ApiError ToolChoiceMode(const std::string& mode, ApiToolChoice* choice) {
+  if (mode == "auto") {
+    choice->mode = ApiToolChoice::Mode::kAuto;
+  } else if (mode == "none") {
+    choice->mode = ApiToolChoice::Mode::kNone;
+  } else if (mode == "required") {
+    choice->mode = ApiToolChoice::Mode::kRequired;
+  } else {
+    return ApiInvalid("tool_choice", absl::StrCat("'tool_choice' must be 'none', 'auto', "
+                                                  "'required' or a function, not '",
+                                                  mode, "'"));
+  }
+  return ApiOk();
+}
+
 const Json* RequestFields::Get(const char* key) {
   seen_.insert(key);
   return JsonMember(body_, key);

@@ -49,6 +49,12 @@ bool ValidFunctionName(const std::string& name);
 // a string (or strings), "properties" an object of schemas, "required" an array of strings.
 ApiError CheckFunctionSchema(const nlohmann::ordered_json& schema, const std::string& param);
 
+// A 404 model_not_found unless `model` is the id this router serves (limits.model).
+ApiError ServedModel(const std::string& model, const ApiLimits& limits);
+
+// tool_choice given as a string: "auto", "none" or "required" (else a 400 naming tool_choice).
+ApiError ToolChoiceMode(const std::string& mode, ApiToolChoice* choice);
+
 // Reads the top-level fields of one request body (which must outlive it), OpenAI's way: each
 // read once by name, null meaning absent, a wrong type or range a 400 naming the field.
 class RequestFields {

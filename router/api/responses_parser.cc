@@ -431,18 +431,7 @@ ApiError ParseTools(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
   if (const Json* choice = f.Get("tool_choice"); choice != nullptr) {
     ApiToolChoice& c = r->tool_choice;
     if (choice->is_string()) {
-      const std::string mode = choice->get<std::string>();
-      if (mode == "auto") {
-        c.mode = ApiToolChoice::Mode::kAuto;
-      } else if (mode == "none") {
-        c.mode = ApiToolChoice::Mode::kNone;
-      } else if (mode == "required") {
-        c.mode = ApiToolChoice::Mode::kRequired;
-      } else {
-        return ApiInvalid("tool_choice", absl::StrCat("'tool_choice' must be 'none', 'auto', "
-                                                      "'required' or a function, not '",
-                                                      mode, "'"));
-      }
+      RETURN_IF_API_ERROR(ToolChoiceMode(choice->get<std::string>(), &c));
     } else if (choice->is_object()) {
       std::string type;
       RETURN_IF_API_ERROR(RequiredString(*choice, "type", "tool_choice.type", &type));
@@ -576,12 +565,7 @@ ApiError ParseResponses(absl::string_view body, const ApiLimits& limits, ApiRequ
   if (model == nullptr) return ApiInvalid("model", "'model' is required");
   if (!model->is_string()) return ApiInvalid("model", "'model' must be a string");
   r->model = model->get<std::string>();
-  if (r->model != limits.model) {
-    return ApiError{
-        absl::NotFoundError(absl::StrCat(
-            "The model '", r->model, "' does not exist; this server serves '", limits.model, "'")),
-        "model", "model_not_found"};
-  }
+  RETURN_IF_API_ERROR(ServedModel(r->model, limits));
 
   RETURN_IF_API_ERROR(ParseInput(f.Get("input"), limits, &r->messages));
   RETURN_IF_API_ERROR(f.String("instructions", &r->instructions));
