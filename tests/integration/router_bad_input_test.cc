@@ -327,8 +327,8 @@ TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
 }
 
 std::string Messages(const std::string& extra) {
-  return absl::StrCat(R"({"model":"smol","max_tokens":5,"messages":[{"role":"user","content":"hi"}])",
-                      extra, "}");
+  return absl::StrCat(
+      R"({"model":"smol","max_tokens":5,"messages":[{"role":"user","content":"hi"}])", extra, "}");
 }
 std::string Responses(const std::string& extra) {
   return absl::StrCat(R"({"model":"smol","input":"hi")", extra, "}");
@@ -387,16 +387,16 @@ TEST_F(RouterBadInputTest, EveryBadMessagesOrResponsesRequestGetsItsApisErrorSha
        R"({"model":"claude-opus-4","max_tokens":5,"messages":[{"role":"user","content":"hi"}]})",
        404, ""},
       {"messages: a cache_control ttl of 2h", "POST", "/v1/messages",
-       Messages(R"(,"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral","ttl":"2h"}}])"),
+       Messages(
+           R"(,"system":[{"type":"text","text":"s","cache_control":{"type":"ephemeral","ttl":"2h"}}])"),
        400, ""},
       {"messages: five cache_control blocks", "POST", "/v1/messages",
        Messages(absl::StrCat(R"(,"system":[)", five_breakpoints, "]")), 400, ""},
       {"messages: a server tool", "POST", "/v1/messages",
        Messages(R"(,"tools":[{"type":"web_search_20250305","name":"web_search"}])"), 400, ""},
       {"messages: tools on a template without a tool format", "POST", "/v1/messages",
-       Messages(
-           R"(,"tools":[{"name":"f","input_schema":{"type":"object","properties":{}}}])"),
-       400, ""},
+       Messages(R"(,"tools":[{"name":"f","input_schema":{"type":"object","properties":{}}}])"), 400,
+       ""},
       {"messages: a thinking budget under 1024", "POST", "/v1/messages",
        R"({"model":"smol","max_tokens":2000,"thinking":{"type":"enabled","budget_tokens":100},"messages":[{"role":"user","content":"hi"}]})",
        400, ""},
@@ -418,7 +418,8 @@ TEST_F(RouterBadInputTest, EveryBadMessagesOrResponsesRequestGetsItsApisErrorSha
     EXPECT_EQ(body["request_id"], "bad-messages-1") << c.name;
     ASSERT_TRUE(body["error"].is_object()) << c.name << ": " << r.body;
     if (c.status != 405) {
-      EXPECT_EQ(body["error"]["type"], c.status == 404 ? "not_found_error" : "invalid_request_error")
+      EXPECT_EQ(body["error"]["type"],
+                c.status == 404 ? "not_found_error" : "invalid_request_error")
           << c.name;
     }
     EXPECT_TRUE(body["error"]["message"].is_string() &&
