@@ -349,18 +349,10 @@ ApiError ParseTools(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
       }
       c.mode = ApiToolChoice::Mode::kFunction;
       c.function = (*fn)["name"].get<std::string>();
-      bool known = false;
-      for (const ApiTool& t : r->tools) known = known || t.name == c.function;
-      if (!known) {
-        return ApiInvalid("tool_choice", absl::StrCat("'tool_choice' names the function '",
-                                                      c.function, "', which is not in 'tools'"));
-      }
     } else {
       return ApiInvalid("tool_choice", "'tool_choice' must be a string or an object");
     }
-    if (r->tools.empty() && c.mode != ApiToolChoice::Mode::kNone) {
-      return ApiInvalid("tool_choice", "'tool_choice' is only allowed when 'tools' are specified");
-    }
+    RETURN_IF_API_ERROR(CheckToolChoice(*r));
   }
   RETURN_IF_API_ERROR(f.Bool("parallel_tool_calls", &r->parallel_tool_calls));
   return ApiOk();

@@ -95,6 +95,22 @@ ApiError ToolChoiceMode(const std::string& mode, ApiToolChoice* choice) {
   return ApiOk();
 }
 
+ApiError CheckToolChoice(const ApiRequest& request) {
+  const ApiToolChoice& c = request.tool_choice;
+  if (c.mode == ApiToolChoice::Mode::kFunction) {
+    bool known = false;
+    for (const ApiTool& t : request.tools) known = known || t.name == c.function;
+    if (!known) {
+      return ApiInvalid("tool_choice", absl::StrCat("'tool_choice' names the function '",
+                                                    c.function, "', which is not in 'tools'"));
+    }
+  }
+  if (request.tools.empty() && c.mode != ApiToolChoice::Mode::kNone) {
+    return ApiInvalid("tool_choice", "'tool_choice' is only allowed when 'tools' are specified");
+  }
+  return ApiOk();
+}
+
 const Json* RequestFields::Get(const char* key) {
   seen_.insert(key);
   return JsonMember(body_, key);

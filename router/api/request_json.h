@@ -55,6 +55,10 @@ ApiError ServedModel(const std::string& model, const ApiLimits& limits);
 // tool_choice given as a string: "auto", "none" or "required" (else a 400 naming tool_choice).
 ApiError ToolChoiceMode(const std::string& mode, ApiToolChoice* choice);
 
+// After tools and tool_choice are read: a named function must be one of the tools, and a
+// tool_choice other than "none" needs tools (400s naming tool_choice).
+ApiError CheckToolChoice(const ApiRequest& request);
+
 // Reads the top-level fields of one request body (which must outlive it), OpenAI's way: each
 // read once by name, null meaning absent, a wrong type or range a 400 naming the field.
 class RequestFields {

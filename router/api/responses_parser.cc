@@ -445,18 +445,10 @@ ApiError ParseTools(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
       RETURN_IF_API_ERROR(CheckKeys(*choice, *keys, "tool_choice", "tool_choice"));
       RETURN_IF_API_ERROR(RequiredString(*choice, "name", "tool_choice.name", &c.function));
       c.mode = ApiToolChoice::Mode::kFunction;
-      bool known = false;
-      for (const ApiTool& t : r->tools) known = known || t.name == c.function;
-      if (!known) {
-        return ApiInvalid("tool_choice", absl::StrCat("'tool_choice' names the function '",
-                                                      c.function, "', which is not in 'tools'"));
-      }
     } else {
       return ApiInvalid("tool_choice", "'tool_choice' must be a string or an object");
     }
-    if (r->tools.empty() && c.mode != ApiToolChoice::Mode::kNone) {
-      return ApiInvalid("tool_choice", "'tool_choice' is only allowed when 'tools' are specified");
-    }
+    RETURN_IF_API_ERROR(CheckToolChoice(*r));
   }
   return f.Bool("parallel_tool_calls", &r->parallel_tool_calls);
 }
