@@ -460,9 +460,11 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
     all.reasoning += delta.reasoning;
     all.tokens.insert(all.tokens.end(), delta.tokens.begin(), delta.tokens.end());
     all.logprobs.insert(all.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
-    if (!delta.finish_reason.empty()) all.finish_reason = delta.finish_reason;
-    if (!delta.finish_reason.empty()) all.matched_stop = chunk.matched_stop_string();
     delta.matched_stop = chunk.matched_stop_string();
+    if (!delta.finish_reason.empty()) {
+      all.finish_reason = delta.finish_reason;
+      all.matched_stop = delta.matched_stop;
+    }
     if (!request_.stream) return;
     StartStream();
     bool ok = true;

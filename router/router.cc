@@ -174,7 +174,7 @@ class Router::Impl {
         options_.gpus_per_worker, &RealClock(), *registry_metrics_);
     limiter_ = std::make_unique<RateLimiter>(&RealClock());
     ResponseStoreOptions stored;
-    stored.ttl = responses_ttl_ = options_.responses_ttl;
+    stored.ttl = options_.responses_ttl;
     stored.max_responses_per_tenant = options_.responses_per_tenant;
     stored.max_bytes_per_tenant = options_.responses_bytes_per_tenant;
     stored.clock = &RealClock();
@@ -472,11 +472,11 @@ class Router::Impl {
     }
     auto not_found = [&] {
       reply(404,
-            JsonError(
-                absl::NotFoundError(absl::StrCat(
-                    "Response with id '", id, "' not found. Responses are kept for ",
-                    FormatDuration(responses_ttl_), " by the router replica that served them.")),
-                trace_id, "not_found"),
+            JsonError(absl::NotFoundError(absl::StrCat("Response with id '", id,
+                                                       "' not found. Responses are kept for ",
+                                                       FormatDuration(options_.responses_ttl),
+                                                       " by the router replica that served them.")),
+                      trace_id, "not_found"),
             endpoint);
     };
     if (request.method == "DELETE") {
@@ -551,8 +551,7 @@ class Router::Impl {
   std::unique_ptr<RateLimiter> limiter_;
   std::unique_ptr<Billing> billing_;
   std::unique_ptr<ResponseStore> responses_;  // Responses answers kept for GET and continuations
-  absl::Duration responses_ttl_;
-  std::mutex change_mu_;  // registry callbacks vs. shutdown
+  std::mutex change_mu_;                      // registry callbacks vs. shutdown
   std::atomic<bool> shut_down_{false};
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;

@@ -56,8 +56,7 @@ Json Usage(const UsageCounts& u) {
 
 }  // namespace
 
-AnthropicWriter::AnthropicWriter(std::string id, std::string model, int64_t prompt_tokens,
-                                 bool /*cache_control*/)
+AnthropicWriter::AnthropicWriter(std::string id, std::string model, int64_t prompt_tokens)
     : id_(std::move(id)), model_(std::move(model)), prompt_tokens_(prompt_tokens) {}
 
 std::string AnthropicWriter::Full(const std::vector<ChoiceOutputs>& choices,

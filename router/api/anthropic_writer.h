@@ -51,10 +51,7 @@ class AnthropicWriter final : public ApiWriter {
  public:
   // `id`: the message's id ("msg_" and random hex, made by the caller); `model`: the request's
   // model string; `prompt_tokens`: the prompt's length (message_start's usage.input_tokens).
-  // `cache_control`: whether the request set cache breakpoints; it changes nothing in the answer
-  // (no cache writes are billed, see above), and is taken so that callers need not know that.
-  AnthropicWriter(std::string id, std::string model, int64_t prompt_tokens,
-                  bool cache_control = false);
+  AnthropicWriter(std::string id, std::string model, int64_t prompt_tokens);
 
   std::string Full(const std::vector<ChoiceOutputs>& choices, const UsageCounts& usage) override;
   // message_start and a ping.

@@ -56,17 +56,15 @@ void WorkerService::WriteComputedBlocks(EngineRequest& request, const v1::Reques
   if (writer == nullptr) return;
   const kv::TrafficClass c = kv::ClassFromProto(context.traffic_class());
   const uint32_t floor = context.retention_floor_seconds();
-  if (floor == 0) {
-    request.on_computed_blocks = [writer, c](absl::Span<const ComputedBlock> blocks) {
-      writer->Offer(blocks, c);
-    };
-    return;
-  }
   // Blocks [0, prompt_blocks) hold prompt tokens only; the floor is for those.
   const int64_t prompt_blocks =
       static_cast<int64_t>(request.prompt.size()) / std::max<int64_t>(limits_.block_tokens, 1);
   request.on_computed_blocks = [writer, c, floor,
                                 prompt_blocks](absl::Span<const ComputedBlock> blocks) {
+    if (floor == 0) {  // every block alike
+      writer->Offer(blocks, c);
+      return;
+    }
     std::vector<ComputedBlock> prompt, output;
     for (const ComputedBlock& b : blocks) (b.index < prompt_blocks ? prompt : output).push_back(b);
     if (!prompt.empty()) writer->Offer(prompt, c, floor);
