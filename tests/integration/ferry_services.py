@@ -2,13 +2,18 @@
 
 start() runs a service binary with its stderr in a log file under TEST_TMPDIR and returns once it
 printed its ports; every process started dies with the test (PR_SET_PDEATHSIG) and stop_all()
-kills them, also when a check failed.
+kills them, also when a check failed. And what several tests share: a metric's value, waiting for
+a router to see its workers, a test model with another chat template, a scripted null worker
+behind a router.
 """
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import tempfile
+import time
+import urllib.error
 import urllib.request
 
 TMP = os.environ.get("TEST_TMPDIR", tempfile.gettempdir())
@@ -49,3 +54,68 @@ def get(url, timeout=10):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def metric(admin_port, line):
+    """The value of the sample `line` (a name with its labels) on a service's /metrics page; 0
+    when the page has no such sample."""
+    _, body = get(f"http://127.0.0.1:{admin_port}/metrics")
+    for text in body.splitlines():
+        if text.startswith(line + " "):
+            return float(text.split()[-1])
+    return 0.0
+
+
+def wait_workers_up(admin_port, count, name):
+    """Waits (30 s at most) until the router with `admin_port` sees `count` workers up."""
+    for _ in range(600):
+        status, body = get(f"http://127.0.0.1:{admin_port}/workers")
+        if status == 200 and sum(w["state"] == "up" for w in json.loads(body)) >= count:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"the workers did not come up in {name}")
+
+
+def model_with_template(src, name, template_source, special_markers=()):
+    """A copy of the HF model directory `src` (tokenizer and config, no weights) under TMP with
+    `template_source` as its chat template, an 8192-position context (tool prompts are long), and
+    `special_markers` added as special tokens (as Mistral's tokenizer has [TOOL_CALLS])."""
+    d = os.path.join(TMP, "model_" + name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(src, "tokenizer.json"), encoding="utf-8") as f:
+        tokenizer = json.load(f)
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    for marker in special_markers:
+        config["vocab_size"] += 1
+        tokenizer["added_tokens"].append({
+            "id": config["vocab_size"] - 1, "content": marker, "single_word": False,
+            "lstrip": False, "rstrip": False, "normalized": False, "special": True})
+    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer, f, ensure_ascii=False)
+    config["max_position_embeddings"] = 8192
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f)
+    with open(os.path.join(src, "tokenizer_config.json")) as f:
+        tc = json.load(f)
+    tc["chat_template"] = template_source
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(tc, f)
+    return d
+
+
+def scripted_stack(worker, router, model_dir, name, script, router_flags=()):
+    """A null-engine worker answering from `script` (--null_script: a list of {"reply"} and
+    {"when", "reply"} entries) and a router in front of it, on `model_dir`; the router's ports
+    once it sees the worker up."""
+    path = os.path.join(TMP, f"script_{name}.json")
+    with open(path, "w") as f:
+        json.dump(script, f)
+    _, w = start(worker, [f"--model={model_dir}", "--engine=null", f"--null_script={path}",
+                          "--null_token_seconds=0", "--block_tokens=16", "--kv_pool_bytes=8MiB"],
+                 f"worker_{name}")
+    _, r = start(router, [f"--model={model_dir}", "--served_model_name=tiny",
+                          f"--workers=127.0.0.1:{w['grpc_port']}"] + list(router_flags),
+                 f"router_{name}")
+    wait_workers_up(r["admin_port"], 1, f"router_{name}")
+    return r

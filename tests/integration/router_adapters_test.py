@@ -30,7 +30,8 @@ import anthropic
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ferry_services import TMP, get, start, stop_all  # noqa: E402
+from ferry_services import (TMP, metric, model_with_template, scripted_stack,  # noqa: E402
+                            start, stop_all, wait_workers_up)
 
 ROUTER, WORKER, KVSTORE, MODELS, TEMPLATES = sys.argv[1:6]
 MODEL = os.path.join(MODELS, "llama_gqa_bf16")
@@ -54,19 +55,10 @@ QWEN3_REPLY = ("<think>\nThe user wants the weather, é.\n</think>\n\n<tool_call
                "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>")
 
 
-def wait_up(admin_port, count, name):
-    for _ in range(600):
-        status, body = get(f"http://127.0.0.1:{admin_port}/workers")
-        if status == 200 and sum(w["state"] == "up" for w in json.loads(body)) == count:
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"the workers did not come up in {name}")
-
-
 def router(model_dir, workers, name, flags=()):
     _, ports = start(ROUTER, [f"--model={model_dir}", "--served_model_name=tiny",
                               "--workers=" + ",".join(workers)] + list(flags), name)
-    wait_up(ports["admin_port"], len(workers), name)
+    wait_workers_up(ports["admin_port"], len(workers), name)
     return ports
 
 
@@ -79,45 +71,12 @@ class Clients:
                                              timeout=60)
 
 
-def metric(admin_port, line):
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as r:
-        for text in r.read().decode().splitlines():
-            if text.startswith(line + " "):
-                return float(text.split()[-1])
-    return 0.0
-
-
-def scripted_model(name, template_file):
-    """The tiny Llama's tokenizer with another chat template and a long context."""
-    d = os.path.join(TMP, "model_" + name)
-    os.makedirs(d, exist_ok=True)
-    for f in ("tokenizer.json",):
-        with open(os.path.join(MODEL, f), encoding="utf-8") as src, \
-                open(os.path.join(d, f), "w", encoding="utf-8") as dst:
-            dst.write(src.read())
-    with open(os.path.join(MODEL, "config.json")) as f:
-        config = json.load(f)
-    config["max_position_embeddings"] = 8192
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(config, f)
-    with open(os.path.join(MODEL, "tokenizer_config.json")) as f:
-        tc = json.load(f)
+def adapters_stack(name, template_file, first_reply):
+    """A scripted null worker and a router on the tiny model with a template of tools/ ."""
     with open(os.path.join(TEMPLATES, template_file), encoding="utf-8") as f:
-        tc["chat_template"] = f.read()
-    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-        json.dump(tc, f)
-    return d
-
-
-def scripted_stack(name, template_file, first_reply):
-    d = scripted_model(name, template_file)
-    script = os.path.join(TMP, f"script_{name}.json")
-    with open(script, "w") as f:
-        json.dump([{"reply": first_reply}, {"when": RESULT, "reply": ANSWER}], f)
-    _, w = start(WORKER, [f"--model={d}", "--engine=null", f"--null_script={script}",
-                       "--null_token_seconds=0", "--block_tokens=16", "--kv_pool_bytes=8MiB"],
-              f"worker_{name}")
-    return Clients(router(d, [f"127.0.0.1:{w['grpc_port']}"], f"router_{name}"))
+        d = model_with_template(MODEL, name, f.read())
+    return Clients(scripted_stack(WORKER, ROUTER, d, name,
+                                  [{"reply": first_reply}, {"when": RESULT, "reply": ANSWER}]))
 
 
 AGG = PD = HERMES = QWEN3 = None
@@ -143,8 +102,8 @@ def setUpModule():
                          [f"--api_keys_file={keys}"]), KEY)
     PD = Clients(router(MODEL, [f"127.0.0.1:{p['grpc_port']}", f"127.0.0.1:{d['grpc_port']}"],
                         "router_pd"))
-    HERMES = scripted_stack("hermes", "chatml_tools.jinja", HERMES_REPLY)
-    QWEN3 = scripted_stack("qwen3", "qwen3_reasoning.jinja", QWEN3_REPLY)
+    HERMES = adapters_stack("hermes", "chatml_tools.jinja", HERMES_REPLY)
+    QWEN3 = adapters_stack("qwen3", "qwen3_reasoning.jinja", QWEN3_REPLY)
 
 
 def tearDownModule():

@@ -17,17 +17,14 @@ to an aggregated one (one worker behind another router): the same requests give 
 logprobs and finish reasons on both, streamed or not, and cached_tokens is exact on the
 disaggregated one (the prompt blocks the prefill worker reused).
 """
-import json
 import os
 import sys
-import time
 import unittest
-import urllib.request
 
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ferry_services import get, start, stop_all  # noqa: E402
+from ferry_services import metric, start, stop_all, wait_workers_up  # noqa: E402
 
 ROUTER, WORKER, MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
 SMOLLM2 = "--smollm2" in sys.argv
@@ -48,13 +45,7 @@ class Stack:
                                   "--workers=" + ",".join(workers), "--policy=round_robin"],
                          "router")
         self.port, self.admin = ports["http_port"], ports["admin_port"]
-        for _ in range(600):
-            status, body = get(f"http://127.0.0.1:{self.admin}/workers")
-            if status == 200 and sum(w["state"] == "up" for w in json.loads(body)) == 2:
-                break
-            time.sleep(0.05)
-        else:
-            raise RuntimeError("the workers did not come up in the router")
+        wait_workers_up(self.admin, 2, "router")
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
                                     max_retries=0, timeout=120)
 
@@ -62,13 +53,7 @@ class Stack:
 def start_router(workers, name):
     _, ports = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
                               "--workers=" + ",".join(workers)], name)
-    for _ in range(600):
-        status, body = get(f"http://127.0.0.1:{ports['admin_port']}/workers")
-        if status == 200 and sum(w["state"] == "up" for w in json.loads(body)) == len(workers):
-            break
-        time.sleep(0.05)
-    else:
-        raise RuntimeError(f"the workers did not come up in {name}")
+    wait_workers_up(ports["admin_port"], len(workers), name)
     return openai.OpenAI(base_url=f"http://127.0.0.1:{ports['http_port']}/v1", api_key="none",
                          max_retries=0, timeout=120)
 
@@ -248,14 +233,6 @@ class CompletionsTest(unittest.TestCase):
         r = STACK.client.completions.create(model=STACK.model_id, prompt=[5, 6, 7, 8],
                                             max_tokens=3, temperature=0)
         self.assertEqual(r.usage.prompt_tokens, 4)
-
-
-def metric(admin_port, name):
-    _, body = get(f"http://127.0.0.1:{admin_port}/metrics")
-    for line in body.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return None
 
 
 class PdTest(unittest.TestCase):

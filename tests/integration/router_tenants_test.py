@@ -26,7 +26,7 @@ import urllib.request
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ferry_services import TMP, start, stop_all  # noqa: E402
+from ferry_services import TMP, metric, start, stop_all  # noqa: E402
 
 ROUTER, WORKER, MODEL = sys.argv[1:4]
 KEYS = {"acme": "sk-acme-0123456789abcdef", "lab": "sk-lab-0123456789abcdef0",
@@ -52,13 +52,6 @@ def write_keys(tenants_with_keys):
 def get(port, path):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
         return r.read().decode()
-
-
-def metric(port, line):
-    for text in get(port, "/metrics").splitlines():
-        if text.startswith(line + " "):
-            return float(text.split()[-1])
-    return 0.0
 
 
 def bill(tenant, usage):

@@ -17,14 +17,12 @@ also when a check fails or this script dies (PR_SET_PDEATHSIG).
 import json
 import os
 import sys
-import time
 import unittest
-import urllib.request
 
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ferry_services import TMP, start, stop_all  # noqa: E402
+from ferry_services import metric, model_with_template, scripted_stack, stop_all  # noqa: E402
 
 ROUTER, WORKER, MODELS, TEMPLATES = sys.argv[1:5]
 ADMIN = {}  # stack name -> the router's admin port
@@ -72,58 +70,12 @@ PLAIN_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + 
                 "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def model_dir(name, template_source, special_markers=()):
-    """The tiny Llama's tokenizer and config (a long context: tool prompts are long) with
-    `template_source` as its chat template and `special_markers` added as special tokens (as
-    Mistral's tokenizer has [TOOL_CALLS]: the worker must keep them in the text it streams)."""
-    src = os.path.join(MODELS, "llama_gqa_bf16")
-    d = os.path.join(TMP, "model_" + name)
-    os.makedirs(d, exist_ok=True)
-    with open(os.path.join(src, "tokenizer.json"), encoding="utf-8") as f:
-        tokenizer = json.load(f)
-    with open(os.path.join(src, "config.json")) as f:
-        config = json.load(f)
-    for marker in special_markers:
-        config["vocab_size"] += 1
-        tokenizer["added_tokens"].append({
-            "id": config["vocab_size"] - 1, "content": marker, "single_word": False,
-            "lstrip": False, "rstrip": False, "normalized": False, "special": True})
-    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(tokenizer, f, ensure_ascii=False)
-    config["max_position_embeddings"] = 8192
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(config, f)
-    with open(os.path.join(src, "tokenizer_config.json")) as f:
-        tc = json.load(f)
-    tc["chat_template"] = template_source
-    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-        json.dump(tc, f)
-    return d
-
-
 def stack(name, template_source, first_reply, router_flags=(), special_markers=()):
     """A scripted null worker and a router on a model with `template_source`; an SDK client."""
-    d = model_dir(name, template_source, special_markers)
-    script = os.path.join(TMP, f"script_{name}.json")
-    with open(script, "w") as f:
-        json.dump([{"reply": first_reply}, {"when": RESULT, "reply": ANSWER}], f)
-    _, w = start(WORKER, [f"--model={d}", "--engine=null", f"--null_script={script}",
-                       "--null_token_seconds=0", "--block_tokens=16", "--kv_pool_bytes=8MiB"],
-              f"worker_{name}")
-    _, r = start(ROUTER, [f"--model={d}", "--served_model_name=tiny",
-                       f"--workers=127.0.0.1:{w['grpc_port']}"] + list(router_flags),
-              f"router_{name}")
-    for _ in range(600):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{r['admin_port']}/workers",
-                                        timeout=5) as resp:
-                if any(x["state"] == "up" for x in json.loads(resp.read())):
-                    break
-        except OSError:
-            pass
-        time.sleep(0.05)
-    else:
-        raise RuntimeError(f"the worker did not come up in router_{name}")
+    d = model_with_template(os.path.join(MODELS, "llama_gqa_bf16"), name, template_source,
+                            special_markers)
+    r = scripted_stack(WORKER, ROUTER, d, name,
+                       [{"reply": first_reply}, {"when": RESULT, "reply": ANSWER}], router_flags)
     ADMIN[name] = r["admin_port"]
     return openai.OpenAI(base_url=f"http://127.0.0.1:{r['http_port']}/v1", api_key="none",
                          max_retries=0, timeout=60)
@@ -154,15 +106,6 @@ def collect(stream):
     return content, reasoning, calls, finish
 
 
-def metric(name, line):
-    """A counter of stack `name`'s router (0 when absent)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{ADMIN[name]}/metrics", timeout=5) as r:
-        for text in r.read().decode().splitlines():
-            if text.startswith(line + " "):
-                return float(text.split()[-1])
-    return 0.0
-
-
 def messages():
     return [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -189,10 +132,10 @@ class FormatTest:
 
     def test_calls_whole(self):
         valid = 'ferry_router_tool_calls_total{arguments="valid"}'
-        before = metric(self.NAME, valid)
+        before = metric(ADMIN[self.NAME], valid)
         r = self.client.chat.completions.create(model="tiny", messages=messages(),
                                                 tools=self.tools())
-        self.assertEqual(metric(self.NAME, valid), before + len(self.calls))
+        self.assertEqual(metric(ADMIN[self.NAME], valid), before + len(self.calls))
         self.assertIsInstance(r, openai.types.chat.ChatCompletion)
         m = r.choices[0].message
         self.assertEqual(r.choices[0].finish_reason, "tool_calls")
