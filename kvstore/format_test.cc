@@ -109,24 +109,31 @@ Footer MakeFooter(const std::vector<FooterEntry>& entries, uint32_t id = 5) {
   return f;
 }
 
+// The first 88 bytes of a footer entry, the same in both versions (format.h): key, fingerprint,
+// layout tag, value bytes, seq, created, last read, offset, token count, class, flags, 2 zeros.
+std::string EntryFields(const FooterEntry& e) {
+  std::string entry;
+  AppendHash128Le(&entry, e.header.key);
+  AppendHash128Le(&entry, e.header.meta.fingerprint);
+  AppendU64Le(&entry, e.header.meta.layout_tag);
+  AppendU64Le(&entry, e.header.value_bytes);
+  AppendU64Le(&entry, e.header.seq);
+  AppendU64Le(&entry, static_cast<uint64_t>(e.header.created_us));
+  AppendU64Le(&entry, static_cast<uint64_t>(e.last_read_us));
+  AppendU64Le(&entry, e.offset);
+  AppendU32Le(&entry, e.header.meta.token_count);
+  entry.push_back(static_cast<char>(e.header.meta.traffic_class));
+  entry.push_back(e.header.tombstone ? 1 : 0);  // flags
+  entry.append(2, '\0');
+  return entry;
+}
+
 // A version 1 footer (as written before retention floors), from format.h's description: 96-byte
 // entries without the floor.
 Footer MakeFooterV1(const std::vector<FooterEntry>& entries, uint32_t id = 5) {
   std::string b;
   for (const FooterEntry& e : entries) {
-    std::string entry;
-    AppendHash128Le(&entry, e.header.key);
-    AppendHash128Le(&entry, e.header.meta.fingerprint);
-    AppendU64Le(&entry, e.header.meta.layout_tag);
-    AppendU64Le(&entry, e.header.value_bytes);
-    AppendU64Le(&entry, e.header.seq);
-    AppendU64Le(&entry, static_cast<uint64_t>(e.header.created_us));
-    AppendU64Le(&entry, static_cast<uint64_t>(e.last_read_us));
-    AppendU64Le(&entry, e.offset);
-    AppendU32Le(&entry, e.header.meta.token_count);
-    entry.push_back(static_cast<char>(e.header.meta.traffic_class));
-    entry.push_back(e.header.tombstone ? 1 : 0);
-    entry.append(2, '\0');
+    std::string entry = EntryFields(e);
     AppendU64Le(&entry, Checksum(entry));
     b += entry;
   }
@@ -366,19 +373,8 @@ TEST(FormatTest, FooterEntryLayoutIsAsDocumented) {
   const std::vector<FooterEntry> entries = SampleEntries(1);
   const FooterEntry& e = entries[0];
   const Footer f = MakeFooter(entries);
-  std::string want;
-  AppendHash128Le(&want, e.header.key);
-  AppendHash128Le(&want, e.header.meta.fingerprint);
-  AppendU64Le(&want, e.header.meta.layout_tag);
-  AppendU64Le(&want, e.header.value_bytes);
-  AppendU64Le(&want, e.header.seq);
-  AppendU64Le(&want, static_cast<uint64_t>(e.header.created_us));
-  AppendU64Le(&want, static_cast<uint64_t>(e.last_read_us));
-  AppendU64Le(&want, e.offset);
-  AppendU32Le(&want, e.header.meta.token_count);
-  want.push_back(static_cast<char>(e.header.meta.traffic_class));
-  want.push_back(0);  // flags
-  want.append(2, '\0');
+  ASSERT_FALSE(e.header.tombstone);
+  std::string want = EntryFields(e);
   AppendU32Le(&want, e.header.meta.retention_floor_s);
   want.append(4, '\0');
   AppendU64Le(&want, Checksum(want));
