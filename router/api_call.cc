@@ -326,6 +326,31 @@ void ApiCall::Start(const HttpRequest& http) {
     }
   });
   lock.unlock();
+  // The store's share of the prompt, for the policy (store_probe.h), off this I/O thread; the
+  // chain up to the blocks a worker may reuse (all but the last prompt token).
+  const int64_t reusable =
+      pool.block_tokens > 0 ? std::max<int64_t>(0, prompt_tokens_ - 1) / pool.block_tokens : 0;
+  if (context_.store_probe != nullptr && reusable > 0) {
+    std::vector<Hash128> chain;
+    for (int64_t i = 0; i < reusable && i < t->block_hashes_size(); ++i) {
+      chain.push_back(Hash128{t->block_hashes(i).lo(), t->block_hashes(i).hi()});
+    }
+    auto pending = std::make_shared<DispatchRequest>(std::move(dispatch));
+    auto self = shared_from_this();
+    context_.store_probe->Probe(std::move(chain), pool.fingerprint,
+                                [self, pending](int64_t blocks) {
+                                  pending->store_prefix_blocks = blocks;
+                                  self->Dispatch(std::move(*pending));
+                                });
+    return;
+  }
+  Dispatch(std::move(dispatch));
+}
+
+void ApiCall::Dispatch(DispatchRequest dispatch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (answered_) return;  // the client left meanwhile
+  lock.unlock();
   auto job = context_.dispatcher->Dispatch(std::move(dispatch), shared_from_this());
   lock.lock();
   if (!job.ok()) return Fail({job.status(), "", ""});

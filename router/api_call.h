@@ -50,6 +50,7 @@
 #include "router/auth/rate_limiter.h"
 #include "router/billing.h"
 #include "router/dispatch/dispatcher.h"
+#include "router/dispatch/store_probe.h"
 #include "router/http/http_server.h"
 #include "router/registry/worker_registry.h"
 #include "router/router_metrics.h"
@@ -69,6 +70,7 @@ struct ApiContext {
   RateLimiter* limiter = nullptr;  // tenants' limits
   Billing* billing = nullptr;
   ResponseStore* responses = nullptr;  // stored Responses answers
+  StoreProbe* store_probe = nullptr;   // the KV store's share of a prompt (null: no store)
   absl::Duration request_timeout = absl::Minutes(10);
 };
 
@@ -100,6 +102,8 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
  private:
   using Clock = std::chrono::steady_clock;
   void Start(const HttpRequest& request);
+  // Hands the request to the dispatcher (unless the client left).
+  void Dispatch(DispatchRequest dispatch);
   // An error answer (a 4xx/5xx with the API's error body), or, once the stream started, an error
   // event and the end of the stream.
   void Fail(const ApiError& error);

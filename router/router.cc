@@ -189,8 +189,24 @@ class Router::Impl {
     if (!options_.model_fingerprint.empty()) {
       ASSIGN_OR_RETURN(ro.fingerprint, Hash128::FromHex(options_.model_fingerprint));
     }
+    KvIndexOptions io;
+    io.max_bytes = options_.kv_index_bytes;
+    kv_index_ = std::make_unique<KvIndex>(io);
+    ro.index = kv_index_.get();
     registry_ = std::make_unique<WorkerRegistry>(workers, ro, &RealClock());
-    ASSIGN_OR_RETURN(policy_, NewRoutingPolicy(options_.policy, std::random_device{}()));
+    PrefixAwareOptions po;
+    po.busy_threshold = options_.busy_threshold;
+    po.store_fetch_per_block = options_.store_fetch_per_block;
+    ASSIGN_OR_RETURN(policy_, NewRoutingPolicy(options_.policy, std::random_device{}(),
+                                               kv_index_.get(), po));
+    if (!options_.kvstore.empty()) {
+      kv::ClientOptions ko;
+      ko.nodes = options_.kvstore;
+      ko.deadline = options_.kvstore_deadline;
+      ko.auth_token = token;
+      ASSIGN_OR_RETURN(std::unique_ptr<kv::KvClient> client, kv::KvClient::Create(ko));
+      store_probe_ = std::make_unique<StoreProbe>(std::move(client));
+    }
     DispatcherOptions dopts;
     dopts.max_queued = options_.max_queued;
     dopts.max_retries = options_.max_retries;
@@ -200,6 +216,13 @@ class Router::Impl {
     RouterMetrics* m = metrics_.get();
     observer.routed = [m](const std::string& policy, const std::string& worker) {
       m->Routed(policy, worker);
+    };
+    observer.decided = [m](const std::string& policy, const RouteChoice& choice) {
+      m->Decided(policy, choice.reason);
+    };
+    observer.prefix = [m](int64_t predicted_local, int64_t predicted_store, int64_t local,
+                          int64_t store) {
+      m->Prefix(predicted_local, predicted_store, local, store);
     };
     observer.retried = [m] { m->Retry(); };
     observer.queue_depth = [m](int64_t depth) { m->QueueDepth(depth); };
@@ -218,6 +241,7 @@ class Router::Impl {
     context_.limiter = limiter_.get();
     context_.billing = billing_.get();
     context_.responses = responses_.get();
+    context_.store_probe = store_probe_.get();
 
     AdminServerOptions admin;
     admin.host = options_.admin_host;
@@ -253,7 +277,8 @@ class Router::Impl {
       dispatcher_->DropQueue(absl::UnavailableError("the router is shutting down"));
     }
     if (http_ != nullptr) http_->Shutdown(options_.shutdown_grace);
-    dispatcher_.reset();  // waits for the streams still running
+    store_probe_.reset();  // (what it still holds is dispatched, or dropped with the queue)
+    dispatcher_.reset();   // waits for the streams still running
     if (registry_ != nullptr) registry_->Stop();
     if (admin_ != nullptr) admin_->Stop();
     LOG(INFO) << "router stopped";
@@ -269,6 +294,8 @@ class Router::Impl {
     if (shut_down_) return;
     const int64_t up = registry_->up_count();
     metrics_->Workers(up, static_cast<int64_t>(registry_->ToJson().size()) - up);
+    metrics_->KvIndexState(kv_index_->entries(), kv_index_->bytes(), kv_index_->events(),
+                           kv_index_->dropped());
     billing_->WorkersUp(up);
     const bool serving = registry_->AnyUp();
     admin_->SetReady(serving, serving ? "" : "no worker can take requests");
@@ -565,8 +592,10 @@ class Router::Impl {
   // thread polls the connections and runs what arrived (destroyed after the registry and the
   // dispatcher, once their calls are done).
   std::vector<std::unique_ptr<CompletionThread>> completions_;
+  std::unique_ptr<KvIndex> kv_index_;  // the workers' cached blocks (outlives its users)
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<RoutingPolicy> policy_;
+  std::unique_ptr<StoreProbe> store_probe_;  // null without --kvstore
   std::unique_ptr<Dispatcher> dispatcher_;
   ApiContext context_;
   std::unique_ptr<AdminServer> admin_;

@@ -25,7 +25,23 @@ ABSL_FLAG(std::string, model, "", "GGUF file or HF directory: the tokenizer and 
 ABSL_FLAG(std::string, served_model_name, "", "the model id clients use (default: the file name)");
 ABSL_FLAG(std::vector<std::string>, workers, {}, "worker gRPC addresses, comma-separated");
 ABSL_FLAG(std::string, workers_file, "", "a file of worker addresses, one per line");
-ABSL_FLAG(std::string, policy, "least_loaded", "round_robin or least_loaded");
+ABSL_FLAG(std::string, policy, "prefix_aware",
+          "prefix_aware (the prompt's prefix each worker holds, its queue and measured speed), "
+          "least_loaded or round_robin");
+ABSL_FLAG(std::string, kv_index_bytes, "256MiB",
+          "prefix_aware: memory for the index of the workers' cached blocks (at most)");
+ABSL_FLAG(absl::Duration, busy_threshold, absl::Seconds(4),
+          "prefix_aware: a worker with more queued prefill work than this gets requests only "
+          "when all are busy");
+ABSL_FLAG(absl::Duration, store_fetch_per_block, absl::Microseconds(500),
+          "prefix_aware: the cost of reading one KV block from the store");
+ABSL_FLAG(std::vector<std::string>, kvstore, {},
+          "KV store nodes (host:port, comma-separated, as the workers name them): asked how much "
+          "of each prompt they hold");
+ABSL_FLAG(absl::Duration, kvstore_deadline, absl::Milliseconds(50),
+          "the store probe's deadline (a slower store counts as holding nothing)");
+ABSL_FLAG(std::string, log_level, "info",
+          "debug (each routing decision with its cost terms), info, warning or error");
 ABSL_FLAG(std::string, api_keys_file, "",
           "clients' API keys and tenants (JSON; reloaded on SIGHUP); none: an open API on "
           "loopback only");
@@ -108,6 +124,14 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(workers, workers);
   FROM_FLAG(workers_file, workers_file);
   FROM_FLAG(policy, policy);
+  if (Given("kv_index_bytes")) {
+    o.kv_index_bytes = Bytes("kv_index_bytes", absl::GetFlag(FLAGS_kv_index_bytes));
+  }
+  FROM_FLAG(busy_threshold, busy_threshold);
+  FROM_FLAG(store_fetch_per_block, store_fetch_per_block);
+  FROM_FLAG(kvstore, kvstore);
+  FROM_FLAG(kvstore_deadline, kvstore_deadline);
+  FROM_FLAG(log_level, log_level);
   FROM_FLAG(tool_call_parser, tool_call_parser);
   FROM_FLAG(api_keys_file, api_keys_file);
   FROM_FLAG(allow_unauthenticated, allow_unauthenticated);
@@ -170,6 +194,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const RouterOptions options = OptionsFromFlags();
   if (absl::Status s = ValidateRouterOptions(options); !s.ok()) Die("options", s);
+  SetMinLogSeverity(*ParseLogSeverity(options.log_level));
   auto router = Router::Start(options);
   if (!router.ok()) Die("start", router.status());
   std::printf("http_port=%d admin_port=%d\n", (*router)->http_port(), (*router)->admin_port());

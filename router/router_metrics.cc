@@ -31,6 +31,44 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                  .Name("ferry_router_routing_decisions_total")
                  .Help("Requests sent to a worker, by policy and worker.")
                  .Register(registry);
+  reasons_ = &prometheus::BuildCounter()
+                  .Name("ferry_router_routing_reasons_total")
+                  .Help("Routing decisions by policy and why (prefix_aware: prefix_hit, "
+                        "store_hit, least_cost, all_busy).")
+                  .Register(registry);
+  prefix_tokens_ = &prometheus::BuildCounter()
+                        .Name("ferry_router_prefix_tokens_total")
+                        .Help("Prompt tokens of finished requests the policy predicted the "
+                              "computing worker would reuse (kind=predicted) from its memory "
+                              "(tier=local) or the store (tier=store), and that it did "
+                              "(kind=reused).")
+                        .Register(registry);
+  predictions_ = &prometheus::BuildCounter()
+                      .Name("ferry_router_prefix_predictions_total")
+                      .Help("Requests by how the predicted local hit compared with the reused "
+                            "one: exact, over (fewer reused), under.")
+                      .Register(registry);
+  for (const char* outcome : {"exact", "over", "under"}) predictions_->Add({{"outcome", outcome}});
+  index_entries_ = &prometheus::BuildGauge()
+                        .Name("ferry_router_kv_index_entries")
+                        .Help("(worker, block) entries in the router's KV index.")
+                        .Register(registry)
+                        .Add({});
+  index_bytes_ = &prometheus::BuildGauge()
+                      .Name("ferry_router_kv_index_bytes")
+                      .Help("Bytes of the KV index's tables (at most --kv_index_bytes).")
+                      .Register(registry)
+                      .Add({});
+  index_events_ = &prometheus::BuildCounter()
+                       .Name("ferry_router_kv_index_events_total")
+                       .Help("Stored and evicted block hashes applied to the KV index.")
+                       .Register(registry)
+                       .Add({});
+  index_dropped_ = &prometheus::BuildCounter()
+                        .Name("ferry_router_kv_index_dropped_total")
+                        .Help("Stored block hashes dropped at the KV index's byte cap.")
+                        .Register(registry)
+                        .Add({});
   retries_ = &prometheus::BuildCounter()
                   .Name("ferry_router_retries_total")
                   .Help("Requests sent to another worker after one failed them before a token.")
@@ -88,6 +126,41 @@ void RouterMetrics::QueueDepth(int64_t depth) { queue_depth_->Set(static_cast<do
 
 void RouterMetrics::Routed(const std::string& policy, const std::string& worker) {
   routed_->Add({{"policy", policy}, {"worker", worker}}).Increment();
+}
+
+void RouterMetrics::Decided(const std::string& policy, const std::string& reason) {
+  reasons_->Add({{"policy", policy}, {"reason", reason}}).Increment();
+}
+
+void RouterMetrics::Prefix(int64_t predicted_local, int64_t predicted_store, int64_t reused_local,
+                           int64_t reused_store) {
+  prefix_tokens_->Add({{"tier", "local"}, {"kind", "predicted"}})
+      .Increment(static_cast<double>(predicted_local));
+  prefix_tokens_->Add({{"tier", "store"}, {"kind", "predicted"}})
+      .Increment(static_cast<double>(predicted_store));
+  prefix_tokens_->Add({{"tier", "local"}, {"kind", "reused"}})
+      .Increment(static_cast<double>(reused_local));
+  prefix_tokens_->Add({{"tier", "store"}, {"kind", "reused"}})
+      .Increment(static_cast<double>(reused_store));
+  const char* outcome = predicted_local == reused_local  ? "exact"
+                        : predicted_local > reused_local ? "over"
+                                                         : "under";
+  predictions_->Add({{"outcome", outcome}}).Increment();
+}
+
+void RouterMetrics::KvIndexState(int64_t entries, uint64_t bytes, int64_t events,
+                                 int64_t dropped) {
+  index_entries_->Set(static_cast<double>(entries));
+  index_bytes_->Set(static_cast<double>(bytes));
+  std::lock_guard<std::mutex> lock(index_mu_);
+  if (events > index_events_seen_) {
+    index_events_->Increment(static_cast<double>(events - index_events_seen_));
+    index_events_seen_ = events;
+  }
+  if (dropped > index_dropped_seen_) {
+    index_dropped_->Increment(static_cast<double>(dropped - index_dropped_seen_));
+    index_dropped_seen_ = dropped;
+  }
 }
 
 void RouterMetrics::Retry() { retries_->Increment(); }

@@ -6,6 +6,19 @@
 //   ferry_router_request_seconds{endpoint}       request received -> last byte
 //   ferry_router_queue_depth                     requests waiting for a worker
 //   ferry_router_routing_decisions_total{policy,worker}
+//   ferry_router_routing_reasons_total{policy,reason}  why: prefix_hit, store_hit, least_cost,
+//                                                all_busy (prefix_aware), or the policy's name
+//   ferry_router_prefix_tokens_total{tier,kind}  prompt tokens of finished requests that the
+//                                                policy predicted (kind=predicted) the computing
+//                                                worker would reuse from its memory (tier=local)
+//                                                or read from the store (tier=store), and that it
+//                                                did (kind=reused)
+//   ferry_router_prefix_predictions_total{outcome}  per request, local tier: exact, over (fewer
+//                                                reused than predicted), under
+//   ferry_router_kv_index_entries                (worker, block) entries in the KV index
+//   ferry_router_kv_index_bytes                  its tables' bytes (at most --kv_index_bytes)
+//   ferry_router_kv_index_events_total           stored / evicted hashes applied
+//   ferry_router_kv_index_dropped_total          stored hashes dropped at the byte cap
 //   ferry_router_retries_total                   requests sent to another worker before a token
 //   ferry_router_prompt_tokens_total{source}     computed, prefill_memory (reused from the
 //                                                memory of the worker that computed the prompt),
@@ -46,6 +59,11 @@ class RouterMetrics {
   void RequestSeconds(const std::string& endpoint, double seconds);
   void QueueDepth(int64_t depth);
   void Routed(const std::string& policy, const std::string& worker);
+  void Decided(const std::string& policy, const std::string& reason);
+  void Prefix(int64_t predicted_local, int64_t predicted_store, int64_t reused_local,
+              int64_t reused_store);
+  // The index's state now (the counters advance by what they gained since the last call).
+  void KvIndexState(int64_t entries, uint64_t bytes, int64_t events, int64_t dropped);
   void Retry();
   void PromptTokens(int64_t computed, int64_t prefill_memory, int64_t store, int64_t decode_memory);
   void CompletionTokens(int64_t n);
@@ -60,6 +78,15 @@ class RouterMetrics {
   prometheus::Family<prometheus::Histogram>* request_seconds_;
   prometheus::Gauge* queue_depth_;
   prometheus::Family<prometheus::Counter>* routed_;
+  prometheus::Family<prometheus::Counter>* reasons_;
+  prometheus::Family<prometheus::Counter>* prefix_tokens_;
+  prometheus::Family<prometheus::Counter>* predictions_;
+  prometheus::Gauge* index_entries_;
+  prometheus::Gauge* index_bytes_;
+  prometheus::Counter* index_events_;
+  prometheus::Counter* index_dropped_;
+  std::mutex index_mu_;
+  int64_t index_events_seen_ = 0, index_dropped_seen_ = 0;
   prometheus::Counter* retries_;
   prometheus::Counter* prompt_computed_;
   prometheus::Counter* prompt_prefill_memory_;

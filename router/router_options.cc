@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/hash128.h"
+#include "engine/common/log.h"
 #include "engine/common/status.h"
 #include "router/api/tool_call_parser.h"
 
@@ -13,6 +14,12 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("workers", &o->workers));
   RETURN_IF_ERROR(c.Read("workers_file", &o->workers_file));
   RETURN_IF_ERROR(c.Read("policy", &o->policy));
+  RETURN_IF_ERROR(c.ReadByteSize("kv_index_bytes", &o->kv_index_bytes));
+  RETURN_IF_ERROR(c.ReadDuration("busy_threshold", &o->busy_threshold));
+  RETURN_IF_ERROR(c.ReadDuration("store_fetch_per_block", &o->store_fetch_per_block));
+  RETURN_IF_ERROR(c.Read("kvstore", &o->kvstore));
+  RETURN_IF_ERROR(c.ReadDuration("kvstore_deadline", &o->kvstore_deadline));
+  RETURN_IF_ERROR(c.Read("log_level", &o->log_level));
   RETURN_IF_ERROR(c.Read("tool_call_parser", &o->tool_call_parser));
   RETURN_IF_ERROR(c.Read("tool_prompt", &o->tool_prompt));
   RETURN_IF_ERROR(c.Read("reasoning_parser", &o->reasoning_parser));
@@ -71,8 +78,19 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
   if (o.workers.empty() && o.workers_file.empty()) {
     return bad("--workers or --workers_file: the router needs workers");
   }
-  if (o.policy != "round_robin" && o.policy != "least_loaded") {
-    return bad(absl::StrCat("--policy must be round_robin or least_loaded, not '", o.policy, "'"));
+  if (o.policy != "round_robin" && o.policy != "least_loaded" && o.policy != "prefix_aware") {
+    return bad(absl::StrCat("--policy must be round_robin, least_loaded or prefix_aware, not '",
+                            o.policy, "'"));
+  }
+  if (o.kv_index_bytes < (uint64_t{1} << 20) || o.busy_threshold <= absl::ZeroDuration() ||
+      o.store_fetch_per_block < absl::ZeroDuration() ||
+      o.kvstore_deadline <= absl::ZeroDuration()) {
+    return bad(
+        "--kv_index_bytes must be at least 1MiB, --busy_threshold and --kvstore_deadline "
+        "positive, --store_fetch_per_block not negative");
+  }
+  if (absl::Status s = ParseLogSeverity(o.log_level).status(); !s.ok()) {
+    return bad(absl::StrCat("--log_level: ", s.message()));
   }
   if (o.tool_call_parser != "auto" && o.tool_call_parser != "none" &&
       !ToolCallFormatFromName(o.tool_call_parser).has_value()) {

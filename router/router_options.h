@@ -24,7 +24,17 @@ struct RouterOptions {
   // Workers: "host:port" addresses, and/or a file of them (one per line).
   std::vector<std::string> workers;
   std::string workers_file;
-  std::string policy = "least_loaded";  // round_robin | least_loaded
+  std::string policy = "prefix_aware";  // round_robin | least_loaded | prefix_aware
+  // prefix_aware (router/policy/prefix_aware.h): the KV index's byte cap, when a worker's queue
+  // makes it busy, and the cost of reading a block from the KV store.
+  uint64_t kv_index_bytes = uint64_t{256} << 20;
+  absl::Duration busy_threshold = absl::Seconds(4);
+  absl::Duration store_fetch_per_block = absl::Microseconds(500);
+  // The KV store nodes ("host:port", as the workers name them), asked how much of each prompt
+  // they hold (none: the policy counts the workers' caches only), and the probe's deadline.
+  std::vector<std::string> kvstore;
+  absl::Duration kvstore_deadline = absl::Milliseconds(50);
+  std::string log_level = "info";  // debug logs each routing decision with its cost terms
   // How tool calls are read from the model's text: "auto" (from the chat template's markers),
   // hermes | llama3_json | mistral | deepseek, or "none" (tools refused).
   std::string tool_call_parser = "auto";

@@ -66,6 +66,8 @@ void AppendJsonString(std::string* out, absl::string_view s) {
 
 absl::string_view LogSeverityName(LogSeverity severity) {
   switch (severity) {
+    case LogSeverity::kDebug:
+      return "DEBUG";
     case LogSeverity::kInfo:
       return "INFO";
     case LogSeverity::kWarning:
@@ -107,6 +109,19 @@ std::string FormatLogRecord(const LogRecord& record, LogFormat format) {
 void SetLogFormat(LogFormat format) { g_format.store(static_cast<int>(format)); }
 
 void SetMinLogSeverity(LogSeverity severity) { g_min_severity.store(static_cast<int>(severity)); }
+
+bool LogEnabled(LogSeverity severity) {
+  return severity == LogSeverity::kFatal || static_cast<int>(severity) >= g_min_severity.load();
+}
+
+absl::StatusOr<LogSeverity> ParseLogSeverity(absl::string_view name) {
+  if (name == "debug") return LogSeverity::kDebug;
+  if (name == "info") return LogSeverity::kInfo;
+  if (name == "warning") return LogSeverity::kWarning;
+  if (name == "error") return LogSeverity::kError;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown log level '", name, "' (debug, info, warning, error)"));
+}
 
 void SetLogSink(LogSink* sink) {
   absl::MutexLock lock(&g_sink_mu);

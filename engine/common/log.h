@@ -3,7 +3,8 @@
 // Debian's Abseil (20220623) has no absl/log, and Ferry keeps engine/common free of heavier
 // dependencies, so this small module provides what the code base needs:
 //
-//   LOG(INFO) << "loaded " << n << " tensors";        // INFO, WARNING, ERROR, FATAL
+//   LOG(INFO) << "loaded " << n << " tensors";        // DEBUG, INFO, WARNING, ERROR, FATAL
+//   if (LogEnabled(LogSeverity::kDebug)) LOG(DEBUG) << Explain(x);  // skip the formatting
 //   CHECK(ptr != nullptr) << "engine not started";    // programmer bugs only: aborts
 //   CHECK_EQ(a, b);  CHECK_LT(i, n);  DCHECK(x);
 //
@@ -25,14 +26,15 @@
 #include "absl/base/attributes.h"
 #include "absl/base/optimization.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace ferry {
 
-enum class LogSeverity { kInfo = 0, kWarning = 1, kError = 2, kFatal = 3 };
+enum class LogSeverity { kDebug = -1, kInfo = 0, kWarning = 1, kError = 2, kFatal = 3 };
 
-// "INFO", "WARNING", "ERROR", "FATAL".
+// "DEBUG", "INFO", "WARNING", "ERROR", "FATAL".
 absl::string_view LogSeverityName(LogSeverity severity);
 
 enum class LogFormat { kText, kJson };
@@ -58,7 +60,11 @@ std::string FormatLogRecord(const LogRecord& record, LogFormat format);
 
 // Process-wide settings; safe to call at any time from any thread.
 void SetLogFormat(LogFormat format);
-void SetMinLogSeverity(LogSeverity severity);  // FATAL is always emitted
+void SetMinLogSeverity(LogSeverity severity);  // FATAL is always emitted; INFO by default
+// Whether a record of `severity` would be emitted now (to skip costly messages).
+bool LogEnabled(LogSeverity severity);
+// "debug", "info", "warning", "error" (a --log_level flag's values); InvalidArgument otherwise.
+absl::StatusOr<LogSeverity> ParseLogSeverity(absl::string_view name);
 // Replaces the stderr output with `sink` (not owned; nullptr restores stderr). Tests use this.
 void SetLogSink(LogSink* sink);
 
@@ -111,6 +117,8 @@ std::unique_ptr<std::string> CheckOp(const A& a, const B& b, Op op, const char* 
 }  // namespace log_internal
 }  // namespace ferry
 
+#define FERRY_LOG_DEBUG \
+  ::ferry::log_internal::LogMessage(__FILE__, __LINE__, ::ferry::LogSeverity::kDebug)
 #define FERRY_LOG_INFO \
   ::ferry::log_internal::LogMessage(__FILE__, __LINE__, ::ferry::LogSeverity::kInfo)
 #define FERRY_LOG_WARNING \

@@ -17,10 +17,29 @@ namespace v1 = ferry::v1;
 class Dispatcher::Job {
  public:
   Job(DispatchRequest request, std::shared_ptr<GenerateSink> sink)
-      : request(std::move(request)), sink(std::move(sink)) {}
+      : request(std::move(request)), sink(std::move(sink)) {
+    for (const v1::Hash128& h : this->request.request.request().block_hashes()) {
+      hashes.push_back(Hash128{h.lo(), h.hi()});
+    }
+  }
+
+  RouteRequest route() const {
+    RouteRequest r;
+    r.prompt_tokens = request.prompt_tokens;
+    r.block_hashes = hashes;
+    r.block_tokens = request.request.request().block_tokens();
+    r.store_prefix_blocks = request.store_prefix_blocks;
+    return r;
+  }
+  // The prompt tokens a worker must compute, as the policy expects it.
+  int64_t Uncached(const RouteChoice& choice) const {
+    return std::max<int64_t>(0, request.prompt_tokens - choice.predicted_local_tokens -
+                                    choice.predicted_store_tokens);
+  }
 
   const DispatchRequest request;
   const std::shared_ptr<GenerateSink> sink;
+  std::vector<Hash128> hashes;  // the prompt's block hashes
   // Under the dispatcher's mu_.
   int attempts = 0;
   std::set<std::string> excluded;  // workers that failed it
@@ -39,15 +58,21 @@ class Dispatcher::Job {
 // Deletes itself when the stream and the prefill call are both done.
 class Dispatcher::Call final {
  public:
+  // `pending` and `active`: the load the dispatcher added on `worker` for this stream (released
+  // at the first token and at the end).
   Call(Dispatcher* dispatcher, std::shared_ptr<Job> job, const Candidate& worker,
-       const std::string& token)
+       const std::string& token, const RouteChoice& choice, int64_t pending, int64_t active)
       : dispatcher_(dispatcher),
         job_(std::move(job)),
         worker_(worker.id),
         endpoint_(worker.endpoint),
         disaggregated_(worker.role == v1::WORKER_ROLE_DECODE),
         token_(token),
-        context_(std::make_shared<grpc::ClientContext>()) {
+        context_(std::make_shared<grpc::ClientContext>()),
+        pending_(pending),
+        active_(active),
+        predicted_local_(choice.predicted_local_tokens),
+        predicted_store_(choice.predicted_store_tokens) {
     context_->set_deadline(absl::ToChronoTime(job_->request.deadline));
     context_->AddMetadata(kTraceIdMetadataKey, job_->request.trace_id);
     AttachSharedToken(context_.get(), token);
@@ -79,7 +104,14 @@ class Dispatcher::Call final {
     if (event_.has_reservation()) {
       StartPrefill(event_.reservation());
     } else {
-      if (event_.has_tokens() && event_.tokens().token_ids_size() > 0) started_ = true;
+      if (event_.has_tokens() && event_.tokens().token_ids_size() > 0 && !started_) {
+        started_ = true;
+        ReleasePending();  // the prompt is computed
+      }
+      if (event_.has_usage() && dispatcher_->observer_.prefix) {
+        const v1::CachedTokens& by = event_.usage().cached_by_source();
+        dispatcher_->observer_.prefix(predicted_local_, predicted_store_, by.local(), by.store());
+      }
       if (event_.has_error()) {
         retryable_ = event_.error().retryable();
         error_ = event_.error();
@@ -114,22 +146,34 @@ class Dispatcher::Call final {
       prefill = prefill_context_;
     }
     if (prefill != nullptr) prefill->TryCancel();  // the stream ended: so does the prefill
+    ReleasePending();
+    if (active_ > 0) dispatcher_->registry_->AddLoad(worker_, 0, 0, -active_);
     dispatcher_->CallEnded(job_, worker_, failed, s, started_, !s.ok() && retryable);
     Unref();
   }
 
+  void ReleasePending() {
+    if (pending_ > 0) dispatcher_->registry_->AddLoad(worker_, 0, -pending_);
+    pending_ = 0;
+  }
+
   void StartPrefill(const v1::KvReservation& reservation) {
-    auto chosen = dispatcher_->PickPrefill(job_);
-    if (!chosen.ok()) {
+    auto picked = dispatcher_->PickPrefill(job_);
+    if (!picked.ok()) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        prefill_status_ = chosen.status();
+        prefill_status_ = picked.status();
         prefill_retryable_ = true;
       }
       context_->TryCancel();
       return;
     }
-    auto* rpc = new PrefillRpc(this, chosen->id);
+    const Candidate* chosen = &picked->first;
+    const RouteChoice& choice = picked->second;
+    // The prefill worker computes the prompt: the prediction is about it.
+    predicted_local_ = choice.predicted_local_tokens;
+    predicted_store_ = choice.predicted_store_tokens;
+    auto* rpc = new PrefillRpc(this, chosen->id, job_->Uncached(choice));
     rpc->context = std::make_shared<grpc::ClientContext>();
     rpc->context->set_deadline(absl::ToChronoTime(job_->request.deadline));
     rpc->context->AddMetadata(kTraceIdMetadataKey, job_->request.trace_id);
@@ -147,7 +191,7 @@ class Dispatcher::Call final {
       }
       refs_.fetch_add(1);
     }
-    dispatcher_->registry_->AddInflight(chosen->id, +1);
+    dispatcher_->registry_->AddLoad(chosen->id, +1, rpc->pending);
     dispatcher_->Routed(chosen->id);
     rpc->reader =
         chosen->stub->PrepareAsyncPrefill(rpc->context.get(), rpc->request, completions_->queue());
@@ -155,8 +199,8 @@ class Dispatcher::Call final {
     rpc->reader->Finish(&rpc->response, &rpc->status, rpc);
   }
 
-  void OnPrefillDone(const std::string& prefill_id, const grpc::Status& status) {
-    dispatcher_->registry_->AddInflight(prefill_id, -1);
+  void OnPrefillDone(const std::string& prefill_id, int64_t pending, const grpc::Status& status) {
+    dispatcher_->registry_->AddLoad(prefill_id, -1, -pending);
     if (!status.ok()) {
       bool end_stream = false;
       {
@@ -181,14 +225,16 @@ class Dispatcher::Call final {
 
   // The Prefill call the reservation asked for; deletes itself when it completed.
   struct PrefillRpc final : CompletionThread::Tag {
-    PrefillRpc(Call* call, std::string worker) : call(call), worker(std::move(worker)) {}
+    PrefillRpc(Call* call, std::string worker, int64_t pending)
+        : call(call), worker(std::move(worker)), pending(pending) {}
     void OnComplete(bool) override {
-      call->OnPrefillDone(worker, status);
+      call->OnPrefillDone(worker, pending, status);
       delete this;
     }
 
     Call* const call;
     const std::string worker;
+    const int64_t pending;  // prompt tokens it computes (the load added on it)
     std::shared_ptr<grpc::ClientContext> context;
     v1::PrefillRequest request;
     v1::PrefillResponse response;
@@ -222,6 +268,10 @@ class Dispatcher::Call final {
   std::shared_ptr<grpc::ClientContext> prefill_context_;
   absl::Status prefill_status_;
   bool prefill_retryable_ = false;
+  // Completion-thread state (the stream's and the prefill's callbacks run there, one at a time).
+  int64_t pending_ = 0;  // prompt tokens added on worker_ until the first token
+  const int64_t active_ = 0;
+  int64_t predicted_local_ = 0, predicted_store_ = 0;
 };
 
 Dispatcher::Dispatcher(WorkerRegistry* registry, RoutingPolicy* policy, DispatcherOptions options,
@@ -290,7 +340,18 @@ std::vector<Candidate> Dispatcher::CandidatesFor(const std::shared_ptr<Job>& job
   return candidates;
 }
 
-absl::StatusOr<Candidate> Dispatcher::PickPrefill(const std::shared_ptr<Job>& job) {
+RouteChoice Dispatcher::Choose(const std::vector<Candidate>& candidates,
+                               const std::shared_ptr<Job>& job) {
+  std::vector<WorkerLoadView> views;
+  views.reserve(candidates.size());
+  for (const Candidate& c : candidates) views.push_back(c.load);
+  const RouteChoice choice = policy_->Choose(views, job->route());
+  if (observer_.decided) observer_.decided(policy_->name(), choice);
+  return choice;
+}
+
+absl::StatusOr<std::pair<Candidate, RouteChoice>> Dispatcher::PickPrefill(
+    const std::shared_ptr<Job>& job) {
   std::vector<Candidate> candidates = CandidatesFor(job);
   candidates.erase(
       std::remove_if(candidates.begin(), candidates.end(),
@@ -299,11 +360,8 @@ absl::StatusOr<Candidate> Dispatcher::PickPrefill(const std::shared_ptr<Job>& jo
   if (candidates.empty()) {
     return absl::UnavailableError("no prefill worker can take the request now");
   }
-  std::vector<WorkerLoadView> views;
-  for (const Candidate& c : candidates) views.push_back(c.load);
-  RouteRequest route;
-  route.prompt_tokens = job->request.prompt_tokens;
-  return candidates[policy_->Pick(views, route)];
+  const RouteChoice choice = Choose(candidates, job);
+  return std::make_pair(candidates[choice.index], choice);
 }
 
 void Dispatcher::Routed(const std::string& worker) {
@@ -328,13 +386,14 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
                                   }),
                    candidates.end());
   if (candidates.empty()) return false;
-  std::vector<WorkerLoadView> views;
-  for (const Candidate& c : candidates) views.push_back(c.load);
-  RouteRequest route;
-  route.prompt_tokens = job->request.prompt_tokens;
-  const Candidate& chosen = candidates[policy_->Pick(views, route)];
-  registry_->AddInflight(chosen.id, +1);
-  auto* call = new Call(this, job, chosen, options_.auth_token);
+  const RouteChoice choice = Choose(candidates, job);
+  const Candidate& chosen = candidates[choice.index];
+  // An aggregated worker computes the prompt; a decode worker holds it while it decodes.
+  const bool decode = chosen.role == v1::WORKER_ROLE_DECODE;
+  const int64_t pending = decode ? 0 : job->Uncached(choice);
+  const int64_t active = decode ? job->request.prompt_tokens : 0;
+  registry_->AddLoad(chosen.id, +1, pending, active);
+  auto* call = new Call(this, job, chosen, options_.auth_token, choice, pending, active);
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++running_;
@@ -350,7 +409,7 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
 void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
                            const std::string& failed, const absl::Status& status, bool started,
                            bool retryable) {
-  registry_->AddInflight(worker, -1);
+  registry_->AddLoad(worker, -1);
   bool retry = false;
   {
     std::lock_guard<std::mutex> lock(mu_);

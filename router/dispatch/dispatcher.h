@@ -12,6 +12,10 @@
 //     max_retries times.
 //   - Cancel (the client went away): the queued request is dropped, or the stream is cancelled,
 //     which aborts the request on the worker at its next step.
+//   - Load: the router's own load on each worker (registry AddLoad) is exact at once: requests in
+//     flight, prompt tokens sent and not yet computed (until the first token, or the end of the
+//     prefill call), prompt tokens of streams on decode workers; the policy adds it to what the
+//     workers report, which lags.
 //   - Prefill/decode (ARCHITECTURE.md §3): a decode worker is a candidate while a prefill worker
 //     can take the request too; its stream's first event is a KV reservation, which the
 //     dispatcher hands to a prefill worker (Prefill) the policy picks. A failed prefill ends the
@@ -62,6 +66,8 @@ struct DispatchRequest {
   std::string trace_id;
   absl::Time deadline = absl::InfiniteFuture();
   int64_t prompt_tokens = 0;
+  // Leading blocks of the prompt (request.block_hashes) the KV store holds (0: none or unknown).
+  int64_t store_prefix_blocks = 0;
 };
 
 struct DispatcherOptions {
@@ -75,6 +81,13 @@ struct DispatcherOptions {
 // Counters the dispatcher reports (router metrics).
 struct DispatchObserver {
   std::function<void(const std::string& policy, const std::string& worker)> routed;
+  // Each decision of the policy (the stream's worker, and a P/D request's prefill worker).
+  std::function<void(const std::string& policy, const RouteChoice& choice)> decided;
+  // A request's usage arrived: the prompt tokens the policy expected the worker that computed it
+  // to reuse from its memory and read from the store, and what it did.
+  std::function<void(int64_t predicted_local, int64_t predicted_store, int64_t reused_local,
+                     int64_t reused_store)>
+      prefix;
   std::function<void()> retried;
   std::function<void(int64_t depth)> queue_depth;
 };
@@ -111,8 +124,11 @@ class Dispatcher {
   bool TryStart(const std::shared_ptr<Job>& job);
   // The registry's candidates, less the workers that failed `job`.
   std::vector<Candidate> CandidatesFor(const std::shared_ptr<Job>& job);
-  // The P/D path: a prefill worker for `job` (Unavailable when none can take it).
-  absl::StatusOr<Candidate> PickPrefill(const std::shared_ptr<Job>& job);
+  // The P/D path: a prefill worker for `job` and the policy's choice (Unavailable when none can
+  // take it).
+  absl::StatusOr<std::pair<Candidate, RouteChoice>> PickPrefill(const std::shared_ptr<Job>& job);
+  // The policy's choice among `candidates` for `job`.
+  RouteChoice Choose(const std::vector<Candidate>& candidates, const std::shared_ptr<Job>& job);
   void Routed(const std::string& worker);
   // `worker` streamed the request; `failed` is the worker to avoid on a retry (the stream's, or
   // the prefill worker's when the prefill failed).

@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/log.h"
+#include "router/index/kv_event_feed.h"
 #include "services/common/grpc_client.h"
 #include "services/common/shared_token.h"
 
@@ -31,7 +32,19 @@ struct WorkerRegistry::Worker {
   uint64_t generation = 0;
   std::string cancel_reason;  // why the registry cancelled the stream, for its OnDone
   int64_t inflight = 0;
+  int64_t pending_prefill_tokens = 0;
+  int64_t active_tokens = 0;
   int64_t messages = 0;
+  // The last measurements (an idle window reports none; the worker's speed has not changed).
+  double prefill_tokens_per_second = 0;
+  double step_time_ms = 0;
+  // Its KV events into the index; touched only by its stream's callbacks (one stream at a time)
+  // and by Connect between streams.
+  std::unique_ptr<KvEventFeed> feed;
+  // The feed's state for ToJson, copied under the registry's lock.
+  bool kv_synced = false;
+  uint64_t kv_sequence = 0;
+  int64_t kv_snapshots = 0, kv_gaps = 0;
 
   std::string id() const { return status.worker_id().empty() ? address : status.worker_id(); }
 };
@@ -54,8 +67,8 @@ const char* StateName(int state) {
 class WorkerRegistry::Subscription final {
  public:
   Subscription(WorkerRegistry* registry, Worker* worker, uint64_t generation,
-               const std::string& token)
-      : registry_(registry), worker_(worker), generation_(generation) {
+               const std::string& token, v1::WatchRequest request)
+      : registry_(registry), worker_(worker), generation_(generation), request_(std::move(request)) {
     AttachSharedToken(&context_, token);
     TraceId();
   }
@@ -98,7 +111,7 @@ class WorkerRegistry::Subscription final {
   Worker* const worker_;
   const uint64_t generation_;
   grpc::ClientContext context_;
-  v1::WatchRequest request_;
+  const v1::WatchRequest request_;
   std::unique_ptr<grpc::ClientAsyncReader<v1::WorkerStatus>> reader_;
   MethodTag<Subscription> on_started_{this, &Subscription::OnStarted};
   MethodTag<Subscription> on_read_{this, &Subscription::OnRead};
@@ -115,9 +128,15 @@ WorkerRegistry::WorkerRegistry(std::vector<std::string> addresses, RegistryOptio
     own_completions_ = std::make_unique<CompletionThread>("registry");
     completions_ = own_completions_.get();
   }
+  index_ = options_.index;
+  if (index_ == nullptr) {
+    own_index_ = std::make_unique<KvIndex>();
+    index_ = own_index_.get();
+  }
   for (const std::string& address : addresses) {
     auto w = std::make_unique<Worker>();
     w->address = address;
+    w->feed = std::make_unique<KvEventFeed>(index_, index_->AddWorker());
     w->stub = v1::Worker::NewStub(NewChannel(address));
     w->backoff = options_.initial_backoff;
     workers_.push_back(std::move(w));
@@ -170,7 +189,8 @@ void WorkerRegistry::Connect(Worker& w) {
   w.judged = false;
   w.connected_at = clock_->Monotonic();
   ++w.generation;
-  w.subscription = new Subscription(this, &w, w.generation, options_.auth_token);
+  w.subscription =
+      new Subscription(this, &w, w.generation, options_.auth_token, w.feed->resume());
   ++live_subscriptions_;
   w.subscription->Start(w.stub.get(), completions_);
 }
@@ -193,10 +213,30 @@ void WorkerRegistry::MarkDown(Worker& w, const std::string& why) {
 }
 
 void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
+  // The KV events first, outside the registry's lock: a large snapshot never holds up the
+  // candidates' reads (the index has locks of its own).
+  std::string gap;
+  const bool applied = w->feed->Apply(status, &gap) == KvEventFeed::Result::kApplied;
   bool changed = false;
+  bool refused = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
+    w->kv_synced = w->feed->synced();
+    w->kv_sequence = w->feed->sequence();
+    w->kv_snapshots = w->feed->snapshots();
+    w->kv_gaps = w->feed->gaps();
+    if (!applied) {
+      // Resubscribe from what the index holds: the worker resends what it still keeps, or a
+      // snapshot.
+      LOG(WARNING) << "worker " << w->id() << " (" << w->address << "): KV events do not add up ("
+                   << gap << "); resubscribing";
+      if (w->subscription != nullptr) {
+        w->cancel_reason = absl::StrCat("KV event gap: ", gap);
+        w->subscription->Cancel();
+      }
+      return;
+    }
     w->last_seen = clock_->Monotonic();
     ++w->messages;
     if (status.snapshot() || w->messages == 1) {
@@ -208,6 +248,10 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
       w->status.set_drain_state(status.drain_state());
       w->status.set_sequence(status.sequence());
     }
+    if (status.load().prefill_tokens_per_second() > 0) {
+      w->prefill_tokens_per_second = status.load().prefill_tokens_per_second();
+    }
+    if (status.load().step_time_ms() > 0) w->step_time_ms = status.load().step_time_ms();
     if (!w->accepted && !w->judged) {
       w->judged = true;
       const v1::WorkerStatus& s = w->status;
@@ -234,6 +278,7 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
         }
         w->state = Worker::State::kRefused;
         w->reason = reason;
+        refused = true;
         if (w->subscription != nullptr) {
           w->cancel_reason = w->reason;
           w->subscription->Cancel();
@@ -260,6 +305,7 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
     }
     changed = true;
   }
+  if (refused) w->feed->Reset();  // its blocks are of no use to this pool
   if (changed) Changed();
 }
 
@@ -358,8 +404,18 @@ std::vector<Candidate> WorkerRegistry::Candidates() const {
     candidate.load.queued_tokens = static_cast<int64_t>(w->status.load().queued_tokens());
     candidate.load.running_tokens = static_cast<int64_t>(w->status.load().running_tokens());
     candidate.load.free_kv_blocks = static_cast<int64_t>(w->status.load().free_kv_blocks());
+    candidate.load.total_kv_blocks = static_cast<int64_t>(c.total_kv_blocks());
+    candidate.load.pending_prefill_tokens = w->pending_prefill_tokens;
+    candidate.load.active_tokens = w->active_tokens;
+    candidate.load.prefill_tokens_per_second = w->prefill_tokens_per_second;
+    candidate.load.step_time_ms = w->step_time_ms;
+    candidate.load.max_window = c.max_window();
+    candidate.load.slot = w->feed->slot();
     candidate.role = w->status.role() == v1::WORKER_ROLE_UNSPECIFIED ? v1::WORKER_ROLE_AGGREGATED
                                                                      : w->status.role();
+    candidate.load.kind = candidate.role == v1::WORKER_ROLE_PREFILL  ? WorkerKind::kPrefill
+                          : candidate.role == v1::WORKER_ROLE_DECODE ? WorkerKind::kDecode
+                                                                     : WorkerKind::kAggregated;
     candidate.endpoint = w->status.endpoint().empty() ? w->address : w->status.endpoint();
     out.push_back(std::move(candidate));
   }
@@ -400,11 +456,15 @@ PoolInfo WorkerRegistry::pool() const {
   return pool_;
 }
 
-void WorkerRegistry::AddInflight(const std::string& id, int delta) {
+void WorkerRegistry::AddLoad(const std::string& id, int requests, int64_t pending_prefill_tokens,
+                             int64_t active_tokens) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& w : workers_) {
     if (w->id() == id) {
-      w->inflight = std::max<int64_t>(0, w->inflight + delta);
+      w->inflight = std::max<int64_t>(0, w->inflight + requests);
+      w->pending_prefill_tokens =
+          std::max<int64_t>(0, w->pending_prefill_tokens + pending_prefill_tokens);
+      w->active_tokens = std::max<int64_t>(0, w->active_tokens + active_tokens);
       return;
     }
   }
@@ -469,6 +529,14 @@ nlohmann::json WorkerRegistry::ToJson() const {
                    {"decode_tokens_per_second", l.decode_tokens_per_second()}};
       j["last_message_ms_ago"] = absl::ToInt64Milliseconds(now - w->last_seen);
     }
+    // What the router's KV index holds of it (blocks: its prefix cache's, as of `sequence`).
+    j["kv_index"] = {{"blocks", index_->blocks(w->feed->slot())},
+                     {"synced", w->kv_synced},
+                     {"sequence", w->kv_sequence},
+                     {"snapshots", w->kv_snapshots},
+                     {"gaps", w->kv_gaps}};
+    j["pending_prefill_tokens"] = w->pending_prefill_tokens;
+    j["active_tokens"] = w->active_tokens;
     out.push_back(std::move(j));
   }
   return out;

@@ -11,6 +11,12 @@
 //   - A worker whose stream breaks, or that sends nothing for heartbeat_timeout, is down: its
 //     stream is cancelled and a new one tried after a backoff (doubling up to max_backoff).
 //   - A draining worker gets no new work.
+//   - KV events: each worker's stream feeds the KV index (kv_event_feed.h): a snapshot first,
+//     then the events in order. A stream that breaks resumes where the index is (WatchRequest
+//     after_sequence), so a reconnect costs a snapshot only when the worker no longer keeps the
+//     events missed; a message whose numbering does not add up (a gap) ends the stream, and the
+//     next one resynchronises. A refused worker's blocks leave the index; a down one's stay until
+//     its next snapshot (it may come back with its cache).
 //   - Roles: aggregated workers serve a request alone; decode workers serve it with a prefill
 //     worker (the P/D path). All share one pool (fingerprint, block size). Requests can be
 //     served when an aggregated worker is up, or a decode and a prefill worker are.
@@ -37,6 +43,7 @@
 #include "engine/common/hash128.h"
 #include "ferry/v1/worker.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "router/index/kv_index.h"
 #include "router/policy/routing_policy.h"
 #include "services/common/completion_thread.h"
 
@@ -52,6 +59,8 @@ struct RegistryOptions {
   Hash128 fingerprint;
   // Where the Watch streams complete (must outlive the registry); null: a thread of its own.
   CompletionThread* completions = nullptr;
+  // The KV index the streams' events go to (must outlive the registry); null: one of its own.
+  KvIndex* index = nullptr;
 };
 
 // The pool's shared facts, as the accepted workers reported them.
@@ -93,8 +102,11 @@ class WorkerRegistry {
   bool AnyUp() const;
   PoolInfo pool() const;
 
-  // The router's count of requests in flight per worker (the dispatcher keeps it).
-  void AddInflight(const std::string& id, int delta);
+  // The router's own load on worker `id` (the dispatcher keeps it): requests in flight, prompt
+  // tokens sent and not yet computed, prompt tokens of streams running there. Never below 0.
+  void AddLoad(const std::string& id, int requests, int64_t pending_prefill_tokens = 0,
+               int64_t active_tokens = 0);
+  const KvIndex& index() const { return *index_; }
 
   // Called (on registry threads, no lock held) whenever a worker comes up, goes down, changes
   // drain state or reports a new load: the dispatcher retries its queue.
@@ -140,6 +152,8 @@ class WorkerRegistry {
   std::vector<std::string> refusals_;  // not yet reported to on_refusal_
   std::unique_ptr<CompletionThread> own_completions_;
   CompletionThread* completions_ = nullptr;
+  std::unique_ptr<KvIndex> own_index_;
+  KvIndex* index_ = nullptr;
 };
 
 }  // namespace ferry

@@ -291,9 +291,9 @@ TEST(WorkerRegistryTest, DrainingWorkersAndFullOnesAreNoCandidates) {
   ASSERT_TRUE(Eventually([&] { return registry.Candidates().size() == 1; }));
   EXPECT_TRUE(registry.AnyUp());
   // Capacity: 2 running + 1 queued; the router's own count of requests in flight decides.
-  registry.AddInflight("w0", 3);
+  registry.AddLoad("w0", 3);
   EXPECT_TRUE(registry.Candidates().empty());
-  registry.AddInflight("w0", -1);
+  registry.AddLoad("w0", -1);
   ASSERT_EQ(registry.Candidates().size(), 1u);
   EXPECT_EQ(registry.Candidates()[0].load.inflight, 2);
   registry.Stop();

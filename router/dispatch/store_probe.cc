@@ -1,0 +1,66 @@
+#include "router/dispatch/store_probe.h"
+
+#include <utility>
+
+namespace ferry {
+
+StoreProbe::StoreProbe(std::unique_ptr<kv::KvClient> client, int64_t max_queued)
+    : client_(std::move(client)), max_queued_(max_queued) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+StoreProbe::~StoreProbe() {
+  std::deque<Item> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(queue_);
+  }
+  for (Item& item : left) item.done(0);
+}
+
+void StoreProbe::Probe(std::vector<Hash128> chain, const Hash128& fingerprint,
+                       std::function<void(int64_t)> done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!chain.empty() && !stopping_ && static_cast<int64_t>(queue_.size()) < max_queued_) {
+      queue_.push_back(Item{std::move(chain), fingerprint, std::move(done)});
+      cv_.notify_one();
+      return;
+    }
+    if (!chain.empty()) ++skipped_;
+  }
+  done(0);
+}
+
+void StoreProbe::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    const int64_t prefix = client_->Exists(item.chain, item.fingerprint).prefix;
+    item.done(prefix);
+    lock.lock();
+    ++asked_;
+  }
+}
+
+int64_t StoreProbe::asked() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return asked_;
+}
+
+int64_t StoreProbe::skipped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return skipped_;
+}
+
+}  // namespace ferry

@@ -1,0 +1,64 @@
+// How much of a prompt the shared KV store holds, for the prefix-aware policy's cost model
+// (ARCHITECTURE.md §6: store_blocks_w x fetch_cost): one Exists call over the prompt's chain,
+// off the HTTP threads (they must not block), before the request is dispatched.
+//
+// The store is an optimisation, and so is this: a probe that fails, times out (the client's
+// per-RPC deadline), or finds its queue full answers 0 blocks, and the request is routed on the
+// workers' caches alone. Down store nodes are skipped without an RPC (kv_client.h).
+//
+// Threads: one probe thread; `done` runs there (or on the caller's thread when the queue is
+// full or the probe is stopping). The destructor answers what is still queued with 0.
+// Thread-safe.
+
+#ifndef FERRY_ROUTER_DISPATCH_STORE_PROBE_H_
+#define FERRY_ROUTER_DISPATCH_STORE_PROBE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/common/hash128.h"
+#include "kvstore/client/kv_client.h"
+
+namespace ferry {
+
+class StoreProbe {
+ public:
+  // `max_queued`: probes waiting at most; more are answered 0 at once.
+  StoreProbe(std::unique_ptr<kv::KvClient> client, int64_t max_queued = 256);
+  ~StoreProbe();
+
+  // Calls done(leading blocks of `chain` the store holds) once.
+  void Probe(std::vector<Hash128> chain, const Hash128& fingerprint,
+             std::function<void(int64_t)> done);
+
+  // Probes answered by the store, and answered 0 without asking (queue full).
+  int64_t asked() const;
+  int64_t skipped() const;
+
+ private:
+  struct Item {
+    std::vector<Hash128> chain;
+    Hash128 fingerprint;
+    std::function<void(int64_t)> done;
+  };
+  void Run();
+
+  const std::unique_ptr<kv::KvClient> client_;
+  const int64_t max_queued_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stopping_ = false;
+  int64_t asked_ = 0, skipped_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ROUTER_DISPATCH_STORE_PROBE_H_
