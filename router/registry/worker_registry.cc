@@ -508,6 +508,7 @@ nlohmann::json WorkerRegistry::ToJson() const {
         {"reason", w->reason},
         {"inflight", w->inflight},
         {"streaming", w->subscription != nullptr},  // a status stream is open (or opening)
+        {"messages", w->messages},                   // received on this stream
     };
     if (w->messages > 0 || w->state == Worker::State::kRefused) {
       j["engine"] = s.engine();

@@ -4,12 +4,15 @@
 // worker (POST /workers/{id}/drain) gets nothing new, a worker that fails a request before its
 // first token has it retried on another, a killed worker is dropped (503 with Retry-After when
 // none can take work) and taken back when it returns; every /metrics page passes
-// `promtool check metrics`. Counts come from the routers' and workers' own metrics.
+// `promtool check metrics`; prefix_aware (the default) keeps a multi-turn conversation on the
+// worker that holds it and predicts exactly the prefix the worker reuses. Counts come from the
+// routers' and workers' own metrics.
 
 #include <signal.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -245,6 +248,97 @@ TEST(RouterRoutingTest, PoliciesRefusalsDrainsRetriesAndFailures) {
     p->Signal(SIGTERM);
     EXPECT_EQ(p->WaitForExit(absl::Seconds(30)), 0) << p->LogTail();
   }
+}
+
+// Until the router's KV index holds what each worker's prefix cache holds now: every worker's
+// stream brought two more messages (the second composed after this call, as a worker writes one
+// at a time, a tick apart), and the index agrees with the load they reported.
+bool WaitForIndexInSync(const ServiceProcess& router) {
+  std::map<std::string, int64_t> seen;
+  for (const auto& w : Workers(router)) seen[w["id"]] = w["messages"];
+  for (int i = 0; i < 1000; ++i) {
+    bool synced = true;
+    for (const auto& w : Workers(router)) {
+      if (w["messages"].get<int64_t>() < seen[w["id"]] + 2 || !w.contains("load") ||
+          !w["kv_index"]["synced"].get<bool>() ||
+          w["kv_index"]["blocks"] != w["load"]["cached_kv_blocks"]) {
+        synced = false;
+      }
+    }
+    if (synced) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+TEST(RouterRoutingTest, PrefixAwareKeepsAConversationOnItsWorkerAndPredictsItsHits) {
+  // Quick Watch messages (a heartbeat every 50 ms) make the index's catching up quick to see.
+  const std::vector<std::string> watch = {"--watch_interval=20ms", "--watch_heartbeat=50ms"};
+  auto w0 = Worker(watch);
+  auto w1 = Worker(watch);
+  auto router = Router({w0->grpc_port(), w1->grpc_port()}, {"--log_level=debug"});
+  ASSERT_TRUE(WaitForWorkers(*router, 2, "up"));
+  nlohmann::json messages = nlohmann::json::array();
+  messages.push_back({{"role", "system"},
+                      {"content", "You are a careful assistant who answers in one short line. "
+                                  "Keep every answer under twenty words and never use lists."}});
+  const int turns = 6;
+  for (int turn = 0; turn < turns; ++turn) {
+    ASSERT_TRUE(WaitForIndexInSync(*router)) << Workers(*router).dump(2);
+    messages.push_back(
+        {{"role", "user"}, {"content", absl::StrCat("Question ", turn, ": what comes next?")}});
+    const nlohmann::json body = {
+        {"model", "smol"}, {"messages", messages}, {"max_tokens", 4}, {"ignore_eos", true}};
+    const Reply reply = Post(router->grpc_port(), "/v1/chat/completions", body.dump());
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    const auto answer = nlohmann::json::parse(reply.body);
+    messages.push_back(
+        {{"role", "assistant"}, {"content", answer["choices"][0]["message"]["content"]}});
+    if (turn > 0) {
+      EXPECT_GT(answer["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), 0)
+          << "turn " << turn << ": " << reply.body;
+    }
+  }
+  // Every turn on one worker: the first where the tie fell, then where its prefix was.
+  const double on0 = Routed(*router, "prefix_aware", w0->grpc_port());
+  const double on1 = Routed(*router, "prefix_aware", w1->grpc_port());
+  EXPECT_TRUE((on0 == turns && on1 == 0) || (on0 == 0 && on1 == turns)) << on0 << " " << on1;
+  const int port = router->admin_port();
+  EXPECT_EQ(MetricValue(port, "ferry_router_routing_reasons_total{policy=\"prefix_aware\","
+                              "reason=\"prefix_hit\"}"),
+            turns - 1);
+  // The router predicted exactly what the worker reused, turn after turn.
+  EXPECT_EQ(MetricValue(port, "ferry_router_prefix_predictions_total{outcome=\"exact\"}"), turns);
+  const double predicted =
+      MetricValue(port, "ferry_router_prefix_tokens_total{kind=\"predicted\",tier=\"local\"}");
+  const double reused =
+      MetricValue(port, "ferry_router_prefix_tokens_total{kind=\"reused\",tier=\"local\"}");
+  EXPECT_GT(predicted, 16 * (turns - 1));
+  EXPECT_EQ(predicted, reused);
+  EXPECT_GT(MetricValue(port, "ferry_router_kv_index_entries"), 0);
+  EXPECT_GT(MetricValue(port, "ferry_router_kv_index_events_total"), 0);
+  EXPECT_EQ(MetricValue(port, "ferry_router_kv_index_dropped_total"), 0);
+  // Each decision is in the debug log with its cost terms.
+  EXPECT_NE(router->LogTail(1 << 20).find("prefix_aware: 127.0.0.1:"), std::string::npos);
+
+  // A restarted worker's blocks leave the index with its new snapshot: the conversation's next
+  // turn is a miss predicted as one.
+  const int holder = on0 == turns ? w0->grpc_port() : w1->grpc_port();
+  auto& held = on0 == turns ? w0 : w1;
+  held->Signal(SIGKILL);
+  held->WaitForExit(absl::Seconds(10));
+  held = Worker({absl::StrCat("--address=127.0.0.1:", holder), watch[0], watch[1]});
+  ASSERT_TRUE(WaitForWorkers(*router, 2, "up"));
+  ASSERT_TRUE(WaitForIndexInSync(*router));
+  messages.push_back({{"role", "user"}, {"content", "And after that?"}});
+  const nlohmann::json body = {
+      {"model", "smol"}, {"messages", messages}, {"max_tokens", 4}, {"ignore_eos", true}};
+  ASSERT_EQ(Post(router->grpc_port(), "/v1/chat/completions", body.dump()).status, 200);
+  EXPECT_EQ(MetricValue(port, "ferry_router_prefix_predictions_total{outcome=\"exact\"}"),
+            turns + 1);
+  ExpectPromtoolClean(port, "router");
+  router->Signal(SIGTERM);
+  EXPECT_EQ(router->WaitForExit(absl::Seconds(30)), 0) << router->LogTail();
 }
 
 }  // namespace
