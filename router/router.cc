@@ -197,8 +197,8 @@ class Router::Impl {
     PrefixAwareOptions po;
     po.busy_threshold = options_.busy_threshold;
     po.store_fetch_per_block = options_.store_fetch_per_block;
-    ASSIGN_OR_RETURN(policy_, NewRoutingPolicy(options_.policy, std::random_device{}(),
-                                               kv_index_.get(), po));
+    ASSIGN_OR_RETURN(
+        policy_, NewRoutingPolicy(options_.policy, std::random_device{}(), kv_index_.get(), po));
     if (!options_.kvstore.empty()) {
       kv::ClientOptions ko;
       ko.nodes = options_.kvstore;

@@ -33,20 +33,23 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                  .Register(registry);
   reasons_ = &prometheus::BuildCounter()
                   .Name("ferry_router_routing_reasons_total")
-                  .Help("Routing decisions by policy and why (prefix_aware: prefix_hit, "
-                        "store_hit, least_cost, all_busy).")
+                  .Help(
+                      "Routing decisions by policy and why (prefix_aware: prefix_hit, "
+                      "store_hit, least_cost, all_busy).")
                   .Register(registry);
   prefix_tokens_ = &prometheus::BuildCounter()
                         .Name("ferry_router_prefix_tokens_total")
-                        .Help("Prompt tokens of finished requests the policy predicted the "
-                              "computing worker would reuse (kind=predicted) from its memory "
-                              "(tier=local) or the store (tier=store), and that it did "
-                              "(kind=reused).")
+                        .Help(
+                            "Prompt tokens of finished requests the policy predicted the "
+                            "computing worker would reuse (kind=predicted) from its memory "
+                            "(tier=local) or the store (tier=store), and that it did "
+                            "(kind=reused).")
                         .Register(registry);
   predictions_ = &prometheus::BuildCounter()
                       .Name("ferry_router_prefix_predictions_total")
-                      .Help("Requests by how the predicted local hit compared with the reused "
-                            "one: exact, over (fewer reused), under.")
+                      .Help(
+                          "Requests by how the predicted local hit compared with the reused "
+                          "one: exact, over (fewer reused), under.")
                       .Register(registry);
   for (const char* outcome : {"exact", "over", "under"}) predictions_->Add({{"outcome", outcome}});
   index_entries_ = &prometheus::BuildGauge()
@@ -148,8 +151,7 @@ void RouterMetrics::Prefix(int64_t predicted_local, int64_t predicted_store, int
   predictions_->Add({{"outcome", outcome}}).Increment();
 }
 
-void RouterMetrics::KvIndexState(int64_t entries, uint64_t bytes, int64_t events,
-                                 int64_t dropped) {
+void RouterMetrics::KvIndexState(int64_t entries, uint64_t bytes, int64_t events, int64_t dropped) {
   index_entries_->Set(static_cast<double>(entries));
   index_bytes_->Set(static_cast<double>(bytes));
   std::lock_guard<std::mutex> lock(index_mu_);

@@ -33,8 +33,8 @@ class Dispatcher::Job {
   }
   // The prompt tokens a worker must compute, as the policy expects it.
   int64_t Uncached(const RouteChoice& choice) const {
-    return std::max<int64_t>(0, request.prompt_tokens - choice.predicted_local_tokens -
-                                    choice.predicted_store_tokens);
+    return std::max<int64_t>(
+        0, request.prompt_tokens - choice.predicted_local_tokens - choice.predicted_store_tokens);
   }
 
   const DispatchRequest request;

@@ -45,8 +45,8 @@ KvEventFeed::Result KvEventFeed::Apply(const v1::WorkerStatus& status, std::stri
   }
   if (status.snapshot_continues()) {
     if (status.sequence() != sequence_) {
-      return gap(absl::StrCat("a snapshot part at sequence ", status.sequence(), " after ",
-                              sequence_));
+      return gap(
+          absl::StrCat("a snapshot part at sequence ", status.sequence(), " after ", sequence_));
     }
     for (const v1::KvEvent& e : status.kv_events()) {
       if (e.type() != v1::KV_EVENT_TYPE_STORED) continue;

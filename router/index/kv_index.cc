@@ -1,6 +1,7 @@
 #include "router/index/kv_index.h"
 
 #include <algorithm>
+#include <mutex>
 
 namespace ferry {
 
@@ -17,8 +18,28 @@ KvIndex::KvIndex(KvIndexOptions options)
   for (int i = 0; i < kMaxSlots; ++i) blocks_[i].store(0, std::memory_order_relaxed);
 }
 
-uint64_t KvIndex::TableBytes(size_t buckets) {
-  return buckets == 0 ? 0 : buckets * (sizeof(Table::value_type) + 1);
+bool KvIndex::MakeRoom(Table& table) {
+  if (!table.Full()) return true;
+  const size_t capacity = table.GrownCapacity();
+  const uint64_t more = capacity * BlockTable::kSlotBytes - table.bytes();
+  if (bytes_.fetch_add(more) + more > options_.max_bytes) {
+    bytes_.fetch_sub(more);
+    return false;
+  }
+  table.Rehash(capacity);
+  return true;
+}
+
+void KvIndex::MaybeShrink(Table& table) {
+  if (table.size() * 4 > table.capacity() || table.capacity() <= BlockTable::kMinCapacity) return;
+  size_t capacity = 0;
+  if (table.size() > 0) {
+    capacity = BlockTable::kMinCapacity;
+    while (table.size() * 4 > capacity * 3) capacity *= 2;
+  }
+  const uint64_t before = table.bytes();
+  table.Rehash(capacity);
+  bytes_.fetch_sub(before - table.bytes());
 }
 
 int KvIndex::AddWorker() {
@@ -29,11 +50,15 @@ int KvIndex::AddWorker() {
   if (slot == static_cast<int>(used_.size())) used_.push_back(false);
   used_[slot] = true;
   const size_t tables = 2 * static_cast<size_t>(GroupOf(slot) + 1);
-  for (Shard& shard : shards_) {
-    absl::MutexLock shard_lock(&shard.mu);
-    if (shard.tables.size() < tables) shard.tables.resize(tables);
+  {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    for (Shard& shard : shards_) {
+      if (shard.tables.size() < tables) shard.tables.resize(tables);
+    }
   }
   blocks_[slot].store(0);
+  slot_count_.store(static_cast<int>(used_.size()));
+  group_masks_[GroupOf(slot)].fetch_or(BitOf(slot));
   return slot;
 }
 
@@ -42,6 +67,7 @@ void KvIndex::RemoveWorker(int slot) {
   Cleared(slot);
   absl::MutexLock lock(&slots_mu_);
   if (slot < static_cast<int>(used_.size())) used_[slot] = false;
+  group_masks_[GroupOf(slot)].fetch_and(~BitOf(slot));
 }
 
 int KvIndex::slots() const {
@@ -61,58 +87,52 @@ void KvIndex::Apply(int slot, absl::Span<const Hash128> hashes, bool window, boo
   if (slot < 0 || slot >= kMaxSlots || hashes.empty()) return;
   const size_t t = 2 * static_cast<size_t>(GroupOf(slot)) + (window ? 1 : 0);
   const uint64_t bit = BitOf(slot);
-  // The hashes by shard (a counting sort of their positions), so that each shard is locked once.
-  thread_local std::vector<uint32_t> order;
-  std::array<uint32_t, kShards + 1> start{};
-  for (const Hash128& h : hashes) ++start[ShardOf(h) + 1];
-  for (int s = 0; s < kShards; ++s) start[s + 1] += start[s];
-  order.resize(hashes.size());
-  {
-    std::array<uint32_t, kShards> next;
-    std::copy(start.begin(), start.begin() + kShards, next.begin());
-    for (uint32_t i = 0; i < hashes.size(); ++i) order[next[ShardOf(hashes[i])]++] = i;
-  }
   int64_t changed = 0, dropped = 0;
-  for (int s = 0; s < kShards; ++s) {
-    if (start[s] == start[s + 1]) continue;
-    Shard& shard = shards_[s];
-    absl::MutexLock lock(&shard.mu);
-    if (t >= shard.tables.size()) return;  // not a slot AddWorker made
-    Table& table = shard.tables[t];
-    for (uint32_t k = start[s]; k < start[s + 1]; ++k) {
-      const Hash128& h = hashes[order[k]];
-      if (!stored) {
-        auto it = table.find(h);
-        if (it == table.end() || (it->second & bit) == 0) continue;
-        it->second &= ~bit;
-        if (it->second == 0) table.erase(it);
-        ++changed;
-        continue;
+  // In chunks: the lock, every hash's slot prefetched, then the events in order. A decision waits
+  // for one chunk at most.
+  constexpr size_t kChunk = 128;
+  for (size_t begin = 0; begin < hashes.size(); begin += kChunk) {
+    const absl::Span<const Hash128> chunk = hashes.subspan(begin, kChunk);
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    if (t < shards_[0].tables.size()) {  // (else not a slot AddWorker made)
+      // Prefetched kAhead events ahead: far enough to hide a miss, few enough that the
+      // core's miss buffers keep every prefetch.
+      constexpr size_t kAhead = 16;
+      for (size_t k = 0; k < std::min(kAhead, chunk.size()); ++k) {
+        shards_[ShardOf(chunk[k])].tables[t].Prefetch(chunk[k]);
       }
-      auto it = table.find(h);
-      if (it != table.end()) {
-        if ((it->second & bit) == 0) {
-          it->second |= bit;
-          ++changed;
+      for (size_t k = 0; k < chunk.size(); ++k) {
+        if (k + kAhead < chunk.size()) {
+          shards_[ShardOf(chunk[k + kAhead])].tables[t].Prefetch(chunk[k + kAhead]);
         }
-        continue;
+        const Hash128& h = chunk[k];
+        Table& table = shards_[ShardOf(h)].tables[t];
+        if (!stored) {
+          uint64_t* word = table.Find(h);
+          if (word == nullptr || (*word & bit) == 0) continue;
+          *word &= ~bit;
+          if (*word == 0) table.Erase(word);
+          ++changed;
+          continue;
+        }
+        bool found = false;
+        uint64_t* word = table.FindOrSlot(h, &found);
+        if (found) {
+          if ((*word & bit) == 0) {
+            *word |= bit;
+            ++changed;
+          }
+        } else if (word != nullptr) {
+          *word = bit;
+          table.Inserted(h, word);
+          ++changed;
+        } else if (MakeRoom(table)) {  // full: grow within the cap, then insert
+          table.Insert(h, bit);
+          ++changed;
+        } else {
+          ++dropped;
+        }
       }
-      // A new key may make the table grow once: reserve that much of the cap first. (Abseil
-      // grows a table that is out of room to 2 x capacity + 1, unless it is over 16 slots and at
-      // most 25/32 full of live keys: then it only drops its tombstones, in place.)
-      const size_t before = table.bucket_count();
-      const bool may_grow = before <= 16 || table.size() * 32 > before * 25;
-      const uint64_t headroom = may_grow ? TableBytes(2 * before + 1) - TableBytes(before) : 0;
-      if (bytes_.fetch_add(headroom) + headroom > options_.max_bytes) {
-        bytes_.fetch_sub(headroom);
-        ++dropped;
-        continue;
-      }
-      table.emplace(h, bit);
-      const uint64_t grown = TableBytes(table.bucket_count()) - TableBytes(before);
-      bytes_.fetch_add(grown);  // (== headroom or 0 when it grew as reserved)
-      bytes_.fetch_sub(headroom);
-      ++changed;
     }
   }
   const int64_t sign = stored ? 1 : -1;
@@ -128,26 +148,16 @@ void KvIndex::Cleared(int slot) {
   const uint64_t bit = BitOf(slot);
   int64_t removed = 0;
   for (Shard& shard : shards_) {
-    absl::MutexLock lock(&shard.mu);
+    std::unique_lock<std::shared_mutex> lock(mu_);  // a shard at a time
     for (size_t t = 2 * group; t < 2 * group + 2 && t < shard.tables.size(); ++t) {
       Table& table = shard.tables[t];
-      for (auto it = table.begin(); it != table.end();) {
-        if ((it->second & bit) == 0) {
-          ++it;
-          continue;
-        }
+      table.EraseIf([&](uint64_t, uint64_t& word) {
+        if ((word & bit) == 0) return false;
         ++removed;
-        it->second &= ~bit;
-        if (it->second == 0) {
-          table.erase(it++);
-        } else {
-          ++it;
-        }
-      }
-      // Give back what the worker's blocks took (rehash(0) shrinks the table to its keys).
-      const size_t before = table.bucket_count();
-      table.rehash(0);
-      bytes_.fetch_sub(TableBytes(before) - TableBytes(table.bucket_count()));
+        word &= ~bit;
+        return word == 0;
+      });
+      MaybeShrink(table);
     }
   }
   blocks_[slot].store(0);
@@ -155,35 +165,26 @@ void KvIndex::Cleared(int slot) {
 }
 
 void KvIndex::Match(absl::Span<const Hash128> chain, std::vector<int32_t>* prefix) const {
-  uint64_t masks[kMaxSlots / 64];
-  int n_slots;
-  {
-    absl::MutexLock lock(&slots_mu_);
-    n_slots = static_cast<int>(used_.size());
-    std::fill(masks, masks + (n_slots + 63) / 64, 0);
-    for (int s = 0; s < n_slots; ++s) {
-      if (used_[s]) masks[GroupOf(s)] |= BitOf(s);
-    }
-  }
+  const int n_slots = slot_count_.load();
   if (static_cast<int>(prefix->size()) < n_slots) prefix->resize(n_slots);
   std::fill(prefix->begin(), prefix->end(), 0);
   const int32_t n = static_cast<int32_t>(chain.size());
   const int groups = (n_slots + 63) / 64;
   for (int g = 0; g < groups; ++g) {
-    uint64_t alive = masks[g];
+    uint64_t alive = group_masks_[g].load(std::memory_order_relaxed);
+    if (alive == 0) continue;
     const size_t t = 2 * static_cast<size_t>(g);
+    // Every block's slot on its way into the cache before the walk needs the first.
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    for (int32_t i = 0; i < n; ++i) {
+      const Shard& shard = shards_[ShardOf(chain[i])];
+      if (t < shard.tables.size()) shard.tables[t].Prefetch(chain[i]);
+    }
     int32_t i = 0;
     for (; i < n && alive != 0; ++i) {
-      const Hash128& h = chain[i];
-      const Shard& shard = shards_[ShardOf(h)];
-      uint64_t bits = 0;
-      {
-        absl::ReaderMutexLock lock(&shard.mu);
-        if (t < shard.tables.size()) {
-          auto it = shard.tables[t].find(h);
-          if (it != shard.tables[t].end()) bits = it->second;
-        }
-      }
+      const Shard& shard = shards_[ShardOf(chain[i])];
+      const uint64_t* word = t < shard.tables.size() ? shard.tables[t].Find(chain[i]) : nullptr;
+      const uint64_t bits = word == nullptr ? 0 : *word;
       for (uint64_t dead = alive & ~bits; dead != 0; dead &= dead - 1) {
         const int s = g * 64 + __builtin_ctzll(dead);
         if (s < static_cast<int>(prefix->size())) (*prefix)[s] = i;
@@ -200,11 +201,11 @@ void KvIndex::Match(absl::Span<const Hash128> chain, std::vector<int32_t>* prefi
 bool KvIndex::Holds(int slot, const Hash128& hash, bool window) const {
   if (slot < 0 || slot >= kMaxSlots) return false;
   const size_t t = 2 * static_cast<size_t>(GroupOf(slot)) + (window ? 1 : 0);
+  std::shared_lock<std::shared_mutex> lock(mu_);
   const Shard& shard = shards_[ShardOf(hash)];
-  absl::ReaderMutexLock lock(&shard.mu);
   if (t >= shard.tables.size()) return false;
-  auto it = shard.tables[t].find(hash);
-  return it != shard.tables[t].end() && (it->second & BitOf(slot)) != 0;
+  const uint64_t* word = shard.tables[t].Find(hash);
+  return word != nullptr && (*word & BitOf(slot)) != 0;
 }
 
 int64_t KvIndex::entries() const { return entries_.load(); }

@@ -11,19 +11,26 @@
 // entries. A hybrid model's sliding-window cache (KvEvent.window_layers) is a second map of the
 // same shape.
 //
-// Exact, not approximate: keys are the full 128-bit hashes, and every event is applied (a
-// STORED of a block held, or an EVICTED of one not held, changes nothing, so a replayed or
-// resynchronised stream converges to the worker's set).
+// Exact up to 64-bit collisions: every event is applied (a STORED of a block held, or an
+// EVICTED of one not held, changes nothing, so a replayed or resynchronised stream converges to
+// the worker's set), and a table keys blocks by 64 bits of their hash (block_table.h): a lookup
+// of a block no worker holds finds one with probability n / 2^64 for n blocks in its table
+// (1e-14 at 100k), and then over-predicts one worker's prefix by a block.
 //
-// Bounded: the tables' bytes (bucket_count x (key, word) + one control byte, which is what
-// bytes() reports) never exceed max_bytes. A STORED event that would need more (a new key that
-// could make its table grow past the cap) is dropped and counted (dropped()): the index then
-// under-predicts that worker's hits, never over-predicts them; evictions free room again. Sized
-// for the workers' caches, it never drops: 64 workers x 16k blocks take about 40 MB.
+// Bounded: the tables (block_table.h: 16 bytes a slot, at most 3/4 full, so 21..43 bytes a key
+// and fewer per (worker, block) entry when workers share blocks) never take more than max_bytes
+// in all, which is what bytes() reports. A STORED event whose key would make its table grow past
+// the cap is dropped and counted (dropped()): the index then under-predicts that worker's hits,
+// never over-predicts them; evictions and clears free room again (a table a quarter full
+// shrinks). While one table grows, its old array lives on until the new one is filled: the
+// process holds up to that table's bytes more for a moment (a shard's, 1/16 of the index).
+// Sized for the workers' caches it never drops: 64 workers x 16k blocks take about 35 MB.
 //
-// Threads: the tables are split into 16 shards by hash, each behind a reader/writer lock held
-// for one lookup (Match) or one batch's share of a shard (the event calls). Decisions never
-// wait for more than one shard's batch, never for a whole snapshot. Thread-safe.
+// Threads: one reader/writer lock. A decision (Match) holds it shared while it prefetches every
+// block's slot and then walks the chain (about a microsecond); an event call holds it
+// exclusively for a chunk of 128 hashes at a time. Decisions never wait for more than one chunk,
+// never for a whole snapshot. The tables are split into 16 shards by hash so that a growing
+// table (a rehash) holds up decisions for 1/16 of the index at most. Thread-safe.
 
 #ifndef FERRY_ROUTER_INDEX_KV_INDEX_H_
 #define FERRY_ROUTER_INDEX_KV_INDEX_H_
@@ -32,13 +39,14 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <shared_mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/common/hash128.h"
+#include "router/index/block_table.h"
 
 namespace ferry {
 
@@ -84,32 +92,36 @@ class KvIndex {
   int64_t events() const;
 
  private:
-  // Identity hash: block hashes are XXH3 output already. The shard takes hi's top bits, the
-  // table lo.
-  struct LoHash {
-    size_t operator()(const Hash128& h) const { return static_cast<size_t>(h.lo); }
-  };
-  using Table = absl::flat_hash_map<Hash128, uint64_t, LoHash>;
+  // Block hashes are XXH3 output already: the shard is hi's top 4 bits, the slot lo's low bits.
+  using Table = BlockTable;
+  // One table per group of 64 slots, per cache (main, window): tables[2 * group + window].
   struct Shard {
-    mutable absl::Mutex mu;
-    // One table per group of 64 slots, per cache (main, window): tables[2 * group + window].
-    std::vector<Table> tables ABSL_GUARDED_BY(mu);
+    std::vector<Table> tables;
   };
 
   static int ShardOf(const Hash128& h) { return static_cast<int>(h.hi >> 60); }
-  static uint64_t TableBytes(size_t buckets);
-  // Applies one kind of event for `slot` to the hashes of `hashes` that fall in shard `s`.
+  // Applies one kind of event for `slot`.
   void Apply(int slot, absl::Span<const Hash128> hashes, bool window, bool stored);
+  // Makes room for one more key in `table`, within the cap; false: it would exceed it.
+  bool MakeRoom(Table& table);
+  // Shrinks a table a quarter full (or less) to the smallest capacity that holds its keys.
+  void MaybeShrink(Table& table);
 
   const KvIndexOptions options_;
-  std::array<Shard, kShards> shards_;
+  // std::shared_mutex, not absl::Mutex: Debian's Abseil runs its deadlock detector on every
+  // acquisition, which would cost a good part of a decision.
+  mutable std::shared_mutex mu_;
+  std::array<Shard, kShards> shards_;  // guarded by mu_
   std::atomic<uint64_t> bytes_{0};
   std::atomic<int64_t> entries_{0};
   std::atomic<int64_t> dropped_{0};
   std::atomic<int64_t> events_{0};
 
-  mutable absl::Mutex slots_mu_;
+  mutable absl::Mutex slots_mu_;  // AddWorker / RemoveWorker
   std::vector<bool> used_ ABSL_GUARDED_BY(slots_mu_);
+  // What Match reads without slots_mu_: the slots made, and per group the slots in use.
+  std::atomic<int> slot_count_{0};
+  std::array<std::atomic<uint64_t>, 64> group_masks_{};
   // Held blocks per slot (main cache); sized for every slot ever made.
   std::unique_ptr<std::atomic<int64_t>[]> blocks_;
   static constexpr int kMaxSlots = 4096;

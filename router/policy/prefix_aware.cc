@@ -11,10 +11,8 @@ namespace ferry {
 
 namespace {
 
-// The median of the positive values (`fallback` when there is none).
-double MedianOrFallback(std::vector<double> values, double fallback) {
-  values.erase(std::remove_if(values.begin(), values.end(), [](double v) { return !(v > 0); }),
-               values.end());
+// The median of `values` (measured ones, all positive; `fallback` when there is none).
+double MedianOrFallback(std::vector<double>& values, double fallback) {
   if (values.empty()) return fallback;
   std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
   return values[values.size() / 2];
@@ -34,9 +32,8 @@ PrefixAwarePolicy::PrefixAwarePolicy(const KvIndex* index, PrefixAwareOptions op
                                      uint64_t seed)
     : index_(index), options_(options), rng_(seed) {}
 
-int64_t PrefixAwarePolicy::HeldPrefix(const WorkerLoadView& view,
-                                      absl::Span<const Hash128> chain, int64_t matched,
-                                      int64_t limit, int64_t block_tokens) const {
+int64_t PrefixAwarePolicy::HeldPrefix(const WorkerLoadView& view, absl::Span<const Hash128> chain,
+                                      int64_t matched, int64_t limit, int64_t block_tokens) const {
   int64_t k = std::min(matched, limit);
   if (view.max_window <= 0 || k == 0 || index_ == nullptr) return k;
   // The engine's rule for a hybrid model: k blocks are of use when the window cache also holds
@@ -69,20 +66,32 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
   if (index_ != nullptr && limit > 0) index_->Match(chain, &matched);
   const int64_t store = std::clamp<int64_t>(request.store_prefix_blocks, 0, limit);
 
-  std::vector<double> speeds, steps;
+  // Unmeasured workers take the median of the measured ones (computed only when one is
+  // unmeasured). Per-thread scratch: a decision allocates nothing once warm.
+  thread_local std::vector<double> measured;
+  auto median_of = [&](bool decode) {
+    measured.clear();
+    for (const WorkerLoadView& w : candidates) {
+      if ((w.kind == WorkerKind::kDecode) != decode) continue;
+      const double v = decode ? w.step_time_ms : w.prefill_tokens_per_second;
+      if (v > 0) measured.push_back(v);
+    }
+    return MedianOrFallback(measured, 1.0);
+  };
+  double median_speed = 0, median_step = 0;
   for (const WorkerLoadView& w : candidates) {
-    if (w.kind == WorkerKind::kDecode) {
-      steps.push_back(w.step_time_ms);
-    } else {
-      speeds.push_back(w.prefill_tokens_per_second);
+    if (w.kind == WorkerKind::kDecode && !(w.step_time_ms > 0) && median_step == 0) {
+      median_step = median_of(true);
+    } else if (w.kind != WorkerKind::kDecode && !(w.prefill_tokens_per_second > 0) &&
+               median_speed == 0) {
+      median_speed = median_of(false);
     }
   }
-  const double median_speed = MedianOrFallback(std::move(speeds), 1.0);
-  const double median_step = MedianOrFallback(std::move(steps), 1.0);
   const double busy_seconds = absl::ToDoubleSeconds(options_.busy_threshold);
   const double fetch = absl::ToDoubleSeconds(options_.store_fetch_per_block);
 
-  std::vector<Term> terms(n);
+  thread_local std::vector<Term> terms;
+  terms.assign(n, Term());
   bool any_aggregated_free = false;
   for (size_t i = 0; i < n; ++i) {
     const WorkerLoadView& w = candidates[i];
@@ -92,11 +101,12 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
     t.local = HeldPrefix(w, chain, held, limit, block_tokens);
     if (w.kind == WorkerKind::kDecode) {
       const double step = w.step_time_ms > 0 ? w.step_time_ms : median_step;
-      const double active = static_cast<double>(
-          std::max(w.running_tokens + w.queued_tokens, w.active_tokens));
+      const double active =
+          static_cast<double>(std::max(w.running_tokens + w.queued_tokens, w.active_tokens));
       const double needed =
           static_cast<double>(std::max<int64_t>(0, request.prompt_tokens - t.local * block_tokens));
-      const double capacity = static_cast<double>(w.total_kv_blocks * std::max<int64_t>(1, block_tokens));
+      const double capacity =
+          static_cast<double>(w.total_kv_blocks * std::max<int64_t>(1, block_tokens));
       t.cost = step * (1 + (capacity > 0 ? (active + needed) / capacity : 0));
       t.busy = w.total_kv_blocks > 0 &&
                static_cast<double>(w.free_kv_blocks * std::max<int64_t>(1, block_tokens)) < needed;
@@ -128,7 +138,8 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
     if (eligible(i, false)) all_busy = false;
   }
   double best = 0;
-  std::vector<size_t> tied;
+  thread_local std::vector<size_t> tied;
+  tied.clear();
   for (size_t i = 0; i < n; ++i) {
     if (!eligible(i, all_busy)) continue;
     const double c = terms[i].cost;
@@ -153,24 +164,24 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
   choice.cost = t.cost;
   choice.predicted_local_tokens = t.local * block_tokens;
   choice.predicted_store_tokens = t.store * block_tokens;
-  choice.reason = all_busy               ? "all_busy"
-                  : t.local > 0          ? "prefix_hit"
-                  : t.store > 0          ? "store_hit"
-                                         : "least_cost";
+  choice.reason = all_busy      ? "all_busy"
+                  : t.local > 0 ? "prefix_hit"
+                  : t.store > 0 ? "store_hit"
+                                : "least_cost";
   if (LogEnabled(LogSeverity::kDebug)) {
     std::string why;
     for (size_t i = 0; i < n; ++i) {
       const Term& x = terms[i];
-      absl::StrAppendFormat(&why, " %s[%s local=%d store=%d queued=%.0f uncached=%.0f speed=%.4g "
-                                  "cost=%.6g%s]",
-                            candidates[i].id,
-                            candidates[i].kind == WorkerKind::kDecode ? "decode" : "prefill",
-                            x.local, x.store, x.queued, x.uncached, x.speed, x.cost,
-                            x.busy ? " busy" : "");
+      absl::StrAppendFormat(
+          &why,
+          " %s[%s local=%d store=%d queued=%.0f uncached=%.0f speed=%.4g "
+          "cost=%.6g%s]",
+          candidates[i].id, candidates[i].kind == WorkerKind::kDecode ? "decode" : "prefill",
+          x.local, x.store, x.queued, x.uncached, x.speed, x.cost, x.busy ? " busy" : "");
     }
     LOG(DEBUG) << "prefix_aware: " << chosen.id << " (" << choice.reason << ", "
-               << request.prompt_tokens << " prompt tokens, " << limit
-               << " reusable blocks, store " << store << "):" << why;
+               << request.prompt_tokens << " prompt tokens, " << limit << " reusable blocks, store "
+               << store << "):" << why;
   }
   return choice;
 }

@@ -58,8 +58,8 @@ class PrefixAwarePolicy final : public RoutingPolicy {
                      const RouteRequest& request) override;
 
   // The blocks of `chain` (at most `limit`) the worker in `view` will reuse from its memory.
-  int64_t HeldPrefix(const WorkerLoadView& view, absl::Span<const Hash128> chain,
-                     int64_t matched, int64_t limit, int64_t block_tokens) const;
+  int64_t HeldPrefix(const WorkerLoadView& view, absl::Span<const Hash128> chain, int64_t matched,
+                     int64_t limit, int64_t block_tokens) const;
 
  private:
   const KvIndex* const index_;

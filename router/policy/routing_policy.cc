@@ -8,8 +8,7 @@
 namespace ferry {
 
 absl::StatusOr<std::unique_ptr<RoutingPolicy>> NewRoutingPolicy(const std::string& name,
-                                                                uint64_t seed,
-                                                                const KvIndex* index,
+                                                                uint64_t seed, const KvIndex* index,
                                                                 PrefixAwareOptions prefix_options) {
   if (name == "round_robin") return std::unique_ptr<RoutingPolicy>(new RoundRobinPolicy());
   if (name == "least_loaded") return std::unique_ptr<RoutingPolicy>(new LeastLoadedPolicy(seed));

@@ -68,7 +68,10 @@ class WorkerRegistry::Subscription final {
  public:
   Subscription(WorkerRegistry* registry, Worker* worker, uint64_t generation,
                const std::string& token, v1::WatchRequest request)
-      : registry_(registry), worker_(worker), generation_(generation), request_(std::move(request)) {
+      : registry_(registry),
+        worker_(worker),
+        generation_(generation),
+        request_(std::move(request)) {
     AttachSharedToken(&context_, token);
     TraceId();
   }
@@ -189,8 +192,7 @@ void WorkerRegistry::Connect(Worker& w) {
   w.judged = false;
   w.connected_at = clock_->Monotonic();
   ++w.generation;
-  w.subscription =
-      new Subscription(this, &w, w.generation, options_.auth_token, w.feed->resume());
+  w.subscription = new Subscription(this, &w, w.generation, options_.auth_token, w.feed->resume());
   ++live_subscriptions_;
   w.subscription->Start(w.stub.get(), completions_);
 }
@@ -508,7 +510,7 @@ nlohmann::json WorkerRegistry::ToJson() const {
         {"reason", w->reason},
         {"inflight", w->inflight},
         {"streaming", w->subscription != nullptr},  // a status stream is open (or opening)
-        {"messages", w->messages},                   // received on this stream
+        {"messages", w->messages},                  // received on this stream
     };
     if (w->messages > 0 || w->state == Worker::State::kRefused) {
       j["engine"] = s.engine();

@@ -280,8 +280,9 @@ TEST(RouterRoutingTest, PrefixAwareKeepsAConversationOnItsWorkerAndPredictsItsHi
   ASSERT_TRUE(WaitForWorkers(*router, 2, "up"));
   nlohmann::json messages = nlohmann::json::array();
   messages.push_back({{"role", "system"},
-                      {"content", "You are a careful assistant who answers in one short line. "
-                                  "Keep every answer under twenty words and never use lists."}});
+                      {"content",
+                       "You are a careful assistant who answers in one short line. "
+                       "Keep every answer under twenty words and never use lists."}});
   const int turns = 6;
   for (int turn = 0; turn < turns; ++turn) {
     ASSERT_TRUE(WaitForIndexInSync(*router)) << Workers(*router).dump(2);
@@ -304,8 +305,9 @@ TEST(RouterRoutingTest, PrefixAwareKeepsAConversationOnItsWorkerAndPredictsItsHi
   const double on1 = Routed(*router, "prefix_aware", w1->grpc_port());
   EXPECT_TRUE((on0 == turns && on1 == 0) || (on0 == 0 && on1 == turns)) << on0 << " " << on1;
   const int port = router->admin_port();
-  EXPECT_EQ(MetricValue(port, "ferry_router_routing_reasons_total{policy=\"prefix_aware\","
-                              "reason=\"prefix_hit\"}"),
+  EXPECT_EQ(MetricValue(port,
+                        "ferry_router_routing_reasons_total{policy=\"prefix_aware\","
+                        "reason=\"prefix_hit\"}"),
             turns - 1);
   // The router predicted exactly what the worker reused, turn after turn.
   EXPECT_EQ(MetricValue(port, "ferry_router_prefix_predictions_total{outcome=\"exact\"}"), turns);
