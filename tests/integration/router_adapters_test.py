@@ -16,7 +16,9 @@ GET and DELETE, function calls round trip; cache_control's ttl reaching the KV s
 blocks' retention floor; the same
 greedy text from the three APIs for the same conversation; and usage identity: OpenAI's
 cached_tokens, Anthropic's cache_read_input_tokens and Responses' cached_tokens agree with each
-other and with the workers' counters. Every process started is killed at the end, also when a
+other and with the workers' counters. Prefix-aware routing with the store: when the worker that
+holds a conversation drains, the next turn goes to a cold worker, and the router's prediction of
+the tokens it reads from the store (its probe) is what the worker read. Every process started is killed at the end, also when a
 check fails or this script dies (PR_SET_PDEATHSIG).
 """
 import json
@@ -30,7 +32,7 @@ import anthropic
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ferry_services import (TMP, metric, model_with_template, scripted_stack,  # noqa: E402
+from ferry_services import (TMP, get, metric, model_with_template, scripted_stack,  # noqa: E402
                             start, stop_all, wait_workers_up)
 
 ROUTER, WORKER, KVSTORE, MODELS, TEMPLATES = sys.argv[1:6]
@@ -81,17 +83,18 @@ def adapters_stack(name, template_file, first_reply):
 
 AGG = PD = HERMES = QWEN3 = None
 WORKER_ADMIN = {}
-STORE_ADMIN = None
+STORE_ADMIN = STORE_GRPC = None
+COMMON = [f"--model={MODEL}", "--block_tokens=16", "--threads=1", "--kv_pool_bytes=8MiB"]
 
 
 def setUpModule():
-    global AGG, PD, HERMES, QWEN3, STORE_ADMIN
+    global AGG, PD, HERMES, QWEN3, STORE_ADMIN, STORE_GRPC
     keys = os.path.join(TMP, "keys.json")
     with open(keys, "w") as f:
         json.dump({"tenants": {"acme": {}}, "keys": [{"key": KEY, "tenant": "acme"}]}, f)
-    common = [f"--model={MODEL}", "--block_tokens=16", "--threads=1", "--kv_pool_bytes=8MiB"]
+    common = COMMON
     _, store = start(KVSTORE, [f"--dir={os.path.join(TMP, 'kvstore')}"], "kvstore")
-    STORE_ADMIN = store["admin_port"]
+    STORE_ADMIN, STORE_GRPC = store["admin_port"], store["grpc_port"]
     _, w = start(WORKER, common + [f"--kvstore=127.0.0.1:{store['grpc_port']}",
                                    "--kvstore_deadline=30s"], "aggregated")
     _, p = start(WORKER, common + ["--role=prefill", "--transport=grpc"], "prefill")
@@ -99,7 +102,8 @@ def setUpModule():
     WORKER_ADMIN.update(aggregated=w["admin_port"], prefill=p["admin_port"],
                         decode=d["admin_port"])
     AGG = Clients(router(MODEL, [f"127.0.0.1:{w['grpc_port']}"], "router_aggregated",
-                         [f"--api_keys_file={keys}"]), KEY)
+                         [f"--api_keys_file={keys}", f"--kvstore=127.0.0.1:{STORE_GRPC}",
+                          "--kvstore_deadline=30s"]), KEY)
     PD = Clients(router(MODEL, [f"127.0.0.1:{p['grpc_port']}", f"127.0.0.1:{d['grpc_port']}"],
                         "router_pd"))
     HERMES = adapters_stack("hermes", "chatml_tools.jinja", HERMES_REPLY)
@@ -403,6 +407,59 @@ class UsageIdentityTest(unittest.TestCase):
                 break
             time.sleep(0.05)
         self.assertEqual(after, want)
+
+
+class PrefixRoutingTest(unittest.TestCase):
+    def test_a_cold_worker_reads_the_store_as_the_router_predicted(self):
+        workers = [start(WORKER, COMMON + [f"--kvstore=127.0.0.1:{STORE_GRPC}",
+                                           "--kvstore_deadline=30s"], f"prefix{i}")[1]
+                   for i in range(2)]
+        addresses = [f"127.0.0.1:{w['grpc_port']}" for w in workers]
+        stack = Clients(router(MODEL, addresses, "router_prefix",
+                               [f"--kvstore=127.0.0.1:{STORE_GRPC}", "--kvstore_deadline=30s"]))
+        messages = [{"role": "system", "content": SYSTEM + " Name the keeper."},
+                    {"role": "user", "content": QUESTION}]
+        first = stack.openai.chat.completions.create(model="tiny", max_tokens=4, temperature=0,
+                                                     messages=messages)
+        routed = [metric(stack.admin, 'ferry_router_routing_decisions_total{policy='
+                                      f'"prefix_aware",worker="{a}"}}') for a in addresses]
+        holder = routed.index(1.0)
+        written = 'ferry_worker_store_write_blocks_total{outcome="written"}'
+        blocks = (first.usage.prompt_tokens - 1) // 16
+        for _ in range(600):  # the prompt's blocks reach the store after the answer
+            if metric(workers[holder]["admin_port"], written) >= blocks:
+                break
+            time.sleep(0.05)
+        # The holder drains: the conversation's next request goes to the other worker, which holds
+        # nothing in memory.
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{stack.admin}/workers/{addresses[holder]}/drain",
+            data=b'{"grace_seconds": 30}', method="POST")
+        with urllib.request.urlopen(request, timeout=10) as r:
+            self.assertEqual(r.status, 200)
+        for _ in range(600):
+            _, body = get(f"http://127.0.0.1:{stack.admin}/workers")
+            if any(w["address"] == addresses[holder] and w.get("drain_state") != "DRAIN_STATE_SERVING"
+                   for w in json.loads(body)):
+                break
+            time.sleep(0.05)
+        # (The same conversation again, as a client regenerating: the tiny model's context has
+        # no room for another turn.)
+        second = stack.openai.chat.completions.create(model="tiny", max_tokens=4, temperature=0,
+                                                      messages=messages)
+        self.assertEqual(metric(stack.admin, 'ferry_router_routing_decisions_total{policy='
+                                             f'"prefix_aware",worker="{addresses[1 - holder]}"}}'),
+                         1.0)
+        self.assertGreaterEqual(second.usage.prompt_tokens_details.cached_tokens, blocks * 16)
+        line = 'ferry_router_prefix_tokens_total{{kind="{}",tier="{}"}}'
+        predicted = metric(stack.admin, line.format("predicted", "store"))
+        self.assertEqual(predicted, second.usage.prompt_tokens_details.cached_tokens)
+        self.assertEqual(predicted, metric(stack.admin, line.format("reused", "store")))
+        self.assertEqual(metric(stack.admin, line.format("predicted", "local")),
+                         metric(stack.admin, line.format("reused", "local")))
+        self.assertEqual(metric(stack.admin,
+                                'ferry_router_routing_reasons_total{policy="prefix_aware",'
+                                'reason="store_hit"}'), 1.0)
 
 
 if __name__ == "__main__":
