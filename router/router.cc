@@ -205,7 +205,9 @@ class Router::Impl {
       ko.deadline = options_.kvstore_deadline;
       ko.auth_token = token;
       ASSIGN_OR_RETURN(std::unique_ptr<kv::KvClient> client, kv::KvClient::Create(ko));
-      store_probe_ = std::make_unique<StoreProbe>(std::move(client));
+      RouterMetrics* metrics = metrics_.get();
+      store_probe_ = std::make_unique<StoreProbe>(
+          std::move(client), 256, [metrics](bool asked) { metrics->StoreProbed(asked); });
     }
     DispatcherOptions dopts;
     dopts.max_queued = options_.max_queued;

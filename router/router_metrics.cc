@@ -72,6 +72,14 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                         .Help("Stored block hashes dropped at the KV index's byte cap.")
                         .Register(registry)
                         .Add({});
+  auto& probes = prometheus::BuildCounter()
+                     .Name("ferry_router_store_probes_total")
+                     .Help(
+                         "Prompts the KV store was asked about (asked), and those answered 0 "
+                         "without asking because the probe's queue was full (skipped).")
+                     .Register(registry);
+  probes_asked_ = &probes.Add({{"result", "asked"}});
+  probes_skipped_ = &probes.Add({{"result", "skipped"}});
   retries_ = &prometheus::BuildCounter()
                   .Name("ferry_router_retries_total")
                   .Help("Requests sent to another worker after one failed them before a token.")
@@ -163,6 +171,10 @@ void RouterMetrics::KvIndexState(int64_t entries, uint64_t bytes, int64_t events
     index_dropped_->Increment(static_cast<double>(dropped - index_dropped_seen_));
     index_dropped_seen_ = dropped;
   }
+}
+
+void RouterMetrics::StoreProbed(bool asked) {
+  (asked ? probes_asked_ : probes_skipped_)->Increment();
 }
 
 void RouterMetrics::Retry() { retries_->Increment(); }

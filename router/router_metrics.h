@@ -19,6 +19,9 @@
 //   ferry_router_kv_index_bytes                  its tables' bytes (at most --kv_index_bytes)
 //   ferry_router_kv_index_events_total           stored / evicted hashes applied
 //   ferry_router_kv_index_dropped_total          stored hashes dropped at the byte cap
+//   ferry_router_store_probes_total{result}      --kvstore: prompts the store was asked about
+//                                                (asked), and answered 0 unasked because the
+//                                                probe's queue was full (skipped)
 //   ferry_router_retries_total                   requests sent to another worker before a token
 //   ferry_router_prompt_tokens_total{source}     computed, prefill_memory (reused from the
 //                                                memory of the worker that computed the prompt),
@@ -64,6 +67,7 @@ class RouterMetrics {
               int64_t reused_store);
   // The index's state now (the counters advance by what they gained since the last call).
   void KvIndexState(int64_t entries, uint64_t bytes, int64_t events, int64_t dropped);
+  void StoreProbed(bool asked);
   void Retry();
   void PromptTokens(int64_t computed, int64_t prefill_memory, int64_t store, int64_t decode_memory);
   void CompletionTokens(int64_t n);
@@ -85,8 +89,11 @@ class RouterMetrics {
   prometheus::Gauge* index_bytes_;
   prometheus::Counter* index_events_;
   prometheus::Counter* index_dropped_;
+  prometheus::Counter* probes_asked_;
+  prometheus::Counter* probes_skipped_;
   std::mutex index_mu_;
   int64_t index_events_seen_ = 0, index_dropped_seen_ = 0;
+
   prometheus::Counter* retries_;
   prometheus::Counter* prompt_computed_;
   prometheus::Counter* prompt_prefill_memory_;

@@ -4,8 +4,9 @@
 
 namespace ferry {
 
-StoreProbe::StoreProbe(std::unique_ptr<kv::KvClient> client, int64_t max_queued)
-    : client_(std::move(client)), max_queued_(max_queued) {
+StoreProbe::StoreProbe(std::unique_ptr<kv::KvClient> client, int64_t max_queued,
+                       std::function<void(bool)> counted)
+    : client_(std::move(client)), max_queued_(max_queued), counted_(std::move(counted)) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -33,8 +34,8 @@ void StoreProbe::Probe(std::vector<Hash128> chain, const Hash128& fingerprint,
       cv_.notify_one();
       return;
     }
-    if (!chain.empty()) ++skipped_;
   }
+  if (!chain.empty() && counted_) counted_(false);
   done(0);
 }
 
@@ -47,20 +48,10 @@ void StoreProbe::Run() {
     queue_.pop_front();
     lock.unlock();
     const int64_t prefix = client_->Exists(item.chain, item.fingerprint).prefix;
+    if (counted_) counted_(true);
     item.done(prefix);
     lock.lock();
-    ++asked_;
   }
-}
-
-int64_t StoreProbe::asked() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return asked_;
-}
-
-int64_t StoreProbe::skipped() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return skipped_;
 }
 
 }  // namespace ferry

@@ -29,17 +29,15 @@ namespace ferry {
 
 class StoreProbe {
  public:
-  // `max_queued`: probes waiting at most; more are answered 0 at once.
-  StoreProbe(std::unique_ptr<kv::KvClient> client, int64_t max_queued = 256);
+  // `max_queued`: probes waiting at most; more are answered 0 at once. `counted` (may be empty)
+  // is called for each probe: true when the store was asked, false when it was skipped.
+  StoreProbe(std::unique_ptr<kv::KvClient> client, int64_t max_queued = 256,
+             std::function<void(bool asked)> counted = {});
   ~StoreProbe();
 
   // Calls done(leading blocks of `chain` the store holds) once.
   void Probe(std::vector<Hash128> chain, const Hash128& fingerprint,
              std::function<void(int64_t)> done);
-
-  // Probes answered by the store, and answered 0 without asking (queue full).
-  int64_t asked() const;
-  int64_t skipped() const;
 
  private:
   struct Item {
@@ -51,11 +49,11 @@ class StoreProbe {
 
   const std::unique_ptr<kv::KvClient> client_;
   const int64_t max_queued_;
+  const std::function<void(bool)> counted_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
   bool stopping_ = false;
-  int64_t asked_ = 0, skipped_ = 0;
   std::thread thread_;
 };
 

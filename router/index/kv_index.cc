@@ -88,23 +88,13 @@ void KvIndex::Apply(int slot, absl::Span<const Hash128> hashes, bool window, boo
   const size_t t = 2 * static_cast<size_t>(GroupOf(slot)) + (window ? 1 : 0);
   const uint64_t bit = BitOf(slot);
   int64_t changed = 0, dropped = 0;
-  // In chunks: the lock, every hash's slot prefetched, then the events in order. A decision waits
-  // for one chunk at most.
+  // In chunks, under the lock: a decision waits for one chunk at most.
   constexpr size_t kChunk = 128;
   for (size_t begin = 0; begin < hashes.size(); begin += kChunk) {
     const absl::Span<const Hash128> chunk = hashes.subspan(begin, kChunk);
     std::unique_lock<std::shared_mutex> lock(mu_);
     if (t < shards_[0].tables.size()) {  // (else not a slot AddWorker made)
-      // Prefetched kAhead events ahead: far enough to hide a miss, few enough that the
-      // core's miss buffers keep every prefetch.
-      constexpr size_t kAhead = 16;
-      for (size_t k = 0; k < std::min(kAhead, chunk.size()); ++k) {
-        shards_[ShardOf(chunk[k])].tables[t].Prefetch(chunk[k]);
-      }
       for (size_t k = 0; k < chunk.size(); ++k) {
-        if (k + kAhead < chunk.size()) {
-          shards_[ShardOf(chunk[k + kAhead])].tables[t].Prefetch(chunk[k + kAhead]);
-        }
         const Hash128& h = chunk[k];
         Table& table = shards_[ShardOf(h)].tables[t];
         if (!stored) {
@@ -174,12 +164,7 @@ void KvIndex::Match(absl::Span<const Hash128> chain, std::vector<int32_t>* prefi
     uint64_t alive = group_masks_[g].load(std::memory_order_relaxed);
     if (alive == 0) continue;
     const size_t t = 2 * static_cast<size_t>(g);
-    // Every block's slot on its way into the cache before the walk needs the first.
     std::shared_lock<std::shared_mutex> lock(mu_);
-    for (int32_t i = 0; i < n; ++i) {
-      const Shard& shard = shards_[ShardOf(chain[i])];
-      if (t < shard.tables.size()) shard.tables[t].Prefetch(chain[i]);
-    }
     int32_t i = 0;
     for (; i < n && alive != 0; ++i) {
       const Shard& shard = shards_[ShardOf(chain[i])];

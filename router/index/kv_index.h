@@ -26,11 +26,11 @@
 // process holds up to that table's bytes more for a moment (a shard's, 1/16 of the index).
 // Sized for the workers' caches it never drops: 64 workers x 16k blocks take about 35 MB.
 //
-// Threads: one reader/writer lock. A decision (Match) holds it shared while it prefetches every
-// block's slot and then walks the chain (about a microsecond); an event call holds it
-// exclusively for a chunk of 128 hashes at a time. Decisions never wait for more than one chunk,
-// never for a whole snapshot. The tables are split into 16 shards by hash so that a growing
-// table (a rehash) holds up decisions for 1/16 of the index at most. Thread-safe.
+// Threads: one reader/writer lock. A decision (Match) holds it shared while it walks the chain
+// (about a microsecond); an event call holds it exclusively for a chunk of 128 hashes at a time.
+// Decisions never wait for more than one chunk, never for a whole snapshot. The tables are split
+// into 16 shards by hash so that a growing table (a rehash) holds up decisions for 1/16 of the
+// index at most. Thread-safe.
 
 #ifndef FERRY_ROUTER_INDEX_KV_INDEX_H_
 #define FERRY_ROUTER_INDEX_KV_INDEX_H_

@@ -2,7 +2,8 @@
 // drives): workers come up on their first message, a mismatched fingerprint or block size is
 // refused (also against a pinned fingerprint), a refused worker is asked again, a broken stream or
 // a stopped heartbeat (FakeClock) takes a worker down and a new stream brings it back, draining
-// workers are no candidates, and capacity bounds candidates.
+// workers are no candidates, and capacity bounds candidates; KV events reach the index, a broken
+// stream resumes after the index's sequence, and a gap makes the registry resubscribe and resync.
 
 #include "router/registry/worker_registry.h"
 
@@ -63,12 +64,17 @@ class FakeWorker final : public v1::Worker::CallbackService {
   };
 
   grpc::ServerWriteReactor<v1::WorkerStatus>* Watch(grpc::CallbackServerContext*,
-                                                    const v1::WatchRequest*) override {
+                                                    const v1::WatchRequest* request) override {
     auto* s = new Stream(this);
     std::lock_guard<std::mutex> lock(mu_);
     streams_.push_back(s);
     ++subscriptions_;
+    requests_.push_back(*request);
     return s;
+  }
+  v1::WatchRequest last_request() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_.back();
   }
   void Gone(Stream* s) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -96,6 +102,7 @@ class FakeWorker final : public v1::Worker::CallbackService {
   std::mutex mu_;
   std::vector<Stream*> streams_;
   int subscriptions_ = 0;
+  std::vector<v1::WatchRequest> requests_;
 };
 
 v1::WorkerStatus Status(const std::string& id, uint64_t fingerprint, uint32_t block_tokens,
@@ -146,6 +153,77 @@ struct Fleet {
   std::vector<std::unique_ptr<GrpcServer>> servers;
   std::vector<std::string> addresses;
 };
+
+// A message of KV events: `stored` and `evicted` block hashes (Hash128{i, i}), at `sequence`.
+v1::WorkerStatus Events(v1::WorkerStatus status, uint64_t incarnation, uint64_t sequence,
+                        std::vector<uint64_t> stored, std::vector<uint64_t> evicted = {}) {
+  status.set_incarnation(incarnation);
+  status.set_sequence(sequence);
+  for (auto [type, ids] : {std::make_pair(v1::KV_EVENT_TYPE_STORED, stored),
+                           std::make_pair(v1::KV_EVENT_TYPE_EVICTED, evicted)}) {
+    if (ids.empty()) continue;
+    v1::KvEvent* e = status.add_kv_events();
+    e->set_type(type);
+    for (uint64_t i : ids) {
+      e->add_block_hashes()->set_lo(i);
+      e->mutable_block_hashes()->rbegin()->set_hi(i << 60 | i);
+    }
+  }
+  return status;
+}
+
+TEST(WorkerRegistryTest, KvEventsResumeAfterABreakAndResyncAfterAGap) {
+  Fleet fleet(1);
+  FakeClock clock;
+  RegistryOptions options;
+  options.initial_backoff = absl::Milliseconds(100);
+  KvIndex index;
+  options.index = &index;
+  WorkerRegistry registry(fleet.addresses, options, &clock);
+  registry.Start();
+  FakeWorker& w = *fleet.workers[0];
+  auto held = [&] {
+    std::vector<uint64_t> out;
+    for (uint64_t i = 1; i < 10; ++i) {
+      if (index.Holds(0, Hash128{i, i << 60 | i})) out.push_back(i);
+    }
+    return out;
+  };
+  ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
+  EXPECT_EQ(w.last_request().after_sequence(), 0u);  // nothing yet: a snapshot, please
+  w.Send(Events(Status("w0", 7, 16), 5, 2, {1, 2}));
+  w.Send(Events(Status("w0", 7, 16, false), 5, 3, {3}));
+  ASSERT_TRUE(Eventually([&] { return held() == std::vector<uint64_t>{1, 2, 3}; }));
+  EXPECT_EQ(registry.ToJson()[0]["kv_index"]["sequence"], 3);
+
+  // A broken stream resumes after sequence 3 of incarnation 5; its first message continues.
+  w.BreakAll();
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 0; }));
+  clock.Advance(absl::Milliseconds(150));
+  ASSERT_TRUE(Eventually([&] { return w.subscriptions() == 2 && w.open_streams() == 1; }));
+  EXPECT_EQ(w.last_request().after_sequence(), 3u);
+  EXPECT_EQ(w.last_request().incarnation(), 5u);
+  w.Send(Events(Status("w0", 7, 16, false), 5, 4, {}, {1}));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return held() == std::vector<uint64_t>{2, 3}; }));
+
+  // A gap (sequence 4 -> 9 with one event): nothing of it applied, the stream ends, and the new
+  // one asks for what follows 4; the worker answers with a snapshot, which the index becomes.
+  w.Send(Events(Status("w0", 7, 16, false), 5, 9, {7}));
+  ASSERT_TRUE(Eventually([&] { return w.subscriptions() == 2 && registry.up_count() == 0; }));
+  EXPECT_EQ(held(), (std::vector<uint64_t>{2, 3}));
+  clock.Advance(absl::Milliseconds(150));
+  ASSERT_TRUE(Eventually([&] { return w.subscriptions() == 3 && w.open_streams() == 1; }));
+  EXPECT_EQ(w.last_request().after_sequence(), 4u);
+  w.Send(Events(Status("w0", 7, 16), 5, 12, {3, 8, 9}));
+  ASSERT_TRUE(Eventually([&] { return held() == std::vector<uint64_t>{3, 8, 9}; }));
+  EXPECT_EQ(index.blocks(0), 3);
+  const nlohmann::json json = registry.ToJson()[0]["kv_index"];
+  EXPECT_EQ(json["gaps"], 1);
+  EXPECT_EQ(json["snapshots"], 2);
+  EXPECT_EQ(json["blocks"], 3);
+  registry.Stop();
+}
 
 TEST(WorkerRegistryTest, WorkersComeUpAndAMismatchedOneIsRefused) {
   Fleet fleet(3);

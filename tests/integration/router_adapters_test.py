@@ -460,6 +460,8 @@ class PrefixRoutingTest(unittest.TestCase):
         self.assertEqual(metric(stack.admin,
                                 'ferry_router_routing_reasons_total{policy="prefix_aware",'
                                 'reason="store_hit"}'), 1.0)
+        self.assertGreaterEqual(metric(stack.admin,
+                                       'ferry_router_store_probes_total{result="asked"}'), 1.0)
 
 
 if __name__ == "__main__":
