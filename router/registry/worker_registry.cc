@@ -31,6 +31,7 @@ struct WorkerRegistry::Worker {
   Subscription* subscription = nullptr;
   uint64_t generation = 0;
   std::string cancel_reason;  // why the registry cancelled the stream, for its OnDone
+  bool resync = false;        // it was cancelled for a KV event gap: resubscribe at once
   int64_t inflight = 0;
   int64_t pending_prefill_tokens = 0;
   int64_t active_tokens = 0;
@@ -235,6 +236,7 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
                    << gap << "); resubscribing";
       if (w->subscription != nullptr) {
         w->cancel_reason = absl::StrCat("KV event gap: ", gap);
+        w->resync = true;
         w->subscription->Cancel();
       }
       return;
@@ -317,8 +319,13 @@ void WorkerRegistry::OnStreamDone(Worker* w, uint64_t generation, const std::str
     if (w->generation == generation) {
       w->subscription = nullptr;
       w->messages = 0;
-      if (!stopping_) MarkDown(*w, w->cancel_reason.empty() ? why : w->cancel_reason);
+      if (!stopping_) {
+        MarkDown(*w, w->cancel_reason.empty() ? why : w->cancel_reason);
+        // A gap says nothing of the worker's health: no backoff before the new stream.
+        if (w->resync) w->next_attempt = clock_->Monotonic();
+      }
       w->cancel_reason.clear();
+      w->resync = false;
     }
     stop_cv_.notify_all();
   }
