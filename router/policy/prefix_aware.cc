@@ -76,14 +76,14 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
       const double v = decode ? w.step_time_ms : w.prefill_tokens_per_second;
       if (v > 0) measured.push_back(v);
     }
-    return MedianOrFallback(measured, 1.0);
+    return MedianOrFallback(measured, decode ? 1.0 : 0.0);
   };
-  double median_speed = 0, median_step = 0;
+  double median_speed = -1, median_step = -1;  // (-1: not computed)
   for (const WorkerLoadView& w : candidates) {
-    if (w.kind == WorkerKind::kDecode && !(w.step_time_ms > 0) && median_step == 0) {
+    if (w.kind == WorkerKind::kDecode && !(w.step_time_ms > 0) && median_step < 0) {
       median_step = median_of(true);
     } else if (w.kind != WorkerKind::kDecode && !(w.prefill_tokens_per_second > 0) &&
-               median_speed == 0) {
+               median_speed < 0) {
       median_speed = median_of(false);
     }
   }
@@ -113,7 +113,6 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
       t.queued = active;
       t.uncached = needed;
       t.speed = step;
-      t.local = 0;  // a decode worker's prefix saves a push, not a computation: no prediction
       continue;
     }
     t.speed = w.prefill_tokens_per_second > 0 ? w.prefill_tokens_per_second : median_speed;
@@ -122,8 +121,10 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
     t.uncached = static_cast<double>(request.prompt_tokens -
                                      std::max(t.local, store) * std::max<int64_t>(1, block_tokens));
     t.uncached = std::max(0.0, t.uncached);
-    t.cost = (t.queued + t.uncached) / t.speed + static_cast<double>(t.store) * fetch;
-    t.busy = t.queued / t.speed > busy_seconds;
+    // No speed measured anywhere yet: costs in tokens, and no time to call a queue busy.
+    const double speed = t.speed > 0 ? t.speed : 1.0;
+    t.cost = (t.queued + t.uncached) / speed + static_cast<double>(t.store) * fetch;
+    t.busy = t.speed > 0 && t.queued / t.speed > busy_seconds;
     if (w.kind == WorkerKind::kAggregated && !t.busy) any_aggregated_free = true;
   }
 
@@ -161,10 +162,13 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
   }
   const Term& t = terms[choice.index];
   const WorkerLoadView& chosen = candidates[choice.index];
+  // A decode worker's held prefix saves a push, not a computation: it predicts no reuse.
+  const bool decode = chosen.kind == WorkerKind::kDecode;
   choice.cost = t.cost;
-  choice.predicted_local_tokens = t.local * block_tokens;
-  choice.predicted_store_tokens = t.store * block_tokens;
+  choice.predicted_local_tokens = decode ? 0 : t.local * block_tokens;
+  choice.predicted_store_tokens = decode ? 0 : t.store * block_tokens;
   choice.reason = all_busy      ? "all_busy"
+                  : decode      ? "least_cost"
                   : t.local > 0 ? "prefix_hit"
                   : t.store > 0 ? "store_hit"
                                 : "least_cost";
@@ -172,12 +176,19 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
     std::string why;
     for (size_t i = 0; i < n; ++i) {
       const Term& x = terms[i];
-      absl::StrAppendFormat(
-          &why,
-          " %s[%s local=%d store=%d queued=%.0f uncached=%.0f speed=%.4g "
-          "cost=%.6g%s]",
-          candidates[i].id, candidates[i].kind == WorkerKind::kDecode ? "decode" : "prefill",
-          x.local, x.store, x.queued, x.uncached, x.speed, x.cost, x.busy ? " busy" : "");
+      if (candidates[i].kind == WorkerKind::kDecode) {
+        absl::StrAppendFormat(&why,
+                              " %s[decode held=%d active=%.0f needed=%.0f step_ms=%.4g "
+                              "cost=%.6g%s]",
+                              candidates[i].id, x.local, x.queued, x.uncached, x.speed, x.cost,
+                              x.busy ? " busy" : "");
+      } else {
+        absl::StrAppendFormat(&why,
+                              " %s[held=%d store=%d queued=%.0f uncached=%.0f speed=%.4g "
+                              "cost=%.6g%s]",
+                              candidates[i].id, x.local, x.store, x.queued, x.uncached, x.speed,
+                              x.cost, x.busy ? " busy" : "");
+      }
     }
     LOG(DEBUG) << "prefix_aware: " << chosen.id << " (" << choice.reason << ", "
                << request.prompt_tokens << " prompt tokens, " << limit << " reusable blocks, store "

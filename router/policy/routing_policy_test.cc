@@ -156,6 +156,17 @@ TEST(PrefixAwareTest, AWorkerOfHalfTheSpeedGetsHalfTheWork) {
   const double ratio = static_cast<double>(picks[1]) / picks[0];
   EXPECT_GE(ratio, 0.4) << picks[0] << " vs " << picks[1];
   EXPECT_LE(ratio, 0.6) << picks[0] << " vs " << picks[1];
+  // With no speed measured, costs are in tokens and no queue is called busy: a holder with a
+  // queue keeps its conversation while the hit outweighs the queue.
+  {
+    KvIndex fresh;
+    auto idle = Fleet(&fresh, 2, /*speed=*/0);
+    const auto chain = Chain(77, 4);
+    fresh.Stored(0, chain);
+    idle[0].queued_tokens = 40;
+    PrefixAwarePolicy cold(&fresh, {}, 9);
+    EXPECT_EQ(cold.Choose(idle, Prompt(chain, 4 * kBlock + 1)).index, 0u);
+  }
   // Unmeasured workers take the median speed: equal, so ties, broken at random.
   workers[0].prefill_tokens_per_second = workers[1].prefill_tokens_per_second = 0;
   workers[0].queued_tokens = workers[1].queued_tokens = 0;

@@ -16,8 +16,8 @@
 //     after_sequence), so a reconnect costs a snapshot only when the worker no longer keeps the
 //     events missed; a message whose numbering does not add up (a gap) ends the stream, and the
 //     next one, started without a backoff, resynchronises (the worker is down until its first
-//     message, as after any broken stream). A refused worker's blocks leave the index; a down one's stay until
-//     its next snapshot (it may come back with its cache).
+//     message, as after any broken stream). A refused worker's blocks leave the index; a down one's
+//     stay until its next snapshot (it may come back with its cache).
 //   - Roles: aggregated workers serve a request alone; decode workers serve it with a prefill
 //     worker (the P/D path). All share one pool (fingerprint, block size). Requests can be
 //     served when an aggregated worker is up, or a decode and a prefill worker are.
