@@ -31,15 +31,9 @@ const std::set<std::string>& Ignored() {
 
 // What chat and completions share: model, sampling, streaming, user.
 ApiError ParseCommon(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
-  const Json* model = f.Get("model");
-  if (model == nullptr) return ApiInvalid("model", "'model' is required");
-  if (!model->is_string()) return ApiInvalid("model", "'model' must be a string");
-  r->model = model->get<std::string>();
-  RETURN_IF_API_ERROR(ServedModel(r->model, limits));
+  RETURN_IF_API_ERROR(f.Model(limits, &r->model));
   ApiSampling& s = r->sampling;
-  RETURN_IF_API_ERROR(f.Number("temperature", 0, 2, &s.temperature));
-  RETURN_IF_API_ERROR(f.Number("top_p", 0, 1, &s.top_p));
-  if (s.top_p == 0) return ApiInvalid("top_p", "'top_p' must be greater than 0");
+  RETURN_IF_API_ERROR(f.TemperatureAndTopP(&s));
   RETURN_IF_API_ERROR(f.Number("frequency_penalty", -2, 2, &s.frequency_penalty));
   RETURN_IF_API_ERROR(f.Number("presence_penalty", -2, 2, &s.presence_penalty));
   RETURN_IF_API_ERROR(f.Number("min_p", 0, 1, &s.min_p));
@@ -59,11 +53,9 @@ ApiError ParseCommon(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
   if (present) s.min_tokens = v;
   RETURN_IF_API_ERROR(f.Bool("ignore_eos", &s.ignore_eos));
   RETURN_IF_API_ERROR(f.Bool("stream", &r->stream));
-  if (const Json* so = f.Get("stream_options"); so != nullptr) {
-    if (!so->is_object()) return ApiInvalid("stream_options", "'stream_options' must be an object");
-    if (!r->stream) {
-      return ApiInvalid("stream_options", "'stream_options' is only allowed when 'stream' is true");
-    }
+  const Json* so = nullptr;
+  RETURN_IF_API_ERROR(f.StreamOptions(r->stream, &so));
+  if (so != nullptr) {
     for (auto it = so->begin(); it != so->end(); ++it) {
       if (it.key() != "include_usage") {
         return ApiInvalid("stream_options", absl::StrCat("Unrecognized stream option: ", it.key()));

@@ -161,6 +161,33 @@ ApiError RequestFields::String(const char* key, std::string* out) {
   return ApiOk();
 }
 
+ApiError RequestFields::Model(const ApiLimits& limits, std::string* model) {
+  const nlohmann::ordered_json* m = Get("model");
+  if (m == nullptr) return ApiInvalid("model", "'model' is required");
+  if (!m->is_string()) return ApiInvalid("model", "'model' must be a string");
+  *model = m->get<std::string>();
+  return ServedModel(*model, limits);
+}
+
+ApiError RequestFields::TemperatureAndTopP(ApiSampling* sampling) {
+  RETURN_IF_API_ERROR(Number("temperature", 0, 2, &sampling->temperature));
+  RETURN_IF_API_ERROR(Number("top_p", 0, 1, &sampling->top_p));
+  if (sampling->top_p == 0) return ApiInvalid("top_p", "'top_p' must be greater than 0");
+  return ApiOk();
+}
+
+ApiError RequestFields::StreamOptions(bool stream, const nlohmann::ordered_json** options) {
+  *options = Get("stream_options");
+  if (*options == nullptr) return ApiOk();
+  if (!(*options)->is_object()) {
+    return ApiInvalid("stream_options", "'stream_options' must be an object");
+  }
+  if (!stream) {
+    return ApiInvalid("stream_options", "'stream_options' is only allowed when 'stream' is true");
+  }
+  return ApiOk();
+}
+
 ApiError RequestFields::CheckRest(const std::set<std::string>& ignored,
                                   const std::set<std::string>& unsupported) const {
   for (auto it = body_.begin(); it != body_.end(); ++it) {

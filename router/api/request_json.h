@@ -71,6 +71,15 @@ class RequestFields {
   ApiError Bool(const char* key, bool* out);
   ApiError String(const char* key, std::string* out);
 
+  // Fields OpenAI's Chat Completions and Responses read alike. "model": required, a string, the
+  // one this router serves (ServedModel).
+  ApiError Model(const ApiLimits& limits, std::string* model);
+  // "temperature" in [0, 2] and "top_p" in (0, 1].
+  ApiError TemperatureAndTopP(ApiSampling* sampling);
+  // "stream_options": absent (*options null), or an object allowed only when `stream`; the
+  // caller checks its members.
+  ApiError StreamOptions(bool stream, const nlohmann::ordered_json** options);
+
   // Every field was read or is `ignored` (changes nothing); one in `unsupported` (would change
   // the output and is not implemented) is refused by name (unsupported_parameter) unless null;
   // any other is OpenAI's "Unrecognized request argument supplied: x".

@@ -553,11 +553,7 @@ ApiError ParseResponses(absl::string_view body, const ApiLimits& limits, ApiRequ
   r->kind = ApiKind::kResponses;
   r->sampling.n = 1;
 
-  const Json* model = f.Get("model");
-  if (model == nullptr) return ApiInvalid("model", "'model' is required");
-  if (!model->is_string()) return ApiInvalid("model", "'model' must be a string");
-  r->model = model->get<std::string>();
-  RETURN_IF_API_ERROR(ServedModel(r->model, limits));
+  RETURN_IF_API_ERROR(f.Model(limits, &r->model));
 
   RETURN_IF_API_ERROR(ParseInput(f.Get("input"), limits, &r->messages));
   RETURN_IF_API_ERROR(f.String("instructions", &r->instructions));
@@ -577,9 +573,7 @@ ApiError ParseResponses(absl::string_view body, const ApiLimits& limits, ApiRequ
   bool present = false;
   RETURN_IF_API_ERROR(f.Integer("max_output_tokens", 1, INT32_MAX, &v, &present));
   if (present) s.max_tokens = v;
-  RETURN_IF_API_ERROR(f.Number("temperature", 0, 2, &s.temperature));
-  RETURN_IF_API_ERROR(f.Number("top_p", 0, 1, &s.top_p));
-  if (s.top_p == 0) return ApiInvalid("top_p", "'top_p' must be greater than 0");
+  RETURN_IF_API_ERROR(f.TemperatureAndTopP(&s));
   RETURN_IF_API_ERROR(f.Integer("top_logprobs", 0, limits.max_top_logprobs, &v, &present));
   if (present && v > 0) {
     return NotSupported("top_logprobs",
@@ -589,11 +583,9 @@ ApiError ParseResponses(absl::string_view body, const ApiLimits& limits, ApiRequ
   RETURN_IF_API_ERROR(f.Integer("max_tool_calls", 0, INT64_MAX, &v, &present));
 
   RETURN_IF_API_ERROR(f.Bool("stream", &r->stream));
-  if (const Json* so = f.Get("stream_options"); so != nullptr) {
-    if (!so->is_object()) return ApiInvalid("stream_options", "'stream_options' must be an object");
-    if (!r->stream) {
-      return ApiInvalid("stream_options", "'stream_options' is only allowed when 'stream' is true");
-    }
+  const Json* so = nullptr;
+  RETURN_IF_API_ERROR(f.StreamOptions(r->stream, &so));
+  if (so != nullptr) {
     static const auto* keys = new std::set<std::string>{"include_obfuscation"};
     RETURN_IF_API_ERROR(CheckKeys(*so, *keys, "stream_options", "stream option"));
     if (const Json* o = JsonMember(*so, "include_obfuscation"); o != nullptr && !o->is_boolean()) {
