@@ -244,10 +244,9 @@ void ApiCall::Start(const HttpRequest& http) {
   for (TokenId id : prompt.tokens) t->add_prompt_token_ids(id);
   t->set_block_tokens(pool.block_tokens);
   if (pool.block_tokens > 0) {
-    for (const Hash128& h : ComputeBlockHashes({pool.fingerprint, tenant_.cache_salt, ""},
-                                               prompt.tokens, pool.block_tokens)) {
-      SetHash(h, t->add_block_hashes());
-    }
+    dispatch.block_hashes = ComputeBlockHashes({pool.fingerprint, tenant_.cache_salt, ""},
+                                               prompt.tokens, pool.block_tokens);
+    for (const Hash128& h : dispatch.block_hashes) SetHash(h, t->add_block_hashes());
   }
   v1::SamplingParams* p = t->mutable_sampling();
   p->set_temperature(s.temperature);
@@ -326,15 +325,13 @@ void ApiCall::Start(const HttpRequest& http) {
     }
   });
   lock.unlock();
-  // The store's share of the prompt, for the policy (store_probe.h), off this I/O thread; the
-  // chain up to the blocks a worker may reuse (all but the last prompt token).
-  const int64_t reusable =
-      pool.block_tokens > 0 ? std::max<int64_t>(0, prompt_tokens_ - 1) / pool.block_tokens : 0;
+  // The store's share of the prompt, for the policy (store_probe.h), off this I/O thread: the
+  // chain up to the blocks a worker may reuse.
+  const int64_t reusable = std::min<int64_t>(ReusableBlocks(prompt_tokens_, pool.block_tokens),
+                                             dispatch.block_hashes.size());
   if (context_.store_probe != nullptr && reusable > 0) {
-    std::vector<Hash128> chain;
-    for (int64_t i = 0; i < reusable && i < t->block_hashes_size(); ++i) {
-      chain.push_back(Hash128{t->block_hashes(i).lo(), t->block_hashes(i).hi()});
-    }
+    std::vector<Hash128> chain(dispatch.block_hashes.begin(),
+                               dispatch.block_hashes.begin() + reusable);
     auto pending = std::make_shared<DispatchRequest>(std::move(dispatch));
     auto self = shared_from_this();
     context_.store_probe->Probe(std::move(chain), pool.fingerprint,

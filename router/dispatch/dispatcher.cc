@@ -17,16 +17,12 @@ namespace v1 = ferry::v1;
 class Dispatcher::Job {
  public:
   Job(DispatchRequest request, std::shared_ptr<GenerateSink> sink)
-      : request(std::move(request)), sink(std::move(sink)) {
-    for (const v1::Hash128& h : this->request.request.request().block_hashes()) {
-      hashes.push_back(Hash128{h.lo(), h.hi()});
-    }
-  }
+      : request(std::move(request)), sink(std::move(sink)) {}
 
   RouteRequest route() const {
     RouteRequest r;
     r.prompt_tokens = request.prompt_tokens;
-    r.block_hashes = hashes;
+    r.block_hashes = request.block_hashes;
     r.block_tokens = request.request.request().block_tokens();
     r.store_prefix_blocks = request.store_prefix_blocks;
     return r;
@@ -39,7 +35,6 @@ class Dispatcher::Job {
 
   const DispatchRequest request;
   const std::shared_ptr<GenerateSink> sink;
-  std::vector<Hash128> hashes;  // the prompt's block hashes
   // Under the dispatcher's mu_.
   int attempts = 0;
   std::set<std::string> excluded;  // workers that failed it

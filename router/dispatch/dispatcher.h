@@ -43,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "engine/common/hash128.h"
 #include "ferry/v1/worker.grpc.pb.h"
 #include "router/policy/routing_policy.h"
 #include "router/registry/worker_registry.h"
@@ -66,7 +67,9 @@ struct DispatchRequest {
   std::string trace_id;
   absl::Time deadline = absl::InfiniteFuture();
   int64_t prompt_tokens = 0;
-  // Leading blocks of the prompt (request.block_hashes) the KV store holds (0: none or unknown).
+  // The prompt's block hashes (request.block_hashes, as computed), and how many of the leading
+  // ones the KV store holds (0: none or unknown).
+  std::vector<Hash128> block_hashes;
   int64_t store_prefix_blocks = 0;
 };
 

@@ -54,12 +54,8 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
                                       const RouteRequest& request) {
   const size_t n = candidates.size();
   const int64_t block_tokens = request.block_tokens;
-  // The engine reuses at most the full blocks before the prompt's last token.
-  const int64_t limit =
-      block_tokens > 0
-          ? std::min<int64_t>(static_cast<int64_t>(request.block_hashes.size()),
-                              std::max<int64_t>(0, request.prompt_tokens - 1) / block_tokens)
-          : 0;
+  const int64_t limit = std::min<int64_t>(static_cast<int64_t>(request.block_hashes.size()),
+                                          ReusableBlocks(request.prompt_tokens, block_tokens));
   const absl::Span<const Hash128> chain = request.block_hashes.subspan(0, limit);
   thread_local std::vector<int32_t> matched;
   matched.clear();

@@ -60,6 +60,12 @@ struct RouteRequest {
   int64_t store_prefix_blocks = 0;
 };
 
+// Leading full blocks of a prompt an engine can reuse: the prompt's last token is always computed
+// (its logits give the first output token), so a block-aligned prompt's last block is not.
+inline int64_t ReusableBlocks(int64_t prompt_tokens, int64_t block_tokens) {
+  return block_tokens > 0 && prompt_tokens > 0 ? (prompt_tokens - 1) / block_tokens : 0;
+}
+
 // A decision, with what it expects: the prompt tokens the chosen worker will reuse from its
 // memory and read from the store (prefix_aware; 0 from the others), why, and the cost terms
 // (for the debug log and the prediction metrics).
