@@ -16,17 +16,22 @@ void Hashes(const v1::KvEvent& event, std::vector<Hash128>* out) {
   for (const v1::Hash128& h : event.block_hashes()) out->push_back(Hash128{h.lo(), h.hi()});
 }
 
+// A snapshot (or a part of one): every block in its STORED events.
+void StoreSnapshot(const v1::WorkerStatus& status, int slot, KvIndex* index) {
+  std::vector<Hash128> hashes;
+  for (const v1::KvEvent& e : status.kv_events()) {
+    if (e.type() != v1::KV_EVENT_TYPE_STORED) continue;
+    Hashes(e, &hashes);
+    index->Stored(slot, hashes, e.window_layers());
+  }
+}
+
 }  // namespace
 
 KvEventFeed::Result KvEventFeed::Apply(const v1::WorkerStatus& status, std::string* why) {
-  std::vector<Hash128> hashes;
   if (status.snapshot()) {
     index_->Cleared(slot_);
-    for (const v1::KvEvent& e : status.kv_events()) {
-      if (e.type() != v1::KV_EVENT_TYPE_STORED) continue;
-      Hashes(e, &hashes);
-      index_->Stored(slot_, hashes, e.window_layers());
-    }
+    StoreSnapshot(status, slot_, index_);
     synced_ = true;
     sequence_ = status.sequence();
     incarnation_ = status.incarnation();
@@ -48,11 +53,7 @@ KvEventFeed::Result KvEventFeed::Apply(const v1::WorkerStatus& status, std::stri
       return gap(
           absl::StrCat("a snapshot part at sequence ", status.sequence(), " after ", sequence_));
     }
-    for (const v1::KvEvent& e : status.kv_events()) {
-      if (e.type() != v1::KV_EVENT_TYPE_STORED) continue;
-      Hashes(e, &hashes);
-      index_->Stored(slot_, hashes, e.window_layers());
-    }
+    StoreSnapshot(status, slot_, index_);
     return Result::kApplied;
   }
   uint64_t count = 0;
@@ -63,6 +64,7 @@ KvEventFeed::Result KvEventFeed::Apply(const v1::WorkerStatus& status, std::stri
     return gap(absl::StrCat("sequence ", sequence_, " -> ", status.sequence(), " with ", count,
                             " events"));
   }
+  std::vector<Hash128> hashes;
   for (const v1::KvEvent& e : status.kv_events()) {
     switch (e.type()) {
       case v1::KV_EVENT_TYPE_STORED:

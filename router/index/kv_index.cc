@@ -44,11 +44,10 @@ void KvIndex::MaybeShrink(Table& table) {
 
 int KvIndex::AddWorker() {
   absl::MutexLock lock(&slots_mu_);
+  const int made = slot_count_.load();
   int slot = 0;
-  while (slot < static_cast<int>(used_.size()) && used_[slot]) ++slot;
+  while (slot < made && (group_masks_[GroupOf(slot)].load() & BitOf(slot)) != 0) ++slot;
   if (slot >= kMaxSlots) return -1;
-  if (slot == static_cast<int>(used_.size())) used_.push_back(false);
-  used_[slot] = true;
   const size_t tables = 2 * static_cast<size_t>(GroupOf(slot) + 1);
   {
     std::unique_lock<std::shared_mutex> lock(mu_);
@@ -57,7 +56,7 @@ int KvIndex::AddWorker() {
     }
   }
   blocks_[slot].store(0);
-  slot_count_.store(static_cast<int>(used_.size()));
+  slot_count_.store(std::max(made, slot + 1));
   group_masks_[GroupOf(slot)].fetch_or(BitOf(slot));
   return slot;
 }
@@ -66,14 +65,10 @@ void KvIndex::RemoveWorker(int slot) {
   if (slot < 0) return;
   Cleared(slot);
   absl::MutexLock lock(&slots_mu_);
-  if (slot < static_cast<int>(used_.size())) used_[slot] = false;
   group_masks_[GroupOf(slot)].fetch_and(~BitOf(slot));
 }
 
-int KvIndex::slots() const {
-  absl::MutexLock lock(&slots_mu_);
-  return static_cast<int>(used_.size());
-}
+int KvIndex::slots() const { return slot_count_.load(); }
 
 void KvIndex::Stored(int slot, absl::Span<const Hash128> hashes, bool window) {
   Apply(slot, hashes, window, /*stored=*/true);

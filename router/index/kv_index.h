@@ -117,9 +117,9 @@ class KvIndex {
   std::atomic<int64_t> dropped_{0};
   std::atomic<int64_t> events_{0};
 
-  mutable absl::Mutex slots_mu_;  // AddWorker / RemoveWorker
-  std::vector<bool> used_ ABSL_GUARDED_BY(slots_mu_);
-  // What Match reads without slots_mu_: the slots made, and per group the slots in use.
+  absl::Mutex slots_mu_;  // serialises AddWorker / RemoveWorker
+  // The slots made so far (a high-water mark), and per group of 64 the slots in use: Match reads
+  // them without a lock.
   std::atomic<int> slot_count_{0};
   std::array<std::atomic<uint64_t>, 64> group_masks_{};
   // Held blocks per slot (main cache); sized for every slot ever made.
