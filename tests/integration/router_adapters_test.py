@@ -114,6 +114,13 @@ def tearDownModule():
     stop_all()
 
 
+def greedy_chat(stack, system=SYSTEM, question=QUESTION, max_tokens=10):
+    """The greedy chat completion of a system prompt and one question: the reference answer."""
+    return stack.openai.chat.completions.create(
+        model="tiny", max_tokens=max_tokens, temperature=0,
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
+
+
 def text_of(message):
     return "".join(b.text for b in message.content if b.type == "text")
 
@@ -121,10 +128,7 @@ def text_of(message):
 class MessagesTest(unittest.TestCase):
     def test_message_and_stream_agree_with_chat_completions(self):
         for stack in (AGG, PD):
-            chat = stack.openai.chat.completions.create(
-                model="tiny", max_tokens=10, temperature=0,
-                messages=[{"role": "system", "content": SYSTEM},
-                          {"role": "user", "content": QUESTION}])
+            chat = greedy_chat(stack)
             m = stack.anthropic.messages.create(
                 model="tiny", max_tokens=10, extra_body=GREEDY, system=SYSTEM,
                 messages=[{"role": "user", "content": QUESTION}])
@@ -289,10 +293,7 @@ class MessagesToolsTest(unittest.TestCase):
 class ResponsesTest(unittest.TestCase):
     def test_response_and_stream_agree_with_chat_completions(self):
         for stack in (AGG, PD):
-            chat = stack.openai.chat.completions.create(
-                model="tiny", max_tokens=10, temperature=0,
-                messages=[{"role": "system", "content": SYSTEM},
-                          {"role": "user", "content": QUESTION}])
+            chat = greedy_chat(stack)
             r = stack.openai.responses.create(model="tiny", instructions=SYSTEM, input=QUESTION,
                                               max_output_tokens=10, temperature=0)
             self.assertIsInstance(r, openai.types.responses.Response)
@@ -375,19 +376,13 @@ class UsageIdentityTest(unittest.TestCase):
         before = {s: metric(WORKER_ADMIN["aggregated"],
                             f'ferry_worker_prompt_tokens_total{{source="{s}"}}')
                   for s in ("computed", "local")}
-        chat = AGG.openai.chat.completions.create(
-            model="tiny", max_tokens=4, temperature=0,
-            messages=[{"role": "system", "content": system},
-                      {"role": "user", "content": question}])
+        chat = greedy_chat(AGG, system, question, max_tokens=4)
         m = AGG.anthropic.messages.create(model="tiny", max_tokens=4, extra_body=GREEDY,
                                           system=system,
                                           messages=[{"role": "user", "content": question}])
         r = AGG.openai.responses.create(model="tiny", instructions=system, input=question,
                                         max_output_tokens=4, temperature=0)
-        again = AGG.openai.chat.completions.create(
-            model="tiny", max_tokens=4, temperature=0,
-            messages=[{"role": "system", "content": system},
-                      {"role": "user", "content": question}])
+        again = greedy_chat(AGG, system, question, max_tokens=4)
         prompt = chat.usage.prompt_tokens
         cached = again.usage.prompt_tokens_details.cached_tokens
         self.assertGreater(cached, 0)
