@@ -350,6 +350,22 @@ ApiError ParseTools(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
   return ApiOk();
 }
 
+// What chat and completions check last: min_tokens within the maximum (`maximum` names it in the
+// message), a suffix only when empty (an empty suffix is no suffix), and no field left unread.
+ApiError FinishCommon(RequestFields& f, const ApiRequest& r, const char* maximum) {
+  if (r.sampling.min_tokens > 0 && r.sampling.max_tokens.has_value() &&
+      r.sampling.min_tokens > *r.sampling.max_tokens) {
+    return ApiInvalid("min_tokens", absl::StrCat("'min_tokens' must not exceed ", maximum));
+  }
+  if (const Json* suffix = f.Get("suffix"); suffix != nullptr) {
+    if (!suffix->is_string() || !suffix->get<std::string>().empty()) {
+      return ApiInvalid("suffix", "'suffix' is not supported by this server yet",
+                        "unsupported_parameter");
+    }
+  }
+  return f.CheckRest(Ignored(), Unsupported());
+}
+
 }  // namespace
 
 ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* r) {
@@ -390,18 +406,7 @@ ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, Ap
                         "unsupported_parameter");
     }
   }
-  if (r->sampling.min_tokens > 0 && r->sampling.max_tokens.has_value() &&
-      r->sampling.min_tokens > *r->sampling.max_tokens) {
-    return ApiInvalid("min_tokens", "'min_tokens' must not exceed the maximum tokens");
-  }
-  // An empty suffix is no suffix.
-  if (const Json* suffix = f.Get("suffix"); suffix != nullptr) {
-    if (!suffix->is_string() || !suffix->get<std::string>().empty()) {
-      return ApiInvalid("suffix", "'suffix' is not supported by this server yet",
-                        "unsupported_parameter");
-    }
-  }
-  return f.CheckRest(Ignored(), Unsupported());
+  return FinishCommon(f, *r, "the maximum tokens");
 }
 
 ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* r) {
@@ -460,18 +465,7 @@ ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiReq
     return ApiInvalid("best_of", "'best_of' other than n is not supported",
                       "unsupported_parameter");
   }
-  if (r->sampling.min_tokens > 0 && r->sampling.max_tokens.has_value() &&
-      r->sampling.min_tokens > *r->sampling.max_tokens) {
-    return ApiInvalid("min_tokens", "'min_tokens' must not exceed 'max_tokens'");
-  }
-  // An empty suffix is no suffix.
-  if (const Json* suffix = f.Get("suffix"); suffix != nullptr) {
-    if (!suffix->is_string() || !suffix->get<std::string>().empty()) {
-      return ApiInvalid("suffix", "'suffix' is not supported by this server yet",
-                        "unsupported_parameter");
-    }
-  }
-  return f.CheckRest(Ignored(), Unsupported());
+  return FinishCommon(f, *r, "'max_tokens'");
 }
 
 }  // namespace ferry
