@@ -238,6 +238,7 @@ absl::Status NullModel::Forward(absl::Span<const ForwardSequence> batch, KvBlock
   };
   int64_t prefill_tokens = 0;
   bool decoding = false;
+  rows_.clear();
   for (const ForwardSequence& seq : batch) {
     const int64_t n = static_cast<int64_t>(seq.tokens.size());
     if (n == 1) {
@@ -245,6 +246,7 @@ absl::Status NullModel::Forward(absl::Span<const ForwardSequence> batch, KvBlock
     } else {
       prefill_tokens += n;
     }
+    rows_.push_back({seq.start_position, n});
     uint64_t state = scripted ? InitialScriptState() : options_.seed;
     if (seq.start_position > 0) {
       const int64_t p = seq.start_position - 1;
@@ -257,12 +259,18 @@ absl::Status NullModel::Forward(absl::Span<const ForwardSequence> batch, KvBlock
       if (seq.all_logits || (!seq.no_logits && i == n - 1)) emit_row(state);
     }
   }
-  double seconds = options_.step_overhead_seconds;
-  if (options_.prefill_tokens_per_second > 0) {
-    seconds += static_cast<double>(prefill_tokens) / options_.prefill_tokens_per_second;
+  double seconds = 0;
+  if (options_.timing != nullptr) {
+    seconds = options_.timing->StepSeconds(rows_);
+  } else {
+    seconds = options_.step_overhead_seconds;
+    if (options_.prefill_tokens_per_second > 0) {
+      seconds += static_cast<double>(prefill_tokens) / options_.prefill_tokens_per_second;
+    }
+    if (decoding) seconds += options_.decode_token_seconds;
   }
-  if (decoding) seconds += options_.decode_token_seconds;
-  if (seconds > 0) {
+  last_forward_seconds_ = seconds;
+  if (seconds > 0 && !options_.virtual_time) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::nanoseconds>(
                                               std::chrono::duration<double>(seconds)));
   }

@@ -1,8 +1,9 @@
-// NullModel: the `--engine=null` model (ARCHITECTURE.md §1): a deterministic token source behind
-// the same ForwardModel seam as the real Transformer, so that everything above it (the engine's
-// admission, KV accounting, block hashes, prefix cache and events; the worker's streaming, usage,
-// metrics) runs for real while the model costs only the time it is told to. The router's overhead
-// benchmark, scripted API tests and the simulator build on it.
+// NullModel: the `--engine=null` model (and, timed by a SimTiming, `--engine=sim`'s;
+// ARCHITECTURE.md §1): a deterministic token source behind the same ForwardModel seam as the real
+// Transformer, so that everything above it (the engine's admission, KV accounting, block hashes,
+// prefix cache and events; the worker's streaming, usage, metrics) runs for real while the model
+// costs only the time it is told to. The router's overhead benchmark, scripted API tests and the
+// simulator build on it.
 //
 // What it computes. Each position p of a sequence has a 64-bit state
 //   s_p = SplitMix64(s_{p-1} ^ (token_p * 0x9E3779B97F4A7C15) ^ (p << 32)),   s_{-1} = seed,
@@ -26,9 +27,14 @@
 // that breaks a reply restarts it. Positions with no armed script draw candidates as above. At
 // most 4 scripts, triggers of at most 255 tokens, replies of fewer than 2^24.
 //
-// Timing. A Forward returns no earlier than step_overhead + (prefill tokens) /
-// prefill_tokens_per_second + (decode_token_seconds when a row decodes) after it started, where
-// a sequence contributing one token counts as decoding and every other token as prefill.
+// Timing. A Forward's modeled time is step_overhead + (prefill tokens) /
+// prefill_tokens_per_second + (decode_token_seconds when a row decodes), where a sequence
+// contributing one token counts as decoding and every other token as prefill; with `timing` (the
+// simulated engine, `--engine=sim`: engine/model/sim_timing.h) it is instead
+// timing->StepSeconds of the batch's rows (a row per sequence: start = its start_position,
+// tokens = its new tokens), which replaces the three simple timings. A Forward returns no earlier
+// than its start + the modeled time, unless `virtual_time` (the discrete-event simulator, which
+// advances a clock of its own by last_forward_seconds()): then it never sleeps.
 //
 // Fingerprint: XXH3-128 of "FERRYNUL" u32 1 (version) u64 vocab_size u64 max_positions u64 seed
 // hash128 identity (little-endian), then, with scripts, each script's u32 trigger length, trigger
@@ -46,6 +52,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/forward_model.h"
+#include "engine/model/sim_timing.h"
 
 namespace ferry {
 
@@ -66,6 +73,10 @@ struct NullModelOptions {
   double decode_token_seconds = 0;       // a step with decoding rows lasts at least this
   double step_overhead_seconds = 0;
   std::vector<NullScript> scripts;  // empty: the hash-chained source
+  // The simulated engine's timing model (non-null: replaces the three timings above).
+  std::shared_ptr<const SimTiming> timing;
+  // Never sleep: a Forward returns at once, its modeled time in last_forward_seconds().
+  bool virtual_time = false;
 };
 
 class NullModel final : public ForwardModel {
@@ -87,6 +98,9 @@ class NullModel final : public ForwardModel {
     return no_experts_;
   }
 
+  // The modeled seconds of the latest Forward (0 before the first), slept or not.
+  double last_forward_seconds() const { return last_forward_seconds_; }
+
   // The state of a position after `prev` (exposed for tests).
   static uint64_t NextState(uint64_t prev, TokenId token, int64_t position);
 
@@ -100,6 +114,8 @@ class NullModel final : public ForwardModel {
   Hash128 fingerprint_;
   std::vector<std::vector<int32_t>> failure_;  // per script: KMP failure function of its trigger
   const std::vector<std::vector<int64_t>> no_experts_;
+  std::vector<SimRow> rows_;  // the latest batch's, for the timing model (kept: no allocation)
+  double last_forward_seconds_ = 0;
 };
 
 }  // namespace ferry

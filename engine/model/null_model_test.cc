@@ -1,6 +1,7 @@
 // The null model behind the real engine: its tokens depend on the whole prefix through the KV
 // cache (the same alone, in a batch, chunked, from the prefix cache; different after any change
-// of the prompt), it emits only its token list, and a step takes at least its configured time.
+// of the prompt), it emits only its token list, and a step takes at least its configured time,
+// or with the simulated engine's timing model its modeled time (or none at all: virtual time).
 
 #include "engine/model/null_model.h"
 
@@ -147,6 +148,67 @@ TEST(NullModelTest, ScriptsReplyToTheLastTriggerAndStop) {
   EXPECT_FALSE(NullModel::Create(other).ok());
   other.scripts.assign(5, NullScript{});
   EXPECT_FALSE(NullModel::Create(other).ok());
+}
+
+SimCalibration TestCalibration() {
+  SimCalibration c;
+  c.kv_bytes_per_token = 1000;
+  c.step_overhead_s = 0.001;
+  c.prefill_token_s = 0.0005;
+  c.prefill_attention_s = 1e-6;
+  c.decode_step_s = 0.01;
+  c.decode_row_s = 0.002;
+  c.decode_kv_token_s = 1e-5;
+  return c;
+}
+
+TEST(NullModelTest, VirtualTimeModelsEachStepWithoutSleeping) {
+  // Steps of thousands of seconds: a Forward that slept would never let this test end.
+  SimCalibration slow = TestCalibration();
+  slow.step_overhead_s = 5000;
+  auto timing = std::make_shared<const SimTiming>(slow, 0.5);
+  NullModelOptions o = Options();
+  o.timing = timing;
+  o.virtual_time = true;
+  NullRun run(o);
+  EXPECT_EQ(run.model->last_forward_seconds(), 0);
+  run.Submit("a", Prompt(50, 1), 4);
+  ASSERT_TRUE(*run.engine->Step());  // a's prompt
+  EXPECT_DOUBLE_EQ(run.model->last_forward_seconds(), timing->StepSeconds({{0, 50}}));
+  run.Submit("b", Prompt(30, 2), 4);
+  ASSERT_TRUE(*run.engine->Step());  // a decodes its second token while b's prompt is computed
+  EXPECT_DOUBLE_EQ(run.model->last_forward_seconds(), timing->StepSeconds({{50, 1}, {0, 30}}));
+  ASSERT_TRUE(*run.engine->Step());  // both decode
+  EXPECT_DOUBLE_EQ(run.model->last_forward_seconds(), timing->StepSeconds({{51, 1}, {30, 1}}));
+  run.Drain();
+  EXPECT_EQ(run.out["a"].size(), 4u);
+  EXPECT_EQ(run.out["b"].size(), 4u);
+  // Half speed: twice the calibrated time (0.5 s x 2 of overhead alone a step).
+  EXPECT_GT(run.model->last_forward_seconds(), 2 * 5000 - 1);
+  // The timing model changes no token.
+  NullRun plain(Options());
+  plain.Submit("a", Prompt(50, 1), 4);
+  plain.Drain();
+  EXPECT_EQ(plain.out["a"], run.out["a"]);
+}
+
+TEST(NullModelTest, RealTimeStepsLastTheModeledTime) {
+  auto timing = std::make_shared<const SimTiming>(TestCalibration());
+  NullModelOptions o = Options();
+  o.timing = timing;
+  o.decode_token_seconds = 0;  // replaced by the model anyway
+  NullRun run(o);
+  const auto start = std::chrono::steady_clock::now();
+  run.Submit("r", Prompt(200, 4), 3);  // one prefill step (with the first token), 2 decodes
+  run.Drain();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double modeled = timing->StepSeconds({{0, 200}}) + timing->StepSeconds({{200, 1}}) +
+                         timing->StepSeconds({{201, 1}});
+  EXPECT_EQ(run.out["r"].size(), 3u);
+  EXPECT_GE(seconds, modeled);
+  EXPECT_GE(run.engine->stats().busy_seconds, modeled);
+  EXPECT_DOUBLE_EQ(run.model->last_forward_seconds(), timing->StepSeconds({{201, 1}}));
 }
 
 }  // namespace

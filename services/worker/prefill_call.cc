@@ -351,7 +351,10 @@ void PrefillCall::PushChunk(int64_t first, std::vector<BlockId> blocks) {
     }
   }
   if (!failed.ok()) return OnChunkPushed(failed, blocks, 0, /*posted=*/false);
-  auto posted = PostOnWire(std::move(put), [this, blocks, bytes](absl::Status s) {
+  // Streamed blocks are whole blocks of the prompt.
+  const int64_t tokens =
+      static_cast<int64_t>(blocks.size()) * service_->engine().pool().layout().block_tokens;
+  auto posted = PostOnWire(std::move(put), tokens, [this, blocks, bytes](absl::Status s) {
     OnChunkPushed(s, blocks, bytes, /*posted=*/true);
   });
   if (!posted.ok()) OnChunkPushed(posted.status(), blocks, 0, /*posted=*/false);
@@ -406,7 +409,7 @@ absl::StatusOr<uint64_t> PrefillCall::Peer() {
   return peer_;
 }
 
-absl::StatusOr<uint64_t> PrefillCall::PostOnWire(transfer::TransferRequest put,
+absl::StatusOr<uint64_t> PrefillCall::PostOnWire(transfer::TransferRequest put, int64_t tokens,
                                                  std::function<void(absl::Status)> done) {
   auto wire = [this](int delta) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -414,13 +417,48 @@ absl::StatusOr<uint64_t> PrefillCall::PostOnWire(transfer::TransferRequest put,
     if (delta > 0 && on_wire_++ == 0) wire_since_ = now;
     if (delta < 0 && --on_wire_ == 0) wire_ += now - wire_since_;
   };
+  std::function<void(absl::Status)> finish = [wire, done = std::move(done)](absl::Status s) {
+    wire(-1);
+    done(std::move(s));
+  };
+  SimLink* link = tokens > 0 ? service_->sim_link() : nullptr;
+  const absl::Time deadline = put.deadline;
+  // With the simulated link: `finish` once both the transport and the link are done (the first
+  // failure wins). Neither callback blocks: the link's runs on its own thread.
+  struct Join {
+    std::mutex mu;
+    int left = 2;
+    absl::Status status;
+    std::function<void(absl::Status)> finish;
+  };
+  std::shared_ptr<Join> join;
+  if (link != nullptr) {
+    join = std::make_shared<Join>();
+    join->finish = std::move(finish);
+    finish = [join](absl::Status s) {
+      std::function<void(absl::Status)> then;
+      {
+        std::lock_guard<std::mutex> lock(join->mu);
+        if (!s.ok() && join->status.ok()) join->status = std::move(s);
+        if (--join->left > 0) return;
+        then = std::move(join->finish);
+      }
+      then(join->status);
+    };
+  }
   wire(+1);  // before Post: the put may complete before it returns
-  auto posted =
-      service_->transport()->Post(std::move(put), [wire, done = std::move(done)](absl::Status s) {
-        wire(-1);
-        done(std::move(s));
-      });
-  if (!posted.ok()) wire(-1);
+  auto posted = service_->transport()->Post(std::move(put), finish);
+  if (!posted.ok()) {
+    wire(-1);
+    return posted;
+  }
+  if (link != nullptr) {
+    link->Start(service_->engine().sim_timing()->KvBytes(tokens), deadline, [finish](bool served) {
+      finish(served ? absl::OkStatus()
+                    : absl::DeadlineExceededError(
+                          "the simulated link did not carry the KV by the deadline"));
+    });
+  }
   return posted;
 }
 
@@ -494,9 +532,16 @@ void PrefillCall::Push() {
   // One reference per put; the push's own is held until the loop is done (a put may complete,
   // and the call end, before Post returns).
   refs_.fetch_add(static_cast<int>(puts.size()));
+  // The positions the first put (the pool's blocks) carries: the prompt from the first block
+  // not streamed and not held by the decode worker. (A window pool's put: a hybrid model, never
+  // the simulated engine's.)
+  const int64_t pushed_from = std::max<int64_t>(destination_.cached_prefix_blocks(), from) *
+                              service_->engine().pool().layout().block_tokens;
+  int64_t tokens = std::max<int64_t>(0, prompt_tokens_ - pushed_from);
   for (transfer::TransferRequest& put : puts) {
     put.peer = peer;
-    auto posted = PostOnWire(std::move(put), [this](absl::Status s) { OnPushed(s); });
+    auto posted = PostOnWire(std::move(put), tokens, [this](absl::Status s) { OnPushed(s); });
+    tokens = 0;
     if (!posted.ok()) {
       OnPushed(posted.status());
     } else {

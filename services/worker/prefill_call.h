@@ -20,6 +20,11 @@
 // blocks the request computes go to the store's writer. A bounded window replay (hybrid models,
 // --swa_replay=bounded) is told to the decode worker (KvReady.window_floor, approximate_kv).
 //
+// The simulated engine (--engine=sim): each put (streamed or final) completes only once the
+// worker's SimLink has also carried the simulated model's KV of its positions, under fair sharing
+// with the worker's other pushes, so the decode worker is told no earlier than the modeled
+// transfer (SimTiming::TransferSeconds) allows.
+//
 // Failures: a reservation from a worker whose model, block size or KV layout differs ->
 // FAILED_PRECONDITION saying which, before any compute. A push that fails (the decode worker
 // died, its deadline passed) -> the handoff is released, the decode worker is told (best
@@ -84,8 +89,10 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   // On the push executor: the connection to the decode worker's transport, made once.
   absl::StatusOr<uint64_t> Peer();
   // Posts `put`, counting its time on the wire (wire_) until just before `done` runs; a put Post
-  // refuses is off the wire again (and `done` never runs).
-  absl::StatusOr<uint64_t> PostOnWire(transfer::TransferRequest put,
+  // refuses is off the wire again (and `done` never runs). With the simulated engine's link
+  // (service sim_link), `done` waits also for the link to carry `tokens` positions' simulated
+  // KV, started with the put (an unserved one by the put's deadline fails it).
+  absl::StatusOr<uint64_t> PostOnWire(transfer::TransferRequest put, int64_t tokens,
                                       std::function<void(absl::Status)> done);
   // On the push executor: hold (test seam), connect, post the puts that name the transfer ids.
   void Push();

@@ -182,6 +182,18 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline) {
     CHECK_OK(pool_->Release(absl::MakeConstSpan(reserved->blocks).subspan(0, cached)));
     return finish(fresh > 0 ? "miss" : "memory");
   }
+  if (options_.sim_timing != nullptr) {
+    // The simulated store: the loaded blocks' KV at the calibrated read speed, counted from the
+    // read's start (its real time overlaps).
+    double modeled = options_.sim_timing->StoreReadSeconds(loaded * bt);
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    modeled = std::min(modeled, elapsed + absl::ToDoubleSeconds(deadline - absl::Now()));
+    if (modeled > elapsed) {
+      std::this_thread::sleep_until(start + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::duration<double>(modeled)));
+    }
+  }
   request.imported_blocks.assign(reserved->blocks.begin(),
                                  reserved->blocks.begin() + cached + loaded);
   request.imported_cached_blocks = cached;

@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -49,6 +50,7 @@
 #include "engine/common/hash128.h"
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
+#include "engine/model/sim_timing.h"
 #include "kvstore/client/kv_client.h"
 #include "services/worker/worker_metrics.h"
 
@@ -63,6 +65,10 @@ struct StoreReaderOptions {
   int64_t max_blocks = 0;  // fresh blocks per read (0: half the pool)
   // How long a read waits for the engine's reservation (the engine answers at its next step).
   absl::Duration reserve_timeout = absl::Seconds(10);
+  // The simulated engine (--engine=sim): a read that loads T tokens' blocks completes no earlier
+  // than sim_timing->StoreReadSeconds(T) after it started (the reader thread waits; bounded by
+  // the request's deadline). Null: real time only.
+  std::shared_ptr<const SimTiming> sim_timing;
 };
 
 // What one read did.

@@ -6,7 +6,8 @@
 // the caller; every reference goes back. Reader: a cold engine imports the stored run and answers
 // exactly as the engine that computed it; the run ends at the first block missing or of another
 // layout, and the blocks after it go back to the pool; a prefix the engine's memory holds is not
-// read; a store that is down is a miss; a full queue skips the read.
+// read; a store that is down is a miss; a full queue skips the read; with the simulated engine's
+// timing a read lasts at least its modeled time.
 
 #include <condition_variable>
 #include <map>
@@ -16,6 +17,7 @@
 
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/common/block_hash.h"
+#include "engine/model/sim_timing.h"
 #include "engine/model/synthetic_model.h"
 #include "engine/model/transformer.h"
 #include "gtest/gtest.h"
@@ -427,6 +429,33 @@ TEST_F(StoreTest, AColdEngineImportsTheStoredRunAndAnswersAsTheOneThatComputedIt
   EXPECT_STREQ(what.result, "miss");
   EXPECT_TRUE(r.imported_blocks.empty());
   EXPECT_EQ(d.pool->num_free(), d.pool->num_blocks());
+}
+
+TEST_F(StoreTest, WithTheSimulatedEngineAReadTakesAtLeastItsModeledTime) {
+  FakeKvClient store;
+  const std::vector<TokenId> prompt = Prompt(100, 5);  // 6 full blocks: 96 tokens
+  TestEngine a;
+  Write(a, &store, prompt);
+  SimCalibration slow;
+  slow.kv_bytes_per_token = 1000;
+  slow.store_read_bytes_per_s = 1e6;  // 96 kB: 96 ms
+  slow.store_latency_s = 0.05;
+  StoreReaderOptions options;
+  options.sim_timing = std::make_shared<const SimTiming>(slow);
+  const double modeled = options.sim_timing->StoreReadSeconds(96);
+  EXPECT_NEAR(modeled, 0.146, 1e-9);
+  TestEngine b;
+  StoreReader reader(&store, b.engine.get(), b.pool.get(), b.model->fingerprint(), &metrics_,
+                     options);
+  StoreRead what;
+  const auto start = std::chrono::steady_clock::now();
+  EngineRequest r = ReadPrefix(reader, prompt, &what);
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+            modeled);
+  EXPECT_STREQ(what.result, "hit");
+  EXPECT_EQ(what.blocks, 6);
+  EXPECT_GE(what.seconds, modeled);
+  EXPECT_EQ(b.Run(std::move(r)), a.Run(Req("again", prompt)));
 }
 
 TEST_F(StoreTest, AFullReadQueueAndAPastDeadlineSkipTheRead) {

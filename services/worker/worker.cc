@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       read.threads = options.kvstore_read_threads;
       read.streams = options.kvstore_read_streams;
       read.max_blocks = options.kvstore_read_max_blocks;
+      read.sim_timing = w->engine_->sim_timing();
       w->store_reader_ =
           std::make_unique<StoreReader>(w->kv_client_.get(), &w->engine_->engine(),
                                         &w->engine_->pool(), fingerprint, metrics, read);
@@ -97,6 +98,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   service_options.push_hold_file = options.push_hold_file;
   service_options.store_reader = w->store_reader_.get();
   service_options.store_writer = w->store_writer_.get();
+  if (const auto& timing = w->engine_->sim_timing();
+      timing != nullptr && options.role == "prefill") {
+    w->sim_link_ = std::make_unique<SimLink>(timing->calibration().link_bandwidth_bytes_per_s,
+                                             timing->calibration().link_latency_s);
+    service_options.sim_link = w->sim_link_.get();
+  }
   w->service_ = std::make_unique<WorkerService>(w->engine_.get(), metrics, load, service_options);
   GrpcServerOptions grpc_options;
   grpc_options.address = options.address;
@@ -141,6 +148,7 @@ Worker::~Worker() {
     engine_->DetachTransport();
     transport_.reset();
   }
+  sim_link_.reset();
   engine_.reset();
   service_.reset();
   kv_client_.reset();

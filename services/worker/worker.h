@@ -28,6 +28,7 @@
 #include "services/common/admin_server.h"
 #include "services/common/grpc_server.h"
 #include "services/worker/load_window.h"
+#include "services/worker/sim_link.h"
 #include "services/worker/worker_engine.h"
 #include "services/worker/worker_metrics.h"
 #include "services/worker/worker_options.h"
@@ -64,6 +65,10 @@ class Worker {
   // Prefill and decode roles. Destroyed after the servers stopped and the engine thread with
   // them, before the engine's pools (its last callbacks give blocks back to them).
   std::unique_ptr<transfer::KvTransport> transport_;
+  // Prefill with --engine=sim: the link its pushes share. Destroyed after the transport (the
+  // pushes' transport callbacks are over) and before the engine (its last callbacks end pushes,
+  // which give blocks back).
+  std::unique_ptr<SimLink> sim_link_;
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<LoadWindow> load_;
   // The KV store: the reader stops before the engine (its reads submit to it), the writer after

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -16,6 +17,7 @@
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/host_weights.h"
 #include "engine/model/null_model.h"
+#include "engine/model/sim_timing.h"
 #include "engine/model/transformer.h"
 #include "nlohmann/json.hpp"
 
@@ -108,7 +110,7 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
     ASSIGN_OR_RETURN(w->tokenizer_, Tokenizer::FromGguf(*gguf));
   }
   CpuBackendOptions backend_options;
-  backend_options.threads = options.engine == "null" ? 1 : options.threads;
+  backend_options.threads = options.engine == "real" ? options.threads : 1;
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create(backend_options));
   if (options.engine == "real") {
     const WeightDType dtype = options.weights == "f32" ? WeightDType::kF32 : WeightDType::kBF16;
@@ -131,6 +133,16 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
     null.step_overhead_seconds = options.null_step_overhead_seconds;
     if (!options.null_script.empty()) {
       ASSIGN_OR_RETURN(null.scripts, ReadNullScripts(options.null_script, *w->tokenizer_));
+    }
+    if (options.engine == "sim") {
+      absl::StatusOr<SimCalibration> calibration = LoadSimCalibration(options.sim_calibration);
+      if (!calibration.ok()) {
+        return absl::Status(calibration.status().code(),
+                            absl::StrCat("--sim_calibration: ", calibration.status().message()));
+      }
+      w->sim_timing_ =
+          std::make_shared<const SimTiming>(*std::move(calibration), options.sim_speed);
+      null.timing = w->sim_timing_;
     }
     ASSIGN_OR_RETURN(w->model_, NullModel::Create(std::move(null)));
   }
@@ -158,11 +170,16 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   }
   const KvBlockLayout layout =
       options.window_pool_bytes > 0 ? model.FullKvLayoutFor(bt) : model.KvLayoutFor(bt);
-  const int64_t blocks = options.kv_pool_bytes / static_cast<int64_t>(layout.block_bytes());
+  // The byte sizes are of the KV the pool holds: NullModel's tiny blocks, or with the simulated
+  // engine the calibrated model's (its blocks are counted as that model's, kept as NullModel's).
+  const int64_t sized_block_bytes =
+      w->sim_timing_ != nullptr ? static_cast<int64_t>(std::ceil(w->sim_timing_->KvBytes(bt)))
+                                : static_cast<int64_t>(layout.block_bytes());
+  const int64_t blocks = options.kv_pool_bytes / sized_block_bytes;
   if (blocks < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_pool_bytes ", FormatByteSize(options.kv_pool_bytes),
-                     " holds fewer than 2 blocks of ", FormatByteSize(layout.block_bytes())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_pool_bytes ", FormatByteSize(options.kv_pool_bytes), " holds fewer than 2 blocks of ",
+        FormatByteSize(sized_block_bytes), w->sim_timing_ != nullptr ? " (simulated)" : ""));
   }
   ASSIGN_OR_RETURN(w->pool_,
                    KvBlockPool::Create(layout, blocks, w->allocator_.get(), w->backend_.get()));
@@ -173,7 +190,8 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   eo.prefill_chunk = options.prefill_chunk;
   eo.max_n = options.max_n;
   eo.prefix_cache_bytes = options.prefix_cache_bytes >= 0
-                              ? options.prefix_cache_bytes
+                              ? options.prefix_cache_bytes / sized_block_bytes *
+                                    static_cast<int64_t>(layout.block_bytes())
                               : blocks * static_cast<int64_t>(layout.block_bytes());
   eo.window_cache_bytes = options.window_cache_bytes;
   eo.window_cache_ttl = options.window_cache_ttl;
@@ -197,7 +215,13 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   LOG(INFO) << "engine " << w->engine_kind_ << ": " << w->model_name_ << " (" << w->model_path_
             << "), " << blocks << " KV blocks of " << bt << " tokens ("
-            << FormatByteSize(blocks * layout.block_bytes()) << ")"
+            << FormatByteSize(blocks * layout.block_bytes())
+            << (w->sim_timing_ != nullptr
+                    ? absl::StrCat(", simulating ", FormatByteSize(blocks * sized_block_bytes),
+                                   " of ", w->sim_timing_->calibration().name, " at speed ",
+                                   w->sim_timing_->speed())
+                    : "")
+            << ")"
             << (w->window_pool_ != nullptr
                     ? absl::StrCat(", window pool of ", w->window_pool_->num_blocks(), " blocks")
                     : "")

@@ -1,7 +1,10 @@
-// The engine a worker serves, built from its options (ARCHITECTURE.md §1 `--engine=real|null`):
-// the model (the Transformer on the CPU backend, or the NullModel token source), its tokenizer,
-// the KV pool(s) and the Engine with its thread running. The worker's services see only the
-// Engine and the tokenizer; which model runs underneath is this module's business.
+// The engine a worker serves, built from its options (ARCHITECTURE.md §1
+// `--engine=real|null|sim`): the model (the Transformer on the CPU backend, or the NullModel token
+// source, timed by a calibration's SimTiming with `sim`), its tokenizer, the KV pool(s) and the
+// Engine with its thread running. The worker's services see only the Engine and the tokenizer;
+// which model runs underneath is this module's business. With `sim` the pool's byte sizes are of
+// the simulated model's KV (kv_pool_bytes / (kv_bytes_per_token x block_tokens) blocks), and
+// sim_timing() is what the services time KV hand-offs and store reads with.
 //
 // With a KV transport (the prefill and decode roles) the pools' memory comes from it
 // (TransportKvAllocator), registered, so that peers can read and write the blocks in place.
@@ -21,6 +24,7 @@
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
 #include "engine/model/forward_model.h"
+#include "engine/model/sim_timing.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "engine/transfer/kv_transport.h"
 #include "services/worker/worker_options.h"
@@ -46,6 +50,8 @@ class WorkerEngine {
   const std::string& engine_kind() const { return engine_kind_; }
   const EngineOptions& engine_options() const { return engine_options_; }
   double load_seconds() const { return load_seconds_; }
+  // The simulated engine's timing model (--engine=sim); null otherwise.
+  const std::shared_ptr<const SimTiming>& sim_timing() const { return sim_timing_; }
   // Whether the window layers of a hybrid model run in a pool of their own.
   bool two_pools() const { return window_pool_ != nullptr; }
   KvBlockPool& pool() { return *pool_; }
@@ -64,6 +70,7 @@ class WorkerEngine {
   double load_seconds_ = 0;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<const SimTiming> sim_timing_;
   std::unique_ptr<ForwardModel> model_;
   std::unique_ptr<KvAllocator> allocator_;
   transfer::TransportKvAllocator* transport_allocator_ = nullptr;  // allocator_, with a transport

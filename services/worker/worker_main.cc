@@ -7,6 +7,7 @@
 //
 //   ferry-worker --model SmolLM2-135M-Instruct.Q4_1.gguf --address 127.0.0.1:7500
 //   ferry-worker --engine null --null_token_seconds 0.01      # the model's tokenizer, no weights
+//   ferry-worker --engine sim --sim_calibration deploy/sim/cpu-smollm2-135m.json  # modeled time
 //   ferry-prefill --transport ucx --ucx_tls tcp                # a prefill worker
 //   ferry-decode --config decode.json                          # keys as the flags; flags win
 
@@ -46,17 +47,26 @@ ABSL_FLAG(bool, stream_kv, true,
           "prefill: push KV blocks as they complete, during the compute (false: after it)");
 ABSL_FLAG(std::string, push_hold_file, "",
           "test seam (prefill): pushes wait while this file exists");
-ABSL_FLAG(std::string, engine, "real", "real (the model) or null (a deterministic token source)");
+ABSL_FLAG(std::string, engine, "real",
+          "real (the model), null (a deterministic token source) or sim (the null engine's "
+          "tokens with the timing a --sim_calibration file models)");
+ABSL_FLAG(std::string, sim_calibration, "",
+          "--engine=sim: the calibration JSON (the timing model's coefficients; required)");
+ABSL_FLAG(double, sim_speed, 1.0,
+          "--engine=sim: this worker's compute speed factor (0.5: a GPU half as fast)");
 ABSL_FLAG(std::string, model, "", "GGUF file or HF directory (default: ./ferry models path)");
 ABSL_FLAG(std::string, model_name, "", "name reported to routers (default: the file name)");
 ABSL_FLAG(std::string, weights, "bf16", "weight type: f32 or bf16");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache type: f32 or bf16");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
-ABSL_FLAG(std::string, kv_pool_bytes, "1GiB", "KV block pool size");
+ABSL_FLAG(std::string, kv_pool_bytes, "1GiB",
+          "KV block pool size (--engine=sim: bytes of the simulated model's KV, i.e. "
+          "kv_pool_bytes / (kv_bytes_per_token x block_tokens) blocks)");
 ABSL_FLAG(std::string, window_pool_bytes, "0",
           "hybrid models: the sliding-window layers' own pool (0: one pool)");
 ABSL_FLAG(std::string, prefix_cache_bytes, "",
-          "unreferenced cached KV kept at most (default: the whole pool)");
+          "unreferenced cached KV kept at most (default: the whole pool; --engine=sim: bytes of "
+          "the simulated model's KV)");
 ABSL_FLAG(std::string, window_cache_bytes, "256MiB", "hybrid models on two pools: window cache");
 ABSL_FLAG(absl::Duration, window_cache_ttl, absl::Seconds(180),
           "hybrid models on two pools: window cache blocks live this long after their last use");
@@ -177,6 +187,8 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(null_token_seconds);
   FROM_FLAG(null_step_overhead_seconds);
   FROM_FLAG(null_script);
+  FROM_FLAG(sim_calibration);
+  FROM_FLAG(sim_speed);
   FROM_FLAG(address);
   FROM_FLAG(admin_host);
   FROM_FLAG(admin_port);

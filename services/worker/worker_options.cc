@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -78,6 +79,8 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("null_token_seconds", &o->null_token_seconds));
   RETURN_IF_ERROR(c.Read("null_step_overhead_seconds", &o->null_step_overhead_seconds));
   RETURN_IF_ERROR(c.Read("null_script", &o->null_script));
+  RETURN_IF_ERROR(c.Read("sim_calibration", &o->sim_calibration));
+  RETURN_IF_ERROR(c.Read("sim_speed", &o->sim_speed));
   RETURN_IF_ERROR(c.Read("role", &o->role));
   RETURN_IF_ERROR(c.Read("transport", &o->transport));
   RETURN_IF_ERROR(c.Read("ucx_tls", &o->ucx_tls));
@@ -104,8 +107,19 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
 
 absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError(what); };
-  if (o.engine != "real" && o.engine != "null") {
-    return bad(absl::StrCat("--engine must be real or null, not '", o.engine, "'"));
+  if (o.engine != "real" && o.engine != "null" && o.engine != "sim") {
+    return bad(absl::StrCat("--engine must be real, null or sim, not '", o.engine, "'"));
+  }
+  if (o.engine == "sim" && o.sim_calibration.empty()) {
+    return bad(
+        "--engine=sim needs --sim_calibration FILE: the timing model's coefficients (a JSON "
+        "file; README \"The simulated engine\")");
+  }
+  if (o.engine != "sim" && !o.sim_calibration.empty()) {
+    return bad("--sim_calibration is for --engine=sim");
+  }
+  if (!(o.sim_speed > 0) || !std::isfinite(o.sim_speed)) {
+    return bad("--sim_speed must be a positive number (1: the calibrated speed)");
   }
   if (o.weights != "f32" && o.weights != "bf16") {
     return bad(absl::StrCat("--weights must be f32 or bf16, not '", o.weights, "'"));
@@ -145,8 +159,8 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
       !(o.null_step_overhead_seconds >= 0)) {
     return bad("the null engine's timings must be >= 0");
   }
-  if (!o.null_script.empty() && o.engine != "null") {
-    return bad("--null_script is for --engine=null");
+  if (!o.null_script.empty() && o.engine == "real") {
+    return bad("--null_script is for --engine=null (or sim)");
   }
   if (o.swa_replay != "exact" && o.swa_replay != "bounded") {
     return bad(absl::StrCat("--swa_replay must be exact or bounded, not '", o.swa_replay, "'"));

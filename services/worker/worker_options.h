@@ -18,14 +18,19 @@ namespace ferry {
 
 struct WorkerOptions {
   // --- The model.
-  std::string engine = "real";    // "real": the model on the CPU backend; "null": NullModel
+  // "real": the model on the CPU backend; "null": NullModel; "sim": NullModel timed by a
+  // calibration (the simulated engine, below).
+  std::string engine = "real";
   std::string model;              // a GGUF file or an HF directory ("": DefaultModelPath())
   std::string model_name;         // reported in Watch ("": the file or directory name)
   std::string weights = "bf16";   // f32 | bf16
   std::string kv_dtype = "bf16";  // f32 | bf16
   int threads = 0;                // compute threads (0: one per core)
 
-  // --- KV cache and scheduler.
+  // --- KV cache and scheduler. With --engine=sim the byte sizes (kv_pool_bytes,
+  // prefix_cache_bytes) are of the simulated model's KV (the calibration's kv_bytes_per_token):
+  // the pool gets kv_pool_bytes / (kv_bytes_per_token x block_tokens) blocks of NullModel's
+  // tiny layout.
   int64_t kv_pool_bytes = int64_t{1} << 30;
   // Hybrid models (sliding-window and full-attention layers): the window layers' pool (0: every
   // layer in the one pool).
@@ -53,6 +58,11 @@ struct WorkerOptions {
   // text}, ...] (at most 4; "when" absent or "": from the start). A sequence replies with the
   // script whose "when" text it held last (as tokens), then ends; "reply" may hold special tokens.
   std::string null_script;
+
+  // --- The simulated engine (--engine=sim; engine/model/sim_timing.h): the null engine's token
+  // source, its steps, KV hand-offs and store reads taking the time the calibration file models.
+  std::string sim_calibration;  // the calibration JSON; required with --engine=sim
+  double sim_speed = 1.0;       // compute speed factor of this worker (0.5: a GPU half as fast)
 
   // --- The role (ARCHITECTURE.md §1): "aggregated" (prefill and decode here: ferry-worker),
   // "prefill" (ferry-prefill: Prefill calls, pushing KV to decode workers) or "decode"

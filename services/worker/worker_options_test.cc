@@ -53,6 +53,27 @@ TEST(WorkerOptionsTest, ValidationNamesTheOption) {
   EXPECT_FALSE(ValidateWorkerOptions(o).ok());
 }
 
+TEST(WorkerOptionsTest, TheSimulatedEngineNeedsItsCalibration) {
+  auto config = Config::Parse(
+      R"({"engine": "sim", "sim_calibration": "cal.json", "sim_speed": 0.5})", "worker.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  WorkerOptions o;
+  ASSERT_TRUE(ApplyWorkerConfig(*config, &o).ok());
+  EXPECT_EQ(o.engine, "sim");
+  EXPECT_EQ(o.sim_calibration, "cal.json");
+  EXPECT_EQ(o.sim_speed, 0.5);
+  EXPECT_TRUE(ValidateWorkerOptions(o).ok());
+  o.sim_calibration = "";
+  EXPECT_NE(ValidateWorkerOptions(o).message().find("--sim_calibration"), std::string::npos);
+  o.sim_calibration = "cal.json";
+  o.sim_speed = 0;
+  EXPECT_NE(ValidateWorkerOptions(o).message().find("--sim_speed"), std::string::npos);
+  o = WorkerOptions();
+  o.engine = "null";
+  o.sim_calibration = "cal.json";  // for the simulated engine only
+  EXPECT_NE(ValidateWorkerOptions(o).message().find("--sim_calibration"), std::string::npos);
+}
+
 TEST(WorkerOptionsTest, TheDefaultModelIsWhereFerryPutsIt) {
   setenv("FERRY_MODEL_GGUF", "/m/explicit.gguf", 1);
   EXPECT_EQ(DefaultModelPath(), "/m/explicit.gguf");

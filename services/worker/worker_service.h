@@ -37,6 +37,7 @@
 #include "services/worker/kv_handoff.h"
 #include "services/worker/load_window.h"
 #include "services/worker/serial_executor.h"
+#include "services/worker/sim_link.h"
 #include "services/worker/store_reader.h"
 #include "services/worker/store_writer.h"
 #include "services/worker/watch_hub.h"
@@ -76,6 +77,10 @@ struct WorkerServiceOptions {
   // writer. Both outlive the service's calls.
   StoreReader* store_reader = nullptr;
   StoreWriter* store_writer = nullptr;
+  // Prefill with the simulated engine (--engine=sim): the link its pushes share; each put
+  // completes no earlier than this link carries its simulated bytes (may be null: none).
+  // Outlives the service's calls' pushes.
+  SimLink* sim_link = nullptr;
 };
 
 class WorkerService final : public ferry::v1::Worker::CallbackService {
@@ -130,6 +135,7 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   const WorkerServiceOptions& options() const { return options_; }
   transfer::KvTransport* transport() { return options_.transport; }
   StoreReader* store_reader() { return options_.store_reader; }
+  SimLink* sim_link() { return options_.sim_link; }
   // Sends the full blocks `request` computes to the store's writer (if any), with the request's
   // traffic class (its retention there) and, for the blocks wholly inside its prompt, the
   // context's retention floor (output blocks: the class alone).
