@@ -21,11 +21,12 @@ check() {  # check DESCRIPTION EXPECTED_RC PATTERN -- COMMAND...
   fi
 }
 check "help lists every command" 0 "setup.*" -- "${ferry}" help
-for c in setup build test up status down bench fmt worker "models pull"; do
+for c in setup build test up status down bench fmt worker calibrate load sim "models pull"; do
   check "help mentions '${c}'" 0 "^  ${c} " -- "${ferry}" help
 done
 check "unknown command fails" 1 "unknown command 'frobnicate'" -- "${ferry}" frobnicate
 check "bench lists block_hash" 0 "^  block_hash +chained block hashing" -- "${ferry}" bench
+check "bench lists load" 0 "^  load +ferry-load vs aiperf" -- "${ferry}" bench
 check "unknown benchmark fails" 1 "no benchmark named 'nope'" -- "${ferry}" bench nope
 check "models path follows FERRY_MODELS_DIR" 0 "^/models/here/SmolLM2-135M-Instruct.Q4_1.gguf$" \
   -- env FERRY_MODELS_DIR=/models/here "${ferry}" models path
@@ -42,6 +43,10 @@ check "up refuses --prefill with --aggregated" 1 "not with --aggregated" -- "${f
 check "up refuses zero decode workers" 1 "--prefill and --decode must be 1..49" -- "${ferry}" up --decode 0
 check "up refuses a bad port" 1 "--port must be 1..65535" -- "${ferry}" up --port 70000
 check "up refuses a missing model" 1 "--model: no such file" -- "${ferry}" up --model /nonexistent.gguf
+check "up --help names the simulated engine" 0 "--engine sim" -- "${ferry}" up --help
+check "up refuses an unknown engine" 1 "--engine must be real or sim" -- "${ferry}" up --engine fast
+check "up refuses a calibration for the real engine" 1 "--calibration is for --engine sim" -- "${ferry}" up --calibration c.json
+check "up refuses a missing calibration" 1 "--calibration: no such file" -- "${ferry}" up --engine sim --calibration /nonexistent.json
 # A stale pid file of a process that is gone is cleaned up, not an error.
 mkdir -p "${FERRY_STATE}/pids"
 echo 999999 >"${FERRY_STATE}/pids/ghost.pid"
