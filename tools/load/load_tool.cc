@@ -50,35 +50,6 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path
 
 }  // namespace
 
-absl::StatusOr<Workload> MakeWorkload(const LoadToolOptions& o) {
-  Workload w;
-  if (o.workload == "shared_prefix") {
-    w = MakeSharedPrefix(o.shared_prefix, o.tokens);
-  } else if (o.workload == "sessions") {
-    w = MakeSessions(o.sessions, o.tokens);
-  } else if (o.workload == "trace") {
-    if (o.trace.path.empty()) return absl::InvalidArgumentError("workload trace needs --trace");
-    ASSIGN_OR_RETURN(w, LoadTrace(o.trace, o.tokens));
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown workload '", o.workload, "': shared_prefix, sessions or trace"));
-  }
-  if (o.load.mode == "open") {
-    if (o.rate > 0 && o.arrivals == "constant") {
-      SetConstantArrivals(&w, o.rate);
-      absl::StrAppend(&w.note, "; constant arrivals at ", o.rate, " req/s");
-    } else if (o.rate > 0 && o.arrivals == "poisson") {
-      SetPoissonArrivals(&w, o.rate, o.seed);
-      absl::StrAppend(&w.note, "; Poisson arrivals at ", o.rate, " req/s");
-    } else if (o.rate > 0) {
-      return absl::InvalidArgumentError("--arrivals must be poisson or constant");
-    } else if (w.kind != "trace") {
-      return absl::InvalidArgumentError("the open loop needs --rate (or a trace's own times)");
-    }
-  }
-  return w;
-}
-
 absl::Status RunLoadTool(LoadToolOptions o, std::FILE* out) {
   if (o.load.model.empty()) {
     ASSIGN_OR_RETURN(o.load.model, FirstModel(o.load.url));
@@ -93,7 +64,7 @@ absl::Status RunLoadTool(LoadToolOptions o, std::FILE* out) {
     gpus_from = "default";
   }
   RETURN_IF_ERROR(ValidateLoadOptions(o.load));
-  ASSIGN_OR_RETURN(const Workload workload, MakeWorkload(o));
+  ASSIGN_OR_RETURN(const Workload workload, MakeWorkload(o.workload, o.load.mode == "open"));
   std::unique_ptr<Tokenizer> tokenizer;
   DecodeTokens decode;
   if (o.load.api == "chat") {
@@ -148,8 +119,8 @@ absl::Status RunLoadTool(LoadToolOptions o, std::FILE* out) {
   if (o.load.mode == "closed") {
     j["concurrency"] = o.load.concurrency;
   } else {
-    j["rate"] = o.rate;
-    j["arrivals"] = o.rate > 0 ? o.arrivals : "trace";
+    j["rate"] = o.workload.rate;
+    j["arrivals"] = o.workload.rate > 0 ? o.workload.arrivals : "trace";
     j["max_inflight"] = o.load.max_inflight;
     j["max_waiting"] = run.max_waiting;
   }

@@ -21,18 +21,9 @@
 namespace ferry {
 
 struct LoadToolOptions {
-  LoadOptions load;                        // load.model "": the first model of GET {url}/v1/models
-  std::string workload = "shared_prefix";  // "shared_prefix", "sessions" or "trace"
-  SharedPrefixSpec shared_prefix;
-  SessionSpec sessions;
-  TraceSpec trace;
-  TokenSpace tokens;
-  // Open loop: Poisson arrivals of this many requests/s (0: the workload's own times, which only
-  // a trace has).
-  double rate = 0;
-  std::string arrivals = "poisson";  // with rate: "poisson" or "constant" (gaps of 1 / rate)
-  uint64_t seed = 1;                 // the Poisson arrivals'
-  std::string tokenizer;             // api chat: a GGUF file or HF directory
+  LoadOptions load;  // load.model "": the first model of GET {url}/v1/models
+  WorkloadOptions workload;
+  std::string tokenizer;  // api chat: a GGUF file or HF directory
   // GPUs of the served system (economics); 0: the workers GET {admin_url}/workers lists, or 1.
   int gpus = 0;
   std::string admin_url;
@@ -44,9 +35,6 @@ struct LoadToolOptions {
 // Runs and reports; an error when the run could not start (the requests' own failures are in
 // the report).
 absl::Status RunLoadTool(LoadToolOptions options, std::FILE* out);
-
-// The workload the options describe (seeded, arrivals set for the open loop).
-absl::StatusOr<Workload> MakeWorkload(const LoadToolOptions& options);
 
 }  // namespace ferry
 

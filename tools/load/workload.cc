@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/common/status.h"
 #include "nlohmann/json.hpp"
 
 namespace ferry {
@@ -243,6 +244,35 @@ void SetConstantArrivals(Workload* workload, double rate) {
     const bool head = r.session < 0 || r.turn == 0;
     r.arrival_s = head && rate > 0 ? static_cast<double>(n++) / rate : 0;
   }
+}
+
+absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o, bool open_loop) {
+  Workload w;
+  if (o.kind == "shared_prefix") {
+    w = MakeSharedPrefix(o.shared_prefix, o.tokens);
+  } else if (o.kind == "sessions") {
+    w = MakeSessions(o.sessions, o.tokens);
+  } else if (o.kind == "trace") {
+    if (o.trace.path.empty()) return absl::InvalidArgumentError("workload trace needs --trace");
+    ASSIGN_OR_RETURN(w, LoadTrace(o.trace, o.tokens));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown workload '", o.kind, "': shared_prefix, sessions or trace"));
+  }
+  if (open_loop) {
+    if (o.rate > 0 && o.arrivals == "constant") {
+      SetConstantArrivals(&w, o.rate);
+      absl::StrAppend(&w.note, "; constant arrivals at ", o.rate, " req/s");
+    } else if (o.rate > 0 && o.arrivals == "poisson") {
+      SetPoissonArrivals(&w, o.rate, o.seed);
+      absl::StrAppend(&w.note, "; Poisson arrivals at ", o.rate, " req/s");
+    } else if (o.rate > 0) {
+      return absl::InvalidArgumentError("--arrivals must be poisson or constant");
+    } else if (w.kind != "trace") {
+      return absl::InvalidArgumentError("the open loop needs --rate (or a trace's own times)");
+    }
+  }
+  return w;
 }
 
 }  // namespace ferry

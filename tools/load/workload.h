@@ -106,6 +106,26 @@ Workload MakeSharedPrefix(const SharedPrefixSpec& spec, const TokenSpace& space 
 Workload MakeSessions(const SessionSpec& spec, const TokenSpace& space = {});
 absl::StatusOr<Workload> LoadTrace(const TraceSpec& spec, const TokenSpace& space = {});
 
+// A workload as its tools' flags describe it (workload_flags.h): the kind and its spec, the
+// ids' space, and for the open loop the arrival process.
+struct WorkloadOptions {
+  std::string kind = "shared_prefix";  // "shared_prefix", "sessions" or "trace"
+  SharedPrefixSpec shared_prefix;
+  SessionSpec sessions;
+  TraceSpec trace;
+  TokenSpace tokens;
+  // Open loop: arrivals of this many requests/s (0: the workload's own times, which only a
+  // trace has), "poisson" (seeded) or "constant" (gaps of 1 / rate).
+  double rate = 0;
+  std::string arrivals = "poisson";
+  uint64_t seed = 1;
+};
+
+// The workload `options` describe; with `open_loop`, its arrival times set. InvalidArgument for
+// an unknown kind or arrival process, a trace without a path, an open loop without a rate on a
+// workload that has no times of its own.
+absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& options, bool open_loop);
+
 // Open loop: sets arrival_s of each request (turns after the first keep 0: they follow their
 // session) as a Poisson process of `rate` requests/s from `seed`: the first at 0, then
 // exponential gaps of mean 1 / rate, in id order. rate <= 0: every arrival at 0.

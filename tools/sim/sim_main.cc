@@ -2,7 +2,12 @@
 // reported as the load tool reports a real run: a table, then one JSON line.
 //
 //   ferry-sim --calibration deploy/sim/h200-llama3-8b.json --prefill 16 --decode 16 --store \
-//       --workload shared_prefix --groups 32 --system_tokens 16384 --concurrency 512
+//       --workload shared_prefix --groups 128 --system_tokens 16384 --concurrency 384
+//   ferry-sim --calibration deploy/sim/h200-llama3-8b.json --aggregated 32 --workload trace \
+//       --trace trace.jsonl --block_tokens 512 --max_context 131072 --mode open
+//
+// The workload, SLO and price flags are the load tool's (tools/load/workload_flags.h); the
+// workload's ids lie in the simulated model's small vocabulary.
 
 #include <cstdio>
 #include <string>
@@ -11,9 +16,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "engine/common/log.h"
+#include "tools/load/workload_flags.h"
 #include "tools/sim/sim_run.h"
 
 ABSL_FLAG(std::string, calibration, "", "the timing model's calibration file (required)");
@@ -25,36 +33,14 @@ ABSL_FLAG(std::string, speeds, "", "compute speed per worker, comma-separated (m
 ABSL_FLAG(bool, store, false, "a shared KV store in the request path");
 ABSL_FLAG(double, store_gib, 4096, "the store's capacity, GiB of the calibrated model's KV");
 ABSL_FLAG(double, kv_pool_gib, 16, "each worker's KV pool, GiB of the calibrated model's KV");
-ABSL_FLAG(int, block_tokens, 64, "KV block size");
+ABSL_FLAG(int, kv_block_tokens, 64, "the workers' KV block size, tokens");
 ABSL_FLAG(int64_t, max_batch_tokens, 8192, "tokens per engine step");
 ABSL_FLAG(int64_t, prefill_chunk, 8192, "prompt tokens per sequence per step");
 ABSL_FLAG(int64_t, max_running, 128, "sequences with KV per worker");
 ABSL_FLAG(int64_t, max_queued, 256, "requests waiting per worker");
-ABSL_FLAG(std::string, workload, "shared_prefix", "shared_prefix | sessions | trace");
-ABSL_FLAG(int64_t, groups, 32, "shared_prefix: groups");
-ABSL_FLAG(int64_t, prompts_per_group, 64, "shared_prefix: prompts per group");
-ABSL_FLAG(int64_t, system_tokens, 16384, "shared_prefix: the group's system prompt");
-ABSL_FLAG(int64_t, question_tokens, 256, "shared_prefix: each prompt's own question");
-ABSL_FLAG(int64_t, output_tokens, 256, "shared_prefix / sessions: output tokens");
-ABSL_FLAG(int64_t, sessions, 64, "sessions: sessions");
-ABSL_FLAG(int64_t, turns, 8, "sessions: turns per session");
-ABSL_FLAG(int64_t, first_tokens, 8192, "sessions: the first turn's prompt");
-ABSL_FLAG(int64_t, turn_tokens, 512, "sessions: new tokens per turn");
-ABSL_FLAG(std::string, trace, "", "trace: a Mooncake-format JSON-lines file");
-ABSL_FLAG(double, time_scale, 1.0, "trace: arrival times x this");
-ABSL_FLAG(int64_t, trace_block_tokens, 512, "trace: tokens one hash id becomes");
-ABSL_FLAG(int64_t, max_context, 131072, "trace: longer requests are dropped");
-ABSL_FLAG(int64_t, limit, 0, "trace: the first N requests only (0: all)");
-ABSL_FLAG(std::string, mode, "closed", "closed | open");
+ABSL_FLAG(std::string, mode, "closed", "closed (--concurrency clients) or open (--rate, a trace)");
+ABSL_FLAG(uint64_t, policy_seed, 1, "the routing policy's random ties");
 ABSL_FLAG(int64_t, concurrency, 256, "closed loop: clients");
-ABSL_FLAG(double, rate, 0, "open loop: Poisson requests/s (0: the trace's own times)");
-ABSL_FLAG(double, slo_ttft_ms, 2000, "SLO: time to first token (0: none)");
-ABSL_FLAG(double, slo_tpot_ms, 100, "SLO: time per output token (0: none)");
-ABSL_FLAG(double, price_hit, 0.02, "price per million cache-hit input tokens");
-ABSL_FLAG(double, price_miss, 1.0, "price per million cache-miss input tokens");
-ABSL_FLAG(double, price_output, 4.0, "price per million output tokens");
-ABSL_FLAG(std::string, currency, "CNY", "the prices' currency");
-ABSL_FLAG(uint64_t, seed, 1, "workload and policy seed");
 
 namespace ferry {
 namespace {
@@ -82,66 +68,28 @@ int Main() {
   c.store = absl::GetFlag(FLAGS_store);
   c.store_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_store_gib) * (1 << 30));
   c.worker.kv_pool_bytes = static_cast<int64_t>(absl::GetFlag(FLAGS_kv_pool_gib) * (1 << 30));
-  c.worker.block_tokens = absl::GetFlag(FLAGS_block_tokens);
+  c.worker.block_tokens = absl::GetFlag(FLAGS_kv_block_tokens);
   c.worker.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   c.worker.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   c.worker.max_running = absl::GetFlag(FLAGS_max_running);
   c.worker.max_queued = absl::GetFlag(FLAGS_max_queued);
-  c.seed = absl::GetFlag(FLAGS_seed);
+  c.seed = absl::GetFlag(FLAGS_policy_seed);
   // The simulated model's vocabulary is small (sampling costs CPU per row); the workload's ids
   // must lie in it.
-  TokenSpace space;
-  space.token_base = 1;
-  space.token_range = static_cast<TokenId>(c.worker.vocab_size - 1);
-  Workload workload;
-  const std::string kind = absl::GetFlag(FLAGS_workload);
-  if (kind == "shared_prefix") {
-    SharedPrefixSpec s;
-    s.groups = absl::GetFlag(FLAGS_groups);
-    s.prompts_per_group = absl::GetFlag(FLAGS_prompts_per_group);
-    s.system_tokens = absl::GetFlag(FLAGS_system_tokens);
-    s.question_tokens = absl::GetFlag(FLAGS_question_tokens);
-    s.output_tokens = absl::GetFlag(FLAGS_output_tokens);
-    s.seed = absl::GetFlag(FLAGS_seed);
-    workload = MakeSharedPrefix(s, space);
-  } else if (kind == "sessions") {
-    SessionSpec s;
-    s.sessions = absl::GetFlag(FLAGS_sessions);
-    s.turns = absl::GetFlag(FLAGS_turns);
-    s.first_tokens = absl::GetFlag(FLAGS_first_tokens);
-    s.turn_tokens = absl::GetFlag(FLAGS_turn_tokens);
-    s.output_tokens = absl::GetFlag(FLAGS_output_tokens);
-    s.seed = absl::GetFlag(FLAGS_seed);
-    workload = MakeSessions(s, space);
-  } else if (kind == "trace") {
-    TraceSpec s;
-    s.path = absl::GetFlag(FLAGS_trace);
-    s.time_scale = absl::GetFlag(FLAGS_time_scale);
-    s.block_tokens = absl::GetFlag(FLAGS_trace_block_tokens);
-    s.max_context = absl::GetFlag(FLAGS_max_context);
-    s.limit = absl::GetFlag(FLAGS_limit);
-    auto trace = LoadTrace(s, space);
-    if (!trace.ok()) {
-      std::fprintf(stderr, "ferry-sim: %s\n", trace.status().ToString().c_str());
-      return 2;
-    }
-    workload = *std::move(trace);
-  } else {
-    std::fprintf(stderr, "ferry-sim: --workload must be shared_prefix, sessions or trace\n");
-    return 2;
-  }
+  WorkloadOptions w = WorkloadOptionsFromFlags();
+  w.tokens.token_base = 1;
+  w.tokens.token_range = static_cast<TokenId>(c.worker.vocab_size - 1);
   SimRunOptions run;
   run.mode = absl::GetFlag(FLAGS_mode);
-  run.concurrency = absl::GetFlag(FLAGS_concurrency);
-  if (run.mode == "open" && absl::GetFlag(FLAGS_rate) > 0) {
-    SetPoissonArrivals(&workload, absl::GetFlag(FLAGS_rate), absl::GetFlag(FLAGS_seed));
+  auto made = MakeWorkload(w, run.mode == "open");
+  if (!made.ok()) {
+    std::fprintf(stderr, "ferry-sim: %s\n", std::string(made.status().message()).c_str());
+    return 2;
   }
-  run.slo.ttft_s = absl::GetFlag(FLAGS_slo_ttft_ms) / 1e3;
-  run.slo.tpot_s = absl::GetFlag(FLAGS_slo_tpot_ms) / 1e3;
-  run.prices.hit_per_million = absl::GetFlag(FLAGS_price_hit);
-  run.prices.miss_per_million = absl::GetFlag(FLAGS_price_miss);
-  run.prices.output_per_million = absl::GetFlag(FLAGS_price_output);
-  run.prices.currency = absl::GetFlag(FLAGS_currency);
+  const Workload workload = *std::move(made);
+  run.concurrency = absl::GetFlag(FLAGS_concurrency);
+  run.slo = SloFromFlags();
+  run.prices = PricesFromFlags();
   auto result = RunSimulation(c, workload, run);
   if (!result.ok()) {
     std::fprintf(stderr, "ferry-sim: %s\n", result.status().ToString().c_str());
@@ -161,6 +109,12 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("ferry-sim: the discrete-event simulator on one set-up");
+  // --help lists this file's flags and the workload's (tools/load/workload_flags.cc).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "tools/sim/sim_main.cc") || ferry::IsWorkloadFlagsFile(file);
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_calibration).empty()) {
     std::fprintf(stderr, "ferry-sim: --calibration FILE is required\n");
