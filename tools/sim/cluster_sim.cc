@@ -47,6 +47,13 @@ struct ClusterSim::Job {
   std::string held_text;
 };
 
+// Prompt tokens the chosen worker will compute: what the router counts as its pending prefill
+// (the dispatcher's rule).
+int64_t ClusterSim::Uncached(const Job& job, const RouteChoice& choice) {
+  return std::max<int64_t>(0, static_cast<int64_t>(job.request.prompt.size()) -
+                                  choice.predicted_local_tokens - choice.predicted_store_tokens);
+}
+
 ClusterSim::ClusterSim(EventLoop* loop, ClusterOptions options)
     : loop_(loop), options_(std::move(options)), links_(loop) {}
 
@@ -216,9 +223,7 @@ bool ClusterSim::TryStart(const std::shared_ptr<Job>& job) {
     const RouteChoice choice = Choose(candidates, *job);
     const size_t a = candidates[choice.index];
     job->worker = a;
-    job->pending =
-        std::max<int64_t>(0, static_cast<int64_t>(job->request.prompt.size()) -
-                                 choice.predicted_local_tokens - choice.predicted_store_tokens);
+    job->pending = Uncached(*job, choice);
     ++nodes_[a].inflight;
     nodes_[a].pending_prefill_tokens += job->pending;
     ReadThenSubmit(a, job, BaseRequest(job, a));
@@ -244,12 +249,12 @@ bool ClusterSim::TryStart(const std::shared_ptr<Job>& job) {
         }
         job->reserved = true;
         job->reservation = *std::move(got);
-        StartPrefill(job, job->reservation);
+        StartPrefill(job);
       });
   return true;
 }
 
-void ClusterSim::StartPrefill(const std::shared_ptr<Job>& job, KvReservation) {
+void ClusterSim::StartPrefill(const std::shared_ptr<Job>& job) {
   std::vector<size_t> candidates = Candidates(WorkerKind::kPrefill, *job);
   if (candidates.empty()) {  // all at capacity meanwhile: the least loaded takes it anyway
     for (size_t i = 0; i < nodes_.size(); ++i) {
@@ -259,9 +264,7 @@ void ClusterSim::StartPrefill(const std::shared_ptr<Job>& job, KvReservation) {
   const RouteChoice choice = Choose(candidates, *job);
   const size_t p = candidates[choice.index];
   job->prefill = p;
-  job->pending =
-      std::max<int64_t>(0, static_cast<int64_t>(job->request.prompt.size()) -
-                               choice.predicted_local_tokens - choice.predicted_store_tokens);
+  job->pending = Uncached(*job, choice);
   ++nodes_[p].inflight;
   nodes_[p].pending_prefill_tokens += job->pending;
   EngineRequest r = BaseRequest(job, p);
@@ -444,18 +447,7 @@ void ClusterSim::Retry(const std::shared_ptr<Job>& job, const std::string& why) 
     nodes_[job->worker].worker->Wake();
     job->reserved = false;
   }
-  if (job->prefill != kNone) {
-    --nodes_[job->prefill].inflight;
-    nodes_[job->prefill].pending_prefill_tokens -= job->pending;
-    job->prefill = kNone;
-  }
-  if (job->worker != kNone) {
-    --nodes_[job->worker].inflight;
-    nodes_[job->worker].active_tokens -= job->active;
-    if (options_.aggregated > 0) nodes_[job->worker].pending_prefill_tokens -= job->pending;
-    job->worker = kNone;
-  }
-  job->pending = job->active = 0;
+  Leave(job);
   job->record.cached_tokens = 0;
   job->record.store_tokens = 0;
   if (++job->attempts >= options_.max_attempts) return Finish(job, false, why);
@@ -464,7 +456,7 @@ void ClusterSim::Retry(const std::shared_ptr<Job>& job, const std::string& why) 
   loop_->After(0, [this] { Pump(); });
 }
 
-void ClusterSim::Finish(const std::shared_ptr<Job>& job, bool ok, const std::string& error) {
+void ClusterSim::Leave(const std::shared_ptr<Job>& job) {
   if (job->prefill != kNone) {
     --nodes_[job->prefill].inflight;
     nodes_[job->prefill].pending_prefill_tokens -= job->pending;
@@ -477,6 +469,10 @@ void ClusterSim::Finish(const std::shared_ptr<Job>& job, bool ok, const std::str
     job->worker = kNone;
   }
   job->pending = job->active = 0;
+}
+
+void ClusterSim::Finish(const std::shared_ptr<Job>& job, bool ok, const std::string& error) {
+  Leave(job);
   job->record.ok = ok;
   job->record.error = ok ? "" : error;
   job->record.e2e_s = loop_->now() - job->record.start_s;

@@ -107,7 +107,7 @@ class ClusterSim {
   RouteChoice Choose(const std::vector<size_t>& candidates, const Job& job);
   void Pump();  // starts queued jobs while workers can take them
   bool TryStart(const std::shared_ptr<Job>& job);
-  void StartPrefill(const std::shared_ptr<Job>& job, KvReservation reservation);
+  void StartPrefill(const std::shared_ptr<Job>& job);
   // Reads the prefix `node` lacks from the store into `request`, then submits it there.
   void ReadThenSubmit(size_t node, const std::shared_ptr<Job>& job, EngineRequest request);
   void SubmitTo(size_t node, const std::shared_ptr<Job>& job, EngineRequest request);
@@ -115,6 +115,9 @@ class ClusterSim {
   void OnEvent(const std::shared_ptr<Job>& job, size_t node, const TokenEvent& e);
   void Handoff(const std::shared_ptr<Job>& job, size_t prefill, const TokenEvent& e);
   void Token(const std::shared_ptr<Job>& job, TokenId token);
+  static int64_t Uncached(const Job& job, const RouteChoice& choice);
+  // Gives back the router's counts the job holds on its nodes.
+  void Leave(const std::shared_ptr<Job>& job);
   void Finish(const std::shared_ptr<Job>& job, bool ok, const std::string& error);
   void Retry(const std::shared_ptr<Job>& job, const std::string& why);
 
