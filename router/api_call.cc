@@ -294,8 +294,10 @@ void ApiCall::Start(const HttpRequest& http) {
           echo = request_.prompt_text;
         }
       }
-      writer_ = std::make_unique<OpenAiWriter>(header, &context_.prompts->tokenizer(), s.logprobs,
-                                               echo, request_.include_usage);
+      writer_ = std::make_unique<OpenAiWriter>(
+          header, &context_.prompts->tokenizer(), s.logprobs, echo, request_.include_usage,
+          request_.return_token_ids,
+          request_.return_token_ids ? prompt.tokens : std::vector<TokenId>());
       break;
     }
     case ApiKind::kMessages:
@@ -495,8 +497,11 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
       const std::string start = writer_->StreamStart(c);
       if (!start.empty()) ok = responder_->Write(start);
     }
+    // With return_token_ids a chunk whose text is held back (by the worker's stop strings or the
+    // parsers here) still goes out, with its ids.
     if (!delta.text.empty() || !delta.reasoning.empty() || !delta.tool_call_deltas.empty() ||
-        !delta.finish_reason.empty() || !delta.logprobs.empty()) {
+        !delta.finish_reason.empty() || !delta.logprobs.empty() ||
+        (request_.return_token_ids && !delta.tokens.empty())) {
       const std::string events = writer_->StreamDelta(c, delta);
       if (!events.empty()) ok = responder_->Write(events) && ok;
     }

@@ -57,6 +57,9 @@ struct ApiRequest {
   bool echo = false;
   bool stream = false;
   bool include_usage = false;
+  // OpenAI chat and completions (vLLM's extension): each choice also carries the token ids it
+  // generated (`token_ids`) and those of the prompt the worker ran (`prompt_token_ids`).
+  bool return_token_ids = false;
   std::string user;
   ApiSampling sampling;
   // The KV store keeps the prompt's blocks at least this long (Anthropic's cache_control ttl:

@@ -52,6 +52,7 @@ ApiError ParseCommon(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
   RETURN_IF_API_ERROR(f.Integer("min_tokens", 0, INT32_MAX, &v, &present));
   if (present) s.min_tokens = v;
   RETURN_IF_API_ERROR(f.Bool("ignore_eos", &s.ignore_eos));
+  RETURN_IF_API_ERROR(f.Bool("return_token_ids", &r->return_token_ids));
   RETURN_IF_API_ERROR(f.Bool("stream", &r->stream));
   const Json* so = nullptr;
   RETURN_IF_API_ERROR(f.StreamOptions(r->stream, &so));

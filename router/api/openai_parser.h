@@ -7,8 +7,9 @@
 // prompt builder's to check.
 //
 // Accepted and used, besides OpenAI's own: the common extensions top_k, min_p,
-// repetition_penalty, ignore_eos and min_tokens, and an assistant message's reasoning_content
-// (the reasoning a template may show again). Roles: system, developer (given to the template as
+// repetition_penalty, ignore_eos and min_tokens, vLLM's return_token_ids (a boolean: the answer
+// carries token ids, openai_writer.h), and an assistant message's reasoning_content (the
+// reasoning a template may show again). Roles: system, developer (given to the template as
 // system: templates of open models know no developer role), user, assistant (content and/or
 // tool_calls), tool (tool_call_id required). Content: a string or text parts; image and audio
 // parts are refused until the encoder exists.

@@ -1,10 +1,13 @@
 // The OpenAI request parser: what it takes (defaults, both spellings of max tokens, stop as a
 // string or a list, extensions, developer as system, text parts) and a table of what it refuses,
-// each with the field it names.
+// each with the field it names. And the OpenAI writer's token ids (return_token_ids): where they
+// go in bodies and stream chunks, and that nothing changes without them.
 
 #include "router/api/openai_parser.h"
 
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "router/api/openai_writer.h"
 
 namespace ferry {
 namespace {
@@ -92,6 +95,45 @@ TEST(OpenAiParserTest, CompletionsTakeTextOrTokenIds) {
       ParseCompletion(R"({"model":"tiny","prompt":[[5,6,7]]})", Limits(), &ids).status.ok());
   EXPECT_TRUE(ids.prompt_is_ids);
   EXPECT_EQ(ids.prompt_ids, (std::vector<TokenId>{5, 6, 7}));
+}
+
+TEST(OpenAiParserTest, ReturnTokenIdsIsABooleanOfBothEndpoints) {
+  ApiRequest chat;
+  ASSERT_TRUE(ParseChatCompletion(R"({"model":"tiny","messages":[{"role":"user","content":"x"}],
+                                      "return_token_ids":true})",
+                                  Limits(), &chat)
+                  .status.ok());
+  EXPECT_TRUE(chat.return_token_ids);
+  ApiRequest completion;
+  ASSERT_TRUE(
+      ParseCompletion(R"({"model":"tiny","prompt":"a","return_token_ids":true,"stream":true})",
+                      Limits(), &completion)
+          .status.ok());
+  EXPECT_TRUE(completion.return_token_ids);
+  // Absent, false or null (OpenAI's absent): off.
+  for (const char* extra : {"", R"(,"return_token_ids":false)", R"(,"return_token_ids":null)"}) {
+    ApiRequest r;
+    ASSERT_TRUE(
+        ParseCompletion(std::string(R"({"model":"tiny","prompt":"a")") + extra + "}", Limits(), &r)
+            .status.ok())
+        << extra;
+    EXPECT_FALSE(r.return_token_ids) << extra;
+  }
+  for (const char* value : {"1", "\"true\"", "[]", "{}", "0.5"}) {
+    ApiRequest r;
+    ApiError e = ParseChatCompletion(
+        std::string(R"({"model":"tiny","messages":[{"role":"user","content":"x"}],)") +
+            R"("return_token_ids":)" + value + "}",
+        Limits(), &r);
+    EXPECT_EQ(e.status.code(), absl::StatusCode::kInvalidArgument) << value;
+    EXPECT_EQ(e.param, "return_token_ids") << value;
+    EXPECT_EQ(e.status.message(), "'return_token_ids' must be a boolean") << value;
+    ApiRequest c;
+    e = ParseCompletion(
+        std::string(R"({"model":"tiny","prompt":"a","return_token_ids":)") + value + "}", Limits(),
+        &c);
+    EXPECT_EQ(e.param, "return_token_ids") << value;
+  }
 }
 
 struct Bad {
@@ -263,6 +305,105 @@ TEST(OpenAiParserTest, BadCompletionRequestsNameTheirField) {
     EXPECT_EQ(e.status.code(), c.code) << c.body << ": " << e.status;
     EXPECT_EQ(e.param, c.param) << c.body;
   }
+}
+
+ResponseHeader Header(ApiKind kind) {
+  ResponseHeader h;
+  h.kind = kind;
+  h.id = kind == ApiKind::kChatCompletion ? "chatcmpl-1" : "cmpl-1";
+  h.created = 1700000000;
+  h.model = "tiny";
+  h.system_fingerprint = "fp_0";
+  return h;
+}
+
+ChoiceOutputs Tokens(const std::string& text, std::vector<TokenId> tokens,
+                     const std::string& finish = "") {
+  ChoiceOutputs c;
+  c.text = text;
+  c.tokens = std::move(tokens);
+  c.finish_reason = finish;
+  return c;
+}
+
+// One SSE event's JSON ("data: {...}\n\n").
+nlohmann::json Event(const std::string& event) {
+  EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+  EXPECT_EQ(event.substr(event.size() - 2), "\n\n") << event;
+  return nlohmann::json::parse(event.substr(6, event.size() - 8));
+}
+
+TEST(OpenAiWriterTest, TokenIdsOnEveryChoiceOfTheWholeAnswer) {
+  const std::vector<TokenId> prompt = {1, 20, 30};
+  const std::vector<ChoiceOutputs> choices = {Tokens("Hi!", {7, 8, 2}, "stop"),
+                                              Tokens("Yo", {9}, "length")};
+  UsageCounts usage;
+  usage.prompt_tokens = 3;
+  usage.completion_tokens = 4;
+  for (ApiKind kind : {ApiKind::kChatCompletion, ApiKind::kCompletion}) {
+    OpenAiWriter writer(Header(kind), nullptr, false, "", false, true, prompt);
+    const nlohmann::json j = nlohmann::json::parse(writer.Full(choices, usage));
+    ASSERT_EQ(j["choices"].size(), 2u);
+    EXPECT_EQ(j["choices"][0]["token_ids"], nlohmann::json::array({7, 8, 2}));
+    EXPECT_EQ(j["choices"][1]["token_ids"], nlohmann::json::array({9}));
+    for (const auto& c : j["choices"]) {
+      EXPECT_EQ(c["prompt_token_ids"], nlohmann::json::array({1, 20, 30}));
+    }
+    EXPECT_FALSE(j.contains("prompt_token_ids"));
+    EXPECT_EQ(j["usage"]["completion_tokens"], 4);
+    // Without the extension the body has neither field.
+    OpenAiWriter plain(Header(kind), nullptr, false);
+    const std::string body = plain.Full(choices, usage);
+    EXPECT_EQ(body.find("token_ids"), std::string::npos) << body;
+  }
+  // The fields follow finish_reason in each choice.
+  OpenAiWriter writer(Header(ApiKind::kCompletion), nullptr, false, "", false, true, {5});
+  EXPECT_NE(writer.Full({Tokens("a", {6}, "stop")}, usage)
+                .find(R"("finish_reason":"stop","token_ids":[6],"prompt_token_ids":[5]})"),
+            std::string::npos);
+}
+
+TEST(OpenAiWriterTest, StreamedTokenIdsConcatenateToTheWholeAnswers) {
+  const std::vector<TokenId> prompt = {1, 20, 30};
+  for (ApiKind kind : {ApiKind::kChatCompletion, ApiKind::kCompletion}) {
+    OpenAiWriter writer(Header(kind), nullptr, false, "", true, true, prompt);
+    const nlohmann::json start = Event(writer.StreamStart(0));
+    ASSERT_EQ(start["choices"].size(), 1u);
+    EXPECT_EQ(start["choices"][0]["prompt_token_ids"], nlohmann::json::array({1, 20, 30}));
+    EXPECT_EQ(start["choices"][0]["token_ids"], nlohmann::json::array());
+    EXPECT_TRUE(start["usage"].is_null());
+    if (kind == ApiKind::kCompletion) {
+      EXPECT_EQ(start["choices"][0]["text"], "");
+    }
+    // A chunk whose text was held (ids only), one with text, the last with a stop token.
+    std::vector<TokenId> streamed;
+    for (const ChoiceOutputs& d :
+         {Tokens("", {7}), Tokens("Hi", {8}), Tokens("!", {9, 2}, "stop")}) {
+      const nlohmann::json j = Event(writer.StreamDelta(0, d));
+      const nlohmann::json& c = j["choices"][0];
+      EXPECT_FALSE(c.contains("prompt_token_ids"));
+      for (const auto& id : c["token_ids"]) streamed.push_back(id.get<TokenId>());
+      if (kind == ApiKind::kChatCompletion) {
+        EXPECT_EQ(c["delta"].value("content", ""), d.text);
+      } else {
+        EXPECT_EQ(c["text"], d.text);
+      }
+    }
+    EXPECT_EQ(streamed, (std::vector<TokenId>{7, 8, 9, 2}));
+    EXPECT_EQ(writer.StreamEnd({}, UsageCounts()).find("token_ids"), std::string::npos);
+  }
+  // Without the extension: no ids, and completions still start with nothing.
+  OpenAiWriter chat(Header(ApiKind::kChatCompletion), nullptr, false);
+  EXPECT_EQ(chat.StreamStart(0).find("token_ids"), std::string::npos);
+  EXPECT_EQ(chat.StreamDelta(0, Tokens("Hi", {8})).find("token_ids"), std::string::npos);
+  OpenAiWriter completion(Header(ApiKind::kCompletion), nullptr, false);
+  EXPECT_EQ(completion.StreamStart(0), "");
+  EXPECT_EQ(completion.StreamDelta(0, Tokens("Hi", {8})).find("token_ids"), std::string::npos);
+  // With echo, the echoed prompt's chunk is the one with the prompt's ids.
+  OpenAiWriter echo(Header(ApiKind::kCompletion), nullptr, false, "Once", false, true, {4, 5});
+  const nlohmann::json j = Event(echo.StreamStart(0));
+  EXPECT_EQ(j["choices"][0]["text"], "Once");
+  EXPECT_EQ(j["choices"][0]["prompt_token_ids"], nlohmann::json::array({4, 5}));
 }
 
 }  // namespace

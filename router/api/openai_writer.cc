@@ -20,12 +20,15 @@ std::string DumpJson(const Json& json) {
 }
 
 OpenAiWriter::OpenAiWriter(ResponseHeader header, const Tokenizer* tokenizer, bool logprobs,
-                           std::string echo_prompt, bool include_usage)
+                           std::string echo_prompt, bool include_usage, bool return_token_ids,
+                           std::vector<TokenId> prompt_token_ids)
     : header_(std::move(header)),
       tokenizer_(tokenizer),
       logprobs_(logprobs),
       echo_prompt_(std::move(echo_prompt)),
-      include_usage_(include_usage) {}
+      include_usage_(include_usage),
+      return_token_ids_(return_token_ids),
+      prompt_token_ids_(std::move(prompt_token_ids)) {}
 
 Json OpenAiWriter::Object(bool chunk) const {
   Json j = Json::object();
@@ -140,6 +143,10 @@ std::string OpenAiWriter::Full(const std::vector<ChoiceOutputs>& choices,
       choice["logprobs"] = Logprobs(c, static_cast<int64_t>(echo_prompt_.size()));
     }
     choice["finish_reason"] = c.finish_reason.empty() ? Json(nullptr) : Json(c.finish_reason);
+    if (return_token_ids_) {
+      choice["token_ids"] = c.tokens;
+      choice["prompt_token_ids"] = prompt_token_ids_;
+    }
     j["choices"].push_back(std::move(choice));
   }
   j["usage"] = Usage(usage);
@@ -153,11 +160,15 @@ std::string OpenAiWriter::StreamStart(int32_t choice) {
   if (header_.kind == ApiKind::kChatCompletion) {
     c["delta"] = Json{{"role", "assistant"}, {"content", ""}};
   } else {
-    if (echo_prompt_.empty()) return "";
+    if (echo_prompt_.empty() && !return_token_ids_) return "";
     c["text"] = echo_prompt_;
   }
   c["logprobs"] = nullptr;
   c["finish_reason"] = nullptr;
+  if (return_token_ids_) {
+    c["token_ids"] = Json::array();
+    c["prompt_token_ids"] = prompt_token_ids_;
+  }
   j["choices"].push_back(std::move(c));
   if (include_usage_) j["usage"] = nullptr;
   return "data: " + DumpJson(j) + "\n\n";
@@ -195,6 +206,7 @@ std::string OpenAiWriter::StreamDelta(int32_t choice, const ChoiceOutputs& delta
   }
   c["logprobs"] = delta.logprobs.empty() ? Json(nullptr) : Logprobs(delta, 0);
   c["finish_reason"] = delta.finish_reason.empty() ? Json(nullptr) : Json(delta.finish_reason);
+  if (return_token_ids_) c["token_ids"] = delta.tokens;
   j["choices"].push_back(std::move(c));
   if (include_usage_) j["usage"] = nullptr;
   return "data: " + DumpJson(j) + "\n\n";

@@ -10,6 +10,14 @@
 // Token strings for logprobs come from the router's tokenizer: `token` is the token's text
 // (U+FFFD where it is part of a character), `bytes` its raw bytes.
 //
+// With return_token_ids (vLLM's extension) each choice also carries, after finish_reason, its
+// generated token ids as the workers sent them (`token_ids`, a stop token included when the
+// worker emitted one) and the prompt's (`prompt_token_ids`: what the worker ran, after the chat
+// template). Streamed, every chunk of a choice carries `token_ids`: the ids of the tokens it adds
+// ([] in the first chunk), so that a stream's lists concatenate to the whole answer's; the first
+// chunk of each choice (chat: the role chunk; completions: a chunk with the echoed prompt or "")
+// carries `prompt_token_ids`. Without it, nothing of either appears.
+//
 // Thread-compatible (pure functions, and an accumulator per response).
 
 #ifndef FERRY_ROUTER_API_OPENAI_WRITER_H_
@@ -41,15 +49,18 @@ class OpenAiWriter final : public ApiWriter {
  public:
   // `tokenizer` must outlive the writer; `echo_prompt` is prepended to completions' text (echo);
   // `include_usage`: stream_options.include_usage (every chunk has "usage": null, and a last
-  // chunk carries the usage).
+  // chunk carries the usage); `return_token_ids`: the choices carry token ids, the prompt's being
+  // `prompt_token_ids`.
   OpenAiWriter(ResponseHeader header, const Tokenizer* tokenizer, bool logprobs,
-               std::string echo_prompt = "", bool include_usage = false);
+               std::string echo_prompt = "", bool include_usage = false,
+               bool return_token_ids = false, std::vector<TokenId> prompt_token_ids = {});
 
   // The whole non-streaming body.
   std::string Full(const std::vector<ChoiceOutputs>& choices, const UsageCounts& usage) override;
 
   // Stream events (each a complete "data: ...\n\n").
-  // The first chunk of a chat choice (role, empty content); "" for completions.
+  // The first chunk of a chat choice (role, empty content); for completions the echoed prompt,
+  // or with return_token_ids an empty text; else "".
   std::string StreamStart(int32_t choice) override;
   // Text and tokens that became final for `choice`, and its finish reason when it ended.
   std::string StreamDelta(int32_t choice, const ChoiceOutputs& delta) override;
@@ -70,6 +81,8 @@ class OpenAiWriter final : public ApiWriter {
   const bool logprobs_;
   const std::string echo_prompt_;
   const bool include_usage_;
+  const bool return_token_ids_;
+  const std::vector<TokenId> prompt_token_ids_;
 };
 
 // JSON as OpenAI serializes it (UTF-8, nothing escaped beyond what JSON needs; invalid UTF-8

@@ -8,7 +8,9 @@ default GGUF model) and a ferry-router in front of them (round_robin, so that co
 alternate between the workers), and checks what a client sees: models, chat completions and
 completions, streaming with include_usage, n = 2, logprobs, stop strings, the same seed giving the
 same text, cached_tokens on repeated long prompts (exact: the full blocks the worker holds),
-errors raised as the SDK's exception types with their status codes, x-request-id. Every response
+errors raised as the SDK's exception types with their status codes, x-request-id, and the
+return_token_ids extension (streamed ids concatenate to the whole answer's, and the model's HF
+tokenizer decodes them to the text and the prompt). Every response
 is parsed by the SDK into its own types. Every process started is killed at the end, also when a
 check fails or this script dies (PR_SET_PDEATHSIG).
 
@@ -17,11 +19,14 @@ to an aggregated one (one worker behind another router): the same requests give 
 logprobs and finish reasons on both, streamed or not, and cached_tokens is exact on the
 disaggregated one (the prompt blocks the prefill worker reused).
 """
+import functools
+import json
 import os
 import sys
 import unittest
 
 import openai
+import tokenizers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ferry_services import metric, start, stop_all, wait_workers_up  # noqa: E402
@@ -85,6 +90,17 @@ def setUpModule():
 
 def tearDownModule():
     stop_all()
+
+
+@functools.lru_cache(maxsize=None)
+def hf_tokenizer():
+    """The tiny model's HF tokenizer (its directory's tokenizer.json)."""
+    return tokenizers.Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
+
+
+def extra(choice, field):
+    """A field the SDK does not know (an extension), as the router sent it; None if absent."""
+    return (choice.model_extra or {}).get(field)
 
 
 def chat(**kwargs):
@@ -192,7 +208,9 @@ class ChatTest(unittest.TestCase):
                               (dict(tools=[{"type": "function", "function": {"name": "f"}}],
                                     tool_choice={"type": "function", "function": {"name": "g"}}),
                                "tool_choice"),
-                              (dict(extra_body={"temprature": 0.1}), "temprature")]:
+                              (dict(extra_body={"temprature": 0.1}), "temprature"),
+                              (dict(extra_body={"return_token_ids": "yes"}),
+                               "return_token_ids")]:
             with self.assertRaises(openai.BadRequestError, msg=str(kwargs)) as e:
                 chat(**kwargs)
             self.assertEqual(e.exception.status_code, 400)
@@ -200,6 +218,46 @@ class ChatTest(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as e:
             chat(max_tokens=10_000_000)
         self.assertEqual(e.exception.code, "context_length_exceeded")
+
+    def whole_and_streamed_ids(self, **kwargs):
+        """A greedy chat answer with return_token_ids, and the same streamed: the first choice of
+        the whole answer, its token ids, and the streamed chunks' (which must concatenate)."""
+        whole = chat(extra_body={"return_token_ids": True}, **kwargs)
+        choice = whole.choices[0]
+        ids = extra(choice, "token_ids")
+        self.assertEqual(len(ids), whole.usage.completion_tokens)
+        self.assertEqual(len(extra(choice, "prompt_token_ids")), whole.usage.prompt_tokens)
+        chunks = [c for c in chat(stream=True, extra_body={"return_token_ids": True}, **kwargs)
+                  if c.choices]
+        # Every chunk of the choice has its ids; only the first has the prompt's.
+        self.assertEqual(extra(chunks[0].choices[0], "prompt_token_ids"),
+                         extra(choice, "prompt_token_ids"))
+        self.assertTrue(all(extra(c.choices[0], "prompt_token_ids") is None for c in chunks[1:]))
+        self.assertTrue(all(extra(c.choices[0], "token_ids") is not None for c in chunks))
+        self.assertEqual(sum((extra(c.choices[0], "token_ids") for c in chunks), []), ids)
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks),
+                         choice.message.content)
+        return choice, ids
+
+    def test_return_token_ids(self):
+        choice, ids = self.whole_and_streamed_ids(max_tokens=12)
+        self.assertGreater(len(ids), 0)
+        tok = hf_tokenizer()
+        self.assertEqual(tok.decode(ids, skip_special_tokens=True), choice.message.content)
+        self.assertIn("Tell me a story.", tok.decode(extra(choice, "prompt_token_ids")))
+        # Without it, the answer has neither field, and the same text.
+        plain = chat(max_tokens=12).choices[0]
+        self.assertIsNone(extra(plain, "token_ids"))
+        self.assertIsNone(extra(plain, "prompt_token_ids"))
+        self.assertEqual(plain.message.content, choice.message.content)
+        # A stop string that the answer's first character begins: the worker holds that text back,
+        # and its token still goes out streamed, in a chunk of no text.
+        self.whole_and_streamed_ids(max_tokens=12, stop=[choice.message.content[0] + "QQ"])
+        # The end-of-sequence token the worker stopped on is part of the ids.
+        with open(os.path.join(MODEL, "config.json")) as f:
+            eos = json.load(f)["eos_token_id"]
+        stopped, ids = self.whole_and_streamed_ids(max_tokens=12, logit_bias={str(eos): 100})
+        self.assertEqual((ids, stopped.finish_reason, stopped.message.content), ([eos], "stop", ""))
 
     def test_request_id(self):
         raw = STACK.client.chat.completions.with_raw_response.create(
@@ -228,6 +286,33 @@ class CompletionsTest(unittest.TestCase):
             model=STACK.model_id, prompt="Once upon a time", max_tokens=5, temperature=0,
             stream=True) if c.choices)
         self.assertEqual(streamed, r.choices[0].text)
+
+    def test_return_token_ids(self):
+        args = dict(model=STACK.model_id, prompt="Once upon a time", max_tokens=8,
+                    temperature=0.9, seed=7, n=2, extra_body={"return_token_ids": True})
+        whole = STACK.client.completions.create(**args)
+        self.assertEqual(len(whole.choices), 2)
+        streamed = {0: [], 1: []}
+        prompts = {}
+        for chunk in STACK.client.completions.create(stream=True, **args):
+            for c in chunk.choices:
+                streamed[c.index] += extra(c, "token_ids")
+                if extra(c, "prompt_token_ids") is not None:
+                    prompts.setdefault(c.index, extra(c, "prompt_token_ids"))
+        total = 0
+        for c in whole.choices:
+            ids = extra(c, "token_ids")
+            total += len(ids)
+            self.assertEqual(streamed[c.index], ids)
+            self.assertEqual(hf_tokenizer().decode(ids, skip_special_tokens=True), c.text)
+            self.assertEqual(extra(c, "prompt_token_ids"), prompts[c.index])
+            self.assertEqual(len(prompts[c.index]), whole.usage.prompt_tokens)
+        self.assertEqual(total, whole.usage.completion_tokens)
+        # A prompt of token ids comes back as it was sent.
+        r = STACK.client.completions.create(model=STACK.model_id, prompt=[5, 6, 7, 8],
+                                            max_tokens=3, temperature=0,
+                                            extra_body={"return_token_ids": True})
+        self.assertEqual(extra(r.choices[0], "prompt_token_ids"), [5, 6, 7, 8])
 
     def test_token_id_prompts(self):
         r = STACK.client.completions.create(model=STACK.model_id, prompt=[5, 6, 7, 8],
