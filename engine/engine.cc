@@ -1060,6 +1060,7 @@ TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, Fini
     auto delta = seq.detok->Push(sampled.token);
     if (delta.ok()) e.text = seq.stop.Push(*delta, may_stop);
   }
+  e.held_text = seq.stop.held();
   *reason = FinishReason::kNone;
   if (stop_token || seq.stop.stopped()) {
     *reason = FinishReason::kStop;

@@ -178,6 +178,9 @@ struct TokenEvent {
   int64_t window_floor = 0;
   // With every finish: what continuing this choice elsewhere needs (ResumePoint).
   SamplerState sampler_state;
+  // With every token and every finish: the text the stop-string matcher holds back after it
+  // (ResumePoint::held_text of a continuation from here; the sampler state follows from the
+  // tokens).
   std::string held_text;
 };
 

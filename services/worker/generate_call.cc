@@ -106,11 +106,14 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
   r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
   service_->WriteComputedBlocks(r, ctx);
   if (role == "decode") {
-    if (!r.resume.empty()) {
+    // A migrated request (one choice): the prefill worker computes the prompt and the output so
+    // far and samples the next token; their KV comes here.
+    if (!r.resume.empty() && r.n != 1) {
       if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Remove(id_, deadline_);
       service_->Unregister(id_);
       return Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                 "resuming a disaggregated request is not supported yet"),
+                                 "resuming a disaggregated request with several choices is not "
+                                 "supported"),
                     true);
     }
     if (absl::Status valid = service_->engine().engine().Validate(r); !valid.ok()) {
@@ -118,11 +121,16 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
       service_->Unregister(id_);
       return Reject(ToGrpcStatus(valid), true);
     }
-    // Reserve first: the prompt's blocks, the cached prefix taken here.
+    // Reserve first: the prompt's blocks (and a migrated request's output so far), the cached
+    // prefix taken here.
+    std::vector<TokenId> computed = r.prompt;
+    if (!r.resume.empty()) {
+      computed.insert(computed.end(), r.resume[0].generated.begin(), r.resume[0].generated.end());
+    }
     const std::vector<Hash128> hashes =
-        ComputeBlockHashes({service_->limits().model_fingerprint, r.cache_salt, ""}, r.prompt,
+        ComputeBlockHashes({service_->limits().model_fingerprint, r.cache_salt, ""}, computed,
                            service_->limits().block_tokens);
-    const int64_t positions = static_cast<int64_t>(r.prompt.size());
+    const int64_t positions = static_cast<int64_t>(computed.size());
     {
       std::lock_guard<std::mutex> lock(mu_);
       phase_ = Phase::kReserving;
@@ -351,21 +359,26 @@ bool GenerateCall::PrepareDecodeLocked() {
   decode_local_tokens_ =
       std::min<int64_t>(prompt_tokens_, static_cast<int64_t>(reservation_.cached_prefix_blocks()) *
                                             service_->limits().block_tokens);
+  // A migrated request's output before the prefill worker's token (its resume point).
+  std::vector<ResumePoint> before = std::move(r.resume);
+  r.resume.clear();
   for (int c = 0; c < ready_.first_tokens_size(); ++c) {
     const v1::TokenChunk& first = ready_.first_tokens(c);
     pending_[c] = first;
     pending_[c].set_request_id(id_);
     pending_[c].set_choice_index(static_cast<uint32_t>(c));
-    pending_[c].set_first_output_index(0);
+    pending_[c].set_first_output_index(static_cast<uint32_t>(next_index_[c]));
     has_pending_[c] = true;
-    next_index_[c] = first.token_ids_size();
+    next_index_[c] += first.token_ids_size();
     completion_tokens_ += first.token_ids_size();
     if (first.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       --choices_left_;
       continue;
     }
     ResumePoint point;
-    point.generated.assign(first.token_ids().begin(), first.token_ids().end());
+    if (static_cast<size_t>(c) < before.size()) point.generated = before[c].generated;
+    point.generated.insert(point.generated.end(), first.token_ids().begin(),
+                           first.token_ids().end());
     auto state = c < ready_.sampler_states_size()
                      ? SamplerStateFromProto(ready_.sampler_states(c))
                      : absl::StatusOr<SamplerState>(absl::InvalidArgumentError("missing"));

@@ -77,17 +77,23 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
       ToEngineRequest(request.request(), service_->limits(), &first_index);
   if (!converted.ok()) return reject(ToGrpcStatus(converted.status()), true);
   EngineRequest r = *std::move(converted);
-  if (!r.resume.empty()) {
+  // A migrated request: the prompt and the output so far are computed, and its next token is
+  // sampled, here; the decode worker continues from it. One choice at a time (several choices
+  // have KV of their own).
+  if (!r.resume.empty() && r.n != 1) {
     return reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                               "resuming a disaggregated request is not supported yet"),
+                               "resuming a disaggregated request with several choices is not "
+                               "supported"),
                   true);
   }
+  const int64_t positions =
+      static_cast<int64_t>(r.prompt.size()) +
+      (r.resume.empty() ? 0 : static_cast<int64_t>(r.resume[0].generated.size()));
   if (request.decode_endpoint().empty()) {
     return reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "decode_endpoint is empty"),
                   true);
   }
-  const int64_t table =
-      service_->engine().pool().layout().BlocksFor(static_cast<int64_t>(r.prompt.size()));
+  const int64_t table = service_->engine().pool().layout().BlocksFor(positions);
   if (absl::Status s = CheckReservation(request.destination(), service_->kv_facts(), table);
       !s.ok()) {
     LOG(WARNING) << "prefill " << r.id << " refused: " << s;
@@ -103,11 +109,13 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
     logprobs_ = r.sampling.top_logprobs >= 0;
     seed_ = r.sampling.seed;
     prompt_tokens_ = static_cast<int64_t>(r.prompt.size());
+    kv_positions_ = positions;
     first_.resize(r.n);
     states_.resize(r.n);
     for (int32_t c = 0; c < r.n; ++c) {
       first_[c].set_request_id(id_);
       first_[c].set_choice_index(static_cast<uint32_t>(c));
+      first_[c].set_first_output_index(static_cast<uint32_t>(first_index[c]));
     }
     choices_left_ = r.n;
     stream_ = service_->options().stream_kv;
@@ -537,7 +545,7 @@ void PrefillCall::Push() {
   // the simulated engine's.)
   const int64_t pushed_from = std::max<int64_t>(destination_.cached_prefix_blocks(), from) *
                               service_->engine().pool().layout().block_tokens;
-  int64_t tokens = std::max<int64_t>(0, prompt_tokens_ - pushed_from);
+  int64_t tokens = std::max<int64_t>(0, kv_positions_ - pushed_from);
   for (transfer::TransferRequest& put : puts) {
     put.peer = peer;
     auto posted = PostOnWire(std::move(put), tokens, [this](absl::Status s) { OnPushed(s); });

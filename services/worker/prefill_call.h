@@ -120,6 +120,9 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   uint64_t seed_ = 0;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0;
   int64_t store_tokens_ = 0;  // of cached_tokens_, read from the KV store
+  // The positions whose KV goes to the decode worker: the prompt's, and a migrated request's
+  // output so far.
+  int64_t kv_positions_ = 0;
   // A bounded window replay (TokenEvent::window_floor, approximate_kv).
   int64_t window_floor_ = 0;
   bool approximate_kv_ = false;

@@ -212,6 +212,9 @@ void AppendToChunk(const TokenEvent& event, bool logprobs, ferry::v1::TokenChunk
     }
   }
   chunk->mutable_text()->append(event.text);
+  if (event.has_token || event.finish != FinishReason::kNone) {
+    chunk->set_stop_string_tail(event.held_text);
+  }
   if (event.finish != FinishReason::kNone) {
     chunk->set_finish_reason(FinishReasonToProto(event.finish));
     if (event.stop_token) chunk->set_matched_stop_token_id(event.token);

@@ -9,13 +9,17 @@
 // push held (the prefill worker's hold file) while the decode worker is killed fails within its
 // deadline and leaves P serving; a reservation whose deadline passes while the push is held
 // ends the stream and its blocks come back only after the push's outcome; a cancel during the
-// prefill aborts it.
+// prefill aborts it. Migration: a request resumed mid-stream (the prompt and the output so far
+// re-prefilled on P, decoding continued on D) continues exactly where the first stream stopped.
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -189,6 +193,158 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Pairs, PdTest, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param.name; });
+
+// What a router keeps of a stream to migrate it: the tokens, and after each chunk the text shown
+// and the stop-string tail the worker held back.
+struct StreamRecord {
+  std::vector<uint32_t> tokens;
+  std::vector<size_t> ends;  // token counts at chunk ends
+  std::vector<std::string> shown, tails;
+};
+
+v1::GenerateRequest Resumed(v1::GenerateRequest request, const StreamRecord& r, size_t chunk,
+                            const std::string& id) {
+  const size_t k = r.ends[chunk];
+  request.mutable_request()->mutable_context()->set_request_id(id);
+  v1::ResumedChoice* c = request.mutable_request()->mutable_resume()->add_choices();
+  std::map<uint32_t, uint32_t> counts;
+  for (size_t i = 0; i < k; ++i) {
+    c->add_generated_token_ids(r.tokens[i]);
+    ++counts[r.tokens[i]];
+  }
+  v1::SamplerState* state = c->mutable_sampler_state();
+  state->set_seed(request.request().sampling().seed());
+  state->set_output_count(static_cast<uint32_t>(k));
+  for (const auto& [token, count] : counts) {
+    v1::TokenCount* tc = state->add_penalty_counts();
+    tc->set_token_id(token);
+    tc->set_count(count);
+  }
+  state->set_stop_string_tail(r.tails[chunk]);
+  return request;
+}
+
+class PdResumeTest : public ::testing::TestWithParam<PdCase> {};
+
+TEST_P(PdResumeTest, AResumedRequestContinuesExactlyWhereTheFirstStreamStopped) {
+  const PdCase& c = GetParam();
+  const std::string model = TinyModel(c.model);
+  auto p = StartWorker(model, RoleFlags(c, "prefill"));
+  auto d = StartWorker(model, RoleFlags(c, "decode"));
+  ASSERT_TRUE(p->ready() && d->ready());
+  WorkerClient prefill(p->address()), decode(d->address());
+  InProcessEngine ref(model, c.window_pool_bytes);
+  const int64_t vocab = ref.model().config().vocab_size;
+  const std::vector<TokenId> prompt = RandomPrompt(37, 5, vocab);
+
+  Sampling greedy;
+  greedy.logprobs = true;
+  greedy.top_logprobs = 2;
+  greedy.ignore_eos = true;
+  greedy.max_tokens = 24;
+  Sampling seeded = greedy;
+  seeded.temperature = 0.9f;
+  seeded.top_p = 0.95f;
+  seeded.seed = 11;
+  seeded.logprobs = false;
+  seeded.top_logprobs = 0;
+  {
+    // A stop string in the second half of its text, not found before: the tail held back
+    // across a cut.
+    const std::string text = ref.Run(MakeRequest("probe", prompt, seeded))[0].text;
+    for (size_t at = text.size() / 2; at < text.size() && seeded.stop.empty(); ++at) {
+      const std::string c = MiddleCharacter(text.substr(at, 8));
+      if (!c.empty() && text.find(c) >= at) seeded.stop = {c};
+    }
+    ASSERT_FALSE(seeded.stop.empty()) << text;
+    // And 15 that never match, each beginning with a character the text ends chunks with: a
+    // tail is held back after most chunks, wherever the stream's chunks end.
+    std::map<std::string, int> ends;
+    RunPd(decode, d->address(), prefill, MakeRequest("probe", prompt, seeded), {},
+          absl::Seconds(60), [&](const v1::TokenChunk& chunk) {
+            const std::string& t = chunk.text();
+            if (t.empty() || chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) return;
+            size_t at = t.size() - 1;
+            while (at > 0 && (static_cast<unsigned char>(t[at]) & 0xC0) == 0x80) --at;
+            ++ends[t.substr(at)];
+          });
+    for (size_t at = 0; at < text.size();) {  // every character of the text, uncounted
+      size_t next = at + 1;
+      while (next < text.size() && (static_cast<unsigned char>(text[next]) & 0xC0) == 0x80) {
+        ++next;
+      }
+      ends[text.substr(at, next - at)];
+      at = next;
+    }
+    std::vector<std::pair<int, std::string>> by_count;
+    for (const auto& [c, n] : ends) by_count.emplace_back(-n, c);
+    std::sort(by_count.begin(), by_count.end());
+    for (const auto& [n, c] : by_count) {
+      if (seeded.stop.size() < 16 && c != seeded.stop[0]) seeded.stop.push_back(c + "\x01\x02");
+    }
+  }
+  int runs = 1;  // the probe
+  for (const auto& [name, sampling] : {std::make_pair("greedy", greedy), {"seeded", seeded}}) {
+    const v1::GenerateRequest request = MakeRequest(name, prompt, sampling);
+    const ChoiceOutput want = ref.Run(request)[0];
+    StreamRecord record;
+    PdResult full = RunPd(
+        decode, d->address(), prefill, request, {}, absl::Seconds(60),
+        [&](const v1::TokenChunk& chunk) {
+          record.tokens.insert(record.tokens.end(), chunk.token_ids().begin(),
+                               chunk.token_ids().end());
+          record.ends.push_back(record.tokens.size());
+          record.shown.push_back((record.shown.empty() ? "" : record.shown.back()) + chunk.text());
+          record.tails.push_back(chunk.stop_string_tail());
+        });
+    ++runs;
+    ASSERT_TRUE(full.stream.status.ok()) << name << ": " << full.stream.status.error_message();
+    ExpectSameOutput(full.stream.choices[0], want, name);
+    ASSERT_GE(record.ends.size(), 3u) << name;
+    // Cut after the first chunk (the prefill worker's token), where a stop string's tail was
+    // held back, in the middle, and before the last.
+    std::set<size_t> cuts = {0, record.ends.size() / 2, record.ends.size() - 2};
+    for (size_t i = 0; i + 1 < record.ends.size(); ++i) {
+      if (!record.tails[i].empty()) {
+        cuts.insert(i);
+        break;
+      }
+    }
+    if (sampling.temperature > 0) {
+      EXPECT_NE(std::count_if(record.tails.begin(), record.tails.end(),
+                              [](const std::string& t) { return !t.empty(); }),
+                0)
+          << "no tail was held back: the test does not test it";
+    }
+    for (size_t chunk : cuts) {
+      const size_t k = record.ends[chunk];
+      const std::string what = absl::StrCat(name, " resumed after ", k, " tokens");
+      PdResult got = RunPd(decode, d->address(), prefill,
+                           Resumed(request, record, chunk, absl::StrCat(name, "-", k)));
+      ++runs;
+      ASSERT_TRUE(got.stream.status.ok()) << what << ": " << got.stream.status.error_message();
+      ASSERT_TRUE(got.prefill.ok()) << what << ": " << got.prefill.error_message();
+      ChoiceOutput rest = want;
+      rest.tokens.erase(rest.tokens.begin(), rest.tokens.begin() + k);
+      if (!rest.logprobs.empty())
+        rest.logprobs.erase(rest.logprobs.begin(), rest.logprobs.begin() + k);
+      ASSERT_EQ(want.text.compare(0, record.shown[chunk].size(), record.shown[chunk]), 0) << what;
+      rest.text = want.text.substr(record.shown[chunk].size());
+      ExpectSameOutput(got.stream.choices[0], rest, what);
+      EXPECT_EQ(got.stream.usage.prompt_tokens(), prompt.size()) << what;
+      EXPECT_EQ(got.stream.usage.completion_tokens(), rest.tokens.size()) << what;
+      // The decode worker held the prompt's blocks (and the output's, from the first stream).
+      if (c.window_pool_bytes == 0) EXPECT_GT(got.reservation.cached_prefix_blocks(), 0u) << what;
+    }
+  }
+  EXPECT_TRUE(WaitUntilIdle(prefill));
+  EXPECT_TRUE(WaitUntilIdle(decode));
+  EXPECT_EQ(MetricValue(d->admin_port(), "ferry_worker_requests_total{outcome=\"completed\"}"),
+            runs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Pairs, PdResumeTest, ::testing::Values(kCases[0], kCases[2]),
                          [](const auto& info) { return info.param.name; });
 
 // The faults, on the tiny dense model over UCX tcp.

@@ -62,22 +62,31 @@ std::unique_ptr<ServiceProcess> StartKvStore(const std::string& dir, int port,
 PdResult RunPd(WorkerClient& decode, const std::string& decode_address, WorkerClient& prefill,
                v1::GenerateRequest request,
                const std::function<bool(const v1::KvReservation&)>& before_prefill,
-               absl::Duration prefill_timeout) {
+               absl::Duration prefill_timeout,
+               const std::function<void(const v1::TokenChunk&)>& on_tokens) {
   PdResult out;
   request.set_aggregated(false);
   const v1::TokenizedRequest tokenized = request.request();
-  out.stream = decode.Generate(request, absl::Seconds(60), [&](const v1::GenerateEvent& e) {
-    if (!e.has_reservation()) return true;
-    out.reserved = true;
-    out.reservation = e.reservation();
-    if (before_prefill && !before_prefill(e.reservation())) return false;
-    v1::PrefillRequest p;
-    *p.mutable_request() = tokenized;
-    *p.mutable_destination() = e.reservation();
-    p.set_decode_endpoint(decode_address);
-    out.prefill = prefill.Prefill(p, &out.response, prefill_timeout);
-    return true;
-  });
+  std::vector<uint32_t> first_index;
+  for (const v1::ResumedChoice& c : tokenized.resume().choices()) {
+    first_index.push_back(static_cast<uint32_t>(c.generated_token_ids_size()));
+  }
+  out.stream = decode.Generate(
+      request, absl::Seconds(60),
+      [&](const v1::GenerateEvent& e) {
+        if (e.has_tokens() && on_tokens) on_tokens(e.tokens());
+        if (!e.has_reservation()) return true;
+        out.reserved = true;
+        out.reservation = e.reservation();
+        if (before_prefill && !before_prefill(e.reservation())) return false;
+        v1::PrefillRequest p;
+        *p.mutable_request() = tokenized;
+        *p.mutable_destination() = e.reservation();
+        p.set_decode_endpoint(decode_address);
+        out.prefill = prefill.Prefill(p, &out.response, prefill_timeout);
+        return true;
+      },
+      first_index);
   return out;
 }
 

@@ -69,11 +69,13 @@ struct PdResult {
 
 // Plays the router for one request: Generate on the decode worker, Prefill on the prefill worker
 // with its reservation. `before_prefill` runs once the reservation is in (false: cancel the
-// stream instead).
+// stream instead); `on_tokens` sees each TokenChunk of the stream. A resumed request's output
+// indexes start after its resumed tokens.
 PdResult RunPd(WorkerClient& decode, const std::string& decode_address, WorkerClient& prefill,
                ferry::v1::GenerateRequest request,
                const std::function<bool(const ferry::v1::KvReservation&)>& before_prefill = {},
-               absl::Duration prefill_timeout = absl::Seconds(60));
+               absl::Duration prefill_timeout = absl::Seconds(60),
+               const std::function<void(const ferry::v1::TokenChunk&)>& on_tokens = {});
 
 // The worker's engine, in this process, with the worker's settings for the tests.
 class InProcessEngine {
