@@ -24,6 +24,9 @@ struct ChannelOptions {
   int max_send_message_bytes = 64 << 20;
   absl::Duration keepalive_time = absl::Seconds(30);
   absl::Duration keepalive_timeout = absl::Seconds(10);
+  // How soon a channel whose peer went away tries to connect again, at most (gRPC's own default
+  // grows to 2 minutes: a worker restarted after a crash would wait that long to be seen).
+  absl::Duration max_reconnect_backoff = absl::Seconds(5);
 };
 
 // A plaintext channel to `target` ("host:port"). Connects lazily.

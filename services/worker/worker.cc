@@ -140,11 +140,11 @@ Worker::~Worker() {
   // kAbort through the service), then the service (which waits for the last call objects).
   // The store's reads end first (their callbacks submit to the engine or give their blocks
   // back); its writes once the engine thread, which offers them, has stopped.
-  service_->StopPushes();
+  if (service_ != nullptr) service_->StopPushes();
   store_reader_.reset();
-  engine_->engine().Stop();
+  if (engine_ != nullptr) engine_->engine().Stop();
   store_writer_.reset();
-  if (transport_ != nullptr) {
+  if (transport_ != nullptr && engine_ != nullptr) {
     engine_->DetachTransport();
     transport_.reset();
   }
@@ -170,8 +170,13 @@ void Worker::Drain(absl::Time deadline) {
 void Worker::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
-  Drain(absl::Now() + options_.drain_grace);  // stops the gRPC server too
-  admin_->Stop();
+  // A worker whose Create failed part-way (its transport, its port) has only some parts.
+  if (admin_ != nullptr && grpc_ != nullptr && service_ != nullptr) {
+    Drain(absl::Now() + options_.drain_grace);  // stops the gRPC server too
+  } else if (grpc_ != nullptr) {
+    grpc_->Shutdown(absl::ZeroDuration());
+  }
+  if (admin_ != nullptr) admin_->Stop();
 }
 
 }  // namespace ferry
