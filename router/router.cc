@@ -212,6 +212,9 @@ class Router::Impl {
     DispatcherOptions dopts;
     dopts.max_queued = options_.max_queued;
     dopts.max_retries = options_.max_retries;
+    dopts.max_migrations = options_.max_migrations;
+    dopts.max_tracked_tokens_per_request = options_.migration_max_tokens_per_request;
+    dopts.max_tracked_tokens = options_.migration_max_tokens;
     dopts.auth_token = token;
     for (auto& c : completions_) dopts.completions.push_back(c.get());
     DispatchObserver observer;
@@ -228,6 +231,12 @@ class Router::Impl {
     };
     observer.retried = [m] { m->Retry(); };
     observer.queue_depth = [m](int64_t depth) { m->QueueDepth(depth); };
+    observer.migrated = [m](const std::string& cause, int64_t tokens) {
+      m->Migrated(cause, tokens);
+    };
+    observer.failed = [m](const std::string& cause) { m->Failed(cause); };
+    observer.untracked = [m] { m->Untracked(); };
+    observer.orphan_abort = [m](const std::string& outcome) { m->OrphanAbort(outcome); };
     dispatcher_ = std::make_unique<Dispatcher>(registry_.get(), policy_.get(), dopts, observer);
 
     context_.prompts = prompts_.get();
@@ -255,6 +264,9 @@ class Router::Impl {
 
     registry_->SetOnChange([this] { OnRegistryChange(); });
     registry_->SetOnRefusal([m](const std::string& reason) { m->Refusal(reason); });
+    Dispatcher* dispatcher = dispatcher_.get();
+    registry_->SetOnWorkerState(
+        [dispatcher](const std::string& id, bool up) { dispatcher->OnWorkerState(id, up); });
     registry_->Start();
 
     ASSIGN_OR_RETURN(
@@ -298,6 +310,7 @@ class Router::Impl {
     metrics_->Workers(up, static_cast<int64_t>(registry_->ToJson().size()) - up);
     metrics_->KvIndexState(kv_index_->entries(), kv_index_->bytes(), kv_index_->events(),
                            kv_index_->dropped());
+    metrics_->TrackedTokens(dispatcher_->tracked_tokens());
     billing_->WorkersUp(up);
     const bool serving = registry_->AnyUp();
     admin_->SetReady(serving, serving ? "" : "no worker can take requests");

@@ -81,6 +81,13 @@ ABSL_FLAG(int, admin_port, 0, "admin HTTP port (0: any free port)");
 ABSL_FLAG(int64_t, max_queued, 256, "requests waiting for a worker; more get 429");
 ABSL_FLAG(int, max_retries, 2,
           "other workers tried when one fails a request before its first token");
+ABSL_FLAG(int, max_migrations, 3,
+          "moves of a request to another worker when the one streaming it dies, stalls or fails "
+          "it (0: never)");
+ABSL_FLAG(int64_t, migration_max_tokens_per_request, 65536,
+          "output token ids kept per request for migration (a longer output cannot migrate)");
+ABSL_FLAG(int64_t, migration_max_tokens, 16 << 20,
+          "output token ids kept for migration in all (4 bytes each)");
 ABSL_FLAG(int, max_n, 16, "choices per request at most");
 ABSL_FLAG(std::string, max_tools_bytes, "256KiB", "a request's tool definitions at most (JSON)");
 ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "a request's deadline");
@@ -164,6 +171,9 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(admin_port, admin_port);
   FROM_FLAG(max_queued, max_queued);
   FROM_FLAG(max_retries, max_retries);
+  FROM_FLAG(max_migrations, max_migrations);
+  FROM_FLAG(migration_max_tokens_per_request, migration_max_tokens_per_request);
+  FROM_FLAG(migration_max_tokens, migration_max_tokens);
   FROM_FLAG(dispatch_threads, dispatch_threads);
   FROM_FLAG(max_n, max_n);
   if (Given("max_tools_bytes")) {

@@ -85,6 +85,46 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                   .Help("Requests sent to another worker after one failed them before a token.")
                   .Register(registry)
                   .Add({});
+  migrations_ = &prometheus::BuildCounter()
+                     .Name("ferry_router_migrations_total")
+                     .Help(
+                         "Requests moved to another worker mid-stream, by cause: stream_broken, "
+                         "worker_down (no heartbeat), worker_error.")
+                     .Register(registry);
+  for (const char* cause : {"stream_broken", "worker_down", "worker_error"}) {
+    migrations_->Add({{"cause", cause}});
+  }
+  migrated_tokens_ = &prometheus::BuildCounter()
+                          .Name("ferry_router_migrated_tokens_total")
+                          .Help("Output tokens carried over by migrations (recovered).")
+                          .Register(registry)
+                          .Add({});
+  untracked_ = &prometheus::BuildCounter()
+                    .Name("ferry_router_migration_untracked_total")
+                    .Help("Requests whose output went over a tracking cap: they cannot migrate.")
+                    .Register(registry)
+                    .Add({});
+  tracked_tokens_ = &prometheus::BuildGauge()
+                         .Name("ferry_router_migration_tracked_tokens")
+                         .Help("Output token ids the router keeps for migration now.")
+                         .Register(registry)
+                         .Add({});
+  failed_ = &prometheus::BuildCounter()
+                 .Name("ferry_router_failed_requests_total")
+                 .Help(
+                     "Requests the service failed, by cause: no_worker, worker_error, deadline, "
+                     "migration_limit, untracked, several_choices.")
+                 .Register(registry);
+  for (const char* cause : {"no_worker", "worker_error", "deadline", "migration_limit", "untracked",
+                            "several_choices"}) {
+    failed_->Add({{"cause", cause}});
+  }
+  orphan_aborts_ = &prometheus::BuildCounter()
+                        .Name("ferry_router_orphan_aborts_total")
+                        .Help(
+                            "Aborts sent to a worker that came back, for the requests that moved "
+                            "away from it: found, not_found, failed.")
+                        .Register(registry);
   auto& prompt = prometheus::BuildCounter()
                      .Name("ferry_router_prompt_tokens_total")
                      .Help(
@@ -178,6 +218,25 @@ void RouterMetrics::StoreProbed(bool asked) {
 }
 
 void RouterMetrics::Retry() { retries_->Increment(); }
+
+void RouterMetrics::Migrated(const std::string& cause, int64_t tokens) {
+  migrations_->Add({{"cause", cause}}).Increment();
+  migrated_tokens_->Increment(static_cast<double>(tokens));
+}
+
+void RouterMetrics::Failed(const std::string& cause) {
+  failed_->Add({{"cause", cause}}).Increment();
+}
+
+void RouterMetrics::Untracked() { untracked_->Increment(); }
+
+void RouterMetrics::TrackedTokens(int64_t tokens) {
+  tracked_tokens_->Set(static_cast<double>(tokens));
+}
+
+void RouterMetrics::OrphanAbort(const std::string& outcome) {
+  orphan_aborts_->Add({{"outcome", outcome}}).Increment();
+}
 
 void RouterMetrics::PromptTokens(int64_t computed, int64_t prefill_memory, int64_t store,
                                  int64_t decode_memory) {

@@ -23,6 +23,20 @@
 //                                                (asked), and answered 0 unasked because the
 //                                                probe's queue was full (skipped)
 //   ferry_router_retries_total                   requests sent to another worker before a token
+//   ferry_router_migrations_total{cause}         requests moved to another worker mid-stream:
+//                                                stream_broken (the worker died), worker_down (no
+//                                                heartbeat: stalled or cut off), worker_error
+//   ferry_router_migrated_tokens_total           output tokens carried over (re-prefilled, not
+//                                                regenerated)
+//   ferry_router_migration_untracked_total       requests whose output went over a tracking cap
+//                                                (they cannot migrate)
+//   ferry_router_migration_tracked_tokens        output token ids kept for migration now
+//   ferry_router_failed_requests_total{cause}    requests the service failed: no_worker,
+//                                                worker_error, deadline, and mid-stream ones that
+//                                                could not migrate: migration_limit, untracked,
+//                                                several_choices
+//   ferry_router_orphan_aborts_total{outcome}    Aborts sent to a worker that came back for the
+//                                                requests that moved away: found, not_found, failed
 //   ferry_router_prompt_tokens_total{source}     computed, prefill_memory (reused from the
 //                                                memory of the worker that computed the prompt),
 //                                                store (read from the KV store): these three sum
@@ -69,6 +83,11 @@ class RouterMetrics {
   void KvIndexState(int64_t entries, uint64_t bytes, int64_t events, int64_t dropped);
   void StoreProbed(bool asked);
   void Retry();
+  void Migrated(const std::string& cause, int64_t tokens);
+  void Failed(const std::string& cause);
+  void Untracked();
+  void TrackedTokens(int64_t tokens);
+  void OrphanAbort(const std::string& outcome);
   void PromptTokens(int64_t computed, int64_t prefill_memory, int64_t store, int64_t decode_memory);
   void CompletionTokens(int64_t n);
   void Workers(int64_t up, int64_t down);
@@ -95,6 +114,12 @@ class RouterMetrics {
   int64_t index_events_seen_ = 0, index_dropped_seen_ = 0;
 
   prometheus::Counter* retries_;
+  prometheus::Family<prometheus::Counter>* migrations_;
+  prometheus::Counter* migrated_tokens_;
+  prometheus::Counter* untracked_;
+  prometheus::Gauge* tracked_tokens_;
+  prometheus::Family<prometheus::Counter>* failed_;
+  prometheus::Family<prometheus::Counter>* orphan_aborts_;
   prometheus::Counter* prompt_computed_;
   prometheus::Counter* prompt_prefill_memory_;
   prometheus::Counter* prompt_store_;

@@ -52,6 +52,11 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   i = o->max_retries;
   RETURN_IF_ERROR(c.Read("max_retries", &i));
   o->max_retries = i;
+  i = o->max_migrations;
+  RETURN_IF_ERROR(c.Read("max_migrations", &i));
+  o->max_migrations = i;
+  RETURN_IF_ERROR(c.Read("migration_max_tokens_per_request", &o->migration_max_tokens_per_request));
+  RETURN_IF_ERROR(c.Read("migration_max_tokens", &o->migration_max_tokens));
   i = o->dispatch_threads;
   RETURN_IF_ERROR(c.Read("dispatch_threads", &i));
   o->dispatch_threads = i;
@@ -137,6 +142,10 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
   }
   if (o.max_queued < 0 || o.max_retries < 0 || o.max_n < 1) {
     return bad("--max_queued and --max_retries must be >= 0, --max_n positive");
+  }
+  if (o.max_migrations < 0 || o.migration_max_tokens_per_request < 0 ||
+      o.migration_max_tokens < 0) {
+    return bad("--max_migrations and --migration_max_tokens[_per_request] must be >= 0");
   }
   if (o.responses_per_tenant < 0) return bad("--responses_per_tenant must be >= 0");
   for (absl::Duration d : {o.http.read_timeout, o.http.idle_timeout, o.http.write_timeout,

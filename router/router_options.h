@@ -53,6 +53,9 @@ struct RouterOptions {
 
   int64_t max_queued = 256;  // requests waiting for a worker; more get 429
   int max_retries = 2;       // other workers tried before a first token
+  int max_migrations = 3;    // moves of a request mid-stream (dispatcher.h "Migration")
+  int64_t migration_max_tokens_per_request = 65536;  // output token ids kept per request
+  int64_t migration_max_tokens = 16 << 20;           // ... and in all
   int dispatch_threads = 1;  // threads that run the worker streams (CompletionThreads)
   int32_t max_n = 16;
   uint64_t max_tools_bytes = 256 << 10;  // a request's tool definitions (their JSON) at most

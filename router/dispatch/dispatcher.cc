@@ -21,7 +21,7 @@ class Dispatcher::Job {
 
   RouteRequest route() const {
     RouteRequest r;
-    r.prompt_tokens = request.prompt_tokens;
+    r.prompt_tokens = request.prompt_tokens + resumed_tokens;
     r.block_hashes = request.block_hashes;
     r.block_tokens = request.request.request().block_tokens();
     r.store_prefix_blocks = request.store_prefix_blocks;
@@ -29,8 +29,22 @@ class Dispatcher::Job {
   }
   // The prompt tokens a worker must compute, as the policy expects it.
   int64_t Uncached(const RouteChoice& choice) const {
-    return std::max<int64_t>(
-        0, request.prompt_tokens - choice.predicted_local_tokens - choice.predicted_store_tokens);
+    return std::max<int64_t>(0, request.prompt_tokens + resumed_tokens -
+                                    choice.predicted_local_tokens - choice.predicted_store_tokens);
+  }
+  // The request the next attempt sends: the client's, or after a migration, under its own id
+  // with the resume point. Under the dispatcher's mu_.
+  v1::GenerateRequest Attempt() const {
+    v1::GenerateRequest r = request.request;
+    if (migrations == 0) return r;
+    v1::RequestContext* context = r.mutable_request()->mutable_context();
+    context->set_request_id(absl::StrCat(context->request_id(), ".m", migrations));
+    *r.mutable_request()->mutable_resume() = resume;
+    return r;
+  }
+  std::string attempt_id() const {
+    const std::string& id = request.request.request().context().request_id();
+    return migrations == 0 ? id : absl::StrCat(id, ".m", migrations);
   }
 
   const DispatchRequest request;
@@ -43,7 +57,46 @@ class Dispatcher::Job {
   bool ended = false;
   // The running stream's context (shared: Cancel may outlive the call it cancels).
   std::shared_ptr<grpc::ClientContext> context;
+  Call* call = nullptr;  // the running attempt (alive while set)
+  int migrations = 0;
+  int64_t resumed_tokens = 0;  // output tokens (all choices) before the running attempt
+  v1::ResumeState resume;      // the running attempt's resume point (after a migration)
+
+  // What the client received of each choice: the resume point of a migration. Under
+  // progress_mu (the running call's thread writes it; the next attempt reads it).
+  struct Progress {
+    std::vector<uint32_t> tokens;
+    std::string tail;  // the stop-string tail the worker held back after them
+    bool finished = false;
+  };
+  std::mutex progress_mu;
+  std::vector<Progress> progress;
+  bool tracked = true;         // false: over a cap, or inconsistent (cannot migrate)
+  int64_t tracked_tokens = 0;  // counted in the dispatcher's total
+  int64_t delivered_tokens = 0;
 };
+
+namespace {
+
+// Why a stream that sent tokens may continue elsewhere; "" when it may not (the client left, the
+// request is invalid or past its deadline).
+std::string MigrationCause(bool down, bool worker_error, grpc::StatusCode code) {
+  if (down) return "worker_down";
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::UNKNOWN:
+      return worker_error ? "worker_error" : "stream_broken";
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::DATA_LOSS:
+      return "worker_error";
+    default:
+      return "";
+  }
+}
+
+}  // namespace
 
 // One Generate stream to one worker; on a decode worker also the Prefill call its reservation
 // asks for (the P/D path, ARCHITECTURE.md §3): the reservation event starts Prefill on a prefill
@@ -55,10 +108,13 @@ class Dispatcher::Call final {
  public:
   // `pending` and `active`: the load the dispatcher added on `worker` for this stream (released
   // at the first token and at the end).
-  Call(Dispatcher* dispatcher, std::shared_ptr<Job> job, const Candidate& worker,
-       const std::string& token, const RouteChoice& choice, int64_t pending, int64_t active)
+  Call(Dispatcher* dispatcher, std::shared_ptr<Job> job, v1::GenerateRequest request,
+       int64_t resumed_tokens, const Candidate& worker, const std::string& token,
+       const RouteChoice& choice, int64_t pending, int64_t active)
       : dispatcher_(dispatcher),
         job_(std::move(job)),
+        request_(std::move(request)),
+        resumed_tokens_(resumed_tokens),
         worker_(worker.id),
         endpoint_(worker.endpoint),
         disaggregated_(worker.role == v1::WORKER_ROLE_DECODE),
@@ -71,10 +127,7 @@ class Dispatcher::Call final {
     context_->set_deadline(absl::ToChronoTime(job_->request.deadline));
     context_->AddMetadata(kTraceIdMetadataKey, job_->request.trace_id);
     AttachSharedToken(context_.get(), token);
-    if (disaggregated_) {
-      request_ = job_->request.request;
-      request_.set_aggregated(false);
-    }
+    if (disaggregated_) request_.set_aggregated(false);
   }
 
   const std::shared_ptr<grpc::ClientContext>& context() const { return context_; }
@@ -83,9 +136,27 @@ class Dispatcher::Call final {
   // `completions`' thread.
   void Start(v1::Worker::Stub* stub, CompletionThread* completions) {
     completions_ = completions;
-    reader_ = stub->PrepareAsyncGenerate(
-        context_.get(), disaggregated_ ? request_ : job_->request.request, completions->queue());
+    reader_ = stub->PrepareAsyncGenerate(context_.get(), request_, completions->queue());
     reader_->StartCall(&on_started_);
+  }
+
+  // The registry found worker `id` down (under the dispatcher's mu_, so the call is alive): the
+  // stream from it ends (and migrates), or the prefill on it is given up before the first token
+  // (and retried elsewhere).
+  void WorkerDown(const std::string& id) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stream_done_) return;
+      if (id == worker_) {
+        down_ = true;
+      } else if (id == prefill_worker_ && !prefill_done_) {
+        prefill_status_ = absl::UnavailableError(absl::StrCat("prefill worker ", id, " went down"));
+        prefill_retryable_ = true;
+      } else {
+        return;
+      }
+    }
+    context_->TryCancel();
   }
 
  private:
@@ -103,17 +174,27 @@ class Dispatcher::Call final {
         started_ = true;
         ReleasePending();  // the prompt is computed
       }
-      if (event_.has_usage() && dispatcher_->observer_.prefix) {
-        const v1::CachedTokens& by = event_.usage().cached_by_source();
-        dispatcher_->observer_.prefix(predicted_local_, predicted_store_, by.local(), by.store());
+      if (event_.has_usage()) {
+        if (dispatcher_->observer_.prefix) {
+          const v1::CachedTokens& by = event_.usage().cached_by_source();
+          dispatcher_->observer_.prefix(predicted_local_, predicted_store_, by.local(), by.store());
+        }
+        // Usage counted once: the output before a migration is the client's too; the prompt
+        // is billed as the client's (the re-prefill of the output is Ferry's cost).
+        v1::Usage* usage = event_.mutable_usage();
+        usage->set_completion_tokens(usage->completion_tokens() +
+                                     static_cast<uint32_t>(resumed_tokens_));
+        usage->set_cached_tokens(std::min(usage->cached_tokens(), usage->prompt_tokens()));
       }
+      if (event_.has_tokens()) dispatcher_->Record(*job_, event_.tokens());
       if (event_.has_error()) {
+        // Held until the stream ends: not shown when the request goes on elsewhere.
         retryable_ = event_.error().retryable();
-        error_ = event_.error();
+        error_event_ = event_;
         has_error_ = true;
+      } else {
+        job_->sink->OnEvent(event_);
       }
-      // An error before the first token is not shown when the request will go elsewhere.
-      if (!(event_.has_error() && !started_ && retryable_)) job_->sink->OnEvent(event_);
     }
     event_.Clear();
     reader_->Read(&event_, &on_read_);
@@ -129,9 +210,11 @@ class Dispatcher::Call final {
                          status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
     std::string failed = worker_;
     std::shared_ptr<grpc::ClientContext> prefill;
+    bool down = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stream_done_ = true;
+      down = down_;
       if (!prefill_status_.ok() && !started_) {
         // The prefill failed (and ended the stream): the prefill worker is the one to avoid.
         s = prefill_status_;
@@ -143,7 +226,16 @@ class Dispatcher::Call final {
     if (prefill != nullptr) prefill->TryCancel();  // the stream ended: so does the prefill
     ReleasePending();
     if (active_ > 0) dispatcher_->registry_->AddLoad(worker_, 0, 0, -active_);
-    dispatcher_->CallEnded(job_, worker_, failed, s, started_, !s.ok() && retryable);
+    if (down) {
+      s = absl::UnavailableError(
+          absl::StrCat("worker ", worker_,
+                       " went down during the stream (its status stream broke or fell silent)"));
+      retryable = true;
+    }
+    const std::string cause =
+        s.ok() ? "" : MigrationCause(down, has_error_, static_cast<grpc::StatusCode>(s.code()));
+    dispatcher_->CallEnded(job_, worker_, failed, s, started_, !s.ok() && retryable, cause,
+                           has_error_ ? &error_event_ : nullptr);
     Unref();
   }
 
@@ -173,7 +265,7 @@ class Dispatcher::Call final {
     rpc->context->set_deadline(absl::ToChronoTime(job_->request.deadline));
     rpc->context->AddMetadata(kTraceIdMetadataKey, job_->request.trace_id);
     AttachSharedToken(rpc->context.get(), token_);
-    *rpc->request.mutable_request() = job_->request.request.request();
+    *rpc->request.mutable_request() = request_.request();
     *rpc->request.mutable_destination() = reservation;
     rpc->request.set_decode_endpoint(endpoint_);
     {
@@ -196,6 +288,10 @@ class Dispatcher::Call final {
 
   void OnPrefillDone(const std::string& prefill_id, int64_t pending, const grpc::Status& status) {
     dispatcher_->registry_->AddLoad(prefill_id, -1, -pending);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      prefill_done_ = true;
+    }
     if (!status.ok()) {
       bool end_stream = false;
       {
@@ -239,12 +335,13 @@ class Dispatcher::Call final {
 
   Dispatcher* const dispatcher_;
   const std::shared_ptr<Job> job_;
+  v1::GenerateRequest request_;   // this attempt's (disaggregated: without `aggregated`)
+  const int64_t resumed_tokens_;  // output tokens the attempt continues from (all choices)
   const std::string worker_;
   const std::string endpoint_;
   const bool disaggregated_;
   const std::string token_;
   const std::shared_ptr<grpc::ClientContext> context_;
-  v1::GenerateRequest request_;  // disaggregated: the job's, without `aggregated`
   CompletionThread* completions_ = nullptr;
   std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateEvent>> reader_;
   MethodTag<Call> on_started_{this, &Call::OnStarted};
@@ -255,10 +352,12 @@ class Dispatcher::Call final {
   bool started_ = false;  // a token arrived
   bool retryable_ = false;
   bool has_error_ = false;
-  v1::ErrorInfo error_;
+  v1::GenerateEvent error_event_;
   std::atomic<int> refs_{1};  // the stream's; +1 while the prefill call runs
   std::mutex mu_;
   bool stream_done_ = false;
+  bool down_ = false;  // the registry found worker_ down
+  bool prefill_done_ = false;
   std::string prefill_worker_;
   std::shared_ptr<grpc::ClientContext> prefill_context_;
   absl::Status prefill_status_;
@@ -325,13 +424,25 @@ absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
   return job;
 }
 
-std::vector<Candidate> Dispatcher::CandidatesFor(const std::shared_ptr<Job>& job) {
+std::vector<Candidate> Dispatcher::CandidatesFor(const std::shared_ptr<Job>& job,
+                                                 v1::WorkerRole role) {
   std::vector<Candidate> candidates = registry_->Candidates();
+  auto of_role = [role](const Candidate& c) {
+    return role == v1::WORKER_ROLE_UNSPECIFIED ||
+           (role == v1::WORKER_ROLE_PREFILL) == (c.role == v1::WORKER_ROLE_PREFILL);
+  };
   std::lock_guard<std::mutex> lock(mu_);
-  candidates.erase(
-      std::remove_if(candidates.begin(), candidates.end(),
-                     [&](const Candidate& c) { return job->excluded.count(c.id) > 0; }),
-      candidates.end());
+  const bool others = std::any_of(candidates.begin(), candidates.end(), [&](const Candidate& c) {
+    return of_role(c) && job->excluded.count(c.id) == 0;
+  });
+  // The workers that failed the job are avoided while another can take it; with none left
+  // (a small pool, a worker restarted on its address) they get it again.
+  if (others) {
+    candidates.erase(
+        std::remove_if(candidates.begin(), candidates.end(),
+                       [&](const Candidate& c) { return job->excluded.count(c.id) > 0; }),
+        candidates.end());
+  }
   return candidates;
 }
 
@@ -347,7 +458,7 @@ RouteChoice Dispatcher::Choose(const std::vector<Candidate>& candidates,
 
 absl::StatusOr<std::pair<Candidate, RouteChoice>> Dispatcher::PickPrefill(
     const std::shared_ptr<Job>& job) {
-  std::vector<Candidate> candidates = CandidatesFor(job);
+  std::vector<Candidate> candidates = CandidatesFor(job, v1::WORKER_ROLE_PREFILL);
   candidates.erase(
       std::remove_if(candidates.begin(), candidates.end(),
                      [](const Candidate& c) { return c.role != v1::WORKER_ROLE_PREFILL; }),
@@ -368,10 +479,11 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
     std::lock_guard<std::mutex> lock(mu_);
     if (job->cancelled || job->ended) return true;  // nothing to start
   }
-  std::vector<Candidate> candidates = CandidatesFor(job);
+  std::vector<Candidate> candidates = CandidatesFor(job, v1::WORKER_ROLE_DECODE);
   // Where the request can stream from: aggregated workers, and decode workers while a prefill
   // worker can take it too.
-  const bool prefill = std::any_of(candidates.begin(), candidates.end(), [](const Candidate& c) {
+  const std::vector<Candidate> prefills = CandidatesFor(job, v1::WORKER_ROLE_PREFILL);
+  const bool prefill = std::any_of(prefills.begin(), prefills.end(), [](const Candidate& c) {
     return c.role == v1::WORKER_ROLE_PREFILL;
   });
   candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
@@ -388,12 +500,16 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   const int64_t pending = decode ? 0 : job->Uncached(choice);
   const int64_t active = decode ? job->request.prompt_tokens : 0;
   registry_->AddLoad(chosen.id, +1, pending, active);
-  auto* call = new Call(this, job, chosen, options_.auth_token, choice, pending, active);
+  Call* call = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    call = new Call(this, job, job->Attempt(), job->resumed_tokens, chosen, options_.auth_token,
+                    choice, pending, active);
     ++running_;
     ++job->attempts;
     job->context = call->context();
+    job->call = call;
+    streaming_.insert(job);
   }
   if (observer_.routed) observer_.routed(policy_->name(), chosen.id);
   job->sink->OnRouted(chosen.id);
@@ -403,31 +519,133 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
 
 void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
                            const std::string& failed, const absl::Status& status, bool started,
-                           bool retryable) {
+                           bool retryable, const std::string& migrate_cause,
+                           const v1::GenerateEvent* error) {
   registry_->AddLoad(worker, -1);
-  bool retry = false;
+  bool retry = false, migrate = false;
+  absl::Status end = status;
+  std::string failure;  // why the request failed, for the metric
+  int64_t carried = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     --running_;
     job->context.reset();
+    job->call = nullptr;
+    streaming_.erase(job);
+    const bool before_deadline = absl::Now() < job->request.deadline;
     retry = !status.ok() && !started && retryable && !job->cancelled &&
-            job->attempts <= options_.max_retries && absl::Now() < job->request.deadline;
+            job->attempts <= options_.max_retries && before_deadline;
     if (retry) job->excluded.insert(failed);
+    // A stream that sent tokens (in this attempt or an earlier one) and failed: continue it
+    // elsewhere from what the client received.
+    const bool had_output = started || job->migrations > 0;
+    if (!status.ok() && !retry && had_output && !job->cancelled && !migrate_cause.empty()) {
+      std::lock_guard<std::mutex> progress(job->progress_mu);
+      const int32_t n = std::max<int32_t>(1, job->request.request.request().sampling().n());
+      bool finished = static_cast<int32_t>(job->progress.size()) == n;
+      for (const Job::Progress& p : job->progress) finished = finished && p.finished;
+      if (finished) {
+        // Every choice had ended; only the usage was lost: done.
+        end = absl::OkStatus();
+        error = nullptr;
+      } else if (!job->tracked) {
+        failure = "untracked";
+      } else if (n != 1) {
+        failure = "several_choices";
+      } else if (job->migrations >= options_.max_migrations) {
+        failure = "migration_limit";
+      } else if (!before_deadline) {
+        failure = "deadline";
+      } else {
+        migrate = true;
+        job->excluded.insert(worker);
+        std::deque<std::string>& orphans = orphans_[worker];
+        orphans.push_back(job->attempt_id());
+        while (static_cast<int64_t>(orphans.size()) > options_.max_orphans_per_worker) {
+          orphans.pop_front();
+        }
+        ++job->migrations;
+        job->resume.Clear();
+        const uint64_t seed = job->request.request.request().sampling().seed();
+        carried = 0;
+        for (size_t c = 0; c < job->progress.size(); ++c) {
+          const Job::Progress& p = job->progress[c];
+          v1::ResumedChoice* choice = job->resume.add_choices();
+          choice->mutable_generated_token_ids()->Add(p.tokens.begin(), p.tokens.end());
+          v1::SamplerState* state = choice->mutable_sampler_state();
+          state->set_seed(seed);
+          state->set_choice_index(static_cast<uint32_t>(c));
+          state->set_output_count(static_cast<uint32_t>(p.tokens.size()));
+          std::map<uint32_t, uint32_t> counts;
+          for (uint32_t t : p.tokens) ++counts[t];
+          for (const auto& [token, count] : counts) {
+            v1::TokenCount* tc = state->add_penalty_counts();
+            tc->set_token_id(token);
+            tc->set_count(count);
+          }
+          state->set_stop_string_tail(p.tail);
+          carried += static_cast<int64_t>(p.tokens.size());
+        }
+        if (job->resume.choices_size() == 0) {
+          // No chunk was recorded (a token-less stream): start the one choice afresh.
+          v1::ResumedChoice* choice = job->resume.add_choices();
+          choice->mutable_sampler_state()->set_seed(seed);
+        }
+        job->resumed_tokens = carried;
+      }
+    } else if (!status.ok() && !retry && !job->cancelled) {
+      switch (status.code()) {
+        case absl::StatusCode::kDeadlineExceeded:
+          failure = "deadline";
+          break;
+        case absl::StatusCode::kUnavailable:
+        case absl::StatusCode::kResourceExhausted:
+          failure = "no_worker";
+          break;
+        case absl::StatusCode::kInternal:
+        case absl::StatusCode::kUnknown:
+        case absl::StatusCode::kAborted:
+        case absl::StatusCode::kDataLoss:
+          failure = "worker_error";
+          break;
+        default:  // the request's own fault (invalid, too long): not a failure of the service
+          break;
+      }
+    }
+    if (!failure.empty() && had_output) {
+      end = absl::Status(status.code(),
+                         absl::StrCat(status.message(),
+                                      "; the request cannot continue on "
+                                      "another worker (",
+                                      failure == "untracked"         ? "its output is not tracked"
+                                      : failure == "several_choices" ? "it has several choices"
+                                      : failure == "migration_limit"
+                                          ? absl::StrCat("it moved ", job->migrations, " times")
+                                          : "its deadline passed",
+                                      ")"));
+    }
     if (stopping_ && running_ == 0) idle_cv_.notify_all();  // only the destructor waits here
   }
   if (retry) {
     LOG(INFO) << "request " << job->request.trace_id << ": worker " << failed
               << " failed it before its first token (" << status << "); trying another";
     if (observer_.retried) observer_.retried();
-    if (!TryStart(job)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (static_cast<int64_t>(queue_.size()) < options_.max_queued && !stopping_) {
-        job->queued = true;
-        queue_.push_front(job);  // it already waited its turn
-        retry = true;
-      } else {
-        retry = false;
-      }
+  }
+  if (migrate) {
+    LOG(WARNING) << "request " << job->request.trace_id << ": worker " << worker
+                 << " failed it mid-stream (" << migrate_cause << ": " << status
+                 << "); moving it with " << carried << " output tokens to another worker";
+    if (observer_.migrated) observer_.migrated(migrate_cause, carried);
+    retry = true;
+  }
+  if (retry && !TryStart(job)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int64_t>(queue_.size()) < options_.max_queued && !stopping_) {
+      job->queued = true;
+      queue_.push_front(job);  // it already waited its turn
+    } else {
+      retry = false;
+      failure = "no_worker";
     }
   }
   if (!retry) {
@@ -435,9 +653,127 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
       std::lock_guard<std::mutex> lock(mu_);
       job->ended = true;
     }
-    job->sink->OnEnd(status);
+    Untrack(*job);
+    if (!failure.empty()) {
+      if (failure != "no_worker" || !end.ok()) {
+        LOG(WARNING) << "request " << job->request.trace_id << " failed (" << failure
+                     << "): " << end;
+      }
+      if (observer_.failed) observer_.failed(failure);
+    }
+    if (error != nullptr && !end.ok()) job->sink->OnEvent(*error);
+    job->sink->OnEnd(end);
   }
   Pump();
+}
+
+void Dispatcher::Record(Job& job, const v1::TokenChunk& chunk) {
+  bool over = false;
+  {
+    std::lock_guard<std::mutex> lock(job.progress_mu);
+    job.delivered_tokens += chunk.token_ids_size();
+    if (!job.tracked) return;
+    const uint32_t c = chunk.choice_index();
+    const int64_t n = chunk.token_ids_size();
+    bool consistent = c < 4096;
+    if (consistent && c >= job.progress.size()) job.progress.resize(c + 1);
+    if (consistent) consistent = chunk.first_output_index() == job.progress[c].tokens.size();
+    const bool fits = job.tracked_tokens + n <= options_.max_tracked_tokens_per_request &&
+                      tracked_tokens_.load() + n <= options_.max_tracked_tokens;
+    if (!consistent || !fits) {
+      if (!consistent) {
+        LOG(WARNING) << "request " << job.request.trace_id << ": choice " << c
+                     << " continues at output " << chunk.first_output_index()
+                     << ", not where the router's record ends: it cannot migrate";
+      }
+      job.tracked = false;
+      tracked_tokens_.fetch_sub(job.tracked_tokens);
+      job.tracked_tokens = 0;
+      job.progress.clear();
+      job.progress.shrink_to_fit();
+      over = true;
+    } else {
+      Job::Progress& p = job.progress[c];
+      p.tokens.insert(p.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+      p.tail = chunk.stop_string_tail();
+      if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) p.finished = true;
+      job.tracked_tokens += n;
+      tracked_tokens_.fetch_add(n);
+    }
+  }
+  if (over && observer_.untracked) observer_.untracked();
+}
+
+void Dispatcher::Untrack(Job& job) {
+  std::lock_guard<std::mutex> lock(job.progress_mu);
+  tracked_tokens_.fetch_sub(job.tracked_tokens);
+  job.tracked_tokens = 0;
+  job.progress.clear();
+  job.progress.shrink_to_fit();
+}
+
+void Dispatcher::OnWorkerState(const std::string& id, bool up) {
+  if (up) {
+    std::vector<std::string> ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      // Back (restarted, or its stall is over): a new chance for the jobs it failed.
+      for (const std::shared_ptr<Job>& job : queue_) job->excluded.erase(id);
+      for (const std::shared_ptr<Job>& job : streaming_) job->excluded.erase(id);
+      auto it = orphans_.find(id);
+      if (it == orphans_.end()) return;
+      ids.assign(it->second.begin(), it->second.end());
+      orphans_.erase(it);
+    }
+    return AbortOrphans(id, std::move(ids));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::shared_ptr<Job>& job : streaming_) {
+    if (job->call != nullptr) job->call->WorkerDown(id);
+  }
+}
+
+void Dispatcher::AbortOrphans(const std::string& id, std::vector<std::string> ids) {
+  std::shared_ptr<v1::Worker::Stub> stub;
+  for (const Candidate& c : registry_->Candidates()) {
+    if (c.id == id) stub = c.stub;
+  }
+  if (stub == nullptr) {
+    // Up but not a candidate now (full, draining): keep them for its next return.
+    std::lock_guard<std::mutex> lock(mu_);
+    std::deque<std::string>& orphans = orphans_[id];
+    orphans.insert(orphans.end(), ids.begin(), ids.end());
+    return;
+  }
+  LOG(INFO) << "worker " << id << " is back: aborting " << ids.size()
+            << " requests that moved away from it";
+  for (const std::string& request_id : ids) {
+    struct Rpc {
+      grpc::ClientContext context;
+      v1::AbortRequest request;
+      v1::AbortResponse response;
+    };
+    auto rpc = std::make_shared<Rpc>();
+    rpc->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.abort_timeout));
+    AttachSharedToken(&rpc->context, options_.auth_token);
+    rpc->request.set_request_id(request_id);
+    rpc->request.set_reason("the request moved to another worker while this one was down");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++running_;  // the destructor waits for it
+    }
+    stub->async()->Abort(&rpc->context, &rpc->request, &rpc->response,
+                         [this, rpc, stub](grpc::Status status) {
+                           if (observer_.orphan_abort) {
+                             observer_.orphan_abort(!status.ok()            ? "failed"
+                                                    : rpc->response.found() ? "found"
+                                                                            : "not_found");
+                           }
+                           std::lock_guard<std::mutex> lock(mu_);
+                           --running_;
+                           if (stopping_ && running_ == 0) idle_cv_.notify_all();
+                         });
+  }
 }
 
 void Dispatcher::Pump() {
@@ -478,7 +814,10 @@ void Dispatcher::Cancel(const std::shared_ptr<Job>& job) {
     context = job->context;
   }
   if (context != nullptr) context->TryCancel();  // the stream ends CANCELLED; CallEnded follows
-  if (was_queued) job->sink->OnEnd(absl::CancelledError("the client went away"));
+  if (was_queued) {
+    Untrack(*job);
+    job->sink->OnEnd(absl::CancelledError("the client went away"));
+  }
 }
 
 void Dispatcher::DropQueue(const absl::Status& why) {
@@ -491,7 +830,10 @@ void Dispatcher::DropQueue(const absl::Status& why) {
       job->ended = true;
     }
   }
-  for (auto& job : dropped) job->sink->OnEnd(why);
+  for (auto& job : dropped) {
+    Untrack(*job);
+    job->sink->OnEnd(why);
+  }
 }
 
 void Dispatcher::TimerLoop() {
@@ -519,7 +861,14 @@ void Dispatcher::TimerLoop() {
     }
     const bool pump = !queue_.empty();
     lock.unlock();
-    for (auto& [job, status] : ended) job->sink->OnEnd(status);
+    for (auto& [job, status] : ended) {
+      Untrack(*job);
+      if (observer_.failed) {
+        observer_.failed(status.code() == absl::StatusCode::kDeadlineExceeded ? "deadline"
+                                                                              : "no_worker");
+      }
+      job->sink->OnEnd(status);
+    }
     if (pump) Pump();  // in case a worker freed up without a registry change
     lock.lock();
   }

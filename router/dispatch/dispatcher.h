@@ -9,7 +9,21 @@
 //     DeadlineExceeded.
 //   - Retries: a worker that fails a request before its first token (unreachable, its queue full,
 //     draining, or an error it marks retryable) makes the request go to another worker, at most
-//     max_retries times.
+//     max_retries times. A worker that failed a request is avoided for it while another can take
+//     it, and until it comes back up after going down.
+//   - Migration (ARCHITECTURE.md §7): the dispatcher keeps what each streaming request's client
+//     received (every choice's token ids and the stop-string tail the worker held back), within
+//     max_tracked_tokens_per_request and max_tracked_tokens in all (a request over either is no
+//     longer tracked: it cannot migrate). When a stream that sent tokens fails (the worker died
+//     and the stream broke, the registry found the worker down, or the worker failed the
+//     request), the request goes to another worker (or P/D pair) with a resume point: the prompt
+//     and the output so far are re-prefilled there (mostly prefix hits), sampling continues where
+//     it stopped (position-keyed, so the continuation is the one the failed worker would have
+//     produced), and the same sink receives the rest: no token lost or repeated, usage counted
+//     once. At most max_migrations per request; one that cannot migrate (untracked, several
+//     choices, past its deadline, out of migrations) ends with its error. Each attempt runs under
+//     its own request id (the original, then "<id>.m1", ...): a worker that went down and comes
+//     back (stalled, cut off) is told to Abort the attempts that moved away from it.
 //   - Cancel (the client went away): the queued request is dropped, or the stream is cancelled,
 //     which aborts the request on the worker at its next step.
 //   - Load: the router's own load on each worker (registry AddLoad) is exact at once: requests in
@@ -34,8 +48,10 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +92,12 @@ struct DispatchRequest {
 struct DispatcherOptions {
   int64_t max_queued = 256;
   int max_retries = 2;
+  int max_migrations = 3;
+  int64_t max_tracked_tokens_per_request = 65536;
+  int64_t max_tracked_tokens = 16 << 20;  // 64 MiB of token ids
+  // Attempts moved away from a worker that went down, kept to Abort there when it comes back.
+  int64_t max_orphans_per_worker = 4096;
+  absl::Duration abort_timeout = absl::Seconds(2);
   std::string auth_token;  // sent to the workers
   // Where the streams complete (each must outlive the dispatcher); empty: one thread of its own.
   std::vector<CompletionThread*> completions;
@@ -93,6 +115,16 @@ struct DispatchObserver {
       prefix;
   std::function<void()> retried;
   std::function<void(int64_t depth)> queue_depth;
+  // A request moved mid-stream: why ("stream_broken", "worker_down", "worker_error") and the
+  // output tokens it carried over.
+  std::function<void(const std::string& cause, int64_t tokens)> migrated;
+  // A request failed: "worker_error" (before any token, no other worker), "no_worker",
+  // "migration_limit", "untracked", "several_choices", "deadline".
+  std::function<void(const std::string& cause)> failed;
+  // A request's output went over a tracking cap (it can no longer migrate).
+  std::function<void()> untracked;
+  // An Abort sent to a worker that came back: "found", "not_found", "failed".
+  std::function<void(const std::string& outcome)> orphan_abort;
 };
 
 class Dispatcher {
@@ -118,6 +150,13 @@ class Dispatcher {
   // Starts queued requests while candidates can take them (the registry calls it on changes).
   // Never call it holding a lock the sinks take.
   void Pump();
+  // The registry's up/down transitions (WorkerRegistry::SetOnWorkerState): a worker that went
+  // down loses its streams (they migrate) and its prefills before the first token (they are
+  // retried); one that came back is told to Abort the attempts that moved away from it.
+  void OnWorkerState(const std::string& id, bool up);
+
+  // Token ids tracked for migration now (all requests).
+  int64_t tracked_tokens() const { return tracked_tokens_.load(); }
 
   class Call;
 
@@ -125,8 +164,9 @@ class Dispatcher {
   friend class Call;
   // Starts `job` on a candidate, or returns false when none can take it now.
   bool TryStart(const std::shared_ptr<Job>& job);
-  // The registry's candidates, less the workers that failed `job`.
-  std::vector<Candidate> CandidatesFor(const std::shared_ptr<Job>& job);
+  // The registry's candidates, less the workers that failed `job` while a worker of `role`
+  // (prefill; or decode/aggregated, where the job streams from) that did not can take it.
+  std::vector<Candidate> CandidatesFor(const std::shared_ptr<Job>& job, ferry::v1::WorkerRole role);
   // The P/D path: a prefill worker for `job` and the policy's choice (Unavailable when none can
   // take it).
   absl::StatusOr<std::pair<Candidate, RouteChoice>> PickPrefill(const std::shared_ptr<Job>& job);
@@ -134,10 +174,19 @@ class Dispatcher {
   RouteChoice Choose(const std::vector<Candidate>& candidates, const std::shared_ptr<Job>& job);
   void Routed(const std::string& worker);
   // `worker` streamed the request; `failed` is the worker to avoid on a retry (the stream's, or
-  // the prefill worker's when the prefill failed).
+  // the prefill worker's when the prefill failed). `migrate_cause`: why a stream that sent
+  // tokens may continue elsewhere ("" when it may not); `error`: the worker's error event, shown
+  // to the sink unless the request goes on elsewhere.
   void CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
                  const std::string& failed, const absl::Status& status, bool started,
-                 bool retryable);
+                 bool retryable, const std::string& migrate_cause,
+                 const ferry::v1::GenerateEvent* error);
+  // Adds a chunk the sink received to the job's record (the next attempt's resume point).
+  void Record(Job& job, const ferry::v1::TokenChunk& chunk);
+  // The job's record leaves the total (its end).
+  void Untrack(Job& job);
+  // Sends Abort for `ids` to worker `id`, if it is a candidate now.
+  void AbortOrphans(const std::string& id, std::vector<std::string> ids);
   void TimerLoop();
 
   WorkerRegistry* const registry_;
@@ -150,6 +199,10 @@ class Dispatcher {
   std::condition_variable idle_cv_;  // the destructor's: the last running stream ended
   std::deque<std::shared_ptr<Job>> queue_;
   int64_t running_ = 0;
+  std::set<std::shared_ptr<Job>> streaming_;  // jobs with a Call running
+  // Attempts (request ids) moved away from each worker that went down.
+  std::map<std::string, std::deque<std::string>> orphans_;
+  std::atomic<int64_t> tracked_tokens_{0};
   bool stopping_ = false;
   std::thread timer_;
   // The streams' completion threads and the next one to take a stream.

@@ -201,6 +201,7 @@ void WorkerRegistry::Connect(Worker& w) {
 void WorkerRegistry::MarkDown(Worker& w, const std::string& why) {
   if (w.state == Worker::State::kUp) {
     LOG(WARNING) << "worker " << w.id() << " (" << w.address << ") is down: " << why;
+    transitions_.emplace_back(w.id(), false);
   }
   if (w.state != Worker::State::kRefused) {
     w.state = Worker::State::kDown;
@@ -300,6 +301,7 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
         pool_.max_context_tokens =
             std::min(pool_.max_context_tokens, s.capacity().max_context_tokens());
         w->accepted = true;
+        if (w->state != Worker::State::kUp) transitions_.emplace_back(w->id(), true);
         w->state = Worker::State::kUp;
         w->reason.clear();
         w->backoff = options_.initial_backoff;
@@ -352,6 +354,7 @@ void WorkerRegistry::MonitorLoop() {
         w->cancel_reason = absl::StrCat("no message for ", absl::FormatDuration(since));
         if (w->state == Worker::State::kUp) {
           LOG(WARNING) << "worker " << w->id() << " (" << w->address << "): " << w->cancel_reason;
+          transitions_.emplace_back(w->id(), false);
         }
         if (w->state != Worker::State::kRefused) {  // no new work, and why, from now on
           w->state = Worker::State::kDown;
@@ -369,6 +372,7 @@ void WorkerRegistry::MonitorLoop() {
     for (const std::string& reason : refusals) {
       if (on_refusal_) on_refusal_(reason);
     }
+    ReportTransitions();
     lock.lock();
     stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.check_interval),
                       [&] { return stopping_; });
@@ -376,12 +380,31 @@ void WorkerRegistry::MonitorLoop() {
 }
 
 void WorkerRegistry::Changed() {
+  ReportTransitions();
   std::function<void()> callback;
   {
     std::lock_guard<std::mutex> lock(mu_);
     callback = on_change_;
   }
   if (callback) callback();
+}
+
+void WorkerRegistry::ReportTransitions() {
+  std::lock_guard<std::mutex> report(report_mu_);
+  std::vector<std::pair<std::string, bool>> transitions;
+  std::function<void(const std::string&, bool)> callback;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    transitions.swap(transitions_);
+    callback = on_worker_state_;
+  }
+  if (!callback) return;
+  for (const auto& [id, up] : transitions) callback(id, up);
+}
+
+void WorkerRegistry::SetOnWorkerState(std::function<void(const std::string&, bool)> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_worker_state_ = std::move(callback);
 }
 
 void WorkerRegistry::SetOnChange(std::function<void()> callback) {

@@ -115,6 +115,11 @@ class WorkerRegistry {
   // Called (on the monitor thread) with the reason each time a worker is refused: "protocol",
   // "fingerprint", "block_tokens".
   void SetOnRefusal(std::function<void(const std::string&)> callback);
+  // Called (on registry threads, no lock held, in the order they happened) when a worker that
+  // was up goes down (its stream broke, or it sent nothing for heartbeat_timeout: a stalled or
+  // cut-off worker) and when one comes up: the dispatcher moves the requests streaming from a
+  // worker that went down, and tells one that came back to drop what it still holds for them.
+  void SetOnWorkerState(std::function<void(const std::string& id, bool up)> callback);
 
   // The Drain RPC on worker `id`; NotFound for an unknown id.
   absl::StatusOr<ferry::v1::DrainResponse> Drain(const std::string& id, uint32_t grace_seconds);
@@ -137,6 +142,8 @@ class WorkerRegistry {
   void SubscriptionGone();
   void MarkDown(Worker& w, const std::string& why);  // under mu_
   void Changed();
+  // Reports the up/down transitions queued in transitions_ (no lock held).
+  void ReportTransitions();
 
   const RegistryOptions options_;
   Clock* const clock_;
@@ -151,6 +158,9 @@ class WorkerRegistry {
   std::function<void()> on_change_;
   std::function<void(const std::string&)> on_refusal_;
   std::vector<std::string> refusals_;  // not yet reported to on_refusal_
+  std::function<void(const std::string&, bool)> on_worker_state_;
+  std::vector<std::pair<std::string, bool>> transitions_;  // not yet reported to it
+  std::mutex report_mu_;  // one ReportTransitions at a time: they arrive in order
   std::unique_ptr<CompletionThread> own_completions_;
   CompletionThread* completions_ = nullptr;
   std::unique_ptr<KvIndex> own_index_;

@@ -7,6 +7,7 @@
 
 #include "router/registry/worker_registry.h"
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 
@@ -315,11 +316,24 @@ TEST(WorkerRegistryTest, ABrokenStreamOrAStoppedHeartbeatTakesAWorkerDownUntilIt
   options.heartbeat_timeout = absl::Seconds(3);
   options.initial_backoff = absl::Milliseconds(100);
   WorkerRegistry registry(fleet.addresses, options, &clock);
+  // Every up/down transition is reported once, in order (the dispatcher migrates on them).
+  std::mutex mu;
+  std::vector<std::string> transitions;
+  registry.SetOnWorkerState([&](const std::string& id, bool up) {
+    std::lock_guard<std::mutex> lock(mu);
+    transitions.push_back(id + (up ? " up" : " down"));
+  });
+  auto reported = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return transitions;
+  };
   registry.Start();
   ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
   fleet.workers[0]->Send(Status("w0", 7, 16));
   fleet.workers[1]->Send(Status("w1", 7, 16));
   ASSERT_TRUE(Eventually([&] { return registry.up_count() == 2; }));
+  ASSERT_TRUE(Eventually([&] { return reported().size() == 2; }));
+  fleet.workers[0]->Send(Status("w0", 7, 16));  // a message while up: no transition
 
   // A broken stream: down at once; after the backoff a new stream, and up on its snapshot.
   fleet.workers[0]->BreakAll();
@@ -350,6 +364,11 @@ TEST(WorkerRegistryTest, ABrokenStreamOrAStoppedHeartbeatTakesAWorkerDownUntilIt
   ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->subscriptions() >= 2; }));
   fleet.workers[1]->Send(Status("w1", 7, 16));
   ASSERT_TRUE(Eventually([&] { return registry.up_count() == 2; }));
+  ASSERT_TRUE(Eventually([&] { return reported().size() == 6; }));
+  std::vector<std::string> got = reported();
+  std::sort(got.begin(), got.begin() + 2);  // the first two in either order
+  EXPECT_EQ(got,
+            (std::vector<std::string>{"w0 up", "w1 up", "w0 down", "w0 up", "w1 down", "w1 up"}));
   registry.Stop();
 }
 
