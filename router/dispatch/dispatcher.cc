@@ -73,7 +73,6 @@ class Dispatcher::Job {
   std::vector<Progress> progress;
   bool tracked = true;         // false: over a cap, or inconsistent (cannot migrate)
   int64_t tracked_tokens = 0;  // counted in the dispatcher's total
-  int64_t delivered_tokens = 0;
 };
 
 namespace {
@@ -559,6 +558,9 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
       } else {
         migrate = true;
         job->excluded.insert(worker);
+        if (orphans_.size() >= 1024 && orphans_.count(worker) == 0) {
+          orphans_.erase(orphans_.begin());  // workers gone for good (addresses of the past)
+        }
         std::deque<std::string>& orphans = orphans_[worker];
         orphans.push_back(job->attempt_id());
         while (static_cast<int64_t>(orphans.size()) > options_.max_orphans_per_worker) {
@@ -671,7 +673,6 @@ void Dispatcher::Record(Job& job, const v1::TokenChunk& chunk) {
   bool over = false;
   {
     std::lock_guard<std::mutex> lock(job.progress_mu);
-    job.delivered_tokens += chunk.token_ids_size();
     if (!job.tracked) return;
     const uint32_t c = chunk.choice_index();
     const int64_t n = chunk.token_ids_size();

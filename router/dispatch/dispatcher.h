@@ -95,7 +95,8 @@ struct DispatcherOptions {
   int max_migrations = 3;
   int64_t max_tracked_tokens_per_request = 65536;
   int64_t max_tracked_tokens = 16 << 20;  // 64 MiB of token ids
-  // Attempts moved away from a worker that went down, kept to Abort there when it comes back.
+  // Attempts moved away from a worker that went down, kept to Abort there when it comes back
+  // (for 1,024 workers at most).
   int64_t max_orphans_per_worker = 4096;
   absl::Duration abort_timeout = absl::Seconds(2);
   std::string auth_token;  // sent to the workers
