@@ -335,7 +335,9 @@ TEST_P(PdResumeTest, AResumedRequestContinuesExactlyWhereTheFirstStreamStopped) 
       EXPECT_EQ(got.stream.usage.prompt_tokens(), prompt.size()) << what;
       EXPECT_EQ(got.stream.usage.completion_tokens(), rest.tokens.size()) << what;
       // The decode worker held the prompt's blocks (and the output's, from the first stream).
-      if (c.window_pool_bytes == 0) EXPECT_GT(got.reservation.cached_prefix_blocks(), 0u) << what;
+      if (c.window_pool_bytes == 0) {
+        EXPECT_GT(got.reservation.cached_prefix_blocks(), 0u) << what;
+      }
     }
   }
   EXPECT_TRUE(WaitUntilIdle(prefill));
