@@ -1,7 +1,5 @@
 #include "services/worker/worker_engine.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,8 +12,8 @@
 #include "engine/common/log.h"
 #include "engine/common/status.h"
 #include "engine/common/units.h"
-#include "engine/gguf/gguf_file.h"
 #include "engine/model/host_weights.h"
+#include "engine/model/model_files.h"
 #include "engine/model/null_model.h"
 #include "engine/model/sim_timing.h"
 #include "engine/model/transformer.h"
@@ -23,17 +21,6 @@
 
 namespace ferry {
 namespace {
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-std::string BaseName(std::string path) {
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 // The ids the null model emits: ordinary tokens with text of their own.
 std::vector<TokenId> OrdinaryTokens(const Tokenizer& tokenizer, const ModelConfig& config) {
@@ -91,43 +78,22 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<WorkerEngine> w(new WorkerEngine());
   w->model_path_ = options.model.empty() ? DefaultModelPath() : options.model;
-  w->model_name_ = options.model_name.empty() ? BaseName(w->model_path_) : options.model_name;
+  ASSIGN_OR_RETURN(ModelFiles files, ModelFiles::Open(w->model_path_));
+  w->model_name_ = options.model_name.empty() ? files.name() : options.model_name;
   w->engine_kind_ = options.engine;
-  const bool hf = IsDirectory(w->model_path_);
-  std::unique_ptr<GgufFile> gguf;
-  if (hf) {
-    ASSIGN_OR_RETURN(w->tokenizer_, Tokenizer::FromHfDirectory(w->model_path_));
-  } else {
-    auto opened = GgufFile::Open(w->model_path_);
-    if (!opened.ok()) {
-      return absl::Status(opened.status().code(),
-                          absl::StrCat("--model ", w->model_path_,
-                                       " (a GGUF file or an HF directory; './ferry models pull' "
-                                       "fetches the default): ",
-                                       opened.status().message()));
-    }
-    gguf = std::move(*opened);
-    ASSIGN_OR_RETURN(w->tokenizer_, Tokenizer::FromGguf(*gguf));
-  }
+  w->tokenizer_ = files.TakeTokenizer();
   CpuBackendOptions backend_options;
   backend_options.threads = options.engine == "real" ? options.threads : 1;
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create(backend_options));
   if (options.engine == "real") {
     const WeightDType dtype = options.weights == "f32" ? WeightDType::kF32 : WeightDType::kBF16;
-    ASSIGN_OR_RETURN(const HostWeights weights,
-                     hf ? LoadHfModel(w->model_path_, dtype, options.kv_dtype)
-                        : LoadGgufModel(*gguf, dtype, options.kv_dtype));
+    ASSIGN_OR_RETURN(const HostWeights weights, files.LoadWeights(dtype, options.kv_dtype));
     ASSIGN_OR_RETURN(w->model_, Transformer::Create(weights, backend.get()));
   } else {
     NullModelOptions null;
-    if (hf) {
-      ASSIGN_OR_RETURN(null.config, ReadHfModelConfig(w->model_path_));
-    } else {
-      ASSIGN_OR_RETURN(null.config, ReadGgufModelConfig(*gguf));
-    }
+    ASSIGN_OR_RETURN(null.config, files.ReadConfig());
     null.tokens = OrdinaryTokens(*w->tokenizer_, null.config);
-    ASSIGN_OR_RETURN(null.identity,
-                     DigestFile(hf ? w->model_path_ + "/tokenizer.json" : w->model_path_));
+    ASSIGN_OR_RETURN(null.identity, DigestFile(files.tokenizer_file()));
     null.prefill_tokens_per_second = options.null_prefill_tokens_per_second;
     null.decode_token_seconds = options.null_token_seconds;
     null.step_overhead_seconds = options.null_step_overhead_seconds;

@@ -1,7 +1,5 @@
 #include "tools/calibrate/calibrate.h"
 
-#include <sys/stat.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -21,9 +19,9 @@
 #include "absl/time/time.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/common/status.h"
-#include "engine/gguf/gguf_file.h"
 #include "engine/kv/kv_block_pool.h"
 #include "engine/model/host_weights.h"
+#include "engine/model/model_files.h"
 #include "engine/model/transformer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/worker/worker_options.h"
@@ -39,17 +37,6 @@ namespace {
 // The pool's bytes before any step: finite, normal values in bf16 (0x3c3c, about 0.0115) and in
 // f32 (0x3c3c3c3c), as KV is; never-written memory would be the zero page, read from the cache.
 constexpr int kPoolFillByte = 0x3c;
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-std::string BaseName(std::string path) {
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 // /proc/cpuinfo's "model name" ("unknown CPU" without one).
 std::string CpuModelName() {
@@ -82,6 +69,7 @@ struct LoadedModel {
   std::unique_ptr<CpuBackend> backend;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<Transformer> model;
+  std::string name;  // the file's or directory's
 };
 
 // As WorkerEngine builds the real engine's model.
@@ -97,22 +85,10 @@ absl::StatusOr<LoadedModel> LoadModel(const CalibrateOptions& options, const std
   backend_options.threads = options.threads;
   ASSIGN_OR_RETURN(m.backend, CpuBackend::Create(backend_options));
   const WeightDType dtype = options.weights == "f32" ? WeightDType::kF32 : WeightDType::kBF16;
-  HostWeights weights;
-  if (IsDirectory(path)) {
-    ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::FromHfDirectory(path));
-    ASSIGN_OR_RETURN(weights, LoadHfModel(path, dtype, options.kv_dtype));
-  } else {
-    auto gguf = GgufFile::Open(path);
-    if (!gguf.ok()) {
-      return absl::Status(gguf.status().code(),
-                          absl::StrCat("--model ", path,
-                                       " (a GGUF file or an HF directory; "
-                                       "'./ferry models pull' fetches the default): ",
-                                       gguf.status().message()));
-    }
-    ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::FromGguf(**gguf));
-    ASSIGN_OR_RETURN(weights, LoadGgufModel(**gguf, dtype, options.kv_dtype));
-  }
+  ASSIGN_OR_RETURN(ModelFiles files, ModelFiles::Open(path));
+  ASSIGN_OR_RETURN(const HostWeights weights, files.LoadWeights(dtype, options.kv_dtype));
+  m.tokenizer = files.TakeTokenizer();
+  m.name = files.name();
   ASSIGN_OR_RETURN(m.model, Transformer::Create(weights, m.backend.get()));
   return m;
 }
@@ -230,7 +206,7 @@ absl::StatusOr<SimCalibration> RunCalibration(const CalibrateOptions& options,
                  ? options.name
                  : absl::StrFormat("%s (%d CPUs, %d engine thread%s)/%s weights %s, KV %s",
                                    CpuModelName(), cpus, threads, threads == 1 ? "" : "s",
-                                   BaseName(path), options.weights, options.kv_dtype);
+                                   loaded.name, options.weights, options.kv_dtype);
   report << "calibrating " << cal.name << "\n"
          << "backend " << loaded.backend->name() << "; KV " << layout.DebugString() << ": "
          << cal.kv_bytes_per_token << " bytes per token\n";
