@@ -428,9 +428,62 @@ void Engine::ReleaseHandoff(const std::string& id) {
   wake_.notify_one();
 }
 
+void Engine::Park(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.push_back(id);
+  }
+  wake_.notify_one();
+}
+
+void Engine::ParkRequest(const std::string& id) {
+  Sequence* only = nullptr;
+  int64_t live = 0;
+  for (auto& seq : seqs_) {
+    if (seq->finished || seq->req->r.id != id) continue;
+    ++live;
+    only = seq.get();
+  }
+  if (live == 0) return;
+  Sequence& seq = *only;
+  const bool parkable = live == 1 && seq.req->r.n == 1 && !seq.req->fork_pending &&
+                        seq.req->r.role != EngineRole::kPrefillOnly && seq.admitted &&
+                        static_cast<int64_t>(seq.tokens.size()) > seq.prompt_len &&
+                        seq.computed == static_cast<int64_t>(seq.tokens.size()) - 1 &&
+                        handoffs_.find(id) == handoffs_.end();
+  if (!parkable) {
+    for (auto& s : seqs_) {
+      if (!s->finished && s->req->r.id == id) Finish(*s, FinishReason::kAbort, TokenEvent{});
+    }
+    return;
+  }
+  // The table covers the computed positions; a block reserved ahead for the next one goes back.
+  const int64_t keep = pool_->layout().BlocksFor(seq.computed);
+  std::vector<BlockId> spare;
+  while (static_cast<int64_t>(seq.blocks.size()) > keep) {
+    spare.push_back(seq.blocks.back());
+    seq.blocks.pop_back();
+  }
+  if (!spare.empty()) ReleaseTable(*pool_, spare);
+  if (window_pool_ != nullptr && static_cast<int64_t>(seq.window_blocks.size()) > keep) {
+    std::vector<BlockId> spare_window(seq.window_blocks.begin() + keep, seq.window_blocks.end());
+    seq.window_blocks.resize(keep);
+    ReleaseTable(*window_pool_, spare_window);
+  }
+  seq.req->handed_off = true;
+  handoffs_[id] = Handoff{std::move(seq.blocks), std::move(seq.window_blocks),
+                          clock_->Monotonic() + options_.handoff_ttl};
+  seq.blocks.clear();
+  seq.window_blocks.clear();
+  TokenEvent event;
+  event.request_id = id;
+  event.choice = seq.choice;
+  Finish(seq, FinishReason::kHandoff, std::move(event));
+}
+
 void Engine::DrainInbox() {
   std::deque<Submitted> submitted;
-  std::vector<std::string> aborted, released;
+  std::vector<std::string> aborted, released, parked;
   std::vector<PendingReservation> reservations;
   bool clear = false;
   {
@@ -439,6 +492,7 @@ void Engine::DrainInbox() {
     submitted_tokens_ = 0;
     aborted.swap(aborted_);
     released.swap(released_);
+    parked.swap(parked_);
     reservations.swap(reservations_);
     std::swap(clear, clear_cache_);
     blocks_freed_ = false;
@@ -453,6 +507,7 @@ void Engine::DrainInbox() {
     DropHandoff(id);
   }
   for (const std::string& id : released) DropHandoff(id);
+  for (const std::string& id : parked) ParkRequest(id);
   ExpireHandoffs();
   if (window_cache_ != nullptr) stats_.window_expired_blocks += window_cache_->Expire();
   if (clear) EvictAllCached();

@@ -333,6 +333,15 @@ class Engine {
   void Abort(const std::string& id);
   // Releases the blocks of a kHandoff; thread-safe. (Abort(id) does it too.)
   void ReleaseHandoff(const std::string& id);
+  // Stops a decoding request at the next step and keeps its KV for the caller to send elsewhere
+  // (a drain's hand-off); thread-safe. A request of one choice that is admitted and between
+  // tokens (every position but its last token's computed) ends with kHandoff: the event names
+  // its table (blocks covering prompt + generated - 1 positions, held as a prefill-only
+  // request's are: until ReleaseHandoff, Abort or handoff_ttl) and carries its sampler state and
+  // held-back text, so that a decode-only request elsewhere continues it exactly. Any other live
+  // request (several choices, still prefilling, preempted, waiting) ends with kAbort. Unknown or
+  // finished ids are ignored.
+  void Park(const std::string& id);
   // Whether `id` is submitted and not yet finished (or a handoff not yet released). False from
   // the moment the request's last finish event is emitted.
   bool IsLive(const std::string& id) const;
@@ -450,6 +459,8 @@ class Engine {
   void ReportKvProgress(Sequence& seq);
   // A prefill-only request's prompt is computed: each choice's first token, and the handoff.
   void DeliverPrefillOnly(Sequence& seq, absl::Span<const float> logits);
+  // Park(id) on the engine thread.
+  void ParkRequest(const std::string& id);
   // A sequence for choice `choice` of `req` that has not produced anything yet.
   std::unique_ptr<Sequence> NewSequence(const std::shared_ptr<Request>& req, int32_t choice,
                                         int64_t arrival);
@@ -466,7 +477,7 @@ class Engine {
   void Emit(const Sequence& seq, TokenEvent& event);
   void RemoveFinished();
   bool InboxHasWork() const {  // under mu_
-    return !submitted_.empty() || !aborted_.empty() || !released_.empty() ||
+    return !submitted_.empty() || !aborted_.empty() || !released_.empty() || !parked_.empty() ||
            !reservations_.empty() || clear_cache_;
   }
   void Loop();
@@ -501,7 +512,7 @@ class Engine {
   };
   std::deque<Submitted> submitted_;
   int64_t submitted_tokens_ = 0;  // prompt tokens in submitted_
-  std::vector<std::string> aborted_, released_;
+  std::vector<std::string> aborted_, released_, parked_;
   std::vector<PendingReservation> reservations_;
   bool clear_cache_ = false;
   bool blocks_freed_ = false;  // a release elsewhere freed blocks since the engine last looked

@@ -9,6 +9,7 @@
 #include "engine/common/log.h"
 #include "services/common/grpc_client.h"
 #include "services/common/grpc_status.h"
+#include "services/common/shared_token.h"
 #include "services/worker/kv_handoff.h"
 #include "services/worker/worker_service.h"
 #include "services/worker/worker_wire.h"
@@ -73,17 +74,34 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
                                "a prefill worker (`aggregated` must be unset)"),
                   true);
   }
-  if (!request.handoff_source_endpoint().empty()) {
-    return Reject(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                               "KV hand-off from another decode worker (drain) is not supported "
-                               "yet"),
-                  true);
+  if (!request.handoff_source_endpoint().empty() && service_->transport() == nullptr) {
+    return Reject(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "this worker has no KV transport: a drained request's KV cannot "
+                               "be handed to it (resume it by re-prefill)"),
+                  false);
   }
   std::vector<int64_t> first_index;
   absl::StatusOr<EngineRequest> converted =
       ToEngineRequest(request.request(), service_->limits(), &first_index);
   if (!converted.ok()) return Reject(ToGrpcStatus(converted.status()), true);
   EngineRequest r = *std::move(converted);
+  if (!request.handoff_source_endpoint().empty()) {
+    if (r.n != 1 || r.resume.size() != 1 || r.resume[0].generated.empty()) {
+      return Reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "a hand-off (handoff_source_endpoint) continues one choice: it "
+                                 "needs n = 1 and a resume state with the output so far"),
+                    true);
+    }
+    if (request.handoff_source_request_id().empty()) {
+      return Reject(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "a hand-off needs handoff_source_request_id: the request's id "
+                                 "on the source"),
+                    true);
+    }
+    handoff_source_ = request.handoff_source_endpoint();
+    handoff_source_id_ = request.handoff_source_request_id();
+    handoff_generated_ = static_cast<int64_t>(r.resume[0].generated.size());
+  }
   const v1::RequestContext& ctx = request.request().context();
   id_ = r.id;
   trace_id_ = ctx.trace_id().empty() ? TraceIdOf(*context_) : ctx.trace_id();
@@ -105,9 +123,10 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
   }
   r.on_event = [this](const TokenEvent& e) { OnEngineEvent(e); };
   service_->WriteComputedBlocks(r, ctx);
-  if (role == "decode") {
+  if (role == "decode" || !handoff_source_.empty()) {
     // A migrated request (one choice): the prefill worker computes the prompt and the output so
-    // far and samples the next token; their KV comes here.
+    // far and samples the next token; their KV comes here. A hand-off's KV is the source's: the
+    // prompt and the output but its last token.
     if (!r.resume.empty() && r.n != 1) {
       if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Remove(id_, deadline_);
       service_->Unregister(id_);
@@ -126,6 +145,7 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
     std::vector<TokenId> computed = r.prompt;
     if (!r.resume.empty()) {
       computed.insert(computed.end(), r.resume[0].generated.begin(), r.resume[0].generated.end());
+      if (!handoff_source_.empty()) computed.pop_back();
     }
     const std::vector<Hash128> hashes =
         ComputeBlockHashes({service_->limits().model_fingerprint, r.cache_salt, ""}, computed,
@@ -200,7 +220,11 @@ void GenerateCall::AbortFor(AbortCause cause) {
     }
     if (phase_ != Phase::kSubmitted) return;
   }
-  service_->engine().engine().Abort(id_);
+  if (cause == AbortCause::kDrained && service_->hands_off()) {
+    service_->engine().engine().Park(id_);  // kHandoff, or kAbort when it cannot be parked
+  } else {
+    service_->engine().engine().Abort(id_);
+  }
 }
 
 void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
@@ -261,9 +285,78 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
   // KvReady is bounded too: the pushes by reservation_deadline_, KvReady a second later.
   kv_deadline_ = reservation_deadline_ + absl::Seconds(1);
   service_->deadlines().Add(id_ + WorkerService::kKvDeadlineSuffix, kv_deadline_);
+  const bool handoff = !handoff_source_.empty();
   lock.unlock();
   Pump();
+  if (handoff) CallPushKv();
   Unref();
+}
+
+void GenerateCall::CallPushKv() {
+  struct Rpc {
+    std::unique_ptr<grpc::ClientContext> context;
+    v1::PushKvRequest request;
+    v1::PushKvResponse response;
+  };
+  auto rpc = std::make_shared<Rpc>();
+  absl::Duration timeout;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rpc->request.set_request_id(handoff_source_id_);
+    *rpc->request.mutable_destination() = reservation_;
+    rpc->request.set_generated_tokens(static_cast<uint32_t>(handoff_generated_));
+    timeout = std::max(absl::Milliseconds(1), reservation_deadline_ - absl::Now());
+  }
+  rpc->context = NewClientContext(timeout, trace_id_);
+  AttachSharedToken(rpc->context.get(), service_->options().auth_token);
+  auto stub = service_->DecodeStub(handoff_source_);
+  refs_.fetch_add(1);  // the PushKv call's
+  stub->async()->PushKv(
+      rpc->context.get(), &rpc->request, &rpc->response, [this, rpc, stub](grpc::Status status) {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (phase_ != Phase::kAwaitingKv) {
+          lock.unlock();
+          Unref();
+          return;
+        }
+        if (!status.ok()) {
+          service_->metrics().Reservation("failed");
+          LOG(WARNING) << "request " << id_ << ": the hand-off from " << handoff_source_
+                       << " failed: " << status.error_message();
+          if (status.error_code() != grpc::StatusCode::NOT_FOUND) {
+            // The source may have started puts: the transport's outcome frees the blocks.
+          } else {
+            kv_->NoTransfer();  // nothing was posted into the reservation
+          }
+          EndBeforeEngine(
+              lock, AbortCause::kNone,
+              absl::UnavailableError(absl::StrCat("the KV hand-off from ", handoff_source_,
+                                                  " failed: ", status.error_message())));
+          Unref();
+          return;
+        }
+        // As a prefill worker's KvReady: what the decode-only request needs besides the blocks.
+        service_->metrics().HandoffReceived(rpc->response.bytes_transferred());
+        kv_ready_ = true;
+        ready_.Clear();
+        ready_.set_request_id(id_);
+        ready_.set_transfer_id(transfer_id_);
+        ready_.set_window_floor(rpc->response.window_floor());
+        ready_.set_approximate_kv(rpc->response.approximate_kv());
+        if (kv_landed_) {
+          const bool ended = PrepareDecodeLocked();
+          lock.unlock();
+          if (ended) {
+            Done();
+          } else {
+            StartDecode();
+          }
+        } else {
+          lock.unlock();
+          Pump();
+        }
+        Unref();
+      });
 }
 
 void GenerateCall::OnKvLanded(const absl::Status& status) {
@@ -362,6 +455,14 @@ bool GenerateCall::PrepareDecodeLocked() {
   // A migrated request's output before the prefill worker's token (its resume point).
   std::vector<ResumePoint> before = std::move(r.resume);
   r.resume.clear();
+  if (!handoff_source_.empty()) {
+    // A hand-off: the source's KV covers all but the last token, which the client has; the
+    // request continues from the caller's resume point as it is, and no prompt token was
+    // computed for it.
+    r.resume = std::move(before);
+    cached_tokens_ = prompt_tokens_;
+    store_tokens_ = 0;
+  }
   for (int c = 0; c < ready_.first_tokens_size(); ++c) {
     const v1::TokenChunk& first = ready_.first_tokens(c);
     pending_[c] = first;
@@ -392,7 +493,7 @@ bool GenerateCall::PrepareDecodeLocked() {
     point.choice = c;
     r.resume.push_back(std::move(point));
   }
-  if (!first_token_) {
+  if (!first_token_ && handoff_source_.empty()) {
     first_token_ = true;
     service_->metrics().Ttft(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
@@ -466,6 +567,34 @@ void GenerateCall::EndBeforeEngine(std::unique_lock<std::mutex>& lock, AbortCaus
 
 void GenerateCall::OnEngineEvent(const TokenEvent& e) {
   bool done = false, failed = false;
+  if (e.finish == FinishReason::kHandoff) {
+    // Parked by the drain: the KV waits for the worker continuing the request (its stream ends
+    // naming this one). The engine holds the blocks until the service releases them.
+    ParkedKv parked;
+    parked.blocks = e.blocks;
+    parked.window_blocks = e.window_blocks;
+    parked.window_floor = e.window_floor;
+    parked.approximate_kv = e.approximate_kv;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      parked.generated = next_index_[0];
+      parked.positions = prompt_tokens_ + parked.generated - 1;
+      SamplerStateToProto(e.sampler_state, seed_, 0, e.held_text, &parked.sampler_state);
+      parked_ = true;
+      done = --choices_left_ == 0;
+    }
+    service_->AddParked(id_, std::move(parked));
+    if (done) {
+      Done();
+    } else {
+      Pump();
+    }
+    return;
+  }
+  if (e.finish == FinishReason::kAbort && e.choice == 0 && service_->hands_off()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cause_ == AbortCause::kDrained) service_->metrics().Handoff("not_parked");
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     const size_t c = static_cast<size_t>(e.choice);
@@ -580,7 +709,9 @@ void GenerateCall::Pump() {
   if (cause_ == AbortCause::kDeadline) {
     final_status = absl::DeadlineExceededError("the request's deadline passed");
   } else if (cause_ == AbortCause::kDrained) {
-    final_status = absl::UnavailableError("the worker drained before the request finished");
+    final_status = absl::UnavailableError(
+        parked_ ? "the worker drained: the request continues elsewhere with its KV"
+                : "the worker drained before the request finished");
     retryable = true;
   } else if (!error_.ok()) {
     final_status = error_;
@@ -600,6 +731,7 @@ void GenerateCall::Pump() {
     by_source->set_decode_local(static_cast<uint32_t>(decode_local_tokens_));
   } else {
     ErrorInfoFromStatus(final_status, trace_id_, retryable, out_.mutable_error());
+    if (parked_) out_.mutable_error()->set_handoff_endpoint(service_->endpoint());
   }
   // The closing message and the status in one write, which the caller reads in one wakeup (no
   // OnWriteDone follows; out_ stays untouched until OnDone, as nothing writes once finished_).

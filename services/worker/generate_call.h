@@ -12,6 +12,14 @@
 // not arrive by the reservation's deadline, or a KvReady with an error, ends the call
 // UNAVAILABLE (retryable: nothing was streamed); the blocks go back once no push can reach them.
 //
+// Drain hand-off. Source: AbortFor(kDrained) on a worker that hands off parks the request
+// (Engine::Park); its kHandoff event gives the KV to the service (AddParked) and the call ends
+// UNAVAILABLE, retryable, with ErrorInfo.handoff_endpoint. Target (handoff_source_endpoint set;
+// decode or aggregated role, one resumed choice): the call reserves blocks for the prompt and the
+// output but its last token, sends the KvReservation, and calls PushKv on the source; once the
+// push landed and PushKv answered, the request continues as a decode-only engine request from the
+// last token, which is not sent again. A failed hand-off ends the call UNAVAILABLE, retryable.
+//
 // With a KV store (aggregated calls): the prefix the worker's memory lacks is read from the store
 // first (StoreReader; kLoading), then the request goes to the engine with it. The blocks the
 // request computes go to the store's writer (both roles).
@@ -86,6 +94,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   // request is ready (kStarting). Under mu_; true when the call is done instead (every choice
   // ended with its first token, or the answer cannot be resumed).
   bool PrepareDecodeLocked();
+  // Target of a hand-off: the source's PushKv, once the reservation is described.
+  void CallPushKv();
   // Then, without mu_: writes the first tokens (before the engine's first decode step competes
   // for the cores) and submits the request; Done() when it cannot run.
   void StartDecode();
@@ -139,6 +149,11 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   absl::Status error_;
   bool writing_ = false, finished_ = false, broken_ = false;
   ferry::v1::GenerateEvent out_;
+  // Drain hand-off: as the target, the source's "host:port" and the output so far; as the
+  // source, whether the engine parked the request (the stream ends naming this worker).
+  std::string handoff_source_, handoff_source_id_;
+  int64_t handoff_generated_ = 0;
+  bool parked_ = false;
 };
 
 }  // namespace ferry

@@ -19,7 +19,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   w->load_ = std::make_unique<LoadWindow>(options.load_window);
   WorkerMetrics* metrics = w->metrics_.get();
   LoadWindow* load = w->load_.get();
-  if (options.role != "aggregated") {
+  {
+    // Prefill and decode: the P/D path's KV moves through it. Aggregated: a drain's hand-off
+    // does; without one an aggregated worker still serves (its drained requests resume by
+    // re-prefill).
     transfer::TransportOptions transport;
     transport.kind = options.transport;
     transport.ucx_tls = options.ucx_tls;
@@ -27,22 +30,28 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     transport.auth_token = token;  // the gRPC fallback's calls, as the worker's own
     transport.registry = w->registry_.get();
     auto created = transfer::KvTransport::Create(transport);
-    if (!created.ok()) {
+    if (created.ok()) {
+      w->transport_ = *std::move(created);
+    } else if (options.role == "aggregated") {
+      LOG(WARNING) << "--transport " << options.transport << ": " << created.status()
+                   << "; drained requests will resume elsewhere by re-prefill, without their KV";
+    } else {
       return absl::Status(
           created.status().code(),
           absl::StrCat(
               "--transport ", options.transport, ": ", created.status().message(),
               options.transport == "ucx" ? " (--transport grpc is the fallback without UCX)" : ""));
     }
-    w->transport_ = *std::move(created);
   }
-  ASSIGN_OR_RETURN(w->engine_, WorkerEngine::Create(
-                                   options,
-                                   [metrics, load](const StepInfo& s) {
-                                     metrics->Step(s);
-                                     load->Record(s);
-                                   },
-                                   w->transport_.get()));
+  ASSIGN_OR_RETURN(w->engine_,
+                   WorkerEngine::Create(
+                       options,
+                       [metrics, load, delay = options.test_step_delay](const StepInfo& s) {
+                         metrics->Step(s);
+                         load->Record(s);
+                         if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+                       },
+                       w->transport_.get()));
   if (!options.kvstore.empty()) {
     kv::ClientOptions kv_options;
     kv_options.nodes = absl::StrSplit(options.kvstore, ',', absl::SkipWhitespace());
@@ -90,6 +99,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     self->admin_->SetReady(false, "draining");
     self->grpc_->SetServing(false);
   };
+  service_options.on_drained = options.on_drained;
+  service_options.handoff_wait = options.handoff_wait;
   service_options.role = options.role;
   service_options.transport = w->transport_.get();
   service_options.reservation_timeout = options.reservation_timeout;
@@ -158,10 +169,15 @@ void Worker::Drain(absl::Time deadline) {
   admin_->SetReady(false, "shutting down");
   grpc_->SetServing(false);
   service_->BeginDrain(deadline);  // no admissions from here on
+  // Requests still running at the deadline are parked or ended by the drain (their last events
+  // need a step), and parked KV waits at most handoff_wait for its push. The Watch streams stay
+  // open meanwhile: routers see the worker draining, not gone.
+  const bool idle = service_->WaitIdle(deadline + options_.handoff_wait + absl::Seconds(5));
+  if (!idle) {
+    LOG(ERROR) << "shutdown: " << service_->live_calls()
+               << " request(s) did not end, or hand-offs are still running";
+  }
   service_->CloseWatches();
-  // Requests still running at the deadline are ended by the drain; their last events need a step.
-  const bool idle = service_->WaitIdle(deadline + absl::Seconds(5));
-  if (!idle) LOG(ERROR) << "shutdown: " << service_->live_calls() << " request(s) did not end";
   // gRPC's Shutdown waits its whole deadline while clients keep idle connections open (routers
   // do). With no Generate or Watch call left, nothing needs the grace: a short one ends it.
   grpc_->Shutdown(idle ? absl::Milliseconds(200) : options_.rpc_grace);

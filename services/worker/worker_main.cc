@@ -3,7 +3,10 @@
 // to decode workers over --transport; decode: Generate fed by prefill workers, KvReady), plus
 // Abort, Drain, Watch, the gRPC health service, and /metrics, /healthz, /readyz on the admin
 // port. Prints "grpc_port=N admin_port=M" once serving. SIGTERM: not ready at once, Watch streams
-// end, running requests finish within --drain_grace, exit 0.
+// stay open saying DRAINING, running requests go on for --drain_grace, then are handed off with
+// their KV to the workers continuing them (or end, to be resumed by re-prefill), exit 0. A drain
+// the Drain call began (a router's POST /workers/{id}/drain) ends the same way (unless
+// --exit_when_drained=false).
 //
 //   ferry-worker --model SmolLM2-135M-Instruct.Q4_1.gguf --address 127.0.0.1:7500
 //   ferry-worker --engine null --null_token_seconds 0.01      # the model's tokenizer, no weights
@@ -33,7 +36,8 @@
 
 ABSL_FLAG(std::string, config, "", "JSON config file (keys as the flags; flags given win)");
 ABSL_FLAG(std::string, role, FERRY_WORKER_ROLE, "aggregated, prefill or decode");
-ABSL_FLAG(std::string, transport, "ucx", "prefill/decode: KV transport, ucx or grpc (fallback)");
+ABSL_FLAG(std::string, transport, "ucx",
+          "KV transport, ucx or grpc (fallback): prefill to decode, and a drain's hand-offs");
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (tcp, shm, ...; default $UCX_TLS or UCX's)");
 ABSL_FLAG(std::string, transport_address, "127.0.0.1:0",
           "the gRPC transport's listen address (port 0: any free port)");
@@ -95,6 +99,13 @@ ABSL_FLAG(int, max_n, 16, "choices per request at most");
 ABSL_FLAG(double, null_prefill_tokens_per_second, 20000, "null engine: prefill speed");
 ABSL_FLAG(double, null_token_seconds, 0.005, "null engine: per-token latency (a decode step)");
 ABSL_FLAG(double, null_step_overhead_seconds, 0, "null engine: fixed cost of a step");
+ABSL_FLAG(bool, exit_when_drained, true,
+          "exit 0 once a drain (SIGTERM, or the Drain call: a router's POST "
+          "/workers/{id}/drain) is over; false: a drained worker stays up, not ready, until "
+          "SIGTERM (under an orchestrator that restarts exited containers)");
+ABSL_FLAG(absl::Duration, test_step_delay, absl::ZeroDuration(),
+          "testing: the engine sleeps this long after every step (slows a real tiny model so "
+          "that a test acts mid-stream)");
 ABSL_FLAG(std::string, null_script, "",
           "null engine: a JSON file of scripted replies, [{\"when\": text, \"reply\": text}]");
 ABSL_FLAG(std::string, address, "127.0.0.1:0", "gRPC listen address (port 0: any free port)");
@@ -113,6 +124,9 @@ ABSL_FLAG(absl::Duration, load_window, absl::Seconds(10), "window of the measure
 ABSL_FLAG(absl::Duration, drain_grace, absl::Seconds(30),
           "SIGTERM/Drain: time for running requests");
 ABSL_FLAG(absl::Duration, rpc_grace, absl::Seconds(5), "then for calls still in flight");
+ABSL_FLAG(absl::Duration, handoff_wait, absl::Seconds(30),
+          "after the drain deadline: how long a stopped request's KV waits for the worker "
+          "continuing it to pull it (then it resumes by re-prefill)");
 
 namespace {
 
@@ -206,6 +220,8 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(load_window);
   FROM_FLAG(drain_grace);
   FROM_FLAG(rpc_grace);
+  FROM_FLAG(handoff_wait);
+  FROM_FLAG(test_step_delay);
 #undef FROM_FLAG
 #undef BYTES_FROM_FLAG
   return o;
@@ -222,8 +238,13 @@ int main(int argc, char** argv) {
   ferry::NoteGivenFlags(argc, argv);
   TuneAllocatorForLargeBuffers();  // KV store reads and writes: multi-MiB messages
   absl::ParseCommandLine(argc, argv);
-  const WorkerOptions options = OptionsFromFlags();
+  WorkerOptions options = OptionsFromFlags();
   if (absl::Status s = ValidateWorkerOptions(options); !s.ok()) Die("options", s);
+  // A drain the Drain call began ends the process as SIGTERM's does.
+  if (absl::GetFlag(FLAGS_exit_when_drained)) {
+    TerminationSignal* terminate = signal->get();
+    options.on_drained = [terminate] { terminate->Trigger(); };
+  }
   auto worker = Worker::Start(options);
   if (!worker.ok()) Die("start", worker.status());
   std::printf("grpc_port=%d admin_port=%d\n", (*worker)->grpc_port(), (*worker)->admin_port());

@@ -205,6 +205,49 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
   for (const char* o : {"landed", "timed_out", "failed", "no_blocks"}) {
     reservations_->Add({{"outcome", o}});
   }
+  drains_ = &prometheus::BuildCounter()
+                 .Name("ferry_worker_drains_total")
+                 .Help("Drains started (SIGTERM or the Drain call).")
+                 .Register(registry)
+                 .Add({});
+  drain_duration_ = &prometheus::BuildGauge()
+                         .Name("ferry_worker_drain_duration_seconds")
+                         .Help(
+                             "The last drain, from its start until no call and no KV waiting "
+                             "for its hand-off was left.")
+                         .Register(registry)
+                         .Add({});
+  handoffs_ = &prometheus::BuildCounter()
+                   .Name("ferry_worker_handoffs_total")
+                   .Help(
+                       "Requests running at the drain deadline, by what became of their KV: "
+                       "pushed, failed, expired, not_parked.")
+                   .Register(registry);
+  for (const char* o : {"pushed", "failed", "expired", "not_parked"}) {
+    handoffs_->Add({{"outcome", o}});
+  }
+  handoff_bytes_ = &prometheus::BuildCounter()
+                        .Name("ferry_worker_handoff_bytes_total")
+                        .Help("KV bytes handed off to the workers continuing drained requests.")
+                        .Register(registry)
+                        .Add({});
+  handoffs_received_ = &prometheus::BuildCounter()
+                            .Name("ferry_worker_handoffs_received_total")
+                            .Help("Drained requests this worker continued with their KV.")
+                            .Register(registry)
+                            .Add({});
+  handoff_received_bytes_ = &prometheus::BuildCounter()
+                                 .Name("ferry_worker_handoff_received_bytes_total")
+                                 .Help("KV bytes pushed here by draining workers.")
+                                 .Register(registry)
+                                 .Add({});
+  handoff_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("ferry_worker_handoff_seconds")
+           .Help("Per pushed hand-off: PushKv's arrival to the push's completion.")
+           .Register(registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                                                            0.1, 0.2, 0.5, 1, 2, 5, 10});
   auto& released = prometheus::BuildCounter()
                        .Name("ferry_worker_kv_reservation_blocks_released_total")
                        .Help(
@@ -331,6 +374,23 @@ void WorkerMetrics::Reservation(const std::string& outcome) {
 
 void WorkerMetrics::KvReleased(int64_t blocks, bool outcome_known) {
   (outcome_known ? released_known_ : released_quarantine_)->Increment(static_cast<double>(blocks));
+}
+
+void WorkerMetrics::HandoffReceived(uint64_t bytes) {
+  handoffs_received_->Increment();
+  handoff_received_bytes_->Increment(static_cast<double>(bytes));
+}
+
+void WorkerMetrics::DrainStarted() { drains_->Increment(); }
+
+void WorkerMetrics::DrainDuration(double seconds) { drain_duration_->Set(seconds); }
+
+void WorkerMetrics::Handoff(const char* outcome, uint64_t bytes, double seconds) {
+  handoffs_->Add({{"outcome", outcome}}).Increment();
+  if (std::string(outcome) == "pushed") {
+    handoff_bytes_->Increment(static_cast<double>(bytes));
+    handoff_seconds_->Observe(seconds);
+  }
 }
 
 }  // namespace ferry

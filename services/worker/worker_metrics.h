@@ -51,6 +51,22 @@
 //                                                decode: blocks of failed reservations given back
 //                                                once the push was known to be over (known) or
 //                                                after the quarantine ran out (quarantine)
+//   Drains (SIGTERM, the Drain call):
+//   ferry_worker_drains_total                    drains started
+//   ferry_worker_drain_duration_seconds          the last drain, from its start to nothing left
+//                                                (no call, no KV waiting for its hand-off)
+//   ferry_worker_handoffs_total{outcome}         requests running at the drain deadline: pushed
+//                                                (their KV went to the worker continuing them),
+//                                                failed (the push failed), expired (nobody took
+//                                                the KV within --handoff_wait), not_parked (not
+//                                                between tokens, or several choices: ended to be
+//                                                resumed by re-prefill)
+//   ferry_worker_handoff_bytes_total             KV bytes handed off
+//   ferry_worker_handoffs_received_total, ferry_worker_handoff_received_bytes_total
+//                                                the worker continuing drained requests: hand-offs
+//                                                it took, and their bytes
+//   ferry_worker_handoff_seconds                 histogram per pushed hand-off: PushKv's arrival
+//                                                to the push's completion
 //
 // Thread-safe (prometheus-cpp metrics are).
 
@@ -113,6 +129,11 @@ class WorkerMetrics {
   // "landed", "timed_out", "failed", "no_blocks".
   void Reservation(const std::string& outcome);
   void KvReleased(int64_t blocks, bool outcome_known);
+  void DrainStarted();
+  void DrainDuration(double seconds);
+  // "pushed", "failed", "expired", "not_parked"; bytes and seconds with "pushed".
+  void Handoff(const char* outcome, uint64_t bytes = 0, double seconds = 0);
+  void HandoffReceived(uint64_t bytes);
 
  private:
   std::vector<prometheus::Counter*> outcomes_;
@@ -157,6 +178,13 @@ class WorkerMetrics {
   prometheus::Counter* pushes_failed_;
   prometheus::Counter* blocks_skipped_;
   prometheus::Family<prometheus::Counter>* reservations_;
+  prometheus::Counter* drains_;
+  prometheus::Gauge* drain_duration_;
+  prometheus::Family<prometheus::Counter>* handoffs_;
+  prometheus::Counter* handoff_bytes_;
+  prometheus::Histogram* handoff_seconds_;
+  prometheus::Counter* handoffs_received_;
+  prometheus::Counter* handoff_received_bytes_;
   prometheus::Counter* released_known_;
   prometheus::Counter* released_quarantine_;
 

@@ -102,6 +102,8 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(ReadDuration(c, "load_window", &o->load_window));
   RETURN_IF_ERROR(ReadDuration(c, "drain_grace", &o->drain_grace));
   RETURN_IF_ERROR(ReadDuration(c, "rpc_grace", &o->rpc_grace));
+  RETURN_IF_ERROR(ReadDuration(c, "handoff_wait", &o->handoff_wait));
+  RETURN_IF_ERROR(ReadDuration(c, "test_step_delay", &o->test_step_delay));
   return c.CheckAllKeysUsed();
 }
 
@@ -186,8 +188,9 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return bad("--watch_journal_events and --watch_max_hashes_per_message must be positive");
   }
   if (o.load_window <= absl::ZeroDuration()) return bad("--load_window must be positive");
-  if (o.drain_grace < absl::ZeroDuration() || o.rpc_grace < absl::ZeroDuration()) {
-    return bad("--drain_grace and --rpc_grace must be >= 0");
+  if (o.drain_grace < absl::ZeroDuration() || o.rpc_grace < absl::ZeroDuration() ||
+      o.handoff_wait < absl::ZeroDuration()) {
+    return bad("--drain_grace, --rpc_grace and --handoff_wait must be >= 0");
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -54,6 +55,9 @@ struct WorkerOptions {
   double null_prefill_tokens_per_second = 20000;
   double null_token_seconds = 0.005;  // per-token latency: a step with decoding rows
   double null_step_overhead_seconds = 0;
+  // Testing: the engine thread sleeps this long after every step (a real tiny model decodes a
+  // whole answer in milliseconds; a test that acts mid-stream slows it down). Zero: never.
+  absl::Duration test_step_delay = absl::ZeroDuration();
   // A JSON file of scripts the null engine replies with (API tests): [{"when": text, "reply":
   // text}, ...] (at most 4; "when" absent or "": from the start). A sequence replies with the
   // script whose "when" text it held last (as tokens), then ends; "reply" may hold special tokens.
@@ -116,6 +120,11 @@ struct WorkerOptions {
   absl::Duration load_window = absl::Seconds(10);
   absl::Duration drain_grace = absl::Seconds(30);  // SIGTERM / Drain: running requests' time
   absl::Duration rpc_grace = absl::Seconds(5);     // then in-flight calls', before cancelling
+  // After the drain deadline: how long a parked request's KV waits for the worker continuing it.
+  absl::Duration handoff_wait = absl::Seconds(30);
+  // Called once when a drain is over (nothing running, no KV waiting): ferry-worker exits then,
+  // whether SIGTERM or the Drain call began it. Not from the config file.
+  std::function<void()> on_drained;
 };
 
 // Applies the keys of `config` (a worker config file's root object) to `options`; every key

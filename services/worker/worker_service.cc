@@ -1,7 +1,10 @@
 #include "services/worker/worker_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -144,6 +147,7 @@ void WorkerService::StartWatch(const std::string& worker_id, const std::string& 
   std::lock_guard<std::mutex> lock(mu_);
   CHECK(hub_ == nullptr) << "StartWatch twice";
   hub_ = std::move(hub);
+  endpoint_ = endpoint;
 }
 
 WorkerService::~WorkerService() {
@@ -294,7 +298,11 @@ int64_t WorkerService::live_calls() const {
 v1::DrainState WorkerService::drain_state() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!draining_) return v1::DRAIN_STATE_SERVING;
-  return calls_.empty() && prefills_.empty() ? v1::DRAIN_STATE_DRAINED : v1::DRAIN_STATE_DRAINING;
+  return IdleLocked() ? v1::DRAIN_STATE_DRAINED : v1::DRAIN_STATE_DRAINING;
+}
+
+bool WorkerService::IdleLocked() const {
+  return calls_.empty() && prefills_.empty() && parked_.empty() && handoff_pushes_ == 0;
 }
 
 void WorkerService::BeginDrain(absl::Time deadline) {
@@ -304,40 +312,93 @@ void WorkerService::BeginDrain(absl::Time deadline) {
     first = !draining_;
     draining_ = true;
     drain_deadline_ = std::min(drain_deadline_, deadline);
-    if (first) drainer_ = std::thread([this] { DrainLoop(); });
+    if (first) {
+      drain_started_ = absl::Now();
+      drainer_ = std::thread([this] { DrainLoop(); });
+    }
   }
   changed_.notify_all();
   if (first) {
+    metrics_->DrainStarted();
     LOG(INFO) << "draining: no new requests; " << live_calls() << " running may finish until "
-              << deadline;
+              << deadline
+              << (hands_off() ? ", then they are handed off with their KV" : ", then they end");
     if (options_.on_draining) options_.on_draining();
   }
 }
 
 void WorkerService::DrainLoop() {
   std::unique_lock<std::mutex> lock(mu_);
-  auto idle = [&] { return calls_.empty() && prefills_.empty(); };
-  while (!stopping_ && !idle() && absl::Now() < drain_deadline_) {
+  auto busy = [&] { return !calls_.empty() || !prefills_.empty(); };
+  while (!stopping_ && busy() && absl::Now() < drain_deadline_) {
     changed_.wait_for(lock, absl::ToChronoNanoseconds(
                                 std::max(absl::Milliseconds(1), drain_deadline_ - absl::Now())));
   }
-  if (stopping_ || idle()) return;
-  std::vector<std::string> ids;
-  for (auto& [id, call] : calls_) ids.push_back(id);
-  for (auto& [id, call] : prefills_) ids.push_back(id);
+  if (stopping_) return;
+  if (!calls_.empty()) {
+    // Generate calls are parked (or ended); accepted prefills end on their own, once their KV
+    // reached the decode worker (their reservation's deadline bounds them).
+    std::vector<std::string> ids;
+    for (auto& [id, call] : calls_) ids.push_back(id);
+    lock.unlock();
+    LOG(INFO) << "draining: the deadline passed; " << (hands_off() ? "handing off " : "ending ")
+              << ids.size() << " request(s)";
+    for (const std::string& id : ids) AbortRequest(id, AbortCause::kDrained);
+    lock.lock();
+  }
+  // Until nothing is left: parked KV nobody took in time is released.
+  while (!stopping_ && !IdleLocked()) {
+    const absl::Time now = absl::Now();
+    absl::Time next = now + absl::Seconds(1);
+    std::vector<std::string> expired;
+    for (auto& [id, parked] : parked_) {
+      if (parked.expires <= now) {
+        expired.push_back(id);
+      } else {
+        next = std::min(next, parked.expires);
+      }
+    }
+    for (const std::string& id : expired) {
+      parked_.erase(id);
+      engine_->engine().ReleaseHandoff(id);
+      metrics_->Handoff("expired");
+      LOG(WARNING) << "draining: nobody took the KV of request " << id << " within "
+                   << options_.handoff_wait << "; it is released (the request resumes by "
+                   << "re-prefill)";
+    }
+    if (!expired.empty()) continue;
+    changed_.wait_for(lock, absl::ToChronoNanoseconds(std::max(absl::Milliseconds(1), next - now)));
+  }
+  if (stopping_) return;
+  const absl::Duration took = absl::Now() - drain_started_;
   lock.unlock();
-  LOG(INFO) << "draining: the deadline passed; ending " << ids.size() << " request(s)";
-  for (const std::string& id : ids) AbortRequest(id, AbortCause::kDrained);
+  metrics_->DrainDuration(absl::ToDoubleSeconds(took));
+  LOG(INFO) << "drained in " << took;
+  changed_.notify_all();
+  if (options_.on_drained) options_.on_drained();
 }
 
 bool WorkerService::WaitIdle(absl::Time deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto idle = [&] { return calls_.empty() && prefills_.empty(); };
-  while (!idle() && absl::Now() < deadline) {
+  while (!IdleLocked() && absl::Now() < deadline) {
     changed_.wait_for(
         lock, absl::ToChronoNanoseconds(std::max(absl::Milliseconds(1), deadline - absl::Now())));
   }
-  return idle();
+  return IdleLocked();
+}
+
+void WorkerService::AddParked(const std::string& id, ParkedKv parked) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    parked.expires = absl::Now() + options_.handoff_wait;
+    parked_[id] = std::move(parked);
+  }
+  changed_.notify_all();
+}
+
+std::string WorkerService::endpoint() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return endpoint_;
 }
 
 void WorkerService::CloseWatches() {
@@ -423,11 +484,6 @@ grpc::ServerUnaryReactor* WorkerService::Drain(grpc::CallbackServerContext* cont
                                                const v1::DrainRequest* request,
                                                v1::DrainResponse* response) {
   if (grpc::Status auth = Authorize(*context); !auth.ok()) return Answer(context, auth);
-  if (!request->handoff_endpoints().empty()) {
-    return Answer(context, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                        "handing running requests to other decode workers is "
-                                        "not supported yet"));
-  }
   const absl::Duration grace = request->grace_seconds() > 0
                                    ? absl::Seconds(request->grace_seconds())
                                    : options_.default_drain_grace;
@@ -449,6 +505,136 @@ grpc::ServerWriteReactor<v1::WorkerStatus>* WorkerService::Watch(
     return new Refused(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is starting"));
   }
   return hub->Subscribe(context, request);
+}
+
+grpc::ServerUnaryReactor* WorkerService::PushKv(grpc::CallbackServerContext* context,
+                                                const v1::PushKvRequest* request,
+                                                v1::PushKvResponse* response) {
+  if (grpc::Status auth = Authorize(*context); !auth.ok()) return Answer(context, auth);
+  const std::string id = request->request_id();
+  ParkedKv parked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = parked_.find(id);
+    if (it == parked_.end()) {
+      return Answer(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                          absl::StrCat("no KV of request ", id,
+                                                       " waits here for a hand-off (it expired, "
+                                                       "was taken, or never was parked)")));
+    }
+    parked = std::move(it->second);
+    parked_.erase(it);
+    ++handoff_pushes_;  // until the push's outcome
+  }
+  const auto start = std::chrono::steady_clock::now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The push's end, whatever its outcome: the KV goes back, the call answers.
+  auto finish = [this, reactor, response, id, start](const absl::Status& outcome, uint64_t bytes) {
+    engine_->engine().ReleaseHandoff(id);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (outcome.ok()) {
+      metrics_->Handoff("pushed", bytes, seconds);
+      response->set_bytes_transferred(bytes);
+      response->set_transfer_us(static_cast<uint64_t>(seconds * 1e6));
+      LOG(INFO) << "hand-off of request " << id << ": " << bytes << " bytes pushed in "
+                << absl::Seconds(seconds);
+    } else {
+      metrics_->Handoff("failed");
+      LOG(WARNING) << "hand-off of request " << id << " failed: " << outcome;
+    }
+    reactor->Finish(outcome.ok()
+                        ? grpc::Status::OK
+                        : grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                       absl::StrCat("the KV push failed: ", outcome.message())));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --handoff_pushes_;
+    }
+    changed_.notify_all();
+  };
+  const v1::KvReservation& destination = request->destination();
+  absl::Status failed;
+  if (request->generated_tokens() != static_cast<uint64_t>(parked.generated)) {
+    failed = absl::FailedPreconditionError(
+        absl::StrCat("the request continues after ", request->generated_tokens(),
+                     " generated tokens; ", parked.generated, " were generated here"));
+  }
+  const int64_t table = engine_->pool().layout().BlocksFor(parked.positions);
+  if (failed.ok()) failed = CheckReservation(destination, facts_, table);
+  std::vector<transfer::TransferRequest> puts;
+  uint64_t bytes = 0;
+  if (failed.ok()) {
+    const absl::Time deadline = std::min(absl::FromUnixMillis(destination.deadline_unix_ms()),
+                                         absl::Now() + options_.reservation_timeout);
+    auto built = PushTransfers(destination, parked.blocks, parked.window_blocks, engine_->pool(),
+                               engine_->window_pool(), destination.cached_prefix_blocks(),
+                               parked.window_floor, deadline, &bytes);
+    if (!built.ok()) {
+      failed = built.status();
+    } else {
+      puts = *std::move(built);
+    }
+  }
+  transfer::PeerId peer = 0;
+  if (failed.ok()) {
+    auto connected = options_.transport->Connect(destination.transfer().worker_address());
+    if (!connected.ok()) {
+      failed = connected.status();
+    } else {
+      peer = *connected;
+    }
+  }
+  if (!failed.ok() || puts.empty()) {
+    finish(failed.ok() ? absl::FailedPreconditionError("the reservation leaves nothing to push")
+                       : failed,
+           0);
+    return reactor;
+  }
+  *response->mutable_sampler_state() = parked.sampler_state;
+  response->set_window_floor(static_cast<uint64_t>(parked.window_floor));
+  response->set_approximate_kv(parked.approximate_kv);
+  struct Pending {
+    std::mutex mu;
+    int left = 0;
+    absl::Status status;
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->left = static_cast<int>(puts.size());
+  auto one_done = [pending, finish, bytes](const absl::Status& s) {
+    absl::Status outcome;
+    {
+      std::lock_guard<std::mutex> lock(pending->mu);
+      if (!s.ok() && pending->status.ok()) pending->status = s;
+      if (--pending->left > 0) return;
+      outcome = pending->status;
+    }
+    finish(outcome, bytes);
+  };
+  auto post = [this, puts = std::move(puts), peer, one_done]() mutable {
+    if (const std::string& hold = options_.push_hold_file; !hold.empty()) {
+      // Test seam (as a prefill push's): hold the puts while the file exists.
+      const absl::Time until = puts.front().deadline + absl::Seconds(1);
+      while (access(hold.c_str(), F_OK) == 0 && absl::Now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    for (transfer::TransferRequest& put : puts) {
+      put.peer = peer;
+      auto posted = options_.transport->Post(std::move(put), one_done);
+      if (!posted.ok()) one_done(posted.status());
+    }
+  };
+  if (options_.push_hold_file.empty()) {
+    post();
+  } else {
+    CallCreated();  // the destructor waits for this thread's end
+    std::thread([this, post = std::move(post)]() mutable {
+      post();
+      CallGone();
+    }).detach();
+  }
+  return reactor;
 }
 
 }  // namespace ferry

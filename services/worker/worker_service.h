@@ -10,10 +10,18 @@
 // submits to the engine and streams what the engine thread delivers; a Watch call is one
 // subscriber of the WatchHub. Every call checks the shared token first, when one is configured.
 //
-// Draining (the Drain call, or SIGTERM through Worker): no new Generate is admitted (UNAVAILABLE,
-// retryable), running requests go on until the drain deadline, and what is still running then
-// ends with an UNAVAILABLE, retryable error (its tokens so far were streamed, so a router can
-// resume it elsewhere). The drain state is DRAINING while requests run, DRAINED after.
+// Draining (the Drain call, or SIGTERM through Worker): no new Generate or Prefill is admitted
+// (UNAVAILABLE, retryable), running requests go on until the drain deadline, and the Watch
+// streams stay open saying DRAINING (so that a router sends nothing new but does not take the
+// worker for dead). At the deadline (decode and aggregated roles with a KV transport) each
+// request between two tokens is parked: the engine stops it with its KV kept, and its stream ends
+// UNAVAILABLE, retryable, with ErrorInfo.handoff_endpoint = this worker. The worker that continues
+// it (GenerateRequest.handoff_source_endpoint) calls PushKv, and the KV is pushed straight into
+// its reservation. A parked KV nobody takes within handoff_wait is released. What cannot be
+// parked (several choices, still prefilling) ends UNAVAILABLE, retryable without it: a router
+// resumes it by re-prefill. Prefill calls accepted before the drain are not cut: they end once
+// their KV reached the decode worker (bounded by their reservation's deadline). The drain state
+// is DRAINING while calls run or KV waits, DRAINED after (then on_drained runs once).
 //
 // Thread-safe. The engine, metrics and load window must outlive the service; destroy the gRPC
 // server (which waits for every reactor) before the service.
@@ -50,6 +58,18 @@ namespace ferry {
 class GenerateCall;
 class PrefillCall;
 
+// A request the drain stopped between two tokens with its KV kept (Engine::Park), waiting for the
+// worker continuing it to call PushKv.
+struct ParkedKv {
+  std::vector<BlockId> blocks, window_blocks;  // the engine's handoff (held until released)
+  int64_t positions = 0;                       // the KV's: prompt + generated - 1
+  int64_t generated = 0;
+  ferry::v1::SamplerState sampler_state;  // after the last generated token, with the held tail
+  int64_t window_floor = 0;
+  bool approximate_kv = false;
+  absl::Time expires = absl::InfiniteFuture();
+};
+
 // Why a request ended before its choices did.
 enum class AbortCause { kNone, kAbortCall, kCancelled, kDeadline, kDrained };
 // How a request that ended for `cause` is counted (kNone: completed, or error when !ok).
@@ -59,8 +79,11 @@ struct WorkerServiceOptions {
   std::string auth_token;  // "": no check
   absl::Duration default_drain_grace = absl::Seconds(30);
   WatchHubOptions watch;
-  // Called once when draining starts (the worker drops readiness).
+  // Called once when draining starts (the worker drops readiness), and once when it is over.
   std::function<void()> on_draining;
+  std::function<void()> on_drained;
+  // How long a parked request's KV waits for the worker continuing it to call PushKv.
+  absl::Duration handoff_wait = absl::Seconds(30);
   // "aggregated", "prefill" or "decode" (WorkerOptions::role).
   std::string role = "aggregated";
   // Prefill and decode: the KV transport the pools are registered with (outlives the service).
@@ -105,6 +128,9 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
                                   ferry::v1::DrainResponse* response) override;
   grpc::ServerWriteReactor<ferry::v1::WorkerStatus>* Watch(
       grpc::CallbackServerContext* context, const ferry::v1::WatchRequest* request) override;
+  grpc::ServerUnaryReactor* PushKv(grpc::CallbackServerContext* context,
+                                   const ferry::v1::PushKvRequest* request,
+                                   ferry::v1::PushKvResponse* response) override;
 
   // Starts the Watch streams' hub once the server's address is known (Watch answers UNAVAILABLE
   // before); `worker_id` "" means the endpoint. Once.
@@ -113,7 +139,8 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   // Stops admitting; requests still running at `deadline` end as drained. Idempotent (an
   // earlier deadline wins).
   void BeginDrain(absl::Time deadline);
-  // Waits until no Generate call is left, or `deadline`; true when none is.
+  // Waits until no call is left and no parked KV waits for its hand-off, or `deadline`; true
+  // when none is.
   bool WaitIdle(absl::Time deadline);
   // Ends every Watch stream at once (shutdown).
   void CloseWatches();
@@ -161,6 +188,12 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   // Checks the shared token; counts refusals.
   grpc::Status Authorize(const grpc::CallbackServerContext& context);
   bool draining() const;
+  // The drain deadline passed and this worker hands requests off with their KV.
+  bool hands_off() const { return options_.transport != nullptr && options_.role != "prefill"; }
+  // A GenerateCall parked its request (on the engine thread, before its stream ends).
+  void AddParked(const std::string& id, ParkedKv parked);
+  // "host:port" of this worker's Worker service (StartWatch's endpoint).
+  std::string endpoint() const;
   // Registers a call under its request id; false when one is live already.
   bool Register(const std::string& id, GenerateCall* call);
   void Unregister(const std::string& id);
@@ -171,6 +204,8 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   static constexpr char kKvDeadlineSuffix[] = "#kv";
   void KvDeadline(const std::string& id);
   void DrainLoop();
+  // No call left, no parked KV, no hand-off push in flight. Under mu_.
+  bool IdleLocked() const;
 
   static constexpr size_t kMaxDecodeChannels = 256;
 
@@ -193,6 +228,10 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   bool pushes_stopped_ = false;
   bool draining_ = false;
   absl::Time drain_deadline_ = absl::InfiniteFuture();
+  absl::Time drain_started_ = absl::InfinitePast();
+  absl::flat_hash_map<std::string, ParkedKv> parked_;
+  int64_t handoff_pushes_ = 0;  // PushKv calls whose puts are in flight
+  std::string endpoint_;
   bool stopping_ = false;
   std::thread drainer_;
   std::unique_ptr<WatchHub> hub_;  // set once by StartWatch, under mu_

@@ -11,6 +11,8 @@
 // ends the stream and its blocks come back only after the push's outcome; a cancel during the
 // prefill aborts it. Migration: a request resumed mid-stream (the prompt and the output so far
 // re-prefilled on P, decoding continued on D) continues exactly where the first stream stopped.
+// Drain: a decode worker drained mid-stream hands the request with its KV to another decode
+// worker (PushKv, no prefill), which continues it exactly; the drained worker exits 0.
 
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "engine/transfer/kv_transport.h"
@@ -347,6 +350,104 @@ TEST_P(PdResumeTest, AResumedRequestContinuesExactlyWhereTheFirstStreamStopped) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Pairs, PdResumeTest, ::testing::Values(kCases[0], kCases[2]),
+                         [](const auto& info) { return info.param.name; });
+
+// Drain hand-off: a decode worker drained mid-stream parks the request with its KV; another decode
+// worker continues it from the output so far with handoff_source_endpoint, taking the KV from
+// the first (PushKv) without a prefill worker, and the continuation equals the rest of an uncut
+// run bit for bit (logprobs, stop-string tails, usage). The drained worker exits 0.
+class PdHandoffTest : public ::testing::TestWithParam<PdCase> {};
+
+TEST_P(PdHandoffTest, ADrainedRequestContinuesOnAnotherDecodeWorkerWithItsKv) {
+  const PdCase& c = GetParam();
+  const std::string model = TinyModel(c.model);
+  auto p = StartWorker(model, RoleFlags(c, "prefill"));
+  auto target = StartWorker(model, RoleFlags(c, "decode"));
+  ASSERT_TRUE(p->ready() && target->ready());
+  WorkerClient prefill(p->address()), to(target->address());
+  InProcessEngine ref(model, c.window_pool_bytes);
+  const std::vector<TokenId> prompt = RandomPrompt(37, 7, ref.model().config().vocab_size);
+  Sampling greedy;
+  greedy.logprobs = true;
+  greedy.top_logprobs = 2;
+  greedy.ignore_eos = true;
+  greedy.max_tokens = 40;
+  Sampling seeded = greedy;
+  seeded.temperature = 0.9f;
+  seeded.seed = 28;
+  seeded.logprobs = false;
+  seeded.top_logprobs = 0;
+  int handed = 0;
+  for (const auto& [name, sampling, cut] :
+       {std::make_tuple("greedy", greedy, 1), std::make_tuple("seeded", seeded, 12)}) {
+    const std::string what = absl::StrCat(name, " drained after ", cut, "+ tokens");
+    // The source slows its engine so that the drain lands mid-stream; it exits once drained.
+    auto source = StartWorker(
+        model, Plus(RoleFlags(c, "decode"), {"--test_step_delay=10ms", "--drain_grace=0s"}));
+    ASSERT_TRUE(source->ready());
+    WorkerClient from(source->address());
+    const v1::GenerateRequest request = MakeRequest(name, prompt, sampling);
+    const ChoiceOutput want = ref.Run(request)[0];
+    StreamRecord record;
+    bool drained = false;
+    PdResult first = RunPd(
+        from, source->address(), prefill, request, {}, absl::Seconds(60),
+        [&](const v1::TokenChunk& chunk) {
+          record.tokens.insert(record.tokens.end(), chunk.token_ids().begin(),
+                               chunk.token_ids().end());
+          record.ends.push_back(record.tokens.size());
+          record.shown.push_back((record.shown.empty() ? "" : record.shown.back()) + chunk.text());
+          record.tails.push_back(chunk.stop_string_tail());
+          if (!drained && record.tokens.size() >= static_cast<size_t>(cut)) {
+            drained = true;
+            v1::DrainResponse response;
+            ASSERT_TRUE(from.Drain(0, &response).ok());
+          }
+        });
+    ASSERT_TRUE(drained) << what;
+    ASSERT_EQ(first.stream.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << what << ": " << first.stream.status.error_message();
+    ASSERT_TRUE(first.stream.has_error) << what;
+    EXPECT_TRUE(first.stream.error.retryable()) << what;
+    ASSERT_EQ(first.stream.error.handoff_endpoint(), source->address()) << what;
+    const size_t k = record.tokens.size();
+    ASSERT_LT(k, want.tokens.size()) << what << ": the drain came after the end";
+
+    v1::GenerateRequest next =
+        Resumed(request, record, record.ends.size() - 1, absl::StrCat(name, "-handoff"));
+    next.set_aggregated(false);
+    next.set_handoff_source_endpoint(source->address());
+    next.set_handoff_source_request_id(name);
+    bool reservation = false;
+    GenerateResult got = to.Generate(next, absl::Seconds(60),
+                                     [&](const v1::GenerateEvent& e) {
+                                       if (e.has_reservation()) reservation = true;
+                                       return true;
+                                     },
+                                     {static_cast<uint32_t>(k)});
+    ++handed;
+    ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.error_message();
+    EXPECT_TRUE(reservation) << what;
+    ChoiceOutput rest = want;
+    rest.tokens.erase(rest.tokens.begin(), rest.tokens.begin() + k);
+    if (!rest.logprobs.empty()) {
+      rest.logprobs.erase(rest.logprobs.begin(), rest.logprobs.begin() + k);
+    }
+    ASSERT_EQ(want.text.compare(0, record.shown.back().size(), record.shown.back()), 0) << what;
+    rest.text = want.text.substr(record.shown.back().size());
+    ExpectSameOutput(got.choices[0], rest, what);
+    EXPECT_EQ(got.usage.prompt_tokens(), prompt.size()) << what;
+    EXPECT_EQ(got.usage.completion_tokens(), rest.tokens.size()) << what;
+    EXPECT_EQ(source->WaitForExit(absl::Seconds(30)), 0) << what << "\n" << source->LogTail();
+    EXPECT_EQ(MetricValue(target->admin_port(), "ferry_worker_handoffs_received_total"), handed);
+    EXPECT_GT(MetricValue(target->admin_port(), "ferry_worker_handoff_received_bytes_total"), 0);
+  }
+  // Nothing was prefilled for the continuations: two requests, two prefills.
+  EXPECT_EQ(MetricValue(p->admin_port(), "ferry_worker_requests_total{outcome=\"completed\"}"), 2);
+  EXPECT_TRUE(WaitUntilIdle(to));
+}
+
+INSTANTIATE_TEST_SUITE_P(Pairs, PdHandoffTest, ::testing::Values(kCases[0], kCases[2]),
                          [](const auto& info) { return info.param.name; });
 
 // The faults, on the tiny dense model over UCX tcp.

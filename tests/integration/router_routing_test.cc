@@ -144,7 +144,8 @@ void ExpectPromtoolClean(int admin_port, const std::string& what) {
 }
 
 TEST(RouterRoutingTest, PoliciesRefusalsDrainsRetriesAndFailures) {
-  auto w0 = Worker({});
+  // w0 is drained below and stays, drained, for the rest of the test.
+  auto w0 = Worker({"--exit_when_drained=false"});
   auto w1 = Worker({});
   auto ll = Router({w0->grpc_port(), w1->grpc_port()}, {"--policy=least_loaded"});
   ASSERT_TRUE(WaitForWorkers(*ll, 2, "up"));
@@ -196,7 +197,7 @@ TEST(RouterRoutingTest, PoliciesRefusalsDrainsRetriesAndFailures) {
 
   // A worker that fails requests before their first token: w2 drains behind the router's back
   // (its Watch is slow, so the router does not know yet); what lands there goes to w3 instead.
-  auto w2 = Worker({"--watch_interval=20s", "--watch_heartbeat=20s"});
+  auto w2 = Worker({"--watch_interval=20s", "--watch_heartbeat=20s", "--exit_when_drained=false"});
   auto w3 = Worker({});
   auto retrying = Router({w2->grpc_port(), w3->grpc_port()},
                          {"--policy=round_robin", "--heartbeat_timeout=60s"});
