@@ -319,6 +319,58 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
     EXPECT_EQ(prefill.window_pool_->num_free() + prefill.engine_->stats().window_cached_blocks,
               prefill.window_pool_->num_blocks());
   }
+  // Parked mid-decode (a drain's hand-off): the KV of every position but the last token's is
+  // handed over; decode-only continues from it in another pool.
+  {
+    Harness source = Make(variant, 64, whole);
+    ASSERT_TRUE(source.Submit(Req("r", prompt, max_tokens, sampled)).ok());
+    for (int i = 0; i < 200 && source.out("r").tokens.size() < 9; ++i) {
+      ASSERT_TRUE(source.engine_->Step().ok());
+    }
+    source.engine_->Park("r");
+    source.engine_->Park("unknown");  // ignored
+    ASSERT_TRUE(source.engine_->Step().ok());
+    const Output parked = source.out("r");
+    ASSERT_EQ(parked.finish, FinishReason::kHandoff);
+    ASSERT_EQ(parked.finishes, 1);
+    const int64_t g = static_cast<int64_t>(parked.tokens.size());
+    ASSERT_GE(g, 9);
+    ASSERT_LT(g, max_tokens);
+    const int64_t table = source.pool_->layout().BlocksFor(150 + g - 1);
+    ASSERT_EQ(parked.blocks.size(), static_cast<size_t>(table));
+    Harness target = Make(variant, 64, whole);
+    EngineRequest d = Req("r", prompt, max_tokens, sampled);
+    d.role = EngineRole::kDecodeOnly;
+    d.imported_blocks = MoveBlocks(*source.pool_, *target.pool_, parked.blocks);
+    if (TwoPools(variant)) {
+      d.imported_window_blocks =
+          MoveBlocks(*source.window_pool_, *target.window_pool_, parked.window_blocks);
+    }
+    source.engine_->ReleaseHandoff("r");
+    d.resume = {ResumePoint{parked.tokens, parked.sampler_state, ""}};
+    ASSERT_TRUE(target.Submit(std::move(d)).ok());
+    target.Drain();
+    Output joined = parked;
+    joined.tokens.insert(joined.tokens.end(), target.out("r").tokens.begin(),
+                         target.out("r").tokens.end());
+    joined.logits.insert(joined.logits.end(), target.out("r").logits.begin(),
+                         target.out("r").logits.end());
+    ExpectSame(joined, want, "parked after " + std::to_string(g) + " tokens, then decode-only");
+    source.Drain();  // the release
+    EXPECT_EQ(source.held_blocks(), 0);
+    EXPECT_FALSE(source.engine_->IsLive("r"));
+    // What cannot be parked ends with kAbort: a request still prefilling.
+    EngineOptions chunked = whole;
+    chunked.prefill_chunk = 16;
+    Harness prefilling = Make(variant, 64, chunked);
+    ASSERT_TRUE(prefilling.Submit(Req("p", prompt, max_tokens, sampled)).ok());
+    ASSERT_TRUE(prefilling.engine_->Step().ok());
+    prefilling.engine_->Park("p");
+    prefilling.Drain();
+    EXPECT_EQ(prefilling.out("p").finish, FinishReason::kAbort);
+    EXPECT_EQ(prefilling.held_blocks(), 0);
+  }
+
   // A mixture of experts counts the tokens each expert received: experts_per_token per token of
   // its one sparse layer (the prompt's 150 and the 23 decoded after the first token).
   const auto& experts = alone.engine_->stats().expert_tokens;
