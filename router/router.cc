@@ -237,6 +237,7 @@ class Router::Impl {
     observer.failed = [m](const std::string& cause) { m->Failed(cause); };
     observer.untracked = [m] { m->Untracked(); };
     observer.orphan_abort = [m](const std::string& outcome) { m->OrphanAbort(outcome); };
+    observer.handoff = [m](const std::string& outcome) { m->Handoff(outcome); };
     dispatcher_ = std::make_unique<Dispatcher>(registry_.get(), policy_.get(), dopts, observer);
 
     context_.prompts = prompts_.get();

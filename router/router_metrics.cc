@@ -89,10 +89,23 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                      .Name("ferry_router_migrations_total")
                      .Help(
                          "Requests moved to another worker mid-stream, by cause: stream_broken, "
-                         "worker_down (no heartbeat), worker_error.")
+                         "worker_down (no heartbeat), worker_error, drain_handoff (with its KV, "
+                         "from a draining worker), handoff_failed (re-prefill after a failed "
+                         "hand-off).")
                      .Register(registry);
-  for (const char* cause : {"stream_broken", "worker_down", "worker_error"}) {
+  for (const char* cause :
+       {"stream_broken", "worker_down", "worker_error", "drain_handoff", "handoff_failed"}) {
     migrations_->Add({{"cause", cause}});
+  }
+  handoffs_ = &prometheus::BuildCounter()
+                   .Name("ferry_router_handoffs_total")
+                   .Help(
+                       "Drain hand-offs by outcome: completed (the target streamed a token or "
+                       "ended the request), fell_back (re-prefill instead), failed (the request "
+                       "could not go on).")
+                   .Register(registry);
+  for (const char* outcome : {"completed", "fell_back", "failed"}) {
+    handoffs_->Add({{"outcome", outcome}});
   }
   migrated_tokens_ = &prometheus::BuildCounter()
                           .Name("ferry_router_migrated_tokens_total")
@@ -222,6 +235,10 @@ void RouterMetrics::Retry() { retries_->Increment(); }
 void RouterMetrics::Migrated(const std::string& cause, int64_t tokens) {
   migrations_->Add({{"cause", cause}}).Increment();
   migrated_tokens_->Increment(static_cast<double>(tokens));
+}
+
+void RouterMetrics::Handoff(const std::string& outcome) {
+  handoffs_->Add({{"outcome", outcome}}).Increment();
 }
 
 void RouterMetrics::Failed(const std::string& cause) {

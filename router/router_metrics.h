@@ -25,7 +25,14 @@
 //   ferry_router_retries_total                   requests sent to another worker before a token
 //   ferry_router_migrations_total{cause}         requests moved to another worker mid-stream:
 //                                                stream_broken (the worker died), worker_down (no
-//                                                heartbeat: stalled or cut off), worker_error
+//                                                heartbeat: stalled or cut off), worker_error,
+//                                                drain_handoff (a draining worker stopped it with
+//                                                its KV kept: it moves with the KV), handoff_failed
+//                                                (that hand-off failed: re-prefill instead)
+//   ferry_router_handoffs_total{outcome}         drain hand-offs: completed (the target streamed a
+//                                                token or ended the request), fell_back (it failed
+//                                                or found no target: re-prefill), failed (it failed
+//                                                and the request could not go on)
 //   ferry_router_migrated_tokens_total           output tokens carried over (re-prefilled, not
 //                                                regenerated)
 //   ferry_router_migration_untracked_total       requests whose output went over a tracking cap
@@ -84,6 +91,7 @@ class RouterMetrics {
   void StoreProbed(bool asked);
   void Retry();
   void Migrated(const std::string& cause, int64_t tokens);
+  void Handoff(const std::string& outcome);
   void Failed(const std::string& cause);
   void Untracked();
   void TrackedTokens(int64_t tokens);
@@ -115,6 +123,7 @@ class RouterMetrics {
 
   prometheus::Counter* retries_;
   prometheus::Family<prometheus::Counter>* migrations_;
+  prometheus::Family<prometheus::Counter>* handoffs_;
   prometheus::Counter* migrated_tokens_;
   prometheus::Counter* untracked_;
   prometheus::Gauge* tracked_tokens_;

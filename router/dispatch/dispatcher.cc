@@ -33,13 +33,19 @@ class Dispatcher::Job {
                                     choice.predicted_local_tokens - choice.predicted_store_tokens);
   }
   // The request the next attempt sends: the client's, or after a migration, under its own id
-  // with the resume point. Under the dispatcher's mu_.
+  // with the resume point (and the source of a drain hand-off). Under the dispatcher's mu_.
   v1::GenerateRequest Attempt() const {
     v1::GenerateRequest r = request.request;
+    r.clear_handoff_source_endpoint();
+    r.clear_handoff_source_request_id();
     if (migrations == 0) return r;
     v1::RequestContext* context = r.mutable_request()->mutable_context();
     context->set_request_id(absl::StrCat(context->request_id(), ".m", migrations));
     *r.mutable_request()->mutable_resume() = resume;
+    if (!handoff_endpoint.empty()) {
+      r.set_handoff_source_endpoint(handoff_endpoint);
+      r.set_handoff_source_request_id(handoff_request_id);
+    }
     return r;
   }
   std::string attempt_id() const {
@@ -61,6 +67,14 @@ class Dispatcher::Job {
   int migrations = 0;
   int64_t resumed_tokens = 0;  // output tokens (all choices) before the running attempt
   v1::ResumeState resume;      // the running attempt's resume point (after a migration)
+  // The running (or next) attempt is a drain hand-off: from the worker `handoff_source` that
+  // stopped the request's attempt `handoff_request_id` ("host:port" `handoff_endpoint`; empty:
+  // no hand-off), to a worker of `handoff_role`.
+  std::string handoff_endpoint;
+  std::string handoff_source;
+  std::string handoff_request_id;
+  v1::WorkerRole handoff_role = v1::WORKER_ROLE_UNSPECIFIED;
+  v1::WorkerRole role = v1::WORKER_ROLE_UNSPECIFIED;  // the running attempt's worker's
 
   // What the client received of each choice: the resume point of a migration. Under
   // progress_mu (the running call's thread writes it; the next attempt reads it).
@@ -101,7 +115,9 @@ std::string MigrationCause(bool down, bool worker_error, grpc::StatusCode code) 
 // asks for (the P/D path, ARCHITECTURE.md §3): the reservation event starts Prefill on a prefill
 // worker, the decode worker then streams. A prefill that fails ends the stream (the decode
 // worker frees its reservation) and counts as a failure of the prefill worker, before the first
-// token: the request is retried elsewhere. Cancelling the stream cancels the prefill too.
+// token: the request is retried elsewhere. Cancelling the stream cancels the prefill too. A drain
+// hand-off (request.handoff_source_endpoint) calls no prefill worker: the target pulls the KV from
+// the source; its first token (or its end, OK) completes the hand-off.
 // Deletes itself when the stream and the prefill call are both done.
 class Dispatcher::Call final {
  public:
@@ -117,6 +133,7 @@ class Dispatcher::Call final {
         worker_(worker.id),
         endpoint_(worker.endpoint),
         disaggregated_(worker.role == v1::WORKER_ROLE_DECODE),
+        handoff_(!request_.handoff_source_endpoint().empty()),
         token_(token),
         context_(std::make_shared<grpc::ClientContext>()),
         pending_(pending),
@@ -167,11 +184,14 @@ class Dispatcher::Call final {
   void OnRead(bool ok) {
     if (!ok) return reader_->Finish(&status_, &on_finished_);
     if (event_.has_reservation()) {
-      StartPrefill(event_.reservation());
+      // A hand-off's target pulls the KV itself; an aggregated worker sends a reservation on a
+      // hand-off only: neither asks for a prefill.
+      if (disaggregated_ && !handoff_) StartPrefill(event_.reservation());
     } else {
       if (event_.has_tokens() && event_.tokens().token_ids_size() > 0 && !started_) {
         started_ = true;
         ReleasePending();  // the prompt is computed
+        if (handoff_) HandoffCompleted();
       }
       if (event_.has_usage()) {
         if (dispatcher_->observer_.prefix) {
@@ -231,11 +251,19 @@ class Dispatcher::Call final {
                        " went down during the stream (its status stream broke or fell silent)"));
       retryable = true;
     }
+    if (handoff_ && !started_ && s.ok()) HandoffCompleted();  // ended without a new token
     const std::string cause =
         s.ok() ? "" : MigrationCause(down, has_error_, static_cast<grpc::StatusCode>(s.code()));
     dispatcher_->CallEnded(job_, worker_, failed, s, started_, !s.ok() && retryable, cause,
                            has_error_ ? &error_event_ : nullptr);
     Unref();
+  }
+
+  void HandoffCompleted() {
+    LOG(INFO) << "request " << job_->request.trace_id << " ("
+              << request_.request().context().request_id() << "): drain hand-off from "
+              << request_.handoff_source_endpoint() << " to " << worker_ << " completed";
+    if (dispatcher_->observer_.handoff) dispatcher_->observer_.handoff("completed");
   }
 
   void ReleasePending() {
@@ -339,6 +367,7 @@ class Dispatcher::Call final {
   const std::string worker_;
   const std::string endpoint_;
   const bool disaggregated_;
+  const bool handoff_;  // a drain hand-off: the target pulls the KV from the source
   const std::string token_;
   const std::shared_ptr<grpc::ClientContext> context_;
   CompletionThread* completions_ = nullptr;
@@ -445,6 +474,20 @@ std::vector<Candidate> Dispatcher::CandidatesFor(const std::shared_ptr<Job>& job
   return candidates;
 }
 
+std::vector<Candidate> Dispatcher::HandoffTargets(const std::shared_ptr<Job>& job) {
+  std::vector<Candidate> candidates = registry_->Candidates();
+  std::lock_guard<std::mutex> lock(mu_);
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [&](const Candidate& c) {
+                                    return c.role != job->handoff_role ||
+                                           c.id == job->handoff_source ||
+                                           c.endpoint == job->handoff_endpoint ||
+                                           job->excluded.count(c.id) > 0;
+                                  }),
+                   candidates.end());
+  return candidates;
+}
+
 RouteChoice Dispatcher::Choose(const std::vector<Candidate>& candidates,
                                const std::shared_ptr<Job>& job) {
   std::vector<WorkerLoadView> views;
@@ -474,32 +517,58 @@ void Dispatcher::Routed(const std::string& worker) {
 }
 
 bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
+  bool handoff = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (job->cancelled || job->ended) return true;  // nothing to start
+    handoff = !job->handoff_endpoint.empty();
   }
-  std::vector<Candidate> candidates = CandidatesFor(job, v1::WORKER_ROLE_DECODE);
-  // Where the request can stream from: aggregated workers, and decode workers while a prefill
-  // worker can take it too.
-  const std::vector<Candidate> prefills = CandidatesFor(job, v1::WORKER_ROLE_PREFILL);
-  const bool prefill = std::any_of(prefills.begin(), prefills.end(), [](const Candidate& c) {
-    return c.role == v1::WORKER_ROLE_PREFILL;
-  });
-  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
-                                  [&](const Candidate& c) {
-                                    return c.role == v1::WORKER_ROLE_PREFILL ||
-                                           (c.role == v1::WORKER_ROLE_DECODE && !prefill);
-                                  }),
-                   candidates.end());
+  std::vector<Candidate> candidates;
+  if (handoff) {
+    // A drain hand-off: a worker of the source's role (no prefill worker needed).
+    candidates = HandoffTargets(job);
+    if (candidates.empty()) {
+      std::string source;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        source = job->handoff_source;
+        job->handoff_endpoint.clear();
+        job->handoff_source.clear();
+        job->handoff_request_id.clear();
+      }
+      LOG(WARNING) << "request " << job->request.trace_id << ": no worker can take its drain "
+                   << "hand-off from " << source << "; resuming it by re-prefill";
+      if (observer_.handoff) observer_.handoff("fell_back");
+      handoff = false;
+    }
+  }
+  if (!handoff) {
+    candidates = CandidatesFor(job, v1::WORKER_ROLE_DECODE);
+    // Where the request can stream from: aggregated workers, and decode workers while a prefill
+    // worker can take it too.
+    const std::vector<Candidate> prefills = CandidatesFor(job, v1::WORKER_ROLE_PREFILL);
+    const bool prefill = std::any_of(prefills.begin(), prefills.end(), [](const Candidate& c) {
+      return c.role == v1::WORKER_ROLE_PREFILL;
+    });
+    candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                    [&](const Candidate& c) {
+                                      return c.role == v1::WORKER_ROLE_PREFILL ||
+                                             (c.role == v1::WORKER_ROLE_DECODE && !prefill);
+                                    }),
+                     candidates.end());
+  }
   if (candidates.empty()) return false;
   const RouteChoice choice = Choose(candidates, job);
   const Candidate& chosen = candidates[choice.index];
-  // An aggregated worker computes the prompt; a decode worker holds it while it decodes.
+  // An aggregated worker computes the prompt (not on a hand-off: its KV is pushed); a decode
+  // worker holds it while it decodes.
   const bool decode = chosen.role == v1::WORKER_ROLE_DECODE;
-  const int64_t pending = decode ? 0 : job->Uncached(choice);
+  const int64_t pending = decode || handoff ? 0 : job->Uncached(choice);
   const int64_t active = decode ? job->request.prompt_tokens : 0;
   registry_->AddLoad(chosen.id, +1, pending, active);
   Call* call = nullptr;
+  std::string attempt_id, source;
+  int64_t carried = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     call = new Call(this, job, job->Attempt(), job->resumed_tokens, chosen, options_.auth_token,
@@ -508,7 +577,16 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
     ++job->attempts;
     job->context = call->context();
     job->call = call;
+    job->role = chosen.role;
     streaming_.insert(job);
+    attempt_id = job->attempt_id();
+    source = job->handoff_source;
+    carried = job->resumed_tokens;
+  }
+  if (handoff) {
+    LOG(INFO) << "request " << job->request.trace_id << " (" << attempt_id
+              << "): drain hand-off from " << source << " to " << chosen.id << ", " << carried
+              << " output tokens carried";
   }
   if (observer_.routed) observer_.routed(policy_->name(), chosen.id);
   job->sink->OnRouted(chosen.id);
@@ -525,20 +603,37 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
   absl::Status end = status;
   std::string failure;  // why the request failed, for the metric
   int64_t carried = 0;
+  std::string cause = migrate_cause;
+  std::string handoff_source;   // the source of this attempt, a drain hand-off
+  std::string handoff_outcome;  // of this attempt, a hand-off that ended before a new token
   {
     std::lock_guard<std::mutex> lock(mu_);
     --running_;
     job->context.reset();
     job->call = nullptr;
     streaming_.erase(job);
+    // This attempt was a drain hand-off: one that failed before a new token falls back to a
+    // re-prefill (under the next attempt id: the target may still hold this one).
+    const bool handoff_attempt = !job->handoff_endpoint.empty();
+    handoff_source = job->handoff_source;
+    job->handoff_endpoint.clear();
+    job->handoff_source.clear();
+    job->handoff_request_id.clear();
+    const bool failed_handoff = handoff_attempt && !started && !status.ok();
+    if (failed_handoff) cause = "handoff_failed";
+    // The worker stopped the request draining, with its KV kept for a hand-off.
+    const std::string handoff_endpoint = error != nullptr && !status.ok() && !failed_handoff
+                                             ? error->error().handoff_endpoint()
+                                             : std::string();
     const bool before_deadline = absl::Now() < job->request.deadline;
-    retry = !status.ok() && !started && retryable && !job->cancelled &&
-            job->attempts <= options_.max_retries && before_deadline;
-    if (retry) job->excluded.insert(failed);
     // A stream that sent tokens (in this attempt or an earlier one) and failed: continue it
     // elsewhere from what the client received.
     const bool had_output = started || job->migrations > 0;
-    if (!status.ok() && !retry && had_output && !job->cancelled && !migrate_cause.empty()) {
+    retry = !status.ok() && !started && retryable && !job->cancelled &&
+            job->attempts <= options_.max_retries && before_deadline && !failed_handoff &&
+            !(had_output && !handoff_endpoint.empty());
+    if (retry) job->excluded.insert(failed);
+    if (!status.ok() && !retry && had_output && !job->cancelled && !cause.empty()) {
       std::lock_guard<std::mutex> progress(job->progress_mu);
       const int32_t n = std::max<int32_t>(1, job->request.request.request().sampling().n());
       bool finished = static_cast<int32_t>(job->progress.size()) == n;
@@ -561,8 +656,9 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
         if (orphans_.size() >= 1024 && orphans_.count(worker) == 0) {
           orphans_.erase(orphans_.begin());  // workers gone for good (addresses of the past)
         }
+        const std::string stopped_attempt = job->attempt_id();
         std::deque<std::string>& orphans = orphans_[worker];
-        orphans.push_back(job->attempt_id());
+        orphans.push_back(stopped_attempt);
         while (static_cast<int64_t>(orphans.size()) > options_.max_orphans_per_worker) {
           orphans.pop_front();
         }
@@ -594,6 +690,14 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
           choice->mutable_sampler_state()->set_seed(seed);
         }
         job->resumed_tokens = carried;
+        // A hand-off continues from the last token's KV: there must be one.
+        if (!handoff_endpoint.empty() && carried > 0) {
+          cause = "drain_handoff";
+          job->handoff_endpoint = handoff_endpoint;
+          job->handoff_source = worker;
+          job->handoff_request_id = stopped_attempt;
+          job->handoff_role = job->role;
+        }
       }
     } else if (!status.ok() && !retry && !job->cancelled) {
       switch (status.code()) {
@@ -626,6 +730,9 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
                                           : "its deadline passed",
                                       ")"));
     }
+    if (failed_handoff && !job->cancelled) {
+      handoff_outcome = migrate ? "fell_back" : end.ok() ? "completed" : "failed";
+    }
     if (stopping_ && running_ == 0) idle_cv_.notify_all();  // only the destructor waits here
   }
   if (retry) {
@@ -633,11 +740,26 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
               << " failed it before its first token (" << status << "); trying another";
     if (observer_.retried) observer_.retried();
   }
+  if (!handoff_outcome.empty()) {
+    if (handoff_outcome != "completed") {  // (completed: every choice had ended)
+      LOG(WARNING) << "request " << job->request.trace_id << ": its drain hand-off from "
+                   << handoff_source << " to " << worker << " failed (" << status << "); "
+                   << (handoff_outcome == "fell_back" ? "resuming it by re-prefill"
+                                                      : "it cannot go on");
+    }
+    if (observer_.handoff) observer_.handoff(handoff_outcome);
+  }
   if (migrate) {
-    LOG(WARNING) << "request " << job->request.trace_id << ": worker " << worker
-                 << " failed it mid-stream (" << migrate_cause << ": " << status
-                 << "); moving it with " << carried << " output tokens to another worker";
-    if (observer_.migrated) observer_.migrated(migrate_cause, carried);
+    if (cause == "drain_handoff") {
+      LOG(INFO) << "request " << job->request.trace_id << ": worker " << worker
+                << " stopped it draining; handing it off with " << carried
+                << " output tokens to another worker";
+    } else {
+      LOG(WARNING) << "request " << job->request.trace_id << ": worker " << worker
+                   << " failed it mid-stream (" << cause << ": " << status << "); moving it with "
+                   << carried << " output tokens to another worker";
+    }
+    if (observer_.migrated) observer_.migrated(cause, carried);
     retry = true;
   }
   if (retry && !TryStart(job)) {

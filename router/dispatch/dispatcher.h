@@ -24,6 +24,18 @@
 //     choices, past its deadline, out of migrations) ends with its error. Each attempt runs under
 //     its own request id (the original, then "<id>.m1", ...): a worker that went down and comes
 //     back (stalled, cut off) is told to Abort the attempts that moved away from it.
+//   - Drain hand-off: a draining worker stops a running single-choice request at its drain
+//     deadline with its KV kept and ends the stream with a retryable error naming itself
+//     (ErrorInfo.handoff_endpoint). The request migrates (cause "drain_handoff") to a worker of
+//     the same role, never that one, under the next attempt id, with the usual resume point and
+//     GenerateRequest.handoff_source_endpoint (and _request_id, the stopped attempt's): the target
+//     pulls the KV from the source (PushKv), so a decode target's reservation goes to no prefill
+//     worker, and an aggregated target's reservation (sent on a hand-off only) is skipped. A
+//     hand-off that fails before its first token (the target's error, a broken stream, the target
+//     down, or no worker of that role to take it) falls back to a re-prefill migration (cause
+//     "handoff_failed"; with no target, none: the same attempt id). Both count against
+//     max_migrations; a request that cannot migrate (untracked, several choices, ...) ends with its
+//     error as above.
 //   - Cancel (the client went away): the queued request is dropped, or the stream is cancelled,
 //     which aborts the request on the worker at its next step.
 //   - Load: the router's own load on each worker (registry AddLoad) is exact at once: requests in
@@ -116,9 +128,13 @@ struct DispatchObserver {
       prefix;
   std::function<void()> retried;
   std::function<void(int64_t depth)> queue_depth;
-  // A request moved mid-stream: why ("stream_broken", "worker_down", "worker_error") and the
-  // output tokens it carried over.
+  // A request moved mid-stream: why ("stream_broken", "worker_down", "worker_error",
+  // "drain_handoff", "handoff_failed") and the output tokens it carried over.
   std::function<void(const std::string& cause, int64_t tokens)> migrated;
+  // A drain hand-off's outcome: "completed" (the target streamed a token, or ended the request),
+  // "fell_back" (it failed, or no target could take it: the request resumes by re-prefill),
+  // "failed" (it failed and the request could not go on). Not counted when the client left.
+  std::function<void(const std::string& outcome)> handoff;
   // A request failed: "worker_error" (before any token, no other worker), "no_worker",
   // "migration_limit", "untracked", "several_choices", "deadline".
   std::function<void(const std::string& cause)> failed;
@@ -168,6 +184,9 @@ class Dispatcher {
   // The registry's candidates, less the workers that failed `job` while a worker of `role`
   // (prefill; or decode/aggregated, where the job streams from) that did not can take it.
   std::vector<Candidate> CandidatesFor(const std::shared_ptr<Job>& job, ferry::v1::WorkerRole role);
+  // The workers that can take `job`'s drain hand-off: of its role, not its source, not a worker
+  // that failed the job.
+  std::vector<Candidate> HandoffTargets(const std::shared_ptr<Job>& job);
   // The P/D path: a prefill worker for `job` and the policy's choice (Unavailable when none can
   // take it).
   absl::StatusOr<std::pair<Candidate, RouteChoice>> PickPrefill(const std::shared_ptr<Job>& job);
@@ -177,7 +196,8 @@ class Dispatcher {
   // `worker` streamed the request; `failed` is the worker to avoid on a retry (the stream's, or
   // the prefill worker's when the prefill failed). `migrate_cause`: why a stream that sent
   // tokens may continue elsewhere ("" when it may not); `error`: the worker's error event, shown
-  // to the sink unless the request goes on elsewhere.
+  // to the sink unless the request goes on elsewhere (one naming a handoff_endpoint makes the
+  // next attempt a drain hand-off).
   void CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
                  const std::string& failed, const absl::Status& status, bool started,
                  bool retryable, const std::string& migrate_cause,
