@@ -329,6 +329,21 @@ class Router::Impl {
       reply->body = billing_->Report().dump(2);
       return true;
     }
+    if (path == "/workers/reload") {
+      if (method != "POST") {
+        reply->status = 405;
+        reply->body = R"({"error":"POST /workers/reload"})";
+        return true;
+      }
+      auto listed = ReloadWorkers();
+      if (!listed.ok()) {
+        reply->status = HttpStatusCode(listed.status().code());
+        reply->body = JsonError(listed.status(), "");
+        return true;
+      }
+      reply->body = nlohmann::json{{"workers", *listed}}.dump();
+      return true;
+    }
     if (path == "/workers") {
       if (method != "GET") {
         reply->status = 405;
@@ -574,6 +589,28 @@ class Router::Impl {
   }
 
  public:
+  // The workers given on the command line and those the file lists now; the current ones stay on
+  // an error. Returns the addresses now listed.
+  absl::StatusOr<std::vector<std::string>> ReloadWorkers() {
+    if (options_.workers_file.empty()) {
+      return absl::FailedPreconditionError("the router was started without --workers_file");
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> listed,
+                     WorkerRegistry::ReadWorkerFile(options_.workers_file));
+    std::vector<std::string> workers = options_.workers;
+    workers.insert(workers.end(), listed.begin(), listed.end());
+    if (workers.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(options_.workers_file,
+                       " lists no worker: the workers in use stay (a router with none "
+                       "serves nothing)"));
+    }
+    RETURN_IF_ERROR(registry_->SetWorkers(workers));
+    LOG(INFO) << "workers reloaded from " << options_.workers_file << ": " << listed.size()
+              << " listed there, " << options_.workers.size() << " given by --workers";
+    return workers;
+  }
+
   absl::Status ReloadKeys() {
     if (options_.api_keys_file.empty()) {
       return absl::FailedPreconditionError("the router was started without --api_keys_file");
@@ -631,5 +668,6 @@ int Router::admin_port() const { return impl_->admin_port(); }
 const std::string& Router::model_id() const { return impl_->model_id(); }
 void Router::Shutdown() { impl_->Shutdown(); }
 absl::Status Router::ReloadKeys() { return impl_->ReloadKeys(); }
+absl::Status Router::ReloadWorkers() { return impl_->ReloadWorkers().status(); }
 
 }  // namespace ferry

@@ -1,7 +1,8 @@
 // ferry-router in one object (ARCHITECTURE.md §1, §3, §6): the OpenAI-compatible HTTP front door
 // (HttpServer + ApiCall), the worker registry (Watch streams), the routing policy, the dispatcher,
-// and the admin port (/metrics, /healthz, /readyz, GET /workers, POST /workers/{id}/drain). The
-// router links the tokenizer and chat templates, never a compute backend.
+// and the admin port (/metrics, /healthz, /readyz, GET /workers, POST /workers/{id}/drain,
+// POST /workers/reload). The router links the tokenizer and chat templates, never a compute
+// backend.
 //
 //   auto router = Router::Start(options);   // listening; ready once a worker is up
 //   ... (*router)->http_port(), (*router)->admin_port()
@@ -16,6 +17,11 @@
 // Bearer, or x-api-key; else 401), its tenant's cache salt enters its block hashes and its rate
 // limits apply (429 with Retry-After); ReloadKeys() reads the file again (SIGHUP), running
 // streams untouched. The admin port's GET /billing reports tokens and revenue (billing.h).
+//
+// Workers: options.workers and those options.workers_file lists. ReloadWorkers() (SIGHUP, and
+// POST /workers/reload on the admin port) reads the file again: workers it newly lists join, those
+// it no longer lists get no new requests at once while the requests streaming from them go on
+// (WorkerRegistry::SetWorkers); options.workers always stay.
 //
 // Readiness: /readyz is 200 while a worker can take requests (up, accepted, not draining) and the
 // router is not shutting down.
@@ -48,6 +54,10 @@ class Router {
 
   // Reads the key file again; on an error the keys in use stay (and the error is returned).
   absl::Status ReloadKeys();
+  // Reads options.workers_file again (see above); on an error (no such file, a bad line, a list
+  // left empty) the workers in use stay and the error is returned. FailedPrecondition without a
+  // workers file.
+  absl::Status ReloadWorkers();
 
   // Idempotent; returns when every connection is closed.
   void Shutdown();

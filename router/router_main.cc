@@ -1,6 +1,7 @@
 // ferry-router: the OpenAI-compatible front door (router.h). Prints "http_port=N admin_port=M"
 // once listening; /readyz turns 200 when a worker is up. SIGTERM: not ready at once, running
-// streams finish within --shutdown_grace, exit 0.
+// streams finish within --shutdown_grace, exit 0. SIGHUP: --api_keys_file and --workers_file are
+// read again (each on its own: one that fails keeps what it had and does not stop the other).
 //
 //   ferry-router --model SmolLM2-135M-Instruct.Q4_1.gguf --workers 127.0.0.1:7500 --port 8000
 //   curl -s localhost:8000/v1/chat/completions -H 'Content-Type: application/json' -d  (one line)
@@ -24,7 +25,10 @@ ABSL_FLAG(std::string, config, "", "JSON config file (keys as the flags; flags g
 ABSL_FLAG(std::string, model, "", "GGUF file or HF directory: the tokenizer and chat template");
 ABSL_FLAG(std::string, served_model_name, "", "the model id clients use (default: the file name)");
 ABSL_FLAG(std::vector<std::string>, workers, {}, "worker gRPC addresses, comma-separated");
-ABSL_FLAG(std::string, workers_file, "", "a file of worker addresses, one per line");
+ABSL_FLAG(std::string, workers_file, "",
+          "a file of worker addresses, one per line (with --workers' too); read again on SIGHUP "
+          "and POST /workers/reload on the admin port: workers it no longer lists get no new "
+          "requests, their running ones go on");
 ABSL_FLAG(std::string, policy, "prefix_aware",
           "prefix_aware (the prompt's prefix each worker holds, its queue and measured speed), "
           "least_loaded or round_robin");
@@ -210,9 +214,19 @@ int main(int argc, char** argv) {
   std::printf("http_port=%d admin_port=%d\n", (*router)->http_port(), (*router)->admin_port());
   std::fflush(stdout);
   Router* r = router->get();
-  (*signal)->OnHangup([r] {
-    if (absl::Status s = r->ReloadKeys(); !s.ok()) {
-      LOG(ERROR) << "SIGHUP: the keys were not reloaded (the old ones stay): " << s;
+  (*signal)->OnHangup([r, &options] {
+    if (options.api_keys_file.empty() && options.workers_file.empty()) {
+      LOG(WARNING) << "SIGHUP: nothing to reload (no --api_keys_file, no --workers_file)";
+    }
+    if (!options.api_keys_file.empty()) {
+      if (absl::Status s = r->ReloadKeys(); !s.ok()) {
+        LOG(ERROR) << "SIGHUP: the keys were not reloaded (the old ones stay): " << s;
+      }
+    }
+    if (!options.workers_file.empty()) {
+      if (absl::Status s = r->ReloadWorkers(); !s.ok()) {
+        LOG(ERROR) << "SIGHUP: the workers were not reloaded (those in use stay): " << s;
+      }
     }
   });
   (*signal)->Wait();

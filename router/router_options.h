@@ -21,7 +21,8 @@ struct RouterOptions {
   // directory), and the id clients ask for ("": the file or directory name, without ".gguf").
   std::string model;
   std::string served_model_name;
-  // Workers: "host:port" addresses, and/or a file of them (one per line).
+  // Workers: "host:port" addresses, and/or a file of them (one per line), which the router reads
+  // again on SIGHUP and POST /workers/reload (Router::ReloadWorkers); `workers` always stay.
   std::vector<std::string> workers;
   std::string workers_file;
   std::string policy = "prefix_aware";  // round_robin | least_loaded | prefix_aware

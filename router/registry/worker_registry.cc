@@ -32,6 +32,7 @@ struct WorkerRegistry::Worker {
   uint64_t generation = 0;
   std::string cancel_reason;  // why the registry cancelled the stream, for its OnDone
   bool resync = false;        // it was cancelled for a KV event gap: resubscribe at once
+  bool removed = false;       // in removed_: no longer listed, its stream ending
   int64_t inflight = 0;
   int64_t pending_prefill_tokens = 0;
   int64_t active_tokens = 0;
@@ -138,16 +139,80 @@ WorkerRegistry::WorkerRegistry(std::vector<std::string> addresses, RegistryOptio
     index_ = own_index_.get();
   }
   for (const std::string& address : addresses) {
-    auto w = std::make_unique<Worker>();
-    w->address = address;
-    w->feed = std::make_unique<KvEventFeed>(index_, index_->AddWorker());
-    w->stub = v1::Worker::NewStub(NewChannel(address));
-    w->backoff = options_.initial_backoff;
-    workers_.push_back(std::move(w));
+    const bool listed = std::any_of(workers_.begin(), workers_.end(),
+                                    [&](const auto& w) { return w->address == address; });
+    if (!listed) workers_.push_back(NewWorker(address));
   }
 }
 
 WorkerRegistry::~WorkerRegistry() { Stop(); }
+
+std::unique_ptr<WorkerRegistry::Worker> WorkerRegistry::NewWorker(const std::string& address) {
+  auto w = std::make_unique<Worker>();
+  w->address = address;
+  w->feed = std::make_unique<KvEventFeed>(index_, index_->AddWorker());
+  w->stub = v1::Worker::NewStub(NewChannel(address));
+  w->backoff = options_.initial_backoff;
+  return w;
+}
+
+void WorkerRegistry::Forget(std::unique_ptr<Worker> w) {
+  index_->RemoveWorker(w->feed->slot());
+  LOG(INFO) << "worker " << w->id() << " (" << w->address << ") is gone from the registry";
+}
+
+absl::Status WorkerRegistry::SetWorkers(std::vector<std::string> addresses) {
+  for (const std::string& address : addresses) {
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not host:port"));
+    }
+  }
+  std::vector<std::unique_ptr<Worker>> gone;  // freed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::FailedPreconditionError("the registry is stopping");
+    auto given = [&](const std::string& address) {
+      return std::find(addresses.begin(), addresses.end(), address) != addresses.end();
+    };
+    std::vector<std::unique_ptr<Worker>> kept;
+    for (auto& w : workers_) {
+      if (given(w->address)) {
+        kept.push_back(std::move(w));
+        continue;
+      }
+      // No new work from now on, and no transition: its streams are the dispatcher's.
+      LOG(INFO) << "worker " << w->id() << " (" << w->address
+                << ") removed from the list: no new requests; requests streaming from it go on";
+      w->removed = true;
+      w->accepted = false;
+      w->state = Worker::State::kDown;
+      w->reason = "removed from the worker list";
+      if (w->subscription != nullptr) {
+        w->cancel_reason = w->reason;
+        w->subscription->Cancel();
+        removed_.push_back(std::move(w));  // until its stream's OnDone
+      } else {
+        gone.push_back(std::move(w));
+      }
+    }
+    workers_ = std::move(kept);
+    for (const std::string& address : addresses) {
+      const bool listed = std::any_of(workers_.begin(), workers_.end(),
+                                      [&](const auto& w) { return w->address == address; });
+      if (listed) continue;
+      workers_.push_back(NewWorker(address));
+      LOG(INFO) << "worker " << address << " added to the list";
+      if (started_) Connect(*workers_.back());
+    }
+    if (std::none_of(workers_.begin(), workers_.end(), [](const auto& x) { return x->accepted; })) {
+      pool_ = PoolInfo();
+    }
+  }
+  for (auto& w : gone) Forget(std::move(w));
+  Changed();
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<std::string>> WorkerRegistry::ReadWorkerFile(const std::string& path) {
   std::ifstream in(path);
@@ -178,8 +243,10 @@ void WorkerRegistry::Stop() {
     std::unique_lock<std::mutex> lock(mu_);
     if (!started_ || stopping_) return;
     stopping_ = true;
-    for (auto& w : workers_) {
-      if (w->subscription != nullptr) w->subscription->Cancel();
+    for (auto* list : {&workers_, &removed_}) {
+      for (auto& w : *list) {
+        if (w->subscription != nullptr) w->subscription->Cancel();
+      }
     }
     stop_cv_.notify_all();
     // Every stream's OnDone has run, and its Subscription is deleted, before the registry goes.
@@ -225,7 +292,7 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
   bool refused = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
+    if (stopping_ || w->removed) return;
     w->kv_synced = w->feed->synced();
     w->kv_sequence = w->feed->sequence();
     w->kv_snapshots = w->feed->snapshots();
@@ -316,9 +383,18 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
 }
 
 void WorkerRegistry::OnStreamDone(Worker* w, uint64_t generation, const std::string& why) {
+  std::unique_ptr<Worker> gone;  // a removed worker, now that nothing points at it
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (w->generation == generation) {
+    if (w->generation == generation && w->removed) {
+      w->subscription = nullptr;
+      auto it = std::find_if(removed_.begin(), removed_.end(),
+                             [w](const auto& x) { return x.get() == w; });
+      if (it != removed_.end()) {
+        gone = std::move(*it);
+        removed_.erase(it);
+      }
+    } else if (w->generation == generation) {
       w->subscription = nullptr;
       w->messages = 0;
       if (!stopping_) {
@@ -331,6 +407,7 @@ void WorkerRegistry::OnStreamDone(Worker* w, uint64_t generation, const std::str
     }
     stop_cv_.notify_all();
   }
+  if (gone != nullptr) Forget(std::move(gone));
   Changed();
 }
 
@@ -571,6 +648,15 @@ nlohmann::json WorkerRegistry::ToJson() const {
     j["pending_prefill_tokens"] = w->pending_prefill_tokens;
     j["active_tokens"] = w->active_tokens;
     out.push_back(std::move(j));
+  }
+  for (const auto& w : removed_) {
+    // Only what says where its stream is: it has no say in routing any more.
+    out.push_back({{"id", w->id()},
+                   {"address", w->address},
+                   {"state", "removed"},
+                   {"accepted", false},
+                   {"reason", w->reason},
+                   {"streaming", w->subscription != nullptr}});
   }
   return out;
 }

@@ -18,6 +18,11 @@
 //     next one, started without a backoff, resynchronises (the worker is down until its first
 //     message, as after any broken stream). A refused worker's blocks leave the index; a down one's
 //     stay until its next snapshot (it may come back with its cache).
+//   - The list changes at runtime (SetWorkers: the router re-reads its --workers_file on SIGHUP):
+//     a new address is subscribed to as the first ones were; a removed worker gets no new work at
+//     once, its Watch stream is cancelled, and its entry and KV index blocks go when that stream
+//     has ended. Requests streaming from it are the dispatcher's and are left alone (a worker
+//     scaled down drains and hands them off itself).
 //   - Roles: aggregated workers serve a request alone; decode workers serve it with a prefill
 //     worker (the P/D path). All share one pool (fingerprint, block size). Requests can be
 //     served when an aggregated worker is up, or a decode and a prefill worker are.
@@ -85,7 +90,8 @@ struct Candidate {
 
 class WorkerRegistry {
  public:
-  // `addresses`: "host:port" each. `clock` must outlive the registry.
+  // `addresses`: "host:port" each (one given twice is one worker). `clock` must outlive the
+  // registry.
   WorkerRegistry(std::vector<std::string> addresses, RegistryOptions options, Clock* clock);
   ~WorkerRegistry();  // Stop()
 
@@ -94,6 +100,20 @@ class WorkerRegistry {
 
   void Start();
   void Stop();
+
+  // Makes `addresses` the workers (one given twice is one worker), before or after Start:
+  //   - an address not listed is a new worker, subscribed to at once once started (a candidate
+  //     when its first status is accepted, as the first workers were);
+  //   - a listed worker still given keeps its state and stream;
+  //   - a listed worker not given is removed at once: from then on it is no candidate and counts
+  //     in neither AnyUp nor up_count, AddLoad and Drain do not find it, and no up/down
+  //     transition is reported for it (requests streaming from it are the dispatcher's and keep
+  //     streaming). Its Watch stream is cancelled; ToJson shows it as "removed" until the stream
+  //     has ended, and then its entry and its blocks in the KV index go.
+  // A removed address given again is a new worker: its router-side load counts (AddLoad) start at
+  // zero. InvalidArgument for an address that is not "host:port" (nothing changes then);
+  // FailedPrecondition once stopping.
+  absl::Status SetWorkers(std::vector<std::string> addresses);
 
   // Accepted, up, not draining, and below their capacity (running + queued allowed, minus what
   // the router has in flight there).
@@ -124,16 +144,21 @@ class WorkerRegistry {
   // The Drain RPC on worker `id`; NotFound for an unknown id.
   absl::StatusOr<ferry::v1::DrainResponse> Drain(const std::string& id, uint32_t grace_seconds);
 
-  // GET /workers: every worker with its state, identity, load, in-flight count, last message.
+  // GET /workers: every worker with its state, identity, load, in-flight count, last message
+  // (listed ones first, in the order they were added; then removed ones whose stream is ending).
   nlohmann::json ToJson() const;
 
-  // For tests: workers up and accepted.
+  // Listed workers up and accepted.
   int64_t up_count() const;
 
   class Subscription;
 
  private:
   struct Worker;
+  // A new worker (not yet subscribed to), with its slot in the index.
+  std::unique_ptr<Worker> NewWorker(const std::string& address);
+  // Frees a worker whose stream is over (no lock held): its blocks leave the index.
+  void Forget(std::unique_ptr<Worker> w);
   void MonitorLoop();
   void Connect(Worker& w);  // under mu_
   void OnStatus(Worker* w, const ferry::v1::WorkerStatus& status);
@@ -147,9 +172,12 @@ class WorkerRegistry {
 
   const RegistryOptions options_;
   Clock* const clock_;
-  std::vector<std::unique_ptr<Worker>> workers_;
 
   mutable std::mutex mu_;
+  // The listed workers, in the order they were added.
+  std::vector<std::unique_ptr<Worker>> workers_;
+  // Removed workers whose Watch stream has not ended yet: its callbacks still point at them.
+  std::vector<std::unique_ptr<Worker>> removed_;
   std::condition_variable stop_cv_;
   PoolInfo pool_;
   bool started_ = false, stopping_ = false;

@@ -3,7 +3,9 @@
 // refused (also against a pinned fingerprint), a refused worker is asked again, a broken stream or
 // a stopped heartbeat (FakeClock) takes a worker down and a new stream brings it back, draining
 // workers are no candidates, and capacity bounds candidates; KV events reach the index, a broken
-// stream resumes after the index's sequence, and a gap makes the registry resubscribe and resync.
+// stream resumes after the index's sequence, and a gap makes the registry resubscribe and resync;
+// workers added at runtime come up, removed ones stop being candidates at once (no transition),
+// their stream and KV blocks go, and they can be added again.
 
 #include "router/registry/worker_registry.h"
 
@@ -412,6 +414,127 @@ TEST(WorkerRegistryTest, AnUnreachableWorkerIsDownAndAWorkerFileIsRead) {
   auto listed = WorkerRegistry::ReadWorkerFile(path);
   ASSERT_TRUE(listed.ok()) << listed.status();
   EXPECT_EQ(*listed, (std::vector<std::string>{"127.0.0.1:7500", "127.0.0.1:7501"}));
+}
+
+TEST(WorkerRegistryTest, AWorkerAddedAtRuntimeBecomesACandidate) {
+  Fleet fleet(2);
+  FakeClock clock;
+  // One address given twice is one worker.
+  WorkerRegistry registry({fleet.addresses[0], fleet.addresses[0]}, RegistryOptions(), &clock);
+  registry.Start();
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 1; }));
+  EXPECT_EQ(registry.ToJson().size(), 1u);
+  fleet.workers[0]->Send(Status("w0", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
+
+  ASSERT_TRUE(registry.SetWorkers({fleet.addresses[0], fleet.addresses[1]}).ok());
+  ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
+  EXPECT_EQ(fleet.workers[0]->subscriptions(), 1);  // the listed one keeps its stream
+  EXPECT_EQ(registry.up_count(), 1);
+  fleet.workers[1]->Send(Status("w1", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.Candidates().size() == 2; }));
+  EXPECT_EQ(registry.up_count(), 2);
+  const nlohmann::json json = registry.ToJson();
+  ASSERT_EQ(json.size(), 2u);
+  EXPECT_EQ(json[1]["id"], "w1");
+  EXPECT_EQ(json[1]["state"], "up");
+  registry.Stop();
+  EXPECT_EQ(registry.SetWorkers({fleet.addresses[0]}).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(WorkerRegistryTest, ARemovedWorkerStopsAtOnceLosesItsStreamAndBlocksAndCanComeBack) {
+  Fleet fleet(2);
+  FakeClock clock;
+  KvIndex index;
+  RegistryOptions options;
+  options.index = &index;
+  WorkerRegistry registry(fleet.addresses, options, &clock);
+  std::mutex mu;
+  std::vector<std::string> transitions;
+  registry.SetOnWorkerState([&](const std::string& id, bool up) {
+    std::lock_guard<std::mutex> lock(mu);
+    transitions.push_back(id + (up ? " up" : " down"));
+  });
+  auto reported = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return transitions;
+  };
+  registry.Start();
+  ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
+  fleet.workers[0]->Send(Events(Status("w0", 7, 16), 1, 1, {1}));
+  fleet.workers[1]->Send(Events(Status("w1", 7, 16), 1, 2, {2, 3}));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 2 && index.entries() == 3; }));
+  ASSERT_TRUE(Eventually([&] { return reported().size() == 2; }));
+  registry.AddLoad("w1", 1);  // a request streaming from w1 (the dispatcher's)
+
+  // Removed: no candidate and not up from the call's return on; its stream is cancelled.
+  ASSERT_TRUE(registry.SetWorkers({fleet.addresses[0]}).ok());
+  std::vector<Candidate> candidates = registry.Candidates();
+  ASSERT_EQ(candidates.size(), 1u);
+  EXPECT_EQ(candidates[0].id, "w0");
+  EXPECT_EQ(registry.up_count(), 1);
+  EXPECT_TRUE(registry.AnyUp());
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->open_streams() == 0; }));
+  // Once its stream has ended, its entry and its blocks are gone.
+  ASSERT_TRUE(Eventually([&] { return registry.ToJson().size() == 1; }));
+  EXPECT_EQ(registry.ToJson()[0]["id"], "w0");
+  EXPECT_EQ(index.entries(), 1);
+  EXPECT_FALSE(registry.Drain("w1", 1).ok());
+  registry.AddLoad("w1", -1);  // that request ends: nothing to count it against
+  // Messages it still sends reach nobody; no down transition was reported (its requests go on).
+  fleet.workers[1]->Send(Status("w1", 7, 16, false));
+  absl::SleepFor(options.check_interval * 3);
+  EXPECT_EQ(registry.up_count(), 1);
+  EXPECT_EQ(reported().size(), 2u);
+
+  // Added again: a new stream, which asks for a snapshot, and a candidate on its first message.
+  ASSERT_TRUE(registry.SetWorkers({fleet.addresses[0], fleet.addresses[1]}).ok());
+  ASSERT_TRUE(Eventually([&] { return fleet.workers[1]->open_streams() == 1; }));
+  EXPECT_EQ(fleet.workers[1]->subscriptions(), 2);
+  EXPECT_EQ(fleet.workers[1]->last_request().after_sequence(), 0u);
+  fleet.workers[1]->Send(Events(Status("w1", 7, 16), 1, 3, {2, 3, 4}));
+  ASSERT_TRUE(Eventually([&] { return registry.Candidates().size() == 2; }));
+  ASSERT_TRUE(Eventually([&] { return index.entries() == 4; }));
+  EXPECT_EQ(registry.Candidates()[1].load.inflight, 0);
+  ASSERT_TRUE(Eventually([&] { return reported().size() == 3; }));
+  EXPECT_EQ(reported()[2], "w1 up");
+
+  // Removing every worker: nothing can be served, and the pool's facts are forgotten.
+  ASSERT_TRUE(registry.SetWorkers({}).ok());
+  EXPECT_FALSE(registry.AnyUp());
+  EXPECT_EQ(registry.up_count(), 0);
+  EXPECT_FALSE(registry.pool().known);
+  ASSERT_TRUE(Eventually([&] { return registry.ToJson().empty() && index.entries() == 0; }));
+  EXPECT_EQ(reported().size(), 3u);
+  registry.Stop();
+}
+
+TEST(WorkerRegistryTest, AWorkerWithoutAStreamIsRemovedAtOnceAndABadAddressChangesNothing) {
+  Fleet fleet(1);
+  FakeClock clock;
+  WorkerRegistry registry({"127.0.0.1:1", fleet.addresses[0]}, RegistryOptions(), &clock);
+  registry.Start();
+  ASSERT_TRUE(Eventually([&] { return !registry.ToJson()[0]["streaming"].get<bool>(); }));
+  EXPECT_EQ(registry.SetWorkers({fleet.addresses[0], "no-port"}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.ToJson().size(), 2u);
+  ASSERT_TRUE(registry.SetWorkers({fleet.addresses[0]}).ok());
+  EXPECT_EQ(registry.ToJson().size(), 1u);  // it had no stream to wait for
+  ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
+  fleet.workers[0]->Send(Status("w0", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
+  // Removed and added again at once, while its old stream may still be ending: the new entry
+  // comes up on a stream of its own, and the old one goes.
+  ASSERT_TRUE(registry.SetWorkers({}).ok());
+  ASSERT_TRUE(registry.SetWorkers({fleet.addresses[0]}).ok());
+  ASSERT_TRUE(Eventually([&] { return registry.ToJson().size() == 1; }));
+  ASSERT_TRUE(Eventually([&] {
+    return fleet.workers[0]->subscriptions() == 2 && fleet.workers[0]->open_streams() == 1;
+  }));
+  fleet.workers[0]->Send(Status("w0", 7, 16));
+  ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
+  registry.Stop();
 }
 
 }  // namespace

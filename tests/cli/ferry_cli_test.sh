@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ferry CLI's own behaviour: help, unknown commands, the benchmark list and dispatch errors,
-# model paths, `up`'s argument checks, and `down`/`status` with nothing running. Runs the script
-# from the test's runfiles with a private cache, so nothing is installed or downloaded.
+# model paths, `up`'s and `scale`'s argument checks, and `down`/`status`/`scale` with nothing
+# running. Runs the script from the test's runfiles with a private cache, so nothing is installed
+# or downloaded.
 set -uo pipefail
 ferry="$1"
 export FERRY_CACHE="${TEST_TMPDIR}/cache" FERRY_STATE="${TEST_TMPDIR}/state"
@@ -21,7 +22,7 @@ check() {  # check DESCRIPTION EXPECTED_RC PATTERN -- COMMAND...
   fi
 }
 check "help lists every command" 0 "setup.*" -- "${ferry}" help
-for c in setup build test up status down bench fmt worker calibrate load sim "models pull"; do
+for c in setup build test up status down scale bench fmt worker calibrate load sim "models pull"; do
   check "help mentions '${c}'" 0 "^  ${c} " -- "${ferry}" help
 done
 check "unknown command fails" 1 "unknown command 'frobnicate'" -- "${ferry}" frobnicate
@@ -47,6 +48,11 @@ check "up --help names the simulated engine" 0 "--engine sim" -- "${ferry}" up -
 check "up refuses an unknown engine" 1 "--engine must be real or sim" -- "${ferry}" up --engine fast
 check "up refuses a calibration for the real engine" 1 "--calibration is for --engine sim" -- "${ferry}" up --calibration c.json
 check "up refuses a missing calibration" 1 "--calibration: no such file" -- "${ferry}" up --engine sim --calibration /nonexistent.json
+check "scale --help names its arguments" 0 "usage: ./ferry scale POOL N" -- "${ferry}" scale --help
+check "scale refuses zero workers" 1 "N must be at least 1" -- "${ferry}" scale decode 0
+check "scale refuses an unknown pool" 1 "POOL must be decode, prefill or worker" -- "${ferry}" scale gpu 2
+check "scale refuses a bad grace" 1 "--grace must be a duration" -- "${ferry}" scale decode 1 --grace soon
+check "scale with nothing running" 1 "the local stack is not running" -- "${ferry}" scale decode 2
 # A stale pid file of a process that is gone is cleaned up, not an error.
 mkdir -p "${FERRY_STATE}/pids"
 echo 999999 >"${FERRY_STATE}/pids/ghost.pid"
