@@ -343,18 +343,7 @@ void GenerateCall::CallPushKv() {
         ready_.set_transfer_id(transfer_id_);
         ready_.set_window_floor(rpc->response.window_floor());
         ready_.set_approximate_kv(rpc->response.approximate_kv());
-        if (kv_landed_) {
-          const bool ended = PrepareDecodeLocked();
-          lock.unlock();
-          if (ended) {
-            Done();
-          } else {
-            StartDecode();
-          }
-        } else {
-          lock.unlock();
-          Pump();
-        }
+        ContinueOnceKvIsIn(lock);
         Unref();
       });
 }
@@ -374,13 +363,22 @@ void GenerateCall::OnKvLanded(const absl::Status& status) {
                                             ": ", status.message())));
   }
   kv_landed_ = true;
-  if (kv_ready_) {
-    const bool ended = PrepareDecodeLocked();
+  ContinueOnceKvIsIn(lock);
+}
+
+void GenerateCall::ContinueOnceKvIsIn(std::unique_lock<std::mutex>& lock) {
+  if (!kv_landed_ || !kv_ready_) {
     lock.unlock();
-    return ended ? Done() : StartDecode();
+    Pump();  // the reservation, if still unwritten
+    return;
   }
+  const bool ended = PrepareDecodeLocked();
   lock.unlock();
-  Pump();
+  if (ended) {
+    Done();
+  } else {
+    StartDecode();
+  }
 }
 
 grpc::Status GenerateCall::OnKvReady(const v1::KvReadyRequest& ready) {
@@ -415,18 +413,7 @@ grpc::Status GenerateCall::OnKvReady(const v1::KvReadyRequest& ready) {
   kv_ready_ = true;
   ready_ = ready;
   if (ready.no_transfer()) kv_landed_ = true;  // nothing was pushed: every choice ended at P
-  if (kv_landed_) {
-    const bool ended = PrepareDecodeLocked();
-    lock.unlock();
-    if (ended) {
-      Done();
-    } else {
-      StartDecode();
-    }
-    return grpc::Status::OK;
-  }
-  lock.unlock();
-  Pump();
+  ContinueOnceKvIsIn(lock);
   return grpc::Status::OK;
 }
 

@@ -94,6 +94,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   // request is ready (kStarting). Under mu_; true when the call is done instead (every choice
   // ended with its first token, or the answer cannot be resumed).
   bool PrepareDecodeLocked();
+  // Once the pushes landed and KvReady (or PushKv's answer) came: PrepareDecodeLocked, then
+  // StartDecode or Done; before that, Pump. Takes the lock held, returns with it released.
+  void ContinueOnceKvIsIn(std::unique_lock<std::mutex>& lock);
   // Target of a hand-off: the source's PushKv, once the reservation is described.
   void CallPushKv();
   // Then, without mu_: writes the first tokens (before the engine's first decode step competes
