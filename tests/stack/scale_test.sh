@@ -76,7 +76,9 @@ handoffs=$(metric ferry_router_handoffs_total 'outcome="completed"')
 migrations=$(curl -sf "http://127.0.0.1:${router_admin}/metrics" |
   grep -E '^ferry_router_(migrations|handoffs)_total' | grep -v ' 0$' | tr '\n' ' ')
 [[ "${handoffs}" -ge 1 ]] || fail "no request was handed off with its KV (${migrations:-no migration})"
+pids=$(cat "${FERRY_STATE}"/pids/*.pid)
 ./ferry down >"${out}/down.log" 2>&1 || fail "./ferry down"
-sleep 0.5
-if pgrep -f "${FERRY_STATE}" >/dev/null; then fail "processes of the stack are left: $(pgrep -af "${FERRY_STATE}")"; fi
+for pid in ${pids}; do
+  ! kill -0 "${pid}" 2>/dev/null || fail "process ${pid} of the stack is left: $(ps -o args= -p "${pid}")"
+done
 echo "scale_test: ok: ${requests} requests, none failed, across scale decode 1 and 2 (${handoffs} hand-offs with KV; ${migrations:-no migration})"
