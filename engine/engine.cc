@@ -436,7 +436,7 @@ void Engine::Park(const std::string& id) {
   wake_.notify_one();
 }
 
-void Engine::ParkRequest(const std::string& id) {
+bool Engine::ParkRequest(const std::string& id) {
   Sequence* only = nullptr;
   int64_t live = 0;
   for (auto& seq : seqs_) {
@@ -444,19 +444,14 @@ void Engine::ParkRequest(const std::string& id) {
     ++live;
     only = seq.get();
   }
-  if (live == 0) return;
+  if (live == 0) return true;  // finished, aborted, or never here
   Sequence& seq = *only;
   const bool parkable = live == 1 && seq.req->r.n == 1 && !seq.req->fork_pending &&
                         seq.req->r.role != EngineRole::kPrefillOnly && seq.admitted &&
                         static_cast<int64_t>(seq.tokens.size()) > seq.prompt_len &&
                         seq.computed == static_cast<int64_t>(seq.tokens.size()) - 1 &&
                         handoffs_.find(id) == handoffs_.end();
-  if (!parkable) {
-    for (auto& s : seqs_) {
-      if (!s->finished && s->req->r.id == id) Finish(*s, FinishReason::kAbort, TokenEvent{});
-    }
-    return;
-  }
+  if (!parkable) return false;  // not yet (prefilling, preempted), or never (several choices)
   // The table covers the computed positions; a block reserved ahead for the next one goes back.
   const int64_t keep = pool_->layout().BlocksFor(seq.computed);
   std::vector<BlockId> spare;
@@ -479,6 +474,7 @@ void Engine::ParkRequest(const std::string& id) {
   event.request_id = id;
   event.choice = seq.choice;
   Finish(seq, FinishReason::kHandoff, std::move(event));
+  return true;
 }
 
 void Engine::DrainInbox() {
@@ -507,7 +503,13 @@ void Engine::DrainInbox() {
     DropHandoff(id);
   }
   for (const std::string& id : released) DropHandoff(id);
-  for (const std::string& id : parked) ParkRequest(id);
+  // Parks what can be parked now; the rest is tried again at the next step.
+  // (A copy: a request's end takes it out of parking_.)
+  parking_.insert(parked.begin(), parked.end());
+  const std::vector<std::string> parking(parking_.begin(), parking_.end());
+  for (const std::string& id : parking) {
+    if (ParkRequest(id)) parking_.erase(id);
+  }
   ExpireHandoffs();
   if (window_cache_ != nullptr) stats_.window_expired_blocks += window_cache_->Expire();
   if (clear) EvictAllCached();
@@ -1295,6 +1297,7 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
     stats_.unused_imported_blocks += std::max<int64_t>(0, loaded);
     Unpin(*seq.req);
   }
+  if (seq.req->live == 1) parking_.erase(seq.req->r.id);  // its last choice ends
   if (--seq.req->live == 0 && !seq.req->handed_off) {
     // Reusable from its last event on: whoever sees that event finds the id free (its
     // sequences leave seqs_ at the end of this step, before a new submission is added).

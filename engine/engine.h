@@ -333,14 +333,15 @@ class Engine {
   void Abort(const std::string& id);
   // Releases the blocks of a kHandoff; thread-safe. (Abort(id) does it too.)
   void ReleaseHandoff(const std::string& id);
-  // Stops a decoding request at the next step and keeps its KV for the caller to send elsewhere
-  // (a drain's hand-off); thread-safe. A request of one choice that is admitted and between
-  // tokens (every position but its last token's computed) ends with kHandoff: the event names
-  // its table (blocks covering prompt + generated - 1 positions, held as a prefill-only
-  // request's are: until ReleaseHandoff, Abort or handoff_ttl) and carries its sampler state and
-  // held-back text, so that a decode-only request elsewhere continues it exactly. Any other live
-  // request (several choices, still prefilling, preempted, waiting) ends with kAbort. Unknown or
-  // finished ids are ignored.
+  // Stops a decoding request at a step boundary and keeps its KV for the caller to send
+  // elsewhere (a drain's hand-off); thread-safe. A request of one choice ends with kHandoff at the
+  // first step boundary where it is admitted and between tokens (every position but its last
+  // token's computed; one still prefilling or preempted gets there later): the event names its
+  // table (blocks covering prompt + generated - 1 positions, held as a prefill-only request's
+  // are: until ReleaseHandoff, Abort or handoff_ttl) and carries its sampler state and held-back
+  // text, so that a decode-only request elsewhere continues it exactly. A request of several
+  // choices is never parked: it runs on until it ends or Abort ends it. Unknown or finished ids
+  // are ignored.
   void Park(const std::string& id);
   // Whether `id` is submitted and not yet finished (or a handoff not yet released). False from
   // the moment the request's last finish event is emitted.
@@ -459,8 +460,9 @@ class Engine {
   void ReportKvProgress(Sequence& seq);
   // A prefill-only request's prompt is computed: each choice's first token, and the handoff.
   void DeliverPrefillOnly(Sequence& seq, absl::Span<const float> logits);
-  // Park(id) on the engine thread.
-  void ParkRequest(const std::string& id);
+  // Park(id) on the engine thread: true when it is settled (parked, or not live), false when it
+  // cannot be parked yet.
+  bool ParkRequest(const std::string& id);
   // A sequence for choice `choice` of `req` that has not produced anything yet.
   std::unique_ptr<Sequence> NewSequence(const std::shared_ptr<Request>& req, int32_t choice,
                                         int64_t arrival);
@@ -497,6 +499,7 @@ class Engine {
   // Engine-thread state.
   std::vector<std::unique_ptr<Sequence>> seqs_;  // every live sequence, in arrival order
   absl::flat_hash_map<std::string, Handoff> handoffs_;
+  absl::flat_hash_set<std::string> parking_;  // Park()ed, not parkable yet
   int64_t arrivals_ = 0;
   EngineStats stats_;
   int64_t dropped_events_ = 0;             // the caches' dropped_events() as of the last look

@@ -359,16 +359,32 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
     source.Drain();  // the release
     EXPECT_EQ(source.held_blocks(), 0);
     EXPECT_FALSE(source.engine_->IsLive("r"));
-    // What cannot be parked ends with kAbort: a request still prefilling.
+    // A request still prefilling is parked once its prompt is computed and it has a token; one
+    // of several choices is never parked: it runs to its end.
     EngineOptions chunked = whole;
     chunked.prefill_chunk = 16;
-    Harness prefilling = Make(variant, 64, chunked);
-    ASSERT_TRUE(prefilling.Submit(Req("p", prompt, max_tokens, sampled)).ok());
-    ASSERT_TRUE(prefilling.engine_->Step().ok());
-    prefilling.engine_->Park("p");
-    prefilling.Drain();
-    EXPECT_EQ(prefilling.out("p").finish, FinishReason::kAbort);
-    EXPECT_EQ(prefilling.held_blocks(), 0);
+    Harness later = Make(variant, 64, chunked);
+    ASSERT_TRUE(later.Submit(Req("p", prompt, max_tokens, sampled)).ok());
+    EngineRequest two = Req("two", Prompt(40, 9), 12, sampled);
+    two.n = 2;
+    ASSERT_TRUE(later.Submit(std::move(two)).ok());
+    ASSERT_TRUE(later.engine_->Step().ok());
+    ASSERT_TRUE(later.out("p").tokens.empty());
+    later.engine_->Park("p");
+    later.engine_->Park("two");
+    later.Drain();
+    EXPECT_EQ(later.out("p").finish, FinishReason::kHandoff);
+    EXPECT_GE(later.out("p").tokens.size(), 1u);
+    EXPECT_EQ(later.out("p").blocks.size(),
+              static_cast<size_t>(later.pool_->layout().BlocksFor(
+                  150 + static_cast<int64_t>(later.out("p").tokens.size()) - 1)));
+    for (int32_t c = 0; c < 2; ++c) {
+      EXPECT_EQ(later.out("two", c).finish, FinishReason::kLength);
+      EXPECT_EQ(later.out("two", c).tokens.size(), 12u);
+    }
+    later.engine_->ReleaseHandoff("p");
+    later.Drain();
+    EXPECT_EQ(later.held_blocks(), 0);
   }
 
   // A mixture of experts counts the tokens each expert received: experts_per_token per token of

@@ -211,17 +211,26 @@ void GenerateCall::SubmitRead(EngineRequest r) {
 }
 
 void GenerateCall::AbortFor(AbortCause cause) {
+  bool park = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (engine_done_) return;
-    if (cause_ == AbortCause::kNone) cause_ = cause;
+    // The drain's first word to a running request is a park: it ends only if the engine parks it
+    // (kHandoff), and may still finish on its own (several choices); a second one ends it.
+    park = cause == AbortCause::kDrained && service_->hands_off() && phase_ == Phase::kSubmitted &&
+           !park_requested_;
+    if (park) {
+      park_requested_ = true;
+    } else if (cause_ == AbortCause::kNone) {
+      cause_ = cause;
+    }
     if (phase_ == Phase::kReserving || phase_ == Phase::kAwaitingKv) {
       return EndBeforeEngine(lock, cause, absl::OkStatus());
     }
     if (phase_ != Phase::kSubmitted) return;
   }
-  if (cause == AbortCause::kDrained && service_->hands_off()) {
-    service_->engine().engine().Park(id_);  // kHandoff, or kAbort when it cannot be parked
+  if (park) {
+    service_->engine().engine().Park(id_);
   } else {
     service_->engine().engine().Abort(id_);
   }
@@ -568,6 +577,7 @@ void GenerateCall::OnEngineEvent(const TokenEvent& e) {
       parked.positions = prompt_tokens_ + parked.generated - 1;
       SamplerStateToProto(e.sampler_state, seed_, 0, e.held_text, &parked.sampler_state);
       parked_ = true;
+      if (cause_ == AbortCause::kNone) cause_ = AbortCause::kDrained;
       done = --choices_left_ == 0;
     }
     service_->AddParked(id_, std::move(parked));
@@ -578,9 +588,11 @@ void GenerateCall::OnEngineEvent(const TokenEvent& e) {
     }
     return;
   }
-  if (e.finish == FinishReason::kAbort && e.choice == 0 && service_->hands_off()) {
+  if (e.finish == FinishReason::kAbort && e.choice == 0) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (cause_ == AbortCause::kDrained) service_->metrics().Handoff("not_parked");
+    if (park_requested_ && cause_ == AbortCause::kDrained) {
+      service_->metrics().Handoff("not_parked");  // still not parkable when the drain ended it
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

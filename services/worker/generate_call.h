@@ -12,13 +12,15 @@
 // not arrive by the reservation's deadline, or a KvReady with an error, ends the call
 // UNAVAILABLE (retryable: nothing was streamed); the blocks go back once no push can reach them.
 //
-// Drain hand-off. Source: AbortFor(kDrained) on a worker that hands off parks the request
-// (Engine::Park); its kHandoff event gives the KV to the service (AddParked) and the call ends
-// UNAVAILABLE, retryable, with ErrorInfo.handoff_endpoint. Target (handoff_source_endpoint set;
-// decode or aggregated role, one resumed choice): the call reserves blocks for the prompt and the
-// output but its last token, sends the KvReservation, and calls PushKv on the source; once the
-// push landed and PushKv answered, the request continues as a decode-only engine request from the
-// last token, which is not sent again. A failed hand-off ends the call UNAVAILABLE, retryable.
+// Drain hand-off. Source: the first AbortFor(kDrained) on a worker that hands off asks the
+// engine to park the request (Engine::Park; a request of several choices runs on, and may still
+// complete); its kHandoff event gives the KV to the service (AddParked) and the call ends
+// UNAVAILABLE, retryable, with ErrorInfo.handoff_endpoint. A second AbortFor(kDrained) ends it.
+// Target (handoff_source_endpoint set; decode or aggregated role, one resumed choice): the call
+// reserves blocks for the prompt and the output but its last token, sends the KvReservation, and
+// calls PushKv on the source; once the push landed and PushKv answered, the request continues as a
+// decode-only engine request from the last token, which is not sent again. A failed hand-off ends
+// the call UNAVAILABLE, retryable.
 //
 // With a KV store (aggregated calls): the prefix the worker's memory lacks is read from the store
 // first (StoreReader; kLoading), then the request goes to the engine with it. The blocks the
@@ -156,7 +158,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   // source, whether the engine parked the request (the stream ends naming this worker).
   std::string handoff_source_, handoff_source_id_;
   int64_t handoff_generated_ = 0;
-  bool parked_ = false;
+  bool park_requested_ = false, parked_ = false;
 };
 
 }  // namespace ferry

@@ -346,10 +346,24 @@ void WorkerService::DrainLoop() {
     for (const std::string& id : ids) AbortRequest(id, AbortCause::kDrained);
     lock.lock();
   }
-  // Until nothing is left: parked KV nobody took in time is released.
+  // Until nothing is left: parked KV nobody took in time is released, and requests still running
+  // handoff_wait after the deadline (never parkable: several choices) end.
+  bool ended = false;
   while (!stopping_ && !IdleLocked()) {
     const absl::Time now = absl::Now();
-    absl::Time next = now + absl::Seconds(1);
+    const absl::Time hard = drain_deadline_ + options_.handoff_wait;
+    if (!ended && now >= hard && !calls_.empty()) {
+      ended = true;
+      std::vector<std::string> ids;
+      for (auto& [id, call] : calls_) ids.push_back(id);
+      lock.unlock();
+      LOG(WARNING) << "draining: ending " << ids.size() << " request(s) that could not be handed "
+                   << "off within " << options_.handoff_wait << " of the deadline";
+      for (const std::string& id : ids) AbortRequest(id, AbortCause::kDrained);
+      lock.lock();
+      continue;
+    }
+    absl::Time next = std::min(now + absl::Seconds(1), ended ? absl::InfiniteFuture() : hard);
     std::vector<std::string> expired;
     for (auto& [id, parked] : parked_) {
       if (parked.expires <= now) {

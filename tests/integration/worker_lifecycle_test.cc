@@ -304,6 +304,44 @@ TEST(WorkerLifecycleTest, PastTheDrainGraceRequestsEndRetryableAndTheWorkerStill
   EXPECT_EQ(worker->WaitForExit(absl::Seconds(30)), 0) << worker->LogTail();
 }
 
+// A request of several choices cannot be handed off: past the grace it runs on (for up to
+// --handoff_wait) and completes, while one choice's request beside it is parked.
+TEST(WorkerLifecycleTest, PastTheGraceSeveralChoicesRunOnAndComplete) {
+  auto worker = NullWorker(0.02, {"--drain_grace=0s", "--handoff_wait=3s"});
+  ASSERT_TRUE(worker->ready());
+  WorkerClient client(worker->address());
+  Progress progress;
+  GenerateResult two, one;
+  Sampling n2 = Long(60);
+  n2.n = 2;
+  std::thread caller2([&] {
+    two = client.Generate(MakeRequest("two", Prompt(), n2), absl::Seconds(60),
+                          [&](const v1::GenerateEvent& e) {
+                            if (e.has_tokens()) progress.Add(1);
+                            return true;
+                          });
+  });
+  std::thread caller1([&] {
+    one = client.Generate(MakeRequest("one", Prompt(20, 3), Long(60)), absl::Seconds(60),
+                          [&](const v1::GenerateEvent& e) {
+                            if (e.has_tokens()) progress.Add(1);
+                            return true;
+                          });
+  });
+  ASSERT_TRUE(progress.WaitFor(6));
+  v1::DrainResponse drain;
+  ASSERT_TRUE(client.Drain(0, &drain).ok());
+  caller1.join();
+  caller2.join();
+  EXPECT_EQ(one.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(one.error.handoff_endpoint(), worker->address());
+  ASSERT_TRUE(two.status.ok()) << two.status.error_message();
+  ASSERT_EQ(two.choices.size(), 2u);
+  for (const ChoiceOutput& c : two.choices) EXPECT_EQ(c.tokens.size(), 60u);
+  // The parked KV is never taken here: released after --handoff_wait, the worker exits.
+  EXPECT_EQ(worker->WaitForExit(absl::Seconds(30)), 0) << worker->LogTail();
+}
+
 TEST(WorkerLifecycleTest, AWrongSharedTokenIsRefusedOnEveryCall) {
   const std::string token = "test-token-0123456789abcdef";
   const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/token");
