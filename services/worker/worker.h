@@ -9,9 +9,11 @@
 //   ... (*worker)->grpc_port(), (*worker)->admin_port()
 //   (*worker)->Shutdown();                          // as on SIGTERM
 //
-// Shutdown (SIGTERM): not ready at once (readyz 503, health NOT_SERVING), Watch streams end at
-// once, no new Generate is admitted, running requests finish within drain_grace (the rest end
-// UNAVAILABLE, retryable), then the gRPC server stops with rpc_grace for calls still in flight.
+// Shutdown (SIGTERM): not ready at once (readyz 503, health NOT_SERVING), no new Generate or
+// Prefill is admitted, the Watch streams say DRAINING, running requests go on for drain_grace and
+// are then handed off with their KV (WorkerService's drain), and once nothing runs and no KV waits
+// (at most handoff_wait more) the Watch streams end and the gRPC server stops with rpc_grace for
+// calls still in flight.
 //
 // Thread-safe.
 
@@ -48,7 +50,7 @@ class Worker {
   WorkerService& service() { return *service_; }
 
   // The drain step of the shutdown sequence, which ends with the gRPC server shut down (calls
-  // still in flight get rpc_grace); returns by `deadline` + a few seconds.
+  // still in flight get rpc_grace); returns by `deadline` + handoff_wait + a few seconds.
   void Drain(absl::Time deadline);
   // Drain(now + drain_grace), then the gRPC and admin servers stop. Idempotent.
   void Shutdown();
