@@ -306,6 +306,12 @@ absl::StatusOr<std::vector<FooterEntry>> DecodeFooterEntries(absl::string_view b
   return entries;
 }
 
+bool StartsWithFooterEntry(absl::string_view bytes) {
+  if (bytes.size() < kFooterEntryBytes) return false;
+  LeReader c(bytes.substr(kFooterEntryBytes - 8));
+  return c.U64() == Checksum(bytes.substr(0, kFooterEntryBytes - 8));
+}
+
 std::string SegmentFileName(uint32_t id) { return absl::StrFormat("%08x.seg", id); }
 
 absl::StatusOr<uint32_t> ParseSegmentFileName(absl::string_view name) {

@@ -131,6 +131,9 @@ absl::StatusOr<Trailer> DecodeTrailer(absl::string_view bytes, uint64_t file_siz
 // each checked: offsets aligned, after the segment header, records before the footer.
 absl::StatusOr<std::vector<FooterEntry>> DecodeFooterEntries(absl::string_view bytes,
                                                              const Trailer& trailer);
+// Whether `bytes` start with a footer entry of version kFooterVersion whose own checksum holds:
+// how a segment scan tells the start of a footer cut short (a crash while sealing) from records.
+bool StartsWithFooterEntry(absl::string_view bytes);
 
 std::string SegmentFileName(uint32_t id);
 // The id of a segment file name, or nullopt-like error for other names.

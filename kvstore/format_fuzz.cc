@@ -2,8 +2,8 @@
 // a KvStore opened on a directory whose segment files are those bytes. Nothing may crash, leak or
 // trip a sanitizer, and what the store serves stays consistent: decoded values encode and decode
 // to the same, the stats add up, a second Verify finds nothing corrupt, what was served is still
-// served after Compact(), a Put is read back with its retention floor (also after compacting and
-// reopening) and a Delete stays deleted.
+// served after Compact() (and after a Put of it with other bytes, a conflict), a Put is read back
+// with its retention floor (also after compacting and reopening) and a Delete stays deleted.
 //
 // The store sees two segment files: 00000001.seg holds the input as it is, 00000002.seg the input
 // with every checksum recomputed (segment header, records at 4096-byte boundaries, footer
@@ -284,6 +284,7 @@ void CheckStats(const StoreStats& s) {
   CHECK_EQ(bytes, s.value_bytes);
   CHECK_GE(s.segments, 1);
   CHECK_GE(s.file_bytes, static_cast<int64_t>(kSegmentHeaderBytes));
+  for (int64_t n : s.recovery_dropped) CHECK_GE(n, 0);
 }
 
 void CheckVerify(KvStore& store) {
@@ -362,6 +363,16 @@ void FuzzStore(absl::string_view in, const std::string& repaired) {
     CHECK_OK(store.Put({item}));
     std::vector<GetResult> got = store.Get({fresh}, model);
     CHECK(got[0].found && got[0].value == value);
+    // An object served, put again with other bytes: a conflict, its bytes kept (checked below).
+    if (!found.empty() && found[0].second.size() < static_cast<size_t>(options.max_object_bytes)) {
+      const auto& [i, bytes] = found[0];
+      ObjectMeta other = meta;
+      other.fingerprint = keys[i].second;
+      const std::string other_value = bytes + "!";
+      PutResult result;
+      CHECK_OK(store.Put({{keys[i].first, other, other_value}}, &result));
+      CHECK(result.outcomes.size() == 1 && result.outcomes[0] == PutOutcome::kConflict);
+    }
     // A Delete of an object that is there (of one that is not, it writes nothing).
     if (!keys.empty() && store.Get({keys[0].first}, keys[0].second)[0].found) {
       CHECK_OK(store.Delete({keys[0].first}).status());

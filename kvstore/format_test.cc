@@ -339,6 +339,21 @@ TEST(FormatTest, FooterRoundTrips) {
   EXPECT_EQ(AlignUp(39 * kFooterEntryBytes + kTrailerBytes), 8192u);
 }
 
+TEST(FormatTest, AFooterCutShortIsToldFromRecords) {
+  const Footer f = MakeFooter(SampleEntries(3));
+  EXPECT_TRUE(StartsWithFooterEntry(f.bytes));
+  EXPECT_TRUE(StartsWithFooterEntry(absl::string_view(f.bytes).substr(0, kFooterEntryBytes)));
+  EXPECT_FALSE(StartsWithFooterEntry(absl::string_view(f.bytes).substr(0, kFooterEntryBytes - 1)));
+  std::string flipped = f.bytes;
+  flipped[10] ^= 1;
+  EXPECT_FALSE(StartsWithFooterEntry(flipped));
+  // A record, and zeros, are not.
+  std::string record(kRecordHeaderBytes + 1000, '\0');
+  EXPECT_FALSE(StartsWithFooterEntry(record));
+  EncodeRecordHeader(SampleEntries(1)[0].header, record.data());
+  EXPECT_FALSE(StartsWithFooterEntry(record));
+}
+
 TEST(FormatTest, Version1FootersDecodeWithFloorZero) {
   for (int n : {0, 1, 3, 42, 43, 100}) {  // 42 entries and the trailer fit one block, 43 do not
     std::vector<FooterEntry> entries = SampleEntries(n);

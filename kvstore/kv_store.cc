@@ -9,7 +9,9 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
 
@@ -18,12 +20,19 @@ namespace kv {
 namespace {
 
 constexpr int64_t kMaxProblems = 100;
+// Conflicting keys of one Put logged one by one; the rest in one line.
+constexpr int64_t kMaxConflictsLogged = 10;
+
+std::string ChecksumHex(uint64_t checksum) { return absl::StrFormat("%016x", checksum); }
 
 // Where a live object is, and what is known about it.
 struct Entry {
   uint32_t segment = 0;
   uint64_t offset = 0;
   RecordHeader header;
+  // Whether header.value_checksum is the value's: false for an object recovered from a sealed
+  // segment's footer (which does not keep it) until its record is read.
+  bool checksum_known = false;
   int64_t written_us = 0;    // when it was appended where it is now (approximate after a restart)
   int64_t last_read_us = 0;  // 0: never read
 
@@ -52,6 +61,16 @@ AlignedBuffer& ReadBuffer(size_t bytes) {
   return buffer;
 }
 
+// DataLoss unless the decoded header `h` is the object the index describes as `want` (key,
+// sequence, length, fingerprint).
+absl::Status MatchIndex(const RecordHeader& h, const RecordHeader& want) {
+  if (h.key != want.key || h.seq != want.seq || h.value_bytes != want.value_bytes || h.tombstone ||
+      h.meta.fingerprint != want.meta.fingerprint) {
+    return absl::DataLossError("record header does not match the index");
+  }
+  return absl::OkStatus();
+}
+
 // Reads the record at `offset` into `buf` (record_bytes, aligned) and checks it against `want`
 // (key, sequence, length, fingerprint) and its checksums; OK only for an intact record, whose
 // header it returns in `header`.
@@ -62,10 +81,7 @@ absl::Status ReadRecordInto(const File& file, uint64_t offset, const RecordHeade
   if (got < kRecordHeaderBytes + want.value_bytes) return absl::DataLossError("torn record");
   ASSIGN_OR_RETURN(const RecordHeader h,
                    DecodeRecordHeader(absl::string_view(buf, kRecordHeaderBytes)));
-  if (h.key != want.key || h.seq != want.seq || h.value_bytes != want.value_bytes || h.tombstone ||
-      h.meta.fingerprint != want.meta.fingerprint) {
-    return absl::DataLossError("record header does not match the index");
-  }
+  RETURN_IF_ERROR(MatchIndex(h, want));
   const absl::string_view v(buf + kRecordHeaderBytes, h.value_bytes);
   if (Checksum(v) != h.value_checksum) return absl::DataLossError("value checksum mismatch");
   if (header != nullptr) *header = h;
@@ -83,7 +99,86 @@ absl::Status ReadRecord(const File& file, uint64_t offset, const RecordHeader& w
   return absl::OkStatus();
 }
 
+// The header of the record at `offset` (its first aligned block, not the value), checked
+// against `want` as ReadRecordInto does: DataLoss for a damaged or foreign one.
+absl::StatusOr<RecordHeader> ReadRecordHeader(const File& file, uint64_t offset,
+                                              const RecordHeader& want) {
+  AlignedBuffer& buf = ReadBuffer(kDirectIoAlignment);
+  ASSIGN_OR_RETURN(const size_t got, file.Read(offset, buf.data(), kDirectIoAlignment));
+  if (got < kRecordHeaderBytes) return absl::DataLossError("torn record");
+  ASSIGN_OR_RETURN(const RecordHeader h,
+                   DecodeRecordHeader(absl::string_view(buf.data(), kRecordHeaderBytes)));
+  RETURN_IF_ERROR(MatchIndex(h, want));
+  return h;
+}
+
+// What a segment scan found where records should be and are not: the bytes from `start` (the
+// end of the last valid record) to the next valid record (a hole) or to the end of the file
+// (the tail), one 4 KiB block at a time.
+class BadStretch {
+ public:
+  bool empty() const { return empty_; }
+  uint64_t start() const { return start_; }
+  // Records whose header verifies but whose value does not (or is cut short).
+  int64_t bad_values() const { return bad_values_; }
+  // Runs of blocks that are no record header, outside the records above.
+  int64_t bad_headers() const { return bad_headers_; }
+  const std::string& first_bad_value() const { return first_bad_value_; }
+  const std::string& first_bad_header() const { return first_bad_header_; }
+  // Whether the stretch starts with a footer entry: a footer cut short, not records.
+  bool footer() const { return footer_; }
+
+  // The block at `pos` (its bytes read: `block`) is no record header, for the reason `why`.
+  void NotARecord(uint64_t pos, absl::string_view block, absl::string_view why) {
+    Begin(pos, block);
+    if (pos < covered_until_ || in_bad_header_) return;  // inside a record already counted
+    in_bad_header_ = true;
+    ++bad_headers_;
+    if (first_bad_header_.empty()) first_bad_header_ = absl::StrCat("at ", pos, ": ", why);
+  }
+  // The block at `pos` starts a record with the valid header `h` whose value is bad (`why`).
+  void BadRecord(uint64_t pos, absl::string_view block, const RecordHeader& h,
+                 absl::string_view why) {
+    Begin(pos, block);
+    in_bad_header_ = false;
+    covered_until_ = std::max(covered_until_, pos + h.record_bytes());
+    ++bad_values_;
+    if (first_bad_value_.empty()) {
+      first_bad_value_ = absl::StrCat(h.tombstone ? "tombstone of " : "object ", h.key.ToHex(),
+                                      " (", h.value_bytes, " bytes) at ", pos, ": ", why);
+    }
+  }
+
+ private:
+  void Begin(uint64_t pos, absl::string_view block) {
+    if (!empty_) return;
+    empty_ = false;
+    start_ = pos;
+    footer_ = StartsWithFooterEntry(block);
+  }
+
+  bool empty_ = true;
+  uint64_t start_ = 0;
+  int64_t bad_values_ = 0, bad_headers_ = 0;
+  uint64_t covered_until_ = 0;  // the end of the last record counted in bad_values_
+  bool in_bad_header_ = false;  // the previous block began or continued a bad-header run
+  bool footer_ = false;
+  std::string first_bad_value_, first_bad_header_;
+};
+
 }  // namespace
+
+const char* RecoveryDropName(RecoveryDrop reason) {
+  switch (reason) {
+    case RecoveryDrop::kTornTail:
+      return "torn_tail";
+    case RecoveryDrop::kChecksum:
+      return "checksum";
+    case RecoveryDrop::kHeader:
+      return "header";
+  }
+  return "unknown";
+}
 
 struct KvStore::Impl {
   enum class OpKind { kPut, kDelete, kCompact };
@@ -94,6 +189,10 @@ struct KvStore::Impl {
     // only numbers it and writes it.
     std::vector<RecordHeader> headers;
     std::vector<AlignedBuffer> records;
+    // kPut, set by the writer: what became of each item, and for a kConflict the checksum of
+    // the bytes kept.
+    std::vector<PutOutcome> outcomes;
+    std::vector<uint64_t> kept_checksums;
     absl::Span<const Hash128> keys;  // kDelete
     int64_t deleted = 0;             // kDelete: keys that were present
     uint64_t bytes = 0;
@@ -121,7 +220,10 @@ struct KvStore::Impl {
   StoreStats stats;
   std::array<ClassStats, kNumTrafficClasses> live;  // objects and value bytes in the index
   std::array<int64_t, kFloorBuckets> live_by_floor = {};
+  // What opening found (NoteOpenProblem), at most kMaxProblems lines, the last of them a count
+  // of those left out.
   std::vector<std::string> open_problems;
+  int64_t open_problems_left_out = 0;
 
   // Writer thread state (only the writer touches these after Open).
   std::shared_ptr<Segment> open;  // null after a write error until the next group
@@ -148,7 +250,22 @@ struct KvStore::Impl {
   }
 
   absl::Status Recover();
-  absl::Status RecoverSegment(uint32_t id, bool last, std::vector<FooterEntry>* records);
+  // Reads segment `id` (`last`: the one that was open) into `records`; `from_footer` says whether
+  // they came from its footer (whose entries lack the value checksums).
+  absl::Status RecoverSegment(uint32_t id, bool last, std::vector<FooterEntry>* records,
+                              bool* from_footer);
+  // The one way opening reports what it found: a WARNING, and a line of Verify()'s report.
+  void NoteOpenProblem(const std::string& line);
+  // Records a scan of `path` skipped: counted by reason, and noted.
+  void NoteRecoveryDrop(RecoveryDrop reason, int64_t records, const std::string& path,
+                        uint64_t offset, absl::string_view detail);
+  // A stretch of `path` without valid records, found by its scan (`tail`: it runs to the end of
+  // the file; `last`: the segment that was open, whose tail is cut).
+  void NoteBadStretch(const std::string& path, const BadStretch& bad, bool tail, bool last,
+                      uint64_t size);
+  // Puts the value checksums the index lacks (objects recovered from a footer) for the keys of
+  // `items` into the index, from their records' headers; drops a record found damaged.
+  void LearnChecksums(absl::Span<const PutItem> items);
   absl::Status StartSegment();
   absl::Status Seal();
   absl::Status Submit(Op* op);
@@ -225,8 +342,55 @@ KvStore::~KvStore() {
 
 // --- Recovery ------------------------------------------------------------------------------
 
+void KvStore::Impl::NoteOpenProblem(const std::string& line) {
+  if (static_cast<int64_t>(open_problems.size()) >= kMaxProblems - 1) {
+    ++open_problems_left_out;
+    return;
+  }
+  LOG(WARNING) << "kv store " << dir << ": " << line;
+  open_problems.push_back(line);
+}
+
+void KvStore::Impl::NoteRecoveryDrop(RecoveryDrop reason, int64_t records, const std::string& path,
+                                     uint64_t offset, absl::string_view detail) {
+  stats.recovery_dropped[static_cast<int>(reason)] += records;
+  NoteOpenProblem(absl::StrCat(path, " at ", offset, ": ", RecoveryDropName(reason), ": ", records,
+                               records == 1 ? " record" : " records", " dropped (", detail, ")"));
+}
+
+void KvStore::Impl::NoteBadStretch(const std::string& path, const BadStretch& bad, bool tail,
+                                   bool last, uint64_t size) {
+  if (tail && bad.footer()) {
+    // Its records were durable before sealing began; only the footer is lost.
+    if (last) {
+      NoteOpenProblem(absl::StrCat(path, " at ", bad.start(), ": a footer cut short (",
+                                   size - bad.start(), " bytes cut); its records kept"));
+    }
+    return;
+  }
+  if (tail && last) {
+    // Written after the last fdatasync that covered a valid record: never acknowledged.
+    const std::string& first =
+        bad.first_bad_value().empty() ? bad.first_bad_header() : bad.first_bad_value();
+    NoteRecoveryDrop(RecoveryDrop::kTornTail, bad.bad_values() + bad.bad_headers(), path,
+                     bad.start(),
+                     absl::StrCat(size - bad.start(), " bytes cut; the first ", first));
+    return;
+  }
+  const char* where = tail ? "; after the segment's last valid record" : "; valid records follow";
+  if (bad.bad_values() > 0) {
+    NoteRecoveryDrop(RecoveryDrop::kChecksum, bad.bad_values(), path, bad.start(),
+                     absl::StrCat("the first ", bad.first_bad_value(), where));
+  }
+  if (bad.bad_headers() > 0) {
+    NoteRecoveryDrop(RecoveryDrop::kHeader, bad.bad_headers(), path, bad.start(),
+                     absl::StrCat("no valid record header ", bad.first_bad_header(), where));
+  }
+}
+
 absl::Status KvStore::Impl::RecoverSegment(uint32_t id, bool last,
-                                           std::vector<FooterEntry>* records) {
+                                           std::vector<FooterEntry>* records, bool* from_footer) {
+  *from_footer = false;
   auto seg = std::make_shared<Segment>();
   seg->id = id;
   seg->path = absl::StrCat(dir, "/", SegmentFileName(id));
@@ -246,11 +410,12 @@ absl::Status KvStore::Impl::RecoverSegment(uint32_t id, bool last,
     }
   }
   if (!header_ok && size < 2 * kDirectIoAlignment) {
-    open_problems.push_back(absl::StrCat(seg->path, ": empty or torn segment removed"));
+    // A segment holds records only after its header was synced: none here.
+    NoteOpenProblem(absl::StrCat(seg->path, ": empty or torn segment removed"));
     file.reset();
     return fs->Remove(seg->path);
   }
-  if (!header_ok) open_problems.push_back(absl::StrCat(seg->path, ": bad segment header"));
+  if (!header_ok) NoteOpenProblem(absl::StrCat(seg->path, ": bad segment header"));
 
   // A sealed segment: its footer.
   std::string footer_problem = "no footer";
@@ -274,6 +439,7 @@ absl::Status KvStore::Impl::RecoverSegment(uint32_t id, bool last,
           seg->sealed = true;
           ++stats.segments_from_footer;
           segments[id] = std::move(seg);
+          *from_footer = true;
           return absl::OkStatus();
         }
         footer_problem = std::string(entries.status().message());
@@ -282,28 +448,46 @@ absl::Status KvStore::Impl::RecoverSegment(uint32_t id, bool last,
   }
 
   // No usable footer: scan every 4096-byte boundary for a valid record. (The segment that was
-  // open has none by design.)
+  // open has none by design.) A bad record is skipped, not the rest of the segment: what follows
+  // it may have been acknowledged long after it was written, and is intact (checked). Each
+  // stretch without valid records is counted and noted (NoteBadStretch).
   ++stats.segments_scanned;
-  if (!last) open_problems.push_back(absl::StrCat(seg->path, ": ", footer_problem, "; scanned"));
+  if (!last) NoteOpenProblem(absl::StrCat(seg->path, ": ", footer_problem, "; scanned"));
   uint64_t valid_end = kSegmentHeaderBytes;
+  BadStretch bad;  // since valid_end
   AlignedBuffer chunk(kDirectIoAlignment);
   uint64_t pos = kSegmentHeaderBytes;
   while (pos + kRecordHeaderBytes <= size) {
     ASSIGN_OR_RETURN(size_t got, file->Read(pos, chunk.data(), kDirectIoAlignment));
-    auto h = DecodeRecordHeader(
-        absl::string_view(chunk.data(), std::min<size_t>(got, kRecordHeaderBytes)));
-    if (!h.ok() || pos + h->record_bytes() > size) {
+    const absl::string_view block(chunk.data(), got);
+    auto h = DecodeRecordHeader(block.substr(0, kRecordHeaderBytes));
+    if (!h.ok()) {
+      bad.NotARecord(pos, block, h.status().message());
       pos += kDirectIoAlignment;
       continue;
     }
     const uint64_t bytes = h->record_bytes();
-    AlignedBuffer& rec = ReadBuffer(bytes);
-    ASSIGN_OR_RETURN(size_t n, file->Read(pos, rec.data(), bytes));
-    if (n < kRecordHeaderBytes + h->value_bytes ||
-        Checksum(absl::string_view(rec.data() + kRecordHeaderBytes, h->value_bytes)) !=
-            h->value_checksum) {
+    if (pos + bytes > size) {
+      bad.BadRecord(pos, block, *h, "cut short by the end of the file");
       pos += kDirectIoAlignment;
       continue;
+    }
+    AlignedBuffer& rec = ReadBuffer(bytes);
+    ASSIGN_OR_RETURN(size_t n, file->Read(pos, rec.data(), bytes));
+    if (n < kRecordHeaderBytes + h->value_bytes) {
+      bad.BadRecord(pos, block, *h, "cut short by the end of the file");
+      pos += kDirectIoAlignment;
+      continue;
+    }
+    if (Checksum(absl::string_view(rec.data() + kRecordHeaderBytes, h->value_bytes)) !=
+        h->value_checksum) {
+      bad.BadRecord(pos, block, *h, "value checksum mismatch");
+      pos += kDirectIoAlignment;
+      continue;
+    }
+    if (!bad.empty()) {
+      NoteBadStretch(seg->path, bad, /*tail=*/false, last, size);
+      bad = BadStretch();
     }
     FooterEntry e;
     e.header = *h;
@@ -311,6 +495,15 @@ absl::Status KvStore::Impl::RecoverSegment(uint32_t id, bool last,
     records->push_back(e);
     pos += bytes;
     valid_end = pos;
+  }
+  if (size > valid_end) {
+    if (bad.empty()) {
+      // Fewer than a header's bytes after the last valid record: a record header cut short (or
+      // the start of a footer).
+      ASSIGN_OR_RETURN(size_t got, file->Read(valid_end, chunk.data(), kDirectIoAlignment));
+      bad.NotARecord(valid_end, absl::string_view(chunk.data(), got), "a record header cut short");
+    }
+    NoteBadStretch(seg->path, bad, /*tail=*/true, last, size);
   }
   seg->file = std::move(file);
   if (last) {
@@ -345,17 +538,29 @@ absl::Status KvStore::Impl::Recover() {
     if (id.ok()) ids.push_back(*id);
   }
   std::sort(ids.begin(), ids.end());
-  std::vector<std::pair<uint32_t, FooterEntry>> all;
+  struct Found {
+    uint32_t id;
+    FooterEntry e;
+    bool checksum_known;  // scanned, not from a footer
+  };
+  std::vector<Found> all;
   for (size_t i = 0; i < ids.size(); ++i) {
     std::vector<FooterEntry> records;
-    RETURN_IF_ERROR(RecoverSegment(ids[i], i + 1 == ids.size(), &records));
-    for (FooterEntry& e : records) all.emplace_back(ids[i], e);
+    bool from_footer = false;
+    RETURN_IF_ERROR(RecoverSegment(ids[i], i + 1 == ids.size(), &records, &from_footer));
+    for (FooterEntry& e : records) all.push_back({ids[i], e, !from_footer});
     next_segment = ids[i] + 1;
+  }
+  if (open_problems_left_out > 0) {
+    const std::string line =
+        absl::StrCat(open_problems_left_out, " more problems found while opening, not listed");
+    LOG(WARNING) << "kv store " << dir << ": " << line;
+    open_problems.push_back(line);
   }
   // The newest record of each key wins; a tombstone hides older objects.
   std::sort(all.begin(), all.end(),
-            [](const auto& a, const auto& b) { return a.second.header.seq < b.second.header.seq; });
-  for (const auto& [id, e] : all) {
+            [](const Found& a, const Found& b) { return a.e.header.seq < b.e.header.seq; });
+  for (const auto& [id, e, checksum_known] : all) {
     next_seq = std::max(next_seq, e.header.seq + 1);
     const std::shared_ptr<Segment>& seg = segments.at(id);
     if (e.header.tombstone) {
@@ -371,6 +576,7 @@ absl::Status KvStore::Impl::Recover() {
     entry.segment = id;
     entry.offset = e.offset;
     entry.header = e.header;
+    entry.checksum_known = checksum_known;
     entry.written_us = seg->created_us;
     entry.last_read_us = e.last_read_us;
     AddEntry(entry);
@@ -536,6 +742,7 @@ void KvStore::Impl::Apply(const std::vector<Pending>& pending) {
     e.segment = p.segment;
     e.offset = p.offset;
     e.header = p.header;
+    e.checksum_known = true;  // a Put's, or compaction's copy of a record it read
     e.written_us = now;
     e.last_read_us = last_read;
     AddEntry(e);
@@ -546,35 +753,71 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
   std::vector<Pending> pending;
   Staged staged;
   absl::Status status;
-  int64_t puts = 0, put_bytes = 0, deletes = 0;
-  // Keys put in this group, with the retention floor they were put with.
-  absl::flat_hash_map<Hash128, uint32_t> in_group;
+  int64_t puts = 0, put_bytes = 0, deletes = 0, already_present = 0, conflicts = 0;
+  // Keys put in this group (as their newest record has them), and keys deleted in it: the index,
+  // applied after the group, does not show either yet.
+  struct Written {
+    uint32_t retention_floor_s;
+    TrafficClass traffic_class;
+    uint64_t checksum;
+  };
+  absl::flat_hash_map<Hash128, Written> in_group;
+  absl::flat_hash_set<Hash128> deleted_in_group;
   for (Op* op : ops) {
     if (!status.ok()) break;
     if (op->kind == OpKind::kPut) {
       for (size_t i = 0; i < op->headers.size(); ++i) {
         RecordHeader& h = op->headers[i];
-        {
-          // Content-addressed: a live copy is the same bytes, and is enough unless this item
-          // asks for a longer floor. Then it is written again, no shorter-lived than it was.
+        auto present = [&](PutOutcome o, uint64_t kept_checksum) {
+          op->outcomes[i] = o;
+          op->kept_checksums[i] = kept_checksum;
+          ++already_present;
+          if (o == PutOutcome::kConflict) ++conflicts;
+        };
+        // A longer floor is written no shorter-lived than the object was.
+        auto keep_class = [&](TrafficClass was) {
+          if (options.ttl[static_cast<int>(was)] >
+              options.ttl[static_cast<int>(h.meta.traffic_class)]) {
+            h.meta.traffic_class = was;
+          }
+        };
+        auto at = in_group.find(h.key);
+        if (at != in_group.end()) {
+          // Put earlier in this group: compared with that item, written only for a longer floor
+          // (after the first, so it wins).
+          if (at->second.checksum != h.value_checksum) {
+            present(PutOutcome::kConflict, at->second.checksum);
+            continue;
+          }
+          if (at->second.retention_floor_s >= h.meta.retention_floor_s) {
+            present(PutOutcome::kPresent, h.value_checksum);
+            continue;
+          }
+          present(PutOutcome::kFloorExtended, h.value_checksum);
+          keep_class(at->second.traffic_class);
+        } else if (!deleted_in_group.contains(h.key)) {
+          // Content-addressed: a live object with the same bytes is enough unless this item asks
+          // for a longer floor. Other bytes are never written over it (see Put). An object whose
+          // checksum is unknown (its header could not be read: LearnChecksums logged why) is left
+          // as it is.
           std::lock_guard<std::mutex> lock(mu);
           auto it = index.find(h.key);
           if (it != index.end() && !Expired(it->second, NowUs())) {
-            const ObjectMeta& live = it->second.header.meta;
-            if (live.retention_floor_s >= h.meta.retention_floor_s) continue;
-            if (options.ttl[static_cast<int>(live.traffic_class)] >
-                options.ttl[static_cast<int>(h.meta.traffic_class)]) {
-              h.meta.traffic_class = live.traffic_class;
+            const Entry& live = it->second;
+            if (live.checksum_known && live.header.value_checksum != h.value_checksum) {
+              present(PutOutcome::kConflict, live.header.value_checksum);
+              continue;
             }
+            if (!live.checksum_known ||
+                live.header.meta.retention_floor_s >= h.meta.retention_floor_s) {
+              present(PutOutcome::kPresent, live.header.value_checksum);
+              continue;
+            }
+            present(PutOutcome::kFloorExtended, live.header.value_checksum);
+            keep_class(live.header.meta.traffic_class);
           }
         }
-        // The same key twice in one group: the first is enough, unless this one asks for a
-        // longer floor (it is written after the first, and wins).
-        auto [at, inserted] = in_group.emplace(h.key, h.meta.retention_floor_s);
-        if (!inserted) {
-          if (at->second >= h.meta.retention_floor_s) continue;
-          at->second = h.meta.retention_floor_s;
-        }
+        in_group[h.key] = {h.meta.retention_floor_s, h.meta.traffic_class, h.value_checksum};
         h.seq = next_seq++;
         status = Append(h, op->records[i].data(), AlignedBuffer(), &pending, &staged);
         if (!status.ok()) break;
@@ -583,12 +826,15 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
       }
     } else if (op->kind == OpKind::kDelete) {
       for (const Hash128& key : op->keys) {
-        {
-          // Present, or put earlier in this group (the tombstone then follows it).
+        // Present (and not deleted earlier in this group), or put earlier in this group (the
+        // tombstone then follows it).
+        if (!in_group.contains(key)) {
+          if (deleted_in_group.contains(key)) continue;
           std::lock_guard<std::mutex> lock(mu);
-          if (!index.contains(key) && !in_group.contains(key)) continue;
+          if (!index.contains(key)) continue;
         }
         in_group.erase(key);
+        deleted_in_group.insert(key);
         ++op->deleted;
         RecordHeader h;
         h.key = key;
@@ -607,6 +853,8 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
     std::lock_guard<std::mutex> lock(mu);
     stats.puts += puts;
     stats.put_bytes += put_bytes;
+    stats.already_present += already_present;
+    stats.key_conflicts += conflicts;
     stats.deletes += deletes;
     ++stats.group_commits;
   } else {
@@ -852,7 +1100,48 @@ absl::Status KvStore::Impl::Maintain(bool full) {
 
 // --- The API -------------------------------------------------------------------------------
 
-absl::Status KvStore::Put(absl::Span<const PutItem> items) {
+void KvStore::Impl::LearnChecksums(absl::Span<const PutItem> items) {
+  struct Unknown {
+    Entry entry;
+    std::shared_ptr<File> file;
+  };
+  std::vector<Unknown> unknown;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    absl::flat_hash_set<Hash128> seen;
+    for (const PutItem& item : items) {
+      auto it = index.find(item.key);
+      if (it == index.end() || it->second.checksum_known || !seen.insert(item.key).second) continue;
+      unknown.push_back({it->second, segments.at(it->second.segment)->file});
+    }
+  }
+  for (const Unknown& u : unknown) {
+    const Entry& e = u.entry;
+    absl::StatusOr<RecordHeader> h = ReadRecordHeader(*u.file, e.offset, e.header);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = index.find(e.header.key);
+    if (it == index.end() || it->second.segment != e.segment || it->second.offset != e.offset) {
+      continue;  // gone or moved since (a new location knows its checksum)
+    }
+    if (h.ok()) {
+      it->second.header.value_checksum = h->value_checksum;
+      it->second.checksum_known = true;
+    } else if (absl::IsDataLoss(h.status())) {
+      ++stats.corrupt_reads;
+      LOG(WARNING) << "kv store " << dir << ": object " << e.header.key.ToHex() << " in segment "
+                   << e.segment << " at " << e.offset << ": " << h.status().message()
+                   << "; dropped";
+      RemoveEntry(it);
+    } else {
+      LOG(WARNING) << "kv store " << dir << ": object " << e.header.key.ToHex() << " in segment "
+                   << e.segment << " at " << e.offset << ": cannot read its header (" << h.status()
+                   << "); a Put of its key is taken as the same bytes";
+    }
+  }
+}
+
+absl::Status KvStore::Put(absl::Span<const PutItem> items, PutResult* result) {
+  if (result != nullptr) *result = PutResult();
   uint64_t bytes = 0;
   for (const PutItem& item : items) {
     if (static_cast<int64_t>(item.value.size()) > impl_->options.max_object_bytes) {
@@ -866,8 +1155,11 @@ absl::Status KvStore::Put(absl::Span<const PutItem> items) {
     bytes += item.value.size() + kRecordHeaderBytes;
   }
   if (items.empty()) return absl::OkStatus();
+  impl_->LearnChecksums(items);
   Impl::Op op{Impl::OpKind::kPut};
   op.bytes = bytes;
+  op.outcomes.assign(items.size(), PutOutcome::kWritten);
+  op.kept_checksums.assign(items.size(), 0);
   const int64_t now = impl_->NowUs();
   for (const PutItem& item : items) {
     RecordHeader h;
@@ -883,7 +1175,30 @@ absl::Status KvStore::Put(absl::Span<const PutItem> items) {
     op.headers.push_back(h);
     op.records.push_back(std::move(record));
   }
-  return impl_->Submit(&op);
+  RETURN_IF_ERROR(impl_->Submit(&op));
+  int64_t conflicts = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (op.outcomes[i] != PutOutcome::kConflict) continue;
+    if (conflicts++ < kMaxConflictsLogged) {
+      LOG(WARNING) << "kv store " << impl_->dir << ": object " << items[i].key.ToHex()
+                   << " put again with other bytes (XXH3-64 "
+                   << ChecksumHex(op.headers[i].value_checksum) << ", stored "
+                   << ChecksumHex(op.kept_checksums[i])
+                   << "): a hash collision or a writer's bug; the stored object is kept";
+    }
+  }
+  if (conflicts > kMaxConflictsLogged) {
+    LOG(WARNING) << "kv store " << impl_->dir << ": " << conflicts - kMaxConflictsLogged
+                 << " more objects of the same Put put again with other bytes";
+  }
+  if (result != nullptr) {
+    result->outcomes = std::move(op.outcomes);
+    for (PutOutcome o : result->outcomes) {
+      if (o != PutOutcome::kWritten) ++result->already_present;
+    }
+    result->conflicts = conflicts;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> KvStore::Delete(absl::Span<const Hash128> keys) {
@@ -986,7 +1301,11 @@ std::vector<GetResult> KvStore::Get(absl::Span<const Hash128> keys, const Hash12
     r.created = absl::FromUnixMicros(entry.header.created_us);
     ++m.stats.hits;
     m.stats.read_bytes += static_cast<int64_t>(r.value.size());
-    if (same) it->second.last_read_us = m.NowUs();
+    if (same) {
+      it->second.last_read_us = m.NowUs();
+      it->second.header.value_checksum = r.checksum;  // verified against the bytes
+      it->second.checksum_known = true;
+    }
   }
   return results;
 }
@@ -1039,6 +1358,7 @@ VerifyReport KvStore::Verify() {
   std::vector<std::pair<Entry, std::shared_ptr<File>>> all;
   {
     std::lock_guard<std::mutex> lock(m.mu);
+    report.recovery_dropped = m.stats.recovery_dropped;
     for (const std::string& p : m.open_problems) {
       if (static_cast<int64_t>(report.problems.size()) < kMaxProblems) report.problems.push_back(p);
     }
@@ -1048,9 +1368,18 @@ VerifyReport KvStore::Verify() {
     return std::tie(a.first.segment, a.first.offset) < std::tie(b.first.segment, b.first.offset);
   });
   for (const auto& [e, file] : all) {
-    absl::Status s = ReadRecord(*file, e.offset, e.header, nullptr);
+    uint64_t checksum = 0;
+    absl::Status s = ReadRecord(*file, e.offset, e.header, nullptr, &checksum);
     ++report.objects_checked;
     report.bytes_checked += static_cast<int64_t>(e.header.value_bytes);
+    if (s.ok() && !e.checksum_known) {
+      std::lock_guard<std::mutex> lock(m.mu);
+      auto it = m.index.find(e.header.key);
+      if (it != m.index.end() && it->second.segment == e.segment && it->second.offset == e.offset) {
+        it->second.header.value_checksum = checksum;
+        it->second.checksum_known = true;
+      }
+    }
     if (s.ok()) continue;
     ++report.corrupt;
     if (static_cast<int64_t>(report.problems.size()) < kMaxProblems) {

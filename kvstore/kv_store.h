@@ -19,15 +19,26 @@
 // one, or a deleted one. The newest record of a key (by sequence number) wins across segments;
 // deletes write tombstones.
 //
+// Recovery: the scan of a segment without a footer (the one that was open, or one whose footer is
+// missing or damaged) indexes every valid record and skips the rest, one stretch of bad bytes at a
+// time; records after a bad stretch are kept (they may have been acknowledged long after the
+// damaged one was written). The bytes after the open segment's last valid record are a torn tail,
+// written but never acknowledged (unless a damaged last record looks the same): they are cut
+// (torn_bytes_dropped) and appending resumes there. Every record skipped is counted by RecoveryDrop
+// reason (StoreStats::recovery_dropped) and logged as a WARNING naming the directory, the segment
+// file, the offset and the reason; those lines, with the segment-level problems (a bad segment
+// header, a missing footer), are the first problems of Verify()'s report until the store is closed.
+// A cut-short footer (a crash while sealing) is not a record and is not counted.
+//
 // Retention and capacity: an object expires after its last use (creation or read) plus the longer
-// of its traffic class's `ttl` and its own retention floor (ObjectMeta::retention_floor_s, kept
-// in its record and its segment's footer, so a restart keeps it too). A Put of a present key
-// asking for a longer floor writes the object again (the newest record wins). Neither the ttl
-// nor a floor reserves room: capacity eviction comes first. When the segment files exceed
-// capacity_bytes, the oldest segment is compacted: objects read since that segment was written
-// are rewritten at the head (at most half a segment's worth, most recently read first; one more
-// round each, as in a second-chance FIFO), the rest evicted, and the file removed, until the
-// store is under the low watermark.
+// of its traffic class's `ttl` and its own retention floor (ObjectMeta::retention_floor_s, kept in
+// its record and its segment's footer, so a restart keeps it too). A Put of a present key with the
+// same bytes asking for a longer floor writes the object again (the newest record wins). Neither
+// the ttl nor a floor reserves room: capacity eviction comes first. When the segment files exceed
+// capacity_bytes, the oldest segment is compacted: objects read since that segment was written are
+// rewritten at the head (at most half a segment's worth, most recently read first; one more round
+// each, as in a second-chance FIFO), the rest evicted, and the file removed, until the store is
+// under the low watermark.
 // Segments mostly dead (deleted, expired, superseded) are compacted the same way in the
 // background, so the files stay within capacity and at most ~2x the live bytes; the index holds
 // only live objects and tombstones are dropped once no older segment remains.
@@ -103,6 +114,22 @@ inline constexpr int kFloorBuckets = 4;
 int FloorBucket(uint32_t retention_floor_s);
 const char* FloorBucketName(int bucket);  // "none", "5m", "1h", "longer"
 
+// Why opening the store skipped a record of a segment it scanned (see the header comment).
+enum class RecoveryDrop : uint8_t {
+  // In the torn tail of the segment that was open (after its last valid record): a record cut
+  // short, or whose header or value did not reach the disk. Expected after a crash.
+  kTornTail = 0,
+  // Elsewhere (before a valid record, or in a sealed segment scanned for want of its footer):
+  // a record whose header verifies but whose value does not match its checksum, or is cut short
+  // by the end of the file. Corruption.
+  kChecksum = 1,
+  // Elsewhere, bytes where a record should start that are no valid record header: one per
+  // stretch of them (at least that many records). Corruption.
+  kHeader = 2,
+};
+inline constexpr int kNumRecoveryDrops = 3;
+const char* RecoveryDropName(RecoveryDrop reason);  // "torn_tail", "checksum", "header"
+
 struct StoreStats {
   int64_t objects = 0;
   int64_t value_bytes = 0;
@@ -111,7 +138,10 @@ struct StoreStats {
   std::array<ClassStats, kNumTrafficClasses> classes;
   std::array<int64_t, kFloorBuckets> objects_by_floor = {};
   // Since open.
-  int64_t puts = 0, put_bytes = 0, deletes = 0;
+  int64_t puts = 0, put_bytes = 0, deletes = 0;  // puts: records written for Put items
+  // Put items whose key was present (PutOutcome other than kWritten), and of those the ones with
+  // other bytes (kConflict).
+  int64_t already_present = 0, key_conflicts = 0;
   int64_t gets = 0, hits = 0, misses = 0, read_bytes = 0;
   int64_t corrupt_reads = 0;           // checksum or header mismatches (served as misses)
   int64_t fingerprint_mismatches = 0;  // objects of another model asked for (misses)
@@ -124,13 +154,32 @@ struct StoreStats {
   double open_seconds = 0;
   int64_t open_objects = 0, segments_from_footer = 0, segments_scanned = 0;
   int64_t torn_bytes_dropped = 0;  // a torn tail cut from the open segment
+  // Records the scans skipped, by RecoveryDrop.
+  std::array<int64_t, kNumRecoveryDrops> recovery_dropped = {};
   bool direct_io = false;
 };
 
 struct VerifyReport {
   int64_t objects_checked = 0, bytes_checked = 0;
-  int64_t corrupt = 0;                // dropped from the index
-  std::vector<std::string> problems;  // one line each (at most 100)
+  int64_t corrupt = 0;  // found by this check, dropped from the index
+  // What opening the store skipped (StoreStats::recovery_dropped); not in `corrupt`.
+  std::array<int64_t, kNumRecoveryDrops> recovery_dropped = {};
+  // One line each (at most 100): the problems found while opening, then this check's.
+  std::vector<std::string> problems;
+};
+
+// What a Put did with each of its items (see KvStore::Put).
+enum class PutOutcome : uint8_t {
+  kWritten = 0,        // a new object
+  kPresent = 1,        // present with the same bytes: nothing written
+  kFloorExtended = 2,  // present with the same bytes: written again for a longer retention floor
+  kConflict = 3,       // present with other bytes: nothing written, the stored object kept
+};
+
+struct PutResult {
+  std::vector<PutOutcome> outcomes;  // one per item, in order
+  int64_t already_present = 0;       // items not kWritten
+  int64_t conflicts = 0;             // items kConflict
 };
 
 class KvStore {
@@ -141,12 +190,25 @@ class KvStore {
                                                        const StoreOptions& options);
   ~KvStore();  // waits for queued writes; nothing acknowledged is lost
 
-  // Stores every item, durably when it returns OK. A key already present is kept as it is, unless
-  // the item asks for a longer retention floor than the present object's: then the item is
-  // written again with that floor and the longer-lived class of the two (the newest record
-  // wins), its last use now. An item over max_object_bytes fails the whole batch before anything
-  // is written.
-  absl::Status Put(absl::Span<const PutItem> items);
+  // Stores every item, durably when it returns OK, and says in `result` (when not null) what
+  // became of each. An item over max_object_bytes fails the whole batch before anything is
+  // written.
+  //
+  // Keys are content hashes, so a present key (live: not expired, not deleted) keeps its object:
+  // the first writer wins, and a Put never replaces stored bytes. The item's XXH3-64 is compared
+  // with the stored object's (kept in the index; for an object recovered from a sealed segment's
+  // footer, which lacks it, read once from its record's header, never its value):
+  //   - the same: kPresent, unless the item asks for a longer retention floor than the present
+  //     object's; then it is written again with that floor and the longer-lived class of the two
+  //     (the newest record wins), its last use now: kFloorExtended.
+  //   - different (a hash collision, or a writer's bug): kConflict. Nothing is written, not even a
+  //     longer floor (that would rewrite the key with the item's bytes, or keep disputed bytes
+  //     longer); counted (StoreStats::key_conflicts) and logged as a WARNING with the key and
+  //     both checksums.
+  // A stored record whose header turns out damaged is dropped (a corrupt read) and the item is
+  // written. The same key twice in one call, or in one group commit, is compared the same way
+  // with the earlier item (a Delete in between makes the key absent again).
+  absl::Status Put(absl::Span<const PutItem> items, PutResult* result = nullptr);
   // Misses for absent, expired, deleted, corrupt objects and objects of another fingerprint.
   std::vector<GetResult> Get(absl::Span<const Hash128> keys, const Hash128& fingerprint);
   // Presence by the index (no disk read): the longest present prefix, per-key presence and the
@@ -163,7 +225,8 @@ class KvStore {
   StoreStats Counters() const;
   int64_t max_object_bytes() const;
   absl::Duration ttl(TrafficClass c) const;
-  // Reads and checks every object; corrupt ones become misses. Also drops expired objects.
+  // Reads and checks every object; corrupt ones become misses. Also drops expired objects. The
+  // report starts with what opening the store found (its problems and recovery_dropped).
   VerifyReport Verify();
   // Compacts now: expired objects dropped, every segment with dead space rewritten, then the
   // capacity enforced.

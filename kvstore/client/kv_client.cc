@@ -417,6 +417,14 @@ void GrpcKvClient::PutToNode(const NodeWork& work, absl::Span<const ClientObject
   if (writing) writer->WritesDone();
   const grpc::Status status = writer->Finish();
   if (!Finish(work, status)) return;
+  if (response.conflicting_block_hashes_size() > 0) {
+    // Stored (the node keeps its bytes), but this writer and an earlier one disagree.
+    LOG(WARNING) << "kv node " << nodes_[work.node]->address() << " already had "
+                 << response.conflicting_block_hashes_size()
+                 << " of the objects put with other bytes (a hash collision or a writer's bug; "
+                    "it keeps its own), the first "
+                 << HashFromProto(response.conflicting_block_hashes(0)).ToHex();
+  }
   absl::flat_hash_set<Hash128> rejected;
   for (const auto& r : response.rejections()) rejected.insert(HashFromProto(r.block_hash()));
   std::vector<int> stored;

@@ -138,7 +138,8 @@ class KvClient {
   // may have stored some objects before. Objects refused by a node (too large, bad header) and
   // node failures only lower the count; never an error. Each object's meta travels with it, its
   // retention floor included: a node that has the object with a lower floor writes it again
-  // (KvStore::Put).
+  // (KvStore::Put). A node that has an object with other bytes keeps them (it counts as durable)
+  // and says so: the client logs a WARNING.
   virtual int64_t Put(absl::Span<const ClientObject> objects) = 0;
 
   // One result per key. Each key is read from its first replica that is up and has it: a miss,

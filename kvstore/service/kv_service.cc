@@ -129,6 +129,13 @@ grpc::Status StoreError(const absl::Status& s) {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("kv store: ", s.message()));
 }
 
+void SetRecoveryDrops(const std::array<int64_t, kNumRecoveryDrops>& dropped,
+                      ferry::v1::RecoveryDrops* out) {
+  out->set_torn_tail(static_cast<uint64_t>(dropped[static_cast<int>(RecoveryDrop::kTornTail)]));
+  out->set_checksum(static_cast<uint64_t>(dropped[static_cast<int>(RecoveryDrop::kChecksum)]));
+  out->set_header(static_cast<uint64_t>(dropped[static_cast<int>(RecoveryDrop::kHeader)]));
+}
+
 class Timer {
  public:
   explicit Timer(prometheus::Histogram* h) : h_(h), start_(std::chrono::steady_clock::now()) {}
@@ -169,6 +176,8 @@ struct KvStoreService::Metrics {
   prometheus::Counter* expired = nullptr;
   prometheus::Counter* corrupt = nullptr;
   prometheus::Counter* mismatches = nullptr;
+  prometheus::Counter* key_conflicts = nullptr;
+  std::array<prometheus::Counter*, kNumRecoveryDrops> recovery_dropped{};
   // With a transport.
   prometheus::Counter* puts_ok = nullptr;
   prometheus::Counter* puts_failed = nullptr;
@@ -286,6 +295,21 @@ KvStoreService::KvStoreService(KvStore* store, const KvServiceOptions& options,
                       "Objects that failed their checksum or header check (served as misses).");
   m.mismatches = counter("ferry_kvstore_fingerprint_mismatches_total",
                          "Objects asked for with another model fingerprint (misses).");
+  m.key_conflicts = counter(
+      "ferry_kvstore_key_conflicts_total",
+      "Objects put again with other bytes than the stored ones (a hash collision or a writer's "
+      "bug); the stored bytes were kept.");
+  auto& dropped = prometheus::BuildCounter()
+                      .Name("ferry_kvstore_recovery_dropped_objects_total")
+                      .Help(
+                          "Records skipped while opening the store, by reason: torn_tail (the "
+                          "segment being written at a crash, never acknowledged), checksum and "
+                          "header (corruption).")
+                      .Register(*registry);
+  for (int r = 0; r < kNumRecoveryDrops; ++r) {
+    m.recovery_dropped[r] =
+        &dropped.Add({{"reason", RecoveryDropName(static_cast<RecoveryDrop>(r))}});
+  }
   if (staging_ != nullptr) {
     auto& puts = prometheus::BuildCounter()
                      .Name("ferry_kvstore_transport_puts_total")
@@ -331,6 +355,10 @@ void KvStoreService::RefreshMetrics() {
   grow(m.expired, s.expired, m.last.expired);
   grow(m.corrupt, s.corrupt_reads, m.last.corrupt_reads);
   grow(m.mismatches, s.fingerprint_mismatches, m.last.fingerprint_mismatches);
+  grow(m.key_conflicts, s.key_conflicts, m.last.key_conflicts);
+  for (int r = 0; r < kNumRecoveryDrops; ++r) {
+    grow(m.recovery_dropped[r], s.recovery_dropped[r], m.last.recovery_dropped[r]);
+  }
   m.last = s;
 }
 
@@ -577,7 +605,7 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context,
   Object current;
   bool open = false;      // an object is being received
   bool skipping = false;  // its chunks are dropped (rejected)
-  uint32_t stored = 0;
+  uint32_t stored = 0, already_present = 0;
   auto reject = [&](const Hash128& key, const std::string& reason) {
     ferry::v1::PutRejection* r = response->add_rejections();
     HashToProto(key, r->mutable_block_hash());
@@ -590,9 +618,16 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context,
       o.item.value = o.value;
       items.push_back(o.item);
     }
-    absl::Status s = store_->Put(items);
+    PutResult result;
+    absl::Status s = store_->Put(items, &result);
     if (!s.ok()) return s;
     stored += static_cast<uint32_t>(batch.size());
+    already_present += static_cast<uint32_t>(result.already_present);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (result.outcomes[i] == PutOutcome::kConflict) {
+        HashToProto(batch[i].item.key, response->add_conflicting_block_hashes());
+      }
+    }
     if (metrics_ != nullptr) metrics_->written_bytes->Increment(static_cast<double>(batch_bytes));
     batch.clear();
     batch_bytes = 0;
@@ -673,6 +708,7 @@ grpc::Status KvStoreService::Put(grpc::ServerContext* context,
   if (Done(context)) return Ended(context);
   if (absl::Status s = flush(); !s.ok()) return StoreError(s);
   response->set_stored(stored);
+  response->set_already_present(already_present);
   RefreshMetrics();
   return grpc::Status::OK;
 }
@@ -730,6 +766,9 @@ void KvStoreService::FillStats(const StoreStats& s, ferry::v1::StatsResponse* r)
   r->set_segments_from_footer(static_cast<uint32_t>(s.segments_from_footer));
   r->set_segments_scanned(static_cast<uint32_t>(s.segments_scanned));
   r->set_torn_bytes_dropped(static_cast<uint64_t>(s.torn_bytes_dropped));
+  SetRecoveryDrops(s.recovery_dropped, r->mutable_recovery_dropped());
+  r->set_already_present(static_cast<uint64_t>(s.already_present));
+  r->set_key_conflicts(static_cast<uint64_t>(s.key_conflicts));
 }
 
 grpc::Status KvStoreService::Stats(grpc::ServerContext* context, const ferry::v1::StatsRequest*,
@@ -748,6 +787,7 @@ grpc::Status KvStoreService::Verify(grpc::ServerContext* context, const ferry::v
   response->set_bytes_checked(static_cast<uint64_t>(report.bytes_checked));
   response->set_corrupt(static_cast<uint64_t>(report.corrupt));
   for (const std::string& p : report.problems) response->add_problems(p);
+  SetRecoveryDrops(report.recovery_dropped, response->mutable_recovery_dropped());
   RefreshMetrics();
   return grpc::Status::OK;
 }

@@ -12,9 +12,16 @@
 // _capacity_bytes, _lookups_total {class, result} (the object's class on a hit, the request's on
 // a miss), _read_bytes_total (value bytes sent in the stream or put through the transport),
 // _written_bytes_total, _rpc_seconds {method} (histogram), _evicted_objects_total,
-// _expired_objects_total, _corrupt_reads_total, _fingerprint_mismatches_total, and with a
+// _expired_objects_total, _corrupt_reads_total, _fingerprint_mismatches_total,
+// _key_conflicts_total (objects put again with other bytes; the stored ones kept),
+// _recovery_dropped_objects_total {reason = torn_tail|checksum|header} (records the store's
+// start-up skipped: kv_store.h RecoveryDrop; every reason present from the start), and with a
 // transport _transport_puts_total {outcome = ok|failed} and _staging_waits_total (values that
 // found the staging area full and waited for room).
+//
+// Put answers `stored` (durable, already present ones included), `already_present` and the
+// conflicting keys (KvStore::Put: the first writer's bytes are kept). Stats and Verify carry
+// what the store's start-up skipped (recovery_dropped), and Verify its problem lines.
 //
 // Auth: with an auth_token, every call without it ends UNAUTHENTICATED before it touches the store
 // (the health service stays open).

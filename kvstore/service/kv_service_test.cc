@@ -1,6 +1,8 @@
 // The KV store service on loopback: every library behaviour through the wire (put in chunks,
 // get in chunks, exists, delete, stats, verify, compact), rejections with reasons, oversized
-// messages refused with a clear status, deadlines honoured, and the metrics. Gets into a transfer
+// messages refused with a clear status, deadlines honoured, and the metrics; puts of objects
+// already present (conflicts among them), and what the store skipped at start-up in Stats,
+// Verify and the metrics (their text exposition too). Gets into a transfer
 // descriptor, for the gRPC transport and UCX over tcp (a "worker" transport in this process owns
 // the destination memory, the node has its own): values bit-exact in that memory with no data in
 // the stream, misses for absent keys, wrong slice lengths and values larger than the staging
@@ -13,6 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -22,6 +26,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "kvstore/client/kv_client.h"
+#include "prometheus/text_serializer.h"
 #include "services/common/grpc_client.h"
 #include "services/common/grpc_server.h"
 #include "services/common/shared_token.h"
@@ -92,25 +97,55 @@ RawGet GetInto(ferry::v1::KvStore::Stub& stub, const std::vector<Hash128>& keys,
   return got;
 }
 
-// A store on a fresh directory `name` under the test's temp dir (segments of 4 MiB, 64 MiB in all,
-// objects up to 3 MiB unless said otherwise).
-absl::StatusOr<std::unique_ptr<KvStore>> OpenTestStore(const std::string& name,
-                                                       int64_t segment_bytes = 4 << 20,
-                                                       int64_t max_object_bytes = 3 << 20) {
-  const std::string dir = (fs::path(::testing::TempDir()) / name).string();
-  fs::remove_all(dir);
+std::string TestStoreDir(const std::string& name) {
+  return (fs::path(::testing::TempDir()) / name).string();
+}
+
+// Segments of 4 MiB, 64 MiB in all, objects up to 3 MiB unless said otherwise.
+StoreOptions TestStoreOptions(int64_t segment_bytes = 4 << 20, int64_t max_object_bytes = 3 << 20) {
   StoreOptions o;
   o.segment_bytes = segment_bytes;
   o.capacity_bytes = 64 << 20;
   o.max_object_bytes = max_object_bytes;
-  return KvStore::Open(dir, o);
+  return o;
+}
+
+// A store on a fresh directory `name` under the test's temp dir (TestStoreOptions).
+absl::StatusOr<std::unique_ptr<KvStore>> OpenTestStore(const std::string& name,
+                                                       int64_t segment_bytes = 4 << 20,
+                                                       int64_t max_object_bytes = 3 << 20) {
+  const std::string dir = TestStoreDir(name);
+  fs::remove_all(dir);
+  return KvStore::Open(dir, TestStoreOptions(segment_bytes, max_object_bytes));
 }
 
 class KvServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    store_ = *OpenTestStore(
-        "svc_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    const std::string name =
+        "svc_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = TestStoreDir(name);
+    store_ = *OpenTestStore(name);
+    StartService();
+  }
+  void TearDown() override {
+    server_.reset();
+    service_.reset();
+    store_.reset();
+  }
+
+  // Stops the node (server, service, store), lets `damage` change the store's directory, and
+  // starts it again on it, with a fresh registry: what a restarted ferry-kvstore sees.
+  void Restart(const std::function<void(const fs::path& dir)>& damage) {
+    TearDown();
+    damage(dir_);
+    auto store = KvStore::Open(dir_, TestStoreOptions());
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    StartService();
+  }
+
+  void StartService() {
     KvServiceOptions so;
     so.max_chunk_bytes = 1 << 20;
     so.max_keys = 100;
@@ -124,11 +159,6 @@ class KvServiceTest : public ::testing::Test {
     ChannelOptions co;
     co.max_send_message_bytes = 8 << 20;  // lets the client send what the server must refuse
     stub_ = ferry::v1::KvStore::NewStub(NewChannel(server_->address(), co));
-  }
-  void TearDown() override {
-    server_.reset();
-    service_.reset();
-    store_.reset();
   }
 
   // Puts (key, bytes) objects in chunks of `chunk` bytes; returns the response.
@@ -189,6 +219,7 @@ class KvServiceTest : public ::testing::Test {
     return reader->Finish();
   }
 
+  std::string dir_;
   std::unique_ptr<KvStore> store_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<KvStoreService> service_;
@@ -313,6 +344,118 @@ TEST_F(KvServiceTest, BadObjectsAreRejectedWithReasonsAndTheRestStored) {
   const grpc::Status s = Get(many, &found);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("at most 100"), std::string::npos) << s.error_message();
+}
+
+TEST_F(KvServiceTest, APutSaysWhatWasAlreadyPresentAndWhichBytesConflict) {
+  EXPECT_EQ(MetricValue(*registry_, "ferry_kvstore_key_conflicts_total"), 0);
+  ferry::v1::PutResponse put;
+  ASSERT_TRUE(Put({{1, Bytes(1, 5000)}}, 1 << 20, &put).ok());
+  EXPECT_EQ(put.stored(), 1u);
+  EXPECT_EQ(put.already_present(), 0u);
+  // Object 1 again with the same bytes, and a new one: both durable, one already present.
+  put.Clear();
+  ASSERT_TRUE(Put({{1, Bytes(1, 5000)}, {2, Bytes(2, 5000)}}, 1 << 20, &put).ok());
+  EXPECT_EQ(put.stored(), 2u);
+  EXPECT_EQ(put.already_present(), 1u);
+  EXPECT_EQ(put.conflicting_block_hashes_size(), 0);
+  EXPECT_EQ(MetricValue(*registry_, "ferry_kvstore_key_conflicts_total"), 0);
+  // Object 1 with other bytes: present, a conflict; the node keeps and serves the first bytes.
+  put.Clear();
+  ASSERT_TRUE(Put({{1, Bytes(7, 5000)}}, 1 << 20, &put).ok());
+  EXPECT_EQ(put.stored(), 1u);
+  EXPECT_EQ(put.already_present(), 1u);
+  ASSERT_EQ(put.conflicting_block_hashes_size(), 1);
+  EXPECT_EQ(put.conflicting_block_hashes(0).lo(), Key(1).lo);
+  EXPECT_EQ(put.conflicting_block_hashes(0).hi(), Key(1).hi);
+  std::map<int, std::string> found;
+  ASSERT_TRUE(Get({1}, &found).ok());
+  EXPECT_TRUE(found[1] == Bytes(1, 5000));
+  EXPECT_EQ(MetricValue(*registry_, "ferry_kvstore_key_conflicts_total"), 1);
+  ferry::v1::StatsResponse stats;
+  auto ctx = NewClientContext(absl::Seconds(5));
+  ASSERT_TRUE(stub_->Stats(ctx.get(), ferry::v1::StatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.already_present(), 2u);
+  EXPECT_EQ(stats.key_conflicts(), 1u);
+  EXPECT_EQ(stats.puts(), 2u);
+}
+
+TEST_F(KvServiceTest, WhatTheStoreSkippedAtStartUpShowsInStatsVerifyAndMetrics) {
+  const std::vector<std::string> reasons = {"torn_tail", "checksum", "header"};
+  auto dropped = [&](const std::string& reason) {
+    return MetricValue(*registry_, "ferry_kvstore_recovery_dropped_objects_total",
+                       {{"reason", reason}});
+  };
+  for (const std::string& r : reasons) EXPECT_EQ(dropped(r), 0) << r;  // present from the start
+  ferry::v1::PutResponse put;
+  const size_t bytes = 100000;
+  ASSERT_TRUE(
+      Put({{1, Bytes(1, bytes)}, {2, Bytes(2, bytes)}, {3, Bytes(3, bytes)}, {4, Bytes(4, bytes)}},
+          1 << 20, &put)
+          .ok());
+  ASSERT_EQ(put.stored(), 4u);
+  // The four records of the open segment: a value byte of the second changed (the third, intact,
+  // is kept), the fourth cut.
+  const uint64_t record = AlignUp(kRecordHeaderBytes + bytes);
+  const std::string segment = SegmentFileName(0);
+  Restart([&](const fs::path& dir) {
+    const fs::path file = dir / segment;
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(kSegmentHeaderBytes + record + kRecordHeaderBytes);
+    f.seekg(at);
+    const char c = static_cast<char>(f.get());
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x10));
+    f.close();
+    fs::resize_file(file, kSegmentHeaderBytes + 3 * record + 7000);
+  });
+  EXPECT_EQ(dropped("torn_tail"), 1);
+  EXPECT_EQ(dropped("checksum"), 1);
+  EXPECT_EQ(dropped("header"), 0);
+
+  ferry::v1::StatsResponse stats;
+  auto ctx = NewClientContext(absl::Seconds(5));
+  ASSERT_TRUE(stub_->Stats(ctx.get(), ferry::v1::StatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.objects(), 2u);
+  EXPECT_EQ(stats.recovery_dropped().torn_tail(), 1u);
+  EXPECT_EQ(stats.recovery_dropped().checksum(), 1u);
+  EXPECT_EQ(stats.recovery_dropped().header(), 0u);
+  EXPECT_EQ(stats.torn_bytes_dropped(), 7000u);
+
+  ferry::v1::VerifyResponse verify;
+  ctx = NewClientContext(absl::Seconds(5));
+  ASSERT_TRUE(stub_->Verify(ctx.get(), ferry::v1::VerifyRequest(), &verify).ok());
+  EXPECT_EQ(verify.corrupt(), 0u);
+  EXPECT_EQ(verify.objects_checked(), 2u);
+  EXPECT_EQ(verify.recovery_dropped().torn_tail(), 1u);
+  EXPECT_EQ(verify.recovery_dropped().checksum(), 1u);
+  EXPECT_EQ(verify.recovery_dropped().header(), 0u);
+  ASSERT_EQ(verify.problems_size(), 2);
+  EXPECT_NE(verify.problems(0).find(absl::StrCat(segment, " at ", kSegmentHeaderBytes + record,
+                                                 ": checksum: 1 record dropped")),
+            std::string::npos)
+      << verify.problems(0);
+  EXPECT_NE(verify.problems(1).find(absl::StrCat(segment, " at ", kSegmentHeaderBytes + 3 * record,
+                                                 ": torn_tail: 1 record dropped")),
+            std::string::npos)
+      << verify.problems(1);
+
+  // The exposition: counters with HELP and TYPE, every reason listed.
+  const std::string text = prometheus::TextSerializer().Serialize(registry_->Collect());
+  for (const char* line : {
+           "# HELP ferry_kvstore_recovery_dropped_objects_total ",
+           "# TYPE ferry_kvstore_recovery_dropped_objects_total counter\n",
+           "ferry_kvstore_recovery_dropped_objects_total{reason=\"torn_tail\"} 1\n",
+           "ferry_kvstore_recovery_dropped_objects_total{reason=\"checksum\"} 1\n",
+           "ferry_kvstore_recovery_dropped_objects_total{reason=\"header\"} 0\n",
+           "# HELP ferry_kvstore_key_conflicts_total ",
+           "# TYPE ferry_kvstore_key_conflicts_total counter\n",
+           "ferry_kvstore_key_conflicts_total 0\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
+  }
+  if (const char* out = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR")) {
+    std::ofstream(fs::path(out) / "metrics.txt") << text;  // for promtool check metrics
+  }
 }
 
 TEST_F(KvServiceTest, OversizedMessagesAreRefusedBeforeAHandler) {
