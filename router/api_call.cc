@@ -161,7 +161,8 @@ void ApiCall::Answer(int status, std::string body) {
 void ApiCall::Fail(const ApiError& error) {
   const int status = ApiErrorStatus(kind_, error.status.code());
   if (status >= 500) {
-    LOG(WARNING) << "request " << trace_id_ << ": " << status << " " << error.status;
+    LOG(WARNING) << LogTraceId(trace_id_) << "request " << trace_id_ << ": " << status << " "
+                 << error.status;
   }
   if (!streaming_) return Answer(status, ApiErrorBody(kind_, error, trace_id_));
   // The stream started: an error event, and the end of the stream.
@@ -527,7 +528,8 @@ void ApiCall::OnEnd(const absl::Status& status) {
       why = absl::Status(static_cast<absl::StatusCode>(error_.status_code()), error_.message());
     }
     if (why.code() == absl::StatusCode::kUnavailable || why.code() == absl::StatusCode::kInternal) {
-      LOG(WARNING) << "request " << trace_id_ << " failed on worker " << worker_ << ": " << why;
+      LOG(WARNING) << LogTraceId(trace_id_) << "request " << trace_id_ << " failed on worker "
+                   << worker_ << ": " << why;
     }
     return Fail({why, "", ""});
   }

@@ -92,7 +92,12 @@ std::string FormatLogRecord(const LogRecord& record, LogFormat format) {
     absl::StrAppend(&out, record.thread_id);
     out.append(",\"file\":");
     AppendJsonString(&out, record.file);
-    absl::StrAppend(&out, ",\"line\":", record.line, ",\"msg\":");
+    absl::StrAppend(&out, ",\"line\":", record.line);
+    if (!record.trace_id.empty()) {
+      out.append(",\"trace_id\":");
+      AppendJsonString(&out, record.trace_id);
+    }
+    out.append(",\"msg\":");
     AppendJsonString(&out, record.message);
     out.push_back('}');
     return out;
@@ -102,11 +107,21 @@ std::string FormatLogRecord(const LogRecord& record, LogFormat format) {
   out.push_back(LogSeverityName(record.severity)[0]);
   out.append(absl::FormatTime("%Y%m%d %H:%M:%E6S", record.time, absl::UTCTimeZone()));
   absl::StrAppendFormat(&out, " %6d %s:%d] ", record.thread_id, record.file, record.line);
+  if (!record.trace_id.empty()) absl::StrAppend(&out, "[trace ", record.trace_id, "] ");
   out.append(record.message.data(), record.message.size());
   return out;
 }
 
+std::ostream& operator<<(std::ostream& os, const LogTraceId& trace) {
+  if (auto* stream = dynamic_cast<log_internal::LogStream*>(&os)) {
+    stream->trace_id.assign(trace.id.data(), trace.id.size());
+  }
+  return os;
+}
+
 void SetLogFormat(LogFormat format) { g_format.store(static_cast<int>(format)); }
+
+LogFormat GetLogFormat() { return static_cast<LogFormat>(g_format.load()); }
 
 void SetMinLogSeverity(LogSeverity severity) { g_min_severity.store(static_cast<int>(severity)); }
 
@@ -141,7 +156,8 @@ void LogMessage::Emit() {
   const bool fatal = severity_ == LogSeverity::kFatal;
   if (!fatal && static_cast<int>(severity_) < g_min_severity.load()) return;
   const std::string message = stream_.str();
-  LogRecord record{absl::Now(), severity_, BaseName(file_), line_, CurrentThreadId(), message};
+  LogRecord record{absl::Now(),       severity_, BaseName(file_), line_,
+                   CurrentThreadId(), message,   stream_.trace_id};
   {
     absl::MutexLock lock(&g_sink_mu);
     if (g_sink != nullptr) {

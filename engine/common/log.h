@@ -12,7 +12,15 @@
 //
 // Output is one line per message on stderr, either text ("I20261129 10:41:22.123456 4242
 // file.cc:12] message", glog-like) or JSON lines ({"ts":..., "level":..., ...}) for log
-// collectors; choose with SetLogFormat(). Tests may install a sink to capture records.
+// collectors; choose with SetLogFormat() (the binaries' --log_format). Tests may install a sink
+// to capture records.
+//
+// A record about one request carries its trace id, streamed first:
+//
+//   LOG(WARNING) << LogTraceId(trace_id_) << "request failed: " << status;
+//
+// JSON lines then have a "trace_id" field and text lines "[trace TRACE_ID] " before the message,
+// so a collector can gather every line of one request across the router and the workers.
 //
 // Thread-safe: records from different threads never interleave within a line.
 
@@ -46,7 +54,16 @@ struct LogRecord {
   int line;
   int thread_id;
   absl::string_view message;
+  absl::string_view trace_id;  // empty when the record is about no one request
 };
+
+// Streamed into a LOG(...), tags the record with a request's trace id (the last one streamed
+// wins); into any other stream, writes nothing.
+struct LogTraceId {
+  explicit LogTraceId(absl::string_view trace_id) : id(trace_id) {}
+  absl::string_view id;
+};
+std::ostream& operator<<(std::ostream& os, const LogTraceId& trace);
 
 // Receives every emitted record. Implementations must be thread-safe.
 class LogSink {
@@ -60,6 +77,7 @@ std::string FormatLogRecord(const LogRecord& record, LogFormat format);
 
 // Process-wide settings; safe to call at any time from any thread.
 void SetLogFormat(LogFormat format);
+LogFormat GetLogFormat();
 void SetMinLogSeverity(LogSeverity severity);  // FATAL is always emitted; INFO by default
 // Whether a record of `severity` would be emitted now (to skip costly messages).
 bool LogEnabled(LogSeverity severity);
@@ -69,6 +87,12 @@ absl::StatusOr<LogSeverity> ParseLogSeverity(absl::string_view name);
 void SetLogSink(LogSink* sink);
 
 namespace log_internal {
+
+// A LOG's stream: the message, and the trace id a LogTraceId set.
+class LogStream : public std::ostringstream {
+ public:
+  std::string trace_id;
+};
 
 // Collects one message and emits it when destroyed; FATAL then aborts the process.
 class LogMessage {
@@ -88,7 +112,7 @@ class LogMessage {
   const char* file_;
   int line_;
   LogSeverity severity_;
-  std::ostringstream stream_;
+  LogStream stream_;
 };
 
 // A FATAL message whose destructor is known not to return (for CHECK in value contexts).

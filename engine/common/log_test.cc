@@ -1,5 +1,6 @@
 #include "engine/common/log.h"
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,37 @@ TEST(LogFormatTest, JsonEscapesAndTextLayout) {
   record.message = "hello";
   EXPECT_EQ(FormatLogRecord(record, LogFormat::kText),
             "E20231114 22:13:20.123456     42 x.cc:7] hello");
+}
+
+TEST_F(LogTest, ATraceIdTagsItsRecordOnly) {
+  const std::string trace = "req-7f3a";
+  LOG(WARNING) << LogTraceId(trace) << "failed on worker " << 2;
+  LOG(INFO) << "no request";
+  const auto lines = sink_.lines();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("\"trace_id\":\"req-7f3a\",\"msg\":\"failed on worker 2\""),
+            std::string::npos)
+      << lines[0];
+  EXPECT_EQ(lines[1].find("trace_id"), std::string::npos) << lines[1];
+  // Into another stream the tag writes nothing.
+  std::ostringstream other;
+  other << LogTraceId(trace) << "x";
+  EXPECT_EQ(other.str(), "x");
+}
+
+TEST(LogFormatTest, TraceIdInJsonAndText) {
+  LogRecord record{absl::FromUnixMicros(1'700'000'000'123'456),
+                   LogSeverity::kInfo,
+                   "x.cc",
+                   7,
+                   42,
+                   "moved",
+                   "abc\"1"};
+  EXPECT_EQ(FormatLogRecord(record, LogFormat::kJson),
+            "{\"ts\":\"2023-11-14T22:13:20.123456Z\",\"level\":\"INFO\",\"thread\":42,"
+            "\"file\":\"x.cc\",\"line\":7,\"trace_id\":\"abc\\\"1\",\"msg\":\"moved\"}");
+  EXPECT_EQ(FormatLogRecord(record, LogFormat::kText),
+            "I20231114 22:13:20.123456     42 x.cc:7] [trace abc\"1] moved");
 }
 
 TEST(LogDeathTest, CheckFailuresAbortWithTheirValues) {

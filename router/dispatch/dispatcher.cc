@@ -260,7 +260,7 @@ class Dispatcher::Call final {
   }
 
   void HandoffCompleted() {
-    LOG(INFO) << "request " << job_->request.trace_id << " ("
+    LOG(INFO) << LogTraceId(job_->request.trace_id) << "request " << job_->request.trace_id << " ("
               << request_.request().context().request_id() << "): drain hand-off from "
               << request_.handoff_source_endpoint() << " to " << worker_ << " completed";
     if (dispatcher_->observer_.handoff) dispatcher_->observer_.handoff("completed");
@@ -536,7 +536,8 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
         job->handoff_source.clear();
         job->handoff_request_id.clear();
       }
-      LOG(WARNING) << "request " << job->request.trace_id << ": no worker can take its drain "
+      LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
+                   << ": no worker can take its drain "
                    << "hand-off from " << source << "; resuming it by re-prefill";
       if (observer_.handoff) observer_.handoff("fell_back");
       handoff = false;
@@ -584,9 +585,13 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
     carried = job->resumed_tokens;
   }
   if (handoff) {
-    LOG(INFO) << "request " << job->request.trace_id << " (" << attempt_id
-              << "): drain hand-off from " << source << " to " << chosen.id << ", " << carried
-              << " output tokens carried";
+    LOG(INFO) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id << " ("
+              << attempt_id << "): drain hand-off from " << source << " to " << chosen.id << ", "
+              << carried << " output tokens carried";
+  }
+  if (LogEnabled(LogSeverity::kDebug)) {
+    LOG(DEBUG) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id << " ("
+               << attempt_id << "): to worker " << chosen.id << " (" << choice.reason << ")";
   }
   if (observer_.routed) observer_.routed(policy_->name(), chosen.id);
   job->sink->OnRouted(chosen.id);
@@ -736,14 +741,16 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
     if (stopping_ && running_ == 0) idle_cv_.notify_all();  // only the destructor waits here
   }
   if (retry) {
-    LOG(INFO) << "request " << job->request.trace_id << ": worker " << failed
-              << " failed it before its first token (" << status << "); trying another";
+    LOG(INFO) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
+              << ": worker " << failed << " failed it before its first token (" << status
+              << "); trying another";
     if (observer_.retried) observer_.retried();
   }
   if (!handoff_outcome.empty()) {
     if (handoff_outcome != "completed") {  // (completed: every choice had ended)
-      LOG(WARNING) << "request " << job->request.trace_id << ": its drain hand-off from "
-                   << handoff_source << " to " << worker << " failed (" << status << "); "
+      LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
+                   << ": its drain hand-off from " << handoff_source << " to " << worker
+                   << " failed (" << status << "); "
                    << (handoff_outcome == "fell_back" ? "resuming it by re-prefill"
                                                       : "it cannot go on");
     }
@@ -751,13 +758,13 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
   }
   if (migrate) {
     if (cause == "drain_handoff") {
-      LOG(INFO) << "request " << job->request.trace_id << ": worker " << worker
-                << " stopped it draining; handing it off with " << carried
+      LOG(INFO) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
+                << ": worker " << worker << " stopped it draining; handing it off with " << carried
                 << " output tokens to another worker";
     } else {
-      LOG(WARNING) << "request " << job->request.trace_id << ": worker " << worker
-                   << " failed it mid-stream (" << cause << ": " << status << "); moving it with "
-                   << carried << " output tokens to another worker";
+      LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
+                   << ": worker " << worker << " failed it mid-stream (" << cause << ": " << status
+                   << "); moving it with " << carried << " output tokens to another worker";
     }
     if (observer_.migrated) observer_.migrated(cause, carried);
     retry = true;
@@ -780,8 +787,8 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& w
     Untrack(*job);
     if (!failure.empty()) {
       if (failure != "no_worker" || !end.ok()) {
-        LOG(WARNING) << "request " << job->request.trace_id << " failed (" << failure
-                     << "): " << end;
+        LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
+                     << " failed (" << failure << "): " << end;
       }
       if (observer_.failed) observer_.failed(failure);
     }
@@ -805,8 +812,8 @@ void Dispatcher::Record(Job& job, const v1::TokenChunk& chunk) {
                       tracked_tokens_.load() + n <= options_.max_tracked_tokens;
     if (!consistent || !fits) {
       if (!consistent) {
-        LOG(WARNING) << "request " << job.request.trace_id << ": choice " << c
-                     << " continues at output " << chunk.first_output_index()
+        LOG(WARNING) << LogTraceId(job.request.trace_id) << "request " << job.request.trace_id
+                     << ": choice " << c << " continues at output " << chunk.first_output_index()
                      << ", not where the router's record ends: it cannot migrate";
       }
       job.tracked = false;

@@ -282,7 +282,7 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
       });
   service_->AddIncoming(transfer_id_, kv_);
   if (!described.ok()) {
-    LOG(ERROR) << "request " << id_ << ": " << described.status();
+    LOG(ERROR) << LogTraceId(trace_id_) << "request " << id_ << ": " << described.status();
     kv_->NoTransfer();  // never sent: nobody can push into it
     EndBeforeEngine(lock, AbortCause::kNone, described.status());
     Unref();
@@ -330,8 +330,8 @@ void GenerateCall::CallPushKv() {
         }
         if (!status.ok()) {
           service_->metrics().Reservation("failed");
-          LOG(WARNING) << "request " << id_ << ": the hand-off from " << handoff_source_
-                       << " failed: " << status.error_message();
+          LOG(WARNING) << LogTraceId(trace_id_) << "request " << id_ << ": the hand-off from "
+                       << handoff_source_ << " failed: " << status.error_message();
           if (status.error_code() != grpc::StatusCode::NOT_FOUND) {
             // The source may have started puts: the transport's outcome frees the blocks.
           } else {

@@ -96,7 +96,8 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
   const int64_t table = service_->engine().pool().layout().BlocksFor(positions);
   if (absl::Status s = CheckReservation(request.destination(), service_->kv_facts(), table);
       !s.ok()) {
-    LOG(WARNING) << "prefill " << r.id << " refused: " << s;
+    LOG(WARNING) << LogTraceId(request.request().context().trace_id()) << "prefill " << r.id
+                 << " refused: " << s;
     return reject(ToGrpcStatus(s), true);
   }
   const v1::RequestContext& ctx = request.request().context();
@@ -327,7 +328,9 @@ void PrefillCall::OnKvProgress(const std::vector<BlockId>& blocks) {
     streamed_to_ = first;
     --chunks_;
   }
-  if (!held.ok()) LOG(ERROR) << "request " << id_ << ": cannot hold blocks to stream: " << held;
+  if (!held.ok())
+    LOG(ERROR) << LogTraceId(trace_id_) << "request " << id_
+               << ": cannot hold blocks to stream: " << held;
   Unref();  // the chunk's
 }
 
@@ -587,8 +590,8 @@ void PrefillCall::OnPushed(const absl::Status& status) {
     }
     service_->metrics().Push(bytes, streamed, Seconds(wire), Seconds(tail), outcome.ok());
     if (!outcome.ok()) {
-      LOG(WARNING) << "request " << id_ << ": the KV push to " << decode_endpoint_
-                   << " failed: " << outcome;
+      LOG(WARNING) << LogTraceId(trace_id_) << "request " << id_ << ": the KV push to "
+                   << decode_endpoint_ << " failed: " << outcome;
       outcome = outcome.code() == absl::StatusCode::kCancelled
                     ? outcome
                     : absl::UnavailableError(absl::StrCat("the KV push to the decode worker "
