@@ -5,8 +5,10 @@
 //
 //   ferry-kv stats DIR|--addr HOST:PORT     what is stored, by traffic class and age, and how the
 //                                           store opened
-//   ferry-kv verify DIR|--addr HOST:PORT    reads and checks every object; exits 1 when any is
-//                                           corrupt
+//   ferry-kv verify DIR|--addr HOST:PORT    reads and checks every object, and lists what
+//                                           opening the store skipped (by reason); exits 1 when
+//                                           any object is corrupt, or was skipped at opening for
+//                                           its checksum or header (a torn tail is not corrupt)
 //   ferry-kv compact DIR|--addr HOST:PORT   drops expired, deleted and superseded objects and
 //                                           enforces the capacity; prints the stats before and
 //                                           after
@@ -16,9 +18,10 @@
 // per class (printed only then). Deadlines over --addr: 30 s for stats, 10 min for verify and
 // compact; an unreachable node is an error (exit 1).
 //
-// Flags: --json (one JSON object instead of a table), and, for DIR only, the store's options as
-// its server runs with them (compact evicts down to the capacity and drops what is past its TTL):
-// --capacity BYTES, --segment-bytes BYTES ("64GiB", "256MiB"), --ttl-chat, --ttl-agent and
+// Flags: --json (one JSON object instead of a table), --log_format=text|json, --version, and, for
+// DIR only, the store's options as its server runs with them (compact evicts down to the
+// capacity and drops what is past its TTL): --capacity BYTES, --segment-bytes BYTES ("64GiB",
+// "256MiB"), --ttl-chat, --ttl-agent and
 // --ttl-batch DURATION ("7d", "72h"); defaults are StoreOptions'. Opening recovers the store as a
 // server would: a torn tail of the open segment is cut, and a segment is begun when the last one
 // is sealed. A server uses its own options.
@@ -43,12 +46,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "engine/common/log.h"
 #include "engine/common/units.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "kvstore/format.h"
 #include "kvstore/kv_store.h"
 #include "kvstore/wire.h"
 #include "nlohmann/json.hpp"
+#include "services/common/build_info.h"
 #include "services/common/grpc_client.h"
 #include "services/common/shared_token.h"
 
@@ -73,6 +78,36 @@ constexpr char kUsage[] =
     "options; give DIR or --addr, not both.\n"
     "Sizes: 4096, 256MiB, 64GiB; durations: 72h, 7d.\n";
 
+// The flags, as every Ferry binary's --help lists them (services/common/command_line.h).
+std::string FlagsHelp() {
+  const StoreOptions defaults;
+  auto flag = [](absl::string_view name, absl::string_view type, absl::string_view value,
+                 absl::string_view help) {
+    return absl::StrCat("  --", name, " (", type, ", default ", value, ")\n      ", help, "\n");
+  };
+  auto ttl = [&](TrafficClass c) {
+    return absl::FormatDuration(defaults.ttl[static_cast<int>(c)]);
+  };
+  return absl::StrCat(
+      "\nFlags (--name value or --name=value):\n",
+      flag("addr", "string", "\"\"", "a running ferry-kvstore's gRPC address, instead of DIR"),
+      flag("capacity", "string", FormatByteSize(defaults.capacity_bytes),
+           "DIR: the segment files' capacity (compact evicts down to it)"),
+      flag("json", "bool", "false", "one JSON object instead of a table or report"),
+      flag("segment-bytes", "string", FormatByteSize(defaults.segment_bytes),
+           "DIR: the segment file size"),
+      flag("ttl-agent", "duration", ttl(TrafficClass::kAgent),
+           "DIR: retention of agent objects after their last use"),
+      flag("ttl-batch", "duration", ttl(TrafficClass::kBatch),
+           "DIR: retention of batch objects after their last use"),
+      flag("ttl-chat", "duration", ttl(TrafficClass::kChat),
+           "DIR: retention of chat objects after their last use"),
+      "\nLogging (every Ferry binary):\n",
+      flag("log_format", "string", "\"text\"",
+           "log lines on stderr: text (glog-like) or json (one object a line)"),
+      "\nAlso: --help, --version (version, git commit, build configuration).\n");
+}
+
 // Deadlines of the calls to a server: Stats walks the index; Verify reads every object and
 // Compact may rewrite segments, both minutes on a large store.
 constexpr absl::Duration kStatsDeadline = absl::Seconds(30);
@@ -92,14 +127,30 @@ int UsageError(const std::string& message) {
   return 2;
 }
 
+// --log_format's value: text or json.
+bool SetLogFormatFlag(absl::string_view value) {
+  if (value == "text") {
+    SetLogFormat(LogFormat::kText);
+  } else if (value == "json") {
+    SetLogFormat(LogFormat::kJson);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // Parses argv into `flags`; returns -1 to go on, or the exit status.
 int ParseFlags(int argc, char** argv, Flags* flags) {
   std::vector<std::string> positional;
   bool addr_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help" || arg == "help") {
-      std::fputs(kUsage, stdout);
+    if (arg == "-h" || arg == "--help" || arg == "-help" || arg == "help") {
+      std::fputs(absl::StrCat(kUsage, FlagsHelp()).c_str(), stdout);
+      return 0;
+    }
+    if (arg == "--version" || arg == "-version") {
+      std::fputs(VersionText("ferry-kv").c_str(), stdout);
       return 0;
     }
     if (arg.rfind("--", 0) != 0) {
@@ -119,6 +170,10 @@ int ParseFlags(int argc, char** argv, Flags* flags) {
       value = argv[++i];
     } else {
       return UsageError(absl::StrCat(arg, " needs a value"));
+    }
+    if (arg == "--log_format") {
+      if (!SetLogFormatFlag(value)) return UsageError("--log_format: text or json");
+      continue;
     }
     if (arg == "--addr") {
       if (value.empty()) return UsageError("--addr needs HOST:PORT");
@@ -217,6 +272,36 @@ ToolStats FromStore(const StoreStats& s) {
   return t;
 }
 
+std::array<int64_t, kNumRecoveryDrops> FromServer(const ferry::v1::RecoveryDrops& r) {
+  std::array<int64_t, kNumRecoveryDrops> d = {};
+  d[static_cast<int>(RecoveryDrop::kTornTail)] = static_cast<int64_t>(r.torn_tail());
+  d[static_cast<int>(RecoveryDrop::kChecksum)] = static_cast<int64_t>(r.checksum());
+  d[static_cast<int>(RecoveryDrop::kHeader)] = static_cast<int64_t>(r.header());
+  return d;
+}
+
+// {"torn_tail": n, "checksum": n, "header": n}
+Json RecoveryDropsJson(const std::array<int64_t, kNumRecoveryDrops>& dropped) {
+  Json j = Json::object();
+  for (int r = 0; r < kNumRecoveryDrops; ++r) {
+    j[RecoveryDropName(static_cast<RecoveryDrop>(r))] = dropped[r];
+  }
+  return j;
+}
+
+// "torn tail 2, checksum 0, header 1"
+std::string RecoveryDropsText(const std::array<int64_t, kNumRecoveryDrops>& dropped) {
+  return absl::StrCat("torn tail ", dropped[static_cast<int>(RecoveryDrop::kTornTail)],
+                      ", checksum ", dropped[static_cast<int>(RecoveryDrop::kChecksum)],
+                      ", header ", dropped[static_cast<int>(RecoveryDrop::kHeader)]);
+}
+
+// Records the store's start-up skipped as corrupt (not a crash's torn tail).
+int64_t CorruptAtOpen(const std::array<int64_t, kNumRecoveryDrops>& dropped) {
+  return dropped[static_cast<int>(RecoveryDrop::kChecksum)] +
+         dropped[static_cast<int>(RecoveryDrop::kHeader)];
+}
+
 ToolStats FromServer(const ferry::v1::StatsResponse& r) {
   ToolStats t;
   t.moved_bytes_known = false;
@@ -255,6 +340,9 @@ ToolStats FromServer(const ferry::v1::StatsResponse& r) {
   s.segments_from_footer = r.segments_from_footer();
   s.segments_scanned = r.segments_scanned();
   s.torn_bytes_dropped = static_cast<int64_t>(r.torn_bytes_dropped());
+  s.recovery_dropped = FromServer(r.recovery_dropped());
+  s.already_present = static_cast<int64_t>(r.already_present());
+  s.key_conflicts = static_cast<int64_t>(r.key_conflicts());
   s.direct_io = r.direct_io();
   return t;
 }
@@ -264,6 +352,7 @@ VerifyReport FromServer(const ferry::v1::VerifyResponse& r) {
   v.objects_checked = static_cast<int64_t>(r.objects_checked());
   v.bytes_checked = static_cast<int64_t>(r.bytes_checked());
   v.corrupt = static_cast<int64_t>(r.corrupt());
+  v.recovery_dropped = FromServer(r.recovery_dropped());
   v.problems.assign(r.problems().begin(), r.problems().end());
   return v;
 }
@@ -307,11 +396,14 @@ Json StatsJson(const ToolStats& t) {
         {"objects", s.open_objects},
         {"segments_from_footer", s.segments_from_footer},
         {"segments_scanned", s.segments_scanned},
-        {"torn_bytes_dropped", s.torn_bytes_dropped}}},
+        {"torn_bytes_dropped", s.torn_bytes_dropped},
+        {"recovery_dropped", RecoveryDropsJson(s.recovery_dropped)}}},
       {"direct_io", s.direct_io},
       {"since_open",
        {{"puts", s.puts},
         {"put_bytes", s.put_bytes},
+        {"already_present", s.already_present},
+        {"key_conflicts", s.key_conflicts},
         {"deletes", s.deletes},
         {"gets", s.gets},
         {"hits", s.hits},
@@ -380,6 +472,11 @@ void PrintStats(const std::string& where, const ToolStats& t) {
       s.open_seconds, static_cast<long long>(s.open_objects),
       static_cast<long long>(s.segments_from_footer), static_cast<long long>(s.segments_scanned),
       static_cast<long long>(s.torn_bytes_dropped));
+  std::printf("  records skipped while opening: %s%s\n",
+              RecoveryDropsText(s.recovery_dropped).c_str(),
+              CorruptAtOpen(s.recovery_dropped) > 0 ? " (corruption: `verify` lists them)" : "");
+  std::printf("  puts of objects already present: %lld; with other bytes (key conflicts): %lld\n",
+              static_cast<long long>(s.already_present), static_cast<long long>(s.key_conflicts));
 }
 
 int ReportStats(const Flags& flags, const ToolStats& s) {
@@ -400,19 +497,24 @@ int ReportVerify(const Flags& flags, const VerifyReport& r) {
     j["objects_checked"] = r.objects_checked;
     j["bytes_checked"] = r.bytes_checked;
     j["corrupt"] = r.corrupt;
+    j["recovery_dropped"] = RecoveryDropsJson(r.recovery_dropped);
     j["problems"] = r.problems;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s: %lld objects checked (%s of values), %lld corrupt\n", Where(flags).c_str(),
                 static_cast<long long>(r.objects_checked), Bytes(r.bytes_checked).c_str(),
                 static_cast<long long>(r.corrupt));
+    std::printf("records skipped when the store opened: %s\n",
+                RecoveryDropsText(r.recovery_dropped).c_str());
     if (!r.problems.empty()) {
       std::printf(
           "problems (found while opening and verifying; corrupt objects are now misses):\n");
       for (const std::string& p : r.problems) std::printf("  %s\n", p.c_str());
     }
   }
-  return r.corrupt > 0 ? 1 : 0;
+  // A torn tail is what a crash leaves; records skipped for their checksum or header are
+  // corruption, found at start-up instead of by this check.
+  return r.corrupt > 0 || CorruptAtOpen(r.recovery_dropped) > 0 ? 1 : 0;
 }
 
 int ReportCompact(const Flags& flags, const ToolStats& before_stats, const ToolStats& after_stats,

@@ -12,13 +12,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "engine/common/config.h"
 #include "engine/common/log.h"
 #include "engine/common/units.h"
 #include "router/router.h"
 #include "services/common/command_line.h"
+#include "services/common/grpc_log.h"
 #include "services/common/termination_signal.h"
 
 ABSL_FLAG(std::string, config, "", "JSON config file (keys as the flags; flags given win)");
@@ -44,8 +43,6 @@ ABSL_FLAG(std::vector<std::string>, kvstore, {},
           "of each prompt they hold");
 ABSL_FLAG(absl::Duration, kvstore_deadline, absl::Milliseconds(50),
           "the store probe's deadline (a slower store counts as holding nothing)");
-ABSL_FLAG(std::string, log_level, "info",
-          "debug (each routing decision with its cost terms), info, warning or error");
 ABSL_FLAG(std::string, api_keys_file, "",
           "clients' API keys and tenants (JSON; reloaded on SIGHUP); none: an open API on "
           "loopback only");
@@ -203,9 +200,11 @@ int main(int argc, char** argv) {
   using namespace ferry;
   auto signal = TerminationSignal::Install();  // before any thread
   CHECK_OK(signal.status());
-  absl::SetProgramUsageMessage("the Ferry router; see router/router_main.cc");
-  ferry::NoteGivenFlags(argc, argv);
-  absl::ParseCommandLine(argc, argv);
+  ParseProgramCommandLine("ferry-router",
+                          "the Ferry router: the OpenAI and Anthropic HTTP API over the workers "
+                          "(admin HTTP /metrics, /workers)",
+                          argc, argv);
+  RouteGrpcLogs();
   const RouterOptions options = OptionsFromFlags();
   if (absl::Status s = ValidateRouterOptions(options); !s.ok()) Die("options", s);
   SetMinLogSeverity(*ParseLogSeverity(options.log_level));

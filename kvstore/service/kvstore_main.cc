@@ -18,10 +18,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/log.h"
 #include "engine/common/units.h"
@@ -30,6 +26,8 @@
 #include "kvstore/service/kv_service.h"
 #include "services/common/admin_server.h"
 #include "services/common/allocator_tuning.h"
+#include "services/common/command_line.h"
+#include "services/common/grpc_log.h"
 #include "services/common/grpc_server.h"
 #include "services/common/metrics.h"
 #include "services/common/service_lifecycle.h"
@@ -66,12 +64,12 @@ namespace {
 
 template <typename T>
 T OrExit(absl::StatusOr<T> v, const char* what) {
-  if (!v.ok()) {
-    std::fprintf(stderr, "ferry-kvstore: %s: %s\n", what,
-                 std::string(v.status().message()).c_str());
-    std::exit(2);
-  }
+  if (!v.ok()) ferry::ExitOnBadOption("ferry-kvstore", what, v.status());
   return std::move(*v);
+}
+
+int64_t Dropped(const ferry::kv::StoreStats& stats, ferry::kv::RecoveryDrop reason) {
+  return stats.recovery_dropped[static_cast<int>(reason)];
 }
 
 }  // namespace
@@ -80,19 +78,13 @@ int main(int argc, char** argv) {
   using namespace ferry;
   auto signal = TerminationSignal::Install();  // before any thread
   CHECK_OK(signal.status());
-  absl::SetProgramUsageMessage(
-      "one node of the Ferry KV store; see kvstore/service/kvstore_main.cc");
-  // --help lists this file's flags (absl looks for a file named after the binary by default).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "kvstore_main.cc");
-  };
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+  ParseProgramCommandLine("ferry-kvstore",
+                          "one node of the Ferry KV store (--dir DIR; gRPC, admin HTTP /metrics)",
+                          argc, argv);
+  RouteGrpcLogs();
   TuneAllocatorForLargeBuffers();
   if (absl::GetFlag(FLAGS_dir).empty()) {
-    std::fprintf(stderr, "ferry-kvstore: --dir is required\n");
-    return 2;
+    ExitOnBadOption("ferry-kvstore", "--dir", absl::InvalidArgumentError("is required"));
   }
   kv::StoreOptions store_options;
   store_options.capacity_bytes =
@@ -112,14 +104,14 @@ int main(int argc, char** argv) {
   service_options.max_chunk_bytes = static_cast<int64_t>(
       OrExit(ParseByteSize(absl::GetFlag(FLAGS_max_chunk_bytes)), "--max_chunk_bytes"));
   if (service_options.max_chunk_bytes < 4096 || service_options.max_chunk_bytes > (64 << 20)) {
-    std::fprintf(stderr, "ferry-kvstore: --max_chunk_bytes must be in 4KiB..64MiB\n");
-    return 2;
+    ExitOnBadOption("ferry-kvstore", "--max_chunk_bytes",
+                    absl::InvalidArgumentError("must be in 4KiB..64MiB"));
   }
 
   const std::string transport_kind = absl::GetFlag(FLAGS_transport);
   if (transport_kind != "none" && transport_kind != "ucx" && transport_kind != "grpc") {
-    std::fprintf(stderr, "ferry-kvstore: --transport must be none, ucx or grpc\n");
-    return 2;
+    ExitOnBadOption("ferry-kvstore", "--transport",
+                    absl::InvalidArgumentError("must be none, ucx or grpc"));
   }
   const int64_t staging_bytes = static_cast<int64_t>(OrExit(
       ParseByteSize(absl::GetFlag(FLAGS_transport_staging_bytes)), "--transport_staging_bytes"));
@@ -135,7 +127,10 @@ int main(int argc, char** argv) {
   LOG(INFO) << "kv store " << absl::GetFlag(FLAGS_dir) << ": " << opened.objects << " objects in "
             << opened.segments << " segments, opened in " << opened.open_seconds << " s ("
             << opened.segments_from_footer << " from footers, " << opened.segments_scanned
-            << " scanned, " << opened.torn_bytes_dropped << " torn bytes cut), direct I/O "
+            << " scanned, " << opened.torn_bytes_dropped
+            << " torn bytes cut; records skipped: " << Dropped(opened, kv::RecoveryDrop::kTornTail)
+            << " torn tail, " << Dropped(opened, kv::RecoveryDrop::kChecksum) << " checksum, "
+            << Dropped(opened, kv::RecoveryDrop::kHeader) << " header), direct I/O "
             << (opened.direct_io ? "on" : "off");
 
   auto registry = NewServiceRegistry("kvstore");

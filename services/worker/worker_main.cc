@@ -18,14 +18,13 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/config.h"
 #include "engine/common/log.h"
 #include "engine/common/units.h"
 #include "services/common/allocator_tuning.h"
 #include "services/common/command_line.h"
+#include "services/common/grpc_log.h"
 #include "services/common/service_lifecycle.h"
 #include "services/common/termination_signal.h"
 #include "services/worker/worker.h"
@@ -233,11 +232,12 @@ int main(int argc, char** argv) {
   using namespace ferry;
   auto signal = TerminationSignal::Install();  // before any thread
   CHECK_OK(signal.status());
-  absl::SetProgramUsageMessage(absl::StrCat("the Ferry worker (", FERRY_WORKER_ROLE,
-                                            " role); see services/worker/worker_main.cc"));
-  ferry::NoteGivenFlags(argc, argv);
+  ParseProgramCommandLine(Program(),
+                          absl::StrCat("the Ferry worker, ", FERRY_WORKER_ROLE,
+                                       " role (gRPC service, admin HTTP /metrics)"),
+                          argc, argv);
+  RouteGrpcLogs();
   TuneAllocatorForLargeBuffers();  // KV store reads and writes: multi-MiB messages
-  absl::ParseCommandLine(argc, argv);
   WorkerOptions options = OptionsFromFlags();
   if (absl::Status s = ValidateWorkerOptions(options); !s.ok()) Die("options", s);
   // A drain the Drain call began ends the process as SIGTERM's does.

@@ -133,6 +133,32 @@ int HttpGet(int port, const std::string& target, std::string* body) {
   return response.result_int();
 }
 
+int HttpPost(int port, const std::string& target, const std::string& json_body,
+             const std::vector<std::pair<std::string, std::string>>& headers, std::string* body) {
+  namespace asio = boost::asio;
+  namespace beast = boost::beast;
+  namespace http = beast::http;
+  asio::io_context io;
+  asio::ip::tcp::socket socket(io);
+  beast::error_code ec;
+  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
+  if (ec) return -1;
+  http::request<http::string_body> request(http::verb::post, target, 11);
+  request.set(http::field::host, "127.0.0.1");
+  request.set(http::field::content_type, "application/json");
+  for (const auto& [name, value] : headers) request.set(name, value);
+  request.body() = json_body;
+  request.prepare_payload();
+  http::write(socket, request, ec);
+  if (ec) return -1;
+  beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  http::read(socket, buffer, response, ec);
+  if (ec) return -1;
+  if (body != nullptr) *body = response.body();
+  return response.result_int();
+}
+
 double MetricValue(int admin_port, const std::string& metric) {
   std::string body;
   if (HttpGet(admin_port, "/metrics", &body) != 200) return -1;

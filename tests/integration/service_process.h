@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -52,6 +53,12 @@ class ServiceProcess {
 
 // GET http://127.0.0.1:port/target: the status code (-1 when nothing answers) and the body.
 int HttpGet(int port, const std::string& target, std::string* body = nullptr);
+
+// POST http://127.0.0.1:port/target with a JSON body and extra `headers` (name, value): the
+// status code (-1 when nothing answers) and the body.
+int HttpPost(int port, const std::string& target, const std::string& json_body,
+             const std::vector<std::pair<std::string, std::string>>& headers = {},
+             std::string* body = nullptr);
 
 // The value of the first sample of `metric` (name with labels, as printed: `a{b="c"}`) on the
 // admin port's /metrics, or -1.

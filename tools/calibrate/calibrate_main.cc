@@ -12,8 +12,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "services/common/command_line.h"
 #include "tools/calibrate/calibrate.h"
 
 ABSL_FLAG(std::string, model, "", "a GGUF file or an HF directory (default: ferry's model)");
@@ -39,10 +38,11 @@ ABSL_FLAG(std::string, name, "", "the calibration's name (default: CPU, model an
 ABSL_FLAG(int, gpus_per_worker, 1, "accelerators one worker stands for");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const std::vector<char*> args = ferry::ParseProgramCommandLine(
+      "ferry-calibrate",
       "measures the real engine, the KV link and the KV store, and writes the simulated "
-      "engine's calibration file (--out FILE)");
-  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+      "engine's calibration file (--out FILE)",
+      argc, argv);
   if (args.size() > 1) {
     std::fprintf(stderr, "ferry-calibrate: unexpected argument '%s' (flags only)\n", args[1]);
     return 2;

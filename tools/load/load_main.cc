@@ -14,10 +14,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
+#include "services/common/command_line.h"
 #include "tools/load/load_tool.h"
 #include "tools/load/workload_flags.h"
 
@@ -83,14 +80,8 @@ void RaiseOpenFileLimit() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("load on a Ferry router; see tools/load/load_main.cc");
-  // --help lists this file's flags (absl looks for a file named after the binary by default).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "tools/load/load_main.cc") || ferry::IsWorkloadFlagsFile(file);
-  };
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+  ferry::ParseProgramCommandLine(
+      "ferry-load", "load on a Ferry router (closed or open loop), and its report", argc, argv);
   RaiseOpenFileLimit();
   if (absl::Status s = ferry::RunLoadTool(OptionsFromFlags(), stdout); !s.ok()) {
     std::fprintf(stderr, "ferry-load: %s\n", std::string(s.message()).c_str());

@@ -84,8 +84,4 @@ Prices PricesFromFlags() {
   return prices;
 }
 
-bool IsWorkloadFlagsFile(absl::string_view file) {
-  return absl::EndsWith(file, "tools/load/workload_flags.cc");
-}
-
 }  // namespace ferry

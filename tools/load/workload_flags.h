@@ -20,10 +20,6 @@ WorkloadOptions WorkloadOptionsFromFlags();
 Slo SloFromFlags();
 Prices PricesFromFlags();
 
-// Whether `file` (a flag's defining file, as absl's usage config passes it) holds these flags:
-// a binary's --help lists them beside its own.
-bool IsWorkloadFlagsFile(absl::string_view file);
-
 }  // namespace ferry
 
 #endif  // FERRY_TOOLS_LOAD_WORKLOAD_FLAGS_H_

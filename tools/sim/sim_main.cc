@@ -14,13 +14,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "engine/common/log.h"
+#include "services/common/command_line.h"
 #include "tools/load/workload_flags.h"
 #include "tools/sim/sim_run.h"
 
@@ -108,14 +105,8 @@ int Main() {
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("ferry-sim: the discrete-event simulator on one set-up");
-  // --help lists this file's flags and the workload's (tools/load/workload_flags.cc).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "tools/sim/sim_main.cc") || ferry::IsWorkloadFlagsFile(file);
-  };
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+  ferry::ParseProgramCommandLine(
+      "ferry-sim", "the discrete-event simulator on one set-up (--calibration FILE)", argc, argv);
   if (absl::GetFlag(FLAGS_calibration).empty()) {
     std::fprintf(stderr, "ferry-sim: --calibration FILE is required\n");
     return 2;

@@ -17,13 +17,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/template/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "services/common/command_line.h"
 #include "services/common/shared_token.h"
 #include "services/worker/worker_options.h"
 #include "tools/worker_cli/worker_client.h"
@@ -171,9 +171,10 @@ int Watch(ferry::WorkerClient& client) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "ferry-worker-cli generate|watch|abort|drain [flags] [TEXT|REQUEST_ID]");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> args = ferry::ParseProgramCommandLine(
+      "ferry-worker-cli",
+      "calls one worker: ferry-worker-cli generate|watch|abort|drain [flags] [TEXT|REQUEST_ID]",
+      argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "usage: %s\n", absl::ProgramUsageMessage().data());
     return 2;
