@@ -21,10 +21,9 @@
 // Flags: --json (one JSON object instead of a table), --log_format=text|json, --version, and, for
 // DIR only, the store's options as its server runs with them (compact evicts down to the
 // capacity and drops what is past its TTL): --capacity BYTES, --segment-bytes BYTES ("64GiB",
-// "256MiB"), --ttl-chat, --ttl-agent and
-// --ttl-batch DURATION ("7d", "72h"); defaults are StoreOptions'. Opening recovers the store as a
-// server would: a torn tail of the open segment is cut, and a segment is begun when the last one
-// is sealed. A server uses its own options.
+// "256MiB"), --ttl-chat, --ttl-agent and --ttl-batch DURATION ("7d", "72h"); defaults are
+// StoreOptions'. Opening recovers the store as a server would: a torn tail of the open segment is
+// cut, and a segment is begun when the last one is sealed. A server uses its own options.
 //
 // A server that requires the shared token gets the one in $FERRY_AUTH_TOKEN.
 //
