@@ -112,7 +112,12 @@ std::string ServiceProcess::LogTail(size_t bytes) const {
   return all.size() > bytes ? all.substr(all.size() - bytes) : all;
 }
 
-int HttpGet(int port, const std::string& target, std::string* body) {
+namespace {
+
+// Sends `request` to 127.0.0.1:port on a new connection: the response's status code (-1 when
+// nothing answers) and its body.
+template <typename Body>
+int Exchange(int port, boost::beast::http::request<Body>& request, std::string* body) {
   namespace asio = boost::asio;
   namespace beast = boost::beast;
   namespace http = beast::http;
@@ -121,7 +126,6 @@ int HttpGet(int port, const std::string& target, std::string* body) {
   beast::error_code ec;
   socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
   if (ec) return -1;
-  http::request<http::empty_body> request(http::verb::get, target, 11);
   request.set(http::field::host, "127.0.0.1");
   http::write(socket, request, ec);
   if (ec) return -1;
@@ -133,30 +137,23 @@ int HttpGet(int port, const std::string& target, std::string* body) {
   return response.result_int();
 }
 
+}  // namespace
+
+int HttpGet(int port, const std::string& target, std::string* body) {
+  namespace http = boost::beast::http;
+  http::request<http::empty_body> request(http::verb::get, target, 11);
+  return Exchange(port, request, body);
+}
+
 int HttpPost(int port, const std::string& target, const std::string& json_body,
              const std::vector<std::pair<std::string, std::string>>& headers, std::string* body) {
-  namespace asio = boost::asio;
-  namespace beast = boost::beast;
-  namespace http = beast::http;
-  asio::io_context io;
-  asio::ip::tcp::socket socket(io);
-  beast::error_code ec;
-  socket.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
-  if (ec) return -1;
+  namespace http = boost::beast::http;
   http::request<http::string_body> request(http::verb::post, target, 11);
-  request.set(http::field::host, "127.0.0.1");
   request.set(http::field::content_type, "application/json");
   for (const auto& [name, value] : headers) request.set(name, value);
   request.body() = json_body;
   request.prepare_payload();
-  http::write(socket, request, ec);
-  if (ec) return -1;
-  beast::flat_buffer buffer;
-  http::response<http::string_body> response;
-  http::read(socket, buffer, response, ec);
-  if (ec) return -1;
-  if (body != nullptr) *body = response.body();
-  return response.result_int();
+  return Exchange(port, request, body);
 }
 
 double MetricValue(int admin_port, const std::string& metric) {
