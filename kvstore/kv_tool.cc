@@ -68,7 +68,8 @@ constexpr char kUsage[] =
     "       ferry-kv stats|verify|compact --addr HOST:PORT [--json]\n"
     "\n"
     "  stats    objects and bytes by traffic class and age, segment files, how the store opened\n"
-    "  verify   read and check every object; exit status 1 when any is corrupt\n"
+    "  verify   what opening skipped, then read and check every object; exit status 1 when any\n"
+    "           is corrupt or opening skipped a corrupt record (a torn tail alone is not)\n"
     "  compact  drop expired and dead objects, enforce the capacity; stats before and after\n"
     "\n"
     "DIR must be a store directory that no running server holds (its LOCK). Give the server's\n"
@@ -84,17 +85,22 @@ std::string FlagsHelp() {
                  absl::string_view help) {
     return absl::StrCat("  --", name, " (", type, ", default ", value, ")\n      ", help, "\n");
   };
+  // As the flag takes it: "64GiB", "256MiB", else bytes.
+  auto size = [](int64_t bytes) {
+    if (bytes % (int64_t{1} << 30) == 0) return absl::StrCat(bytes >> 30, "GiB");
+    if (bytes % (int64_t{1} << 20) == 0) return absl::StrCat(bytes >> 20, "MiB");
+    return absl::StrCat(bytes);
+  };
   auto ttl = [&](TrafficClass c) {
     return absl::FormatDuration(defaults.ttl[static_cast<int>(c)]);
   };
   return absl::StrCat(
       "\nFlags (--name value or --name=value):\n",
       flag("addr", "string", "\"\"", "a running ferry-kvstore's gRPC address, instead of DIR"),
-      flag("capacity", "string", FormatByteSize(defaults.capacity_bytes),
+      flag("capacity", "string", size(defaults.capacity_bytes),
            "DIR: the segment files' capacity (compact evicts down to it)"),
       flag("json", "bool", "false", "one JSON object instead of a table or report"),
-      flag("segment-bytes", "string", FormatByteSize(defaults.segment_bytes),
-           "DIR: the segment file size"),
+      flag("segment-bytes", "string", size(defaults.segment_bytes), "DIR: the segment file size"),
       flag("ttl-agent", "duration", ttl(TrafficClass::kAgent),
            "DIR: retention of agent objects after their last use"),
       flag("ttl-batch", "duration", ttl(TrafficClass::kBatch),
