@@ -145,12 +145,15 @@ TEST(WorkerLifecycleTest, ARequestDeadlineEndsItWithDeadlineExceeded) {
 }
 
 TEST(WorkerLifecycleTest, AFullQueueRefusesWithResourceExhausted) {
-  auto worker = NullWorker(0.02, {"--max_running=1", "--max_queued=1"});
+  // 0.2 s a token: the tiny model's 256 positions end a request after about 50 s, long enough
+  // for "run" to hold the one running slot until it is aborted below, whatever the machine's load.
+  // (At 0.02 s it ended after 5 s, and a slow ASan run then admitted "wait" and "over".)
+  auto worker = NullWorker(0.2, {"--max_running=1", "--max_queued=1"});
   ASSERT_TRUE(worker->ready());
   WorkerClient client(worker->address());
   Progress first;
   std::thread running([&] {
-    // Long enough (40 s) to be running whatever the machine's load; aborted below.
+    // Runs until aborted below (the model's positions end it first, after about 50 s).
     client.Generate(MakeRequest("run", Prompt(), Long(2000)), absl::Seconds(60),
                     [&](const v1::GenerateEvent& e) {
                       if (e.has_tokens()) first.Add(1);
@@ -280,7 +283,8 @@ TEST(WorkerLifecycleTest, SigtermUnderLoadFinishesRunningRequestsAndExitsZero) {
 // Past the grace the request is parked with its KV for the worker continuing it; nobody takes it
 // here, so it is released after --handoff_wait and the worker exits.
 TEST(WorkerLifecycleTest, PastTheDrainGraceRequestsEndRetryableAndTheWorkerStillExitsZero) {
-  auto worker = NullWorker(0.02, {"--drain_grace=1s", "--handoff_wait=1s"});
+  // 0.1 s a token: "long" runs about 25 s (the tiny model's 256 positions), well past the grace.
+  auto worker = NullWorker(0.1, {"--drain_grace=1s", "--handoff_wait=1s"});
   ASSERT_TRUE(worker->ready());
   WorkerClient client(worker->address());
   Progress progress;
