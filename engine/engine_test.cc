@@ -4,8 +4,9 @@
 // inside a batch of mixed requests, under any prefill chunk size, with its prefix from the cache,
 // after preemption under KV pressure, resumed after k tokens, and split into prefill-only +
 // decode-only (several choices, a subset of them, a choice resumed on the prefill side); greedy
-// and seeded sampling. Abort frees every block; a long request is not starved
-// by a flood of short ones; a window pool stays bounded by the window.
+// and seeded sampling; a dense model also with block-format (Q4_1 / Q8_0) weights. Abort frees
+// every block; a long request is not starved by a flood of short ones; a window pool stays
+// bounded by the window.
 
 #include "engine/engine.h"
 
@@ -185,6 +186,8 @@ const SyntheticVariant kVariants[] = {
      24},
     {"hybrid_window_24_two_pools", false, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false,
      24},
+    {"llama_tied_q4_1_q8_0_native", false, false, true, 8, WeightDType::kNative, "bf16", 0, 2,
+     false, 0, 2, true},
 };
 // The last variant keeps its window layer in a pool of its own (as many blocks as the other).
 bool TwoPools(const SyntheticVariant& v) { return v.name == "hybrid_window_24_two_pools"; }
@@ -401,7 +404,7 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, EngineDeterminismTest,
-                         ::testing::Combine(::testing::Values(0, 1, 2, 3, 4), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(0, 1, 2, 3, 4, 5), ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(kVariants[std::get<0>(info.param)].name) +
                                   (std::get<1>(info.param) ? "_sampled" : "_greedy");
@@ -783,7 +786,7 @@ TEST_P(EngineSplitTest, SeveralChoicesASubsetAndAResumedChoiceSplitExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, EngineSplitTest,
-                         ::testing::Combine(::testing::Range(0, 5), ::testing::Bool()));
+                         ::testing::Combine(::testing::Range(0, 6), ::testing::Bool()));
 
 TEST(EngineTest, AnIdIsFreeFromItsLastFinishEventOn) {
   Harness h(kVariants[0], 64, EngineOptions());

@@ -4,6 +4,24 @@
 
 namespace ferry {
 
+const char* WeightQuantName(WeightQuant q) {
+  switch (q) {
+    case WeightQuant::kNone:
+      return "none";
+    case WeightQuant::kQ8_0:
+      return "q8_0";
+    case WeightQuant::kQ4_0:
+      return "q4_0";
+    case WeightQuant::kQ4_1:
+      return "q4_1";
+    case WeightQuant::kQ5_0:
+      return "q5_0";
+    case WeightQuant::kQ5_1:
+      return "q5_1";
+  }
+  return "?";
+}
+
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
     Reset();

@@ -36,6 +36,13 @@ enum class DType : uint8_t { kF32 = 0, kBF16 = 1 };
 inline size_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 inline const char* DTypeName(DType t) { return t == DType::kF32 ? "f32" : "bf16"; }
 
+// Weights computed in place in one of GGML's 32-element block formats (the GGUF file's own
+// quantization; engine/backends/cpu/cpu_quant.h defines the arithmetic). kNone: a DType weight.
+enum class WeightQuant : uint8_t { kNone = 0, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1 };
+
+// "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"; "none".
+const char* WeightQuantName(WeightQuant q);
+
 class Backend;
 
 // Device memory owned by a backend; move-only.
@@ -80,9 +87,11 @@ struct DeviceMatrix {
 };
 
 // A weight matrix (rows = outputs, cols = inputs) in a backend's own layout; owns its memory.
+// With quant != kNone it holds blocks of that format (dtype is then meaningless).
 struct DeviceWeight {
   DeviceBuffer buffer;
   DType dtype = DType::kF32;
+  WeightQuant quant = WeightQuant::kNone;
   int64_t rows = 0;
   int64_t cols = 0;
 };
@@ -151,6 +160,11 @@ class Backend {
   // A weight matrix (`rows` x `cols`, row-major host data of `dtype`) in this backend's layout.
   virtual absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
                                                     int64_t cols) = 0;
+  // A weight matrix kept in a block format: `host` holds `rows` rows of cols / 32 blocks each in
+  // GGML's layout (`bytes` in all). Unimplemented where the backend has no kernels for it.
+  virtual absl::StatusOr<DeviceWeight> UploadQuantizedWeight(const uint8_t* host, size_t bytes,
+                                                             WeightQuant quant, int64_t rows,
+                                                             int64_t cols) = 0;
 
   // out[r] = table row ids[r] (as fp32). ids are host values, each < table.rows.
   virtual void Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
@@ -164,6 +178,7 @@ class Backend {
   virtual void AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& delta,
                           const DeviceMatrix& weight, float eps, const DeviceMatrix& out) = 0;
   // out = x * w^T (+ bias): x is M x K fp32, w is N x K, bias 1 x N or null, out M x N fp32.
+  // Quantized weights take activations quantized per block (cpu_quant.h).
   virtual void MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
                       const DeviceMatrix& out) = 0;
   // acc += x, elementwise.

@@ -1,6 +1,7 @@
 #include "engine/common/model_fingerprint.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/le_encoding.h"
 #include "engine/common/status.h"
@@ -51,9 +52,11 @@ absl::StatusOr<std::string> ModelFingerprintBuilder::Encode() const {
     return absl::FailedPreconditionError("model fingerprint: no tokenizer digest");
   }
   if (!has_layout_) return absl::FailedPreconditionError("model fingerprint: no KV layout");
-  if (weight_dtype_ != "f32" && weight_dtype_ != "bf16") {
+  const bool native = absl::StartsWith(weight_dtype_, "native:") && weight_dtype_.size() > 7;
+  if (weight_dtype_ != "f32" && weight_dtype_ != "bf16" && !native) {
     return absl::InvalidArgumentError(absl::StrCat("model fingerprint: weight dtype '",
-                                                   weight_dtype_, "' (expected f32 or bf16)"));
+                                                   weight_dtype_,
+                                                   "' (expected f32, bf16 or native:FORMATS)"));
   }
   if (!IsKnownKvDtype(layout_.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("model fingerprint: unknown KV dtype '",

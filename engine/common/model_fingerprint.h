@@ -17,7 +17,8 @@
 //      u32 len(kv_dtype) kv_dtype               "f32", "f16", "bf16", "fp8_e4m3"
 //      u32 cached_layers  u32 kv_heads  u32 head_dim
 //      u32 kv_format_version
-//      u32 len(weight_dtype) weight_dtype       "f32" or "bf16"
+//      u32 len(weight_dtype) weight_dtype       "f32", "bf16", or "native:" and the formats the
+//                                               matrices are computed in ("native:q4_1,q8_0")
 //    )
 //
 // where H is XXH3-128 with seed 0.
@@ -63,7 +64,8 @@ class ModelFingerprintBuilder {
 
   void SetTokenizerDigest(const Hash128& digest);
   void SetKvLayout(const KvLayout& layout);
-  // The type the engine holds and computes the weights in: "f32" or "bf16".
+  // The type the engine holds and computes the weights in: "f32", "bf16", or "native:FORMATS"
+  // (the file's block formats, computed in place).
   void SetWeightDtype(const std::string& dtype);
 
   // The exact bytes hashed (see the header comment), or an error if an input is missing or

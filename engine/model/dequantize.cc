@@ -26,12 +26,18 @@ bool LayoutOf(uint32_t type, Layout* layout) {
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
       return GgmlBlockLayout(type, &layout->block, &layout->block_bytes);
   }
   return false;
 }
 
 uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint32_t Load32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
 
 // Dequantizes blocks [first, last) of the tensor into out, where out[0] is the first element of
 // block `first`.
@@ -84,6 +90,39 @@ void DequantizeBlocks(GgmlType type, const uint8_t* data, size_t first, size_t l
         }
       }
       return;
+    case GgmlType::kQ5_0:
+      for (size_t b = first; b < last; ++b) {
+        const uint8_t* block = data + b * 22;
+        const float d = HalfToFloat(Load16(block));
+        const uint32_t qh = Load32(block + 2);
+        const uint8_t* qs = block + 6;
+        float* y = out + (b - first) * 32;
+        for (int j = 0; j < 16; ++j) {
+          const int lo = (qs[j] & 0x0f) | ((qh >> j) & 1) << 4;
+          const int hi = (qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4;
+          y[j] = d * static_cast<float>(lo - 16);
+          y[j + 16] = d * static_cast<float>(hi - 16);
+        }
+      }
+      return;
+    case GgmlType::kQ5_1:
+      for (size_t b = first; b < last; ++b) {
+        const uint8_t* block = data + b * 24;
+        const float d = HalfToFloat(Load16(block));
+        const float m = HalfToFloat(Load16(block + 2));
+        const uint32_t qh = Load32(block + 4);
+        const uint8_t* qs = block + 8;
+        float* y = out + (b - first) * 32;
+        for (int j = 0; j < 16; ++j) {
+          const int lo = (qs[j] & 0x0f) | ((qh >> j) & 1) << 4;
+          const int hi = (qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4;
+          const float dlo = d * static_cast<float>(lo);
+          const float dhi = d * static_cast<float>(hi);
+          y[j] = dlo + m;
+          y[j + 16] = dhi + m;
+        }
+      }
+      return;
   }
 }
 
@@ -128,12 +167,52 @@ absl::string_view GgmlTypeName(uint32_t type) {
       return "Q4_0";
     case GgmlType::kQ4_1:
       return "Q4_1";
+    case GgmlType::kQ5_0:
+      return "Q5_0";
+    case GgmlType::kQ5_1:
+      return "Q5_1";
   }
   // Names of the formats Ferry does not convert, for error messages.
-  static constexpr const char* kOthers[] = {"Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
-                                            "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
-  if (type >= 6 && type <= 15) return kOthers[type - 6];
+  static constexpr const char* kOthers[] = {"Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
+  if (type >= 9 && type <= 15) return kOthers[type - 9];
+  static constexpr const char* kIntegers[] = {"I8", "I16", "I32", "I64", "F64"};
+  if (type >= 24 && type <= 28) return kIntegers[type - 24];
   return "unknown";
+}
+
+WeightQuant WeightQuantOfGgmlType(uint32_t type) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::kQ8_0:
+      return WeightQuant::kQ8_0;
+    case GgmlType::kQ4_0:
+      return WeightQuant::kQ4_0;
+    case GgmlType::kQ4_1:
+      return WeightQuant::kQ4_1;
+    case GgmlType::kQ5_0:
+      return WeightQuant::kQ5_0;
+    case GgmlType::kQ5_1:
+      return WeightQuant::kQ5_1;
+    default:
+      return WeightQuant::kNone;
+  }
+}
+
+uint32_t GgmlTypeOfWeightQuant(WeightQuant quant) {
+  switch (quant) {
+    case WeightQuant::kQ8_0:
+      return static_cast<uint32_t>(GgmlType::kQ8_0);
+    case WeightQuant::kQ4_0:
+      return static_cast<uint32_t>(GgmlType::kQ4_0);
+    case WeightQuant::kQ4_1:
+      return static_cast<uint32_t>(GgmlType::kQ4_1);
+    case WeightQuant::kQ5_0:
+      return static_cast<uint32_t>(GgmlType::kQ5_0);
+    case WeightQuant::kQ5_1:
+      return static_cast<uint32_t>(GgmlType::kQ5_1);
+    case WeightQuant::kNone:
+      break;
+  }
+  return static_cast<uint32_t>(GgmlType::kF32);
 }
 
 size_t GgmlDataSize(uint32_t type, size_t elements) {

@@ -1,12 +1,16 @@
 // Conversion of GGUF tensor data to the engine's weight types: fp32, or bf16 rounded to nearest
-// even. Quantized GGUF formats are dequantized at load (ARCHITECTURE.md §4: "dequantized at load
-// for now"), with the block layouts of the GGML format:
+// even. Quantized GGUF formats are dequantized at load when the weights are f32 or bf16 (with
+// --weights native the block formats below are kept and computed on: cpu_quant.h), with the
+// block layouts of the GGML format:
 //
 //   F32, F16, BF16   one value per element
 //   Q8_0   blocks of 32: f16 scale d, 32 x int8 q            x = d * q
 //   Q4_0   blocks of 32: f16 d, 16 bytes of nibbles          x = d * (q - 8)
 //   Q4_1   blocks of 32: f16 d, f16 m, 16 bytes of nibbles   x = d * q + m
-//   (nibble j of byte i: low nibbles are elements 0..15, high nibbles 16..31)
+//   Q5_0   blocks of 32: f16 d, 32 high bits, 16 bytes       x = d * (q - 16)
+//   Q5_1   blocks of 32: f16 d, f16 m, 32 high bits, 16 b    x = d * q + m
+//   (low nibbles of byte j are elements j < 16, high nibbles elements j + 16; a 5-bit q adds bit
+//   i of the little-endian 32-bit high word as bit 4 of element i)
 //
 // Each element is computed in fp32 with one rounding per operation (no fused multiply-add), so the
 // result is bit-identical to the reference dequantizer of the `gguf` package (NumPy, float32).
@@ -21,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "engine/backends/backend.h"   // WeightQuant
 #include "engine/common/float_math.h"  // FloatToBf16, Bf16ToFloat
 
 namespace ferry {
@@ -31,11 +36,18 @@ enum class GgmlType : uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
   kBF16 = 30,
 };
 
 absl::string_view GgmlTypeName(uint32_t type);
+
+// The block format a backend computes on for a GGML type (kNone for F32, F16, BF16 and formats
+// it has no kernels for), and back.
+WeightQuant WeightQuantOfGgmlType(uint32_t type);
+uint32_t GgmlTypeOfWeightQuant(WeightQuant quant);
 
 // Bytes of `elements` values of `type`; 0 when the type is unsupported or `elements` is not a
 // whole number of blocks.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GGUF dequantization conformance: Ferry's fp32 and bf16 conversions of every tensor must be
 # bit-identical to the `gguf` package's NumPy dequantizer, on the default model (Q4_1, Q8_0, F32)
-# and on a file of F16, BF16, Q8_0, Q4_0 and Q4_1 tensors that the gguf package quantizes here.
+# and on a file of F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 tensors that the gguf package quantizes here.
 set -euo pipefail
 check="$1"
 reference="$2"
@@ -16,7 +16,8 @@ rng = np.random.default_rng(3)
 w = gguf.GGUFWriter(sys.argv[1], "llama")
 for name, qtype in [("f16", gguf.GGMLQuantizationType.F16), ("bf16", gguf.GGMLQuantizationType.BF16),
                     ("q8_0", gguf.GGMLQuantizationType.Q8_0), ("q4_0", gguf.GGMLQuantizationType.Q4_0),
-                    ("q4_1", gguf.GGMLQuantizationType.Q4_1)]:
+                    ("q4_1", gguf.GGMLQuantizationType.Q4_1), ("q5_0", gguf.GGMLQuantizationType.Q5_0),
+                    ("q5_1", gguf.GGMLQuantizationType.Q5_1)]:
     data = (rng.standard_normal((64, 256)) * rng.choice([1e-3, 1.0, 300.0])).astype(np.float32)
     data[0, :4] = [0.0, -0.0, 65504.0, 1e-7]  # zeros, the f16 maximum, an f16 subnormal
     w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)

@@ -319,8 +319,12 @@ int main(int argc, char** argv) {
   if ((cmd == "prompts" || cmd == "chat") && argc == 4)
     return Tokenize(argv[2], argv[3], cmd == "chat");
   if (cmd == "logits" && argc >= 5) {
-    const WeightDType w =
-        Flag(argc, argv, "--weights", "f32") == "bf16" ? WeightDType::kBF16 : WeightDType::kF32;
+    const auto parsed = ParseWeightDType(Flag(argc, argv, "--weights", "f32"));
+    if (!parsed.ok()) {
+      std::cerr << parsed.status() << "\n";
+      return 2;
+    }
+    const WeightDType w = *parsed;
     double tolerance = 0;
     if (!absl::SimpleAtod(Flag(argc, argv, "--tolerance", "1e-4"), &tolerance)) return 2;
     std::vector<int64_t> chunks;

@@ -166,6 +166,12 @@ absl::StatusOr<HostWeights> LoadGgufModel(const GgufFile& gguf, WeightDType dtyp
     tensor.shape = mapped->cols == 0 ? std::vector<int64_t>{mapped->rows}
                                      : std::vector<int64_t>{mapped->rows, mapped->cols};
     tensor.dtype = dtype;
+    if (dtype == WeightDType::kNative) {
+      // Matrices in a format the engine computes on stay as stored; other matrices become bf16,
+      // vectors f32 (what llama.cpp computes norms in).
+      tensor.quant = mapped->cols == 0 ? WeightQuant::kNone : WeightQuantOfGgmlType(t.ggml_type);
+      tensor.dtype = mapped->cols == 0 ? WeightDType::kF32 : WeightDType::kBF16;
+    }
     weights.source_bytes += t.size_bytes;
     auto [it, inserted] = weights.tensors.emplace(mapped->name, std::move(tensor));
     if (!inserted) {

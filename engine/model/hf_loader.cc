@@ -356,6 +356,8 @@ absl::StatusOr<ModelConfig> ReadHfModelConfig(const std::string& dir) {
 absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtype,
                                         const std::string& kv_dtype) {
   const double start = model_internal::SteadySeconds();
+  // Safetensors files hold no block formats: their native type is bf16.
+  if (dtype == WeightDType::kNative) dtype = WeightDType::kBF16;
   HostWeights weights;
   const std::string config_path = dir + "/config.json";
   ASSIGN_OR_RETURN(weights.config, ReadHfModelConfig(dir));

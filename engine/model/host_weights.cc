@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/common/model_fingerprint.h"
 #include "engine/common/status.h"
 #include "engine/common/thread_pool.h"
@@ -18,6 +20,26 @@ int64_t HostTensor::elements() const {
   return n;
 }
 
+const char* WeightDTypeName(WeightDType dtype) {
+  switch (dtype) {
+    case WeightDType::kF32:
+      return "f32";
+    case WeightDType::kBF16:
+      return "bf16";
+    case WeightDType::kNative:
+      return "native";
+  }
+  return "?";
+}
+
+absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name) {
+  for (WeightDType d : {WeightDType::kF32, WeightDType::kBF16, WeightDType::kNative}) {
+    if (name == WeightDTypeName(d)) return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("weights '", name, "' is not one of f32, bf16, native"));
+}
+
 namespace model_internal {
 
 double SteadySeconds() {
@@ -30,7 +52,22 @@ absl::Status FinishLoad(ModelFingerprintBuilder& fingerprint, const std::string&
   fingerprint.SetKvLayout(KvLayout{kv_dtype, static_cast<uint32_t>(c.num_layers),
                                    static_cast<uint32_t>(c.num_kv_heads),
                                    static_cast<uint32_t>(c.head_dim)});
-  fingerprint.SetWeightDtype(dtype == WeightDType::kF32 ? "f32" : "bf16");
+  if (dtype == WeightDType::kNative) {
+    // The formats the matrices are computed in: KV computed from them never meets KV from the
+    // same file's bf16 or f32 weights (different arithmetic, different bits).
+    std::set<std::string> formats;
+    for (const auto& [name, t] : weights->tensors) {
+      if (t.quant != WeightQuant::kNone) {
+        formats.insert(WeightQuantName(t.quant));
+      } else if (t.shape.size() == 2) {
+        formats.insert(WeightDTypeName(t.dtype));
+      }
+    }
+    weights->weight_dtype = absl::StrCat("native:", absl::StrJoin(formats, ","));
+  } else {
+    weights->weight_dtype = WeightDTypeName(dtype);
+  }
+  fingerprint.SetWeightDtype(weights->weight_dtype);
   ASSIGN_OR_RETURN(weights->fingerprint, fingerprint.Finish());
   weights->kv_dtype = kv_dtype;
   weights->load_seconds = SteadySeconds() - start_seconds;
@@ -72,6 +109,10 @@ absl::Status ConvertTensors(const std::vector<ConversionJob>& jobs) {
       return absl::Status(s.code(), absl::StrCat(job.source, ": ", s.message()));
     }
     GgmlBlockLayout(job.type, &block_elements[j], &block_bytes[j]);
+    if (job.out->quant != WeightQuant::kNone) {
+      job.out->blocks.assign(job.data, job.data + job.size);  // kept as stored; rows below
+      continue;
+    }
     if (job.out->dtype == WeightDType::kF32) {
       job.out->f32.resize(n);
     } else {
@@ -102,7 +143,12 @@ absl::Status ConvertTensors(const std::vector<ConversionJob>& jobs) {
     const ConversionJob& job = jobs[j];
     if (job.permute_heads == 0) return;
     HostTensor& t = *job.out;
-    if (t.dtype == WeightDType::kF32) {
+    if (t.quant != WeightQuant::kNone) {
+      // Whole rows of blocks move: a row is shape[1] / block elements.
+      UnpermuteRows(t.blocks, job.permute_heads, t.shape[0],
+                    t.shape[1] / static_cast<int64_t>(block_elements[j]) *
+                        static_cast<int64_t>(block_bytes[j]));
+    } else if (t.dtype == WeightDType::kF32) {
       UnpermuteRows(t.f32, job.permute_heads, t.shape[0], t.shape[1]);
     } else {
       UnpermuteRows(t.bf16, job.permute_heads, t.shape[0], t.shape[1]);

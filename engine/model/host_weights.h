@@ -1,6 +1,11 @@
 // A loaded model in host memory: its configuration, its tensors under their HF names in HF
 // layout ([out, in] for projections) converted to the engine's weight type, and its fingerprint.
 // Backends take their weights from here.
+//
+// Weight types (the load's choice): f32 or bf16 convert every tensor; native keeps each matrix
+// stored in a block format the engine computes on (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as the file's
+// blocks, converts other matrices to bf16 and vectors (norms, biases) to f32. Safetensors files
+// have no block formats: native loads them as bf16.
 
 #ifndef FERRY_ENGINE_MODEL_HOST_WEIGHTS_H_
 #define FERRY_ENGINE_MODEL_HOST_WEIGHTS_H_
@@ -11,18 +16,27 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/backends/backend.h"
 #include "engine/common/hash128.h"
 #include "engine/model/model_config.h"
 
 namespace ferry {
 
-enum class WeightDType { kF32, kBF16 };
+// kNative is a load choice only; a tensor's own dtype is kF32 or kBF16 (or it holds blocks).
+enum class WeightDType { kF32, kBF16, kNative };
+
+// "f32", "bf16", "native"; ParseWeightDType takes the same names.
+const char* WeightDTypeName(WeightDType dtype);
+absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name);
 
 struct HostTensor {
   std::vector<int64_t> shape;  // row-major, HF order
   WeightDType dtype = WeightDType::kF32;
-  std::vector<float> f32;      // when dtype == kF32
-  std::vector<uint16_t> bf16;  // when dtype == kBF16
+  std::vector<float> f32;      // when dtype == kF32 and quant == kNone
+  std::vector<uint16_t> bf16;  // when dtype == kBF16 and quant == kNone
+  // A matrix kept in a block format: shape[0] rows of shape[1] / 32 GGML blocks each.
+  WeightQuant quant = WeightQuant::kNone;
+  std::vector<uint8_t> blocks;
 
   int64_t elements() const;
 };
@@ -32,6 +46,9 @@ struct HostWeights {
   std::map<std::string, HostTensor> tensors;
   Hash128 fingerprint;
   std::string kv_dtype;  // the KV cache type the fingerprint was computed for: "f32" or "bf16"
+  // What the fingerprint calls the weights: "f32", "bf16", or "native:" and the formats the
+  // matrices are computed in ("native:q4_1,q8_0"; bf16 listed when some matrix was converted).
+  std::string weight_dtype;
   double load_seconds = 0;
   uint64_t source_bytes = 0;  // bytes read from the model files
 };

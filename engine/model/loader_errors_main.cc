@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
       {"unexpected", "unexpected tensor 'blk.0.attn_q.bias'"},
       {"shape", "tensor 'blk.0.attn_k.weight' has shape [17, 32], expected [16, 32]"},
       {"heads", "attention heads are not a multiple of 2 key/value heads"},
-      {"q5_0_unsupported", "tensor type Q5_0 (6) is not supported"},
+      {"good_q5", nullptr},
+      {"i8_unsupported", "tensor type I8 (24) is not supported"},
       {"truncated", "GGUF truncated"},
       // HF directories (names starting with hf_).
       {"hf_good", nullptr},
@@ -59,8 +60,12 @@ int main(int argc, char** argv) {
     } else if (!gguf.ok()) {
       error = std::string(gguf.status().message());
     } else {
+      // Converted to f32 and kept native: the same outcome.
       auto weights = ferry::LoadGgufModel(**gguf, ferry::WeightDType::kF32);
       if (!weights.ok()) error = std::string(weights.status().message());
+      auto native = ferry::LoadGgufModel(**gguf, ferry::WeightDType::kNative);
+      const std::string native_error = native.ok() ? "" : std::string(native.status().message());
+      if (native_error != error) error = "native load differs: " + native_error;
     }
     const bool ok = c.error == nullptr ? error.empty() : error.find(c.error) != std::string::npos;
     std::printf("%s %-16s %s\n", ok ? "ok  " : "FAIL", c.file,

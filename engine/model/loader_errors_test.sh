@@ -26,6 +26,7 @@ def tensors(skip=None, extra=None, bad_shape=None, qtype=None):
     if extra: ts[extra] = (H,)
     if bad_shape: ts[bad_shape] = (ts[bad_shape][0] + 1,) + ts[bad_shape][1:]
     return {k: rng.standard_normal(s).astype(np.float32) for k, s in ts.items()}
+rng = np.random.default_rng(1)
 def write(name, arch="llama", heads=NH, **kw):
     w = gguf.GGUFWriter(f"{out}/{name}.gguf", arch)
     w.add_block_count(L); w.add_embedding_length(H); w.add_feed_forward_length(F)
@@ -34,7 +35,9 @@ def write(name, arch="llama", heads=NH, **kw):
     w.add_token_list([f"t{i}" for i in range(V)])
     qtype = kw.pop("qtype", None)
     for k, v in tensors(**kw).items():
-        if qtype is not None and v.ndim == 2:
+        if qtype == gguf.GGMLQuantizationType.I8 and v.ndim == 2:
+            w.add_tensor(k, rng.integers(-128, 128, v.shape, dtype=np.int8))
+        elif qtype is not None and v.ndim == 2:
             w.add_tensor(k, gguf.quants.quantize(v, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(k, v)
@@ -46,7 +49,8 @@ write("missing", skip="blk.1.ffn_up.weight")
 write("unexpected", extra="blk.0.attn_q.bias")
 write("shape", bad_shape="blk.0.attn_k.weight")
 write("heads", heads=3)
-write("q5_0_unsupported", qtype=gguf.GGMLQuantizationType.Q5_0)
+write("good_q5", qtype=gguf.GGMLQuantizationType.Q5_1)
+write("i8_unsupported", qtype=gguf.GGMLQuantizationType.I8)
 PY
 head -c 1000 "${t}/good.gguf" >"${t}/truncated.gguf"
 "${FERRY_REF_PYTHON}" - "${t}" <<'PY'

@@ -1,11 +1,71 @@
 #include "engine/model/synthetic_model.h"
 
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "engine/common/float_math.h"
 
 namespace ferry {
+namespace {
+
+// fp32 -> fp16, nearest even; results below the normal range flush to zero (never met here).
+uint16_t FloatToHalf(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((b >> 16) & 0x8000);
+  const int exponent = static_cast<int>((b >> 23) & 0xff) - 127 + 15;
+  const uint32_t mantissa = b & 0x7fffff;
+  if (exponent <= 0) return sign;
+  if (exponent >= 31) return sign | 0x7c00;
+  uint32_t h = static_cast<uint32_t>(exponent) << 10 | mantissa >> 13;
+  const uint32_t rest = mantissa & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+void PutHalf(std::vector<uint8_t>* out, float f) {
+  const uint16_t h = FloatToHalf(f);
+  out->push_back(static_cast<uint8_t>(h & 0xff));
+  out->push_back(static_cast<uint8_t>(h >> 8));
+}
+
+// GGML's reference quantizers (quantize_row_q8_0_ref, quantize_row_q4_1_ref), block by block.
+std::vector<uint8_t> QuantizeQ8_0(const std::vector<float>& x) {
+  std::vector<uint8_t> out;
+  for (size_t b = 0; b < x.size(); b += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b + j]));
+    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    PutHalf(&out, d);
+    for (int j = 0; j < 32; ++j) {
+      out.push_back(static_cast<uint8_t>(static_cast<int8_t>(std::round(x[b + j] * id))));
+    }
+  }
+  return out;
+}
+
+std::vector<uint8_t> QuantizeQ4_1(const std::vector<float>& x) {
+  std::vector<uint8_t> out;
+  for (size_t b = 0; b < x.size(); b += 32) {
+    float lo = FLT_MAX, hi = -FLT_MAX;
+    for (int j = 0; j < 32; ++j) lo = std::min(lo, x[b + j]), hi = std::max(hi, x[b + j]);
+    const float d = (hi - lo) / 15.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    PutHalf(&out, d);
+    PutHalf(&out, lo);
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = std::min(15, static_cast<int>((x[b + j] - lo) * id + 0.5f));
+      const int q1 = std::min(15, static_cast<int>((x[b + 16 + j] - lo) * id + 0.5f));
+      out.push_back(static_cast<uint8_t>(q0 | q1 << 4));
+    }
+  }
+  return out;
+}
+
+}  // namespace
 
 HostWeights SyntheticModel(const SyntheticVariant& v) {
   HostWeights w;
@@ -26,7 +86,7 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
   }
   c.vocab_size = 97;
   c.hidden_size = 32;
-  c.intermediate_size = 48;
+  c.intermediate_size = v.native ? 64 : 48;
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = v.head_dim;
@@ -45,7 +105,14 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
     t.dtype = v.weights;
     std::vector<float> values(t.elements());
     for (float& f : values) f = mean + scale * normal(rng);
-    if (v.weights == WeightDType::kF32) {
+    if (v.native && shape.size() == 2) {
+      const bool embedding = name == "model.embed_tokens.weight";
+      t.quant = embedding ? WeightQuant::kQ8_0 : WeightQuant::kQ4_1;
+      t.blocks = embedding ? QuantizeQ8_0(values) : QuantizeQ4_1(values);
+    } else if (v.native) {
+      t.dtype = WeightDType::kF32;
+      t.f32 = values;
+    } else if (v.weights == WeightDType::kF32) {
       t.f32 = values;
     } else {
       for (float f : values) t.bf16.push_back(FloatToBf16(f));

@@ -1,6 +1,7 @@
 // Small random models of each dense-family feature (GQA, q/k/v biases, q/k norm with head_dim !=
 // hidden/heads, tied embeddings), fp32 or bf16 weights, fp32 or bf16 KV: for tests of properties
-// that do not depend on trained weights (determinism across batching, chunking, caching).
+// that do not depend on trained weights (determinism across batching, chunking, caching), also
+// with block-format (native) weights.
 
 #ifndef FERRY_ENGINE_MODEL_SYNTHETIC_MODEL_H_
 #define FERRY_ENGINE_MODEL_SYNTHETIC_MODEL_H_
@@ -28,6 +29,10 @@ struct SyntheticVariant {
   // model.
   int32_t window = 0;
   int64_t layers = 2;  // dense models only
+  // Block-format weights as a GGUF file of SmolLM2 holds them: the embedding (tied or not) in
+  // Q8_0, every other matrix in Q4_1 (quantized here as GGML's reference quantizer does), vectors
+  // f32; the MLP is 64 wide so that every matrix has whole blocks. Dense models only.
+  bool native = false;
 };
 
 // Vocabulary 97, hidden 32, `layers` layers (2), 4 heads over 2 KV heads, 512 positions; fixed

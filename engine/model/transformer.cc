@@ -9,6 +9,7 @@
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
+#include "engine/model/dequantize.h"
 #include "engine/model/moe_routing.h"
 
 namespace ferry {
@@ -128,11 +129,34 @@ std::vector<char> Concatenated(const std::vector<const HostTensor*>& parts, DTyp
   return bytes;
 }
 
+DType DeviceDType(const HostTensor& t) {
+  return t.dtype == WeightDType::kF32 ? DType::kF32 : DType::kBF16;
+}
+
+// A tensor as bf16 values (its own, or its blocks dequantized).
+absl::StatusOr<std::vector<uint16_t>> AsBf16(const HostTensor& t) {
+  if (t.quant == WeightQuant::kNone) {
+    if (t.dtype == WeightDType::kBF16) return t.bf16;
+    std::vector<uint16_t> out(t.f32.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = FloatToBf16(t.f32[i]);
+    return out;
+  }
+  std::vector<uint16_t> out(t.elements());
+  RETURN_IF_ERROR(DequantizeToBf16(GgmlTypeOfWeightQuant(t.quant), t.blocks.data(), t.blocks.size(),
+                                   out.size(), out.data()));
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<DeviceMatrix> Transformer::UploadVector(
     const std::vector<const HostTensor*>& parts) {
-  const DType dtype = weight_dtype_;
+  const DType dtype = DeviceDType(*parts[0]);
+  for (const HostTensor* t : parts) {
+    if (t->quant != WeightQuant::kNone || DeviceDType(*t) != dtype) {
+      return absl::InvalidArgumentError("stacked weight vectors differ in type");
+    }
+  }
   const std::vector<char> bytes = Concatenated(parts, dtype);
   const int64_t n = static_cast<int64_t>(bytes.size() / DTypeBytes(dtype));
   ASSIGN_OR_RETURN(DeviceBuffer buffer, backend_->Allocate(bytes.size()));
@@ -144,22 +168,46 @@ absl::StatusOr<DeviceMatrix> Transformer::UploadVector(
 
 absl::StatusOr<DeviceWeight> Transformer::UploadMatrix(
     const std::vector<const HostTensor*>& parts) {
-  const DType dtype = weight_dtype_;
   const int64_t cols = parts[0]->shape.back();
   int64_t rows = 0;
+  bool same_quant = true, same_dtype = true;
   for (const HostTensor* t : parts) {
     if (t->shape.size() != 2 || t->shape[1] != cols) {
       return absl::InvalidArgumentError("stacked weight matrices differ in width");
     }
     rows += t->shape[0];
+    same_quant = same_quant && t->quant == parts[0]->quant;
+    same_dtype =
+        same_dtype && t->quant == WeightQuant::kNone && DeviceDType(*t) == DeviceDType(*parts[0]);
   }
-  if (parts.size() == 1) {
-    const void* data = dtype == DType::kF32 ? static_cast<const void*>(parts[0]->f32.data())
-                                            : static_cast<const void*>(parts[0]->bf16.data());
-    return backend_->UploadWeight(data, dtype, rows, cols);
+  const WeightQuant quant = parts[0]->quant;
+  if (same_quant && quant != WeightQuant::kNone) {
+    if (parts.size() == 1) {
+      return backend_->UploadQuantizedWeight(parts[0]->blocks.data(), parts[0]->blocks.size(),
+                                             quant, rows, cols);
+    }
+    std::vector<uint8_t> bytes;
+    for (const HostTensor* t : parts) bytes.insert(bytes.end(), t->blocks.begin(), t->blocks.end());
+    return backend_->UploadQuantizedWeight(bytes.data(), bytes.size(), quant, rows, cols);
   }
-  const std::vector<char> bytes = Concatenated(parts, dtype);
-  return backend_->UploadWeight(bytes.data(), dtype, rows, cols);
+  if (same_dtype) {
+    const DType dtype = DeviceDType(*parts[0]);
+    if (parts.size() == 1) {
+      const void* data = dtype == DType::kF32 ? static_cast<const void*>(parts[0]->f32.data())
+                                              : static_cast<const void*>(parts[0]->bf16.data());
+      return backend_->UploadWeight(data, dtype, rows, cols);
+    }
+    const std::vector<char> bytes = Concatenated(parts, dtype);
+    return backend_->UploadWeight(bytes.data(), dtype, rows, cols);
+  }
+  // Parts stored in different types (a file that quantized q, k and v differently): the stacked
+  // matrix is computed in bf16.
+  std::vector<uint16_t> values;
+  for (const HostTensor* t : parts) {
+    ASSIGN_OR_RETURN(std::vector<uint16_t> part, AsBf16(*t));
+    values.insert(values.end(), part.begin(), part.end());
+  }
+  return backend_->UploadWeight(values.data(), DType::kBF16, rows, cols);
 }
 
 absl::Status Transformer::Upload(const HostWeights& weights) {
@@ -170,13 +218,6 @@ absl::Status Transformer::Upload(const HostWeights& weights) {
     }
     return &it->second;
   };
-  bool first = true;
-  for (const auto& [name, tensor] : weights.tensors) {
-    const DType d = tensor.dtype == WeightDType::kF32 ? DType::kF32 : DType::kBF16;
-    if (first) weight_dtype_ = d;
-    first = false;
-    if (d != weight_dtype_) return absl::InvalidArgumentError("weights of mixed dtypes");
-  }
   // Shapes were checked by the loaders; check the ones the kernels rely on once more.
   const int64_t h = config_.hidden_size, q = config_.num_heads * config_.head_dim;
   const int64_t kv = config_.num_kv_heads * config_.head_dim, f = config_.intermediate_size;

@@ -46,7 +46,6 @@ class Transformer final : public ForwardModel {
 
   const ModelConfig& config() const override { return config_; }
   const Hash128& fingerprint() const override { return fingerprint_; }
-  DType weight_dtype() const { return weight_dtype_; }
   DType kv_dtype() const { return kv_dtype_; }
   // The layout of this model's KV blocks, in the cache dtype the fingerprint was computed for:
   // every layer in one pool.
@@ -106,7 +105,6 @@ class Transformer final : public ForwardModel {
   const ModelConfig config_;
   Backend* const backend_;
   Hash128 fingerprint_;
-  DType weight_dtype_ = DType::kF32;
   DType kv_dtype_ = DType::kBF16;
   std::vector<DeviceBuffer> buffers_;  // owns the vectors and the RoPE table
   DeviceWeight embed_, lm_head_own_;

@@ -86,7 +86,7 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   backend_options.threads = options.engine == "real" ? options.threads : 1;
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create(backend_options));
   if (options.engine == "real") {
-    const WeightDType dtype = options.weights == "f32" ? WeightDType::kF32 : WeightDType::kBF16;
+    ASSIGN_OR_RETURN(const WeightDType dtype, ParseWeightDType(options.weights));
     ASSIGN_OR_RETURN(const HostWeights weights, files.LoadWeights(dtype, options.kv_dtype));
     ASSIGN_OR_RETURN(w->model_, Transformer::Create(weights, backend.get()));
   } else {

@@ -59,7 +59,9 @@ ABSL_FLAG(double, sim_speed, 1.0,
           "--engine=sim: this worker's compute speed factor (0.5: a GPU half as fast)");
 ABSL_FLAG(std::string, model, "", "GGUF file or HF directory (default: ./ferry models path)");
 ABSL_FLAG(std::string, model_name, "", "name reported to routers (default: the file name)");
-ABSL_FLAG(std::string, weights, "bf16", "weight type: f32 or bf16");
+ABSL_FLAG(std::string, weights, "bf16",
+          "weight type: f32, bf16, or native (a GGUF file's block formats computed in place: "
+          "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; other matrices bf16)");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache type: f32 or bf16");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, kv_pool_bytes, "1GiB",

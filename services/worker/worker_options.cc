@@ -123,8 +123,8 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (!(o.sim_speed > 0) || !std::isfinite(o.sim_speed)) {
     return bad("--sim_speed must be a positive number (1: the calibrated speed)");
   }
-  if (o.weights != "f32" && o.weights != "bf16") {
-    return bad(absl::StrCat("--weights must be f32 or bf16, not '", o.weights, "'"));
+  if (o.weights != "f32" && o.weights != "bf16" && o.weights != "native") {
+    return bad(absl::StrCat("--weights must be f32, bf16 or native, not '", o.weights, "'"));
   }
   if (o.kv_dtype != "f32" && o.kv_dtype != "bf16") {
     return bad(absl::StrCat("--kv_dtype must be f32 or bf16, not '", o.kv_dtype, "'"));

@@ -24,7 +24,7 @@ struct WorkerOptions {
   std::string engine = "real";
   std::string model;              // a GGUF file or an HF directory ("": DefaultModelPath())
   std::string model_name;         // reported in Watch ("": the file or directory name)
-  std::string weights = "bf16";   // f32 | bf16
+  std::string weights = "bf16";   // f32 | bf16 | native
   std::string kv_dtype = "bf16";  // f32 | bf16
   int threads = 0;                // compute threads (0: one per core)
 

@@ -150,7 +150,7 @@ InProcessEngine::InProcessEngine(const std::string& model, int64_t window_pool_b
                                  const std::string& weights, const std::string& kv,
                                  int32_t block_tokens, int64_t pool_bytes) {
   backend_ = *CpuBackend::Create({1, std::nullopt});
-  const WeightDType dtype = weights == "f32" ? WeightDType::kF32 : WeightDType::kBF16;
+  const WeightDType dtype = *ParseWeightDType(weights);
   absl::StatusOr<HostWeights> host;
   if (IsDirectory(model)) {
     tokenizer_ = *Tokenizer::FromHfDirectory(model);

@@ -417,6 +417,7 @@ int Main(int argc, char** argv) {
   int64_t decode_tokens = 64;
   int repeats = 3;
   std::string model_name = "smollm2";
+  WeightDType weights = WeightDType::kBF16;
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     bool ok = true;
@@ -428,6 +429,8 @@ int Main(int argc, char** argv) {
       ok = absl::SimpleAtoi(argv[i + 1], &repeats);
     else if (flag == "--model")
       ok = (model_name = argv[i + 1]) == "smollm2" || model_name == "moe";
+    else if (flag == "--weights")
+      ok = ParseWeightDType(argv[i + 1]).ok() && (weights = *ParseWeightDType(argv[i + 1]), true);
     else
       ok = false;
     if (!ok) {
@@ -441,9 +444,21 @@ int Main(int argc, char** argv) {
   text << in.rdbuf();
   const auto prompt = nlohmann::json::parse(text.str())["prompt"].get<std::vector<TokenId>>();
 
-  // The model, bf16 weights and KV, as it serves.
+  // The model, bf16 KV and --weights (bf16 or the file's own blocks), as it serves.
   auto gguf = OrDie(GgufFile::Open(argv[1]), "open");
-  HostWeights host = OrDie(LoadGgufModel(*gguf, WeightDType::kBF16, "bf16"), "load");
+  HostWeights host = OrDie(LoadGgufModel(*gguf, weights, "bf16"), "load");
+  // Bytes of every matrix a decode step reads once: the layers' and the LM head (the embedding
+  // table when tied), as stored.
+  double weight_bytes = 0;
+  for (const auto& [name, t] : host.tensors) {
+    const bool head = name == (host.tensors.count("lm_head.weight") ? "lm_head.weight"
+                                                                    : "model.embed_tokens.weight");
+    if (t.shape.size() != 2 || !(head || name.rfind("model.layers.", 0) == 0)) continue;
+    weight_bytes += t.quant != WeightQuant::kNone  ? static_cast<double>(t.blocks.size())
+                    : t.dtype == WeightDType::kF32 ? 4.0 * t.elements()
+                                                   : 2.0 * t.elements();
+  }
+  const std::string weight_dtype = host.weight_dtype;
   CpuBackendOptions options;
   options.threads = threads;
   auto backend = OrDie(CpuBackend::Create(options), "backend");
@@ -460,7 +475,6 @@ int Main(int argc, char** argv) {
   const int64_t h = c.hidden_size, qd = c.num_heads * c.head_dim;
   const int64_t kvd = c.num_kv_heads * c.head_dim, f = c.intermediate_size;
   const int64_t layer_macs = h * (qd + 2 * kvd) + qd * h + 3 * f * h;
-  const double weight_bytes = 2.0 * (c.num_layers * layer_macs + c.vocab_size * h);
 
   // Decode at batch 1 after a 16-token prompt; a read-bandwidth run before each decode run.
   ReadBandwidth bandwidth(threads);
@@ -520,6 +534,7 @@ int Main(int argc, char** argv) {
 
   nlohmann::json out;
   out["engine"] = backend->name();
+  out["weights"] = weight_dtype;
   out["threads"] = threads;
   out["load_seconds"] = load_seconds;
   out["load_gib_s"] = source_bytes / load_seconds / (1 << 30);

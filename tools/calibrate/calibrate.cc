@@ -74,9 +74,7 @@ struct LoadedModel {
 
 // As WorkerEngine builds the real engine's model.
 absl::StatusOr<LoadedModel> LoadModel(const CalibrateOptions& options, const std::string& path) {
-  if (options.weights != "bf16" && options.weights != "f32") {
-    return absl::InvalidArgumentError("--weights: bf16 or f32");
-  }
+  ASSIGN_OR_RETURN(const WeightDType dtype, ParseWeightDType(options.weights));
   if (options.kv_dtype != "bf16" && options.kv_dtype != "f32") {
     return absl::InvalidArgumentError("--kv_dtype: bf16 or f32");
   }
@@ -84,7 +82,6 @@ absl::StatusOr<LoadedModel> LoadModel(const CalibrateOptions& options, const std
   CpuBackendOptions backend_options;
   backend_options.threads = options.threads;
   ASSIGN_OR_RETURN(m.backend, CpuBackend::Create(backend_options));
-  const WeightDType dtype = options.weights == "f32" ? WeightDType::kF32 : WeightDType::kBF16;
   ASSIGN_OR_RETURN(ModelFiles files, ModelFiles::Open(path));
   ASSIGN_OR_RETURN(const HostWeights weights, files.LoadWeights(dtype, options.kv_dtype));
   m.tokenizer = files.TakeTokenizer();

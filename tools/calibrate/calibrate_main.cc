@@ -17,7 +17,7 @@
 
 ABSL_FLAG(std::string, model, "", "a GGUF file or an HF directory (default: ferry's model)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core, a worker's default)");
-ABSL_FLAG(std::string, weights, "bf16", "weight dtype: bf16 | f32 (as the worker's flag)");
+ABSL_FLAG(std::string, weights, "bf16", "weight dtype: bf16 | f32 | native (as the worker's flag)");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache dtype: bf16 | f32 (as the worker's flag)");
 ABSL_FLAG(bool, quick, false, "fewer shapes and repeats (about a third of the time)");
 ABSL_FLAG(bool, compute, true, "measure the engine's step times (--nocompute: all 0)");

@@ -70,10 +70,15 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
 }
 
 CpuBackend::CpuBackend(int threads, CpuIsa isa)
-    : isa_(isa), kernels_(CpuKernelsFor(isa)), pool_(std::make_unique<ThreadPool>(threads)) {}
+    : isa_(isa),
+      kernels_(CpuKernelsFor(isa)),
+      quant_isa_(QuantIsaFor(isa)),
+      quant_gemm_(QuantGemmFor(quant_isa_)),
+      pool_(std::make_unique<ThreadPool>(threads)) {}
 
 std::string CpuBackend::name() const {
-  return absl::StrCat("cpu (", CpuIsaName(isa_), ", ", pool_->threads(), " threads)");
+  return absl::StrCat("cpu (", CpuIsaName(isa_), ", quantized ", QuantIsaName(quant_isa_), ", ",
+                      pool_->threads(), " threads)");
 }
 
 absl::StatusOr<DeviceBuffer> CpuBackend::Allocate(size_t bytes) {
@@ -130,6 +135,37 @@ absl::StatusOr<DeviceWeight> CpuBackend::UploadWeight(const void* host, DType dt
   return w;
 }
 
+absl::StatusOr<DeviceWeight> CpuBackend::UploadQuantizedWeight(const uint8_t* host, size_t bytes,
+                                                               WeightQuant quant, int64_t rows,
+                                                               int64_t cols) {
+  if (quant == WeightQuant::kNone) return absl::InvalidArgumentError("not a block format");
+  if (rows <= 0 || cols <= 0) return absl::InvalidArgumentError("empty weight matrix");
+  if (cols % kQuantBlock != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(WeightQuantName(quant), " rows of ", cols,
+                                                   " values are not whole blocks of 32"));
+  }
+  const int64_t row_bytes = cols / kQuantBlock * GgmlQuantBlockBytes(quant);
+  if (static_cast<int64_t>(bytes) != rows * row_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(WeightQuantName(quant), " data of ", bytes, " bytes for ", rows, " x ", cols));
+  }
+  DeviceWeight w;
+  w.quant = quant;
+  w.rows = rows;
+  w.cols = cols;
+  auto buffer = Allocate(PackedQuantBytes(quant, rows, cols));
+  if (!buffer.ok()) return buffer.status();
+  w.buffer = std::move(*buffer);
+  const int64_t panels = (rows + kPanel - 1) / kPanel;
+  const int64_t panel_bytes = cols / kQuantBlock * QuantPanelBlockBytes(quant);
+  pool_->ParallelFor(panels, [&](size_t p) {
+    const int64_t first = p * kPanel, n = std::min<int64_t>(kPanel, rows - first);
+    PackQuantPanel(quant, host + first * row_bytes, n, cols,
+                   static_cast<uint8_t*>(w.buffer.data()) + p * panel_bytes);
+  });
+  return w;
+}
+
 void CpuBackend::Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
                        const DeviceMatrix& out) {
   CHECK_EQ(static_cast<int64_t>(ids.size()), out.rows);
@@ -138,7 +174,10 @@ void CpuBackend::Embed(const DeviceWeight& table, const std::vector<int32_t>& id
   pool_->ParallelFor(ids.size(), [&](size_t r) {
     CHECK(ids[r] >= 0 && ids[r] < table.rows);
     float* o = Row<float>(out, r);
-    if (table.dtype == DType::kF32) {
+    if (table.quant != WeightQuant::kNone) {
+      DequantizePackedRow(table.quant, static_cast<const uint8_t*>(table.buffer.data()), ids[r], k,
+                          o);
+    } else if (table.dtype == DType::kF32) {
       const int64_t base = ids[r] / kPanel * kPanel * k, c = ids[r] % kPanel;
       const float* panel = static_cast<const float*>(table.buffer.data()) + base;
       for (int64_t i = 0; i < k; ++i) o[i] = panel[i * kPanel + c];
@@ -192,7 +231,9 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
   CHECK(x.dtype == DType::kF32 && out.dtype == DType::kF32);
   const int64_t m_rows = x.rows, n = w.rows, k = x.cols;
   const int64_t panels = (n + kPanel - 1) / kPanel;
-  const int64_t panel_bytes = kPanel * k * static_cast<int64_t>(DTypeBytes(w.dtype));
+  const int64_t panel_bytes = w.quant != WeightQuant::kNone
+                                  ? k / kQuantBlock * QuantPanelBlockBytes(w.quant)
+                                  : kPanel * k * static_cast<int64_t>(DTypeBytes(w.dtype));
   // Column groups small enough for L2. Over many rows: a multiple of 3 panels (the row-block
   // tiles take 3 at a time), and there are plenty of items already. Over one row block (decode):
   // at least 4 groups per thread, split evenly in units of 4 panels, because a one-row tile's
@@ -231,13 +272,48 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
     }
     activations = xb;
   }
+  // Block-format weights take activations quantized per block (cpu_quant.h), once here.
+  QuantizedRows quantized;
+  if (w.quant != WeightQuant::kNone) {
+    const int64_t blocks = k / kQuantBlock;
+    if (static_cast<int64_t>(quant_q_.size()) < m_rows * k) quant_q_.resize(m_rows * k);
+    if (static_cast<int64_t>(quant_d_.size()) < m_rows * blocks) {
+      quant_d_.resize(m_rows * blocks);
+      quant_s_.resize(m_rows * blocks);
+      quant_sum_.resize(m_rows * blocks);
+    }
+    auto quantize_rows = [&](int64_t begin, int64_t end) {
+      for (int64_t m = begin; m < end; ++m) {
+        QuantizeActivationRow(Row<float>(x, m), k, quant_q_.data() + m * k,
+                              quant_d_.data() + m * blocks, quant_s_.data() + m * blocks,
+                              quant_sum_.data() + m * blocks);
+      }
+    };
+    if (m_rows < kRowsPerItem) {
+      quantize_rows(0, m_rows);
+    } else {
+      pool_->ParallelFor(row_blocks, [&](size_t rb) {
+        quantize_rows(rb * kRowsPerItem, std::min<int64_t>(m_rows, (rb + 1) * kRowsPerItem));
+      });
+    }
+    quantized = {quant_q_.data(), quant_d_.data(), quant_s_.data(), quant_sum_.data(), k};
+  }
   pool_->ParallelFor(groups * row_blocks, [&](size_t item) {
     const int64_t g = item / row_blocks, rb = item % row_blocks;
     const auto [p0, p1] = group_panels(g);
     const int64_t m0 = rb * kRowsPerItem, rows = std::min(kRowsPerItem, m_rows - m0);
     const float* xr = Row<float>(x, m0);
     float* o = Row<float>(out, m0);
-    if (w.dtype == DType::kF32) {
+    if (w.quant != WeightQuant::kNone) {
+      QuantizedRows rows_from = quantized;
+      const int64_t blocks = k / kQuantBlock;
+      rows_from.q += m0 * k;
+      rows_from.d += m0 * blocks;
+      rows_from.s += m0 * blocks;
+      rows_from.sum += m0 * blocks;
+      quant_gemm_(w.quant, rows_from, rows, static_cast<const uint8_t*>(w.buffer.data()), p0, p1, n,
+                  o, out.stride);
+    } else if (w.dtype == DType::kF32) {
       kernels_.gemm_f32(xr, x.stride, rows, k, static_cast<const float*>(w.buffer.data()), p0, p1,
                         n, o, out.stride);
     } else {

@@ -6,7 +6,9 @@
 // Kernel notes (the order of operations, which the determinism tests rely on; "product" is the
 // one-accumulator order of cpu_kernels.h):
 //   MatMul      out[m][n] = product(x[m], w[n]) (+ bias[n], added after); with bf16 weights the
-//               bf16 product of cpu_kernels.h (activations rounded to bf16, pairs, DAZ + FTZ)
+//               bf16 product of cpu_kernels.h (activations rounded to bf16, pairs, DAZ + FTZ);
+//               with block-format weights the product of cpu_quant.h (activations quantized
+//               per block of 32, integer block sums)
 //   RmsNorm     inv = 1 / sqrt(SumSquares(g) / cols + eps); out[i] = w[i] * (g[i] * inv)
 //   SwiGlu      out = (g / (1 + Exp(-g))) * u
 //   Attention   per (row, head): s_j = product(q, k_j) * scale for j = 0..pos; e_j =
@@ -27,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/cpu_kernels.h"
+#include "engine/backends/cpu/cpu_quant.h"
 #include "engine/common/thread_pool.h"
 
 namespace ferry {
@@ -45,6 +48,7 @@ class CpuBackend : public Backend {
   bool host_memory() const override { return true; }
   bool deterministic() const override { return true; }
   CpuIsa isa() const { return isa_; }
+  QuantIsa quant_isa() const { return quant_isa_; }
   int threads() const { return pool_->threads(); }
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
@@ -54,6 +58,9 @@ class CpuBackend : public Backend {
 
   absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
                                             int64_t cols) override;
+  absl::StatusOr<DeviceWeight> UploadQuantizedWeight(const uint8_t* host, size_t bytes,
+                                                     WeightQuant quant, int64_t rows,
+                                                     int64_t cols) override;
   void Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
              const DeviceMatrix& out) override;
   void RmsNorm(const DeviceMatrix& x, const DeviceMatrix& weight, float eps,
@@ -87,9 +94,15 @@ class CpuBackend : public Backend {
 
   const CpuIsa isa_;
   const CpuKernels& kernels_;
+  const QuantIsa quant_isa_;
+  const QuantGemmFn quant_gemm_;
   std::unique_ptr<ThreadPool> pool_;
   // MatMul's bf16 activations (grown on demand; the backend serves one caller at a time).
   std::vector<uint16_t> activations_;
+  // MatMul's quantized activations (likewise).
+  std::vector<int8_t> quant_q_;
+  std::vector<float> quant_d_, quant_s_;
+  std::vector<int32_t> quant_sum_;
 };
 
 }  // namespace ferry
