@@ -6,7 +6,12 @@
 //                                                                    model's chat template)
 //   forward_check logits MODEL CASES.json REF_DIR --weights f32|bf16 --kv f32|bf16
 //                 --tolerance T [--outliers FRACTION:BOUND] [--chunks 1,7,64]
+//   forward_check dump MODEL CASES.json OUT_DIR --weights f32|bf16|native --kv f32|bf16
+//                 (Ferry's logits in REF_DIR's layout: a reference for another configuration)
+//   forward_check greedy MODEL CASES.json OUT.json --max-new-tokens N --weights W --kv KV
+//                 (Ferry's greedy tokens and top-2 margins, as llamacpp_reference.py writes them)
 //   forward_check generate MODEL CASES.json REF.json --max-new-tokens N --margin M
+//                 [--weights f32|bf16|native] [--kv f32|bf16] [--both-margins]
 //
 // MODEL is an HF directory or a GGUF file. In PROMPTS.txt each line is a prompt, with \n and \t
 // escapes. `logits` runs every prompt in one step and compares each row of logits with the
@@ -16,7 +21,7 @@
 // with --chunks it also
 // runs the longest prompt in chunks of each size and requires bit-identical logits. `generate`
 // decodes greedily and requires the reference's tokens up to the first position where the
-// reference's top-2 margin is below M.
+// reference's top-2 margin is below M (with --both-margins: where either's is).
 
 #include <algorithm>
 #include <chrono>
@@ -174,6 +179,22 @@ std::vector<float> AllLogits(Loaded& l, const std::vector<TokenId>& prompt, int6
   return logits;
 }
 
+int Dump(const std::string& model, const std::string& cases_file, const std::string& out_dir,
+         WeightDType weights, const std::string& kv) {
+  Loaded l = Load(model, weights, kv);
+  const auto cases = ReadCases(cases_file);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::vector<float> logits = AllLogits(l, cases[i], 0);
+    std::ofstream out(out_dir + "/logits_" + std::to_string(i) + ".f32", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
+    if (!out) {
+      std::cerr << "cannot write " << out_dir << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
 int Logits(const std::string& model, const std::string& cases_file, const std::string& ref_dir,
            WeightDType weights, const std::string& kv, double tolerance, double outlier_fraction,
            double outlier_bound, const std::vector<int64_t>& chunks) {
@@ -236,9 +257,42 @@ int Logits(const std::string& model, const std::string& cases_file, const std::s
   return failures == 0 ? 0 : 1;
 }
 
+// Top-1 minus top-2 of a row of logits.
+double TopTwoMargin(const std::vector<float>& row) {
+  double first = -INFINITY, second = -INFINITY;
+  for (float v : row) {
+    if (v > first) {
+      second = first;
+      first = v;
+    } else if (v > second) {
+      second = v;
+    }
+  }
+  return first - second;
+}
+
+int Greedy(const std::string& model, const std::string& cases_file, const std::string& out_file,
+           int64_t max_new, WeightDType weights, const std::string& kv) {
+  Loaded l = Load(model, weights, kv);
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& prompt : ReadCases(cases_file)) {
+    GenerateOptions options;
+    options.max_new_tokens = max_new;
+    options.keep_logits = true;
+    const GenerateResult got = OrDie(Generate(*l.model, *l.pool, prompt, options), "generate");
+    std::vector<double> margins;
+    for (const auto& row : got.logits) margins.push_back(TopTwoMargin(row));
+    results.push_back({{"tokens", got.tokens}, {"margins", margins}});
+  }
+  std::ofstream out(out_file);
+  out << nlohmann::json{{"results", results}}.dump() << "\n";
+  return out ? 0 : 1;
+}
+
 int Generation(const std::string& model, const std::string& cases_file, const std::string& ref_file,
-               int64_t max_new, double margin) {
-  Loaded l = Load(model, WeightDType::kF32, "f32");
+               int64_t max_new, double margin, WeightDType weights, const std::string& kv,
+               bool both_margins) {
+  Loaded l = Load(model, weights, kv);
   const auto cases = ReadCases(cases_file);
   const auto ref = nlohmann::json::parse(ReadFile(ref_file))["results"];
   // A hybrid model also generates with its sliding-window layers in a pool of their own, in
@@ -259,6 +313,7 @@ int Generation(const std::string& model, const std::string& cases_file, const st
   for (size_t i = 0; i < cases.size(); ++i) {
     GenerateOptions options;
     options.max_new_tokens = max_new;
+    options.keep_logits = both_margins;
     const GenerateResult got = OrDie(Generate(*l.model, *l.pool, cases[i], options), "generate");
     decode_seconds += got.decode_seconds;
     if (window_pool != nullptr) {
@@ -275,7 +330,10 @@ int Generation(const std::string& model, const std::string& cases_file, const st
     const auto margins = ref[i]["margins"].get<std::vector<double>>();
     int64_t limit = max_new;
     for (int64_t t = 0; t < max_new; ++t) {
-      if (margins[t] < margin) {
+      const bool close =
+          margins[t] < margin || (both_margins && t < static_cast<int64_t>(got.logits.size()) &&
+                                  TopTwoMargin(got.logits[t]) < margin);
+      if (close) {
         limit = t;
         break;
       }
@@ -296,8 +354,8 @@ int Generation(const std::string& model, const std::string& cases_file, const st
     if (first_diff >= 0) ++failures;
   }
   std::printf(
-      "%zu prompts: %ld generated tokens compared with transformers' greedy decoding, %ld cut by a "
-      "top-2 margin below %.3g; decode %.1f tokens/s\n",
+      "%zu prompts: %ld generated tokens compared with the reference's greedy decoding, %ld cut by "
+      "a top-2 margin below %.3g; decode %.1f tokens/s\n",
       cases.size(), static_cast<long>(compared), static_cast<long>(cut), margin,
       cases.size() * max_new / decode_seconds);
   return failures == 0 ? 0 : 1;
@@ -344,6 +402,22 @@ int main(int argc, char** argv) {
     return Logits(argv[2], argv[3], argv[4], w, Flag(argc, argv, "--kv", "f32"), tolerance,
                   fraction, bound, chunks);
   }
+  if (cmd == "dump" && argc >= 5) {
+    const auto weights = ParseWeightDType(Flag(argc, argv, "--weights", "f32"));
+    if (!weights.ok()) {
+      std::cerr << weights.status() << "\n";
+      return 2;
+    }
+    return Dump(argv[2], argv[3], argv[4], *weights, Flag(argc, argv, "--kv", "f32"));
+  }
+  if (cmd == "greedy" && argc >= 5) {
+    const auto weights = ParseWeightDType(Flag(argc, argv, "--weights", "f32"));
+    int64_t n = 0;
+    if (!weights.ok() || !absl::SimpleAtoi(Flag(argc, argv, "--max-new-tokens", "16"), &n)) {
+      return 2;
+    }
+    return Greedy(argv[2], argv[3], argv[4], n, *weights, Flag(argc, argv, "--kv", "f32"));
+  }
   if (cmd == "generate" && argc >= 5) {
     int64_t n = 0;
     double margin = 0;
@@ -351,7 +425,15 @@ int main(int argc, char** argv) {
         !absl::SimpleAtod(Flag(argc, argv, "--margin", "1e-3"), &margin)) {
       return 2;
     }
-    return Generation(argv[2], argv[3], argv[4], n, margin);
+    const auto weights = ParseWeightDType(Flag(argc, argv, "--weights", "f32"));
+    if (!weights.ok()) {
+      std::cerr << weights.status() << "\n";
+      return 2;
+    }
+    bool both = false;
+    for (int i = 5; i < argc; ++i) both = both || std::string(argv[i]) == "--both-margins";
+    return Generation(argv[2], argv[3], argv[4], n, margin, *weights,
+                      Flag(argc, argv, "--kv", "f32"), both);
   }
   std::cerr << "usage: see the top of engine/model/forward_check.cc\n";
   return 2;

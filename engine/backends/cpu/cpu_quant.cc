@@ -542,6 +542,28 @@ void DequantizePackedRow(WeightQuant quant, const uint8_t* packed, int64_t row, 
   Dispatch(quant, [&](auto q) { DequantizeRow<decltype(q)::value>(packed, row, k, out); });
 }
 
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  const uint32_t abs = x & 0x7fffffff;
+  if (abs > 0x7f800000) return sign | 0x7e00 | ((abs >> 13) & 0x3ff);  // NaN, quiet
+  if (abs >= 0x477ff000) return sign | 0x7c00;  // 65520 and up round to infinity
+  if (abs < 0x38800000) {
+    // Below 2^-14: a subnormal half, in units of 2^-24 (the scaling is exact).
+    float v;
+    std::memcpy(&v, &abs, 4);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v * 16777216.0f)));
+  }
+  const uint32_t exponent = (abs >> 23) - 112;
+  uint32_t h = exponent << 10 | (abs & 0x7fffff) >> 13;
+  const uint32_t rest = abs & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;  // may carry into the exponent: right
+  return static_cast<uint16_t>(sign | h);
+}
+
+float HalfToFloatExact(uint16_t h) { return Half(h); }
+
 void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, float* s, int32_t* sum) {
   for (int64_t b = 0; b < k / kQuantBlock; ++b) {
     const float* xb = x + b * kQuantBlock;
@@ -551,7 +573,7 @@ void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, float
       amax = a > amax ? a : amax;
     }
     const float db = amax / 127.0f;
-    const float id = db == 0.0f ? 0.0f : 1.0f / db;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t total = 0;
     for (int i = 0; i < kQuantBlock; ++i) {
       float r = std::nearbyint(xb[i] * id);  // the current rounding mode: nearest, ties to even
@@ -560,9 +582,9 @@ void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, float
       q[b * kQuantBlock + i] = static_cast<int8_t>(v);
       total += v;
     }
-    d[b] = db;
+    d[b] = Half(FloatToHalf(db));
     sum[b] = total;
-    s[b] = db * static_cast<float>(total);
+    s[b] = Half(FloatToHalf(db * static_cast<float>(total)));
   }
 }
 

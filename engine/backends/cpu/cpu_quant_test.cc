@@ -6,6 +6,10 @@
 
 #include "engine/backends/cpu/cpu_quant.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -141,20 +145,50 @@ TEST(CpuQuantTest, ActivationQuantizationFollowsItsDefinition) {
     int32_t total = 0;
     float amax = 0;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-    EXPECT_EQ(a.d[b], amax / 127.0f);
+    const float d = amax / 127.0f;
+    EXPECT_EQ(a.d[b], HalfToFloatExact(FloatToHalf(d)));
+    EXPECT_LE(std::fabs(a.d[b] - d), d * 0x1.0p-11f);
     for (int i = 0; i < 32; ++i) {
       const int8_t q = a.q[b * 32 + i];
       total += q;
       EXPECT_LE(std::abs(static_cast<int>(q)), 127);
-      EXPECT_LE(std::fabs(x[b * 32 + i] - a.d[b] * q), a.d[b] * 0.5f * (1 + 1e-5f));
+      EXPECT_LE(std::fabs(x[b * 32 + i] - d * q), d * 0.5f * (1 + 1e-5f));
     }
     EXPECT_EQ(a.sum[b], total);
-    EXPECT_EQ(a.s[b], a.d[b] * static_cast<float>(total));
+    EXPECT_EQ(a.s[b], HalfToFloatExact(FloatToHalf(d * static_cast<float>(total))));
   }
   // The first block is all zeros: scale 0, quants 0.
   EXPECT_EQ(a.d[0], 0.0f);
   EXPECT_EQ(a.sum[0], 0);
 }
+
+#if defined(__x86_64__)
+__attribute__((target("f16c"))) uint16_t HardwareHalf(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, 0));
+}
+__attribute__((target("f16c"))) float HardwareWiden(uint16_t h) { return _cvtsh_ss(h); }
+
+TEST(CpuQuantTest, HalfConversionsAreF16cs) {
+  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C here";
+  std::mt19937 rng(3);
+  for (int i = 0; i < 2000000; ++i) {
+    uint32_t bits = rng();
+    if (i % 2 == 0) bits = (bits & 0x807fffff) | ((96 + bits % 48) << 23);  // near fp16's range
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(FloatToHalf(f), HardwareHalf(f)) << std::hexfloat << f;
+  }
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float want = HardwareWiden(static_cast<uint16_t>(h)), got = HalfToFloatExact(h);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got));
+    } else {
+      ASSERT_EQ(0, std::memcmp(&want, &got, 4)) << h;
+    }
+  }
+}
+#endif
 
 TEST(CpuQuantTest, EveryVariantReproducesTheScalarDefinition) {
   const std::vector<QuantIsa> variants = Variants();
@@ -202,8 +236,10 @@ TEST(CpuQuantTest, ScalarDefinitionIsWithinTheActivationRoundingOfAnExactProduct
         for (int64_t i = 0; i < k; ++i) {
           exact += static_cast<double>(w[c * k + i]) * x[m * k + i];
           magnitude += std::fabs(static_cast<double>(w[c * k + i]) * x[m * k + i]);
-          // |x - d q| <= d / 2 per element: the activation quantization's whole error.
-          bound += std::fabs(static_cast<double>(w[c * k + i])) * a.d[m * (k / 32) + i / 32] / 2;
+          // |x - dx q| <= d / 2 + 127 |d - dx| <= dx (1/2 + 127 * 2^-10) per element (d within
+          // 2^-11 of dx): the activation quantization's whole error.
+          bound += std::fabs(static_cast<double>(w[c * k + i])) * a.d[m * (k / 32) + i / 32] *
+                   (0.5 + 127.0 / 1024);
         }
         // Plus fp32 rounding of the per-block products and sums (a few ulps of the magnitude).
         bound += 1e-5 * magnitude + 1e-30;
