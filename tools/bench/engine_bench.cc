@@ -407,6 +407,77 @@ int MoeMain(int threads, int repeats, int64_t decode_tokens) {
   return 0;
 }
 
+// --gemv: one-row products (decode's matrix-vector shape) over about 512 MiB of packed weights
+// (Q4_1 and bf16, 576 columns as SmolLM2's projections, through CpuBackend::MatMul on all
+// threads), each round measured right after a read of the bandwidth buffer, so that every
+// ratio compares the product with the machine's read bandwidth of the same moment (the VM's
+// bandwidth drifts between phases). Reports the median and the worst round.
+int GemvMain(int threads, int rounds) {
+  constexpr int64_t kCols = 576;
+  auto backend = OrDie(CpuBackend::Create({threads, std::nullopt}), "backend");
+  ReadBandwidth bandwidth(threads);
+  const size_t target = bandwidth.bytes();
+  // Q4_1: 20 bytes per 32 values; bf16: 2 bytes per value.
+  const int64_t q4_rows = static_cast<int64_t>(target / (kCols / 32 * 20)) / kPanel * kPanel;
+  const int64_t bf16_rows = static_cast<int64_t>(target / (kCols * 2)) / kPanel * kPanel;
+  std::vector<uint8_t> blocks(q4_rows * (kCols / 32) * 20);
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < blocks.size(); i += 20) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    const uint16_t d = 0x2000, m = 0xA400;  // small scales, a negative minimum
+    std::memcpy(&blocks[i], &d, 2);
+    std::memcpy(&blocks[i + 2], &m, 2);
+    for (int j = 4; j < 20; ++j) blocks[i + j] = static_cast<uint8_t>(state >> (j * 3));
+  }
+  DeviceWeight q4 = OrDie(backend->UploadQuantizedWeight(blocks.data(), blocks.size(),
+                                                         WeightQuant::kQ4_1, q4_rows, kCols),
+                          "upload q4_1");
+  blocks = std::vector<uint8_t>();
+  std::vector<uint16_t> values(bf16_rows * kCols);
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = FloatToBf16(((i * 2654435761u) >> 20) * 1e-4f);
+  DeviceWeight bf16 =
+      OrDie(backend->UploadWeight(values.data(), DType::kBF16, bf16_rows, kCols), "upload bf16");
+  values = std::vector<uint16_t>();
+  std::vector<float> x(kCols, 0.5f), out(std::max(q4_rows, bf16_rows));
+  auto gemv = [&](const DeviceWeight& w) {
+    const auto start = std::chrono::steady_clock::now();
+    backend->MatMul(DeviceMatrix::Dense(x.data(), DType::kF32, 1, kCols), w, nullptr,
+                    DeviceMatrix::Dense(out.data(), DType::kF32, 1, w.rows));
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const double q4_bytes = static_cast<double>(q4_rows) * (kCols / 32) * 20;
+  const double bf16_bytes = static_cast<double>(bf16_rows) * kCols * 2;
+  gemv(q4), gemv(bf16);  // warm: pages, the activation buffers
+  std::vector<double> q4_ratio, bf16_ratio, read_bw;
+  for (int r = 0; r < rounds; ++r) {
+    const double bw_q4 = bandwidth.Run();
+    q4_ratio.push_back(q4_bytes / gemv(q4) / bw_q4);
+    const double bw_bf16 = bandwidth.Run();
+    bf16_ratio.push_back(bf16_bytes / gemv(bf16) / bw_bf16);
+    read_bw.push_back(std::max(bw_q4, bw_bf16));
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  nlohmann::json j;
+  j["engine"] = backend->name();
+  j["threads"] = threads;
+  j["rounds"] = rounds;
+  j["q4_1_bytes"] = q4_bytes;
+  j["bf16_bytes"] = bf16_bytes;
+  j["read_bw_bytes_s"] = read_bw;
+  j["gemv_bw_ratio"] = median(q4_ratio);
+  j["gemv_bw_ratio_worst"] = *std::min_element(q4_ratio.begin(), q4_ratio.end());
+  j["bf16_gemv_bw_ratio"] = median(bf16_ratio);
+  j["bf16_gemv_bw_ratio_worst"] = *std::min_element(bf16_ratio.begin(), bf16_ratio.end());
+  j["gemv_rounds"] = q4_ratio;
+  j["bf16_gemv_rounds"] = bf16_ratio;
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: engine_bench MODEL.gguf PROMPT.json [--threads N] [--decode-tokens N]"
@@ -428,7 +499,7 @@ int Main(int argc, char** argv) {
     else if (flag == "--repeats")
       ok = absl::SimpleAtoi(argv[i + 1], &repeats);
     else if (flag == "--model")
-      ok = (model_name = argv[i + 1]) == "smollm2" || model_name == "moe";
+      ok = (model_name = argv[i + 1]) == "smollm2" || model_name == "moe" || model_name == "gemv";
     else if (flag == "--weights")
       ok = ParseWeightDType(argv[i + 1]).ok() && (weights = *ParseWeightDType(argv[i + 1]), true);
     else
@@ -439,6 +510,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (model_name == "moe") return MoeMain(threads, repeats, decode_tokens);
+  if (model_name == "gemv") return GemvMain(threads, std::max(repeats, 6));
   std::ifstream in(argv[2]);
   std::stringstream text;
   text << in.rdbuf();

