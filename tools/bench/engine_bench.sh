@@ -11,6 +11,13 @@
 #     for reference on the original Q4_1 file; batched decode at 16 and 64 sequences (one context,
 #     n_seq_max sequences, one llama_decode per step), flash attention off and on.
 # --no-peer skips llama.cpp (the table and the JSON say so; the ratios are then null).
+# --weights native measures the block-format path instead (weights computed as the file stores
+# them, engine/backends/cpu/cpu_quant.h) on the default Q4_1 file and on a Q8_0 file made once per
+# machine by llama.cpp's quantizer from the BF16 copy: decode at batch 1 and 16 and prefill of 1024
+# tokens against llama.cpp on the same files, threads and prompt ids; the whole decode step's
+# share of read bandwidth; and a standalone one-row product over ~512 MiB of packed Q4_1 and bf16
+# weights, each round against a read of the bandwidth buffer just before it (the VM's bandwidth
+# drifts, so the median and the worst round are reported).
 # --model moe measures a synthetic ~1.8 GB mixture of experts instead (64 experts, 4 per token,
 # a gated shared expert): decode at batch 1 against the bytes it actually reads per token (the
 # experts chosen, not all of them), decode at batch 64, and the tokens each expert received.
@@ -24,16 +31,101 @@ shift 2
 threads=$(nproc)
 with_peer=1
 model=smollm2
+weights=bf16
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --threads) threads="$2"; shift 2 ;;
     --no-peer) with_peer=0; shift ;;
     --model) model="$2"; shift 2 ;;
-    *) echo "usage: ferry bench engine [--threads N] [--no-peer] [--model smollm2|moe]" >&2; exit 2 ;;
+    --weights) weights="$2"; shift 2 ;;
+    *) echo "usage: ferry bench engine [--threads N] [--no-peer] [--model smollm2|moe]" \
+         "[--weights bf16|native]" >&2; exit 2 ;;
   esac
 done
+[[ "${weights}" == bf16 || "${weights}" == native ]] || { echo "--weights: bf16 or native" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "${work}"' EXIT
+models_dir="$(dirname "${FERRY_MODEL_GGUF}")"
+bf16="${models_dir}/$(basename "${FERRY_MODEL_GGUF}" .Q4_1.gguf).BF16.gguf"
+make_bf16() {
+  if [[ ! -s "${bf16}" ]]; then
+    echo "engine: writing ${bf16} (once per machine)..." >&2
+    "${FERRY_REF_PYTHON}" "${peer}" bf16-gguf "${FERRY_MODEL_GGUF}" "${bf16}.tmp"
+    mv "${bf16}.tmp" "${bf16}"
+  fi
+}
+
+if [[ "${weights}" == native ]]; then
+  q8="${models_dir}/$(basename "${FERRY_MODEL_GGUF}" .Q4_1.gguf).Q8_0.gguf"
+  if [[ ! -s "${q8}" ]]; then
+    make_bf16
+    echo "engine: writing ${q8} with llama.cpp's quantizer (once per machine)..." >&2
+    "${FERRY_CLIENT_PYTHON}" "$(dirname "${peer}")/llamacpp_reference.py" quantize "${bf16}" \
+      "${q8}.tmp" --type q8_0
+    mv "${q8}.tmp" "${q8}"
+  fi
+  "${FERRY_CLIENT_PYTHON}" "${peer}" prompt "${FERRY_MODEL_GGUF}" --tokens 1024 >"${work}/prompt.json"
+  echo "engine: the standalone one-row product against read bandwidth, ${threads} threads..." >&2
+  "${bench_bin}" - - --model gemv --threads "${threads}" >"${work}/gemv.json"
+  for name in q4_1 q8_0; do
+    file="${FERRY_MODEL_GGUF}"
+    [[ "${name}" == q8_0 ]] && file="${q8}"
+    echo "engine: Ferry on ${file}, --weights native, ${threads} threads..." >&2
+    "${bench_bin}" "${file}" "${work}/prompt.json" --threads "${threads}" --weights native \
+      >"${work}/ferry_${name}.json"
+    echo '{}' >"${work}/peer_${name}.json"
+    echo '{}' >"${work}/peer_batch_${name}.json"
+    if [[ "${with_peer}" == 1 ]]; then
+      echo "engine: llama.cpp on ${file}..." >&2
+      "${FERRY_CLIENT_PYTHON}" "${peer}" bench "${file}" --threads "${threads}" \
+        --prompt-file "${work}/prompt.json" >"${work}/peer_${name}.json"
+      "${FERRY_CLIENT_PYTHON}" "${peer}" bench-batch "${file}" --threads "${threads}" --batch 16 \
+        --prompt-file "${work}/prompt.json" >"${work}/peer_batch_${name}.json"
+    fi
+  done
+  "${FERRY_REF_PYTHON}" - "${work}" "${with_peer}" <<'PY'
+import json, sys
+work, with_peer = sys.argv[1], sys.argv[2] == "1"
+load = lambda name: json.load(open(f"{work}/{name}.json"))
+gemv = load("gemv")
+result = {"bench": "engine", "weights": "native", "peer_skipped": not with_peer}
+print(f"engine --weights native: SmolLM2-135M-Instruct, weights computed as the files store them, "
+      f"bf16 KV, {gemv['engine']}")
+print(f"  {'':34} {'Ferry':>8} {'llama.cpp':>10} {'ratio':>6}  goal")
+for name in ("q4_1", "q8_0"):
+    ours, peer = load(f"ferry_{name}"), load(f"peer_{name}")
+    batch = load(f"peer_batch_{name}").get("decode_tok_s", {})
+    print(f"  {name.upper()} ({ours['weights']}; {ours['weight_bytes'] / 1e6:.1f} MB read per decode "
+          f"step, {ours['decode_bw_ratio']:.2f} of read bandwidth at batch 1)")
+    rows = [("decode tokens/s, batch 1", ours["decode_tok_s_b1"], peer.get("decode_tok_s"), 1.5,
+             "decode_vs_llamacpp"),
+            ("decode tokens/s, batch 16", ours["decode_tok_s_b16"], batch.get("16"), 1.5,
+             "decode_b16_vs_llamacpp"),
+            ("prefill tokens/s, 1024 tokens", ours["prefill_tok_s"], peer.get("prefill_tok_s"), 1.0,
+             "prefill_vs_llamacpp")]
+    for label, a, b, goal, key in rows:
+        ratio = a / b if b else None
+        print(f"    {label:32} {a:8.1f} {'-' if b is None else f'{b:.1f}':>10} "
+              f"{'-' if ratio is None else f'{ratio:.2f}':>6}  >= {goal}")
+        result[f"{name}_{key}"] = round(ratio, 3) if ratio else None
+        result[f"{name}_{key.split('_vs_')[0]}_tok_s"] = round(a, 2)
+    result[f"{name}_decode_bw_ratio"] = round(ours["decode_bw_ratio"], 3)
+print(f"  one-row product over {gemv['q4_1_bytes'] / 2**20:.0f} MiB against read bandwidth "
+      f"({len(gemv['gemv_rounds'])} rounds, median / worst; goal >= 0.8): Q4_1 "
+      f"{gemv['gemv_bw_ratio']:.2f} / {gemv['gemv_bw_ratio_worst']:.2f}, bf16 "
+      f"{gemv['bf16_gemv_bw_ratio']:.2f} / {gemv['bf16_gemv_bw_ratio_worst']:.2f}")
+print("    read bandwidth per round (GB/s): " +
+      ", ".join(f"{b / 1e9:.1f}" for b in gemv["read_bw_bytes_s"]))
+if not with_peer:
+    print("  llama.cpp: SKIPPED (--no-peer); the ratios to it are null")
+result["gemv_bw_ratio"] = round(gemv["gemv_bw_ratio"], 3)
+result["gemv_bw_ratio_worst"] = round(gemv["gemv_bw_ratio_worst"], 3)
+result["bf16_gemv_bw_ratio"] = round(gemv["bf16_gemv_bw_ratio"], 3)
+result["bf16_gemv_bw_ratio_worst"] = round(gemv["bf16_gemv_bw_ratio_worst"], 3)
+print(json.dumps(result))
+PY
+  exit 0
+fi
 
 if [[ "${model}" == moe ]]; then
   echo "engine: Ferry on a synthetic mixture of experts, ${threads} threads..." >&2
@@ -72,12 +164,7 @@ echo '{}' >"${work}/peer_bf16.json"
 echo '{}' >"${work}/peer_bf16_fa.json"
 echo '{}' >"${work}/peer_q4.json"
 if [[ "${with_peer}" == 1 ]]; then
-  bf16="$(dirname "${FERRY_MODEL_GGUF}")/$(basename "${FERRY_MODEL_GGUF}" .Q4_1.gguf).BF16.gguf"
-  if [[ ! -s "${bf16}" ]]; then
-    echo "engine: writing ${bf16} (once per machine)..." >&2
-    "${FERRY_REF_PYTHON}" "${peer}" bf16-gguf "${FERRY_MODEL_GGUF}" "${bf16}.tmp"
-    mv "${bf16}.tmp" "${bf16}"
-  fi
+  make_bf16
   echo "engine: llama.cpp on the BF16 file..." >&2
   "${FERRY_CLIENT_PYTHON}" "${peer}" bench "${bf16}" --threads "${threads}" \
     --prompt-file "${work}/prompt.json" >"${work}/peer_bf16.json"
