@@ -2,8 +2,9 @@
 // feature (GQA, q/k/v biases, q/k norm with head_dim != hidden/heads, tied embeddings), fp32 and
 // bf16 weights, fp32 and bf16 KV: a row's logits are bit-identical whether the prompt runs in one
 // step or in chunks of 1, 7 or 64 tokens, alone or beside another sequence, on any CPU kernel
-// variant and thread count, and after its KV moved to another pool. Exactness against
-// transformers is checked by forward_reference_test.
+// variant and thread count, and after its KV moved to another pool; also with block-format
+// (native Q4_1 / Q8_0) weights. Exactness against transformers is checked by
+// forward_reference_test, native weights against llama.cpp by llamacpp_reference_test.
 
 #include "engine/model/transformer.h"
 
@@ -15,6 +16,7 @@
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
+#include "engine/model/dequantize.h"
 #include "engine/model/generate.h"
 #include "engine/model/synthetic_model.h"
 #include "gtest/gtest.h"
@@ -36,6 +38,8 @@ std::vector<Variant> Variants() {
       {"hybrid_window_5_f32", false, false, false, 8, WeightDType::kF32, "f32", 0, 2, false, 5},
       {"hybrid_window_37_bf16_kv", true, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false,
        37},
+      {"llama_tied_q4_1_q8_0_native", false, false, true, 8, WeightDType::kNative, "bf16", 0, 2,
+       false, 0, 2, true},
   };
 }
 
@@ -245,6 +249,50 @@ TEST(TransformerErrorsTest, BadInputIsAnErrorAndChangesNothing) {
   w = SyntheticModel(Variants()[0]);
   w.kv_dtype = "f16";
   EXPECT_FALSE(Transformer::Create(w, f.backend.get()).ok());
+}
+
+// A stacked matrix whose parts a file stored in different block formats (q, k, v of one layer)
+// is computed in bf16: the same logits as the model with those parts given as bf16 values.
+TEST(TransformerNativeTest, StackedPartsOfDifferentFormatsAreComputedInBf16) {
+  SyntheticVariant v;
+  v.native = true;
+  v.tied = true;
+  HostWeights mixed = SyntheticModel(v);
+  // k_proj of layer 0 as Q8_0: the embedding's format, quantized from its own values.
+  HostTensor& k = mixed.tensors.at("model.layers.0.self_attn.k_proj.weight");
+  const HostTensor& embed = mixed.tensors.at("model.embed_tokens.weight");
+  ASSERT_EQ(k.quant, WeightQuant::kQ4_1);
+  ASSERT_EQ(embed.quant, WeightQuant::kQ8_0);
+  HostTensor k8;
+  k8.shape = k.shape;
+  k8.quant = WeightQuant::kQ8_0;
+  k8.blocks.assign(embed.blocks.begin(), embed.blocks.begin() + k.elements() / 32 * 34);
+  k = k8;
+  HostWeights as_bf16 = mixed;
+  for (const char* part : {"q_proj", "k_proj", "v_proj"}) {
+    HostTensor& t = as_bf16.tensors.at(std::string("model.layers.0.self_attn.") + part + ".weight");
+    t.bf16.resize(t.elements());
+    ASSERT_TRUE(DequantizeToBf16(GgmlTypeOfWeightQuant(t.quant), t.blocks.data(), t.blocks.size(),
+                                 t.elements(), t.bf16.data())
+                    .ok());
+    t.dtype = WeightDType::kBF16;
+    t.quant = WeightQuant::kNone;
+    t.blocks.clear();
+  }
+  const auto prompt = Prompt(40, 5);
+  std::vector<float> logits[2];
+  int i = 0;
+  for (const HostWeights* w : {&mixed, &as_bf16}) {
+    Fixture f;
+    f.backend = *CpuBackend::Create({2, std::nullopt});
+    f.allocator = std::make_unique<BackendKvAllocator>(f.backend.get());
+    auto model = Transformer::Create(*w, f.backend.get());
+    ASSERT_TRUE(model.ok()) << model.status();
+    f.model = std::move(*model);
+    f.pool = *KvBlockPool::Create(f.model->KvLayoutFor(16), 64, f.allocator.get(), f.backend.get());
+    logits[i++] = PromptLogits(f, prompt, 0);
+  }
+  EXPECT_TRUE(SameBits(logits[0], logits[1]));
 }
 
 TEST(RopeTest, Llama3ScalingKeepsHighFrequenciesAndScalesLowOnes) {
