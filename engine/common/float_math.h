@@ -3,6 +3,9 @@
 // engine's own vector exp", no dependence on libm versions or instruction sets):
 //
 //   Bf16ToFloat / FloatToBf16   bfloat16 <-> float, round to nearest even (NaN stays NaN).
+//   HalfToFloat / FloatToHalf   IEEE fp16 <-> float: widening is exact; narrowing rounds to
+//                               nearest even (subnormals, infinities included); NaNs come out
+//                               quiet. What F16C's VCVTPH2PS / VCVTPS2PH (mode 0) compute.
 //   Exp(x)                      e^x in float, max error about 1 ulp on the normal range.
 //
 // Exp is computed as 2^n * p(r): n = nearbyint(x * log2(e)) (round half to even), r = x - n*ln2
@@ -38,6 +41,49 @@ inline uint16_t FloatToBf16(float f) {
 
 // Rounds a float to the nearest bfloat16 value, kept as a float.
 inline float RoundToBf16(float f) { return Bf16ToFloat(FloatToBf16(f)); }
+
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // signed zero
+  } else {
+    int e = -1;  // a subnormal half: normalize
+    do {
+      ++e;
+      mantissa <<= 1;
+    } while ((mantissa & 0x400) == 0);
+    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mantissa & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  const uint32_t abs = x & 0x7fffffff;
+  if (abs > 0x7f800000) return sign | 0x7e00 | ((abs >> 13) & 0x3ff);  // NaN, quiet
+  if (abs >= 0x477ff000) return sign | 0x7c00;  // 65520 and up round to infinity
+  if (abs < 0x38800000) {
+    // Below 2^-14: a subnormal half, in units of 2^-24 (the scaling is exact).
+    float v;
+    std::memcpy(&v, &abs, 4);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v * 16777216.0f)));
+  }
+  uint32_t h = ((abs >> 23) - 112) << 10 | (abs & 0x7fffff) >> 13;
+  const uint32_t rest = abs & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;  // may carry into the exponent: right
+  return static_cast<uint16_t>(sign | h);
+}
 
 namespace float_math_internal {
 

@@ -221,31 +221,6 @@ size_t GgmlDataSize(uint32_t type, size_t elements) {
   return elements / layout.block * layout.block_bytes;
 }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1f;
-  uint32_t mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);  // inf or NaN
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;  // signed zero
-  } else {
-    // Subnormal half: normalize.
-    int e = -1;
-    do {
-      ++e;
-      mantissa <<= 1;
-    } while ((mantissa & 0x400) == 0);
-    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mantissa & 0x3ff) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 absl::Status CheckDequantize(uint32_t type, size_t size, size_t elements) {
   Layout layout;
   return Check(type, size, elements, &layout);

@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "engine/backends/backend.h"   // WeightQuant
-#include "engine/common/float_math.h"  // FloatToBf16, Bf16ToFloat
+#include "engine/common/float_math.h"  // FloatToBf16, Bf16ToFloat, HalfToFloat
 
 namespace ferry {
 
@@ -52,8 +52,6 @@ uint32_t GgmlTypeOfWeightQuant(WeightQuant quant);
 // Bytes of `elements` values of `type`; 0 when the type is unsupported or `elements` is not a
 // whole number of blocks.
 size_t GgmlDataSize(uint32_t type, size_t elements);
-
-float HalfToFloat(uint16_t h);
 
 // Whether `size` bytes of `type` hold exactly `elements` values (a whole number of blocks) of a
 // supported type; the error names the problem.

@@ -12,21 +12,6 @@
 namespace ferry {
 namespace {
 
-// fp32 -> fp16, nearest even; results below the normal range flush to zero (never met here).
-uint16_t FloatToHalf(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((b >> 16) & 0x8000);
-  const int exponent = static_cast<int>((b >> 23) & 0xff) - 127 + 15;
-  const uint32_t mantissa = b & 0x7fffff;
-  if (exponent <= 0) return sign;
-  if (exponent >= 31) return sign | 0x7c00;
-  uint32_t h = static_cast<uint32_t>(exponent) << 10 | mantissa >> 13;
-  const uint32_t rest = mantissa & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;
-  return static_cast<uint16_t>(sign | h);
-}
-
 void PutHalf(std::vector<uint8_t>* out, float f) {
   const uint16_t h = FloatToHalf(f);
   out->push_back(static_cast<uint8_t>(h & 0xff));

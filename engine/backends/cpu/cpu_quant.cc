@@ -21,31 +21,6 @@
 namespace ferry {
 namespace {
 
-// fp16 -> fp32, exactly (subnormals, infinities and NaNs included), as VCVTPH2PS converts.
-float Half(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1f;
-  uint32_t mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {
-    int e = -1;
-    do {
-      ++e;
-      mantissa <<= 1;
-    } while ((mantissa & 0x400) == 0);
-    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mantissa & 0x3ff) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 uint32_t Load32(const uint8_t* p) {
   uint32_t v;
@@ -162,8 +137,8 @@ void DequantizeRow(const uint8_t* packed, int64_t row, int64_t k, float* out) {
   const uint8_t* panel = packed + row / kPanel * blocks * F::kBytes;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = panel + b * F::kBytes;
-    const float d = Half(Load16(block + 2 * c));
-    const float m = F::kMin ? Half(Load16(block + F::kMinOffset + 2 * c)) : 0.0f;
+    const float d = HalfToFloat(Load16(block + 2 * c));
+    const float m = F::kMin ? HalfToFloat(Load16(block + F::kMinOffset + 2 * c)) : 0.0f;
     for (int kk = 0; kk < 32; ++kk) {
       const float v = d * static_cast<float>(PackedValue<Q>(block, c, kk));
       out[b * 32 + kk] = F::kMin ? v + m : v;
@@ -195,10 +170,11 @@ void GemmScalarQ(const QuantizedRows& x, int64_t rows, const uint8_t* packed, in
           const uint8_t* block = panel + b * F::kBytes;
           int32_t isum = 0;
           for (int kk = 0; kk < 32; ++kk) isum += q[b * 32 + kk] * PackedValue<Q>(block, c, kk);
-          const float dw = Half(Load16(block + 2 * c));
+          const float dw = HalfToFloat(Load16(block + 2 * c));
           acc = std::fma(dw * x.d[m * blocks + b], static_cast<float>(isum), acc);
           if (F::kMin) {
-            acc = std::fma(Half(Load16(block + F::kMinOffset + 2 * c)), x.s[m * blocks + b], acc);
+            acc = std::fma(HalfToFloat(Load16(block + F::kMinOffset + 2 * c)), x.s[m * blocks + b],
+                           acc);
           }
         }
         tile[c] = acc;
@@ -554,28 +530,6 @@ void DequantizePackedRow(WeightQuant quant, const uint8_t* packed, int64_t row, 
   Dispatch(quant, [&](auto q) { DequantizeRow<decltype(q)::value>(packed, row, k, out); });
 }
 
-uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
-  const uint32_t abs = x & 0x7fffffff;
-  if (abs > 0x7f800000) return sign | 0x7e00 | ((abs >> 13) & 0x3ff);  // NaN, quiet
-  if (abs >= 0x477ff000) return sign | 0x7c00;  // 65520 and up round to infinity
-  if (abs < 0x38800000) {
-    // Below 2^-14: a subnormal half, in units of 2^-24 (the scaling is exact).
-    float v;
-    std::memcpy(&v, &abs, 4);
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v * 16777216.0f)));
-  }
-  const uint32_t exponent = (abs >> 23) - 112;
-  uint32_t h = exponent << 10 | (abs & 0x7fffff) >> 13;
-  const uint32_t rest = abs & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;  // may carry into the exponent: right
-  return static_cast<uint16_t>(sign | h);
-}
-
-float HalfToFloatExact(uint16_t h) { return Half(h); }
-
 void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, float* s, int32_t* sum) {
   for (int64_t b = 0; b < k / kQuantBlock; ++b) {
     const float* xb = x + b * kQuantBlock;
@@ -594,9 +548,9 @@ void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, float
       q[b * kQuantBlock + i] = static_cast<int8_t>(v);
       total += v;
     }
-    d[b] = Half(FloatToHalf(db));
+    d[b] = HalfToFloat(FloatToHalf(db));
     sum[b] = total;
-    s[b] = Half(FloatToHalf(db * static_cast<float>(total)));
+    s[b] = HalfToFloat(FloatToHalf(db * static_cast<float>(total)));
   }
 }
 

@@ -8,10 +8,11 @@
 //   Activations are quantized per row in blocks of 32, as llama.cpp's x86 code quantizes them
 //   (its Q8_0 / Q8_1 activation blocks): amax = the largest |x_i| of the block; d = amax / 127;
 //   id = amax == 0 ? 0 : 127 / amax; q_i = x_i * id rounded to the nearest integer, ties to even
-//   (then in [-127, 127]); sum = the integer sum of q_i; dx = d rounded to fp16 (nearest even)
-//   and widened back; sx = d * float(sum) rounded to fp16 likewise. Every step is one fp32
-//   operation. Keeping llama.cpp's fp16 block scales makes Ferry's products on a GGUF file agree
-//   with llama.cpp's to fp32 rounding, not merely to the activations' quantization error.
+//   (then in [-127, 127]); sum = the integer sum of q_i; dx = d rounded to fp16 (nearest even,
+//   float_math.h's FloatToHalf) and widened back; sx = d * float(sum) rounded to fp16 likewise.
+//   Every step is one fp32 operation. Keeping llama.cpp's fp16 block scales makes Ferry's products
+//   on a GGUF file agree with llama.cpp's to fp32 rounding, not merely to the activations'
+//   quantization error.
 //
 //   A weight block holds a scale dw (fp16, widened exactly), for Q4_1 and Q5_1 a minimum mw
 //   (fp16), and 32 integers u: Q8_0 signed 8-bit, Q4 4-bit and Q5 5-bit unsigned. Its values are
@@ -78,12 +79,6 @@ struct QuantizedRows {
   const int32_t* sum = nullptr;
   int64_t k = 0;
 };
-// fp32 -> fp16, round to nearest even (infinities, NaNs and subnormals included), as F16C's
-// VCVTPS2PH with rounding mode 0 converts.
-uint16_t FloatToHalf(float f);
-// fp16 -> fp32, exactly.
-float HalfToFloatExact(uint16_t h);
-
 // Quantizes one row of k (a multiple of 32) activations.
 void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, float* s, int32_t* sum);
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/common/float_math.h"
 #include "engine/model/dequantize.h"
 #include "gtest/gtest.h"
 
@@ -24,21 +25,6 @@ namespace {
 
 constexpr WeightQuant kFormats[] = {WeightQuant::kQ8_0, WeightQuant::kQ4_0, WeightQuant::kQ4_1,
                                     WeightQuant::kQ5_0, WeightQuant::kQ5_1};
-
-uint32_t GgmlTypeOf(WeightQuant q) {
-  switch (q) {
-    case WeightQuant::kQ8_0:
-      return static_cast<uint32_t>(GgmlType::kQ8_0);
-    case WeightQuant::kQ4_0:
-      return static_cast<uint32_t>(GgmlType::kQ4_0);
-    case WeightQuant::kQ4_1:
-      return static_cast<uint32_t>(GgmlType::kQ4_1);
-    case WeightQuant::kQ5_0:
-      return static_cast<uint32_t>(GgmlType::kQ5_0);
-    default:
-      return static_cast<uint32_t>(GgmlType::kQ5_1);
-  }
-}
 
 // A random fp16 of magnitude 2^(lo-15)..2^(hi-15), either sign when `signed_`.
 uint16_t RandomHalf(std::mt19937& rng, int lo, int hi, bool signed_) {
@@ -126,7 +112,8 @@ TEST(CpuQuantTest, PackedRowsDequantizeAsGgmlDoes) {
     const std::vector<uint8_t> blocks = RandomBlocks(q, n, k, 11);
     std::vector<float> want(n * k);
     ASSERT_TRUE(
-        DequantizeToF32(GgmlTypeOf(q), blocks.data(), blocks.size(), n * k, want.data()).ok());
+        DequantizeToF32(GgmlTypeOfWeightQuant(q), blocks.data(), blocks.size(), n * k, want.data())
+            .ok());
     const std::vector<uint8_t> packed = Pack(q, blocks, n, k);
     std::vector<float> got(k);
     for (int64_t r = 0; r < n; ++r) {
@@ -146,7 +133,7 @@ TEST(CpuQuantTest, ActivationQuantizationFollowsItsDefinition) {
     float amax = 0;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
     const float d = amax / 127.0f;
-    EXPECT_EQ(a.d[b], HalfToFloatExact(FloatToHalf(d)));
+    EXPECT_EQ(a.d[b], HalfToFloat(FloatToHalf(d)));
     EXPECT_LE(std::fabs(a.d[b] - d), d * 0x1.0p-11f);
     for (int i = 0; i < 32; ++i) {
       const int8_t q = a.q[b * 32 + i];
@@ -155,7 +142,7 @@ TEST(CpuQuantTest, ActivationQuantizationFollowsItsDefinition) {
       EXPECT_LE(std::fabs(x[b * 32 + i] - d * q), d * 0.5f * (1 + 1e-5f));
     }
     EXPECT_EQ(a.sum[b], total);
-    EXPECT_EQ(a.s[b], HalfToFloatExact(FloatToHalf(d * static_cast<float>(total))));
+    EXPECT_EQ(a.s[b], HalfToFloat(FloatToHalf(d * static_cast<float>(total))));
   }
   // The first block is all zeros: scale 0, quants 0.
   EXPECT_EQ(a.d[0], 0.0f);
@@ -168,7 +155,7 @@ __attribute__((target("f16c"))) uint16_t HardwareHalf(float f) {
 }
 __attribute__((target("f16c"))) float HardwareWiden(uint16_t h) { return _cvtsh_ss(h); }
 
-TEST(CpuQuantTest, HalfConversionsAreF16cs) {
+TEST(FloatMathTest, HalfConversionsAreF16cs) {
   if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C here";
   std::mt19937 rng(3);
   for (int i = 0; i < 2000000; ++i) {
@@ -180,7 +167,7 @@ TEST(CpuQuantTest, HalfConversionsAreF16cs) {
     ASSERT_EQ(FloatToHalf(f), HardwareHalf(f)) << std::hexfloat << f;
   }
   for (uint32_t h = 0; h < 0x10000; ++h) {
-    const float want = HardwareWiden(static_cast<uint16_t>(h)), got = HalfToFloatExact(h);
+    const float want = HardwareWiden(static_cast<uint16_t>(h)), got = HalfToFloat(h);
     if (std::isnan(want)) {
       ASSERT_TRUE(std::isnan(got));
     } else {
@@ -224,7 +211,9 @@ TEST(CpuQuantTest, ScalarDefinitionIsWithinTheActivationRoundingOfAnExactProduct
   for (WeightQuant q : kFormats) {
     const std::vector<uint8_t> blocks = RandomBlocks(q, n, k, 21);
     std::vector<float> w(n * k);
-    ASSERT_TRUE(DequantizeToF32(GgmlTypeOf(q), blocks.data(), blocks.size(), n * k, w.data()).ok());
+    ASSERT_TRUE(
+        DequantizeToF32(GgmlTypeOfWeightQuant(q), blocks.data(), blocks.size(), n * k, w.data())
+            .ok());
     const std::vector<float> x = RandomActivations(rows, k, 9);
     const Quantized a = QuantizeRows(x, rows, k);
     std::vector<float> got(rows * n);
@@ -277,7 +266,7 @@ TEST(CpuQuantTest, BackendMatMulIsTheKernelsProductForAnyBatch) {
       }
       // Embedding rows of a quantized table are its dequantized rows.
       std::vector<float> row(k), embedded(k);
-      ASSERT_TRUE(DequantizeToF32(GgmlTypeOf(q),
+      ASSERT_TRUE(DequantizeToF32(GgmlTypeOfWeightQuant(q),
                                   blocks.data() + 5 * (k / 32) * GgmlQuantBlockBytes(q),
                                   k / 32 * GgmlQuantBlockBytes(q), k, row.data())
                       .ok());
