@@ -137,11 +137,27 @@ class Worker:
         self.proc = None
         self.starts = 0
 
+    def _pick_port(self):
+        """A free port below the kernel's ephemeral range (32768 and up here) for a loopback
+        worker: a restart must find its port free again, and a port the kernel handed out for
+        port 0 could meanwhile go to another test's service (seen once under CI's load)."""
+        for _ in range(200):
+            port = random.SystemRandom().randrange(20000, 32000)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind((self.host, port))
+                    return port
+                except OSError:
+                    continue
+        return 0
+
     @property
     def address(self):
         return f"{self.host}:{self.port}"
 
     def start(self):
+        if self.port == 0 and self.host == "127.0.0.1" and not self.wrap:
+            self.port = self._pick_port()
         args = self.flags + [f"--role={self.role}", f"--address={self.host}:{self.port}",
                              f"--admin_host={self.host}"]
         binary = WORKER
