@@ -305,14 +305,8 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
     const float* xr = Row<float>(x, m0);
     float* o = Row<float>(out, m0);
     if (w.quant != WeightQuant::kNone) {
-      QuantizedRows rows_from = quantized;
-      const int64_t blocks = k / kQuantBlock;
-      rows_from.q += m0 * k;
-      rows_from.d += m0 * blocks;
-      rows_from.s += m0 * blocks;
-      rows_from.sum += m0 * blocks;
-      quant_gemm_(w.quant, rows_from, rows, static_cast<const uint8_t*>(w.buffer.data()), p0, p1, n,
-                  o, out.stride);
+      quant_gemm_(w.quant, quantized.From(m0), rows, static_cast<const uint8_t*>(w.buffer.data()),
+                  p0, p1, n, o, out.stride);
     } else if (w.dtype == DType::kF32) {
       kernels_.gemm_f32(xr, x.stride, rows, k, static_cast<const float*>(w.buffer.data()), p0, p1,
                         n, o, out.stride);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backends/cpu/cpu_tiles.h"
 #include "engine/common/float_math.h"
 
 #if defined(__x86_64__)
@@ -16,11 +17,13 @@
 #define FERRY_HAVE_X86 1
 #endif
 
-// The loops over a register tile's rows and panels must be unrolled fully, or the compiler keeps
-// the accumulators in memory (GCC does at -O2 without it).
-#define FERRY_UNROLL _Pragma("GCC unroll 16")
-
 namespace ferry {
+
+using cpu_internal::ForPanelTiles;
+using cpu_internal::StoreColumns;
+#ifdef FERRY_HAVE_X86
+using cpu_internal::StoreTile512;
+#endif
 
 void PackPanels(const float* w, int64_t n, int64_t k, float* packed) {
   const int64_t panels = (n + kPanel - 1) / kPanel;
@@ -77,12 +80,6 @@ inline float ReduceLanes(float* a) {
   return a[0] + a[1];
 }
 
-// Copies the valid columns of a computed 16-wide tile row.
-inline void StoreColumns(const float* tile, int64_t first_col, int64_t n, float* out) {
-  const int64_t valid = std::min<int64_t>(kPanel, n - first_col);
-  std::memcpy(out + first_col, tile, valid * sizeof(float));
-}
-
 // Subnormal inputs read as zero and subnormal results flushed to zero while alive, as
 // VDPBF16PS always computes (x86 only; elsewhere a no-op).
 class FlushDenormals {
@@ -113,18 +110,6 @@ inline void ForTiles(int64_t n, F&& f) {
   int64_t i = 0;
   for (; i + kMax <= n; i += kMax) f(std::integral_constant<int, kMax>{}, i);
   TileRest<kMax - 1>(n - i, i, f);
-}
-
-// Calls tile(std::integral_constant<int, W>{}, p) over panels [p0, p1): tiles of NP panels, the
-// rest with narrower ones (NP/2 rounded up, down to one panel), so a remainder still runs as
-// few, wide tiles as fit.
-template <int NP, typename F>
-inline void ForPanelTiles(int64_t p0, int64_t p1, F&& tile) {
-  int64_t p = p0;
-  for (; p + NP <= p1; p += NP) tile(std::integral_constant<int, NP>{}, p);
-  if constexpr (NP > 1) {
-    if (p < p1) ForPanelTiles<(NP + 1) / 2>(p, p1, tile);
-  }
 }
 
 // ---- Scalar: the definition. ----
@@ -676,20 +661,7 @@ FERRY_AVX512 inline void TileAvx512(const float* x, int64_t xs, int64_t k, const
       }
     }
   }
-  FERRY_UNROLL
-  for (int r = 0; r < MR; ++r) {
-    FERRY_UNROLL
-    for (int p = 0; p < NP; ++p) {
-      const int64_t col = first_col + p * kPanel;
-      if (col + kPanel <= n) {
-        _mm512_storeu_ps(out + r * os + col, acc[r][p]);
-      } else {
-        alignas(64) float tile[kPanel];
-        _mm512_store_ps(tile, acc[r][p]);
-        StoreColumns(tile, col, n, out + r * os);
-      }
-    }
-  }
+  StoreTile512<MR, NP>(acc, first_col, n, out, os);
 }
 
 template <int MR, int NP, typename T>
@@ -855,20 +827,7 @@ FERRY_AVX512BF16 inline void TileDpbf16(const uint16_t* xb, int64_t xs, int64_t 
       }
     }
   }
-  FERRY_UNROLL
-  for (int r = 0; r < MR; ++r) {
-    FERRY_UNROLL
-    for (int p = 0; p < NP; ++p) {
-      const int64_t col = first_col + p * kPanel;
-      if (col + kPanel <= n) {
-        _mm512_storeu_ps(out + r * os + col, acc[r][p]);
-      } else {
-        alignas(64) float tile[kPanel];
-        _mm512_store_ps(tile, acc[r][p]);
-        StoreColumns(tile, col, n, out + r * os);
-      }
-    }
-  }
+  StoreTile512<MR, NP>(acc, first_col, n, out, os);
 }
 
 template <int MR, int NP>

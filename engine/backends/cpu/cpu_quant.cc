@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "engine/backends/cpu/cpu_tiles.h"
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
 
@@ -16,9 +17,13 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#define FERRY_UNROLL _Pragma("GCC unroll 16")
-
 namespace ferry {
+
+using cpu_internal::ForPanelTiles;
+using cpu_internal::StoreColumns;
+#ifdef FERRY_HAVE_X86
+using cpu_internal::StoreTile512;
+#endif
 namespace {
 
 uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
@@ -146,12 +151,6 @@ void DequantizeRow(const uint8_t* packed, int64_t row, int64_t k, float* out) {
   }
 }
 
-// Copies the valid columns of a computed 16-wide tile row.
-inline void StoreColumns(const float* tile, int64_t first_col, int64_t n, float* out) {
-  const int64_t valid = std::min<int64_t>(kPanel, n - first_col);
-  std::memcpy(out + first_col, tile, valid * sizeof(float));
-}
-
 // ---- Scalar: the definition. ----
 
 template <WeightQuant Q>
@@ -188,17 +187,6 @@ void GemmScalar(WeightQuant quant, const QuantizedRows& x, int64_t rows, const u
                 int64_t p0, int64_t p1, int64_t n, float* out, int64_t os) {
   Dispatch(quant,
            [&](auto q) { GemmScalarQ<decltype(q)::value>(x, rows, packed, p0, p1, n, out, os); });
-}
-
-// Calls tile(std::integral_constant<int, W>{}, p) over panels [p0, p1) in tiles of NP panels,
-// the rest narrower (as cpu_kernels.cc).
-template <int NP, typename Fn>
-inline void ForPanelTiles(int64_t p0, int64_t p1, Fn&& tile) {
-  int64_t p = p0;
-  for (; p + NP <= p1; p += NP) tile(std::integral_constant<int, NP>{}, p);
-  if constexpr (NP > 1) {
-    if (p < p1) ForPanelTiles<(NP + 1) / 2>(p, p1, tile);
-  }
 }
 
 #ifdef FERRY_HAVE_X86
@@ -305,17 +293,6 @@ FERRY_QAVX2 inline void TileAvx2(const QuantizedRows& x, const uint8_t* panel0,
   }
 }
 
-// Rows of x from `first`, MR at a time.
-inline QuantizedRows RowsFrom(const QuantizedRows& x, int64_t first) {
-  const int64_t blocks = x.k / kQuantBlock;
-  QuantizedRows r = x;
-  r.q += first * x.k;
-  r.d += first * blocks;
-  r.s += first * blocks;
-  r.sum += first * blocks;
-  return r;
-}
-
 template <WeightQuant Q, int MR, int NP>
 FERRY_QAVX2 void RowsAvx2(const QuantizedRows& x, const uint8_t* packed, int64_t p0, int64_t p1,
                           int64_t n, float* out, int64_t os) {
@@ -329,17 +306,16 @@ template <WeightQuant Q>
 FERRY_QAVX2 void GemmAvx2Q(const QuantizedRows& x, int64_t rows, const uint8_t* packed, int64_t p0,
                            int64_t p1, int64_t n, float* out, int64_t os) {
   int64_t m = 0;
-  for (; m + 4 <= rows; m += 4)
-    RowsAvx2<Q, 4, 1>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+  for (; m + 4 <= rows; m += 4) RowsAvx2<Q, 4, 1>(x.From(m), packed, p0, p1, n, out + m * os, os);
   switch (rows - m) {
     case 3:
-      RowsAvx2<Q, 3, 1>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      RowsAvx2<Q, 3, 1>(x.From(m), packed, p0, p1, n, out + m * os, os);
       break;
     case 2:
-      RowsAvx2<Q, 2, 1>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      RowsAvx2<Q, 2, 1>(x.From(m), packed, p0, p1, n, out + m * os, os);
       break;
     case 1:
-      RowsAvx2<Q, 1, 1>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      RowsAvx2<Q, 1, 1>(x.From(m), packed, p0, p1, n, out + m * os, os);
       break;
     default:
       break;
@@ -443,20 +419,7 @@ FERRY_QVNNI inline void TileVnni(const QuantizedRows& x, const uint8_t* panel0,
       }
     }
   }
-  FERRY_UNROLL
-  for (int r = 0; r < MR; ++r) {
-    FERRY_UNROLL
-    for (int p = 0; p < NP; ++p) {
-      const int64_t col = first_col + p * kPanel;
-      if (col + kPanel <= n) {
-        _mm512_storeu_ps(out + r * os + col, acc[r][p]);
-      } else {
-        alignas(64) float tile[kPanel];
-        _mm512_store_ps(tile, acc[r][p]);
-        StoreColumns(tile, col, n, out + r * os);
-      }
-    }
-  }
+  StoreTile512<MR, NP>(acc, first_col, n, out, os);
 }
 
 template <WeightQuant Q, int MR, int NP>
@@ -472,25 +435,24 @@ template <WeightQuant Q>
 FERRY_QVNNI void GemmVnniQ(const QuantizedRows& x, int64_t rows, const uint8_t* packed, int64_t p0,
                            int64_t p1, int64_t n, float* out, int64_t os) {
   int64_t m = 0;
-  for (; m + 6 <= rows; m += 6)
-    RowsVnni<Q, 6, 2>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+  for (; m + 6 <= rows; m += 6) RowsVnni<Q, 6, 2>(x.From(m), packed, p0, p1, n, out + m * os, os);
   switch (rows - m) {
     case 5:
-      RowsVnni<Q, 5, 2>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      RowsVnni<Q, 5, 2>(x.From(m), packed, p0, p1, n, out + m * os, os);
       break;
     case 4:
-      RowsVnni<Q, 4, 2>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      RowsVnni<Q, 4, 2>(x.From(m), packed, p0, p1, n, out + m * os, os);
       break;
     case 3:
-      RowsVnni<Q, 3, 2>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      RowsVnni<Q, 3, 2>(x.From(m), packed, p0, p1, n, out + m * os, os);
       break;
     case 2:
-      RowsVnni<Q, 2, 4>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      RowsVnni<Q, 2, 4>(x.From(m), packed, p0, p1, n, out + m * os, os);
       break;
     case 1:
       // One panel at a time: the panels of a range lie one after the other, so one row reads
       // a single sequential stream (measured: 1.5x the rate of four panels at a time).
-      RowsVnni<Q, 1, 1>(RowsFrom(x, m), packed, p0, p1, n, out + m * os, os);
+      RowsVnni<Q, 1, 1>(x.From(m), packed, p0, p1, n, out + m * os, os);
       break;
     default:
       break;

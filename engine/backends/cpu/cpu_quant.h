@@ -78,6 +78,12 @@ struct QuantizedRows {
   const float* s = nullptr;
   const int32_t* sum = nullptr;
   int64_t k = 0;
+
+  // The rows from row `first` on.
+  QuantizedRows From(int64_t first) const {
+    const int64_t blocks = k / 32;
+    return {q + first * k, d + first * blocks, s + first * blocks, sum + first * blocks, k};
+  }
 };
 // Quantizes one row of k (a multiple of 32) activations.
 void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, float* s, int32_t* sum);
