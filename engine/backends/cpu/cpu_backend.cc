@@ -254,22 +254,27 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
     return {g * group, std::min(panels, (g + 1) * group)};
   };
   const int64_t row_blocks = (m_rows + kRowsPerItem - 1) / kRowsPerItem;
+  // Activation conversions before the product: fn(begin, end) over the row blocks, inline when
+  // there is only one.
+  auto for_row_blocks = [&](auto&& fn) {
+    if (m_rows < kRowsPerItem) {
+      fn(int64_t{0}, m_rows);
+    } else {
+      pool_->ParallelFor(row_blocks, [&](size_t rb) {
+        fn(static_cast<int64_t>(rb * kRowsPerItem),
+           std::min<int64_t>(m_rows, (rb + 1) * kRowsPerItem));
+      });
+    }
+  };
   // bf16 weights take bf16 activations (cpu_kernels.h), rounded once here.
   const uint16_t* activations = nullptr;
   if (w.dtype == DType::kBF16) {
     const int64_t k2 = PairedK(k);
     if (static_cast<int64_t>(activations_.size()) < m_rows * k2) activations_.resize(m_rows * k2);
     uint16_t* xb = activations_.data();
-    auto round_rows = [&](int64_t begin, int64_t end) {
+    for_row_blocks([&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) kernels_.round_bf16(Row<float>(x, m), k, xb + m * k2);
-    };
-    if (m_rows < kRowsPerItem) {
-      round_rows(0, m_rows);
-    } else {
-      pool_->ParallelFor(row_blocks, [&](size_t rb) {
-        round_rows(rb * kRowsPerItem, std::min<int64_t>(m_rows, (rb + 1) * kRowsPerItem));
-      });
-    }
+    });
     activations = xb;
   }
   // Block-format weights take activations quantized per block (cpu_quant.h), once here.
@@ -282,20 +287,13 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
       quant_s_.resize(m_rows * blocks);
       quant_sum_.resize(m_rows * blocks);
     }
-    auto quantize_rows = [&](int64_t begin, int64_t end) {
+    for_row_blocks([&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
         QuantizeActivationRow(Row<float>(x, m), k, quant_q_.data() + m * k,
                               quant_d_.data() + m * blocks, quant_s_.data() + m * blocks,
                               quant_sum_.data() + m * blocks);
       }
-    };
-    if (m_rows < kRowsPerItem) {
-      quantize_rows(0, m_rows);
-    } else {
-      pool_->ParallelFor(row_blocks, [&](size_t rb) {
-        quantize_rows(rb * kRowsPerItem, std::min<int64_t>(m_rows, (rb + 1) * kRowsPerItem));
-      });
-    }
+    });
     quantized = {quant_q_.data(), quant_d_.data(), quant_s_.data(), quant_sum_.data(), k};
   }
   pool_->ParallelFor(groups * row_blocks, [&](size_t item) {
