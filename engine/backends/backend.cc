@@ -18,6 +18,12 @@ const char* WeightQuantName(WeightQuant q) {
       return "q5_0";
     case WeightQuant::kQ5_1:
       return "q5_1";
+    case WeightQuant::kQ4_K:
+      return "q4_k";
+    case WeightQuant::kQ5_K:
+      return "q5_k";
+    case WeightQuant::kQ6_K:
+      return "q6_k";
   }
   return "?";
 }

@@ -36,11 +36,22 @@ enum class DType : uint8_t { kF32 = 0, kBF16 = 1 };
 inline size_t DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 inline const char* DTypeName(DType t) { return t == DType::kF32 ? "f32" : "bf16"; }
 
-// Weights computed in place in one of GGML's 32-element block formats (the GGUF file's own
-// quantization; engine/backends/cpu/cpu_quant.h defines the arithmetic). kNone: a DType weight.
-enum class WeightQuant : uint8_t { kNone = 0, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1 };
+// Weights computed in place in one of GGML's block formats (the GGUF file's own quantization:
+// blocks of 32 values, or for the K-quants super-blocks of 256; engine/backends/cpu/cpu_quant.h
+// defines the arithmetic). kNone: a DType weight.
+enum class WeightQuant : uint8_t {
+  kNone = 0,
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+};
 
-// "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"; "none".
+// "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"; "none".
 const char* WeightQuantName(WeightQuant q);
 
 class Backend;
@@ -160,8 +171,9 @@ class Backend {
   // A weight matrix (`rows` x `cols`, row-major host data of `dtype`) in this backend's layout.
   virtual absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
                                                     int64_t cols) = 0;
-  // A weight matrix kept in a block format: `host` holds `rows` rows of cols / 32 blocks each in
-  // GGML's layout (`bytes` in all). Unimplemented where the backend has no kernels for it.
+  // A weight matrix kept in a block format: `host` holds `rows` rows of cols / 32 (K-quants:
+  // cols / 256) blocks each in GGML's layout (`bytes` in all). Unimplemented where the backend has
+  // no kernels for it.
   virtual absl::StatusOr<DeviceWeight> UploadQuantizedWeight(const uint8_t* host, size_t bytes,
                                                              WeightQuant quant, int64_t rows,
                                                              int64_t cols) = 0;

@@ -28,6 +28,9 @@ bool LayoutOf(uint32_t type, Layout* layout) {
     case GgmlType::kQ4_1:
     case GgmlType::kQ5_0:
     case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
       return GgmlBlockLayout(type, &layout->block, &layout->block_bytes);
   }
   return false;
@@ -37,6 +40,17 @@ uint16_t Load16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] <<
 uint32_t Load32(const uint8_t* p) {
   return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
          static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+// Sub-block j's (j < 8) 6-bit scale and minimum from a K-quant's 12 bytes of scales.
+void ScaleMinK4(const uint8_t* q, int j, int* scale, int* min) {
+  if (j < 4) {
+    *scale = q[j] & 63;
+    *min = q[j + 4] & 63;
+  } else {
+    *scale = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
 }
 
 // Dequantizes blocks [first, last) of the tensor into out, where out[0] is the first element of
@@ -123,6 +137,52 @@ void DequantizeBlocks(GgmlType type, const uint8_t* data, size_t first, size_t l
         }
       }
       return;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: {
+      const bool five = type == GgmlType::kQ5_K;
+      const size_t bytes = five ? 176 : 144;
+      for (size_t b = first; b < last; ++b) {
+        const uint8_t* block = data + b * bytes;
+        const float d = HalfToFloat(Load16(block));
+        const float dmin = HalfToFloat(Load16(block + 2));
+        const uint8_t* scales = block + 4;
+        const uint8_t* qh = block + 16;
+        const uint8_t* qs = block + (five ? 48 : 16);
+        float* y = out + (b - first) * 256;
+        for (int j = 0; j < 8; ++j) {  // sub-block j: elements 32j..32j+31
+          int sc, mn;
+          ScaleMinK4(scales, j, &sc, &mn);
+          const float scale = d * static_cast<float>(sc);
+          const float min = dmin * static_cast<float>(mn);
+          for (int l = 0; l < 32; ++l) {
+            int q = (qs[32 * (j / 2) + l] >> (j % 2 ? 4 : 0)) & 0x0f;
+            if (five) q |= ((qh[l] >> j) & 1) << 4;
+            const float v = scale * static_cast<float>(q);
+            y[32 * j + l] = v - min;
+          }
+        }
+      }
+      return;
+    }
+    case GgmlType::kQ6_K:
+      for (size_t b = first; b < last; ++b) {
+        const uint8_t* block = data + b * 210;
+        const uint8_t* ql = block;
+        const uint8_t* qh = block + 128;
+        const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
+        const float d = HalfToFloat(Load16(block + 208));
+        float* y = out + (b - first) * 256;
+        for (int e = 0; e < 256; ++e) {
+          // Element e = 128h + 32s + l (s < 4, l < 32): low bits from ql[64h + 32(s % 2) + l]
+          // (high nibble for s >= 2), high bits 2s..2s+1 of qh[32h + l].
+          const int h = e / 128, s = e % 128 / 32, l = e % 32;
+          const int lo = (ql[64 * h + 32 * (s % 2) + l] >> (s >= 2 ? 4 : 0)) & 0x0f;
+          const int hi = (qh[32 * h + l] >> (2 * s)) & 3;
+          const float scale = d * static_cast<float>(scales[e / 16]);
+          y[e] = scale * static_cast<float>((lo | hi << 4) - 32);
+        }
+      }
+      return;
   }
 }
 
@@ -171,6 +231,12 @@ absl::string_view GgmlTypeName(uint32_t type) {
       return "Q5_0";
     case GgmlType::kQ5_1:
       return "Q5_1";
+    case GgmlType::kQ4_K:
+      return "Q4_K";
+    case GgmlType::kQ5_K:
+      return "Q5_K";
+    case GgmlType::kQ6_K:
+      return "Q6_K";
   }
   // Names of the formats Ferry does not convert, for error messages.
   static constexpr const char* kOthers[] = {"Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
@@ -192,6 +258,12 @@ WeightQuant WeightQuantOfGgmlType(uint32_t type) {
       return WeightQuant::kQ5_0;
     case GgmlType::kQ5_1:
       return WeightQuant::kQ5_1;
+    case GgmlType::kQ4_K:
+      return WeightQuant::kQ4_K;
+    case GgmlType::kQ5_K:
+      return WeightQuant::kQ5_K;
+    case GgmlType::kQ6_K:
+      return WeightQuant::kQ6_K;
     default:
       return WeightQuant::kNone;
   }
@@ -209,6 +281,12 @@ uint32_t GgmlTypeOfWeightQuant(WeightQuant quant) {
       return static_cast<uint32_t>(GgmlType::kQ5_0);
     case WeightQuant::kQ5_1:
       return static_cast<uint32_t>(GgmlType::kQ5_1);
+    case WeightQuant::kQ4_K:
+      return static_cast<uint32_t>(GgmlType::kQ4_K);
+    case WeightQuant::kQ5_K:
+      return static_cast<uint32_t>(GgmlType::kQ5_K);
+    case WeightQuant::kQ6_K:
+      return static_cast<uint32_t>(GgmlType::kQ6_K);
     case WeightQuant::kNone:
       break;
   }

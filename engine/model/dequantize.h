@@ -11,6 +11,12 @@
 //   Q5_1   blocks of 32: f16 d, f16 m, 32 high bits, 16 b    x = d * q + m
 //   (low nibbles of byte j are elements j < 16, high nibbles elements j + 16; a 5-bit q adds bit
 //   i of the little-endian 32-bit high word as bit 4 of element i)
+//   Q4_K   blocks of 256: f16 d, f16 dmin, 12 bytes of 6-bit scales sc_j and minimums m_j of the
+//          eight 32-element sub-blocks, 128 bytes of nibbles   x = (d * sc_j) * q - (dmin * m_j)
+//   Q5_K   as Q4_K with 32 bytes of high bits before the nibbles (bit j of byte l: bit 4 of
+//          element 32j + l)
+//   Q6_K   blocks of 256: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales of
+//          16-element groups, f16 d                             x = (d * sc_g) * (q - 32)
 //
 // Each element is computed in fp32 with one rounding per operation (no fused multiply-add), so the
 // result is bit-identical to the reference dequantizer of the `gguf` package (NumPy, float32).
@@ -39,6 +45,9 @@ enum class GgmlType : uint32_t {
   kQ5_0 = 6,
   kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
   kBF16 = 30,
 };
 

@@ -96,8 +96,11 @@ TEST(DequantizeTest, ParallelRangesEqualOneSequentialPass) {
 TEST(DequantizeTest, BadInputsAreErrors) {
   std::vector<uint8_t> data(144);
   float out[256];
-  EXPECT_EQ(DequantizeToF32(12, data.data(), data.size(), 256, out).code(),
-            absl::StatusCode::kUnimplemented);  // Q4_K
+  EXPECT_EQ(DequantizeToF32(10, data.data(), 84, 256, out).code(),
+            absl::StatusCode::kUnimplemented);  // Q2_K
+  EXPECT_EQ(DequantizeToF32(12, data.data(), data.size(), 128, out).code(),
+            absl::StatusCode::kInvalidArgument);  // half a Q4_K block
+  EXPECT_TRUE(DequantizeToF32(12, data.data(), data.size(), 256, out).ok());
   EXPECT_EQ(DequantizeToF32(3, data.data(), 19, 32, out).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DequantizeToF32(3, data.data(), 20, 31, out).code(),

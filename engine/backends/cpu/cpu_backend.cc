@@ -140,11 +140,12 @@ absl::StatusOr<DeviceWeight> CpuBackend::UploadQuantizedWeight(const uint8_t* ho
                                                                int64_t cols) {
   if (quant == WeightQuant::kNone) return absl::InvalidArgumentError("not a block format");
   if (rows <= 0 || cols <= 0) return absl::InvalidArgumentError("empty weight matrix");
-  if (cols % kQuantBlock != 0) {
+  const int64_t block = GgmlQuantBlockElements(quant);
+  if (cols % block != 0) {
     return absl::InvalidArgumentError(absl::StrCat(WeightQuantName(quant), " rows of ", cols,
-                                                   " values are not whole blocks of 32"));
+                                                   " values are not whole blocks of ", block));
   }
-  const int64_t row_bytes = cols / kQuantBlock * GgmlQuantBlockBytes(quant);
+  const int64_t row_bytes = cols / block * GgmlQuantBlockBytes(quant);
   if (static_cast<int64_t>(bytes) != rows * row_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(WeightQuantName(quant), " data of ", bytes, " bytes for ", rows, " x ", cols));
@@ -157,7 +158,7 @@ absl::StatusOr<DeviceWeight> CpuBackend::UploadQuantizedWeight(const uint8_t* ho
   if (!buffer.ok()) return buffer.status();
   w.buffer = std::move(*buffer);
   const int64_t panels = (rows + kPanel - 1) / kPanel;
-  const int64_t panel_bytes = cols / kQuantBlock * QuantPanelBlockBytes(quant);
+  const int64_t panel_bytes = QuantPanelBytes(quant, cols);
   pool_->ParallelFor(panels, [&](size_t p) {
     const int64_t first = p * kPanel, n = std::min<int64_t>(kPanel, rows - first);
     PackQuantPanel(quant, host + first * row_bytes, n, cols,
@@ -232,7 +233,7 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
   const int64_t m_rows = x.rows, n = w.rows, k = x.cols;
   const int64_t panels = (n + kPanel - 1) / kPanel;
   const int64_t panel_bytes = w.quant != WeightQuant::kNone
-                                  ? k / kQuantBlock * QuantPanelBlockBytes(w.quant)
+                                  ? QuantPanelBytes(w.quant, k)
                                   : kPanel * k * static_cast<int64_t>(DTypeBytes(w.dtype));
   // Column groups small enough for L2. Over many rows: a multiple of 3 panels (the row-block
   // tiles take 3 at a time), and there are plenty of items already. Over one row block (decode):
@@ -282,19 +283,16 @@ void CpuBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Devi
   if (w.quant != WeightQuant::kNone) {
     const int64_t blocks = k / kQuantBlock;
     if (static_cast<int64_t>(quant_q_.size()) < m_rows * k) quant_q_.resize(m_rows * k);
-    if (static_cast<int64_t>(quant_d_.size()) < m_rows * blocks) {
-      quant_d_.resize(m_rows * blocks);
-      quant_s_.resize(m_rows * blocks);
-      quant_sum_.resize(m_rows * blocks);
+    if (static_cast<int64_t>(quant_blocks_.size()) < m_rows * blocks) {
+      quant_blocks_.resize(m_rows * blocks);
     }
     for_row_blocks([&](int64_t begin, int64_t end) {
       for (int64_t m = begin; m < end; ++m) {
         QuantizeActivationRow(Row<float>(x, m), k, quant_q_.data() + m * k,
-                              quant_d_.data() + m * blocks, quant_s_.data() + m * blocks,
-                              quant_sum_.data() + m * blocks);
+                              quant_blocks_.data() + m * blocks);
       }
     });
-    quantized = {quant_q_.data(), quant_d_.data(), quant_s_.data(), quant_sum_.data(), k};
+    quantized = {quant_q_.data(), quant_blocks_.data(), k};
   }
   pool_->ParallelFor(groups * row_blocks, [&](size_t item) {
     const int64_t g = item / row_blocks, rb = item % row_blocks;

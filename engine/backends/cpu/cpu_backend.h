@@ -101,8 +101,7 @@ class CpuBackend : public Backend {
   std::vector<uint16_t> activations_;
   // MatMul's quantized activations (likewise).
   std::vector<int8_t> quant_q_;
-  std::vector<float> quant_d_, quant_s_;
-  std::vector<int32_t> quant_sum_;
+  std::vector<ActivationBlock> quant_blocks_;
 };
 
 }  // namespace ferry

@@ -1,44 +1,62 @@
-// Matrix products on weights kept in GGML's 32-element block formats (Q8_0, Q4_0, Q4_1, Q5_0,
-// Q5_1: what a GGUF file holds), computed on the blocks rather than on a bf16 copy, so a decode
-// step reads the file's bytes, not 2-3x more.
+// Matrix products on weights kept in GGML's block formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 in
+// blocks of 32 values; the K-quants Q4_K, Q5_K, Q6_K in super-blocks of 256: what a GGUF file
+// holds), computed on the blocks rather than on a bf16 copy, so a decode step reads the file's
+// bytes, not 2-3x more.
 //
 // The arithmetic (one definition for every row count, thread count and instruction set, so
 // decode and prefill rows agree bit for bit, as cpu_kernels.h requires of every product):
 //
 //   Activations are quantized per row in blocks of 32, as llama.cpp's x86 code quantizes them
-//   (its Q8_0 / Q8_1 activation blocks): amax = the largest |x_i| of the block; d = amax / 127;
-//   id = amax == 0 ? 0 : 127 / amax; q_i = x_i * id rounded to the nearest integer, ties to even
-//   (then in [-127, 127]); sum = the integer sum of q_i; dx = d rounded to fp16 (nearest even,
-//   float_math.h's FloatToHalf) and widened back; sx = d * float(sum) rounded to fp16 likewise.
-//   Every step is one fp32 operation. Keeping llama.cpp's fp16 block scales makes Ferry's products
-//   on a GGUF file agree with llama.cpp's to fp32 rounding, not merely to the activations'
-//   quantization error.
+//   for the 32-value formats (its Q8_0 / Q8_1 activation blocks): amax = the largest |x_i| of the
+//   block; d = amax / 127; id = amax == 0 ? 0 : 127 / amax; q_i = x_i * id rounded to the nearest
+//   integer, ties to even (then in [-127, 127]); sum = the integer sum of q_i, sum_lo that of
+//   its first 16; dx = d rounded to fp16 (nearest even, float_math.h's FloatToHalf) and widened
+//   back; sx = d * float(sum) rounded to fp16 likewise. Every step is one fp32 operation. Keeping
+//   llama.cpp's fp16 block scales makes Ferry's products on a GGUF file agree with llama.cpp's to
+//   fp32 rounding, not merely to the activations' quantization error. The K-quants take the same
+//   32-value activation blocks (llama.cpp quantizes activations per 256 for them, with an fp32
+//   scale: a coarser rounding, so Ferry's K-quant products are the closer to the exact ones).
 //
-//   A weight block holds a scale dw (fp16, widened exactly), for Q4_1 and Q5_1 a minimum mw
-//   (fp16), and 32 integers u: Q8_0 signed 8-bit, Q4 4-bit and Q5 5-bit unsigned. Its values are
-//   dw * (u - z) with z = 0 (Q8_0), 8 (Q4_0), 16 (Q5_0), or dw * u + mw (Q4_1, Q5_1).
+//   Weights, per 32 values (a block, or one sub-block j of a K-quant super-block): integers u
+//   (Q8_0 signed 8-bit; Q4 4-bit, Q5 5-bit and Q6_K 6-bit unsigned) and fp16 scales widened
+//   exactly:
+//     Q8_0, Q4_0, Q5_0   dw * (u - z), z = 0, 8, 16
+//     Q4_1, Q5_1         dw * u + mw
+//     Q4_K, Q5_K         (dw * sc_j) * u - (dmin * m_j), sc_j and m_j 6-bit, dw and dmin the
+//                        super-block's
+//     Q6_K               (dw * sc) * (u - 32), one int8 sc for each 16 values (sc_lo, sc_hi)
 //
-//   Output element (m, n): acc = +0; for each block b in increasing order:
-//     isum = sum over the block's 32 k of q[m][k] * (u[n][k] - z)     (exact, in integers)
-//     acc = fma(dw * dx, float(isum), acc)                             (dw * dx rounded first)
-//     and for Q4_1 and Q5_1 then acc = fma(mw, sx, acc).
-//   The integer sum is exact whatever the grouping (|isum| < 2^20, so float(isum) is exact too),
-//   so vector variants group its terms as their dot-product instructions do (AVX2 pairs with
-//   VPMADDUBSW, AVX512-VNNI quads with VPDPBUSD) and still reproduce the scalar definition.
+//   Output element (m, n): acc = +0; for each 32-value block b in increasing order:
+//     Q8_0, Q4_0, Q5_0   isum = sum of q[m][k] * (u[n][k] - z); acc = fma(dw * dx, isum, acc)
+//     Q4_1, Q5_1         the same with z = 0, then acc = fma(mw, sx, acc)
+//     Q4_K, Q5_K         isum = sc_j * sum of q * u; acc = fma(dw * dx, isum, acc);
+//                        acc = fma(-(dmin * m_j), sx, acc)
+//     Q6_K               isum = sc_lo * (sum over the first 16 k of q * (u - 32)) + sc_hi * (that
+//                        over the last 16); acc = fma(dw * dx, isum, acc)
+//   (a product of two values is rounded once before the fma; isum converts to fp32 exactly).
+//   The integer sums are exact whatever the grouping (|isum| < 2^24), so vector variants group
+//   their terms as their dot-product instructions do (AVX2 pairs with VPMADDUBSW, AVX512-VNNI
+//   quads with VPDPBUSD) and still reproduce the scalar definition.
 //
 // Compared with the dequantized weights and fp32 activations, the only error beyond fp32
 // rounding is the activations' quantization: |x_i - dx * q_i| <= d / 2 + 127 * |d - dx|, with
 // |d - dx| <= 2^-11 d (fp16's rounding).
 //
-// Packed layout: panels of kPanel (16) output rows, as the bf16 path; panel p holds its blocks
-// b = 0..K/32-1 one after the other, QuantPanelBlockBytes bytes each:
-//   dw[16] fp16 | mw[16] fp16 (Q4_1, Q5_1) | qh[64] (Q5) | quants
+// Packed layout: panels of kPanel (16) output rows, as the bf16 path. A panel holds its
+// super-blocks one after the other (a 32-value format's super-block is one block), each a
+// header and then its sub-blocks (1, or 8 for a K-quant) of 32 k:
+//   header:    dw[16] fp16 | mw[16] fp16 (Q4_1, Q5_1; dmin for Q4_K, Q5_K)
+//   sub-block: scales[32] (K-quants: sc_j[16] | m_j[16] bytes; Q6_K sc_lo[16] | sc_hi[16] int8)
+//              | qh (Q5: 64 bytes, Q6_K: 128) | quants (Q8_0: 512 bytes, else 256)
 //   Q8_0 quants: 8 groups of 64 bytes; byte c*4 + j of group g is u[c][4g + j].
-//   Q4/Q5 quants: 4 groups of 64 bytes; byte c*4 + j of group g holds u[c][4g + j] & 15 in its
+//   Q4/Q5/Q6 quants: 4 groups of 64 bytes; byte c*4 + j of group g holds u[c][4g + j] & 15 in its
 //   low nibble and u[c][16 + 4g + j] & 15 in its high nibble.
 //   Q5 qh: byte c*4 + j holds bit 4 of u[c][4v + j] as bit v and of u[c][16 + 4v + j] as bit
 //   4 + v (v < 4).
-// So one 32-bit lane is one output row and one 64-byte load feeds 16 rows' dot products.
+//   Q6_K qh: byte c*4 + j of the first 64 bytes holds bits 4-5 of u[c][4v + j] as bits 2v, 2v+1;
+//   of the second 64 those of u[c][16 + 4v + j].
+// So one 32-bit lane is one output row and one 64-byte load feeds 16 rows' dot products. The
+// packed K-quants take 2.8% (Q4_K), 1.2% (Q5_K) and 0% (Q6_K) more bytes than the file.
 //
 // Threading: every function here is reentrant; the caller splits work over panels and rows.
 
@@ -53,16 +71,21 @@
 
 namespace ferry {
 
+// Values per activation block (and per weight block or sub-block).
 constexpr int64_t kQuantBlock = 32;
 
-// Bytes of one block in GGML's layout (Q8_0 34, Q4_0 18, Q4_1 20, Q5_0 22, Q5_1 24).
+// Values per block in GGML's layout: 32, or 256 for the K-quants. A row's length must be a
+// multiple of it.
+int64_t GgmlQuantBlockElements(WeightQuant quant);
+// Bytes of one block in GGML's layout (Q8_0 34, Q4_0 18, Q4_1 20, Q5_0 22, Q5_1 24, Q4_K 144,
+// Q5_K 176, Q6_K 210).
 int64_t GgmlQuantBlockBytes(WeightQuant quant);
-// Bytes of one panel's block (16 rows x 32 k) in the packed layout.
-int64_t QuantPanelBlockBytes(WeightQuant quant);
-// Bytes of the packed form of an n x k matrix (k a multiple of 32).
+// Bytes of one packed panel (16 rows) of k columns (a multiple of GgmlQuantBlockElements).
+int64_t QuantPanelBytes(WeightQuant quant, int64_t k);
+// Bytes of the packed form of an n x k matrix.
 int64_t PackedQuantBytes(WeightQuant quant, int64_t n, int64_t k);
-// Packs `count` (<= 16) rows of GGML blocks (k / 32 blocks each, one row after the other) into
-// one panel; rows beyond `count` are zero.
+// Packs `count` (<= 16) rows of GGML blocks (k / GgmlQuantBlockElements blocks each, one row
+// after the other) into one panel; rows beyond `count` are zero.
 void PackQuantPanel(WeightQuant quant, const uint8_t* rows, int64_t count, int64_t k,
                     uint8_t* panel);
 // Row `row` of a packed matrix as fp32: dw * (u - z) or (dw * u) + mw with one rounding per
@@ -70,23 +93,28 @@ void PackQuantPanel(WeightQuant quant, const uint8_t* rows, int64_t count, int64
 void DequantizePackedRow(WeightQuant quant, const uint8_t* packed, int64_t row, int64_t k,
                          float* out);
 
-// Activation rows quantized as above: row m's k quants at q + m * k, its k / 32 block values
-// at d, s and sum + m * (k / 32).
+// One activation block's values besides its quants (the definitions above).
+struct ActivationBlock {
+  float d = 0.0f;  // dx
+  float s = 0.0f;  // sx
+  int32_t sum = 0;
+  int32_t sum_lo = 0;
+};
+
+// Activation rows quantized as above: row m's k quants at q + m * k, its k / 32 blocks at
+// blocks + m * (k / 32).
 struct QuantizedRows {
   const int8_t* q = nullptr;
-  const float* d = nullptr;
-  const float* s = nullptr;
-  const int32_t* sum = nullptr;
+  const ActivationBlock* blocks = nullptr;
   int64_t k = 0;
 
   // The rows from row `first` on.
   QuantizedRows From(int64_t first) const {
-    const int64_t blocks = k / 32;
-    return {q + first * k, d + first * blocks, s + first * blocks, sum + first * blocks, k};
+    return {q + first * k, blocks + first * (k / kQuantBlock), k};
   }
 };
 // Quantizes one row of k (a multiple of 32) activations.
-void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, float* d, float* s, int32_t* sum);
+void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, ActivationBlock* blocks);
 
 // The instruction-set variants of the quantized product (all bit-identical to kScalar).
 enum class QuantIsa { kScalar, kAvx2, kAvx512Vnni };

@@ -24,7 +24,17 @@ namespace ferry {
 namespace {
 
 constexpr WeightQuant kFormats[] = {WeightQuant::kQ8_0, WeightQuant::kQ4_0, WeightQuant::kQ4_1,
-                                    WeightQuant::kQ5_0, WeightQuant::kQ5_1};
+                                    WeightQuant::kQ5_0, WeightQuant::kQ5_1, WeightQuant::kQ4_K,
+                                    WeightQuant::kQ5_K, WeightQuant::kQ6_K};
+
+bool IsK(WeightQuant q) {
+  return q == WeightQuant::kQ4_K || q == WeightQuant::kQ5_K || q == WeightQuant::kQ6_K;
+}
+
+// Row lengths to test a format on: whole GGML blocks, one and several.
+std::vector<int64_t> Lengths(WeightQuant q) {
+  return IsK(q) ? std::vector<int64_t>{256, 768} : std::vector<int64_t>{32, 96, 576};
+}
 
 // A random fp16 of magnitude 2^(lo-15)..2^(hi-15), either sign when `signed_`.
 uint16_t RandomHalf(std::mt19937& rng, int lo, int hi, bool signed_) {
@@ -34,16 +44,27 @@ uint16_t RandomHalf(std::mt19937& rng, int lo, int hi, bool signed_) {
   return static_cast<uint16_t>(sign | exponent << 10 | mantissa);
 }
 
-// n rows of k / 32 GGML blocks of `q`: random quants, scales around 2^-6, minimums around 2^-3.
+// n rows of k / GgmlQuantBlockElements GGML blocks of `q`: random quants and integer scales,
+// scales d around 2^-6 (K-quants: 2^-9, times a 6-bit sub-block scale), minimums around 2^-3
+// (K-quants: dmin around 2^-9, times a 6-bit minimum).
 std::vector<uint8_t> RandomBlocks(WeightQuant q, int64_t n, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);
   const int64_t bytes = GgmlQuantBlockBytes(q);
-  std::vector<uint8_t> out(n * (k / kQuantBlock) * bytes);
+  std::vector<uint8_t> out(n * (k / GgmlQuantBlockElements(q)) * bytes);
   for (size_t b = 0; b < out.size() / bytes; ++b) {
     uint8_t* block = out.data() + b * bytes;
     for (int64_t i = 0; i < bytes; ++i) block[i] = static_cast<uint8_t>(rng());
-    const uint16_t d = RandomHalf(rng, 6, 12, false);
-    std::memcpy(block, &d, 2);
+    if (q == WeightQuant::kQ6_K) {
+      const uint16_t d = RandomHalf(rng, 3, 9, false);
+      std::memcpy(block + 208, &d, 2);
+    } else if (IsK(q)) {
+      const uint16_t d = RandomHalf(rng, 3, 9, false), dmin = RandomHalf(rng, 3, 9, false);
+      std::memcpy(block, &d, 2);
+      std::memcpy(block + 2, &dmin, 2);
+    } else {
+      const uint16_t d = RandomHalf(rng, 6, 12, false);
+      std::memcpy(block, &d, 2);
+    }
     if (q == WeightQuant::kQ4_1 || q == WeightQuant::kQ5_1) {
       const uint16_t m = RandomHalf(rng, 10, 14, true);
       std::memcpy(block + 2, &m, 2);
@@ -54,8 +75,8 @@ std::vector<uint8_t> RandomBlocks(WeightQuant q, int64_t n, int64_t k, uint32_t 
 
 std::vector<uint8_t> Pack(WeightQuant q, const std::vector<uint8_t>& blocks, int64_t n, int64_t k) {
   std::vector<uint8_t> packed(PackedQuantBytes(q, n, k));
-  const int64_t row_bytes = k / kQuantBlock * GgmlQuantBlockBytes(q);
-  const int64_t panel_bytes = k / kQuantBlock * QuantPanelBlockBytes(q);
+  const int64_t row_bytes = k / GgmlQuantBlockElements(q) * GgmlQuantBlockBytes(q);
+  const int64_t panel_bytes = QuantPanelBytes(q, k);
   for (int64_t p = 0; p * kPanel < n; ++p) {
     PackQuantPanel(q, blocks.data() + p * kPanel * row_bytes, std::min(kPanel, n - p * kPanel), k,
                    packed.data() + p * panel_bytes);
@@ -78,8 +99,7 @@ std::vector<float> RandomActivations(int64_t rows, int64_t k, uint32_t seed) {
 
 struct Quantized {
   std::vector<int8_t> q;
-  std::vector<float> d, s;
-  std::vector<int32_t> sum;
+  std::vector<ActivationBlock> blocks;
   QuantizedRows rows;
 };
 
@@ -87,14 +107,11 @@ Quantized QuantizeRows(const std::vector<float>& x, int64_t rows, int64_t k) {
   Quantized a;
   const int64_t blocks = k / kQuantBlock;
   a.q.resize(rows * k);
-  a.d.resize(rows * blocks);
-  a.s.resize(rows * blocks);
-  a.sum.resize(rows * blocks);
+  a.blocks.resize(rows * blocks);
   for (int64_t m = 0; m < rows; ++m) {
-    QuantizeActivationRow(x.data() + m * k, k, a.q.data() + m * k, a.d.data() + m * blocks,
-                          a.s.data() + m * blocks, a.sum.data() + m * blocks);
+    QuantizeActivationRow(x.data() + m * k, k, a.q.data() + m * k, a.blocks.data() + m * blocks);
   }
-  a.rows = {a.q.data(), a.d.data(), a.s.data(), a.sum.data(), k};
+  a.rows = {a.q.data(), a.blocks.data(), k};
   return a;
 }
 
@@ -108,7 +125,7 @@ std::vector<QuantIsa> Variants() {
 
 TEST(CpuQuantTest, PackedRowsDequantizeAsGgmlDoes) {
   for (WeightQuant q : kFormats) {
-    const int64_t n = 37, k = 96;
+    const int64_t n = 37, k = IsK(q) ? 512 : 96;
     const std::vector<uint8_t> blocks = RandomBlocks(q, n, k, 11);
     std::vector<float> want(n * k);
     ASSERT_TRUE(
@@ -129,24 +146,27 @@ TEST(CpuQuantTest, ActivationQuantizationFollowsItsDefinition) {
   const std::vector<float> x = RandomActivations(1, k, 5);
   const Quantized a = QuantizeRows(x, 1, k);
   for (int64_t b = 0; b < k / kQuantBlock; ++b) {
-    int32_t total = 0;
+    int32_t total = 0, total_lo = 0;
     float amax = 0;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
     const float d = amax / 127.0f;
-    EXPECT_EQ(a.d[b], HalfToFloat(FloatToHalf(d)));
-    EXPECT_LE(std::fabs(a.d[b] - d), d * 0x1.0p-11f);
+    const ActivationBlock& block = a.blocks[b];
+    EXPECT_EQ(block.d, HalfToFloat(FloatToHalf(d)));
+    EXPECT_LE(std::fabs(block.d - d), d * 0x1.0p-11f);
     for (int i = 0; i < 32; ++i) {
       const int8_t q = a.q[b * 32 + i];
       total += q;
+      if (i < 16) total_lo += q;
       EXPECT_LE(std::abs(static_cast<int>(q)), 127);
       EXPECT_LE(std::fabs(x[b * 32 + i] - d * q), d * 0.5f * (1 + 1e-5f));
     }
-    EXPECT_EQ(a.sum[b], total);
-    EXPECT_EQ(a.s[b], HalfToFloat(FloatToHalf(d * static_cast<float>(total))));
+    EXPECT_EQ(block.sum, total);
+    EXPECT_EQ(block.sum_lo, total_lo);
+    EXPECT_EQ(block.s, HalfToFloat(FloatToHalf(d * static_cast<float>(total))));
   }
   // The first block is all zeros: scale 0, quants 0.
-  EXPECT_EQ(a.d[0], 0.0f);
-  EXPECT_EQ(a.sum[0], 0);
+  EXPECT_EQ(a.blocks[0].d, 0.0f);
+  EXPECT_EQ(a.blocks[0].sum, 0);
 }
 
 #if defined(__x86_64__)
@@ -181,7 +201,7 @@ TEST(CpuQuantTest, EveryVariantReproducesTheScalarDefinition) {
   const std::vector<QuantIsa> variants = Variants();
   RecordProperty("variants", static_cast<int>(variants.size()));
   for (WeightQuant q : kFormats) {
-    for (int64_t k : {32, 96, 576}) {
+    for (int64_t k : Lengths(q)) {
       for (int64_t n : {16, 37, 100}) {
         const std::vector<uint8_t> packed = Pack(q, RandomBlocks(q, n, k, 7 + n + k), n, k);
         const int64_t panels = (n + kPanel - 1) / kPanel;
@@ -207,8 +227,9 @@ TEST(CpuQuantTest, EveryVariantReproducesTheScalarDefinition) {
 }
 
 TEST(CpuQuantTest, ScalarDefinitionIsWithinTheActivationRoundingOfAnExactProduct) {
-  const int64_t n = 40, k = 576, rows = 3;
+  const int64_t n = 40, rows = 3;
   for (WeightQuant q : kFormats) {
+    const int64_t k = IsK(q) ? 768 : 576;
     const std::vector<uint8_t> blocks = RandomBlocks(q, n, k, 21);
     std::vector<float> w(n * k);
     ASSERT_TRUE(
@@ -227,8 +248,8 @@ TEST(CpuQuantTest, ScalarDefinitionIsWithinTheActivationRoundingOfAnExactProduct
           magnitude += std::fabs(static_cast<double>(w[c * k + i]) * x[m * k + i]);
           // |x - dx q| <= d / 2 + 127 |d - dx| <= dx (1/2 + 127 * 2^-10) per element (d within
           // 2^-11 of dx): the activation quantization's whole error.
-          bound += std::fabs(static_cast<double>(w[c * k + i])) * a.d[m * (k / 32) + i / 32] *
-                   (0.5 + 127.0 / 1024);
+          bound += std::fabs(static_cast<double>(w[c * k + i])) *
+                   a.blocks[m * (k / 32) + i / 32].d * (0.5 + 127.0 / 1024);
         }
         // Plus fp32 rounding of the per-block products and sums (a few ulps of the magnitude).
         bound += 1e-5 * magnitude + 1e-30;
@@ -242,8 +263,11 @@ TEST(CpuQuantTest, ScalarDefinitionIsWithinTheActivationRoundingOfAnExactProduct
 // The backend's MatMul on quantized weights: the same bits for one row alone and within a batch,
 // whatever the thread count, and equal to the kernel called directly.
 TEST(CpuQuantTest, BackendMatMulIsTheKernelsProductForAnyBatch) {
-  const int64_t n = 200, k = 192;
-  for (WeightQuant q : {WeightQuant::kQ4_1, WeightQuant::kQ8_0, WeightQuant::kQ5_0}) {
+  const int64_t n = 200;
+  for (WeightQuant q :
+       {WeightQuant::kQ4_1, WeightQuant::kQ8_0, WeightQuant::kQ5_0, WeightQuant::kQ6_K}) {
+    const int64_t k = IsK(q) ? 512 : 192;
+    const int64_t row_bytes = k / GgmlQuantBlockElements(q) * GgmlQuantBlockBytes(q);
     const std::vector<uint8_t> blocks = RandomBlocks(q, n, k, 31);
     const std::vector<float> x = RandomActivations(9, k, 17);
     std::vector<float> want(9 * n);
@@ -266,9 +290,8 @@ TEST(CpuQuantTest, BackendMatMulIsTheKernelsProductForAnyBatch) {
       }
       // Embedding rows of a quantized table are its dequantized rows.
       std::vector<float> row(k), embedded(k);
-      ASSERT_TRUE(DequantizeToF32(GgmlTypeOfWeightQuant(q),
-                                  blocks.data() + 5 * (k / 32) * GgmlQuantBlockBytes(q),
-                                  k / 32 * GgmlQuantBlockBytes(q), k, row.data())
+      ASSERT_TRUE(DequantizeToF32(GgmlTypeOfWeightQuant(q), blocks.data() + 5 * row_bytes,
+                                  row_bytes, k, row.data())
                       .ok());
       (*backend)->Embed(*weight, {5}, DeviceMatrix::Dense(embedded.data(), DType::kF32, 1, k));
       ASSERT_EQ(0, std::memcmp(row.data(), embedded.data(), k * 4));
@@ -292,6 +315,15 @@ TEST(CpuQuantTest, UploadRejectsBadShapes) {
   EXPECT_TRUE((*backend)
                   ->UploadQuantizedWeight(blocks.data(), blocks.size(), WeightQuant::kQ4_1, 4, 32)
                   .ok());
+  std::vector<uint8_t> k_blocks(144 * 2);
+  EXPECT_FALSE(
+      (*backend)
+          ->UploadQuantizedWeight(k_blocks.data(), k_blocks.size(), WeightQuant::kQ4_K, 8, 64)
+          .ok());  // a K-quant row is whole super-blocks of 256
+  EXPECT_TRUE(
+      (*backend)
+          ->UploadQuantizedWeight(k_blocks.data(), k_blocks.size(), WeightQuant::kQ4_K, 2, 256)
+          .ok());
 }
 
 }  // namespace
