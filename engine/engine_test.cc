@@ -186,7 +186,7 @@ const SyntheticVariant kVariants[] = {
      24},
     {"hybrid_window_24_two_pools", false, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false,
      24},
-    {"llama_tied_q4_1_q8_0_native", false, false, true, 8, WeightDType::kNative, "bf16", 0, 2,
+    {"llama_tied_q4_1_q6_k_q8_0_native", false, false, true, 8, WeightDType::kNative, "bf16", 0, 2,
      false, 0, 2, true},
 };
 // The last variant keeps its window layer in a pool of its own (as many blocks as the other).

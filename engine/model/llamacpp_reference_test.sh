@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Ferry's block-format weights (--weights native) against llama.cpp (llama-cpp-python) on the
-# same GGUF files and token ids: SmolLM2's Q4_1 file (the default model) and a Q8_0 file that
-# llama.cpp's own quantizer makes here from a BF16 copy of it. 20 chat prompts rendered with the
-# model's template; logits of every prompt position; 32 greedy tokens per prompt.
+# same GGUF files and token ids: SmolLM2's Q4_1 file (the default model), a Q8_0 file that
+# llama.cpp's own quantizer makes here from a BF16 copy of it, and for the K-quants a 4-layer
+# 512-wide model cut out of SmolLM2's weights (llamacpp_peer.py sliced-gguf: SmolLM2's 576-wide
+# rows are no multiple of 256) that llama.cpp quantizes to Q4_K_M (Q4_K and Q6_K tensors) and
+# Q5_K_M (Q5_K and Q6_K). 20 chat prompts rendered with the model's template; logits of every
+# prompt position; 32 greedy tokens per prompt.
 #
 # Both engines quantize activations to 8 bits per block of 32 (cpu_quant.h), so each is off the
 # exact product (Ferry with fp32 weights on the same dequantized values, which
@@ -17,6 +20,8 @@
 #   - greedy: the tokens each engine shares with the exact model's greedy decoding (up to the
 #     first difference, or a top-2 margin below 1e-2 on either side) are at least 0.8x as many
 #     for Ferry as for llama.cpp; the counts, and those shared with llama.cpp itself, are printed.
+# On the K-quants llama.cpp quantizes activations per 256 values with an fp32 scale, Ferry per 32
+# with an fp16 one (cpu_quant.h), so there Ferry's error is the smaller (printed).
 set -euo pipefail
 check="$1"
 reference="$2"
@@ -31,8 +36,16 @@ echo "making the Q8_0 file: a BF16 copy of the default model, quantized by llama
 "${FERRY_REF_PYTHON}" "${peer}" bf16-gguf "${FERRY_MODEL_GGUF}" "${t}/bf16.gguf" 2>/dev/null
 "${FERRY_CLIENT_PYTHON}" "${reference}" quantize "${t}/bf16.gguf" "${t}/q8_0.gguf" --type q8_0
 rm -f "${t}/bf16.gguf"
+echo "making the K-quant files: a 512-wide slice of the default model, quantized by llama.cpp..."
+"${FERRY_REF_PYTHON}" "${peer}" sliced-gguf "${FERRY_MODEL_GGUF}" "${t}/sliced.gguf"
+for type in q4_k_m q5_k_m; do
+  "${FERRY_CLIENT_PYTHON}" "${reference}" quantize "${t}/sliced.gguf" "${t}/sliced_${type}.gguf" \
+    --type "${type}"
+done
+rm -f "${t}/sliced.gguf"
 
-for model in "${FERRY_MODEL_GGUF}" "${t}/q8_0.gguf"; do
+for model in "${FERRY_MODEL_GGUF}" "${t}/q8_0.gguf" "${t}/sliced_q4_k_m.gguf" \
+  "${t}/sliced_q5_k_m.gguf"; do
   name=$(basename "${model}" .gguf)
   d="${t}/${name}"
   mkdir -p "${d}/exact" "${d}/native" "${d}/llamacpp"

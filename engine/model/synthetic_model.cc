@@ -50,6 +50,37 @@ std::vector<uint8_t> QuantizeQ4_1(const std::vector<float>& x) {
   return out;
 }
 
+// Q6_K blocks of 256 (a simple valid encoding, not GGML's search for the best scales): each
+// 16-value group's int8 scale is 127 * its max|x| / the block's, d = block max / (127 * 31).
+std::vector<uint8_t> QuantizeQ6_K(const std::vector<float>& x) {
+  std::vector<uint8_t> out;
+  for (size_t b = 0; b < x.size(); b += 256) {
+    float group_max[16] = {}, amax = 0;
+    for (int e = 0; e < 256; ++e) {
+      group_max[e / 16] = std::max(group_max[e / 16], std::fabs(x[b + e]));
+      amax = std::max(amax, std::fabs(x[b + e]));
+    }
+    const float d = HalfToFloat(FloatToHalf(amax / (127.0f * 31.0f)));
+    int8_t scales[16];
+    for (int g = 0; g < 16; ++g) {
+      scales[g] = amax == 0 ? 0 : static_cast<int8_t>(std::lround(127.0f * group_max[g] / amax));
+    }
+    uint8_t block[210] = {};
+    for (int e = 0; e < 256; ++e) {
+      const float step = d * scales[e / 16];
+      const int q = step == 0 ? 0 : std::clamp<int>(std::lround(x[b + e] / step), -32, 31);
+      const int u = q + 32, h = e / 128, s = e % 128 / 32, l = e % 32;
+      block[64 * h + 32 * (s % 2) + l] |= static_cast<uint8_t>((u & 15) << (s >= 2 ? 4 : 0));
+      block[128 + 32 * h + l] |= static_cast<uint8_t>((u >> 4) << (2 * s));
+    }
+    std::memcpy(block + 192, scales, 16);
+    const uint16_t dh = FloatToHalf(d);
+    std::memcpy(block + 208, &dh, 2);
+    out.insert(out.end(), block, block + 210);
+  }
+  return out;
+}
+
 }  // namespace
 
 HostWeights SyntheticModel(const SyntheticVariant& v) {
@@ -71,7 +102,7 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
   }
   c.vocab_size = 97;
   c.hidden_size = 32;
-  c.intermediate_size = v.native ? 64 : 48;
+  c.intermediate_size = v.native ? 256 : 48;  // native: down_proj rows of one Q6_K block
   c.num_heads = 4;
   c.num_kv_heads = 2;
   c.head_dim = v.head_dim;
@@ -91,9 +122,16 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
     std::vector<float> values(t.elements());
     for (float& f : values) f = mean + scale * normal(rng);
     if (v.native && shape.size() == 2) {
-      const bool embedding = name == "model.embed_tokens.weight";
-      t.quant = embedding ? WeightQuant::kQ8_0 : WeightQuant::kQ4_1;
-      t.blocks = embedding ? QuantizeQ8_0(values) : QuantizeQ4_1(values);
+      if (name == "model.embed_tokens.weight") {
+        t.quant = WeightQuant::kQ8_0;
+        t.blocks = QuantizeQ8_0(values);
+      } else if (shape[1] % 256 == 0) {
+        t.quant = WeightQuant::kQ6_K;
+        t.blocks = QuantizeQ6_K(values);
+      } else {
+        t.quant = WeightQuant::kQ4_1;
+        t.blocks = QuantizeQ4_1(values);
+      }
     } else if (v.native) {
       t.dtype = WeightDType::kF32;
       t.f32 = values;

@@ -30,8 +30,8 @@ struct SyntheticVariant {
   int32_t window = 0;
   int64_t layers = 2;  // dense models only
   // Block-format weights as a GGUF file of SmolLM2 holds them: the embedding (tied or not) in
-  // Q8_0, every other matrix in Q4_1 (quantized here as GGML's reference quantizer does), vectors
-  // f32; the MLP is 64 wide so that every matrix has whole blocks. Dense models only.
+  // Q8_0, every other matrix in Q4_1 (quantized here as GGML's reference quantizer does) except
+  // down_proj in Q6_K (a K-quant: the MLP is 256 wide for it), vectors f32. Dense models only.
   bool native = false;
 };
 

@@ -3,7 +3,7 @@
 // bf16 weights, fp32 and bf16 KV: a row's logits are bit-identical whether the prompt runs in one
 // step or in chunks of 1, 7 or 64 tokens, alone or beside another sequence, on any CPU kernel
 // variant and thread count, and after its KV moved to another pool; also with block-format
-// (native Q4_1 / Q8_0) weights. Exactness against transformers is checked by
+// (native Q4_1 / Q6_K / Q8_0) weights. Exactness against transformers is checked by
 // forward_reference_test, native weights against llama.cpp by llamacpp_reference_test.
 
 #include "engine/model/transformer.h"
@@ -38,8 +38,8 @@ std::vector<Variant> Variants() {
       {"hybrid_window_5_f32", false, false, false, 8, WeightDType::kF32, "f32", 0, 2, false, 5},
       {"hybrid_window_37_bf16_kv", true, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false,
        37},
-      {"llama_tied_q4_1_q8_0_native", false, false, true, 8, WeightDType::kNative, "bf16", 0, 2,
-       false, 0, 2, true},
+      {"llama_tied_q4_1_q6_k_q8_0_native", false, false, true, 8, WeightDType::kNative, "bf16", 0,
+       2, false, 0, 2, true},
   };
 }
 

@@ -7,6 +7,15 @@
       1-D tensor (norm weights) as F32. general.file_type becomes MOSTLY_BF16 (the only KV that
       changes: it describes the tensors). This gives llama.cpp the weights Ferry computes with.
 
+  llamacpp_peer.py sliced-gguf SRC.gguf DST.gguf [--hidden 512] [--heads 8] [--kv-heads 2]
+                   [--layers 4]                           (reference venv)
+      A smaller llama model cut out of SRC's trained weights, as F32: the first --layers blocks,
+      the first --hidden channels of the residual stream, the first --heads query heads and
+      --kv-heads key/value heads (64-wide, as SRC's), every FFN channel and every token. Its rows
+      are multiples of 256 when --hidden and the FFN width are, so llama.cpp's quantizer can make
+      K-quants of it (SmolLM2's 576 cannot); the weights keep a trained model's distributions,
+      the outputs are those of no trained model.
+
   llamacpp_peer.py prompt MODEL.gguf [--tokens 1024]      (client venv)
       Prints {"prompt": [ids]}: the benchmark prompt, for Ferry's side of the same run.
 
@@ -112,6 +121,62 @@ def bf16_gguf(src, dst):
             kind = "F32"
         log(f"{tensor.name}: {tensor.tensor_type.name} {list(values.shape)} -> {kind}")
 
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def sliced_gguf(src, dst, hidden, heads, kv_heads, layers):
+    import re
+    import numpy as np
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    if arch != "llama":
+        raise SystemExit(f"{src}: architecture {arch}, not llama")
+    head_dim = hidden // heads
+    overrides = {f"{arch}.block_count": layers, f"{arch}.embedding_length": hidden,
+                 f"{arch}.attention.head_count": heads, f"{arch}.attention.head_count_kv": kv_heads,
+                 f"{arch}.rope.dimension_count": head_dim,
+                 "general.file_type": int(gguf.LlamaFileType.ALL_F32)}
+    writer = gguf.GGUFWriter(dst, arch)
+    skip = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
+    for field in reader.fields.values():
+        if field.name in skip:
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        value = overrides.get(field.name, field_value(field))
+        if field.name == "general.alignment":
+            writer.data_alignment = value
+        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+
+    q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
+    for tensor in reader.tensors:
+        match = re.match(r"blk\.(\d+)\.(.*)$", tensor.name)
+        if match and int(match.group(1)) >= layers:
+            continue
+        kind = match.group(2) if match else tensor.name
+        w = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        # [rows (outputs), columns (inputs)] in numpy order.
+        cut = {"token_embd.weight": (slice(None), slice(0, hidden)),
+               "output.weight": (slice(None), slice(0, hidden)),
+               "attn_q.weight": (slice(0, q_rows), slice(0, hidden)),
+               "attn_k.weight": (slice(0, kv_rows), slice(0, hidden)),
+               "attn_v.weight": (slice(0, kv_rows), slice(0, hidden)),
+               "attn_output.weight": (slice(0, hidden), slice(0, q_rows)),
+               "ffn_gate.weight": (slice(None), slice(0, hidden)),
+               "ffn_up.weight": (slice(None), slice(0, hidden)),
+               "ffn_down.weight": (slice(0, hidden), slice(None))}
+        if w.ndim == 1:
+            w = w[:hidden]
+        elif kind in cut:
+            w = w[cut[kind]]
+        else:
+            raise SystemExit(f"{src}: no rule to slice {tensor.name}")
+        writer.add_tensor(tensor.name, np.ascontiguousarray(w, np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -280,6 +345,13 @@ def main():
     convert = commands.add_parser("bf16-gguf", help="write a BF16 copy of a GGUF model")
     convert.add_argument("src")
     convert.add_argument("dst")
+    sliced = commands.add_parser("sliced-gguf", help="cut a smaller llama model out of a GGUF")
+    sliced.add_argument("src")
+    sliced.add_argument("dst")
+    sliced.add_argument("--hidden", type=int, default=512)
+    sliced.add_argument("--heads", type=int, default=8)
+    sliced.add_argument("--kv-heads", type=int, default=2)
+    sliced.add_argument("--layers", type=int, default=4)
     run = commands.add_parser("bench", help="llama.cpp prefill and decode tokens/s")
     run.add_argument("model")
     run.add_argument("--threads", type=int, required=True)
@@ -302,6 +374,8 @@ def main():
     args = parser.parse_args()
     if args.command == "bf16-gguf":
         bf16_gguf(args.src, args.dst)
+    elif args.command == "sliced-gguf":
+        sliced_gguf(args.src, args.dst, args.hidden, args.heads, args.kv_heads, args.layers)
     elif args.command == "prompt":
         import llama_cpp
         llm = llama_cpp.Llama(model_path=args.model, vocab_only=True, verbose=False)

@@ -11,8 +11,8 @@ the same GGUF file, the same token ids.
       Greedy decoding of N tokens after each prompt; OUT.json {"results": [{"tokens": [...],
       "margins": [...]}]}, margins[t] = top-1 minus top-2 logit at step t.
 
-  llamacpp_reference.py quantize SRC.gguf DST.gguf --type q8_0|q4_0|q4_1|q5_0|q5_1
-      llama.cpp's own quantizer (llama_model_quantize) over SRC (a BF16 file).
+  llamacpp_reference.py quantize SRC.gguf DST.gguf --type q8_0|q4_0|q4_1|q5_0|q5_1|q4_k_m|q5_k_m|q6_k
+      llama.cpp's own quantizer (llama_model_quantize) over SRC (a BF16 or F32 file).
 
 Runs on the client venv (llama-cpp-python); the CPU backend, flash attention off (the library's
 default), an f16 KV cache (its default).
@@ -84,7 +84,10 @@ def quantize(args):
     import llama_cpp
     ftypes = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
               "q4_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_1, "q5_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0,
-              "q5_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_1}
+              "q5_1": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_1,
+              "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+              "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
+              "q6_k": llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K}
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftypes[args.type]
     params.nthread = os.cpu_count()
@@ -108,7 +111,7 @@ def main():
     q = commands.add_parser("quantize")
     q.add_argument("src")
     q.add_argument("dst")
-    q.add_argument("--type", required=True, choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+    q.add_argument("--type", required=True, choices=["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k"])
     args = parser.parse_args()
     quiet()
     {"logits": logits, "generate": generate, "quantize": quantize}[args.command](args)
