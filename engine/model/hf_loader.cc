@@ -261,57 +261,6 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
   return c;
 }
 
-// [name -> shape] of every tensor the config calls for.
-std::map<std::string, std::vector<int64_t>> ExpectedTensors(const ModelConfig& c) {
-  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
-  std::map<std::string, std::vector<int64_t>> t = {
-      {"model.embed_tokens.weight", {c.vocab_size, h}},
-      {"model.norm.weight", {h}},
-  };
-  if (!c.tie_word_embeddings) t["lm_head.weight"] = {c.vocab_size, h};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = absl::StrCat("model.layers.", l, ".");
-    t[p + "input_layernorm.weight"] = {h};
-    t[p + "post_attention_layernorm.weight"] = {h};
-    t[p + "self_attn.q_proj.weight"] = {q, h};
-    t[p + "self_attn.k_proj.weight"] = {kv, h};
-    t[p + "self_attn.v_proj.weight"] = {kv, h};
-    t[p + "self_attn.o_proj.weight"] = {h, q};
-    if (c.moe.sparse(l)) {
-      const MoeConfig& m = c.moe;
-      const int64_t f = m.expert_intermediate_size;
-      t[p + "mlp.gate.weight"] = {m.num_experts, h};
-      for (int64_t e = 0; e < m.num_experts; ++e) {
-        const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
-        t[x + "gate_proj.weight"] = {f, h};
-        t[x + "up_proj.weight"] = {f, h};
-        t[x + "down_proj.weight"] = {h, f};
-      }
-      if (m.shared_intermediate_size > 0) {
-        const int64_t s = m.shared_intermediate_size;
-        t[p + "mlp.shared_expert.gate_proj.weight"] = {s, h};
-        t[p + "mlp.shared_expert.up_proj.weight"] = {s, h};
-        t[p + "mlp.shared_expert.down_proj.weight"] = {h, s};
-      }
-      if (m.shared_expert_gate) t[p + "mlp.shared_expert_gate.weight"] = {1, h};
-    } else {
-      t[p + "mlp.gate_proj.weight"] = {c.intermediate_size, h};
-      t[p + "mlp.up_proj.weight"] = {c.intermediate_size, h};
-      t[p + "mlp.down_proj.weight"] = {h, c.intermediate_size};
-    }
-    if (c.attention_bias) {
-      t[p + "self_attn.q_proj.bias"] = {q};
-      t[p + "self_attn.k_proj.bias"] = {kv};
-      t[p + "self_attn.v_proj.bias"] = {kv};
-    }
-    if (c.qk_norm) {
-      t[p + "self_attn.q_norm.weight"] = {c.head_dim};
-      t[p + "self_attn.k_norm.weight"] = {c.head_dim};
-    }
-  }
-  return t;
-}
-
 // Mixtral's MoE tensors under the names Ferry uses (Qwen2-MoE's): block_sparse_moe.gate ->
 // mlp.gate, block_sparse_moe.experts.E.{w1,w3,w2} -> mlp.experts.E.{gate,up,down}_proj.
 std::string CanonicalTensorName(const ModelConfig& c, const std::string& name) {
@@ -386,7 +335,7 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
     files.push_back(dir + "/model.safetensors");
   }
 
-  const auto expected = ExpectedTensors(weights.config);
+  const auto expected = model_internal::ExpectedTensors(weights.config);
   ModelFingerprintBuilder fingerprint;
   RETURN_IF_ERROR(fingerprint.AddFileFromDisk("config.json", config_path));
   std::vector<model_internal::ConversionJob> jobs;

@@ -42,6 +42,56 @@ absl::StatusOr<WeightDType> ParseWeightDType(const std::string& name) {
 
 namespace model_internal {
 
+std::map<std::string, std::vector<int64_t>> ExpectedTensors(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  std::map<std::string, std::vector<int64_t>> t = {
+      {"model.embed_tokens.weight", {c.vocab_size, h}},
+      {"model.norm.weight", {h}},
+  };
+  if (!c.tie_word_embeddings) t["lm_head.weight"] = {c.vocab_size, h};
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    t[p + "input_layernorm.weight"] = {h};
+    t[p + "post_attention_layernorm.weight"] = {h};
+    t[p + "self_attn.q_proj.weight"] = {q, h};
+    t[p + "self_attn.k_proj.weight"] = {kv, h};
+    t[p + "self_attn.v_proj.weight"] = {kv, h};
+    t[p + "self_attn.o_proj.weight"] = {h, q};
+    if (c.moe.sparse(l)) {
+      const MoeConfig& m = c.moe;
+      const int64_t f = m.expert_intermediate_size;
+      t[p + "mlp.gate.weight"] = {m.num_experts, h};
+      for (int64_t e = 0; e < m.num_experts; ++e) {
+        const std::string x = absl::StrCat(p, "mlp.experts.", e, ".");
+        t[x + "gate_proj.weight"] = {f, h};
+        t[x + "up_proj.weight"] = {f, h};
+        t[x + "down_proj.weight"] = {h, f};
+      }
+      if (m.shared_intermediate_size > 0) {
+        const int64_t s = m.shared_intermediate_size;
+        t[p + "mlp.shared_expert.gate_proj.weight"] = {s, h};
+        t[p + "mlp.shared_expert.up_proj.weight"] = {s, h};
+        t[p + "mlp.shared_expert.down_proj.weight"] = {h, s};
+      }
+      if (m.shared_expert_gate) t[p + "mlp.shared_expert_gate.weight"] = {1, h};
+    } else {
+      t[p + "mlp.gate_proj.weight"] = {c.intermediate_size, h};
+      t[p + "mlp.up_proj.weight"] = {c.intermediate_size, h};
+      t[p + "mlp.down_proj.weight"] = {h, c.intermediate_size};
+    }
+    if (c.attention_bias) {
+      t[p + "self_attn.q_proj.bias"] = {q};
+      t[p + "self_attn.k_proj.bias"] = {kv};
+      t[p + "self_attn.v_proj.bias"] = {kv};
+    }
+    if (c.qk_norm) {
+      t[p + "self_attn.q_norm.weight"] = {c.head_dim};
+      t[p + "self_attn.k_norm.weight"] = {c.head_dim};
+    }
+  }
+  return t;
+}
+
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

@@ -68,6 +68,10 @@ absl::Status FinishLoad(ModelFingerprintBuilder& fingerprint, const std::string&
 // Steady-clock seconds, for FinishLoad's start.
 double SteadySeconds();
 
+// [HF name -> shape] of every tensor a model of config `c` has (lm_head only when its
+// embeddings are not tied): what every loader must find, each exactly once.
+std::map<std::string, std::vector<int64_t>> ExpectedTensors(const ModelConfig& c);
+
 // One tensor for ConvertTensors: `size` bytes of GGML `type` at `data` (which must stay mapped
 // until ConvertTensors returns) into `out`, whose shape and dtype are set; rows un-permuted
 // afterwards when `permute_heads` > 0 (llama.cpp stores q/k rows of head h as (h, j, t) for HF's

@@ -16,6 +16,16 @@
       K-quants of it (SmolLM2's 576 cannot); the weights keep a trained model's distributions,
       the outputs are those of no trained model.
 
+  llamacpp_peer.py moe-gguf SRC.gguf DST.gguf --arch qwen2moe|llama [--layers 4]
+                                                          (reference venv)
+      A mixture-of-experts model made from sliced-gguf's 512-wide cut of SRC: each layer's FFN
+      channels split into experts of 256 (qwen2moe: 4 experts from the first 1024 channels and
+      a shared expert of the other 512, with its sigmoid gate; llama, Mixtral's layout: 6
+      experts), routers and the shared gate random (seeded; F32, as llama.cpp keeps them), 2
+      experts per token; qwen2moe adds random q/k/v biases and an output matrix (the embedding's
+      copy: llama.cpp requires one for it). Expert tensors are 3-D, experts
+      outermost, as llama.cpp's converter writes them.
+
   llamacpp_peer.py prompt MODEL.gguf [--tokens 1024]      (client venv)
       Prints {"prompt": [ids]}: the benchmark prompt, for Ferry's side of the same run.
 
@@ -181,6 +191,77 @@ def sliced_gguf(src, dst, hidden, heads, kv_heads, layers):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def moe_gguf(src, dst, arch, layers):
+    import numpy as np
+    import gguf
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sliced = os.path.join(tmp, "sliced.gguf")
+        sliced_gguf(src, sliced, 512, 8, 2, layers)
+        reader = gguf.GGUFReader(sliced)
+        rng = np.random.default_rng(7)
+        hidden, expert_ff = 512, 256
+        experts = 4 if arch == "qwen2moe" else 6
+        shared_ff = 512 if arch == "qwen2moe" else 0
+        writer = gguf.GGUFWriter(dst, arch)
+        skip = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
+        for field in reader.fields.values():
+            if field.name in skip:
+                continue
+            name = field.name
+            if name.startswith("llama."):
+                name = arch + name[len("llama"):]
+            if name == f"{arch}.feed_forward_length":
+                value = expert_ff if arch == "llama" else 1536
+            else:
+                value = field_value(field)
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            if name == "general.alignment":
+                writer.data_alignment = value
+            writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
+        writer.add_uint32(f"{arch}.expert_count", experts)
+        writer.add_uint32(f"{arch}.expert_used_count", 2)
+        if arch == "qwen2moe":
+            writer.add_uint32(f"{arch}.expert_feed_forward_length", expert_ff)
+            writer.add_uint32(f"{arch}.expert_shared_feed_forward_length", shared_ff)
+
+        tensors = {t.name: np.array(t.data, dtype=np.float32) for t in reader.tensors}
+        for name, w in tensors.items():
+            if not name.startswith("blk.") or name.split(".")[2] not in ("ffn_gate", "ffn_up",
+                                                                          "ffn_down"):
+                writer.add_tensor(name, np.ascontiguousarray(w))
+        for layer in range(layers):
+            p = f"blk.{layer}."
+            gate, up, down = (tensors[p + n + ".weight"] for n in ("ffn_gate", "ffn_up", "ffn_down"))
+            cut = [slice(e * expert_ff, (e + 1) * expert_ff) for e in range(experts)]
+            writer.add_tensor(p + "ffn_gate_inp.weight",
+                              (rng.standard_normal((experts, hidden)) / np.sqrt(hidden))
+                              .astype(np.float32))
+            writer.add_tensor(p + "ffn_gate_exps.weight", np.stack([gate[c] for c in cut]))
+            writer.add_tensor(p + "ffn_up_exps.weight", np.stack([up[c] for c in cut]))
+            writer.add_tensor(p + "ffn_down_exps.weight",
+                              np.ascontiguousarray(np.stack([down[:, c] for c in cut])))
+            if shared_ff:
+                rest = slice(experts * expert_ff, experts * expert_ff + shared_ff)
+                writer.add_tensor(p + "ffn_gate_shexp.weight", np.ascontiguousarray(gate[rest]))
+                writer.add_tensor(p + "ffn_up_shexp.weight", np.ascontiguousarray(up[rest]))
+                writer.add_tensor(p + "ffn_down_shexp.weight", np.ascontiguousarray(down[:, rest]))
+                writer.add_tensor(p + "ffn_gate_inp_shexp.weight",
+                                  (rng.standard_normal(hidden) / np.sqrt(hidden)).astype(np.float32))
+            if arch == "qwen2moe" and layer == 0:
+                # llama.cpp's qwen2moe requires its own output matrix: the tied embedding's copy.
+                writer.add_tensor("output.weight", np.ascontiguousarray(tensors["token_embd.weight"]))
+            if arch == "qwen2moe":
+                for n, size in (("attn_q", hidden), ("attn_k", 128), ("attn_v", 128)):
+                    writer.add_tensor(p + n + ".bias",
+                                      (rng.standard_normal(size) * 0.1).astype(np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,6 +433,11 @@ def main():
     sliced.add_argument("--heads", type=int, default=8)
     sliced.add_argument("--kv-heads", type=int, default=2)
     sliced.add_argument("--layers", type=int, default=4)
+    moe = commands.add_parser("moe-gguf", help="make a mixture-of-experts model of a GGUF's FFNs")
+    moe.add_argument("src")
+    moe.add_argument("dst")
+    moe.add_argument("--arch", choices=["qwen2moe", "llama"], required=True)
+    moe.add_argument("--layers", type=int, default=4)
     run = commands.add_parser("bench", help="llama.cpp prefill and decode tokens/s")
     run.add_argument("model")
     run.add_argument("--threads", type=int, required=True)
@@ -374,6 +460,8 @@ def main():
     args = parser.parse_args()
     if args.command == "bf16-gguf":
         bf16_gguf(args.src, args.dst)
+    elif args.command == "moe-gguf":
+        moe_gguf(args.src, args.dst, args.arch, args.layers)
     elif args.command == "sliced-gguf":
         sliced_gguf(args.src, args.dst, args.hidden, args.heads, args.kv_heads, args.layers)
     elif args.command == "prompt":

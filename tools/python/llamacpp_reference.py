@@ -2,12 +2,12 @@
 """llama.cpp (llama-cpp-python) as the reference for Ferry's block-format (--weights native) path:
 the same GGUF file, the same token ids.
 
-  llamacpp_reference.py logits MODEL.gguf CASES.json OUT_DIR
+  llamacpp_reference.py logits MODEL.gguf CASES.json OUT_DIR [--kv f16|f32]
       For each prompt i of CASES.json ({"prompts": [[ids], ...]}), the logits of every position
       (logits_all) from one llama_decode of the whole prompt, as OUT_DIR/logits_{i}.f32 (rows of
       n_vocab float32), the layout forward_check reads.
 
-  llamacpp_reference.py generate MODEL.gguf CASES.json OUT.json --max-new-tokens N
+  llamacpp_reference.py generate MODEL.gguf CASES.json OUT.json --max-new-tokens N [--kv f16|f32]
       Greedy decoding of N tokens after each prompt; OUT.json {"results": [{"tokens": [...],
       "margins": [...]}]}, margins[t] = top-1 minus top-2 logit at step t.
 
@@ -15,7 +15,7 @@ the same GGUF file, the same token ids.
       llama.cpp's own quantizer (llama_model_quantize) over SRC (a BF16 or F32 file).
 
 Runs on the client venv (llama-cpp-python); the CPU backend, flash attention off (the library's
-default), an f16 KV cache (its default).
+default), an f16 KV cache (its default) unless --kv f32.
 """
 import argparse
 import ctypes
@@ -37,18 +37,19 @@ def quiet():
     quiet.keep = ignore  # the callback must outlive the call
 
 
-def load(model, cases, logits_all):
+def load(model, cases, logits_all, kv="f16"):
     import llama_cpp
     longest = max(len(c) for c in cases)
+    kv_type = {"f16": llama_cpp.GGML_TYPE_F16, "f32": llama_cpp.GGML_TYPE_F32}[kv]
     return llama_cpp.Llama(model_path=model, n_ctx=max(512, longest + 64), n_batch=max(512, longest),
                            n_ubatch=max(512, longest), n_threads=os.cpu_count(),
                            n_threads_batch=os.cpu_count(), logits_all=logits_all, seed=0,
-                           verbose=False)
+                           type_k=kv_type, type_v=kv_type, verbose=False)
 
 
 def logits(args):
     cases = json.load(open(args.cases))["prompts"]
-    llm = load(args.model, cases, True)
+    llm = load(args.model, cases, True, args.kv)
     os.makedirs(args.out, exist_ok=True)
     for i, ids in enumerate(cases):
         llm.reset()
@@ -61,7 +62,7 @@ def logits(args):
 def generate(args):
     import llama_cpp
     cases = json.load(open(args.cases))["prompts"]
-    llm = load(args.model, cases, False)
+    llm = load(args.model, cases, False, args.kv)
     n_vocab = llm.n_vocab()
     results = []
     for ids in cases:
@@ -103,11 +104,13 @@ def main():
     run.add_argument("model")
     run.add_argument("cases")
     run.add_argument("out")
+    run.add_argument("--kv", choices=["f16", "f32"], default="f16", help="the KV cache's type")
     gen = commands.add_parser("generate")
     gen.add_argument("model")
     gen.add_argument("cases")
     gen.add_argument("out")
     gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--kv", choices=["f16", "f32"], default="f16", help="the KV cache's type")
     q = commands.add_parser("quantize")
     q.add_argument("src")
     q.add_argument("dst")
