@@ -44,8 +44,8 @@ absl::StatusOr<ModelConfig> ReadGgufModelConfig(const GgufFile& g) {
   ModelConfig c;
   ASSIGN_OR_RETURN(const std::string arch, g.GetString("general.architecture"));
   if (arch != "llama" && arch != "qwen2moe") {
-    return absl::UnimplementedError(absl::StrCat("GGUF architecture '", arch,
-                                                 "' is not supported (supported: llama, qwen2moe)"));
+    return absl::UnimplementedError(absl::StrCat(
+        "GGUF architecture '", arch, "' is not supported (supported: llama, qwen2moe)"));
   }
   const std::string a = arch + ".";
   ASSIGN_OR_RETURN(c.hidden_size, g.GetInt(a + "embedding_length"));
@@ -54,9 +54,8 @@ absl::StatusOr<ModelConfig> ReadGgufModelConfig(const GgufFile& g) {
     return absl::InvalidArgumentError("GGUF qwen2moe.expert_count is missing or not positive");
   }
   // Qwen2-MoE's every layer is sparse: its dense width is unused (and may be absent).
-  ASSIGN_OR_RETURN(c.intermediate_size,
-                   experts > 0 ? IntOr(g, a + "feed_forward_length", 0)
-                               : g.GetInt(a + "feed_forward_length"));
+  ASSIGN_OR_RETURN(c.intermediate_size, experts > 0 ? IntOr(g, a + "feed_forward_length", 0)
+                                                    : g.GetInt(a + "feed_forward_length"));
   if (experts > 0) {
     MoeConfig& m = c.moe;
     m.num_experts = experts;
@@ -146,7 +145,8 @@ absl::StatusOr<Mapped> MapTensor(const std::string& gguf_name, const ModelConfig
     const std::string& w = parts[2];
     if (w == "attn_norm") return Mapped{p + "input_layernorm.weight", h, 0};
     if (w == "ffn_norm") return Mapped{p + "post_attention_layernorm.weight", h, 0};
-    if (w == "attn_q") return Mapped{p + "self_attn.q_proj.weight", q, h, permuted ? c.num_heads : 0};
+    if (w == "attn_q")
+      return Mapped{p + "self_attn.q_proj.weight", q, h, permuted ? c.num_heads : 0};
     if (w == "attn_k") {
       return Mapped{p + "self_attn.k_proj.weight", kv, h, permuted ? c.num_kv_heads : 0};
     }

@@ -3,9 +3,10 @@
 // Backends take their weights from here.
 //
 // Weight types (the load's choice): f32 or bf16 convert every tensor; native keeps each matrix
-// stored in a block format the engine computes on (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) as the file's
-// blocks, converts other matrices to bf16 and vectors (norms, biases) to f32. Safetensors files
-// have no block formats: native loads them as bf16.
+// stored in a block format the engine computes on (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+// Q6_K) as the file's blocks (a GGUF expert tensor's slice per expert), keeps F32 matrices f32
+// (MoE routers, which llama.cpp leaves F32), converts other matrices to bf16 and vectors (norms,
+// biases) to f32. Safetensors files have no block formats: native loads them as bf16.
 
 #ifndef FERRY_ENGINE_MODEL_HOST_WEIGHTS_H_
 #define FERRY_ENGINE_MODEL_HOST_WEIGHTS_H_
@@ -34,7 +35,8 @@ struct HostTensor {
   WeightDType dtype = WeightDType::kF32;
   std::vector<float> f32;      // when dtype == kF32 and quant == kNone
   std::vector<uint16_t> bf16;  // when dtype == kBF16 and quant == kNone
-  // A matrix kept in a block format: shape[0] rows of shape[1] / 32 GGML blocks each.
+  // A matrix kept in a block format: shape[0] rows of shape[1] / 32 (K-quants: / 256) GGML
+  // blocks each.
   WeightQuant quant = WeightQuant::kNone;
   std::vector<uint8_t> blocks;
 

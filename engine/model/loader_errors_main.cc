@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
       {"good_q5", nullptr},
       {"i8_unsupported", "tensor type I8 (24) is not supported"},
       {"truncated", "GGUF truncated"},
+      {"moe_good", nullptr},
+      {"moe_experts",
+       "tensor 'blk.1.ffn_up_exps.weight' has shape [3, 64, 32], expected [4, 64, 32]"},
+      {"moe_used", "experts per token"},
       // HF directories (names starting with hf_).
       {"hf_good", nullptr},
       {"hf_no_config", "hf_no_config/config.json: No such file or directory"},

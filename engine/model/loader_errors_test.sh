@@ -51,6 +51,30 @@ write("shape", bad_shape="blk.0.attn_k.weight")
 write("heads", heads=3)
 write("good_q5", qtype=gguf.GGMLQuantizationType.Q5_1)
 write("i8_unsupported", qtype=gguf.GGMLQuantizationType.I8)
+# Mixtral-style experts (4 of width F, 2 per token): 3-D tensors, experts outermost.
+def write_moe(name, file_experts=4, used=2):
+    w = gguf.GGUFWriter(f"{out}/{name}.gguf", "llama")
+    w.add_block_count(L); w.add_embedding_length(H); w.add_feed_forward_length(F)
+    w.add_head_count(NH); w.add_head_count_kv(NKV); w.add_context_length(128)
+    w.add_layer_norm_rms_eps(1e-5); w.add_rope_freq_base(10000.0)
+    w.add_expert_count(4); w.add_expert_used_count(used)
+    w.add_token_list([f"t{i}" for i in range(V)])
+    for k, v in tensors().items():
+        if k.split(".")[-2] in ("ffn_gate", "ffn_up", "ffn_down"):
+            continue
+        w.add_tensor(k, v)
+    for l in range(L):
+        w.add_tensor(f"blk.{l}.ffn_gate_inp.weight", rng.standard_normal((4, H)).astype(np.float32))
+        for n, shape in (("ffn_gate_exps", (F, H)), ("ffn_up_exps", (F, H)), ("ffn_down_exps", (H, F))):
+            e = file_experts if (l, n) == (1, "ffn_up_exps") else 4
+            data = rng.standard_normal((e,) + shape).astype(np.float32)
+            w.add_tensor(f"blk.{l}.{n}.weight",
+                         gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+write_moe("moe_good")
+write_moe("moe_experts", file_experts=3)
+write_moe("moe_used", used=5)
 PY
 head -c 1000 "${t}/good.gguf" >"${t}/truncated.gguf"
 "${FERRY_REF_PYTHON}" - "${t}" <<'PY'
