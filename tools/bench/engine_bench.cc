@@ -408,54 +408,79 @@ int MoeMain(int threads, int repeats, int64_t decode_tokens) {
 }
 
 // --gemv: one-row products (decode's matrix-vector shape) over about 512 MiB of packed weights
-// (Q4_1 and bf16, 576 columns as SmolLM2's projections, through CpuBackend::MatMul on all
-// threads), each round measured right after a read of the bandwidth buffer, so that every
-// ratio compares the product with the machine's read bandwidth of the same moment (the VM's
-// bandwidth drifts between phases). Reports the median and the worst round.
+// (Q4_1 and bf16 with 576 columns as SmolLM2's projections, and the K-quants Q4_K and Q6_K with
+// 1536, SmolLM2's FFN width, through CpuBackend::MatMul on all threads), each round measured
+// right after a read of the bandwidth buffer, so that every ratio compares the product with the
+// machine's read bandwidth of the same moment (the VM's bandwidth drifts between phases).
+// Reports the median and the worst round of each.
 int GemvMain(int threads, int rounds) {
-  constexpr int64_t kCols = 576;
   auto backend = OrDie(CpuBackend::Create({threads, std::nullopt}), "backend");
   ReadBandwidth bandwidth(threads);
   const size_t target = bandwidth.bytes();
-  // Q4_1: 20 bytes per 32 values; bf16: 2 bytes per value.
-  const int64_t q4_rows = static_cast<int64_t>(target / (kCols / 32 * 20)) / kPanel * kPanel;
-  const int64_t bf16_rows = static_cast<int64_t>(target / (kCols * 2)) / kPanel * kPanel;
-  std::vector<uint8_t> blocks(q4_rows * (kCols / 32) * 20);
+  struct Case {
+    std::string key;  // JSON prefix
+    WeightQuant quant;
+    int64_t cols;
+    std::vector<int> scale_offsets;  // fp16 scales and minimums inside a GGML block
+    DeviceWeight weight;
+    double bytes = 0;
+    std::vector<double> ratios;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"gemv", WeightQuant::kQ4_1, 576, {0, 2}});
+  cases.push_back({"bf16_gemv", WeightQuant::kNone, 576, {}});
+  cases.push_back({"q4_k_gemv", WeightQuant::kQ4_K, 1536, {0, 2}});
+  cases.push_back({"q6_k_gemv", WeightQuant::kQ6_K, 1536, {208}});
   uint64_t state = 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i < blocks.size(); i += 20) {
-    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-    const uint16_t d = 0x2000, m = 0xA400;  // small scales, a negative minimum
-    std::memcpy(&blocks[i], &d, 2);
-    std::memcpy(&blocks[i + 2], &m, 2);
-    for (int j = 4; j < 20; ++j) blocks[i + j] = static_cast<uint8_t>(state >> (j * 3));
+  for (Case& c : cases) {
+    if (c.quant == WeightQuant::kNone) {
+      const int64_t rows = static_cast<int64_t>(target / (c.cols * 2)) / kPanel * kPanel;
+      std::vector<uint16_t> values(rows * c.cols);
+      for (size_t i = 0; i < values.size(); ++i)
+        values[i] = FloatToBf16(((i * 2654435761u) >> 20) * 1e-4f);
+      c.weight = OrDie(backend->UploadWeight(values.data(), DType::kBF16, rows, c.cols), "bf16");
+      c.bytes = static_cast<double>(rows) * c.cols * 2;
+      continue;
+    }
+    // Random quants and integer scales; small fp16 scales, a negative minimum.
+    const int64_t block = GgmlQuantBlockElements(c.quant),
+                  block_bytes = GgmlQuantBlockBytes(c.quant);
+    const int64_t row_bytes = c.cols / block * block_bytes;
+    const int64_t rows = static_cast<int64_t>(target / row_bytes) / kPanel * kPanel;
+    std::vector<uint8_t> blocks(rows * row_bytes);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+      blocks[i] = static_cast<uint8_t>(state >> 29);
+    }
+    for (size_t i = 0; i < blocks.size(); i += block_bytes) {
+      for (size_t o = 0; o < c.scale_offsets.size(); ++o) {
+        const uint16_t h = o == 0 ? 0x2000 : 0xA400;
+        std::memcpy(&blocks[i + c.scale_offsets[o]], &h, 2);
+      }
+    }
+    c.weight =
+        OrDie(backend->UploadQuantizedWeight(blocks.data(), blocks.size(), c.quant, rows, c.cols),
+              c.key.c_str());
+    c.bytes = static_cast<double>(blocks.size());
   }
-  DeviceWeight q4 = OrDie(backend->UploadQuantizedWeight(blocks.data(), blocks.size(),
-                                                         WeightQuant::kQ4_1, q4_rows, kCols),
-                          "upload q4_1");
-  blocks = std::vector<uint8_t>();
-  std::vector<uint16_t> values(bf16_rows * kCols);
-  for (size_t i = 0; i < values.size(); ++i)
-    values[i] = FloatToBf16(((i * 2654435761u) >> 20) * 1e-4f);
-  DeviceWeight bf16 =
-      OrDie(backend->UploadWeight(values.data(), DType::kBF16, bf16_rows, kCols), "upload bf16");
-  values = std::vector<uint16_t>();
-  std::vector<float> x(kCols, 0.5f), out(std::max(q4_rows, bf16_rows));
+  std::vector<float> x(1536, 0.5f), out;
   auto gemv = [&](const DeviceWeight& w) {
+    out.resize(w.rows);
     const auto start = std::chrono::steady_clock::now();
-    backend->MatMul(DeviceMatrix::Dense(x.data(), DType::kF32, 1, kCols), w, nullptr,
+    backend->MatMul(DeviceMatrix::Dense(x.data(), DType::kF32, 1, w.cols), w, nullptr,
                     DeviceMatrix::Dense(out.data(), DType::kF32, 1, w.rows));
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  const double q4_bytes = static_cast<double>(q4_rows) * (kCols / 32) * 20;
-  const double bf16_bytes = static_cast<double>(bf16_rows) * kCols * 2;
-  gemv(q4), gemv(bf16);  // warm: pages, the activation buffers
-  std::vector<double> q4_ratio, bf16_ratio, read_bw;
+  for (Case& c : cases) gemv(c.weight);  // warm: pages, the activation buffers
+  std::vector<double> read_bw;
   for (int r = 0; r < rounds; ++r) {
-    const double bw_q4 = bandwidth.Run();
-    q4_ratio.push_back(q4_bytes / gemv(q4) / bw_q4);
-    const double bw_bf16 = bandwidth.Run();
-    bf16_ratio.push_back(bf16_bytes / gemv(bf16) / bw_bf16);
-    read_bw.push_back(std::max(bw_q4, bw_bf16));
+    double best = 0;
+    for (Case& c : cases) {
+      const double bw = bandwidth.Run();
+      c.ratios.push_back(c.bytes / gemv(c.weight) / bw);
+      best = std::max(best, bw);
+    }
+    read_bw.push_back(best);
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -465,15 +490,13 @@ int GemvMain(int threads, int rounds) {
   j["engine"] = backend->name();
   j["threads"] = threads;
   j["rounds"] = rounds;
-  j["q4_1_bytes"] = q4_bytes;
-  j["bf16_bytes"] = bf16_bytes;
   j["read_bw_bytes_s"] = read_bw;
-  j["gemv_bw_ratio"] = median(q4_ratio);
-  j["gemv_bw_ratio_worst"] = *std::min_element(q4_ratio.begin(), q4_ratio.end());
-  j["bf16_gemv_bw_ratio"] = median(bf16_ratio);
-  j["bf16_gemv_bw_ratio_worst"] = *std::min_element(bf16_ratio.begin(), bf16_ratio.end());
-  j["gemv_rounds"] = q4_ratio;
-  j["bf16_gemv_rounds"] = bf16_ratio;
+  for (const Case& c : cases) {
+    j[c.key == "gemv" ? "q4_1_bytes" : c.key.substr(0, c.key.size() - 5) + "_bytes"] = c.bytes;
+    j[c.key + "_bw_ratio"] = median(c.ratios);
+    j[c.key + "_bw_ratio_worst"] = *std::min_element(c.ratios.begin(), c.ratios.end());
+    j[c.key + "_rounds"] = c.ratios;
+  }
   std::cout << j.dump() << std::endl;
   return 0;
 }

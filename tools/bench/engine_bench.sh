@@ -113,7 +113,9 @@ for name in ("q4_1", "q8_0"):
 print(f"  one-row product over {gemv['q4_1_bytes'] / 2**20:.0f} MiB against read bandwidth "
       f"({len(gemv['gemv_rounds'])} rounds, median / worst; goal >= 0.8): Q4_1 "
       f"{gemv['gemv_bw_ratio']:.2f} / {gemv['gemv_bw_ratio_worst']:.2f}, bf16 "
-      f"{gemv['bf16_gemv_bw_ratio']:.2f} / {gemv['bf16_gemv_bw_ratio_worst']:.2f}")
+      f"{gemv['bf16_gemv_bw_ratio']:.2f} / {gemv['bf16_gemv_bw_ratio_worst']:.2f}, Q4_K "
+      f"{gemv['q4_k_gemv_bw_ratio']:.2f} / {gemv['q4_k_gemv_bw_ratio_worst']:.2f}, Q6_K "
+      f"{gemv['q6_k_gemv_bw_ratio']:.2f} / {gemv['q6_k_gemv_bw_ratio_worst']:.2f}")
 print("    read bandwidth per round (GB/s): " +
       ", ".join(f"{b / 1e9:.1f}" for b in gemv["read_bw_bytes_s"]))
 if not with_peer:
@@ -122,6 +124,8 @@ result["gemv_bw_ratio"] = round(gemv["gemv_bw_ratio"], 3)
 result["gemv_bw_ratio_worst"] = round(gemv["gemv_bw_ratio_worst"], 3)
 result["bf16_gemv_bw_ratio"] = round(gemv["bf16_gemv_bw_ratio"], 3)
 result["bf16_gemv_bw_ratio_worst"] = round(gemv["bf16_gemv_bw_ratio_worst"], 3)
+for k in ("q4_k", "q6_k"):
+    result[f"{k}_gemv_bw_ratio"] = round(gemv[f"{k}_gemv_bw_ratio"], 3)
 print(json.dumps(result))
 PY
   exit 0
