@@ -50,7 +50,8 @@ struct HostWeights {
   std::string kv_dtype;  // the KV cache type the fingerprint was computed for: "f32" or "bf16"
   // What the fingerprint calls the weights: "f32", "bf16", or "native:" and the matrices' formats
   // ("native:q4_1,q8_0"; bf16 when some matrix was converted). With the file's digest in the
-  // fingerprint too, it fixes the arithmetic (which stacked matrices fall back to bf16 included).
+  // fingerprint too, it fixes the arithmetic (which stacked matrices, mixing a block format with
+  // f32 or bf16 parts, are computed in bf16 included).
   std::string weight_dtype;
   double load_seconds = 0;
   uint64_t source_bytes = 0;  // bytes read from the model files

@@ -210,6 +210,41 @@ absl::StatusOr<DeviceWeight> Transformer::UploadMatrix(
   return backend_->UploadWeight(values.data(), DType::kBF16, rows, cols);
 }
 
+absl::StatusOr<Transformer::StackedWeight> Transformer::UploadStacked(
+    const std::vector<const HostTensor*>& parts) {
+  StackedWeight w;
+  bool all_blocks = true, same = true;
+  for (const HostTensor* t : parts) {
+    all_blocks = all_blocks && t->quant != WeightQuant::kNone;
+    same = same && t->quant == parts[0]->quant;
+  }
+  if (all_blocks && !same) {
+    for (const HostTensor* t : parts) {
+      ASSIGN_OR_RETURN(DeviceWeight part, UploadMatrix({t}));
+      w.parts.push_back(std::move(part));
+    }
+  } else {
+    ASSIGN_OR_RETURN(DeviceWeight whole, UploadMatrix(parts));
+    w.parts.push_back(std::move(whole));
+  }
+  return w;
+}
+
+void Transformer::MatMulStacked(const DeviceMatrix& x, const StackedWeight& w,
+                                const DeviceMatrix* bias, const DeviceMatrix& out) {
+  if (w.parts.size() == 1) {
+    backend_->MatMul(x, w.parts[0], bias, out);
+    return;
+  }
+  int64_t col = 0;
+  for (const DeviceWeight& part : w.parts) {
+    const DeviceMatrix part_bias =
+        bias != nullptr ? bias->ColRange(col, part.rows) : DeviceMatrix();
+    backend_->MatMul(x, part, bias != nullptr ? &part_bias : nullptr, out.ColRange(col, part.rows));
+    col += part.rows;
+  }
+}
+
 absl::Status Transformer::Upload(const HostWeights& weights) {
   auto get = [&](const std::string& name) -> absl::StatusOr<const HostTensor*> {
     auto it = weights.tensors.find(name);
@@ -250,7 +285,7 @@ absl::Status Transformer::Upload(const HostWeights& weights) {
     ASSIGN_OR_RETURN(const HostTensor* wq, shaped(p + "self_attn.q_proj.weight", {q, h}));
     ASSIGN_OR_RETURN(const HostTensor* wk, shaped(p + "self_attn.k_proj.weight", {kv, h}));
     ASSIGN_OR_RETURN(const HostTensor* wv, shaped(p + "self_attn.v_proj.weight", {kv, h}));
-    ASSIGN_OR_RETURN(l.qkv, UploadMatrix({wq, wk, wv}));
+    ASSIGN_OR_RETURN(l.qkv, UploadStacked({wq, wk, wv}));
     ASSIGN_OR_RETURN(const HostTensor* wo, shaped(p + "self_attn.o_proj.weight", {h, q}));
     ASSIGN_OR_RETURN(l.o, UploadMatrix({wo}));
     if (config_.attention_bias) {
@@ -270,11 +305,11 @@ absl::Status Transformer::Upload(const HostWeights& weights) {
     ASSIGN_OR_RETURN(const HostTensor* post_norm,
                      shaped(p + "post_attention_layernorm.weight", {h}));
     ASSIGN_OR_RETURN(l.mlp_norm, UploadVector({post_norm}));
-    auto swiglu = [&](const std::string& prefix, int64_t width, DeviceWeight* gate_up,
+    auto swiglu = [&](const std::string& prefix, int64_t width, StackedWeight* gate_up,
                       DeviceWeight* down) -> absl::Status {
       ASSIGN_OR_RETURN(const HostTensor* gate, shaped(prefix + "gate_proj.weight", {width, h}));
       ASSIGN_OR_RETURN(const HostTensor* up, shaped(prefix + "up_proj.weight", {width, h}));
-      ASSIGN_OR_RETURN(*gate_up, UploadMatrix({gate, up}));
+      ASSIGN_OR_RETURN(*gate_up, UploadStacked({gate, up}));
       ASSIGN_OR_RETURN(const HostTensor* dn, shaped(prefix + "down_proj.weight", {h, width}));
       ASSIGN_OR_RETURN(*down, UploadMatrix({dn}));
       return absl::OkStatus();
@@ -395,7 +430,7 @@ absl::Status Transformer::MoeFfn(int64_t layer, const DeviceMatrix& h) {
     const DeviceMatrix xe = xin.RowRange(0, n), ye = y.RowRange(0, n);
     const DeviceMatrix gu = gate_up.RowRange(0, n).ColRange(0, 2 * f);
     b.GatherRows(h, routed[e], xe);
-    b.MatMul(xe, l.expert_gate_up[e], nullptr, gu);
+    MatMulStacked(xe, l.expert_gate_up[e], nullptr, gu);
     b.SwiGlu(gu.ColRange(0, f), gu.ColRange(f, f), gu.ColRange(0, f));
     b.MatMul(gu.ColRange(0, f), l.expert_down[e], nullptr, ye);
     b.AddScaledRows(ye, routed[e], weights[e], sum);
@@ -403,7 +438,7 @@ absl::Status Transformer::MoeFfn(int64_t layer, const DeviceMatrix& h) {
   if (m.shared_intermediate_size > 0) {
     const int64_t s = m.shared_intermediate_size;
     const DeviceMatrix gu = gate_up.ColRange(0, 2 * s);
-    b.MatMul(h, l.shared_gate_up, nullptr, gu);
+    MatMulStacked(h, l.shared_gate_up, nullptr, gu);
     b.SwiGlu(gu.ColRange(0, s), gu.ColRange(s, s), gu.ColRange(0, s));
     b.MatMul(gu.ColRange(0, s), l.shared_down, nullptr, y);
     std::vector<int32_t> all(rows);
@@ -574,7 +609,7 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
                                                   : kv.LayerView(full_slot++);
     const StepLayout& steps = windowed ? window_layout : layout;
     // h holds RmsNorm(x) for this layer's attention.
-    b.MatMul(h, l.qkv, c.attention_bias ? &l.qkv_bias : nullptr, qkv);
+    MatMulStacked(h, l.qkv, c.attention_bias ? &l.qkv_bias : nullptr, qkv);
     if (c.qk_norm) {
       b.RmsNorm(q, l.q_norm, eps, q);
       b.RmsNorm(k, l.k_norm, eps, k);
@@ -588,7 +623,7 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
     if (l.moe) {
       RETURN_IF_ERROR(MoeFfn(li, h));
     } else {
-      b.MatMul(h, l.gate_up, nullptr, gate_up);
+      MatMulStacked(h, l.gate_up, nullptr, gate_up);
       b.SwiGlu(gate, up, gate);
       b.MatMul(gate, l.down, nullptr, h);
     }

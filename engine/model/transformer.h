@@ -79,16 +79,26 @@ class Transformer final : public ForwardModel {
   }
 
  private:
-  // Per layer: q, k and v projections fused into one matrix (rows q | k | v, with their biases
-  // likewise), gate and up fused (rows gate | up).
+  // Matrices stacked by rows (q | k | v, gate | up): one weight, or where a file stored the parts
+  // in different block formats (llama.cpp's Q4_K_M keeps some layers' v in Q6_K) one weight per
+  // part, each computed in its own format into its columns of the output. Each output column is
+  // computed from its own row alone, so the split changes no bits.
+  struct StackedWeight {
+    std::vector<DeviceWeight> parts;
+  };
+  // Per layer: q, k and v projections stacked (rows q | k | v, with their biases likewise), gate
+  // and up stacked (rows gate | up).
   struct Layer {
     DeviceMatrix attn_norm, qkv_bias, q_norm, k_norm, mlp_norm;
-    DeviceWeight qkv, o, gate_up, down;
-    // Mixture of experts (config.moe.sparse(layer)): the router, each expert's fused gate|up and
-    // down, the shared expert and its gate.
+    StackedWeight qkv, gate_up;
+    DeviceWeight o, down;
+    // Mixture of experts (config.moe.sparse(layer)): the router, each expert's stacked gate|up
+    // and down, the shared expert and its gate.
     bool moe = false;
-    DeviceWeight router, shared_gate_up, shared_down, shared_gate;
-    std::vector<DeviceWeight> expert_gate_up, expert_down;
+    DeviceWeight router, shared_down, shared_gate;
+    StackedWeight shared_gate_up;
+    std::vector<StackedWeight> expert_gate_up;
+    std::vector<DeviceWeight> expert_down;
   };
 
   Transformer(const ModelConfig& config, Backend* backend) : config_(config), backend_(backend) {}
@@ -96,8 +106,14 @@ class Transformer final : public ForwardModel {
   absl::Status BuildRopeTable();
   // A vector (norm weight, bias) as a 1 x n matrix.
   absl::StatusOr<DeviceMatrix> UploadVector(const std::vector<const HostTensor*>& parts);
-  // Matrices stacked by rows, in the backend's weight layout.
+  // Matrices stacked by rows, in the backend's weight layout (parts in different formats, F32 or
+  // bf16 among them, are computed in bf16).
   absl::StatusOr<DeviceWeight> UploadMatrix(const std::vector<const HostTensor*>& parts);
+  // As UploadMatrix, but parts in different block formats stay in their own formats.
+  absl::StatusOr<StackedWeight> UploadStacked(const std::vector<const HostTensor*>& parts);
+  // out = x * w^T (+ bias): one MatMul per part, into the part's columns of out.
+  void MatMulStacked(const DeviceMatrix& x, const StackedWeight& w, const DeviceMatrix* bias,
+                     const DeviceMatrix& out);
   absl::Status EnsureScratch(int64_t rows, int64_t logit_rows);
   // The mixture-of-experts FFN of layer `l` on the normed rows `h`, written back into `h`.
   absl::Status MoeFfn(int64_t layer, const DeviceMatrix& h);

@@ -251,23 +251,33 @@ TEST(TransformerErrorsTest, BadInputIsAnErrorAndChangesNothing) {
   EXPECT_FALSE(Transformer::Create(w, f.backend.get()).ok());
 }
 
-// A stacked matrix whose parts a file stored in different block formats (q, k, v of one layer)
-// is computed in bf16: the same logits as the model with those parts given as bf16 values.
-TEST(TransformerNativeTest, StackedPartsOfDifferentFormatsAreComputedInBf16) {
+// A stacked matrix whose parts a file stored in different block formats (q, k, v of one layer) is
+// computed part by part, each in its own format. Seen through a Q8_0 block that holds a Q4_1
+// block's scale and quants (0..15) when the Q4_1 block's minimum is +0: the two formats' products
+// are then the same fp32 operations (the Q4_1 minimum term adds 0 * sx), so the model with k_proj
+// in that Q8_0 form gives the same bits as the model with k_proj in Q4_1, and other bits than with
+// q, k and v in bf16 (what a stacked matrix of mixed formats used to become).
+TEST(TransformerNativeTest, StackedPartsOfDifferentFormatsKeepTheirFormats) {
   SyntheticVariant v;
   v.native = true;
   v.tied = true;
-  HostWeights mixed = SyntheticModel(v);
-  // k_proj of layer 0 as Q8_0: the embedding's format, quantized from its own values.
-  HostTensor& k = mixed.tensors.at("model.layers.0.self_attn.k_proj.weight");
-  const HostTensor& embed = mixed.tensors.at("model.embed_tokens.weight");
+  HostWeights all_q4_1 = SyntheticModel(v);
+  HostTensor& k = all_q4_1.tensors.at("model.layers.0.self_attn.k_proj.weight");
   ASSERT_EQ(k.quant, WeightQuant::kQ4_1);
-  ASSERT_EQ(embed.quant, WeightQuant::kQ8_0);
   HostTensor k8;
   k8.shape = k.shape;
   k8.quant = WeightQuant::kQ8_0;
-  k8.blocks.assign(embed.blocks.begin(), embed.blocks.begin() + k.elements() / 32 * 34);
-  k = k8;
+  for (size_t b = 0; b < k.blocks.size(); b += 20) {
+    k.blocks[b + 2] = k.blocks[b + 3] = 0;  // minimum +0
+    k8.blocks.push_back(k.blocks[b]);       // the same fp16 scale
+    k8.blocks.push_back(k.blocks[b + 1]);
+    for (int j = 0; j < 32; ++j) {
+      const uint8_t byte = k.blocks[b + 4 + j % 16];
+      k8.blocks.push_back(j < 16 ? byte & 15 : byte >> 4);
+    }
+  }
+  HostWeights mixed = all_q4_1;
+  mixed.tensors.at("model.layers.0.self_attn.k_proj.weight") = k8;
   HostWeights as_bf16 = mixed;
   for (const char* part : {"q_proj", "k_proj", "v_proj"}) {
     HostTensor& t = as_bf16.tensors.at(std::string("model.layers.0.self_attn.") + part + ".weight");
@@ -280,9 +290,9 @@ TEST(TransformerNativeTest, StackedPartsOfDifferentFormatsAreComputedInBf16) {
     t.blocks.clear();
   }
   const auto prompt = Prompt(40, 5);
-  std::vector<float> logits[2];
+  std::vector<float> logits[3];
   int i = 0;
-  for (const HostWeights* w : {&mixed, &as_bf16}) {
+  for (const HostWeights* w : {&all_q4_1, &mixed, &as_bf16}) {
     Fixture f;
     f.backend = *CpuBackend::Create({2, std::nullopt});
     f.allocator = std::make_unique<BackendKvAllocator>(f.backend.get());
@@ -293,6 +303,7 @@ TEST(TransformerNativeTest, StackedPartsOfDifferentFormatsAreComputedInBf16) {
     logits[i++] = PromptLogits(f, prompt, 0);
   }
   EXPECT_TRUE(SameBits(logits[0], logits[1]));
+  EXPECT_FALSE(SameBits(logits[1], logits[2]));
 }
 
 TEST(RopeTest, Llama3ScalingKeepsHighFrequenciesAndScalesLowOnes) {

@@ -617,7 +617,9 @@ TEST_F(KvClientTest, SlowNodeIsAMissNotAnError) {
   for (int i = 0; i < 30; ++i) {
     EXPECT_EQ(got[i].found, single->NodesFor(o.keys[i])[0] != 1) << i;
   }
-  EXPECT_GE(single_time, options.deadline);
+  // gRPC's timers may fire up to a millisecond or so before absl::Now() reads the deadline as
+  // passed (measured once: 299.4 ms for 300).
+  EXPECT_GE(single_time, options.deadline - absl::Milliseconds(5));
   EXPECT_LT(single_time, options.deadline + absl::Seconds(1));
   EXPECT_FALSE(single->nodes()[1].up);
 
