@@ -96,6 +96,25 @@ def field_value(field):
     return field.parts[field.data[0]].tolist()[0]
 
 
+def copy_fields(reader, writer, rename=lambda name: name, overrides=None):
+    """Every KV pair of `reader` into `writer`, in order, under rename(name), with the values of
+    `overrides` ({new name: value}) in place of the file's; the header's fields and the
+    architecture (the writer sets them itself) excepted."""
+    import gguf
+    skip = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
+    for field in reader.fields.values():
+        if field.name in skip:
+            continue
+        name = rename(field.name)
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        value = (overrides or {}).get(name, None)
+        if value is None:
+            value = field_value(field)
+        if name == "general.alignment":
+            writer.data_alignment = value
+        writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
+
+
 def bf16_gguf(src, dst):
     import numpy as np
     import gguf
@@ -106,18 +125,7 @@ def bf16_gguf(src, dst):
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(dst, arch)
-    # Header fields (not KVs), and what the writer sets itself.
-    skip = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
-    for field in reader.fields.values():
-        if field.name in skip:
-            continue
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        value = field_value(field)
-        if field.name == "general.file_type":
-            value = int(gguf.LlamaFileType.MOSTLY_BF16)
-        elif field.name == "general.alignment":
-            writer.data_alignment = value
-        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+    copy_fields(reader, writer, overrides={"general.file_type": int(gguf.LlamaFileType.MOSTLY_BF16)})
 
     for tensor in reader.tensors:
         # tensor.data is in ggml order reversed (rows, columns), as the writer wants it.
@@ -153,15 +161,7 @@ def sliced_gguf(src, dst, hidden, heads, kv_heads, layers):
                  f"{arch}.rope.dimension_count": head_dim,
                  "general.file_type": int(gguf.LlamaFileType.ALL_F32)}
     writer = gguf.GGUFWriter(dst, arch)
-    skip = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
-    for field in reader.fields.values():
-        if field.name in skip:
-            continue
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        value = overrides.get(field.name, field_value(field))
-        if field.name == "general.alignment":
-            writer.data_alignment = value
-        writer.add_key_value(field.name, value, field.types[0], sub_type=sub_type)
+    copy_fields(reader, writer, overrides=overrides)
 
     q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
     for tensor in reader.tensors:
@@ -194,6 +194,7 @@ def sliced_gguf(src, dst, hidden, heads, kv_heads, layers):
 
 
 def moe_gguf(src, dst, arch, layers):
+    import re
     import numpy as np
     import gguf
     import tempfile
@@ -207,21 +208,10 @@ def moe_gguf(src, dst, arch, layers):
         experts = 4 if arch == "qwen2moe" else 6
         shared_ff = 512 if arch == "qwen2moe" else 0
         writer = gguf.GGUFWriter(dst, arch)
-        skip = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count", "general.architecture"}
-        for field in reader.fields.values():
-            if field.name in skip:
-                continue
-            name = field.name
-            if name.startswith("llama."):
-                name = arch + name[len("llama"):]
-            if name == f"{arch}.feed_forward_length":
-                value = expert_ff if arch == "llama" else 1536
-            else:
-                value = field_value(field)
-            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            if name == "general.alignment":
-                writer.data_alignment = value
-            writer.add_key_value(name, value, field.types[0], sub_type=sub_type)
+        # The slice's llama.* keys under the new architecture; llama's FFN width is an expert's.
+        copy_fields(reader, writer, rename=lambda name: re.sub(r"^llama\.", arch + ".", name),
+                    overrides={f"{arch}.feed_forward_length":
+                               expert_ff if arch == "llama" else 1536})
         writer.add_uint32(f"{arch}.expert_count", experts)
         writer.add_uint32(f"{arch}.expert_used_count", 2)
         if arch == "qwen2moe":
