@@ -399,17 +399,18 @@ FERRY_QAVX2 inline void TileAvx2(const QuantizedRows& x, const uint8_t* panel0,
           mw = _mm256_cvtph_ps(
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(head + F::kMinOffset + 16 * h)));
         }
-        __m256i sc_lo = _mm256_setzero_si256(), sc_hi = _mm256_setzero_si256();
+        // The K-quants' integer scales as floats (exact products, as in TileVnni).
+        __m256 sc_lo = _mm256_setzero_ps(), sc_hi = _mm256_setzero_ps();
         if (F::kSubScales) {
           const __m128i sc = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 8 * h));
           const __m128i mn = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 16 + 8 * h));
-          sc_lo = _mm256_cvtepu8_epi32(sc);
+          sc_lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc));
           mw = _mm256_mul_ps(mw, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));  // dmin * m_j
         } else if (F::kHalfScales) {
-          sc_lo =
-              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 8 * h)));
-          sc_hi = _mm256_cvtepi8_epi32(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 16 + 8 * h)));
+          sc_lo = _mm256_cvtepi32_ps(
+              _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 8 * h))));
+          sc_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 16 + 8 * h))));
         }
         FERRY_UNROLL
         for (int r = 0; r < MR; ++r) {
@@ -431,18 +432,20 @@ FERRY_QAVX2 inline void TileAvx2(const QuantizedRows& x, const uint8_t* panel0,
             s_hi = _mm256_add_epi32(s_hi,
                                     _mm256_madd_epi16(_mm256_maddubs_epi16(w[g + 4], a_hi), ones));
           }
-          __m256i s;
+          __m256 isum;
           if (F::kHalfScales) {
             s_lo = _mm256_sub_epi32(s_lo, _mm256_set1_epi32(F::kZero * ab.sum_lo));
             s_hi = _mm256_sub_epi32(s_hi, _mm256_set1_epi32(F::kZero * (ab.sum - ab.sum_lo)));
-            s = _mm256_add_epi32(_mm256_mullo_epi32(s_lo, sc_lo), _mm256_mullo_epi32(s_hi, sc_hi));
+            isum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s_hi), sc_hi,
+                                   _mm256_mul_ps(_mm256_cvtepi32_ps(s_lo), sc_lo));
           } else {
-            s = _mm256_add_epi32(s_lo, s_hi);
+            __m256i s = _mm256_add_epi32(s_lo, s_hi);
             if (F::kZero != 0) s = _mm256_sub_epi32(s, _mm256_set1_epi32(F::kZero * ab.sum));
-            if (F::kSubScales) s = _mm256_mullo_epi32(s, sc_lo);
+            isum = _mm256_cvtepi32_ps(s);
+            if (F::kSubScales) isum = _mm256_mul_ps(isum, sc_lo);
           }
           const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(ab.d));
-          acc[r][p][h] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), acc[r][p][h]);
+          acc[r][p][h] = _mm256_fmadd_ps(scale, isum, acc[r][p][h]);
           if (F::kSubScales) {
             acc[r][p][h] = _mm256_fnmadd_ps(mw, _mm256_set1_ps(ab.s), acc[r][p][h]);
           } else if (F::kMin) {
@@ -577,15 +580,20 @@ FERRY_QVNNI inline void TileVnni(const QuantizedRows& x, const uint8_t* panel0,
         mw = _mm512_cvtph_ps(
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(head + F::kMinOffset)));
       }
-      __m512i sc_lo = _mm512_setzero_si512(), sc_hi = _mm512_setzero_si512();
+      // The K-quants' integer scales as floats: products with the integer sums are exact in
+      // fp32 (below 2^24), so they equal the definition's integer products.
+      __m512 sc_lo = _mm512_setzero_ps(), sc_hi = _mm512_setzero_ps();
       if (F::kSubScales) {
-        sc_lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub)));
+        sc_lo = _mm512_cvtepi32_ps(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub))));
         const __m512i mn =
             _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + 16)));
         mw = _mm512_mul_ps(mw, _mm512_cvtepi32_ps(mn));  // dmin * m_j
       } else if (F::kHalfScales) {
-        sc_lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub)));
-        sc_hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + 16)));
+        sc_lo = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub))));
+        sc_hi = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + 16))));
       }
       FERRY_UNROLL
       for (int r = 0; r < MR; ++r) {
@@ -601,18 +609,20 @@ FERRY_QVNNI inline void TileVnni(const QuantizedRows& x, const uint8_t* panel0,
           s_lo = _mm512_dpbusd_epi32(s_lo, w[g], _mm512_set1_epi32(lo));
           s_hi = _mm512_dpbusd_epi32(s_hi, w[g + 4], _mm512_set1_epi32(hi));
         }
-        __m512i s;
+        __m512 isum;
         if (F::kHalfScales) {
           s_lo = _mm512_sub_epi32(s_lo, _mm512_set1_epi32(kZero * ab.sum_lo));
           s_hi = _mm512_sub_epi32(s_hi, _mm512_set1_epi32(kZero * (ab.sum - ab.sum_lo)));
-          s = _mm512_add_epi32(_mm512_mullo_epi32(s_lo, sc_lo), _mm512_mullo_epi32(s_hi, sc_hi));
+          isum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s_hi), sc_hi,
+                                 _mm512_mul_ps(_mm512_cvtepi32_ps(s_lo), sc_lo));
         } else {
-          s = _mm512_add_epi32(s_lo, s_hi);
+          __m512i s = _mm512_add_epi32(s_lo, s_hi);
           if (kZero != 0) s = _mm512_sub_epi32(s, _mm512_set1_epi32(kZero * ab.sum));
-          if (F::kSubScales) s = _mm512_mullo_epi32(s, sc_lo);
+          isum = _mm512_cvtepi32_ps(s);
+          if (F::kSubScales) isum = _mm512_mul_ps(isum, sc_lo);
         }
         const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(ab.d));
-        acc[r][p] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[r][p]);
+        acc[r][p] = _mm512_fmadd_ps(scale, isum, acc[r][p]);
         if (F::kSubScales) {
           acc[r][p] = _mm512_fnmadd_ps(mw, _mm512_set1_ps(ab.s), acc[r][p]);
         } else if (F::kMin) {
