@@ -140,9 +140,15 @@ absl::StatusOr<Mapped> MapTensor(const std::string& gguf_name, const ModelConfig
   std::vector<std::string> parts = absl::StrSplit(gguf_name, '.');
   int layer = -1;
   if (parts.size() == 4 && parts[0] == "blk" && absl::SimpleAtoi(parts[1], &layer) && layer >= 0 &&
-      layer < c.num_layers && parts[3] == "weight") {
+      layer < c.num_layers && (parts[3] == "weight" || parts[3] == "bias")) {
     const std::string p = absl::StrCat("model.layers.", layer, ".");
     const std::string& w = parts[2];
+    if (parts[3] == "bias") {
+      if (c.attention_bias && w == "attn_q") return Mapped{p + "self_attn.q_proj.bias", q, 0};
+      if (c.attention_bias && w == "attn_k") return Mapped{p + "self_attn.k_proj.bias", kv, 0};
+      if (c.attention_bias && w == "attn_v") return Mapped{p + "self_attn.v_proj.bias", kv, 0};
+      return absl::InvalidArgumentError(absl::StrCat("unexpected tensor '", gguf_name, "'"));
+    }
     if (w == "attn_norm") return Mapped{p + "input_layernorm.weight", h, 0};
     if (w == "ffn_norm") return Mapped{p + "post_attention_layernorm.weight", h, 0};
     if (w == "attn_q")
@@ -172,14 +178,6 @@ absl::StatusOr<Mapped> MapTensor(const std::string& gguf_name, const ModelConfig
         return Mapped{p + "mlp.shared_expert_gate.weight", 1, h};  // [h] in the file
       }
     }
-  }
-  if (c.attention_bias && parts.size() == 4 && parts[0] == "blk" &&
-      absl::SimpleAtoi(parts[1], &layer) && layer >= 0 && layer < c.num_layers &&
-      parts[3] == "bias") {
-    const std::string p = absl::StrCat("model.layers.", layer, ".");
-    if (parts[2] == "attn_q") return Mapped{p + "self_attn.q_proj.bias", q, 0};
-    if (parts[2] == "attn_k") return Mapped{p + "self_attn.k_proj.bias", kv, 0};
-    if (parts[2] == "attn_v") return Mapped{p + "self_attn.v_proj.bias", kv, 0};
   }
   return absl::InvalidArgumentError(absl::StrCat("unexpected tensor '", gguf_name, "'"));
 }

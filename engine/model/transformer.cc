@@ -232,10 +232,6 @@ absl::StatusOr<Transformer::StackedWeight> Transformer::UploadStacked(
 
 void Transformer::MatMulStacked(const DeviceMatrix& x, const StackedWeight& w,
                                 const DeviceMatrix* bias, const DeviceMatrix& out) {
-  if (w.parts.size() == 1) {
-    backend_->MatMul(x, w.parts[0], bias, out);
-    return;
-  }
   int64_t col = 0;
   for (const DeviceWeight& part : w.parts) {
     const DeviceMatrix part_bias =

@@ -234,7 +234,10 @@ TEST_P(PdResumeTest, AResumedRequestContinuesExactlyWhereTheFirstStreamStopped) 
   const PdCase& c = GetParam();
   const std::string model = TinyModel(c.model);
   auto p = StartWorker(model, RoleFlags(c, "prefill"));
-  auto d = StartWorker(model, RoleFlags(c, "decode"));
+  // A decode step of at least 20 ms: the stream writes each token as its own chunk, which the
+  // cuts below need. A worker coalesces the tokens that arrive while a write is in flight, so on
+  // a loaded machine 24 fast steps once came in 2 chunks.
+  auto d = StartWorker(model, Plus(RoleFlags(c, "decode"), {"--test_step_delay=20ms"}));
   ASSERT_TRUE(p->ready() && d->ready());
   WorkerClient prefill(p->address()), decode(d->address());
   InProcessEngine ref(model, c.window_pool_bytes);
