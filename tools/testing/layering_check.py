@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Checks that every dependency points down (design/STYLE.md 23; docs/contributing/layout.md).
+
+Two views of the same rules, both from the repository root:
+  - the BUILD graph: every direct dependency (deps, data, srcs of other packages) of every
+    target, from `bazel query 'deps(//..., 1)' --output=graph`;
+  - the includes: every `#include "pkg/.../file.h"` of every C++ file, as a dependency of the
+    file's package on the header's package (what a missing BUILD dependency would hide).
+
+A rule names the packages it holds for (a regular expression over the package path) and the
+dependencies they may not have (one over the label `//package:target`; for an include, the
+target is the header's name without its extension). A violation is one edge: RULE FROM TO.
+tools/testing/layering_allowlist.txt lists the violations known today; the check fails on one
+that is not listed, and on a listed one that no longer exists, so the list only shrinks.
+
+Usage: layering_check.py [--bazel BAZEL] [--print]   (--print: list today's violations and exit 0)
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+# (name, packages it holds for, forbidden dependencies, why)
+RULES = [
+    ("engine-knows-no-service", r"^engine(/|$)",
+     r"^//(services|kvstore|router|proto|tests)[/:]|^//tools/(sim|load|bench|calibrate|worker_cli)[/:]",
+     "the engine library sits beneath the service layer and knows no RPC"),
+    ("router-reads-only-text-and-formats", r"^router(/|$)",
+     r"^//engine/(?!(common|tokenizer|template|gguf)[/:])|^//services/(worker|transfer)[/:]",
+     "the front door links engine/common, tokenizer, template and gguf, never the model, KV, "
+     "scheduler, sampling or backends"),
+    ("services-common-is-plumbing", r"^services/common(/|$)",
+     r"^//(services/(?!common[/:])|kvstore|router)|^//engine/(?!common[/:])",
+     "services/common is the process and RPC plumbing beneath every service"),
+    ("transfer-moves-bytes", r"^services/transfer(/|$)",
+     r"^//(services/(?!(common|transfer)[/:])|kvstore|router)|^//engine/(?!common[/:]|kv:kv_allocator$)",
+     "the KV transport needs of the engine only engine/common and engine/kv's allocator seam"),
+    ("kvstore-storage-below-services", r"^kvstore$",
+     r"^//(services|router)[/:]|^//engine/(?!common[/:])",
+     "the store's storage library depends on engine/common only"),
+    ("kvstore-service-and-client", r"^kvstore/(service|client)(/|$)",
+     r"^//(services/worker|router)[/:]|^//engine/(?!common[/:])",
+     "the store's service and client sit on services/common and services/transfer"),
+]
+
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+EDGE = re.compile(r'^\s*"([^"]+)"\s*->\s*"([^"]+)"', re.M)
+SOURCE_ROOTS = ("engine", "kvstore", "router", "services", "tools", "tests", "proto")
+
+
+def package_of_label(label):
+    m = re.match(r"^@?[^/]*//([^:]*)", label)
+    return m.group(1) if m else None
+
+
+def normalize(label):
+    """//a/b:c as is; //a/b -> //a/b:b; external and generated-file labels as they come."""
+    if label.startswith("//") and ":" not in label:
+        return label + ":" + label.rsplit("/", 1)[-1]
+    return label
+
+
+def graph_edges(bazel):
+    out = subprocess.run(
+        [bazel, "query", "--noshow_progress", "--ui_event_filters=-info",
+         "--output=graph", "--nograph:factored", "deps(//..., 1)"],
+        check=True, capture_output=True, text=True).stdout
+    for src, dst in EDGE.findall(out):
+        yield normalize(src), normalize(dst)
+
+
+def build_dirs(root):
+    dirs = set()
+    for top in SOURCE_ROOTS:
+        for d, _, files in os.walk(os.path.join(root, top)):
+            if "BUILD.bazel" in files or "BUILD" in files:
+                dirs.add(os.path.relpath(d, root))
+    return dirs
+
+
+def package_of_path(path, packages):
+    d = os.path.dirname(path)
+    while d and d not in packages:
+        d = os.path.dirname(d)
+    return d or None
+
+
+def include_edges(root):
+    packages = build_dirs(root)
+    for top in SOURCE_ROOTS:
+        for d, _, files in os.walk(os.path.join(root, top)):
+            for f in files:
+                if not f.endswith((".h", ".cc", ".cu", ".cuh")):
+                    continue
+                path = os.path.relpath(os.path.join(d, f), root)
+                pkg = package_of_path(path, packages)
+                with open(os.path.join(root, path), encoding="utf-8", errors="replace") as fh:
+                    text = fh.read()
+                for header in INCLUDE.findall(text):
+                    if not header.startswith(tuple(t + "/" for t in SOURCE_ROOTS)):
+                        continue
+                    hpkg = package_of_path(header, packages)
+                    if hpkg is None or hpkg == pkg:
+                        continue
+                    name = os.path.splitext(os.path.basename(header))[0]
+                    yield "//%s:%s" % (pkg, f), "//%s:%s" % (hpkg, name)
+
+
+def violations(edges):
+    found = set()
+    for src, dst in edges:
+        spkg = package_of_label(src)
+        if spkg is None or not src.startswith("//"):
+            continue
+        for name, scope, forbidden, _ in RULES:
+            if re.search(scope, spkg) and re.search(forbidden, dst):
+                found.add((name, src, dst))
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bazel", default="bazel")
+    parser.add_argument("--print", action="store_true")
+    args = parser.parse_args()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.chdir(root)
+    found = violations(list(graph_edges(args.bazel)) + list(include_edges(root)))
+    if args.print:
+        for v in sorted(found):
+            print(" ".join(v))
+        return 0
+    allow_path = os.path.join(root, "tools/testing/layering_allowlist.txt")
+    allowed = set()
+    with open(allow_path, encoding="utf-8") as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                allowed.add(tuple(line.split()))
+    new = sorted(found - allowed)
+    gone = sorted(allowed - found)
+    why = {name: reason for name, _, _, reason in RULES}
+    for name, src, dst in new:
+        print("layering: %s depends on %s, against rule %s: %s" % (src, dst, name, why[name]))
+    for v in gone:
+        print("layering: %s is fixed: take it out of tools/testing/layering_allowlist.txt"
+              % " ".join(v))
+    print("layering: %d dependency rules; %d known violations; %d new; %d fixed"
+          % (len(RULES), len(found & allowed), len(new), len(gone)))
+    return 1 if new or gone else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
