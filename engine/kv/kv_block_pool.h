@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "engine/backends/backend.h"
+#include "engine/kv/kv_allocator.h"
 
 namespace ferry {
 
@@ -67,26 +68,11 @@ struct KvBlockLayout {
   uint64_t Tag() const;
 };
 
-// A contiguous byte range of device memory.
-struct MemorySpan {
-  void* address = nullptr;
-  size_t length = 0;
-};
-
-// Supplies the pool's memory. The default takes it from a Backend; the transport provides one
-// that registers the region for remote access.
-class KvAllocator {
- public:
-  virtual ~KvAllocator() = default;
-  virtual absl::StatusOr<MemorySpan> Allocate(size_t bytes) = 0;
-  virtual void Free(const MemorySpan& region) = 0;
-};
-
 // Device memory from a Backend. Host memory (the CPU backend) is faulted in at once, one byte
 // that is not zero per 4 KiB page (a finite value in every KV element type; nothing reads a block
 // before writing it): the pool's pages are committed from the start, and memory the kernel zeroed
 // and nothing wrote since is never found slow to write on first use (a virtual machine's host may
-// take all-zero pages back; engine/transfer/kv_transport.h TransportKvAllocator does the same).
+// take all-zero pages back; services/transfer/kv_transport.h TransportKvAllocator does the same).
 class BackendKvAllocator : public KvAllocator {
  public:
   explicit BackendKvAllocator(Backend* backend) : backend_(backend) {}
