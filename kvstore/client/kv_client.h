@@ -50,9 +50,9 @@
 #include "absl/types/span.h"
 #include "engine/common/clock.h"
 #include "engine/common/hash128.h"
-#include "engine/transfer/transfer_wire.h"
 #include "kvstore/format.h"
 #include "kvstore/kv_store.h"
+#include "services/transfer/transfer_wire.h"
 
 namespace ferry {
 namespace kv {
@@ -101,7 +101,7 @@ struct GetIntoDestination {
   // One span of caller memory per key, exactly the size of the value the caller expects.
   std::vector<absl::Span<char>> spans;
   // Optional: the same spans as the caller's KV transport registered them
-  // (engine/transfer/transfer_wire.h PeerDescriptor: kind, address, regions, one block slice per
+  // (services/transfer/transfer_wire.h PeerDescriptor: kind, address, regions, one block slice per
   // key, in key order; its transfer_id is not used). Then a node whose own KV transport is of the
   // same kind writes each value into the caller's memory itself (one-sided puts) and its Get
   // stream carries headers only; a node without such a transport (or that cannot reach the

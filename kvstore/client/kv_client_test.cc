@@ -22,14 +22,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/fake_clock.h"
-#include "engine/transfer/kv_transport.h"
-#include "engine/transfer/transfer_wire.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "kvstore/kv_store.h"
 #include "kvstore/service/kv_service.h"
 #include "kvstore/wire.h"
 #include "services/common/grpc_server.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/transfer_wire.h"
 
 namespace ferry {
 namespace kv {

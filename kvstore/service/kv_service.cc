@@ -13,12 +13,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
-#include "engine/transfer/kv_transport.h"
-#include "engine/transfer/transfer_wire.h"
 #include "kvstore/service/staging_area.h"
 #include "kvstore/wire.h"
 #include "services/common/metrics.h"
 #include "services/common/shared_token.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/transfer_wire.h"
 
 namespace ferry {
 namespace kv {

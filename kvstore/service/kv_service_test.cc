@@ -20,8 +20,6 @@
 #include <map>
 #include <random>
 
-#include "engine/transfer/kv_transport.h"
-#include "engine/transfer/transfer_wire.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
@@ -30,6 +28,8 @@
 #include "services/common/grpc_client.h"
 #include "services/common/grpc_server.h"
 #include "services/common/shared_token.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/transfer_wire.h"
 
 namespace ferry {
 namespace kv {

@@ -21,7 +21,6 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/log.h"
 #include "engine/common/units.h"
-#include "engine/transfer/kv_transport.h"
 #include "kvstore/kv_store.h"
 #include "kvstore/service/kv_service.h"
 #include "services/common/admin_server.h"
@@ -33,6 +32,7 @@
 #include "services/common/service_lifecycle.h"
 #include "services/common/shared_token.h"
 #include "services/common/termination_signal.h"
+#include "services/transfer/kv_transport.h"
 
 ABSL_FLAG(std::string, dir, "", "the store's directory (created if missing)");
 ABSL_FLAG(std::string, address, "127.0.0.1:0", "gRPC listen address (port 0: any free port)");

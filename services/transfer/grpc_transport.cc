@@ -1,4 +1,4 @@
-#include "engine/transfer/grpc_transport.h"
+#include "services/transfer/grpc_transport.h"
 
 #include <grpc/grpc.h>
 #include <grpc/slice.h>
@@ -24,8 +24,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/common/log.h"
-#include "engine/transfer/notification_board.h"
-#include "engine/transfer/transfer_metrics.h"
 #include "ferry/v1/transfer.grpc.pb.h"
 #include "ferry/v1/transfer.pb.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -44,6 +42,8 @@
 #include "grpcpp/support/server_callback.h"
 #include "services/common/grpc_status.h"
 #include "services/common/shared_token.h"
+#include "services/transfer/notification_board.h"
+#include "services/transfer/transfer_metrics.h"
 
 namespace ferry {
 namespace transfer {

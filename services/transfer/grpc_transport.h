@@ -10,13 +10,13 @@
 // auth_token, the server refuses every call without that shared token (UNAUTHENTICATED) before it
 // looks at a region key, and the transport's own calls carry it.
 
-#ifndef FERRY_ENGINE_TRANSFER_GRPC_TRANSPORT_H_
-#define FERRY_ENGINE_TRANSFER_GRPC_TRANSPORT_H_
+#ifndef FERRY_SERVICES_TRANSFER_GRPC_TRANSPORT_H_
+#define FERRY_SERVICES_TRANSFER_GRPC_TRANSPORT_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "engine/transfer/kv_transport.h"
+#include "services/transfer/kv_transport.h"
 
 namespace ferry {
 namespace transfer {
@@ -26,4 +26,4 @@ absl::StatusOr<std::unique_ptr<KvTransport>> NewGrpcTransport(const TransportOpt
 }  // namespace transfer
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_TRANSFER_GRPC_TRANSPORT_H_
+#endif  // FERRY_SERVICES_TRANSFER_GRPC_TRANSPORT_H_

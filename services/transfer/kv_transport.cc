@@ -1,4 +1,4 @@
-#include "engine/transfer/kv_transport.h"
+#include "services/transfer/kv_transport.h"
 
 #include <algorithm>
 #include <utility>

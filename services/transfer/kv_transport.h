@@ -45,8 +45,8 @@
 // Implementations: UCX (ucp; one progress thread per worker) and gRPC streaming, the fallback
 // where UCX is unavailable. Both export the same metrics (transfer_metrics.h).
 
-#ifndef FERRY_ENGINE_TRANSFER_KV_TRANSPORT_H_
-#define FERRY_ENGINE_TRANSFER_KV_TRANSPORT_H_
+#ifndef FERRY_SERVICES_TRANSFER_KV_TRANSPORT_H_
+#define FERRY_SERVICES_TRANSFER_KV_TRANSPORT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -60,7 +60,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "engine/kv/kv_block_pool.h"
+#include "engine/kv/kv_allocator.h"
 
 namespace prometheus {
 class Registry;
@@ -257,4 +257,4 @@ class TransportKvAllocator : public KvAllocator {
 }  // namespace transfer
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_TRANSFER_KV_TRANSPORT_H_
+#endif  // FERRY_SERVICES_TRANSFER_KV_TRANSPORT_H_

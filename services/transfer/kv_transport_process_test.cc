@@ -52,12 +52,12 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "engine/transfer/kv_transport.h"
-#include "engine/transfer/transfer_test_pattern.h"
-#include "engine/transfer/transfer_wire.h"
 #include "ferry/v1/common.pb.h"
 #include "grpc/grpc.h"
 #include "gtest/gtest.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/transfer_test_pattern.h"
+#include "services/transfer/transfer_wire.h"
 #include "xxhash.h"
 
 extern char** environ;

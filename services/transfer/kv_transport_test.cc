@@ -3,7 +3,7 @@
 // factory still answers Unimplemented is skipped. Also: request validation, the KvAllocator
 // adapter, descriptor <-> proto, and the notification board both implementations share.
 
-#include "engine/transfer/kv_transport.h"
+#include "services/transfer/kv_transport.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -27,9 +27,6 @@
 #include "absl/time/time.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/kv/kv_block_pool.h"
-#include "engine/transfer/notification_board.h"
-#include "engine/transfer/transfer_metrics.h"
-#include "engine/transfer/transfer_wire.h"
 #include "ferry/v1/transfer.pb.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/completion_queue.h"
@@ -39,6 +36,9 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "services/transfer/notification_board.h"
+#include "services/transfer/transfer_metrics.h"
+#include "services/transfer/transfer_wire.h"
 
 namespace ferry {
 namespace transfer {

@@ -1,4 +1,4 @@
-#include "engine/transfer/mapping_populator.h"
+#include "services/transfer/mapping_populator.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -13,8 +13,8 @@
 // destructor (or Stop) ends the thread after the step in progress (mappings still queued are
 // dropped).
 
-#ifndef FERRY_ENGINE_TRANSFER_MAPPING_POPULATOR_H_
-#define FERRY_ENGINE_TRANSFER_MAPPING_POPULATOR_H_
+#ifndef FERRY_SERVICES_TRANSFER_MAPPING_POPULATOR_H_
+#define FERRY_SERVICES_TRANSFER_MAPPING_POPULATOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -65,4 +65,4 @@ class MappingPopulator {
 
 }  // namespace ferry::transfer
 
-#endif  // FERRY_ENGINE_TRANSFER_MAPPING_POPULATOR_H_
+#endif  // FERRY_SERVICES_TRANSFER_MAPPING_POPULATOR_H_

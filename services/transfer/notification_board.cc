@@ -1,4 +1,4 @@
-#include "engine/transfer/notification_board.h"
+#include "services/transfer/notification_board.h"
 
 #include <algorithm>
 

@@ -8,8 +8,8 @@
 //
 // Thread-safe.
 
-#ifndef FERRY_ENGINE_TRANSFER_NOTIFICATION_BOARD_H_
-#define FERRY_ENGINE_TRANSFER_NOTIFICATION_BOARD_H_
+#ifndef FERRY_SERVICES_TRANSFER_NOTIFICATION_BOARD_H_
+#define FERRY_SERVICES_TRANSFER_NOTIFICATION_BOARD_H_
 
 #include <cstddef>
 #include <deque>
@@ -24,8 +24,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "engine/transfer/kv_transport.h"
-#include "engine/transfer/transfer_metrics.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/transfer_metrics.h"
 
 namespace ferry {
 namespace transfer {
@@ -86,4 +86,4 @@ class NotificationBoard {
 }  // namespace transfer
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_TRANSFER_NOTIFICATION_BOARD_H_
+#endif  // FERRY_SERVICES_TRANSFER_NOTIFICATION_BOARD_H_

@@ -1,4 +1,4 @@
-#include "engine/transfer/streaming_copy.h"
+#include "services/transfer/streaming_copy.h"
 
 #include <cstdint>
 #include <cstring>

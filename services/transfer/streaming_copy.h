@@ -10,8 +10,8 @@
 // thread that synchronizes with the caller afterwards, as after a memcpy. Any alignment and length;
 // on a CPU without SSE2 (not x86-64) it is memcpy.
 
-#ifndef FERRY_ENGINE_TRANSFER_STREAMING_COPY_H_
-#define FERRY_ENGINE_TRANSFER_STREAMING_COPY_H_
+#ifndef FERRY_SERVICES_TRANSFER_STREAMING_COPY_H_
+#define FERRY_SERVICES_TRANSFER_STREAMING_COPY_H_
 
 #include <cstddef>
 
@@ -24,4 +24,4 @@ void StreamingCopy(void* dst, const void* src, size_t length);
 }  // namespace transfer
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_TRANSFER_STREAMING_COPY_H_
+#endif  // FERRY_SERVICES_TRANSFER_STREAMING_COPY_H_

@@ -1,4 +1,4 @@
-#include "engine/transfer/transfer_metrics.h"
+#include "services/transfer/transfer_metrics.h"
 
 #include "absl/strings/ascii.h"
 #include "prometheus/counter.h"

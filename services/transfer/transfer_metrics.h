@@ -18,8 +18,8 @@
 //
 // Thread-safe.
 
-#ifndef FERRY_ENGINE_TRANSFER_TRANSFER_METRICS_H_
-#define FERRY_ENGINE_TRANSFER_TRANSFER_METRICS_H_
+#ifndef FERRY_SERVICES_TRANSFER_TRANSFER_METRICS_H_
+#define FERRY_SERVICES_TRANSFER_TRANSFER_METRICS_H_
 
 #include <cstdint>
 #include <string>
@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "engine/transfer/kv_transport.h"
+#include "services/transfer/kv_transport.h"
 
 namespace prometheus {
 class Counter;
@@ -66,4 +66,4 @@ std::string StatusCodeLabel(absl::StatusCode code);
 }  // namespace transfer
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_TRANSFER_TRANSFER_METRICS_H_
+#endif  // FERRY_SERVICES_TRANSFER_TRANSFER_METRICS_H_

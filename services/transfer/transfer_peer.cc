@@ -73,11 +73,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/common/log.h"
-#include "engine/transfer/kv_transport.h"
-#include "engine/transfer/transfer_test_pattern.h"
-#include "engine/transfer/transfer_wire.h"
 #include "ferry/v1/common.pb.h"
 #include "grpc/grpc.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/transfer_test_pattern.h"
+#include "services/transfer/transfer_wire.h"
 #include "xxhash.h"
 
 ABSL_FLAG(std::string, kind, "ucx", "KV transport: ucx or grpc");

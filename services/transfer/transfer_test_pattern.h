@@ -3,8 +3,8 @@
 // range of a peer's region holds without seeing the region. Used by transfer_peer (the process
 // that fills its memory) and kv_transport_process_test (which checks what it read).
 
-#ifndef FERRY_ENGINE_TRANSFER_TRANSFER_TEST_PATTERN_H_
-#define FERRY_ENGINE_TRANSFER_TRANSFER_TEST_PATTERN_H_
+#ifndef FERRY_SERVICES_TRANSFER_TRANSFER_TEST_PATTERN_H_
+#define FERRY_SERVICES_TRANSFER_TRANSFER_TEST_PATTERN_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -42,4 +42,4 @@ inline void FillPattern(uint64_t seed, uint64_t offset, uint8_t* out, size_t len
 }  // namespace transfer
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_TRANSFER_TRANSFER_TEST_PATTERN_H_
+#endif  // FERRY_SERVICES_TRANSFER_TRANSFER_TEST_PATTERN_H_

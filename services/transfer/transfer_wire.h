@@ -1,16 +1,16 @@
 // KV transport descriptors <-> ferry.v1.TransferDescriptor (proto/ferry/v1/common.proto): what a
 // process sends a peer so that the peer can connect and move bytes in or out of its memory.
 
-#ifndef FERRY_ENGINE_TRANSFER_TRANSFER_WIRE_H_
-#define FERRY_ENGINE_TRANSFER_TRANSFER_WIRE_H_
+#ifndef FERRY_SERVICES_TRANSFER_TRANSFER_WIRE_H_
+#define FERRY_SERVICES_TRANSFER_TRANSFER_WIRE_H_
 
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/transfer/kv_transport.h"
 #include "ferry/v1/common.pb.h"
+#include "services/transfer/kv_transport.h"
 
 namespace ferry {
 namespace transfer {
@@ -50,4 +50,4 @@ absl::StatusOr<TransferRequest> BlockTransferRequest(const PeerDescriptor& remot
 }  // namespace transfer
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_TRANSFER_TRANSFER_WIRE_H_
+#endif  // FERRY_SERVICES_TRANSFER_TRANSFER_WIRE_H_

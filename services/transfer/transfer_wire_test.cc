@@ -1,4 +1,4 @@
-#include "engine/transfer/transfer_wire.h"
+#include "services/transfer/transfer_wire.h"
 
 #include <vector>
 

@@ -1,7 +1,7 @@
 #include "absl/strings/str_cat.h"
-#include "engine/transfer/grpc_transport.h"
-#include "engine/transfer/kv_transport.h"
-#include "engine/transfer/ucx_transport.h"
+#include "services/transfer/grpc_transport.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/ucx_transport.h"
 
 namespace ferry {
 namespace transfer {

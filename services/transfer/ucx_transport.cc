@@ -1,4 +1,4 @@
-#include "engine/transfer/ucx_transport.h"
+#include "services/transfer/ucx_transport.h"
 
 #include <sched.h>
 #include <sys/epoll.h>
@@ -34,10 +34,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "engine/common/log.h"
-#include "engine/transfer/mapping_populator.h"
-#include "engine/transfer/notification_board.h"
-#include "engine/transfer/streaming_copy.h"
-#include "engine/transfer/transfer_metrics.h"
+#include "services/transfer/mapping_populator.h"
+#include "services/transfer/notification_board.h"
+#include "services/transfer/streaming_copy.h"
+#include "services/transfer/transfer_metrics.h"
 
 namespace ferry {
 namespace transfer {

@@ -23,13 +23,13 @@
 // there can crash UCX 1.13's tcp transport. The transports UCX chose for a peer are logged at
 // connection and are the metrics' transport label ("ucx:tcp").
 
-#ifndef FERRY_ENGINE_TRANSFER_UCX_TRANSPORT_H_
-#define FERRY_ENGINE_TRANSFER_UCX_TRANSPORT_H_
+#ifndef FERRY_SERVICES_TRANSFER_UCX_TRANSPORT_H_
+#define FERRY_SERVICES_TRANSFER_UCX_TRANSPORT_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "engine/transfer/kv_transport.h"
+#include "services/transfer/kv_transport.h"
 
 namespace ferry {
 namespace transfer {
@@ -39,4 +39,4 @@ absl::StatusOr<std::unique_ptr<KvTransport>> NewUcxTransport(const TransportOpti
 }  // namespace transfer
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_TRANSFER_UCX_TRANSPORT_H_
+#endif  // FERRY_SERVICES_TRANSFER_UCX_TRANSPORT_H_

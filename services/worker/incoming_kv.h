@@ -29,7 +29,7 @@
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
-#include "engine/transfer/kv_transport.h"
+#include "services/transfer/kv_transport.h"
 
 namespace ferry {
 

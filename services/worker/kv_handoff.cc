@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/model_fingerprint.h"
-#include "engine/transfer/transfer_wire.h"
+#include "services/transfer/transfer_wire.h"
 
 namespace ferry {
 

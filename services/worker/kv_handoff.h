@@ -25,8 +25,8 @@
 #include "engine/common/hash128.h"
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
-#include "engine/transfer/kv_transport.h"
 #include "ferry/v1/worker.pb.h"
+#include "services/transfer/kv_transport.h"
 
 namespace ferry {
 

@@ -3,8 +3,8 @@
 #include <vector>
 
 #include "engine/backends/cpu/cpu_backend.h"
-#include "engine/transfer/transfer_wire.h"
 #include "gtest/gtest.h"
+#include "services/transfer/transfer_wire.h"
 
 namespace ferry {
 namespace {

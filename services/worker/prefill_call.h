@@ -51,8 +51,8 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
-#include "engine/transfer/kv_transport.h"
 #include "ferry/v1/worker.grpc.pb.h"
+#include "services/transfer/kv_transport.h"
 
 namespace ferry {
 

@@ -25,10 +25,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine/transfer/kv_transport.h"
 #include "kvstore/client/kv_client.h"
 #include "services/common/admin_server.h"
 #include "services/common/grpc_server.h"
+#include "services/transfer/kv_transport.h"
 #include "services/worker/load_window.h"
 #include "services/worker/sim_link.h"
 #include "services/worker/worker_engine.h"

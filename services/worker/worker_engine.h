@@ -26,7 +26,7 @@
 #include "engine/model/forward_model.h"
 #include "engine/model/sim_timing.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "engine/transfer/kv_transport.h"
+#include "services/transfer/kv_transport.h"
 #include "services/worker/worker_options.h"
 
 namespace ferry {

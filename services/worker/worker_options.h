@@ -72,7 +72,7 @@ struct WorkerOptions {
   // "prefill" (ferry-prefill: Prefill calls, pushing KV to decode workers) or "decode"
   // (ferry-decode: Generate calls whose KV a prefill worker pushes).
   std::string role = "aggregated";
-  // --- The KV transport of the prefill and decode roles (engine/transfer/kv_transport.h).
+  // --- The KV transport of the prefill and decode roles (services/transfer/kv_transport.h).
   std::string transport = "ucx";  // ucx | grpc (the fallback where UCX is unavailable)
   std::string ucx_tls;            // UCX transports ("tcp", "shm", ...; "": $UCX_TLS or UCX's)
   // The gRPC fallback's listen address (port 0 picks one).

@@ -26,9 +26,9 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "engine/transfer/kv_transport.h"
-#include "engine/transfer/transfer_wire.h"
 #include "gtest/gtest.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/transfer_wire.h"
 #include "tests/integration/worker_test_util.h"
 
 namespace ferry {

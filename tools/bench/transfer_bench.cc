@@ -1,4 +1,4 @@
-// ferry bench transfer, the C++ side: KvTransport (engine/transfer/kv_transport.h) moving bytes
+// ferry bench transfer, the C++ side: KvTransport (services/transfer/kv_transport.h) moving bytes
 // between two processes on this machine, and memcpy of the same sizes. tools/bench/
 // transfer_bench.sh runs it per transport next to ucx_perftest and prints the table and the JSON.
 //
@@ -84,9 +84,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/common/status.h"
-#include "engine/transfer/kv_transport.h"
-#include "engine/transfer/transfer_wire.h"
 #include "ferry/v1/common.pb.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/transfer_wire.h"
 
 extern char** environ;
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ferry bench transfer [--quick] [--sizes LIST] [--min-seconds S] [--rounds R] [--perftest-runs N]
 #                      [--no-grpc]
-# The KV transport (engine/transfer/kv_transport.h) between two processes on this machine, against
+# The KV transport (services/transfer/kv_transport.h) between two processes on this machine, against
 # ucx_perftest in the same run with the same UCX_TLS, sizes and error mode, and memcpy.
 #
 # For UCX_TLS=tcp and UCX_TLS=shm: transfer_bench (tools/bench/transfer_bench.cc: an initiator

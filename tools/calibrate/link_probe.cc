@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/common/status.h"
-#include "engine/transfer/kv_transport.h"
+#include "services/transfer/kv_transport.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-// The worker-to-worker KV link for tools/calibrate: the KV transport (engine/transfer) between
+// The worker-to-worker KV link for tools/calibrate: the KV transport (services/transfer) between
 // two transports of one kind in this process, over loopback (UCX over tcp by default), moving
 // KV-shaped puts as a prefill worker's hand-off does: `blocks` segments of one KV block each,
 // between random non-adjacent blocks of two pools larger than the last-level cache (so, as in a
