@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/block_hash.h"
 #include "engine/common/log.h"
-#include "engine/sampling/stop_strings.h"
 #include "engine/tokenizer/incremental_detokenizer.h"
+#include "engine/tokenizer/stop_strings.h"
 
 namespace ferry {
 

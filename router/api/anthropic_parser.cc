@@ -11,7 +11,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "engine/sampling/stop_strings.h"
+#include "engine/tokenizer/stop_strings.h"
 #include "router/api/openai_writer.h"  // DumpJson
 #include "router/api/request_json.h"
 

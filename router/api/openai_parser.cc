@@ -7,7 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "engine/sampling/stop_strings.h"
+#include "engine/tokenizer/stop_strings.h"
 #include "router/api/request_json.h"
 
 namespace ferry {

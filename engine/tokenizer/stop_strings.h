@@ -9,8 +9,8 @@
 //
 // The held-back text is the whole state; it travels with a resumed request (held()/Restore()).
 
-#ifndef FERRY_ENGINE_SAMPLING_STOP_STRINGS_H_
-#define FERRY_ENGINE_SAMPLING_STOP_STRINGS_H_
+#ifndef FERRY_ENGINE_TOKENIZER_STOP_STRINGS_H_
+#define FERRY_ENGINE_TOKENIZER_STOP_STRINGS_H_
 
 #include <string>
 #include <string_view>
@@ -57,4 +57,4 @@ class StopStringMatcher {
 
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_SAMPLING_STOP_STRINGS_H_
+#endif  // FERRY_ENGINE_TOKENIZER_STOP_STRINGS_H_

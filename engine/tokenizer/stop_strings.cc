@@ -1,4 +1,4 @@
-#include "engine/sampling/stop_strings.h"
+#include "engine/tokenizer/stop_strings.h"
 
 #include <algorithm>
 
