@@ -13,7 +13,7 @@
 #include "router/api/anthropic_writer.h"
 #include "router/api/responses_parser.h"
 #include "router/api/responses_writer.h"
-#include "services/common/http_status.h"
+#include "router/http/http_status.h"
 
 namespace ferry {
 

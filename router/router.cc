@@ -27,11 +27,11 @@
 #include "router/auth/rate_limiter.h"
 #include "router/billing.h"
 #include "router/dispatch/dispatcher.h"
+#include "router/http/http_status.h"
 #include "router/registry/worker_registry.h"
 #include "router/router_metrics.h"
 #include "services/common/admin_server.h"
 #include "services/common/completion_thread.h"
-#include "services/common/http_status.h"
 #include "services/common/metrics.h"
 #include "services/common/shared_token.h"
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "router/api/openai_writer.h"  // DumpJson
-#include "services/common/http_status.h"
+#include "router/http/http_status.h"
 
 namespace ferry {
 namespace {

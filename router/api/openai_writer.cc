@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "services/common/http_status.h"
+#include "router/http/http_status.h"
 
 namespace ferry {
 

@@ -66,9 +66,12 @@ def normalize(label):
 
 
 def query(bazel, expression, *flags):
-    return subprocess.run(
+    run = subprocess.run(
         [bazel, "query", "--noshow_progress", "--ui_event_filters=-info", *flags, expression],
-        check=True, capture_output=True, text=True).stdout
+        capture_output=True, text=True)
+    if run.returncode != 0:
+        sys.exit("layering: bazel query %s failed:\n%s" % (expression, run.stderr))
+    return run.stdout
 
 
 def graph_edges(bazel):

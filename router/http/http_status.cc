@@ -1,4 +1,4 @@
-#include "services/common/http_status.h"
+#include "router/http/http_status.h"
 
 #include "absl/strings/ascii.h"
 #include "nlohmann/json.hpp"

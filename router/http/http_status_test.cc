@@ -1,4 +1,4 @@
-#include "services/common/http_status.h"
+#include "router/http/http_status.h"
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

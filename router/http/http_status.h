@@ -2,8 +2,8 @@
 // body ({"error": {"message", "type", "param", "code"}}) that real clients (openai, anthropic
 // SDKs) parse. One table, used by every HTTP surface of Ferry.
 
-#ifndef FERRY_SERVICES_COMMON_HTTP_STATUS_H_
-#define FERRY_SERVICES_COMMON_HTTP_STATUS_H_
+#ifndef FERRY_ROUTER_HTTP_HTTP_STATUS_H_
+#define FERRY_ROUTER_HTTP_HTTP_STATUS_H_
 
 #include <string>
 
@@ -32,4 +32,4 @@ std::string OpenAiErrorBody(const absl::Status& status, absl::string_view trace_
 
 }  // namespace ferry
 
-#endif  // FERRY_SERVICES_COMMON_HTTP_STATUS_H_
+#endif  // FERRY_ROUTER_HTTP_HTTP_STATUS_H_
