@@ -176,7 +176,7 @@ TEST(HelpTest, EveryBinaryListsEveryFlagItParsesWithTypeDefaultAndDescription) {
 }
 
 TEST(HelpTest, FerryKvListsEveryFlagItsParserTakes) {
-  const std::string source = ReadFile("kvstore/kv_tool.cc");
+  const std::string source = ReadFile("kvstore/tool/kv_tool.cc");
   ASSERT_FALSE(source.empty());
   std::set<std::string> parsed;
   const std::regex compared(R"re(arg == "--([\w-]+)")re");
@@ -185,7 +185,7 @@ TEST(HelpTest, FerryKvListsEveryFlagItsParserTakes) {
     if ((*it)[1] != "help" && (*it)[1] != "version") parsed.insert((*it)[1]);
   }
   ASSERT_GE(parsed.size(), 7u);  // addr, json, capacity, segment-bytes, 3 TTLs, log_format
-  const CommandResult run = RunCommand("kvstore/ferry-kv --help");
+  const CommandResult run = RunCommand("kvstore/tool/ferry-kv --help");
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const auto listed = ListedFlags(run.out);
   for (const std::string& name : parsed) {
@@ -201,7 +201,7 @@ TEST(VersionTest, EveryBinaryPrintsTheVersionTheCommitAndTheBuild) {
   const std::string version(absl::StripAsciiWhitespace(ReadFile("VERSION")));
   ASSERT_FALSE(version.empty());
   std::vector<Binary> binaries = AbslBinaries();
-  binaries.push_back({"ferry-kv", "kvstore/ferry-kv", {}});
+  binaries.push_back({"ferry-kv", "kvstore/tool/ferry-kv", {}});
   std::set<std::string> commits;
   const std::regex commit(R"(commit: ([0-9a-f]{40}(-dirty)?|unknown))");
   const std::regex build(R"(build: (opt|dbg|fastbuild), (gcc|clang) [0-9.]+, C\+\+1[47], .*)"
@@ -231,7 +231,7 @@ TEST(CommandLineTest, BadFlagsAndLogFormatsExitNamingThem) {
     EXPECT_EQ(run.exit_code, 2) << run.err;
     EXPECT_NE(run.err.find("--log_format"), std::string::npos) << run.err;
   }
-  const CommandResult run = RunCommand("kvstore/ferry-kv stats /nonexistent --log_format=xml");
+  const CommandResult run = RunCommand("kvstore/tool/ferry-kv stats /nonexistent --log_format=xml");
   EXPECT_EQ(run.exit_code, 2) << run.err;
   EXPECT_NE(run.err.find("--log_format"), std::string::npos) << run.err;
 }
