@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "engine/common/clock.h"
 #include "engine/common/log.h"
 #include "services/common/grpc_client.h"
 #include "services/common/shared_token.h"
@@ -17,96 +18,87 @@ namespace v1 = ferry::v1;
 class Dispatcher::Job {
  public:
   Job(DispatchRequest request, std::shared_ptr<GenerateSink> sink)
-      : request(std::move(request)), sink(std::move(sink)) {}
+      : request(std::move(request)), sink(std::move(sink)) {
+    const v1::TokenizedRequest& r = this->request.request.request();
+    record.request_id = r.context().request_id();
+    record.deadline = this->request.deadline;
+    record.prompt_tokens = this->request.prompt_tokens;
+    record.choices = std::max<int32_t>(1, r.sampling().n());
+    record.block_hashes = std::move(this->request.block_hashes);
+    record.block_tokens = r.block_tokens();
+    record.store_prefix_blocks = this->request.store_prefix_blocks;
+  }
 
-  RouteRequest route() const {
-    RouteRequest r;
-    r.prompt_tokens = request.prompt_tokens + resumed_tokens;
-    r.block_hashes = request.block_hashes;
-    r.block_tokens = request.request.request().block_tokens();
-    r.store_prefix_blocks = request.store_prefix_blocks;
-    return r;
-  }
-  // The prompt tokens a worker must compute, as the policy expects it.
-  int64_t Uncached(const RouteChoice& choice) const {
-    return std::max<int64_t>(0, request.prompt_tokens + resumed_tokens -
-                                    choice.predicted_local_tokens - choice.predicted_store_tokens);
-  }
   // The request the next attempt sends: the client's, or after a migration, under its own id
   // with the resume point (and the source of a drain hand-off). Under the dispatcher's mu_.
   v1::GenerateRequest Attempt() const {
     v1::GenerateRequest r = request.request;
     r.clear_handoff_source_endpoint();
     r.clear_handoff_source_request_id();
-    if (migrations == 0) return r;
-    v1::RequestContext* context = r.mutable_request()->mutable_context();
-    context->set_request_id(absl::StrCat(context->request_id(), ".m", migrations));
+    if (record.migrations == 0) return r;
+    r.mutable_request()->mutable_context()->set_request_id(record.AttemptId());
     *r.mutable_request()->mutable_resume() = resume;
-    if (!handoff_endpoint.empty()) {
-      r.set_handoff_source_endpoint(handoff_endpoint);
-      r.set_handoff_source_request_id(handoff_request_id);
+    if (record.handoff.active()) {
+      r.set_handoff_source_endpoint(record.handoff.endpoint);
+      r.set_handoff_source_request_id(record.handoff.request_id);
     }
     return r;
   }
-  std::string attempt_id() const {
-    const std::string& id = request.request.request().context().request_id();
-    return migrations == 0 ? id : absl::StrCat(id, ".m", migrations);
-  }
 
-  const DispatchRequest request;
+  DispatchRequest request;  // its block_hashes moved to the record
   const std::shared_ptr<GenerateSink> sink;
-  // Under the dispatcher's mu_.
-  int attempts = 0;
-  std::set<std::string> excluded;  // workers that failed it
-  bool queued = false;
-  bool cancelled = false;
-  bool ended = false;
-  // The running stream's context (shared: Cancel may outlive the call it cancels).
-  std::shared_ptr<grpc::ClientContext> context;
-  Call* call = nullptr;  // the running attempt (alive while set)
-  int migrations = 0;
-  int64_t resumed_tokens = 0;  // output tokens (all choices) before the running attempt
-  v1::ResumeState resume;      // the running attempt's resume point (after a migration)
-  // The running (or next) attempt is a drain hand-off: from the worker `handoff_source` that
-  // stopped the request's attempt `handoff_request_id` ("host:port" `handoff_endpoint`; empty:
-  // no hand-off), to a worker of `handoff_role`.
-  std::string handoff_endpoint;
-  std::string handoff_source;
-  std::string handoff_request_id;
-  v1::WorkerRole handoff_role = v1::WORKER_ROLE_UNSPECIFIED;
-  v1::WorkerRole role = v1::WORKER_ROLE_UNSPECIFIED;  // the running attempt's worker's
-
-  // What the client received of each choice: the resume point of a migration. Under
-  // progress_mu (the running call's thread writes it; the next attempt reads it).
-  struct Progress {
-    std::vector<uint32_t> tokens;
-    std::string tail;  // the stop-string tail the worker held back after them
-    bool finished = false;
-  };
+  // The rules' record (dispatch_rules.h): under the dispatcher's mu_, but for its output
+  // (progress, tracked, tracked_tokens), under progress_mu (the running call's thread writes it;
+  // the next attempt reads it).
+  JobRecord record;
   std::mutex progress_mu;
-  std::vector<Progress> progress;
-  bool tracked = true;         // false: over a cap, or inconsistent (cannot migrate)
-  int64_t tracked_tokens = 0;  // counted in the dispatcher's total
+  // Under the dispatcher's mu_: the running stream's context (shared: Cancel may outlive the
+  // call it cancels), the running attempt (alive while set), and the running attempt's resume
+  // point (after a migration).
+  std::shared_ptr<grpc::ClientContext> context;
+  Call* call = nullptr;
+  v1::ResumeState resume;
 };
 
 namespace {
 
-// Why a stream that sent tokens may continue elsewhere; "" when it may not (the client left, the
-// request is invalid or past its deadline).
-std::string MigrationCause(bool down, bool worker_error, grpc::StatusCode code) {
-  if (down) return "worker_down";
-  switch (code) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::UNKNOWN:
-      return worker_error ? "worker_error" : "stream_broken";
-    case grpc::StatusCode::INTERNAL:
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-    case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::DATA_LOSS:
-      return "worker_error";
+WorkerKind KindOf(v1::WorkerRole role) {
+  switch (role) {
+    case v1::WORKER_ROLE_PREFILL:
+      return WorkerKind::kPrefill;
+    case v1::WORKER_ROLE_DECODE:
+      return WorkerKind::kDecode;
     default:
-      return "";
+      return WorkerKind::kAggregated;
   }
+}
+
+// The resume point of the next attempt: each choice's output so far and its sampler's state
+// (position-keyed draws, penalty counts, the stop-string tail).
+v1::ResumeState ResumeFrom(const JobRecord& record, uint64_t seed) {
+  v1::ResumeState resume;
+  for (size_t c = 0; c < record.progress.size(); ++c) {
+    const ChoiceProgress& p = record.progress[c];
+    v1::ResumedChoice* choice = resume.add_choices();
+    choice->mutable_generated_token_ids()->Add(p.tokens.begin(), p.tokens.end());
+    v1::SamplerState* state = choice->mutable_sampler_state();
+    state->set_seed(seed);
+    state->set_choice_index(static_cast<uint32_t>(c));
+    state->set_output_count(static_cast<uint32_t>(p.tokens.size()));
+    std::map<uint32_t, uint32_t> counts;
+    for (uint32_t t : p.tokens) ++counts[t];
+    for (const auto& [token, count] : counts) {
+      v1::TokenCount* tc = state->add_penalty_counts();
+      tc->set_token_id(token);
+      tc->set_count(count);
+    }
+    state->set_stop_string_tail(p.tail);
+  }
+  if (resume.choices_size() == 0) {
+    // No chunk was recorded (a token-less stream): start the one choice afresh.
+    resume.add_choices()->mutable_sampler_state()->set_seed(seed);
+  }
+  return resume;
 }
 
 }  // namespace
@@ -224,9 +216,7 @@ class Dispatcher::Call final {
     absl::Status s = status.ok() ? absl::OkStatus()
                                  : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                                                 status.error_message());
-    bool retryable =
-        !status.ok() && (retryable_ || status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                         status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    bool retryable = !status.ok() && (retryable_ || RetryableCode(s.code()));
     std::string failed = worker_;
     std::shared_ptr<grpc::ClientContext> prefill;
     bool down = false;
@@ -252,10 +242,16 @@ class Dispatcher::Call final {
       retryable = true;
     }
     if (handoff_ && !started_ && s.ok()) HandoffCompleted();  // ended without a new token
-    const std::string cause =
-        s.ok() ? "" : MigrationCause(down, has_error_, static_cast<grpc::StatusCode>(s.code()));
-    dispatcher_->CallEnded(job_, worker_, failed, s, started_, !s.ok() && retryable, cause,
-                           has_error_ ? &error_event_ : nullptr);
+    AttemptOutcome outcome;
+    outcome.worker = worker_;
+    outcome.failed = failed;
+    outcome.status = s;
+    outcome.started = started_;
+    outcome.retryable = !s.ok() && retryable;
+    outcome.migrate_cause = s.ok() ? "" : MigrationCause(down, has_error_, s.code());
+    outcome.error_event = has_error_;
+    if (has_error_) outcome.handoff_endpoint = error_event_.error().handoff_endpoint();
+    dispatcher_->CallEnded(job_, outcome, has_error_ ? &error_event_ : nullptr);
     Unref();
   }
 
@@ -287,7 +283,7 @@ class Dispatcher::Call final {
     // The prefill worker computes the prompt: the prediction is about it.
     predicted_local_ = choice.predicted_local_tokens;
     predicted_store_ = choice.predicted_store_tokens;
-    auto* rpc = new PrefillRpc(this, chosen->id, job_->Uncached(choice));
+    auto* rpc = new PrefillRpc(this, chosen->id, job_->record.Uncached(choice));
     rpc->context = std::make_shared<grpc::ClientContext>();
     rpc->context->set_deadline(absl::ToChronoTime(job_->request.deadline));
     rpc->context->AddMetadata(kTraceIdMetadataKey, job_->request.trace_id);
@@ -401,7 +397,13 @@ Dispatcher::Dispatcher(WorkerRegistry* registry, RoutingPolicy* policy, Dispatch
     : registry_(registry),
       policy_(policy),
       options_(std::move(options)),
-      observer_(std::move(observer)) {
+      observer_(std::move(observer)),
+      clock_(options_.clock != nullptr ? options_.clock : &RealClock()) {
+  limits_.max_retries = options_.max_retries;
+  limits_.max_migrations = options_.max_migrations;
+  limits_.max_queued = options_.max_queued;
+  tracking_.max_tokens_per_request = options_.max_tracked_tokens_per_request;
+  tracking_.max_tokens = options_.max_tracked_tokens;
   completions_ = options_.completions;
   if (completions_.empty()) {
     own_completions_ = std::make_unique<CompletionThread>("dispatch");
@@ -422,19 +424,14 @@ Dispatcher::~Dispatcher() {
 
 absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
     DispatchRequest request, std::shared_ptr<GenerateSink> sink) {
-  if (!registry_->AnyUp())
-    return absl::UnavailableError("no worker can take requests: none is up, or all are draining");
+  const bool any_up = registry_->AnyUp();
   auto job = std::make_shared<Job>(std::move(request), std::move(sink));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return absl::UnavailableError("the router is shutting down");
-    // Behind the queue unless it is empty: arrival order.
-    if (!queue_.empty()) {
-      if (static_cast<int64_t>(queue_.size()) >= options_.max_queued) {
-        return absl::ResourceExhaustedError(absl::StrCat("every worker is busy and ", queue_.size(),
-                                                         " requests are waiting; retry later"));
-      }
-      job->queued = true;
+    const Admission admission = AdmitNew(any_up, stopping_, queue_.size(), limits_);
+    if (admission.what == Admit::kReject) return admission.status;
+    if (admission.what == Admit::kQueue) {  // behind the queue: arrival order
+      job->record.queued = true;
       queue_.push_back(job);
       if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
       return job;
@@ -442,69 +439,44 @@ absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
   }
   if (TryStart(job)) return job;
   std::lock_guard<std::mutex> lock(mu_);
-  if (static_cast<int64_t>(queue_.size()) >= options_.max_queued) {
-    return absl::ResourceExhaustedError("every worker is busy and the queue is full; retry later");
-  }
-  job->queued = true;
+  const Admission admission = AdmitUnstarted(queue_.size(), limits_);
+  if (admission.what == Admit::kReject) return admission.status;
+  job->record.queued = true;
   queue_.push_back(job);
   if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
   cv_.notify_all();
   return job;
 }
 
-std::vector<Candidate> Dispatcher::CandidatesFor(const std::shared_ptr<Job>& job,
-                                                 v1::WorkerRole role) {
-  std::vector<Candidate> candidates = registry_->Candidates();
-  auto of_role = [role](const Candidate& c) {
-    return role == v1::WORKER_ROLE_UNSPECIFIED ||
-           (role == v1::WORKER_ROLE_PREFILL) == (c.role == v1::WORKER_ROLE_PREFILL);
-  };
-  std::lock_guard<std::mutex> lock(mu_);
-  const bool others = std::any_of(candidates.begin(), candidates.end(), [&](const Candidate& c) {
-    return of_role(c) && job->excluded.count(c.id) == 0;
-  });
-  // The workers that failed the job are avoided while another can take it; with none left
-  // (a small pool, a worker restarted on its address) they get it again.
-  if (others) {
-    candidates.erase(
-        std::remove_if(candidates.begin(), candidates.end(),
-                       [&](const Candidate& c) { return job->excluded.count(c.id) > 0; }),
-        candidates.end());
-  }
-  return candidates;
+std::vector<WorkerLoadView> Dispatcher::Views(const std::vector<Candidate>& candidates) {
+  std::vector<WorkerLoadView> views;
+  views.reserve(candidates.size());
+  for (const Candidate& c : candidates) views.push_back(c.load);
+  return views;
 }
 
-std::vector<Candidate> Dispatcher::HandoffTargets(const std::shared_ptr<Job>& job) {
-  std::vector<Candidate> candidates = registry_->Candidates();
-  std::lock_guard<std::mutex> lock(mu_);
-  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
-                                  [&](const Candidate& c) {
-                                    return c.role != job->handoff_role ||
-                                           c.id == job->handoff_source ||
-                                           c.endpoint == job->handoff_endpoint ||
-                                           job->excluded.count(c.id) > 0;
-                                  }),
-                   candidates.end());
-  return candidates;
+std::vector<Candidate> Dispatcher::Subset(std::vector<Candidate> candidates,
+                                          const std::vector<size_t>& indices) {
+  std::vector<Candidate> picked;
+  picked.reserve(indices.size());
+  for (size_t i : indices) picked.push_back(std::move(candidates[i]));
+  return picked;
 }
 
 RouteChoice Dispatcher::Choose(const std::vector<Candidate>& candidates,
                                const std::shared_ptr<Job>& job) {
-  std::vector<WorkerLoadView> views;
-  views.reserve(candidates.size());
-  for (const Candidate& c : candidates) views.push_back(c.load);
-  const RouteChoice choice = policy_->Choose(views, job->route());
+  const RouteChoice choice = policy_->Choose(Views(candidates), job->record.Route());
   if (observer_.decided) observer_.decided(policy_->name(), choice);
   return choice;
 }
 
 absl::StatusOr<std::pair<Candidate, RouteChoice>> Dispatcher::PickPrefill(
     const std::shared_ptr<Job>& job) {
-  std::vector<Candidate> candidates = CandidatesFor(job, v1::WORKER_ROLE_PREFILL);
-  candidates.erase(
-      std::remove_if(candidates.begin(), candidates.end(),
-                     [](const Candidate& c) { return c.role != v1::WORKER_ROLE_PREFILL; }),
-      candidates.end());
+  std::vector<Candidate> candidates = registry_->Candidates();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    candidates = Subset(std::move(candidates), PrefillCandidates(Views(candidates), job->record));
+  }
   if (candidates.empty()) {
     return absl::UnavailableError("no prefill worker can take the request now");
   }
@@ -517,46 +489,45 @@ void Dispatcher::Routed(const std::string& worker) {
 }
 
 bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
-  bool handoff = false;
+  std::vector<Candidate> candidates = registry_->Candidates();
+  const std::vector<WorkerLoadView> views = Views(candidates);
+  bool handoff = false, cancelled = false;
+  std::string fell_back_from;  // a hand-off source no worker can take the request from
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (job->cancelled || job->ended) return true;  // nothing to start
-    handoff = !job->handoff_endpoint.empty();
-  }
-  std::vector<Candidate> candidates;
-  if (handoff) {
-    // A drain hand-off: a worker of the source's role (no prefill worker needed).
-    candidates = HandoffTargets(job);
-    if (candidates.empty()) {
-      std::string source;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        source = job->handoff_source;
-        job->handoff_endpoint.clear();
-        job->handoff_source.clear();
-        job->handoff_request_id.clear();
+    if (job->record.ended) return true;  // nothing to start
+    if (job->record.cancelled) {
+      // The client left between two attempts (Cancel found no stream to cancel): it ends here.
+      job->record.ended = true;
+      cancelled = true;
+    } else if (job->record.handoff.active()) {
+      // A drain hand-off: a worker of the source's role (no prefill worker needed).
+      std::vector<std::string> endpoints;
+      endpoints.reserve(candidates.size());
+      for (const Candidate& c : candidates) endpoints.push_back(c.endpoint);
+      const std::vector<size_t> targets = HandoffTargets(views, endpoints, job->record);
+      if (targets.empty()) {
+        fell_back_from = job->record.handoff.source;
+        job->record.handoff = HandoffPlan();
+      } else {
+        handoff = true;
+        candidates = Subset(std::move(candidates), targets);
       }
-      LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
-                   << ": no worker can take its drain "
-                   << "hand-off from " << source << "; resuming it by re-prefill";
-      if (observer_.handoff) observer_.handoff("fell_back");
-      handoff = false;
+    }
+    if (!handoff && !cancelled) {
+      candidates = Subset(std::move(candidates), StreamCandidates(views, job->record));
     }
   }
-  if (!handoff) {
-    candidates = CandidatesFor(job, v1::WORKER_ROLE_DECODE);
-    // Where the request can stream from: aggregated workers, and decode workers while a prefill
-    // worker can take it too.
-    const std::vector<Candidate> prefills = CandidatesFor(job, v1::WORKER_ROLE_PREFILL);
-    const bool prefill = std::any_of(prefills.begin(), prefills.end(), [](const Candidate& c) {
-      return c.role == v1::WORKER_ROLE_PREFILL;
-    });
-    candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
-                                    [&](const Candidate& c) {
-                                      return c.role == v1::WORKER_ROLE_PREFILL ||
-                                             (c.role == v1::WORKER_ROLE_DECODE && !prefill);
-                                    }),
-                     candidates.end());
+  if (cancelled) {
+    Untrack(*job);
+    job->sink->OnEnd(absl::CancelledError("the client went away"));
+    return true;
+  }
+  if (!fell_back_from.empty()) {
+    LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
+                 << ": no worker can take its drain hand-off from " << fell_back_from
+                 << "; resuming it by re-prefill";
+    if (observer_.handoff) observer_.handoff("fell_back");
   }
   if (candidates.empty()) return false;
   const RouteChoice choice = Choose(candidates, job);
@@ -564,25 +535,27 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   // An aggregated worker computes the prompt (not on a hand-off: its KV is pushed); a decode
   // worker holds it while it decodes.
   const bool decode = chosen.role == v1::WORKER_ROLE_DECODE;
-  const int64_t pending = decode || handoff ? 0 : job->Uncached(choice);
-  const int64_t active = decode ? job->request.prompt_tokens : 0;
+  const int64_t pending = decode || handoff ? 0 : job->record.Uncached(choice);
+  const int64_t active = decode ? job->record.prompt_tokens : 0;
   registry_->AddLoad(chosen.id, +1, pending, active);
   Call* call = nullptr;
   std::string attempt_id, source;
   int64_t carried = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    call = new Call(this, job, job->Attempt(), job->resumed_tokens, chosen, options_.auth_token,
-                    choice, pending, active);
+    call = new Call(this, job, job->Attempt(), job->record.resumed_tokens, chosen,
+                    options_.auth_token, choice, pending, active);
     ++running_;
-    ++job->attempts;
+    ++job->record.attempts;
     job->context = call->context();
     job->call = call;
-    job->role = chosen.role;
+    job->record.role = KindOf(chosen.role);
     streaming_.insert(job);
-    attempt_id = job->attempt_id();
-    source = job->handoff_source;
-    carried = job->resumed_tokens;
+    attempt_id = job->record.AttemptId();
+    source = job->record.handoff.source;
+    carried = job->record.resumed_tokens;
+    // The client left while this attempt was being chosen: it starts cancelled (and ends so).
+    if (job->record.cancelled) call->context()->TryCancel();
   }
   if (handoff) {
     LOG(INFO) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id << " ("
@@ -599,247 +572,125 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   return true;
 }
 
-void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
-                           const std::string& failed, const absl::Status& status, bool started,
-                           bool retryable, const std::string& migrate_cause,
+void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome& outcome,
                            const v1::GenerateEvent* error) {
-  registry_->AddLoad(worker, -1);
-  bool retry = false, migrate = false;
-  absl::Status end = status;
-  std::string failure;  // why the request failed, for the metric
-  int64_t carried = 0;
-  std::string cause = migrate_cause;
-  std::string handoff_source;   // the source of this attempt, a drain hand-off
-  std::string handoff_outcome;  // of this attempt, a hand-off that ended before a new token
+  registry_->AddLoad(outcome.worker, -1);
+  Decision d;
   {
     std::lock_guard<std::mutex> lock(mu_);
     --running_;
     job->context.reset();
     job->call = nullptr;
     streaming_.erase(job);
-    // This attempt was a drain hand-off: one that failed before a new token falls back to a
-    // re-prefill (under the next attempt id: the target may still hold this one).
-    const bool handoff_attempt = !job->handoff_endpoint.empty();
-    handoff_source = job->handoff_source;
-    job->handoff_endpoint.clear();
-    job->handoff_source.clear();
-    job->handoff_request_id.clear();
-    const bool failed_handoff = handoff_attempt && !started && !status.ok();
-    if (failed_handoff) cause = "handoff_failed";
-    // The worker stopped the request draining, with its KV kept for a hand-off.
-    const std::string handoff_endpoint = error != nullptr && !status.ok() && !failed_handoff
-                                             ? error->error().handoff_endpoint()
-                                             : std::string();
-    const bool before_deadline = absl::Now() < job->request.deadline;
-    // A stream that sent tokens (in this attempt or an earlier one) and failed: continue it
-    // elsewhere from what the client received.
-    const bool had_output = started || job->migrations > 0;
-    retry = !status.ok() && !started && retryable && !job->cancelled &&
-            job->attempts <= options_.max_retries && before_deadline && !failed_handoff &&
-            !(had_output && !handoff_endpoint.empty());
-    if (retry) job->excluded.insert(failed);
-    if (!status.ok() && !retry && had_output && !job->cancelled && !cause.empty()) {
+    {
       std::lock_guard<std::mutex> progress(job->progress_mu);
-      const int32_t n = std::max<int32_t>(1, job->request.request.request().sampling().n());
-      bool finished = static_cast<int32_t>(job->progress.size()) == n;
-      for (const Job::Progress& p : job->progress) finished = finished && p.finished;
-      if (finished) {
-        // Every choice had ended; only the usage was lost: done.
-        end = absl::OkStatus();
-        error = nullptr;
-      } else if (!job->tracked) {
-        failure = "untracked";
-      } else if (n != 1) {
-        failure = "several_choices";
-      } else if (job->migrations >= options_.max_migrations) {
-        failure = "migration_limit";
-      } else if (!before_deadline) {
-        failure = "deadline";
-      } else {
-        migrate = true;
-        job->excluded.insert(worker);
-        if (orphans_.size() >= 1024 && orphans_.count(worker) == 0) {
-          orphans_.erase(orphans_.begin());  // workers gone for good (addresses of the past)
-        }
-        const std::string stopped_attempt = job->attempt_id();
-        std::deque<std::string>& orphans = orphans_[worker];
-        orphans.push_back(stopped_attempt);
-        while (static_cast<int64_t>(orphans.size()) > options_.max_orphans_per_worker) {
-          orphans.pop_front();
-        }
-        ++job->migrations;
-        job->resume.Clear();
-        const uint64_t seed = job->request.request.request().sampling().seed();
-        carried = 0;
-        for (size_t c = 0; c < job->progress.size(); ++c) {
-          const Job::Progress& p = job->progress[c];
-          v1::ResumedChoice* choice = job->resume.add_choices();
-          choice->mutable_generated_token_ids()->Add(p.tokens.begin(), p.tokens.end());
-          v1::SamplerState* state = choice->mutable_sampler_state();
-          state->set_seed(seed);
-          state->set_choice_index(static_cast<uint32_t>(c));
-          state->set_output_count(static_cast<uint32_t>(p.tokens.size()));
-          std::map<uint32_t, uint32_t> counts;
-          for (uint32_t t : p.tokens) ++counts[t];
-          for (const auto& [token, count] : counts) {
-            v1::TokenCount* tc = state->add_penalty_counts();
-            tc->set_token_id(token);
-            tc->set_count(count);
-          }
-          state->set_stop_string_tail(p.tail);
-          carried += static_cast<int64_t>(p.tokens.size());
-        }
-        if (job->resume.choices_size() == 0) {
-          // No chunk was recorded (a token-less stream): start the one choice afresh.
-          v1::ResumedChoice* choice = job->resume.add_choices();
-          choice->mutable_sampler_state()->set_seed(seed);
-        }
-        job->resumed_tokens = carried;
-        // A hand-off continues from the last token's KV: there must be one.
-        if (!handoff_endpoint.empty() && carried > 0) {
-          cause = "drain_handoff";
-          job->handoff_endpoint = handoff_endpoint;
-          job->handoff_source = worker;
-          job->handoff_request_id = stopped_attempt;
-          job->handoff_role = job->role;
-        }
-      }
-    } else if (!status.ok() && !retry && !job->cancelled) {
-      switch (status.code()) {
-        case absl::StatusCode::kDeadlineExceeded:
-          failure = "deadline";
-          break;
-        case absl::StatusCode::kUnavailable:
-        case absl::StatusCode::kResourceExhausted:
-          failure = "no_worker";
-          break;
-        case absl::StatusCode::kInternal:
-        case absl::StatusCode::kUnknown:
-        case absl::StatusCode::kAborted:
-        case absl::StatusCode::kDataLoss:
-          failure = "worker_error";
-          break;
-        default:  // the request's own fault (invalid, too long): not a failure of the service
-          break;
+      d = DecideAfterAttempt(job->record, outcome, limits_, clock_->Now());
+      ApplyDecision(d, &job->record);
+      if (d.next == Next::kMigrate) {
+        job->resume = ResumeFrom(job->record, job->request.request.request().sampling().seed());
       }
     }
-    if (!failure.empty() && had_output) {
-      end = absl::Status(status.code(),
-                         absl::StrCat(status.message(),
-                                      "; the request cannot continue on "
-                                      "another worker (",
-                                      failure == "untracked"         ? "its output is not tracked"
-                                      : failure == "several_choices" ? "it has several choices"
-                                      : failure == "migration_limit"
-                                          ? absl::StrCat("it moved ", job->migrations, " times")
-                                          : "its deadline passed",
-                                      ")"));
-    }
-    if (failed_handoff && !job->cancelled) {
-      handoff_outcome = migrate ? "fell_back" : end.ok() ? "completed" : "failed";
+    if (d.next == Next::kMigrate) {
+      // The stopped attempt, to Abort on its worker when it comes back.
+      if (orphans_.size() >= 1024 && orphans_.count(outcome.worker) == 0) {
+        orphans_.erase(orphans_.begin());  // workers gone for good (addresses of the past)
+      }
+      std::deque<std::string>& orphans = orphans_[outcome.worker];
+      orphans.push_back(d.stopped_attempt);
+      while (static_cast<int64_t>(orphans.size()) > options_.max_orphans_per_worker) {
+        orphans.pop_front();
+      }
     }
     if (stopping_ && running_ == 0) idle_cv_.notify_all();  // only the destructor waits here
   }
-  if (retry) {
-    LOG(INFO) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
-              << ": worker " << failed << " failed it before its first token (" << status
-              << "); trying another";
+  const std::string& trace_id = job->request.trace_id;
+  if (d.next == Next::kRetry) {
+    LOG(INFO) << LogTraceId(trace_id) << "request " << trace_id << ": worker " << outcome.failed
+              << " failed it before its first token (" << outcome.status << "); trying another";
     if (observer_.retried) observer_.retried();
   }
-  if (!handoff_outcome.empty()) {
-    if (handoff_outcome != "completed") {  // (completed: every choice had ended)
-      LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
-                   << ": its drain hand-off from " << handoff_source << " to " << worker
-                   << " failed (" << status << "); "
-                   << (handoff_outcome == "fell_back" ? "resuming it by re-prefill"
-                                                      : "it cannot go on");
+  if (!d.handoff_outcome.empty()) {
+    if (d.handoff_outcome != "completed") {  // (completed: every choice had ended)
+      LOG(WARNING) << LogTraceId(trace_id) << "request " << trace_id << ": its drain hand-off from "
+                   << d.handoff_source << " to " << outcome.worker << " failed (" << outcome.status
+                   << "); "
+                   << (d.handoff_outcome == "fell_back" ? "resuming it by re-prefill"
+                                                        : "it cannot go on");
     }
-    if (observer_.handoff) observer_.handoff(handoff_outcome);
+    if (observer_.handoff) observer_.handoff(d.handoff_outcome);
   }
-  if (migrate) {
-    if (cause == "drain_handoff") {
-      LOG(INFO) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
-                << ": worker " << worker << " stopped it draining; handing it off with " << carried
+  if (d.next == Next::kMigrate) {
+    if (d.cause == "drain_handoff") {
+      LOG(INFO) << LogTraceId(trace_id) << "request " << trace_id << ": worker " << outcome.worker
+                << " stopped it draining; handing it off with " << d.carried
                 << " output tokens to another worker";
     } else {
-      LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
-                   << ": worker " << worker << " failed it mid-stream (" << cause << ": " << status
-                   << "); moving it with " << carried << " output tokens to another worker";
+      LOG(WARNING) << LogTraceId(trace_id) << "request " << trace_id << ": worker "
+                   << outcome.worker << " failed it mid-stream (" << d.cause << ": "
+                   << outcome.status << "); moving it with " << d.carried
+                   << " output tokens to another worker";
     }
-    if (observer_.migrated) observer_.migrated(cause, carried);
-    retry = true;
+    if (observer_.migrated) observer_.migrated(d.cause, d.carried);
   }
-  if (retry && !TryStart(job)) {
+  if ((d.next == Next::kRetry || d.next == Next::kMigrate) && !TryStart(job)) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (static_cast<int64_t>(queue_.size()) < options_.max_queued && !stopping_) {
-      job->queued = true;
+    RestartFoundNoWorker(queue_.size(), stopping_, limits_, &d);
+    if (d.next == Next::kQueue) {
+      job->record.queued = true;
       queue_.push_front(job);  // it already waited its turn
-    } else {
-      retry = false;
-      failure = "no_worker";
     }
   }
-  if (!retry) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      job->ended = true;
-    }
-    Untrack(*job);
-    if (!failure.empty()) {
-      if (failure != "no_worker" || !end.ok()) {
-        LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
-                     << " failed (" << failure << "): " << end;
-      }
-      if (observer_.failed) observer_.failed(failure);
-    }
-    if (error != nullptr && !end.ok()) job->sink->OnEvent(*error);
-    job->sink->OnEnd(end);
-  }
+  if (d.next == Next::kEnd) End(job, d, error);
   Pump();
 }
 
+void Dispatcher::End(const std::shared_ptr<Job>& job, const Decision& d,
+                     const v1::GenerateEvent* error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job->record.ended = true;
+  }
+  Untrack(*job);
+  if (!d.failure.empty()) {
+    if (d.failure != "no_worker" || !d.end.ok()) {
+      LOG(WARNING) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id
+                   << " failed (" << d.failure << "): " << d.end;
+    }
+    if (observer_.failed) observer_.failed(d.failure);
+  }
+  if (error != nullptr && d.show_error_event) job->sink->OnEvent(*error);
+  job->sink->OnEnd(d.end);
+}
+
 void Dispatcher::Record(Job& job, const v1::TokenChunk& chunk) {
-  bool over = false;
+  TrackResult result;
   {
     std::lock_guard<std::mutex> lock(job.progress_mu);
-    if (!job.tracked) return;
-    const uint32_t c = chunk.choice_index();
-    const int64_t n = chunk.token_ids_size();
-    bool consistent = c < 4096;
-    if (consistent && c >= job.progress.size()) job.progress.resize(c + 1);
-    if (consistent) consistent = chunk.first_output_index() == job.progress[c].tokens.size();
-    const bool fits = job.tracked_tokens + n <= options_.max_tracked_tokens_per_request &&
-                      tracked_tokens_.load() + n <= options_.max_tracked_tokens;
-    if (!consistent || !fits) {
-      if (!consistent) {
-        LOG(WARNING) << LogTraceId(job.request.trace_id) << "request " << job.request.trace_id
-                     << ": choice " << c << " continues at output " << chunk.first_output_index()
-                     << ", not where the router's record ends: it cannot migrate";
-      }
-      job.tracked = false;
-      tracked_tokens_.fetch_sub(job.tracked_tokens);
-      job.tracked_tokens = 0;
-      job.progress.clear();
-      job.progress.shrink_to_fit();
-      over = true;
-    } else {
-      Job::Progress& p = job.progress[c];
-      p.tokens.insert(p.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
-      p.tail = chunk.stop_string_tail();
-      if (chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) p.finished = true;
-      job.tracked_tokens += n;
-      tracked_tokens_.fetch_add(n);
-    }
+    ReceivedChunk received;
+    received.choice = chunk.choice_index();
+    received.first_output_index = chunk.first_output_index();
+    received.token_ids = absl::MakeConstSpan(chunk.token_ids().data(), chunk.token_ids_size());
+    received.tail = chunk.stop_string_tail();
+    received.finished = chunk.finish_reason() != v1::FINISH_REASON_UNSPECIFIED;
+    int64_t delta = 0;
+    result = Track(&job.record, received, tracked_tokens_.load(), tracking_, &delta);
+    tracked_tokens_.fetch_add(delta);
   }
-  if (over && observer_.untracked) observer_.untracked();
+  if (result == TrackResult::kInconsistent) {
+    LOG(WARNING) << LogTraceId(job.request.trace_id) << "request " << job.request.trace_id
+                 << ": choice " << chunk.choice_index() << " continues at output "
+                 << chunk.first_output_index()
+                 << ", not where the router's record ends: it cannot migrate";
+  }
+  if ((result == TrackResult::kInconsistent || result == TrackResult::kOverCap) &&
+      observer_.untracked) {
+    observer_.untracked();
+  }
 }
 
 void Dispatcher::Untrack(Job& job) {
   std::lock_guard<std::mutex> lock(job.progress_mu);
-  tracked_tokens_.fetch_sub(job.tracked_tokens);
-  job.tracked_tokens = 0;
-  job.progress.clear();
-  job.progress.shrink_to_fit();
+  tracked_tokens_.fetch_sub(ferry::Untrack(&job.record));
 }
 
 void Dispatcher::OnWorkerState(const std::string& id, bool up) {
@@ -848,8 +699,8 @@ void Dispatcher::OnWorkerState(const std::string& id, bool up) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       // Back (restarted, or its stall is over): a new chance for the jobs it failed.
-      for (const std::shared_ptr<Job>& job : queue_) job->excluded.erase(id);
-      for (const std::shared_ptr<Job>& job : streaming_) job->excluded.erase(id);
+      for (const std::shared_ptr<Job>& job : queue_) job->record.excluded.erase(id);
+      for (const std::shared_ptr<Job>& job : streaming_) job->record.excluded.erase(id);
       auto it = orphans_.find(id);
       if (it == orphans_.end()) return;
       ids.assign(it->second.begin(), it->second.end());
@@ -914,11 +765,11 @@ void Dispatcher::Pump() {
       if (queue_.empty()) return;
       job = queue_.front();
       queue_.pop_front();
-      job->queued = false;
+      job->record.queued = false;
     }
     if (!TryStart(job)) {
       std::lock_guard<std::mutex> lock(mu_);
-      job->queued = true;
+      job->record.queued = true;
       queue_.push_front(job);
       if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
       return;
@@ -933,12 +784,12 @@ void Dispatcher::Cancel(const std::shared_ptr<Job>& job) {
   bool was_queued = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (job->cancelled || job->ended) return;
-    job->cancelled = true;
-    if (job->queued) {
+    if (job->record.cancelled || job->record.ended) return;
+    job->record.cancelled = true;
+    if (job->record.queued) {
       queue_.erase(std::remove(queue_.begin(), queue_.end(), job), queue_.end());
-      job->queued = false;
-      job->ended = true;
+      job->record.queued = false;
+      job->record.ended = true;
       was_queued = true;
     }
     context = job->context;
@@ -956,8 +807,8 @@ void Dispatcher::DropQueue(const absl::Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     dropped.swap(queue_);
     for (auto& job : dropped) {
-      job->queued = false;
-      job->ended = true;
+      job->record.queued = false;
+      job->record.ended = true;
     }
   }
   for (auto& job : dropped) {
@@ -971,19 +822,15 @@ void Dispatcher::TimerLoop() {
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(100));
     // Queued requests past their deadline; and, with no worker up at all, every queued one.
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     const bool any_up = registry_->AnyUp();
     std::vector<std::pair<std::shared_ptr<Job>, absl::Status>> ended;
     for (auto it = queue_.begin(); it != queue_.end();) {
-      if (now >= (*it)->request.deadline || !any_up) {
-        (*it)->queued = false;
-        (*it)->ended = true;
-        ended.emplace_back(
-            *it,
-            now >= (*it)->request.deadline
-                ? absl::DeadlineExceededError("the request waited for a worker until its deadline")
-                : absl::UnavailableError(
-                      "no worker can take requests: none is up, or all are draining"));
+      absl::Status wait = QueuedWait((*it)->record, now, any_up);
+      if (!wait.ok()) {
+        (*it)->record.queued = false;
+        (*it)->record.ended = true;
+        ended.emplace_back(*it, std::move(wait));
         it = queue_.erase(it);
       } else {
         ++it;
@@ -993,10 +840,7 @@ void Dispatcher::TimerLoop() {
     lock.unlock();
     for (auto& [job, status] : ended) {
       Untrack(*job);
-      if (observer_.failed) {
-        observer_.failed(status.code() == absl::StatusCode::kDeadlineExceeded ? "deadline"
-                                                                              : "no_worker");
-      }
+      if (observer_.failed) observer_.failed(FailureCause(status));
       job->sink->OnEnd(status);
     }
     if (pump) Pump();  // in case a worker freed up without a registry change

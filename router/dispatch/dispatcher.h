@@ -71,8 +71,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "engine/common/clock.h"
 #include "engine/common/hash128.h"
 #include "ferry/v1/worker.grpc.pb.h"
+#include "router/dispatch/dispatch_rules.h"
+#include "router/dispatch/job_record.h"
 #include "router/policy/routing_policy.h"
 #include "router/registry/worker_registry.h"
 #include "services/common/completion_thread.h"
@@ -114,6 +117,8 @@ struct DispatcherOptions {
   std::string auth_token;  // sent to the workers
   // Where the streams complete (each must outlive the dispatcher); empty: one thread of its own.
   std::vector<CompletionThread*> completions;
+  // Deadlines are checked on it (must outlive the dispatcher); null: the real clock.
+  Clock* clock = nullptr;
 };
 
 // Counters the dispatcher reports (router metrics).
@@ -181,27 +186,26 @@ class Dispatcher {
   friend class Call;
   // Starts `job` on a candidate, or returns false when none can take it now.
   bool TryStart(const std::shared_ptr<Job>& job);
-  // The registry's candidates, less the workers that failed `job` while a worker of `role`
-  // (prefill; or decode/aggregated, where the job streams from) that did not can take it.
-  std::vector<Candidate> CandidatesFor(const std::shared_ptr<Job>& job, ferry::v1::WorkerRole role);
-  // The workers that can take `job`'s drain hand-off: of its role, not its source, not a worker
-  // that failed the job.
-  std::vector<Candidate> HandoffTargets(const std::shared_ptr<Job>& job);
+  // The candidates' load views (what the dispatch rules and the policy see), and the candidates
+  // at `indices` (what the rules picked).
+  static std::vector<WorkerLoadView> Views(const std::vector<Candidate>& candidates);
+  static std::vector<Candidate> Subset(std::vector<Candidate> candidates,
+                                       const std::vector<size_t>& indices);
   // The P/D path: a prefill worker for `job` and the policy's choice (Unavailable when none can
   // take it).
   absl::StatusOr<std::pair<Candidate, RouteChoice>> PickPrefill(const std::shared_ptr<Job>& job);
   // The policy's choice among `candidates` for `job`.
   RouteChoice Choose(const std::vector<Candidate>& candidates, const std::shared_ptr<Job>& job);
   void Routed(const std::string& worker);
-  // `worker` streamed the request; `failed` is the worker to avoid on a retry (the stream's, or
-  // the prefill worker's when the prefill failed). `migrate_cause`: why a stream that sent
-  // tokens may continue elsewhere ("" when it may not); `error`: the worker's error event, shown
-  // to the sink unless the request goes on elsewhere (one naming a handoff_endpoint makes the
-  // next attempt a drain hand-off).
-  void CallEnded(const std::shared_ptr<Job>& job, const std::string& worker,
-                 const std::string& failed, const absl::Status& status, bool started,
-                 bool retryable, const std::string& migrate_cause,
+  // The running attempt of `job` ended (`error`: the worker's error event, held back from the
+  // sink): the dispatch rules decide what follows (dispatch_rules.h DecideAfterAttempt), and this
+  // carries it out: a restart elsewhere, the queue's front, or the end.
+  void CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome& outcome,
                  const ferry::v1::GenerateEvent* error);
+  // The job ends as `decision` says: its record lets go, the failure is counted, the sink gets
+  // the error event (if shown) and OnEnd.
+  void End(const std::shared_ptr<Job>& job, const Decision& decision,
+           const ferry::v1::GenerateEvent* error);
   // Adds a chunk the sink received to the job's record (the next attempt's resume point).
   void Record(Job& job, const ferry::v1::TokenChunk& chunk);
   // The job's record leaves the total (its end).
@@ -214,6 +218,9 @@ class Dispatcher {
   RoutingPolicy* const policy_;
   const DispatcherOptions options_;
   const DispatchObserver observer_;
+  Clock* const clock_;
+  DispatchLimits limits_;
+  TrackingLimits tracking_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;       // the timer loop's

@@ -1,0 +1,360 @@
+// The dispatch rules against fake workers (load views) and a fake clock: every way an attempt
+// ends, admission and the queue, candidates, tracking. What the router's multi-process tests
+// (tests/fault, router_routing_test) see of these rules, decided here one case at a time.
+
+#include "router/dispatch/dispatch_rules.h"
+
+#include <string>
+#include <vector>
+
+#include "engine/common/fake_clock.h"
+#include "gtest/gtest.h"
+#include "router/dispatch/job_record.h"
+
+namespace ferry {
+namespace {
+
+WorkerLoadView Worker(const std::string& id, WorkerKind kind) {
+  WorkerLoadView v;
+  v.id = id;
+  v.kind = kind;
+  return v;
+}
+
+std::vector<std::string> Ids(const std::vector<WorkerLoadView>& workers,
+                             const std::vector<size_t>& indices) {
+  std::vector<std::string> ids;
+  for (size_t i : indices) ids.push_back(workers[i].id);
+  return ids;
+}
+
+class DispatchRulesTest : public ::testing::Test {
+ protected:
+  DispatchRulesTest() : clock_(absl::FromUnixSeconds(1000)) {
+    job_.request_id = "req-1";
+    job_.deadline = clock_.Now() + absl::Seconds(60);
+    job_.prompt_tokens = 100;
+    job_.attempts = 1;  // the attempt that ends
+  }
+
+  // An attempt that failed on `worker` with `status`, as the router's stream sees it.
+  AttemptOutcome Failed(const std::string& worker, absl::Status status, bool started,
+                        bool retryable, bool error_event = false, bool down = false) {
+    AttemptOutcome o;
+    o.worker = worker;
+    o.failed = worker;
+    o.status = std::move(status);
+    o.started = started;
+    o.retryable = retryable;
+    o.error_event = error_event;
+    o.migrate_cause = MigrationCause(down, error_event, o.status.code());
+    return o;
+  }
+
+  // The client received `n` tokens of the one choice.
+  void Received(int n, bool finished = false) {
+    std::vector<uint32_t> ids(n, 7);
+    ReceivedChunk chunk;
+    chunk.first_output_index = job_.progress.empty() ? 0 : job_.progress[0].tokens.size();
+    chunk.token_ids = ids;
+    chunk.finished = finished;
+    int64_t delta = 0;
+    ASSERT_EQ(Track(&job_, chunk, 0, tracking_, &delta), TrackResult::kAdded);
+  }
+
+  Decision Decide(const AttemptOutcome& outcome) {
+    return DecideAfterAttempt(job_, outcome, limits_, clock_.Now());
+  }
+
+  FakeClock clock_;
+  DispatchLimits limits_;
+  TrackingLimits tracking_;
+  JobRecord job_;
+};
+
+TEST_F(DispatchRulesTest, AnAttemptThatCompletedEnds) {
+  AttemptOutcome ok;
+  ok.worker = ok.failed = "w1";
+  const Decision d = Decide(ok);
+  EXPECT_EQ(d.next, Next::kEnd);
+  EXPECT_TRUE(d.end.ok());
+  EXPECT_EQ(d.failure, "");
+  EXPECT_FALSE(d.show_error_event);
+}
+
+TEST_F(DispatchRulesTest, AFailureBeforeTheFirstTokenRetriesElsewhereUnderTheSameId) {
+  const Decision d = Decide(Failed("w1", absl::UnavailableError("gone"), false, true));
+  EXPECT_EQ(d.next, Next::kRetry);
+  EXPECT_EQ(d.exclude, "w1");
+  ApplyDecision(d, &job_);
+  EXPECT_EQ(job_.excluded.count("w1"), 1u);
+  EXPECT_EQ(job_.AttemptId(), "req-1");
+  EXPECT_EQ(job_.migrations, 0);
+}
+
+TEST_F(DispatchRulesTest, TheRetryBudgetIsSharedAndTheLastFailureNamesItsCause) {
+  job_.attempts = limits_.max_retries + 1;  // three attempts started
+  const Decision d = Decide(Failed("w3", absl::UnavailableError("gone"), false, true));
+  EXPECT_EQ(d.next, Next::kEnd);
+  EXPECT_EQ(d.failure, "no_worker");
+  EXPECT_EQ(d.end.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(d.end.message(), "gone");  // no output: nothing to say about moving it
+
+  const Decision e = Decide(Failed("w3", absl::InternalError("bug"), false, true, true));
+  EXPECT_EQ(e.failure, "worker_error");
+  EXPECT_TRUE(e.show_error_event);
+}
+
+TEST_F(DispatchRulesTest, NotRetryableOrPastTheDeadlineOrCancelledEnds) {
+  Decision d = Decide(Failed("w1", absl::InvalidArgumentError("too long"), false, false));
+  EXPECT_EQ(d.next, Next::kEnd);
+  EXPECT_EQ(d.failure, "");  // the request's own fault: no failure of the service
+
+  clock_.Advance(absl::Seconds(61));
+  d = Decide(Failed("w1", absl::UnavailableError("gone"), false, true));
+  EXPECT_EQ(d.next, Next::kEnd);
+  EXPECT_EQ(d.failure, "no_worker");  // an Unavailable end counts as no worker, even late
+
+  job_.cancelled = true;
+  job_.deadline = clock_.Now() + absl::Seconds(60);
+  d = Decide(Failed("w1", absl::CancelledError("client"), false, true));
+  EXPECT_EQ(d.next, Next::kEnd);
+  EXPECT_EQ(d.failure, "");
+  EXPECT_EQ(d.handoff_outcome, "");
+}
+
+TEST_F(DispatchRulesTest, AStreamThatSentTokensMigratesWithItsOutput) {
+  Received(5);
+  const Decision d = Decide(Failed("w1", absl::UnavailableError("broken"), true, true));
+  EXPECT_EQ(d.next, Next::kMigrate);
+  EXPECT_EQ(d.cause, "stream_broken");
+  EXPECT_EQ(d.carried, 5);
+  EXPECT_EQ(d.stopped_attempt, "req-1");
+  EXPECT_FALSE(d.handoff.active());
+  ApplyDecision(d, &job_);
+  EXPECT_EQ(job_.AttemptId(), "req-1.m1");
+  EXPECT_EQ(job_.resumed_tokens, 5);
+  EXPECT_EQ(job_.excluded.count("w1"), 1u);
+  // The output is re-prefilled: the next worker computes prompt and output.
+  EXPECT_EQ(job_.Route().prompt_tokens, 105);
+  RouteChoice choice;
+  choice.predicted_local_tokens = 64;
+  EXPECT_EQ(job_.Uncached(choice), 41);
+
+  // The migrated attempt fails before its own first token: a retry, same id.
+  job_.attempts = 2;
+  const Decision r = Decide(Failed("w2", absl::UnavailableError("gone"), false, true));
+  EXPECT_EQ(r.next, Next::kRetry);
+  ApplyDecision(r, &job_);
+  EXPECT_EQ(job_.AttemptId(), "req-1.m1");
+}
+
+TEST_F(DispatchRulesTest, TheMigrationCauseFollowsHowTheStreamEnded) {
+  EXPECT_EQ(MigrationCause(true, false, absl::StatusCode::kCancelled), "worker_down");
+  EXPECT_EQ(MigrationCause(false, false, absl::StatusCode::kUnavailable), "stream_broken");
+  EXPECT_EQ(MigrationCause(false, true, absl::StatusCode::kUnavailable), "worker_error");
+  EXPECT_EQ(MigrationCause(false, false, absl::StatusCode::kInternal), "worker_error");
+  EXPECT_EQ(MigrationCause(false, false, absl::StatusCode::kDeadlineExceeded), "");
+  EXPECT_EQ(MigrationCause(false, false, absl::StatusCode::kCancelled), "");
+}
+
+TEST_F(DispatchRulesTest, ARequestThatCannotMoveEndsSayingWhy) {
+  Received(3);
+  job_.migrations = limits_.max_migrations;
+  Decision d = Decide(Failed("w1", absl::UnavailableError("broken"), true, true));
+  EXPECT_EQ(d.next, Next::kEnd);
+  EXPECT_EQ(d.failure, "migration_limit");
+  EXPECT_EQ(d.end.message(),
+            "broken; the request cannot continue on another worker (it moved 3 times)");
+
+  job_.migrations = 0;
+  clock_.Advance(absl::Seconds(61));
+  d = Decide(Failed("w1", absl::UnavailableError("broken"), true, true));
+  EXPECT_EQ(d.failure, "deadline");
+  EXPECT_EQ(d.end.message(),
+            "broken; the request cannot continue on another worker (its deadline passed)");
+
+  job_.deadline = clock_.Now() + absl::Seconds(60);
+  job_.choices = 2;
+  d = Decide(Failed("w1", absl::UnavailableError("broken"), true, true));
+  EXPECT_EQ(d.failure, "several_choices");
+
+  job_.choices = 1;
+  job_.tracked = false;
+  d = Decide(Failed("w1", absl::UnavailableError("broken"), true, true));
+  EXPECT_EQ(d.failure, "untracked");
+
+  // A failure that may not move (the worker's deadline) ends with its own cause.
+  job_.tracked = true;
+  d = Decide(Failed("w1", absl::DeadlineExceededError("late"), true, false));
+  EXPECT_EQ(d.failure, "deadline");
+}
+
+TEST_F(DispatchRulesTest, AStreamThatFailedAfterEveryChoiceEndedJustEnds) {
+  Received(4, /*finished=*/true);
+  const Decision d = Decide(Failed("w1", absl::UnavailableError("broken"), true, true, true));
+  EXPECT_EQ(d.next, Next::kEnd);
+  EXPECT_TRUE(d.end.ok());
+  EXPECT_FALSE(d.show_error_event);
+  EXPECT_EQ(d.failure, "");
+}
+
+TEST_F(DispatchRulesTest, ADrainStopWithOutputIsHandedOffToTheSameRole) {
+  Received(6);
+  job_.role = WorkerKind::kDecode;
+  AttemptOutcome o = Failed("d1", absl::UnavailableError("draining"), true, true, true);
+  o.handoff_endpoint = "127.0.0.1:7500";
+  const Decision d = Decide(o);
+  EXPECT_EQ(d.next, Next::kMigrate);
+  EXPECT_EQ(d.cause, "drain_handoff");
+  EXPECT_EQ(d.handoff.endpoint, "127.0.0.1:7500");
+  EXPECT_EQ(d.handoff.source, "d1");
+  EXPECT_EQ(d.handoff.request_id, "req-1");
+  EXPECT_EQ(d.handoff.role, WorkerKind::kDecode);
+  ApplyDecision(d, &job_);
+  EXPECT_TRUE(job_.handoff.active());
+
+  // The targets: decode workers, neither the source (by id or endpoint) nor one that failed it.
+  const std::vector<WorkerLoadView> workers = {
+      Worker("d1", WorkerKind::kDecode),  Worker("d2", WorkerKind::kDecode),
+      Worker("d3", WorkerKind::kDecode),  Worker("d4", WorkerKind::kDecode),
+      Worker("p1", WorkerKind::kPrefill), Worker("a1", WorkerKind::kAggregated)};
+  const std::vector<std::string> endpoints = {
+      "127.0.0.1:7500", "127.0.0.1:7500", "127.0.0.1:7502", "127.0.0.1:7503", "", ""};
+  job_.excluded.insert("d3");
+  EXPECT_EQ(Ids(workers, HandoffTargets(workers, endpoints, job_)),
+            std::vector<std::string>({"d4"}));
+}
+
+TEST_F(DispatchRulesTest, ADrainStopWithoutOutputIsAPlainRetryOrReprefill) {
+  AttemptOutcome o = Failed("d1", absl::UnavailableError("draining"), false, true, true);
+  o.handoff_endpoint = "127.0.0.1:7500";
+  EXPECT_EQ(Decide(o).next, Next::kRetry);  // nothing to hand off yet
+
+  // An earlier migration carried no token: a re-prefill migration, not a hand-off.
+  job_.migrations = 1;
+  const Decision d = Decide(o);
+  EXPECT_EQ(d.next, Next::kMigrate);
+  EXPECT_EQ(d.cause, "worker_error");
+  EXPECT_FALSE(d.handoff.active());
+}
+
+TEST_F(DispatchRulesTest, AHandoffThatFailsBeforeATokenFallsBackToReprefill) {
+  Received(6);
+  job_.migrations = 1;
+  job_.handoff = {"127.0.0.1:7500", "d1", "req-1", WorkerKind::kDecode};
+  // Even an end that could not move otherwise (the target cancelled it) falls back.
+  Decision d = Decide(Failed("d2", absl::CancelledError("target gone"), false, false));
+  EXPECT_EQ(d.next, Next::kMigrate);
+  EXPECT_EQ(d.cause, "handoff_failed");
+  EXPECT_EQ(d.handoff_outcome, "fell_back");
+  EXPECT_EQ(d.handoff_source, "d1");
+  ApplyDecision(d, &job_);
+  EXPECT_FALSE(job_.handoff.active());
+  EXPECT_EQ(job_.AttemptId(), "req-1.m2");
+
+  // One that cannot move on fails; one whose choices had all ended completed.
+  job_.handoff = {"127.0.0.1:7500", "d1", "req-1.m1", WorkerKind::kDecode};
+  job_.migrations = limits_.max_migrations;
+  d = Decide(Failed("d2", absl::UnavailableError("gone"), false, true));
+  EXPECT_EQ(d.handoff_outcome, "failed");
+  EXPECT_EQ(d.failure, "migration_limit");
+  job_.progress[0].finished = true;
+  d = Decide(Failed("d2", absl::UnavailableError("gone"), false, true));
+  EXPECT_EQ(d.handoff_outcome, "completed");
+}
+
+TEST_F(DispatchRulesTest, ARestartThatFindsNoWorkerWaitsAtTheFrontOrEnds) {
+  Decision d = Decide(Failed("w1", absl::UnavailableError("gone"), false, true, true));
+  ASSERT_EQ(d.next, Next::kRetry);
+  RestartFoundNoWorker(3, /*stopping=*/false, limits_, &d);
+  EXPECT_EQ(d.next, Next::kQueue);
+
+  d = Decide(Failed("w1", absl::UnavailableError("gone"), false, true, true));
+  RestartFoundNoWorker(limits_.max_queued, false, limits_, &d);
+  EXPECT_EQ(d.next, Next::kEnd);
+  EXPECT_EQ(d.failure, "no_worker");
+  EXPECT_EQ(d.end.message(), "gone");
+  EXPECT_TRUE(d.show_error_event);
+
+  d = Decide(Failed("w1", absl::UnavailableError("gone"), false, true));
+  RestartFoundNoWorker(0, /*stopping=*/true, limits_, &d);
+  EXPECT_EQ(d.next, Next::kEnd);
+}
+
+TEST_F(DispatchRulesTest, AdmissionKeepsArrivalOrderWithinTheQueuesBound) {
+  limits_.max_queued = 2;
+  EXPECT_EQ(AdmitNew(false, false, 0, limits_).status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(AdmitNew(true, true, 0, limits_).status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(AdmitNew(true, false, 0, limits_).what, Admit::kStart);
+  EXPECT_EQ(AdmitNew(true, false, 1, limits_).what, Admit::kQueue);  // never overtakes
+  const Admission full = AdmitNew(true, false, 2, limits_);
+  EXPECT_EQ(full.what, Admit::kReject);
+  EXPECT_EQ(full.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(AdmitUnstarted(1, limits_).what, Admit::kQueue);
+  EXPECT_EQ(AdmitUnstarted(2, limits_).status.code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(DispatchRulesTest, AQueuedRequestWaitsUntilItsDeadlineOrUntilNoWorkerIsLeft) {
+  EXPECT_TRUE(QueuedWait(job_, clock_.Now(), true).ok());
+  EXPECT_EQ(QueuedWait(job_, clock_.Now(), false).code(), absl::StatusCode::kUnavailable);
+  clock_.Advance(absl::Seconds(60));
+  EXPECT_EQ(QueuedWait(job_, clock_.Now(), false).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(FailureCause(QueuedWait(job_, clock_.Now(), true)), "deadline");
+}
+
+TEST_F(DispatchRulesTest, WorkersThatFailedAJobAreAvoidedWhileAnotherCanTakeIt) {
+  const std::vector<WorkerLoadView> aggregated = {Worker("a1", WorkerKind::kAggregated),
+                                                  Worker("a2", WorkerKind::kAggregated)};
+  job_.excluded = {"a1"};
+  EXPECT_EQ(Ids(aggregated, StreamCandidates(aggregated, job_)), std::vector<std::string>{"a2"});
+  job_.excluded = {"a1", "a2"};  // none left: they get it again
+  EXPECT_EQ(Ids(aggregated, StreamCandidates(aggregated, job_)),
+            std::vector<std::string>({"a1", "a2"}));
+
+  // P/D: decode workers stream only while a prefill worker can take the request; each side
+  // relaxes on its own.
+  const std::vector<WorkerLoadView> pd = {Worker("p1", WorkerKind::kPrefill),
+                                          Worker("d1", WorkerKind::kDecode),
+                                          Worker("d2", WorkerKind::kDecode)};
+  job_.excluded = {"p1", "d1"};
+  EXPECT_EQ(Ids(pd, StreamCandidates(pd, job_)), std::vector<std::string>{"d2"});
+  EXPECT_EQ(Ids(pd, PrefillCandidates(pd, job_)), std::vector<std::string>{"p1"});
+  const std::vector<WorkerLoadView> decode_only = {Worker("d1", WorkerKind::kDecode)};
+  EXPECT_TRUE(StreamCandidates(decode_only, job_).empty());
+}
+
+TEST_F(DispatchRulesTest, TrackingStopsOverACapOrOnAGapAndLetsGoOfItsTokens) {
+  tracking_.max_tokens_per_request = 8;
+  Received(5);
+  std::vector<uint32_t> more(4, 1);
+  ReceivedChunk over;
+  over.first_output_index = 5;
+  over.token_ids = more;
+  int64_t delta = 0;
+  EXPECT_EQ(Track(&job_, over, 5, tracking_, &delta), TrackResult::kOverCap);
+  EXPECT_EQ(delta, -5);
+  EXPECT_FALSE(job_.tracked);
+  EXPECT_EQ(Track(&job_, over, 0, tracking_, &delta), TrackResult::kNotTracked);
+  EXPECT_EQ(delta, 0);
+
+  JobRecord other;
+  ReceivedChunk gap;
+  gap.first_output_index = 3;  // the record holds nothing of choice 0 yet
+  gap.token_ids = more;
+  EXPECT_EQ(Track(&other, gap, 0, tracking_, &delta), TrackResult::kInconsistent);
+  ReceivedChunk total;
+  total.token_ids = more;
+  tracking_.max_tokens = 10;
+  JobRecord third;
+  EXPECT_EQ(Track(&third, total, 7, tracking_, &delta), TrackResult::kOverCap);  // all requests
+
+  JobRecord kept;
+  EXPECT_EQ(Track(&kept, total, 0, tracking_, &delta), TrackResult::kAdded);
+  EXPECT_EQ(delta, 4);
+  EXPECT_EQ(Untrack(&kept), 4);
+  EXPECT_TRUE(kept.progress.empty());
+}
+
+}  // namespace
+}  // namespace ferry
