@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <set>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -25,13 +25,11 @@ char* BlockBytes(KvBlockPool& pool, BlockId block) {
 
 struct ClusterSim::Job {
   LoadRequest request;
+  // The router's record of it (router/dispatch/job_record.h), which the dispatch rules decide on.
+  JobRecord state;
   std::string id;  // the engine request id of this attempt
   std::function<void(const RequestRecord&)> done;
   RequestRecord record;
-  std::vector<Hash128> hashes;  // the prompt's full blocks
-  int64_t store_prefix_blocks = 0;
-  std::set<size_t> excluded;
-  int attempts = 0;
   // Where it runs: `worker` the aggregated or decode node, `prefill` the prefill node; the
   // router's counts it added there.
   size_t worker = kNone, prefill = kNone;
@@ -47,15 +45,14 @@ struct ClusterSim::Job {
   std::string held_text;
 };
 
-// Prompt tokens the chosen worker will compute: what the router counts as its pending prefill
-// (the dispatcher's rule).
-int64_t ClusterSim::Uncached(const Job& job, const RouteChoice& choice) {
-  return std::max<int64_t>(0, static_cast<int64_t>(job.request.prompt.size()) -
-                                  choice.predicted_local_tokens - choice.predicted_store_tokens);
-}
-
 ClusterSim::ClusterSim(EventLoop* loop, ClusterOptions options)
-    : loop_(loop), options_(std::move(options)), links_(loop) {}
+    : loop_(loop), options_(std::move(options)), links_(loop) {
+  // The router's rules with its defaults but for two: the simulator moves no request that sent
+  // output (it kills no worker), and its queue's bound is the simulation's.
+  limits_.max_retries = options_.max_attempts - 1;
+  limits_.max_migrations = 0;
+  limits_.max_queued = options_.max_queue;
+}
 
 ClusterSim::~ClusterSim() {
   nodes_.clear();  // the workers' engines before the backend
@@ -134,21 +131,20 @@ void ClusterSim::ReportAll() {
   loop_->After(options_.report_interval_s, [this] { ReportAll(); });
 }
 
-std::vector<size_t> ClusterSim::Candidates(WorkerKind kind, const Job& job) const {
+std::vector<size_t> ClusterSim::Available() const {
   std::vector<size_t> out;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const SimWorkerOptions& w = nodes_[i].worker->options();
-    if (w.kind != kind || job.excluded.count(i) > 0) continue;
     if (nodes_[i].inflight >= w.max_running + w.max_queued) continue;  // at capacity
     out.push_back(i);
   }
   return out;
 }
 
-RouteChoice ClusterSim::Choose(const std::vector<size_t>& candidates, const Job& job) {
+std::vector<WorkerLoadView> ClusterSim::Views(const std::vector<size_t>& nodes) const {
   std::vector<WorkerLoadView> views;
-  views.reserve(candidates.size());
-  for (size_t i : candidates) {
+  views.reserve(nodes.size());
+  for (size_t i : nodes) {
     const Node& n = nodes_[i];
     const SimWorkerLoad& load = n.worker->load();
     WorkerLoadView v;
@@ -166,14 +162,22 @@ RouteChoice ClusterSim::Choose(const std::vector<size_t>& candidates, const Job&
     v.step_time_ms = load.step_time_ms;
     views.push_back(std::move(v));
   }
-  RouteRequest route;
-  route.prompt_tokens = static_cast<int64_t>(job.request.prompt.size());
-  route.block_hashes = job.hashes;
-  route.block_tokens = options_.worker.block_tokens;
-  route.store_prefix_blocks = job.store_prefix_blocks;
-  const RouteChoice choice = policy_->Choose(views, route);
+  return views;
+}
+
+std::optional<std::pair<size_t, RouteChoice>> ClusterSim::Choose(const std::shared_ptr<Job>& job,
+                                                                 bool prefill) {
+  const std::vector<size_t> available = Available();
+  const std::vector<WorkerLoadView> views = Views(available);
+  const std::vector<size_t> picked =
+      prefill ? PrefillCandidates(views, job->state) : StreamCandidates(views, job->state);
+  if (picked.empty()) return std::nullopt;
+  std::vector<WorkerLoadView> candidates;
+  candidates.reserve(picked.size());
+  for (size_t i : picked) candidates.push_back(views[i]);
+  const RouteChoice choice = policy_->Choose(candidates, job->state.Route());
   ++stats_.reasons[choice.reason];
-  return choice;
+  return std::make_pair(available[picked[choice.index]], choice);
 }
 
 void ClusterSim::Send(const LoadRequest& request, std::function<void(const RequestRecord&)> done) {
@@ -185,30 +189,40 @@ void ClusterSim::Send(const LoadRequest& request, std::function<void(const Reque
   job->record.prompt_tokens = static_cast<int64_t>(request.prompt.size());
   job->record.store_tokens = 0;
   const int32_t bt = options_.worker.block_tokens;
-  job->hashes = ComputeBlockHashes({fingerprint_, "", ""}, request.prompt, bt);
+  JobRecord& state = job->state;
+  state.request_id = absl::StrCat("r", request.id);
+  state.prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  state.block_hashes = ComputeBlockHashes({fingerprint_, "", ""}, request.prompt, bt);
+  state.block_tokens = bt;
   if (store_ != nullptr) {
     const int64_t reusable =
         std::min<int64_t>(ReusableBlocks(static_cast<int64_t>(request.prompt.size()), bt),
-                          static_cast<int64_t>(job->hashes.size()));
-    job->store_prefix_blocks =
-        store_->Prefix(absl::MakeConstSpan(job->hashes).subspan(0, reusable));
+                          static_cast<int64_t>(state.block_hashes.size()));
+    state.store_prefix_blocks =
+        store_->Prefix(absl::MakeConstSpan(state.block_hashes).subspan(0, reusable));
   }
   ++in_flight_;
-  if (!queue_.empty() || !TryStart(job)) {
-    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue) {
-      Finish(job, false, "the router's queue is full");
-      return;
-    }
-    ++stats_.queued;
-    queue_.push_back(job);
+  Admission admission = AdmitNew(true, false, queue_.size(), limits_);
+  if (admission.what == Admit::kStart) {
+    if (TryStart(job)) return;
+    admission = AdmitUnstarted(queue_.size(), limits_);
   }
+  if (admission.what == Admit::kReject) {
+    Finish(job, false, std::string(admission.status.message()));
+    return;
+  }
+  ++stats_.queued;
+  state.queued = true;
+  queue_.push_back(job);
 }
 
 void ClusterSim::Pump() {
   while (!queue_.empty()) {
     std::shared_ptr<Job> job = queue_.front();
     queue_.pop_front();
+    job->state.queued = false;
     if (!TryStart(job)) {  // (a refusal inside TryStart requeues the job itself)
+      job->state.queued = true;
       queue_.push_front(std::move(job));
       return;
     }
@@ -216,55 +230,49 @@ void ClusterSim::Pump() {
 }
 
 bool ClusterSim::TryStart(const std::shared_ptr<Job>& job) {
-  job->id = absl::StrCat("r", job->request.id, "-", job->attempts);
-  if (options_.aggregated > 0) {
-    const std::vector<size_t> candidates = Candidates(WorkerKind::kAggregated, *job);
-    if (candidates.empty()) return false;
-    const RouteChoice choice = Choose(candidates, *job);
-    const size_t a = candidates[choice.index];
-    job->worker = a;
-    job->pending = Uncached(*job, choice);
-    ++nodes_[a].inflight;
-    nodes_[a].pending_prefill_tokens += job->pending;
-    ReadThenSubmit(a, job, BaseRequest(job, a));
+  // An aggregated worker, or a decode worker while a prefill worker can take the request too
+  // (the dispatch rules' stream candidates).
+  const auto chosen = Choose(job, /*prefill=*/false);
+  if (!chosen.has_value()) return false;
+  const auto& [w, choice] = *chosen;
+  job->id = absl::StrCat(job->state.request_id, "-", job->state.attempts);
+  ++job->state.attempts;
+  job->state.role = nodes_[w].worker->options().kind;
+  job->worker = w;
+  ++nodes_[w].inflight;
+  if (job->state.role != WorkerKind::kDecode) {
+    job->pending = job->state.Uncached(choice);
+    nodes_[w].pending_prefill_tokens += job->pending;
+    ReadThenSubmit(w, job, BaseRequest(job, w));
     return true;
   }
-  // P/D: a decode worker while a prefill worker can take the request too; it reserves first.
-  if (Candidates(WorkerKind::kPrefill, *job).empty()) return false;
-  const std::vector<size_t> candidates = Candidates(WorkerKind::kDecode, *job);
-  if (candidates.empty()) return false;
-  const RouteChoice choice = Choose(candidates, *job);
-  const size_t d = candidates[choice.index];
-  job->worker = d;
-  job->active = static_cast<int64_t>(job->request.prompt.size());
-  ++nodes_[d].inflight;
-  nodes_[d].active_tokens += job->active;
-  nodes_[d].worker->Reserve(
-      job->hashes, static_cast<int64_t>(job->request.prompt.size()),
-      [this, job, d](absl::StatusOr<KvReservation> got) {
-        if (!got.ok()) {
-          job->excluded.insert(d);
-          Retry(job, absl::StrCat(nodes_[d].worker->id(), ": ", got.status().message()));
-          return;
-        }
-        job->reserved = true;
-        job->reservation = *std::move(got);
-        StartPrefill(job);
-      });
+  // P/D: the decode worker reserves first.
+  job->active = job->state.prompt_tokens;
+  nodes_[w].active_tokens += job->active;
+  nodes_[w].worker->Reserve(job->state.block_hashes, job->state.prompt_tokens,
+                            [this, job, d = w](absl::StatusOr<KvReservation> got) {
+                              if (!got.ok()) return Refused(job, d, got.status());
+                              job->reserved = true;
+                              job->reservation = *std::move(got);
+                              StartPrefill(job);
+                            });
   return true;
 }
 
 void ClusterSim::StartPrefill(const std::shared_ptr<Job>& job) {
-  std::vector<size_t> candidates = Candidates(WorkerKind::kPrefill, *job);
-  if (candidates.empty()) {  // all at capacity meanwhile: the least loaded takes it anyway
-    for (size_t i = 0; i < nodes_.size(); ++i) {
-      if (nodes_[i].worker->options().kind == WorkerKind::kPrefill) candidates.push_back(i);
-    }
+  const auto chosen = Choose(job, /*prefill=*/true);
+  if (!chosen.has_value()) {
+    // As the router's stream: the prefill finds no worker, the attempt ends before its first
+    // token (the decode worker's reservation is given back) and is retried.
+    AttemptOutcome outcome;
+    outcome.worker = nodes_[job->worker].worker->id();
+    outcome.status = absl::UnavailableError("no prefill worker can take the request now");
+    outcome.retryable = true;
+    return AttemptEnded(job, outcome);
   }
-  const RouteChoice choice = Choose(candidates, *job);
-  const size_t p = candidates[choice.index];
+  const auto& [p, choice] = *chosen;
   job->prefill = p;
-  job->pending = Uncached(*job, choice);
+  job->pending = job->state.Uncached(choice);
   ++nodes_[p].inflight;
   nodes_[p].pending_prefill_tokens += job->pending;
   EngineRequest r = BaseRequest(job, p);
@@ -297,10 +305,11 @@ void ClusterSim::ReadThenSubmit(size_t node, const std::shared_ptr<Job>& job,
   const int32_t bt = options_.worker.block_tokens;
   const int64_t full =
       std::min<int64_t>(ReusableBlocks(static_cast<int64_t>(request.prompt.size()), bt),
-                        static_cast<int64_t>(job->hashes.size()));
+                        static_cast<int64_t>(job->state.block_hashes.size()));
   if (store_ == nullptr || full <= 0) return SubmitTo(node, job, std::move(request));
   SimWorker& w = *nodes_[node].worker;
-  const absl::Span<const Hash128> chain = absl::MakeConstSpan(job->hashes).subspan(0, full);
+  const absl::Span<const Hash128> chain =
+      absl::MakeConstSpan(job->state.block_hashes).subspan(0, full);
   const int64_t local = w.engine().kv_events().CachedPrefix(chain);
   if (local >= full) return SubmitTo(node, job, std::move(request));
   const int64_t present = store_->Prefix(chain.subspan(local));
@@ -317,7 +326,7 @@ void ClusterSim::ReadThenSubmit(size_t node, const std::shared_ptr<Job>& job,
         const int64_t cached = got->cached_blocks;
         int64_t loaded = 0;
         for (size_t i = static_cast<size_t>(cached); i < blocks.size(); ++i, ++loaded) {
-          const std::string* bytes = store_->Get(job->hashes[i]);
+          const std::string* bytes = store_->Get(job->state.block_hashes[i]);
           if (bytes == nullptr) break;  // evicted meanwhile: the run ends here
           std::memcpy(BlockBytes(pool, blocks[i]), bytes->data(), bytes->size());
         }
@@ -349,8 +358,21 @@ void ClusterSim::SubmitTo(size_t node, const std::shared_ptr<Job>& job, EngineRe
     nodes_[node].worker->Wake();
   }
   if (decode_only) job->reserved = false;
-  job->excluded.insert(node);
-  Retry(job, absl::StrCat(nodes_[node].worker->id(), ": ", submitted.message()));
+  Refused(job, node, submitted);
+}
+
+void ClusterSim::Refused(const std::shared_ptr<Job>& job, size_t node, const absl::Status& why) {
+  AttemptOutcome outcome;
+  outcome.worker = nodes_[job->worker != kNone ? job->worker : node].worker->id();
+  outcome.failed = nodes_[node].worker->id();
+  outcome.status =
+      absl::Status(why.code(), absl::StrCat(nodes_[node].worker->id(), ": ", why.message()));
+  // The first token reached the client already (a decode worker refusing the continuation).
+  outcome.started = job->first;
+  outcome.retryable = RetryableCode(why.code());
+  outcome.migrate_cause = MigrationCause(false, true, why.code());
+  outcome.error_event = true;
+  AttemptEnded(job, outcome);
 }
 
 void ClusterSim::OnEvent(const std::shared_ptr<Job>& job, size_t node, const TokenEvent& e) {
@@ -371,7 +393,17 @@ void ClusterSim::OnEvent(const std::shared_ptr<Job>& job, size_t node, const Tok
       job->reserved = false;
     }
     if (ok && e.has_token) Token(job, e.token);
-    return Finish(job, ok, e.error);
+    if (ok) return Finish(job, true, "");
+    // The prefill failed: the router's prefill call fails, and its stream with it.
+    AttemptOutcome outcome;
+    outcome.worker = nodes_[job->worker].worker->id();
+    outcome.failed = nodes_[node].worker->id();
+    outcome.status = absl::Status(
+        e.error_code == absl::StatusCode::kOk ? absl::StatusCode::kInternal : e.error_code,
+        absl::StrCat("prefill worker ", outcome.failed, ": ", e.error));
+    outcome.retryable = outcome.status.code() != absl::StatusCode::kInvalidArgument &&
+                        outcome.status.code() != absl::StatusCode::kCancelled;
+    return AttemptEnded(job, outcome);
   }
   if (e.has_token) {
     if (options_.aggregated > 0) {  // the worker computed the prompt
@@ -440,20 +472,29 @@ void ClusterSim::Token(const std::shared_ptr<Job>& job, TokenId token) {
   ++job->record.output_tokens;
 }
 
-void ClusterSim::Retry(const std::shared_ptr<Job>& job, const std::string& why) {
-  if (job->first) return Finish(job, false, why);  // tokens were sent: no retry after them
+void ClusterSim::AttemptEnded(const std::shared_ptr<Job>& job, const AttemptOutcome& outcome) {
+  // The decode worker's reservation goes back whatever follows.
   if (job->reserved) {
     CHECK_OK(nodes_[job->worker].worker->pool().Release(job->reservation.blocks));
     nodes_[job->worker].worker->Wake();
     job->reserved = false;
   }
+  Decision decision = DecideAfterAttempt(job->state, outcome, limits_, loop_->Now());
+  ApplyDecision(decision, &job->state);
+  if (decision.next == Next::kEnd) return Finish(job, false, std::string(decision.end.message()));
+  // A retry (a request that sent output never moves here: max_migrations is 0).
   Leave(job);
   job->record.cached_tokens = 0;
   job->record.store_tokens = 0;
-  if (++job->attempts >= options_.max_attempts) return Finish(job, false, why);
   ++stats_.retries;
-  queue_.push_front(job);
-  loop_->After(0, [this] { Pump(); });
+  // Restarted at the next event (not from inside the refusing worker's callback).
+  loop_->After(0, [this, job, decision]() mutable {
+    if (TryStart(job)) return;
+    RestartFoundNoWorker(queue_.size(), false, limits_, &decision);
+    if (decision.next == Next::kEnd) return Finish(job, false, std::string(decision.end.message()));
+    job->state.queued = true;
+    queue_.push_front(job);
+  });
 }
 
 void ClusterSim::Leave(const std::shared_ptr<Job>& job) {

@@ -2,9 +2,11 @@
 // shared KV store (sim_store.h), the links KV moves over (sim_links.h) and the router's side
 // with the real routing libraries: the policy (router/policy, any of NewRoutingPolicy's), the KV
 // index fed by the workers' cache events (router/index/kv_index.h), the store probe, and the
-// dispatcher's rules (candidates below their capacity, the router's own pending and active
-// token counts, a bounded queue when no worker can take a request, a retry elsewhere when a
-// decode worker cannot reserve a request's KV).
+// router's dispatch rules themselves (router/dispatch/dispatch_rules.h: the job record, stream
+// and prefill candidates, admission into a bounded queue, and what follows a refused or failed
+// attempt: a retry elsewhere, or the end). Here the registry's part is the simulator's: workers
+// below their capacity are candidates, and the router's own pending and active token counts are
+// kept per node. The simulator kills no worker, so no request that sent output moves.
 //
 // A request's life, as in the real services:
 //   aggregated  route -> (store: read the prefix the worker lacks, ReserveImport + the store
@@ -26,12 +28,15 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/backends/backend.h"
 #include "engine/model/sim_timing.h"
+#include "router/dispatch/dispatch_rules.h"
+#include "router/dispatch/job_record.h"
 #include "router/index/kv_index.h"
 #include "router/policy/routing_policy.h"
 #include "tools/load/load_report.h"
@@ -103,8 +108,13 @@ class ClusterSim {
 
   ClusterSim(EventLoop* loop, ClusterOptions options);
   void ReportAll();
-  std::vector<size_t> Candidates(WorkerKind kind, const Job& job) const;
-  RouteChoice Choose(const std::vector<size_t>& candidates, const Job& job);
+  // The nodes below their capacity (the registry's candidates), and what a policy sees of nodes.
+  std::vector<size_t> Available() const;
+  std::vector<WorkerLoadView> Views(const std::vector<size_t>& nodes) const;
+  // The policy's choice among the rules' stream (or prefill) candidates for `job`: the node and
+  // the choice; none when no candidate can take it.
+  std::optional<std::pair<size_t, RouteChoice>> Choose(const std::shared_ptr<Job>& job,
+                                                       bool prefill);
   void Pump();  // starts queued jobs while workers can take them
   bool TryStart(const std::shared_ptr<Job>& job);
   void StartPrefill(const std::shared_ptr<Job>& job);
@@ -115,14 +125,17 @@ class ClusterSim {
   void OnEvent(const std::shared_ptr<Job>& job, size_t node, const TokenEvent& e);
   void Handoff(const std::shared_ptr<Job>& job, size_t prefill, const TokenEvent& e);
   void Token(const std::shared_ptr<Job>& job, TokenId token);
-  static int64_t Uncached(const Job& job, const RouteChoice& choice);
   // Gives back the router's counts the job holds on its nodes.
   void Leave(const std::shared_ptr<Job>& job);
   void Finish(const std::shared_ptr<Job>& job, bool ok, const std::string& error);
-  void Retry(const std::shared_ptr<Job>& job, const std::string& why);
+  // `node` refused the job's attempt (a reservation, or a request it was sent).
+  void Refused(const std::shared_ptr<Job>& job, size_t node, const absl::Status& why);
+  // The attempt ended without completing: the dispatch rules say what follows.
+  void AttemptEnded(const std::shared_ptr<Job>& job, const AttemptOutcome& outcome);
 
   EventLoop* const loop_;
   const ClusterOptions options_;
+  DispatchLimits limits_;
   std::unique_ptr<Backend> backend_;
   std::vector<std::shared_ptr<const SimTiming>> timings_;
   std::unique_ptr<KvIndex> index_;
