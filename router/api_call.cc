@@ -338,8 +338,16 @@ void ApiCall::Start(const HttpRequest& http) {
     auto pending = std::make_shared<DispatchRequest>(std::move(dispatch));
     auto self = shared_from_this();
     context_.store_probe->Probe(std::move(chain), pool.fingerprint,
-                                [self, pending](int64_t blocks) {
-                                  pending->store_prefix_blocks = blocks;
+                                [self, pending, reusable](std::optional<int64_t> blocks) {
+                                  if (blocks.has_value()) {
+                                    // For the policy, and for the worker that reads the prefix (no
+                                    // second question).
+                                    pending->store_prefix_blocks = *blocks;
+                                    v1::StoreHint* hint =
+                                        pending->request.mutable_request()->mutable_store_hint();
+                                    hint->set_probed_blocks(static_cast<uint32_t>(reusable));
+                                    hint->set_prefix_blocks(static_cast<uint32_t>(*blocks));
+                                  }
                                   self->Dispatch(std::move(*pending));
                                 });
     return;

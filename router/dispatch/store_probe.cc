@@ -22,11 +22,11 @@ StoreProbe::~StoreProbe() {
     std::lock_guard<std::mutex> lock(mu_);
     left.swap(queue_);
   }
-  for (Item& item : left) item.done(0);
+  for (Item& item : left) item.done(std::nullopt);
 }
 
 void StoreProbe::Probe(std::vector<Hash128> chain, const Hash128& fingerprint,
-                       std::function<void(int64_t)> done) {
+                       std::function<void(std::optional<int64_t>)> done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!chain.empty() && !stopping_ && static_cast<int64_t>(queue_.size()) < max_queued_) {
@@ -36,7 +36,7 @@ void StoreProbe::Probe(std::vector<Hash128> chain, const Hash128& fingerprint,
     }
   }
   if (!chain.empty() && counted_) counted_(false);
-  done(0);
+  done(std::nullopt);
 }
 
 void StoreProbe::Run() {

@@ -2,9 +2,11 @@
 // (ARCHITECTURE.md §6: store_blocks_w x fetch_cost): one Exists call over the prompt's chain,
 // off the HTTP threads (they must not block), before the request is dispatched.
 //
-// The store is an optimisation, and so is this: a probe that fails, times out (the client's
-// per-RPC deadline), or finds its queue full answers 0 blocks, and the request is routed on the
-// workers' caches alone. Down store nodes are skipped without an RPC (kv_client.h).
+// The store is an optimisation, and so is this: a probe that fails or times out (the client's
+// per-RPC deadline) answers 0 blocks, one that finds its queue full answers nothing, and the
+// request is routed on the workers' caches alone. Down store nodes are skipped without an RPC
+// (kv_client.h). What a probe found travels with the request to the worker that reads the
+// prefix (TokenizedRequest.store_hint), which then does not ask the store again.
 //
 // Threads: one probe thread; `done` runs there (or on the caller's thread when the queue is
 // full or the probe is stopping). The destructor answers what is still queued with 0.
@@ -19,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -35,15 +38,16 @@ class StoreProbe {
              std::function<void(bool asked)> counted = {});
   ~StoreProbe();
 
-  // Calls done(leading blocks of `chain` the store holds) once.
+  // Calls done(leading blocks of `chain` the store holds) once; nullopt when the store was not
+  // asked (the queue is full, or the probe stops).
   void Probe(std::vector<Hash128> chain, const Hash128& fingerprint,
-             std::function<void(int64_t)> done);
+             std::function<void(std::optional<int64_t>)> done);
 
  private:
   struct Item {
     std::vector<Hash128> chain;
     Hash128 fingerprint;
-    std::function<void(int64_t)> done;
+    std::function<void(std::optional<int64_t>)> done;
   };
   void Run();
 

@@ -169,8 +169,10 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
       std::lock_guard<std::mutex> lock(mu_);
       phase_ = Phase::kLoading;
     }
-    reader->Read(std::move(r), deadline_,
-                 [this](EngineRequest read, const StoreRead&) { SubmitRead(std::move(read)); });
+    reader->Read(
+        std::move(r), deadline_,
+        [this](EngineRequest read, const StoreRead&) { SubmitRead(std::move(read)); },
+        StoreHintFromProto(request.request()));
     return;
   }
   const absl::Status submitted = service_->engine().engine().Submit(std::move(r));

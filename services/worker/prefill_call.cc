@@ -139,15 +139,18 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
   service_->WriteComputedBlocks(r, ctx);
   refs_.fetch_add(1);  // the engine's
   if (StoreReader* reader = service_->store_reader(); reader != nullptr) {
-    reader->Read(std::move(r), deadline_, [this](EngineRequest read, const StoreRead& what) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        store_read_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double>(what.seconds));
-        store_bytes_read_ = what.bytes;
-      }
-      Submit(std::move(read));
-    });
+    reader->Read(
+        std::move(r), deadline_,
+        [this](EngineRequest read, const StoreRead& what) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            store_read_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                std::chrono::duration<double>(what.seconds));
+            store_bytes_read_ = what.bytes;
+          }
+          Submit(std::move(read));
+        },
+        StoreHintFromProto(request.request()));
     return;
   }
   Submit(std::move(r));

@@ -43,11 +43,11 @@ void StoreReader::ReleaseImports(KvBlockPool& pool, EngineRequest& request) {
   request.imported_cached_blocks = 0;
 }
 
-void StoreReader::Read(EngineRequest request, absl::Time deadline, Done done) {
+void StoreReader::Read(EngineRequest request, absl::Time deadline, Done done, StoreHint hint) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!stopping_ && tasks_.size() < options_.max_queued) {
-      tasks_.push_back(Task{std::move(request), deadline, std::move(done)});
+      tasks_.push_back(Task{std::move(request), deadline, std::move(done), hint});
       cv_.notify_one();
       return;
     }
@@ -68,7 +68,7 @@ void StoreReader::Loop() {
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
-    const StoreRead read = Run(task.request, task.deadline);
+    const StoreRead read = Run(task.request, task.deadline, task.hint);
     metrics_->StoreLookup(read.result);
     if (read.blocks > 0) metrics_->StoreRead(read.bytes, read.seconds);
     task.done(std::move(task.request), read);
@@ -108,7 +108,24 @@ absl::StatusOr<KvReservation> StoreReader::Reserve(std::vector<Hash128> hashes, 
   return std::move(answer->reservation);
 }
 
-StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline) {
+int64_t StoreReader::StorePrefix(absl::Span<const Hash128> chain, int64_t local,
+                                 const StoreHint& hint) {
+  const int64_t full = static_cast<int64_t>(chain.size());
+  if (hint.probed >= 0 && (hint.prefix < hint.probed || hint.probed >= full)) {
+    // The router's probe answers it: the store's run ends within what it asked (or covers this
+    // whole chain).
+    metrics_->StoreExistence("router");
+    return std::min(hint.prefix, full);
+  }
+  // Not asked, or every block asked was there and this chain is longer (a resumed request's
+  // output): ask from where the cache and the hint leave off.
+  const int64_t known = hint.probed >= 0 ? hint.probed : 0;
+  const int64_t from = std::max(local, known);
+  metrics_->StoreExistence("own");
+  return from + client_->Exists(chain.subspan(from), fingerprint_).prefix;
+}
+
+StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline, const StoreHint& hint) {
   const auto start = std::chrono::steady_clock::now();
   StoreRead read;
   auto finish = [&](const char* result) {
@@ -126,13 +143,12 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline) {
   // What the engine's cache holds (a hint: it may evict or add blocks before the reservation).
   const int64_t local = engine_->kv_events().CachedPrefix(hashes);
   if (local >= full) return finish("memory");
-  const kv::ExistsResult present =
-      client_->Exists(absl::MakeConstSpan(hashes).subspan(local), fingerprint_);
-  if (present.prefix == 0) return finish("miss");
+  const int64_t present = StorePrefix(hashes, local, hint) - local;
+  if (present <= 0) return finish("miss");
   const int64_t max_blocks =
       options_.max_blocks > 0 ? options_.max_blocks : std::max<int64_t>(1, pool_->num_blocks() / 2);
-  auto reserved = Reserve(
-      std::vector<Hash128>(hashes.begin(), hashes.begin() + local + present.prefix), max_blocks);
+  auto reserved =
+      Reserve(std::vector<Hash128>(hashes.begin(), hashes.begin() + local + present), max_blocks);
   if (!reserved.ok()) {
     LOG(WARNING) << "request " << request.id
                  << ": no blocks to read its prefix into: " << reserved.status();

@@ -8,16 +8,19 @@
 //   });
 //
 // One read, on a reader thread: the prompt's chained block hashes (its full blocks before the last
-// token); how many of them the engine's cache holds (a hint from its journal); one Exists over the
-// rest; then Engine::ReserveImport for the longest present run (the cached prefix with a
-// reference each, fresh blocks for the rest), and Gets of those keys straight into the fresh
-// blocks' memory (KvClient::GetInto, `streams` calls at once over slices of the run: the bytes are
-// copied once, from the received message into the pool). A value is taken only when the store's
-// header names this pool's layout (KvBlockLayout::Tag), the block's token count and the model's
-// fingerprint and its checksum holds; the first that fails ends the run, and the blocks after it go
-// back to the pool. The request then carries the run as imported_blocks (the engine holds them
-// until it admits the request). A store that is down, slow (past the client's deadline), or missing
-// the blocks is a miss, never an error: the request is computed.
+// token); how many of them the engine's cache holds (a hint from its journal); how many the store
+// holds: the router's probe of the same chain, when the request carries it (StoreHint: no second
+// existence check on the request path; the store may have evicted a block since, which is then a
+// miss and computed), else one Exists over the rest; then Engine::ReserveImport for the longest
+// present run (the cached prefix with a reference each, fresh blocks for the rest), and Gets of
+// those keys straight into the fresh blocks' memory (KvClient::GetInto, `streams` calls at once
+// over slices of the run: the bytes are copied once, from the received message into the pool). A
+// value is taken only when the store's header names this pool's layout (KvBlockLayout::Tag), the
+// block's token count and the model's fingerprint and its checksum holds; the first that fails ends
+// the run, and the blocks after it go back to the pool. The request then carries the run as
+// imported_blocks (the engine holds them until it admits the request). A store that is down, slow
+// (past the client's deadline), or missing the blocks is a miss, never an error: the request is
+// computed.
 //
 // The engine thread is never held: the reservation is answered on it, the reads run here, and the
 // engine computes other requests meanwhile. On a prefill worker the imported blocks are pushed to
@@ -71,6 +74,14 @@ struct StoreReaderOptions {
   std::shared_ptr<const SimTiming> sim_timing;
 };
 
+// What the router's KV store probe found of the prompt's chain (TokenizedRequest.store_hint): of
+// its first `probed` blocks, the store held the first `prefix`. probed < 0: the router did not
+// ask (the reader does).
+struct StoreHint {
+  int64_t probed = -1;
+  int64_t prefix = 0;
+};
+
 // What one read did.
 struct StoreRead {
   int64_t blocks = 0;       // read from the store into the request's imports
@@ -94,7 +105,7 @@ class StoreReader {
   // Reads what the store has of `request`'s prefix into request.imported_blocks, then runs
   // `done` once with the request, on a reader thread (or on this one, when the read is skipped:
   // a full queue). `done` submits the request or gives its imports back (ReleaseImports).
-  void Read(EngineRequest request, absl::Time deadline, Done done);
+  void Read(EngineRequest request, absl::Time deadline, Done done, StoreHint hint = {});
 
   // Gives a request's imported blocks back to `pool` (a request the engine did not take).
   static void ReleaseImports(KvBlockPool& pool, EngineRequest& request);
@@ -104,10 +115,14 @@ class StoreReader {
     EngineRequest request;
     absl::Time deadline;
     Done done;
+    StoreHint hint;
   };
   void Loop();
   // The read itself; fills request.imported_blocks.
-  StoreRead Run(EngineRequest& request, absl::Time deadline);
+  StoreRead Run(EngineRequest& request, absl::Time deadline, const StoreHint& hint);
+  // The leading blocks of `chain` the store holds, from the hint where it answers that, else
+  // asked from the first block the engine's cache lacks (`local`).
+  int64_t StorePrefix(absl::Span<const Hash128> chain, int64_t local, const StoreHint& hint);
   // Engine::ReserveImport, waited for here; an error when it did not answer in time.
   absl::StatusOr<KvReservation> Reserve(std::vector<Hash128> hashes, int64_t max_fresh);
 

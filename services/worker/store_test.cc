@@ -196,18 +196,22 @@ std::vector<TokenId> Prompt(int n, uint32_t seed) {
 }
 
 // Reads `prompt`'s prefix with `reader`; the request it hands back (what the read said in *what).
-EngineRequest ReadPrefix(StoreReader& reader, const std::vector<TokenId>& prompt, StoreRead* what) {
+EngineRequest ReadPrefix(StoreReader& reader, const std::vector<TokenId>& prompt, StoreRead* what,
+                         StoreHint hint = {}) {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
   EngineRequest out;
-  reader.Read(Req("r", prompt), absl::InfiniteFuture(), [&](EngineRequest r, const StoreRead& w) {
-    std::lock_guard<std::mutex> lock(mu);
-    out = std::move(r);
-    *what = w;
-    done = true;
-    cv.notify_all();
-  });
+  reader.Read(
+      Req("r", prompt), absl::InfiniteFuture(),
+      [&](EngineRequest r, const StoreRead& w) {
+        std::lock_guard<std::mutex> lock(mu);
+        out = std::move(r);
+        *what = w;
+        done = true;
+        cv.notify_all();
+      },
+      hint);
   std::unique_lock<std::mutex> lock(mu);
   EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return done; }));
   return out;
@@ -429,6 +433,65 @@ TEST_F(StoreTest, AColdEngineImportsTheStoredRunAndAnswersAsTheOneThatComputedIt
   EXPECT_STREQ(what.result, "miss");
   EXPECT_TRUE(r.imported_blocks.empty());
   EXPECT_EQ(d.pool->num_free(), d.pool->num_blocks());
+}
+
+TEST_F(StoreTest, TheRoutersProbeSparesTheExistenceCheckAndAStaleOneIsAMiss) {
+  FakeKvClient store;
+  const std::vector<TokenId> prompt = Prompt(100, 6);  // 6 full blocks before the last token
+  TestEngine a;
+  Write(a, &store, prompt);
+  const std::vector<TokenId> want = a.Run(Req("again", prompt));
+  const int asked = store.exists();  // (the writer's)
+
+  // The router found all 6: read without asking.
+  TestEngine b;
+  StoreReader reader(&store, b.engine.get(), b.pool.get(), b.model->fingerprint(), &metrics_, {});
+  StoreRead what;
+  EngineRequest r = ReadPrefix(reader, prompt, &what, StoreHint{6, 6});
+  EXPECT_STREQ(what.result, "hit");
+  EXPECT_EQ(what.blocks, 6);
+  EXPECT_EQ(store.exists(), asked);
+  EXPECT_EQ(b.Run(std::move(r)), want);
+
+  // It found 2 of 6: two are read, still without asking.
+  TestEngine c;
+  StoreReader reader_c(&store, c.engine.get(), c.pool.get(), c.model->fingerprint(), &metrics_, {});
+  r = ReadPrefix(reader_c, prompt, &what, StoreHint{6, 2});
+  EXPECT_EQ(what.blocks, 2);
+  EXPECT_EQ(store.exists(), asked);
+  EXPECT_EQ(c.Run(std::move(r)), want);
+
+  // The store evicted blocks 3.. since the router asked: the run ends there, the rest is
+  // computed, and the answer is the same.
+  const std::vector<Hash128> chain =
+      ComputeBlockHashes({a.model->fingerprint(), "", ""}, prompt, kBlockTokens);
+  std::map<Hash128, FakeKvClient::Object> kept = store.objects();
+  FakeKvClient evicted;
+  for (int i = 0; i < 3; ++i) evicted.Set(chain[i], kept[chain[i]]);
+  TestEngine d;
+  StoreReader reader_d(&evicted, d.engine.get(), d.pool.get(), d.model->fingerprint(), &metrics_,
+                       {});
+  r = ReadPrefix(reader_d, prompt, &what, StoreHint{6, 6});
+  EXPECT_EQ(what.blocks, 3);
+  EXPECT_EQ(evicted.exists(), 0);
+  EXPECT_EQ(d.Run(std::move(r)), want);
+  EXPECT_EQ(d.imported_tokens, 48);  // 3 blocks read, the rest computed
+
+  // Every block it asked about was there, and this chain is longer (a resumed request's output):
+  // the reader asks about the rest only.
+  TestEngine e;
+  StoreReader reader_e(&store, e.engine.get(), e.pool.get(), e.model->fingerprint(), &metrics_, {});
+  r = ReadPrefix(reader_e, prompt, &what, StoreHint{4, 4});
+  EXPECT_EQ(what.blocks, 6);
+  EXPECT_EQ(store.exists(), asked + 1);
+  EXPECT_EQ(e.Run(std::move(r)), want);
+
+  // No hint: the reader asks.
+  TestEngine f;
+  StoreReader reader_f(&store, f.engine.get(), f.pool.get(), f.model->fingerprint(), &metrics_, {});
+  r = ReadPrefix(reader_f, prompt, &what);
+  EXPECT_EQ(what.blocks, 6);
+  EXPECT_EQ(store.exists(), asked + 2);
 }
 
 TEST_F(StoreTest, WithTheSimulatedEngineAReadTakesAtLeastItsModeledTime) {

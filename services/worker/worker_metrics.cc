@@ -68,6 +68,13 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                             "(nothing beyond this worker's cache), skipped.")
                         .Register(registry);
   for (const char* r : {"hit", "miss", "memory", "skipped"}) store_lookups_->Add({{"result", r}});
+  store_existence_ = &prometheus::BuildCounter()
+                          .Name("ferry_worker_store_existence_total")
+                          .Help(
+                              "How a prefix read knew what the KV store holds: router (the "
+                              "router's probe, carried in the request), own (an Exists call).")
+                          .Register(registry);
+  for (const char* s : {"router", "own"}) store_existence_->Add({{"source", s}});
   store_read_blocks_ = &prometheus::BuildCounter()
                             .Name("ferry_worker_store_read_blocks_total")
                             .Help(
@@ -272,6 +279,10 @@ void WorkerMetrics::PromptTokens(int64_t computed, int64_t local, int64_t store)
 
 void WorkerMetrics::DecodeLocalTokens(int64_t tokens) {
   prompt_decode_local_->Increment(static_cast<double>(tokens));
+}
+
+void WorkerMetrics::StoreExistence(const char* source) {
+  store_existence_->Add({{"source", source}}).Increment();
 }
 
 void WorkerMetrics::StoreLookup(const char* result) {

@@ -23,6 +23,9 @@
 //   ferry_worker_store_lookups_total{result}     reads of a request's prefix: hit (blocks read),
 //                                                miss (none stored), memory (nothing beyond this
 //                                                worker's cache), skipped (busy, past deadline)
+//   ferry_worker_store_existence_total{source}   how a read knew what the store holds: router
+//                                                (its probe, carried in the request), own (an
+//                                                Exists call of the worker's)
 //   ferry_worker_store_read_blocks_total{outcome} loaded, missing (absent, corrupt, node down),
 //                                                rejected (another KV layout)
 //   ferry_worker_store_read_bytes_total, ferry_worker_store_read_seconds (histogram per read)
@@ -112,6 +115,7 @@ class WorkerMetrics {
   void DecodeLocalTokens(int64_t tokens);
   // The KV store: StoreReader's and StoreWriter's (labels as in the header comment).
   void StoreLookup(const char* result);
+  void StoreExistence(const char* source);
   void StoreReadBlocks(const char* outcome, int64_t blocks);
   void StoreRead(int64_t bytes, double seconds);
   void StoreWriteBlocks(const char* outcome, int64_t blocks);
@@ -148,6 +152,7 @@ class WorkerMetrics {
   prometheus::Counter* prompt_store_;
   prometheus::Counter* prompt_decode_local_;
   prometheus::Family<prometheus::Counter>* store_lookups_;
+  prometheus::Family<prometheus::Counter>* store_existence_;
   prometheus::Family<prometheus::Counter>* store_read_blocks_;
   prometheus::Counter* store_read_bytes_;
   prometheus::Histogram* store_read_seconds_;

@@ -150,6 +150,14 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
   return r;
 }
 
+StoreHint StoreHintFromProto(const v1::TokenizedRequest& request) {
+  StoreHint hint;
+  if (!request.has_store_hint()) return hint;
+  hint.probed = request.store_hint().probed_blocks();
+  hint.prefix = std::min<int64_t>(request.store_hint().prefix_blocks(), hint.probed);
+  return hint;
+}
+
 void SamplerStateToProto(const SamplerState& state, uint64_t seed, uint32_t choice,
                          const std::string& held_text, ferry::v1::SamplerState* out) {
   out->set_seed(seed);

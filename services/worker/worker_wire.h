@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/sampling/sampler.h"
 #include "ferry/v1/worker.pb.h"
+#include "services/worker/store_reader.h"
 
 namespace ferry {
 
@@ -37,6 +38,9 @@ struct WireLimits {
 absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest& request,
                                               const WireLimits& limits,
                                               std::vector<int64_t>* first_output_index);
+
+// The router's KV store probe the request carries (none: probed < 0).
+StoreHint StoreHintFromProto(const ferry::v1::TokenizedRequest& request);
 
 // SamplerState <-> proto (choice index and seed are the request's; held text the stop matcher's).
 void SamplerStateToProto(const SamplerState& state, uint64_t seed, uint32_t choice,
