@@ -17,8 +17,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 namespace {
 
 uint64_t RandomU64() {

@@ -13,8 +13,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 bool ValidTenantName(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
   for (char c : name) {

@@ -13,8 +13,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 class Dispatcher::Job {
  public:
   Job(DispatchRequest request, std::shared_ptr<GenerateSink> sink)

@@ -6,8 +6,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 namespace {
 
 void Hashes(const v1::KvEvent& event, std::vector<Hash128>* out) {

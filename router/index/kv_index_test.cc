@@ -14,8 +14,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 Hash128 H(uint64_t i) {
   // Spread over the shards like real XXH3 output.
   std::mt19937_64 g(i * 7919 + 1);

@@ -13,8 +13,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 struct WorkerRegistry::Worker {
   enum class State { kDown, kConnecting, kUp, kRefused };
   std::string address;

@@ -22,8 +22,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 // A worker whose Watch streams send what the test pushes.
 class FakeWorker final : public v1::Worker::CallbackService {
  public:

@@ -16,8 +16,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 namespace {
 
 // Transfer ids are never reused: the request id (unique among live requests) and 64 random bits.

@@ -8,8 +8,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 KvFacts KvFactsOf(const Engine& engine, const KvBlockPool& pool, const KvBlockPool* window_pool) {
   KvFacts facts;
   facts.fingerprint = engine.model().fingerprint();

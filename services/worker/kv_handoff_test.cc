@@ -9,8 +9,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 class KvHandoffTest : public ::testing::Test {
  protected:
   void SetUp() override {

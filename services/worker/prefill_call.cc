@@ -17,8 +17,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 namespace {
 
 double Seconds(std::chrono::steady_clock::duration d) {

@@ -10,8 +10,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 // One subscriber. Its state is guarded by mu_; at most one write is in flight (writing_), and a
 // message is built only when the stream is free, so nothing queues up behind a slow reader.
 class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {

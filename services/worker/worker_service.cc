@@ -19,8 +19,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 namespace {
 
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, const grpc::Status& status) {

@@ -9,8 +9,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 WireLimits Limits() {
   WireLimits l;
   l.model_fingerprint = Hash128{7, 9};

@@ -34,8 +34,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 const char kPrefillSteps[] = "ferry_worker_step_seconds_count{kind=\"prefill\"}";
 
 struct PdCase {

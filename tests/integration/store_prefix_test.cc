@@ -29,7 +29,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
 namespace fs = std::filesystem;
 
 const char kWritten[] = "ferry_worker_store_write_blocks_total{outcome=\"written\"}";

@@ -15,8 +15,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 struct ModelCase {
   std::string name;
   std::string model;

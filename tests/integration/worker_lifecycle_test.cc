@@ -23,8 +23,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 // A null-engine worker whose every decode step takes `token_seconds`.
 std::unique_ptr<ServiceProcess> NullWorker(double token_seconds,
                                            const std::vector<std::string>& extra = {}) {

@@ -14,8 +14,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 constexpr char kSystem[] =
     "You are a careful assistant for a river-shipping company that runs barges between the "
     "ports of the Seine, the Rhine and the Danube. Customers ask about cities, rivers, ports and "

@@ -15,8 +15,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 namespace {
 
 std::string g_worker, g_make_tiny_model, g_kvstore;

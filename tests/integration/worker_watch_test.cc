@@ -15,8 +15,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
-
 // A fresh snapshot of the worker's caches (the first message(s) of a new stream).
 CacheView Snapshot(WorkerClient& client) {
   auto stream = client.Watch(v1::WatchRequest(), absl::Seconds(30));

@@ -45,7 +45,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) {

@@ -67,7 +67,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kBlockTokens = 64;

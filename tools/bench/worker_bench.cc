@@ -32,7 +32,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ferry::v1;
 using Clock = std::chrono::steady_clock;
 
 struct Workload {

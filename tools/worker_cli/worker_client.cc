@@ -8,8 +8,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
-
 WorkerClient::WorkerClient(const std::string& address, std::string token,
                            const std::vector<std::pair<std::string, int>>& channel_args)
     : token_(std::move(token)) {

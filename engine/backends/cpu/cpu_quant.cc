@@ -10,11 +10,14 @@
 #include "engine/common/log.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define FERRY_HAVE_X86 1
 // GCC 12 warns about the deliberately undefined source register inside _mm512_cvtph_ps and
 // _mm512_cvtepi32_ps (`__m512 __Y = __Y;`), a false positive.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 namespace ferry {
@@ -747,16 +750,29 @@ const char* QuantIsaName(QuantIsa isa) {
   return "?";
 }
 
+bool CpuHasF16c() {
+#ifdef FERRY_HAVE_X86
+  // CPUID.1:ECX[29] (clang's __builtin_cpu_supports knows no "f16c").
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1);
+#else
+  return false;
+#endif
+}
+
 bool QuantIsaSupported(QuantIsa isa) {
   switch (isa) {
     case QuantIsa::kScalar:
       return true;
 #ifdef FERRY_HAVE_X86
     case QuantIsa::kAvx2:
-      return CpuSupports(CpuIsa::kAvx2) && __builtin_cpu_supports("f16c");
-    case QuantIsa::kAvx512Vnni:
+      return CpuSupports(CpuIsa::kAvx2) && CpuHasF16c();
+    case QuantIsa::kAvx512Vnni: {
+      // CPUID.(EAX=7,ECX=0):ECX[11] AVX512_VNNI.
+      unsigned a, b, c, d;
       return CpuSupports(CpuIsa::kAvx512) && QuantIsaSupported(QuantIsa::kAvx2) &&
-             __builtin_cpu_supports("avx512vnni");
+             __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 11) & 1);
+    }
 #endif
     default:
       return false;

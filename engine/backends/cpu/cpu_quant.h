@@ -120,6 +120,8 @@ void QuantizeActivationRow(const float* x, int64_t k, int8_t* q, ActivationBlock
 enum class QuantIsa { kScalar, kAvx2, kAvx512Vnni };
 const char* QuantIsaName(QuantIsa isa);
 bool QuantIsaSupported(QuantIsa isa);
+// The CPU converts fp16 in hardware (F16C), as the block formats' scales need.
+bool CpuHasF16c();
 // The variant a backend of `isa` uses: AVX512-VNNI for the AVX-512 variants where the CPU has
 // it, else AVX2 (with F16C) for anything from AVX2 up, else scalar.
 QuantIsa QuantIsaFor(CpuIsa isa);

@@ -176,7 +176,7 @@ __attribute__((target("f16c"))) uint16_t HardwareHalf(float f) {
 __attribute__((target("f16c"))) float HardwareWiden(uint16_t h) { return _cvtsh_ss(h); }
 
 TEST(FloatMathTest, HalfConversionsAreF16cs) {
-  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C here";
+  if (!CpuHasF16c()) GTEST_SKIP() << "no F16C here";
   std::mt19937 rng(3);
   for (int i = 0; i < 2000000; ++i) {
     uint32_t bits = rng();
