@@ -124,131 +124,19 @@
 #include "engine/common/clock.h"
 #include "engine/common/hash128.h"
 #include "engine/common/token_id.h"
+#include "engine/engine_stats.h"
+#include "engine/handoff_book.h"
+#include "engine/kv/hybrid_kv_cache.h"
 #include "engine/kv/kv_block_pool.h"
 #include "engine/kv/kv_event_journal.h"
 #include "engine/kv/prefix_cache.h"
 #include "engine/model/forward_model.h"
+#include "engine/request.h"
 #include "engine/sampling/sampler.h"
+#include "engine/scheduler/scheduler.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace ferry {
-
-enum class FinishReason { kNone, kStop, kLength, kAbort, kError, kHandoff };
-const char* FinishReasonName(FinishReason reason);
-
-enum class EngineRole { kPrefillAndDecode, kPrefillOnly, kDecodeOnly };
-
-struct TokenEvent {
-  std::string request_id;
-  int32_t choice = 0;
-  bool has_token = false;  // false: an event without a token (abort, error)
-  TokenId token = 0;
-  std::string text;   // text that became final with this token
-  float logprob = 0;  // with sampling.top_logprobs >= 0
-  std::vector<std::pair<TokenId, float>> top_logprobs;
-  FinishReason finish = FinishReason::kNone;
-  std::string error;                                    // kError
-  absl::StatusCode error_code = absl::StatusCode::kOk;  // kError: kResourceExhausted, kInternal...
-  // kStop: `token` is a stop token (end of sequence or one of stop_token_ids), or the stop
-  // string that matched.
-  bool stop_token = false;
-  std::string matched_stop;
-  // Prompt tokens whose KV came from the prefix cache when the request was first admitted (the
-  // rest were computed), on every event once known.
-  int64_t cached_tokens = 0;
-  // From Submit to the request's first admission (its wait in the queue), on every event once
-  // known; what came after is compute.
-  absl::Duration queued = absl::ZeroDuration();
-  std::vector<float> logits;  // the row the token was chosen from (keep_logits)
-  // kHandoff: the request's KV (see Roles above). A progress event (stream_kv; no token, no
-  // finish): the leading blocks of the table whose KV is complete, all layers.
-  std::vector<BlockId> blocks;
-  // kHandoff on a window pool: the window layers' table, indexed like `blocks`, kNoBlock for the
-  // blocks before the window.
-  std::vector<BlockId> window_blocks;
-  // Of cached_tokens, those the request's imported blocks supplied (a KV store's), on every event
-  // once known.
-  int64_t imported_tokens = 0;
-  // Positions a window replay recomputed at the first admission (SWA replay), once known.
-  int64_t replayed_tokens = 0;
-  // A bounded replay made the request's KV an approximation: nothing of it may be cached
-  // anywhere. With it, the window layers see no key before window_floor (a decode side that
-  // continues the request must use the same floor).
-  bool approximate_kv = false;
-  int64_t window_floor = 0;
-  // With every finish: what continuing this choice elsewhere needs (ResumePoint).
-  SamplerState sampler_state;
-  // With every token and every finish: the text the stop-string matcher holds back after it
-  // (ResumePoint::held_text of a continuation from here; the sampler state follows from the
-  // tokens).
-  std::string held_text;
-};
-
-// A choice that already produced `generated` tokens (all already delivered to the client) and
-// continues here exactly as if it had never stopped.
-struct ResumePoint {
-  std::vector<TokenId> generated;
-  SamplerState sampler_state;  // after `generated`
-  std::string held_text;       // text held back by the stop-string matcher
-  int32_t choice = 0;          // its index among the request's n choices (sampling is keyed by it)
-};
-
-// A full block of KV a request computed (EngineRequest::on_computed_blocks): block `index` of its
-// table, chained hash `hash`, in the full-attention pool.
-struct ComputedBlock {
-  int64_t index = 0;
-  Hash128 hash;
-  BlockId block = kNoBlock;
-};
-
-struct EngineRequest {
-  std::string id;  // unique among live requests
-  std::vector<TokenId> prompt;
-  SamplingParams sampling;
-  int32_t n = 1;  // choices, sampled with choice index 0..n-1
-  int64_t max_tokens = 16;
-  // No stop (token, end of sequence or string) ends a choice before this many output tokens.
-  int64_t min_tokens = 0;
-  std::vector<TokenId> stop_token_ids;
-  // Special tokens whose text stays in the output text (the others are skipped).
-  std::vector<TokenId> keep_special_token_ids;
-  bool ignore_eos = false;        // do not stop on the model's end-of-sequence ids
-  std::vector<std::string> stop;  // needs the engine's tokenizer
-  int32_t priority = 0;           // higher runs first; then arrival
-  std::string cache_salt;         // the tenant's, enters the block hashes
-  EngineRole role = EngineRole::kPrefillAndDecode;
-  bool keep_logits = false;
-  // kPrefillOnly: progress events as blocks of the prompt complete (see Roles above).
-  bool stream_kv = false;
-  // Empty, or the choices to run (distinct choice indexes < n; choices not listed finished
-  // elsewhere and are not run).
-  std::vector<ResumePoint> resume;
-  // One reference each, handed to the engine (see Ownership). kDecodeOnly: the KV of every
-  // position it resumes after. Otherwise (imports): the KV of the prompt's first
-  // imported_blocks.size() full blocks (none may hold the prompt's last token), in the
-  // full-attention pool; the first imported_cached_blocks of them were this engine's own cached
-  // blocks (ReserveImport's cached_blocks), the rest came from elsewhere.
-  std::vector<BlockId> imported_blocks;
-  int64_t imported_cached_blocks = 0;
-  // kDecodeOnly on a window pool: the window layers' table (kNoBlock before the window).
-  std::vector<BlockId> imported_window_blocks;
-  // kDecodeOnly: the prefill side's TokenEvent::window_floor / approximate_kv.
-  int64_t window_floor = 0;
-  bool approximate_kv = false;
-  // Full blocks of the full-attention pool that this engine computes for the request (prompt
-  // and output; not those it reused from a cache or an import, nor an approximation), after the
-  // step that completed them, on the engine thread. A callback that uses a block after it
-  // returns takes a reference (KvBlockPool::AddRef) first. May be empty.
-  std::function<void(absl::Span<const ComputedBlock>)> on_computed_blocks;
-  std::function<void(const TokenEvent&)> on_event;
-};
-
-// What one step did, for a service's metrics (EngineOptions::on_step).
-struct StepInfo {
-  double seconds = 0;          // the whole step: scheduling, the forward pass, sampling, events
-  int64_t prefill_tokens = 0;  // positions computed for prompts (and recomputation)
-  int64_t decode_tokens = 0;   // sequences that decoded one token
-};
 
 struct EngineOptions {
   int64_t max_batch_tokens = 512;  // tokens per step
@@ -273,38 +161,6 @@ struct EngineOptions {
   Clock* clock = nullptr;
   // After every step that ran the model, on the engine thread; must not block.
   std::function<void(const StepInfo&)> on_step;
-};
-
-struct EngineStats {
-  int64_t waiting = 0, running = 0;  // requests' sequences without / with KV
-  // Tokens still to compute for waiting sequences (prompt, or everything after a preemption),
-  // and the positions running sequences hold.
-  int64_t queued_tokens = 0, running_tokens = 0;
-  int64_t total_blocks = 0, free_blocks = 0;
-  int64_t cached_blocks = 0, window_cached_blocks = 0;  // held by the prefix / window cache
-  int64_t steps = 0, preemptions = 0;
-  int64_t prompt_tokens_computed = 0, cached_tokens = 0, generated_tokens = 0;
-  // Of cached_tokens, supplied by imports; imported blocks not used (already cached, or dropped
-  // under pressure before admission).
-  int64_t imported_tokens = 0, unused_imported_blocks = 0;
-  // First admissions of a cached prefix on a window pool: with the window blocks cached (hits),
-  // replayed, or cut back to where the window cache held them (misses); positions replayed;
-  // window blocks expired by their TTL.
-  int64_t window_hits = 0, window_replays = 0, window_misses = 0;
-  int64_t replayed_tokens = 0, window_expired_blocks = 0;
-  double busy_seconds = 0;       // in steps that ran the model, since creation
-  double last_step_seconds = 0;  // the latest such step
-  // Mixture-of-experts models: tokens routed to each expert, summed over the sparse layers.
-  std::vector<int64_t> expert_tokens;
-};
-
-// Blocks reserved for KV that arrives from elsewhere (Engine::Reserve).
-struct KvReservation {
-  std::vector<BlockId> blocks;         // the table: cached prefix blocks, then fresh ones
-  std::vector<BlockId> window_blocks;  // with a window pool: indexed like blocks; blocks from
-                                       // the one the row at `positions` sees (and the cached
-                                       // prefix's), kNoBlock elsewhere
-  int64_t cached_blocks = 0;           // leading blocks that came from the prefix cache
 };
 
 class Engine {
@@ -378,7 +234,7 @@ class Engine {
 
   // As of the last step; thread-safe.
   EngineStats stats() const;
-  int64_t free_blocks() const { return pool_->num_free(); }
+  int64_t free_blocks() const { return kv_.pool().num_free(); }
   // What the prefix caches hold, as events and snapshots; thread-safe.
   const KvEventJournal& kv_events() const { return journal_; }
   // The ids the engine stops on unless a request ignores end of sequence.
@@ -387,12 +243,6 @@ class Engine {
   int32_t block_tokens() const { return block_tokens_; }
 
  private:
-  struct Request;
-  struct Sequence;
-  struct Handoff {
-    std::vector<BlockId> blocks, window_blocks;
-    absl::Duration expires;  // on clock_->Monotonic()
-  };
   struct PendingReservation {
     std::vector<Hash128> hashes;
     int64_t positions = 0;
@@ -400,58 +250,16 @@ class Engine {
     int64_t max_fresh = 0;  // import
     std::function<void(absl::StatusOr<KvReservation>)> done;
   };
-  // How a sequence's window layers are rebuilt after a cached prefix (SWA replay), and what the
-  // window cache held.
-  struct Replay {
-    int64_t from = 0;  // the first position replayed (the window floor)
-    int64_t end = 0;   // the cached prefix's positions; 0: no replay
-    bool approximate = false;
-    int64_t longest = 0;   // blocks of the longest prefix the full-attention cache held
-    int64_t windowed = 0;  // of those, the longest prefix the window cache also served
-  };
 
   Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenizer,
          const EngineOptions& options, KvBlockPool* window_pool);
   void DrainInbox();
+  // A submitted request's sequences (its imports offered to the prefix cache and held).
   void AddRequest(EngineRequest r, absl::Duration submitted_at);
-  // Blocks so that `seq` holds `positions`; evicts cached blocks, then preempts sequences ranked
-  // after `seq` (never `seq` itself); false when it still cannot.
-  bool Reserve(Sequence& seq, int64_t positions, std::vector<Sequence*>& scheduled);
-  void Preempt(Sequence& seq);
-  // Releases a sequence's blocks in both pools.
-  void ReleaseBlocks(Sequence& seq);
-  void ReleaseHandoffBlocks(Handoff& handoff);
-  // Takes the longest usable cached prefix; returns its tokens.
-  int64_t Admit(Sequence& seq);
-  // The first time a request is admitted: its queue time, what it reused, its imports' holds.
-  void FirstAdmission(Sequence& seq, int64_t cached);
-  // The longest usable cached prefix of `hashes` (at most `full` blocks), with a reference to
-  // each block: into `blocks` and, with a window pool, `window_blocks` (kNoBlock before the
-  // window of the row after them). With `replay` (a sequence's admission on a window pool), a
-  // longer prefix whose window blocks are gone may come with a replay of them instead (fresh
-  // window blocks from replay->from on; `replay` says where); otherwise *replay is left as is.
-  void TakeCachedPrefix(absl::Span<const Hash128> hashes, int64_t full,
-                        std::vector<BlockId>* blocks, std::vector<BlockId>* window_blocks,
-                        Replay* replay = nullptr);
-  // Drops the hold on a waiting request's imported blocks (they stay cached, evictable).
-  void Unpin(Request& req);
-  // Under KV pressure: drops the holds of the waiting request ranked last that has any, ranked
-  // after `than` (null: any); false when there is none.
-  bool UnpinWaiting(const Sequence* than);
-  // Offers the full blocks `seq` computed since the last call to its request's
-  // on_computed_blocks.
-  void OfferComputedBlocks(Sequence& seq, int64_t first, int64_t end);
-  // Frees `n` blocks of `pool` by evicting unreferenced cached blocks; false when it cannot.
-  bool MakeRoom(KvBlockPool* pool, PrefixCache* cache, int64_t n);
   void RunReservation(PendingReservation& r);
-  void EvictAllCached();
-  // Moves the caches' events to the journal.
-  void PublishCacheEvents();
-  // The first block of the window layers' table that the row at `position` can see.
-  int64_t FirstWindowBlock(int64_t position) const;
+  // Offers the full blocks `seq` computed to the caches (and its request's on_computed_blocks).
   void CacheFullBlocks(Sequence& seq);
-  // Gives back the window blocks no later row of `seq` can see.
-  void Slide(Sequence& seq);
+  void OfferComputedBlocks(Sequence& seq, int64_t first, int64_t end);
   void Deliver(Sequence& seq, absl::Span<const float> logits);
   // Samples `seq`'s next token from `logits` into an event; `reason` is why it ends the choice
   // (kNone: it goes on).
@@ -463,20 +271,13 @@ class Engine {
   // Park(id) on the engine thread: true when it is settled (parked, or not live), false when it
   // cannot be parked yet.
   bool ParkRequest(const std::string& id);
-  // A sequence for choice `choice` of `req` that has not produced anything yet.
-  std::unique_ptr<Sequence> NewSequence(const std::shared_ptr<Request>& req, int32_t choice,
-                                        int64_t arrival);
-  // Gives `seq` the KV of the first `positions` positions of the tables `blocks` and
-  // `window_blocks`: full blocks shared, the partial last block copied. False (nothing taken)
-  // when no block is free for the copy.
-  bool ShareKv(const std::vector<BlockId>& blocks, const std::vector<BlockId>& window_blocks,
-               int64_t positions, Sequence& seq);
-  // Releases the handoff of `id`, if any; true when there was one.
+  // Releases the handoff of `id`, if any (its id becomes reusable); true when there was one.
   bool DropHandoff(const std::string& id);
   void ExpireHandoffs();
   void Fork(Sequence& first, absl::Span<const float> logits);
   void Finish(Sequence& seq, FinishReason reason, TokenEvent event);
   void Emit(const Sequence& seq, TokenEvent& event);
+  // Drops finished sequences and publishes the caches' events and the stats.
   void RemoveFinished();
   bool InboxHasWork() const {  // under mu_
     return !submitted_.empty() || !aborted_.empty() || !released_.empty() || !parked_.empty() ||
@@ -485,25 +286,21 @@ class Engine {
   void Loop();
 
   ForwardModel* const model_;
-  KvBlockPool* const pool_;
   const Tokenizer* const tokenizer_;
   const EngineOptions options_;
-  KvBlockPool* const window_pool_;  // null: every layer in pool_
   Clock* const clock_;
   const int32_t block_tokens_;
-  PrefixCache cache_;
-  std::unique_ptr<PrefixCache> window_cache_;
+  // The KV pools and their caches (both pools of a hybrid model).
+  HybridKvCache kv_;
   KvEventJournal journal_;
   std::vector<TokenId> eos_ids_;  // the model's and the tokenizer's, sorted
 
   // Engine-thread state.
-  std::vector<std::unique_ptr<Sequence>> seqs_;  // every live sequence, in arrival order
-  absl::flat_hash_map<std::string, Handoff> handoffs_;
-  absl::flat_hash_set<std::string> parking_;  // Park()ed, not parkable yet
-  int64_t arrivals_ = 0;
   EngineStats stats_;
-  int64_t dropped_events_ = 0;             // the caches' dropped_events() as of the last look
-  std::vector<std::string> released_ids_;  // handoffs released since RemoveFinished
+  Scheduler scheduler_;
+  HandoffBook handoffs_;
+  absl::flat_hash_set<std::string> parking_;  // Park()ed, not parkable yet
+  std::vector<std::string> released_ids_;     // handoffs released since RemoveFinished
   std::vector<float> logits_;
 
   // Inbox, filled by other threads.
