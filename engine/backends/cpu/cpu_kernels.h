@@ -30,6 +30,10 @@
 //
 // The variant is chosen at run time from the CPU (the widest supported) or forced with
 // FERRY_CPU_ISA=scalar|avx2|avx512|avx512bf16.
+//
+// Code: cpu_gemm.cc (packing, bf16 rounding, the products), cpu_attention.cc (dot_columns_*,
+// weighted_rows_*), cpu_elementwise.cc (scale_max, exp_sum, sum_squares, silu_mul), each with all
+// its variants; cpu_kernels.cc detects the CPU and holds the per-variant CpuKernels tables.
 
 #ifndef FERRY_ENGINE_BACKENDS_CPU_CPU_KERNELS_H_
 #define FERRY_ENGINE_BACKENDS_CPU_CPU_KERNELS_H_

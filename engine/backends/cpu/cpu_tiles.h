@@ -1,4 +1,4 @@
-// Register-tile plumbing shared by the CPU backend's product kernels (cpu_kernels.cc, the fp32
+// Register-tile plumbing shared by the CPU backend's product kernels (cpu_gemm.cc, the fp32
 // and bf16 products; cpu_quant.cc, the block-format products): walking panels in tiles sized at
 // compile time and storing a tile's 16-column rows, clipped at the matrix's last column.
 // Internal to engine/backends/cpu; header-only, no state.
