@@ -392,7 +392,9 @@ void GenerateCall::ContinueOnceKvIsIn(std::unique_lock<std::mutex>& lock) {
 
 grpc::Status GenerateCall::OnKvReady(const v1::KvReadyRequest& ready) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (phase_ != Phase::kAwaitingKv || kv_ready_) {
+  // The first tokens come once; after them only the push's failure may (the prefill worker
+  // sends the first tokens while it pushes the KV).
+  if (phase_ != Phase::kAwaitingKv || (kv_ready_ && !ready.has_error())) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("request ", id_, " is not waiting for its KV"));
   }

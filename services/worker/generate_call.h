@@ -6,11 +6,14 @@
 //
 // Disaggregated (a decode worker, `aggregated` unset): the call first reserves KV blocks (the
 // prompt's, taking the longest prefix this worker's cache holds) and sends a KvReservation; a
-// prefill worker pushes the rest into those blocks and calls KvReady with every choice's first
-// token. Once the pushes' outcomes are in (IncomingKv) and KvReady came, the first tokens are
-// streamed and the choices still running continue as a decode-only engine request. KV that does
-// not arrive by the reservation's deadline, or a KvReady with an error, ends the call
-// UNAVAILABLE (retryable: nothing was streamed); the blocks go back once no push can reach them.
+// prefill worker calls KvReady with every choice's first token as soon as it sampled them, and
+// pushes the rest of the KV into those blocks, its last puts naming the reservation's transfer
+// ids. The transport's notifications of those (IncomingKv) are the one signal that the KV is in:
+// once they and the first tokens are here, the first tokens are streamed and the choices still
+// running continue as a decode-only engine request. KV that does not arrive by the reservation's
+// deadline, or a KvReady with an error (before the first tokens, or after them: the push
+// failed), ends the call UNAVAILABLE (retryable: nothing was streamed); the blocks go back once
+// no push can reach them.
 //
 // Drain hand-off. Source: the first AbortFor(kDrained) on a worker that hands off asks the
 // engine to park the request (Engine::Park; a request of several choices runs on, and may still

@@ -271,6 +271,9 @@ void PrefillCall::OnEngineEvent(const TokenEvent& e) {
     push = pushing_;
   }
   if (push) {
+    // The first tokens go to the decode worker now, while the KV is pushed: the push's own
+    // notifications (the transfer ids') say when it landed, so the decode starts at once then.
+    SendFirstTokens();
     refs_.fetch_add(1);  // the push's
     AfterChunks([this] {
       if (service_->AddPush([this] { Push(); })) return;
@@ -280,7 +283,7 @@ void PrefillCall::OnEngineEvent(const TokenEvent& e) {
         std::lock_guard<std::mutex> lock(mu_);
         uncertain = uncertain_;
       }
-      NotifyDecode(absl::UnavailableError("the prefill worker's push queue is full"), !uncertain);
+      PushEnded(absl::UnavailableError("the prefill worker's push queue is full"), !uncertain);
       Unref();  // the push's
     });
   } else {
@@ -529,10 +532,10 @@ void PrefillCall::Push() {
     // unless a streamed put failed (its bytes may still land; the transport's word decides).
     service_->engine().engine().ReleaseHandoff(id_);
     service_->metrics().Push(0, 0, 0, 0, false);
-    NotifyDecode(
-        cancelled ? failed
+    PushEnded(cancelled
+                  ? failed
                   : absl::UnavailableError(absl::StrCat("the KV push failed: ", failed.message())),
-        /*no_transfer=*/!uncertain);
+              /*no_transfer=*/!uncertain);
     Unref();  // the push's
     return;
   }
@@ -599,9 +602,123 @@ void PrefillCall::OnPushed(const absl::Status& status) {
                                                           "failed: ",
                                                           outcome.message()));
     }
-    NotifyDecode(outcome, /*no_transfer=*/false);
+    PushEnded(outcome, /*no_transfer=*/false);
   }
   Unref();  // this put's
+}
+
+void PrefillCall::PushEnded(const absl::Status& outcome, bool no_transfer) {
+  if (!outcome.ok()) {
+    // The decode worker stops waiting now (not at its deadline): a put naming the transfer ids
+    // may not have been posted, so no notification may come. (no_transfer false: a put's bytes
+    // may still be on their way; its blocks wait for the transport's word, or the quarantine.)
+    TellDecodeFailed(outcome, no_transfer);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    push_done_ = true;
+    push_outcome_ = outcome;
+  }
+  Settle();
+}
+
+void PrefillCall::SendFirstTokens() {
+  struct Rpc {
+    std::unique_ptr<grpc::ClientContext> context;
+    v1::KvReadyRequest request;
+    v1::KvReadyResponse response;
+  };
+  auto rpc = std::make_shared<Rpc>();
+  FillReady(absl::OkStatus(), /*no_transfer=*/false, &rpc->request);
+  rpc->context = NewClientContext(service_->options().kv_ready_timeout, trace_id_);
+  AttachSharedToken(rpc->context.get(), service_->options().auth_token);
+  auto stub = service_->DecodeStub(decode_endpoint_);
+  refs_.fetch_add(1);  // the KvReady call's
+  stub->async()->KvReady(rpc->context.get(), &rpc->request, &rpc->response,
+                         [this, rpc, stub](grpc::Status status) {
+                           {
+                             std::lock_guard<std::mutex> lock(mu_);
+                             ready_done_ = true;
+                             ready_status_ = status;
+                             usage_ = rpc->request.usage();
+                           }
+                           Settle();
+                           Unref();
+                         });
+}
+
+void PrefillCall::TellDecodeFailed(const absl::Status& error, bool no_transfer) {
+  struct Rpc {
+    std::unique_ptr<grpc::ClientContext> context;
+    v1::KvReadyRequest request;
+    v1::KvReadyResponse response;
+  };
+  auto rpc = std::make_shared<Rpc>();
+  FillReady(error, no_transfer, &rpc->request);
+  rpc->context = NewClientContext(service_->options().kv_ready_timeout, trace_id_);
+  AttachSharedToken(rpc->context.get(), service_->options().auth_token);
+  auto stub = service_->DecodeStub(decode_endpoint_);
+  refs_.fetch_add(1);  // the KvReady call's
+  stub->async()->KvReady(rpc->context.get(), &rpc->request, &rpc->response,
+                         [this, rpc, stub](grpc::Status) { Unref(); });  // best effort
+}
+
+void PrefillCall::Settle() {
+  grpc::Status end;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ready_done_ || !push_done_ || settled_) return;
+    settled_ = true;
+    if (!push_outcome_.ok()) {
+      end = ToGrpcStatus(push_outcome_);
+    } else if (!ready_status_.ok()) {
+      end = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                         absl::StrCat("the decode worker did not take the first tokens: ",
+                                      ready_status_.error_message()));
+    } else {
+      FillResponseLocked();
+    }
+  }
+  End(end);
+}
+
+void PrefillCall::FillReady(const absl::Status& error, bool no_transfer,
+                            v1::KvReadyRequest* request) {
+  std::lock_guard<std::mutex> lock(mu_);
+  request->set_request_id(id_);
+  request->set_transfer_id(destination_.transfer().transfer_id());
+  request->set_no_transfer(no_transfer);
+  if (!error.ok()) {
+    ErrorInfoFromStatus(error, trace_id_, error.code() != absl::StatusCode::kCancelled,
+                        request->mutable_error());
+  } else {
+    for (const v1::TokenChunk& chunk : first_) *request->add_first_tokens() = chunk;
+    for (const v1::SamplerState& state : states_) *request->add_sampler_states() = state;
+  }
+  v1::Usage* usage = request->mutable_usage();
+  usage->set_prompt_tokens(static_cast<uint32_t>(prompt_tokens_));
+  usage->set_cached_tokens(static_cast<uint32_t>(cached_tokens_));
+  usage->mutable_cached_by_source()->set_local(
+      static_cast<uint32_t>(cached_tokens_ - store_tokens_));
+  usage->mutable_cached_by_source()->set_store(static_cast<uint32_t>(store_tokens_));
+  request->set_window_floor(static_cast<uint64_t>(window_floor_));
+  request->set_approximate_kv(approximate_kv_);
+}
+
+void PrefillCall::FillResponseLocked() {
+  response_->set_request_id(id_);
+  for (const v1::TokenChunk& chunk : first_) *response_->add_first_tokens() = chunk;
+  *response_->mutable_usage() = usage_;
+  const auto queued = std::chrono::microseconds(absl::ToInt64Microseconds(queued_));
+  response_->set_queue_us(Micros(queued));
+  response_->set_compute_us(Micros(computed_ - submitted_ - queued));
+  response_->set_transfer_us(Micros(pushed_ - computed_));
+  response_->set_bytes_transferred(bytes_);
+  response_->set_bytes_streamed(streamed_bytes_);
+  response_->set_wire_us(Micros(wire_));
+  response_->set_blocks_skipped(destination_.cached_prefix_blocks());
+  response_->set_store_read_us(Micros(store_read_));
+  response_->set_store_bytes_read(static_cast<uint64_t>(store_bytes_read_));
 }
 
 void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
@@ -611,27 +728,7 @@ void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
     v1::KvReadyResponse response;
   };
   auto rpc = std::make_shared<Rpc>();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    rpc->request.set_request_id(id_);
-    rpc->request.set_transfer_id(destination_.transfer().transfer_id());
-    rpc->request.set_no_transfer(no_transfer);
-    if (!error.ok()) {
-      ErrorInfoFromStatus(error, trace_id_, error.code() != absl::StatusCode::kCancelled,
-                          rpc->request.mutable_error());
-    } else {
-      for (const v1::TokenChunk& chunk : first_) *rpc->request.add_first_tokens() = chunk;
-      for (const v1::SamplerState& state : states_) *rpc->request.add_sampler_states() = state;
-    }
-    v1::Usage* usage = rpc->request.mutable_usage();
-    usage->set_prompt_tokens(static_cast<uint32_t>(prompt_tokens_));
-    usage->set_cached_tokens(static_cast<uint32_t>(cached_tokens_));
-    usage->mutable_cached_by_source()->set_local(
-        static_cast<uint32_t>(cached_tokens_ - store_tokens_));
-    usage->mutable_cached_by_source()->set_store(static_cast<uint32_t>(store_tokens_));
-    rpc->request.set_window_floor(static_cast<uint64_t>(window_floor_));
-    rpc->request.set_approximate_kv(approximate_kv_);
-  }
+  FillReady(error, no_transfer, &rpc->request);
   rpc->context = NewClientContext(service_->options().kv_ready_timeout, trace_id_);
   AttachSharedToken(rpc->context.get(), service_->options().auth_token);
   auto stub = service_->DecodeStub(decode_endpoint_);
@@ -648,19 +745,8 @@ void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
         } else {
           {
             std::lock_guard<std::mutex> lock(mu_);
-            response_->set_request_id(id_);
-            for (const v1::TokenChunk& chunk : first_) *response_->add_first_tokens() = chunk;
-            *response_->mutable_usage() = rpc->request.usage();
-            const auto queued = std::chrono::microseconds(absl::ToInt64Microseconds(queued_));
-            response_->set_queue_us(Micros(queued));
-            response_->set_compute_us(Micros(computed_ - submitted_ - queued));
-            response_->set_transfer_us(Micros(pushed_ - computed_));
-            response_->set_bytes_transferred(bytes_);
-            response_->set_bytes_streamed(streamed_bytes_);
-            response_->set_wire_us(Micros(wire_));
-            response_->set_blocks_skipped(destination_.cached_prefix_blocks());
-            response_->set_store_read_us(Micros(store_read_));
-            response_->set_store_bytes_read(static_cast<uint64_t>(store_bytes_read_));
+            usage_ = rpc->request.usage();
+            FillResponseLocked();
           }
           End(grpc::Status::OK);
         }

@@ -1,8 +1,11 @@
 // One Prefill call on a prefill worker (worker.proto): the request's prompt is computed as a
 // prefill-only engine request (its cached prefix taken from this worker's cache), every
 // choice's first token sampled, and the KV the decode worker lacks pushed straight from this
-// worker's blocks into the decode worker's reservation (no staging copy). Then KvReady tells
-// the decode worker, and the call answers with the first tokens, usage and timings.
+// worker's blocks into the decode worker's reservation (no staging copy). The first tokens go to
+// the decode worker (KvReady) as soon as they are sampled, while the KV is pushed: the push's
+// last puts carry the reservation's transfer ids, whose notifications are the one signal that
+// the KV is complete, so the decode starts the moment the last byte lands. The call answers with
+// the first tokens, usage and timings once the push and the KvReady call are both over.
 //
 // Streaming (stream_kv, the default): while the prompt is computed, the blocks each step
 // completes are pushed at once (StreamTransfer: puts without a transfer id, each holding its own
@@ -97,8 +100,19 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   // On the push executor: hold (test seam), connect, post the puts that name the transfer ids.
   void Push();
   void OnPushed(const absl::Status& status);
-  // Tells the decode worker (KvReady, with `error` unless OK), then answers.
+  // Nothing is pushed (an error, or every choice ended with its first token): tells the decode
+  // worker (KvReady, with `error` unless OK), then answers.
   void NotifyDecode(const absl::Status& error, bool no_transfer);
+  // A push follows: the first tokens go to the decode worker at once (KvReady), while the KV is
+  // pushed; the call answers once both the KvReady call and the push are over (Settle).
+  void SendFirstTokens();
+  // The push is over: on failure the decode worker is told (best effort, TellDecodeFailed).
+  void PushEnded(const absl::Status& outcome, bool no_transfer);
+  void TellDecodeFailed(const absl::Status& error, bool no_transfer);
+  void Settle();
+  // The KvReady message of this call (the first tokens, or `error`), and the answer's fields.
+  void FillReady(const absl::Status& error, bool no_transfer, ferry::v1::KvReadyRequest* request);
+  void FillResponseLocked();  // under mu_
   void End(const grpc::Status& status);
   // A refused request: tells its decode worker that nothing will be pushed (best effort; the
   // decode worker's quarantine covers a notice that never arrives).
@@ -157,6 +171,11 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   AbortCause cause_;
   absl::Status error_;
   bool engine_done_ = false, pushing_ = false, ended_ = false;
+  // With a push: the first tokens' KvReady call and the push, each over; the answer once both.
+  bool ready_done_ = false, push_done_ = false, settled_ = false;
+  grpc::Status ready_status_;
+  absl::Status push_outcome_;
+  ferry::v1::Usage usage_;  // what the decode worker was told
 };
 
 }  // namespace ferry
