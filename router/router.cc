@@ -229,6 +229,10 @@ class Router::Impl {
                           int64_t store) {
       m->Prefix(predicted_local, predicted_store, local, store);
     };
+    observer.prefill_phases = [m](double queue, double compute, double push_tail,
+                                  double store_read) {
+      m->PrefillPhases(queue, compute, push_tail, store_read);
+    };
     observer.retried = [m] { m->Retry(); };
     observer.queue_depth = [m](int64_t depth) { m->QueueDepth(depth); };
     observer.migrated = [m](const std::string& cause, int64_t tokens) {

@@ -22,6 +22,16 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                           .Name("ferry_router_request_seconds")
                           .Help("Time from a request's arrival to its last byte.")
                           .Register(registry);
+  prefill_phase_seconds_ = &prometheus::BuildHistogram()
+                                .Name("ferry_router_prefill_phase_seconds")
+                                .Help(
+                                    "P/D requests' prefill, as the prefill worker answered: "
+                                    "queue, compute, push_tail (the KV push after the compute), "
+                                    "store_read.")
+                                .Register(registry);
+  for (const char* phase : {"queue", "compute", "push_tail", "store_read"}) {
+    prefill_phase_seconds_->Add({{"phase", phase}}, LatencyBucketsSeconds());
+  }
   queue_depth_ = &prometheus::BuildGauge()
                       .Name("ferry_router_queue_depth")
                       .Help("Requests waiting for a worker that can take them.")
@@ -184,6 +194,15 @@ void RouterMetrics::InterToken(double seconds) { inter_token_->Observe(seconds);
 
 void RouterMetrics::RequestSeconds(const std::string& endpoint, double seconds) {
   request_seconds_->Add({{"endpoint", endpoint}}, LatencyBucketsSeconds()).Observe(seconds);
+}
+
+void RouterMetrics::PrefillPhases(double queue, double compute, double push_tail,
+                                  double store_read) {
+  prefill_phase_seconds_->Add({{"phase", "queue"}}, LatencyBucketsSeconds()).Observe(queue);
+  prefill_phase_seconds_->Add({{"phase", "compute"}}, LatencyBucketsSeconds()).Observe(compute);
+  prefill_phase_seconds_->Add({{"phase", "push_tail"}}, LatencyBucketsSeconds()).Observe(push_tail);
+  prefill_phase_seconds_->Add({{"phase", "store_read"}}, LatencyBucketsSeconds())
+      .Observe(store_read);
 }
 
 void RouterMetrics::QueueDepth(int64_t depth) { queue_depth_->Set(static_cast<double>(depth)); }

@@ -4,6 +4,10 @@
 //   ferry_router_ttft_seconds{endpoint}          request received -> first token sent
 //   ferry_router_inter_token_seconds             between consecutive tokens of a stream
 //   ferry_router_request_seconds{endpoint}       request received -> last byte
+//   ferry_router_prefill_phase_seconds{phase}    P/D requests, as their prefill worker answered:
+//                                                queue (its engine's queue), compute (the prompt),
+//                                                push_tail (the KV push after the compute: what
+//                                                the first token waited for), store_read
 //   ferry_router_queue_depth                     requests waiting for a worker
 //   ferry_router_routing_decisions_total{policy,worker}
 //   ferry_router_routing_reasons_total{policy,reason}  why: prefix_hit, store_hit, least_cost,
@@ -81,6 +85,7 @@ class RouterMetrics {
   void Ttft(const std::string& endpoint, double seconds);
   void InterToken(double seconds);
   void RequestSeconds(const std::string& endpoint, double seconds);
+  void PrefillPhases(double queue, double compute, double push_tail, double store_read);
   void QueueDepth(int64_t depth);
   void Routed(const std::string& policy, const std::string& worker);
   void Decided(const std::string& policy, const std::string& reason);
@@ -107,6 +112,7 @@ class RouterMetrics {
   prometheus::Family<prometheus::Histogram>* ttft_;
   prometheus::Histogram* inter_token_;
   prometheus::Family<prometheus::Histogram>* request_seconds_;
+  prometheus::Family<prometheus::Histogram>* prefill_phase_seconds_;
   prometheus::Gauge* queue_depth_;
   prometheus::Family<prometheus::Counter>* routed_;
   prometheus::Family<prometheus::Counter>* reasons_;

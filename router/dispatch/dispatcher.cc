@@ -36,6 +36,9 @@ class Dispatcher::Job {
     if (record.migrations == 0) return r;
     r.mutable_request()->mutable_context()->set_request_id(record.AttemptId());
     *r.mutable_request()->mutable_resume() = resume;
+    // The store probe was of the first attempt's time: the failed attempt may have written
+    // blocks since, so the worker asks the store itself.
+    r.mutable_request()->clear_store_hint();
     if (record.handoff.active()) {
       r.set_handoff_source_endpoint(record.handoff.endpoint);
       r.set_handoff_source_request_id(record.handoff.request_id);
@@ -230,7 +233,9 @@ class Dispatcher::Call final {
       }
       prefill = prefill_context_;
     }
-    if (prefill != nullptr) prefill->TryCancel();  // the stream ended: so does the prefill
+    // A stream that failed ends its prefill too; one that completed had all of its KV, and the
+    // prefill worker answers by itself (its timings: DispatchObserver::prefill_phases).
+    if (prefill != nullptr && !s.ok()) prefill->TryCancel();
     ReleasePending();
     if (active_ > 0) dispatcher_->registry_->AddLoad(worker_, 0, 0, -active_);
     if (down) {
@@ -307,8 +312,15 @@ class Dispatcher::Call final {
     rpc->reader->Finish(&rpc->response, &rpc->status, rpc);
   }
 
-  void OnPrefillDone(const std::string& prefill_id, int64_t pending, const grpc::Status& status) {
+  void OnPrefillDone(const std::string& prefill_id, int64_t pending, const grpc::Status& status,
+                     const v1::PrefillResponse& response) {
     dispatcher_->registry_->AddLoad(prefill_id, -1, -pending);
+    if (status.ok() && dispatcher_->observer_.prefill_phases) {
+      // Where the prefill's part of the first token's time went.
+      dispatcher_->observer_.prefill_phases(
+          response.queue_us() * 1e-6, response.compute_us() * 1e-6, response.transfer_us() * 1e-6,
+          response.store_read_us() * 1e-6);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       prefill_done_ = true;
@@ -340,7 +352,7 @@ class Dispatcher::Call final {
     PrefillRpc(Call* call, std::string worker, int64_t pending)
         : call(call), worker(std::move(worker)), pending(pending) {}
     void OnComplete(bool) override {
-      call->OnPrefillDone(worker, pending, status);
+      call->OnPrefillDone(worker, pending, status, response);
       delete this;
     }
 

@@ -131,6 +131,11 @@ struct DispatchObserver {
   std::function<void(int64_t predicted_local, int64_t predicted_store, int64_t reused_local,
                      int64_t reused_store)>
       prefix;
+  // A P/D request's prefill worker answered: its time in the engine's queue, computing the
+  // prompt, the push's tail after the compute (what the first token waited for), and reading
+  // the prompt's prefix from the KV store, in seconds (PrefillResponse).
+  std::function<void(double queue, double compute, double push_tail, double store_read)>
+      prefill_phases;
   std::function<void()> retried;
   std::function<void(int64_t depth)> queue_depth;
   // A request moved mid-stream: why ("stream_broken", "worker_down", "worker_error",

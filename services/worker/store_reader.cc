@@ -117,8 +117,8 @@ int64_t StoreReader::StorePrefix(absl::Span<const Hash128> chain, int64_t local,
     metrics_->StoreExistence("router");
     return std::min(hint.prefix, full);
   }
-  // Not asked, or every block asked was there and this chain is longer (a resumed request's
-  // output): ask from where the cache and the hint leave off.
+  // Not asked, or every block asked was there and this chain is longer (the router probed
+  // fewer blocks): ask from where the cache and the hint leave off.
   const int64_t known = hint.probed >= 0 ? hint.probed : 0;
   const int64_t from = std::max(local, known);
   metrics_->StoreExistence("own");

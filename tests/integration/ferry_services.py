@@ -66,14 +66,27 @@ def metric(admin_port, line):
     return 0.0
 
 
+def wait_for(ready, what, timeout=30):
+    """Waits until `ready()` (a state or counter a service reports) holds, looking every 50 ms;
+    raises after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.05)
+
+
 def wait_workers_up(admin_port, count, name):
     """Waits (30 s at most) until the router with `admin_port` sees `count` workers up."""
-    for _ in range(600):
+    def up():
         status, body = get(f"http://127.0.0.1:{admin_port}/workers")
-        if status == 200 and sum(w["state"] == "up" for w in json.loads(body)) >= count:
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"the workers did not come up in {name}")
+        return status == 200 and sum(w["state"] == "up" for w in json.loads(body)) >= count
+    wait_for(up, f"the workers coming up in {name}")
+
+
+def wait_metric(admin_port, line, at_least, timeout=30):
+    """Waits until the sample `line` of a service's /metrics is at least `at_least`."""
+    wait_for(lambda: metric(admin_port, line) >= at_least, f"{line} >= {at_least}", timeout)
 
 
 def model_with_template(src, name, template_source, special_markers=()):

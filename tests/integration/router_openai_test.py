@@ -29,7 +29,7 @@ import openai
 import tokenizers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ferry_services import metric, start, stop_all, wait_workers_up  # noqa: E402
+from ferry_services import metric, start, stop_all, wait_metric, wait_workers_up  # noqa: E402
 
 ROUTER, WORKER, MODEL = sys.argv[1], sys.argv[2], sys.argv[3]
 SMOLLM2 = "--smollm2" in sys.argv
@@ -56,11 +56,12 @@ class Stack:
 
 
 def start_router(workers, name):
+    """The router's OpenAI client, and its admin port."""
     _, ports = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
                               "--workers=" + ",".join(workers)], name)
     wait_workers_up(ports["admin_port"], len(workers), name)
     return openai.OpenAI(base_url=f"http://127.0.0.1:{ports['http_port']}/v1", api_key="none",
-                         max_retries=0, timeout=120)
+                         max_retries=0, timeout=120), ports["admin_port"]
 
 
 class PdStacks:
@@ -75,9 +76,9 @@ class PdStacks:
         _, d = start(WORKER, common + ["--role=decode", "--transport=ucx", "--ucx_tls=tcp"],
                      "decode")
         self.prefill_admin, self.decode_admin = p["admin_port"], d["admin_port"]
-        self.aggregated = start_router([f"127.0.0.1:{w['grpc_port']}"], "router_aggregated")
-        self.pd = start_router([f"127.0.0.1:{p['grpc_port']}", f"127.0.0.1:{d['grpc_port']}"],
-                               "router_pd")
+        self.aggregated, _ = start_router([f"127.0.0.1:{w['grpc_port']}"], "router_aggregated")
+        self.pd, self.pd_router_admin = start_router(
+            [f"127.0.0.1:{p['grpc_port']}", f"127.0.0.1:{d['grpc_port']}"], "router_pd")
 
 
 STACK = None
@@ -373,6 +374,13 @@ class PdTest(unittest.TestCase):
         self.assertGreaterEqual(metric(STACK.decode_admin,
                                        'ferry_worker_kv_reservations_total{outcome="landed"}'), 2)
         self.assertGreater(metric(STACK.prefill_admin, "ferry_worker_kv_blocks_skipped_total"), 0)
+        # The router used the prefill worker's answer (which may come after the client's: the
+        # decode worker streams once the KV landed): its phases, for each P/D request.
+        for phase in ("queue", "compute", "push_tail", "store_read"):
+            wait_metric(STACK.pd_router_admin,
+                        f'ferry_router_prefill_phase_seconds_count{{phase="{phase}"}}', 2)
+        self.assertGreater(metric(STACK.pd_router_admin,
+                                  'ferry_router_prefill_phase_seconds_sum{phase="compute"}'), 0)
 
 
 class SmolLm2Test(unittest.TestCase):
