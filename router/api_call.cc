@@ -172,7 +172,7 @@ void ApiCall::Fail(const ApiError& error) {
 }
 
 void ApiCall::Start(const HttpRequest& http) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   ApiLimits limits = context_.limits;
   const PoolInfo pool = context_.registry->pool();
   if (pool.known && pool.max_choices > 0) {
@@ -318,17 +318,18 @@ void ApiCall::Start(const HttpRequest& http) {
     if (auto self = weak.lock()) {
       std::shared_ptr<Dispatcher::Job> job;
       {
-        std::lock_guard<std::mutex> lock(self->mu_);
+        absl::MutexLock lock(&self->mu_);
         self->answered_ = true;  // nobody to answer
         job = self->job_.lock();
       }
       if (job != nullptr) self->context_.dispatcher->Cancel(job);
     }
   });
-  lock.unlock();
+  const int64_t prompt_tokens = prompt_tokens_;
+  lock.Release();
   // The store's share of the prompt, for the policy (store_probe.h), off this I/O thread: the
   // chain up to the blocks a worker may reuse.
-  const int64_t reusable = std::min<int64_t>(ReusableBlocks(prompt_tokens_, pool.block_tokens),
+  const int64_t reusable = std::min<int64_t>(ReusableBlocks(prompt_tokens, pool.block_tokens),
                                              dispatch.block_hashes.size());
   if (context_.store_probe != nullptr && reusable > 0) {
     std::vector<Hash128> chain(dispatch.block_hashes.begin(),
@@ -354,15 +355,16 @@ void ApiCall::Start(const HttpRequest& http) {
 }
 
 void ApiCall::Dispatch(DispatchRequest dispatch) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (answered_) return;  // the client left meanwhile
-  lock.unlock();
+  {
+    absl::MutexLock lock(&mu_);
+    if (answered_) return;  // the client left meanwhile
+  }
   auto job = context_.dispatcher->Dispatch(std::move(dispatch), shared_from_this());
-  lock.lock();
+  absl::ReleasableMutexLock lock(&mu_);
   if (!job.ok()) return Fail({job.status(), "", ""});
   job_ = *job;
   if (answered_) {  // the client left while it was being dispatched
-    lock.unlock();
+    lock.Release();
     context_.dispatcher->Cancel(*job);
   }
 }
@@ -432,14 +434,14 @@ void ApiCall::ParseText(int32_t c, const std::string& text, int tokens, bool fin
 }
 
 void ApiCall::OnRouted(const std::string& worker_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   worker_ = worker_id;
 }
 
 void ApiCall::OnEvent(const v1::GenerateEvent& event) {
   std::shared_ptr<Dispatcher::Job> cancel;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (answered_) return;
     if (event.has_usage()) {
       usage_.prompt_tokens = event.usage().prompt_tokens();
@@ -521,7 +523,7 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
 }
 
 void ApiCall::OnEnd(const absl::Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (answered_) {
     context_.metrics->Request(endpoint(), 499);
     return;

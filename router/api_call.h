@@ -34,10 +34,11 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "router/api/api_request.h"
 #include "router/api/api_writer.h"
 #include "router/api/openai_parser.h"
@@ -106,17 +107,17 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   void Dispatch(DispatchRequest dispatch);
   // An error answer (a 4xx/5xx with the API's error body), or, once the stream started, an error
   // event and the end of the stream.
-  void Fail(const ApiError& error);
-  void Answer(int status, std::string body);
+  void Fail(const ApiError& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Answer(int status, std::string body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const char* endpoint() const;
   // Sets up choice parsers for a prompt.
-  void StartParsers(const BuiltPrompt& prompt);
+  void StartParsers(const BuiltPrompt& prompt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the SSE stream (headers) once.
-  void StartStream();
+  void StartStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs a chunk's text through choice `c`'s parsers into `delta` (content, reasoning, tool-call
   // pieces); `finished`: the choice's last chunk (held text is released, finish_reason set).
   void ParseText(int32_t c, const std::string& text, int tokens, bool finished,
-                 ChoiceOutputs* delta);
+                 ChoiceOutputs* delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ApiContext& context_;
   const ApiKind kind_;
@@ -126,30 +127,30 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   const Clock::time_point start_;
   int64_t retry_after_seconds_ = 1;  // a 429's or 503's Retry-After
 
-  std::mutex mu_;
-  ApiRequest request_;
-  int64_t prompt_tokens_ = 0;
-  std::unique_ptr<ApiWriter> writer_;
-  std::vector<ChoiceOutputs> choices_;
-  std::vector<bool> choice_started_;  // streaming: its first chunk was sent
+  absl::Mutex mu_;
+  ApiRequest request_ ABSL_GUARDED_BY(mu_);
+  int64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<ApiWriter> writer_ ABSL_GUARDED_BY(mu_);
+  std::vector<ChoiceOutputs> choices_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> choice_started_ ABSL_GUARDED_BY(mu_);  // streaming: its first chunk was sent
   struct ChoiceParsers {
     std::unique_ptr<ReasoningParser> reasoning;
     std::unique_ptr<ToolCallParser> tools;
   };
-  std::vector<ChoiceParsers> parsers_;
-  int64_t reasoning_tokens_ = 0;
-  UsageCounts usage_;
-  bool has_usage_ = false;
-  bool streaming_ = false;  // the SSE stream has started
-  bool first_token_ = false;
-  Clock::time_point last_token_;
+  std::vector<ChoiceParsers> parsers_ ABSL_GUARDED_BY(mu_);
+  int64_t reasoning_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  UsageCounts usage_ ABSL_GUARDED_BY(mu_);
+  bool has_usage_ ABSL_GUARDED_BY(mu_) = false;
+  bool streaming_ ABSL_GUARDED_BY(mu_) = false;  // the SSE stream has started
+  bool first_token_ ABSL_GUARDED_BY(mu_) = false;
+  Clock::time_point last_token_ ABSL_GUARDED_BY(mu_);
   // Weak: the dispatcher's job holds this call as its sink until the call ends; a strong handle
   // here would make a cycle that outlives the request.
-  std::weak_ptr<Dispatcher::Job> job_;
-  bool answered_ = false;
-  std::string worker_;
-  ferry::v1::ErrorInfo error_;
-  bool has_error_ = false;
+  std::weak_ptr<Dispatcher::Job> job_ ABSL_GUARDED_BY(mu_);
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;
+  std::string worker_ ABSL_GUARDED_BY(mu_);
+  ferry::v1::ErrorInfo error_ ABSL_GUARDED_BY(mu_);
+  bool has_error_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ferry

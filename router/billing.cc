@@ -60,7 +60,7 @@ void Billing::Record(const std::string& tenant, const std::string& model, int64_
   tokens_family_->Add({{"tenant", tenant}, {"model", model}, {"class", "output"}})
       .Increment(static_cast<double>(t.output));
   revenue_->Increment(revenue);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Tokens& sum = by_tenant_model_[{tenant, model}];
   sum.input += t.input;
   sum.cached_input += t.cached_input;
@@ -70,13 +70,13 @@ void Billing::Record(const std::string& tenant, const std::string& model, int64_
 }
 
 void Billing::WorkersUp(int64_t up) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Advance();
   up_ = up;
 }
 
 nlohmann::ordered_json Billing::Report() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Advance();
   nlohmann::ordered_json usage = nlohmann::ordered_json::array();
   for (const auto& [key, t] : by_tenant_model_) {

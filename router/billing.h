@@ -18,10 +18,11 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <tuple>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/common/clock.h"
 #include "nlohmann/json.hpp"
@@ -55,7 +56,7 @@ class Billing {
   };
   double Revenue(const Tokens& t) const;
   // Under mu_: GPU time to now, and the gauges.
-  void Advance();
+  void Advance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Prices prices_;
   const double gpus_per_worker_;
@@ -65,11 +66,11 @@ class Billing {
   prometheus::Counter* gpu_seconds_;
   prometheus::Gauge* per_gpu_hour_;
 
-  std::mutex mu_;
-  std::map<std::pair<std::string, std::string>, Tokens> by_tenant_model_;
-  double revenue_total_ = 0;
-  double gpu_hours_ = 0;
-  int64_t up_ = 0;
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, std::string>, Tokens> by_tenant_model_ ABSL_GUARDED_BY(mu_);
+  double revenue_total_ ABSL_GUARDED_BY(mu_) = 0;
+  double gpu_hours_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t up_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration since_;
 };
 

@@ -4,14 +4,15 @@
 
 #include <atomic>
 #include <fstream>
-#include <mutex>
 #include <random>
 #include <sstream>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/clock.h"
 #include "engine/common/log.h"
@@ -96,6 +97,7 @@ class Router::Impl {
       ASSIGN_OR_RETURN(std::unique_ptr<const ApiKeys> keys, ApiKeys::Load(options_.api_keys_file));
       LOG(INFO) << "API keys: " << keys->keys() << " key(s) of " << keys->tenants().size()
                 << " tenant(s) from " << options_.api_keys_file;
+      absl::MutexLock lock(&keys_mu_);
       keys_ = std::move(keys);
     } else {
       LOG(WARNING) << "no --api_keys_file: the API is open to anyone who can reach "
@@ -288,7 +290,7 @@ class Router::Impl {
 
   void Shutdown() {
     {
-      std::lock_guard<std::mutex> lock(change_mu_);
+      absl::MutexLock lock(&change_mu_);
       if (shut_down_.exchange(true)) return;
     }
     if (admin_ != nullptr) admin_->SetReady(false, "shutting down");
@@ -309,7 +311,7 @@ class Router::Impl {
 
  private:
   void OnRegistryChange() {
-    std::lock_guard<std::mutex> lock(change_mu_);
+    absl::MutexLock lock(&change_mu_);
     if (shut_down_) return;
     const int64_t up = registry_->up_count();
     metrics_->Workers(up, static_cast<int64_t>(registry_->ToJson().size()) - up);
@@ -558,7 +560,7 @@ class Router::Impl {
   absl::Status Authenticate(const HttpRequest& request, Tenant* tenant, std::string* code) {
     std::shared_ptr<const ApiKeys> keys;
     {
-      std::lock_guard<std::mutex> lock(keys_mu_);
+      absl::MutexLock lock(&keys_mu_);
       keys = keys_;
     }
     if (keys == nullptr) return absl::OkStatus();
@@ -623,19 +625,19 @@ class Router::Impl {
     LOG(INFO) << "API keys reloaded: " << keys->keys() << " key(s) of " << keys->tenants().size()
               << " tenant(s)";
     limiter_->Retain(keys->tenants());
-    std::lock_guard<std::mutex> lock(keys_mu_);
+    absl::MutexLock lock(&keys_mu_);
     keys_ = std::move(keys);
     return absl::OkStatus();
   }
 
  private:
   const RouterOptions options_;
-  std::mutex keys_mu_;
-  std::shared_ptr<const ApiKeys> keys_;  // null: no key file
+  absl::Mutex keys_mu_;
+  std::shared_ptr<const ApiKeys> keys_ ABSL_GUARDED_BY(keys_mu_);  // null: no key file
   std::unique_ptr<RateLimiter> limiter_;
   std::unique_ptr<Billing> billing_;
   std::unique_ptr<ResponseStore> responses_;  // Responses answers kept for GET and continuations
-  std::mutex change_mu_;                      // registry callbacks vs. shutdown
+  absl::Mutex change_mu_;                     // registry callbacks vs. shutdown
   std::atomic<bool> shut_down_{false};
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ChatTemplate> chat_template_;

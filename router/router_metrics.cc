@@ -234,7 +234,7 @@ void RouterMetrics::Prefix(int64_t predicted_local, int64_t predicted_store, int
 void RouterMetrics::KvIndexState(int64_t entries, uint64_t bytes, int64_t events, int64_t dropped) {
   index_entries_->Set(static_cast<double>(entries));
   index_bytes_->Set(static_cast<double>(bytes));
-  std::lock_guard<std::mutex> lock(index_mu_);
+  absl::MutexLock lock(&index_mu_);
   if (events > index_events_seen_) {
     index_events_->Increment(static_cast<double>(events - index_events_seen_));
     index_events_seen_ = events;

@@ -67,9 +67,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -124,8 +125,9 @@ class RouterMetrics {
   prometheus::Counter* index_dropped_;
   prometheus::Counter* probes_asked_;
   prometheus::Counter* probes_skipped_;
-  std::mutex index_mu_;
-  int64_t index_events_seen_ = 0, index_dropped_seen_ = 0;
+  absl::Mutex index_mu_;
+  int64_t index_events_seen_ ABSL_GUARDED_BY(index_mu_) = 0;
+  int64_t index_dropped_seen_ ABSL_GUARDED_BY(index_mu_) = 0;
 
   prometheus::Counter* retries_;
   prometheus::Family<prometheus::Counter>* migrations_;

@@ -23,7 +23,7 @@ RateLimiter::Decision RateLimiter::Admit(const Tenant& tenant, int64_t prompt_to
   Decision d;
   if (tenant.requests_per_minute <= 0 && tenant.tokens_per_minute <= 0) return d;
   const absl::Duration now = clock_->Monotonic();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto& [requests, tokens] = buckets_[tenant.name];
   double wait_seconds = 0;
   if (tenant.requests_per_minute > 0) {
@@ -51,7 +51,7 @@ RateLimiter::Decision RateLimiter::Admit(const Tenant& tenant, int64_t prompt_to
 void RateLimiter::Charge(const Tenant& tenant, int64_t n) {
   if (tenant.tokens_per_minute <= 0 || n <= 0) return;
   const absl::Duration now = clock_->Monotonic();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Bucket& tokens = buckets_[tenant.name].second;
   Refill(&tokens, tenant.tokens_per_minute, now);
   tokens.level -= static_cast<double>(n);
@@ -60,7 +60,7 @@ void RateLimiter::Charge(const Tenant& tenant, int64_t n) {
 void RateLimiter::Retain(const std::vector<Tenant>& tenants) {
   absl::flat_hash_set<std::string> names;
   for (const Tenant& t : tenants) names.insert(t.name);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto it = buckets_.begin(); it != buckets_.end();) {
     if (!names.contains(it->first)) {
       buckets_.erase(it++);

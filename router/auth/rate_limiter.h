@@ -14,11 +14,12 @@
 #define FERRY_ROUTER_AUTH_RATE_LIMITER_H_
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/common/clock.h"
 #include "router/auth/api_keys.h"
@@ -48,8 +49,9 @@ class RateLimiter {
   void Refill(Bucket* b, double per_minute, absl::Duration now) const;
 
   Clock* const clock_;
-  std::mutex mu_;
-  absl::flat_hash_map<std::string, std::pair<Bucket, Bucket>> buckets_;  // requests, tokens
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::pair<Bucket, Bucket>> buckets_
+      ABSL_GUARDED_BY(mu_);  // requests, tokens
 };
 
 }  // namespace ferry

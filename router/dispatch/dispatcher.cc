@@ -52,7 +52,7 @@ class Dispatcher::Job {
   // (progress, tracked, tracked_tokens), under progress_mu (the running call's thread writes it;
   // the next attempt reads it).
   JobRecord record;
-  std::mutex progress_mu;
+  absl::Mutex progress_mu;
   // Under the dispatcher's mu_: the running stream's context (shared: Cancel may outlive the
   // call it cancels), the running attempt (alive while set), and the running attempt's resume
   // point (after a migration).
@@ -154,7 +154,7 @@ class Dispatcher::Call final {
   // (and retried elsewhere).
   void WorkerDown(const std::string& id) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stream_done_) return;
       if (id == worker_) {
         down_ = true;
@@ -222,7 +222,7 @@ class Dispatcher::Call final {
     std::shared_ptr<grpc::ClientContext> prefill;
     bool down = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stream_done_ = true;
       down = down_;
       if (!prefill_status_.ok() && !started_) {
@@ -274,7 +274,7 @@ class Dispatcher::Call final {
     auto picked = dispatcher_->PickPrefill(job_);
     if (!picked.ok()) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         prefill_status_ = picked.status();
         prefill_retryable_ = true;
       }
@@ -295,7 +295,7 @@ class Dispatcher::Call final {
     *rpc->request.mutable_destination() = reservation;
     rpc->request.set_decode_endpoint(endpoint_);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       prefill_worker_ = chosen->id;
       prefill_context_ = rpc->context;
       if (stream_done_) {  // (cancelled meanwhile)
@@ -322,13 +322,13 @@ class Dispatcher::Call final {
           response.store_read_us() * 1e-6);
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       prefill_done_ = true;
     }
     if (!status.ok()) {
       bool end_stream = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         if (!stream_done_) {
           prefill_status_ = absl::Status(
               static_cast<absl::StatusCode>(status.error_code()),
@@ -388,14 +388,14 @@ class Dispatcher::Call final {
   bool has_error_ = false;
   v1::GenerateEvent error_event_;
   std::atomic<int> refs_{1};  // the stream's; +1 while the prefill call runs
-  std::mutex mu_;
-  bool stream_done_ = false;
-  bool down_ = false;  // the registry found worker_ down
-  bool prefill_done_ = false;
-  std::string prefill_worker_;
-  std::shared_ptr<grpc::ClientContext> prefill_context_;
-  absl::Status prefill_status_;
-  bool prefill_retryable_ = false;
+  absl::Mutex mu_;
+  bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool down_ ABSL_GUARDED_BY(mu_) = false;  // the registry found worker_ down
+  bool prefill_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::string prefill_worker_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<grpc::ClientContext> prefill_context_ ABSL_GUARDED_BY(mu_);
+  absl::Status prefill_status_ ABSL_GUARDED_BY(mu_);
+  bool prefill_retryable_ ABSL_GUARDED_BY(mu_) = false;
   // Completion-thread state (the stream's and the prefill's callbacks run there, one at a time).
   int64_t pending_ = 0;  // prompt tokens added on worker_ until the first token
   const int64_t active_ = 0;
@@ -424,11 +424,14 @@ Dispatcher::Dispatcher(WorkerRegistry* registry, RoutingPolicy* policy, Dispatch
 
 Dispatcher::~Dispatcher() {
   DropQueue(absl::UnavailableError("the router is shutting down"));
-  std::unique_lock<std::mutex> lock(mu_);
-  stopping_ = true;
-  cv_.notify_all();
-  idle_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return running_ == 0; });
-  lock.unlock();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    cv_.SignalAll();
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (running_ != 0 && !idle_cv_.WaitWithDeadline(&mu_, give_up)) {
+    }
+  }
   timer_.join();
 }
 
@@ -437,7 +440,7 @@ absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
   const bool any_up = registry_->AnyUp();
   auto job = std::make_shared<Job>(std::move(request), std::move(sink));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const Admission admission = AdmitNew(any_up, stopping_, queue_.size(), limits_);
     if (admission.what == Admit::kReject) return admission.status;
     if (admission.what == Admit::kQueue) {  // behind the queue: arrival order
@@ -448,13 +451,13 @@ absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
     }
   }
   if (TryStart(job)) return job;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const Admission admission = AdmitUnstarted(queue_.size(), limits_);
   if (admission.what == Admit::kReject) return admission.status;
   job->record.queued = true;
   queue_.push_back(job);
   if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
-  cv_.notify_all();
+  cv_.SignalAll();
   return job;
 }
 
@@ -484,7 +487,7 @@ absl::StatusOr<std::pair<Candidate, RouteChoice>> Dispatcher::PickPrefill(
     const std::shared_ptr<Job>& job) {
   std::vector<Candidate> candidates = registry_->Candidates();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     candidates = Subset(std::move(candidates), PrefillCandidates(Views(candidates), job->record));
   }
   if (candidates.empty()) {
@@ -504,7 +507,7 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   bool handoff = false, cancelled = false;
   std::string fell_back_from;  // a hand-off source no worker can take the request from
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (job->record.ended) return true;  // nothing to start
     if (job->record.cancelled) {
       // The client left between two attempts (Cancel found no stream to cancel): it ends here.
@@ -552,7 +555,7 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   std::string attempt_id, source;
   int64_t carried = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     call = new Call(this, job, job->Attempt(), job->record.resumed_tokens, chosen,
                     options_.auth_token, choice, pending, active);
     ++running_;
@@ -587,13 +590,13 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome
   registry_->AddLoad(outcome.worker, -1);
   Decision d;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     --running_;
     job->context.reset();
     job->call = nullptr;
     streaming_.erase(job);
     {
-      std::lock_guard<std::mutex> progress(job->progress_mu);
+      absl::MutexLock progress(&job->progress_mu);
       d = DecideAfterAttempt(job->record, outcome, limits_, clock_->Now());
       ApplyDecision(d, &job->record);
       if (d.next == Next::kMigrate) {
@@ -611,7 +614,7 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome
         orphans.pop_front();
       }
     }
-    if (stopping_ && running_ == 0) idle_cv_.notify_all();  // only the destructor waits here
+    if (stopping_ && running_ == 0) idle_cv_.SignalAll();  // only the destructor waits here
   }
   const std::string& trace_id = job->request.trace_id;
   if (d.next == Next::kRetry) {
@@ -643,7 +646,7 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome
     if (observer_.migrated) observer_.migrated(d.cause, d.carried);
   }
   if ((d.next == Next::kRetry || d.next == Next::kMigrate) && !TryStart(job)) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     RestartFoundNoWorker(queue_.size(), stopping_, limits_, &d);
     if (d.next == Next::kQueue) {
       job->record.queued = true;
@@ -657,7 +660,7 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome
 void Dispatcher::End(const std::shared_ptr<Job>& job, const Decision& d,
                      const v1::GenerateEvent* error) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     job->record.ended = true;
   }
   Untrack(*job);
@@ -675,7 +678,7 @@ void Dispatcher::End(const std::shared_ptr<Job>& job, const Decision& d,
 void Dispatcher::Record(Job& job, const v1::TokenChunk& chunk) {
   TrackResult result;
   {
-    std::lock_guard<std::mutex> lock(job.progress_mu);
+    absl::MutexLock lock(&job.progress_mu);
     ReceivedChunk received;
     received.choice = chunk.choice_index();
     received.first_output_index = chunk.first_output_index();
@@ -699,7 +702,7 @@ void Dispatcher::Record(Job& job, const v1::TokenChunk& chunk) {
 }
 
 void Dispatcher::Untrack(Job& job) {
-  std::lock_guard<std::mutex> lock(job.progress_mu);
+  absl::MutexLock lock(&job.progress_mu);
   tracked_tokens_.fetch_sub(ferry::Untrack(&job.record));
 }
 
@@ -707,7 +710,7 @@ void Dispatcher::OnWorkerState(const std::string& id, bool up) {
   if (up) {
     std::vector<std::string> ids;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       // Back (restarted, or its stall is over): a new chance for the jobs it failed.
       for (const std::shared_ptr<Job>& job : queue_) job->record.excluded.erase(id);
       for (const std::shared_ptr<Job>& job : streaming_) job->record.excluded.erase(id);
@@ -718,7 +721,7 @@ void Dispatcher::OnWorkerState(const std::string& id, bool up) {
     }
     return AbortOrphans(id, std::move(ids));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const std::shared_ptr<Job>& job : streaming_) {
     if (job->call != nullptr) job->call->WorkerDown(id);
   }
@@ -731,7 +734,7 @@ void Dispatcher::AbortOrphans(const std::string& id, std::vector<std::string> id
   }
   if (stub == nullptr) {
     // Up but not a candidate now (full, draining): keep them for its next return.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     std::deque<std::string>& orphans = orphans_[id];
     orphans.insert(orphans.end(), ids.begin(), ids.end());
     return;
@@ -750,7 +753,7 @@ void Dispatcher::AbortOrphans(const std::string& id, std::vector<std::string> id
     rpc->request.set_request_id(request_id);
     rpc->request.set_reason("the request moved to another worker while this one was down");
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ++running_;  // the destructor waits for it
     }
     stub->async()->Abort(&rpc->context, &rpc->request, &rpc->response,
@@ -760,9 +763,9 @@ void Dispatcher::AbortOrphans(const std::string& id, std::vector<std::string> id
                                                     : rpc->response.found() ? "found"
                                                                             : "not_found");
                            }
-                           std::lock_guard<std::mutex> lock(mu_);
+                           absl::MutexLock lock(&mu_);
                            --running_;
-                           if (stopping_ && running_ == 0) idle_cv_.notify_all();
+                           if (stopping_ && running_ == 0) idle_cv_.SignalAll();
                          });
   }
 }
@@ -771,20 +774,20 @@ void Dispatcher::Pump() {
   while (true) {
     std::shared_ptr<Job> job;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (queue_.empty()) return;
       job = queue_.front();
       queue_.pop_front();
       job->record.queued = false;
     }
     if (!TryStart(job)) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       job->record.queued = true;
       queue_.push_front(job);
       if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
       return;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
   }
 }
@@ -793,7 +796,7 @@ void Dispatcher::Cancel(const std::shared_ptr<Job>& job) {
   std::shared_ptr<grpc::ClientContext> context;
   bool was_queued = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (job->record.cancelled || job->record.ended) return;
     job->record.cancelled = true;
     if (job->record.queued) {
@@ -814,7 +817,7 @@ void Dispatcher::Cancel(const std::shared_ptr<Job>& job) {
 void Dispatcher::DropQueue(const absl::Status& why) {
   std::deque<std::shared_ptr<Job>> dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     dropped.swap(queue_);
     for (auto& job : dropped) {
       job->record.queued = false;
@@ -828,9 +831,9 @@ void Dispatcher::DropQueue(const absl::Status& why) {
 }
 
 void Dispatcher::TimerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (!stopping_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
     // Queued requests past their deadline; and, with no worker up at all, every queued one.
     const absl::Time now = clock_->Now();
     const bool any_up = registry_->AnyUp();
@@ -847,24 +850,25 @@ void Dispatcher::TimerLoop() {
       }
     }
     const bool pump = !queue_.empty();
-    lock.unlock();
+    mu_.Unlock();
     for (auto& [job, status] : ended) {
       Untrack(*job);
       if (observer_.failed) observer_.failed(FailureCause(status));
       job->sink->OnEnd(status);
     }
     if (pump) Pump();  // in case a worker freed up without a registry change
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 int64_t Dispatcher::queued() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(queue_.size());
 }
 
 int64_t Dispatcher::running() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return running_;
 }
 

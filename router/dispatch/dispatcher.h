@@ -57,19 +57,19 @@
 #define FERRY_ROUTER_DISPATCH_DISPATCHER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/common/clock.h"
 #include "engine/common/hash128.h"
@@ -227,16 +227,16 @@ class Dispatcher {
   DispatchLimits limits_;
   TrackingLimits tracking_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;       // the timer loop's
-  std::condition_variable idle_cv_;  // the destructor's: the last running stream ended
-  std::deque<std::shared_ptr<Job>> queue_;
-  int64_t running_ = 0;
-  std::set<std::shared_ptr<Job>> streaming_;  // jobs with a Call running
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;       // the timer loop's
+  absl::CondVar idle_cv_;  // the destructor's: the last running stream ended
+  std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<std::shared_ptr<Job>> streaming_ ABSL_GUARDED_BY(mu_);  // jobs with a Call running
   // Attempts (request ids) moved away from each worker that went down.
-  std::map<std::string, std::deque<std::string>> orphans_;
+  std::map<std::string, std::deque<std::string>> orphans_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> tracked_tokens_{0};
-  bool stopping_ = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread timer_;
   // The streams' completion threads and the next one to take a stream.
   std::unique_ptr<CompletionThread> own_completions_;

@@ -13,13 +13,13 @@ StoreProbe::StoreProbe(std::unique_ptr<kv::KvClient> client, int64_t max_queued,
 StoreProbe::~StoreProbe() {
   std::deque<Item> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   thread_.join();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     left.swap(queue_);
   }
   for (Item& item : left) item.done(std::nullopt);
@@ -28,10 +28,10 @@ StoreProbe::~StoreProbe() {
 void StoreProbe::Probe(std::vector<Hash128> chain, const Hash128& fingerprint,
                        std::function<void(std::optional<int64_t>)> done) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!chain.empty() && !stopping_ && static_cast<int64_t>(queue_.size()) < max_queued_) {
       queue_.push_back(Item{std::move(chain), fingerprint, std::move(done)});
-      cv_.notify_one();
+      cv_.Signal();
       return;
     }
   }
@@ -40,17 +40,18 @@ void StoreProbe::Probe(std::vector<Hash128> chain, const Hash128& fingerprint,
 }
 
 void StoreProbe::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (stopping_) return;
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
+    Item item;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
+      if (stopping_) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
     const int64_t prefix = client_->Exists(item.chain, item.fingerprint).prefix;
     if (counted_) counted_(true);
     item.done(prefix);
-    lock.lock();
   }
 }
 

@@ -15,16 +15,16 @@
 #ifndef FERRY_ROUTER_DISPATCH_STORE_PROBE_H_
 #define FERRY_ROUTER_DISPATCH_STORE_PROBE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/common/hash128.h"
 #include "kvstore/client/kv_client.h"
 
@@ -54,10 +54,10 @@ class StoreProbe {
   const std::unique_ptr<kv::KvClient> client_;
   const int64_t max_queued_;
   const std::function<void(bool)> counted_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool stopping_ = false;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -5,16 +5,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <deque>
 #include <list>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "boost/asio/bind_executor.hpp"
 #include "boost/asio/ip/tcp.hpp"
 #include "boost/asio/post.hpp"
@@ -100,8 +101,8 @@ class HttpServer::Impl {
   void RequestStarted() { active_.fetch_add(1); }
   void RequestEnded() {
     if (active_.fetch_sub(1) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      idle_.notify_all();
+      absl::MutexLock lock(&mu_);
+      idle_.SignalAll();
     }
   }
   void SessionEnded(Session* session);
@@ -121,10 +122,10 @@ class HttpServer::Impl {
   std::atomic<int64_t> connections_{0};
   std::atomic<int64_t> active_{0};
 
-  std::mutex mu_;
-  std::condition_variable idle_;
-  std::list<std::weak_ptr<Session>> sessions_;  // under mu_
-  bool stopped_ = false;                        // under mu_
+  absl::Mutex mu_;
+  absl::CondVar idle_;
+  std::list<std::weak_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);  // under mu_
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;                        // under mu_
 };
 
 // One connection. Reading requests, timers and closing run on its strand. Answers are written
@@ -154,7 +155,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void RefuseAndClose() {
     asio::dispatch(stream_.get_executor(), [self = shared_from_this()] {
       const std::string body = "too many connections";
-      std::lock_guard<std::mutex> lock(self->write_mu_);
+      absl::MutexLock lock(&self->write_mu_);
       self->keep_alive_ = false;
       self->closing_after_write_ = true;
       self->AppendLocked(HeaderBlock(503, {{"Retry-After", "1"}}, false, false, body.size()) +
@@ -166,7 +167,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void CloseWhenIdle() {
     asio::post(stream_.get_executor(), [self = shared_from_this()] {
       {
-        std::lock_guard<std::mutex> lock(self->write_mu_);
+        absl::MutexLock lock(&self->write_mu_);
         self->keep_alive_ = false;
       }
       if (!self->in_request_) self->Close();
@@ -179,7 +180,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // --- For the responder: from any thread.
   void Respond(int status, const HttpHeaders& headers, std::string body) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    absl::MutexLock lock(&write_mu_);
     if (closed_ || answered_) return;
     answered_ = true;
     AppendLocked(HeaderBlock(status, headers, version_ == 10, keep_alive_, body.size()) + body);
@@ -187,7 +188,7 @@ class Session : public std::enable_shared_from_this<Session> {
     MaybeEndRequestLocked();
   }
   void StartStream(int status, const HttpHeaders& headers) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    absl::MutexLock lock(&write_mu_);
     if (closed_ || answered_) return;
     answered_ = true;
     streaming_ = true;
@@ -196,7 +197,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   // False once the stream is gone (closed, or cut off now).
   bool WriteChunk(const std::string& data) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    absl::MutexLock lock(&write_mu_);
     if (closed_ || cut_off_) return false;
     if (!streaming_ || complete_ || data.empty()) return true;
     if (version_ == 10) {
@@ -213,21 +214,21 @@ class Session : public std::enable_shared_from_this<Session> {
     return true;
   }
   void FinishStream() {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    absl::MutexLock lock(&write_mu_);
     if (closed_ || !streaming_ || complete_) return;
     if (version_ != 10) AppendLocked("0\r\n\r\n");
     complete_ = true;
     MaybeEndRequestLocked();
   }
   bool stream_broken() {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    absl::MutexLock lock(&write_mu_);
     return closed_ || cut_off_;
   }
   // On the strand (the handler runs there).
   void SetOnClose(std::function<void()> callback) {
     bool run_now;
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      absl::MutexLock lock(&write_mu_);
       run_now = closed_ && !complete_;
     }
     if (run_now) {
@@ -242,7 +243,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void WaitForRequest() {
     bool closed, keep_alive;
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      absl::MutexLock lock(&write_mu_);
       closed = closed_;
       keep_alive = keep_alive_;
     }
@@ -285,7 +286,7 @@ class Session : public std::enable_shared_from_this<Session> {
                        : ec == http::error::header_limit ? "request header too large"
                                                          : "malformed HTTP request",
                        "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}");
-      std::lock_guard<std::mutex> lock(write_mu_);
+      absl::MutexLock lock(&write_mu_);
       if (closed_) return;
       keep_alive_ = false;
       closing_after_write_ = true;
@@ -306,7 +307,7 @@ class Session : public std::enable_shared_from_this<Session> {
     request.body = std::move(message.body());
     request.remote = remote_;
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      absl::MutexLock lock(&write_mu_);
       if (closed_) return;
       version_ = message.version();
       keep_alive_ = message.keep_alive();
@@ -317,7 +318,7 @@ class Session : public std::enable_shared_from_this<Session> {
     counted_ = true;
     if (server_->shutting_down()) {
       {
-        std::lock_guard<std::mutex> lock(write_mu_);
+        absl::MutexLock lock(&write_mu_);
         keep_alive_ = false;
       }
       Respond(503, {{"Content-Type", "application/json"}, {"Retry-After", "1"}},
@@ -358,14 +359,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Queues `bytes` behind what is pending and sends what the socket takes now, unless a strand
   // write is in flight (it will). Under write_mu_.
-  void AppendLocked(const std::string& bytes) {
+  void AppendLocked(const std::string& bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
     out_ += bytes;
     if (!writing_) SendLocked();
   }
 
   // A non-blocking send of out_. Whatever is left goes to the strand's asynchronous write; a
   // failed send closes the connection (on the strand). Under write_mu_, with no write in flight.
-  void SendLocked() {
+  void SendLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
     while (sent_ < out_.size()) {
       const ssize_t n =
           ::send(fd_, out_.data() + sent_, out_.size() - sent_, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -389,7 +390,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Everything written: close if that was the last word, or let the strand read the next request.
-  void AfterFlushLocked() {
+  void AfterFlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
     if (closing_after_write_) {
       CloseNow();
     } else if (complete_ && !end_posted_) {
@@ -398,7 +399,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  void MaybeEndRequestLocked() {
+  void MaybeEndRequestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
     if (!writing_ && out_.empty()) AfterFlushLocked();
   }
 
@@ -406,7 +407,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // progress within write_timeout, or the connection closes), then sends what queued meanwhile.
   void FlushOnStrand() {
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      absl::MutexLock lock(&write_mu_);
       if (closed_) return;
       inflight_.assign(out_, sent_, std::string::npos);
       out_.clear();
@@ -416,7 +417,7 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::async_write(stream_, asio::buffer(inflight_),
                       [self = shared_from_this()](beast::error_code ec, size_t) {
                         if (ec) return self->Close();
-                        std::lock_guard<std::mutex> lock(self->write_mu_);
+                        absl::MutexLock lock(&self->write_mu_);
                         if (self->closed_) return;
                         self->inflight_.clear();
                         self->writing_ = false;
@@ -427,7 +428,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // The answer is complete and written: next request, or close. On the strand.
   void EndRequest() {
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      absl::MutexLock lock(&write_mu_);
       end_posted_ = false;
       if (closed_ || !complete_ || writing_ || !out_.empty()) return;
     }
@@ -445,7 +446,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void Close() {
     bool answered_whole;
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      absl::MutexLock lock(&write_mu_);
       if (closed_) return;
       closed_ = true;
       answered_whole = complete_;
@@ -479,16 +480,18 @@ class Session : public std::enable_shared_from_this<Session> {
   std::function<void()> on_close_;
   // The answer being given, under write_mu_ (the socket is closed under it too: no send ever
   // reaches a closed descriptor, or one reused by another connection).
-  std::mutex write_mu_;
-  unsigned version_ = 11;
-  bool keep_alive_ = true;
-  bool answered_ = false, complete_ = false, streaming_ = false;
-  bool closed_ = false, cut_off_ = false, closing_after_write_ = false;
-  bool writing_ = false;     // the strand writes what is pending
-  bool end_posted_ = false;  // EndRequest is on its way to the strand
-  std::string out_;          // pending bytes; out_[0, sent_) already sent
-  size_t sent_ = 0;
-  std::string inflight_;  // what the strand's write is writing (while writing_)
+  absl::Mutex write_mu_;
+  unsigned version_ ABSL_GUARDED_BY(write_mu_) = 11;
+  bool keep_alive_ ABSL_GUARDED_BY(write_mu_) = true;
+  bool answered_ ABSL_GUARDED_BY(write_mu_) = false, complete_ = false, streaming_ = false;
+  bool closed_ ABSL_GUARDED_BY(write_mu_) = false, cut_off_ = false, closing_after_write_ = false;
+  bool writing_ ABSL_GUARDED_BY(write_mu_) = false;     // the strand writes what is pending
+  bool end_posted_ ABSL_GUARDED_BY(write_mu_) = false;  // EndRequest is on its way to the strand
+  std::string out_ ABSL_GUARDED_BY(write_mu_);  // pending bytes; out_[0, sent_) already sent
+  size_t sent_ ABSL_GUARDED_BY(write_mu_) = 0;
+  // What the strand's write is writing (while writing_): the strand's alone meanwhile, so not
+  // guarded by write_mu_.
+  std::string inflight_;
 };
 
 // Calls the session directly (it is thread-safe); OnClose on the strand.
@@ -582,7 +585,7 @@ void HttpServer::Impl::Accept() {
       auto session = std::make_shared<Session>(std::move(socket), this);
       const bool full = connections_.load() >= options_.max_connections;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         session->registration = sessions_.insert(sessions_.end(), session);
       }
       connections_.fetch_add(1);
@@ -598,14 +601,14 @@ void HttpServer::Impl::Accept() {
 
 void HttpServer::Impl::SessionEnded(Session* session) {
   connections_.fetch_sub(1);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   sessions_.erase(session->registration);
-  idle_.notify_all();
+  idle_.SignalAll();
 }
 
 void HttpServer::Impl::Shutdown(absl::Duration grace) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
   }
@@ -617,7 +620,7 @@ void HttpServer::Impl::Shutdown(absl::Duration grace) {
   });
   std::vector<std::shared_ptr<Session>> sessions;
   auto collect = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     sessions.clear();
     for (auto& weak : sessions_) {
       if (auto s = weak.lock()) sessions.push_back(s);
@@ -626,16 +629,19 @@ void HttpServer::Impl::Shutdown(absl::Duration grace) {
   collect();
   for (auto& s : sessions) s->CloseWhenIdle();
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    idle_.wait_for(lock, absl::ToChronoNanoseconds(std::max(grace, absl::ZeroDuration())),
-                   [&] { return active_.load() == 0; });
+    absl::MutexLock lock(&mu_);
+    const absl::Time give_up = absl::Now() + std::max(grace, absl::ZeroDuration());
+    while (active_.load() != 0 && !idle_.WaitWithDeadline(&mu_, give_up)) {
+    }
   }
   collect();
   for (auto& s : sessions) s->CloseNow();
   sessions.clear();
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    idle_.wait_for(lock, std::chrono::seconds(5), [&] { return sessions_.empty(); });
+    absl::MutexLock lock(&mu_);
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (!sessions_.empty() && !idle_.WaitWithDeadline(&mu_, give_up)) {
+    }
   }
   work_.clear();
   for (auto& io : ios_) io->stop();

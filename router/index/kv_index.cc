@@ -50,7 +50,7 @@ int KvIndex::AddWorker() {
   if (slot >= kMaxSlots) return -1;
   const size_t tables = 2 * static_cast<size_t>(GroupOf(slot) + 1);
   {
-    std::unique_lock<std::shared_mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (Shard& shard : shards_) {
       if (shard.tables.size() < tables) shard.tables.resize(tables);
     }
@@ -87,7 +87,7 @@ void KvIndex::Apply(int slot, absl::Span<const Hash128> hashes, bool window, boo
   constexpr size_t kChunk = 128;
   for (size_t begin = 0; begin < hashes.size(); begin += kChunk) {
     const absl::Span<const Hash128> chunk = hashes.subspan(begin, kChunk);
-    std::unique_lock<std::shared_mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (t < shards_[0].tables.size()) {  // (else not a slot AddWorker made)
       for (size_t k = 0; k < chunk.size(); ++k) {
         const Hash128& h = chunk[k];
@@ -132,8 +132,9 @@ void KvIndex::Cleared(int slot) {
   const size_t group = static_cast<size_t>(GroupOf(slot));
   const uint64_t bit = BitOf(slot);
   int64_t removed = 0;
-  for (Shard& shard : shards_) {
-    std::unique_lock<std::shared_mutex> lock(mu_);  // a shard at a time
+  for (size_t s = 0; s < kShards; ++s) {
+    absl::MutexLock lock(&mu_);  // a shard at a time
+    Shard& shard = shards_[s];
     for (size_t t = 2 * group; t < 2 * group + 2 && t < shard.tables.size(); ++t) {
       Table& table = shard.tables[t];
       table.EraseIf([&](uint64_t, uint64_t& word) {
@@ -159,7 +160,7 @@ void KvIndex::Match(absl::Span<const Hash128> chain, std::vector<int32_t>* prefi
     uint64_t alive = group_masks_[g].load(std::memory_order_relaxed);
     if (alive == 0) continue;
     const size_t t = 2 * static_cast<size_t>(g);
-    std::shared_lock<std::shared_mutex> lock(mu_);
+    absl::ReaderMutexLock lock(&mu_);
     int32_t i = 0;
     for (; i < n && alive != 0; ++i) {
       const Shard& shard = shards_[ShardOf(chain[i])];
@@ -181,7 +182,7 @@ void KvIndex::Match(absl::Span<const Hash128> chain, std::vector<int32_t>* prefi
 bool KvIndex::Holds(int slot, const Hash128& hash, bool window) const {
   if (slot < 0 || slot >= kMaxSlots) return false;
   const size_t t = 2 * static_cast<size_t>(GroupOf(slot)) + (window ? 1 : 0);
-  std::shared_lock<std::shared_mutex> lock(mu_);
+  absl::ReaderMutexLock lock(&mu_);
   const Shard& shard = shards_[ShardOf(hash)];
   if (t >= shard.tables.size()) return false;
   const uint64_t* word = shard.tables[t].Find(hash);

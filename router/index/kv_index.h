@@ -39,7 +39,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <shared_mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -108,10 +107,9 @@ class KvIndex {
   void MaybeShrink(Table& table);
 
   const KvIndexOptions options_;
-  // std::shared_mutex, not absl::Mutex: Debian's Abseil runs its deadlock detector on every
-  // acquisition, which would cost a good part of a decision.
-  mutable std::shared_mutex mu_;
-  std::array<Shard, kShards> shards_;  // guarded by mu_
+  // Readers (Match) share it; each writer holds it for one shard-sized chunk at a time.
+  mutable absl::Mutex mu_;
+  std::array<Shard, kShards> shards_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> bytes_{0};
   std::atomic<int64_t> entries_{0};
   std::atomic<int64_t> dropped_{0};

@@ -18,7 +18,7 @@ size_t LeastLoadedPolicy::Pick(absl::Span<const WorkerLoadView> candidates, cons
     }
   }
   if (best.size() == 1) return best[0];
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return best[std::uniform_int_distribution<size_t>(0, best.size() - 1)(rng_)];
 }
 

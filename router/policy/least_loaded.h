@@ -5,9 +5,10 @@
 #define FERRY_ROUTER_POLICY_LEAST_LOADED_H_
 
 #include <cstdint>
-#include <mutex>
 #include <random>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "router/policy/routing_policy.h"
 
 namespace ferry {
@@ -20,8 +21,8 @@ class LeastLoadedPolicy final : public RoutingPolicy {
   size_t Pick(absl::Span<const WorkerLoadView> candidates, const RouteRequest& request) override;
 
  private:
-  std::mutex mu_;
-  std::mt19937_64 rng_;
+  absl::Mutex mu_;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

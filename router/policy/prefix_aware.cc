@@ -153,7 +153,7 @@ RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidate
   if (tied.size() == 1) {
     choice.index = tied[0];
   } else {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     choice.index = tied[std::uniform_int_distribution<size_t>(0, tied.size() - 1)(rng_)];
   }
   const Term& t = terms[choice.index];

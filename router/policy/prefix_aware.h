@@ -37,10 +37,11 @@
 #define FERRY_ROUTER_POLICY_PREFIX_AWARE_H_
 
 #include <cstdint>
-#include <mutex>
 #include <random>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "router/index/kv_index.h"
 #include "router/policy/routing_policy.h"
 
@@ -64,8 +65,8 @@ class PrefixAwarePolicy final : public RoutingPolicy {
  private:
   const KvIndex* const index_;
   const PrefixAwareOptions options_;
-  std::mutex mu_;
-  std::mt19937_64 rng_;
+  absl::Mutex mu_;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

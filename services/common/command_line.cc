@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "engine/common/log.h"
+#include "engine/common/mutex_mode.h"
 #include "engine/common/units.h"
 #include "services/common/build_info.h"
 
@@ -127,6 +128,7 @@ std::string HelpText(absl::string_view program, absl::string_view usage) {
 
 std::vector<char*> ParseProgramCommandLine(absl::string_view program, absl::string_view usage,
                                            int argc, char** argv) {
+  UseProgramMutexMode();
   absl::SetProgramUsageMessage(absl::StrCat(program, ": ", usage));
   const std::string request = InfoRequest(argc, argv);
   if (request == "help") {

@@ -40,6 +40,7 @@
 #include "absl/strings/numbers.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/common/float_math.h"
+#include "engine/common/mutex_mode.h"
 #include "engine/engine.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/generate.h"
@@ -502,6 +503,7 @@ int GemvMain(int threads, int rounds) {
 }
 
 int Main(int argc, char** argv) {
+  UseProgramMutexMode();
   if (argc < 3) {
     std::cerr << "usage: engine_bench MODEL.gguf PROMPT.json [--threads N] [--decode-tokens N]"
                  " [--repeats N]\n";

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/mutex_mode.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/template/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -216,6 +217,7 @@ std::vector<std::string> Flag(int argc, char** argv, const std::string& name) {
 }
 
 int Main(int argc, char** argv) {
+  UseProgramMutexMode();
   if (argc < 3) Die("usage: frontdoor_bench FERRY_ROUTER FERRY_WORKER [--requests N]");
   const std::string router_bin = argv[1], worker_bin = argv[2];
   int requests = 300;

@@ -68,6 +68,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "engine/common/mutex_mode.h"
 #include "engine/gguf/gguf_file.h"
 #include "nlohmann/json.hpp"
 #include "tests/integration/service_process.h"
@@ -323,6 +324,7 @@ std::string Ms(double seconds) {
 }
 
 int Main(int argc, char** argv) {
+  UseProgramMutexMode();
   if (argc < 3) {
     std::fprintf(stderr, "usage: pd_bench FERRY_WORKER TRANSFER_BENCH [flags]\n");
     return 2;

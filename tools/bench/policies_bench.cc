@@ -28,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/common/mutex_mode.h"
 #include "nlohmann/json.hpp"
 #include "tools/sim/sim_run.h"
 
@@ -92,6 +93,7 @@ void Print(const Row& row) {
 }
 
 int Main(int argc, char** argv) {
+  UseProgramMutexMode();
   if (argc < 3) Die("usage: policies_bench CALIBRATION.json TRACE.jsonl");
   auto calibration = LoadSimCalibration(argv[1]);
   if (!calibration.ok()) Die(calibration.status().ToString());

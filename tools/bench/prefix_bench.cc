@@ -52,6 +52,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/common/hash128.h"
+#include "engine/common/mutex_mode.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/kv/kv_block_pool.h"
 #include "engine/model/host_weights.h"
@@ -335,6 +336,7 @@ double StoreGetBytesPerSecond(const std::string& address, size_t block_bytes) {
 std::string Ms(double seconds) { return absl::StrFormat("%.1f", seconds * 1e3); }
 
 int Main(int argc, char** argv) {
+  UseProgramMutexMode();
   if (argc < 3) Fail("usage: prefix_bench FERRY_WORKER FERRY_KVSTORE [--reps N] [--threads N]");
   const std::string worker_binary = argv[1], store_binary = argv[2];
   TuneAllocatorForLargeBuffers();  // as the workers and the store node: the baseline reads alike

@@ -29,6 +29,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "engine/common/hash128.h"
+#include "engine/common/mutex_mode.h"
 #include "router/index/kv_index.h"
 #include "router/policy/prefix_aware.h"
 #include "tools/bench/timing.h"
@@ -64,6 +65,7 @@ struct Conversation {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ferry::UseProgramMutexMode();
   // `--events_only`: build the index and ingest events for a while, for a profiler.
   const bool events_only = argc > 1 && std::string(argv[1]) == "--events_only";
   PinTo(0);

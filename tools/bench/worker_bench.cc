@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/mutex_mode.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/worker.h"
@@ -146,6 +147,7 @@ Result RunService(const std::string& address, const Workload& w, int64_t vocab) 
 }
 
 int Main(int argc, char** argv) {
+  UseProgramMutexMode();
   int requests = 0, prompt = 256, tokens = 64;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
