@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/common/block_hash.h"
 #include "engine/common/log.h"
 #include "engine/request_validation.h"
@@ -108,10 +109,10 @@ Engine::Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenize
   // Blocks given back by other threads (a service releasing a reservation) wake a waiting loop.
   kv_.SetFreeListener([this] {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       blocks_freed_ = true;
     }
-    wake_.notify_one();
+    wake_.Signal();
   });
   published_.total_blocks = kv_.num_blocks();
   published_.free_blocks = kv_.pool().num_free();
@@ -141,7 +142,7 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
 absl::Status Engine::Submit(EngineRequest request) {
   if (absl::Status s = Validate(request); !s.ok()) return s;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const int64_t queued = static_cast<int64_t>(submitted_.size()) + published_waiting_requests_;
     if (queued >= options_.max_queued) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -153,32 +154,32 @@ absl::Status Engine::Submit(EngineRequest request) {
     submitted_tokens_ += static_cast<int64_t>(request.prompt.size());
     submitted_.push_back(Submitted{std::move(request), clock_->Monotonic()});
   }
-  wake_.notify_one();
+  wake_.Signal();
   return absl::OkStatus();
 }
 
 bool Engine::IsLive(const std::string& id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return live_ids_.contains(id);
 }
 
 void Engine::Reserve(std::vector<Hash128> hashes, int64_t positions,
                      std::function<void(absl::StatusOr<KvReservation>)> done) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     PendingReservation r;
     r.hashes = std::move(hashes);
     r.positions = positions;
     r.done = std::move(done);
     reservations_.push_back(std::move(r));
   }
-  wake_.notify_one();
+  wake_.Signal();
 }
 
 void Engine::ReserveImport(std::vector<Hash128> hashes, int64_t max_fresh,
                            std::function<void(absl::StatusOr<KvReservation>)> done) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     PendingReservation r;
     r.hashes = std::move(hashes);
     r.import = true;
@@ -186,39 +187,39 @@ void Engine::ReserveImport(std::vector<Hash128> hashes, int64_t max_fresh,
     r.done = std::move(done);
     reservations_.push_back(std::move(r));
   }
-  wake_.notify_one();
+  wake_.Signal();
 }
 
 void Engine::ClearPrefixCache() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     clear_cache_ = true;
   }
-  wake_.notify_one();
+  wake_.Signal();
 }
 
 void Engine::Abort(const std::string& id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     aborted_.push_back(id);
   }
-  wake_.notify_one();
+  wake_.Signal();
 }
 
 void Engine::ReleaseHandoff(const std::string& id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     released_.push_back(id);
   }
-  wake_.notify_one();
+  wake_.Signal();
 }
 
 void Engine::Park(const std::string& id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     parked_.push_back(id);
   }
-  wake_.notify_one();
+  wake_.Signal();
 }
 
 bool Engine::ParkRequest(const std::string& id) {
@@ -255,7 +256,7 @@ void Engine::DrainInbox() {
   std::vector<PendingReservation> reservations;
   bool clear = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     submitted.swap(submitted_);
     submitted_tokens_ = 0;
     aborted.swap(aborted_);
@@ -645,7 +646,7 @@ void Engine::Finish(Sequence& seq, FinishReason reason, TokenEvent event) {
   if (--seq.req->live == 0 && !seq.req->handed_off) {
     // Reusable from its last event on: whoever sees that event finds the id free (its
     // sequences leave seqs_ at the end of this step, before a new submission is added).
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     live_ids_.erase(seq.req->r.id);
   }
   if (reason == FinishReason::kHandoff) {
@@ -695,7 +696,7 @@ void Engine::RemoveFinished() {
   published.free_blocks = kv_.pool().num_free();
   published.cached_blocks = kv_.cached_blocks();
   published.window_cached_blocks = kv_.window_cached_blocks();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   // Released handoffs' ids become reusable.
   for (const std::string& id : released_ids_) live_ids_.erase(id);
   released_ids_.clear();
@@ -704,7 +705,7 @@ void Engine::RemoveFinished() {
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   EngineStats s = published_;
   s.waiting += static_cast<int64_t>(submitted_.size());
   s.queued_tokens += submitted_tokens_;
@@ -712,7 +713,7 @@ EngineStats Engine::stats() const {
 }
 
 void Engine::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (thread_.joinable()) return;
   stopping_ = false;
   thread_ = std::thread([this] { Loop(); });
@@ -720,38 +721,42 @@ void Engine::Start() {
 
 void Engine::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void Engine::Loop() {
-  // Waits for `ready`, or until the next handoff expires (handoffs_ is this thread's).
-  auto wait = [&](std::unique_lock<std::mutex>& lock, auto ready) {
-    if (handoffs_.empty()) return wake_.wait(lock, ready);
-    const absl::Duration next = handoffs_.NextExpiry();
-    const absl::Duration left = std::max(absl::ZeroDuration(), next - clock_->Monotonic());
-    wake_.wait_for(lock, absl::ToChronoMicroseconds(left) + std::chrono::milliseconds(1), ready);
-  };
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       // (Blocks a service gave back: a step publishes the pool's new state.)
-      wait(lock, [&] {
-        return stopping_ || InboxHasWork() || blocks_freed_ ||
-               published_.running + published_.waiting > 0;
-      });
+      WaitForNews(/*or_work_left=*/true);
       if (stopping_) return;
     }
     auto worked = Step();
     if (worked.ok() && !*worked) {
       // Nothing runnable (e.g. waiting for blocks held by handoffs): wait for news.
-      std::unique_lock<std::mutex> lock(mu_);
-      wait(lock, [&] { return stopping_ || InboxHasWork() || blocks_freed_; });
+      absl::MutexLock lock(&mu_);
+      WaitForNews(/*or_work_left=*/false);
       if (stopping_) return;
     }
+  }
+}
+
+void Engine::WaitForNews(bool or_work_left) {
+  // Until the next handoff expires, if any (handoffs_ is this thread's).
+  absl::Time give_up = absl::InfiniteFuture();
+  if (!handoffs_.empty()) {
+    const absl::Duration left =
+        std::max(absl::ZeroDuration(), handoffs_.NextExpiry() - clock_->Monotonic());
+    give_up = absl::Now() + left + absl::Milliseconds(1);
+  }
+  while (!stopping_ && !InboxHasWork() && !blocks_freed_ &&
+         !(or_work_left && published_.running + published_.waiting > 0)) {
+    if (wake_.WaitWithDeadline(&mu_, give_up)) return;  // the handoff's expiry
   }
 }
 

@@ -108,19 +108,19 @@
 #ifndef FERRY_ENGINE_ENGINE_H_
 #define FERRY_ENGINE_ENGINE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/common/clock.h"
 #include "engine/common/hash128.h"
 #include "engine/common/token_id.h"
@@ -279,11 +279,14 @@ class Engine {
   void Emit(const Sequence& seq, TokenEvent& event);
   // Drops finished sequences and publishes the caches' events and the stats.
   void RemoveFinished();
-  bool InboxHasWork() const {  // under mu_
+  bool InboxHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !submitted_.empty() || !aborted_.empty() || !released_.empty() || !parked_.empty() ||
            !reservations_.empty() || clear_cache_;
   }
   void Loop();
+  // Waits on wake_ for news in the inbox, freed blocks, a stop, (`or_work_left`) sequences still
+  // to run, or the next handoff's expiry.
+  void WaitForNews(bool or_work_left) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ForwardModel* const model_;
   const Tokenizer* const tokenizer_;
@@ -304,23 +307,28 @@ class Engine {
   std::vector<float> logits_;
 
   // Inbox, filled by other threads.
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;
   struct Submitted {
     EngineRequest r;
     absl::Duration at;  // clock_->Monotonic() at Submit: the start of its queue time
   };
-  std::deque<Submitted> submitted_;
-  int64_t submitted_tokens_ = 0;  // prompt tokens in submitted_
-  std::vector<std::string> aborted_, released_, parked_;
-  std::vector<PendingReservation> reservations_;
-  bool clear_cache_ = false;
-  bool blocks_freed_ = false;  // a release elsewhere freed blocks since the engine last looked
-  absl::flat_hash_set<std::string> live_ids_;
-  bool stopping_ = false;
+  std::deque<Submitted> submitted_ ABSL_GUARDED_BY(mu_);
+  int64_t submitted_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // prompt tokens in submitted_
+  std::vector<std::string> aborted_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> parked_ ABSL_GUARDED_BY(mu_);
+  std::vector<PendingReservation> reservations_ ABSL_GUARDED_BY(mu_);
+  bool clear_cache_ ABSL_GUARDED_BY(mu_) = false;
+  // A release elsewhere freed blocks since the engine last looked.
+  bool blocks_freed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<std::string> live_ids_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Started under mu_ (Start); joined by Stop, the one caller that ends it.
   std::thread thread_;
-  EngineStats published_;                   // stats_ as of the last step, under mu_
-  int64_t published_waiting_requests_ = 0;  // never admitted yet, as of the last step
+  EngineStats published_ ABSL_GUARDED_BY(mu_);  // stats_ as of the last step
+  // Never admitted yet, as of the last step.
+  int64_t published_waiting_requests_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry

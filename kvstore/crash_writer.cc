@@ -7,11 +7,11 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "kvstore/crash_objects.h"
 #include "kvstore/kv_store.h"
 
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "open: %s\n", std::string(store.status().message()).c_str());
     return 1;
   }
-  std::mutex out;
+  absl::Mutex out;
   std::printf("ready\n");
   std::fflush(stdout);
   std::vector<std::thread> workers;
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
         const std::string value = crash::ObjectValue(run, i);
         const PutItem item{crash::ObjectKey(run, i), crash::ObjectMetaFor(run), value};
         if (!(*store)->Put({item}).ok()) std::abort();
-        std::lock_guard<std::mutex> lock(out);
+        absl::MutexLock lock(&out);
         std::printf("%llu\n", static_cast<unsigned long long>(i));
         std::fflush(stdout);
       }

@@ -14,7 +14,7 @@ class FaultFile : public File {
       : fs_(fs), path_(std::move(path)), base_(std::move(base)) {}
 
   absl::Status Write(uint64_t offset, const void* data, size_t n) override {
-    std::lock_guard<std::mutex> lock(fs_->mu_);
+    absl::MutexLock lock(&fs_->mu_);
     if (fs_->crashed_) return absl::UnavailableError("crashed");
     absl::Status s = base_->Write(offset, data, n);
     FaultFileSystem::State& st = fs_->files_[path_];
@@ -22,7 +22,7 @@ class FaultFile : public File {
     return s;
   }
   absl::Status WriteV(uint64_t offset, absl::Span<const iovec> buffers) override {
-    std::lock_guard<std::mutex> lock(fs_->mu_);
+    absl::MutexLock lock(&fs_->mu_);
     if (fs_->crashed_) return absl::UnavailableError("crashed");
     absl::Status s = base_->WriteV(offset, buffers);
     uint64_t n = 0;
@@ -36,7 +36,7 @@ class FaultFile : public File {
     return base_->Read(offset, data, n);
   }
   absl::Status Sync() override {
-    std::lock_guard<std::mutex> lock(fs_->mu_);
+    absl::MutexLock lock(&fs_->mu_);
     if (fs_->crashed_) return absl::UnavailableError("crashed");
     absl::Status s = base_->Sync();
     if (s.ok()) {
@@ -46,7 +46,7 @@ class FaultFile : public File {
     return s;
   }
   absl::Status Truncate(uint64_t size) override {
-    std::lock_guard<std::mutex> lock(fs_->mu_);
+    absl::MutexLock lock(&fs_->mu_);
     if (fs_->crashed_) return absl::UnavailableError("crashed");
     absl::Status s = base_->Truncate(size);
     FaultFileSystem::State& st = fs_->files_[path_];
@@ -67,12 +67,12 @@ class FaultFile : public File {
 };
 
 absl::Status FaultFileSystem::Check() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return crashed_ ? absl::UnavailableError("crashed") : absl::OkStatus();
 }
 
 bool FaultFileSystem::crashed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return crashed_;
 }
 
@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<File>> FaultFileSystem::Open(const std::string& p
   auto file = base_->Open(path, mode, direct);
   if (!file.ok()) return file.status();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!files_.count(path)) {
       // A file that existed before this layer saw it is durable as it is.
       State st;
@@ -104,7 +104,7 @@ absl::StatusOr<std::vector<std::string>> FaultFileSystem::List(const std::string
 absl::Status FaultFileSystem::Remove(const std::string& path) {
   if (absl::Status s = Check(); !s.ok()) return s;
   absl::Status s = base_->Remove(path);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   files_.erase(path);
   return s;
 }
@@ -115,7 +115,7 @@ absl::Status FaultFileSystem::CreateDir(const std::string& dir) {
 }
 
 absl::Status FaultFileSystem::SyncDir(const std::string& dir) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (crashed_) return absl::UnavailableError("crashed");
   absl::Status s = base_->SyncDir(dir);
   if (s.ok()) {
@@ -132,7 +132,7 @@ absl::StatusOr<std::unique_ptr<File>> FaultFileSystem::Lock(const std::string& p
 }
 
 int64_t FaultFileSystem::Crash() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   crashed_ = true;
   int64_t dropped = 0;
   for (auto& [path, st] : files_) {

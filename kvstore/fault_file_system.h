@@ -17,10 +17,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "kvstore/file_system.h"
 
 namespace ferry {
@@ -53,9 +54,9 @@ class FaultFileSystem : public FileSystem {
   absl::Status Check() const;
 
   FileSystem* const base_;
-  mutable std::mutex mu_;
-  bool crashed_ = false;
-  std::map<std::string, State> files_;  // by path
+  mutable absl::Mutex mu_;
+  bool crashed_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, State> files_ ABSL_GUARDED_BY(mu_);  // by path
 };
 
 }  // namespace kv

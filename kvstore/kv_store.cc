@@ -124,9 +124,13 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Open(const std::string& dir,
   RETURN_IF_ERROR(impl->fs->CreateDir(dir));
   ASSIGN_OR_RETURN(impl->lock, impl->fs->Lock(dir + "/LOCK"));
   const absl::Duration start = impl->clock->Monotonic();
-  RETURN_IF_ERROR(impl->Recover());
-  impl->stats.open_seconds = absl::ToDoubleSeconds(impl->clock->Monotonic() - start);
-  impl->stats.open_objects = static_cast<int64_t>(impl->index.size());
+  {
+    absl::MutexLock lock(&impl->mu);  // nothing else runs yet: for the annotations
+    RETURN_IF_ERROR(impl->Recover());
+    impl->stats.open_seconds = absl::ToDoubleSeconds(impl->clock->Monotonic() - start);
+    impl->stats.open_objects = static_cast<int64_t>(impl->index.size());
+  }
+  if (impl->open == nullptr) RETURN_IF_ERROR(impl->StartSegment());
   impl->last_sweep_us = impl->NowUs();
   Impl* raw = impl.get();
   impl->writer = std::thread([raw] { raw->WriterLoop(); });
@@ -137,10 +141,10 @@ KvStore::KvStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 KvStore::~KvStore() {
   {
-    std::lock_guard<std::mutex> lock(impl_->qmu);
+    absl::MutexLock lock(&impl_->qmu);
     impl_->stopping = true;
   }
-  impl_->qcv.notify_all();
+  impl_->qcv.SignalAll();
   impl_->writer.join();
 }
 
@@ -183,7 +187,7 @@ void KvStore::Impl::LearnChecksums(absl::Span<const PutItem> items) {
   };
   std::vector<Unknown> unknown;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     absl::flat_hash_set<Hash128> seen;
     for (const PutItem& item : items) {
       auto it = index.find(item.key);
@@ -194,7 +198,7 @@ void KvStore::Impl::LearnChecksums(absl::Span<const PutItem> items) {
   for (const Unknown& u : unknown) {
     const Entry& e = u.entry;
     absl::StatusOr<RecordHeader> h = ReadRecordHeader(*u.file, e.offset, e.header);
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     auto it = index.find(e.header.key);
     if (it == index.end() || it->second.segment != e.segment || it->second.offset != e.offset) {
       continue;  // gone or moved since (a new location knows its checksum)
@@ -293,7 +297,7 @@ absl::Duration KvStore::ttl(TrafficClass c) const {
 }
 
 StoreStats KvStore::Counters() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  absl::MutexLock lock(&impl_->mu);
   StoreStats s = impl_->stats;
   s.objects = static_cast<int64_t>(impl_->index.size());
   s.segments = static_cast<int64_t>(impl_->segments.size());
@@ -313,7 +317,7 @@ ExistsResult KvStore::Exists(absl::Span<const Hash128> keys, const Hash128& fing
   ExistsResult r;
   r.present.resize(keys.size());
   r.retention_floor_s.resize(keys.size());
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  absl::MutexLock lock(&impl_->mu);
   const int64_t now = impl_->NowUs();
   bool prefix = true;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -334,7 +338,7 @@ std::vector<GetResult> KvStore::Get(absl::Span<const Hash128> keys, const Hash12
     Entry entry;
     std::shared_ptr<File> file;
     {
-      std::lock_guard<std::mutex> lock(m.mu);
+      absl::MutexLock lock(&m.mu);
       ++m.stats.gets;
       auto it = m.index.find(keys[i]);
       if (it == m.index.end()) {
@@ -357,7 +361,7 @@ std::vector<GetResult> KvStore::Get(absl::Span<const Hash128> keys, const Hash12
     }
     GetResult& r = results[i];
     absl::Status read = ReadRecord(*file, entry.offset, entry.header, &r.value, &r.checksum);
-    std::lock_guard<std::mutex> lock(m.mu);
+    absl::MutexLock lock(&m.mu);
     auto it = m.index.find(keys[i]);
     const bool same = it != m.index.end() && it->second.header.seq == entry.header.seq;
     if (!read.ok()) {
@@ -399,7 +403,7 @@ const char* FloorBucketName(int bucket) {
 }
 
 StoreStats KvStore::Stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  absl::MutexLock lock(&impl_->mu);
   StoreStats s = impl_->stats;
   s.objects = static_cast<int64_t>(impl_->index.size());
   s.segments = static_cast<int64_t>(impl_->segments.size());
@@ -433,7 +437,7 @@ VerifyReport KvStore::Verify() {
   m.SweepExpired();
   std::vector<std::pair<Entry, std::shared_ptr<File>>> all;
   {
-    std::lock_guard<std::mutex> lock(m.mu);
+    absl::MutexLock lock(&m.mu);
     report.recovery_dropped = m.stats.recovery_dropped;
     for (const std::string& p : m.open_problems) {
       if (static_cast<int64_t>(report.problems.size()) < kMaxProblems) report.problems.push_back(p);
@@ -449,7 +453,7 @@ VerifyReport KvStore::Verify() {
     ++report.objects_checked;
     report.bytes_checked += static_cast<int64_t>(e.header.value_bytes);
     if (s.ok() && !e.checksum_known) {
-      std::lock_guard<std::mutex> lock(m.mu);
+      absl::MutexLock lock(&m.mu);
       auto it = m.index.find(e.header.key);
       if (it != m.index.end() && it->second.segment == e.segment && it->second.offset == e.offset) {
         it->second.header.value_checksum = checksum;
@@ -463,7 +467,7 @@ VerifyReport KvStore::Verify() {
                                              SegmentFileName(e.segment), " at ", e.offset, ": ",
                                              s.message()));
     }
-    std::lock_guard<std::mutex> lock(m.mu);
+    absl::MutexLock lock(&m.mu);
     auto it = m.index.find(e.header.key);
     if (it != m.index.end() && it->second.segment == e.segment && it->second.offset == e.offset) {
       m.RemoveEntry(it);

@@ -23,7 +23,7 @@ using kv_store_internal::ReadRecordInto;
 using kv_store_internal::Segment;
 
 void KvStore::Impl::SweepExpired() {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   const int64_t now = NowUs();
   for (auto it = index.begin(); it != index.end();) {
     auto next = std::next(it);
@@ -40,7 +40,7 @@ absl::Status KvStore::Impl::CompactSegment(uint32_t id, bool capacity) {
   std::vector<Entry> live;
   bool older_exists = false;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     auto sit = segments.find(id);
     if (sit == segments.end()) return absl::OkStatus();
     victim = sit->second;
@@ -109,7 +109,7 @@ absl::Status KvStore::Impl::CompactSegment(uint32_t id, bool capacity) {
   if (open != nullptr) RETURN_IF_ERROR(open->file->Sync());
   // Apply moves the kept entries; the dropped ones leave the index with the file.
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     for (const Entry& e : drop) {
       auto it = index.find(e.header.key);
       if (it != index.end() && it->second.segment == id) {
@@ -129,7 +129,7 @@ absl::Status KvStore::Impl::CompactSegment(uint32_t id, bool capacity) {
   }
   if (!pending.empty()) Apply(pending);
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     segments.erase(id);
   }
   RETURN_IF_ERROR(fs->Remove(victim->path));
@@ -147,7 +147,7 @@ absl::Status KvStore::Impl::Maintain(bool full) {
     uint32_t victim = 0;
     bool found = false;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       bool older = false;
       for (const auto& [id, seg] : segments) {
         if (seg->sealed && seg != open) {
@@ -171,13 +171,13 @@ absl::Status KvStore::Impl::Maintain(bool full) {
   // Capacity: the oldest segment first, down to 90% of capacity.
   bool over = false;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     over = TotalFileBytes() > options.capacity_bytes;
   }
   while (over) {
     uint32_t victim = 0;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       if (TotalFileBytes() <= options.capacity_bytes * 9 / 10) break;
       auto it = segments.begin();
       if (it == segments.end() || it->second == open) break;

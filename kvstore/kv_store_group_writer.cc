@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
 #include "kvstore/kv_store_impl.h"
@@ -34,7 +35,7 @@ absl::Status KvStore::Impl::StartSegment() {
   ASSIGN_OR_RETURN(std::unique_ptr<File> file,
                    fs->Open(seg->path, OpenMode::kCreate, options.direct_io));
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     stats.direct_io = file->direct();
   }
   const std::string header = EncodeSegmentHeader({seg->id, seg->created_us});
@@ -46,7 +47,7 @@ absl::Status KvStore::Impl::StartSegment() {
   seg->file = std::move(file);
   seg->file_bytes = kSegmentHeaderBytes;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     segments[seg->id] = seg;
   }
   open = std::move(seg);
@@ -57,7 +58,7 @@ absl::Status KvStore::Impl::StartSegment() {
 absl::Status KvStore::Impl::Seal() {
   std::vector<FooterEntry> entries = open->records;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     for (FooterEntry& e : entries) {
       auto it = index.find(e.header.key);
       if (it != index.end() && it->second.segment == open->id) {
@@ -71,7 +72,7 @@ absl::Status KvStore::Impl::Seal() {
   RETURN_IF_ERROR(open->file->Write(tail, buf.data(), footer.size()));
   RETURN_IF_ERROR(open->file->Sync());
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     open->file_bytes = tail + footer.size();
     open->sealed = true;
     open->records.clear();
@@ -134,7 +135,7 @@ absl::Status KvStore::Impl::AppendTombstone(const RecordHeader& h, std::vector<P
 
 // Makes durable records visible (under mu).
 void KvStore::Impl::Apply(const std::vector<Pending>& pending) {
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   const int64_t now = NowUs();
   open->file_bytes = tail;
   for (const Pending& p : pending) {
@@ -212,7 +213,7 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
           // for a longer floor. Other bytes are never written over it (see Put). An object whose
           // checksum is unknown (its header could not be read: LearnChecksums logged why) is left
           // as it is.
-          std::lock_guard<std::mutex> lock(mu);
+          absl::MutexLock lock(&mu);
           auto it = index.find(h.key);
           if (it != index.end() && !Expired(it->second, NowUs())) {
             const Entry& live = it->second;
@@ -242,7 +243,7 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
         // tombstone then follows it).
         if (!in_group.contains(key)) {
           if (deleted_in_group.contains(key)) continue;
-          std::lock_guard<std::mutex> lock(mu);
+          absl::MutexLock lock(&mu);
           if (!index.contains(key)) continue;
         }
         in_group.erase(key);
@@ -262,7 +263,7 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
   if (status.ok() && open != nullptr) status = open->file->Sync();
   if (status.ok()) {
     if (!pending.empty()) Apply(pending);
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     stats.puts += puts;
     stats.put_bytes += put_bytes;
     stats.already_present += already_present;
@@ -274,7 +275,7 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
     // segment is given up (sealed as it is, without footer) and writing resumes in a new one.
     LOG(ERROR) << "kv store " << dir << ": write failed: " << status;
     if (open != nullptr) {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       open->sealed = true;
       open->records.clear();
       open.reset();
@@ -287,13 +288,13 @@ void KvStore::Impl::RunGroup(std::vector<Op*>& ops) {
 
 absl::Status KvStore::Impl::Submit(Op* op) {
   {
-    std::lock_guard<std::mutex> lock(qmu);
+    absl::MutexLock lock(&qmu);
     if (stopping) return absl::UnavailableError("the store is closing");
     queue.push_back(op);
   }
-  qcv.notify_one();
-  std::unique_lock<std::mutex> lock(qmu);
-  done_cv.wait(lock, [&] { return op->done; });
+  qcv.Signal();
+  absl::MutexLock lock(&qmu);
+  while (!op->done) done_cv.Wait(&qmu);
   return op->status;
 }
 
@@ -302,8 +303,10 @@ void KvStore::Impl::WriterLoop() {
     std::vector<Op*> group;
     bool exit = false;
     {
-      std::unique_lock<std::mutex> lock(qmu);
-      qcv.wait_for(lock, std::chrono::seconds(10), [&] { return stopping || !queue.empty(); });
+      absl::MutexLock lock(&qmu);
+      const absl::Time give_up = absl::Now() + absl::Seconds(10);
+      while (!stopping && queue.empty() && !qcv.WaitWithDeadline(&qmu, give_up)) {
+      }
       // Everything queued, up to max_group_bytes (at least one op); a compaction runs alone.
       uint64_t bytes = 0;
       while (!queue.empty()) {
@@ -326,10 +329,10 @@ void KvStore::Impl::WriterLoop() {
       RunGroup(group);
     }
     {
-      std::lock_guard<std::mutex> lock(qmu);
+      absl::MutexLock lock(&qmu);
       for (Op* op : group) op->done = true;
     }
-    done_cv.notify_all();
+    done_cv.SignalAll();
     // Capacity and dead space, between groups.
     absl::Status s = Maintain(/*full=*/false);
     if (!s.ok()) LOG(ERROR) << "kv store " << dir << ": compaction failed: " << s;

@@ -38,20 +38,20 @@
 
 #include <algorithm>
 #include <array>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/common/clock.h"
@@ -127,7 +127,7 @@ struct KvStore::Impl {
     int64_t deleted = 0;             // kDelete: keys that were present
     uint64_t bytes = 0;
     absl::Status status;
-    bool done = false;
+    bool done = false;  // under the store's qmu
   };
   // Records on their way to the open segment: a gather list over buffers that stay alive
   // (owned here, or the ops') until written.
@@ -144,16 +144,18 @@ struct KvStore::Impl {
   std::unique_ptr<File> lock;
 
   // Index and segments.
-  mutable std::mutex mu;
-  absl::flat_hash_map<Hash128, kv_store_internal::Entry> index;
-  std::map<uint32_t, std::shared_ptr<kv_store_internal::Segment>> segments;  // by id: oldest first
-  StoreStats stats;
-  std::array<ClassStats, kNumTrafficClasses> live;  // objects and value bytes in the index
-  std::array<int64_t, kFloorBuckets> live_by_floor = {};
+  mutable absl::Mutex mu;
+  absl::flat_hash_map<Hash128, kv_store_internal::Entry> index ABSL_GUARDED_BY(mu);
+  // By id: oldest first.
+  std::map<uint32_t, std::shared_ptr<kv_store_internal::Segment>> segments ABSL_GUARDED_BY(mu);
+  StoreStats stats ABSL_GUARDED_BY(mu);
+  // Objects and value bytes in the index.
+  std::array<ClassStats, kNumTrafficClasses> live ABSL_GUARDED_BY(mu);
+  std::array<int64_t, kFloorBuckets> live_by_floor ABSL_GUARDED_BY(mu) = {};
   // What opening found (NoteOpenProblem), at most kMaxProblems lines, the last of them a count
   // of those left out.
-  std::vector<std::string> open_problems;
-  int64_t open_problems_left_out = 0;
+  std::vector<std::string> open_problems ABSL_GUARDED_BY(mu);
+  int64_t open_problems_left_out ABSL_GUARDED_BY(mu) = 0;
 
   // Writer thread state (only the writer touches these after Open).
   // null after a write error until the next group
@@ -164,10 +166,10 @@ struct KvStore::Impl {
   int64_t last_sweep_us = 0;
 
   // The writer's queue.
-  std::mutex qmu;
-  std::condition_variable qcv, done_cv;
-  std::deque<Op*> queue;
-  bool stopping = false;
+  absl::Mutex qmu;
+  absl::CondVar qcv, done_cv;
+  std::deque<Op*> queue ABSL_GUARDED_BY(qmu);
+  bool stopping ABSL_GUARDED_BY(qmu) = false;
   std::thread writer;
 
   int64_t NowUs() const { return absl::ToUnixMicros(clock->Now()); }
@@ -180,33 +182,36 @@ struct KvStore::Impl {
     return now - e.last_use_us() > RetentionUs(e.header.meta);
   }
 
-  // Recovery (kv_store_recovery.cc).
-  absl::Status Recover();
+  // Recovery (kv_store_recovery.cc): the index and the segments from the files, and the segment
+  // that was open (`open`), if it is to be appended to; null: a new one is to be started.
+  absl::Status Recover() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Reads segment `id` (`last`: the one that was open) into `records`; `from_footer` says whether
   // they came from its footer (whose entries lack the value checksums).
   absl::Status RecoverSegment(uint32_t id, bool last, std::vector<FooterEntry>* records,
-                              bool* from_footer);
+                              bool* from_footer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // The one way opening reports what it found: a WARNING, and a line of Verify()'s report.
-  void NoteOpenProblem(const std::string& line);
+  void NoteOpenProblem(const std::string& line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Records a scan of `path` skipped: counted by reason, and noted.
   void NoteRecoveryDrop(RecoveryDrop reason, int64_t records, const std::string& path,
-                        uint64_t offset, absl::string_view detail);
+                        uint64_t offset, absl::string_view detail)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // A stretch of `path` without valid records, found by its scan (`tail`: it runs to the end of
   // the file; `last`: the segment that was open, whose tail is cut).
   void NoteBadStretch(const std::string& path, const kv_store_internal::BadStretch& bad, bool tail,
-                      bool last, uint64_t size);
+                      bool last, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // The index (kv_store.cc).
   // Puts the value checksums the index lacks (objects recovered from a footer) for the keys of
   // `items` into the index, from their records' headers; drops a record found damaged.
-  void LearnChecksums(absl::Span<const PutItem> items);
-  void RemoveEntry(absl::flat_hash_map<Hash128, kv_store_internal::Entry>::iterator it);
-  void AddEntry(const kv_store_internal::Entry& e);  // to the index (under mu)
-  int64_t TotalFileBytes() const;
+  void LearnChecksums(absl::Span<const PutItem> items) ABSL_LOCKS_EXCLUDED(mu);
+  void RemoveEntry(absl::flat_hash_map<Hash128, kv_store_internal::Entry>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void AddEntry(const kv_store_internal::Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  int64_t TotalFileBytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // The writer thread (kv_store_group_writer.cc).
-  absl::Status StartSegment();
-  absl::Status Seal();
+  absl::Status StartSegment() ABSL_LOCKS_EXCLUDED(mu);
+  absl::Status Seal() ABSL_LOCKS_EXCLUDED(mu);
   absl::Status Submit(Op* op);
   void WriterLoop();
   void RunGroup(std::vector<Op*>& ops);
@@ -224,12 +229,12 @@ struct KvStore::Impl {
   absl::Status AppendTombstone(const RecordHeader& h, std::vector<Pending>* pending,
                                Staged* staged);
   absl::Status Flush(Staged* staged);
-  void Apply(const std::vector<Pending>& pending);
+  void Apply(const std::vector<Pending>& pending) ABSL_LOCKS_EXCLUDED(mu);
 
   // Compaction (writer thread; kv_store_compaction.cc).
-  absl::Status CompactSegment(uint32_t id, bool capacity);
-  absl::Status Maintain(bool full);
-  void SweepExpired();
+  absl::Status CompactSegment(uint32_t id, bool capacity) ABSL_LOCKS_EXCLUDED(mu);
+  absl::Status Maintain(bool full) ABSL_LOCKS_EXCLUDED(mu);
+  void SweepExpired() ABSL_LOCKS_EXCLUDED(mu);
 };
 
 }  // namespace kv

@@ -332,13 +332,12 @@ absl::Status KvStore::Impl::Recover() {
     entry.last_read_us = e.last_read_us;
     AddEntry(entry);
   }
-  // Append to the segment that was open, or start one.
+  // Append to the segment that was open (none open: Open starts one).
   if (!segments.empty() && !segments.rbegin()->second->sealed) {
     open = segments.rbegin()->second;
     tail = open->file_bytes;
-    return absl::OkStatus();
   }
-  return StartSegment();
+  return absl::OkStatus();
 }
 
 }  // namespace kv

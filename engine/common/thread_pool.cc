@@ -29,11 +29,11 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
   generation_.fetch_add(1);
-  wake_.notify_all();
+  wake_.SignalAll();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -67,10 +67,10 @@ void ThreadPool::WorkerLoop() {
     const std::function<void(size_t)>* job;
     size_t n;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (generation_.load() == seen && !stopping_) {
         ++sleepers_;
-        wake_.wait(lock, [&] { return stopping_ || generation_.load() != seen; });
+        while (!stopping_ && generation_.load() == seen) wake_.Wait(&mu_);
         --sleepers_;
       }
       if (stopping_) return;
@@ -94,7 +94,7 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   absl::MutexLock call_lock(&call_mu_);
   bool wake = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     job_ = &fn;
     size_ = n;
     next_index_.store(0);
@@ -102,14 +102,14 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
     generation_.fetch_add(1, std::memory_order_release);
     wake = sleepers_ > 0;
   }
-  if (wake) wake_.notify_all();
+  if (wake) wake_.SignalAll();
   const ThreadPool* const outer = tls_current_pool;
   tls_current_pool = this;
   RunIndices(fn, n);
   tls_current_pool = outer;
   while (done_.load(std::memory_order_acquire) < n) CpuRelax();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     job_ = nullptr;  // no worker registers for this call any more
   }
   // Workers that registered may still be between their last claim and leaving.

@@ -19,14 +19,13 @@
 #define FERRY_ENGINE_COMMON_THREAD_POOL_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
 namespace ferry {
@@ -58,12 +57,12 @@ class ThreadPool {
 
   // The current call. job_ and size_ are written under mu_ while no worker holds the previous job
   // (active_ == 0); workers register under mu_ before they read them.
-  std::mutex mu_;
-  std::condition_variable wake_;
-  const std::function<void(size_t)>* job_ = nullptr;  // guarded by mu_
-  size_t size_ = 0;                                   // guarded by mu_
-  int sleepers_ = 0;                                  // guarded by mu_
-  bool stopping_ = false;                             // guarded by mu_
+  absl::Mutex mu_;
+  absl::CondVar wake_;
+  const std::function<void(size_t)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  size_t size_ ABSL_GUARDED_BY(mu_) = 0;
+  int sleepers_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> generation_{0};
   std::atomic<size_t> next_index_{0};
   std::atomic<size_t> done_{0};

@@ -167,7 +167,7 @@ void BpeModel::EncodeWord(absl::string_view word, std::vector<TokenId>* out) con
   CacheShard* shard = nullptr;
   if (word.size() < kMaxCachedWord) {
     shard = &(*cache_)[absl::HashOf(word) % kCacheShards];
-    std::lock_guard<std::mutex> lock(shard->mu);
+    absl::MutexLock lock(&shard->mu);
     auto it = shard->words.find(word);
     if (it != shard->words.end()) {
       out->insert(out->end(), it->second.begin(), it->second.end());
@@ -177,7 +177,7 @@ void BpeModel::EncodeWord(absl::string_view word, std::vector<TokenId>* out) con
   const size_t start = out->size();
   EncodeWordUncached(word, out);
   if (shard != nullptr) {
-    std::lock_guard<std::mutex> lock(shard->mu);
+    absl::MutexLock lock(&shard->mu);
     if (shard->words.size() < kCacheEntriesPerShard) {
       shard->words.emplace(word, std::vector<TokenId>(out->begin() + start, out->end()));
     }

@@ -182,8 +182,8 @@ struct KvStoreService::Metrics {
   prometheus::Counter* puts_ok = nullptr;
   prometheus::Counter* puts_failed = nullptr;
   prometheus::Counter* staging_waits = nullptr;
-  std::mutex mu;
-  StoreStats last;
+  absl::Mutex mu;
+  StoreStats last ABSL_GUARDED_BY(mu);
 };
 
 absl::StatusOr<std::unique_ptr<KvStoreService>> KvStoreService::Create(
@@ -339,7 +339,7 @@ void KvStoreService::RefreshMetrics() {
   if (metrics_ == nullptr) return;
   Metrics& m = *metrics_;
   const StoreStats s = store_->Counters();
-  std::lock_guard<std::mutex> lock(m.mu);
+  absl::MutexLock lock(&m.mu);
   for (int c = 0; c < kNumTrafficClasses; ++c) {
     m.objects[c]->Set(static_cast<double>(s.classes[c].objects));
     m.bytes[c]->Set(static_cast<double>(s.classes[c].bytes));

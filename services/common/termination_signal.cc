@@ -56,7 +56,7 @@ void TerminationSignal::Run() {
     if (signal_number == SIGHUP) {
       std::function<void()> callback;
       {
-        std::lock_guard<std::mutex> lock(hangup_mu_);
+        absl::MutexLock lock(&hangup_mu_);
         callback = on_hangup_;
       }
       if (callback) {
@@ -97,7 +97,7 @@ int TerminationSignal::WaitFor(absl::Duration timeout) {
 void TerminationSignal::Trigger() { NotifyOnce(0); }
 
 void TerminationSignal::OnHangup(std::function<void()> callback) {
-  std::lock_guard<std::mutex> lock(hangup_mu_);
+  absl::MutexLock lock(&hangup_mu_);
   on_hangup_ = std::move(callback);
 }
 

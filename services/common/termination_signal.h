@@ -20,10 +20,11 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
@@ -59,8 +60,8 @@ class TerminationSignal {
   absl::Notification notification_;
   std::atomic<int> signal_{0};
   std::atomic<bool> stopping_{false};
-  std::mutex hangup_mu_;
-  std::function<void()> on_hangup_;
+  absl::Mutex hangup_mu_;
+  std::function<void()> on_hangup_ ABSL_GUARDED_BY(hangup_mu_);
   std::thread thread_;
   pthread_t thread_handle_{};
 };

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/common/mutex_mode.h"
 #include "engine/common/thread_pool.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -23,6 +24,7 @@
 using ferry::bench::BestSeconds;
 
 int main(int argc, char** argv) {
+  ferry::UseProgramMutexMode();
   if (argc != 3) {
     std::fprintf(stderr, "usage: tokenizer_bench GGUF CORPUS.json\n");
     return 2;
