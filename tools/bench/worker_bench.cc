@@ -14,15 +14,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "engine/common/mutex_mode.h"
 #include "engine/engine.h"
@@ -66,33 +66,26 @@ std::vector<TokenId> PromptFor(int caller, int request, int length, int64_t voca
 
 Result RunEngine(Engine& engine, const Workload& w, int64_t vocab) {
   Result r;
-  std::mutex mu;
+  absl::Mutex mu;
   const auto start = Clock::now();
   std::vector<std::thread> threads;
   for (int c = 0; c < w.callers; ++c) {
     threads.emplace_back([&, c] {
       for (int i = 0; i < w.requests; ++i) {
-        std::mutex done_mu;
-        std::condition_variable done_cv;
-        bool done = false;
-        int64_t tokens = 0;
+        absl::Notification finished;
+        int64_t tokens = 0;  // the engine thread's until finished
         EngineRequest q;
         q.id = absl::StrCat("e", c, "-", i);
         q.prompt = PromptFor(c, i, w.prompt, vocab);
         q.max_tokens = w.tokens;
         q.sampling.temperature = 0;
         q.on_event = [&](const TokenEvent& e) {
-          std::lock_guard<std::mutex> lock(done_mu);
           if (e.has_token) ++tokens;
-          if (e.finish != FinishReason::kNone) {
-            done = true;
-            done_cv.notify_all();
-          }
+          if (e.finish != FinishReason::kNone) finished.Notify();
         };
         if (!engine.Submit(std::move(q)).ok()) std::abort();
-        std::unique_lock<std::mutex> lock(done_mu);
-        done_cv.wait(lock, [&] { return done; });
-        std::lock_guard<std::mutex> stats(mu);
+        finished.WaitForNotification();
+        absl::MutexLock stats(&mu);
         ++r.requests;
         r.tokens += tokens;
       }
@@ -105,7 +98,7 @@ Result RunEngine(Engine& engine, const Workload& w, int64_t vocab) {
 
 Result RunService(const std::string& address, const Workload& w, int64_t vocab) {
   Result r;
-  std::mutex mu;
+  absl::Mutex mu;
   const auto start = Clock::now();
   std::vector<std::thread> threads;
   for (int c = 0; c < w.callers; ++c) {
@@ -133,7 +126,7 @@ Result RunService(const std::string& address, const Workload& w, int64_t vocab) 
           std::fprintf(stderr, "worker_bench: %s\n", got.status.error_message().c_str());
           std::exit(1);
         }
-        std::lock_guard<std::mutex> stats(mu);
+        absl::MutexLock stats(&mu);
         ++r.requests;
         r.tokens += static_cast<int64_t>(got.choices[0].tokens.size());
         r.ttft.push_back(ttft);
