@@ -115,7 +115,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (o.engine == "sim" && o.sim_calibration.empty()) {
     return bad(
         "--engine=sim needs --sim_calibration FILE: the timing model's coefficients (a JSON "
-        "file; README \"The simulated engine\")");
+        "file; docs/serving/workers.md, \"The simulated engine\")");
   }
   if (o.engine != "sim" && !o.sim_calibration.empty()) {
     return bad("--sim_calibration is for --engine=sim");

@@ -8,6 +8,8 @@
   - Every `./ferry COMMAND` the manual shows (in code, inline or in blocks) is a command of the
     ./ferry script; `./ferry bench NAME` a benchmark of tools/bench/benchmarks; `./ferry models
     SUB` one of its subcommands; and each `--flag` of `./ferry up` one that `up` takes.
+  - Every Prometheus series a service defines (a "ferry_..." string in the C++ sources, less
+    tests, fuzzers, benchmarks and testing helpers) is listed in docs/operations/metrics.md.
 
 Usage: docs_check.py   (from anywhere; exit 1 with one line per problem)
 """
@@ -141,6 +143,32 @@ def check_commands(root, path, text, facts, problems):
                         problems.append("%s: ./ferry up takes no %s" % (where, flag))
 
 
+METRIC = re.compile(r'"(ferry_[a-z0-9_]+)"')
+METRICS_PAGE = "docs/operations/metrics.md"
+
+
+def check_metrics(root, problems):
+    page = os.path.join(root, METRICS_PAGE)
+    if not os.path.isfile(page):
+        problems.append("%s: missing" % METRICS_PAGE)
+        return
+    with open(page, encoding="utf-8") as f:
+        listed = set(re.findall(r"`(ferry_[a-z0-9_]+)`", f.read()))
+    for d, dirs, names in os.walk(root):
+        dirs[:] = sorted(x for x in dirs
+                         if not x.startswith((".", "bazel-")) and x not in ("third_party", "testing"))
+        if os.path.relpath(d, root).startswith(os.path.join("tools", "bench")):
+            continue
+        for n in sorted(names):
+            if not n.endswith((".cc", ".h")) or n.endswith(("_test.cc", "_fuzz.cc")):
+                continue
+            path = os.path.join(d, n)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for metric in sorted(set(METRIC.findall(f.read())) - listed):
+                    problems.append("%s: %s is not in %s"
+                                    % (os.path.relpath(path, root), metric, METRICS_PAGE))
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     facts = ferry_facts(root)
@@ -151,6 +179,7 @@ def main():
             text = f.read()
         check_links(root, path, text, problems)
         check_commands(root, path, text, facts, problems)
+    check_metrics(root, problems)
     for p in problems:
         print("docs: " + p)
     print("docs: %d files; %d problems" % (len(files), len(problems)))
