@@ -6,7 +6,7 @@ C++ code), on top of the `xxhash` package from PyPI.
   block_hash_reference.py golden            prints the golden vectors used by the C++ unit tests
   block_hash_reference.py cases N SEED      writes N random cases with expected hashes (JSON)
 
-Runs in the reference virtualenv (`./ferry setup` makes it; `./ferry python-ref` runs it).
+Runs in the reference virtualenv (`./ferry setup` makes it; the hash reference test runs it).
 """
 import json
 import random

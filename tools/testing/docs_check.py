@@ -8,8 +8,14 @@
   - Every `./ferry COMMAND` the manual shows (in code, inline or in blocks) is a command of the
     ./ferry script; `./ferry bench NAME` a benchmark of tools/bench/benchmarks; `./ferry models
     SUB` one of its subcommands; and each `--flag` of `./ferry up` one that `up` takes.
-  - Every Prometheus series a service defines (a "ferry_..." string in the C++ sources, less
-    tests, fuzzers, benchmarks and testing helpers) is listed in docs/operations/metrics.md.
+  - Every Prometheus series a service defines (a "ferry_..." string literal in the C++ sources,
+    comments aside, less tests, fuzzers, benchmarks and testing helpers) is listed in
+    docs/operations/metrics.md; and every metric name the manual shows is one of them (or a
+    histogram's _bucket, _sum or _count of one, or a prefix ending in "_" of one): on that page
+    every ferry_ name in code, elsewhere every name of a service's family (ferry_router_...,
+    ferry_worker_..., ferry_kvstore_..., ferry_kv_transfer..., ferry_build_..., ferry_process_...).
+    A literal that is only a piece of a name ("ferry_worker_" + ...) fails too: a name built from
+    parts is one this check cannot see, so the source writes every name whole.
 
 Usage: docs_check.py   (from anywhere; exit 1 with one line per problem)
 """
@@ -143,17 +149,47 @@ def check_commands(root, path, text, facts, problems):
                         problems.append("%s: ./ferry up takes no %s" % (where, flag))
 
 
-METRIC = re.compile(r'"(ferry_[a-z0-9_]+)"')
+METRIC = re.compile(r'"(ferry_[a-z0-9_]*[a-z0-9])"')
+METRIC_PIECE = re.compile(r'"(ferry_[a-z0-9_]*)"')
 METRICS_PAGE = "docs/operations/metrics.md"
+HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
+# A metric name in the manual's text, outside the metrics page: one of the services' families.
+METRIC_IN_MANUAL = re.compile(
+    r"\bferry_(?:router|worker|kvstore|kv_transfers?|build|process)_[a-z0-9_]*")
 
 
-def check_metrics(root, problems):
-    page = os.path.join(root, METRICS_PAGE)
-    if not os.path.isfile(page):
-        problems.append("%s: missing" % METRICS_PAGE)
-        return
-    with open(page, encoding="utf-8") as f:
-        listed = set(re.findall(r"`(ferry_[a-z0-9_]+)`", f.read()))
+def strip_cc_comments(text):
+    """C++ source with its // and /* */ comments blanked, string and character literals kept."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        raw = re.match(r'R"([^()\\ ]{0,16})\(', text[i - 1:i + 19]) if c == '"' and i else None
+        if raw:  # R"delim( ... )delim"
+            j = text.find(")%s\"" % raw.group(1), i)
+            j = n if j < 0 else j + len(raw.group(1)) + 2
+            out.append(text[i:j])
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            out.append("\n" * text.count("\n", i, n if j < 0 else j))
+            i = n if j < 0 else j + 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def metric_sources(root):
+    """(path, text without comments) of every C++ file whose metrics the page must list."""
     for d, dirs, names in os.walk(root):
         dirs[:] = sorted(x for x in dirs
                          if not x.startswith((".", "bazel-")) and x not in ("third_party", "testing"))
@@ -164,9 +200,41 @@ def check_metrics(root, problems):
                 continue
             path = os.path.join(d, n)
             with open(path, encoding="utf-8", errors="replace") as f:
-                for metric in sorted(set(METRIC.findall(f.read())) - listed):
-                    problems.append("%s: %s is not in %s"
-                                    % (os.path.relpath(path, root), metric, METRICS_PAGE))
+                yield path, strip_cc_comments(f.read())
+
+
+def check_metrics(root, files, problems):
+    page = os.path.join(root, METRICS_PAGE)
+    if not os.path.isfile(page):
+        problems.append("%s: missing" % METRICS_PAGE)
+        return
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    listed = set(re.findall(r"`(ferry_[a-z0-9_]+)`", text))
+    defined = set()
+    for path, source in metric_sources(root):
+        rel = os.path.relpath(path, root)
+        names = set(METRIC.findall(source))
+        defined |= names
+        for metric in sorted(names - listed):
+            problems.append("%s: %s is not in %s" % (rel, metric, METRICS_PAGE))
+        for piece in sorted(m for m in set(METRIC_PIECE.findall(source)) if m.endswith("_")):
+            problems.append("%s: \"%s\" is a piece of a metric name: write each name whole, so "
+                            "that %s can be checked against it" % (rel, piece, METRICS_PAGE))
+    # What the manual shows: a defined series, one of a histogram's, or a prefix of one.
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            shown = set(METRIC_IN_MANUAL.findall(f.read()))
+        if os.path.samefile(path, page):
+            for span in CODE_SPAN.findall(strip_code_blocks(text)):
+                shown |= set(re.findall(r"\bferry_[a-z0-9_]+", span))
+        for name in sorted(shown - defined):
+            if name.endswith(HISTOGRAM_SERIES) and name.rsplit("_", 1)[0] in defined:
+                continue
+            if name.endswith("_") and any(d.startswith(name) for d in defined):
+                continue
+            problems.append("%s: %s is defined by no source (a series renamed or gone?)"
+                            % (os.path.relpath(path, root), name))
 
 
 def main():
@@ -179,7 +247,7 @@ def main():
             text = f.read()
         check_links(root, path, text, problems)
         check_commands(root, path, text, facts, problems)
-    check_metrics(root, problems)
+    check_metrics(root, files, problems)
     for p in problems:
         print("docs: " + p)
     print("docs: %d files; %d problems" % (len(files), len(problems)))
