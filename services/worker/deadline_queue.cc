@@ -1,5 +1,6 @@
 #include "services/worker/deadline_queue.h"
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace ferry {
@@ -9,50 +10,51 @@ DeadlineQueue::DeadlineQueue(std::function<void(const std::string& id)> expire)
 
 DeadlineQueue::~DeadlineQueue() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   thread_.join();
 }
 
 void DeadlineQueue::Add(const std::string& id, absl::Time deadline) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     entries_.emplace(deadline, id);
   }
-  wake_.notify_all();
+  wake_.SignalAll();
 }
 
 void DeadlineQueue::Remove(const std::string& id, absl::Time deadline) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   entries_.erase({deadline, id});
 }
 
 size_t DeadlineQueue::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return entries_.size();
 }
 
 void DeadlineQueue::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (!stopping_) {
     if (entries_.empty()) {
-      wake_.wait(lock);
+      wake_.Wait(&mu_);
       continue;
     }
     const absl::Time next = entries_.begin()->first;
     const absl::Time now = absl::Now();
     if (next > now) {
-      wake_.wait_for(lock, absl::ToChronoNanoseconds(next - now));
+      wake_.WaitWithDeadline(&mu_, next);
       continue;
     }
     const std::string id = entries_.begin()->second;
     entries_.erase(entries_.begin());
-    lock.unlock();
+    mu_.Unlock();
     expire_(id);
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 }  // namespace ferry

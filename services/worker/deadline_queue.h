@@ -7,14 +7,14 @@
 #ifndef FERRY_SERVICES_WORKER_DEADLINE_QUEUE_H_
 #define FERRY_SERVICES_WORKER_DEADLINE_QUEUE_H_
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace ferry {
@@ -34,10 +34,10 @@ class DeadlineQueue {
   void Run();
 
   const std::function<void(const std::string&)> expire_;
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  std::set<std::pair<absl::Time, std::string>> entries_;
-  bool stopping_ = false;
+  mutable absl::Mutex mu_;
+  absl::CondVar wake_;
+  std::set<std::pair<absl::Time, std::string>> entries_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/block_hash.h"
 #include "engine/common/log.h"
@@ -41,7 +42,7 @@ GenerateCall::~GenerateCall() { service_->CallGone(); }
 
 void GenerateCall::Reject(const grpc::Status& status, bool invalid) {
   service_->metrics().Outcome(invalid ? RequestOutcome::kInvalid : RequestOutcome::kRejected);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   finished_ = true;
   Finish(status);
 }
@@ -106,10 +107,14 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
   logprobs_ = r.sampling.top_logprobs >= 0;
   seed_ = r.sampling.seed;
   prompt_tokens_ = static_cast<int64_t>(r.prompt.size());
-  pending_.resize(r.n);
-  has_pending_.assign(r.n, false);
-  next_index_ = first_index;
-  choices_left_ = r.n;
+  {
+    // (Nobody else sees the call yet; the lock is for the annotations.)
+    absl::MutexLock lock(&mu_);
+    pending_.resize(r.n);
+    has_pending_.assign(r.n, false);
+    next_index_ = first_index;
+    choices_left_ = r.n;
+  }
   if (!service_->Register(id_, this)) {
     return Reject(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
                                absl::StrCat("request ", id_, " is already running here")),
@@ -150,7 +155,7 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
                            service_->limits().block_tokens);
     const int64_t positions = static_cast<int64_t>(computed.size());
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       phase_ = Phase::kReserving;
       reservation_deadline_ = std::min(deadline_, absl::Now() + service_->reservation_timeout());
       decode_request_ = std::move(r);
@@ -164,7 +169,7 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
   refs_.fetch_add(1);
   if (StoreReader* reader = service_->store_reader(); reader != nullptr) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       phase_ = Phase::kLoading;
     }
     reader->Read(
@@ -188,7 +193,7 @@ void GenerateCall::SubmitRead(EngineRequest r) {
   std::vector<BlockId> imports = r.imported_blocks;
   absl::Status submitted;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (cause_ != AbortCause::kNone) {
       submitted = absl::CancelledError("the request ended while its prefix was read");
     } else {
@@ -213,8 +218,11 @@ void GenerateCall::SubmitRead(EngineRequest r) {
 void GenerateCall::AbortFor(AbortCause cause) {
   bool park = false;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (engine_done_) return;
+    mu_.Lock();
+    if (engine_done_) {
+      mu_.Unlock();
+      return;
+    }
     // The drain's first word to a running request is a park: it ends only if the engine parks it
     // (kHandoff), and may still finish on its own (several choices); a second one ends it.
     park = cause == AbortCause::kDrained && service_->hands_off() && phase_ == Phase::kSubmitted &&
@@ -225,9 +233,13 @@ void GenerateCall::AbortFor(AbortCause cause) {
       cause_ = cause;
     }
     if (phase_ == Phase::kReserving || phase_ == Phase::kAwaitingKv) {
-      return EndBeforeEngine(lock, cause, absl::OkStatus());
+      return EndBeforeEngine(cause, absl::OkStatus());
     }
-    if (phase_ != Phase::kSubmitted) return;
+    if (phase_ != Phase::kSubmitted) {
+      mu_.Unlock();
+      return;
+    }
+    mu_.Unlock();
   }
   if (park) {
     service_->engine().engine().Park(id_);
@@ -237,7 +249,7 @@ void GenerateCall::AbortFor(AbortCause cause) {
 }
 
 void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   if (phase_ != Phase::kReserving) {
     // Ended meanwhile: the reservation was never sent, so no push can reach its blocks.
     if (reserved.ok()) {
@@ -246,13 +258,13 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
                                   absl::Now(), absl::ZeroDuration(), nullptr);
       kv->Abandon();
     }
-    lock.unlock();
+    mu_.Unlock();
     Unref();
     return;
   }
   if (!reserved.ok()) {
     service_->metrics().Reservation("no_blocks");
-    EndBeforeEngine(lock, AbortCause::kNone,
+    EndBeforeEngine(AbortCause::kNone,
                     absl::ResourceExhaustedError(
                         absl::StrCat("the decode worker cannot reserve KV for the prompt now: ",
                                      reserved.status().message())));
@@ -284,7 +296,7 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
   if (!described.ok()) {
     LOG(ERROR) << LogTraceId(trace_id_) << "request " << id_ << ": " << described.status();
     kv_->NoTransfer();  // never sent: nobody can push into it
-    EndBeforeEngine(lock, AbortCause::kNone, described.status());
+    EndBeforeEngine(AbortCause::kNone, described.status());
     Unref();
     return;
   }
@@ -295,7 +307,7 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
   kv_deadline_ = reservation_deadline_ + absl::Seconds(1);
   service_->deadlines().Add(id_ + WorkerService::kKvDeadlineSuffix, kv_deadline_);
   const bool handoff = !handoff_source_.empty();
-  lock.unlock();
+  mu_.Unlock();
   Pump();
   if (handoff) CallPushKv();
   Unref();
@@ -310,7 +322,7 @@ void GenerateCall::CallPushKv() {
   auto rpc = std::make_shared<Rpc>();
   absl::Duration timeout;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     rpc->request.set_request_id(handoff_source_id_);
     *rpc->request.mutable_destination() = reservation_;
     rpc->request.set_generated_tokens(static_cast<uint32_t>(handoff_generated_));
@@ -322,9 +334,9 @@ void GenerateCall::CallPushKv() {
   refs_.fetch_add(1);  // the PushKv call's
   stub->async()->PushKv(
       rpc->context.get(), &rpc->request, &rpc->response, [this, rpc, stub](grpc::Status status) {
-        std::unique_lock<std::mutex> lock(mu_);
+        mu_.Lock();
         if (phase_ != Phase::kAwaitingKv) {
-          lock.unlock();
+          mu_.Unlock();
           Unref();
           return;
         }
@@ -337,10 +349,9 @@ void GenerateCall::CallPushKv() {
           } else {
             kv_->NoTransfer();  // nothing was posted into the reservation
           }
-          EndBeforeEngine(
-              lock, AbortCause::kNone,
-              absl::UnavailableError(absl::StrCat("the KV hand-off from ", handoff_source_,
-                                                  " failed: ", status.error_message())));
+          EndBeforeEngine(AbortCause::kNone, absl::UnavailableError(absl::StrCat(
+                                                 "the KV hand-off from ", handoff_source_,
+                                                 " failed: ", status.error_message())));
           Unref();
           return;
         }
@@ -352,19 +363,22 @@ void GenerateCall::CallPushKv() {
         ready_.set_transfer_id(transfer_id_);
         ready_.set_window_floor(rpc->response.window_floor());
         ready_.set_approximate_kv(rpc->response.approximate_kv());
-        ContinueOnceKvIsIn(lock);
+        ContinueOnceKvIsIn();
         Unref();
       });
 }
 
 void GenerateCall::OnKvLanded(const absl::Status& status) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (phase_ != Phase::kAwaitingKv) return;
+  mu_.Lock();
+  if (phase_ != Phase::kAwaitingKv) {
+    mu_.Unlock();
+    return;
+  }
   if (!status.ok()) {
     service_->metrics().Reservation(
         status.code() == absl::StatusCode::kDeadlineExceeded ? "timed_out" : "failed");
     return EndBeforeEngine(
-        lock, AbortCause::kNone,
+        AbortCause::kNone,
         absl::UnavailableError(absl::StrCat("the prefill worker's KV did not arrive",
                                             status.code() == absl::StatusCode::kDeadlineExceeded
                                                 ? " by the reservation's deadline"
@@ -372,17 +386,17 @@ void GenerateCall::OnKvLanded(const absl::Status& status) {
                                             ": ", status.message())));
   }
   kv_landed_ = true;
-  ContinueOnceKvIsIn(lock);
+  ContinueOnceKvIsIn();
 }
 
-void GenerateCall::ContinueOnceKvIsIn(std::unique_lock<std::mutex>& lock) {
+void GenerateCall::ContinueOnceKvIsIn() {
   if (!kv_landed_ || !kv_ready_) {
-    lock.unlock();
+    mu_.Unlock();
     Pump();  // the reservation, if still unwritten
     return;
   }
   const bool ended = PrepareDecodeLocked();
-  lock.unlock();
+  mu_.Unlock();
   if (ended) {
     Done();
   } else {
@@ -391,14 +405,16 @@ void GenerateCall::ContinueOnceKvIsIn(std::unique_lock<std::mutex>& lock) {
 }
 
 grpc::Status GenerateCall::OnKvReady(const v1::KvReadyRequest& ready) {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   // The first tokens come once; after them only the push's failure may (the prefill worker
   // sends the first tokens while it pushes the KV).
   if (phase_ != Phase::kAwaitingKv || (kv_ready_ && !ready.has_error())) {
+    mu_.Unlock();
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("request ", id_, " is not waiting for its KV"));
   }
   if (ready.transfer_id() != transfer_id_) {
+    mu_.Unlock();
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("transfer ", ready.transfer_id(), " is not request ", id_, "'s reservation"));
@@ -410,29 +426,34 @@ grpc::Status GenerateCall::OnKvReady(const v1::KvReadyRequest& ready) {
     service_->metrics().Reservation("failed");
     const v1::ErrorInfo& e = ready.error();
     EndBeforeEngine(
-        lock, AbortCause::kNone,
+        AbortCause::kNone,
         absl::Status(e.status_code() == 0 ? absl::StatusCode::kUnavailable
                                           : static_cast<absl::StatusCode>(e.status_code()),
                      absl::StrCat("prefill failed: ", e.message())));
     return grpc::Status::OK;
   }
   if (static_cast<size_t>(ready.first_tokens_size()) != pending_.size()) {
+    const size_t choices = pending_.size();
+    mu_.Unlock();
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("KvReady has ", ready.first_tokens_size(),
-                                     " first tokens for ", pending_.size(), " choices"));
+                                     " first tokens for ", choices, " choices"));
   }
   kv_ready_ = true;
   ready_ = ready;
   if (ready.no_transfer()) kv_landed_ = true;  // nothing was pushed: every choice ended at P
-  ContinueOnceKvIsIn(lock);
+  ContinueOnceKvIsIn();
   return grpc::Status::OK;
 }
 
 void GenerateCall::OnKvDeadline() {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (phase_ != Phase::kAwaitingKv) return;
+  mu_.Lock();
+  if (phase_ != Phase::kAwaitingKv) {
+    mu_.Unlock();
+    return;
+  }
   service_->metrics().Reservation("timed_out");
-  EndBeforeEngine(lock, AbortCause::kNone,
+  EndBeforeEngine(AbortCause::kNone,
                   absl::UnavailableError(
                       kv_landed_ ? "the prefill worker pushed the KV but did not call KvReady by "
                                    "the reservation's deadline"
@@ -518,7 +539,7 @@ bool GenerateCall::PrepareDecodeLocked() {
 void GenerateCall::StartDecode() {
   Pump();  // the first tokens leave now
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     EngineRequest r = std::move(decode_request_);
     // Submitted under mu_: an abort from here on finds the request in the engine.
     std::vector<BlockId> imported = r.imported_blocks, imported_window = r.imported_window_blocks;
@@ -552,14 +573,13 @@ void GenerateCall::ClearKvDeadline() {
   kv_deadline_ = absl::InfiniteFuture();
 }
 
-void GenerateCall::EndBeforeEngine(std::unique_lock<std::mutex>& lock, AbortCause cause,
-                                   absl::Status error) {
+void GenerateCall::EndBeforeEngine(AbortCause cause, absl::Status error) {
   phase_ = Phase::kEnded;
   ClearKvDeadline();
   if (cause_ == AbortCause::kNone) cause_ = cause;
   if (error_.ok()) error_ = std::move(error);
   if (kv_ != nullptr) kv_->Abandon();
-  lock.unlock();
+  mu_.Unlock();
   Done();
 }
 
@@ -574,7 +594,7 @@ void GenerateCall::OnEngineEvent(const TokenEvent& e) {
     parked.window_floor = e.window_floor;
     parked.approximate_kv = e.approximate_kv;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       parked.generated = next_index_[0];
       parked.positions = prompt_tokens_ + parked.generated - 1;
       SamplerStateToProto(e.sampler_state, seed_, 0, e.held_text, &parked.sampler_state);
@@ -591,13 +611,13 @@ void GenerateCall::OnEngineEvent(const TokenEvent& e) {
     return;
   }
   if (e.finish == FinishReason::kAbort && e.choice == 0) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (park_requested_ && cause_ == AbortCause::kDrained) {
       service_->metrics().Handoff("not_parked");  // still not parkable when the drain ended it
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const size_t c = static_cast<size_t>(e.choice);
     if (e.has_token && !first_token_) {
       first_token_ = true;
@@ -642,7 +662,7 @@ void GenerateCall::Done() {
   {
     RequestOutcome outcome = RequestOutcome::kCompleted;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       outcome = OutcomeOf(cause_, error_.ok());
       if (refused_ && cause_ == AbortCause::kNone) {
         outcome = error_.code() == absl::StatusCode::kInvalidArgument ||
@@ -663,7 +683,7 @@ void GenerateCall::Done() {
     service_->metrics().Outcome(outcome);
     if (deadline_ != absl::InfiniteFuture()) service_->deadlines().Remove(id_, deadline_);
     service_->Unregister(id_);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     engine_done_ = true;
   }
   Pump();
@@ -671,7 +691,7 @@ void GenerateCall::Done() {
 }
 
 void GenerateCall::Pump() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   if (writing_ || finished_) return;
   if (broken_ || cause_ == AbortCause::kCancelled) {
     // Nobody reads any more: finish once the engine let go of the request.
@@ -686,7 +706,7 @@ void GenerateCall::Pump() {
     out_.Clear();
     *out_.mutable_reservation() = reservation_;
     writing_ = true;
-    lock.unlock();
+    lock.Release();
     StartWrite(&out_);
     return;
   }
@@ -699,7 +719,7 @@ void GenerateCall::Pump() {
     out_.mutable_tokens()->Swap(&pending_[c]);
     has_pending_[c] = false;
     writing_ = true;
-    lock.unlock();
+    lock.Release();
     StartWrite(&out_);
     return;
   }
@@ -736,14 +756,14 @@ void GenerateCall::Pump() {
   }
   // The closing message and the status in one write, which the caller reads in one wakeup (no
   // OnWriteDone follows; out_ stays untouched until OnDone, as nothing writes once finished_).
-  lock.unlock();
+  lock.Release();
   StartWriteAndFinish(&out_, grpc::WriteOptions(), ToGrpcStatus(final_status));
 }
 
 void GenerateCall::OnWriteDone(bool ok) {
   bool abort = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
       broken_ = true;
@@ -757,7 +777,7 @@ void GenerateCall::OnWriteDone(bool ok) {
 void GenerateCall::OnCancel() {
   bool abort = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     broken_ = true;
     abort = !engine_done_ && refs_.load() > 1;
   }

@@ -45,11 +45,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "ferry/v1/worker.grpc.pb.h"
@@ -96,21 +97,22 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   void OnReserved(absl::StatusOr<KvReservation> reserved);
   void OnKvLanded(const absl::Status& status);
   // Both KvReady and the pushes are in: the first tokens wait to be written and the decode-only
-  // request is ready (kStarting). Under mu_; true when the call is done instead (every choice
-  // ended with its first token, or the answer cannot be resumed).
-  bool PrepareDecodeLocked();
+  // request is ready (kStarting). True when the call is done instead (every choice ended with its
+  // first token, or the answer cannot be resumed).
+  bool PrepareDecodeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Once the pushes landed and KvReady (or PushKv's answer) came: PrepareDecodeLocked, then
   // StartDecode or Done; before that, Pump. Takes the lock held, returns with it released.
-  void ContinueOnceKvIsIn(std::unique_lock<std::mutex>& lock);
+  void ContinueOnceKvIsIn() ABSL_UNLOCK_FUNCTION(mu_);
   // Target of a hand-off: the source's PushKv, once the reservation is described.
   void CallPushKv();
   // Then, without mu_: writes the first tokens (before the engine's first decode step competes
   // for the cores) and submits the request; Done() when it cannot run.
   void StartDecode();
-  // Takes the KvReady deadline out of the service's queue. Under mu_.
-  void ClearKvDeadline();
-  // Ends a disaggregated call that never reached the engine (under mu_ -> released).
-  void EndBeforeEngine(std::unique_lock<std::mutex>& lock, AbortCause cause, absl::Status error);
+  // Takes the KvReady deadline out of the service's queue.
+  void ClearKvDeadline() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a disaggregated call that never reached the engine. Takes the lock held, returns with it
+  // released.
+  void EndBeforeEngine(AbortCause cause, absl::Status error) ABSL_UNLOCK_FUNCTION(mu_);
   // The request left the worker: metrics, deadline, registration. Then Pump and drop the ref.
   void Done();
   // Writes the next message or finishes, when the stream is free. Takes mu_.
@@ -124,44 +126,58 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   const std::chrono::steady_clock::time_point start_;
   std::atomic<int> refs_{1};  // gRPC's; +1 while the engine holds the request
 
-  std::mutex mu_;
-  Phase phase_ = Phase::kSubmitted;
+  absl::Mutex mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kSubmitted;
   // Disaggregated: the request to submit once the KV is in, the blocks it goes to, what was
   // sent and what came back.
-  EngineRequest decode_request_;
-  std::shared_ptr<IncomingKv> kv_;
-  std::string transfer_id_;
-  absl::Time reservation_deadline_ = absl::InfiniteFuture();
-  absl::Time kv_deadline_ = absl::InfiniteFuture();  // in the deadline queue while waiting
-  bool reservation_ready_ = false;                   // reservation_ waits to be written
-  ferry::v1::KvReservation reservation_;
-  bool kv_landed_ = false, kv_ready_ = false;
-  ferry::v1::KvReadyRequest ready_;
+  EngineRequest decode_request_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<IncomingKv> kv_ ABSL_GUARDED_BY(mu_);
+  std::string transfer_id_ ABSL_GUARDED_BY(mu_);
+  absl::Time reservation_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // In the deadline queue while waiting.
+  absl::Time kv_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool reservation_ready_ ABSL_GUARDED_BY(mu_) = false;  // reservation_ waits to be written
+  ferry::v1::KvReservation reservation_ ABSL_GUARDED_BY(mu_);
+  bool kv_landed_ ABSL_GUARDED_BY(mu_) = false;
+  bool kv_ready_ ABSL_GUARDED_BY(mu_) = false;
+  ferry::v1::KvReadyRequest ready_ ABSL_GUARDED_BY(mu_);
+  // Set by Start (from the constructor) and never written after: read without the lock.
   std::string id_, trace_id_;
   bool logprobs_ = false;
   uint64_t seed_ = 0;
   int64_t prompt_tokens_ = 0;
   absl::Time deadline_ = absl::InfiniteFuture();
-  std::vector<ferry::v1::TokenChunk> pending_;  // per choice, empty when nothing waits
-  std::vector<bool> has_pending_;
-  std::vector<int64_t> next_index_;
-  int32_t choices_left_ = 0;
-  size_t next_choice_ = 0;  // round robin over choices with something pending
-  int64_t completion_tokens_ = 0, cached_tokens_ = 0;
+  // Per choice, empty when nothing waits.
+  std::vector<ferry::v1::TokenChunk> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> has_pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> next_index_ ABSL_GUARDED_BY(mu_);
+  int32_t choices_left_ ABSL_GUARDED_BY(mu_) = 0;
+  // Round robin over choices with something pending.
+  size_t next_choice_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t completion_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   // Of cached_tokens_, read from the KV store; decode: prompt tokens this worker held already.
-  int64_t store_tokens_ = 0, decode_local_tokens_ = 0;
-  bool refused_ = false;  // the engine refused the request (counted invalid or rejected)
-  bool first_token_ = false;
-  bool engine_done_ = false;
-  AbortCause cause_;
-  absl::Status error_;
-  bool writing_ = false, finished_ = false, broken_ = false;
+  int64_t store_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t decode_local_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  // The engine refused the request (counted invalid or rejected).
+  bool refused_ ABSL_GUARDED_BY(mu_) = false;
+  bool first_token_ ABSL_GUARDED_BY(mu_) = false;
+  bool engine_done_ ABSL_GUARDED_BY(mu_) = false;
+  AbortCause cause_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  // The message being written: built under mu_ while no write is in flight, then read by gRPC
+  // without the lock until OnWriteDone (writing_ keeps everyone else off it), so not annotated.
   ferry::v1::GenerateEvent out_;
-  // Drain hand-off: as the target, the source's "host:port" and the output so far; as the
-  // source, whether the engine parked the request (the stream ends naming this worker).
+  // Drain hand-off: as the target, the source's "host:port" and the output so far (set by Start
+  // and never written after: read without the lock); as the source, whether the engine parked
+  // the request (the stream ends naming this worker).
   std::string handoff_source_, handoff_source_id_;
   int64_t handoff_generated_ = 0;
-  bool park_requested_ = false, parked_ = false;
+  bool park_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ferry

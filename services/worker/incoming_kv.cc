@@ -1,5 +1,6 @@
 #include "services/worker/incoming_kv.h"
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
 
@@ -29,16 +30,16 @@ IncomingKv::IncomingKv(transfer::KvTransport* transport, KvBlockPool* pool,
 
 IncomingKv::~IncomingKv() {
   // Every await has fired (each holds a reference): no push can reach the blocks any more.
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   abandoned_ = true;
   for (size_t i = 0; i < known_.size(); ++i) known_[i] = true;
-  MaybeRelease(lock);
+  MaybeRelease();
 }
 
 void IncomingKv::Start(std::vector<std::string> ids, absl::Time deadline,
                        std::function<void(absl::Status)> on_ready) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ids_ = ids;
     known_.assign(ids.size(), false);
     on_ready_ = std::move(on_ready);
@@ -57,7 +58,7 @@ void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
   bool await_again = false;
   std::string id;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     id = ids_[index];
     if (second) {
       // (Known already when the initiator said it never pushed: nothing was late.)
@@ -84,7 +85,7 @@ void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
         ready_status = status;
       }
     }
-    if (!await_again) MaybeRelease(lock);
+    if (!await_again) MaybeRelease();
   }
   if (await_again) {
     auto self = shared_from_this();
@@ -96,31 +97,31 @@ void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
 }
 
 KvReservation IncomingKv::Take() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   CHECK(held_ && !abandoned_) << "IncomingKv::Take after Take or Abandon";
   held_ = false;
   return std::move(blocks_);
 }
 
 void IncomingKv::Abandon() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!held_ || abandoned_) return;
   abandoned_ = true;
-  MaybeRelease(lock);
+  MaybeRelease();
 }
 
 void IncomingKv::NoTransfer() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < known_.size(); ++i) known_[i] = true;
-  MaybeRelease(lock);
+  MaybeRelease();
 }
 
 bool IncomingKv::holding() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return held_;
 }
 
-void IncomingKv::MaybeRelease(std::unique_lock<std::mutex>& lock) {
+void IncomingKv::MaybeRelease() {
   if (!abandoned_ || !held_) return;
   for (bool known : known_) {
     if (!known) return;
@@ -128,7 +129,7 @@ void IncomingKv::MaybeRelease(std::unique_lock<std::mutex>& lock) {
   held_ = false;
   KvReservation blocks = std::move(blocks_);
   const bool known = !timed_out_;
-  lock.unlock();
+  mu_.Unlock();
   std::vector<BlockId> held;
   for (BlockId b : blocks.blocks) {
     if (b != kNoBlock) held.push_back(b);
@@ -144,7 +145,7 @@ void IncomingKv::MaybeRelease(std::unique_lock<std::mutex>& lock) {
     released += static_cast<int64_t>(held.size());
   }
   if (on_release_) on_release_(released, known);
-  lock.lock();
+  mu_.Lock();
 }
 
 }  // namespace ferry

@@ -21,11 +21,12 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
@@ -68,8 +69,9 @@ class IncomingKv : public std::enable_shared_from_this<IncomingKv> {
   void Start(std::vector<std::string> ids, absl::Time deadline,
              std::function<void(absl::Status)> on_ready);
   void OnOutcome(size_t index, absl::Status status, bool second);
-  // Gives the blocks back if they are abandoned and every outcome is known. Under mu_.
-  void MaybeRelease(std::unique_lock<std::mutex>& lock);
+  // Gives the blocks back if they are abandoned and every outcome is known. Releases mu_ while
+  // it gives them back, and holds it again on return.
+  void MaybeRelease() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   transfer::KvTransport* const transport_;
   KvBlockPool* const pool_;
@@ -77,16 +79,17 @@ class IncomingKv : public std::enable_shared_from_this<IncomingKv> {
   const absl::Duration quarantine_;
   const ReleaseObserver on_release_;
 
-  mutable std::mutex mu_;
-  KvReservation blocks_;
-  bool held_ = true;  // blocks_ still ours
-  bool abandoned_ = false;
-  std::vector<std::string> ids_;
-  std::vector<bool> known_;  // the transfer's outcome arrived (or will never come)
-  bool timed_out_ = false;   // a quarantine ran out
-  absl::Status first_error_;
-  size_t ok_ = 0;
-  std::function<void(absl::Status)> on_ready_;
+  mutable absl::Mutex mu_;
+  KvReservation blocks_ ABSL_GUARDED_BY(mu_);
+  bool held_ ABSL_GUARDED_BY(mu_) = true;  // blocks_ still ours
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> ids_ ABSL_GUARDED_BY(mu_);
+  // The transfer's outcome arrived (or will never come).
+  std::vector<bool> known_ ABSL_GUARDED_BY(mu_);
+  bool timed_out_ ABSL_GUARDED_BY(mu_) = false;  // a quarantine ran out
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  size_t ok_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(absl::Status)> on_ready_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

@@ -4,7 +4,7 @@ namespace ferry {
 
 void LoadWindow::Record(const StepInfo& step) {
   const Clock::time_point now = Clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   steps_.push_back({now, step});
   Trim(now);
 }
@@ -16,7 +16,7 @@ void LoadWindow::Trim(Clock::time_point now) {
 }
 
 LoadSummary LoadWindow::Summary() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Trim(Clock::now());
   LoadSummary s;
   double seconds = 0, prefill_seconds = 0, decode_seconds = 0;

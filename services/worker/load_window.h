@@ -13,8 +13,9 @@
 
 #include <chrono>
 #include <deque>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
 
@@ -42,11 +43,11 @@ class LoadWindow {
     Clock::time_point at;
     StepInfo step;
   };
-  void Trim(Clock::time_point now);  // under mu_
+  void Trim(Clock::time_point now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock::duration window_;
-  std::mutex mu_;
-  std::deque<Entry> steps_;
+  absl::Mutex mu_;
+  std::deque<Entry> steps_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
 #include "services/common/grpc_client.h"
@@ -53,7 +54,7 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
                                                  status.error_message()));
     }
     service_->metrics().Outcome(invalid ? RequestOutcome::kInvalid : RequestOutcome::kRejected);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ended_ = true;
     Finish(status);
   };
@@ -100,7 +101,7 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
   }
   const v1::RequestContext& ctx = request.request().context();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     id_ = r.id;
     trace_id_ = ctx.trace_id().empty() ? TraceIdOf(*context_) : ctx.trace_id();
     decode_endpoint_ = request.decode_endpoint();
@@ -141,7 +142,7 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
         std::move(r), deadline_,
         [this](EngineRequest read, const StoreRead& what) {
           {
-            std::lock_guard<std::mutex> lock(mu_);
+            absl::MutexLock lock(&mu_);
             store_read_ = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                 std::chrono::duration<double>(what.seconds));
             store_bytes_read_ = what.bytes;
@@ -159,7 +160,7 @@ void PrefillCall::Submit(EngineRequest r) {
   absl::Status submitted;
   {
     // Under mu_: an abort from here on finds the request in the engine.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (cause_ != AbortCause::kNone) {
       submitted = cause_ == AbortCause::kDeadline
                       ? absl::DeadlineExceededError("the request's deadline passed")
@@ -209,7 +210,7 @@ void PrefillCall::AbortFor(AbortCause cause) {
   bool abort_engine = false;
   std::vector<uint64_t> cancel;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (ended_) return;
     if (cause_ == AbortCause::kNone) cause_ = cause;
     abort_engine = !engine_done_;
@@ -226,7 +227,7 @@ void PrefillCall::OnEngineEvent(const TokenEvent& e) {
   }
   bool done = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const size_t c = static_cast<size_t>(e.choice);
     if (e.has_token || !e.text.empty() || e.finish != FinishReason::kNone) {
       AppendToChunk(e, logprobs_, &first_[c]);
@@ -264,11 +265,12 @@ void PrefillCall::OnEngineEvent(const TokenEvent& e) {
   }
   if (!done) return;
   absl::Status error;
-  bool push = false;
+  bool push = false, handed_off = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     error = error_;
     push = pushing_;
+    handed_off = handed_off_;
   }
   if (push) {
     // The first tokens go to the decode worker now, while the KV is pushed: the push's own
@@ -280,7 +282,7 @@ void PrefillCall::OnEngineEvent(const TokenEvent& e) {
       service_->engine().engine().ReleaseHandoff(id_);
       bool uncertain = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         uncertain = uncertain_;
       }
       PushEnded(absl::UnavailableError("the prefill worker's push queue is full"), !uncertain);
@@ -289,11 +291,11 @@ void PrefillCall::OnEngineEvent(const TokenEvent& e) {
   } else {
     // Nothing handed off: an error, or every choice ended with its first token. The decode
     // worker may reuse its blocks at once unless a streamed put failed on its way.
-    if (handed_off_) service_->engine().engine().ReleaseHandoff(id_);
+    if (handed_off) service_->engine().engine().ReleaseHandoff(id_);
     AfterChunks([this, error] {
       bool uncertain = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         uncertain = uncertain_;
       }
       NotifyDecode(error, /*no_transfer=*/!uncertain);
@@ -306,7 +308,7 @@ void PrefillCall::OnKvProgress(const std::vector<BlockId>& blocks) {
   int64_t first = 0;
   std::vector<BlockId> chunk;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!stream_ || cause_ != AbortCause::kNone || !chunk_status_.ok()) return;
     // The last block always goes with the transfer ids (the engine never reports it complete
     // before the last chunk; this keeps it so whatever the table).
@@ -328,7 +330,7 @@ void PrefillCall::OnKvProgress(const std::vector<BlockId>& blocks) {
   {
     // Not streamed after all: the final puts take these blocks (nothing waits on chunks_ yet:
     // the engine has not finished the request).
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     streamed_to_ = first;
     --chunks_;
   }
@@ -342,7 +344,7 @@ void PrefillCall::PushChunk(int64_t first, std::vector<BlockId> blocks) {
   HoldForTest();
   absl::Status failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (cause_ != AbortCause::kNone) failed = absl::CancelledError("the request was cancelled");
     if (!chunk_status_.ok()) failed = chunk_status_;
   }
@@ -381,7 +383,7 @@ void PrefillCall::OnChunkPushed(const absl::Status& status, const std::vector<Bl
   CHECK_OK(service_->engine().pool().Release(blocks));
   std::function<void()> then;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (status.ok()) {
       streamed_bytes_ += bytes;
     } else {
@@ -399,7 +401,7 @@ void PrefillCall::OnChunkPushed(const absl::Status& status, const std::vector<Bl
 
 void PrefillCall::AfterChunks(std::function<void()> then) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (chunks_ > 0) {
       refs_.fetch_add(1);  // the wait's
       after_chunks_ = [this, then = std::move(then)] {
@@ -427,7 +429,7 @@ absl::StatusOr<uint64_t> PrefillCall::Peer() {
 absl::StatusOr<uint64_t> PrefillCall::PostOnWire(transfer::TransferRequest put, int64_t tokens,
                                                  std::function<void(absl::Status)> done) {
   auto wire = [this](int delta) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const auto now = std::chrono::steady_clock::now();
     if (delta > 0 && on_wire_++ == 0) wire_since_ = now;
     if (delta < 0 && --on_wire_ == 0) wire_ += now - wire_since_;
@@ -441,24 +443,29 @@ absl::StatusOr<uint64_t> PrefillCall::PostOnWire(transfer::TransferRequest put, 
   // With the simulated link: `finish` once both the transport and the link are done (the first
   // failure wins). Neither callback blocks: the link's runs on its own thread.
   struct Join {
-    std::mutex mu;
-    int left = 2;
-    absl::Status status;
-    std::function<void(absl::Status)> finish;
+    absl::Mutex mu;
+    int left ABSL_GUARDED_BY(mu) = 2;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    std::function<void(absl::Status)> finish ABSL_GUARDED_BY(mu);
   };
   std::shared_ptr<Join> join;
   if (link != nullptr) {
     join = std::make_shared<Join>();
-    join->finish = std::move(finish);
+    {
+      absl::MutexLock lock(&join->mu);
+      join->finish = std::move(finish);
+    }
     finish = [join](absl::Status s) {
       std::function<void(absl::Status)> then;
+      absl::Status status;
       {
-        std::lock_guard<std::mutex> lock(join->mu);
+        absl::MutexLock lock(&join->mu);
         if (!s.ok() && join->status.ok()) join->status = std::move(s);
         if (--join->left > 0) return;
         then = std::move(join->finish);
+        status = join->status;
       }
-      then(join->status);
+      then(status);
     };
   }
   wire(+1);  // before Post: the put may complete before it returns
@@ -483,7 +490,7 @@ void PrefillCall::HoldForTest() {
   if (hold.empty()) return;
   while (access(hold.c_str(), F_OK) == 0 && absl::Now() < deadline_ + absl::Seconds(1)) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (cause_ != AbortCause::kNone) return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -496,25 +503,30 @@ void PrefillCall::Push() {
   std::vector<transfer::TransferRequest> puts;
   bool cancelled = false, uncertain = false;
   int64_t from = 0;
+  std::vector<BlockId> blocks, window_blocks;
+  int64_t window_floor = 0;
   {
     // Every streamed put is over (AfterChunks).
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     cancelled = cause_ != AbortCause::kNone;
     if (cancelled) failed = absl::CancelledError("the request was cancelled");
     if (failed.ok() && !chunk_status_.ok()) failed = chunk_status_;
     uncertain = uncertain_;
     from = streamed_to_;
+    blocks = blocks_;
+    window_blocks = window_blocks_;
+    window_floor = window_floor_;
   }
   if (failed.ok()) {
     uint64_t bytes = 0;
     auto built =
-        PushTransfers(destination_, blocks_, window_blocks_, service_->engine().pool(),
-                      service_->engine().window_pool(), from, window_floor_, deadline_, &bytes);
+        PushTransfers(destination_, blocks, window_blocks, service_->engine().pool(),
+                      service_->engine().window_pool(), from, window_floor, deadline_, &bytes);
     if (!built.ok()) {
       failed = built.status();
     } else {
       puts = *std::move(built);
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       bytes_ = streamed_bytes_ + bytes;
     }
   }
@@ -541,7 +553,7 @@ void PrefillCall::Push() {
   }
   service_->metrics().BlocksSkipped(destination_.cached_prefix_blocks());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     pushes_left_ = static_cast<int>(puts.size());
   }
   // One reference per put; the push's own is held until the loop is done (a put may complete,
@@ -560,7 +572,7 @@ void PrefillCall::Push() {
     if (!posted.ok()) {
       OnPushed(posted.status());
     } else {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       transfers_.push_back(*posted);
     }
   }
@@ -571,7 +583,7 @@ void PrefillCall::OnPushed(const absl::Status& status) {
   bool last = false;
   absl::Status outcome;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!status.ok() && push_status_.ok()) push_status_ = status;
     last = --pushes_left_ == 0;
     if (last) {
@@ -586,7 +598,7 @@ void PrefillCall::OnPushed(const absl::Status& status) {
     std::chrono::steady_clock::duration wire, tail;
     uint64_t bytes = 0, streamed = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       wire = wire_;
       tail = pushed_ - computed_;
       bytes = bytes_;
@@ -615,7 +627,7 @@ void PrefillCall::PushEnded(const absl::Status& outcome, bool no_transfer) {
     TellDecodeFailed(outcome, no_transfer);
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     push_done_ = true;
     push_outcome_ = outcome;
   }
@@ -637,7 +649,7 @@ void PrefillCall::SendFirstTokens() {
   stub->async()->KvReady(rpc->context.get(), &rpc->request, &rpc->response,
                          [this, rpc, stub](grpc::Status status) {
                            {
-                             std::lock_guard<std::mutex> lock(mu_);
+                             absl::MutexLock lock(&mu_);
                              ready_done_ = true;
                              ready_status_ = status;
                              usage_ = rpc->request.usage();
@@ -666,7 +678,7 @@ void PrefillCall::TellDecodeFailed(const absl::Status& error, bool no_transfer) 
 void PrefillCall::Settle() {
   grpc::Status end;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!ready_done_ || !push_done_ || settled_) return;
     settled_ = true;
     if (!push_outcome_.ok()) {
@@ -684,7 +696,7 @@ void PrefillCall::Settle() {
 
 void PrefillCall::FillReady(const absl::Status& error, bool no_transfer,
                             v1::KvReadyRequest* request) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   request->set_request_id(id_);
   request->set_transfer_id(destination_.transfer().transfer_id());
   request->set_no_transfer(no_transfer);
@@ -744,7 +756,7 @@ void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
               absl::StrCat("the decode worker did not take the KV: ", status.error_message())));
         } else {
           {
-            std::lock_guard<std::mutex> lock(mu_);
+            absl::MutexLock lock(&mu_);
             usage_ = rpc->request.usage();
             FillResponseLocked();
           }
@@ -757,7 +769,7 @@ void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
 void PrefillCall::End(const grpc::Status& status) {
   RequestOutcome outcome = RequestOutcome::kCompleted;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (ended_) return;
     ended_ = true;
     outcome = OutcomeOf(cause_, status.ok());

@@ -47,11 +47,12 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "ferry/v1/worker.grpc.pb.h"
@@ -112,7 +113,7 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   void Settle();
   // The KvReady message of this call (the first tokens, or `error`), and the answer's fields.
   void FillReady(const absl::Status& error, bool no_transfer, ferry::v1::KvReadyRequest* request);
-  void FillResponseLocked();  // under mu_
+  void FillResponseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void End(const grpc::Status& status);
   // A refused request: tells its decode worker that nothing will be pushed (best effort; the
   // decode worker's quarantine covers a notice that never arrives).
@@ -126,56 +127,70 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   const std::chrono::steady_clock::time_point start_;
   std::atomic<int> refs_{1};  // gRPC's; + the engine's, the pushes', KvReady's
 
-  std::mutex mu_;
+  absl::Mutex mu_;
+  // Set by Start (from the constructor) and never written after: read without the lock.
   std::string id_, trace_id_, decode_endpoint_;
   ferry::v1::KvReservation destination_;
   absl::Time deadline_ = absl::InfiniteFuture();
   bool logprobs_ = false;
   uint64_t seed_ = 0;
-  int64_t prompt_tokens_ = 0, cached_tokens_ = 0;
-  int64_t store_tokens_ = 0;  // of cached_tokens_, read from the KV store
+  int64_t prompt_tokens_ = 0;
   // The positions whose KV goes to the decode worker: the prompt's, and a migrated request's
-  // output so far.
+  // output so far. (Set by Start.)
   int64_t kv_positions_ = 0;
+  int64_t cached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t store_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // of cached_tokens_, read from the KV store
   // A bounded window replay (TokenEvent::window_floor, approximate_kv).
-  int64_t window_floor_ = 0;
-  bool approximate_kv_ = false;
-  std::chrono::steady_clock::duration store_read_{};
-  int64_t store_bytes_read_ = 0;
-  std::vector<ferry::v1::TokenChunk> first_;  // per choice
-  std::vector<ferry::v1::SamplerState> states_;
-  int32_t choices_left_ = 0;
-  bool handed_off_ = false;
-  std::vector<BlockId> blocks_, window_blocks_;
-  std::chrono::steady_clock::time_point submitted_, computed_, pushed_;
-  absl::Duration queued_;            // in the engine's queue (TokenEvent::queued)
-  std::vector<uint64_t> transfers_;  // the final puts, posted, for Cancel
+  int64_t window_floor_ ABSL_GUARDED_BY(mu_) = 0;
+  bool approximate_kv_ ABSL_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::duration store_read_ ABSL_GUARDED_BY(mu_){};
+  int64_t store_bytes_read_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<ferry::v1::TokenChunk> first_ ABSL_GUARDED_BY(mu_);  // per choice
+  std::vector<ferry::v1::SamplerState> states_ ABSL_GUARDED_BY(mu_);
+  int32_t choices_left_ ABSL_GUARDED_BY(mu_) = 0;
+  bool handed_off_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<BlockId> blocks_ ABSL_GUARDED_BY(mu_);
+  std::vector<BlockId> window_blocks_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point submitted_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point computed_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point pushed_ ABSL_GUARDED_BY(mu_);
+  absl::Duration queued_ ABSL_GUARDED_BY(mu_);  // in the engine's queue (TokenEvent::queued)
+  // The final puts, posted, for Cancel.
+  std::vector<uint64_t> transfers_ ABSL_GUARDED_BY(mu_);
   // Streaming: table blocks [cached_prefix_blocks, streamed_to_) are pushed or being pushed by
-  // chunks_ streamed puts (queued or running); after_chunks_ waits for the last.
+  // chunks_ streamed puts (queued or running); after_chunks_ waits for the last. (stream_ and
+  // table_blocks_ are set by Start and never written after.)
   bool stream_ = false;
-  int64_t table_blocks_ = 0, streamed_to_ = 0;
-  int chunks_ = 0;
-  absl::Status chunk_status_;  // the first failure of a streamed put
-  bool uncertain_ = false;     // a posted streamed put failed: its bytes may still land
-  std::function<void()> after_chunks_;
-  uint64_t streamed_bytes_ = 0;
-  bool connected_ = false;  // push executor only
+  int64_t table_blocks_ = 0;
+  int64_t streamed_to_ ABSL_GUARDED_BY(mu_) = 0;
+  int chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status chunk_status_ ABSL_GUARDED_BY(mu_);  // the first failure of a streamed put
+  // A posted streamed put failed: its bytes may still land.
+  bool uncertain_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> after_chunks_ ABSL_GUARDED_BY(mu_);
+  uint64_t streamed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The push executor's alone (one thread), so not under mu_.
+  bool connected_ = false;
   uint64_t peer_ = 0;
   // Puts on the wire, since when, and the union of their times.
-  int on_wire_ = 0;
-  std::chrono::steady_clock::time_point wire_since_;
-  std::chrono::steady_clock::duration wire_{};
-  int pushes_left_ = 0;
-  absl::Status push_status_;
-  uint64_t bytes_ = 0;
-  AbortCause cause_;
-  absl::Status error_;
-  bool engine_done_ = false, pushing_ = false, ended_ = false;
+  int on_wire_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point wire_since_ ABSL_GUARDED_BY(mu_);
+  std::chrono::steady_clock::duration wire_ ABSL_GUARDED_BY(mu_){};
+  int pushes_left_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status push_status_ ABSL_GUARDED_BY(mu_);
+  uint64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  AbortCause cause_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool engine_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool pushing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
   // With a push: the first tokens' KvReady call and the push, each over; the answer once both.
-  bool ready_done_ = false, push_done_ = false, settled_ = false;
-  grpc::Status ready_status_;
-  absl::Status push_outcome_;
-  ferry::v1::Usage usage_;  // what the decode worker was told
+  bool ready_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool push_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool settled_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status ready_status_ ABSL_GUARDED_BY(mu_);
+  absl::Status push_outcome_ ABSL_GUARDED_BY(mu_);
+  ferry::v1::Usage usage_ ABSL_GUARDED_BY(mu_);  // what the decode worker was told
 };
 
 }  // namespace ferry

@@ -8,12 +8,13 @@
 #ifndef FERRY_SERVICES_WORKER_SERIAL_EXECUTOR_H_
 #define FERRY_SERVICES_WORKER_SERIAL_EXECUTOR_H_
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ferry {
 
@@ -31,10 +32,10 @@ class SerialExecutor {
   void Loop();
 
   const size_t max_tasks_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stopping_ = false;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

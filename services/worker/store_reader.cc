@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/block_hash.h"
 #include "engine/common/log.h"
@@ -29,10 +30,10 @@ StoreReader::StoreReader(kv::KvClient* client, Engine* engine, KvBlockPool* pool
 
 StoreReader::~StoreReader() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   for (std::thread& t : threads_) t.join();
 }
 
@@ -45,10 +46,10 @@ void StoreReader::ReleaseImports(KvBlockPool& pool, EngineRequest& request) {
 
 void StoreReader::Read(EngineRequest request, absl::Time deadline, Done done, StoreHint hint) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!stopping_ && tasks_.size() < options_.max_queued) {
       tasks_.push_back(Task{std::move(request), deadline, std::move(done), hint});
-      cv_.notify_one();
+      cv_.Signal();
       return;
     }
   }
@@ -62,8 +63,8 @@ void StoreReader::Loop() {
   while (true) {
     Task task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && tasks_.empty()) cv_.Wait(&mu_);
       if (tasks_.empty()) return;
       task = std::move(tasks_.front());
       tasks_.pop_front();
@@ -79,16 +80,17 @@ absl::StatusOr<KvReservation> StoreReader::Reserve(std::vector<Hash128> hashes, 
   // Shared with the engine's callback, which may come after this read gave up waiting: it then
   // gives the blocks back itself.
   struct Answer {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool answered = false, abandoned = false;
-    absl::StatusOr<KvReservation> reservation = absl::UnknownError("no answer");
+    absl::Mutex mu;
+    absl::CondVar cv;
+    bool answered ABSL_GUARDED_BY(mu) = false;
+    bool abandoned ABSL_GUARDED_BY(mu) = false;
+    absl::StatusOr<KvReservation> reservation ABSL_GUARDED_BY(mu) = absl::UnknownError("no answer");
   };
   auto answer = std::make_shared<Answer>();
   KvBlockPool* pool = pool_;
   engine_->ReserveImport(std::move(hashes), max_fresh,
                          [answer, pool](absl::StatusOr<KvReservation> got) {
-                           std::lock_guard<std::mutex> lock(answer->mu);
+                           absl::MutexLock lock(&answer->mu);
                            if (answer->abandoned) {
                              if (got.ok()) {
                                CHECK_OK(pool->Release(got->blocks));
@@ -97,11 +99,13 @@ absl::StatusOr<KvReservation> StoreReader::Reserve(std::vector<Hash128> hashes, 
                            }
                            answer->reservation = std::move(got);
                            answer->answered = true;
-                           answer->cv.notify_all();
+                           answer->cv.SignalAll();
                          });
-  std::unique_lock<std::mutex> lock(answer->mu);
-  if (!answer->cv.wait_for(lock, absl::ToChronoMilliseconds(options_.reserve_timeout),
-                           [&] { return answer->answered; })) {
+  absl::MutexLock lock(&answer->mu);
+  const absl::Time give_up = absl::Now() + options_.reserve_timeout;
+  while (!answer->answered && !answer->cv.WaitWithDeadline(&answer->mu, give_up)) {
+  }
+  if (!answer->answered) {
     answer->abandoned = true;
     return absl::DeadlineExceededError("the engine did not answer the reservation in time");
   }

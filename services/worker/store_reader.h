@@ -40,15 +40,15 @@
 #ifndef FERRY_SERVICES_WORKER_STORE_READER_H_
 #define FERRY_SERVICES_WORKER_STORE_READER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/common/hash128.h"
 #include "engine/engine.h"
@@ -133,10 +133,10 @@ class StoreReader {
   WorkerMetrics* const metrics_;
   const StoreReaderOptions options_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> tasks_;
-  bool stopping_ = false;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -1,9 +1,10 @@
 #include "services/worker/store_writer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "engine/common/log.h"
 
 namespace ferry {
@@ -22,10 +23,10 @@ StoreWriter::StoreWriter(kv::KvClient* client, KvBlockPool* pool, const Hash128&
 
 StoreWriter::~StoreWriter() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
@@ -33,7 +34,7 @@ void StoreWriter::Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass
                         uint32_t retention_floor_s) {
   int64_t dropped = 0, queued_bytes = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const ComputedBlock& b : blocks) {
       const int64_t bytes = static_cast<int64_t>(queue_.size() + 1) * block_bytes_;
       if (stopping_ || bytes > options_.max_queued_bytes ||
@@ -45,22 +46,24 @@ void StoreWriter::Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass
     }
     queued_bytes = static_cast<int64_t>(queue_.size()) * block_bytes_;
   }
-  cv_.notify_one();
+  cv_.Signal();
   if (dropped > 0) metrics_->StoreWriteBlocks("dropped", dropped);
   metrics_->StoreWriteQueueBytes(queued_bytes);
 }
 
 bool StoreWriter::Flush(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                      [this] { return queue_.empty() && !writing_; });
+  absl::MutexLock lock(&mu_);
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!(queue_.empty() && !writing_) && !cv_.WaitWithDeadline(&mu_, give_up)) {
+  }
+  return queue_.empty() && !writing_;
 }
 
 void StoreWriter::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (true) {
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, everything written
+    while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
+    if (queue_.empty()) break;  // stopping, everything written
     std::vector<Item> batch;
     while (!queue_.empty() && static_cast<int64_t>(batch.size()) < options_.batch_blocks) {
       batch.push_back(queue_.front());
@@ -68,14 +71,15 @@ void StoreWriter::Loop() {
     }
     writing_ = true;
     const int64_t queued_bytes = static_cast<int64_t>(queue_.size() + batch.size()) * block_bytes_;
-    lock.unlock();
+    mu_.Unlock();
     metrics_->StoreWriteQueueBytes(queued_bytes);
     Write(std::move(batch));
-    lock.lock();
+    mu_.Lock();
     writing_ = false;
     metrics_->StoreWriteQueueBytes(static_cast<int64_t>(queue_.size()) * block_bytes_);
-    cv_.notify_all();  // Flush
+    cv_.SignalAll();  // Flush
   }
+  mu_.Unlock();
 }
 
 void StoreWriter::Release(const Item& item) {

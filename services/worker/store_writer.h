@@ -29,13 +29,13 @@
 #ifndef FERRY_SERVICES_WORKER_STORE_WRITER_H_
 #define FERRY_SERVICES_WORKER_STORE_WRITER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/common/hash128.h"
@@ -89,13 +89,13 @@ class StoreWriter {
   const int64_t block_bytes_;
   const uint64_t layout_tag_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  bool writing_ = false;
-  bool stopping_ = false;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Hashes written or found present lately, with the retention floor the store has them with
-  // (writer thread only), oldest first in recent_order_.
+  // (writer thread only, hence not under mu_), oldest first in recent_order_.
   absl::flat_hash_map<Hash128, uint32_t> recent_;
   std::deque<Hash128> recent_order_;
   std::thread thread_;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
 #include "kvstore/wire.h"
@@ -26,7 +27,7 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
   // Sends the next message if the stream is free and there is one (`tick`: the ticker's call,
   // when load changes and heartbeats are due; otherwise only a backlog continues).
   void Continue(const v1::WorkerLoad& load, bool tick) {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::ReleasableMutexLock lock(&mu_);
     if (writing_ || finished_) return;
     if (cancelled_) return FinishLocked(grpc::Status::CANCELLED);
     if (closing_) {
@@ -37,13 +38,13 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
     out_.Clear();
     if (!Compose(absl::Now(), load, &out_)) return;
     writing_ = true;
-    lock.unlock();
+    lock.Release();
     StartWrite(&out_);
   }
 
   // Shutdown: finish now, or once the write in flight is done.
   void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     closing_ = true;
     if (!writing_ && !finished_) {
       FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"));
@@ -52,7 +53,7 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
 
   // Refused before it started (the hub is stopping).
   void Refuse() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down"));
   }
 
@@ -61,21 +62,21 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
  private:
   void OnWriteDone(bool ok) override {
     if (!ok) {  // the stream broke
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       writing_ = false;
       FinishLocked(grpc::Status::CANCELLED);
       return;
     }
     const v1::WorkerLoad load = hub_->Load();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       writing_ = false;
     }
     Continue(load, /*tick=*/false);
   }
 
   void OnCancel() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     cancelled_ = true;
     if (!writing_ && !finished_) FinishLocked(grpc::Status::CANCELLED);
   }
@@ -85,7 +86,7 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
     delete this;
   }
 
-  void FinishLocked(const grpc::Status& status) {
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
     Finish(status);
@@ -104,14 +105,15 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
     return n;
   }
 
-  // The next message, or false when there is nothing to say yet. Under mu_.
-  bool Compose(absl::Time now, const v1::WorkerLoad& load, v1::WorkerStatus* out) {
+  // The next message, or false when there is nothing to say yet.
+  bool Compose(absl::Time now, const v1::WorkerLoad& load, v1::WorkerStatus* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const KvEventJournal& journal = hub_->engine_->kv_events();
     const size_t max = hub_->options_.max_hashes_per_message;
     *out = hub_->identity();
     out->set_drain_state(hub_->drain_state_());
     *out->mutable_load() = load;
-    auto snapshot_part = [&] {
+    auto snapshot_part = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       size_t room = max;
       room -= TakeStored(&rest_, room, false, out);
       TakeStored(&rest_window_, room, true, out);
@@ -168,7 +170,7 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
     return Sent(now, *out);
   }
 
-  bool Sent(absl::Time now, const v1::WorkerStatus& out) {
+  bool Sent(absl::Time now, const v1::WorkerStatus& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     last_sent_ = now;
     last_drain_ = out.drain_state();
     return true;
@@ -176,15 +178,23 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::WorkerStatus> {
 
   WatchHub* const hub_;
   grpc::CallbackServerContext* const context_;
-  std::mutex mu_;
-  bool writing_ = false, finished_ = false, closing_ = false, cancelled_ = false;
-  bool need_snapshot_ = true, lagged_ = false;
-  bool more_ = false;  // a backlog (events or snapshot parts) waits for the next write
-  uint64_t cursor_ = 0;
-  std::vector<Hash128> rest_, rest_window_;  // snapshot parts still to send
-  std::string last_load_;
-  v1::DrainState last_drain_ = v1::DRAIN_STATE_UNSPECIFIED;
-  absl::Time last_sent_ = absl::InfinitePast();
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool need_snapshot_ ABSL_GUARDED_BY(mu_) = true;
+  bool lagged_ ABSL_GUARDED_BY(mu_) = false;
+  // A backlog (events or snapshot parts) waits for the next write.
+  bool more_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t cursor_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Hash128> rest_ ABSL_GUARDED_BY(mu_);  // snapshot parts still to send
+  std::vector<Hash128> rest_window_ ABSL_GUARDED_BY(mu_);
+  std::string last_load_ ABSL_GUARDED_BY(mu_);
+  v1::DrainState last_drain_ ABSL_GUARDED_BY(mu_) = v1::DRAIN_STATE_UNSPECIFIED;
+  absl::Time last_sent_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The message being written: built under mu_ while no write is in flight, then read by gRPC
+  // without the lock until OnWriteDone (writing_ keeps everyone else off it), so not annotated.
   v1::WorkerStatus out_;
 };
 
@@ -224,7 +234,7 @@ grpc::ServerWriteReactor<v1::WorkerStatus>* WatchHub::Subscribe(
     grpc::CallbackServerContext* context, const v1::WatchRequest* request) {
   auto* call = new WatchCall(this, context, *request);
   const v1::WorkerLoad load = Load();  // the snapshot's load is current, not the last tick's
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopping_) {
     call->Refuse();
     return call;
@@ -236,48 +246,56 @@ grpc::ServerWriteReactor<v1::WorkerStatus>* WatchHub::Subscribe(
 }
 
 void WatchHub::Remove(WatchCall* call) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   calls_.erase(call);
   metrics_->WatchSubscribers(static_cast<int64_t>(calls_.size()));
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 int64_t WatchHub::subscribers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(calls_.size());
 }
 
 void WatchHub::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (!stopping_) {
-    lock.unlock();
+    mu_.Unlock();
     v1::WorkerLoad load = Load();
     metrics_->Refresh(engine_->stats(), load.prefill_tokens_per_second());
-    lock.lock();
+    mu_.Lock();
     if (stopping_) break;
     load_now_ = load;
     for (WatchCall* call : calls_) call->Continue(load_now_, /*tick=*/true);
-    changed_.wait_for(lock, absl::ToChronoNanoseconds(options_.interval),
-                      [&] { return stopping_; });
+    const absl::Time give_up = absl::Now() + options_.interval;
+    while (!stopping_ && !changed_.WaitWithDeadline(&mu_, give_up)) {
+    }
   }
+  mu_.Unlock();
 }
 
 void WatchHub::Shutdown() {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::ReleasableMutexLock lock(&mu_);
   if (!stopping_) {
     stopping_ = true;
     for (WatchCall* call : calls_) call->Close();
     // Streams whose write cannot complete (a client that stopped reading) are cancelled.
-    if (!changed_.wait_for(lock, std::chrono::seconds(1), [&] { return calls_.empty(); })) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(1);
+    while (!calls_.empty() && !changed_.WaitWithDeadline(&mu_, give_up)) {
+    }
+    if (!calls_.empty()) {
       LOG(INFO) << "watch: cancelling " << calls_.size() << " stream(s) that do not read";
       for (WatchCall* call : calls_) call->Cancel();
     }
-    changed_.notify_all();  // the ticker
+    changed_.SignalAll();  // the ticker
   }
-  if (!changed_.wait_for(lock, std::chrono::seconds(10), [&] { return calls_.empty(); })) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!calls_.empty() && !changed_.WaitWithDeadline(&mu_, give_up)) {
+  }
+  if (!calls_.empty()) {
     LOG(ERROR) << "watch: " << calls_.size() << " stream(s) did not end";
   }
-  lock.unlock();
+  lock.Release();
   if (ticker_.joinable()) ticker_.join();
 }
 

@@ -15,14 +15,14 @@
 #ifndef FERRY_SERVICES_WORKER_WATCH_HUB_H_
 #define FERRY_SERVICES_WORKER_WATCH_HUB_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "ferry/v1/worker.grpc.pb.h"
@@ -76,11 +76,11 @@ class WatchHub {
   const std::function<ferry::v1::DrainState()> drain_state_;
   const WatchHubOptions options_;
 
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  std::set<WatchCall*> calls_;
-  bool stopping_ = false;
-  ferry::v1::WorkerLoad load_now_;  // as of the last tick
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::set<WatchCall*> calls_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  ferry::v1::WorkerLoad load_now_ ABSL_GUARDED_BY(mu_);  // as of the last tick
   std::thread ticker_;
 };
 

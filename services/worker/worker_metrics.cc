@@ -328,7 +328,7 @@ void WorkerMetrics::Refresh(const EngineStats& s, double prefill_tokens_per_seco
   blocks_cached_->Set(static_cast<double>(s.cached_blocks));
   blocks_total_->Set(static_cast<double>(s.total_blocks));
   prefill_speed_->Set(prefill_tokens_per_second);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto mirror = [](prometheus::Counter* c, int64_t now, int64_t& last) {
     if (now > last) c->Increment(static_cast<double>(now - last));
     last = std::max(last, now);

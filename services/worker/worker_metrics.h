@@ -77,10 +77,11 @@
 #define FERRY_SERVICES_WORKER_WORKER_METRICS_H_
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -193,11 +194,11 @@ class WorkerMetrics {
   prometheus::Counter* released_known_;
   prometheus::Counter* released_quarantine_;
 
-  std::mutex mu_;  // the mirrors' last values
-  int64_t last_generated_ = 0;
-  EngineStats last_;  // the window counters' mirrors
-  std::vector<int64_t> last_experts_;
-  std::vector<prometheus::Counter*> expert_counters_;
+  absl::Mutex mu_;  // the mirrors' last values
+  int64_t last_generated_ ABSL_GUARDED_BY(mu_) = 0;
+  EngineStats last_ ABSL_GUARDED_BY(mu_);  // the window counters' mirrors
+  std::vector<int64_t> last_experts_ ABSL_GUARDED_BY(mu_);
+  std::vector<prometheus::Counter*> expert_counters_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

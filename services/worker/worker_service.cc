@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
 #include "engine/common/model_fingerprint.h"
@@ -142,7 +143,7 @@ void WorkerService::StartWatch(const std::string& worker_id, const std::string& 
   auto hub = std::make_unique<WatchHub>(
       &engine_->engine(), load_, metrics_, std::move(identity), [this] { return drain_state(); },
       options_.watch);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   CHECK(hub_ == nullptr) << "StartWatch twice";
   hub_ = std::move(hub);
   endpoint_ = endpoint;
@@ -152,10 +153,13 @@ WorkerService::~WorkerService() {
   StopPushes();
   CloseWatches();
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
-    changed_.notify_all();
-    if (!changed_.wait_for(lock, std::chrono::seconds(30), [&] { return call_objects_ == 0; })) {
+    changed_.SignalAll();
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (call_objects_ != 0 && !changed_.WaitWithDeadline(&mu_, give_up)) {
+    }
+    if (call_objects_ != 0) {
       LOG(ERROR) << call_objects_ << " call(s) still alive at shutdown";
     }
   }
@@ -165,7 +169,7 @@ WorkerService::~WorkerService() {
 void WorkerService::StopPushes() {
   std::unique_ptr<SerialExecutor> pushes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     pushes_stopped_ = true;
     pushes = std::move(pushes_);
   }
@@ -173,22 +177,22 @@ void WorkerService::StopPushes() {
 }
 
 bool WorkerService::AddPush(std::function<void()> task) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (pushes_stopped_ || pushes_ == nullptr) return false;
   return pushes_->Add(std::move(task));
 }
 
 void WorkerService::CallCreated() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++call_objects_;
 }
 
 void WorkerService::CallGone() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     --call_objects_;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 grpc::Status WorkerService::Authorize(const grpc::CallbackServerContext& context) {
@@ -198,44 +202,44 @@ grpc::Status WorkerService::Authorize(const grpc::CallbackServerContext& context
 }
 
 bool WorkerService::draining() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return draining_;
 }
 
 bool WorkerService::Register(const std::string& id, GenerateCall* call) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return calls_.emplace(id, call).second;
 }
 
 void WorkerService::Unregister(const std::string& id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     calls_.erase(id);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void WorkerService::AddIncoming(const std::string& transfer_id, std::weak_ptr<IncomingKv> kv) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   incoming_[transfer_id] = std::move(kv);
 }
 
 void WorkerService::RemoveIncoming(const std::string& transfer_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   incoming_.erase(transfer_id);
 }
 
 bool WorkerService::RegisterPrefill(const std::string& id, PrefillCall* call) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return prefills_.emplace(id, call).second;
 }
 
 void WorkerService::UnregisterPrefill(const std::string& id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     prefills_.erase(id);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 bool WorkerService::AbortRequest(const std::string& id, AbortCause cause) {
@@ -244,7 +248,7 @@ bool WorkerService::AbortRequest(const std::string& id, AbortCause cause) {
   GenerateCall* call = nullptr;
   PrefillCall* prefill = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (auto it = calls_.find(id); it != calls_.end()) {
       call = it->second;
       call->Ref();
@@ -268,7 +272,7 @@ bool WorkerService::AbortRequest(const std::string& id, AbortCause cause) {
 void WorkerService::KvDeadline(const std::string& id) {
   GenerateCall* call = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = calls_.find(id);
     if (it == calls_.end()) return;
     call = it->second;
@@ -279,7 +283,7 @@ void WorkerService::KvDeadline(const std::string& id) {
 }
 
 std::shared_ptr<v1::Worker::Stub> WorkerService::DecodeStub(const std::string& endpoint) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = decode_stubs_.find(endpoint);
   if (it != decode_stubs_.end()) return it->second;
   if (decode_stubs_.size() >= kMaxDecodeChannels) decode_stubs_.erase(decode_stubs_.begin());
@@ -289,12 +293,12 @@ std::shared_ptr<v1::Worker::Stub> WorkerService::DecodeStub(const std::string& e
 }
 
 int64_t WorkerService::live_calls() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(calls_.size() + prefills_.size());
 }
 
 v1::DrainState WorkerService::drain_state() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (!draining_) return v1::DRAIN_STATE_SERVING;
   return IdleLocked() ? v1::DRAIN_STATE_DRAINED : v1::DRAIN_STATE_DRAINING;
 }
@@ -306,7 +310,7 @@ bool WorkerService::IdleLocked() const {
 void WorkerService::BeginDrain(absl::Time deadline) {
   bool first = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     first = !draining_;
     draining_ = true;
     drain_deadline_ = std::min(drain_deadline_, deadline);
@@ -315,7 +319,7 @@ void WorkerService::BeginDrain(absl::Time deadline) {
       drainer_ = std::thread([this] { DrainLoop(); });
     }
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   if (first) {
     metrics_->DrainStarted();
     LOG(INFO) << "draining: no new requests; " << live_calls() << " running may finish until "
@@ -326,23 +330,27 @@ void WorkerService::BeginDrain(absl::Time deadline) {
 }
 
 void WorkerService::DrainLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto busy = [&] { return !calls_.empty() || !prefills_.empty(); };
+  mu_.Lock();
+  auto busy = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !calls_.empty() || !prefills_.empty();
+  };
   while (!stopping_ && busy() && absl::Now() < drain_deadline_) {
-    changed_.wait_for(lock, absl::ToChronoNanoseconds(
-                                std::max(absl::Milliseconds(1), drain_deadline_ - absl::Now())));
+    changed_.WaitWithTimeout(&mu_, std::max(absl::Milliseconds(1), drain_deadline_ - absl::Now()));
   }
-  if (stopping_) return;
+  if (stopping_) {
+    mu_.Unlock();
+    return;
+  }
   if (!calls_.empty()) {
     // Generate calls are parked (or ended); accepted prefills end on their own, once their KV
     // reached the decode worker (their reservation's deadline bounds them).
     std::vector<std::string> ids;
     for (auto& [id, call] : calls_) ids.push_back(id);
-    lock.unlock();
+    mu_.Unlock();
     LOG(INFO) << "draining: the deadline passed; " << (hands_off() ? "handing off " : "ending ")
               << ids.size() << " request(s)";
     for (const std::string& id : ids) AbortRequest(id, AbortCause::kDrained);
-    lock.lock();
+    mu_.Lock();
   }
   // Until nothing is left: parked KV nobody took in time is released, and requests still running
   // handoff_wait after the deadline (never parkable: several choices) end.
@@ -354,11 +362,11 @@ void WorkerService::DrainLoop() {
       ended = true;
       std::vector<std::string> ids;
       for (auto& [id, call] : calls_) ids.push_back(id);
-      lock.unlock();
+      mu_.Unlock();
       LOG(WARNING) << "draining: ending " << ids.size() << " request(s) that could not be handed "
                    << "off within " << options_.handoff_wait << " of the deadline";
       for (const std::string& id : ids) AbortRequest(id, AbortCause::kDrained);
-      lock.lock();
+      mu_.Lock();
       continue;
     }
     absl::Time next = std::min(now + absl::Seconds(1), ended ? absl::InfiniteFuture() : hard);
@@ -379,44 +387,46 @@ void WorkerService::DrainLoop() {
                    << "re-prefill)";
     }
     if (!expired.empty()) continue;
-    changed_.wait_for(lock, absl::ToChronoNanoseconds(std::max(absl::Milliseconds(1), next - now)));
+    changed_.WaitWithTimeout(&mu_, std::max(absl::Milliseconds(1), next - now));
   }
-  if (stopping_) return;
+  if (stopping_) {
+    mu_.Unlock();
+    return;
+  }
   const absl::Duration took = absl::Now() - drain_started_;
-  lock.unlock();
+  mu_.Unlock();
   metrics_->DrainDuration(absl::ToDoubleSeconds(took));
   LOG(INFO) << "drained in " << took;
-  changed_.notify_all();
+  changed_.SignalAll();
   if (options_.on_drained) options_.on_drained();
 }
 
 bool WorkerService::WaitIdle(absl::Time deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   while (!IdleLocked() && absl::Now() < deadline) {
-    changed_.wait_for(
-        lock, absl::ToChronoNanoseconds(std::max(absl::Milliseconds(1), deadline - absl::Now())));
+    changed_.WaitWithTimeout(&mu_, std::max(absl::Milliseconds(1), deadline - absl::Now()));
   }
   return IdleLocked();
 }
 
 void WorkerService::AddParked(const std::string& id, ParkedKv parked) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     parked.expires = absl::Now() + options_.handoff_wait;
     parked_[id] = std::move(parked);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 std::string WorkerService::endpoint() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return endpoint_;
 }
 
 void WorkerService::CloseWatches() {
   WatchHub* hub = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     hub = hub_.get();
   }
   if (hub != nullptr) hub->Shutdown();
@@ -439,7 +449,7 @@ grpc::ServerUnaryReactor* WorkerService::KvReady(grpc::CallbackServerContext* co
   }
   GenerateCall* call = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = calls_.find(request->request_id());
     if (it != calls_.end()) {
       call = it->second;
@@ -449,7 +459,7 @@ grpc::ServerUnaryReactor* WorkerService::KvReady(grpc::CallbackServerContext* co
   if (call == nullptr) {
     std::shared_ptr<IncomingKv> kv;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto it = incoming_.find(request->transfer_id());
       if (it != incoming_.end()) kv = it->second.lock();
     }
@@ -510,7 +520,7 @@ grpc::ServerWriteReactor<v1::WorkerStatus>* WorkerService::Watch(
   if (grpc::Status auth = Authorize(*context); !auth.ok()) return new Refused(auth);
   WatchHub* hub = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     hub = hub_.get();
   }
   if (hub == nullptr) {
@@ -526,7 +536,7 @@ grpc::ServerUnaryReactor* WorkerService::PushKv(grpc::CallbackServerContext* con
   const std::string id = request->request_id();
   ParkedKv parked;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = parked_.find(id);
     if (it == parked_.end()) {
       return Answer(context, grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -560,10 +570,10 @@ grpc::ServerUnaryReactor* WorkerService::PushKv(grpc::CallbackServerContext* con
                         : grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                        absl::StrCat("the KV push failed: ", outcome.message())));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       --handoff_pushes_;
     }
-    changed_.notify_all();
+    changed_.SignalAll();
   };
   const v1::KvReservation& destination = request->destination();
   absl::Status failed;
@@ -607,25 +617,33 @@ grpc::ServerUnaryReactor* WorkerService::PushKv(grpc::CallbackServerContext* con
   response->set_window_floor(static_cast<uint64_t>(parked.window_floor));
   response->set_approximate_kv(parked.approximate_kv);
   struct Pending {
-    std::mutex mu;
-    int left = 0;
-    absl::Status status;
+    absl::Mutex mu;
+    int left ABSL_GUARDED_BY(mu) = 0;
+    absl::Status status ABSL_GUARDED_BY(mu);
   };
   auto pending = std::make_shared<Pending>();
-  pending->left = static_cast<int>(puts.size());
+  {
+    absl::MutexLock lock(&pending->mu);
+    pending->left = static_cast<int>(puts.size());
+  }
   auto one_done = [pending, finish, bytes](const absl::Status& s) {
     absl::Status outcome;
     {
-      std::lock_guard<std::mutex> lock(pending->mu);
+      absl::MutexLock lock(&pending->mu);
       if (!s.ok() && pending->status.ok()) pending->status = s;
       if (--pending->left > 0) return;
       outcome = pending->status;
     }
     finish(outcome, bytes);
   };
-  auto post = [this, puts = std::move(puts), peer, one_done]() mutable {
+  auto post = [this, id, puts = std::move(puts), peer, one_done]() mutable {
     if (const std::string& hold = options_.push_hold_file; !hold.empty()) {
-      // Test seam (as a prefill push's): hold the puts while the file exists.
+      // Test seam (as a prefill push's): hold the puts while the file exists. The log line is
+      // the tests' event that the push is held.
+      if (access(hold.c_str(), F_OK) == 0) {
+        LOG(INFO) << "test seam: the hand-off push of request " << id << " waits while " << hold
+                  << " exists";
+      }
       const absl::Time until = puts.front().deadline + absl::Seconds(1);
       while (access(hold.c_str(), F_OK) == 0 && absl::Now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));

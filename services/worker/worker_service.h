@@ -29,15 +29,15 @@
 #ifndef FERRY_SERVICES_WORKER_WORKER_SERVICE_H_
 #define FERRY_SERVICES_WORKER_WORKER_SERVICE_H_
 
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/worker.grpc.pb.h"
 #include "services/worker/deadline_queue.h"
@@ -204,8 +204,8 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   static constexpr char kKvDeadlineSuffix[] = "#kv";
   void KvDeadline(const std::string& id);
   void DrainLoop();
-  // No call left, no parked KV, no hand-off push in flight. Under mu_.
-  bool IdleLocked() const;
+  // No call left, no parked KV, no hand-off push in flight.
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   static constexpr size_t kMaxDecodeChannels = 256;
 
@@ -216,25 +216,26 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   WireLimits limits_;
   KvFacts facts_;
   ReservationTarget target_;
-  std::unique_ptr<SerialExecutor> pushes_;
 
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  absl::flat_hash_map<std::string, GenerateCall*> calls_;
-  absl::flat_hash_map<std::string, PrefillCall*> prefills_;
-  absl::flat_hash_map<std::string, std::weak_ptr<IncomingKv>> incoming_;
-  std::map<std::string, std::shared_ptr<ferry::v1::Worker::Stub>> decode_stubs_;
-  int64_t call_objects_ = 0;
-  bool pushes_stopped_ = false;
-  bool draining_ = false;
-  absl::Time drain_deadline_ = absl::InfiniteFuture();
-  absl::Time drain_started_ = absl::InfinitePast();
-  absl::flat_hash_map<std::string, ParkedKv> parked_;
-  int64_t handoff_pushes_ = 0;  // PushKv calls whose puts are in flight
-  std::string endpoint_;
-  bool stopping_ = false;
-  std::thread drainer_;
-  std::unique_ptr<WatchHub> hub_;  // set once by StartWatch, under mu_
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::unique_ptr<SerialExecutor> pushes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, GenerateCall*> calls_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, PrefillCall*> prefills_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::weak_ptr<IncomingKv>> incoming_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<ferry::v1::Worker::Stub>> decode_stubs_
+      ABSL_GUARDED_BY(mu_);
+  int64_t call_objects_ ABSL_GUARDED_BY(mu_) = 0;
+  bool pushes_stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time drain_started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::flat_hash_map<std::string, ParkedKv> parked_ ABSL_GUARDED_BY(mu_);
+  int64_t handoff_pushes_ ABSL_GUARDED_BY(mu_) = 0;  // PushKv calls whose puts are in flight
+  std::string endpoint_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread drainer_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<WatchHub> hub_ ABSL_GUARDED_BY(mu_);  // set once by StartWatch
 
   DeadlineQueue deadlines_;  // last: its thread calls AbortRequest
 };
