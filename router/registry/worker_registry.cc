@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/common/log.h"
 #include "router/index/kv_event_feed.h"
 #include "services/common/grpc_client.h"
@@ -168,7 +169,7 @@ absl::Status WorkerRegistry::SetWorkers(std::vector<std::string> addresses) {
   }
   std::vector<std::unique_ptr<Worker>> gone;  // freed outside the lock
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return absl::FailedPreconditionError("the registry is stopping");
     auto given = [&](const std::string& address) {
       return std::find(addresses.begin(), addresses.end(), address) != addresses.end();
@@ -229,7 +230,7 @@ absl::StatusOr<std::vector<std::string>> WorkerRegistry::ReadWorkerFile(const st
 }
 
 void WorkerRegistry::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (started_) return;
   started_ = true;
   for (auto& w : workers_) Connect(*w);
@@ -238,7 +239,7 @@ void WorkerRegistry::Start() {
 
 void WorkerRegistry::Stop() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!started_ || stopping_) return;
     stopping_ = true;
     for (auto* list : {&workers_, &removed_}) {
@@ -246,9 +247,11 @@ void WorkerRegistry::Stop() {
         if (w->subscription != nullptr) w->subscription->Cancel();
       }
     }
-    stop_cv_.notify_all();
+    stop_cv_.SignalAll();
     // Every stream's OnDone has run, and its Subscription is deleted, before the registry goes.
-    stop_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return live_subscriptions_ == 0; });
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (live_subscriptions_ != 0 && !stop_cv_.WaitWithDeadline(&mu_, give_up)) {
+    }
   }
   if (monitor_.joinable()) monitor_.join();
 }
@@ -289,7 +292,7 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
   bool changed = false;
   bool refused = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_ || w->removed) return;
     w->kv_synced = w->feed->synced();
     w->kv_sequence = w->feed->sequence();
@@ -383,7 +386,7 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
 void WorkerRegistry::OnStreamDone(Worker* w, uint64_t generation, const std::string& why) {
   std::unique_ptr<Worker> gone;  // a removed worker, now that nothing points at it
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (w->generation == generation && w->removed) {
       w->subscription = nullptr;
       auto it = std::find_if(removed_.begin(), removed_.end(),
@@ -403,20 +406,20 @@ void WorkerRegistry::OnStreamDone(Worker* w, uint64_t generation, const std::str
       w->cancel_reason.clear();
       w->resync = false;
     }
-    stop_cv_.notify_all();
+    stop_cv_.SignalAll();
   }
   if (gone != nullptr) Forget(std::move(gone));
   Changed();
 }
 
 void WorkerRegistry::SubscriptionGone() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   --live_subscriptions_;
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
 }
 
 void WorkerRegistry::MonitorLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   while (!stopping_) {
     const absl::Duration now = clock_->Monotonic();
     for (auto& w : workers_) {
@@ -443,33 +446,35 @@ void WorkerRegistry::MonitorLoop() {
     }
     std::vector<std::string> refusals;
     refusals.swap(refusals_);
-    lock.unlock();
+    mu_.Unlock();
     for (const std::string& reason : refusals) {
       if (on_refusal_) on_refusal_(reason);
     }
     ReportTransitions();
-    lock.lock();
-    stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.check_interval),
-                      [&] { return stopping_; });
+    mu_.Lock();
+    const absl::Time next_check = absl::Now() + options_.check_interval;
+    while (!stopping_ && !stop_cv_.WaitWithDeadline(&mu_, next_check)) {
+    }
   }
+  mu_.Unlock();
 }
 
 void WorkerRegistry::Changed() {
   ReportTransitions();
   std::function<void()> callback;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     callback = on_change_;
   }
   if (callback) callback();
 }
 
 void WorkerRegistry::ReportTransitions() {
-  std::lock_guard<std::mutex> report(report_mu_);
+  absl::MutexLock report(&report_mu_);
   std::vector<std::pair<std::string, bool>> transitions;
   std::function<void(const std::string&, bool)> callback;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     transitions.swap(transitions_);
     callback = on_worker_state_;
   }
@@ -478,22 +483,22 @@ void WorkerRegistry::ReportTransitions() {
 }
 
 void WorkerRegistry::SetOnWorkerState(std::function<void(const std::string&, bool)> callback) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   on_worker_state_ = std::move(callback);
 }
 
 void WorkerRegistry::SetOnChange(std::function<void()> callback) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   on_change_ = std::move(callback);
 }
 
 void WorkerRegistry::SetOnRefusal(std::function<void(const std::string&)> callback) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   on_refusal_ = std::move(callback);
 }
 
 std::vector<Candidate> WorkerRegistry::Candidates() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<Candidate> out;
   for (const auto& w : workers_) {
     if (!w->accepted || w->state != Worker::State::kUp) continue;
@@ -530,7 +535,7 @@ std::vector<Candidate> WorkerRegistry::Candidates() const {
 }
 
 bool WorkerRegistry::AnyUp() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   bool aggregated = false, prefill = false, decode = false;
   for (const auto& w : workers_) {
     const v1::DrainState drain = w->status.drain_state();
@@ -553,19 +558,19 @@ bool WorkerRegistry::AnyUp() const {
 }
 
 int64_t WorkerRegistry::up_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return std::count_if(workers_.begin(), workers_.end(),
                        [](const auto& w) { return w->accepted && w->state == Worker::State::kUp; });
 }
 
 PoolInfo WorkerRegistry::pool() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return pool_;
 }
 
 void WorkerRegistry::AddLoad(const std::string& id, int requests, int64_t pending_prefill_tokens,
                              int64_t active_tokens) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (auto& w : workers_) {
     if (w->id() == id) {
       w->inflight = std::max<int64_t>(0, w->inflight + requests);
@@ -581,7 +586,7 @@ absl::StatusOr<v1::DrainResponse> WorkerRegistry::Drain(const std::string& id,
                                                         uint32_t grace_seconds) {
   std::shared_ptr<v1::Worker::Stub> stub;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& w : workers_) {
       if (w->id() == id || w->address == id) stub = w->stub;
     }
@@ -601,7 +606,7 @@ absl::StatusOr<v1::DrainResponse> WorkerRegistry::Drain(const std::string& id,
 }
 
 nlohmann::json WorkerRegistry::ToJson() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   nlohmann::json out = nlohmann::json::array();
   const absl::Duration now = clock_->Monotonic();
   for (const auto& w : workers_) {

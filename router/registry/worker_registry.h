@@ -35,15 +35,15 @@
 #ifndef FERRY_ROUTER_REGISTRY_WORKER_REGISTRY_H_
 #define FERRY_ROUTER_REGISTRY_WORKER_REGISTRY_H_
 
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/common/clock.h"
 #include "engine/common/hash128.h"
@@ -160,12 +160,12 @@ class WorkerRegistry {
   // Frees a worker whose stream is over (no lock held): its blocks leave the index.
   void Forget(std::unique_ptr<Worker> w);
   void MonitorLoop();
-  void Connect(Worker& w);  // under mu_
+  void Connect(Worker& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnStatus(Worker* w, const ferry::v1::WorkerStatus& status);
   void OnStreamDone(Worker* w, uint64_t generation, const std::string& why);
   // A Subscription was deleted (its ClientContext with it): Stop waits for the last one.
   void SubscriptionGone();
-  void MarkDown(Worker& w, const std::string& why);  // under mu_
+  void MarkDown(Worker& w, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed();
   // Reports the up/down transitions queued in transitions_ (no lock held).
   void ReportTransitions();
@@ -173,22 +173,26 @@ class WorkerRegistry {
   const RegistryOptions options_;
   Clock* const clock_;
 
-  mutable std::mutex mu_;
+  mutable absl::Mutex mu_;
   // The listed workers, in the order they were added.
-  std::vector<std::unique_ptr<Worker>> workers_;
+  // (A Worker's fields are guarded by mu_ too, unannotated: the struct cannot name the registry's
+  // mutex.)
+  std::vector<std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
   // Removed workers whose Watch stream has not ended yet: its callbacks still point at them.
-  std::vector<std::unique_ptr<Worker>> removed_;
-  std::condition_variable stop_cv_;
-  PoolInfo pool_;
-  bool started_ = false, stopping_ = false;
-  int64_t live_subscriptions_ = 0;  // created and not yet deleted
+  std::vector<std::unique_ptr<Worker>> removed_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar stop_cv_;
+  PoolInfo pool_ ABSL_GUARDED_BY(mu_);
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t live_subscriptions_ ABSL_GUARDED_BY(mu_) = 0;  // created and not yet deleted
   std::thread monitor_;
   std::function<void()> on_change_;
   std::function<void(const std::string&)> on_refusal_;
-  std::vector<std::string> refusals_;  // not yet reported to on_refusal_
+  std::vector<std::string> refusals_ ABSL_GUARDED_BY(mu_);  // not yet reported to on_refusal_
   std::function<void(const std::string&, bool)> on_worker_state_;
-  std::vector<std::pair<std::string, bool>> transitions_;  // not yet reported to it
-  std::mutex report_mu_;  // one ReportTransitions at a time: they arrive in order
+  // Not yet reported to it.
+  std::vector<std::pair<std::string, bool>> transitions_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex report_mu_;  // one ReportTransitions at a time: they arrive in order
   std::unique_ptr<CompletionThread> own_completions_;
   CompletionThread* completions_ = nullptr;
   std::unique_ptr<KvIndex> own_index_;
