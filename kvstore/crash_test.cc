@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -189,6 +190,7 @@ TEST(CrashTest, PowerCutTwentyTimes) {
     StoreOptions options = Options();
     options.fs = &fault;
     std::mutex mu;
+    std::condition_variable first_ack;
     auto& acked = ledger.acked[run];
     std::atomic<uint64_t> next{0};
     int64_t dropped = 0;
@@ -206,18 +208,17 @@ TEST(CrashTest, PowerCutTwentyTimes) {
             }
             std::lock_guard<std::mutex> lock(mu);
             acked.insert(i);
+            first_ack.notify_all();
           }
         });
       }
       // The power goes a random time after the first acknowledgement (on a loaded machine the
       // first put can take longer than the whole window).
-      for (int waited = 0; waited < 60000; ++waited) {
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          if (!acked.empty()) break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        first_ack.wait_for(lock, std::chrono::seconds(60), [&] { return !acked.empty(); });
       }
+      // Inherent: the random cut point is what this test varies (the writers run meanwhile).
       std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 200));
       dropped = fault.Crash();
       for (auto& w : writers) w.join();

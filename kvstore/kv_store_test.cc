@@ -874,6 +874,7 @@ TEST_F(KvStoreTest, ADeleteAndThenAPutOfOneKeyInOneGroupKeepThePut) {
     gate.AwaitWaiter();
     const int64_t groups = store->Stats().group_commits;
     std::thread del([&] { EXPECT_EQ(*store->Delete({Key(k), Key(m)}), 2); });
+    // Inherent: only biases the order toward delete-then-put (either order passes; see above).
     std::this_thread::sleep_for(std::chrono::milliseconds(20 * (attempt + 1)));
     PutResult r;
     std::thread put([&] {

@@ -1,6 +1,9 @@
 #include "engine/common/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -23,13 +26,21 @@ TEST(ThreadPoolTest, EveryIndexRunsExactlyOnce) {
 TEST(ThreadPoolTest, UsesSeveralThreadsAndReusesThem) {
   ThreadPool pool(3);
   std::mutex mu;
+  std::condition_variable cv;
   std::set<std::thread::id> ids;
   for (int round = 0; round < 20; ++round) {
+    // Every index waits (up to 10 s a call) until a second thread has joined the call, so each
+    // call is shared by at least two threads whatever the timing (no sleep standing in for work).
+    std::set<std::thread::id> in_call;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     pool.ParallelFor(64, [&](size_t) {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      std::lock_guard<std::mutex> lock(mu);
+      std::unique_lock<std::mutex> lock(mu);
+      in_call.insert(std::this_thread::get_id());
       ids.insert(std::this_thread::get_id());
+      cv.notify_all();
+      cv.wait_until(lock, deadline, [&] { return in_call.size() >= 2; });
     });
+    EXPECT_GE(in_call.size(), 2u) << "call " << round;
   }
   EXPECT_GE(ids.size(), 2u);
   EXPECT_LE(ids.size(), 3u);  // the workers plus the caller, never new threads

@@ -129,6 +129,7 @@ class DelayingService final : public ferry::v1::KvStore::Service {
       absl::MutexLock lock(&mu_);
       delay = delay_;
     }
+    // Inherent: a slow node, measured against the client's real-time RPC deadline.
     const absl::Time end = absl::Now() + delay;
     while (absl::Now() < end && !context->IsCancelled()) absl::SleepFor(absl::Milliseconds(2));
   }

@@ -295,17 +295,32 @@ TEST(WorkerRegistryTest, APinnedFingerprintRefusesEvenTheFirstAndARefusedWorkerI
   ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 1; }));
   fleet.workers[0]->Send(Status("w0", 8, 16));
   ASSERT_TRUE(Eventually([&] { return !registry.ToJson()[0]["streaming"].get<bool>(); }));
-  absl::SleepFor(options.check_interval * 3);
-  EXPECT_EQ(refused(), 1u);
+  EXPECT_EQ(registry.ToJson()[0]["state"], "refused");
+  // No sleep to show that nothing more is reported: refusals are reported in the order they were
+  // made, so a third try refused for another reason (its block size) is a marker that reaches the
+  // callback only after anything the second try queued. A new reason counts again.
+  clock.Advance(options.initial_backoff * 2);
+  ASSERT_TRUE(Eventually([&] {  // the new stream, and only it (the last one's server side is gone)
+    return fleet.workers[0]->subscriptions() == 3 && fleet.workers[0]->open_streams() == 1;
+  }));
+  fleet.workers[0]->Send(Status("w0", 7, 32));
+  ASSERT_TRUE(Eventually([&] { return refused() == 2; }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(refusals, (std::vector<std::string>{"fingerprint", "block_tokens"}));
+  }
+  ASSERT_TRUE(Eventually([&] { return !registry.ToJson()[0]["streaming"].get<bool>(); }));
   EXPECT_EQ(registry.ToJson()[0]["state"], "refused");
 
-  // Restarted on the right model: accepted on the next try.
-  clock.Advance(options.initial_backoff * 2);
-  ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->open_streams() == 1; }));
+  // Restarted on the right model: accepted on the next try (the backoff doubled each time).
+  clock.Advance(options.initial_backoff * 4);
+  ASSERT_TRUE(Eventually([&] {
+    return fleet.workers[0]->subscriptions() == 4 && fleet.workers[0]->open_streams() == 1;
+  }));
   fleet.workers[0]->Send(Status("w0", 7, 16));
   ASSERT_TRUE(Eventually([&] { return registry.up_count() == 2; }));
   EXPECT_EQ(registry.ToJson()[0]["state"], "up");
-  EXPECT_EQ(refused(), 1u);
+  EXPECT_EQ(refused(), 2u);
   registry.Stop();
 }
 
@@ -482,7 +497,11 @@ TEST(WorkerRegistryTest, ARemovedWorkerStopsAtOnceLosesItsStreamAndBlocksAndCanC
   registry.AddLoad("w1", -1);  // that request ends: nothing to count it against
   // Messages it still sends reach nobody; no down transition was reported (its requests go on).
   fleet.workers[1]->Send(Status("w1", 7, 16, false));
-  absl::SleepFor(options.check_interval * 3);
+  EXPECT_EQ(fleet.workers[1]->open_streams(), 0);
+  // No sleep to show that nothing is reported: SetWorkers reports the transitions queued so far
+  // itself before it returns (after any report under way on another thread), so once this call
+  // with the same list returns, a down transition for w1 would be in `reported`.
+  ASSERT_TRUE(registry.SetWorkers({fleet.addresses[0]}).ok());
   EXPECT_EQ(registry.up_count(), 1);
   EXPECT_EQ(reported().size(), 2u);
 

@@ -97,7 +97,7 @@ TEST_F(GrpcServerTest, DeadlineExceededIsReportedAndTheHandlerSeesCancellation) 
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_LT(absl::Now() - start, absl::Seconds(4));
   // The handler notices the cancelled call and stops (it polls every 5 ms).
-  for (int i = 0; i < 400 && echo_.cancelled() == 0; ++i) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(echo_.WaitForCancelled(1, absl::Seconds(2)));
   EXPECT_EQ(echo_.cancelled(), 1);
 }
 
@@ -120,7 +120,7 @@ TEST_F(GrpcServerTest, GracefulShutdownLetsInFlightCallsFinish) {
     in_flight_status = Call(request, &response);
     done = true;
   });
-  for (int i = 0; i < 1000 && echo_.in_flight() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_TRUE(echo_.WaitForInFlight(1, absl::Seconds(2)));
   ASSERT_EQ(echo_.in_flight(), 1);
   server_->Shutdown(absl::Seconds(10));
   caller.join();
@@ -140,7 +140,7 @@ TEST_F(GrpcServerTest, ShutdownWithoutGraceCancelsLongCalls) {
     EchoResponse response;
     in_flight_status = Call(request, &response, absl::Seconds(30));
   });
-  for (int i = 0; i < 1000 && echo_.in_flight() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_TRUE(echo_.WaitForInFlight(1, absl::Seconds(2)));
   ASSERT_EQ(echo_.in_flight(), 1);
   const absl::Time start = absl::Now();
   server_->Shutdown(absl::Milliseconds(100));

@@ -40,6 +40,7 @@ class FakeKvClient final : public kv::KvClient {
   int64_t Put(absl::Span<const kv::ClientObject> objects) override {
     std::unique_lock<std::mutex> lock(mu_);
     ++puts_;
+    cv_.notify_all();  // for WaitForPuts
     cv_.wait(lock, [this] { return !held_; });
     if (down_) return 0;
     for (const kv::ClientObject& o : objects) {
@@ -118,6 +119,11 @@ class FakeKvClient final : public kv::KvClient {
   int puts() {
     std::lock_guard<std::mutex> lock(mu_);
     return puts_;
+  }
+  // Waits (up to 30 s) until `n` Puts have been called (a held one counts once it waits).
+  bool WaitForPuts(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return puts_ >= n; });
   }
   int gets() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -344,7 +350,7 @@ TEST_F(StoreTest, AHigherFloorWritesAPresentBlockAgainALowerOrEqualOneDoesNot) {
   const std::vector<ComputedBlock> third = {{2, Hash128{9, 2}, blocks[2]}};
   store.Hold(true);
   other.Offer(third, kv::TrafficClass::kChat, 0);
-  while (store.puts() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(store.WaitForPuts(3));
   other.Offer(absl::MakeConstSpan(computed).subspan(1, 1), kv::TrafficClass::kChat, 1800);
   other.Offer(absl::MakeConstSpan(computed).subspan(1, 1), kv::TrafficClass::kChat, 2400);
   store.Hold(false);
@@ -372,7 +378,7 @@ TEST_F(StoreTest, AFullWriteQueueDropsAndNeverBlocks) {
   for (int i = 0; i < 6; ++i)
     computed.push_back({i, Hash128{7, static_cast<uint64_t>(i)}, blocks[i]});
   writer.Offer(absl::MakeConstSpan(computed).subspan(0, 1), kv::TrafficClass::kChat);
-  while (store.puts() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(store.WaitForPuts(1));
   // The writer is inside a Put the store holds; the caller is never held: two more fit in the
   // queue, three are dropped without a reference.
   writer.Offer(absl::MakeConstSpan(computed).subspan(1), kv::TrafficClass::kChat);

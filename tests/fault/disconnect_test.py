@@ -88,7 +88,9 @@ class DisconnectTest(unittest.TestCase):
         while True:
             samples = {w.name: w.metrics() for w in workers}
             if all(w.busy(samples[w.name]) == 0 for w in workers):
-                time.sleep(0.1)  # > --watch_interval: the gauges are fresh
+                # Kept: the gauges are refreshed every --watch_interval (20 ms) with no tick count
+                # to wait on, so the second read comes after a refresh; a mismatch only retries.
+                time.sleep(0.1)
                 again = {w.name: w.metrics() for w in workers}
                 if all(w.busy(again[w.name]) == 0 and
                        w.steps(again[w.name]) == w.steps(samples[w.name]) for w in workers):

@@ -99,11 +99,12 @@ class DrainTest(unittest.TestCase):
                                          outcome="completed") if prefill else 0
         prefills_before = prefills()
         results = [None] * len(bodies)
-        threads = start_streams(router.port, bodies[:STREAMS], results)
+        with_tokens = set()  # the streams (their Results) that have had a token
+        threads = start_streams(router.port, bodies[:STREAMS], results,
+                                lambda r: with_tokens.add(id(r)))
         wait_for("every stream's first tokens",
-                 lambda: all(r is None or r for r in results[:STREAMS]) and
+                 lambda: len(with_tokens) == STREAMS and
                  sum(inflight(router, w) for w in streamers) == STREAMS)
-        time.sleep(0.2)
         drained = max(streamers, key=lambda w: inflight(router, w))
         on_drained = inflight(router, drained)
         self.assertGreater(on_drained, 0)
@@ -175,9 +176,10 @@ class DrainTest(unittest.TestCase):
         wait_for("the drain", lambda: "source" in state)
         others = [w for w in decodes if w is not state["source"]]
         # After the grace the request moves to another decode worker, which asks the source for
-        # the KV; the source holds the push: kill the target then.
+        # the KV; the source holds the push (and logs that it does): kill the target then.
         target = router.streaming_worker(others, timeout=10)
-        time.sleep(0.3)
+        wait_for("the source to hold the hand-off push",
+                 lambda: "test seam: the hand-off push" in state["source"].log())
         target.kill()
         os.unlink(hold)
         t.join()
@@ -218,6 +220,12 @@ class DrainTest(unittest.TestCase):
                 break
         self.assertGreater(inflight(router, held), 0, "no request reached prefill0")
         held.signal(signal.SIGTERM)
+        # Its drain has begun (with a 0 s grace only the held pushes keep it), then it must stay.
+        wait_for("the router to see prefill0 draining",
+                 lambda: router.workers().get(held.address, {}).get("drain_state")
+                 == "DRAIN_STATE_DRAINING")
+        # Kept: "did not exit" of another process, which exposes no drain step count to wait on; a
+        # worker that does not wait for its pushes exits within milliseconds of its drain.
         time.sleep(1.0)
         self.assertIsNone(held.proc.poll(), "the prefill worker exited with pushes pending")
         os.unlink(hold)

@@ -171,6 +171,11 @@ class Worker:
     def signal(self, sig):
         os.kill(self.proc.pid, sig)
 
+    def log(self):
+        """What its current run wrote to its log (stderr) so far."""
+        with open(os.path.join(TMP, f"{self.name}_{self.starts}.log"), errors="replace") as f:
+            return f.read()
+
     def kill(self):
         self.signal(signal.SIGKILL)
         self.proc.wait()

@@ -7,6 +7,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "engine/common/fake_clock.h"
 #include "gtest/gtest.h"
 #include "kvstore/client/kv_client.h"
 #include "tests/integration/service_process.h"
@@ -39,6 +42,17 @@ std::string Value(int i) {
   std::mt19937 rng(i);
   for (char& c : v) c = static_cast<char>(rng());
   return v;
+}
+
+// Polls `done` until it holds or `timeout` passes; whether it held.
+template <typename Fn>
+bool WaitFor(Fn done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));  // the poll's interval
+  }
+  return true;
 }
 
 // A ferry-kvstore child on `dir`, on `port` (0: any).
@@ -79,6 +93,8 @@ class MultiNodeTest : public ::testing::Test {
     o.deadline = absl::Milliseconds(500);
     o.down_backoff = absl::Milliseconds(100);
     o.max_down_backoff = absl::Milliseconds(400);
+    // The backoffs run on a fake clock: a down node is probed again when the test moves it.
+    o.clock = &clock_;
     client_ = *KvClient::Create(o);
   }
   void Restart(int n) {
@@ -101,7 +117,10 @@ class MultiNodeTest : public ::testing::Test {
     return found;
   }
   int Owner(int i) { return client_->NodesFor(Key(i))[0]; }
+  // Past any node's backoff: its next request probes it.
+  void PastTheBackoff() { clock_.Advance(absl::Milliseconds(400)); }
 
+  FakeClock clock_;
   fs::path root_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<std::string> addresses_;
@@ -129,7 +148,7 @@ TEST_F(MultiNodeTest, ANodeKilledAndRestartedCostsMissesNeverErrors) {
 
   // A reader and a writer keep going while node 1 dies; every call returns, none takes long.
   std::atomic<bool> stop{false};
-  std::atomic<int64_t> calls{0}, slow{0};
+  std::atomic<int64_t> calls{0}, slow{0}, reads{0}, writes{0};
   auto timed = [&](auto fn) {
     const auto start = std::chrono::steady_clock::now();
     fn();
@@ -137,7 +156,10 @@ TEST_F(MultiNodeTest, ANodeKilledAndRestartedCostsMissesNeverErrors) {
     ++calls;
   };
   std::thread reader([&] {
-    while (!stop) timed([&] { GetAll(kObjects); });
+    while (!stop) {
+      timed([&] { GetAll(kObjects); });
+      ++reads;
+    }
   });
   std::thread writer([&] {
     for (int i = kObjects; !stop; ++i) {
@@ -145,23 +167,37 @@ TEST_F(MultiNodeTest, ANodeKilledAndRestartedCostsMissesNeverErrors) {
       ClientObject o{Key(i), {}, v};
       o.meta.fingerprint = kModel;
       timed([&] { client_->Put({o}); });
+      ++writes;
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Both are going.
+  ASSERT_TRUE(WaitFor([&] { return reads > 0 && writes > 0; }, absl::Seconds(30)));
   nodes_[1]->Kill();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // The client finds node 1 down on its own calls; each time the clock passes its backoff, one
+  // call probes it and fails again (and returns: none is slow).
+  ASSERT_TRUE(WaitFor([&] { return !client_->nodes()[1].up; }, absl::Seconds(30)));
+  for (int probe = 0; probe < 3; ++probe) {
+    const int64_t failures = client_->nodes()[1].failures;
+    PastTheBackoff();
+    ASSERT_TRUE(
+        WaitFor([&] { return client_->nodes()[1].failures > failures; }, absl::Seconds(30)));
+  }
   // Down: node 1's keys are misses, all others hit.
   const std::vector<bool> down = GetAll(kObjects);
   for (int i = 0; i < kObjects; ++i) EXPECT_EQ(down[i], Owner(i) != 1) << "object " << i;
   EXPECT_FALSE(client_->nodes()[1].up);
 
   Restart(1);
+  // Past its backoff the next call probes it, and it is back. (Polled: the reader's call may be
+  // the probe, and a call that skips the node meanwhile reads its keys as misses.)
+  PastTheBackoff();
   std::vector<bool> back;
-  for (int attempt = 0; attempt < 50; ++attempt) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    back = GetAll(kObjects);
-    if (std::all_of(back.begin(), back.end(), [](bool b) { return b; })) break;
-  }
+  WaitFor(
+      [&] {
+        back = GetAll(kObjects);
+        return std::all_of(back.begin(), back.end(), [](bool b) { return b; });
+      },
+      absl::Seconds(5));
   stop = true;
   reader.join();
   writer.join();
@@ -187,13 +223,25 @@ TEST_F(MultiNodeTest, SigtermLosesNothingAcknowledged) {
       }
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Enough acknowledged puts, node 2's among them, for the checks below.
+  auto acked_on = [&](int node) {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::count_if(acked.begin(), acked.end(), [&](int i) { return Owner(i) == node; });
+  };
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return acked.size() > 20;
+      },
+      absl::Seconds(30)));
+  ASSERT_TRUE(WaitFor([&] { return acked_on(2) > 5; }, absl::Seconds(30)));
   EXPECT_EQ(nodes_[2]->Terminate(), 0) << "ferry-kvstore did not exit cleanly on SIGTERM";
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The writer goes on until its puts to node 2 have found it gone.
+  ASSERT_TRUE(WaitFor([&] { return !client_->nodes()[2].up; }, absl::Seconds(30)));
   stop = true;
   writer.join();
   Restart(2);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // past the backoff
+  PastTheBackoff();  // the next call probes node 2
   std::vector<Hash128> keys;
   std::vector<int> ids;
   {
@@ -204,14 +252,17 @@ TEST_F(MultiNodeTest, SigtermLosesNothingAcknowledged) {
     }
   }
   ASSERT_GT(ids.size(), 20u);
-  auto got = client_->Get(keys, kModel);
-  for (int attempt = 0; attempt < 20; ++attempt) {
-    int missing = 0;
-    for (const auto& g : got) missing += !g.found;
-    if (missing == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    got = client_->Get(keys, kModel);
-  }
+  // Nothing else calls the client now: this Get probes node 2 and finds it back. (Polled, with
+  // the clock past the backoff again each time, should the restarted node refuse a first call.)
+  std::vector<ClientGetResult> got;
+  WaitFor(
+      [&] {
+        got = client_->Get(keys, kModel);
+        if (std::all_of(got.begin(), got.end(), [](const auto& g) { return g.found; })) return true;
+        PastTheBackoff();
+        return false;
+      },
+      absl::Seconds(4));
   int on_node_2 = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     on_node_2 += Owner(ids[k]) == 2;

@@ -252,6 +252,8 @@ TEST(StoreFaultTest, AStoreNodeKilledIsAMissAndHitsResumeWhenItIsBack) {
     GenerateResult got =
         RunAndCompare(on_b, ref, Request(absl::StrCat("back", i), Concat(prompts[i], other)));
     hit = got.usage.cached_by_source().store();
+    // Inherent: the worker's KV client backs off on real time in its own process, exposing no
+    // node state, and each try uses up a prompt, so the tries are spaced.
     if (hit == 0) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   EXPECT_EQ(hit, 96u);

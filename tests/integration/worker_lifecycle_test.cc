@@ -76,11 +76,8 @@ TEST(WorkerLifecycleTest, CancelMidStreamAbortsWithinAStepAndLeavesThePoolIdle) 
   EXPECT_EQ(got.status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_LT(got.choices[0].tokens.size(), 200u);
   ASSERT_TRUE(WaitUntilIdle(client));
-  for (int i = 0; i < 100 && MetricValue(worker->admin_port(),
-                                         "ferry_worker_requests_total{outcome=\"cancelled\"}") < 1;
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  WaitForMetric(worker->admin_port(), "ferry_worker_requests_total{outcome=\"cancelled\"}", 1,
+                absl::Seconds(2));
   EXPECT_EQ(MetricValue(worker->admin_port(), "ferry_worker_requests_total{outcome=\"cancelled\"}"),
             1);
   // Healthy: the next request runs to its end.
@@ -214,12 +211,19 @@ TEST(WorkerLifecycleTest, WithoutExitWhenDrainedADrainedWorkerStaysDrained) {
   auto worker = NullWorker(0.001, {"--exit_when_drained=false"});
   ASSERT_TRUE(worker->ready());
   WorkerClient client(worker->address());
+  auto watch = client.Watch(v1::WatchRequest(), absl::Seconds(5));
   v1::DrainResponse drain;
   ASSERT_TRUE(client.Drain(30, &drain).ok());
-  for (int i = 0; i < 500 && drain.state() != v1::DRAIN_STATE_DRAINED; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-    ASSERT_TRUE(client.Drain(0, &drain).ok());
+  // The Watch stream reports each change of the drain state: read it until DRAINED.
+  v1::WorkerStatus status;
+  bool drained = false;
+  while (!drained && watch->Next(&status)) {
+    drained = status.drain_state() == v1::DRAIN_STATE_DRAINED;
   }
+  EXPECT_TRUE(drained);
+  watch->Cancel();
+  watch->Finish();
+  ASSERT_TRUE(client.Drain(0, &drain).ok());
   EXPECT_EQ(drain.state(), v1::DRAIN_STATE_DRAINED);
   EXPECT_EQ(HttpGet(worker->admin_port(), "/healthz"), 200);  // alive, just not ready
   EXPECT_NE(HttpGet(worker->admin_port(), "/readyz"), 200);

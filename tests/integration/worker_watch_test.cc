@@ -5,6 +5,9 @@
 // resumed after a sequence number continues from it; heartbeats arrive while the worker is idle.
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -139,18 +142,27 @@ TEST(WorkerWatchTest, ASubscriberThatStopsReadingGetsAFreshSnapshotWhenItResumes
   CacheView reader_view;
   std::atomic<bool> stop{false};
   std::atomic<int> reader_snapshots{0};
-  std::atomic<bool> reader_caught_up{false};
+  std::mutex caught_up_mu;
+  std::condition_variable caught_up_cv;
+  bool reader_caught_up = false;  // a whole message past its snapshot
   auto reader = client.Watch(v1::WatchRequest(), absl::Seconds(120));
   std::thread reading([&] {
     v1::WorkerStatus status;
     while (!stop && reader->Next(&status)) {
       if (status.snapshot()) ++reader_snapshots;
       reader_view.Apply(status);
-      if (!status.snapshot() && !status.snapshot_continues()) reader_caught_up = true;
+      if (!status.snapshot() && !status.snapshot_continues()) {
+        std::lock_guard<std::mutex> lock(caught_up_mu);
+        reader_caught_up = true;
+        caught_up_cv.notify_all();
+      }
     }
   });
-  for (int i = 0; i < 2000 && !reader_caught_up; ++i) absl::SleepFor(absl::Milliseconds(5));
-  ASSERT_TRUE(reader_caught_up);
+  {
+    std::unique_lock<std::mutex> lock(caught_up_mu);
+    caught_up_cv.wait_for(lock, std::chrono::seconds(10), [&] { return reader_caught_up; });
+    ASSERT_TRUE(reader_caught_up);
+  }
   fill("burst", 30, 1000);  // ~63 blocks a request, ~1,900 in all: more than the journal keeps
 
   // The slow subscriber resumes: it sees its first snapshot (taken before the burst), then,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,14 +66,25 @@ class FakeServer {
     const int now = ++active_;
     for (int m = max_active_; now > m && !max_active_.compare_exchange_weak(m, now);) {
     }
-    auto closed = std::make_shared<std::atomic<bool>>(false);
-    responder->OnClose([closed] { *closed = true; });
+    // Set when the client goes away.
+    struct Closed {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool closed = false;
+    };
+    auto closed = std::make_shared<Closed>();
+    responder->OnClose([closed] {
+      std::lock_guard<std::mutex> lock(closed->mu);
+      closed->closed = true;
+      closed->cv.notify_all();
+    });
     std::lock_guard<std::mutex> lock(mu_);
     threads_.emplace_back([this, body, model, responder, closed] {
       responder->StartStream(200, {{"Content-Type", "text/event-stream"}});
       if (model == "hang") {
-        for (int i = 0; i < 2000 && !*closed; ++i) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        {  // until the client goes away (at most 2 s)
+          std::unique_lock<std::mutex> lock(closed->mu);
+          closed->cv.wait_for(lock, std::chrono::seconds(2), [&] { return closed->closed; });
         }
         --active_;
         responder->Finish();
@@ -86,6 +98,7 @@ class FakeServer {
       }
       const bool chat = body.contains("messages");
       for (int i = 0; i < tokens; ++i) {
+        // Inherent: the fake server's token pacing (what the driver times), not a wait.
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         const std::string text = absl::StrCat("t", i, " ");
         nlohmann::json choice = {{"index", 0}};

@@ -7,14 +7,45 @@
 
 namespace ferry {
 
-void EchoService::Enter() {
-  ++in_flight_;
-  if (in_flight_gauge_ != nullptr) in_flight_gauge_->Increment();
+int EchoService::in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
 }
 
-void EchoService::Leave() {
+int EchoService::cancelled() const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_;
+}
+
+bool EchoService::WaitForInFlight(int n, absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (in_flight_ < n && !changed_.WaitWithDeadline(&mu_, deadline)) {
+  }
+  return in_flight_ >= n;
+}
+
+bool EchoService::WaitForCancelled(int n, absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (cancelled_ < n && !changed_.WaitWithDeadline(&mu_, deadline)) {
+  }
+  return cancelled_ >= n;
+}
+
+void EchoService::Enter() {
+  absl::MutexLock lock(&mu_);
+  ++in_flight_;
+  if (in_flight_gauge_ != nullptr) in_flight_gauge_->Increment();
+  changed_.SignalAll();
+}
+
+void EchoService::Leave(bool cancelled) {
+  absl::MutexLock lock(&mu_);
   --in_flight_;
+  if (cancelled) ++cancelled_;
   if (in_flight_gauge_ != nullptr) in_flight_gauge_->Decrement();
+  changed_.SignalAll();
 }
 
 grpc::Status EchoService::Echo(grpc::ServerContext* context,
@@ -24,8 +55,7 @@ grpc::Status EchoService::Echo(grpc::ServerContext* context,
   const absl::Time until = absl::Now() + absl::Milliseconds(request->delay_ms());
   while (absl::Now() < until) {
     if (context->IsCancelled()) {
-      ++cancelled_;
-      Leave();
+      Leave(/*cancelled=*/true);
       return grpc::Status::CANCELLED;
     }
     absl::SleepFor(absl::Milliseconds(5));

@@ -4,8 +4,9 @@
 #ifndef FERRY_SERVICES_COMMON_TESTING_ECHO_SERVICE_H_
 #define FERRY_SERVICES_COMMON_TESTING_ECHO_SERVICE_H_
 
-#include <atomic>
-
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "ferry/testing/v1/echo.grpc.pb.h"
 #include "prometheus/gauge.h"
 
@@ -22,17 +23,23 @@ class EchoService final : public ferry::testing::v1::Echo::Service {
                     ferry::testing::v1::EchoResponse* response) override;
 
   // Calls currently inside Echo().
-  int in_flight() const { return in_flight_.load(); }
+  int in_flight() const;
   // Calls that saw their cancellation while delaying.
-  int cancelled() const { return cancelled_.load(); }
+  int cancelled() const;
+
+  // Block until in_flight() / cancelled() is at least `n`, or `timeout` passes; whether it is.
+  bool WaitForInFlight(int n, absl::Duration timeout) const;
+  bool WaitForCancelled(int n, absl::Duration timeout) const;
 
  private:
   void Enter();
-  void Leave();
+  void Leave(bool cancelled = false);
 
   prometheus::Gauge* const in_flight_gauge_;
-  std::atomic<int> in_flight_{0};
-  std::atomic<int> cancelled_{0};
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar changed_;  // in_flight_ or cancelled_ changed
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int cancelled_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry
