@@ -21,9 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "absl/strings/str_cat.h"
 #include "engine/common/mutex_mode.h"
 #include "engine/engine.h"
 #include "nlohmann/json.hpp"
