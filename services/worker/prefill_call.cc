@@ -634,32 +634,9 @@ void PrefillCall::PushEnded(const absl::Status& outcome, bool no_transfer) {
   Settle();
 }
 
-void PrefillCall::SendFirstTokens() {
-  struct Rpc {
-    std::unique_ptr<grpc::ClientContext> context;
-    v1::KvReadyRequest request;
-    v1::KvReadyResponse response;
-  };
-  auto rpc = std::make_shared<Rpc>();
-  FillReady(absl::OkStatus(), /*no_transfer=*/false, &rpc->request);
-  rpc->context = NewClientContext(service_->options().kv_ready_timeout, trace_id_);
-  AttachSharedToken(rpc->context.get(), service_->options().auth_token);
-  auto stub = service_->DecodeStub(decode_endpoint_);
-  refs_.fetch_add(1);  // the KvReady call's
-  stub->async()->KvReady(rpc->context.get(), &rpc->request, &rpc->response,
-                         [this, rpc, stub](grpc::Status status) {
-                           {
-                             absl::MutexLock lock(&mu_);
-                             ready_done_ = true;
-                             ready_status_ = status;
-                             usage_ = rpc->request.usage();
-                           }
-                           Settle();
-                           Unref();
-                         });
-}
-
-void PrefillCall::TellDecodeFailed(const absl::Status& error, bool no_transfer) {
+void PrefillCall::CallKvReady(
+    const absl::Status& error, bool no_transfer,
+    std::function<void(const grpc::Status&, const v1::KvReadyRequest&)> done) {
   struct Rpc {
     std::unique_ptr<grpc::ClientContext> context;
     v1::KvReadyRequest request;
@@ -672,7 +649,28 @@ void PrefillCall::TellDecodeFailed(const absl::Status& error, bool no_transfer) 
   auto stub = service_->DecodeStub(decode_endpoint_);
   refs_.fetch_add(1);  // the KvReady call's
   stub->async()->KvReady(rpc->context.get(), &rpc->request, &rpc->response,
-                         [this, rpc, stub](grpc::Status) { Unref(); });  // best effort
+                         [this, rpc, stub, done = std::move(done)](grpc::Status status) {
+                           done(status, rpc->request);
+                           Unref();
+                         });
+}
+
+void PrefillCall::SendFirstTokens() {
+  CallKvReady(absl::OkStatus(), /*no_transfer=*/false,
+              [this](const grpc::Status& status, const v1::KvReadyRequest& sent) {
+                {
+                  absl::MutexLock lock(&mu_);
+                  ready_done_ = true;
+                  ready_status_ = status;
+                  usage_ = sent.usage();
+                }
+                Settle();
+              });
+}
+
+void PrefillCall::TellDecodeFailed(const absl::Status& error, bool no_transfer) {
+  CallKvReady(error, no_transfer,
+              [](const grpc::Status&, const v1::KvReadyRequest&) {});  // best effort
 }
 
 void PrefillCall::Settle() {
@@ -734,36 +732,23 @@ void PrefillCall::FillResponseLocked() {
 }
 
 void PrefillCall::NotifyDecode(const absl::Status& error, bool no_transfer) {
-  struct Rpc {
-    std::unique_ptr<grpc::ClientContext> context;
-    v1::KvReadyRequest request;
-    v1::KvReadyResponse response;
-  };
-  auto rpc = std::make_shared<Rpc>();
-  FillReady(error, no_transfer, &rpc->request);
-  rpc->context = NewClientContext(service_->options().kv_ready_timeout, trace_id_);
-  AttachSharedToken(rpc->context.get(), service_->options().auth_token);
-  auto stub = service_->DecodeStub(decode_endpoint_);
-  refs_.fetch_add(1);  // the KvReady call's
-  stub->async()->KvReady(
-      rpc->context.get(), &rpc->request, &rpc->response,
-      [this, rpc, stub, error](grpc::Status status) {
-        if (!error.ok()) {
-          End(ToGrpcStatus(error));
-        } else if (!status.ok()) {
-          End(grpc::Status(
-              grpc::StatusCode::UNAVAILABLE,
-              absl::StrCat("the decode worker did not take the KV: ", status.error_message())));
-        } else {
-          {
-            absl::MutexLock lock(&mu_);
-            usage_ = rpc->request.usage();
-            FillResponseLocked();
-          }
-          End(grpc::Status::OK);
-        }
-        Unref();
-      });
+  CallKvReady(error, no_transfer,
+              [this, error](const grpc::Status& status, const v1::KvReadyRequest& sent) {
+                if (!error.ok()) {
+                  End(ToGrpcStatus(error));
+                } else if (!status.ok()) {
+                  End(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   absl::StrCat("the decode worker did not take the KV: ",
+                                                status.error_message())));
+                } else {
+                  {
+                    absl::MutexLock lock(&mu_);
+                    usage_ = sent.usage();
+                    FillResponseLocked();
+                  }
+                  End(grpc::Status::OK);
+                }
+              });
 }
 
 void PrefillCall::End(const grpc::Status& status) {

@@ -110,6 +110,10 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   // The push is over: on failure the decode worker is told (best effort, TellDecodeFailed).
   void PushEnded(const absl::Status& outcome, bool no_transfer);
   void TellDecodeFailed(const absl::Status& error, bool no_transfer);
+  // Calls KvReady on the decode worker with this call's message (FillReady), holding a reference
+  // until `done` (status, the message sent) has run on gRPC's callback thread.
+  void CallKvReady(const absl::Status& error, bool no_transfer,
+                   std::function<void(const grpc::Status&, const ferry::v1::KvReadyRequest&)> done);
   void Settle();
   // The KvReady message of this call (the first tokens, or `error`), and the answer's fields.
   void FillReady(const absl::Status& error, bool no_transfer, ferry::v1::KvReadyRequest* request);
