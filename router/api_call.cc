@@ -174,7 +174,9 @@ void ApiCall::Fail(const ApiError& error) {
 void ApiCall::Start(const HttpRequest& http) {
   absl::ReleasableMutexLock lock(&mu_);
   ApiLimits limits = context_.limits;
-  const PoolInfo pool = context_.registry->pool();
+  // The pool's facts; while every worker is down or restarting, the last ones (the request waits
+  // in the dispatcher's queue for a worker to come back).
+  const PoolInfo pool = context_.registry->last_pool();
   if (pool.known && pool.max_choices > 0) {
     limits.max_n = std::min<int32_t>(limits.max_n, static_cast<int32_t>(pool.max_choices));
   }
@@ -201,7 +203,7 @@ void ApiCall::Start(const HttpRequest& http) {
     if (!error.status.ok()) return Fail(error);
   }
   if (!pool.known) {
-    return Fail({absl::UnavailableError("no worker is up to serve the model"), "", ""});
+    return Fail({absl::UnavailableError("no worker has been up yet to serve the model"), "", ""});
   }
   BuiltPrompt prompt;
   error = context_.prompts->Build(request_, pool.max_context_tokens, &prompt);

@@ -213,6 +213,8 @@ class Router::Impl {
     }
     DispatcherOptions dopts;
     dopts.max_queued = options_.max_queued;
+    dopts.max_queued_tokens = options_.max_queued_tokens;
+    dopts.queue_timeout = options_.queue_timeout;
     dopts.max_retries = options_.max_retries;
     dopts.max_migrations = options_.max_migrations;
     dopts.max_tracked_tokens_per_request = options_.migration_max_tokens_per_request;
@@ -237,6 +239,10 @@ class Router::Impl {
     };
     observer.retried = [m] { m->Retry(); };
     observer.queue_depth = [m](int64_t depth) { m->QueueDepth(depth); };
+    observer.queue_wait = [m](double seconds) { m->QueueWait(seconds); };
+    observer.queue_expired = [m](const std::string& reason) { m->QueueExpired(reason); };
+    observer.kv_wait = [m] { m->KvWait(); };
+    observer.collision = [m] { m->Collision(); };
     observer.migrated = [m](const std::string& cause, int64_t tokens) {
       m->Migrated(cause, tokens);
     };

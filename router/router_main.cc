@@ -79,7 +79,13 @@ ABSL_FLAG(absl::Duration, idle_timeout, absl::Seconds(60), "keep-alive idle time
 ABSL_FLAG(absl::Duration, write_timeout, absl::Seconds(30), "a write stalled this long closes");
 ABSL_FLAG(std::string, admin_host, "127.0.0.1", "admin HTTP listen address");
 ABSL_FLAG(int, admin_port, 0, "admin HTTP port (0: any free port)");
-ABSL_FLAG(int64_t, max_queued, 256, "requests waiting for a worker; more get 429");
+ABSL_FLAG(int64_t, max_queued, 256,
+          "requests waiting for a worker (all busy, none up, no KV room); more get 429");
+ABSL_FLAG(int64_t, max_queued_tokens, 2 << 20,
+          "prompt tokens of the requests waiting for a worker at most; more get 429 (0: no bound)");
+ABSL_FLAG(absl::Duration, queue_timeout, absl::Seconds(30),
+          "a request waits for a worker this long at most (or until its --request_timeout), "
+          "then gets 503 with Retry-After");
 ABSL_FLAG(int, max_retries, 2,
           "other workers tried when one fails a request before its first token");
 ABSL_FLAG(int, max_migrations, 3,
@@ -171,6 +177,8 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(admin_host, admin_host);
   FROM_FLAG(admin_port, admin_port);
   FROM_FLAG(max_queued, max_queued);
+  FROM_FLAG(max_queued_tokens, max_queued_tokens);
+  FROM_FLAG(queue_timeout, queue_timeout);
   FROM_FLAG(max_retries, max_retries);
   FROM_FLAG(max_migrations, max_migrations);
   FROM_FLAG(migration_max_tokens_per_request, migration_max_tokens_per_request);

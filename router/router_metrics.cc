@@ -37,6 +37,34 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                       .Help("Requests waiting for a worker that can take them.")
                       .Register(registry)
                       .Add({});
+  queue_wait_ = &prometheus::BuildHistogram()
+                     .Name("ferry_router_queue_wait_seconds")
+                     .Help("Time requests spent in the queue waiting for a worker, each stay.")
+                     .Register(registry)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{
+                                  0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10,
+                                  20, 30, 60, 120, 300});
+  queue_expired_ = &prometheus::BuildCounter()
+                        .Name("ferry_router_queue_expired_total")
+                        .Help(
+                            "Queued requests that gave up waiting for a worker (503): "
+                            "queue_timeout, deadline.")
+                        .Register(registry);
+  for (const char* reason : {"queue_timeout", "deadline"}) queue_expired_->Add({{"reason", reason}});
+  kv_waits_ = &prometheus::BuildCounter()
+                   .Name("ferry_router_kv_waits_total")
+                   .Help(
+                       "Requests a decode worker refused for want of KV, sent back to the queue "
+                       "to wait for room.")
+                   .Register(registry)
+                   .Add({});
+  collisions_ = &prometheus::BuildCounter()
+                     .Name("ferry_router_attempt_collisions_total")
+                     .Help(
+                         "Attempts a worker refused as already running (a reused attempt id: a "
+                         "router bug), restarted under a new id.")
+                     .Register(registry)
+                     .Add({});
   routed_ = &prometheus::BuildCounter()
                  .Name("ferry_router_routing_decisions_total")
                  .Help("Requests sent to a worker, by policy and worker.")
@@ -145,8 +173,8 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
   orphan_aborts_ = &prometheus::BuildCounter()
                         .Name("ferry_router_orphan_aborts_total")
                         .Help(
-                            "Aborts sent to a worker that came back, for the requests that moved "
-                            "away from it: found, not_found, failed.")
+                            "Aborts of abandoned attempts sent to the workers they touched (at "
+                            "once, or when the worker came back): found, not_found, failed.")
                         .Register(registry);
   auto& prompt = prometheus::BuildCounter()
                      .Name("ferry_router_prompt_tokens_total")
@@ -206,6 +234,16 @@ void RouterMetrics::PrefillPhases(double queue, double compute, double push_tail
 }
 
 void RouterMetrics::QueueDepth(int64_t depth) { queue_depth_->Set(static_cast<double>(depth)); }
+
+void RouterMetrics::QueueWait(double seconds) { queue_wait_->Observe(seconds); }
+
+void RouterMetrics::QueueExpired(const std::string& reason) {
+  queue_expired_->Add({{"reason", reason}}).Increment();
+}
+
+void RouterMetrics::KvWait() { kv_waits_->Increment(); }
+
+void RouterMetrics::Collision() { collisions_->Increment(); }
 
 void RouterMetrics::Routed(const std::string& policy, const std::string& worker) {
   routed_->Add({{"policy", policy}, {"worker", worker}}).Increment();

@@ -9,6 +9,13 @@
 //                                                push_tail (the KV push after the compute: what
 //                                                the first token waited for), store_read
 //   ferry_router_queue_depth                     requests waiting for a worker
+//   ferry_router_queue_wait_seconds              each stay in that queue (to start, or to end)
+//   ferry_router_queue_expired_total{reason}     queued requests that gave up waiting (503):
+//                                                queue_timeout (--queue_timeout), deadline
+//   ferry_router_kv_waits_total                  requests a decode worker refused for want of
+//                                                KV, sent back to the queue to wait for room
+//   ferry_router_attempt_collisions_total        attempts a worker refused as already running (a
+//                                                reused attempt id: a router bug), restarted
 //   ferry_router_routing_decisions_total{policy,worker}
 //   ferry_router_routing_reasons_total{policy,reason}  why: prefix_hit, store_hit, least_cost,
 //                                                all_busy (prefix_aware), or the policy's name
@@ -46,8 +53,9 @@
 //                                                worker_error, deadline, and mid-stream ones that
 //                                                could not migrate: migration_limit, untracked,
 //                                                several_choices
-//   ferry_router_orphan_aborts_total{outcome}    Aborts sent to a worker that came back for the
-//                                                requests that moved away: found, not_found, failed
+//   ferry_router_orphan_aborts_total{outcome}    Aborts of abandoned attempts sent to the workers
+//                                                they touched (at once, or when the worker came
+//                                                back): found, not_found, failed
 //   ferry_router_prompt_tokens_total{source}     computed, prefill_memory (reused from the
 //                                                memory of the worker that computed the prompt),
 //                                                store (read from the KV store): these three sum
@@ -88,6 +96,10 @@ class RouterMetrics {
   void RequestSeconds(const std::string& endpoint, double seconds);
   void PrefillPhases(double queue, double compute, double push_tail, double store_read);
   void QueueDepth(int64_t depth);
+  void QueueWait(double seconds);
+  void QueueExpired(const std::string& reason);
+  void KvWait();
+  void Collision();
   void Routed(const std::string& policy, const std::string& worker);
   void Decided(const std::string& policy, const std::string& reason);
   void Prefix(int64_t predicted_local, int64_t predicted_store, int64_t reused_local,
@@ -115,6 +127,10 @@ class RouterMetrics {
   prometheus::Family<prometheus::Histogram>* request_seconds_;
   prometheus::Family<prometheus::Histogram>* prefill_phase_seconds_;
   prometheus::Gauge* queue_depth_;
+  prometheus::Histogram* queue_wait_;
+  prometheus::Family<prometheus::Counter>* queue_expired_;
+  prometheus::Counter* kv_waits_;
+  prometheus::Counter* collisions_;
   prometheus::Family<prometheus::Counter>* routed_;
   prometheus::Family<prometheus::Counter>* reasons_;
   prometheus::Family<prometheus::Counter>* prefix_tokens_;

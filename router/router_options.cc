@@ -49,6 +49,8 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("admin_port", &i));
   o->admin_port = i;
   RETURN_IF_ERROR(c.Read("max_queued", &o->max_queued));
+  RETURN_IF_ERROR(c.Read("max_queued_tokens", &o->max_queued_tokens));
+  RETURN_IF_ERROR(c.ReadDuration("queue_timeout", &o->queue_timeout));
   i = o->max_retries;
   RETURN_IF_ERROR(c.Read("max_retries", &i));
   o->max_retries = i;
@@ -140,8 +142,8 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
   if (o.http.max_header_bytes < 1024 || o.http.max_body_bytes < 1024) {
     return bad("--max_header_bytes and --max_body_bytes must be at least 1KiB");
   }
-  if (o.max_queued < 0 || o.max_retries < 0 || o.max_n < 1) {
-    return bad("--max_queued and --max_retries must be >= 0, --max_n positive");
+  if (o.max_queued < 0 || o.max_queued_tokens < 0 || o.max_retries < 0 || o.max_n < 1) {
+    return bad("--max_queued, --max_queued_tokens and --max_retries must be >= 0, --max_n positive");
   }
   if (o.max_migrations < 0 || o.migration_max_tokens_per_request < 0 ||
       o.migration_max_tokens < 0) {
@@ -149,7 +151,8 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
   }
   if (o.responses_per_tenant < 0) return bad("--responses_per_tenant must be >= 0");
   for (absl::Duration d : {o.http.read_timeout, o.http.idle_timeout, o.http.write_timeout,
-                           o.request_timeout, o.heartbeat_timeout, o.responses_ttl}) {
+                           o.request_timeout, o.heartbeat_timeout, o.responses_ttl,
+                           o.queue_timeout}) {
     if (d <= absl::ZeroDuration()) return bad("timeouts must be positive");
   }
   return absl::OkStatus();

@@ -52,7 +52,12 @@ struct RouterOptions {
   std::string admin_host = "127.0.0.1";
   int admin_port = 0;
 
-  int64_t max_queued = 256;  // requests waiting for a worker; more get 429
+  // The queue of requests no worker can take now (every one busy, none up, no KV room): at most
+  // max_queued requests and max_queued_tokens prompt tokens (more get 429), each waiting at most
+  // queue_timeout (or until its request_timeout) before a 503.
+  int64_t max_queued = 256;
+  int64_t max_queued_tokens = 2 << 20;
+  absl::Duration queue_timeout = absl::Seconds(30);
   int max_retries = 2;       // other workers tried before a first token
   int max_migrations = 3;    // moves of a request mid-stream (dispatcher.h "Migration")
   int64_t migration_max_tokens_per_request = 65536;  // output token ids kept per request

@@ -33,12 +33,20 @@ std::vector<size_t> StreamCandidates(absl::Span<const WorkerLoadView> workers,
                                      const JobRecord& job) {
   std::vector<size_t> stream = Side(workers, job, /*prefill=*/false);
   const bool prefill = !PrefillCandidates(workers, job).empty();
-  if (!prefill) {
-    stream.erase(std::remove_if(stream.begin(), stream.end(),
-                                [&](size_t i) { return workers[i].kind == WorkerKind::kDecode; }),
-                 stream.end());
-  }
+  stream.erase(std::remove_if(stream.begin(), stream.end(),
+                              [&](size_t i) {
+                                return workers[i].kind == WorkerKind::kDecode &&
+                                       (!prefill || !KvRoom(workers[i], job));
+                              }),
+               stream.end());
   return stream;
+}
+
+bool KvRoom(const WorkerLoadView& w, const JobRecord& job) {
+  if (job.kv_blocks_needed <= 0) return true;
+  auto refused = job.kv_refused.find(w.id);
+  if (refused != job.kv_refused.end() && w.load_reports <= refused->second) return false;
+  return w.free_kv_blocks + w.cached_kv_blocks >= job.kv_blocks_needed;
 }
 
 std::vector<size_t> PrefillCandidates(absl::Span<const WorkerLoadView> workers,
@@ -59,37 +67,80 @@ std::vector<size_t> HandoffTargets(absl::Span<const WorkerLoadView> workers,
   return targets;
 }
 
-Admission AdmitNew(bool any_worker_up, bool stopping, size_t queued, const DispatchLimits& limits) {
-  if (!any_worker_up) {
-    return {Admit::kReject,
-            absl::UnavailableError("no worker can take requests: none is up, or all are draining")};
-  }
+namespace {
+
+Admission Decide(bool stopping, int64_t queued, int64_t queued_tokens, int64_t tokens,
+                const DispatchLimits& limits, bool start_if_empty) {
   if (stopping) return {Admit::kReject, absl::UnavailableError("the router is shutting down")};
-  if (queued == 0) return {Admit::kStart, absl::OkStatus()};
-  if (static_cast<int64_t>(queued) >= limits.max_queued) {
+  if (queued == 0 && start_if_empty) return {Admit::kStart, absl::OkStatus()};
+  if (queued >= limits.max_queued) {
     return {Admit::kReject,
-            absl::ResourceExhaustedError(absl::StrCat("every worker is busy and ", queued,
-                                                      " requests are waiting; retry later"))};
+            absl::ResourceExhaustedError(absl::StrCat(
+                "no worker can take the request now and ", queued,
+                " requests are waiting for one (the queue is full); retry later"))};
+  }
+  if (limits.max_queued_tokens > 0 && queued > 0 &&
+      queued_tokens + tokens > limits.max_queued_tokens) {
+    return {Admit::kReject,
+            absl::ResourceExhaustedError(absl::StrCat(
+                "no worker can take the request now and the ", queued,
+                " requests waiting for one hold ", queued_tokens, " prompt tokens (at most ",
+                limits.max_queued_tokens, "); retry later"))};
   }
   return {Admit::kQueue, absl::OkStatus()};
 }
 
-Admission AdmitUnstarted(size_t queued, const DispatchLimits& limits) {
-  if (static_cast<int64_t>(queued) >= limits.max_queued) {
-    return {Admit::kReject, absl::ResourceExhaustedError(
-                                "every worker is busy and the queue is full; retry later")};
-  }
-  return {Admit::kQueue, absl::OkStatus()};
+}  // namespace
+
+Admission AdmitNew(bool stopping, int64_t queued, int64_t queued_tokens, int64_t tokens,
+                   const DispatchLimits& limits) {
+  return Decide(stopping, queued, queued_tokens, tokens, limits, /*start_if_empty=*/true);
 }
 
-absl::Status QueuedWait(const JobRecord& job, absl::Time now, bool any_worker_up) {
-  if (now >= job.deadline) {
-    return absl::DeadlineExceededError("the request waited for a worker until its deadline");
-  }
-  if (!any_worker_up) {
-    return absl::UnavailableError("no worker can take requests: none is up, or all are draining");
-  }
-  return absl::OkStatus();
+Admission AdmitUnstarted(bool stopping, int64_t queued, int64_t queued_tokens, int64_t tokens,
+                         const DispatchLimits& limits) {
+  return Decide(stopping, queued, queued_tokens, tokens, limits, /*start_if_empty=*/false);
+}
+
+void EnterQueue(JobRecord* job, absl::Time now) {
+  job->queued = true;
+  job->queued_at = now;
+  if (job->waiting_since == absl::InfiniteFuture()) job->waiting_since = now;
+}
+
+absl::Duration LeaveQueue(JobRecord* job, absl::Time now) {
+  job->queued = false;
+  const absl::Duration stay =
+      job->queued_at == absl::InfiniteFuture() ? absl::ZeroDuration() : now - job->queued_at;
+  job->queued_at = absl::InfiniteFuture();
+  return std::max(stay, absl::ZeroDuration());
+}
+
+std::string WaitCause(const JobRecord& job, bool any_worker_up) {
+  if (!any_worker_up) return "none_up";
+  if (job.kv_blocks_needed > 0) return "kv";
+  return "busy";
+}
+
+QueueExpiry QueuedWait(const JobRecord& job, absl::Time now, const std::string& wait_cause,
+                       const DispatchLimits& limits) {
+  QueueExpiry e;
+  const absl::Time since = std::min(job.waiting_since, job.queued_at);
+  const absl::Time timeout =
+      since == absl::InfiniteFuture() ? absl::InfiniteFuture() : since + limits.queue_timeout;
+  if (now < job.deadline && now < timeout) return e;
+  e.reason = job.deadline <= timeout ? "deadline" : "queue_timeout";
+  const std::string why =
+      wait_cause == "none_up" ? "none is up, or all are draining"
+      : wait_cause == "kv"    ? absl::StrCat("no decode worker had room for its KV (",
+                                             job.kv_blocks_needed, " blocks)")
+                              : "every worker was busy";
+  e.status = absl::UnavailableError(absl::StrCat(
+      "no worker could take the request ",
+      e.reason == "deadline" ? "before its deadline"
+                             : absl::StrCat("within ", absl::FormatDuration(limits.queue_timeout)),
+      ": ", why, "; retry later"));
+  return e;
 }
 
 bool RetryableCode(absl::StatusCode code) {
@@ -149,13 +200,47 @@ Decision DecideAfterAttempt(const JobRecord& job, const AttemptOutcome& outcome,
   // elsewhere from what the client received.
   const bool had_output = outcome.started || job.migrations > 0;
   bool show_error = outcome.error_event;
-  if (!status.ok() && !outcome.started && outcome.retryable && !job.cancelled &&
-      job.attempts <= limits.max_retries && before_deadline && !failed_handoff &&
+  d.progressed = outcome.started;
+  // The workers the attempt touched, told to Abort it when the request goes on: the stream's
+  // (not a draining one keeping its KV for the hand-off), the prefill worker.
+  auto abort_attempt = [&] {
+    d.stopped_attempt = job.AttemptId();
+    if (!outcome.worker.empty() && handoff_endpoint.empty()) d.abort_on.push_back(outcome.worker);
+    if (!outcome.prefill_worker.empty() && outcome.prefill_worker != outcome.worker) {
+      d.abort_on.push_back(outcome.prefill_worker);
+    }
+  };
+  const bool may_restart = !status.ok() && !outcome.started && !job.cancelled && before_deadline;
+  if (may_restart && outcome.kv_blocks_needed > 0 && !failed_handoff) {
+    // KV pressure: a transient. It waits for a decode worker with room.
+    d.next = Next::kQueue;
+    d.kv_refused_by = outcome.worker;
+    d.kv_reports = outcome.kv_reports;
+    d.kv_blocks_needed = outcome.kv_blocks_needed;
+    d.show_error_event = outcome.error_event;  // (if it ends waiting)
+    // (Nothing to abort: the decode worker ended the attempt itself, before any prefill.)
+    return d;
+  }
+  if (may_restart && status.code() == absl::StatusCode::kAlreadyExists &&
+      job.collisions < limits.max_collisions) {
+    d.next = Next::kRetry;
+    d.collision = true;
+    abort_attempt();
+    return d;
+  }
+  if (may_restart && outcome.retryable && job.retries < limits.max_retries && !failed_handoff &&
       !(had_output && !handoff_endpoint.empty())) {
     d.next = Next::kRetry;
     d.exclude = outcome.failed;
     d.show_error_event = outcome.error_event;  // (if the restart finds no worker)
+    abort_attempt();
     return d;
+  }
+  if (status.code() == absl::StatusCode::kAlreadyExists) {
+    // The router's own bug, never the client's conflict: a 500, not a 409.
+    d.end = absl::InternalError(absl::StrCat("the router reused a request id on a worker (",
+                                             status.message(), ")"));
+    show_error = false;
   }
   if (!status.ok() && had_output && !job.cancelled && !cause.empty()) {
     if (job.AllChoicesFinished()) {
@@ -174,7 +259,7 @@ Decision DecideAfterAttempt(const JobRecord& job, const AttemptOutcome& outcome,
       d.next = Next::kMigrate;
       d.exclude = outcome.worker;
       d.cause = cause;
-      d.stopped_attempt = job.AttemptId();
+      abort_attempt();
       d.carried = job.ReceivedTokens();
       // A hand-off continues from the last token's KV: there must be one.
       if (!handoff_endpoint.empty() && d.carried > 0) {
@@ -186,12 +271,12 @@ Decision DecideAfterAttempt(const JobRecord& job, const AttemptOutcome& outcome,
       }
     }
   } else if (!status.ok() && !job.cancelled) {
-    d.failure = FailureCause(status);
+    d.failure = FailureCause(d.end);
   }
   if (!d.failure.empty() && had_output) {
     d.end = absl::Status(
-        status.code(),
-        absl::StrCat(status.message(), "; the request cannot continue on another worker (",
+        d.end.code(),
+        absl::StrCat(d.end.message(), "; the request cannot continue on another worker (",
                      d.failure == "untracked"         ? "its output is not tracked"
                      : d.failure == "several_choices" ? "it has several choices"
                      : d.failure == "migration_limit"
@@ -210,9 +295,15 @@ Decision DecideAfterAttempt(const JobRecord& job, const AttemptOutcome& outcome,
 
 void ApplyDecision(const Decision& decision, JobRecord* job) {
   job->handoff = HandoffPlan();
+  if (decision.progressed) job->waiting_since = absl::InfiniteFuture();
   switch (decision.next) {
     case Next::kRetry:
-      job->excluded.insert(decision.exclude);
+      if (decision.collision) {
+        ++job->collisions;
+      } else {
+        ++job->retries;
+        job->excluded.insert(decision.exclude);
+      }
       break;
     case Next::kMigrate:
       job->excluded.insert(decision.exclude);
@@ -221,14 +312,18 @@ void ApplyDecision(const Decision& decision, JobRecord* job) {
       job->handoff = decision.handoff;
       break;
     case Next::kQueue:
+      if (decision.kv_blocks_needed > 0) {
+        job->kv_blocks_needed = decision.kv_blocks_needed;
+        job->kv_refused[decision.kv_refused_by] = decision.kv_reports;
+      }
+      break;
     case Next::kEnd:
       break;
   }
 }
 
-void RestartFoundNoWorker(size_t queued, bool stopping, const DispatchLimits& limits,
-                          Decision* decision) {
-  if (static_cast<int64_t>(queued) < limits.max_queued && !stopping) {
+void RestartFoundNoWorker(bool stopping, Decision* decision) {
+  if (!stopping) {
     decision->next = Next::kQueue;
     return;
   }

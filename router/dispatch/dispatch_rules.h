@@ -24,9 +24,21 @@
 namespace ferry {
 
 struct DispatchLimits {
-  int max_retries = 2;     // attempts after the first that failed before a token (all told)
+  int max_retries = 2;     // restarts before a first token after a worker failed the request
   int max_migrations = 3;  // moves of a request that had sent output
+  // Requests waiting in the queue, and their prompt tokens (0: no token bound): a new request
+  // finding either reached is refused (429). Requests that were running and must start again (a
+  // retry, a migration, KV pressure) wait there too, at the front, even beyond them: each running
+  // request has at most one entry, so they are bounded by what runs, and a request that already
+  // started is never failed for a full queue.
   int64_t max_queued = 256;
+  int64_t max_queued_tokens = 0;
+  // The longest a request waits for a worker in all (from its arrival, or its last token), or
+  // until its own deadline when that comes first; then it fails with 503.
+  absl::Duration queue_timeout = absl::Seconds(30);
+  // Attempts a worker refused as already running (an attempt id the router reused: its own bug),
+  // each restarted under a new id without counting as a retry, before the request fails.
+  int max_collisions = 3;
 };
 
 // ---- Candidates ------------------------------------------------------------------------------
@@ -36,9 +48,14 @@ struct DispatchLimits {
 // Where `job` can stream from: aggregated workers, and decode workers while a prefill worker can
 // take it too. Workers that failed the job are avoided while another of the same side (stream or
 // prefill) can take it; with none left (a small pool, a worker restarted on its address) they
-// get it again.
+// get it again. A job a decode worker refused for want of KV (JobRecord::kv_blocks_needed) goes
+// only to decode workers with room for it (KvRoom).
 std::vector<size_t> StreamCandidates(absl::Span<const WorkerLoadView> workers,
                                      const JobRecord& job);
+// Whether decode worker `w` may have room for `job`'s KV: no refusal yet, or its report shows
+// kv_blocks_needed blocks free or held by its prefix cache, and (when it refused the job
+// itself) it reported again since.
+bool KvRoom(const WorkerLoadView& w, const JobRecord& job);
 // The prefill workers for `job`'s P/D prefill (the same avoidance).
 std::vector<size_t> PrefillCandidates(absl::Span<const WorkerLoadView> workers,
                                       const JobRecord& job);
@@ -59,15 +76,35 @@ struct Admission {
   Admit what = Admit::kStart;
   absl::Status status;
 };
-// A new request, before any attempt: refused when no worker can take requests (none up, or all
-// draining) or the router stops; behind the queue unless it is empty (arrival order), refused
-// when the queue is full.
-Admission AdmitNew(bool any_worker_up, bool stopping, size_t queued, const DispatchLimits& limits);
-// A new request no candidate could take: it waits, or is refused when the queue is full.
-Admission AdmitUnstarted(size_t queued, const DispatchLimits& limits);
-// A queued request that has waited until `now`: OK while it may wait on; DeadlineExceeded at its
-// deadline; Unavailable when no worker can take requests at all.
-absl::Status QueuedWait(const JobRecord& job, absl::Time now, bool any_worker_up);
+// A new request of `tokens` prompt tokens, before any attempt: refused when the router stops;
+// behind the queue unless it is empty (arrival order); refused (429) when the queue holds
+// max_queued new requests or its tokens would pass max_queued_tokens. (No worker up is no
+// reason to refuse: the request waits for one, up to the queue's timeout.)
+Admission AdmitNew(bool stopping, int64_t queued, int64_t queued_tokens, int64_t tokens,
+                   const DispatchLimits& limits);
+// A new request no candidate could take: it waits, or is refused as AdmitNew says.
+Admission AdmitUnstarted(bool stopping, int64_t queued, int64_t queued_tokens, int64_t tokens,
+                         const DispatchLimits& limits);
+
+// `job` enters the queue at `now` (its wait begins unless it already waits: see JobRecord).
+void EnterQueue(JobRecord* job, absl::Time now);
+// `job` leaves the queue at `now` (to start, or to end); returns its time there.
+absl::Duration LeaveQueue(JobRecord* job, absl::Time now);
+
+// Why the requests wait, for their error: "none_up" (no worker can take requests: none up, or all
+// draining), "kv" (no decode worker has room for its KV), "busy" (every worker is at its
+// capacity).
+std::string WaitCause(const JobRecord& job, bool any_worker_up);
+// A queued request's expiry: when it has waited queue_timeout since its wait began, or reached
+// its deadline, it fails with 503 (Unavailable) saying why it waited (`wait_cause`). `reason`:
+// "queue_timeout" or "deadline" (the metric's); empty while it may wait on.
+struct QueueExpiry {
+  std::string reason;
+  absl::Status status;
+  bool expired() const { return !reason.empty(); }
+};
+QueueExpiry QueuedWait(const JobRecord& job, absl::Time now, const std::string& wait_cause,
+                       const DispatchLimits& limits);
 
 // ---- After an attempt ------------------------------------------------------------------------
 
@@ -84,6 +121,12 @@ struct AttemptOutcome {
   // decided); `handoff_endpoint`: the one it names (a draining worker keeping the KV).
   bool error_event = false;
   std::string handoff_endpoint;
+  // The P/D prefill worker the attempt used ("": none), told to Abort an abandoned attempt.
+  std::string prefill_worker;
+  // A decode worker refused the attempt for want of KV (its error event said so): the blocks it
+  // needed, and that worker's load report count when the refusal was seen (the caller's).
+  int64_t kv_blocks_needed = 0;
+  uint64_t kv_reports = 0;
 };
 
 // A worker's failure with `code` may succeed on another worker (unreachable, full, draining); a
@@ -97,23 +140,34 @@ bool RetryableCode(absl::StatusCode code);
 std::string MigrationCause(bool worker_down, bool error_event, absl::StatusCode code);
 
 enum class Next {
-  kRetry,    // start it again elsewhere under the same attempt id (no output yet)
-  kMigrate,  // move it with its output so far under the next attempt id (or hand it off)
-  kQueue,    // a restart found no worker: it waits at the queue's front
+  kRetry,    // start it again elsewhere (no output yet)
+  kMigrate,  // move it with its output so far (or hand it off)
+  kQueue,    // it waits at the queue's front (KV pressure, or a restart found no worker)
   kEnd,      // it ends: OnEnd(end)
 };
 
 struct Decision {
   Next next = Next::kEnd;
-  // kRetry: the worker to avoid from now on (the attempt's `failed`); kMigrate: its `worker`.
+  // kRetry: the worker to avoid from now on (the attempt's `failed`; "" for a collision);
+  // kMigrate: its `worker`.
   std::string exclude;
+  // kRetry: a collision (the worker refused the attempt id as running), not counted as a retry.
+  bool collision = false;
+  // kQueue for KV pressure: the decode worker that refused, its report count and the blocks.
+  std::string kv_refused_by;
+  uint64_t kv_reports = 0;
+  int64_t kv_blocks_needed = 0;
+  // The attempt produced a token: the request's wait (the queue's timeout) starts afresh.
+  bool progressed = false;
+  // kRetry, kMigrate and kQueue: the attempt left behind, to Abort on every worker it touched
+  // (the stream's, unless a hand-off keeps its KV there; the prefill worker).
+  std::string stopped_attempt;
+  std::vector<std::string> abort_on;
   // kMigrate: the metric's cause ("stream_broken", "worker_down", "worker_error",
   // "drain_handoff", "handoff_failed"), the output tokens carried, the attempt that stopped (to
-  // Abort on its worker when it comes back) and the next attempt's hand-off (inactive: a
-  // re-prefill).
+  // Abort on its workers) and the next attempt's hand-off (inactive: a re-prefill).
   std::string cause;
   int64_t carried = 0;
-  std::string stopped_attempt;
   HandoffPlan handoff;
   // When it ends: what with, the failure metric's cause ("" none: it completed, the client left,
   // or the request was at fault), and whether the attempt's held error event goes to the client
@@ -128,6 +182,12 @@ struct Decision {
 };
 
 // What happens after `outcome` ends `job`'s running attempt at `now`.
+//   - Queue (KV pressure): a decode worker refused it for want of KV before its first token, and
+//     the client is still there before its deadline: it waits for a decode worker with room,
+//     neither counted as a retry nor excluding that worker.
+//   - Collision: a worker refused the attempt as already running (ALREADY_EXISTS: the router
+//     reused an attempt id, its own bug): a retry under the next id, not counted, at most
+//     max_collisions times; never passed to the client as such (it ends with Internal).
 //   - Retry: it failed before its first token, retryably, within max_retries and the deadline,
 //     and the client is still there (not a hand-off attempt, and not a drain stop of a request
 //     that had output: those migrate).
@@ -145,10 +205,9 @@ Decision DecideAfterAttempt(const JobRecord& job, const AttemptOutcome& outcome,
 void ApplyDecision(const Decision& decision, JobRecord* job);
 
 // A retry or migration found no worker to start on: the request waits at the queue's front (it
-// already waited its turn) unless the queue is full or the router stops; then it ends with the
-// attempt's status ("no_worker").
-void RestartFoundNoWorker(size_t queued, bool stopping, const DispatchLimits& limits,
-                          Decision* decision);
+// already waited its turn; beyond the queue's bounds, see DispatchLimits) unless the router
+// stops; then it ends with the attempt's status ("no_worker").
+void RestartFoundNoWorker(bool stopping, Decision* decision);
 
 // The failure metric's cause of a request that ends with `status` before any output (or with a
 // status that may not move): "deadline", "no_worker", "worker_error"; "" for the request's own

@@ -82,18 +82,85 @@ TEST_F(DispatchRulesTest, AnAttemptThatCompletedEnds) {
   EXPECT_FALSE(d.show_error_event);
 }
 
-TEST_F(DispatchRulesTest, AFailureBeforeTheFirstTokenRetriesElsewhereUnderTheSameId) {
-  const Decision d = Decide(Failed("w1", absl::UnavailableError("gone"), false, true));
+TEST_F(DispatchRulesTest, AFailureBeforeTheFirstTokenRetriesElsewhereUnderTheNextId) {
+  AttemptOutcome o = Failed("d1", absl::UnavailableError("gone"), false, true);
+  o.prefill_worker = "p1";
+  const Decision d = Decide(o);
   EXPECT_EQ(d.next, Next::kRetry);
-  EXPECT_EQ(d.exclude, "w1");
+  EXPECT_EQ(d.exclude, "d1");
+  // The abandoned attempt is aborted on every worker it touched (the prefill worker may still
+  // run it).
+  EXPECT_EQ(d.stopped_attempt, "req-1");
+  EXPECT_EQ(d.abort_on, std::vector<std::string>({"d1", "p1"}));
   ApplyDecision(d, &job_);
-  EXPECT_EQ(job_.excluded.count("w1"), 1u);
-  EXPECT_EQ(job_.AttemptId(), "req-1");
+  EXPECT_EQ(job_.excluded.count("d1"), 1u);
+  EXPECT_EQ(job_.retries, 1);
+  ++job_.attempts;  // the next attempt starts
+  EXPECT_EQ(job_.AttemptId(), "req-1.a2");
   EXPECT_EQ(job_.migrations, 0);
 }
 
+TEST_F(DispatchRulesTest, AWorkerThatAlreadyRunsTheAttemptIdIsACollisionNeverA409) {
+  const Decision d = Decide(Failed("p1", absl::AlreadyExistsError("running here"), false, false));
+  EXPECT_EQ(d.next, Next::kRetry);
+  EXPECT_TRUE(d.collision);
+  EXPECT_EQ(d.exclude, "");
+  EXPECT_EQ(d.abort_on, std::vector<std::string>({"p1"}));
+  ApplyDecision(d, &job_);
+  EXPECT_EQ(job_.retries, 0);  // not counted against max_retries
+  EXPECT_EQ(job_.collisions, 1);
+  EXPECT_TRUE(job_.excluded.empty());
+
+  // Past max_collisions it ends as the router's bug (500), never the client's conflict (409).
+  job_.collisions = limits_.max_collisions;
+  const Decision e =
+      Decide(Failed("p1", absl::AlreadyExistsError("running here"), false, false, true));
+  EXPECT_EQ(e.next, Next::kEnd);
+  EXPECT_EQ(e.end.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(e.failure, "worker_error");
+  EXPECT_FALSE(e.show_error_event);
+}
+
+TEST_F(DispatchRulesTest, AKvRefusalWaitsForRoomWithoutARetryOrAnExclusion) {
+  AttemptOutcome o = Failed("d1", absl::ResourceExhaustedError("no KV"), false, true, true);
+  o.kv_blocks_needed = 10;
+  o.kv_reports = 7;
+  for (int i = 0; i < 5; ++i) {  // however often: KV pressure is a transient
+    const Decision d = Decide(o);
+    ASSERT_EQ(d.next, Next::kQueue);
+    EXPECT_TRUE(d.abort_on.empty());  // the decode worker ended it; no prefill began
+    ApplyDecision(d, &job_);
+  }
+  EXPECT_EQ(job_.retries, 0);
+  EXPECT_TRUE(job_.excluded.empty());
+  EXPECT_EQ(job_.kv_blocks_needed, 10);
+
+  // Only decode workers with room (free, or held by the prefix cache) take it; the one that
+  // refused only after it reported again.
+  WorkerLoadView p1 = Worker("p1", WorkerKind::kPrefill);
+  WorkerLoadView d1 = Worker("d1", WorkerKind::kDecode);
+  WorkerLoadView d2 = Worker("d2", WorkerKind::kDecode);
+  d1.free_kv_blocks = 20;
+  d1.load_reports = 7;  // the report it refused with
+  d2.free_kv_blocks = 4;
+  d2.cached_kv_blocks = 5;
+  std::vector<WorkerLoadView> pd = {p1, d1, d2};
+  EXPECT_TRUE(StreamCandidates(pd, job_).empty());
+  pd[2].cached_kv_blocks = 6;
+  EXPECT_EQ(Ids(pd, StreamCandidates(pd, job_)), std::vector<std::string>{"d2"});
+  pd[1].load_reports = 8;
+  EXPECT_EQ(Ids(pd, StreamCandidates(pd, job_)), std::vector<std::string>({"d1", "d2"}));
+  // Aggregated workers are not concerned.
+  const std::vector<WorkerLoadView> aggregated = {Worker("a1", WorkerKind::kAggregated)};
+  EXPECT_EQ(StreamCandidates(aggregated, job_).size(), 1u);
+
+  // It still ends when the client left or the deadline passed.
+  job_.cancelled = true;
+  EXPECT_EQ(Decide(o).next, Next::kEnd);
+}
+
 TEST_F(DispatchRulesTest, TheRetryBudgetIsSharedAndTheLastFailureNamesItsCause) {
-  job_.attempts = limits_.max_retries + 1;  // three attempts started
+  job_.retries = limits_.max_retries;  // three attempts started
   const Decision d = Decide(Failed("w3", absl::UnavailableError("gone"), false, true));
   EXPECT_EQ(d.next, Next::kEnd);
   EXPECT_EQ(d.failure, "no_worker");
@@ -132,7 +199,8 @@ TEST_F(DispatchRulesTest, AStreamThatSentTokensMigratesWithItsOutput) {
   EXPECT_EQ(d.stopped_attempt, "req-1");
   EXPECT_FALSE(d.handoff.active());
   ApplyDecision(d, &job_);
-  EXPECT_EQ(job_.AttemptId(), "req-1.m1");
+  ++job_.attempts;
+  EXPECT_EQ(job_.AttemptId(), "req-1.a2");
   EXPECT_EQ(job_.resumed_tokens, 5);
   EXPECT_EQ(job_.excluded.count("w1"), 1u);
   // The output is re-prefilled: the next worker computes prompt and output.
@@ -141,12 +209,13 @@ TEST_F(DispatchRulesTest, AStreamThatSentTokensMigratesWithItsOutput) {
   choice.predicted_local_tokens = 64;
   EXPECT_EQ(job_.Uncached(choice), 41);
 
-  // The migrated attempt fails before its own first token: a retry, same id.
-  job_.attempts = 2;
+  // The migrated attempt fails before its own first token: a retry, under the next id.
   const Decision r = Decide(Failed("w2", absl::UnavailableError("gone"), false, true));
   EXPECT_EQ(r.next, Next::kRetry);
+  EXPECT_EQ(r.stopped_attempt, "req-1.a2");
   ApplyDecision(r, &job_);
-  EXPECT_EQ(job_.AttemptId(), "req-1.m1");
+  ++job_.attempts;
+  EXPECT_EQ(job_.AttemptId(), "req-1.a3");
 }
 
 TEST_F(DispatchRulesTest, TheMigrationCauseFollowsHowTheStreamEnded) {
@@ -251,7 +320,8 @@ TEST_F(DispatchRulesTest, AHandoffThatFailsBeforeATokenFallsBackToReprefill) {
   EXPECT_EQ(d.handoff_source, "d1");
   ApplyDecision(d, &job_);
   EXPECT_FALSE(job_.handoff.active());
-  EXPECT_EQ(job_.AttemptId(), "req-1.m2");
+  ++job_.attempts;
+  EXPECT_EQ(job_.AttemptId(), "req-1.a2");
 
   // One that cannot move on fails; one whose choices had all ended completed.
   job_.handoff = {"127.0.0.1:7500", "d1", "req-1.m1", WorkerKind::kDecode};
@@ -264,43 +334,71 @@ TEST_F(DispatchRulesTest, AHandoffThatFailsBeforeATokenFallsBackToReprefill) {
   EXPECT_EQ(d.handoff_outcome, "completed");
 }
 
-TEST_F(DispatchRulesTest, ARestartThatFindsNoWorkerWaitsAtTheFrontOrEnds) {
+TEST_F(DispatchRulesTest, ARestartThatFindsNoWorkerWaitsAtTheFrontUnlessTheRouterStops) {
   Decision d = Decide(Failed("w1", absl::UnavailableError("gone"), false, true, true));
   ASSERT_EQ(d.next, Next::kRetry);
-  RestartFoundNoWorker(3, /*stopping=*/false, limits_, &d);
+  RestartFoundNoWorker(/*stopping=*/false, &d);  // even beyond the queue's bounds
   EXPECT_EQ(d.next, Next::kQueue);
 
   d = Decide(Failed("w1", absl::UnavailableError("gone"), false, true, true));
-  RestartFoundNoWorker(limits_.max_queued, false, limits_, &d);
+  RestartFoundNoWorker(/*stopping=*/true, &d);
   EXPECT_EQ(d.next, Next::kEnd);
   EXPECT_EQ(d.failure, "no_worker");
   EXPECT_EQ(d.end.message(), "gone");
   EXPECT_TRUE(d.show_error_event);
-
-  d = Decide(Failed("w1", absl::UnavailableError("gone"), false, true));
-  RestartFoundNoWorker(0, /*stopping=*/true, limits_, &d);
-  EXPECT_EQ(d.next, Next::kEnd);
 }
 
-TEST_F(DispatchRulesTest, AdmissionKeepsArrivalOrderWithinTheQueuesBound) {
+TEST_F(DispatchRulesTest, AdmissionKeepsArrivalOrderWithinTheQueuesBounds) {
   limits_.max_queued = 2;
-  EXPECT_EQ(AdmitNew(false, false, 0, limits_).status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(AdmitNew(true, true, 0, limits_).status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(AdmitNew(true, false, 0, limits_).what, Admit::kStart);
-  EXPECT_EQ(AdmitNew(true, false, 1, limits_).what, Admit::kQueue);  // never overtakes
-  const Admission full = AdmitNew(true, false, 2, limits_);
+  limits_.max_queued_tokens = 1000;
+  EXPECT_EQ(AdmitNew(true, 0, 0, 100, limits_).status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(AdmitNew(false, 0, 0, 100, limits_).what, Admit::kStart);
+  EXPECT_EQ(AdmitNew(false, 1, 100, 100, limits_).what, Admit::kQueue);  // never overtakes
+  const Admission full = AdmitNew(false, 2, 200, 100, limits_);
   EXPECT_EQ(full.what, Admit::kReject);
   EXPECT_EQ(full.status.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(AdmitUnstarted(1, limits_).what, Admit::kQueue);
-  EXPECT_EQ(AdmitUnstarted(2, limits_).status.code(), absl::StatusCode::kResourceExhausted);
+  const Admission tokens = AdmitNew(false, 1, 950, 100, limits_);
+  EXPECT_EQ(tokens.what, Admit::kReject);
+  EXPECT_EQ(tokens.status.code(), absl::StatusCode::kResourceExhausted);
+  // One request larger than the token bound still waits alone.
+  EXPECT_EQ(AdmitUnstarted(false, 0, 0, 5000, limits_).what, Admit::kQueue);
+  EXPECT_EQ(AdmitUnstarted(false, 1, 100, 100, limits_).what, Admit::kQueue);
+  EXPECT_EQ(AdmitUnstarted(false, 2, 200, 100, limits_).status.code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
-TEST_F(DispatchRulesTest, AQueuedRequestWaitsUntilItsDeadlineOrUntilNoWorkerIsLeft) {
-  EXPECT_TRUE(QueuedWait(job_, clock_.Now(), true).ok());
-  EXPECT_EQ(QueuedWait(job_, clock_.Now(), false).code(), absl::StatusCode::kUnavailable);
-  clock_.Advance(absl::Seconds(60));
-  EXPECT_EQ(QueuedWait(job_, clock_.Now(), false).code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(FailureCause(QueuedWait(job_, clock_.Now(), true)), "deadline");
+TEST_F(DispatchRulesTest, AQueuedRequestWaitsUpToTheQueueTimeoutOrItsDeadline) {
+  limits_.queue_timeout = absl::Seconds(30);
+  EnterQueue(&job_, clock_.Now());
+  // No worker up is no reason to fail: it waits.
+  EXPECT_FALSE(QueuedWait(job_, clock_.Now(), "none_up", limits_).expired());
+  clock_.Advance(absl::Seconds(20));
+  EXPECT_EQ(LeaveQueue(&job_, clock_.Now()), absl::Seconds(20));
+  // Refused again (KV pressure) and back in the queue: the wait counts from its start.
+  EnterQueue(&job_, clock_.Now());
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_FALSE(QueuedWait(job_, clock_.Now(), "kv", limits_).expired());
+  clock_.Advance(absl::Seconds(1));
+  QueueExpiry e = QueuedWait(job_, clock_.Now(), "kv", limits_);
+  EXPECT_EQ(e.reason, "queue_timeout");
+  EXPECT_EQ(e.status.code(), absl::StatusCode::kUnavailable);  // 503 with Retry-After
+  EXPECT_NE(e.status.message().find("room for its KV"), absl::string_view::npos);
+  EXPECT_EQ(FailureCause(e.status), "no_worker");
+
+  // A token ends the wait: the next one starts afresh.
+  Decision d;
+  d.progressed = true;
+  ApplyDecision(d, &job_);
+  LeaveQueue(&job_, clock_.Now());
+  EnterQueue(&job_, clock_.Now());
+  EXPECT_FALSE(QueuedWait(job_, clock_.Now(), "busy", limits_).expired());
+
+  // The request's own deadline, when sooner.
+  job_.deadline = clock_.Now() + absl::Seconds(5);
+  clock_.Advance(absl::Seconds(5));
+  e = QueuedWait(job_, clock_.Now(), "none_up", limits_);
+  EXPECT_EQ(e.reason, "deadline");
+  EXPECT_NE(e.status.message().find("none is up"), absl::string_view::npos);
 }
 
 TEST_F(DispatchRulesTest, WorkersThatFailedAJobAreAvoidedWhileAnotherCanTakeIt) {

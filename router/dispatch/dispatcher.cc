@@ -27,14 +27,15 @@ class Dispatcher::Job {
     record.store_prefix_blocks = this->request.store_prefix_blocks;
   }
 
-  // The request the next attempt sends: the client's, or after a migration, under its own id
-  // with the resume point (and the source of a drain hand-off). Under the dispatcher's mu_.
+  // The request the running attempt sends (once started: record.attempts counts it): the
+  // client's under the attempt's own id, after a migration with the resume point (and the source
+  // of a drain hand-off). Under the dispatcher's mu_.
   v1::GenerateRequest Attempt() const {
     v1::GenerateRequest r = request.request;
     r.clear_handoff_source_endpoint();
     r.clear_handoff_source_request_id();
-    if (record.migrations == 0) return r;
     r.mutable_request()->mutable_context()->set_request_id(record.AttemptId());
+    if (record.migrations == 0) return r;
     *r.mutable_request()->mutable_resume() = resume;
     // The store probe was of the first attempt's time: the failed attempt may have written
     // blocks since, so the worker asks the store itself.
@@ -220,11 +221,13 @@ class Dispatcher::Call final {
     bool retryable = !status.ok() && (retryable_ || RetryableCode(s.code()));
     std::string failed = worker_;
     std::shared_ptr<grpc::ClientContext> prefill;
+    std::string prefill_worker;
     bool down = false;
     {
       absl::MutexLock lock(&mu_);
       stream_done_ = true;
       down = down_;
+      prefill_worker = prefill_worker_;
       if (!prefill_status_.ok() && !started_) {
         // The prefill failed (and ended the stream): the prefill worker is the one to avoid.
         s = prefill_status_;
@@ -253,7 +256,11 @@ class Dispatcher::Call final {
     outcome.retryable = !s.ok() && retryable;
     outcome.migrate_cause = s.ok() ? "" : MigrationCause(down, has_error_, s.code());
     outcome.error_event = has_error_;
+    outcome.prefill_worker = prefill_worker;
     if (has_error_) outcome.handoff_endpoint = error_event_.error().handoff_endpoint();
+    if (has_error_ && !started_ && !s.ok() && failed == worker_) {
+      outcome.kv_blocks_needed = static_cast<int64_t>(error_event_.error().kv_blocks_needed());
+    }
     dispatcher_->CallEnded(job_, outcome, has_error_ ? &error_event_ : nullptr);
     Unref();
   }
@@ -412,6 +419,8 @@ Dispatcher::Dispatcher(WorkerRegistry* registry, RoutingPolicy* policy, Dispatch
   limits_.max_retries = options_.max_retries;
   limits_.max_migrations = options_.max_migrations;
   limits_.max_queued = options_.max_queued;
+  limits_.max_queued_tokens = options_.max_queued_tokens;
+  limits_.queue_timeout = options_.queue_timeout;
   tracking_.max_tokens_per_request = options_.max_tracked_tokens_per_request;
   tracking_.max_tokens = options_.max_tracked_tokens;
   completions_ = options_.completions;
@@ -437,28 +446,45 @@ Dispatcher::~Dispatcher() {
 
 absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
     DispatchRequest request, std::shared_ptr<GenerateSink> sink) {
-  const bool any_up = registry_->AnyUp();
   auto job = std::make_shared<Job>(std::move(request), std::move(sink));
+  const int64_t tokens = job->record.prompt_tokens;
   {
     absl::MutexLock lock(&mu_);
-    const Admission admission = AdmitNew(any_up, stopping_, queue_.size(), limits_);
+    const Admission admission = AdmitNew(stopping_, static_cast<int64_t>(queue_.size()),
+                                         queued_tokens_, tokens, limits_);
     if (admission.what == Admit::kReject) return admission.status;
     if (admission.what == Admit::kQueue) {  // behind the queue: arrival order
-      job->record.queued = true;
-      queue_.push_back(job);
-      if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+      EnterQueue(&job->record, clock_->Now());
+      Enqueue(job, /*front=*/false);
       return job;
     }
   }
   if (TryStart(job)) return job;
   absl::MutexLock lock(&mu_);
-  const Admission admission = AdmitUnstarted(queue_.size(), limits_);
+  const Admission admission = AdmitUnstarted(stopping_, static_cast<int64_t>(queue_.size()),
+                                             queued_tokens_, tokens, limits_);
   if (admission.what == Admit::kReject) return admission.status;
-  job->record.queued = true;
-  queue_.push_back(job);
-  if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+  EnterQueue(&job->record, clock_->Now());
+  Enqueue(job, /*front=*/false);
   cv_.SignalAll();
   return job;
+}
+
+void Dispatcher::Enqueue(const std::shared_ptr<Job>& job, bool front) {
+  job->record.queued = true;
+  queued_tokens_ += job->record.prompt_tokens + job->record.resumed_tokens;
+  if (front) {
+    queue_.push_front(job);
+  } else {
+    queue_.push_back(job);
+  }
+  if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+}
+
+void Dispatcher::Dequeued(const std::shared_ptr<Job>& job) {
+  job->record.queued = false;
+  queued_tokens_ -= job->record.prompt_tokens + job->record.resumed_tokens;
+  if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
 }
 
 std::vector<WorkerLoadView> Dispatcher::Views(const std::vector<Candidate>& candidates) {
@@ -556,10 +582,10 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   int64_t carried = 0;
   {
     absl::MutexLock lock(&mu_);
+    ++job->record.attempts;
     call = new Call(this, job, job->Attempt(), job->record.resumed_tokens, chosen,
                     options_.auth_token, choice, pending, active);
     ++running_;
-    ++job->record.attempts;
     job->context = call->context();
     job->call = call;
     job->record.role = KindOf(chosen.role);
@@ -585,9 +611,11 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   return true;
 }
 
-void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome& outcome,
+void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome& ended,
                            const v1::GenerateEvent* error) {
-  registry_->AddLoad(outcome.worker, -1);
+  registry_->AddLoad(ended.worker, -1);
+  AttemptOutcome outcome = ended;
+  if (outcome.kv_blocks_needed > 0) outcome.kv_reports = registry_->LoadReports(outcome.worker);
   Decision d;
   {
     absl::MutexLock lock(&mu_);
@@ -603,24 +631,24 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome
         job->resume = ResumeFrom(job->record, job->request.request.request().sampling().seed());
       }
     }
-    if (d.next == Next::kMigrate) {
-      // The stopped attempt, to Abort on its worker when it comes back.
-      if (orphans_.size() >= 1024 && orphans_.count(outcome.worker) == 0) {
-        orphans_.erase(orphans_.begin());  // workers gone for good (addresses of the past)
-      }
-      std::deque<std::string>& orphans = orphans_[outcome.worker];
-      orphans.push_back(d.stopped_attempt);
-      while (static_cast<int64_t>(orphans.size()) > options_.max_orphans_per_worker) {
-        orphans.pop_front();
-      }
-    }
     if (stopping_ && running_ == 0) idle_cv_.SignalAll();  // only the destructor waits here
   }
   const std::string& trace_id = job->request.trace_id;
-  if (d.next == Next::kRetry) {
+  if (d.collision) {
+    LOG(ERROR) << LogTraceId(trace_id) << "request " << trace_id << ": worker " << outcome.failed
+               << " already runs attempt " << d.stopped_attempt << " (" << outcome.status
+               << "): the router reused an attempt id; restarting it under a new one";
+    if (observer_.collision) observer_.collision();
+  } else if (d.next == Next::kRetry) {
     LOG(INFO) << LogTraceId(trace_id) << "request " << trace_id << ": worker " << outcome.failed
               << " failed it before its first token (" << outcome.status << "); trying another";
     if (observer_.retried) observer_.retried();
+  }
+  if (d.next == Next::kQueue) {
+    LOG(INFO) << LogTraceId(trace_id) << "request " << trace_id << ": decode worker "
+              << outcome.worker << " has no room for its KV (" << d.kv_blocks_needed
+              << " blocks); it waits for a decode worker with room";
+    if (observer_.kv_wait) observer_.kv_wait();
   }
   if (!d.handoff_outcome.empty()) {
     if (d.handoff_outcome != "completed") {  // (completed: every choice had ended)
@@ -645,12 +673,23 @@ void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome
     }
     if (observer_.migrated) observer_.migrated(d.cause, d.carried);
   }
+  // The abandoned attempt ends on every worker it touched before the next one starts (a worker
+  // down now is told when it comes back).
+  for (const std::string& id : d.abort_on) AbortOrphans(id, {d.stopped_attempt});
   if ((d.next == Next::kRetry || d.next == Next::kMigrate) && !TryStart(job)) {
     absl::MutexLock lock(&mu_);
-    RestartFoundNoWorker(queue_.size(), stopping_, limits_, &d);
-    if (d.next == Next::kQueue) {
-      job->record.queued = true;
-      queue_.push_front(job);  // it already waited its turn
+    RestartFoundNoWorker(stopping_, &d);
+  }
+  if (d.next == Next::kQueue) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      d.next = Next::kEnd;
+      d.end = absl::UnavailableError("the router is shutting down");
+      d.failure = "no_worker";
+    } else {
+      EnterQueue(&job->record, clock_->Now());
+      Enqueue(job, /*front=*/true);  // it already waited its turn
+      cv_.SignalAll();
     }
   }
   if (d.next == Next::kEnd) End(job, d, error);
@@ -727,20 +766,29 @@ void Dispatcher::OnWorkerState(const std::string& id, bool up) {
   }
 }
 
-void Dispatcher::AbortOrphans(const std::string& id, std::vector<std::string> ids) {
-  std::shared_ptr<v1::Worker::Stub> stub;
-  for (const Candidate& c : registry_->Candidates()) {
-    if (c.id == id) stub = c.stub;
+void Dispatcher::KeepOrphan(const std::string& id, const std::string& attempt) {
+  if (orphans_.size() >= 1024 && orphans_.count(id) == 0) {
+    orphans_.erase(orphans_.begin());  // workers gone for good (addresses of the past)
   }
+  std::deque<std::string>& orphans = orphans_[id];
+  orphans.push_back(attempt);
+  while (static_cast<int64_t>(orphans.size()) > options_.max_orphans_per_worker) {
+    orphans.pop_front();
+  }
+}
+
+void Dispatcher::AbortOrphans(const std::string& id, std::vector<std::string> ids) {
+  std::shared_ptr<v1::Worker::Stub> stub = registry_->UpStub(id);
   if (stub == nullptr) {
-    // Up but not a candidate now (full, draining): keep them for its next return.
+    // Down (or gone): keep them for its return.
     absl::MutexLock lock(&mu_);
-    std::deque<std::string>& orphans = orphans_[id];
-    orphans.insert(orphans.end(), ids.begin(), ids.end());
+    for (const std::string& attempt : ids) KeepOrphan(id, attempt);
     return;
   }
-  LOG(INFO) << "worker " << id << " is back: aborting " << ids.size()
-            << " requests that moved away from it";
+  if (ids.size() > 1) {
+    LOG(INFO) << "worker " << id << " is back: aborting " << ids.size()
+              << " requests that moved away from it";
+  }
   for (const std::string& request_id : ids) {
     struct Rpc {
       grpc::ClientContext context;
@@ -751,22 +799,27 @@ void Dispatcher::AbortOrphans(const std::string& id, std::vector<std::string> id
     rpc->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.abort_timeout));
     AttachSharedToken(&rpc->context, options_.auth_token);
     rpc->request.set_request_id(request_id);
-    rpc->request.set_reason("the request moved to another worker while this one was down");
+    rpc->request.set_reason("the request went on under another attempt");
     {
       absl::MutexLock lock(&mu_);
       ++running_;  // the destructor waits for it
     }
-    stub->async()->Abort(&rpc->context, &rpc->request, &rpc->response,
-                         [this, rpc, stub](grpc::Status status) {
-                           if (observer_.orphan_abort) {
-                             observer_.orphan_abort(!status.ok()            ? "failed"
-                                                    : rpc->response.found() ? "found"
-                                                                            : "not_found");
-                           }
-                           absl::MutexLock lock(&mu_);
-                           --running_;
-                           if (stopping_ && running_ == 0) idle_cv_.SignalAll();
-                         });
+    stub->async()->Abort(
+        &rpc->context, &rpc->request, &rpc->response, [this, rpc, stub, id](grpc::Status status) {
+          if (observer_.orphan_abort) {
+            observer_.orphan_abort(!status.ok()            ? "failed"
+                                   : rpc->response.found() ? "found"
+                                                           : "not_found");
+          }
+          absl::MutexLock lock(&mu_);
+          // Unreachable now (it went down meanwhile): told again when it comes back.
+          if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+              status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+            KeepOrphan(id, rpc->request.request_id());
+          }
+          --running_;
+          if (stopping_ && running_ == 0) idle_cv_.SignalAll();
+        });
   }
 }
 
@@ -778,17 +831,19 @@ void Dispatcher::Pump() {
       if (queue_.empty()) return;
       job = queue_.front();
       queue_.pop_front();
-      job->record.queued = false;
+      Dequeued(job);
     }
     if (!TryStart(job)) {
       absl::MutexLock lock(&mu_);
-      job->record.queued = true;
-      queue_.push_front(job);
-      if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+      Enqueue(job, /*front=*/true);  // (its wait goes on: EnterQueue is not called again)
       return;
     }
-    absl::MutexLock lock(&mu_);
-    if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+    absl::Duration stay;
+    {
+      absl::MutexLock lock(&mu_);
+      stay = LeaveQueue(&job->record, clock_->Now());
+    }
+    if (observer_.queue_wait) observer_.queue_wait(absl::ToDoubleSeconds(stay));
   }
 }
 
@@ -801,7 +856,8 @@ void Dispatcher::Cancel(const std::shared_ptr<Job>& job) {
     job->record.cancelled = true;
     if (job->record.queued) {
       queue_.erase(std::remove(queue_.begin(), queue_.end(), job), queue_.end());
-      job->record.queued = false;
+      Dequeued(job);
+      LeaveQueue(&job->record, clock_->Now());
       job->record.ended = true;
       was_queued = true;
     }
@@ -819,10 +875,13 @@ void Dispatcher::DropQueue(const absl::Status& why) {
   {
     absl::MutexLock lock(&mu_);
     dropped.swap(queue_);
+    queued_tokens_ = 0;
     for (auto& job : dropped) {
       job->record.queued = false;
+      LeaveQueue(&job->record, clock_->Now());
       job->record.ended = true;
     }
+    if (observer_.queue_depth) observer_.queue_depth(0);
   }
   for (auto& job : dropped) {
     Untrack(*job);
@@ -834,27 +893,40 @@ void Dispatcher::TimerLoop() {
   mu_.Lock();
   while (!stopping_) {
     cv_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
-    // Queued requests past their deadline; and, with no worker up at all, every queued one.
+    // Queued requests that waited their longest (queue_timeout, or their deadline).
     const absl::Time now = clock_->Now();
     const bool any_up = registry_->AnyUp();
-    std::vector<std::pair<std::shared_ptr<Job>, absl::Status>> ended;
+    struct Expired {
+      std::shared_ptr<Job> job;
+      QueueExpiry expiry;
+      absl::Duration stay;
+    };
+    std::vector<Expired> ended;
     for (auto it = queue_.begin(); it != queue_.end();) {
-      absl::Status wait = QueuedWait((*it)->record, now, any_up);
-      if (!wait.ok()) {
-        (*it)->record.queued = false;
-        (*it)->record.ended = true;
-        ended.emplace_back(*it, std::move(wait));
+      QueueExpiry expiry =
+          QueuedWait((*it)->record, now, WaitCause((*it)->record, any_up), limits_);
+      if (expiry.expired()) {
+        std::shared_ptr<Job> job = *it;
         it = queue_.erase(it);
+        Dequeued(job);
+        const absl::Duration stay = LeaveQueue(&job->record, now);
+        job->record.ended = true;
+        ended.push_back({std::move(job), std::move(expiry), stay});
       } else {
         ++it;
       }
     }
     const bool pump = !queue_.empty();
     mu_.Unlock();
-    for (auto& [job, status] : ended) {
-      Untrack(*job);
-      if (observer_.failed) observer_.failed(FailureCause(status));
-      job->sink->OnEnd(status);
+    for (Expired& e : ended) {
+      Untrack(*e.job);
+      LOG(WARNING) << LogTraceId(e.job->request.trace_id) << "request "
+                   << e.job->request.trace_id << " failed (" << e.expiry.reason
+                   << "): " << e.expiry.status;
+      if (observer_.queue_wait) observer_.queue_wait(absl::ToDoubleSeconds(e.stay));
+      if (observer_.queue_expired) observer_.queue_expired(e.expiry.reason);
+      if (observer_.failed) observer_.failed(FailureCause(e.expiry.status));
+      e.job->sink->OnEnd(e.expiry.status);
     }
     if (pump) Pump();  // in case a worker freed up without a registry change
     mu_.Lock();

@@ -2,15 +2,25 @@
 // worker the routing policy picks among the registry's candidates, as one Generate stream whose
 // events reach the request's sink as they arrive.
 //
-//   - Admission: when no candidate can take a request (every worker at its capacity), it waits
-//     in a bounded queue (max_queued); beyond it Dispatch answers ResourceExhausted (429 with
-//     Retry-After at the front door); with no worker that can take requests (none up, or every
-//     one draining), Unavailable (503). A queued request that reaches its deadline ends with
-//     DeadlineExceeded.
+//   - Admission and outages: a request no candidate can take (every worker at its capacity, none
+//     up, all draining, all excluded, no decode worker with room for its KV) waits in a bounded
+//     queue, in arrival order (max_queued requests, max_queued_tokens prompt tokens: beyond them
+//     Dispatch answers ResourceExhausted, 429 with Retry-After at the front door), and starts as
+//     soon as a worker can take it. It gives up after queue_timeout in all, or at its deadline if
+//     sooner, with Unavailable (503 with Retry-After) saying why it waited. A retry, a migration
+//     or a KV refusal that finds no worker waits at the queue's front the same way.
 //   - Retries: a worker that fails a request before its first token (unreachable, its queue full,
 //     draining, or an error it marks retryable) makes the request go to another worker, at most
 //     max_retries times. A worker that failed a request is avoided for it while another can take
 //     it, and until it comes back up after going down.
+//   - KV pressure: a decode worker that cannot reserve a request's KV refuses it (ErrorInfo
+//     kv_blocks_needed); the request waits in the queue, neither counted as a retry nor avoiding
+//     that worker, until a decode worker's Watch shows room for it (dispatch_rules.h KvRoom).
+//   - Attempt ids: every attempt (retries, migrations, hand-offs) runs under its own request id
+//     (the client's, then "<id>.a2", ...), and an abandoned attempt is aborted on every worker it
+//     touched (its stream's and its prefill worker; a worker down then is told when it comes
+//     back). A worker answering ALREADY_EXISTS (a reused id: the router's bug) is logged,
+//     counted, and the request restarted under the next id; the client never sees a 409.
 //   - Migration (ARCHITECTURE.md §7): the dispatcher keeps what each streaming request's client
 //     received (every choice's token ids and the stop-string tail the worker held back), within
 //     max_tracked_tokens_per_request and max_tracked_tokens in all (a request over either is no
@@ -21,9 +31,7 @@
 //     it stopped (position-keyed, so the continuation is the one the failed worker would have
 //     produced), and the same sink receives the rest: no token lost or repeated, usage counted
 //     once. At most max_migrations per request; one that cannot migrate (untracked, several
-//     choices, past its deadline, out of migrations) ends with its error. Each attempt runs under
-//     its own request id (the original, then "<id>.m1", ...): a worker that went down and comes
-//     back (stalled, cut off) is told to Abort the attempts that moved away from it.
+//     choices, past its deadline, out of migrations) ends with its error.
 //   - Drain hand-off: a draining worker stops a running single-choice request at its drain
 //     deadline with its KV kept and ends the stream with a retryable error naming itself
 //     (ErrorInfo.handoff_endpoint). The request migrates (cause "drain_handoff") to a worker of
@@ -106,6 +114,8 @@ struct DispatchRequest {
 
 struct DispatcherOptions {
   int64_t max_queued = 256;
+  int64_t max_queued_tokens = 0;  // prompt tokens waiting (0: no bound)
+  absl::Duration queue_timeout = absl::Seconds(30);
   int max_retries = 2;
   int max_migrations = 3;
   int64_t max_tracked_tokens_per_request = 65536;
@@ -138,6 +148,14 @@ struct DispatchObserver {
       prefill_phases;
   std::function<void()> retried;
   std::function<void(int64_t depth)> queue_depth;
+  // A request left the queue after `seconds` there (to start, or to end).
+  std::function<void(double seconds)> queue_wait;
+  // A queued request gave up waiting: "queue_timeout", "deadline" (QueueExpiry::reason).
+  std::function<void(const std::string& reason)> queue_expired;
+  // A decode worker refused a request for want of KV: it waits in the queue for room.
+  std::function<void()> kv_wait;
+  // A worker refused an attempt as already running (the router reused an attempt id: a bug).
+  std::function<void()> collision;
   // A request moved mid-stream: why ("stream_broken", "worker_down", "worker_error",
   // "drain_handoff", "handoff_failed") and the output tokens it carried over.
   std::function<void(const std::string& cause, int64_t tokens)> migrated;
@@ -150,7 +168,8 @@ struct DispatchObserver {
   std::function<void(const std::string& cause)> failed;
   // A request's output went over a tracking cap (it can no longer migrate).
   std::function<void()> untracked;
-  // An Abort sent to a worker that came back: "found", "not_found", "failed".
+  // An Abort of an abandoned attempt sent to a worker it touched (at once, or when the worker
+  // came back): "found", "not_found", "failed".
   std::function<void(const std::string& outcome)> orphan_abort;
 };
 
@@ -163,8 +182,8 @@ class Dispatcher {
              DispatchObserver observer = {});
   ~Dispatcher();  // ends queued requests (Unavailable) and waits for running streams
 
-  // Starts (or queues) the request. Errors, before anything was sent: Unavailable (no worker up),
-  // ResourceExhausted (the queue is full). The handle cancels it.
+  // Starts (or queues) the request. Errors, before anything was sent: ResourceExhausted (the
+  // queue is full), Unavailable (the router stops). The handle cancels it.
   absl::StatusOr<std::shared_ptr<Job>> Dispatch(DispatchRequest request,
                                                 std::shared_ptr<GenerateSink> sink);
   void Cancel(const std::shared_ptr<Job>& job);
@@ -215,8 +234,14 @@ class Dispatcher {
   void Record(Job& job, const ferry::v1::TokenChunk& chunk);
   // The job's record leaves the total (its end).
   void Untrack(Job& job);
-  // Sends Abort for `ids` to worker `id`, if it is a candidate now.
+  // Sends Abort for `ids` to worker `id` if it is up; otherwise keeps them for its return.
   void AbortOrphans(const std::string& id, std::vector<std::string> ids);
+  // Keeps `attempt`, moved away from worker `id`, to Abort there when it comes back.
+  void KeepOrphan(const std::string& id, const std::string& attempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job` joins the queue (at its front: a restart) or leaves it, keeping the totals.
+  void Enqueue(const std::shared_ptr<Job>& job, bool front) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Dequeued(const std::shared_ptr<Job>& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 
   WorkerRegistry* const registry_;
@@ -231,6 +256,7 @@ class Dispatcher {
   absl::CondVar cv_;       // the timer loop's
   absl::CondVar idle_cv_;  // the destructor's: the last running stream ended
   std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_tokens_ ABSL_GUARDED_BY(mu_) = 0;  // its jobs' prompt tokens
   int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<std::shared_ptr<Job>> streaming_ ABSL_GUARDED_BY(mu_);  // jobs with a Call running
   // Attempts (request ids) moved away from each worker that went down.

@@ -7,7 +7,7 @@
 namespace ferry {
 
 std::string JobRecord::AttemptId() const {
-  return migrations == 0 ? request_id : absl::StrCat(request_id, ".m", migrations);
+  return attempts <= 1 ? request_id : absl::StrCat(request_id, ".a", attempts);
 }
 
 RouteRequest JobRecord::Route() const {

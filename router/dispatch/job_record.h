@@ -13,6 +13,7 @@
 #define FERRY_ROUTER_DISPATCH_JOB_RECORD_H_
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -54,9 +55,23 @@ struct JobRecord {
   int64_t store_prefix_blocks = 0;  // leading blocks the KV store holds (0: none or unknown)
 
   // Its life so far.
-  int attempts = 0;                // started, migrated ones included
+  int attempts = 0;                // started, retries and migrations included
+  int retries = 0;                 // restarts before a token (against max_retries)
+  int collisions = 0;              // attempts a worker refused as already running (router bugs)
   std::set<std::string> excluded;  // workers that failed it (avoided while another can take it)
   bool queued = false;
+  // The queue (dispatch_rules.h EnterQueue): when it last entered it, and when its wait began
+  // (its first entry since its last token, or its arrival; InfiniteFuture: not waiting). The
+  // queue's timeout counts from `waiting_since`, so a request refused again and again (KV
+  // pressure) waits at most that long in all.
+  absl::Time queued_at = absl::InfiniteFuture();
+  absl::Time waiting_since = absl::InfiniteFuture();
+  // KV pressure: a decode worker refused it for want of KV blocks. It waits for a decode worker
+  // whose Watch shows `kv_blocks_needed` blocks free (or held by its prefix cache, which gives
+  // them up); one that refused it must have reported its load again since (`kv_refused`: its
+  // report count at the refusal), so a stale report never makes it ask again at once.
+  int64_t kv_blocks_needed = 0;
+  std::map<std::string, uint64_t> kv_refused;
   bool cancelled = false;  // the client went away
   bool ended = false;      // its end was decided (OnEnd delivered or on its way)
   int migrations = 0;
@@ -69,8 +84,9 @@ struct JobRecord {
   bool tracked = true;         // false: over a cap, or inconsistent (cannot migrate)
   int64_t tracked_tokens = 0;  // counted in its owner's total
 
-  // The running attempt's request id: the client's, then "<id>.m1", "<id>.m2", ... after each
-  // migration.
+  // The running (last started) attempt's request id, distinct for every attempt on every worker:
+  // the client's for the first, then "<id>.a2", "<id>.a3", ... (retries, migrations and drain
+  // hand-offs alike), so a worker still running an abandoned attempt never meets its id again.
   std::string AttemptId() const;
   // What the routing policy knows of the request (the output so far is re-prefilled too).
   RouteRequest Route() const;

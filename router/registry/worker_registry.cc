@@ -26,7 +26,6 @@ struct WorkerRegistry::Worker {
   absl::Duration last_seen;
   absl::Duration connected_at;
   absl::Duration next_attempt;
-  absl::Duration backoff;
   Subscription* subscription = nullptr;
   uint64_t generation = 0;
   std::string cancel_reason;  // why the registry cancelled the stream, for its OnDone
@@ -36,6 +35,7 @@ struct WorkerRegistry::Worker {
   int64_t pending_prefill_tokens = 0;
   int64_t active_tokens = 0;
   int64_t messages = 0;
+  uint64_t load_reports = 0;  // messages that carried its load, over its life in the registry
   // The last measurements (an idle window reports none; the worker's speed has not changed).
   double prefill_tokens_per_second = 0;
   double step_time_ms = 0;
@@ -150,8 +150,11 @@ std::unique_ptr<WorkerRegistry::Worker> WorkerRegistry::NewWorker(const std::str
   auto w = std::make_unique<Worker>();
   w->address = address;
   w->feed = std::make_unique<KvEventFeed>(index_, index_->AddWorker());
-  w->stub = v1::Worker::NewStub(NewChannel(address));
-  w->backoff = options_.initial_backoff;
+  // A known worker's address: its channel tries to connect again at a short fixed interval, not
+  // gRPC's growing backoff, so a restarted worker is seen within the interval.
+  ChannelOptions channel;
+  channel.max_reconnect_backoff = options_.reconnect_interval;
+  w->stub = v1::Worker::NewStub(NewChannel(address, channel));
   return w;
 }
 
@@ -276,8 +279,7 @@ void WorkerRegistry::MarkDown(Worker& w, const std::string& why) {
     w.reason = why;
   }
   w.accepted = false;
-  w.next_attempt = clock_->Monotonic() + w.backoff;
-  w.backoff = std::min(w.backoff * 2, options_.max_backoff);
+  w.next_attempt = clock_->Monotonic() + options_.reconnect_interval;
   // The pool's facts hold while one accepted worker is left.
   if (std::none_of(workers_.begin(), workers_.end(), [](const auto& x) { return x->accepted; })) {
     pool_ = PoolInfo();
@@ -313,10 +315,12 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
     w->last_seen = clock_->Monotonic();
     ++w->messages;
     if (status.snapshot() || w->messages == 1) {
+      ++w->load_reports;
       // Identity: keep the whole message but its (possibly large) hash lists.
       w->status = status;
       w->status.clear_kv_events();
     } else if (!status.snapshot_continues()) {
+      ++w->load_reports;
       *w->status.mutable_load() = status.load();
       w->status.set_drain_state(status.drain_state());
       w->status.set_sequence(status.sequence());
@@ -368,11 +372,11 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
         pool_.max_choices = std::min(pool_.max_choices, s.capacity().max_choices());
         pool_.max_context_tokens =
             std::min(pool_.max_context_tokens, s.capacity().max_context_tokens());
+        last_pool_ = pool_;
         w->accepted = true;
         if (w->state != Worker::State::kUp) transitions_.emplace_back(w->id(), true);
         w->state = Worker::State::kUp;
         w->reason.clear();
-        w->backoff = options_.initial_backoff;
         LOG(INFO) << "worker " << w->id() << " (" << w->address << ") is up: " << s.model().name()
                   << ", " << s.capacity().total_kv_blocks() << " KV blocks, engine " << s.engine();
       }
@@ -517,6 +521,8 @@ std::vector<Candidate> WorkerRegistry::Candidates() const {
     candidate.load.running_tokens = static_cast<int64_t>(w->status.load().running_tokens());
     candidate.load.free_kv_blocks = static_cast<int64_t>(w->status.load().free_kv_blocks());
     candidate.load.total_kv_blocks = static_cast<int64_t>(c.total_kv_blocks());
+    candidate.load.cached_kv_blocks = static_cast<int64_t>(w->status.load().cached_kv_blocks());
+    candidate.load.load_reports = w->load_reports;
     candidate.load.pending_prefill_tokens = w->pending_prefill_tokens;
     candidate.load.active_tokens = w->active_tokens;
     candidate.load.prefill_tokens_per_second = w->prefill_tokens_per_second;
@@ -566,6 +572,27 @@ int64_t WorkerRegistry::up_count() const {
 PoolInfo WorkerRegistry::pool() const {
   absl::MutexLock lock(&mu_);
   return pool_;
+}
+
+PoolInfo WorkerRegistry::last_pool() const {
+  absl::MutexLock lock(&mu_);
+  return pool_.known ? pool_ : last_pool_;
+}
+
+std::shared_ptr<v1::Worker::Stub> WorkerRegistry::UpStub(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& w : workers_) {
+    if (w->id() == id && w->accepted && w->state == Worker::State::kUp) return w->stub;
+  }
+  return nullptr;
+}
+
+uint64_t WorkerRegistry::LoadReports(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& w : workers_) {
+    if (w->id() == id) return w->load_reports;
+  }
+  return 0;
 }
 
 void WorkerRegistry::AddLoad(const std::string& id, int requests, int64_t pending_prefill_tokens,

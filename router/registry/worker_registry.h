@@ -9,7 +9,10 @@
 //     worker is asked again after a backoff, as a down one is, and stays "refused" until it
 //     passes: an operator who restarts it on the right model needs no router restart.
 //   - A worker whose stream breaks, or that sends nothing for heartbeat_timeout, is down: its
-//     stream is cancelled and a new one tried after a backoff (doubling up to max_backoff).
+//     stream is cancelled and a new one tried every reconnect_interval. The addresses are known
+//     workers, so the interval is short and fixed (no growing backoff), and their channels
+//     reconnect at most that far apart too: a restarted worker is subscribed to, and takes work,
+//     within about two intervals of its readiness.
 //   - A draining worker gets no new work.
 //   - KV events: each worker's stream feeds the KV index (kv_event_feed.h): a snapshot first,
 //     then the events in order. A stream that breaks resumes where the index is (WatchRequest
@@ -57,8 +60,9 @@ namespace ferry {
 
 struct RegistryOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(5);
-  absl::Duration initial_backoff = absl::Milliseconds(200);
-  absl::Duration max_backoff = absl::Seconds(5);
+  // Between a broken (or refused) Watch stream and the next one, and the longest a worker's
+  // channel waits before connecting again.
+  absl::Duration reconnect_interval = absl::Milliseconds(250);
   absl::Duration check_interval = absl::Milliseconds(50);  // real time
   std::string auth_token;                                  // sent to the workers
   // The one model fingerprint the pool takes (zero: whatever the first worker accepted has).
@@ -122,6 +126,13 @@ class WorkerRegistry {
   // accepted and not draining.
   bool AnyUp() const;
   PoolInfo pool() const;
+  // The pool's facts, or while no worker is accepted (all down or restarting) the last ones
+  // (known false only before any worker was accepted).
+  PoolInfo last_pool() const;
+  // Worker `id`'s stub while it is up and accepted (full or draining included); null otherwise.
+  std::shared_ptr<ferry::v1::Worker::Stub> UpStub(const std::string& id) const;
+  // Load reports received from worker `id` (WorkerLoadView::load_reports); 0 if unknown.
+  uint64_t LoadReports(const std::string& id) const;
 
   // The router's own load on worker `id` (the dispatcher keeps it): requests in flight, prompt
   // tokens sent and not yet computed, prompt tokens of streams running there. Never below 0.
@@ -182,6 +193,7 @@ class WorkerRegistry {
   std::vector<std::unique_ptr<Worker>> removed_ ABSL_GUARDED_BY(mu_);
   absl::CondVar stop_cv_;
   PoolInfo pool_ ABSL_GUARDED_BY(mu_);
+  PoolInfo last_pool_ ABSL_GUARDED_BY(mu_);
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t live_subscriptions_ ABSL_GUARDED_BY(mu_) = 0;  // created and not yet deleted

@@ -158,6 +158,8 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
       absl::MutexLock lock(&mu_);
       phase_ = Phase::kReserving;
       reservation_deadline_ = std::min(deadline_, absl::Now() + service_->reservation_timeout());
+      const int64_t bt = std::max<int64_t>(1, service_->limits().block_tokens);
+      reservation_blocks_ = (positions + bt - 1) / bt;
       decode_request_ = std::move(r);
     }
     refs_.fetch_add(2);  // the request's (until Done), the reservation callback's
@@ -264,6 +266,7 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
   }
   if (!reserved.ok()) {
     service_->metrics().Reservation("no_blocks");
+    kv_refused_ = true;
     EndBeforeEngine(AbortCause::kNone,
                     absl::ResourceExhaustedError(
                         absl::StrCat("the decode worker cannot reserve KV for the prompt now: ",
@@ -753,6 +756,9 @@ void GenerateCall::Pump() {
   } else {
     ErrorInfoFromStatus(final_status, trace_id_, retryable, out_.mutable_error());
     if (parked_) out_.mutable_error()->set_handoff_endpoint(service_->endpoint());
+    if (kv_refused_) {
+      out_.mutable_error()->set_kv_blocks_needed(static_cast<uint64_t>(reservation_blocks_));
+    }
   }
   // The closing message and the status in one write, which the caller reads in one wakeup (no
   // OnWriteDone follows; out_ stays untouched until OnDone, as nothing writes once finished_).

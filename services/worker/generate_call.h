@@ -134,6 +134,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   std::shared_ptr<IncomingKv> kv_ ABSL_GUARDED_BY(mu_);
   std::string transfer_id_ ABSL_GUARDED_BY(mu_);
   absl::Time reservation_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // The KV blocks the reservation asks for; set in the error when it was refused (no room now).
+  int64_t reservation_blocks_ ABSL_GUARDED_BY(mu_) = 0;
+  bool kv_refused_ ABSL_GUARDED_BY(mu_) = false;
   // In the deadline queue while waiting.
   absl::Time kv_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool reservation_ready_ ABSL_GUARDED_BY(mu_) = false;  // reservation_ waits to be written

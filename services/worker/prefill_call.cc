@@ -488,6 +488,10 @@ void PrefillCall::HoldForTest() {
   // Test seam: hold the put while the file exists (bounded by the deadline; a cancel ends it).
   const std::string& hold = service_->options().push_hold_file;
   if (hold.empty()) return;
+  if (access(hold.c_str(), F_OK) == 0) {
+    LOG(INFO) << "request " << id_ << ": test seam: holding the prefill push while " << hold
+              << " exists";
+  }
   while (access(hold.c_str(), F_OK) == 0 && absl::Now() < deadline_ + absl::Seconds(1)) {
     {
       absl::MutexLock lock(&mu_);

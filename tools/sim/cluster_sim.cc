@@ -52,6 +52,7 @@ ClusterSim::ClusterSim(EventLoop* loop, ClusterOptions options)
   limits_.max_retries = options_.max_attempts - 1;
   limits_.max_migrations = 0;
   limits_.max_queued = options_.max_queue;
+  limits_.queue_timeout = absl::Seconds(options_.queue_timeout_s);
 }
 
 ClusterSim::~ClusterSim() {
@@ -127,6 +128,7 @@ ClusterStats ClusterSim::stats() const {
 
 void ClusterSim::ReportAll() {
   for (Node& n : nodes_) n.worker->Report(index_.get(), n.slot);
+  ExpireQueue();
   Pump();
   loop_->After(options_.report_interval_s, [this] { ReportAll(); });
 }
@@ -156,6 +158,8 @@ std::vector<WorkerLoadView> ClusterSim::Views(const std::vector<size_t>& nodes) 
     v.running_tokens = load.running_tokens;
     v.free_kv_blocks = load.free_blocks;
     v.total_kv_blocks = load.total_blocks;
+    v.cached_kv_blocks = load.cached_blocks;
+    v.load_reports = load.reports;
     v.pending_prefill_tokens = n.pending_prefill_tokens;
     v.active_tokens = n.active_tokens;
     v.prefill_tokens_per_second = load.prefill_tokens_per_second;
@@ -202,18 +206,54 @@ void ClusterSim::Send(const LoadRequest& request, std::function<void(const Reque
         store_->Prefix(absl::MakeConstSpan(state.block_hashes).subspan(0, reusable));
   }
   ++in_flight_;
-  Admission admission = AdmitNew(true, false, queue_.size(), limits_);
+  const int64_t queued = static_cast<int64_t>(queue_.size());
+  Admission admission = AdmitNew(false, queued, 0, state.prompt_tokens, limits_);
   if (admission.what == Admit::kStart) {
     if (TryStart(job)) return;
-    admission = AdmitUnstarted(queue_.size(), limits_);
+    admission = AdmitUnstarted(false, queued, 0, state.prompt_tokens, limits_);
   }
   if (admission.what == Admit::kReject) {
     Finish(job, false, std::string(admission.status.message()));
     return;
   }
-  ++stats_.queued;
-  state.queued = true;
-  queue_.push_back(job);
+  Enqueue(job, /*front=*/false);
+}
+
+void ClusterSim::Enqueue(const std::shared_ptr<Job>& job, bool front) {
+  if (job->state.waiting_since == absl::InfiniteFuture()) ++stats_.queued;
+  EnterQueue(&job->state, loop_->Now());
+  if (front) {
+    queue_.push_front(job);
+  } else {
+    queue_.push_back(job);
+  }
+}
+
+void ClusterSim::LeftQueue(const std::shared_ptr<Job>& job) {
+  const double stay = absl::ToDoubleSeconds(LeaveQueue(&job->state, loop_->Now()));
+  stats_.max_queue_wait_s = std::max(stats_.max_queue_wait_s, stay);
+  stats_.total_queue_wait_s += stay;
+}
+
+void ClusterSim::ExpireQueue() {
+  std::vector<std::shared_ptr<Job>> expired;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const QueueExpiry e =
+        QueuedWait((*it)->state, loop_->Now(), WaitCause((*it)->state, true), limits_);
+    if (!e.expired()) {
+      ++it;
+      continue;
+    }
+    expired.push_back(*it);
+    it = queue_.erase(it);
+    LeftQueue(expired.back());
+    ++stats_.queue_expired;
+    expired.back()->record.error = std::string(e.status.message());
+  }
+  for (const std::shared_ptr<Job>& job : expired) {
+    const std::string error = job->record.error;
+    Finish(job, false, error);
+  }
 }
 
 void ClusterSim::Pump() {
@@ -226,6 +266,7 @@ void ClusterSim::Pump() {
       queue_.push_front(std::move(job));
       return;
     }
+    LeftQueue(job);
   }
 }
 
@@ -251,7 +292,7 @@ bool ClusterSim::TryStart(const std::shared_ptr<Job>& job) {
   nodes_[w].active_tokens += job->active;
   nodes_[w].worker->Reserve(job->state.block_hashes, job->state.prompt_tokens,
                             [this, job, d = w](absl::StatusOr<KvReservation> got) {
-                              if (!got.ok()) return Refused(job, d, got.status());
+                              if (!got.ok()) return Refused(job, d, got.status(), true);
                               job->reserved = true;
                               job->reservation = *std::move(got);
                               StartPrefill(job);
@@ -361,7 +402,8 @@ void ClusterSim::SubmitTo(size_t node, const std::shared_ptr<Job>& job, EngineRe
   Refused(job, node, submitted);
 }
 
-void ClusterSim::Refused(const std::shared_ptr<Job>& job, size_t node, const absl::Status& why) {
+void ClusterSim::Refused(const std::shared_ptr<Job>& job, size_t node, const absl::Status& why,
+                         bool reservation) {
   AttemptOutcome outcome;
   outcome.worker = nodes_[job->worker != kNone ? job->worker : node].worker->id();
   outcome.failed = nodes_[node].worker->id();
@@ -372,6 +414,12 @@ void ClusterSim::Refused(const std::shared_ptr<Job>& job, size_t node, const abs
   outcome.retryable = RetryableCode(why.code());
   outcome.migrate_cause = MigrationCause(false, true, why.code());
   outcome.error_event = true;
+  if (reservation && why.code() == absl::StatusCode::kResourceExhausted) {
+    // As the decode worker's error event says (ErrorInfo.kv_blocks_needed).
+    const int64_t bt = std::max<int64_t>(1, options_.worker.block_tokens);
+    outcome.kv_blocks_needed = (job->state.prompt_tokens + bt - 1) / bt;
+    outcome.kv_reports = nodes_[node].worker->load().reports;
+  }
   AttemptEnded(job, outcome);
 }
 
@@ -482,18 +530,21 @@ void ClusterSim::AttemptEnded(const std::shared_ptr<Job>& job, const AttemptOutc
   Decision decision = DecideAfterAttempt(job->state, outcome, limits_, loop_->Now());
   ApplyDecision(decision, &job->state);
   if (decision.next == Next::kEnd) return Finish(job, false, std::string(decision.end.message()));
-  // A retry (a request that sent output never moves here: max_migrations is 0).
+  // A retry, or a wait for KV room (a request that sent output never moves here:
+  // max_migrations is 0).
   Leave(job);
   job->record.cached_tokens = 0;
   job->record.store_tokens = 0;
+  if (decision.next == Next::kQueue) {
+    ++stats_.kv_waits;
+    return Enqueue(job, /*front=*/true);  // started again by Pump, when a report shows room
+  }
   ++stats_.retries;
   // Restarted at the next event (not from inside the refusing worker's callback).
   loop_->After(0, [this, job, decision]() mutable {
     if (TryStart(job)) return;
-    RestartFoundNoWorker(queue_.size(), false, limits_, &decision);
-    if (decision.next == Next::kEnd) return Finish(job, false, std::string(decision.end.message()));
-    job->state.queued = true;
-    queue_.push_front(job);
+    RestartFoundNoWorker(false, &decision);
+    Enqueue(job, /*front=*/true);
   });
 }
 

@@ -4,7 +4,8 @@
 // index fed by the workers' cache events (router/index/kv_index.h), the store probe, and the
 // router's dispatch rules themselves (router/dispatch/dispatch_rules.h: the job record, stream
 // and prefill candidates, admission into a bounded queue, and what follows a refused or failed
-// attempt: a retry elsewhere, or the end). Here the registry's part is the simulator's: workers
+// attempt: a retry elsewhere, a wait in the queue for KV room, or the end). Here the registry's
+// part is the simulator's: workers
 // below their capacity are candidates, and the router's own pending and active token counts are
 // kept per node. The simulator kills no worker, so no request that sent output moves.
 //
@@ -65,7 +66,8 @@ struct ClusterOptions {
   int64_t store_bytes = int64_t{4} << 40;  // of the calibrated model's KV
   double report_interval_s = 0.1;          // the workers' Watch load interval
   int64_t max_queue = 1 << 20;             // requests waiting in the router for a worker
-  int max_attempts = 3;                    // per request (a decode reservation refused: retry)
+  double queue_timeout_s = 30;             // the router's --queue_timeout
+  int max_attempts = 3;  // per request, after failures (a KV refusal waits instead: no attempt)
   uint64_t seed = 1;
   // Every token a client receives, in order (tests; may be empty).
   std::function<void(int64_t request_id, TokenId token)> on_token;
@@ -75,6 +77,9 @@ struct ClusterStats {
   std::map<std::string, int64_t> reasons;  // routing decisions by reason
   int64_t queued = 0;                      // requests that waited in the router's queue
   int64_t retries = 0;
+  int64_t kv_waits = 0;       // decode reservations refused: back to the queue for KV room
+  int64_t queue_expired = 0;  // requests that waited queue_timeout_s and failed
+  double max_queue_wait_s = 0, total_queue_wait_s = 0;  // each stay in the queue
   int64_t store_reads = 0, store_blocks_read = 0;
   double handoff_bytes = 0, store_bytes_read = 0;  // of the calibrated model's KV
   int64_t index_entries = 0;
@@ -116,6 +121,11 @@ class ClusterSim {
   std::optional<std::pair<size_t, RouteChoice>> Choose(const std::shared_ptr<Job>& job,
                                                        bool prefill);
   void Pump();  // starts queued jobs while workers can take them
+  // The job enters the queue (at the front: a restart) / left it; ends the ones that waited
+  // queue_timeout_s.
+  void Enqueue(const std::shared_ptr<Job>& job, bool front);
+  void LeftQueue(const std::shared_ptr<Job>& job);
+  void ExpireQueue();
   bool TryStart(const std::shared_ptr<Job>& job);
   void StartPrefill(const std::shared_ptr<Job>& job);
   // Reads the prefix `node` lacks from the store into `request`, then submits it there.
@@ -129,7 +139,9 @@ class ClusterSim {
   void Leave(const std::shared_ptr<Job>& job);
   void Finish(const std::shared_ptr<Job>& job, bool ok, const std::string& error);
   // `node` refused the job's attempt (a reservation, or a request it was sent).
-  void Refused(const std::shared_ptr<Job>& job, size_t node, const absl::Status& why);
+  // `reservation`: a decode worker's KV reservation (a refusal for want of KV waits for room).
+  void Refused(const std::shared_ptr<Job>& job, size_t node, const absl::Status& why,
+               bool reservation = false);
   // The attempt ended without completing: the dispatch rules say what follows.
   void AttemptEnded(const std::shared_ptr<Job>& job, const AttemptOutcome& outcome);
 

@@ -150,6 +150,8 @@ void SimWorker::Report(KvIndex* index, int slot) {
   load_.running_tokens = s.running_tokens;
   load_.free_blocks = s.free_blocks;
   load_.total_blocks = s.total_blocks;
+  load_.cached_blocks = s.cached_blocks;
+  ++load_.reports;
   const double now = loop_->now();
   while (!window_.empty() && window_.front().end < now - options_.load_window_s) {
     window_.pop_front();
