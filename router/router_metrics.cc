@@ -39,7 +39,9 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                       .Add({});
   queue_wait_ = &prometheus::BuildHistogram()
                      .Name("ferry_router_queue_wait_seconds")
-                     .Help("Time requests spent in the queue waiting for a worker, each stay.")
+                     .Help(
+                         "How long requests had waited for a worker each time they left the "
+                         "queue (since arrival or their last token).")
                      .Register(registry)
                      .Add({}, prometheus::Histogram::BucketBoundaries{
                                   0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10,

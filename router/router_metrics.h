@@ -9,7 +9,8 @@
 //                                                push_tail (the KV push after the compute: what
 //                                                the first token waited for), store_read
 //   ferry_router_queue_depth                     requests waiting for a worker
-//   ferry_router_queue_wait_seconds              each stay in that queue (to start, or to end)
+//   ferry_router_queue_wait_seconds              how long requests had waited each time they
+//                                                left it (since arrival or their last token)
 //   ferry_router_queue_expired_total{reason}     queued requests that gave up waiting (503):
 //                                                queue_timeout (--queue_timeout), deadline
 //   ferry_router_kv_waits_total                  requests a decode worker refused for want of

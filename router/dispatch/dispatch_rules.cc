@@ -43,10 +43,14 @@ std::vector<size_t> StreamCandidates(absl::Span<const WorkerLoadView> workers,
 }
 
 bool KvRoom(const WorkerLoadView& w, const JobRecord& job) {
-  if (job.kv_blocks_needed <= 0) return true;
   auto refused = job.kv_refused.find(w.id);
   if (refused != job.kv_refused.end() && w.load_reports <= refused->second) return false;
-  return w.free_kv_blocks + w.cached_kv_blocks >= job.kv_blocks_needed;
+  if (w.total_kv_blocks <= 0 || job.block_tokens <= 0) return true;  // nothing reported yet
+  const int64_t bt = job.block_tokens;
+  const int64_t needed = std::max(job.kv_blocks_needed,
+                                  (job.prompt_tokens + job.resumed_tokens + bt - 1) / bt);
+  const int64_t unreported = (w.unreported_kv_tokens + bt - 1) / bt;
+  return w.free_kv_blocks + w.cached_kv_blocks - unreported >= needed;
 }
 
 std::vector<size_t> PrefillCandidates(absl::Span<const WorkerLoadView> workers,
@@ -110,10 +114,10 @@ void EnterQueue(JobRecord* job, absl::Time now) {
 
 absl::Duration LeaveQueue(JobRecord* job, absl::Time now) {
   job->queued = false;
-  const absl::Duration stay =
-      job->queued_at == absl::InfiniteFuture() ? absl::ZeroDuration() : now - job->queued_at;
+  const absl::Time since = std::min(job->waiting_since, job->queued_at);
   job->queued_at = absl::InfiniteFuture();
-  return std::max(stay, absl::ZeroDuration());
+  if (since == absl::InfiniteFuture()) return absl::ZeroDuration();
+  return std::max(now - since, absl::ZeroDuration());
 }
 
 std::string WaitCause(const JobRecord& job, bool any_worker_up) {

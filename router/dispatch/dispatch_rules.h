@@ -48,13 +48,15 @@ struct DispatchLimits {
 // Where `job` can stream from: aggregated workers, and decode workers while a prefill worker can
 // take it too. Workers that failed the job are avoided while another of the same side (stream or
 // prefill) can take it; with none left (a small pool, a worker restarted on its address) they
-// get it again. A job a decode worker refused for want of KV (JobRecord::kv_blocks_needed) goes
-// only to decode workers with room for it (KvRoom).
+// get it again. Decode workers stream it only while they may have room for its KV (KvRoom): the
+// request waits for room in the queue, in arrival order, rather than be refused.
 std::vector<size_t> StreamCandidates(absl::Span<const WorkerLoadView> workers,
                                      const JobRecord& job);
-// Whether decode worker `w` may have room for `job`'s KV: no refusal yet, or its report shows
-// kv_blocks_needed blocks free or held by its prefix cache, and (when it refused the job
-// itself) it reported again since.
+// Whether decode worker `w` may have room for `job`'s KV (its prompt and output so far, or what
+// a refusal said it needed, whichever is more): its last report shows that many blocks free or
+// held by its prefix cache (which gives them up), less those of the streams the router started
+// there since; and when it refused the job itself, it reported again since. Optimistic (the
+// cache's blocks may be in use): the worker's reservation has the last word.
 bool KvRoom(const WorkerLoadView& w, const JobRecord& job);
 // The prefill workers for `job`'s P/D prefill (the same avoidance).
 std::vector<size_t> PrefillCandidates(absl::Span<const WorkerLoadView> workers,
@@ -88,7 +90,8 @@ Admission AdmitUnstarted(bool stopping, int64_t queued, int64_t queued_tokens, i
 
 // `job` enters the queue at `now` (its wait begins unless it already waits: see JobRecord).
 void EnterQueue(JobRecord* job, absl::Time now);
-// `job` leaves the queue at `now` (to start, or to end); returns its time there.
+// `job` leaves the queue at `now` (to start, or to end); returns how long it has waited (since
+// its wait began: a request refused and queued again counts its earlier stays too).
 absl::Duration LeaveQueue(JobRecord* job, absl::Time now);
 
 // Why the requests wait, for their error: "none_up" (no worker can take requests: none up, or all

@@ -140,6 +140,8 @@ TEST_F(DispatchRulesTest, AKvRefusalWaitsForRoomWithoutARetryOrAnExclusion) {
   WorkerLoadView p1 = Worker("p1", WorkerKind::kPrefill);
   WorkerLoadView d1 = Worker("d1", WorkerKind::kDecode);
   WorkerLoadView d2 = Worker("d2", WorkerKind::kDecode);
+  job_.block_tokens = 16;  // its 100 prompt tokens: 7 blocks; the refusal said 10
+  d1.total_kv_blocks = d2.total_kv_blocks = 100;
   d1.free_kv_blocks = 20;
   d1.load_reports = 7;  // the report it refused with
   d2.free_kv_blocks = 4;
@@ -374,9 +376,10 @@ TEST_F(DispatchRulesTest, AQueuedRequestWaitsUpToTheQueueTimeoutOrItsDeadline) {
   EXPECT_FALSE(QueuedWait(job_, clock_.Now(), "none_up", limits_).expired());
   clock_.Advance(absl::Seconds(20));
   EXPECT_EQ(LeaveQueue(&job_, clock_.Now()), absl::Seconds(20));
+  clock_.Advance(absl::Seconds(1));  // it ran, and was refused (no token)
   // Refused again (KV pressure) and back in the queue: the wait counts from its start.
   EnterQueue(&job_, clock_.Now());
-  clock_.Advance(absl::Seconds(9));
+  clock_.Advance(absl::Seconds(8));
   EXPECT_FALSE(QueuedWait(job_, clock_.Now(), "kv", limits_).expired());
   clock_.Advance(absl::Seconds(1));
   QueueExpiry e = QueuedWait(job_, clock_.Now(), "kv", limits_);

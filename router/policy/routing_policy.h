@@ -40,6 +40,9 @@ struct WorkerLoadView {
   int64_t total_kv_blocks = 0;   // 0: not reported
   int64_t cached_kv_blocks = 0;  // held by its prefix cache (evictable unless in use)
   uint64_t load_reports = 0;     // load reports received from it (a newer report: a larger count)
+  // Prompt tokens of streams the router started on it since its last load report (their KV is
+  // not in free_kv_blocks yet).
+  int64_t unreported_kv_tokens = 0;
   // The router's own, exact at once (the reports lag): prompt tokens it sent there that are not
   // computed yet (until the first token, or the end of the prefill call), and prompt tokens of
   // its streams running there (decode workers).

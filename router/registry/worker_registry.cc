@@ -36,6 +36,7 @@ struct WorkerRegistry::Worker {
   int64_t active_tokens = 0;
   int64_t messages = 0;
   uint64_t load_reports = 0;  // messages that carried its load, over its life in the registry
+  int64_t unreported_kv_tokens = 0;  // active tokens the router added since the last report
   // The last measurements (an idle window reports none; the worker's speed has not changed).
   double prefill_tokens_per_second = 0;
   double step_time_ms = 0;
@@ -316,11 +317,13 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
     ++w->messages;
     if (status.snapshot() || w->messages == 1) {
       ++w->load_reports;
+      w->unreported_kv_tokens = 0;
       // Identity: keep the whole message but its (possibly large) hash lists.
       w->status = status;
       w->status.clear_kv_events();
     } else if (!status.snapshot_continues()) {
       ++w->load_reports;
+      w->unreported_kv_tokens = 0;
       *w->status.mutable_load() = status.load();
       w->status.set_drain_state(status.drain_state());
       w->status.set_sequence(status.sequence());
@@ -523,6 +526,7 @@ std::vector<Candidate> WorkerRegistry::Candidates() const {
     candidate.load.total_kv_blocks = static_cast<int64_t>(c.total_kv_blocks());
     candidate.load.cached_kv_blocks = static_cast<int64_t>(w->status.load().cached_kv_blocks());
     candidate.load.load_reports = w->load_reports;
+    candidate.load.unreported_kv_tokens = w->unreported_kv_tokens;
     candidate.load.pending_prefill_tokens = w->pending_prefill_tokens;
     candidate.load.active_tokens = w->active_tokens;
     candidate.load.prefill_tokens_per_second = w->prefill_tokens_per_second;
@@ -604,6 +608,7 @@ void WorkerRegistry::AddLoad(const std::string& id, int requests, int64_t pendin
       w->pending_prefill_tokens =
           std::max<int64_t>(0, w->pending_prefill_tokens + pending_prefill_tokens);
       w->active_tokens = std::max<int64_t>(0, w->active_tokens + active_tokens);
+      if (active_tokens > 0) w->unreported_kv_tokens += active_tokens;
       return;
     }
   }

@@ -287,7 +287,13 @@ std::shared_ptr<v1::Worker::Stub> WorkerService::DecodeStub(const std::string& e
   auto it = decode_stubs_.find(endpoint);
   if (it != decode_stubs_.end()) return it->second;
   if (decode_stubs_.size() >= kMaxDecodeChannels) decode_stubs_.erase(decode_stubs_.begin());
-  auto stub = std::shared_ptr<v1::Worker::Stub>(v1::Worker::NewStub(NewChannel(endpoint)));
+  // A decode worker the router named: when it restarts on its address, the first tokens of the
+  // next request must reach it at once, not after gRPC's growing reconnect backoff (which would
+  // fail every KvReady meanwhile, and each request's retries with them).
+  ChannelOptions channel;
+  channel.max_reconnect_backoff = absl::Milliseconds(250);
+  auto stub =
+      std::shared_ptr<v1::Worker::Stub>(v1::Worker::NewStub(NewChannel(endpoint, channel)));
   decode_stubs_.emplace(endpoint, stub);
   return stub;
 }

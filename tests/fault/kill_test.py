@@ -9,11 +9,12 @@ aggregated workers. Twenty streaming chat requests run one after another, half g
 sampled (temperature 0.8, a seed); each first runs without faults (the reference), then again
 with the worker streaming it killed at a random token position (random.Random(27)); the killed
 worker is restarted on its address at once (it may come back while the moved stream still runs)
-and the router must see it up before the next request. Every faulted stream must complete, equal
+and the router must see it up before the next request. The router waits --queue_timeout (2 s
+here) for a worker before it gives a request up. Every faulted stream must complete, equal
 to its reference (token ids, text, finish reason, usage), and the router must count 20
 migrations and no failed request. And (P/D only: the rules are unit-tested, the stream's end is
 the same code in both shapes) a request whose worker is killed twice, the second time with no
-worker left to take it, or a fourth time (--max_migrations, default 3), ends its stream with an
+worker left to take it within the queue's timeout, or a fourth time (--max_migrations, default 3), ends its stream with an
 error event (and counts as failed).
 """
 import signal
@@ -26,6 +27,8 @@ import fault_util as fu
 PD = "--pd" in sys.argv
 REQUESTS = 20
 MAX_TOKENS = 48
+# A request with no worker left waits this long for one (issue 44), then ends with an error.
+QUEUE = ["--queue_timeout=2s"]
 
 
 class KillTest(unittest.TestCase):
@@ -33,10 +36,10 @@ class KillTest(unittest.TestCase):
     def setUpClass(cls):
         model = fu.model_dir()
         if PD:
-            cls.router, prefill, cls.streamers = fu.Stacks.pd(model)
+            cls.router, prefill, cls.streamers = fu.Stacks.pd(model, router_flags=QUEUE)
             cls.all = [prefill] + cls.streamers
         else:
-            cls.router, cls.streamers = fu.Stacks.aggregated(model)
+            cls.router, cls.streamers = fu.Stacks.aggregated(model, router_flags=QUEUE)
             cls.all = cls.streamers
 
     @classmethod
@@ -152,8 +155,9 @@ class KillTest(unittest.TestCase):
 
     @unittest.skipUnless(PD, "the P/D stack checks it (the rule is unit-tested)")
     def test_no_worker_left_ends_the_stream_with_an_error(self):
-        """The request survives the first kill; killed again with no worker left to take it, its
-        stream ends with an OpenAI-style error event after a prefix of the fault-free tokens."""
+        """The request survives the first kill; killed again with no worker left to take it, it
+        waits in the router's queue (--queue_timeout, 2 s here), then its stream ends with an
+        OpenAI-style error event after a prefix of the fault-free tokens."""
         body = self.body(100)
         ref = fu.collect(self.router.port, body)
         before = fu.router_fault_counters(self.router)

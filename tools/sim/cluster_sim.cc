@@ -127,7 +127,10 @@ ClusterStats ClusterSim::stats() const {
 }
 
 void ClusterSim::ReportAll() {
-  for (Node& n : nodes_) n.worker->Report(index_.get(), n.slot);
+  for (Node& n : nodes_) {
+    n.worker->Report(index_.get(), n.slot);
+    n.unreported_kv_tokens = 0;
+  }
   ExpireQueue();
   Pump();
   loop_->After(options_.report_interval_s, [this] { ReportAll(); });
@@ -160,6 +163,7 @@ std::vector<WorkerLoadView> ClusterSim::Views(const std::vector<size_t>& nodes) 
     v.total_kv_blocks = load.total_blocks;
     v.cached_kv_blocks = load.cached_blocks;
     v.load_reports = load.reports;
+    v.unreported_kv_tokens = n.unreported_kv_tokens;
     v.pending_prefill_tokens = n.pending_prefill_tokens;
     v.active_tokens = n.active_tokens;
     v.prefill_tokens_per_second = load.prefill_tokens_per_second;
@@ -230,9 +234,8 @@ void ClusterSim::Enqueue(const std::shared_ptr<Job>& job, bool front) {
 }
 
 void ClusterSim::LeftQueue(const std::shared_ptr<Job>& job) {
-  const double stay = absl::ToDoubleSeconds(LeaveQueue(&job->state, loop_->Now()));
-  stats_.max_queue_wait_s = std::max(stats_.max_queue_wait_s, stay);
-  stats_.total_queue_wait_s += stay;
+  const double waited = absl::ToDoubleSeconds(LeaveQueue(&job->state, loop_->Now()));
+  stats_.max_queue_wait_s = std::max(stats_.max_queue_wait_s, waited);
 }
 
 void ClusterSim::ExpireQueue() {
@@ -246,7 +249,8 @@ void ClusterSim::ExpireQueue() {
     }
     expired.push_back(*it);
     it = queue_.erase(it);
-    LeftQueue(expired.back());
+    const double waited = absl::ToDoubleSeconds(LeaveQueue(&expired.back()->state, loop_->Now()));
+    stats_.max_queue_wait_s = std::max(stats_.max_queue_wait_s, waited);
     ++stats_.queue_expired;
     expired.back()->record.error = std::string(e.status.message());
   }
@@ -290,6 +294,7 @@ bool ClusterSim::TryStart(const std::shared_ptr<Job>& job) {
   // P/D: the decode worker reserves first.
   job->active = job->state.prompt_tokens;
   nodes_[w].active_tokens += job->active;
+  nodes_[w].unreported_kv_tokens += job->active;
   nodes_[w].worker->Reserve(job->state.block_hashes, job->state.prompt_tokens,
                             [this, job, d = w](absl::StatusOr<KvReservation> got) {
                               if (!got.ok()) return Refused(job, d, got.status(), true);

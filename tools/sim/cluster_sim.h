@@ -79,7 +79,7 @@ struct ClusterStats {
   int64_t retries = 0;
   int64_t kv_waits = 0;       // decode reservations refused: back to the queue for KV room
   int64_t queue_expired = 0;  // requests that waited queue_timeout_s and failed
-  double max_queue_wait_s = 0, total_queue_wait_s = 0;  // each stay in the queue
+  double max_queue_wait_s = 0;  // the longest a request waited (LeaveQueue: its whole wait)
   int64_t store_reads = 0, store_blocks_read = 0;
   double handoff_bytes = 0, store_bytes_read = 0;  // of the calibrated model's KV
   int64_t index_entries = 0;
@@ -109,6 +109,7 @@ class ClusterSim {
     int link = -1;  // its NIC
     int store_link = -1;
     int64_t inflight = 0, pending_prefill_tokens = 0, active_tokens = 0;
+    int64_t unreported_kv_tokens = 0;  // active tokens added since its last report
   };
 
   ClusterSim(EventLoop* loop, ClusterOptions options);

@@ -100,7 +100,6 @@ nlohmann::json SimRunJson(const SimRunResult& result, const SimRunOptions& optio
   j["kv_waits"] = c.kv_waits;
   j["queue_expired"] = c.queue_expired;
   j["max_queue_wait_s"] = c.max_queue_wait_s;
-  j["mean_queue_wait_s"] = c.queued > 0 ? c.total_queue_wait_s / static_cast<double>(c.queued) : 0.0;
   j["store_reads"] = c.store_reads;
   j["store_blocks_read"] = c.store_blocks_read;
   j["handoff_gb"] = c.handoff_bytes / 1e9;
