@@ -26,9 +26,10 @@ Phases:
      decode0, decode1, prefill0 and kvstore and an action: SIGKILL, then at once (not waiting for
      the router to notice) a restart from its stack line and a wait for its /readyz; or SIGSTOP,
      1-3 s, SIGCONT. After the last cycle the clients take no more requests, the streams in
-     flight end and the router must see every worker up again. A client that saw its stream fail
-waits FAIL_PAUSE (1 s) before its next request, as a client backs off (a router refusing at once
-would otherwise be sent thousands of requests a second, each a failed stream).
+     flight end and the router must see every worker up again. A client that saw its stream
+     fail waits FAIL_PAUSE (1 s) before its next request, as a client backs off (a router
+     refusing at once would otherwise be sent thousands of requests a second, each a failed
+     stream).
 
 Every chaos stream is compared with its request's fault-free result. A failed stream: an HTTP
 status other than 200 (its status and error body kept), an error event in the stream, a client
@@ -37,7 +38,9 @@ without every token; a mismatched stream: complete, but other token ids, text, f
 usage than fault-free. Streams of n > 1 cannot migrate mid-stream by design (the router fails
 them with cause several_choices once a choice has a token); they are counted apart: those that
 failed after their first token are the by-design ones, those that failed before it are not
-(a request with no token yet can be retried whole).
+(a request with no token yet can be retried whole). Failures are listed by reason (the HTTP
+status and error code and message, masked of addresses and ids) and in time: bursts of failures
+with the fault cycles begun shortly before each.
 
 The router's /metrics at the start and end of the chaos phase: migrations
 (ferry_router_migrations_total, every cause), retries (ferry_router_retries_total), queued (the
