@@ -22,6 +22,7 @@
 #include "engine/tokenizer/tokenizer.h"
 #include "router/api/openai_writer.h"
 #include "router/api/prompt_builder.h"
+#include "router/api/request_json.h"
 #include "router/api/response_store.h"
 #include "router/api_call.h"
 #include "router/auth/api_keys.h"
@@ -254,6 +255,9 @@ class Router::Impl {
     context_.limits.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
     context_.limits.max_n = options_.max_n;
     context_.limits.max_tools_bytes = options_.max_tools_bytes;
+    // Before a worker reports the context: the body limit's (ApiCall widens them for the pool).
+    context_.limits.json = RequestJsonLimits(options_.http.max_body_bytes, 0);
+    context_.max_body_bytes = options_.http.max_body_bytes;
     context_.request_timeout = options_.request_timeout;
     context_.reasoning = reasoning_;
     context_.limiter = limiter_.get();
