@@ -50,7 +50,8 @@ struct Frame {
   Frame(const Frame&) = delete;
   Frame& operator=(const Frame&) = delete;
 
-  Json* value = nullptr;  // the array or object, where its parent holds it
+  Json* value = nullptr;           // the array or object, where its parent holds it
+  Json::array_t* array = nullptr;  // an array's elements
   bool object = false;
   Members members;    // object: its members so far
   size_t member = 0;  // object: the member whose value comes next
@@ -83,7 +84,7 @@ class BoundedBuilder {
   bool key(std::string& k) {
     if (k.size() > limits_.max_string_bytes) return StringTooLong(/*key=*/true);
     if (!Count()) return false;
-    Frame& f = frames_[depth_ - 1];
+    Frame& f = *top_;
     // A key seen before takes the new value where it stands (the last value wins).
     if (f.indexed) {
       auto it = f.index.find(absl::string_view(k));
@@ -106,18 +107,18 @@ class BoundedBuilder {
   }
 
   bool end_object() {
-    Frame& f = frames_[depth_ - 1];
+    Frame& f = *top_;
     Json::object_t& object = *f.value->get_ptr<Json::object_t*>();
     object.reserve(f.members.size());
     for (auto& [k, v] : f.members) object.emplace_back(std::move(k), std::move(v));
     f.members.clear();
     f.index.clear();
     f.indexed = false;
-    --depth_;
+    Close();
     return true;
   }
   bool end_array() {
-    --depth_;
+    Close();
     return true;
   }
 
@@ -130,20 +131,18 @@ class BoundedBuilder {
  private:
   // Stores `v` where the document expects its next value; where it went, or null (an error).
   Json* Put(Json&& v) {
-    if (depth_ == 0) {
+    if (top_ == nullptr) {
       *root_ = std::move(v);
       return root_;
     }
-    Frame& f = frames_[depth_ - 1];
-    if (f.object) {
-      Json& slot = f.members[f.member].second;
+    if (top_->object) {
+      Json& slot = top_->members[top_->member].second;
       slot = std::move(v);
       return &slot;
     }
     if (!Count()) return nullptr;
-    Json::array_t& array = *f.value->get_ptr<Json::array_t*>();
-    array.push_back(std::move(v));
-    return &array.back();
+    top_->array->push_back(std::move(v));
+    return &top_->array->back();
   }
 
   bool Open(Json::value_t type) {
@@ -157,8 +156,15 @@ class BoundedBuilder {
     Frame& f = frames_[depth_];
     f.value = value;
     f.object = type == Json::value_t::object;
+    f.array = f.object ? nullptr : value->get_ptr<Json::array_t*>();
     ++depth_;
+    top_ = &f;
     return true;
+  }
+
+  void Close() {
+    --depth_;
+    top_ = depth_ == 0 ? nullptr : &frames_[depth_ - 1];
   }
 
   bool Revisit(Frame& f, size_t i) {
@@ -222,6 +228,7 @@ class BoundedBuilder {
   Json* const root_;
   std::deque<Frame> frames_;  // frames_[0, depth_) are open
   size_t depth_ = 0;
+  Frame* top_ = nullptr;  // frames_[depth_ - 1]
   uint64_t values_ = 0;
   JsonParseError error_;
 };
