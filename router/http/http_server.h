@@ -95,7 +95,7 @@ class HttpResponder {
 using HttpHandler = std::function<void(HttpRequest request, std::shared_ptr<HttpResponder>)>;
 
 // The JSON body of an error the server answers by itself, before any handler (400 for a malformed
-// request, 413, 431), to a request for `path` ("" when its header was not read), saying
+// request, 413, 431), to a request for `path` ("" when its request line was not read), saying
 // `message`: the API's error shape. "" (or no function): OpenAI's, {"error": {"message", "type":
 // "invalid_request_error", "param": null, "code": null}}.
 using HttpErrorBody =
