@@ -11,6 +11,7 @@
 #include "engine/common/log.h"
 #include "router/api/anthropic_parser.h"
 #include "router/api/anthropic_writer.h"
+#include "router/api/request_json.h"
 #include "router/api/responses_parser.h"
 #include "router/api/responses_writer.h"
 #include "router/http/http_status.h"
@@ -180,6 +181,8 @@ void ApiCall::Start(const HttpRequest& http) {
   if (pool.known && pool.max_choices > 0) {
     limits.max_n = std::min<int32_t>(limits.max_n, static_cast<int32_t>(pool.max_choices));
   }
+  // A completions prompt of the whole context in token ids must parse.
+  if (pool.known) limits.json = RequestJsonLimits(context_.max_body_bytes, pool.max_context_tokens);
   ApiError error;
   switch (kind_) {
     case ApiKind::kChatCompletion:

@@ -64,7 +64,10 @@ struct ApiContext {
   WorkerRegistry* registry = nullptr;
   Dispatcher* dispatcher = nullptr;
   RouterMetrics* metrics = nullptr;
-  ApiLimits limits;        // model id, vocabulary; max_n is narrowed to the pool's
+  ApiLimits limits;  // model id, vocabulary; max_n is narrowed to the pool's, json widened for it
+  // --max_body_bytes: the body's JSON limits derive from it and the pool's context
+  // (RequestJsonLimits).
+  uint64_t max_body_bytes = uint64_t{8} << 20;
   bool reasoning = false;  // chat replies go through a <think> reasoning parser
   // The parsers' markers that are special tokens (kept in the worker's text for parsed replies).
   std::vector<TokenId> keep_special_token_ids;

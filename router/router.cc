@@ -20,8 +20,10 @@
 #include "engine/gguf/gguf_file.h"
 #include "engine/template/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "router/api/anthropic_writer.h"
 #include "router/api/openai_writer.h"
 #include "router/api/prompt_builder.h"
+#include "router/api/request_json.h"
 #include "router/api/response_store.h"
 #include "router/api_call.h"
 #include "router/auth/api_keys.h"
@@ -80,6 +82,17 @@ std::string NewTraceId() {
 std::string JsonError(const absl::Status& status, const std::string& trace_id,
                       const std::string& code = "") {
   return OpenAiErrorBody(status, trace_id, "", code);
+}
+
+// The errors the HTTP server answers itself (413, 431, 400): Anthropic's shape under
+// /v1/messages, as Handle gives every other error there; elsewhere the server's own (OpenAI's).
+std::string ServerErrorBody(int status, const std::string& path, const std::string& message) {
+  if (path != "/v1/messages" && !absl::StartsWith(path, "/v1/messages/")) return "";
+  nlohmann::ordered_json body = {
+      {"type", "error"},
+      {"error", {{"type", std::string(AnthropicErrorType(status))}, {"message", message}}},
+      {"request_id", nullptr}};
+  return DumpJson(body);
 }
 
 }  // namespace
@@ -260,6 +273,9 @@ class Router::Impl {
     context_.limits.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
     context_.limits.max_n = options_.max_n;
     context_.limits.max_tools_bytes = options_.max_tools_bytes;
+    // Before a worker reports the context: the body limit's (ApiCall widens them for the pool).
+    context_.limits.json = RequestJsonLimits(options_.http.max_body_bytes, 0);
+    context_.max_body_bytes = options_.http.max_body_bytes;
     context_.request_timeout = options_.request_timeout;
     context_.reasoning = reasoning_;
     context_.limiter = limiter_.get();
@@ -282,11 +298,13 @@ class Router::Impl {
         [dispatcher](const std::string& id, bool up) { dispatcher->OnWorkerState(id, up); });
     registry_->Start();
 
-    ASSIGN_OR_RETURN(
-        http_, HttpServer::Start(options_.http, [this](HttpRequest request,
-                                                       std::shared_ptr<HttpResponder> responder) {
-          Handle(std::move(request), std::move(responder));
-        }));
+    ASSIGN_OR_RETURN(http_,
+                     HttpServer::Start(
+                         options_.http,
+                         [this](HttpRequest request, std::shared_ptr<HttpResponder> responder) {
+                           Handle(std::move(request), std::move(responder));
+                         },
+                         ServerErrorBody));
     created_ = absl::ToUnixSeconds(absl::Now());
     LOG(INFO) << "router serving '" << model_id_ << "' on " << options_.http.host << ":"
               << http_->port() << " (" << options_.policy << ", " << workers.size()

@@ -149,6 +149,37 @@ TEST(TemplateTest, RunawayTemplatesStopWithAStatus) {
   EXPECT_FALSE(Render(nots + "1 }}").ok());
 }
 
+// A dict from the client's JSON keeps the client's key order, and looking up each of its keys
+// in a loop (as tool-schema templates do with `properties[name]`) finds the right values, in big
+// dicts (indexed) as in small ones (scanned); == ignores order, as Python's does.
+TEST(TemplateTest, LargeDictsKeepTheirOrderAndFindEachKey) {
+  for (int n : {5, 16, 17, 50000}) {
+    // Built by appending (ordered_json's operator[] scans for the key: quadratic).
+    using Object = nlohmann::ordered_json::object_t;
+    nlohmann::ordered_json object = nlohmann::ordered_json::object();
+    nlohmann::ordered_json reversed = nlohmann::ordered_json::object();
+    std::string want;
+    for (int i = 0; i < n; ++i) {
+      const int k = static_cast<int>((int64_t{i} * 7919) % n);  // a scrambled order
+      object.get_ref<Object&>().emplace_back("p" + std::to_string(k), i);
+      want += "p" + std::to_string(k) + "=" + std::to_string(i) + ",";
+    }
+    for (auto it = object.rbegin(); it != object.rend(); ++it) {
+      reversed.get_ref<Object&>().emplace_back(it.key(), it.value());
+    }
+    std::map<std::string, Value> context = {{"d", Value::FromJson(object, /*user=*/true)},
+                                            {"r", Value::FromJson(reversed, /*user=*/true)}};
+    auto out = Render(
+        "{% for k in d %}{{ k }}={{ d[k] }},{% endfor %}|{{ 'p0' in d }} {{ 'q' in d }} "
+        "{{ d.get('p1', 'none') if d | length > 1 else 0 }} {{ d == r }} {{ d.q is defined }}",
+        context);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(*out, want + "|True False " +
+                        (n > 1 ? std::to_string(object["p1"].get<int>()) : "0") + " True False")
+        << n;
+  }
+}
+
 TEST(ChatTemplateTest, UserTextIsMarked) {
   auto t = ChatTemplate::Parse(
       "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n"

@@ -213,7 +213,13 @@ Value Value::MakeDict(Dict items, bool is_namespace) {
   Value v;
   v.kind_ = Kind::kDict;
   v.is_namespace_ = is_namespace;
-  v.dict_ = std::make_shared<Dict>(std::move(items));
+  v.dict_ = std::make_shared<DictData>();
+  v.dict_->items = std::move(items);
+  if (!is_namespace && v.dict_->items.size() > kIndexedDictItems) {
+    const Dict& d = v.dict_->items;
+    v.dict_->index.reserve(d.size());
+    for (size_t i = 0; i < d.size(); ++i) v.dict_->index.emplace(d[i].first, i);  // first wins
+  }
   return v;
 }
 
@@ -257,7 +263,12 @@ Value Value::FromJson(const nlohmann::ordered_json& json, bool user) {
 
 const Value* Value::Find(absl::string_view key) const {
   if (kind_ != Kind::kDict) return nullptr;
-  for (const auto& [k, v] : *dict_) {
+  const Dict& items = dict_->items;
+  if (!dict_->index.empty()) {
+    auto it = dict_->index.find(key);
+    return it == dict_->index.end() ? nullptr : &items[it->second].second;
+  }
+  for (const auto& [k, v] : items) {
     if (k == key) return &v;
   }
   return nullptr;
@@ -279,7 +290,7 @@ bool Value::Truthy() const {
     case Kind::kList:
       return !list_->empty();
     case Kind::kDict:
-      return is_namespace_ || !dict_->empty();
+      return is_namespace_ || !dict_->items.empty();
     case Kind::kFunction:
       return true;
   }
@@ -339,9 +350,10 @@ std::string Value::ToString() const {
     case Kind::kDict: {
       if (is_namespace_) return "<Namespace>";
       std::string out = "{";
-      for (size_t i = 0; i < dict_->size(); ++i) {
+      const Dict& items = dict_->items;
+      for (size_t i = 0; i < items.size(); ++i) {
         if (i > 0) out += ", ";
-        out += Value::String((*dict_)[i].first).Repr() + ": " + (*dict_)[i].second.Repr();
+        out += Value::String(items[i].first).Repr() + ": " + items[i].second.Repr();
       }
       return out + "}";
     }
@@ -359,7 +371,7 @@ Value Value::ToStringValue() const {
     for (const Value& v : *list_) user = user || (v.is_string() && !v.spans().empty());
   }
   if (kind_ == Kind::kDict) {
-    for (const auto& [k, v] : *dict_) user = user || (v.is_string() && !v.spans().empty());
+    for (const auto& [k, v] : dict_->items) user = user || (v.is_string() && !v.spans().empty());
   }
   return String(ToString(), user);
 }

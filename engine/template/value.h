@@ -7,6 +7,12 @@
 //
 // Lists and dicts are shared references, as in Python; the interpreter never mutates them (HF
 // renders in jinja2's immutable sandbox), except namespace objects.
+//
+// Dicts keep their insertion order (a vector of items). A dict of more than kIndexedDictItems
+// items (a tool schema's properties, a user's JSON object) also gets a hash index of its keys when
+// it is made, so that Find, `d[key]`, `key in d` and == take constant time per key: a template
+// that looks up each of a dict's keys in a loop stays linear in the dict's size. Namespaces,
+// which assignments change, are scanned.
 
 #ifndef FERRY_ENGINE_TEMPLATE_VALUE_H_
 #define FERRY_ENGINE_TEMPLATE_VALUE_H_
@@ -18,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json_fwd.hpp"
@@ -36,6 +43,20 @@ using Dict = std::vector<std::pair<std::string, Value>>;  // insertion-ordered, 
 using Args = std::vector<Value>;
 using Kwargs = std::vector<std::pair<std::string, Value>>;
 using Function = std::function<absl::StatusOr<Value>(const Args&, const Kwargs&)>;
+
+// Dicts of more items than this are indexed (a scan of a few keys is as fast).
+inline constexpr size_t kIndexedDictItems = 16;
+
+// A dict's items and, when it has more than kIndexedDictItems and is not a namespace, the
+// position of each key's first item (the index points into `items`, which then never changes).
+struct DictData {
+  DictData() = default;
+  DictData(const DictData&) = delete;
+  DictData& operator=(const DictData&) = delete;
+
+  Dict items;
+  absl::flat_hash_map<absl::string_view, size_t> index;
+};
 
 class Value {
  public:
@@ -71,11 +92,11 @@ class Value {
   const std::string& str() const { return *s_; }
   const std::vector<UserSpan>& spans() const { return *spans_; }
   const List& list() const { return *list_; }
-  const Dict& dict() const { return *dict_; }
-  Dict& mutable_dict() const { return *dict_; }  // namespaces only
+  const Dict& dict() const { return dict_->items; }
+  Dict& mutable_dict() const { return dict_->items; }  // namespaces only (never indexed)
   const Function& function() const { return *fn_; }
 
-  // Dict lookup; nullptr when absent.
+  // Dict lookup (the first item of that key); nullptr when absent.
   const Value* Find(absl::string_view key) const;
 
   bool Truthy() const;
@@ -103,7 +124,7 @@ class Value {
   std::shared_ptr<const std::string> s_;
   std::shared_ptr<const std::vector<UserSpan>> spans_;
   std::shared_ptr<const List> list_;
-  std::shared_ptr<Dict> dict_;
+  std::shared_ptr<DictData> dict_;
   std::shared_ptr<const Function> fn_;
 };
 

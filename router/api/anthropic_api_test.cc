@@ -8,10 +8,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "router/api/anthropic_parser.h"
 #include "router/api/anthropic_writer.h"
+#include "router/api/request_json.h"
 
 namespace ferry {
 namespace {
@@ -546,6 +548,57 @@ TEST(AnthropicParserTest, LimitsAndHostileBodies) {
   }
   ApiRequest ok;
   EXPECT_TRUE(ParseAnthropicMessages(good, Limits(), &ok).status.ok());
+}
+
+// Large bodies within --max_body_bytes parse within the JSON limits (request_json.h): an input
+// schema of 300,000 properties is parsed, keeps its order, and meets max_tools_bytes; over a
+// smaller limit it is refused as it is parsed, naming the limit and where; a long string and
+// duplicate keys (the last value wins).
+TEST(AnthropicParserTest, LargeBodiesMeetTheJsonLimits) {
+  std::string properties = "{";
+  for (int i = 0; i < 300000; ++i) {
+    absl::StrAppend(&properties, i ? "," : "", "\"p", 299999 - i, "\":{}");
+  }
+  properties += "}";
+  const std::string body = Body(R"(,"tools":[{"name":"f","input_schema":{"type":"object",)"
+                                R"("properties":)" +
+                                properties + "}}]");
+  ApiLimits limits = Limits();
+  limits.max_tools_bytes = 16 << 20;
+  ApiRequest r;
+  ApiError e = ParseAnthropicMessages(body, limits, &r);
+  ASSERT_TRUE(e.status.ok()) << e.status;
+  const Json& parsed = r.tools[0].parameters["properties"];
+  ASSERT_EQ(parsed.size(), 300000u);
+  EXPECT_EQ(parsed.begin().key(), "p299999");  // the client's order
+  EXPECT_EQ(parsed.rbegin().key(), "p0");
+  ApiRequest r2;
+  EXPECT_EQ(ParseAnthropicMessages(body, Limits(), &r2).param, "tools");  // max_tools_bytes
+
+  limits.json = RequestJsonLimits(1 << 20, 0);  // 131,072 keys and elements
+  ApiRequest r3;
+  e = ParseAnthropicMessages(body, limits, &r3);
+  EXPECT_EQ(e.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.param, "tools[0].input_schema.properties");
+  EXPECT_NE(e.status.message().find("more than 131072 JSON keys and array elements"),
+            std::string::npos)
+      << e.status;
+
+  limits.json = RequestJsonLimits(64 << 10, 0);
+  ApiRequest r4;
+  e = ParseAnthropicMessages(Body(R"(,"system":")" + std::string((64 << 10) + 1, 's') + "\""),
+                             limits, &r4);
+  EXPECT_EQ(e.param, "system");
+  EXPECT_NE(e.status.message().find("longer than 65536 bytes"), std::string::npos) << e.status;
+
+  ApiRequest dup;
+  ASSERT_TRUE(ParseAnthropicMessages(
+                  R"({"model":"tiny","max_tokens":8,"messages":[{"role":"user","content":"a"}],
+                      "max_tokens":9,"temperature":0.5,"temperature":0.25})",
+                  Limits(), &dup)
+                  .status.ok());
+  EXPECT_EQ(*dup.sampling.max_tokens, 9);
+  EXPECT_EQ(dup.sampling.temperature, 0.25f);
 }
 
 // ---------------------------------------------------------------------------------------------

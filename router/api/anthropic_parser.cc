@@ -665,7 +665,7 @@ ApiError Parse(absl::string_view body, const ApiLimits& limits, bool count_token
   r->kind = ApiKind::kMessages;
   r->sampling.n = 1;
   Json json;
-  RETURN_IF_API_ERROR(ParseRequestJson(body, &json));
+  RETURN_IF_API_ERROR(ParseRequestJson(body, limits.json, &json));
   Fields f(json);
   // The model, as the OpenAI adapter judges it.
   const Json* model = f.Get("model");

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "router/api/bounded_json.h"
 #include "router/api/openai_writer.h"  // DumpJson
 #include "router/http/http_status.h"
 
@@ -12,22 +13,18 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// Arguments nested deeper than this are not taken as an object (dumping JSON recurses).
-constexpr int kMaxArgumentsDepth = 128;
-
 std::string Event(const char* type, const Json& data) {
   return absl::StrCat("event: ", type, "\ndata: ", DumpJson(data), "\n\n");
 }
 
-// A tool call's arguments as its `input`: the JSON object they are, or {}.
+// A tool call's arguments as its `input`: the JSON object they are, or {} (also when they break
+// the default JsonLimits: nested deeper than 128 levels, say; dumping JSON recurses). Parsed in
+// linear time: the model's text, as long as max_tokens lets it be.
 Json ToolInput(const std::string& arguments) {
-  bool too_deep = false;
-  Json::parser_callback_t keep = [&too_deep](int depth, Json::parse_event_t, Json&) {
-    if (depth > kMaxArgumentsDepth) too_deep = true;
-    return !too_deep;
-  };
-  Json input = Json::parse(arguments, keep, /*allow_exceptions=*/false);
-  if (too_deep || !input.is_object()) return Json::object();
+  Json input;
+  if (!ParseBoundedJson(arguments, JsonLimits{}, &input).ok() || !input.is_object()) {
+    return Json::object();
+  }
   return input;
 }
 

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "engine/common/token_id.h"
+#include "router/api/bounded_json.h"
 #include "router/api/conversation.h"
 
 namespace ferry {
@@ -87,6 +88,10 @@ struct ApiLimits {
   int32_t max_completion_logprobs = 5;  // completions' `logprobs` (OpenAI's cap)
   size_t max_tools = 128;               // OpenAI's cap
   size_t max_tools_bytes = 256 << 10;   // the tool definitions' JSON
+  // The body's JSON, bounded while it is parsed: depth, keys and array elements in all, one
+  // string's bytes. The router derives them from --max_body_bytes and the model's context
+  // (request_json.h RequestJsonLimits); the defaults are those of an 8 MiB body.
+  JsonLimits json;
 };
 
 // A request the API refuses: the status (its code gives the HTTP status), the offending field

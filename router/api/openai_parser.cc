@@ -371,7 +371,7 @@ ApiError FinishCommon(RequestFields& f, const ApiRequest& r, const char* maximum
 
 ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* r) {
   Json json;
-  RETURN_IF_API_ERROR(ParseRequestJson(body, &json));
+  RETURN_IF_API_ERROR(ParseRequestJson(body, limits.json, &json));
   RequestFields f(json);
   r->kind = ApiKind::kChatCompletion;
   RETURN_IF_API_ERROR(ParseCommon(f, limits, r));
@@ -412,7 +412,7 @@ ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, Ap
 
 ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiRequest* r) {
   Json json;
-  RETURN_IF_API_ERROR(ParseRequestJson(body, &json));
+  RETURN_IF_API_ERROR(ParseRequestJson(body, limits.json, &json));
   RequestFields f(json);
   r->kind = ApiKind::kCompletion;
   RETURN_IF_API_ERROR(ParseCommon(f, limits, r));

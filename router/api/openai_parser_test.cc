@@ -1,13 +1,19 @@
 // The OpenAI request parser: what it takes (defaults, both spellings of max tokens, stop as a
 // string or a list, extensions, developer as system, text parts) and a table of what it refuses,
-// each with the field it names. And the OpenAI writer's token ids (return_token_ids): where they
-// go in bodies and stream chunks, and that nothing changes without them.
+// each with the field it names; large bodies against the JSON limits, duplicate keys, and tool
+// schemas' key order through to the chat template. And the OpenAI writer's token ids
+// (return_token_ids): where they go in bodies and stream chunks, and that nothing changes without
+// them.
 
 #include "router/api/openai_parser.h"
 
+#include "absl/strings/str_cat.h"
+#include "engine/template/chat_template.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "router/api/openai_writer.h"
+#include "router/api/prompt_builder.h"
+#include "router/api/request_json.h"
 
 namespace ferry {
 namespace {
@@ -80,6 +86,121 @@ TEST(OpenAiParserTest, DeeplyNestedJsonIsRefused) {
           R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"metadata":{"a":[[[[1]]]]}})",
           Limits(), &r)
           .status.ok());
+}
+
+// Bodies that are large but within --max_body_bytes parse in linear time within the JSON limits
+// (request_json.h): those over a limit are refused with a 400 that names it and where in the body
+// it was met, those within it parse and meet the API's own checks.
+TEST(OpenAiParserTest, LargeBodiesParseWithinTheJsonLimits) {
+  const std::string chat = R"({"model":"tiny","messages":[{"role":"user","content":"x"}])";
+  // logit_bias of 300,000 keys (3.5 MB): parsed, then refused by max_logit_bias.
+  std::string bias = "{";
+  for (int i = 0; i < 300000; ++i) absl::StrAppend(&bias, i ? "," : "", "\"", i, "\":1");
+  bias += "}";
+  ApiRequest r;
+  ApiError e = ParseChatCompletion(chat + ",\"logit_bias\":" + bias + "}", Limits(), &r);
+  EXPECT_EQ(e.param, "logit_bias");
+  EXPECT_NE(e.status.message().find("300000 entries; at most 1024"), std::string::npos) << e.status;
+  // Under a smaller JSON limit, the same body is refused as it is parsed, naming the limit.
+  ApiLimits small = Limits();
+  small.json = RequestJsonLimits(1 << 20, 0);  // a 1 MiB body: 131,072 keys and elements
+  e = ParseChatCompletion(chat + ",\"logit_bias\":" + bias + "}", small, &r);
+  EXPECT_EQ(e.status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.param, "logit_bias");
+  EXPECT_NE(e.status.message().find("more than 131072 JSON keys and array elements"),
+            std::string::npos)
+      << e.status;
+  EXPECT_NE(e.status.message().find("--max_body_bytes"), std::string::npos) << e.status;
+
+  // A million token ids fit the default limits (1,048,576); two million do not.
+  std::string ids = "[";
+  for (int i = 0; i < 1000000; ++i) ids += i ? ",7" : "7";
+  ApiRequest million;
+  ASSERT_TRUE(
+      ParseCompletion(R"({"model":"tiny","prompt":)" + ids + "]}", Limits(), &million).status.ok());
+  EXPECT_EQ(million.prompt_ids.size(), 1000000u);
+  for (int i = 0; i < 1000000; ++i) ids += ",7";
+  e = ParseCompletion(R"({"model":"tiny","prompt":[)" + ids + "]]}", Limits(), &r);
+  EXPECT_EQ(e.param, "prompt[0]");
+  EXPECT_NE(e.status.message().find("more than 1048576 JSON keys"), std::string::npos) << e.status;
+
+  // A string over the limit (the body's bytes) names where it is; one within it is a prompt.
+  ApiLimits tight = Limits();
+  tight.json = RequestJsonLimits(64 << 10, 0);
+  e = ParseChatCompletion(R"({"model":"tiny","messages":[{"role":"user","content":")" +
+                              std::string((64 << 10) + 1, 'x') + "\"}]}",
+                          tight, &r);
+  EXPECT_EQ(e.param, "messages[0].content");
+  EXPECT_NE(e.status.message().find("a JSON string longer than 65536 bytes"), std::string::npos)
+      << e.status;
+  ApiRequest text;
+  ASSERT_TRUE(ParseCompletion(R"({"model":"tiny","prompt":")" + std::string(4 << 20, 'x') + "\"}",
+                              Limits(), &text)
+                  .status.ok());
+  EXPECT_EQ(text.prompt_text.size(), size_t{4} << 20);
+}
+
+// A prompt of a whole context in token ids parses even where the body limit alone would refuse
+// its count (a 512 KiB body: 65,536 keys and elements), once the context is known.
+TEST(OpenAiParserTest, AContextOfTokenIdsStaysLegal) {
+  constexpr int64_t kContext = 131072;
+  std::string body = R"({"model":"tiny","prompt":[[)";
+  for (int64_t i = 0; i < kContext; ++i) body += i ? ",1" : "1";
+  body += "]]}";
+  ASSERT_LE(body.size(), size_t{512} << 10);
+  ApiLimits limits = Limits();
+  limits.json = RequestJsonLimits(512 << 10, kContext);
+  ApiRequest r;
+  ApiError e = ParseCompletion(body, limits, &r);
+  ASSERT_TRUE(e.status.ok()) << e.status;
+  EXPECT_EQ(r.prompt_ids.size(), static_cast<size_t>(kContext));
+  limits.json = RequestJsonLimits(512 << 10, 0);  // context unknown: the body limit's bound
+  EXPECT_EQ(ParseCompletion(body, limits, &r).param, "prompt[0]");
+}
+
+// Duplicate keys: the last value wins, where the key first stood (as before, and as Python's
+// json.loads has it).
+TEST(OpenAiParserTest, DuplicateKeysTakeTheLastValue) {
+  ApiRequest r;
+  ASSERT_TRUE(ParseChatCompletion(R"({"model":"tiny","max_tokens":5,"messages":[{"role":"user",
+      "content":"a","content":"b"}],"max_tokens":7,"logit_bias":{"3":1,"3":-2}})",
+                                  Limits(), &r)
+                  .status.ok());
+  EXPECT_EQ(*r.sampling.max_tokens, 7);
+  EXPECT_EQ(r.messages[0].Text(), "b");
+  ASSERT_EQ(r.sampling.logit_bias.size(), 1u);
+  EXPECT_EQ(r.sampling.logit_bias[0].second, -2.0f);
+}
+
+// A tool's parameter schema reaches the chat template with its properties in the client's order
+// (not sorted), also for schemas with many properties.
+TEST(OpenAiParserTest, ToolSchemaPropertiesReachTheTemplateInTheClientsOrder) {
+  std::string properties, want_keys;
+  for (int i = 0; i < 40; ++i) {
+    const std::string name = absl::StrCat("p", (i * 17) % 40);  // p0, p17, p34, p11, ...
+    absl::StrAppend(&properties, i ? "," : "", "\"", name, "\":{\"type\":\"string\"}");
+    absl::StrAppend(&want_keys, name, ",");
+  }
+  const std::string body = R"({"model":"tiny","messages":[{"role":"user","content":"x"}],
+      "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object",
+      "properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"},)" +
+                           properties + R"(},"required":["zeta"]}}}]})";
+  ApiRequest r;
+  ApiError e = ParseChatCompletion(body, Limits(), &r);
+  ASSERT_TRUE(e.status.ok()) << e.status;
+  auto chat = ChatTemplate::Parse(
+      "{% for t in tools %}{% set props = t.function.parameters.properties %}"
+      "{% for k in props %}{{ k }},{% endfor %}|{{ props['zeta'].type }}|"
+      "{{ t.function.parameters | tojson }}{% endfor %}");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  ToolSetup setup;
+  setup.format = ToolCallFormat::kHermes;
+  auto prompt = (*chat)->Apply(TemplateInputs(r, setup));
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(prompt->text.substr(0, prompt->text.find('|')), "zeta,alpha," + want_keys);
+  EXPECT_NE(prompt->text.find("|integer|{\"type\": \"object\", \"properties\": {\"zeta\": "),
+            std::string::npos)
+      << prompt->text.substr(0, 300);
 }
 
 TEST(OpenAiParserTest, CompletionsTakeTextOrTokenIds) {

@@ -1,6 +1,7 @@
 #include "router/api/prompt_builder.h"
 
 #include "absl/strings/str_cat.h"
+#include "router/api/bounded_json.h"
 #include "router/api/reasoning_parser.h"
 
 namespace ferry {
@@ -44,9 +45,17 @@ std::string HermesToolPrompt(const std::vector<ApiTool>& tools) {
   return out;
 }
 
+// A call's arguments as the JSON value they are; false when they are not JSON or break the
+// default JsonLimits (those of an 8 MiB body: the request's text passed its limits, but not the
+// JSON inside this string). Linear time, as the body's parse.
+bool ParseArguments(const std::string& arguments, Json* out) {
+  return ParseBoundedJson(arguments, JsonLimits{}, out).ok();
+}
+
 std::string HermesCallBlock(const ApiToolCall& call) {
-  Json args = Json::parse(call.arguments, nullptr, false);
-  std::string arguments = args.is_discarded() ? Json(call.arguments).dump() : args.dump();
+  Json args;
+  std::string arguments =
+      ParseArguments(call.arguments, &args) ? args.dump() : Json(call.arguments).dump();
   return "<tool_call>\n{\"name\": " + Json(call.name).dump() + ", \"arguments\": " + arguments +
          "}\n</tool_call>";
 }
@@ -94,8 +103,10 @@ ChatTemplateInputs TemplateInputs(const ApiRequest& request, const ToolSetup& se
       for (const ApiToolCall& call : m.tool_calls) {
         Json arguments = call.arguments;
         if (!string_arguments) {
-          Json parsed = Json::parse(call.arguments, nullptr, false);
-          if (parsed.is_object()) arguments = std::move(parsed);
+          Json parsed;
+          if (ParseArguments(call.arguments, &parsed) && parsed.is_object()) {
+            arguments = std::move(parsed);
+          }
         }
         calls.push_back(Json{{"id", call.id},
                              {"type", "function"},

@@ -1,5 +1,7 @@
 #include "router/api/request_json.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
@@ -7,21 +9,38 @@ namespace ferry {
 
 using Json = nlohmann::ordered_json;
 
-ApiError ParseRequestJson(absl::string_view body, Json* out) {
-  bool too_deep = false;
-  // Once too deep, every later value is discarded (never stored, so never recursed over).
-  Json::parser_callback_t keep = [&too_deep](int depth, Json::parse_event_t, Json&) {
-    if (depth > kMaxRequestJsonDepth) too_deep = true;
-    return !too_deep;
-  };
-  try {
-    *out = Json::parse(body.begin(), body.end(), keep);
-  } catch (const Json::exception& e) {
-    return ApiInvalid("", absl::StrCat("the body is not valid JSON: ", e.what()));
-  }
-  if (too_deep) {
-    return ApiInvalid(
-        "", absl::StrCat("the body nests JSON deeper than ", kMaxRequestJsonDepth, " levels"));
+JsonLimits RequestJsonLimits(uint64_t max_body_bytes, int64_t context_tokens) {
+  JsonLimits limits;
+  limits.max_depth = kMaxRequestJsonDepth;
+  limits.max_values = std::max<uint64_t>(
+      max_body_bytes / 8,
+      static_cast<uint64_t>(std::max<int64_t>(context_tokens, 0)) + kRequestJsonHeadroom);
+  limits.max_string_bytes = max_body_bytes;
+  return limits;
+}
+
+ApiError ParseRequestJson(absl::string_view body, const JsonLimits& limits, Json* out) {
+  JsonParseError error;
+  if (!ParseBoundedJson(body, limits, out, &error).ok()) {
+    *out = Json();  // a partial document is not kept
+    const std::string at = error.path.empty() ? "" : absl::StrCat(" (at '", error.path, "')");
+    switch (error.kind) {
+      case JsonParseError::Kind::kDepth:
+        return ApiInvalid(
+            "", absl::StrCat("the body nests JSON deeper than ", limits.max_depth, " levels", at));
+      case JsonParseError::Kind::kValues:
+        return ApiInvalid(error.path, absl::StrCat("the body has more than ", limits.max_values,
+                                                   " JSON keys and array elements in all", at,
+                                                   ": the router's limit for request bodies (from "
+                                                   "--max_body_bytes and the model's context)"));
+      case JsonParseError::Kind::kStringBytes:
+        return ApiInvalid(error.path, absl::StrCat("the body has a JSON string longer than ",
+                                                   limits.max_string_bytes, " bytes", at,
+                                                   ": the router's limit for request bodies (from "
+                                                   "--max_body_bytes)"));
+      default:
+        return ApiInvalid("", absl::StrCat("the body is not valid JSON: ", error.message));
+    }
   }
   if (!out->is_object()) return ApiInvalid("", "the body must be a JSON object");
   return ApiOk();

@@ -1,7 +1,8 @@
 // What the API adapters (openai_parser.h, anthropic_parser.h, responses_parser.h) share in reading
-// a request's JSON body: parsing it with a depth limit, OpenAI's field conventions (null means
-// absent; every top-level field read, ignored, or refused), and the checks of a function tool's
-// name and JSON schema.
+// a request's JSON body: parsing it in linear time within limits (bounded_json.h: depth, keys and
+// array elements, string length, derived here from the body limit and the model's context),
+// OpenAI's field conventions (null means absent; every top-level field read, ignored, or
+// refused), and the checks of a function tool's name and JSON schema.
 //
 // Pure functions and a reader per request; thread-compatible.
 
@@ -15,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 #include "router/api/api_request.h"
+#include "router/api/bounded_json.h"
 
 namespace ferry {
 
@@ -36,8 +38,25 @@ inline ApiError ApiInvalid(const std::string& param, const std::string& message,
 // over its levels, and a body of a few MiB could otherwise hold a million of them.
 inline constexpr int kMaxRequestJsonDepth = 128;
 
-// `body` as a JSON object, or a 400 saying why not (not JSON, too deep, not an object).
-ApiError ParseRequestJson(absl::string_view body, nlohmann::ordered_json* out);
+// Keys and array elements a request may need besides a prompt of token ids: its messages (at
+// most max_messages) and their parts, tool schemas (at most max_tools_bytes of JSON), stop
+// strings, metadata.
+inline constexpr uint64_t kRequestJsonHeadroom = uint64_t{1} << 16;
+
+// The bounds of a request body's JSON for bodies of at most `max_body_bytes` (--max_body_bytes)
+// to a model of `context_tokens` positions (0: not known yet):
+//   - depth kMaxRequestJsonDepth;
+//   - keys and array elements: max_body_bytes / 8 (the DOM of a body stays within a small
+//     multiple of its bytes), or context_tokens + kRequestJsonHeadroom when that is more (a
+//     completions prompt of a whole context of token ids, "1,1,1,...", is always legal);
+//   - one string: max_body_bytes (a prompt may be one long string).
+// At the default 8 MiB: 1,048,576 keys and elements (JsonLimits' defaults).
+JsonLimits RequestJsonLimits(uint64_t max_body_bytes, int64_t context_tokens);
+
+// `body` as a JSON object, or a 400 saying why not: not JSON, not an object, or over `limits`
+// (the message names the limit, `param` where in the body it was met).
+ApiError ParseRequestJson(absl::string_view body, const JsonLimits& limits,
+                          nlohmann::ordered_json* out);
 
 // Member `key` of `object`, or null when it is absent or JSON null (OpenAI's convention).
 const nlohmann::ordered_json* JsonMember(const nlohmann::ordered_json& object, const char* key);

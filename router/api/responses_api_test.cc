@@ -12,6 +12,7 @@
 #include "engine/common/fake_clock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "router/api/request_json.h"
 #include "router/api/response_store.h"
 #include "router/api/responses_parser.h"
 #include "router/api/responses_writer.h"
@@ -398,6 +399,42 @@ TEST(ResponsesParserTest, MetadataHasOpenAisLimits) {
 
 // Untrusted bodies never crash the parser: every prefix of a full request, and every field of it
 // replaced by a value of each JSON type.
+// Large bodies within --max_body_bytes parse within the JSON limits (request_json.h): an input of
+// a million items is parsed and meets max_messages; over a smaller limit it is refused as it is
+// parsed, naming the limit and where; deep nesting, a long string, duplicate keys.
+TEST(ResponsesParserTest, LargeBodiesMeetTheJsonLimits) {
+  std::string items = "[";
+  for (int i = 0; i < 1000000; ++i) items += i ? ",{}" : "{}";
+  items += "]";
+  ApiRequest r;
+  ApiError e = Parse(R"({"model":"tiny","input":)" + items + "}", &r);
+  EXPECT_EQ(e.param, "input");
+  EXPECT_NE(e.status.message().find("1000000 items; at most 16"), std::string::npos) << e.status;
+  ApiLimits limits = Limits();
+  limits.json = RequestJsonLimits(1 << 20, 0);
+  e = ParseResponses(R"({"model":"tiny","input":)" + items + "}", limits, &r);
+  EXPECT_EQ(e.param, "input");
+  EXPECT_NE(e.status.message().find("more than 131072 JSON keys and array elements"),
+            std::string::npos)
+      << e.status;
+
+  e = Parse(Body(R"("text":{"format":)" + std::string(200, '[') + std::string(200, ']') + "}"), &r);
+  EXPECT_NE(e.status.message().find("deeper than 128 levels (at 'text.format"), std::string::npos)
+      << e.status;
+
+  limits.json = RequestJsonLimits(64 << 10, 0);
+  e = ParseResponses(Body(R"("instructions":")" + std::string((64 << 10) + 1, 'i') + "\""), limits,
+                     &r);
+  EXPECT_EQ(e.param, "instructions");
+  EXPECT_NE(e.status.message().find("longer than 65536 bytes"), std::string::npos) << e.status;
+
+  ApiRequest dup;
+  ASSERT_TRUE(Parse(R"({"model":"tiny","input":"a","input":"b","store":true,"store":false})", &dup)
+                  .status.ok());
+  EXPECT_EQ(dup.messages[0].Text(), "b");
+  EXPECT_FALSE(dup.store);
+}
+
 TEST(ResponsesParserTest, NeverCrashesOnMangledBodies) {
   const std::string full = R"({"model":"tiny","input":[{"role":"user","content":[{"type":
       "input_text","text":"a"}]},{"type":"function_call","call_id":"c","name":"f","arguments":

@@ -548,7 +548,7 @@ ApiError ParseInclude(const Json* include) {
 
 ApiError ParseResponses(absl::string_view body, const ApiLimits& limits, ApiRequest* r) {
   Json json;
-  RETURN_IF_API_ERROR(ParseRequestJson(body, &json));
+  RETURN_IF_API_ERROR(ParseRequestJson(body, limits.json, &json));
   RequestFields f(json);
   r->kind = ApiKind::kResponses;
   r->sampling.n = 1;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <deque>
 #include <list>
 #include <optional>
@@ -39,6 +40,9 @@ const std::string& HttpRequest::header(const std::string& lowercase_name) const 
 }
 
 namespace {
+
+// A lingering close reads (and drops) at most this much at a time.
+constexpr size_t kDrainBytes = 64 << 10;
 
 std::string StatusLine(int status, bool http10) {
   const beast::string_view reason = http::obsolete_reason(static_cast<http::status>(status));
@@ -77,8 +81,8 @@ class Session;
 
 class HttpServer::Impl {
  public:
-  Impl(const HttpServerOptions& options, HttpHandler handler)
-      : options_(options), handler_(std::move(handler)) {
+  Impl(const HttpServerOptions& options, HttpHandler handler, HttpErrorBody error_body)
+      : options_(options), handler_(std::move(handler)), error_body_(std::move(error_body)) {
     // One io_context per thread, each connection on one of them: a connection's events never
     // wake a second thread to run them (one shared io_context handed work between its threads).
     for (int i = 0; i < std::max(1, options_.threads); ++i) {
@@ -93,6 +97,18 @@ class HttpServer::Impl {
 
   const HttpServerOptions& options() const { return options_; }
   const HttpHandler& handler() const { return handler_; }
+  // The body of an error the server answers itself (HttpErrorBody).
+  std::string ErrorBody(int status, const std::string& path, const std::string& message) const {
+    std::string body = error_body_ ? error_body_(status, path, message) : "";
+    if (!body.empty()) return body;
+    std::string quoted;
+    for (char c : message) {
+      if (c == '"' || c == '\\') quoted += '\\';
+      quoted += c;
+    }
+    return absl::StrCat("{\"error\":{\"message\":\"", quoted,
+                        "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}");
+  }
   bool shutting_down() const { return shutting_down_.load(); }
   int port() const { return port_; }
   int64_t connections() const { return connections_.load(); }
@@ -112,6 +128,7 @@ class HttpServer::Impl {
 
   const HttpServerOptions options_;
   const HttpHandler handler_;
+  const HttpErrorBody error_body_;
   std::vector<std::unique_ptr<asio::io_context>> ios_;
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::optional<tcp::acceptor> acceptor_;  // on ios_[0]
@@ -280,12 +297,16 @@ class Session : public std::enable_shared_from_this<Session> {
       int status = 400;
       if (ec == http::error::header_limit) status = 431;
       if (ec == http::error::body_limit) status = 413;
-      const std::string body =
-          absl::StrCat("{\"error\":{\"message\":\"",
-                       ec == http::error::body_limit     ? "request body too large"
-                       : ec == http::error::header_limit ? "request header too large"
-                                                         : "malformed HTTP request",
-                       "\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":null}}");
+      // The request's path, once its request line was read (a Content-Length over the limit is
+      // refused before the header is done).
+      const beast::string_view target = parser_->get().target();
+      const std::string path(target.substr(0, target.find('?')));
+      const std::string message = ec == http::error::body_limit
+                                      ? absl::StrCat("request body too large (at most ",
+                                                     server_->options().max_body_bytes, " bytes)")
+                                  : ec == http::error::header_limit ? "request header too large"
+                                                                    : "malformed HTTP request";
+      const std::string body = server_->ErrorBody(status, path, message);
       absl::MutexLock lock(&write_mu_);
       if (closed_) return;
       keep_alive_ = false;
@@ -389,10 +410,11 @@ class Session : public std::enable_shared_from_this<Session> {
     AfterFlushLocked();
   }
 
-  // Everything written: close if that was the last word, or let the strand read the next request.
+  // Everything written: linger and close if that was the last word (an error answer), or let the
+  // strand read the next request.
   void AfterFlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
     if (closing_after_write_) {
-      CloseNow();
+      asio::post(stream_.get_executor(), [self = shared_from_this()] { self->Linger(); });
     } else if (complete_ && !end_posted_) {
       end_posted_ = true;
       asio::post(stream_.get_executor(), [self = shared_from_this()] { self->EndRequest(); });
@@ -442,6 +464,43 @@ class Session : public std::enable_shared_from_this<Session> {
     WaitForRequest();
   }
 
+  // A lingering close, after an error answer that leaves the request unread (413 while the client
+  // still sends its body, 400, 431, 503 to a connection over max_connections), as nginx's: the
+  // request is no longer parsed, the answer is all sent, the sending side is shut (the client
+  // reads the answer, then the end), and what the client still sends is read and dropped until it
+  // closes, linger_timeout passes or linger_max_bytes arrived; then the connection closes. Closing
+  // at once with unread bytes would send a reset, which makes the client's kernel drop the answer
+  // it has not read yet. On the strand.
+  void Linger() {
+    {
+      absl::MutexLock lock(&write_mu_);
+      if (closed_) return;
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    }
+    parser_.reset();
+    buffer_.clear();  // what was read of the request
+    linger_left_ = server_->options().linger_max_bytes;
+    linger_until_ = std::chrono::steady_clock::now() +
+                    absl::ToChronoMilliseconds(server_->options().linger_timeout);
+    Drain();
+  }
+
+  // One read of the lingering close, bounded by what is left of its time (the stream's timer
+  // closes the socket when it fires) and of its bytes.
+  void Drain() {
+    const auto left = linger_until_ - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero() || linger_left_ == 0) return Close();
+    stream_.expires_after(left);
+    stream_.async_read_some(buffer_.prepare(kDrainBytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              // The client's end, the deadline, a reset, or Close() itself.
+                              if (ec) return self->Close();
+                              self->linger_left_ -= std::min<uint64_t>(n, self->linger_left_);
+                              self->Drain();
+                            });
+  }
+
   // On the strand.
   void Close() {
     bool answered_whole;
@@ -474,6 +533,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // On the strand.
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
+  uint64_t linger_left_ = 0;                            // bytes a lingering close still reads
+  std::chrono::steady_clock::time_point linger_until_;  // and until when
   bool in_request_ = false;
   bool counted_ = false;
   uint64_t request_number_ = 0;
@@ -649,8 +710,9 @@ void HttpServer::Impl::Shutdown(absl::Duration grace) {
 }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
-                                                              HttpHandler handler) {
-  auto impl = std::make_unique<Impl>(options, std::move(handler));
+                                                              HttpHandler handler,
+                                                              HttpErrorBody error_body) {
+  auto impl = std::make_unique<Impl>(options, std::move(handler), std::move(error_body));
   if (absl::Status s = impl->Listen(); !s.ok()) return s;
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));
 }

@@ -10,6 +10,11 @@
 //   - a streamed response buffers at most max_stream_buffer_bytes not yet written (and the kernel
 //     at most socket_send_buffer_bytes); a stream that would exceed it is cut off (the handler
 //     learns it: Write returns false, OnClose runs).
+//   - an error answered before the request was read whole (413, 431, 400 for a malformed request,
+//     503 over max_connections) closes the connection lingering, as nginx does: the answer, a
+//     half-close, then what the client still sends is read and dropped for at most
+//     linger_timeout and linger_max_bytes, so that a client still sending its body reads the
+//     answer instead of a connection reset.
 //
 // A handler gets each request with an HttpResponder, answers through it from any thread (now or
 // later), and learns through OnClose when the client went away first. Handlers run on the I/O
@@ -50,6 +55,9 @@ struct HttpServerOptions {
   // The kernel's send buffer per connection (SO_SNDBUF; 0: the kernel's autotuning, which lets a
   // client that does not read pin megabytes per connection).
   int socket_send_buffer_bytes = 256 << 10;
+  // The lingering close after an error answer: how long, and how many bytes, it reads at most.
+  absl::Duration linger_timeout = absl::Seconds(1);
+  uint64_t linger_max_bytes = uint64_t{128} << 20;  // 16x the default max_body_bytes
 };
 
 struct HttpRequest {
@@ -86,10 +94,18 @@ class HttpResponder {
 
 using HttpHandler = std::function<void(HttpRequest request, std::shared_ptr<HttpResponder>)>;
 
+// The JSON body of an error the server answers by itself, before any handler (400 for a malformed
+// request, 413, 431), to a request for `path` ("" when its request line was not read), saying
+// `message`: the API's error shape. "" (or no function): OpenAI's, {"error": {"message", "type":
+// "invalid_request_error", "param": null, "code": null}}.
+using HttpErrorBody =
+    std::function<std::string(int status, const std::string& path, const std::string& message)>;
+
 class HttpServer {
  public:
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpServerOptions& options,
-                                                           HttpHandler handler);
+                                                           HttpHandler handler,
+                                                           HttpErrorBody error_body = nullptr);
   ~HttpServer();  // Shutdown(0)
 
   int port() const;
