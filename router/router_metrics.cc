@@ -43,16 +43,17 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                          "How long requests had waited for a worker each time they left the "
                          "queue (since arrival or their last token).")
                      .Register(registry)
-                     .Add({}, prometheus::Histogram::BucketBoundaries{
-                                  0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10,
-                                  20, 30, 60, 120, 300});
+                     .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.025,
+                                                                      0.05, 0.1, 0.25, 0.5, 1, 2, 5,
+                                                                      10, 20, 30, 60, 120, 300});
   queue_expired_ = &prometheus::BuildCounter()
                         .Name("ferry_router_queue_expired_total")
                         .Help(
                             "Queued requests that gave up waiting for a worker (503): "
                             "queue_timeout, deadline.")
                         .Register(registry);
-  for (const char* reason : {"queue_timeout", "deadline"}) queue_expired_->Add({{"reason", reason}});
+  for (const char* reason : {"queue_timeout", "deadline"})
+    queue_expired_->Add({{"reason", reason}});
   kv_waits_ = &prometheus::BuildCounter()
                    .Name("ferry_router_kv_waits_total")
                    .Help(

@@ -143,16 +143,17 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
     return bad("--max_header_bytes and --max_body_bytes must be at least 1KiB");
   }
   if (o.max_queued < 0 || o.max_queued_tokens < 0 || o.max_retries < 0 || o.max_n < 1) {
-    return bad("--max_queued, --max_queued_tokens and --max_retries must be >= 0, --max_n positive");
+    return bad(
+        "--max_queued, --max_queued_tokens and --max_retries must be >= 0, --max_n positive");
   }
   if (o.max_migrations < 0 || o.migration_max_tokens_per_request < 0 ||
       o.migration_max_tokens < 0) {
     return bad("--max_migrations and --migration_max_tokens[_per_request] must be >= 0");
   }
   if (o.responses_per_tenant < 0) return bad("--responses_per_tenant must be >= 0");
-  for (absl::Duration d : {o.http.read_timeout, o.http.idle_timeout, o.http.write_timeout,
-                           o.request_timeout, o.heartbeat_timeout, o.responses_ttl,
-                           o.queue_timeout}) {
+  for (absl::Duration d :
+       {o.http.read_timeout, o.http.idle_timeout, o.http.write_timeout, o.request_timeout,
+        o.heartbeat_timeout, o.responses_ttl, o.queue_timeout}) {
     if (d <= absl::ZeroDuration()) return bad("timeouts must be positive");
   }
   return absl::OkStatus();

@@ -58,8 +58,8 @@ struct RouterOptions {
   int64_t max_queued = 256;
   int64_t max_queued_tokens = 2 << 20;
   absl::Duration queue_timeout = absl::Seconds(30);
-  int max_retries = 2;       // other workers tried before a first token
-  int max_migrations = 3;    // moves of a request mid-stream (dispatcher.h "Migration")
+  int max_retries = 2;     // other workers tried before a first token
+  int max_migrations = 3;  // moves of a request mid-stream (dispatcher.h "Migration")
   int64_t migration_max_tokens_per_request = 65536;  // output token ids kept per request
   int64_t migration_max_tokens = 16 << 20;           // ... and in all
   int dispatch_threads = 1;  // threads that run the worker streams (CompletionThreads)

@@ -47,8 +47,8 @@ bool KvRoom(const WorkerLoadView& w, const JobRecord& job) {
   if (refused != job.kv_refused.end() && w.load_reports <= refused->second) return false;
   if (w.total_kv_blocks <= 0 || job.block_tokens <= 0) return true;  // nothing reported yet
   const int64_t bt = job.block_tokens;
-  const int64_t needed = std::max(job.kv_blocks_needed,
-                                  (job.prompt_tokens + job.resumed_tokens + bt - 1) / bt);
+  const int64_t needed =
+      std::max(job.kv_blocks_needed, (job.prompt_tokens + job.resumed_tokens + bt - 1) / bt);
   const int64_t unreported = (w.unreported_kv_tokens + bt - 1) / bt;
   return w.free_kv_blocks + w.cached_kv_blocks - unreported >= needed;
 }
@@ -74,22 +74,21 @@ std::vector<size_t> HandoffTargets(absl::Span<const WorkerLoadView> workers,
 namespace {
 
 Admission Decide(bool stopping, int64_t queued, int64_t queued_tokens, int64_t tokens,
-                const DispatchLimits& limits, bool start_if_empty) {
+                 const DispatchLimits& limits, bool start_if_empty) {
   if (stopping) return {Admit::kReject, absl::UnavailableError("the router is shutting down")};
   if (queued == 0 && start_if_empty) return {Admit::kStart, absl::OkStatus()};
   if (queued >= limits.max_queued) {
-    return {Admit::kReject,
-            absl::ResourceExhaustedError(absl::StrCat(
-                "no worker can take the request now and ", queued,
-                " requests are waiting for one (the queue is full); retry later"))};
+    return {Admit::kReject, absl::ResourceExhaustedError(absl::StrCat(
+                                "no worker can take the request now and ", queued,
+                                " requests are waiting for one (the queue is full); retry later"))};
   }
   if (limits.max_queued_tokens > 0 && queued > 0 &&
       queued_tokens + tokens > limits.max_queued_tokens) {
     return {Admit::kReject,
-            absl::ResourceExhaustedError(absl::StrCat(
-                "no worker can take the request now and the ", queued,
-                " requests waiting for one hold ", queued_tokens, " prompt tokens (at most ",
-                limits.max_queued_tokens, "); retry later"))};
+            absl::ResourceExhaustedError(absl::StrCat("no worker can take the request now and the ",
+                                                      queued, " requests waiting for one hold ",
+                                                      queued_tokens, " prompt tokens (at most ",
+                                                      limits.max_queued_tokens, "); retry later"))};
   }
   return {Admit::kQueue, absl::OkStatus()};
 }
@@ -136,9 +135,9 @@ QueueExpiry QueuedWait(const JobRecord& job, absl::Time now, const std::string& 
   e.reason = job.deadline <= timeout ? "deadline" : "queue_timeout";
   const std::string why =
       wait_cause == "none_up" ? "none is up, or all are draining"
-      : wait_cause == "kv"    ? absl::StrCat("no decode worker had room for its KV (",
-                                             job.kv_blocks_needed, " blocks)")
-                              : "every worker was busy";
+      : wait_cause == "kv"
+          ? absl::StrCat("no decode worker had room for its KV (", job.kv_blocks_needed, " blocks)")
+          : "every worker was busy";
   e.status = absl::UnavailableError(absl::StrCat(
       "no worker could take the request ",
       e.reason == "deadline" ? "before its deadline"
@@ -242,8 +241,8 @@ Decision DecideAfterAttempt(const JobRecord& job, const AttemptOutcome& outcome,
   }
   if (status.code() == absl::StatusCode::kAlreadyExists) {
     // The router's own bug, never the client's conflict: a 500, not a 409.
-    d.end = absl::InternalError(absl::StrCat("the router reused a request id on a worker (",
-                                             status.message(), ")"));
+    d.end = absl::InternalError(
+        absl::StrCat("the router reused a request id on a worker (", status.message(), ")"));
     show_error = false;
   }
   if (!status.ok() && had_output && !job.cancelled && !cause.empty()) {

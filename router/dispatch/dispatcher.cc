@@ -450,8 +450,8 @@ absl::StatusOr<std::shared_ptr<Dispatcher::Job>> Dispatcher::Dispatch(
   const int64_t tokens = job->record.prompt_tokens;
   {
     absl::MutexLock lock(&mu_);
-    const Admission admission = AdmitNew(stopping_, static_cast<int64_t>(queue_.size()),
-                                         queued_tokens_, tokens, limits_);
+    const Admission admission =
+        AdmitNew(stopping_, static_cast<int64_t>(queue_.size()), queued_tokens_, tokens, limits_);
     if (admission.what == Admit::kReject) return admission.status;
     if (admission.what == Admit::kQueue) {  // behind the queue: arrival order
       EnterQueue(&job->record, clock_->Now());
@@ -804,22 +804,23 @@ void Dispatcher::AbortOrphans(const std::string& id, std::vector<std::string> id
       absl::MutexLock lock(&mu_);
       ++running_;  // the destructor waits for it
     }
-    stub->async()->Abort(
-        &rpc->context, &rpc->request, &rpc->response, [this, rpc, stub, id](grpc::Status status) {
-          if (observer_.orphan_abort) {
-            observer_.orphan_abort(!status.ok()            ? "failed"
-                                   : rpc->response.found() ? "found"
-                                                           : "not_found");
-          }
-          absl::MutexLock lock(&mu_);
-          // Unreachable now (it went down meanwhile): told again when it comes back.
-          if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-              status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-            KeepOrphan(id, rpc->request.request_id());
-          }
-          --running_;
-          if (stopping_ && running_ == 0) idle_cv_.SignalAll();
-        });
+    stub->async()->Abort(&rpc->context, &rpc->request, &rpc->response,
+                         [this, rpc, stub, id](grpc::Status status) {
+                           if (observer_.orphan_abort) {
+                             observer_.orphan_abort(!status.ok()            ? "failed"
+                                                    : rpc->response.found() ? "found"
+                                                                            : "not_found");
+                           }
+                           absl::MutexLock lock(&mu_);
+                           // Unreachable now (it went down meanwhile): told again when it comes
+                           // back.
+                           if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                               status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+                             KeepOrphan(id, rpc->request.request_id());
+                           }
+                           --running_;
+                           if (stopping_ && running_ == 0) idle_cv_.SignalAll();
+                         });
   }
 }
 
@@ -920,9 +921,8 @@ void Dispatcher::TimerLoop() {
     mu_.Unlock();
     for (Expired& e : ended) {
       Untrack(*e.job);
-      LOG(WARNING) << LogTraceId(e.job->request.trace_id) << "request "
-                   << e.job->request.trace_id << " failed (" << e.expiry.reason
-                   << "): " << e.expiry.status;
+      LOG(WARNING) << LogTraceId(e.job->request.trace_id) << "request " << e.job->request.trace_id
+                   << " failed (" << e.expiry.reason << "): " << e.expiry.status;
       if (observer_.queue_wait) observer_.queue_wait(absl::ToDoubleSeconds(e.stay));
       if (observer_.queue_expired) observer_.queue_expired(e.expiry.reason);
       if (observer_.failed) observer_.failed(FailureCause(e.expiry.status));

@@ -286,8 +286,8 @@ TEST(WorkerRegistryTest, APinnedFingerprintRefusesEvenTheFirstAndARefusedWorkerI
   ASSERT_TRUE(Eventually([&] { return registry.up_count() == 1; }));
   EXPECT_EQ(registry.pool().fingerprint, (Hash128{7, 0}));
 
-  // After the reconnect interval the refused worker is asked again; it stays "refused" meanwhile, and the
-  // same refusal is not counted twice.
+  // After the reconnect interval the refused worker is asked again; it stays "refused" meanwhile,
+  // and the same refusal is not counted twice.
   ASSERT_TRUE(Eventually([&] { return !registry.ToJson()[0]["streaming"].get<bool>(); }));
   clock.Advance(options.reconnect_interval);
   ASSERT_TRUE(Eventually([&] { return fleet.workers[0]->subscriptions() == 2; }));

@@ -292,8 +292,7 @@ std::shared_ptr<v1::Worker::Stub> WorkerService::DecodeStub(const std::string& e
   // fail every KvReady meanwhile, and each request's retries with them).
   ChannelOptions channel;
   channel.max_reconnect_backoff = absl::Milliseconds(250);
-  auto stub =
-      std::shared_ptr<v1::Worker::Stub>(v1::Worker::NewStub(NewChannel(endpoint, channel)));
+  auto stub = std::shared_ptr<v1::Worker::Stub>(v1::Worker::NewStub(NewChannel(endpoint, channel)));
   decode_stubs_.emplace(endpoint, stub);
   return stub;
 }

@@ -77,8 +77,8 @@ struct ClusterStats {
   std::map<std::string, int64_t> reasons;  // routing decisions by reason
   int64_t queued = 0;                      // requests that waited in the router's queue
   int64_t retries = 0;
-  int64_t kv_waits = 0;       // decode reservations refused: back to the queue for KV room
-  int64_t queue_expired = 0;  // requests that waited queue_timeout_s and failed
+  int64_t kv_waits = 0;         // decode reservations refused: back to the queue for KV room
+  int64_t queue_expired = 0;    // requests that waited queue_timeout_s and failed
   double max_queue_wait_s = 0;  // the longest a request waited (LeaveQueue: its whole wait)
   int64_t store_reads = 0, store_blocks_read = 0;
   double handoff_bytes = 0, store_bytes_read = 0;  // of the calibrated model's KV

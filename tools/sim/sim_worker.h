@@ -56,8 +56,8 @@ struct SimWorkerOptions {
 struct SimWorkerLoad {
   int64_t queued_tokens = 0, running_tokens = 0;
   int64_t free_blocks = 0, total_blocks = 0;
-  int64_t cached_blocks = 0;  // held by the prefix cache
-  uint64_t reports = 0;       // reports so far
+  int64_t cached_blocks = 0;             // held by the prefix cache
+  uint64_t reports = 0;                  // reports so far
   double prefill_tokens_per_second = 0;  // over the load window; 0: no prefill in it
   double step_time_ms = 0;
 };
