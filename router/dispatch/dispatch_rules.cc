@@ -108,15 +108,15 @@ Admission AdmitUnstarted(bool stopping, int64_t queued, int64_t queued_tokens, i
 void EnterQueue(JobRecord* job, absl::Time now) {
   job->queued = true;
   job->queued_at = now;
-  if (job->waiting_since == absl::InfiniteFuture()) job->waiting_since = now;
 }
 
 absl::Duration LeaveQueue(JobRecord* job, absl::Time now) {
   job->queued = false;
-  const absl::Time since = std::min(job->waiting_since, job->queued_at);
+  if (job->queued_at != absl::InfiniteFuture()) {
+    job->waited += std::max(now - job->queued_at, absl::ZeroDuration());
+  }
   job->queued_at = absl::InfiniteFuture();
-  if (since == absl::InfiniteFuture()) return absl::ZeroDuration();
-  return std::max(now - since, absl::ZeroDuration());
+  return job->waited;
 }
 
 std::string WaitCause(const JobRecord& job, bool any_worker_up) {
@@ -128,9 +128,9 @@ std::string WaitCause(const JobRecord& job, bool any_worker_up) {
 QueueExpiry QueuedWait(const JobRecord& job, absl::Time now, const std::string& wait_cause,
                        const DispatchLimits& limits) {
   QueueExpiry e;
-  const absl::Time since = std::min(job.waiting_since, job.queued_at);
-  const absl::Time timeout =
-      since == absl::InfiniteFuture() ? absl::InfiniteFuture() : since + limits.queue_timeout;
+  const absl::Time timeout = job.queued_at == absl::InfiniteFuture()
+                                 ? absl::InfiniteFuture()
+                                 : job.queued_at + (limits.queue_timeout - job.waited);
   if (now < job.deadline && now < timeout) return e;
   e.reason = job.deadline <= timeout ? "deadline" : "queue_timeout";
   const std::string why =
@@ -298,7 +298,7 @@ Decision DecideAfterAttempt(const JobRecord& job, const AttemptOutcome& outcome,
 
 void ApplyDecision(const Decision& decision, JobRecord* job) {
   job->handoff = HandoffPlan();
-  if (decision.progressed) job->waiting_since = absl::InfiniteFuture();
+  if (decision.progressed) job->waited = absl::ZeroDuration();
   switch (decision.next) {
     case Next::kRetry:
       if (decision.collision) {

@@ -88,17 +88,18 @@ Admission AdmitNew(bool stopping, int64_t queued, int64_t queued_tokens, int64_t
 Admission AdmitUnstarted(bool stopping, int64_t queued, int64_t queued_tokens, int64_t tokens,
                          const DispatchLimits& limits);
 
-// `job` enters the queue at `now` (its wait begins unless it already waits: see JobRecord).
+// `job` enters the queue at `now`.
 void EnterQueue(JobRecord* job, absl::Time now);
-// `job` leaves the queue at `now` (to start, or to end); returns how long it has waited (since
-// its wait began: a request refused and queued again counts its earlier stays too).
+// `job` leaves the queue at `now` (to start, or to end); returns how long it has waited there in
+// all since its last token (a request refused and queued again counts its earlier stays too).
 absl::Duration LeaveQueue(JobRecord* job, absl::Time now);
 
 // Why the requests wait, for their error: "none_up" (no worker can take requests: none up, or all
 // draining), "kv" (no decode worker has room for its KV), "busy" (every worker is at its
 // capacity).
 std::string WaitCause(const JobRecord& job, bool any_worker_up);
-// A queued request's expiry: when it has waited queue_timeout since its wait began, or reached
+// A queued request's expiry: when it has waited queue_timeout in all (JobRecord::waited and this
+// stay), or reached
 // its deadline, it fails with 503 (Unavailable) saying why it waited (`wait_cause`). `reason`:
 // "queue_timeout" or "deadline" (the metric's); empty while it may wait on.
 struct QueueExpiry {

@@ -376,13 +376,15 @@ TEST_F(DispatchRulesTest, AQueuedRequestWaitsUpToTheQueueTimeoutOrItsDeadline) {
   EXPECT_FALSE(QueuedWait(job_, clock_.Now(), "none_up", limits_).expired());
   clock_.Advance(absl::Seconds(20));
   EXPECT_EQ(LeaveQueue(&job_, clock_.Now()), absl::Seconds(20));
-  clock_.Advance(absl::Seconds(1));  // it ran, and was refused (no token)
-  // Refused again (KV pressure) and back in the queue: the wait counts from its start.
+  clock_.Advance(absl::Seconds(100));  // it ran a long while, and was refused (no token)
+  // Refused again (KV pressure) and back in the queue: its earlier stays count, not its run.
   EnterQueue(&job_, clock_.Now());
-  clock_.Advance(absl::Seconds(8));
+  job_.deadline = clock_.Now() + absl::Seconds(60);
+  clock_.Advance(absl::Seconds(9));
   EXPECT_FALSE(QueuedWait(job_, clock_.Now(), "kv", limits_).expired());
   clock_.Advance(absl::Seconds(1));
   QueueExpiry e = QueuedWait(job_, clock_.Now(), "kv", limits_);
+  EXPECT_EQ(LeaveQueue(&job_, clock_.Now()), absl::Seconds(30));
   EXPECT_EQ(e.reason, "queue_timeout");
   EXPECT_EQ(e.status.code(), absl::StatusCode::kUnavailable);  // 503 with Retry-After
   EXPECT_NE(e.status.message().find("room for its KV"), absl::string_view::npos);

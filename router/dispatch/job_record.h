@@ -60,12 +60,12 @@ struct JobRecord {
   int collisions = 0;              // attempts a worker refused as already running (router bugs)
   std::set<std::string> excluded;  // workers that failed it (avoided while another can take it)
   bool queued = false;
-  // The queue (dispatch_rules.h EnterQueue): when it last entered it, and when its wait began
-  // (its first entry since its last token, or its arrival; InfiniteFuture: not waiting). The
-  // queue's timeout counts from `waiting_since`, so a request refused again and again (KV
-  // pressure) waits at most that long in all.
+  // The queue (dispatch_rules.h EnterQueue): when it last entered it (InfiniteFuture: not in
+  // it), and its earlier stays there since its last token (or its arrival). The queue's timeout
+  // counts all of them, so a request refused again and again (KV pressure) waits at most that
+  // long in all; the time its attempts ran does not count.
   absl::Time queued_at = absl::InfiniteFuture();
-  absl::Time waiting_since = absl::InfiniteFuture();
+  absl::Duration waited;
   // KV pressure: a decode worker refused it for want of KV blocks. It waits for a decode worker
   // whose Watch shows `kv_blocks_needed` blocks free (or held by its prefix cache, which gives
   // them up); one that refused it must have reported its load again since (`kv_refused`: its

@@ -41,6 +41,7 @@ struct ClusterSim::Job {
   bool reserved = false;
   KvReservation reservation;
   TokenId first_token = 0;
+  bool counted_queued = false;  // in ClusterStats::queued
   SamplerState sampler_state;
   std::string held_text;
 };
@@ -224,7 +225,8 @@ void ClusterSim::Send(const LoadRequest& request, std::function<void(const Reque
 }
 
 void ClusterSim::Enqueue(const std::shared_ptr<Job>& job, bool front) {
-  if (job->state.waiting_since == absl::InfiniteFuture()) ++stats_.queued;
+  if (!job->counted_queued) ++stats_.queued;
+  job->counted_queued = true;
   EnterQueue(&job->state, loop_->Now());
   if (front) {
     queue_.push_front(job);
