@@ -39,7 +39,7 @@ struct WorkerLoadView {
   int64_t free_kv_blocks = 0;
   int64_t total_kv_blocks = 0;   // 0: not reported
   int64_t cached_kv_blocks = 0;  // held by its prefix cache (evictable unless in use)
-  uint64_t load_reports = 0;     // load reports received from it (a newer report: a larger count)
+  uint64_t load_reports = 0;     // its last load report's stamp (a later report: a larger one)
   // Prompt tokens of streams the router started on it since its last load report (their KV is
   // not in free_kv_blocks yet).
   int64_t unreported_kv_tokens = 0;

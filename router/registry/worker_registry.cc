@@ -35,7 +35,9 @@ struct WorkerRegistry::Worker {
   int64_t pending_prefill_tokens = 0;
   int64_t active_tokens = 0;
   int64_t messages = 0;
-  uint64_t load_reports = 0;  // messages that carried its load, over its life in the registry
+  // The registry's report stamp (report_stamp_) of its last message that carried its load: a
+  // later report of any worker, a re-added one's included, has a larger one.
+  uint64_t load_reports = 0;
   int64_t unreported_kv_tokens = 0;  // active tokens the router added since the last report
   // The last measurements (an idle window reports none; the worker's speed has not changed).
   double prefill_tokens_per_second = 0;
@@ -316,13 +318,13 @@ void WorkerRegistry::OnStatus(Worker* w, const v1::WorkerStatus& status) {
     w->last_seen = clock_->Monotonic();
     ++w->messages;
     if (status.snapshot() || w->messages == 1) {
-      ++w->load_reports;
+      w->load_reports = ++report_stamp_;
       w->unreported_kv_tokens = 0;
       // Identity: keep the whole message but its (possibly large) hash lists.
       w->status = status;
       w->status.clear_kv_events();
     } else if (!status.snapshot_continues()) {
-      ++w->load_reports;
+      w->load_reports = ++report_stamp_;
       w->unreported_kv_tokens = 0;
       *w->status.mutable_load() = status.load();
       w->status.set_drain_state(status.drain_state());

@@ -131,7 +131,7 @@ class WorkerRegistry {
   PoolInfo last_pool() const;
   // Worker `id`'s stub while it is up and accepted (full or draining included); null otherwise.
   std::shared_ptr<ferry::v1::Worker::Stub> UpStub(const std::string& id) const;
-  // Load reports received from worker `id` (WorkerLoadView::load_reports); 0 if unknown.
+  // The stamp of worker `id`'s last load report (WorkerLoadView::load_reports); 0 if unknown.
   uint64_t LoadReports(const std::string& id) const;
 
   // The router's own load on worker `id` (the dispatcher keeps it): requests in flight, prompt
@@ -194,6 +194,7 @@ class WorkerRegistry {
   absl::CondVar stop_cv_;
   PoolInfo pool_ ABSL_GUARDED_BY(mu_);
   PoolInfo last_pool_ ABSL_GUARDED_BY(mu_);
+  uint64_t report_stamp_ ABSL_GUARDED_BY(mu_) = 0;  // load reports received, all workers
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t live_subscriptions_ ABSL_GUARDED_BY(mu_) = 0;  // created and not yet deleted
