@@ -50,6 +50,13 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
   blocks_free_ = &blocks.Add({{"state", "free"}});
   blocks_cached_ = &blocks.Add({{"state", "cached"}});
   blocks_total_ = gauge("ferry_worker_kv_pool_blocks", "KV blocks in the pool.");
+  refreshes_ = &prometheus::BuildCounter()
+                    .Name("ferry_worker_load_refreshes_total")
+                    .Help(
+                        "Refreshes of the load gauges (queued, running, KV blocks) from the "
+                        "engine, one per --watch_interval.")
+                    .Register(registry)
+                    .Add({});
   auto& prompt = prometheus::BuildCounter()
                      .Name("ferry_worker_prompt_tokens_total")
                      .Help(
@@ -328,6 +335,7 @@ void WorkerMetrics::Refresh(const EngineStats& s, double prefill_tokens_per_seco
   blocks_cached_->Set(static_cast<double>(s.cached_blocks));
   blocks_total_->Set(static_cast<double>(s.total_blocks));
   prefill_speed_->Set(prefill_tokens_per_second);
+  refreshes_->Increment();  // after the gauges: once it counts, they are this refresh's
   absl::MutexLock lock(&mu_);
   auto mirror = [](prometheus::Counter* c, int64_t now, int64_t& last) {
     if (now > last) c->Increment(static_cast<double>(now - last));

@@ -7,6 +7,7 @@
 //   ferry_worker_queued_requests                 waiting for admission (engine)
 //   ferry_worker_running_requests                sequences holding KV
 //   ferry_worker_kv_blocks{state}                used, free, cached; ferry_worker_kv_pool_blocks
+//   ferry_worker_load_refreshes_total            refreshes of the gauges above (a tick to wait on)
 //   ferry_worker_prompt_tokens_total{source}     prefill and aggregated workers: computed, local
 //                                                (reused from this worker's cache), store (read
 //                                                from the KV store); decode workers: decode_local
@@ -148,6 +149,7 @@ class WorkerMetrics {
   prometheus::Gauge* blocks_free_;
   prometheus::Gauge* blocks_cached_;
   prometheus::Gauge* blocks_total_;
+  prometheus::Counter* refreshes_;
   prometheus::Counter* prompt_computed_;
   prometheus::Counter* prompt_local_;
   prometheus::Counter* prompt_store_;

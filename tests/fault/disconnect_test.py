@@ -83,14 +83,20 @@ class DisconnectTest(unittest.TestCase):
         self.assertEqual(got, plans, f"{what}: tokens each client read before closing")
 
         # Idle: nothing running or queued, and no step taken any more (two reads of the step
-        # counters, and of the gauges, a watch interval apart agree).
+        # counters, and of the gauges, agree with a refresh of the gauges between them).
         deadline = time.monotonic() + 30
         while True:
             samples = {w.name: w.metrics() for w in workers}
             if all(w.busy(samples[w.name]) == 0 for w in workers):
-                # Kept: the gauges are refreshed every --watch_interval (20 ms) with no tick count
-                # to wait on, so the second read comes after a refresh; a mismatch only retries.
-                time.sleep(0.1)
+                # The gauges are refreshed every --watch_interval (20 ms): two more refreshes
+                # (the first may have been under way at the read) make the second read a later
+                # state; a mismatch only retries.
+                refreshed = {w.name: fu.metric_sum(samples[w.name],
+                                                   "ferry_worker_load_refreshes_total") + 2
+                             for w in workers}
+                fu.wait_for(lambda: all(
+                    fu.metric_sum(w.metrics(), "ferry_worker_load_refreshes_total") >=
+                    refreshed[w.name] for w in workers), f"{what}: a refresh of the gauges", 10)
                 again = {w.name: w.metrics() for w in workers}
                 if all(w.busy(again[w.name]) == 0 and
                        w.steps(again[w.name]) == w.steps(samples[w.name]) for w in workers):

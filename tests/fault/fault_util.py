@@ -32,7 +32,7 @@ import urllib.request
 for _d in (os.path.abspath(__file__), os.path.realpath(__file__)):
     sys.path.insert(0, os.path.join(os.path.dirname(_d), "..", "integration"))
 import ferry_services  # noqa: E402
-from ferry_services import TMP, model_with_template, start, stop_all  # noqa: E402,F401
+from ferry_services import TMP, model_with_template, start, stop_all, wait_for  # noqa: E402,F401
 
 ROUTER, WORKER, MODEL_SRC = sys.argv[1], sys.argv[2], sys.argv[3]
 BLOCK_TOKENS = 16

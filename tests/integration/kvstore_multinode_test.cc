@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/common/fake_clock.h"
 #include "gtest/gtest.h"
@@ -44,13 +45,35 @@ std::string Value(int i) {
   return v;
 }
 
-// Polls `done` until it holds or `timeout` passes; whether it held.
+// The test's step counter: the client calls its threads completed. Each Step() releases the
+// mutex, and absl::Mutex re-evaluates what a test awaits then, so a wait follows the calls that
+// change the client's state (no poll interval, no sleep).
+class Steps {
+ public:
+  void Step() {
+    absl::MutexLock lock(&mu_);
+    ++steps_;
+  }
+  // Waits until `done()` holds (evaluated after each step, under the counter's mutex: it must
+  // not call the client, only read its state) or `timeout` passes; whether it held.
+  template <typename Fn>
+  bool Await(Fn done, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  }
+
+ private:
+  absl::Mutex mu_;
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Calls `attempt` (a client call: each is its own step) until it returns true or `timeout`
+// passes; whether it did.
 template <typename Fn>
-bool WaitFor(Fn done, absl::Duration timeout) {
+bool RetryCalls(Fn attempt, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
+  while (!attempt()) {
     if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));  // the poll's interval
   }
   return true;
 }
@@ -149,6 +172,7 @@ TEST_F(MultiNodeTest, ANodeKilledAndRestartedCostsMissesNeverErrors) {
   // A reader and a writer keep going while node 1 dies; every call returns, none takes long.
   std::atomic<bool> stop{false};
   std::atomic<int64_t> calls{0}, slow{0}, reads{0}, writes{0};
+  Steps steps;
   auto timed = [&](auto fn) {
     const auto start = std::chrono::steady_clock::now();
     fn();
@@ -159,6 +183,7 @@ TEST_F(MultiNodeTest, ANodeKilledAndRestartedCostsMissesNeverErrors) {
     while (!stop) {
       timed([&] { GetAll(kObjects); });
       ++reads;
+      steps.Step();
     }
   });
   std::thread writer([&] {
@@ -168,19 +193,20 @@ TEST_F(MultiNodeTest, ANodeKilledAndRestartedCostsMissesNeverErrors) {
       o.meta.fingerprint = kModel;
       timed([&] { client_->Put({o}); });
       ++writes;
+      steps.Step();
     }
   });
   // Both are going.
-  ASSERT_TRUE(WaitFor([&] { return reads > 0 && writes > 0; }, absl::Seconds(30)));
+  ASSERT_TRUE(steps.Await([&] { return reads > 0 && writes > 0; }, absl::Seconds(30)));
   nodes_[1]->Kill();
   // The client finds node 1 down on its own calls; each time the clock passes its backoff, one
   // call probes it and fails again (and returns: none is slow).
-  ASSERT_TRUE(WaitFor([&] { return !client_->nodes()[1].up; }, absl::Seconds(30)));
+  ASSERT_TRUE(steps.Await([&] { return !client_->nodes()[1].up; }, absl::Seconds(30)));
   for (int probe = 0; probe < 3; ++probe) {
     const int64_t failures = client_->nodes()[1].failures;
     PastTheBackoff();
     ASSERT_TRUE(
-        WaitFor([&] { return client_->nodes()[1].failures > failures; }, absl::Seconds(30)));
+        steps.Await([&] { return client_->nodes()[1].failures > failures; }, absl::Seconds(30)));
   }
   // Down: node 1's keys are misses, all others hit.
   const std::vector<bool> down = GetAll(kObjects);
@@ -188,11 +214,12 @@ TEST_F(MultiNodeTest, ANodeKilledAndRestartedCostsMissesNeverErrors) {
   EXPECT_FALSE(client_->nodes()[1].up);
 
   Restart(1);
-  // Past its backoff the next call probes it, and it is back. (Polled: the reader's call may be
-  // the probe, and a call that skips the node meanwhile reads its keys as misses.)
+  // Past its backoff the next call probes it, and it is back. (Called again until every key
+  // hits: the reader's call may be the probe, and a call that skips the node meanwhile reads its
+  // keys as misses.)
   PastTheBackoff();
   std::vector<bool> back;
-  WaitFor(
+  RetryCalls(
       [&] {
         back = GetAll(kObjects);
         return std::all_of(back.begin(), back.end(), [](bool b) { return b; });
@@ -212,6 +239,7 @@ TEST_F(MultiNodeTest, SigtermLosesNothingAcknowledged) {
   std::atomic<bool> stop{false};
   std::mutex mu;
   std::set<int> acked;
+  Steps steps;
   std::thread writer([&] {
     for (int i = 0; !stop; ++i) {
       const std::string v = Value(i);
@@ -221,6 +249,7 @@ TEST_F(MultiNodeTest, SigtermLosesNothingAcknowledged) {
         std::lock_guard<std::mutex> lock(mu);
         acked.insert(i);
       }
+      steps.Step();
     }
   });
   // Enough acknowledged puts, node 2's among them, for the checks below.
@@ -228,16 +257,16 @@ TEST_F(MultiNodeTest, SigtermLosesNothingAcknowledged) {
     std::lock_guard<std::mutex> lock(mu);
     return std::count_if(acked.begin(), acked.end(), [&](int i) { return Owner(i) == node; });
   };
-  ASSERT_TRUE(WaitFor(
+  ASSERT_TRUE(steps.Await(
       [&] {
         std::lock_guard<std::mutex> lock(mu);
         return acked.size() > 20;
       },
       absl::Seconds(30)));
-  ASSERT_TRUE(WaitFor([&] { return acked_on(2) > 5; }, absl::Seconds(30)));
+  ASSERT_TRUE(steps.Await([&] { return acked_on(2) > 5; }, absl::Seconds(30)));
   EXPECT_EQ(nodes_[2]->Terminate(), 0) << "ferry-kvstore did not exit cleanly on SIGTERM";
   // The writer goes on until its puts to node 2 have found it gone.
-  ASSERT_TRUE(WaitFor([&] { return !client_->nodes()[2].up; }, absl::Seconds(30)));
+  ASSERT_TRUE(steps.Await([&] { return !client_->nodes()[2].up; }, absl::Seconds(30)));
   stop = true;
   writer.join();
   Restart(2);
@@ -252,10 +281,10 @@ TEST_F(MultiNodeTest, SigtermLosesNothingAcknowledged) {
     }
   }
   ASSERT_GT(ids.size(), 20u);
-  // Nothing else calls the client now: this Get probes node 2 and finds it back. (Polled, with
-  // the clock past the backoff again each time, should the restarted node refuse a first call.)
+  // Nothing else calls the client now: this Get probes node 2 and finds it back. (Called again,
+  // with the clock past the backoff each time, should the restarted node refuse a first call.)
   std::vector<ClientGetResult> got;
-  WaitFor(
+  RetryCalls(
       [&] {
         got = client_->Get(keys, kModel);
         if (std::all_of(got.begin(), got.end(), [](const auto& g) { return g.found; })) return true;
