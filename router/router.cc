@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <random>
@@ -20,6 +21,7 @@
 #include "engine/gguf/gguf_file.h"
 #include "engine/template/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "kvstore/client/dynamic_kv_client.h"
 #include "router/api/anthropic_writer.h"
 #include "router/api/openai_writer.h"
 #include "router/api/prompt_builder.h"
@@ -35,6 +37,7 @@
 #include "router/router_metrics.h"
 #include "services/common/admin_server.h"
 #include "services/common/completion_thread.h"
+#include "services/common/dns_discovery.h"
 #include "services/common/metrics.h"
 #include "services/common/shared_token.h"
 
@@ -179,7 +182,15 @@ class Router::Impl {
                        WorkerRegistry::ReadWorkerFile(options_.workers_file));
       workers.insert(workers.end(), listed.begin(), listed.end());
     }
-    if (workers.empty()) return absl::InvalidArgumentError("no workers given");
+    if (workers.empty() && options_.workers_dns.empty()) {
+      return absl::InvalidArgumentError(
+          "no workers given (--workers, --workers_file, --workers_dns)");
+    }
+    {
+      absl::MutexLock lock(&sources_mu_);
+      file_workers_.assign(workers.begin() + static_cast<ptrdiff_t>(options_.workers.size()),
+                           workers.end());
+    }
 
     registry_metrics_ = NewServiceRegistry("router");
     metrics_ = std::make_unique<RouterMetrics>(*registry_metrics_);
@@ -214,15 +225,26 @@ class Router::Impl {
     po.store_fetch_per_block = options_.store_fetch_per_block;
     ASSIGN_OR_RETURN(
         policy_, NewRoutingPolicy(options_.policy, std::random_device{}(), kv_index_.get(), po));
-    if (!options_.kvstore.empty()) {
+    if (!options_.kvstore.empty() || !options_.kvstore_dns.empty()) {
       kv::ClientOptions ko;
       ko.nodes = options_.kvstore;
       ko.deadline = options_.kvstore_deadline;
       ko.auth_token = token;
-      ASSIGN_OR_RETURN(std::unique_ptr<kv::KvClient> client, kv::KvClient::Create(ko));
+      ASSIGN_OR_RETURN(std::unique_ptr<kv::DynamicKvClient> client,
+                       kv::DynamicKvClient::Create(ko));
+      kv::DynamicKvClient* nodes = client.get();
       RouterMetrics* metrics = metrics_.get();
       store_probe_ = std::make_unique<StoreProbe>(
           std::move(client), 256, [metrics](bool asked) { metrics->StoreProbed(asked); });
+      if (!options_.kvstore_dns.empty()) {
+        DnsDiscoveryOptions d = DiscoveryOptions(options_.kvstore_dns, "KV store nodes");
+        d.naming = DnsDiscoveryOptions::Naming::kStableName;
+        ASSIGN_OR_RETURN(store_dns_, DnsDiscovery::Start(d, [nodes](std::vector<std::string> e) {
+                           if (absl::Status s = nodes->SetNodes(std::move(e)); !s.ok()) {
+                             LOG(WARNING) << "KV store nodes from DNS: " << s;
+                           }
+                         }));
+      }
     }
     DispatcherOptions dopts;
     dopts.max_queued = options_.max_queued;
@@ -297,6 +319,19 @@ class Router::Impl {
     registry_->SetOnWorkerState(
         [dispatcher](const std::string& id, bool up) { dispatcher->OnWorkerState(id, up); });
     registry_->Start();
+    if (!options_.workers_dns.empty()) {
+      ASSIGN_OR_RETURN(workers_dns_,
+                       DnsDiscovery::Start(DiscoveryOptions(options_.workers_dns, "workers"),
+                                           [this](std::vector<std::string> endpoints) {
+                                             {
+                                               absl::MutexLock lock(&sources_mu_);
+                                               dns_workers_ = std::move(endpoints);
+                                             }
+                                             if (absl::Status s = ApplyWorkerSources(); !s.ok()) {
+                                               LOG(WARNING) << "workers from DNS: " << s;
+                                             }
+                                           }));
+    }
 
     ASSIGN_OR_RETURN(http_,
                      HttpServer::Start(
@@ -318,6 +353,8 @@ class Router::Impl {
       if (shut_down_.exchange(true)) return;
     }
     if (admin_ != nullptr) admin_->SetReady(false, "shutting down");
+    workers_dns_.reset();  // (their callbacks use the registry and the store probe's client)
+    store_dns_.reset();
     if (dispatcher_ != nullptr) {
       dispatcher_->DropQueue(absl::UnavailableError("the router is shutting down"));
     }
@@ -627,20 +664,48 @@ class Router::Impl {
     }
     ASSIGN_OR_RETURN(std::vector<std::string> listed,
                      WorkerRegistry::ReadWorkerFile(options_.workers_file));
-    std::vector<std::string> workers = options_.workers;
-    workers.insert(workers.end(), listed.begin(), listed.end());
-    if (workers.empty()) {
+    if (listed.empty() && options_.workers.empty() && options_.workers_dns.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat(options_.workers_file,
                        " lists no worker: the workers in use stay (a router with none "
                        "serves nothing)"));
     }
-    RETURN_IF_ERROR(registry_->SetWorkers(workers));
+    {
+      absl::MutexLock lock(&sources_mu_);
+      file_workers_ = listed;
+    }
+    RETURN_IF_ERROR(ApplyWorkerSources());
     LOG(INFO) << "workers reloaded from " << options_.workers_file << ": " << listed.size()
               << " listed there, " << options_.workers.size() << " given by --workers";
+    std::vector<std::string> workers = options_.workers;
+    workers.insert(workers.end(), listed.begin(), listed.end());
     return workers;
   }
 
+ private:
+  // The workers: --workers, then --workers_file's (as last read), then DNS's (as last found).
+  absl::Status ApplyWorkerSources() {
+    absl::MutexLock lock(&sources_mu_);  // one SetWorkers at a time, in the order sources change
+    std::vector<std::string> workers = options_.workers;
+    workers.insert(workers.end(), file_workers_.begin(), file_workers_.end());
+    workers.insert(workers.end(), dns_workers_.begin(), dns_workers_.end());
+    std::sort(workers.begin(), workers.end());
+    workers.erase(std::unique(workers.begin(), workers.end()), workers.end());
+    return registry_->SetWorkers(std::move(workers));
+  }
+
+  DnsDiscoveryOptions DiscoveryOptions(const std::vector<std::string>& targets,
+                                       const std::string& what) const {
+    DnsDiscoveryOptions d;
+    d.targets = targets;
+    d.interval = options_.dns_interval;
+    d.retry = std::min(options_.dns_interval, absl::Seconds(1));
+    d.dns.servers = options_.dns_servers;
+    d.what = what;
+    return d;
+  }
+
+ public:
   absl::Status ReloadKeys() {
     if (options_.api_keys_file.empty()) {
       return absl::FailedPreconditionError("the router was started without --api_keys_file");
@@ -678,7 +743,12 @@ class Router::Impl {
   std::unique_ptr<KvIndex> kv_index_;  // the workers' cached blocks (outlives its users)
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<RoutingPolicy> policy_;
-  std::unique_ptr<StoreProbe> store_probe_;  // null without --kvstore
+  std::unique_ptr<StoreProbe> store_probe_;  // null without --kvstore or --kvstore_dns
+  absl::Mutex sources_mu_;                   // the worker sources, and SetWorkers in their order
+  std::vector<std::string> file_workers_ ABSL_GUARDED_BY(sources_mu_);
+  std::vector<std::string> dns_workers_ ABSL_GUARDED_BY(sources_mu_);
+  std::unique_ptr<DnsDiscovery> workers_dns_;  // null without --workers_dns
+  std::unique_ptr<DnsDiscovery> store_dns_;    // null without --kvstore_dns
   std::unique_ptr<Dispatcher> dispatcher_;
   ApiContext context_;
   std::unique_ptr<AdminServer> admin_;

@@ -28,6 +28,16 @@ ABSL_FLAG(std::string, workers_file, "",
           "a file of worker addresses, one per line (with --workers' too); read again on SIGHUP "
           "and POST /workers/reload on the admin port: workers it no longer lists get no new "
           "requests, their running ones go on");
+ABSL_FLAG(std::vector<std::string>, workers_dns, {},
+          "workers by DNS: name:port, comma-separated (a headless Service per pool: its A records "
+          "are the workers), looked up again every --dns_interval");
+ABSL_FLAG(std::vector<std::string>, kvstore_dns, {},
+          "KV store nodes by DNS: name:port (the store's headless Service), each node named by its "
+          "PTR record (its stable StatefulSet name), as the workers' --kvstore_dns");
+ABSL_FLAG(absl::Duration, dns_interval, absl::Seconds(5),
+          "DNS discovery: names looked up again this often (sooner after a failed lookup)");
+ABSL_FLAG(std::vector<std::string>, dns_servers, {},
+          "DNS discovery: servers, ip[:port] comma-separated (default: /etc/resolv.conf's)");
 ABSL_FLAG(std::string, policy, "prefix_aware",
           "prefix_aware (the prompt's prefix each worker holds, its queue and measured speed), "
           "least_loaded or round_robin");
@@ -137,6 +147,10 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(served_model_name, served_model_name);
   FROM_FLAG(workers, workers);
   FROM_FLAG(workers_file, workers_file);
+  FROM_FLAG(workers_dns, workers_dns);
+  FROM_FLAG(kvstore_dns, kvstore_dns);
+  FROM_FLAG(dns_interval, dns_interval);
+  FROM_FLAG(dns_servers, dns_servers);
   FROM_FLAG(policy, policy);
   if (Given("kv_index_bytes")) {
     o.kv_index_bytes = Bytes("kv_index_bytes", absl::GetFlag(FLAGS_kv_index_bytes));

@@ -13,12 +13,16 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("served_model_name", &o->served_model_name));
   RETURN_IF_ERROR(c.Read("workers", &o->workers));
   RETURN_IF_ERROR(c.Read("workers_file", &o->workers_file));
+  RETURN_IF_ERROR(c.Read("workers_dns", &o->workers_dns));
   RETURN_IF_ERROR(c.Read("policy", &o->policy));
   RETURN_IF_ERROR(c.ReadByteSize("kv_index_bytes", &o->kv_index_bytes));
   RETURN_IF_ERROR(c.ReadDuration("busy_threshold", &o->busy_threshold));
   RETURN_IF_ERROR(c.ReadDuration("store_fetch_per_block", &o->store_fetch_per_block));
   RETURN_IF_ERROR(c.Read("kvstore", &o->kvstore));
   RETURN_IF_ERROR(c.ReadDuration("kvstore_deadline", &o->kvstore_deadline));
+  RETURN_IF_ERROR(c.Read("kvstore_dns", &o->kvstore_dns));
+  RETURN_IF_ERROR(c.ReadDuration("dns_interval", &o->dns_interval));
+  RETURN_IF_ERROR(c.Read("dns_servers", &o->dns_servers));
   RETURN_IF_ERROR(c.Read("log_level", &o->log_level));
   RETURN_IF_ERROR(c.Read("tool_call_parser", &o->tool_call_parser));
   RETURN_IF_ERROR(c.Read("tool_prompt", &o->tool_prompt));
@@ -82,8 +86,8 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
 
 absl::Status ValidateRouterOptions(const RouterOptions& o) {
   auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
-  if (o.workers.empty() && o.workers_file.empty()) {
-    return bad("--workers or --workers_file: the router needs workers");
+  if (o.workers.empty() && o.workers_file.empty() && o.workers_dns.empty()) {
+    return bad("--workers, --workers_file or --workers_dns: the router needs workers");
   }
   if (o.policy != "round_robin" && o.policy != "least_loaded" && o.policy != "prefix_aware") {
     return bad(absl::StrCat("--policy must be round_robin, least_loaded or prefix_aware, not '",
@@ -95,6 +99,10 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
     return bad(
         "--kv_index_bytes must be at least 1MiB, --busy_threshold and --kvstore_deadline "
         "positive, --store_fetch_per_block not negative");
+  }
+  if (o.dns_interval <= absl::ZeroDuration()) return bad("--dns_interval must be positive");
+  if (!o.kvstore.empty() && !o.kvstore_dns.empty()) {
+    return bad("--kvstore and --kvstore_dns: give one of them");
   }
   if (absl::Status s = ParseLogSeverity(o.log_level).status(); !s.ok()) {
     return bad(absl::StrCat("--log_level: ", s.message()));

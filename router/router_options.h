@@ -25,6 +25,9 @@ struct RouterOptions {
   // again on SIGHUP and POST /workers/reload (Router::ReloadWorkers); `workers` always stay.
   std::vector<std::string> workers;
   std::string workers_file;
+  // Workers found by DNS ("name:port" each: a headless Service's A records are its pods), looked
+  // up again every dns_interval (services/common/dns_discovery.h), with the others above.
+  std::vector<std::string> workers_dns;
   std::string policy = "prefix_aware";  // round_robin | least_loaded | prefix_aware
   // prefix_aware (router/policy/prefix_aware.h): the KV index's byte cap, when a worker's queue
   // makes it busy, and the cost of reading a block from the KV store.
@@ -35,6 +38,13 @@ struct RouterOptions {
   // they hold (none: the policy counts the workers' caches only), and the probe's deadline.
   std::vector<std::string> kvstore;
   absl::Duration kvstore_deadline = absl::Milliseconds(50);
+  // The KV store nodes by DNS instead ("name:port": the store's headless Service), each named by
+  // its PTR record (its stable StatefulSet name), as the workers' --kvstore_dns names them.
+  std::vector<std::string> kvstore_dns;
+  // DNS discovery: how often names are looked up again, and the servers ("ip[:port]"; none: the
+  // system's /etc/resolv.conf).
+  absl::Duration dns_interval = absl::Seconds(5);
+  std::vector<std::string> dns_servers;
   std::string log_level = "info";  // debug logs each routing decision with its cost terms
   // How tool calls are read from the model's text: "auto" (from the chat template's markers),
   // hermes | llama3_json | mistral | deepseek, or "none" (tools refused).

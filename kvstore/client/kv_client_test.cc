@@ -24,6 +24,7 @@
 #include "engine/common/fake_clock.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "kvstore/client/dynamic_kv_client.h"
 #include "kvstore/kv_store.h"
 #include "kvstore/service/kv_service.h"
 #include "kvstore/wire.h"
@@ -1000,6 +1001,50 @@ TEST_F(KvClientTest, GetIntoWithADescriptorDoesNotRetryAFailedNodesKeys) {
   }
   nodes_.clear();  // before the transports they use
   EXPECT_TRUE(caller.Deregister(region->id).ok());
+}
+
+// A node set that changes (DNS discovery): no node is all misses; a node added or removed moves
+// only its own keys, so the keys of the nodes that stay are found where they were.
+TEST_F(KvClientTest, DynamicClientFollowsItsNodeSet) {
+  StartNodes(3);
+  ClientOptions options = Options(/*replication=*/2);
+  const std::vector<std::string> all = options.nodes;
+  options.nodes.clear();
+  auto client = DynamicKvClient::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  Objects objects(10, 60);
+  EXPECT_EQ((*client)->Put(objects.objects), 0);
+  EXPECT_FALSE((*client)->Get(objects.keys, kModel)[0].found);
+  EXPECT_EQ((*client)->Exists(objects.keys, kModel).prefix, 0);
+  EXPECT_TRUE((*client)->nodes().empty());
+
+  // One node: replication is at most the nodes there are.
+  ASSERT_TRUE((*client)->SetNodes({all[0]}).ok());
+  EXPECT_EQ((*client)->Put(objects.objects), 50);
+  // Three nodes: a key stays readable if node 0 is among its two replicas, as placement says.
+  ASSERT_TRUE((*client)->SetNodes(all).ok());
+  EXPECT_EQ((*client)->nodes().size(), 3u);
+  std::vector<ClientGetResult> got = (*client)->Get(objects.keys, kModel);
+  int on_node0 = 0;
+  for (size_t i = 0; i < objects.keys.size(); ++i) {
+    const std::vector<int> order = (*client)->NodesFor(objects.keys[i]);
+    const bool placed = order[0] == 0 || order[1] == 0;
+    on_node0 += placed;
+    EXPECT_EQ(got[i].found, placed) << i;
+    if (got[i].found) EXPECT_EQ(got[i].value, objects.values[i]);
+  }
+  EXPECT_GT(on_node0, 0);
+  EXPECT_LT(on_node0, 50);
+  // Written again over three nodes, then node 2 leaves: every key had a replica on 0 or 1.
+  EXPECT_EQ((*client)->Put(objects.objects), 50);
+  ASSERT_TRUE((*client)->SetNodes({all[0], all[1]}).ok());
+  got = (*client)->Get(objects.keys, kModel);
+  for (size_t i = 0; i < objects.keys.size(); ++i) EXPECT_TRUE(got[i].found) << i;
+  EXPECT_FALSE((*client)->SetNodes({all[0], all[0]}).ok());
+  EXPECT_EQ((*client)->node_names(), (std::vector<std::string>{all[0], all[1]}));
+  ClientOptions bad;
+  bad.replication = 0;
+  EXPECT_FALSE(DynamicKvClient::Create(bad).ok());
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
 #include "services/worker/worker.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
+#include "kvstore/client/dynamic_kv_client.h"
 #include "services/common/metrics.h"
 #include "services/common/shared_token.h"
 
@@ -52,18 +55,38 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
                          if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
                        },
                        w->transport_.get()));
-  if (!options.kvstore.empty()) {
+  if (!options.kvstore.empty() || !options.kvstore_dns.empty()) {
     kv::ClientOptions kv_options;
     kv_options.nodes = absl::StrSplit(options.kvstore, ',', absl::SkipWhitespace());
     kv_options.replication = options.kvstore_replication;
     kv_options.deadline = options.kvstore_deadline;
     kv_options.auth_token = token;
-    auto client = kv::KvClient::Create(kv_options);
+    auto client = kv::DynamicKvClient::Create(kv_options);
     if (!client.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--kvstore ", options.kvstore, ": ", client.status().message()));
     }
+    kv::DynamicKvClient* nodes = client->get();
     w->kv_client_ = *std::move(client);
+    if (!options.kvstore_dns.empty()) {
+      DnsDiscoveryOptions d;
+      d.targets = absl::StrSplit(options.kvstore_dns, ',', absl::SkipWhitespace());
+      d.naming = DnsDiscoveryOptions::Naming::kStableName;
+      d.interval = options.dns_interval;
+      d.retry = std::min(options.dns_interval, absl::Seconds(1));
+      d.dns.servers = absl::StrSplit(options.dns_servers, ',', absl::SkipWhitespace());
+      d.what = "KV store nodes";
+      auto discovery = DnsDiscovery::Start(d, [nodes](std::vector<std::string> endpoints) {
+        if (absl::Status s = nodes->SetNodes(std::move(endpoints)); !s.ok()) {
+          LOG(WARNING) << "KV store nodes from DNS: " << s;
+        }
+      });
+      if (!discovery.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--kvstore_dns ", options.kvstore_dns, ": ",
+                                                       discovery.status().message()));
+      }
+      w->store_dns_ = *std::move(discovery);
+    }
     const Hash128 fingerprint = w->engine_->model().fingerprint();
     if (options.kvstore_read && options.role != "decode") {
       StoreReaderOptions read;

@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "kvstore/client/kv_client.h"
 #include "services/common/admin_server.h"
+#include "services/common/dns_discovery.h"
 #include "services/common/grpc_server.h"
 #include "services/transfer/kv_transport.h"
 #include "services/worker/load_window.h"
@@ -76,6 +77,7 @@ class Worker {
   // The KV store: the reader stops before the engine (its reads submit to it), the writer after
   // the engine thread (which offers it blocks) and before the pools (it holds blocks of them).
   std::unique_ptr<kv::KvClient> kv_client_;
+  std::unique_ptr<DnsDiscovery> store_dns_;  // feeds kv_client_'s nodes (--kvstore_dns)
   std::unique_ptr<StoreReader> store_reader_;
   std::unique_ptr<StoreWriter> store_writer_;
   // Destroyed in reverse: the servers, then the engine (whose last events reach live calls

@@ -79,6 +79,13 @@ ABSL_FLAG(std::string, swa_replay, "exact",
           "hybrid models: rebuild expired window layers exactly, or bounded (approximate)");
 ABSL_FLAG(int64_t, swa_replay_tokens, 128, "--swa_replay=bounded: positions replayed");
 ABSL_FLAG(std::string, kvstore, "", "KV store nodes, host:port comma-separated (none: no store)");
+ABSL_FLAG(std::string, kvstore_dns, "",
+          "KV store nodes by DNS: name:port (the store's headless Service), each node named by its "
+          "PTR record (its stable StatefulSet name)");
+ABSL_FLAG(absl::Duration, dns_interval, absl::Seconds(5),
+          "DNS discovery: names looked up again this often (sooner after a failed lookup)");
+ABSL_FLAG(std::string, dns_servers, "",
+          "DNS discovery: servers, ip[:port] comma-separated (default: /etc/resolv.conf's)");
 ABSL_FLAG(int, kvstore_replication, 1, "KV store: copies of each block");
 ABSL_FLAG(absl::Duration, kvstore_deadline, absl::Milliseconds(500),
           "KV store: per call; a slower node is a miss");
@@ -184,6 +191,9 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(swa_replay);
   FROM_FLAG(swa_replay_tokens);
   FROM_FLAG(kvstore);
+  FROM_FLAG(kvstore_dns);
+  FROM_FLAG(dns_interval);
+  FROM_FLAG(dns_servers);
   FROM_FLAG(kvstore_replication);
   FROM_FLAG(kvstore_deadline);
   FROM_FLAG(kvstore_read);

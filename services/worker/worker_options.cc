@@ -61,6 +61,9 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("swa_replay", &o->swa_replay));
   RETURN_IF_ERROR(c.Read("swa_replay_tokens", &o->swa_replay_tokens));
   RETURN_IF_ERROR(c.Read("kvstore", &o->kvstore));
+  RETURN_IF_ERROR(c.Read("kvstore_dns", &o->kvstore_dns));
+  RETURN_IF_ERROR(ReadDuration(c, "dns_interval", &o->dns_interval));
+  RETURN_IF_ERROR(c.Read("dns_servers", &o->dns_servers));
   RETURN_IF_ERROR(ReadInt(c, "kvstore_replication", &o->kvstore_replication));
   RETURN_IF_ERROR(ReadDuration(c, "kvstore_deadline", &o->kvstore_deadline));
   RETURN_IF_ERROR(c.Read("kvstore_read", &o->kvstore_read));
@@ -171,6 +174,10 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (o.window_cache_ttl < absl::ZeroDuration()) {
     return bad("--window_cache_ttl must be >= 0 (0: no expiry)");
   }
+  if (!o.kvstore.empty() && !o.kvstore_dns.empty()) {
+    return bad("--kvstore and --kvstore_dns: give one of them");
+  }
+  if (o.dns_interval <= absl::ZeroDuration()) return bad("--dns_interval must be positive");
   if (o.kvstore_replication < 1 || o.kvstore_deadline <= absl::ZeroDuration() ||
       o.kvstore_read_threads < 1 || o.kvstore_read_threads > 64 || o.kvstore_read_streams < 1 ||
       o.kvstore_read_streams > 16 || o.kvstore_read_max_blocks < 0 ||

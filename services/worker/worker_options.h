@@ -98,6 +98,12 @@ struct WorkerOptions {
   // from it (StoreReader); every worker writes the full blocks it computes (StoreWriter). The
   // nodes' shared token is the worker's own (auth_token_file / FERRY_AUTH_TOKEN).
   std::string kvstore;
+  // Or the nodes by DNS: "name:port" comma-separated (the store's headless Service), each node
+  // named by its PTR record, its stable StatefulSet name (services/common/dns_discovery.h), looked
+  // up again every dns_interval; dns_servers "ip[:port]" comma-separated ("": /etc/resolv.conf's).
+  std::string kvstore_dns;
+  absl::Duration dns_interval = absl::Seconds(5);
+  std::string dns_servers;
   int kvstore_replication = 1;
   absl::Duration kvstore_deadline = absl::Milliseconds(500);  // per store call; slower: a miss
   bool kvstore_read = true;

@@ -1,0 +1,226 @@
+"""Discovery by DNS with real processes (issue 45): a router with --workers_dns and --kvstore_dns
+and a worker with --kvstore_dns, against Debian's dnsmasq on a loopback port answering from a
+hosts file the test rewrites (as a headless Service's records change when pods come and go).
+
+Workers of one pool share a port and differ by address (127.0.0.N), as pods do. Checked:
+  - workers added to and removed from DNS join and leave the router's pool within the re-resolve
+    interval (measured from when dnsmasq serves the change), and a request is answered by them;
+  - KV store nodes are named by their PTR records (their stable names), and a node that comes
+    back on a new address keeps its name; the router's and the worker's store clients follow;
+  - a DNS server that stops answering leaves the pool as it was.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+from ferry_services import TMP, get, start, stop_all, wait_for  # noqa: E402
+
+ROUTER, WORKER, KVSTORE, MODEL = sys.argv[1:5]
+INTERVAL_S = 0.2
+
+
+def free_port(hosts, kinds=(socket.SOCK_STREAM,)):
+    """A port free on every one of `hosts` now (for each socket kind)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, kinds[0]) as s:
+            s.bind((hosts[0], 0))
+            port = s.getsockname()[1]
+        ok = True
+        for host in hosts:
+            for kind in kinds:
+                with socket.socket(socket.AF_INET, kind) as s:
+                    try:
+                        s.bind((host, port))
+                    except OSError:
+                        ok = False
+        if ok:
+            return port
+    raise RuntimeError("no free port")
+
+
+class Dnsmasq:
+    """dnsmasq in the foreground on 127.0.0.1:port, authoritative for ferry.test (an unlisted
+    name is NXDOMAIN), answering from a hosts file with TTL 0 and no cache."""
+
+    def __init__(self):
+        self.hosts = os.path.join(TMP, "dns.hosts")
+        self.proc = None  # (a SIGHUP before dnsmasq set its handler would end it)
+        self.write(["127.0.0.99 ready.ferry.test"])
+        self.port = free_port(["127.0.0.1"], (socket.SOCK_DGRAM, socket.SOCK_STREAM))
+        with open(os.path.join(TMP, "dnsmasq.log"), "w") as log:
+            self.proc = subprocess.Popen(
+                ["/usr/sbin/dnsmasq", "--keep-in-foreground", "--no-daemon",
+                 "--conf-file=/dev/null", "--pid-file=", "--listen-address=127.0.0.1",
+                 "--bind-interfaces", f"--port={self.port}", "--no-resolv", "--no-hosts",
+                 "--local=/ferry.test/", f"--addn-hosts={self.hosts}", "--local-ttl=0",
+                 "--cache-size=0", "--no-negcache",
+                 "--user=root" if os.getuid() == 0 else "--user="],
+                stdout=log, stderr=log)
+        wait_for(lambda: self.lookup("ready.ferry.test") == ["127.0.0.99"], "dnsmasq answering")
+
+    def write(self, lines):
+        tmp = self.hosts + ".next"
+        with open(tmp, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+        os.replace(tmp, self.hosts)
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGHUP)
+
+    def lookup(self, name):
+        """The A records dnsmasq gives for `name` now (sorted), by a query of our own."""
+        out = subprocess.run(["python3", "-c", _QUERY, "127.0.0.1", str(self.port), name],
+                             capture_output=True, text=True, timeout=10)
+        return sorted(out.stdout.split())
+
+    def serve(self, lines, name, want):
+        """Serves `lines` and waits until dnsmasq answers `name` with `want`."""
+        self.write(lines)
+        wait_for(lambda: self.lookup(name) == sorted(want), f"dnsmasq serving {name}: {want}")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+# A minimal A query over UDP (no resolver library in the client venv is assumed).
+_QUERY = r"""
+import random, socket, struct, sys
+host, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+qid = random.randrange(65536)
+q = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
+s.sendto(q, (host, port))
+r = s.recv(4096)
+an = struct.unpack(">H", r[6:8])[0]
+i = len(q)
+for _ in range(an):
+    i += 2 if r[i] & 0xC0 == 0xC0 else r.index(b"\0", i) + 1 - i
+    typ, _, _, rdlen = struct.unpack(">HHIH", r[i:i + 10]); i += 10
+    if typ == 1: print(socket.inet_ntoa(r[i:i + rdlen]))
+    i += rdlen
+"""
+
+
+def router_workers(admin):
+    status, body = get(f"http://127.0.0.1:{admin}/workers")
+    if status != 200:
+        raise RuntimeError(f"/workers: HTTP {status}")
+    return {w["address"]: w.get("state") for w in json.loads(body)}
+
+
+def log_of(name):
+    with open(os.path.join(TMP, name + ".log"), errors="replace") as f:
+        return f.read()
+
+
+class DnsDiscoveryTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dns = Dnsmasq()
+        cls.dns_flags = [f"--dns_servers=127.0.0.1:{cls.dns.port}", f"--dns_interval={INTERVAL_S}s"]
+
+    @classmethod
+    def tearDownClass(cls):
+        stop_all()
+        cls.dns.stop()
+
+    def start_worker(self, host, port, name, extra=()):
+        _, ports = start(WORKER, [f"--model={MODEL}", "--engine=null", "--role=aggregated",
+                                  "--null_token_seconds=0.001", "--block_tokens=16",
+                                  "--kv_pool_bytes=8MiB", "--threads=1", "--watch_interval=20ms",
+                                  f"--address={host}:{port}", f"--admin_host={host}"] +
+                         list(extra), name)
+        return ports
+
+    def test_workers_and_store_nodes_follow_dns(self):
+        hosts = ["127.0.0.11", "127.0.0.12"]
+        port = free_port(hosts)
+        kv_hosts = ["127.0.0.21", "127.0.0.22", "127.0.0.23"]
+        kv_port = free_port(kv_hosts)
+        kv = {}
+        for i, host in enumerate(kv_hosts):
+            d = tempfile.mkdtemp(dir=TMP)
+            kv[host] = start(KVSTORE, [f"--dir={d}", f"--address={host}:{kv_port}",
+                                       "--capacity=64MiB", "--segment_bytes=8MiB",
+                                       "--max_object_bytes=4MiB"], f"kv{i}")
+        store_line = "127.0.0.21 kv-0.kv.ferry.test kv.ferry.test"
+        self.dns.serve(["127.0.0.11 pool.ferry.test", store_line], "pool.ferry.test",
+                       ["127.0.0.11"])
+
+        w1 = self.start_worker(hosts[0], port, "w1", [f"--kvstore_dns=kv.ferry.test:{kv_port}"] +
+                               self.dns_flags)
+        self.start_worker(hosts[1], port, "w2")
+        _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
+                              f"--workers_dns=pool.ferry.test:{port}",
+                              f"--kvstore_dns=kv.ferry.test:{kv_port}"] + self.dns_flags,
+                     "router")
+        admin = r["admin_port"]
+        a1, a2 = f"127.0.0.11:{port}", f"127.0.0.12:{port}"
+        wait_for(lambda: router_workers(admin) == {a1: "up"}, "worker 1 up at the router")
+        kv0 = f"kv-0.kv.ferry.test:{kv_port}"
+        for name in ("router", "w1"):
+            wait_for(lambda: f"KV store nodes from DNS (kv.ferry.test:{kv_port}): {kv0}\n"
+                     in log_of(name), f"{name}'s store node kv-0 by its stable name")
+
+        # A second worker and two more store nodes appear.
+        self.dns.serve(["127.0.0.11 pool.ferry.test", "127.0.0.12 pool.ferry.test", store_line,
+                        "127.0.0.22 kv-1.kv.ferry.test kv.ferry.test",
+                        "127.0.0.23 kv-2.kv.ferry.test kv.ferry.test"],
+                       "pool.ferry.test", ["127.0.0.11", "127.0.0.12"])
+        served = time.monotonic()
+        wait_for(lambda: router_workers(admin) == {a1: "up", a2: "up"}, "worker 2 up at the router")
+        # Seen within an interval (plus the lookups of a round and the worker's first Watch
+        # message, on a loaded machine).
+        self.assertLess(time.monotonic() - served, INTERVAL_S + 3)
+        nodes = ", ".join(f"kv-{i}.kv.ferry.test:{kv_port}" for i in range(3))
+        for name in ("router", "w1"):
+            wait_for(lambda: f"): {nodes}\n" in log_of(name), f"{name}'s three store nodes")
+
+        # Requests are served (by either worker).
+        for _ in range(4):
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{r['http_port']}/v1/completions",
+                json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": 4}).encode(),
+                {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                self.assertEqual(resp.status, 200)
+
+        # Worker 1's pod goes: it leaves the pool (its Watch stream is cancelled); kv-1 comes
+        # back on a new address under its name, so the store set does not change.
+        self.dns.serve(["127.0.0.12 pool.ferry.test", store_line,
+                        "127.0.0.24 kv-1.kv.ferry.test kv.ferry.test",
+                        "127.0.0.23 kv-2.kv.ferry.test kv.ferry.test"],
+                       "pool.ferry.test", ["127.0.0.12"])
+        served = time.monotonic()
+        wait_for(lambda: router_workers(admin) == {a2: "up"}, "worker 1 gone from the router")
+        self.assertLess(time.monotonic() - served, INTERVAL_S + 3)
+        self.assertEqual(log_of("router").count(f"): {nodes}\n"), 1)
+
+        # kv-2 leaves.
+        self.dns.serve(["127.0.0.12 pool.ferry.test", store_line,
+                        "127.0.0.24 kv-1.kv.ferry.test kv.ferry.test"],
+                       "kv.ferry.test", ["127.0.0.21", "127.0.0.24"])
+        two = ", ".join(f"kv-{i}.kv.ferry.test:{kv_port}" for i in range(2))
+        for name in ("router", "w1"):
+            wait_for(lambda: f"): {two}\n" in log_of(name), f"{name}'s store nodes after kv-2 left")
+
+        # The DNS server stops answering: the pool stays as it was.
+        self.dns.stop()
+        wait_for(lambda: "Could not contact DNS servers" in log_of("router") or
+                 "Timeout" in log_of("router"), "the router noticing the DNS outage")
+        self.assertEqual(router_workers(admin), {a2: "up"})
+        self.assertTrue(w1)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1])
