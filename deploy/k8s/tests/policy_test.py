@@ -19,7 +19,8 @@ defaults for the drain budget. Every rule below is one a reviewer would otherwis
     or inside its UCX_TCP_PORT_RANGE), and every policy selects pods;
   - every flag in a container's args, and every key of its --config file, is one its binary's
     --help lists; the config file and the model it names are mounted;
-  - the headless Services publish not-ready addresses; several routers have session affinity.
+  - the headless Services publish not-ready addresses; several routers have session affinity;
+  - the store's --capacity fits its volume.
 """
 
 import base64
@@ -336,6 +337,25 @@ class PolicyTest(unittest.TestCase):
                     self.assertNotIn(args_of(c)[bound].split(":")[0], ("127.0.0.1", "localhost"),
                                      "%s: --%s on loopback is unreachable" % (where, bound))
         self.assertEqual(sorted(set(unknown)), [], "\n" + "\n".join(sorted(set(unknown))))
+
+    def check_store_fits_its_volume(self, r):
+        units = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+                 "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "KiB": 2**10, "MiB": 2**20,
+                 "GiB": 2**30, "TiB": 2**40}
+
+        def size(text):
+            m = re.fullmatch(r"([0-9.]+)\s*([A-Za-z]*)", text)
+            self.assertTrue(m and m.group(2) in units, "not a size: %r" % text)
+            return float(m.group(1)) * units[m.group(2)]
+
+        store = r.by_name["StatefulSet/ferry-kvstore"]
+        c = store["spec"]["template"]["spec"]["containers"][0]
+        claims = {t["metadata"]["name"]: t for t in store["spec"]["volumeClaimTemplates"]}
+        directory = args_of(c)["dir"]
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == directory)
+        volume = size(claims[mount["name"]]["spec"]["resources"]["requests"]["storage"])
+        capacity = size(r.setting(store["spec"]["template"]["spec"], c, "capacity"))
+        self.assertLess(capacity, volume, "the store's --capacity does not fit its volume")
 
     def check_services(self, r):
         services = {o["metadata"]["name"]: o for o in r.objects if o["kind"] == "Service"}
