@@ -1,0 +1,91 @@
+"""deploy/k8s renders and validates.
+
+Every overlay renders with `kubectl kustomize`; every object with a Kubernetes schema passes
+kubernetes-validate --strict against Kubernetes 1.32 (unknown fields are errors); the
+Prometheus Operator's objects (ServiceMonitor, PrometheusRule) pass the JSON schemas kept in
+deploy/k8s/schemas; an object of any other kind fails (its schema would be missing). The
+optional Ingress component is validated on its own. Each validator is also shown a broken
+object, so that a validator that accepts everything fails the test.
+"""
+
+import copy
+import json
+import os
+import sys
+import unittest
+
+import jsonschema
+import kubernetes_validate
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import k8s_render  # noqa: E402
+
+KUBERNETES_VERSION = "1.32.0"
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.schema.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.schema.json",
+}
+
+
+def crd_schema(obj):
+    file = CRD_SCHEMAS.get((obj.get("apiVersion"), obj.get("kind")))
+    if file is None:
+        return None
+    with open(os.path.join(k8s_render.K8S_DIR, "schemas", file), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def problems(obj):
+    """What is wrong with one object, [] when it validates."""
+    schema = crd_schema(obj)
+    if schema is not None:
+        v = jsonschema.Draft7Validator(schema)
+        return ["%s: %s at %s" % (k8s_render.name(obj), e.message, "/".join(map(str, e.path)))
+                for e in v.iter_errors(obj)]
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.SchemaNotFoundError:
+        return ["%s: no schema for %s %s (Kubernetes %s or deploy/k8s/schemas)" %
+                (k8s_render.name(obj), obj.get("apiVersion"), obj.get("kind"), KUBERNETES_VERSION)]
+    except kubernetes_validate.ValidationError as e:
+        return ["%s: %s at %s" % (k8s_render.name(obj), e.message, "/".join(map(str, e.path)))]
+    return []
+
+
+class ManifestsTest(unittest.TestCase):
+
+    def test_overlays_render_and_validate(self):
+        for overlay in k8s_render.OVERLAYS:
+            with self.subTest(overlay=overlay):
+                objects = k8s_render.render(overlay)
+                kinds = {o["kind"] for o in objects}
+                for kind in ("Deployment", "StatefulSet", "Service", "PodDisruptionBudget",
+                             "NetworkPolicy", "ConfigMap", "Secret", "ServiceMonitor",
+                             "PrometheusRule", "Namespace"):
+                    self.assertIn(kind, kinds)
+                found = [p for o in objects for p in problems(o)]
+                self.assertEqual(found, [], "\n".join(found))
+
+    def test_ingress_component_validates(self):
+        objects = k8s_render.load("components/ingress/ingress.yaml")
+        self.assertEqual([o["kind"] for o in objects], ["Ingress"])
+        found = [p for o in objects for p in problems(o)]
+        self.assertEqual(found, [], "\n".join(found))
+
+    def test_validators_reject_broken_objects(self):
+        objects = {k8s_render.name(o): o for o in k8s_render.render("cpu")}
+        deployment = copy.deepcopy(objects["Deployment/ferry-decode"])
+        deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}  # typo
+        self.assertNotEqual(problems(deployment), [])
+        monitor = copy.deepcopy(objects["ServiceMonitor/ferry"])
+        monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+        self.assertNotEqual(problems(monitor), [])
+        rule = copy.deepcopy(objects["PrometheusRule/ferry"])
+        rule["spec"]["groups"][1]["rules"][0]["for"] = "2 minutes"
+        self.assertNotEqual(problems(rule), [])
+        unknown = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+        self.assertNotEqual(problems(unknown), [])
+
+
+if __name__ == "__main__":
+    unittest.main()

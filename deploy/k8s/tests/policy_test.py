@@ -1,0 +1,447 @@
+"""Policy over the rendered objects of every overlay (deploy/k8s/README.md, "What is checked").
+
+  policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN
+
+The binaries give the flags a container may use: each one's --help lists them, and its
+defaults for the drain budget. Every rule below is one a reviewer would otherwise check by eye:
+  - every container has startup, readiness and liveness probes (on its admin port: /healthz,
+    /readyz), requests and limits of cpu and memory; runs as a non-root user with a read-only
+    root filesystem, no privilege escalation, ALL capabilities dropped (the gpu overlay's
+    workers may add IPC_LOCK, nothing else), seccomp RuntimeDefault;
+  - every Deployment and StatefulSet has a PodDisruptionBudget selecting its pods;
+  - grace periods exceed each binary's whole shutdown (the worker: --drain_grace +
+    --handoff_wait + --rpc_grace, from its args, its --config file, or --help's defaults);
+  - no Secret value appears in a ConfigMap, an argument or an env value; Secrets are mounted as
+    directories (no subPath);
+  - workers and store nodes advertise a pod IP (--advertise_address from status.podIP), never
+    0.0.0.0; every address they bind is one they advertise a host for;
+  - every port a NetworkPolicy admits is one a selected container listens on (a containerPort,
+    or inside its UCX_TCP_PORT_RANGE), and every policy selects pods;
+  - every flag in a container's args, and every key of its --config file, is one its binary's
+    --help lists; the config file and the model it names are mounted;
+  - the headless Services publish not-ready addresses; several routers have session affinity;
+  - the store's --capacity fits its volume.
+"""
+
+import base64
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import k8s_render  # noqa: E402
+
+BINARIES = {}  # container name -> binary path (from argv)
+ADMIN_PORTS = {"router": 9090, "worker": 9091, "kvstore": 9092}
+WILDCARDS = {"", "0.0.0.0", "::", "[::]", "localhost", "127.0.0.1"}
+
+
+class Flag:
+    def __init__(self, name, type_, default):
+        self.name, self.type, self.default = name, type_, default
+
+
+_help_cache = {}
+
+
+def binary_flags(container):
+    """{name: Flag} of the binary a container runs, from its --help."""
+    binary = BINARIES[container]
+    if binary not in _help_cache:
+        out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+        text = out.stdout + out.stderr
+        flags = {}
+        for m in re.finditer(r'^  --([a-z0-9_]+) \((\w+), default ("(?:[^"\\]|\\.)*"|[^)]*)\)',
+                             text, re.M):
+            flags[m.group(1)] = Flag(m.group(1), m.group(2), m.group(3).strip('"'))
+        if not flags:
+            raise AssertionError("%s --help listed no flags:\n%s" % (binary, text[:2000]))
+        for builtin in ("help", "version", "flagfile", "fromenv", "undefok"):
+            flags.setdefault(builtin, Flag(builtin, "builtin", ""))
+        _help_cache[binary] = flags
+    return _help_cache[binary]
+
+
+def seconds(duration):
+    """A Go/absl duration ("30s", "1m30s", "500ms", "2h") in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001, "us": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"([0-9.]+)(ms|us|ns|h|m|s)", duration)
+    if not parts or "".join(a + b for a, b in parts) != duration:
+        raise AssertionError("not a duration: %r" % duration)
+    return sum(float(a) * units[b] for a, b in parts)
+
+
+def args_of(container):
+    """{flag: value} of a container's args (every arg is --name=value or a bare --bool)."""
+    out = {}
+    for arg in container.get("args", []):
+        m = re.fullmatch(r"--([a-z0-9_]+)(?:=(.*))?", arg, re.S)
+        if not m:
+            raise AssertionError("%s: argument %r is not --name=value" % (container["name"], arg))
+        out[m.group(1)] = m.group(2) if m.group(2) is not None else "true"
+    return out
+
+
+def workloads(objects):
+    return [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
+
+
+def selects(selector, labels):
+    """Whether a LabelSelector selects these labels."""
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        has, value = e["key"] in labels, labels.get(e["key"])
+        op = e["operator"]
+        if op == "In" and value not in e["values"]:
+            return False
+        if op == "NotIn" and has and value in e["values"]:
+            return False
+        if op == "Exists" and not has:
+            return False
+        if op == "DoesNotExist" and has:
+            return False
+    return True
+
+
+def env_of(container):
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+class Rendered:
+    """One overlay's objects, indexed."""
+
+    def __init__(self, overlay):
+        self.overlay = overlay
+        self.objects = k8s_render.render(overlay)
+        self.by_name = {k8s_render.name(o): o for o in self.objects}
+        self.configmaps = {o["metadata"]["name"]: o for o in self.objects
+                           if o["kind"] == "ConfigMap"}
+
+    def pods(self):
+        """(workload, pod spec, pod labels) of every Deployment and StatefulSet."""
+        for w in workloads(self.objects):
+            t = w["spec"]["template"]
+            yield w, t["spec"], t["metadata"].get("labels", {})
+
+    def containers(self):
+        for w, spec, labels in self.pods():
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                yield w, spec, c
+
+    def mounted_file(self, spec, container, path):
+        """The content of the ConfigMap file a container sees at PATH, or None."""
+        for m in container.get("volumeMounts", []):
+            prefix = m["mountPath"].rstrip("/") + "/"
+            if path.startswith(prefix):
+                volume = next(v for v in spec["volumes"] if v["name"] == m["name"])
+                if "configMap" in volume:
+                    data = self.configmaps[volume["configMap"]["name"]].get("data", {})
+                    return data.get(path[len(prefix):])
+        return None
+
+    def config_of(self, spec, container):
+        """The container's --config JSON (a dict), {} without --config."""
+        path = args_of(container).get("config")
+        if path is None:
+            return {}
+        text = self.mounted_file(spec, container, path)
+        if text is None:
+            raise AssertionError("%s: --config=%s is not a mounted ConfigMap file"
+                                 % (container["name"], path))
+        return json.loads(text)
+
+    def setting(self, spec, container, flag):
+        """A flag's value: the args', else the config file's, else --help's default."""
+        value = args_of(container).get(flag)
+        if value is None:
+            value = self.config_of(spec, container).get(flag)
+        if value is None:
+            value = binary_flags(container["name"])[flag].default
+        return str(value)
+
+
+class PolicyTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.rendered = [Rendered(o) for o in k8s_render.OVERLAYS]
+
+    def check_containers_are_known(self, r):
+        names = {c["name"] for _, _, c in r.containers()}
+        self.assertEqual(names, set(BINARIES), "containers other than %s" % sorted(BINARIES))
+
+    def check_probes_resources_and_security(self, r):
+        for w, spec, c in r.containers():
+            where = "%s container %s" % (k8s_render.name(w), c["name"])
+            ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+            for probe, path in (("startupProbe", "/healthz"), ("readinessProbe", "/readyz"),
+                                ("livenessProbe", "/healthz")):
+                self.assertIn(probe, c, where)
+                get = c[probe].get("httpGet")
+                self.assertIsNotNone(get, "%s: %s is not an HTTP GET" % (where, probe))
+                self.assertEqual(get["path"], path, "%s: %s" % (where, probe))
+                port = ports.get(get["port"], get["port"])
+                self.assertEqual(port, ADMIN_PORTS[c["name"]], "%s: %s port" % (where, probe))
+            for kind in ("requests", "limits"):
+                for res in ("cpu", "memory"):
+                    self.assertIn(res, c.get("resources", {}).get(kind, {}),
+                                  "%s: no %s.%s" % (where, kind, res))
+            pod_sc, sc = spec.get("securityContext", {}), c.get("securityContext", {})
+            run_as_user = sc.get("runAsUser", pod_sc.get("runAsUser"))
+            self.assertTrue(sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")), where)
+            self.assertIsNotNone(run_as_user, "%s: no runAsUser" % where)
+            self.assertNotEqual(run_as_user, 0, where)
+            self.assertIs(sc.get("readOnlyRootFilesystem"), True, where)
+            self.assertIs(sc.get("allowPrivilegeEscalation"), False, where)
+            caps = sc.get("capabilities", {})
+            self.assertIn("ALL", caps.get("drop", []), where)
+            allowed = ["IPC_LOCK"] if (r.overlay == "gpu" and c["name"] == "worker") else []
+            for cap in caps.get("add", []):
+                self.assertIn(cap, allowed, "%s adds %s" % (where, cap))
+            seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
+            self.assertEqual(seccomp.get("type"), "RuntimeDefault", where)
+            self.assertFalse(spec.get("hostNetwork") or spec.get("hostPID") or
+                             spec.get("hostIPC"), where)
+            if c["name"] == "worker":
+                self.assertIn("UCX_TLS", env_of(c), "%s: UCX_TLS not pinned" % where)
+                if r.overlay == "gpu":
+                    self.assertIn("nvidia.com/gpu", c["resources"]["limits"], where)
+
+    def check_every_workload_has_a_pdb(self, r):
+        pdbs = [o for o in r.objects if o["kind"] == "PodDisruptionBudget"]
+        for w, _, labels in r.pods():
+            covering = [p for p in pdbs if selects(p["spec"]["selector"], labels)]
+            self.assertEqual(len(covering), 1, "%s: PDBs %s" % (
+                k8s_render.name(w), [p["metadata"]["name"] for p in covering]))
+
+    def check_grace_exceeds_shutdown(self, r):
+        for w, spec, c in r.containers():
+            grace = spec.get("terminationGracePeriodSeconds", 30)
+            if c["name"] == "worker":
+                need = sum(seconds(r.setting(spec, c, f))
+                           for f in ("drain_grace", "handoff_wait", "rpc_grace"))
+                self.assertEqual(r.setting(spec, c, "exit_when_drained"), "true",
+                                 "%s: a drained worker must exit" % k8s_render.name(w))
+            elif c["name"] == "router":
+                need = seconds(r.setting(spec, c, "shutdown_grace"))
+            else:
+                need = int(r.setting(spec, c, "rpc_grace_ms")) / 1000.0
+            pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {})
+            need += pre_stop.get("seconds", 0)
+            self.assertGreater(grace, need, "%s: terminationGracePeriodSeconds %s <= %s s of "
+                               "shutdown" % (k8s_render.name(w), grace, need))
+
+    def check_secrets_stay_secret(self, r):
+        values = []
+        for s in (o for o in r.objects if o["kind"] == "Secret"):
+            for v in (s.get("data") or {}).values():
+                values.append(base64.b64decode(v).decode())
+            values += list((s.get("stringData") or {}).values())
+        pieces = set()
+        for v in values:
+            pieces.update(line.strip() for line in v.splitlines() if len(line.strip()) >= 8)
+            try:
+                doc = json.loads(v)
+                pieces.update(k["key"] for k in doc.get("keys", []))
+            except ValueError:
+                pass
+        self.assertTrue(pieces, "no Secret values found: the check would pass vacuously")
+        places = [("ConfigMap/" + name, json.dumps(cm.get("data", {})))
+                  for name, cm in r.configmaps.items()]
+        for w, _, c in r.containers():
+            places.append(("%s %s" % (k8s_render.name(w), c["name"]),
+                           json.dumps([c.get("args", []), c.get("env", [])])))
+        for where, text in places:
+            for p in pieces:
+                self.assertNotIn(p, text, "a Secret value appears in %s" % where)
+        secret_volumes = set()
+        for w, spec, _ in r.pods():
+            secret_volumes = {v["name"] for v in spec.get("volumes", []) if "secret" in v}
+            for c in spec["containers"]:
+                for m in c.get("volumeMounts", []):
+                    if m["name"] in secret_volumes:
+                        self.assertNotIn("subPath", m, "%s: Secret %s mounted with subPath "
+                                         "(never updated)" % (k8s_render.name(w), m["name"]))
+
+    def check_advertised_addresses(self, r):
+        for w, _, c in r.containers():
+            if c["name"] == "router":
+                continue
+            where = "%s %s" % (k8s_render.name(w), c["name"])
+            a = args_of(c)
+            self.assertIn("advertise_address", a, where)
+            value = a["advertise_address"]
+            self.assertNotIn(value, WILDCARDS, where)
+            m = re.fullmatch(r"\$\((\w+)\)", value)
+            if m:
+                env = env_of(c).get(m.group(1), {})
+                path = env.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                self.assertEqual(path, "status.podIP", "%s: $(%s) is not the pod IP"
+                                 % (where, m.group(1)))
+
+    def check_network_policy_ports_are_listened_on(self, r):
+        policies = [o for o in r.objects if o["kind"] == "NetworkPolicy"]
+        self.assertTrue(policies)
+        self.assertTrue(any(p["spec"]["podSelector"] == {} and "ingress" not in p["spec"]
+                            for p in policies), "no default-deny policy")
+        for p in policies:
+            pods = [(spec, labels) for _, spec, labels in r.pods()
+                    if selects(p["spec"]["podSelector"], labels)]
+            self.assertTrue(pods, "NetworkPolicy %s selects no pod" % p["metadata"]["name"])
+            listened, ranges = set(), []
+            for spec, _ in pods:
+                for c in spec["containers"]:
+                    for port in c.get("ports", []):
+                        listened.add(port["containerPort"])
+                        listened.add(port.get("name"))
+                    ucx = env_of(c).get("UCX_TCP_PORT_RANGE", {}).get("value")
+                    if ucx:
+                        lo, hi = map(int, ucx.split("-"))
+                        ranges.append((lo, hi))
+            for rule in p["spec"].get("ingress", []):
+                for port in rule.get("ports", []):
+                    where = "NetworkPolicy %s port %s" % (p["metadata"]["name"], port)
+                    if "endPort" in port:
+                        self.assertTrue(any(lo <= port["port"] and port["endPort"] <= hi
+                                            for lo, hi in ranges), where)
+                    else:
+                        self.assertTrue(port["port"] in listened or any(
+                            lo <= port["port"] <= hi for lo, hi in ranges), where)
+
+    def check_flags_are_the_binaries(self, r):
+        unknown = []
+        for w, spec, c in r.containers():
+            flags = binary_flags(c["name"])
+            where = "%s %s" % (k8s_render.name(w), c["name"])
+            binary = os.path.basename(BINARIES[c["name"]])
+            for f in args_of(c):
+                base = f[2:] if f.startswith("no") and f[2:] in flags else f
+                if base not in flags or (base != f and flags[base].type != "bool"):
+                    unknown.append("%s: --%s is not a flag of %s (its --help)" % (where, f, binary))
+            for key in r.config_of(spec, c):
+                if key not in flags:
+                    unknown.append("%s: --config key %r is not a flag of %s" % (where, key, binary))
+            model = r.setting(spec, c, "model") if "model" in flags else ""
+            if model:
+                self.assertTrue(any(model.startswith(m["mountPath"].rstrip("/") + "/")
+                                    for m in c.get("volumeMounts", [])),
+                                "%s: the model %s is not on a mounted volume" % (where, model))
+            for bound in ("address", "admin_host", "host"):
+                if bound in args_of(c):
+                    self.assertNotIn(args_of(c)[bound].split(":")[0], ("127.0.0.1", "localhost"),
+                                     "%s: --%s on loopback is unreachable" % (where, bound))
+        self.assertEqual(sorted(set(unknown)), [], "\n" + "\n".join(sorted(set(unknown))))
+
+    def check_store_fits_its_volume(self, r):
+        units = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+                 "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "KiB": 2**10, "MiB": 2**20,
+                 "GiB": 2**30, "TiB": 2**40}
+
+        def size(text):
+            m = re.fullmatch(r"([0-9.]+)\s*([A-Za-z]*)", text)
+            self.assertTrue(m and m.group(2) in units, "not a size: %r" % text)
+            return float(m.group(1)) * units[m.group(2)]
+
+        store = r.by_name["StatefulSet/ferry-kvstore"]
+        c = store["spec"]["template"]["spec"]["containers"][0]
+        claims = {t["metadata"]["name"]: t for t in store["spec"]["volumeClaimTemplates"]}
+        directory = args_of(c)["dir"]
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == directory)
+        volume = size(claims[mount["name"]]["spec"]["resources"]["requests"]["storage"])
+        capacity = size(r.setting(store["spec"]["template"]["spec"], c, "capacity"))
+        self.assertLess(capacity, volume, "the store's --capacity does not fit its volume")
+
+    def check_services(self, r):
+        services = {o["metadata"]["name"]: o for o in r.objects if o["kind"] == "Service"}
+        for name in ("ferry-prefill", "ferry-decode", "ferry-kvstore"):
+            self.assertEqual(services[name]["spec"].get("clusterIP"), "None", name)
+            self.assertIs(services[name]["spec"].get("publishNotReadyAddresses"), True, name)
+        routers = r.by_name["Deployment/ferry-router"]["spec"].get("replicas", 1)
+        if routers > 1:
+            self.assertEqual(services["ferry-router"]["spec"].get("sessionAffinity"),
+                             "ClientIP", "several routers without session affinity")
+        for s in services.values():
+            pods = [(spec, labels) for _, spec, labels in r.pods()
+                    if selects({"matchLabels": s["spec"]["selector"]}, labels)]
+            self.assertTrue(pods, "Service %s selects no pod" % s["metadata"]["name"])
+            for port in s["spec"]["ports"]:
+                target = port.get("targetPort", port["port"])
+                self.assertTrue(all(any(target in (p.get("name"), p["containerPort"])
+                                        for c in spec["containers"] for p in c.get("ports", []))
+                                    for spec, _ in pods),
+                                "Service %s targets %s, no container port" %
+                                (s["metadata"]["name"], target))
+
+    def test_checks_catch_breakage(self):
+        """Each check fails on a rendered overlay broken the way it guards against."""
+        def container(r, workload, name):
+            spec = r.by_name[workload]["spec"]["template"]["spec"]
+            return next(c for c in spec["containers"] if c["name"] == name)
+
+        def drop_probe(r):
+            del container(r, "Deployment/ferry-decode", "worker")["livenessProbe"]
+
+        def root(r):
+            container(r, "Deployment/ferry-router", "router")["securityContext"]["runAsUser"] = 0
+
+        def short_grace(r):
+            r.by_name["Deployment/ferry-prefill"]["spec"]["template"]["spec"][
+                "terminationGracePeriodSeconds"] = 60
+
+        def no_pdb(r):
+            r.objects.remove(r.by_name["PodDisruptionBudget/ferry-kvstore"])
+
+        def leak(r):
+            token = base64.b64decode(r.by_name["Secret/ferry-token"]["data"]["token"]).decode()
+            r.configmaps[next(iter(r.configmaps))]["data"]["leak"] = token
+
+        def wildcard(r):
+            c = container(r, "StatefulSet/ferry-kvstore", "kvstore")
+            c["args"] = [a if not a.startswith("--advertise_address") else
+                         "--advertise_address=0.0.0.0" for a in c["args"]]
+
+        def closed_port(r):
+            r.by_name["NetworkPolicy/ferry-kvstore"]["spec"]["ingress"][0]["ports"][0]["port"] = 7401
+
+        def typo(r):
+            container(r, "Deployment/ferry-decode", "worker")["args"].append("--drain_grase=1s")
+
+        for mutate, check in ((drop_probe, PolicyTest.check_probes_resources_and_security),
+                              (root, PolicyTest.check_probes_resources_and_security),
+                              (short_grace, PolicyTest.check_grace_exceeds_shutdown),
+                              (no_pdb, PolicyTest.check_every_workload_has_a_pdb),
+                              (leak, PolicyTest.check_secrets_stay_secret),
+                              (wildcard, PolicyTest.check_advertised_addresses),
+                              (closed_port, PolicyTest.check_network_policy_ports_are_listened_on),
+                              (typo, PolicyTest.check_flags_are_the_binaries)):
+            with self.subTest(breakage=mutate.__name__):
+                r = copy.deepcopy(self.rendered[0])
+                mutate(r)
+                with self.assertRaises(AssertionError):
+                    check(self, r)
+
+
+def _each_overlay(check):
+    def test(self):
+        for r in self.rendered:
+            with self.subTest(overlay=r.overlay):
+                check(self, r)
+    test.__doc__ = check.__doc__
+    return test
+
+
+for _name in [n for n in vars(PolicyTest) if n.startswith("check_")]:
+    setattr(PolicyTest, "test_" + _name[len("check_"):], _each_overlay(getattr(PolicyTest, _name)))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        sys.exit("usage: policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN [unittest args]")
+    BINARIES.update(router=sys.argv[1], worker=sys.argv[2], kvstore=sys.argv[3])
+    unittest.main(argv=[sys.argv[0]] + sys.argv[4:])
