@@ -477,15 +477,20 @@ def build_images(d, build_script, binaries):
     return tags
 
 
-def scrape_all(stack, label):
+def scrape_all(stack, label, skip=()):
+    """Each container's /metrics (on its admin port, where its readiness probe looks), saved in
+    the outputs; the pods in `skip` (a drained worker: gone) are not asked."""
     paths = []
     os.makedirs(os.path.join(OUT, "scrapes"), exist_ok=True)
     for w, pod in stack.pods:
+        if pod in skip:
+            continue
         c = pod.containers[0]
-        port = c.flag("admin_port")
-        status, body = http_get(pod.ip, int(port), "/metrics") if port else (None, "")
+        host = c.readiness.get("host", pod.ip)
+        status, body = http_get(host, c.readiness["port"], "/metrics")
         if status != 200:
-            continue  # a drained worker is gone
+            raise AssertionError(f"{pod.name}: GET /metrics on {host}:{c.readiness['port']}: "
+                                 f"{status}")
         path = os.path.join(OUT, "scrapes", f"{label}-{pod.name}.prom")
         with open(path, "w") as f:
             f.write(body)
@@ -698,7 +703,7 @@ def check_serving(stack):
     if delta["ferry_router_handoffs_total"] < 1 or received < 1:
         raise AssertionError(f"no completed hand-off to {other.name}: {delta}, received "
                              f"{received}")
-    scrapes = scrape_all(stack, "final") + scrapes
+    scrapes = scrape_all(stack, "final", skip=[source]) + scrapes
     check_queries([p for p in scrapes if "/serving-" in p] +
                   [p for p in scrapes if "final-" in p and "router" in p])
 
