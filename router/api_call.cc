@@ -146,7 +146,7 @@ void ApiCall::StartStream() {
 void ApiCall::Answer(int status, std::string body) {
   if (answered_) return;
   answered_ = true;
-  context_.metrics->Request(endpoint(), status);
+  Ended(status);
   context_.metrics->RequestSeconds(endpoint(),
                                    std::chrono::duration<double>(Clock::now() - start_).count());
   HttpHeaders headers = {{"Content-Type", "application/json"}, {"x-request-id", trace_id_}};
@@ -155,6 +155,22 @@ void ApiCall::Answer(int status, std::string body) {
     headers.emplace_back("Retry-After", std::to_string(retry_after_seconds_));
   }
   responder_->Respond(status, headers, std::move(body));
+}
+
+void ApiCall::Ended(int status) {
+  context_.metrics->Request(endpoint(), status);
+  SloRecord r;
+  r.dispatched = dispatched_;
+  r.failed = status >= 500 || status == 429;
+  r.first_token = first_token_;
+  if (first_token_) {
+    r.ttft_seconds = std::chrono::duration<double>(first_token_at_ - start_).count();
+    r.decode_seconds = std::chrono::duration<double>(last_token_ - first_token_at_).count();
+    r.tokens_after_first = tokens_after_first_;
+  }
+  const SloJudgement j = JudgeSlo(r, context_.slo);
+  if (j.ttft != SloResult::kNotJudged) context_.metrics->Slo("ttft", j.ttft == SloResult::kMet);
+  if (j.itl != SloResult::kNotJudged) context_.metrics->Slo("itl", j.itl == SloResult::kMet);
 }
 
 void ApiCall::Fail(const ApiError& error) {
@@ -167,7 +183,7 @@ void ApiCall::Fail(const ApiError& error) {
   // The stream started: an error event, and the end of the stream.
   if (answered_) return;
   answered_ = true;
-  context_.metrics->Request(endpoint(), status);
+  Ended(status);
   responder_->Write(writer_->StreamError(error, trace_id_));
   responder_->Finish();
 }
@@ -363,6 +379,7 @@ void ApiCall::Dispatch(DispatchRequest dispatch) {
   {
     absl::MutexLock lock(&mu_);
     if (answered_) return;  // the client left meanwhile
+    dispatched_ = true;     // (before: its end may come before Dispatch returns)
   }
   auto job = context_.dispatcher->Dispatch(std::move(dispatch), shared_from_this());
   absl::ReleasableMutexLock lock(&mu_);
@@ -470,8 +487,10 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
     if (chunk.token_ids_size() > 0) {
       if (!first_token_) {
         first_token_ = true;
+        first_token_at_ = now;
         context_.metrics->Ttft(endpoint(), std::chrono::duration<double>(now - start_).count());
       } else {
+        tokens_after_first_ += chunk.token_ids_size();
         const double gap =
             std::chrono::duration<double>(now - last_token_).count() / chunk.token_ids_size();
         for (int i = 0; i < chunk.token_ids_size(); ++i) context_.metrics->InterToken(gap);
@@ -530,7 +549,7 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
 void ApiCall::OnEnd(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   if (answered_) {
-    context_.metrics->Request(endpoint(), 499);
+    Ended(499);
     return;
   }
   int64_t completion = 0;
@@ -571,7 +590,7 @@ void ApiCall::OnEnd(const absl::Status& status) {
   responder_->Write(writer_->StreamEnd(choices_, usage_));
   responder_->Finish();
   answered_ = true;
-  context_.metrics->Request(endpoint(), 200);
+  Ended(200);
   context_.metrics->RequestSeconds(endpoint(),
                                    std::chrono::duration<double>(Clock::now() - start_).count());
 }

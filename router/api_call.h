@@ -55,6 +55,7 @@
 #include "router/http/http_server.h"
 #include "router/registry/worker_registry.h"
 #include "router/router_metrics.h"
+#include "router/slo.h"
 
 namespace ferry {
 
@@ -76,6 +77,7 @@ struct ApiContext {
   ResponseStore* responses = nullptr;  // stored Responses answers
   StoreProbe* store_probe = nullptr;   // the KV store's share of a prompt (null: no store)
   absl::Duration request_timeout = absl::Minutes(10);
+  SloObjectives slo;  // what ferry_router_slo_requests_total judges requests against
 };
 
 // The HTTP status and error body of `error` in the shape of `kind`'s API.
@@ -112,6 +114,8 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   // event and the end of the stream.
   void Fail(const ApiError& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Answer(int status, std::string body) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The request ended with HTTP `status`: counted in the request and SLO metrics.
+  void Ended(int status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const char* endpoint() const;
   // Sets up choice parsers for a prompt.
   void StartParsers(const BuiltPrompt& prompt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -146,7 +150,10 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   bool has_usage_ ABSL_GUARDED_BY(mu_) = false;
   bool streaming_ ABSL_GUARDED_BY(mu_) = false;  // the SSE stream has started
   bool first_token_ ABSL_GUARDED_BY(mu_) = false;
+  Clock::time_point first_token_at_ ABSL_GUARDED_BY(mu_);
   Clock::time_point last_token_ ABSL_GUARDED_BY(mu_);
+  int64_t tokens_after_first_ ABSL_GUARDED_BY(mu_) = 0;  // output tokens after the first chunk
+  bool dispatched_ ABSL_GUARDED_BY(mu_) = false;         // it reached the dispatcher
   // Weak: the dispatcher's job holds this call as its sink until the call ends; a strong handle
   // here would make a cycle that outlives the request.
   std::weak_ptr<Dispatcher::Job> job_ ABSL_GUARDED_BY(mu_);

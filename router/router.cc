@@ -39,6 +39,7 @@
 #include "services/common/completion_thread.h"
 #include "services/common/dns_discovery.h"
 #include "services/common/metrics.h"
+#include "services/common/polled_file.h"
 #include "services/common/shared_token.h"
 
 namespace ferry {
@@ -104,17 +105,31 @@ class Router::Impl {
  public:
   explicit Impl(const RouterOptions& options) : options_(options) {}
 
-  ~Impl() { Shutdown(); }
+  ~Impl() {
+    Shutdown();
+    keys_file_.reset();  // its thread applies keys into members declared after it
+  }
 
   absl::Status Start() {
     RETURN_IF_ERROR(ValidateRouterOptions(options_));
-    ASSIGN_OR_RETURN(const std::string token, LoadSharedToken(options_.auth_token_file));
+    registry_metrics_ = NewServiceRegistry("router");
+    SharedTokenSource::Options token_options;
+    token_options.file = options_.auth_token_file;
+    token_options.poll_interval = options_.secret_poll_interval;
+    token_options.registry = registry_metrics_.get();
+    ASSIGN_OR_RETURN(token_source_, SharedTokenSource::Start(token_options));
+    const SharedToken& token = token_source_->token();
+    limiter_ = std::make_unique<RateLimiter>(&RealClock());
     if (!options_.api_keys_file.empty()) {
-      ASSIGN_OR_RETURN(std::unique_ptr<const ApiKeys> keys, ApiKeys::Load(options_.api_keys_file));
-      LOG(INFO) << "API keys: " << keys->keys() << " key(s) of " << keys->tenants().size()
-                << " tenant(s) from " << options_.api_keys_file;
-      absl::MutexLock lock(&keys_mu_);
-      keys_ = std::move(keys);
+      // Polled (Kubernetes Secrets change without a signal) and re-read on SIGHUP (ReloadKeys).
+      PolledFileOptions keys_options;
+      keys_options.path = options_.api_keys_file;
+      keys_options.name = "api_keys";
+      keys_options.interval = options_.secret_poll_interval;
+      keys_options.registry = registry_metrics_.get();
+      ASSIGN_OR_RETURN(keys_file_, PolledFile::Start(keys_options, [this](const std::string& json) {
+                         return ApplyKeys(json);
+                       }));
     } else {
       LOG(WARNING) << "no --api_keys_file: the API is open to anyone who can reach "
                    << options_.http.host;
@@ -192,13 +207,11 @@ class Router::Impl {
                            workers.end());
     }
 
-    registry_metrics_ = NewServiceRegistry("router");
     metrics_ = std::make_unique<RouterMetrics>(*registry_metrics_);
     billing_ = std::make_unique<Billing>(
         Prices{options_.price_input_per_mtok, options_.price_cached_input_per_mtok,
                options_.price_output_per_mtok},
         options_.gpus_per_worker, &RealClock(), *registry_metrics_);
-    limiter_ = std::make_unique<RateLimiter>(&RealClock());
     ResponseStoreOptions stored;
     stored.ttl = options_.responses_ttl;
     stored.max_responses_per_tenant = options_.responses_per_tenant;
@@ -273,8 +286,8 @@ class Router::Impl {
       m->PrefillPhases(queue, compute, push_tail, store_read);
     };
     observer.retried = [m] { m->Retry(); };
-    observer.queue_depth = [m](int64_t depth) { m->QueueDepth(depth); };
-    observer.queue_wait = [m](double seconds) { m->QueueWait(seconds); };
+    observer.queue_depth = [m](int64_t depth, int64_t tokens) { m->QueueDepth(depth, tokens); };
+    observer.queue_wait = [m](const char* pool, double seconds) { m->QueueWait(pool, seconds); };
     observer.queue_expired = [m](const std::string& reason) { m->QueueExpired(reason); };
     observer.kv_wait = [m] { m->KvWait(); };
     observer.collision = [m] { m->Collision(); };
@@ -299,6 +312,8 @@ class Router::Impl {
     context_.limits.json = RequestJsonLimits(options_.http.max_body_bytes, 0);
     context_.max_body_bytes = options_.http.max_body_bytes;
     context_.request_timeout = options_.request_timeout;
+    context_.slo.ttft = options_.slo_ttft;
+    context_.slo.itl = options_.slo_itl;
     context_.reasoning = reasoning_;
     context_.limiter = limiter_.get();
     context_.billing = billing_.get();
@@ -707,20 +722,28 @@ class Router::Impl {
 
  public:
   absl::Status ReloadKeys() {
-    if (options_.api_keys_file.empty()) {
+    if (keys_file_ == nullptr) {
       return absl::FailedPreconditionError("the router was started without --api_keys_file");
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<const ApiKeys> keys, ApiKeys::Load(options_.api_keys_file));
-    LOG(INFO) << "API keys reloaded: " << keys->keys() << " key(s) of " << keys->tenants().size()
-              << " tenant(s)";
+    return keys_file_->Poll(/*force=*/true);
+  }
+
+ private:
+  // The key file's content (at the start, then each new one): the keys in force from now on.
+  absl::Status ApplyKeys(const std::string& json) {
+    ASSIGN_OR_RETURN(std::unique_ptr<const ApiKeys> keys, ApiKeys::Parse(json));
+    LOG(INFO) << "API keys: " << keys->keys() << " key(s) of " << keys->tenants().size()
+              << " tenant(s) from " << options_.api_keys_file;
     limiter_->Retain(keys->tenants());
     absl::MutexLock lock(&keys_mu_);
     keys_ = std::move(keys);
     return absl::OkStatus();
   }
 
- private:
   const RouterOptions options_;
+  std::shared_ptr<prometheus::Registry> registry_metrics_;  // first: the pollers count into it
+  std::unique_ptr<SharedTokenSource> token_source_;         // the workers' and store's token
+  std::unique_ptr<PolledFile> keys_file_;                   // null without --api_keys_file
   absl::Mutex keys_mu_;
   std::shared_ptr<const ApiKeys> keys_ ABSL_GUARDED_BY(keys_mu_);  // null: no key file
   std::unique_ptr<RateLimiter> limiter_;
@@ -734,7 +757,6 @@ class Router::Impl {
   bool reasoning_ = false;
   std::string model_id_;
   int64_t created_ = 0;
-  std::shared_ptr<prometheus::Registry> registry_metrics_;
   std::unique_ptr<RouterMetrics> metrics_;
   // Where every call to the workers completes (watch streams, Generate streams, prefills): one
   // thread polls the connections and runs what arrived (destroyed after the registry and the

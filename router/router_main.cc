@@ -54,8 +54,17 @@ ABSL_FLAG(std::vector<std::string>, kvstore, {},
 ABSL_FLAG(absl::Duration, kvstore_deadline, absl::Milliseconds(50),
           "the store probe's deadline (a slower store counts as holding nothing)");
 ABSL_FLAG(std::string, api_keys_file, "",
-          "clients' API keys and tenants (JSON; reloaded on SIGHUP); none: an open API on "
-          "loopback only");
+          "clients' API keys and tenants (JSON; re-read every --secret_poll_interval and on "
+          "SIGHUP); none: an open API on loopback only");
+ABSL_FLAG(absl::Duration, secret_poll_interval, absl::Seconds(10),
+          "--auth_token_file and --api_keys_file are re-read this often; a new valid content "
+          "applies without a signal (0: never)");
+ABSL_FLAG(absl::Duration, slo_ttft, absl::Seconds(2),
+          "SLO: a request meets its time-to-first-token objective within this "
+          "(ferry_router_slo_requests_total)");
+ABSL_FLAG(absl::Duration, slo_itl, absl::Milliseconds(200),
+          "SLO: a request meets its inter-token objective when its mean time between output "
+          "tokens is within this");
 ABSL_FLAG(bool, allow_unauthenticated, false,
           "serve without --api_keys_file on a non-loopback --host");
 ABSL_FLAG(double, price_input_per_mtok, 0, "billing: dollars per million cache-miss input tokens");
@@ -111,7 +120,8 @@ ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "a request's deadl
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
           "a silent worker is down after this");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "the workers' shared token (default: $FERRY_AUTH_TOKEN)");
+          "the workers' and the store's shared token (default: $FERRY_AUTH_TOKEN); one per line: "
+          "the first is sent; re-read every --secret_poll_interval");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30), "SIGTERM: time for running streams");
 ABSL_FLAG(absl::Duration, responses_ttl, absl::Hours(1),
           "/v1/responses answers are kept this long (in this replica's memory) for GET and "
@@ -162,6 +172,9 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(log_level, log_level);
   FROM_FLAG(tool_call_parser, tool_call_parser);
   FROM_FLAG(api_keys_file, api_keys_file);
+  FROM_FLAG(secret_poll_interval, secret_poll_interval);
+  FROM_FLAG(slo_ttft, slo_ttft);
+  FROM_FLAG(slo_itl, slo_itl);
   FROM_FLAG(allow_unauthenticated, allow_unauthenticated);
   FROM_FLAG(price_input_per_mtok, price_input_per_mtok);
   FROM_FLAG(price_cached_input_per_mtok, price_cached_input_per_mtok);

@@ -4,6 +4,14 @@
 
 namespace ferry {
 
+namespace {
+
+prometheus::Histogram::BucketBoundaries QueueWaitBuckets() {
+  return {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300};
+}
+
+}  // namespace
+
 RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
   requests_ = &prometheus::BuildCounter()
                    .Name("ferry_router_requests_total")
@@ -37,15 +45,21 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                       .Help("Requests waiting for a worker that can take them.")
                       .Register(registry)
                       .Add({});
+  queued_tokens_ = &prometheus::BuildGauge()
+                        .Name("ferry_router_queued_tokens")
+                        .Help("Prompt (and resumed output) tokens of the queued requests.")
+                        .Register(registry)
+                        .Add({});
   queue_wait_ = &prometheus::BuildHistogram()
                      .Name("ferry_router_queue_wait_seconds")
                      .Help(
                          "How long requests had waited for a worker each time they left the "
-                         "queue (since arrival or their last token).")
-                     .Register(registry)
-                     .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.025,
-                                                                      0.05, 0.1, 0.25, 0.5, 1, 2, 5,
-                                                                      10, 20, 30, 60, 120, 300});
+                         "queue (since arrival or their last token), by the pool they waited "
+                         "for.")
+                     .Register(registry);
+  for (const char* pool : {"prefill", "decode", "aggregated"}) {
+    queue_wait_->Add({{"pool", pool}}, QueueWaitBuckets());
+  }
   queue_expired_ = &prometheus::BuildCounter()
                         .Name("ferry_router_queue_expired_total")
                         .Help(
@@ -211,6 +225,17 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                          "Tool calls parsed from replies, by their arguments: valid, invalid, "
                          "incomplete.")
                      .Register(registry);
+  auto& slo = prometheus::BuildCounter()
+                  .Name("ferry_router_slo_requests_total")
+                  .Help(
+                      "Requests judged against the service-level objectives: ttft (--slo_ttft) "
+                      "and itl (their mean time between output tokens, --slo_itl), met or "
+                      "missed.")
+                  .Register(registry);
+  ttft_met_ = &slo.Add({{"objective", "ttft"}, {"result", "met"}});
+  ttft_missed_ = &slo.Add({{"objective", "ttft"}, {"result", "missed"}});
+  itl_met_ = &slo.Add({{"objective", "itl"}, {"result", "met"}});
+  itl_missed_ = &slo.Add({{"objective", "itl"}, {"result", "missed"}});
 }
 
 void RouterMetrics::Request(const std::string& endpoint, int code) {
@@ -236,9 +261,19 @@ void RouterMetrics::PrefillPhases(double queue, double compute, double push_tail
       .Observe(store_read);
 }
 
-void RouterMetrics::QueueDepth(int64_t depth) { queue_depth_->Set(static_cast<double>(depth)); }
+void RouterMetrics::QueueDepth(int64_t depth, int64_t tokens) {
+  queue_depth_->Set(static_cast<double>(depth));
+  queued_tokens_->Set(static_cast<double>(tokens));
+}
 
-void RouterMetrics::QueueWait(double seconds) { queue_wait_->Observe(seconds); }
+void RouterMetrics::QueueWait(const char* pool, double seconds) {
+  queue_wait_->Add({{"pool", pool}}, QueueWaitBuckets()).Observe(seconds);
+}
+
+void RouterMetrics::Slo(const char* objective, bool met) {
+  const bool ttft = std::string(objective) == "ttft";
+  (ttft ? (met ? ttft_met_ : ttft_missed_) : (met ? itl_met_ : itl_missed_))->Increment();
+}
 
 void RouterMetrics::QueueExpired(const std::string& reason) {
   queue_expired_->Add({{"reason", reason}}).Increment();

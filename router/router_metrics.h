@@ -9,8 +9,11 @@
 //                                                push_tail (the KV push after the compute: what
 //                                                the first token waited for), store_read
 //   ferry_router_queue_depth                     requests waiting for a worker
-//   ferry_router_queue_wait_seconds              how long requests had waited each time they
-//                                                left it (since arrival or their last token)
+//   ferry_router_queued_tokens                   their prompt (and resumed output) tokens
+//   ferry_router_queue_wait_seconds{pool}        how long requests had waited each time they
+//                                                left it (since arrival or their last token),
+//                                                by the pool they waited for: prefill, decode,
+//                                                aggregated (dispatch_rules.h QueuePool)
 //   ferry_router_queue_expired_total{reason}     queued requests that gave up waiting (503):
 //                                                queue_timeout (--queue_timeout), deadline
 //   ferry_router_kv_waits_total                  requests a decode worker refused for want of
@@ -68,6 +71,10 @@
 //   ferry_router_worker_refusals_total{reason}   fingerprint, block_tokens, protocol
 //   ferry_router_tool_calls_total{arguments}     calls parsed from replies: valid (a JSON
 //                                                object), invalid, incomplete (cut off)
+//   ferry_router_slo_requests_total{objective,result}  requests judged against --slo_ttft
+//                                                (objective=ttft) and --slo_itl (itl, their mean
+//                                                time between output tokens): met, missed
+//                                                (router/slo.h says which requests count)
 //
 // Thread-safe.
 
@@ -96,8 +103,8 @@ class RouterMetrics {
   void InterToken(double seconds);
   void RequestSeconds(const std::string& endpoint, double seconds);
   void PrefillPhases(double queue, double compute, double push_tail, double store_read);
-  void QueueDepth(int64_t depth);
-  void QueueWait(double seconds);
+  void QueueDepth(int64_t depth, int64_t tokens);
+  void QueueWait(const char* pool, double seconds);
   void QueueExpired(const std::string& reason);
   void KvWait();
   void Collision();
@@ -120,6 +127,8 @@ class RouterMetrics {
   void Workers(int64_t up, int64_t down);
   void Refusal(const std::string& reason);
   void ToolCall(const std::string& arguments);
+  // "ttft" or "itl".
+  void Slo(const char* objective, bool met);
 
  private:
   prometheus::Family<prometheus::Counter>* requests_;
@@ -128,7 +137,8 @@ class RouterMetrics {
   prometheus::Family<prometheus::Histogram>* request_seconds_;
   prometheus::Family<prometheus::Histogram>* prefill_phase_seconds_;
   prometheus::Gauge* queue_depth_;
-  prometheus::Histogram* queue_wait_;
+  prometheus::Gauge* queued_tokens_;
+  prometheus::Family<prometheus::Histogram>* queue_wait_;
   prometheus::Family<prometheus::Counter>* queue_expired_;
   prometheus::Counter* kv_waits_;
   prometheus::Counter* collisions_;
@@ -163,6 +173,10 @@ class RouterMetrics {
   prometheus::Gauge* workers_down_;
   prometheus::Family<prometheus::Counter>* refusals_;
   prometheus::Family<prometheus::Counter>* tool_calls_;
+  prometheus::Counter* ttft_met_;
+  prometheus::Counter* ttft_missed_;
+  prometheus::Counter* itl_met_;
+  prometheus::Counter* itl_missed_;
 };
 
 }  // namespace ferry

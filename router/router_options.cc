@@ -72,6 +72,9 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.ReadDuration("heartbeat_timeout", &o->heartbeat_timeout));
   RETURN_IF_ERROR(c.Read("auth_token_file", &o->auth_token_file));
   RETURN_IF_ERROR(c.Read("api_keys_file", &o->api_keys_file));
+  RETURN_IF_ERROR(c.ReadDuration("secret_poll_interval", &o->secret_poll_interval));
+  RETURN_IF_ERROR(c.ReadDuration("slo_ttft", &o->slo_ttft));
+  RETURN_IF_ERROR(c.ReadDuration("slo_itl", &o->slo_itl));
   RETURN_IF_ERROR(c.Read("allow_unauthenticated", &o->allow_unauthenticated));
   RETURN_IF_ERROR(c.Read("price_input_per_mtok", &o->price_input_per_mtok));
   RETURN_IF_ERROR(c.Read("price_cached_input_per_mtok", &o->price_cached_input_per_mtok));
@@ -119,6 +122,12 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
     return bad(absl::StrCat("--host ", o.http.host,
                             ": without --api_keys_file the API is open, so the router binds only "
                             "loopback; give keys, or --allow_unauthenticated"));
+  }
+  if (o.secret_poll_interval < absl::ZeroDuration()) {
+    return bad("--secret_poll_interval must be >= 0");
+  }
+  if (o.slo_ttft <= absl::ZeroDuration() || o.slo_itl <= absl::ZeroDuration()) {
+    return bad("--slo_ttft and --slo_itl must be positive");
   }
   if (!(o.price_input_per_mtok >= 0) || !(o.price_cached_input_per_mtok >= 0) ||
       !(o.price_output_per_mtok >= 0) || !(o.gpus_per_worker > 0)) {

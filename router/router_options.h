@@ -82,6 +82,13 @@ struct RouterOptions {
   // key file the API is open, and the router binds only a loopback address unless
   // allow_unauthenticated.
   std::string api_keys_file;
+  // auth_token_file and api_keys_file are re-read this often (PolledFile: Kubernetes Secrets
+  // change without a signal); a new valid content applies at once (zero: never re-read).
+  absl::Duration secret_poll_interval = absl::Seconds(10);
+  // The service-level objectives ferry_router_slo_requests_total counts requests against
+  // (router/slo.h): the time to the first token, and the mean time between output tokens.
+  absl::Duration slo_ttft = absl::Seconds(2);
+  absl::Duration slo_itl = absl::Milliseconds(200);
   bool allow_unauthenticated = false;
   // Billing (router/billing.h): dollars per million tokens of each class, GPUs per worker.
   double price_input_per_mtok = 0;

@@ -52,6 +52,7 @@
 #include "engine/common/hash128.h"
 #include "kvstore/format.h"
 #include "kvstore/kv_store.h"
+#include "services/common/shared_token.h"
 #include "services/transfer/transfer_wire.h"
 
 namespace ferry {
@@ -76,7 +77,7 @@ struct ClientOptions {
   // deadlines always run on real time.
   Clock* clock = nullptr;
   // The nodes' shared token, sent with every call ("": none).
-  std::string auth_token;
+  SharedToken auth_token;
 };
 
 struct ClientObject {

@@ -64,6 +64,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/common/shared_token.h"
 
 namespace ferry {
 namespace transfer {
@@ -79,7 +80,7 @@ struct KvServiceOptions {
   int64_t capacity_bytes = 0;          // reported (the store's)
   // The shared token every call must carry (services/common/shared_token.h); empty: calls are
   // not checked. An unauthenticated Put into a store that serves requests is cache poisoning.
-  std::string auth_token;
+  SharedToken auth_token;
   // The node's own KV transport, for Gets into a transfer descriptor; null: such a Get answers
   // FAILED_PRECONDITION. Not owned: it must outlive the service and every server that serves it.
   transfer::KvTransport* transport = nullptr;

@@ -493,7 +493,7 @@ TEST(KvServiceAuthTest, EveryMethodWantsTheSharedToken) {
   std::unique_ptr<KvStore> store = *std::move(opened);
   const std::string token = "kv-token-0123456789abcdef";
   KvServiceOptions so;
-  so.auth_token = token;
+  so.auth_token = SharedToken(token);
   KvStoreService service(store.get(), so);
   auto server = *GrpcServer::Start(GrpcServerOptions(), {&service});
   auto stub = ferry::v1::KvStore::NewStub(NewChannel(server->address()));
@@ -502,7 +502,7 @@ TEST(KvServiceAuthTest, EveryMethodWantsTheSharedToken) {
     std::vector<grpc::StatusCode> codes;
     auto ctx = [&] {
       auto c = NewClientContext(absl::Seconds(5));
-      AttachSharedToken(c.get(), presented);
+      AttachSharedToken(c.get(), SharedToken(presented));
       return c;
     };
     ferry::v1::ExistsRequest exists;
@@ -562,7 +562,7 @@ TEST(KvServiceAuthTest, EveryMethodWantsTheSharedToken) {
   co.nodes = {server->address()};
   auto anonymous = *KvClient::Create(co);
   EXPECT_EQ(anonymous->Put({object}), 0);
-  co.auth_token = token;
+  co.auth_token = SharedToken(token);
   auto client = *KvClient::Create(co);
   EXPECT_EQ(client->Put({object}), 1);
   auto got = client->Get({Key(3)}, kModel);

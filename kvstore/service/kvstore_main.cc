@@ -4,7 +4,8 @@
 // within --rpc_grace_ms, queued writes reach the disk, then exit 0; nothing acknowledged is lost).
 // Prints "grpc_port=N admin_port=M" once serving.
 //
-//   ferry-kvstore --dir /var/lib/ferry/kv --address 0.0.0.0:7100 --capacity 512GiB
+//   ferry-kvstore --dir /var/lib/ferry/kv --address 0.0.0.0:7100 --advertise_address 10.0.0.5 \
+//       --capacity 512GiB
 //   ferry-kvstore --dir ... --transport ucx --ucx_tls tcp     # Gets into callers' memory too
 //
 // With --transport (ucx, or grpc: the fallback without UCX), a Get that names a transfer
@@ -24,6 +25,7 @@
 #include "kvstore/kv_store.h"
 #include "kvstore/service/kv_service.h"
 #include "services/common/admin_server.h"
+#include "services/common/advertise_address.h"
 #include "services/common/allocator_tuning.h"
 #include "services/common/command_line.h"
 #include "services/common/grpc_log.h"
@@ -36,7 +38,11 @@
 
 ABSL_FLAG(std::string, dir, "", "the store's directory (created if missing)");
 ABSL_FLAG(std::string, address, "127.0.0.1:0", "gRPC listen address (port 0: any free port)");
+ABSL_FLAG(std::string, admin_host, "127.0.0.1", "admin HTTP listen address");
 ABSL_FLAG(int, admin_port, 0, "admin HTTP port (0: any free port)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "the host in the addresses this node advertises (its gRPC KV transport's); required "
+          "when --address or --transport_address listens on 0.0.0.0");
 ABSL_FLAG(std::string, capacity, "64GiB", "capacity of the segment files");
 ABSL_FLAG(std::string, segment_bytes, "256MiB", "segment file size");
 ABSL_FLAG(std::string, max_object_bytes, "64MiB", "largest object accepted");
@@ -58,7 +64,10 @@ ABSL_FLAG(std::string, transport_staging_bytes, "64MiB",
           "registered memory values are staged in on their way through the transport");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding the shared token every call must carry (else $FERRY_AUTH_TOKEN; neither: "
-          "calls are not checked)");
+          "calls are not checked); one token per line: the first is sent, all are accepted");
+ABSL_FLAG(absl::Duration, secret_poll_interval, absl::Seconds(10),
+          "--auth_token_file is re-read this often; a new valid content applies without a restart "
+          "(0: never)");
 
 namespace {
 
@@ -66,6 +75,10 @@ template <typename T>
 T OrExit(absl::StatusOr<T> v, const char* what) {
   if (!v.ok()) ferry::ExitOnBadOption("ferry-kvstore", what, v.status());
   return std::move(*v);
+}
+
+void OrExit(const absl::Status& s, const char* what) {
+  if (!s.ok()) ferry::ExitOnBadOption("ferry-kvstore", what, s);
 }
 
 int64_t Dropped(const ferry::kv::StoreStats& stats, ferry::kv::RecoveryDrop reason) {
@@ -116,8 +129,28 @@ int main(int argc, char** argv) {
   const int64_t staging_bytes = static_cast<int64_t>(OrExit(
       ParseByteSize(absl::GetFlag(FLAGS_transport_staging_bytes)), "--transport_staging_bytes"));
 
-  service_options.auth_token =
-      OrExit(LoadSharedToken(absl::GetFlag(FLAGS_auth_token_file)), "--auth_token_file");
+  const std::string advertise = absl::GetFlag(FLAGS_advertise_address);
+  if (!advertise.empty()) {
+    OrExit(ValidateAdvertiseHost("--advertise_address", advertise), "--advertise_address");
+  }
+  OrExit(CheckAdvertisable("--address", absl::GetFlag(FLAGS_address), advertise), "--address");
+  if (transport_kind == "grpc") {
+    OrExit(
+        CheckAdvertisable("--transport_address", absl::GetFlag(FLAGS_transport_address), advertise),
+        "--transport_address");
+  }
+  if (absl::GetFlag(FLAGS_secret_poll_interval) < absl::ZeroDuration()) {
+    ExitOnBadOption("ferry-kvstore", "--secret_poll_interval",
+                    absl::InvalidArgumentError("must be >= 0"));
+  }
+  auto registry = NewServiceRegistry("kvstore");
+  SharedTokenSource::Options token_options;
+  token_options.file = absl::GetFlag(FLAGS_auth_token_file);
+  token_options.poll_interval = absl::GetFlag(FLAGS_secret_poll_interval);
+  token_options.registry = registry.get();
+  const std::unique_ptr<SharedTokenSource> token =
+      OrExit(SharedTokenSource::Start(token_options), "--auth_token_file");
+  service_options.auth_token = token->token();
   if (service_options.auth_token.empty()) {
     LOG(WARNING) << "no shared token: any client that reaches the store can write into it";
   }
@@ -133,7 +166,6 @@ int main(int argc, char** argv) {
             << Dropped(opened, kv::RecoveryDrop::kHeader) << " header), direct I/O "
             << (opened.direct_io ? "on" : "off");
 
-  auto registry = NewServiceRegistry("kvstore");
   // The transport outlives the service and the server: its callbacks give staging slots back.
   std::unique_ptr<transfer::KvTransport> transport;
   if (transport_kind != "none") {
@@ -141,6 +173,7 @@ int main(int argc, char** argv) {
     transport_options.kind = transport_kind;
     transport_options.ucx_tls = absl::GetFlag(FLAGS_ucx_tls);
     transport_options.listen_address = absl::GetFlag(FLAGS_transport_address);
+    transport_options.advertise_host = advertise;
     transport_options.auth_token = service_options.auth_token;
     transport_options.registry = registry.get();
     transport = OrExit(transfer::KvTransport::Create(transport_options), "--transport");
@@ -168,6 +201,7 @@ int main(int argc, char** argv) {
   grpc_options.max_send_message_bytes = kv::MaxMessageBytes(service_options);
   auto grpc = OrExit(GrpcServer::Start(grpc_options, {service.get()}), "gRPC server");
   AdminServerOptions admin_options;
+  admin_options.host = absl::GetFlag(FLAGS_admin_host);
   admin_options.port = absl::GetFlag(FLAGS_admin_port);
   auto admin = OrExit(AdminServer::Start(admin_options, registry), "admin server");
   admin->SetReady(true);

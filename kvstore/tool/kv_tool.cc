@@ -576,7 +576,7 @@ int RunOnDirectory(const Flags& flags) {
 // A running ferry-kvstore, called over a channel of its own.
 class Server {
  public:
-  Server(const std::string& addr, const std::string& token)
+  Server(const std::string& addr, const SharedToken& token)
       : addr_(addr),
         token_(token),
         channel_(NewChannel(addr)),
@@ -623,13 +623,13 @@ class Server {
   }
 
   const std::string addr_;
-  const std::string token_;
+  const SharedToken token_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<ferry::v1::KvStore::Stub> stub_;
 };
 
 int RunOnServer(const Flags& flags) {
-  const absl::StatusOr<std::string> token = LoadSharedToken("");
+  const absl::StatusOr<SharedToken> token = LoadSharedToken("");
   if (!token.ok()) {
     std::fprintf(stderr, "ferry-kv: %s\n", std::string(token.status().message()).c_str());
     return 2;

@@ -119,6 +119,21 @@ absl::Duration LeaveQueue(JobRecord* job, absl::Time now) {
   return job->waited;
 }
 
+const char* QueuePool(absl::Span<const WorkerLoadView> workers, const JobRecord& job,
+                      bool started) {
+  auto name = [](WorkerKind kind) {
+    return kind == WorkerKind::kPrefill  ? "prefill"
+           : kind == WorkerKind::kDecode ? "decode"
+                                         : "aggregated";
+  };
+  if (started) return name(job.role);
+  const bool decode = std::any_of(workers.begin(), workers.end(), [](const WorkerLoadView& w) {
+    return w.kind == WorkerKind::kDecode;
+  });
+  if (!decode) return "aggregated";
+  return PrefillCandidates(workers, job).empty() ? "prefill" : "decode";
+}
+
 std::string WaitCause(const JobRecord& job, bool any_worker_up) {
   if (!any_worker_up) return "none_up";
   if (job.kv_blocks_needed > 0) return "kv";

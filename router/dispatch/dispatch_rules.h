@@ -94,6 +94,13 @@ void EnterQueue(JobRecord* job, absl::Time now);
 // all since its last token (a request refused and queued again counts its earlier stays too).
 absl::Duration LeaveQueue(JobRecord* job, absl::Time now);
 
+// The pool a request waited for in the queue (ferry_router_queue_wait_seconds{pool}): once a
+// worker took it (`started`), that worker's kind (a P/D request's stream is its decode
+// worker's); one that left without a worker, the pool that could not take it: with decode
+// workers about, "prefill" when no prefill worker could take it, else "decode"; without them
+// "aggregated".
+const char* QueuePool(absl::Span<const WorkerLoadView> workers, const JobRecord& job, bool started);
+
 // Why the requests wait, for their error: "none_up" (no worker can take requests: none up, or all
 // draining), "kv" (no decode worker has room for its KV), "busy" (every worker is at its
 // capacity).

@@ -459,5 +459,18 @@ TEST_F(DispatchRulesTest, TrackingStopsOverACapOrOnAGapAndLetsGoOfItsTokens) {
   EXPECT_TRUE(kept.progress.empty());
 }
 
+TEST_F(DispatchRulesTest, QueuePoolIsTheTakerOrThePoolThatCouldNotTakeIt) {
+  const std::vector<WorkerLoadView> aggregated = {Worker("a1", WorkerKind::kAggregated)};
+  const std::vector<WorkerLoadView> decode_only = {Worker("d1", WorkerKind::kDecode)};
+  const std::vector<WorkerLoadView> pd = {Worker("p1", WorkerKind::kPrefill),
+                                          Worker("d1", WorkerKind::kDecode)};
+  EXPECT_STREQ(QueuePool(aggregated, job_, /*started=*/false), "aggregated");
+  EXPECT_STREQ(QueuePool(decode_only, job_, /*started=*/false), "prefill");
+  EXPECT_STREQ(QueuePool(pd, job_, /*started=*/false), "decode");
+  EXPECT_STREQ(QueuePool({}, job_, /*started=*/false), "aggregated");
+  job_.role = WorkerKind::kDecode;
+  EXPECT_STREQ(QueuePool({}, job_, /*started=*/true), "decode");
+}
+
 }  // namespace
 }  // namespace ferry

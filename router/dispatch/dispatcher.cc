@@ -118,7 +118,7 @@ class Dispatcher::Call final {
   // `pending` and `active`: the load the dispatcher added on `worker` for this stream (released
   // at the first token and at the end).
   Call(Dispatcher* dispatcher, std::shared_ptr<Job> job, v1::GenerateRequest request,
-       int64_t resumed_tokens, const Candidate& worker, const std::string& token,
+       int64_t resumed_tokens, const Candidate& worker, const SharedToken& token,
        const RouteChoice& choice, int64_t pending, int64_t active)
       : dispatcher_(dispatcher),
         job_(std::move(job)),
@@ -381,7 +381,7 @@ class Dispatcher::Call final {
   const std::string endpoint_;
   const bool disaggregated_;
   const bool handoff_;  // a drain hand-off: the target pulls the KV from the source
-  const std::string token_;
+  const SharedToken token_;
   const std::shared_ptr<grpc::ClientContext> context_;
   CompletionThread* completions_ = nullptr;
   std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateEvent>> reader_;
@@ -478,13 +478,15 @@ void Dispatcher::Enqueue(const std::shared_ptr<Job>& job, bool front) {
   } else {
     queue_.push_back(job);
   }
-  if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+  if (observer_.queue_depth)
+    observer_.queue_depth(static_cast<int64_t>(queue_.size()), queued_tokens_);
 }
 
 void Dispatcher::Dequeued(const std::shared_ptr<Job>& job) {
   job->record.queued = false;
   queued_tokens_ -= job->record.prompt_tokens + job->record.resumed_tokens;
-  if (observer_.queue_depth) observer_.queue_depth(static_cast<int64_t>(queue_.size()));
+  if (observer_.queue_depth)
+    observer_.queue_depth(static_cast<int64_t>(queue_.size()), queued_tokens_);
 }
 
 std::vector<WorkerLoadView> Dispatcher::Views(const std::vector<Candidate>& candidates) {
@@ -840,11 +842,13 @@ void Dispatcher::Pump() {
       return;
     }
     absl::Duration stay;
+    const char* pool;
     {
       absl::MutexLock lock(&mu_);
       stay = LeaveQueue(&job->record, clock_->Now());
+      pool = QueuePool({}, job->record, /*started=*/true);
     }
-    if (observer_.queue_wait) observer_.queue_wait(absl::ToDoubleSeconds(stay));
+    if (observer_.queue_wait) observer_.queue_wait(pool, absl::ToDoubleSeconds(stay));
   }
 }
 
@@ -882,7 +886,7 @@ void Dispatcher::DropQueue(const absl::Status& why) {
       LeaveQueue(&job->record, clock_->Now());
       job->record.ended = true;
     }
-    if (observer_.queue_depth) observer_.queue_depth(0);
+    if (observer_.queue_depth) observer_.queue_depth(0, 0);
   }
   for (auto& job : dropped) {
     Untrack(*job);
@@ -901,7 +905,9 @@ void Dispatcher::TimerLoop() {
       std::shared_ptr<Job> job;
       QueueExpiry expiry;
       absl::Duration stay;
+      const char* pool;
     };
+    std::vector<WorkerLoadView> views;  // for the pools of the requests that expire (rare)
     std::vector<Expired> ended;
     for (auto it = queue_.begin(); it != queue_.end();) {
       QueueExpiry expiry =
@@ -912,7 +918,9 @@ void Dispatcher::TimerLoop() {
         Dequeued(job);
         const absl::Duration stay = LeaveQueue(&job->record, now);
         job->record.ended = true;
-        ended.push_back({std::move(job), std::move(expiry), stay});
+        if (views.empty()) views = Views(registry_->Candidates());
+        const char* pool = QueuePool(views, job->record, /*started=*/false);
+        ended.push_back({std::move(job), std::move(expiry), stay, pool});
       } else {
         ++it;
       }
@@ -923,7 +931,7 @@ void Dispatcher::TimerLoop() {
       Untrack(*e.job);
       LOG(WARNING) << LogTraceId(e.job->request.trace_id) << "request " << e.job->request.trace_id
                    << " failed (" << e.expiry.reason << "): " << e.expiry.status;
-      if (observer_.queue_wait) observer_.queue_wait(absl::ToDoubleSeconds(e.stay));
+      if (observer_.queue_wait) observer_.queue_wait(e.pool, absl::ToDoubleSeconds(e.stay));
       if (observer_.queue_expired) observer_.queue_expired(e.expiry.reason);
       if (observer_.failed) observer_.failed(FailureCause(e.expiry.status));
       e.job->sink->OnEnd(e.expiry.status);

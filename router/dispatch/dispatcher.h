@@ -87,6 +87,7 @@
 #include "router/policy/routing_policy.h"
 #include "router/registry/worker_registry.h"
 #include "services/common/completion_thread.h"
+#include "services/common/shared_token.h"
 
 namespace ferry {
 
@@ -124,7 +125,7 @@ struct DispatcherOptions {
   // (for 1,024 workers at most).
   int64_t max_orphans_per_worker = 4096;
   absl::Duration abort_timeout = absl::Seconds(2);
-  std::string auth_token;  // sent to the workers
+  SharedToken auth_token;  // sent to the workers
   // Where the streams complete (each must outlive the dispatcher); empty: one thread of its own.
   std::vector<CompletionThread*> completions;
   // Deadlines are checked on it (must outlive the dispatcher); null: the real clock.
@@ -147,9 +148,11 @@ struct DispatchObserver {
   std::function<void(double queue, double compute, double push_tail, double store_read)>
       prefill_phases;
   std::function<void()> retried;
-  std::function<void(int64_t depth)> queue_depth;
-  // A request left the queue after `seconds` there (to start, or to end).
-  std::function<void(double seconds)> queue_wait;
+  // The queue now: its requests, and their prompt (and resumed output) tokens.
+  std::function<void(int64_t depth, int64_t tokens)> queue_depth;
+  // A request left the queue after `seconds` there (to start, or to end), waiting for `pool`
+  // (dispatch_rules.h QueuePool).
+  std::function<void(const char* pool, double seconds)> queue_wait;
   // A queued request gave up waiting: "queue_timeout", "deadline" (QueueExpiry::reason).
   std::function<void(const std::string& reason)> queue_expired;
   // A decode worker refused a request for want of KV: it waits in the queue for room.

@@ -71,7 +71,7 @@ const char* StateName(int state) {
 class WorkerRegistry::Subscription final {
  public:
   Subscription(WorkerRegistry* registry, Worker* worker, uint64_t generation,
-               const std::string& token, v1::WatchRequest request)
+               const SharedToken& token, v1::WatchRequest request)
       : registry_(registry),
         worker_(worker),
         generation_(generation),

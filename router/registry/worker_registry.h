@@ -55,6 +55,7 @@
 #include "router/index/kv_index.h"
 #include "router/policy/routing_policy.h"
 #include "services/common/completion_thread.h"
+#include "services/common/shared_token.h"
 
 namespace ferry {
 
@@ -64,7 +65,7 @@ struct RegistryOptions {
   // channel waits before connecting again.
   absl::Duration reconnect_interval = absl::Milliseconds(250);
   absl::Duration check_interval = absl::Milliseconds(50);  // real time
-  std::string auth_token;                                  // sent to the workers
+  SharedToken auth_token;                                  // sent to the workers
   // The one model fingerprint the pool takes (zero: whatever the first worker accepted has).
   Hash128 fingerprint;
   // Where the Watch streams complete (must outlive the registry); null: a thread of its own.

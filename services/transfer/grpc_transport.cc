@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/common/log.h"
+#include "engine/common/status.h"
 #include "ferry/v1/transfer.pb.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpcpp/security/server_credentials.h"
@@ -28,6 +29,7 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
+#include "services/common/advertise_address.h"
 #include "services/transfer/grpc_transport_internal.h"
 
 namespace ferry {
@@ -202,6 +204,12 @@ GrpcTransport::GrpcTransport(const TransportOptions& options)
       service_(this) {}
 
 absl::Status GrpcTransport::Start() {
+  if (!options_.advertise_host.empty()) {
+    RETURN_IF_ERROR(
+        ValidateAdvertiseHost("the KV transport's advertised host", options_.advertise_host));
+  }
+  RETURN_IF_ERROR(CheckAdvertisable("the KV transport's listen address", options_.listen_address,
+                                    options_.advertise_host));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port);
@@ -219,13 +227,10 @@ absl::Status GrpcTransport::Start() {
                                                options_.listen_address,
                                                " (address in use or invalid?)"));
   }
-  std::string host = options_.listen_address.substr(0, options_.listen_address.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]") {
-    // Listening everywhere: peers reach this host by its name (in Kubernetes, the pod's).
-    char name[256] = {};
-    host = gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0' ? name : "127.0.0.1";
-  }
-  address_ = absl::StrCat(host, ":", port);
+  // Listening everywhere, the transport has no host of its own to give peers: the options name
+  // it (checked before the server started, below).
+  address_ = AdvertisedAddress(absl::StrCat(HostOfAddress(options_.listen_address), ":", port),
+                               options_.advertise_host);
   for (int i = 0; i < kWorkerThreads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
   completion_thread_ = std::thread([this] { CompletionLoop(); });
   return absl::OkStatus();

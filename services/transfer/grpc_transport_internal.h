@@ -239,7 +239,7 @@ class GrpcTransport final : public KvTransport {
 
   // For the server side.
   size_t chunk_bytes() const { return options_.grpc_chunk_bytes; }
-  const std::string& auth_token() const { return options_.auth_token; }
+  const SharedToken& auth_token() const { return options_.auth_token; }
   NotificationBoard& board() { return board_; }
   // The live region `key` names with [address, address + length) inside it, pinned: Unpin it
   // after the copy. PermissionDenied for a key that names no live region, OutOfRange for a range

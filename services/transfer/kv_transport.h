@@ -61,6 +61,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/kv/kv_allocator.h"
+#include "services/common/shared_token.h"
 
 namespace prometheus {
 class Registry;
@@ -131,12 +132,18 @@ struct TransportOptions {
   // gRPC only: the address the transport's server listens on ("host:port"; port 0 picks one).
   // The address peers connect to is address().
   std::string listen_address = "127.0.0.1:0";
+  // gRPC only: the host address() names ("": listen_address's, which must then not be a
+  // wildcard such as 0.0.0.0: Create fails). UCX's address is the worker address blob that
+  // ucp_worker_get_address packs: it lists the addresses of the devices UCX uses itself
+  // (UCX_NET_DEVICES), so no host is advertised for it (services/common/advertise_address.h).
+  std::string advertise_host;
   // gRPC only: data bytes per streamed message.
   size_t grpc_chunk_bytes = size_t{1} << 20;
   // gRPC only: the shared token (services/common/shared_token.h) the transport's server requires
-  // of every call, and its calls to peers carry; empty: calls are not checked. UCX carries no
-  // token: its endpoints belong on a network only the workers reach.
-  std::string auth_token;
+  // of every call, and its calls to peers carry (a handle: a rotation applies to the next call);
+  // none: calls are not checked. UCX carries no token: its endpoints belong on a network only
+  // the workers reach.
+  SharedToken auth_token;
   // Gives the in-flight operations of a transfer cancelled or past its deadline this long to
   // finish before the connection to the peer is forced closed (see the header comment).
   absl::Duration cancel_grace = absl::Milliseconds(200);

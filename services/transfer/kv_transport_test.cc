@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -1084,7 +1085,7 @@ TEST(GrpcTransportServerTest, ASharedTokenGuardsEveryCall) {
   auto make = [](const std::string& token) {
     TransportOptions options;
     options.kind = "grpc";
-    options.auth_token = token;
+    options.auth_token = SharedToken(token);
     absl::StatusOr<std::unique_ptr<KvTransport>> t = KvTransport::Create(options);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? *std::move(t) : nullptr;
@@ -1147,6 +1148,56 @@ TEST(GrpcTransportServerTest, ASharedTokenGuardsEveryCall) {
       RawCall(channel, "/ferry.v1.KvTransfer/Notify", {notify.SerializeAsString()}).error_code(),
       grpc::UNAUTHENTICATED);
   EXPECT_EQ(owner->Deregister(dst->id), absl::OkStatus());
+}
+
+// Listening on every interface, the gRPC transport advertises the host its options name (or
+// refuses to start without one); a token rotated on the owner (new and old accepted, then only
+// the new) lets a peer that still sends the old one in until the old is dropped.
+TEST(GrpcTransportServerTest, AWildcardListenerAdvertisesItsHostAndTakesARotatedToken) {
+  const std::string old_token = "transfer-token-0123456789",
+                    new_token = "transfer-token-abcdefghij";
+  TransportOptions options;
+  options.kind = "grpc";
+  options.listen_address = "0.0.0.0:0";
+  options.auth_token = SharedToken(old_token);
+  EXPECT_EQ(KvTransport::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.advertise_host = "127.0.0.1";
+  absl::StatusOr<std::unique_ptr<KvTransport>> owner = KvTransport::Create(options);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_TRUE(absl::StartsWith((*owner)->address(), "127.0.0.1:")) << (*owner)->address();
+  EXPECT_NE((*owner)->address(), "127.0.0.1:0");
+  TransportOptions peer_options;
+  peer_options.kind = "grpc";
+  peer_options.auth_token = SharedToken(old_token);
+  absl::StatusOr<std::unique_ptr<KvTransport>> peer = KvTransport::Create(peer_options);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  constexpr size_t kBytes = 4096;
+  absl::StatusOr<LocalRegion> dst = (*owner)->Allocate(kBytes);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  absl::StatusOr<LocalRegion> src = (*peer)->Allocate(kBytes);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto put = [&] {
+    absl::StatusOr<PeerId> id = (*peer)->Connect((*owner)->address());
+    EXPECT_TRUE(id.ok()) << id.status();
+    TransferRequest request;
+    request.peer = *id;
+    request.op = TransferOp::kPut;
+    request.remote = dst->descriptor;
+    request.segments = {{Addr(Ptr(*src)), dst->descriptor.address, kBytes}};
+    request.deadline = absl::Now() + absl::Seconds(20);
+    auto outcome = Outcome::New();
+    EXPECT_TRUE((*peer)->Post(std::move(request), Outcome::CallbackOf(outcome)).ok());
+    return outcome->Wait(absl::Seconds(30)).value_or(absl::InternalError("no callback"));
+  };
+  EXPECT_EQ(put(), absl::OkStatus());
+  options.auth_token.Set({new_token, old_token});  // the owner's copy: the same handle
+  EXPECT_EQ(put(), absl::OkStatus());
+  options.auth_token.Set({new_token});
+  EXPECT_EQ(put().code(), absl::StatusCode::kUnauthenticated);
+  peer_options.auth_token.Set({new_token});
+  EXPECT_EQ(put(), absl::OkStatus());
+  EXPECT_EQ((*peer)->Deregister(src->id), absl::OkStatus());
+  EXPECT_EQ((*owner)->Deregister(dst->id), absl::OkStatus());
 }
 
 TEST(TransportKvAllocatorTest, AKvBlockPoolOnTransportMemoryMovesBetweenTransports) {

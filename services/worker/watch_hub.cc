@@ -262,7 +262,10 @@ void WatchHub::Run() {
   while (!stopping_) {
     mu_.Unlock();
     v1::WorkerLoad load = Load();
-    metrics_->Refresh(engine_->stats(), load.prefill_tokens_per_second());
+    metrics_->Refresh(engine_->stats(), load.prefill_tokens_per_second(),
+                      UtilisationOf(engine_->stats(), load_->Summary().busy_fraction,
+                                    identity_.capacity().max_running_requests(),
+                                    identity_.capacity().block_tokens()));
     mu_.Lock();
     if (stopping_) break;
     load_now_ = load;

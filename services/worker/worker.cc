@@ -8,6 +8,7 @@
 #include "engine/common/log.h"
 #include "engine/common/status.h"
 #include "kvstore/client/dynamic_kv_client.h"
+#include "services/common/advertise_address.h"
 #include "services/common/metrics.h"
 #include "services/common/shared_token.h"
 
@@ -15,9 +16,14 @@ namespace ferry {
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& options) {
   RETURN_IF_ERROR(ValidateWorkerOptions(options));
-  ASSIGN_OR_RETURN(const std::string token, LoadSharedToken(options.auth_token_file));
   std::unique_ptr<Worker> w(new Worker(options));
   w->registry_ = NewServiceRegistry("worker");
+  SharedTokenSource::Options token_options;
+  token_options.file = options.auth_token_file;
+  token_options.poll_interval = options.secret_poll_interval;
+  token_options.registry = w->registry_.get();
+  ASSIGN_OR_RETURN(w->token_, SharedTokenSource::Start(token_options));
+  const SharedToken& token = w->token_->token();
   w->metrics_ = std::make_unique<WorkerMetrics>(*w->registry_);
   w->load_ = std::make_unique<LoadWindow>(options.load_window);
   WorkerMetrics* metrics = w->metrics_.get();
@@ -30,6 +36,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     transport.kind = options.transport;
     transport.ucx_tls = options.ucx_tls;
     transport.listen_address = options.transport_address;
+    transport.advertise_host = options.advertise_address;
     transport.auth_token = token;  // the gRPC fallback's calls, as the worker's own
     transport.registry = w->registry_.get();
     auto created = transfer::KvTransport::Create(transport);
@@ -142,27 +149,29 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   GrpcServerOptions grpc_options;
   grpc_options.address = options.address;
   ASSIGN_OR_RETURN(w->grpc_, GrpcServer::Start(grpc_options, {w->service_.get()}));
-  w->service_->StartWatch(options.worker_id, w->grpc_->address());
+  // What routers and peers dial: the bound port with the advertised host.
+  const std::string endpoint = AdvertisedAddress(w->grpc_->address(), options.advertise_address);
+  w->service_->StartWatch(options.worker_id, endpoint);
   w->admin_->SetReady(true);
-  LOG(INFO) << options.role << " worker "
-            << (options.worker_id.empty() ? w->grpc_->address() : options.worker_id) << " serving "
-            << w->engine_->model_name() << " (" << w->engine_->engine_kind() << " engine) on "
-            << w->grpc_->address() << ", admin on " << options.admin_host << ":"
-            << w->admin_->port()
-            << (w->transport_ != nullptr
-                    ? absl::StrCat(", KV transport ", w->transport_->kind(),
-                                   w->transport_->kind() == "grpc"
-                                       ? absl::StrCat(" on ", w->transport_->address())
-                                       : "")
-                    : "")
-            << (w->kv_client_ != nullptr
-                    ? absl::StrCat(
-                          ", KV store ", options.kvstore, " (",
-                          w->store_reader_ != nullptr ? "read" : "",
-                          w->store_reader_ != nullptr && w->store_writer_ != nullptr ? ", " : "",
-                          w->store_writer_ != nullptr ? "write" : "", ")")
-                    : "")
-            << (token.empty() ? ", no shared token" : ", shared token required");
+  LOG(INFO)
+      << options.role << " worker " << (options.worker_id.empty() ? endpoint : options.worker_id)
+      << " serving " << w->engine_->model_name() << " (" << w->engine_->engine_kind()
+      << " engine) on " << w->grpc_->address()
+      << (endpoint != w->grpc_->address() ? absl::StrCat(" (advertised as ", endpoint, ")") : "")
+      << ", admin on " << options.admin_host << ":" << w->admin_->port()
+      << (w->transport_ != nullptr
+              ? absl::StrCat(", KV transport ", w->transport_->kind(),
+                             w->transport_->kind() == "grpc"
+                                 ? absl::StrCat(" on ", w->transport_->address())
+                                 : "")
+              : "")
+      << (w->kv_client_ != nullptr
+              ? absl::StrCat(", KV store ", options.kvstore, " (",
+                             w->store_reader_ != nullptr ? "read" : "",
+                             w->store_reader_ != nullptr && w->store_writer_ != nullptr ? ", " : "",
+                             w->store_writer_ != nullptr ? "write" : "", ")")
+              : "")
+      << (token.empty() ? ", no shared token" : ", shared token required");
   return w;
 }
 

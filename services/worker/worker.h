@@ -65,6 +65,8 @@ class Worker {
 
   const WorkerOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
+  // --auth_token_file, polled: every client and server of the worker holds a copy of its token.
+  std::unique_ptr<SharedTokenSource> token_;
   // Prefill and decode roles. Destroyed after the servers stopped and the engine thread with
   // them, before the engine's pools (its last callbacks give blocks back to them).
   std::unique_ptr<transfer::KvTransport> transport_;

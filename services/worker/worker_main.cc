@@ -121,7 +121,14 @@ ABSL_FLAG(std::string, admin_host, "127.0.0.1", "admin HTTP listen address");
 ABSL_FLAG(int, admin_port, 0, "admin HTTP port (0: any free port)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file with the shared token every call must carry (default: $FERRY_AUTH_TOKEN, if set)");
-ABSL_FLAG(std::string, worker_id, "", "id reported to routers (default: the gRPC address)");
+ABSL_FLAG(absl::Duration, secret_poll_interval, absl::Seconds(10),
+          "--auth_token_file is re-read this often; a new valid content applies without a restart "
+          "(0: never)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "the host in the addresses this worker advertises (its gRPC endpoint, its gRPC KV "
+          "transport); required when --address or --transport_address listens on 0.0.0.0");
+ABSL_FLAG(std::string, worker_id, "",
+          "id reported to routers (default: the advertised gRPC address)");
 ABSL_FLAG(absl::Duration, watch_interval, absl::Milliseconds(100),
           "Watch: load updates at most this often");
 ABSL_FLAG(absl::Duration, watch_heartbeat, absl::Seconds(1),
@@ -218,6 +225,8 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(admin_host);
   FROM_FLAG(admin_port);
   FROM_FLAG(auth_token_file);
+  FROM_FLAG(secret_poll_interval);
+  FROM_FLAG(advertise_address);
   FROM_FLAG(worker_id);
   FROM_FLAG(watch_interval);
   FROM_FLAG(watch_heartbeat);

@@ -50,6 +50,15 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
   blocks_free_ = &blocks.Add({{"state", "free"}});
   blocks_cached_ = &blocks.Add({{"state", "cached"}});
   blocks_total_ = gauge("ferry_worker_kv_pool_blocks", "KV blocks in the pool.");
+  busy_fraction_ = gauge("ferry_worker_busy_fraction",
+                         "Engine step time over wall time, over --load_window (0..1).");
+  kv_used_fraction_ = gauge("ferry_worker_kv_used_fraction",
+                            "KV blocks held by requests over the pool's blocks (0..1; blocks "
+                            "only the prefix cache holds are not counted).");
+  running_fraction_ =
+      gauge("ferry_worker_running_fraction", "Running sequences over --max_running (0..1).");
+  queued_tokens_ =
+      gauge("ferry_worker_queued_tokens", "Prompt tokens of the sequences waiting for admission.");
   refreshes_ = &prometheus::BuildCounter()
                     .Name("ferry_worker_load_refreshes_total")
                     .Help(
@@ -327,7 +336,31 @@ void WorkerMetrics::Step(const StepInfo& step) {
   }
 }
 
-void WorkerMetrics::Refresh(const EngineStats& s, double prefill_tokens_per_second) {
+WorkerUtilisation UtilisationOf(const EngineStats& s, double busy_fraction, int64_t max_running,
+                                int64_t block_tokens) {
+  WorkerUtilisation u;
+  u.busy_fraction = std::clamp(busy_fraction, 0.0, 1.0);
+  if (s.total_blocks > 0 && block_tokens > 0) {
+    const int64_t not_free = s.total_blocks - s.free_blocks;
+    const int64_t not_cache = not_free - s.cached_blocks;
+    const int64_t positions = (s.running_tokens + block_tokens - 1) / block_tokens;
+    const int64_t held = std::max<int64_t>(0, std::min(not_free, std::max(positions, not_cache)));
+    u.kv_used_fraction = static_cast<double>(held) / static_cast<double>(s.total_blocks);
+  }
+  if (max_running > 0) {
+    u.running_fraction =
+        std::min(1.0, static_cast<double>(s.running) / static_cast<double>(max_running));
+  }
+  u.queued_tokens = s.queued_tokens;
+  return u;
+}
+
+void WorkerMetrics::Refresh(const EngineStats& s, double prefill_tokens_per_second,
+                            const WorkerUtilisation& u) {
+  busy_fraction_->Set(u.busy_fraction);
+  kv_used_fraction_->Set(u.kv_used_fraction);
+  running_fraction_->Set(u.running_fraction);
+  queued_tokens_->Set(static_cast<double>(u.queued_tokens));
   queued_->Set(static_cast<double>(s.waiting));
   running_->Set(static_cast<double>(s.running));
   blocks_used_->Set(static_cast<double>(s.total_blocks - s.free_blocks));

@@ -8,6 +8,13 @@
 //   ferry_worker_running_requests                sequences holding KV
 //   ferry_worker_kv_blocks{state}                used, free, cached; ferry_worker_kv_pool_blocks
 //   ferry_worker_load_refreshes_total            refreshes of the gauges above (a tick to wait on)
+//   Utilisation, the planner's inputs (docs/operations/metrics.md; WorkerUtilisation below):
+//   ferry_worker_busy_fraction                   engine step time over wall time, over
+//                                                --load_window (prefill pools' load)
+//   ferry_worker_kv_used_fraction                KV blocks held by requests over the pool's
+//                                                blocks (decode pools' load against capacity)
+//   ferry_worker_running_fraction                running sequences over --max_running
+//   ferry_worker_queued_tokens                   prompt tokens waiting for admission
 //   ferry_worker_prompt_tokens_total{source}     prefill and aggregated workers: computed, local
 //                                                (reused from this worker's cache), store (read
 //                                                from the KV store); decode workers: decode_local
@@ -104,6 +111,24 @@ enum class RequestOutcome {
 inline constexpr int kNumRequestOutcomes = 8;
 const char* RequestOutcomeName(RequestOutcome outcome);
 
+// The utilisation gauges' values. A decode worker's busy fraction is ~1 whenever anything
+// decodes, so its load is measured against its capacity: KV and running slots.
+struct WorkerUtilisation {
+  double busy_fraction = 0;  // LoadWindow's: step time over wall time, in [0, 1]
+  // Blocks held by requests over the pool's blocks, in [0, 1]. Held: the blocks the running
+  // sequences' positions fill (ceil(running_tokens / block_tokens), a prefix shared by running
+  // sequences counted once per sequence), at least the blocks held by anything but the prefix
+  // cache (reservations, imports) and at most the blocks not free. Blocks only the prefix cache
+  // holds are not load: they are given up on demand.
+  double kv_used_fraction = 0;
+  double running_fraction = 0;  // running sequences over max_running, in [0, 1]
+  int64_t queued_tokens = 0;    // tokens still to compute for the sequences waiting admission
+};
+
+// `max_running` and `block_tokens`: the engine's (zero or less: those fractions are 0).
+WorkerUtilisation UtilisationOf(const EngineStats& stats, double busy_fraction, int64_t max_running,
+                                int64_t block_tokens);
+
 class WorkerMetrics {
  public:
   explicit WorkerMetrics(prometheus::Registry& registry);
@@ -125,7 +150,8 @@ class WorkerMetrics {
   void StoreWriteQueueBytes(int64_t bytes);
   void Step(const StepInfo& step);
   // Gauges and the counters that mirror the engine's (generated tokens, experts).
-  void Refresh(const EngineStats& stats, double prefill_tokens_per_second);
+  void Refresh(const EngineStats& stats, double prefill_tokens_per_second,
+               const WorkerUtilisation& utilisation);
   void WatchSubscribers(int64_t n);
   void WatchSnapshot(bool lagged);
   void Unauthenticated();
@@ -150,6 +176,10 @@ class WorkerMetrics {
   prometheus::Gauge* blocks_cached_;
   prometheus::Gauge* blocks_total_;
   prometheus::Counter* refreshes_;
+  prometheus::Gauge* busy_fraction_;
+  prometheus::Gauge* kv_used_fraction_;
+  prometheus::Gauge* running_fraction_;
+  prometheus::Gauge* queued_tokens_;
   prometheus::Counter* prompt_computed_;
   prometheus::Counter* prompt_local_;
   prometheus::Counter* prompt_store_;

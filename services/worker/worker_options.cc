@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status.h"
+#include "services/common/advertise_address.h"
 
 namespace ferry {
 namespace {
@@ -97,6 +98,8 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("admin_host", &o->admin_host));
   RETURN_IF_ERROR(ReadInt(c, "admin_port", &o->admin_port));
   RETURN_IF_ERROR(c.Read("auth_token_file", &o->auth_token_file));
+  RETURN_IF_ERROR(ReadDuration(c, "secret_poll_interval", &o->secret_poll_interval));
+  RETURN_IF_ERROR(c.Read("advertise_address", &o->advertise_address));
   RETURN_IF_ERROR(c.Read("worker_id", &o->worker_id));
   RETURN_IF_ERROR(ReadDuration(c, "watch_interval", &o->watch_interval));
   RETURN_IF_ERROR(ReadDuration(c, "watch_heartbeat", &o->watch_heartbeat));
@@ -195,6 +198,17 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return bad("--watch_journal_events and --watch_max_hashes_per_message must be positive");
   }
   if (o.load_window <= absl::ZeroDuration()) return bad("--load_window must be positive");
+  if (o.secret_poll_interval < absl::ZeroDuration()) {
+    return bad("--secret_poll_interval must be >= 0");
+  }
+  if (!o.advertise_address.empty()) {
+    RETURN_IF_ERROR(ValidateAdvertiseHost("--advertise_address", o.advertise_address));
+  }
+  RETURN_IF_ERROR(CheckAdvertisable("--address", o.address, o.advertise_address));
+  if (o.transport == "grpc") {
+    RETURN_IF_ERROR(
+        CheckAdvertisable("--transport_address", o.transport_address, o.advertise_address));
+  }
   if (o.drain_grace < absl::ZeroDuration() || o.rpc_grace < absl::ZeroDuration() ||
       o.handoff_wait < absl::ZeroDuration()) {
     return bad("--drain_grace, --rpc_grace and --handoff_wait must be >= 0");

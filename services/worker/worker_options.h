@@ -118,7 +118,14 @@ struct WorkerOptions {
   std::string admin_host = "127.0.0.1";
   int admin_port = 0;
   std::string auth_token_file;  // "": FERRY_AUTH_TOKEN if set, else no token
-  std::string worker_id;        // "": host:port of the gRPC address
+  // The token file is re-read this often; a new valid content applies to the next call (zero:
+  // never re-read).
+  absl::Duration secret_poll_interval = absl::Seconds(10);
+  // The host in every address the worker advertises: its gRPC endpoint (and default id) in
+  // Watch, the gRPC transport's address in hand-offs ("": the listen addresses' own hosts,
+  // which must then not be wildcards; services/common/advertise_address.h).
+  std::string advertise_address;
+  std::string worker_id;  // "": the advertised gRPC endpoint (host:port)
   absl::Duration watch_interval = absl::Milliseconds(100);  // load updates at most this often
   absl::Duration watch_heartbeat = absl::Seconds(1);        // a message at least this often
   size_t watch_journal_events = size_t{1} << 16;            // events kept for slow subscribers

@@ -53,6 +53,24 @@ TEST(WorkerOptionsTest, ValidationNamesTheOption) {
   EXPECT_FALSE(ValidateWorkerOptions(o).ok());
 }
 
+TEST(WorkerOptionsTest, AWildcardListenerNeedsAnAdvertisedAddress) {
+  WorkerOptions o;
+  o.address = "0.0.0.0:50051";
+  EXPECT_NE(ValidateWorkerOptions(o).message().find("--advertise_address"), std::string::npos);
+  o.advertise_address = "10.0.0.7";
+  EXPECT_TRUE(ValidateWorkerOptions(o).ok());
+  o.transport = "grpc";
+  o.transport_address = "[::]:0";  // the gRPC transport advertises its address too
+  EXPECT_TRUE(ValidateWorkerOptions(o).ok());
+  o.advertise_address = "";
+  o.address = "10.0.0.7:50051";
+  EXPECT_NE(ValidateWorkerOptions(o).message().find("--transport_address"), std::string::npos);
+  o.transport = "ucx";  // UCX's address names its devices itself: not a listen address
+  EXPECT_TRUE(ValidateWorkerOptions(o).ok());
+  o.advertise_address = "10.0.0.7:50051";  // a host, not an address
+  EXPECT_NE(ValidateWorkerOptions(o).message().find("--advertise_address"), std::string::npos);
+}
+
 TEST(WorkerOptionsTest, TheSimulatedEngineNeedsItsCalibration) {
   auto config = Config::Parse(
       R"({"engine": "sim", "sim_calibration": "cal.json", "sim_speed": 0.5})", "worker.json");

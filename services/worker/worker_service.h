@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/worker.grpc.pb.h"
+#include "services/common/shared_token.h"
 #include "services/worker/deadline_queue.h"
 #include "services/worker/incoming_kv.h"
 #include "services/worker/kv_handoff.h"
@@ -76,7 +77,7 @@ enum class AbortCause { kNone, kAbortCall, kCancelled, kDeadline, kDrained };
 RequestOutcome OutcomeOf(AbortCause cause, bool ok);
 
 struct WorkerServiceOptions {
-  std::string auth_token;  // "": no check
+  SharedToken auth_token;  // none: no check
   absl::Duration default_drain_grace = absl::Seconds(30);
   WatchHubOptions watch;
   // Called once when draining starts (the worker drops readiness), and once when it is over.

@@ -382,6 +382,34 @@ TEST(WorkerLifecycleTest, AWrongSharedTokenIsRefusedOnEveryCall) {
   EXPECT_EQ(MetricValue(worker->admin_port(), "ferry_worker_unauthenticated_calls_total"), 8);
 }
 
+// Bound to every interface, a worker refuses to start without --advertise_address; with one it
+// reports that host and its bound port as its endpoint and id in Watch (what routers dial).
+TEST(WorkerLifecycleTest, AWildcardListenerAdvertisesItsAdvertisedAddress) {
+  ServiceProcess refused(WorkerBinary(), {"--model=" + TinyModel("llama_gqa_bf16"), "--engine=null",
+                                          "--kv_pool_bytes=4MiB", "--address=0.0.0.0:0"});
+  EXPECT_FALSE(refused.ready());
+  EXPECT_EQ(refused.WaitForExit(absl::Seconds(30)), 2);
+  EXPECT_NE(refused.LogTail().find("--advertise_address"), std::string::npos) << refused.LogTail();
+
+  auto worker = NullWorker(0.001, {"--address=0.0.0.0:0", "--advertise_address=127.0.0.2",
+                                   "--transport=grpc", "--transport_address=0.0.0.0:0"});
+  ASSERT_TRUE(worker->ready());
+  WorkerClient client(worker->address());
+  auto watch = client.Watch(v1::WatchRequest(), absl::Seconds(30));
+  v1::WorkerStatus status;
+  ASSERT_TRUE(watch->Next(&status));
+  const std::string advertised = absl::StrCat("127.0.0.2:", worker->grpc_port());
+  EXPECT_EQ(status.endpoint(), advertised);
+  EXPECT_EQ(status.worker_id(), advertised);
+  watch->Cancel();
+  watch->Finish();
+  // The advertised address is one peers reach it by.
+  WorkerClient by_advertised(advertised);
+  GenerateResult got =
+      by_advertised.Generate(MakeRequest("a", Prompt(), Long(2)), absl::Seconds(30));
+  EXPECT_TRUE(got.status.ok()) << got.status.error_message();
+}
+
 TEST(WorkerLifecycleTest, TheNullEngineServesTheSameApiAtItsConfiguredRates) {
   auto worker = StartWorker(
       TinyModel("llama_gqa_bf16"),

@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
   }
   auto token = ferry::LoadSharedToken(absl::GetFlag(FLAGS_auth_token_file));
   if (!token.ok()) return Fail(std::string(token.status().message()));
-  ferry::WorkerClient client(absl::GetFlag(FLAGS_addr), *token);
+  ferry::WorkerClient client(absl::GetFlag(FLAGS_addr), token->current());
   const std::string command = args[1];
   std::vector<std::string> rest(args.begin() + 2, args.end());
   if (command == "generate" && !rest.empty()) return Generate(client, absl::StrJoin(rest, " "));

@@ -25,7 +25,7 @@ WorkerClient::WorkerClient(const std::string& address, std::string token,
 
 std::unique_ptr<grpc::ClientContext> WorkerClient::Context(absl::Duration timeout) const {
   auto context = NewClientContext(timeout);
-  AttachSharedToken(context.get(), token_);
+  AttachSharedToken(context.get(), SharedToken(token_));
   return context;
 }
 

@@ -1,0 +1,73 @@
+#include "services/common/advertise_address.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+absl::string_view HostOfAddress(absl::string_view address) {
+  if (absl::StartsWith(address, "[")) {
+    const size_t close = address.find(']');
+    return close == absl::string_view::npos ? address : address.substr(0, close + 1);
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) return address;
+  if (address.find(':') != colon) return address;  // a bare IPv6 address, no port
+  return address.substr(0, colon);
+}
+
+bool IsWildcardHost(absl::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
+}
+
+absl::Status ValidateAdvertiseHost(absl::string_view flag, absl::string_view host) {
+  if (IsWildcardHost(host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " must name this host as its peers reach it (an IP or a name), not '", host, "'"));
+  }
+  for (char c : host) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '-' || c == '_' || c == ':' || c == '[' || c == ']' ||
+                    c == '%';
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " '", host, "' is not a host name or an IP address"));
+    }
+  }
+  const bool bracketed = absl::StartsWith(host, "[") && absl::EndsWith(host, "]");
+  const size_t colons = std::count(host.begin(), host.end(), ':');
+  if (!bracketed && colons == 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " '", host,
+                     "' must be a host without a port (the port is the one "
+                     "the service binds)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAdvertisable(absl::string_view flag, absl::string_view listen_address,
+                               absl::string_view advertise_host) {
+  if (!advertise_host.empty() || !IsWildcardHost(HostOfAddress(listen_address))) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, " ", listen_address,
+      " listens on every interface, so this process has no address of its own to tell its "
+      "peers: set --advertise_address to the IP or name they reach it by (in Kubernetes the "
+      "pod's IP: --advertise_address=$(POD_IP))"));
+}
+
+std::string AdvertisedAddress(absl::string_view bound_address, absl::string_view advertise_host) {
+  if (advertise_host.empty()) return std::string(bound_address);
+  const size_t colon = bound_address.rfind(':');
+  const absl::string_view port =
+      colon == absl::string_view::npos ? absl::string_view() : bound_address.substr(colon + 1);
+  const bool bare_v6 =
+      absl::StrContains(advertise_host, ':') && !absl::StartsWith(advertise_host, "[");
+  return bare_v6 ? absl::StrCat("[", advertise_host, "]:", port)
+                 : absl::StrCat(advertise_host, ":", port);
+}
+
+}  // namespace ferry
