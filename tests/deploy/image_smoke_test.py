@@ -361,6 +361,7 @@ class Stack:
         return path
 
     def docker_args(self, w, pod, c):
+        """`docker run`'s arguments for container `c` of `pod`."""
         image = IMAGES.get(c.name)
         if image is None:
             raise AssertionError(f"container {c.name} of {w.name}: no image family for it")
@@ -371,7 +372,7 @@ class Stack:
                 "readonly"]
         for k, v in c.env.items():
             args += ["-e", f"{k}={v}"]
-        model = c.flag("model")
+        model = model_path(c)
         model_mounted = model is None
         for i, m in enumerate(c.mounts):
             if m.kind in ("secret", "configMap"):
@@ -500,6 +501,20 @@ def scrape_all(stack, label, skip=()):
 def read(path):
     with open(path) as f:
         return f.read()
+
+
+def model_path(c):
+    """Where container `c` reads its model: its --model flag, else the "model" key of its --config
+    file (as the binaries read them: the flag wins), from the ConfigMap mounted there."""
+    model = c.flag("model")
+    config = c.flag("config")
+    if model is not None or config is None:
+        return model
+    for m in c.mounts:
+        rel = os.path.relpath(config, m.path)
+        if m.kind == "configMap" and not rel.startswith("..") and rel in m.files:
+            return json.loads(m.files[rel]).get("model")
+    return None
 
 
 def check_queries(scrapes):
