@@ -331,11 +331,17 @@ class Router::Impl {
     registry_->SetOnChange([this] { OnRegistryChange(); });
     registry_->SetOnRefusal([m](const std::string& reason) { m->Refusal(reason); });
     Dispatcher* dispatcher = dispatcher_.get();
-    registry_->SetOnWorkerState(
-        [dispatcher](const std::string& id, bool up) { dispatcher->OnWorkerState(id, up); });
+    registry_->SetOnWorkerState([this, dispatcher](const std::string& id, bool up) {
+      dispatcher->OnWorkerState(id, up);
+      if (!up) {
+        // A pod replaced comes back on another address: look the pools up again now.
+        absl::MutexLock lock(&dns_mu_);
+        if (workers_dns_ != nullptr) workers_dns_->ResolveSoon();
+      }
+    });
     registry_->Start();
     if (!options_.workers_dns.empty()) {
-      ASSIGN_OR_RETURN(workers_dns_,
+      ASSIGN_OR_RETURN(std::unique_ptr<DnsDiscovery> discovery,
                        DnsDiscovery::Start(DiscoveryOptions(options_.workers_dns, "workers"),
                                            [this](std::vector<std::string> endpoints) {
                                              {
@@ -346,6 +352,8 @@ class Router::Impl {
                                                LOG(WARNING) << "workers from DNS: " << s;
                                              }
                                            }));
+      absl::MutexLock lock(&dns_mu_);
+      workers_dns_ = std::move(discovery);
     }
 
     ASSIGN_OR_RETURN(http_,
@@ -368,7 +376,12 @@ class Router::Impl {
       if (shut_down_.exchange(true)) return;
     }
     if (admin_ != nullptr) admin_->SetReady(false, "shutting down");
-    workers_dns_.reset();  // (their callbacks use the registry and the store probe's client)
+    std::unique_ptr<DnsDiscovery> workers_dns;  // (their callbacks use the registry and the
+    {                                           // store probe's client)
+      absl::MutexLock lock(&dns_mu_);
+      workers_dns = std::move(workers_dns_);
+    }
+    workers_dns.reset();
     store_dns_.reset();
     if (dispatcher_ != nullptr) {
       dispatcher_->DropQueue(absl::UnavailableError("the router is shutting down"));
@@ -769,8 +782,9 @@ class Router::Impl {
   absl::Mutex sources_mu_;                   // the worker sources, and SetWorkers in their order
   std::vector<std::string> file_workers_ ABSL_GUARDED_BY(sources_mu_);
   std::vector<std::string> dns_workers_ ABSL_GUARDED_BY(sources_mu_);
-  std::unique_ptr<DnsDiscovery> workers_dns_;  // null without --workers_dns
-  std::unique_ptr<DnsDiscovery> store_dns_;    // null without --kvstore_dns
+  absl::Mutex dns_mu_;  // workers_dns_ vs. the registry's callbacks
+  std::unique_ptr<DnsDiscovery> workers_dns_ ABSL_GUARDED_BY(dns_mu_);  // null: no --workers_dns
+  std::unique_ptr<DnsDiscovery> store_dns_;  // null without --kvstore_dns
   std::unique_ptr<Dispatcher> dispatcher_;
   ApiContext context_;
   std::unique_ptr<AdminServer> admin_;
