@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<DynamicKvClient>> DynamicKvClient::Create(
 }
 
 absl::Status DynamicKvClient::SetNodes(std::vector<std::string> nodes) {
+  absl::MutexLock set_lock(&set_mu_);
   {
     absl::MutexLock lock(&mu_);
     if (nodes == nodes_) return absl::OkStatus();

@@ -54,6 +54,7 @@ class DynamicKvClient final : public KvClient {
   std::shared_ptr<KvClient> current() const;
 
   const ClientOptions options_;
+  absl::Mutex set_mu_;  // one SetNodes at a time (the last one called wins)
   mutable absl::Mutex mu_;
   std::vector<std::string> nodes_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<KvClient> client_ ABSL_GUARDED_BY(mu_);  // null: no node

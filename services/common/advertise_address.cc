@@ -1,5 +1,8 @@
 #include "services/common/advertise_address.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 
 #include "absl/strings/match.h"
@@ -47,11 +50,41 @@ absl::Status ValidateAdvertiseHost(absl::string_view flag, absl::string_view hos
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::string_view Unbracketed(absl::string_view host) {
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host.remove_prefix(1);
+    host.remove_suffix(1);
+  }
+  return host;
+}
+
+bool IsIpAddress(absl::string_view host) {
+  const std::string h(Unbracketed(host));
+  in_addr v4;
+  in6_addr v6;
+  return inet_pton(AF_INET, h.c_str(), &v4) == 1 || inet_pton(AF_INET6, h.c_str(), &v6) == 1;
+}
+
+// 127.0.0.0/8, ::1, localhost.
+bool IsLoopbackHost(absl::string_view host) {
+  const absl::string_view h = Unbracketed(host);
+  return absl::StartsWith(h, "127.") || h == "::1" || h == "localhost";
+}
+
+}  // namespace
+
 absl::Status CheckAdvertisable(absl::string_view flag, absl::string_view listen_address,
                                absl::string_view advertise_host) {
-  if (!advertise_host.empty() || !IsWildcardHost(HostOfAddress(listen_address))) {
-    return absl::OkStatus();
+  const absl::string_view listen_host = HostOfAddress(listen_address);
+  if (!advertise_host.empty() && IsLoopbackHost(listen_host) && IsIpAddress(advertise_host) &&
+      !IsLoopbackHost(advertise_host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " ", listen_address, " listens on loopback only, so peers cannot reach it at ",
+        advertise_host, ": listen on that address or on every interface (0.0.0.0:PORT)"));
   }
+  if (!advertise_host.empty() || !IsWildcardHost(listen_host)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       flag, " ", listen_address,
       " listens on every interface, so this process has no address of its own to tell its "

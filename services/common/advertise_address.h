@@ -30,7 +30,8 @@ bool IsWildcardHost(absl::string_view host);
 absl::Status ValidateAdvertiseHost(absl::string_view flag, absl::string_view host);
 
 // OK unless `listen_address` (the value of `flag`) listens on a wildcard host while
-// `advertise_host` is empty; the error says to set --advertise_address.
+// `advertise_host` is empty (the error says to set --advertise_address), or listens on loopback
+// only while `advertise_host` is an IP address that is not (peers could not reach it).
 absl::Status CheckAdvertisable(absl::string_view flag, absl::string_view listen_address,
                                absl::string_view advertise_host);
 

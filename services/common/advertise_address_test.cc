@@ -30,6 +30,18 @@ TEST(AdvertiseAddressTest, AWildcardListenerNeedsAnAdvertisedHost) {
   EXPECT_TRUE(CheckAdvertisable("--address", "127.0.0.1:0", "").ok());
 }
 
+// A loopback listener advertised as a pod's IP (e.g. the gRPC KV transport's default
+// --transport_address=127.0.0.1:0 in a pod): no peer could reach it.
+TEST(AdvertiseAddressTest, ALoopbackListenerIsNotAdvertisedAsAnotherAddress) {
+  EXPECT_EQ(CheckAdvertisable("--transport_address", "127.0.0.1:0", "10.0.0.7").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckAdvertisable("--address", "[::1]:50051", "fd00::7").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckAdvertisable("--address", "127.0.0.5:50051", "127.0.0.5").ok());
+  EXPECT_TRUE(CheckAdvertisable("--address", "10.0.0.7:50051", "10.0.0.7").ok());
+  EXPECT_TRUE(CheckAdvertisable("--address", "127.0.0.1:50051", "worker-0.example").ok());
+}
+
 TEST(AdvertiseAddressTest, ValidatesTheAdvertisedHost) {
   for (const char* good : {"10.0.0.7", "ferry-kvstore-0.ferry-kvstore", "fd00::7", "[fd00::7]"}) {
     EXPECT_TRUE(ValidateAdvertiseHost("--advertise_address", good).ok()) << good;

@@ -72,27 +72,34 @@ bool DnsDiscovery::AwaitRounds(int64_t n, absl::Duration timeout) const {
   return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
 }
 
+bool DnsDiscovery::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stop_;
+}
+
 bool DnsDiscovery::Round() {
+  const bool stable = options_.naming == DnsDiscoveryOptions::Naming::kStableName;
   bool answered = true;
   for (Target& target : targets_) {
+    if (stopping()) return false;
     absl::StatusOr<std::vector<std::string>> addresses = resolver_->Addresses(target.name);
+    std::vector<std::string> endpoints;
     if (!addresses.ok()) {
-      if (absl::IsNotFound(addresses.status())) {
-        if (!target.endpoints.empty()) {
-          LOG(INFO) << options_.what << ": " << target.name << " has no address now";
-        }
-        target.endpoints.clear();
-      } else {
+      if (!absl::IsNotFound(addresses.status())) {
         answered = false;
         LOG(WARNING) << options_.what << ": " << addresses.status().message() << " (the last "
                      << target.endpoints.size() << " endpoint(s) of " << target.name << " stay)";
+        continue;
       }
-      continue;
+      if (!target.endpoints.empty()) {
+        LOG(INFO) << options_.what << ": " << target.name << " has no address now";
+      }
+      addresses = std::vector<std::string>();
     }
-    std::vector<std::string> endpoints;
     for (const std::string& address : *addresses) {
       std::string host = address;
-      if (options_.naming == DnsDiscoveryOptions::Naming::kStableName) {
+      if (stable) {
+        if (stopping()) return false;
         absl::StatusOr<std::string> name = resolver_->NameOf(address);
         if (name.ok()) {
           names_[address] = *name;
@@ -113,10 +120,28 @@ bool DnsDiscovery::Round() {
       }
       endpoints.push_back(JoinHostPort(host, target.port));
     }
+    if (stable) {
+      // A stable name gone from the DNS stays a while: its pod may be being replaced.
+      for (const std::string& e : endpoints) missing_rounds_.erase(e);
+      const size_t answered_endpoints = endpoints.size();
+      for (const std::string& e : target.endpoints) {
+        if (std::find(endpoints.begin(), endpoints.begin() + answered_endpoints, e) !=
+            endpoints.begin() + answered_endpoints) {
+          continue;
+        }
+        if (++missing_rounds_[e] <= kStableNameLingerRounds) {
+          endpoints.push_back(e);
+        } else {
+          LOG(INFO) << options_.what << ": " << e << " has been gone from the DNS for "
+                    << kStableNameLingerRounds << " rounds: it leaves";
+          missing_rounds_.erase(e);
+        }
+      }
+    }
     target.endpoints = std::move(endpoints);
   }
   // Forget the names of addresses that left (a new pod may get the address).
-  if (options_.naming == DnsDiscoveryOptions::Naming::kStableName && answered) {
+  if (stable && answered) {
     absl::flat_hash_map<std::string, std::string> kept;
     for (const Target& target : targets_) {
       for (const auto& [address, name] : names_) {
@@ -136,6 +161,7 @@ bool DnsDiscovery::Round() {
   bool changed;
   {
     absl::MutexLock lock(&mu_);
+    if (stop_) return false;
     changed = !notified_ || all != endpoints_;
     notified_ = true;
     endpoints_ = all;

@@ -13,7 +13,10 @@
 // address's PTR record: a StatefulSet pod's stable DNS name (ferry-kvstore-0.ferry-kvstore.ns.svc.
 // cluster.local), which survives the pod's restart on a new IP, so the KV store client's placement
 // (rendezvous hashing over the endpoint strings) does not move keys when a node restarts. An
-// address without a PTR record (NotFound) is named by its address, with a warning.
+// address without a PTR record (NotFound) is named by its address, with a warning. A stable name
+// that leaves the DNS stays an endpoint for kStableNameLingerRounds more rounds (a minute at the
+// default interval): a StatefulSet pod being replaced has no record until its successor exists,
+// and meanwhile its keys are misses (the client marks it down) rather than moved to other nodes.
 //
 // Each round resolves every target. A target whose lookup fails for want of an answer (timeout,
 // server failure) keeps its last endpoints: a DNS outage never empties a pool. A target the DNS
@@ -23,8 +26,9 @@
 // differs from the last it got, and once after the first round (even if empty), on the
 // discovery's thread (the first one on the caller's, inside Start), never concurrently.
 //
-// Thread-safe. The destructor stops the thread (a lookup in progress finishes within
-// DnsOptions::timeout); on_change is never called after it returns.
+// Thread-safe. The destructor stops the thread: a round in progress ends after its current lookup
+// (within DnsOptions::timeout) without calling on_change; on_change is never called after the
+// destructor returns.
 
 #ifndef FERRY_SERVICES_COMMON_DNS_DISCOVERY_H_
 #define FERRY_SERVICES_COMMON_DNS_DISCOVERY_H_
@@ -44,6 +48,9 @@
 #include "services/common/dns_resolver.h"
 
 namespace ferry {
+
+// Rounds a stable name absent from the DNS is kept (Naming::kStableName).
+inline constexpr int kStableNameLingerRounds = 12;
 
 struct DnsDiscoveryOptions {
   enum class Naming { kAddress, kStableName };
@@ -90,8 +97,9 @@ class DnsDiscovery {
 
   DnsDiscovery(const DnsDiscoveryOptions& options, std::unique_ptr<DnsResolver> resolver,
                std::vector<Target> targets, OnChange on_change);
-  // One round; returns whether every lookup was answered.
+  // One round; returns whether every lookup was answered (false also when stopped in it).
   bool Round();
+  bool stopping() const;
   // Rounds until stopped; `failed`: whether the last round (Start's) failed.
   void Loop(bool failed);
 
@@ -101,6 +109,8 @@ class DnsDiscovery {
   std::vector<Target> targets_;  // the round's (only Start and the thread touch it)
   // PTR names already known, by address (kStableName): a name lookup that fails keeps its name.
   absl::flat_hash_map<std::string, std::string> names_;
+  // Stable-name endpoints absent from the DNS: the rounds they have been missing.
+  absl::flat_hash_map<std::string, int> missing_rounds_;
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -289,11 +289,20 @@ TEST_F(DnsDiscoveryTest, StableNamesComeFromPtrRecordsAndSurviveANewAddress) {
     EXPECT_EQ(seen.calls, calls);
   }
 
-  // kv-2 joins; kv-0 leaves.
-  dns_.Write(
+  // kv-2 joins; kv-0 leaves the DNS: it stays kStableNameLingerRounds rounds (its pod may be
+  // being replaced), then leaves.
+  Serve(
       "127.0.0.35 kv-1.kv.test kv.test\n"
-      "127.0.0.36 kv-2.kv.test kv.test\n");
-  EXPECT_TRUE(seen.WaitFor({"kv-1.kv.test:7400", "kv-2.kv.test:7400"}, absl::Seconds(10)));
+      "127.0.0.36 kv-2.kv.test kv.test\n",
+      "kv.test", {"127.0.0.35", "127.0.0.36"});
+  const int64_t served = (*d)->rounds();
+  (*d)->ResolveSoon();
+  ASSERT_TRUE((*d)->AwaitRounds(served + 2, absl::Seconds(10)));
+  EXPECT_EQ((*d)->endpoints(), (std::vector<std::string>{"kv-0.kv.test:7400", "kv-1.kv.test:7400",
+                                                         "kv-2.kv.test:7400"}));
+  EXPECT_TRUE(seen.WaitFor({"kv-1.kv.test:7400", "kv-2.kv.test:7400"}, absl::Seconds(20)));
+  EXPECT_GE((*d)->rounds(),
+            served + kStableNameLingerRounds - 1);  // (the last round counts after on_change)
 }
 
 TEST(DnsDiscoveryOptionsTest, BadOptionsAreRefused) {

@@ -26,7 +26,11 @@ std::string TestDir(const std::string& name) {
   return dir;
 }
 
-void Write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+// Replaces the file's content at once (a poller never reads it half written).
+void Write(const std::string& path, const std::string& text) {
+  std::ofstream(path + ".next") << text;
+  ASSERT_EQ(std::rename((path + ".next").c_str(), path.c_str()), 0);
+}
 
 double Reloads(prometheus::Registry& registry, const std::string& result) {
   for (const auto& family : registry.Collect()) {

@@ -177,6 +177,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
 
 Worker::~Worker() {
   Shutdown();
+  store_dns_.reset();  // its callback sets kv_client_'s nodes
   // The order the transport needs: no push starts any more, the engine no longer computes into
   // the pools' memory, the transport's last callbacks (awaits and transfers failing CANCELLED)
   // give blocks back to the pools and end their calls, then the engine (live requests end with

@@ -634,7 +634,13 @@ def check_serving(stack):
     wait_for("the router seeing its three workers up (by their advertised addresses)",
              lambda: {w["address"] for w in router_workers() if w["state"] == "up"} >=
              set(addresses), 60)
-    log("the router sees every worker up")
+    # Each worker reports itself (its id, the endpoint it advertises on Watch) as its pod IP with
+    # its port, as --advertise_address=$(POD_IP) makes it.
+    ids = {w["address"]: w["id"] for w in router_workers()}
+    for address in addresses:
+        if ids.get(address) != address:
+            raise AssertionError(f"worker {address} advertises itself as {ids.get(address)}")
+    log("the router sees every worker up, each advertising its pod IP")
     headers = api_headers(stack)
     req = urllib.request.Request(f"http://{host}:{port}/v1/models", headers=headers)
     with urllib.request.urlopen(req, timeout=10) as r:

@@ -224,8 +224,11 @@ class PolicyTest(unittest.TestCase):
         for w, spec, c in r.containers():
             grace = spec.get("terminationGracePeriodSeconds", 30)
             if c["name"] == "worker":
+                # services/worker/worker.cc Drain: the calls get drain_grace + handoff_wait + 5 s
+                # to end, then gRPC's rpc_grace; plus 10 s for the engine, the store writes and
+                # the DNS discovery to stop.
                 need = sum(seconds(r.setting(spec, c, f))
-                           for f in ("drain_grace", "handoff_wait", "rpc_grace"))
+                           for f in ("drain_grace", "handoff_wait", "rpc_grace")) + 5 + 10
                 self.assertEqual(r.setting(spec, c, "exit_when_drained"), "true",
                                  "%s: a drained worker must exit" % k8s_render.name(w))
             elif c["name"] == "router":
