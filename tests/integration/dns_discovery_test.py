@@ -181,7 +181,9 @@ class DnsDiscoveryTest(unittest.TestCase):
         wait_for(lambda: router_workers(admin) == {a1: "up", a2: "up"}, "worker 2 up at the router")
         # Seen within an interval (plus the lookups of a round and the worker's first Watch
         # message, on a loaded machine).
-        self.assertLess(time.monotonic() - served, INTERVAL_S + 3)
+        took = time.monotonic() - served
+        print(f"worker change seen by the router {took:.2f} s after DNS served it", file=sys.stderr)
+        self.assertLess(took, INTERVAL_S + 3)
         nodes = ", ".join(f"kv-{i}.kv.ferry.test:{kv_port}" for i in range(3))
         for name in ("router", "w1"):
             wait_for(lambda: f"): {nodes}\n" in log_of(name), f"{name}'s three store nodes")
@@ -203,7 +205,9 @@ class DnsDiscoveryTest(unittest.TestCase):
                        "pool.ferry.test", ["127.0.0.12"])
         served = time.monotonic()
         wait_for(lambda: router_workers(admin) == {a2: "up"}, "worker 1 gone from the router")
-        self.assertLess(time.monotonic() - served, INTERVAL_S + 3)
+        took = time.monotonic() - served
+        print(f"worker change seen by the router {took:.2f} s after DNS served it", file=sys.stderr)
+        self.assertLess(took, INTERVAL_S + 3)
 
         # kv-2 leaves (after the rounds a stable name lingers: its pod may be being replaced).
         self.dns.serve(["127.0.0.12 pool.ferry.test", store_line,
