@@ -6,24 +6,10 @@
 #include <algorithm>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace ferry {
-
-absl::string_view HostOfAddress(absl::string_view address) {
-  if (absl::StartsWith(address, "[")) {
-    const size_t close = address.find(']');
-    return close == absl::string_view::npos ? address : address.substr(0, close + 1);
-  }
-  const size_t colon = address.rfind(':');
-  if (colon == absl::string_view::npos) return address;
-  if (address.find(':') != colon) return address;  // a bare IPv6 address, no port
-  return address.substr(0, colon);
-}
-
-bool IsWildcardHost(absl::string_view host) {
-  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]";
-}
 
 absl::Status ValidateAdvertiseHost(absl::string_view flag, absl::string_view host) {
   if (IsWildcardHost(host)) {
@@ -95,12 +81,12 @@ absl::Status CheckAdvertisable(absl::string_view flag, absl::string_view listen_
 std::string AdvertisedAddress(absl::string_view bound_address, absl::string_view advertise_host) {
   if (advertise_host.empty()) return std::string(bound_address);
   const size_t colon = bound_address.rfind(':');
-  const absl::string_view port =
-      colon == absl::string_view::npos ? absl::string_view() : bound_address.substr(colon + 1);
-  const bool bare_v6 =
-      absl::StrContains(advertise_host, ':') && !absl::StartsWith(advertise_host, "[");
-  return bare_v6 ? absl::StrCat("[", advertise_host, "]:", port)
-                 : absl::StrCat(advertise_host, ":", port);
+  int port = 0;
+  if (colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(bound_address.substr(colon + 1), &port)) {
+    return std::string(advertise_host);
+  }
+  return JoinHostPort(advertise_host, port);
 }
 
 }  // namespace ferry

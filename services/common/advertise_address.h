@@ -16,14 +16,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "services/common/host_port.h"
 
 namespace ferry {
-
-// The host of "host:port" or "[v6]:port" (brackets kept); the whole text without a port.
-absl::string_view HostOfAddress(absl::string_view address);
-
-// "", "0.0.0.0", "::", "[::]": every interface.
-bool IsWildcardHost(absl::string_view host);
 
 // OK for a host to advertise: a name, an IPv4 address, an IPv6 address (bare or bracketed); no
 // port, no wildcard, no spaces. The error names `flag`.

@@ -255,36 +255,4 @@ absl::StatusOr<std::string> DnsResolver::NameOf(absl::string_view address) const
   return answer.name;
 }
 
-absl::Status SplitHostPort(absl::string_view endpoint, std::string* host, int* port) {
-  absl::string_view h, p;
-  if (absl::ConsumePrefix(&endpoint, "[")) {
-    const size_t close = endpoint.find("]:");
-    if (close == endpoint.npos) {
-      return absl::InvalidArgumentError(absl::StrCat("'[", endpoint, "': want [host]:port"));
-    }
-    h = endpoint.substr(0, close);
-    p = endpoint.substr(close + 2);
-  } else {
-    const size_t colon = endpoint.rfind(':');
-    if (colon == endpoint.npos || endpoint.find(':') != colon) {
-      return absl::InvalidArgumentError(absl::StrCat("'", endpoint, "': want host:port"));
-    }
-    h = endpoint.substr(0, colon);
-    p = endpoint.substr(colon + 1);
-  }
-  int value = 0;
-  if (h.empty() || !absl::SimpleAtoi(p, &value) || value < 1 || value > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", endpoint, "': want host:port with a port in 1..65535"));
-  }
-  *host = std::string(h);
-  *port = value;
-  return absl::OkStatus();
-}
-
-std::string JoinHostPort(absl::string_view host, int port) {
-  if (host.find(':') != host.npos) return absl::StrCat("[", host, "]:", port);
-  return absl::StrCat(host, ":", port);
-}
-
 }  // namespace ferry

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "services/common/host_port.h"
 
 namespace ferry {
 
@@ -61,13 +62,6 @@ class DnsResolver {
   const DnsOptions options_;
   std::unique_ptr<Channel> configured_;  // copied for each lookup (ares_dup)
 };
-
-// "host:port" split; the host may be "[v6]". InvalidArgument unless the port is 1..65535 and the
-// host not empty.
-absl::Status SplitHostPort(absl::string_view endpoint, std::string* host, int* port);
-
-// "host:port", bracketing an IPv6 host.
-std::string JoinHostPort(absl::string_view host, int port);
 
 }  // namespace ferry
 
