@@ -52,6 +52,11 @@ import urllib.request
 
 import rendered_pods as rp
 
+# tests/integration/ferry_services.py (a data dependency): in the runfiles tree and the source tree.
+for _d in (os.path.abspath(__file__), os.path.realpath(__file__)):
+    sys.path.insert(0, os.path.join(os.path.dirname(_d), "..", "integration"))
+import ferry_services  # noqa: E402
+
 HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))  # the source tree (the test runs unsandboxed)
 TMP = os.environ.get("TEST_TMPDIR") or tempfile.mkdtemp(prefix="ferry-smoke-")
@@ -69,17 +74,10 @@ def log(msg):
     print(f"[{time.monotonic() - STARTED:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def wait_for(what, ready, timeout, poll=0.1):
-    """Polls `ready()` (a state a service reports) until it returns a true value; raises after
-    `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = ready()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(poll)
+def wait_for(what, ready, timeout):
+    """Waits until `ready()` (a state a service reports) returns a true value, and returns it
+    (tests/integration/ferry_services.py's wait)."""
+    return ferry_services.wait_for(ready, what, timeout)
 
 
 def skip_or_fail(reason):
@@ -447,7 +445,7 @@ class Stack:
                                          f"{self.logs(pod.name)[-4000:]}")
                 host = c.readiness.get("host", pod.ip)
                 return http_get(host, c.readiness["port"], c.readiness["path"])[0] == 200
-            wait_for(f"{pod.name} ready ({c.readiness})", ready, READY_TIMEOUT, poll=0.2)
+            wait_for(f"{pod.name} ready ({c.readiness})", ready, READY_TIMEOUT)
             log(f"{pod.name} ready")
 
 
@@ -683,7 +681,7 @@ def check_serving(stack):
                     if w.get("inflight", 0) > 0 and w["address"] in addresses and
                     addresses[w["address"]] in [p for _, p in decodes]]
             return busy[0] if len(busy) == 1 else None
-        source = wait_for("the decode worker streaming the request", streaming, 10, poll=0.02)
+        source = wait_for("the decode worker streaming the request", streaming, 10)
         tokens_at_term = long.tokens
         stack.d.docker("kill", "--signal", "TERM", stack.containers[source.name])
         log(f"SIGTERM to {source.name} after {tokens_at_term} chunks (max_tokens {max_tokens}, "

@@ -67,10 +67,13 @@ def metric(admin_port, line):
 
 
 def wait_for(ready, what, timeout=30):
-    """Waits until `ready()` (a state or counter a service reports) holds, looking every 50 ms;
-    raises after `timeout` seconds."""
+    """Waits until `ready()` (a state or counter a service reports) holds, looking every 50 ms,
+    and returns what it returned; raises after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while not ready():
+    while True:
+        value = ready()
+        if value:
+            return value
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not happen within {timeout} s")
         time.sleep(0.05)
