@@ -223,18 +223,10 @@ def stream_chat(host, port, headers, body, result, on_token=None, timeout=120):
         if r.status != 200:
             result.error = f"HTTP {r.status}: {r.read()[:2000]!r}"
             return result
-        while True:
-            line = r.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
+        for event in ferry_services.sse_events(r):
+            if event == "[DONE]":
                 result.done = True
                 break
-            event = json.loads(data)
             if "error" in event:
                 result.error = event["error"]
                 continue

@@ -339,18 +339,7 @@ class Stream:
 
     def events(self):
         """Each data event's JSON; the string "[DONE]" for the end."""
-        while True:
-            line = self.response.readline()
-            if not line:
-                return
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                yield "[DONE]"
-                return
-            yield json.loads(data)
+        return ferry_services.sse_events(self.response)
 
     def close(self, reset=False):
         """Closes the connection (with reset: an RST instead of a FIN)."""

@@ -66,6 +66,24 @@ def metric(admin_port, line):
     return 0.0
 
 
+def sse_events(response):
+    """The data events of an OpenAI-style server-sent event stream (an http.client response), each
+    as its JSON; the string "[DONE]" for the end marker, after which it stops. A data line that is
+    not JSON raises ValueError."""
+    while True:
+        line = response.readline()
+        if not line:
+            return
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            yield "[DONE]"
+            return
+        yield json.loads(data)
+
+
 def wait_for(ready, what, timeout=30):
     """Waits until `ready()` (a state or counter a service reports) holds, looking every 50 ms,
     and returns what it returned; raises after `timeout` seconds."""

@@ -357,18 +357,10 @@ def stream(port, req, model_id):
                 kind = normalized(body)
             out.fail(f"HTTP {response.status} {kind}", f"HTTP {response.status}: {body}")
             return out
-        while True:
-            line = response.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
+        for event in fs.sse_events(response):
+            if event == "[DONE]":
                 out.done = True
                 break
-            event = json.loads(data)
             if "error" in event:
                 out.fail(f"error event {error_kind(event)}", json.dumps(event)[:2000])
                 continue
