@@ -166,9 +166,10 @@ perftest_once() {
   if [[ -n "${line}" ]]; then
     awk -v a="${t0}" -v b="${t1}" '{printf "ok %s %.3f\n", $4, b - a}' <<<"${line}" >"${res}"
   else
-    msg=$(grep -h "ERROR" "${out}" "${srv}" | grep -v "Failed to\|failed:" | head -1 |
-      sed 's/.*UCX  ERROR *//; s/^ *//')
-    [[ -n "${msg}" ]] || msg=$(grep -h "ERROR" "${out}" "${srv}" | head -1 | sed 's/.*ERROR *//')
+    # awk reads the logs itself: a grep | head pipeline fails under pipefail (SIGPIPE, or no match).
+    msg=$(awk '/ERROR/ && !/Failed to|failed:/ { sub(/.*UCX  ERROR */, ""); sub(/^ */, ""); print; exit }' \
+      "${out}" "${srv}")
+    [[ -n "${msg}" ]] || msg=$(awk '/ERROR/ { sub(/.*ERROR */, ""); print; exit }' "${out}" "${srv}")
     echo "fail ${msg:-ucx_perftest printed no result (timed out?)}" >"${res}"
   fi
 }
