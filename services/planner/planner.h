@@ -3,7 +3,7 @@
 // (and TTFT), decode with concurrent sequences, their KV and the inter-token latency, so each pool
 // is sized from its own demand:
 //
-//   prefill     the computed prompt tokens per second (router counters), forecast a short horizon
+//   prefill     the computed prompt tokens per second (router counters), forecast a start-up
 //               ahead, over the measured prefill speed of one worker at the target utilisation;
 //               plus the backlog (queued prompt tokens) to clear within a fraction of the TTFT
 //               target; at least what the busy fraction says is in use.
@@ -13,15 +13,18 @@
 //               the step time (the inter-token latency) exceeds its target.
 //   aggregated  the larger of the two.
 //
-// The forecast: an exponentially weighted rate and a linear trend over a recent window,
-// extrapolated to now + the start-up time + one interval (a replica asked for now serves then).
-// Scale-out is immediate. Scale-in needs the lower count to hold for a while (hysteresis: the
-// largest count desired over `scale_in_window_s`), the pool's cooldown to have passed, and the
-// pool's utilisation at or below `scale_in_max_utilisation` (0.8, DeepSeek's rule: "scale-in is
-// forbidden whenever quota utilisation is above 0.8"); it removes at most `max_scale_in_step` of
-// the pool at once. Replicas asked for but not ready count as present (never asked twice), and
-// the time they took to become ready is measured and replaces the configured start-up time.
-// Floors, ceilings and warm idle replicas apply last.
+// The forecast: a linear trend over a recent window, extrapolated to now + the start-up time +
+// one interval: a replica asked for now serves only then, and one given back now can be asked for
+// again by then, so both directions size for the load then. The load now still counts where it
+// must: a backlog or long queue waits add replicas whatever the forecast, and the utilisation
+// rule below keeps scale-in from going under the load now. Scale-out is immediate. Scale-in needs
+// the lower count to hold for a while (hysteresis: the largest count desired over
+// `scale_in_window_s`, each sized for the load plus `scale_in_tolerance`), the pool's cooldown to
+// have passed, and the pool's utilisation at or below `scale_in_max_utilisation` (0.8, DeepSeek's
+// rule: "scale-in is forbidden whenever quota utilisation is above 0.8"); it removes at most
+// `max_scale_in_step` of the pool at once. Replicas asked for but not ready count as present (never
+// asked twice), and the time they took to become ready is measured and replaces the configured
+// start-up time. Floors, ceilings and warm idle replicas apply last.
 //
 // Every decision carries its inputs and its reason; `counts()` tallies them. Deterministic: the
 // same snapshots give the same decisions. Thread-compatible.
@@ -61,8 +64,11 @@ struct PlannerOptions {
   double cooldown_s = 60;           // after a scale event of a pool, no scale-in of it
   double scale_in_window_s = 120;   // scale-in to the largest count desired over this window
   double max_scale_in_step = 0.25;  // fraction of the pool removed at once (at least 1)
-  double forecast_window_s = 120;   // the trend's window
-  double rate_half_life_s = 30;     // the rate's smoothing
+  // Scale-in sizes for the load plus this fraction (the HPA's tolerance): a load that hovers
+  // at a boundary does not flap across it.
+  double scale_in_tolerance = 0.1;
+  double forecast_window_s = 120;  // the trend's window
+  double rate_half_life_s = 30;    // the rate's smoothing
   // One worker's prefill speed (computed prompt tokens/s) and decode capacity before any is
   // measured (0: assume the pool is right until measured).
   double default_prefill_tokens_per_second = 0;
@@ -91,7 +97,7 @@ struct PoolDecision {
   // Inputs.
   double utilisation = 0;   // busy (prefill) or KV/running (decode) fraction, mean over ready
   double demand_rate = 0;   // forecast: computed prompt tokens/s (prefill), requests/s (decode)
-  double current_rate = 0;  // the same, smoothed, now
+  double current_rate = 0;  // the same, now (the trend at this moment)
   double per_worker_capacity = 0;  // measured: tokens/s (prefill), sequences or KV share (decode)
   double startup_s = 0;            // the start-up time used
   int64_t ready = 0, starting = 0, draining = 0;
@@ -129,28 +135,39 @@ class Planner {
   double startup_s(PoolRole pool) const;
 
  private:
-  struct RateSample {
-    double time_s;
-    double value;
+  // A smoothed rate, its recent samples (for the trend) and its forecast.
+  struct Rate {
+    double smoothed = 0;
+    bool primed = false;
+    std::deque<std::pair<double, double>> samples;  // (time, rate over the interval before it)
   };
   struct PoolState {
     std::deque<std::pair<double, int64_t>> needed;  // (time, needed) over scale_in_window_s
-    double last_event_s = -1e18;
-    int64_t last_desired = -1;
-    // Scale-outs waiting to become ready: (time asked, replicas expected ready).
+    double last_event_s = -1e300;
+    double previous_event_s = -1e300;  // restored when the actuator rejects the last event
+    // Scale-outs waiting to become ready: (time asked, ready replicas that complete it).
     std::deque<std::pair<double, int64_t>> pending;
+    bool pending_added = false;  // by the last Decide (dropped on Rejected)
     double measured_startup_s = -1;
-    double capacity = 0;  // smoothed per-worker capacity
+    double prefill_capacity = 0;  // smoothed per-worker prefill speed, tokens/s (0: unknown)
   };
+
+  void Observe(Rate* rate, double now_s, double dt_s, double value);
+  // The rate `horizon_s` from now: the trend over the window, never below zero; the smoothed
+  // rate when the window has too few samples.
+  double Forecast(const Rate& rate, double now_s, double horizon_s) const;
+  PoolDecision DecidePool(PoolRole role, const Snapshot& snapshot);
+  void Count(const PoolDecision& d);
 
   PlannerOptions options_;
   PlannerCounts counts_;
   std::array<PoolState, kPoolRoles> pools_;
   bool have_last_ = false;
   Snapshot last_;
-  // Smoothed rates and their recent history (for the trend).
-  double request_rate_ = 0, computed_token_rate_ = 0;
-  std::deque<RateSample> request_history_, token_history_;
+  Rate requests_, computed_tokens_;
+  // Over the last interval (for the pools' queue waits): mean wait per pool, and waits observed.
+  std::array<double, kPoolRoles> queue_wait_mean_s_ = {0, 0, 0};
+  std::array<int64_t, kPoolRoles> queue_waits_ = {0, 0, 0};
 };
 
 }  // namespace ferry
