@@ -1,11 +1,14 @@
 // ferry-load: load on a running Ferry router (or any OpenAI-compatible server), closed loop (N
-// users) or open loop (Poisson, or a trace's own times), on synthetic shared-prefix prompts,
+// users) or open loop (Poisson, a trace's own times, or a day-shaped load envelope over either:
+// tools/load/envelope.h), on synthetic shared-prefix prompts,
 // multi-turn agent sessions or a Mooncake trace; reports TTFT, ITL, TPOT, e2e, throughput, cache
 // hits, goodput under SLOs and the economics, then one JSON line (load_tool.h).
 //
 //   ferry-load --mode closed --concurrency 16 --workload shared_prefix --groups 4
 //   ferry-load --mode open --rate 4 --workload sessions --sessions 16 --turns 4
 //   ferry-load --mode open --workload trace --trace trace.jsonl --time_scale 0.1 --limit 200
+//   ferry-load --mode open --workload trace --trace trace.jsonl --envelope sine \
+//       --envelope_period 600 --envelope_peak 4
 
 #include <sys/resource.h>
 

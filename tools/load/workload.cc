@@ -259,6 +259,17 @@ absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& o, bool open_loop) 
     return absl::InvalidArgumentError(
         absl::StrCat("unknown workload '", o.kind, "': shared_prefix, sessions or trace"));
   }
+  if (o.envelope.active()) {
+    if (!open_loop) return absl::InvalidArgumentError("--envelope needs the open loop");
+    if (o.rate > 0) {
+      return absl::InvalidArgumentError("--envelope sets the rate (--envelope_peak): drop --rate");
+    }
+    EnvelopeSpec envelope = o.envelope;
+    envelope.arrivals = o.arrivals;
+    envelope.seed = o.seed;
+    RETURN_IF_ERROR(ApplyEnvelope(envelope, o.tokens, &w));
+    return w;
+  }
   if (open_loop) {
     if (o.rate > 0 && o.arrivals == "constant") {
       SetConstantArrivals(&w, o.rate);

@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/common/token_id.h"
+#include "tools/load/envelope.h"
 
 namespace ferry {
 
@@ -119,11 +120,15 @@ struct WorkloadOptions {
   double rate = 0;
   std::string arrivals = "poisson";
   uint64_t seed = 1;
+  // Open loop: a day's shape over the workload (envelope.h), in place of `rate`; its arrivals and
+  // seed are these options'.
+  EnvelopeSpec envelope;
 };
 
-// The workload `options` describe; with `open_loop`, its arrival times set. InvalidArgument for
-// an unknown kind or arrival process, a trace without a path, an open loop without a rate on a
-// workload that has no times of its own.
+// The workload `options` describe; with `open_loop`, its arrival times set (by the envelope when
+// it has a shape). InvalidArgument for an unknown kind or arrival process, a trace without a
+// path, an open loop without a rate on a workload that has no times of its own, an envelope with
+// a rate or in the closed loop.
 absl::StatusOr<Workload> MakeWorkload(const WorkloadOptions& options, bool open_loop);
 
 // Open loop: sets arrival_s of each request (turns after the first keep 0: they follow their

@@ -28,6 +28,14 @@ ABSL_FLAG(double, rate, 0,
           "open loop: requests/s (0: a trace's own times; other workloads need a rate)");
 ABSL_FLAG(std::string, arrivals, "poisson",
           "open loop with --rate: poisson (seeded) or constant (gaps of 1/rate)");
+ABSL_FLAG(std::string, envelope, "none",
+          "open loop: a day's shape over the workload, looped as needed: none or sine (the trough "
+          "at the start, the peak at half the period; replaces --rate)");
+ABSL_FLAG(double, envelope_period, 3600, "--envelope: the period, seconds");
+ABSL_FLAG(double, envelope_ratio, 4, "--envelope: the peak's rate over the trough's");
+ABSL_FLAG(double, envelope_peak, 0,
+          "--envelope: requests/s at the peak (sessions/s for --workload sessions)");
+ABSL_FLAG(double, envelope_duration, 0, "--envelope: seconds of arrivals (0: one period)");
 ABSL_FLAG(uint64_t, seed, 1, "the workload's ids and order, and the Poisson arrivals");
 ABSL_FLAG(double, slo_ttft_ms, 0, "goodput: TTFT limit, ms (0: none)");
 ABSL_FLAG(double, slo_tpot_ms, 0, "goodput: time per output token limit, ms (0: none)");
@@ -65,6 +73,11 @@ WorkloadOptions WorkloadOptionsFromFlags() {
   o.trace.max_output = absl::GetFlag(FLAGS_max_output);
   o.trace.limit = absl::GetFlag(FLAGS_limit);
   o.trace.seed = o.seed;
+  o.envelope.shape = absl::GetFlag(FLAGS_envelope);
+  o.envelope.period_s = absl::GetFlag(FLAGS_envelope_period);
+  o.envelope.ratio = absl::GetFlag(FLAGS_envelope_ratio);
+  o.envelope.peak = absl::GetFlag(FLAGS_envelope_peak);
+  o.envelope.duration_s = absl::GetFlag(FLAGS_envelope_duration);
   return o;
 }
 

@@ -1,5 +1,6 @@
 // The command-line flags that ferry-load and ferry-sim share, defined once: the workload
-// (tools/load/workload.h: its kind and spec, the open loop's arrivals, the seed) and the report's
+// (tools/load/workload.h: its kind and spec, the open loop's arrivals or load envelope
+// (envelope.h), the seed) and the report's
 // SLOs and prices (load_report.h). Each binary adds its own (where to send, how many clients, the
 // cluster to simulate) and reads these through the functions below after absl::ParseCommandLine.
 //

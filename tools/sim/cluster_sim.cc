@@ -44,6 +44,13 @@ struct ClusterSim::Job {
   bool counted_queued = false;  // in ClusterStats::queued
   SamplerState sampler_state;
   std::string held_text;
+  int64_t seq = 0;                 // in live_
+  bool on_engine = false;          // the attempt's request is submitted on `worker`'s engine
+  std::vector<TokenId> generated;  // every token the client received
+  // A drain hand-off: the source node holding the parked KV, and its table.
+  size_t parked_on = kNone;
+  std::string parked_id;
+  std::vector<BlockId> parked_blocks;
 };
 
 ClusterSim::ClusterSim(EventLoop* loop, ClusterOptions options)
@@ -68,6 +75,11 @@ absl::StatusOr<std::unique_ptr<ClusterSim>> ClusterSim::Create(EventLoop* loop,
     return absl::InvalidArgumentError(
         "a simulated cluster has aggregated workers, or prefill and decode workers");
   }
+  if (!(options.drain_grace_s >= 0))
+    return absl::InvalidArgumentError("drain_grace_s must be >= 0");
+  for (double speed : options.speeds) {
+    if (!(speed > 0)) return absl::InvalidArgumentError("worker speeds must be > 0");
+  }
   std::unique_ptr<ClusterSim> c(new ClusterSim(loop, std::move(options)));
   const ClusterOptions& o = c->options_;
   CpuBackendOptions backend_options;
@@ -80,29 +92,13 @@ absl::StatusOr<std::unique_ptr<ClusterSim>> ClusterSim::Create(EventLoop* loop,
   for (int i = 0; i < o.aggregated; ++i) kinds.push_back(WorkerKind::kAggregated);
   for (int i = 0; i < o.prefill; ++i) kinds.push_back(WorkerKind::kPrefill);
   for (int i = 0; i < o.decode; ++i) kinds.push_back(WorkerKind::kDecode);
-  const SimCalibration& cal = o.calibration;
-  for (size_t i = 0; i < kinds.size(); ++i) {
-    const double speed = i < o.speeds.size() ? o.speeds[i] : 1.0;
-    if (!(speed > 0)) return absl::InvalidArgumentError("worker speeds must be > 0");
-    auto timing = std::make_shared<const SimTiming>(cal, speed);
-    SimWorkerOptions wo = o.worker;
-    wo.kind = kinds[i];
-    wo.timing = timing;
-    const char* role = kinds[i] == WorkerKind::kPrefill  ? "prefill"
-                       : kinds[i] == WorkerKind::kDecode ? "decode"
-                                                         : "worker";
-    wo.id = absl::StrCat(role, "-", i);
-    Node node;
-    ASSIGN_OR_RETURN(node.worker, SimWorker::Create(loop, c->backend_.get(), std::move(wo)));
-    node.slot = c->index_->AddWorker();
-    node.link = c->links_.AddLink(cal.link_bandwidth_bytes_per_s, cal.link_latency_s);
-    node.store_link = c->links_.AddLink(cal.store_read_bytes_per_s, cal.store_latency_s);
-    c->nodes_.push_back(std::move(node));
-    c->timings_.push_back(std::move(timing));
+  for (WorkerKind kind : kinds) {
+    ASSIGN_OR_RETURN(const size_t n, c->NewNode(kind, NodeState::kReady));
+    (void)n;
   }
   c->fingerprint_ = c->nodes_[0].worker->model().fingerprint();
   if (o.store) {
-    const double block_bytes = cal.kv_bytes_per_token * o.worker.block_tokens;
+    const double block_bytes = o.calibration.kv_bytes_per_token * o.worker.block_tokens;
     c->store_ = std::make_unique<SimStore>(
         block_bytes > 0 ? static_cast<int64_t>(static_cast<double>(o.store_bytes) / block_bytes)
                         : 0);
@@ -111,8 +107,43 @@ absl::StatusOr<std::unique_ptr<ClusterSim>> ClusterSim::Create(EventLoop* loop,
   return c;
 }
 
+absl::StatusOr<size_t> ClusterSim::NewNode(WorkerKind kind, NodeState state) {
+  const size_t i = nodes_.size();
+  const SimCalibration& cal = options_.calibration;
+  const double speed = i < options_.speeds.size() ? options_.speeds[i] : 1.0;
+  auto timing = std::make_shared<const SimTiming>(cal, speed);
+  SimWorkerOptions wo = options_.worker;
+  wo.kind = kind;
+  wo.timing = timing;
+  const char* role = kind == WorkerKind::kPrefill  ? "prefill"
+                     : kind == WorkerKind::kDecode ? "decode"
+                                                   : "worker";
+  wo.id = absl::StrCat(role, "-", i);
+  Node node;
+  ASSIGN_OR_RETURN(node.worker, SimWorker::Create(loop_, backend_.get(), std::move(wo)));
+  node.kind = kind;
+  node.state = state;
+  node.born_s = loop_->now();
+  node.slot = index_->AddWorker();
+  node.link = links_.AddLink(cal.link_bandwidth_bytes_per_s, cal.link_latency_s);
+  node.store_link = links_.AddLink(cal.store_read_bytes_per_s, cal.store_latency_s);
+  nodes_.push_back(std::move(node));
+  timings_.push_back(std::move(timing));
+  return i;
+}
+
 int ClusterSim::gpus() const {
-  return static_cast<int>(nodes_.size()) * std::max(1, options_.calibration.gpus_per_worker);
+  int n = 0;
+  for (const Node& node : nodes_) n += node.state != NodeState::kGone ? 1 : 0;
+  return n * std::max(1, options_.calibration.gpus_per_worker);
+}
+
+double ClusterSim::gpu_seconds() const {
+  double seconds = 0;
+  for (const Node& node : nodes_) {
+    seconds += (node.state == NodeState::kGone ? node.gone_s : loop_->now()) - node.born_s;
+  }
+  return seconds * std::max(1, options_.calibration.gpus_per_worker);
 }
 
 int64_t ClusterSim::worker_kv_tokens() const {
@@ -127,11 +158,164 @@ ClusterStats ClusterSim::stats() const {
   return s;
 }
 
+bool ClusterSim::HasKind(WorkerKind kind) const {
+  return kind == WorkerKind::kAggregated ? options_.aggregated > 0 : options_.aggregated == 0;
+}
+
+absl::Status ClusterSim::AddWorker(WorkerKind kind, double startup_s) {
+  if (!HasKind(kind)) {
+    return absl::InvalidArgumentError("the cluster has no workers of that kind");
+  }
+  ASSIGN_OR_RETURN(const size_t n, NewNode(kind, NodeState::kStarting));
+  ++stats_.workers_added;
+  loop_->After(std::max(0.0, startup_s), [this, n] {
+    Node& node = nodes_[n];
+    if (node.state != NodeState::kStarting) return;  // stopped while starting
+    node.state = NodeState::kReady;
+    // Its Watch stream's first report, then it is a candidate.
+    node.worker->Report(index_.get(), node.slot);
+    node.unreported_kv_tokens = 0;
+    Pump();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status ClusterSim::DrainWorker(WorkerKind kind) {
+  if (!HasKind(kind)) {
+    return absl::InvalidArgumentError("the cluster has no workers of that kind");
+  }
+  // A starting worker goes first, at once (the newest: it has waited least).
+  for (size_t i = nodes_.size(); i-- > 0;) {
+    Node& n = nodes_[i];
+    if (n.kind != kind || n.state != NodeState::kStarting) continue;
+    n.state = NodeState::kGone;
+    n.gone_s = loop_->now();
+    index_->RemoveWorker(n.slot);
+    ++stats_.workers_gone;
+    return absl::OkStatus();
+  }
+  size_t least = kNone;
+  int ready = 0;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    if (n.kind != kind || n.state != NodeState::kReady) continue;
+    ++ready;
+    const auto load = [](const Node& x) {
+      return std::make_pair(x.inflight, x.active_tokens + x.pending_prefill_tokens);
+    };
+    if (least == kNone || load(n) < load(nodes_[least])) least = i;
+  }
+  if (ready <= 1) {
+    return absl::FailedPreconditionError(
+        "the last ready worker of its kind is not drained (scale to zero is not simulated)");
+  }
+  Node& n = nodes_[least];
+  n.state = NodeState::kDraining;
+  ++stats_.workers_drained;
+  loop_->After(options_.drain_grace_s, [this, least] { GraceOver(least); });
+  MaybeGone(least);
+  return absl::OkStatus();
+}
+
+void ClusterSim::GraceOver(size_t node) {
+  Node& n = nodes_[node];
+  if (n.state != NodeState::kDraining) return;
+  n.parking = true;
+  // The streams running there (a prefill-only request finishes on its own).
+  for (const auto& [seq, job] : live_) {
+    if (job->worker == node && job->on_engine) n.worker->Park(job->id);
+  }
+}
+
+void ClusterSim::Release(size_t node) {
+  --nodes_[node].inflight;
+  MaybeGone(node);
+}
+
+void ClusterSim::MaybeGone(size_t node) {
+  Node& n = nodes_[node];
+  if (n.state != NodeState::kDraining || n.inflight > 0) return;
+  n.state = NodeState::kGone;
+  n.gone_s = loop_->now();
+  index_->RemoveWorker(n.slot);
+  ++stats_.workers_gone;
+}
+
+PoolCounts ClusterSim::pool_counts(WorkerKind kind) const {
+  PoolCounts c;
+  for (const Node& n : nodes_) {
+    if (n.kind != kind) continue;
+    c.starting += n.state == NodeState::kStarting ? 1 : 0;
+    c.ready += n.state == NodeState::kReady ? 1 : 0;
+    c.draining += n.state == NodeState::kDraining ? 1 : 0;
+  }
+  return c;
+}
+
+namespace {
+PoolRole RoleOf(WorkerKind kind) {
+  return kind == WorkerKind::kPrefill  ? PoolRole::kPrefill
+         : kind == WorkerKind::kDecode ? PoolRole::kDecode
+                                       : PoolRole::kAggregated;
+}
+}  // namespace
+
+Snapshot ClusterSim::PlannerSnapshot() const {
+  Snapshot s;
+  s.time_s = loop_->now();
+  s.routers = 1;
+  s.counters = counters_;
+  for (int r = 0; r < kPoolRoles; ++r) {
+    PoolSample& pool = s.pools[static_cast<size_t>(r)];
+    pool.spec_replicas = 0;
+    pool.queue_wait_seconds_sum = queue_wait_sum_[static_cast<size_t>(r)];
+    pool.queue_wait_count = queue_wait_count_[static_cast<size_t>(r)];
+  }
+  for (const Node& n : nodes_) {
+    PoolSample& pool = s.pool(RoleOf(n.kind));
+    if (n.state == NodeState::kGone) continue;
+    if (n.state == NodeState::kStarting) {
+      ++pool.starting;
+      ++pool.spec_replicas;
+      continue;  // the router does not list it yet
+    }
+    if (n.state == NodeState::kReady) ++pool.spec_replicas;
+    const SimWorkerLoad& load = n.worker->load();
+    WorkerSample w;
+    w.id = n.worker->id();
+    w.ready = n.state == NodeState::kReady;
+    w.draining = n.state == NodeState::kDraining;
+    w.busy_fraction = load.busy_fraction;
+    w.prefill_tokens_per_second = load.prefill_tokens_per_second;
+    w.decode_tokens_per_second = load.decode_tokens_per_second;
+    w.step_time_ms = load.step_time_ms;
+    w.running_requests = load.running_requests;
+    w.max_running_requests = n.worker->options().max_running;
+    w.queued_requests = load.queued_requests;
+    w.queued_tokens = load.queued_tokens;
+    w.running_tokens = load.running_tokens;
+    w.block_tokens = options_.worker.block_tokens;
+    w.total_kv_blocks = load.total_blocks;
+    w.free_kv_blocks = load.free_blocks;
+    w.cached_kv_blocks = load.cached_blocks;
+    w.inflight = n.inflight;
+    w.pending_prefill_tokens = n.pending_prefill_tokens;
+    w.active_tokens = n.active_tokens;
+    pool.workers.push_back(std::move(w));
+  }
+  s.queued_requests = static_cast<int64_t>(queue_.size());
+  for (const std::shared_ptr<Job>& job : queue_) s.queued_tokens += job->state.prompt_tokens;
+  return s;
+}
+
 void ClusterSim::ReportAll() {
   for (Node& n : nodes_) {
+    // Starting workers have no Watch stream yet; gone ones have left the index.
+    if (n.state != NodeState::kReady && n.state != NodeState::kDraining) continue;
     n.worker->Report(index_.get(), n.slot);
     n.unreported_kv_tokens = 0;
   }
+  RetryHandoffs();
   ExpireQueue();
   Pump();
   loop_->After(options_.report_interval_s, [this] { ReportAll(); });
@@ -140,6 +324,7 @@ void ClusterSim::ReportAll() {
 std::vector<size_t> ClusterSim::Available() const {
   std::vector<size_t> out;
   for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (nodes_[i].state != NodeState::kReady) continue;  // starting, draining or gone
     const SimWorkerOptions& w = nodes_[i].worker->options();
     if (nodes_[i].inflight >= w.max_running + w.max_queued) continue;  // at capacity
     out.push_back(i);
@@ -211,6 +396,8 @@ void ClusterSim::Send(const LoadRequest& request, std::function<void(const Reque
         store_->Prefix(absl::MakeConstSpan(state.block_hashes).subspan(0, reusable));
   }
   ++in_flight_;
+  job->seq = next_job_++;
+  live_.emplace(job->seq, job);
   const int64_t queued = static_cast<int64_t>(queue_.size());
   Admission admission = AdmitNew(false, queued, 0, state.prompt_tokens, limits_);
   if (admission.what == Admit::kStart) {
@@ -238,6 +425,10 @@ void ClusterSim::Enqueue(const std::shared_ptr<Job>& job, bool front) {
 void ClusterSim::LeftQueue(const std::shared_ptr<Job>& job) {
   const double waited = absl::ToDoubleSeconds(LeaveQueue(&job->state, loop_->Now()));
   stats_.max_queue_wait_s = std::max(stats_.max_queue_wait_s, waited);
+  // ferry_router_queue_wait_seconds{pool}: the pool of the worker that took it.
+  const size_t pool = static_cast<size_t>(RoleOf(job->state.role));
+  queue_wait_sum_[pool] += waited;
+  ++queue_wait_count_[pool];
 }
 
 void ClusterSim::ExpireQueue() {
@@ -253,6 +444,10 @@ void ClusterSim::ExpireQueue() {
     it = queue_.erase(it);
     const double waited = absl::ToDoubleSeconds(LeaveQueue(&expired.back()->state, loop_->Now()));
     stats_.max_queue_wait_s = std::max(stats_.max_queue_wait_s, waited);
+    PoolRole role = PoolRole::kAggregated;
+    ParsePoolRole(QueuePool(Views(Available()), expired.back()->state, /*started=*/false), &role);
+    queue_wait_sum_[static_cast<size_t>(role)] += waited;
+    ++queue_wait_count_[static_cast<size_t>(role)];
     ++stats_.queue_expired;
     expired.back()->record.error = std::string(e.status.message());
   }
@@ -359,15 +554,24 @@ void ClusterSim::ReadThenSubmit(size_t node, const std::shared_ptr<Job>& job,
   const absl::Span<const Hash128> chain =
       absl::MakeConstSpan(job->state.block_hashes).subspan(0, full);
   const int64_t local = w.engine().kv_events().CachedPrefix(chain);
-  if (local >= full) return SubmitTo(node, job, std::move(request));
+  if (local >= full) {
+    ++stats_.store_lookups["memory"];
+    return SubmitTo(node, job, std::move(request));
+  }
   const int64_t present = store_->Prefix(chain.subspan(local));
-  if (present == 0) return SubmitTo(node, job, std::move(request));
+  if (present == 0) {
+    ++stats_.store_lookups["miss"];
+    return SubmitTo(node, job, std::move(request));
+  }
   const int64_t max_fresh = std::max<int64_t>(1, w.pool().num_blocks() / 2);
   auto shared = std::make_shared<EngineRequest>(std::move(request));
   w.ReserveImport(
       std::vector<Hash128>(chain.begin(), chain.begin() + local + present), max_fresh,
       [this, node, job, shared, bt](absl::StatusOr<KvReservation> got) {
-        if (!got.ok()) return SubmitTo(node, job, std::move(*shared));
+        if (!got.ok()) {
+          ++stats_.store_lookups["no_room"];
+          return SubmitTo(node, job, std::move(*shared));
+        }
         SimWorker& w = *nodes_[node].worker;
         KvBlockPool& pool = w.pool();
         const std::vector<BlockId>& blocks = got->blocks;
@@ -380,11 +584,13 @@ void ClusterSim::ReadThenSubmit(size_t node, const std::shared_ptr<Job>& job,
         }
         CHECK_OK(pool.Release(absl::MakeConstSpan(blocks).subspan(cached + loaded)));
         if (loaded == 0) {
+          ++stats_.store_lookups["miss"];
           CHECK_OK(pool.Release(absl::MakeConstSpan(blocks).subspan(0, cached)));
           w.Wake();
           return SubmitTo(node, job, std::move(*shared));
         }
         ++stats_.store_reads;
+        ++stats_.store_lookups["read"];
         stats_.store_blocks_read += loaded;
         const double bytes = options_.calibration.kv_bytes_per_token * loaded * bt;
         stats_.store_bytes_read += bytes;
@@ -398,8 +604,15 @@ void ClusterSim::ReadThenSubmit(size_t node, const std::shared_ptr<Job>& job,
 void ClusterSim::SubmitTo(size_t node, const std::shared_ptr<Job>& job, EngineRequest request) {
   const std::vector<BlockId> imported = request.imported_blocks;
   const bool decode_only = request.role == EngineRole::kDecodeOnly;
+  const std::string id = request.id;
   const absl::Status submitted = nodes_[node].worker->Submit(std::move(request));
-  if (submitted.ok()) return;
+  if (submitted.ok()) {
+    if (node == job->worker) {
+      job->on_engine = true;
+      if (nodes_[node].parking) nodes_[node].worker->Park(id);  // a drain past its grace
+    }
+    return;
+  }
   // Refused: the imported blocks are still ours (a decode-only request's: the reservation's).
   if (!imported.empty()) {
     CHECK_OK(nodes_[node].worker->pool().Release(imported));
@@ -460,8 +673,9 @@ void ClusterSim::OnEvent(const std::shared_ptr<Job>& job, size_t node, const Tok
                         outcome.status.code() != absl::StatusCode::kCancelled;
     return AttemptEnded(job, outcome);
   }
+  if (e.finish == FinishReason::kHandoff) return Parked(job, node, e);
   if (e.has_token) {
-    if (options_.aggregated > 0) {  // the worker computed the prompt
+    if (options_.aggregated > 0 && !job->first) {  // the worker computed the prompt
       job->record.cached_tokens = e.cached_tokens;
       job->record.store_tokens = e.imported_tokens;
       nodes_[node].pending_prefill_tokens -= job->pending;
@@ -498,8 +712,8 @@ void ClusterSim::Handoff(const std::shared_ptr<Job>& job, size_t p, const TokenE
                   from.layout().block_bytes());
     }
     nodes_[p].worker->ReleaseHandoff(job->id);
-    --nodes_[p].inflight;
     job->prefill = kNone;
+    Release(p);
     Token(job, job->first_token);  // the first token reaches the client with the KV
     EngineRequest r = BaseRequest(job, d);
     r.role = EngineRole::kDecodeOnly;
@@ -514,6 +728,137 @@ void ClusterSim::Handoff(const std::shared_ptr<Job>& job, size_t p, const TokenE
   });
 }
 
+void ClusterSim::Parked(const std::shared_ptr<Job>& job, size_t node, const TokenEvent& e) {
+  // The drain parked the stream: its KV (prompt and output but the last token) stays on `node`
+  // until a target has it.
+  job->on_engine = false;
+  job->parked_on = node;
+  job->parked_id = job->id;
+  job->parked_blocks = e.blocks;
+  job->sampler_state = e.sampler_state;
+  job->held_text = e.held_text;
+  HandoffPlan plan;
+  plan.endpoint = plan.source = nodes_[node].worker->id();
+  plan.request_id = job->id;
+  plan.role = nodes_[node].kind;
+  job->state.handoff = plan;
+  job->state.resumed_tokens = static_cast<int64_t>(job->generated.size());
+  if (TryHandoff(job)) return;
+  ++stats_.drain_handoff_waits;
+  handoff_waiting_.push_back(job);
+}
+
+bool ClusterSim::TryHandoff(const std::shared_ptr<Job>& job) {
+  const std::vector<size_t> available = Available();
+  const std::vector<WorkerLoadView> views = Views(available);
+  std::vector<std::string> endpoints;
+  for (const WorkerLoadView& v : views) endpoints.push_back(v.id);
+  std::vector<size_t> targets;
+  for (size_t i : HandoffTargets(views, endpoints, job->state)) {
+    if (KvRoom(views[i], job->state)) targets.push_back(i);
+  }
+  if (targets.empty()) return false;
+  std::vector<WorkerLoadView> candidates;
+  for (size_t i : targets) candidates.push_back(views[i]);
+  const RouteChoice choice = policy_->Choose(candidates, job->state.Route());
+  ++stats_.reasons[choice.reason];
+  const size_t t = available[targets[choice.index]];
+  const size_t source = job->parked_on;
+  // The target reserves the prompt and the output but its last token (the positions computed).
+  std::vector<TokenId> computed = job->request.prompt;
+  computed.insert(computed.end(), job->generated.begin(), job->generated.end() - 1);
+  const int32_t bt = options_.worker.block_tokens;
+  std::vector<Hash128> hashes = ComputeBlockHashes({fingerprint_, "", ""}, computed, bt);
+  const int64_t positions = static_cast<int64_t>(computed.size());
+  ++nodes_[t].inflight;
+  nodes_[t].active_tokens += job->active;
+  nodes_[t].unreported_kv_tokens += positions;
+  nodes_[t].worker->Reserve(
+      std::move(hashes), positions,
+      [this, job, t, source, positions, bt](absl::StatusOr<KvReservation> got) {
+        if (!got.ok()) {
+          // No room after all: the KV waits on the source for the next report.
+          job->state.kv_refused[nodes_[t].worker->id()] = nodes_[t].worker->load().reports;
+          nodes_[t].active_tokens -= job->active;
+          Release(t);
+          ++stats_.drain_handoff_waits;
+          handoff_waiting_.push_back(job);
+          return;
+        }
+        auto reservation = std::make_shared<KvReservation>(*std::move(got));
+        const int64_t cached = reservation->cached_blocks;
+        const double bytes = options_.calibration.kv_bytes_per_token *
+                             static_cast<double>(std::max<int64_t>(0, positions - cached * bt));
+        stats_.drain_handoff_bytes += bytes;
+        links_.Transfer(
+            {nodes_[source].link, nodes_[t].link}, bytes,
+            [this, job, t, source, reservation, cached] {
+              KvBlockPool& from = nodes_[source].worker->pool();
+              KvBlockPool& to = nodes_[t].worker->pool();
+              const size_t n = std::min(job->parked_blocks.size(), reservation->blocks.size());
+              for (size_t i = static_cast<size_t>(cached); i < n; ++i) {
+                std::memcpy(BlockBytes(to, reservation->blocks[i]),
+                            BlockBytes(from, job->parked_blocks[i]), from.layout().block_bytes());
+              }
+              nodes_[source].worker->ReleaseHandoff(job->parked_id);
+              nodes_[source].active_tokens -= job->active;
+              job->parked_on = kNone;
+              job->parked_blocks.clear();
+              job->state.handoff = HandoffPlan();
+              job->worker = t;
+              Release(source);
+              ++stats_.drain_handoffs;
+              job->id = absl::StrCat(job->state.request_id, "-", job->state.attempts);
+              ++job->state.attempts;
+              EngineRequest r = BaseRequest(job, t);
+              r.role = EngineRole::kDecodeOnly;
+              ResumePoint point;
+              point.generated = job->generated;
+              point.sampler_state = job->sampler_state;
+              point.held_text = job->held_text;
+              r.resume.push_back(std::move(point));
+              r.imported_blocks = reservation->blocks;
+              SubmitTo(t, job, std::move(r));
+            });
+      });
+  return true;
+}
+
+void ClusterSim::RetryHandoffs() {
+  std::deque<std::shared_ptr<Job>> waiting;
+  waiting.swap(handoff_waiting_);
+  for (std::shared_ptr<Job>& job : waiting) {
+    if (!TryHandoff(job)) handoff_waiting_.push_back(std::move(job));
+  }
+}
+
+SloRecord RouterSloRecord(const RequestRecord& record) {
+  SloRecord r;
+  r.dispatched = true;
+  r.failed = !record.ok;
+  r.first_token = record.output_tokens > 0;
+  r.ttft_seconds = record.ttft_s;
+  // As Summarize's TPOT (load_report.h), so that the two judge alike.
+  r.decode_seconds = record.e2e_s - record.ttft_s;
+  r.tokens_after_first = std::max<int64_t>(0, record.output_tokens - 1);
+  return r;
+}
+
+void ClusterSim::Count(const Job& job) {
+  const RequestRecord& r = job.record;
+  ++counters_.requests;
+  counters_.completion_tokens += r.output_tokens;
+  if (r.ok) {
+    counters_.prompt_tokens += r.prompt_tokens;
+    counters_.computed_prompt_tokens += r.prompt_tokens - r.cached_tokens;
+  }
+  const SloJudgement j = JudgeSlo(RouterSloRecord(r), options_.slo);
+  counters_.ttft_met += j.ttft == SloResult::kMet ? 1 : 0;
+  counters_.ttft_missed += j.ttft == SloResult::kMissed ? 1 : 0;
+  counters_.itl_met += j.itl == SloResult::kMet ? 1 : 0;
+  counters_.itl_missed += j.itl == SloResult::kMissed ? 1 : 0;
+}
+
 void ClusterSim::Token(const std::shared_ptr<Job>& job, TokenId token) {
   if (options_.on_token) options_.on_token(job->request.id, token);
   const double now = loop_->now();
@@ -525,6 +870,7 @@ void ClusterSim::Token(const std::shared_ptr<Job>& job, TokenId token) {
   }
   job->last_token = now;
   ++job->record.output_tokens;
+  job->generated.push_back(token);
 }
 
 void ClusterSim::AttemptEnded(const std::shared_ptr<Job>& job, const AttemptOutcome& outcome) {
@@ -556,16 +902,19 @@ void ClusterSim::AttemptEnded(const std::shared_ptr<Job>& job, const AttemptOutc
 }
 
 void ClusterSim::Leave(const std::shared_ptr<Job>& job) {
+  job->on_engine = false;
   if (job->prefill != kNone) {
-    --nodes_[job->prefill].inflight;
-    nodes_[job->prefill].pending_prefill_tokens -= job->pending;
+    const size_t p = job->prefill;
+    nodes_[p].pending_prefill_tokens -= job->pending;
     job->prefill = kNone;
+    Release(p);
   }
   if (job->worker != kNone) {
-    --nodes_[job->worker].inflight;
-    nodes_[job->worker].active_tokens -= job->active;
-    if (options_.aggregated > 0) nodes_[job->worker].pending_prefill_tokens -= job->pending;
+    const size_t w = job->worker;
+    nodes_[w].active_tokens -= job->active;
+    if (options_.aggregated > 0) nodes_[w].pending_prefill_tokens -= job->pending;
     job->worker = kNone;
+    Release(w);
   }
   job->pending = job->active = 0;
 }
@@ -576,6 +925,8 @@ void ClusterSim::Finish(const std::shared_ptr<Job>& job, bool ok, const std::str
   job->record.error = ok ? "" : error;
   job->record.e2e_s = loop_->now() - job->record.start_s;
   --in_flight_;
+  live_.erase(job->seq);
+  Count(*job);
   auto done = std::move(job->done);
   if (done) done(job->record);
   Pump();

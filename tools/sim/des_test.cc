@@ -191,6 +191,74 @@ TEST(ClusterSimTest, PrefixAwareKeepsGroupsWhereTheirPrefixIs) {
   EXPECT_GT(prefix_aware, 1.5 * round_robin) << round_robin;
 }
 
+// Sessions are jittered (think time, start order): with as many equal sessions as workers, all
+// at once, round robin would otherwise send turn t of session s (request t x 4 + s) to worker s
+// every time, where its previous turns are, and tie prefix-aware routing exactly. Jittered, round
+// robin scatters a session's turns and loses most of its reuse; prefix-aware keeps it.
+TEST(ClusterSimTest, JitteredSessionsDoNotLockRoundRobinOntoTheirWorkers) {
+  SessionSpec spec;
+  spec.sessions = 4;
+  spec.turns = 6;
+  spec.first_tokens = 512;
+  spec.turn_tokens = 64;
+  spec.output_tokens = 8;
+  spec.think_s = 0.3;
+  TokenSpace space;
+  space.token_base = 1;
+  space.token_range = 60;
+  const Workload workload = MakeSessions(spec, space);
+  auto hit_ratio = [&](const std::string& policy, bool jitter) {
+    ClusterOptions options = SmallCluster(4, 0, 0, false);
+    options.policy = policy;
+    SimRunOptions run;
+    run.concurrency = 4;
+    run.jitter_sessions = jitter;
+    run.seed = 3;
+    Workload w = workload;
+    if (!jitter) w.think_s = 0;  // the lockstep: every turn at once
+    auto result = RunSimulation(options, w, run);
+    EXPECT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->summary.ok, 24);
+    return result->summary.hit_ratio;
+  };
+  const double locked_rr = hit_ratio("round_robin", false);
+  const double locked_pa = hit_ratio("prefix_aware", false);
+  EXPECT_DOUBLE_EQ(locked_rr, locked_pa);  // the tie the jitter removes
+  EXPECT_GT(locked_rr, 0.6);
+  const double rr = hit_ratio("round_robin", true);
+  const double pa = hit_ratio("prefix_aware", true);
+  EXPECT_GT(pa, 0.6);
+  EXPECT_LT(rr, pa - 0.2) << "prefix-aware " << pa;
+  std::printf("hit ratio: lockstep %.3f (both); jittered round robin %.3f, prefix-aware %.3f\n",
+              locked_rr, rr, pa);
+}
+
+// Think time is simulated: a session's next turn starts a think time after its previous one
+// ended (here a fixed 0.5 s: no jitter), so 4 turns take 3 think times longer than back to back.
+TEST(ClusterSimTest, SessionTurnsWaitTheirThinkTime) {
+  SessionSpec spec;
+  spec.sessions = 1;
+  spec.turns = 4;
+  spec.first_tokens = 128;
+  spec.turn_tokens = 32;
+  spec.output_tokens = 4;
+  TokenSpace space;
+  space.token_base = 1;
+  space.token_range = 60;
+  SimRunOptions run;
+  run.concurrency = 1;
+  run.jitter_sessions = false;
+  auto back_to_back = RunSimulation(SmallCluster(1, 0, 0, false), MakeSessions(spec, space), run);
+  spec.think_s = 0.5;
+  auto thinking = RunSimulation(SmallCluster(1, 0, 0, false), MakeSessions(spec, space), run);
+  ASSERT_TRUE(back_to_back.ok() && thinking.ok());
+  EXPECT_NEAR(thinking->sim_seconds - back_to_back->sim_seconds, 1.5, 1e-6);
+  for (size_t i = 1; i < thinking->records.size(); ++i) {
+    const RequestRecord& prev = thinking->records[i - 1];
+    EXPECT_NEAR(thinking->records[i].start_s - (prev.start_s + prev.e2e_s), 0.5, 1e-9);
+  }
+}
+
 // KV pressure queues, never fails (issue 44): a burst of the bundled trace's first 200 requests
 // (the Mooncake-format trace of ../shared/data/traces, its head in testdata) within 0.6 s on
 // two decode workers whose KV holds a few of them at a time. Their reservations are refused again

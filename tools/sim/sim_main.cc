@@ -5,6 +5,13 @@
 //       --workload shared_prefix --groups 128 --system_tokens 16384 --concurrency 384
 //   ferry-sim --calibration deploy/sim/h200-llama3-8b.json --aggregated 32 --workload trace \
 //       --trace trace.jsonl --block_tokens 512 --max_context 131072 --mode open
+//   ferry-sim --calibration deploy/sim/h200-llama3-8b.json --prefill 2 --decode 2 --store \
+//       --workload trace --trace trace.jsonl --mode open --envelope sine --envelope_peak 6 \
+//       --envelope_period 1800 --planner --startup 60s --slo_ttft_ms 2000 --slo_tpot_ms 100
+//
+// With --planner the planner (services/planner) sizes the pools every --planner_interval from
+// the cluster's snapshot: new workers start after --startup, removed ones drain with
+// --drain_grace and hand their streams off; GPU-hours are then every worker's life.
 //
 // The workload, SLO and price flags are the load tool's (tools/load/workload_flags.h); the
 // workload's ids lie in the simulated model's small vocabulary.
@@ -16,6 +23,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "engine/common/log.h"
 #include "services/common/command_line.h"
 #include "tools/load/workload_flags.h"
@@ -38,6 +46,23 @@ ABSL_FLAG(int64_t, max_queued, 256, "requests waiting per worker");
 ABSL_FLAG(std::string, mode, "closed", "closed (--concurrency clients) or open (--rate, a trace)");
 ABSL_FLAG(uint64_t, policy_seed, 1, "the routing policy's random ties");
 ABSL_FLAG(int64_t, concurrency, 256, "closed loop: clients");
+ABSL_FLAG(absl::Duration, drain_grace, absl::Seconds(30),
+          "a drained worker's requests run on this long, then are handed off with their KV");
+ABSL_FLAG(bool, planner, false, "the planner sizes the pools at run time");
+ABSL_FLAG(absl::Duration, planner_interval, absl::Seconds(10), "--planner: how often it decides");
+ABSL_FLAG(absl::Duration, startup, absl::Seconds(60),
+          "--planner: a new worker's start-up time (simulated, and the planner's first guess)");
+ABSL_FLAG(absl::Duration, cooldown, absl::Seconds(60),
+          "--planner: no scale-in of a pool this long after it was scaled");
+ABSL_FLAG(double, target_utilisation, 0.7, "--planner: a pool's utilisation at the forecast load");
+ABSL_FLAG(double, scale_in_max_utilisation, 0.8,
+          "--planner: no scale-in while a pool's utilisation is above this");
+ABSL_FLAG(int64_t, min_prefill, 1, "--planner: the prefill pool's floor");
+ABSL_FLAG(int64_t, max_prefill, 64, "--planner: the prefill pool's ceiling");
+ABSL_FLAG(int64_t, min_decode, 1, "--planner: the decode pool's floor");
+ABSL_FLAG(int64_t, max_decode, 64, "--planner: the decode pool's ceiling");
+ABSL_FLAG(int64_t, min_aggregated, 1, "--planner: the aggregated pool's floor");
+ABSL_FLAG(int64_t, max_aggregated, 64, "--planner: the aggregated pool's ceiling");
 
 namespace ferry {
 namespace {
@@ -71,6 +96,7 @@ int Main() {
   c.worker.max_running = absl::GetFlag(FLAGS_max_running);
   c.worker.max_queued = absl::GetFlag(FLAGS_max_queued);
   c.seed = absl::GetFlag(FLAGS_policy_seed);
+  c.drain_grace_s = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_drain_grace));
   // The simulated model's vocabulary is small (sampling costs CPU per row); the workload's ids
   // must lie in it.
   WorkloadOptions w = WorkloadOptionsFromFlags();
@@ -87,6 +113,31 @@ int Main() {
   run.concurrency = absl::GetFlag(FLAGS_concurrency);
   run.slo = SloFromFlags();
   run.prices = PricesFromFlags();
+  run.seed = w.seed;
+  run.startup_s = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_startup));
+  if (absl::GetFlag(FLAGS_planner)) {
+    PlannerOptions p;
+    if (run.slo.ttft_s > 0) p.ttft_target_s = run.slo.ttft_s;
+    if (run.slo.tpot_s > 0) p.itl_target_s = run.slo.tpot_s;
+    p.interval_s = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_planner_interval));
+    p.startup_s = run.startup_s;
+    p.cooldown_s = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_cooldown));
+    p.target_utilisation = absl::GetFlag(FLAGS_target_utilisation);
+    p.scale_in_max_utilisation = absl::GetFlag(FLAGS_scale_in_max_utilisation);
+    const auto limits = [&](PoolRole role, int64_t min, int64_t max) {
+      p.limits[static_cast<size_t>(role)].min_replicas = min;
+      p.limits[static_cast<size_t>(role)].max_replicas = max;
+    };
+    limits(PoolRole::kPrefill, absl::GetFlag(FLAGS_min_prefill), absl::GetFlag(FLAGS_max_prefill));
+    limits(PoolRole::kDecode, absl::GetFlag(FLAGS_min_decode), absl::GetFlag(FLAGS_max_decode));
+    limits(PoolRole::kAggregated, absl::GetFlag(FLAGS_min_aggregated),
+           absl::GetFlag(FLAGS_max_aggregated));
+    if (absl::Status valid = p.Validate(); !valid.ok()) {
+      std::fprintf(stderr, "ferry-sim: %s\n", valid.ToString().c_str());
+      return 2;
+    }
+    run.planner = p;
+  }
   auto result = RunSimulation(c, workload, run);
   if (!result.ok()) {
     std::fprintf(stderr, "ferry-sim: %s\n", result.status().ToString().c_str());
@@ -97,6 +148,20 @@ int Main() {
   std::fprintf(stderr, "%s", SummaryTable(result->summary, run.prices).c_str());
   std::fprintf(stderr, "simulated %.1f s in %.1f s of CPU (%lld events)\n", result->sim_seconds,
                result->wall_seconds, static_cast<long long>(result->events));
+  if (run.planner.has_value()) {
+    const PlannerCounts& p = result->planner;
+    const ClusterStats& k = result->cluster;
+    std::fprintf(stderr,
+                 "planner: %lld decisions, %lld scale-outs, %lld scale-ins (%lld blocked by "
+                 "utilisation); workers added %lld, drained %lld (%lld streams handed off); "
+                 "%.4f GPU-hours over the workers' lives (%.2f GPUs on average)\n",
+                 static_cast<long long>(p.decisions), static_cast<long long>(p.scale_out),
+                 static_cast<long long>(p.scale_in),
+                 static_cast<long long>(p.scale_in_blocked_by_utilisation),
+                 static_cast<long long>(k.workers_added), static_cast<long long>(k.workers_drained),
+                 static_cast<long long>(k.drain_handoffs), result->gpu_seconds / 3600,
+                 result->sim_seconds > 0 ? result->gpu_seconds / result->sim_seconds : 0.0);
+  }
   std::printf("%s\n", SimRunJson(*result, run).dump().c_str());
   return 0;
 }

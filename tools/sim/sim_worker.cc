@@ -10,7 +10,7 @@
 namespace ferry {
 
 SimWorker::SimWorker(EventLoop* loop, SimWorkerOptions options)
-    : loop_(loop), options_(std::move(options)) {}
+    : loop_(loop), options_(std::move(options)), created_s_(loop->now()) {}
 
 SimWorker::~SimWorker() {
   engine_.reset();  // before the pool and the model
@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<SimWorker>> SimWorker::Create(EventLoop* loop, Ba
   eo.on_step = [self](const StepInfo& info) {
     self->ran_model_ = true;
     self->last_prefill_tokens_ = info.prefill_tokens;
+    self->last_decode_tokens_ = info.decode_tokens;
   };
   ASSIGN_OR_RETURN(w->engine_, Engine::Create(w->model_.get(), w->pool_.get(), nullptr, eo));
   return w;
@@ -101,6 +102,11 @@ void SimWorker::Abort(const std::string& id) {
   Wake();
 }
 
+void SimWorker::Park(const std::string& id) {
+  engine_->Park(id);
+  Wake();
+}
+
 void SimWorker::Wake() {
   woken_ = true;
   if (stepping_) return;
@@ -125,7 +131,7 @@ void SimWorker::Step() {
   const bool more = *worked;
   const double end = loop_->now() + seconds;
   if (ran_model_) {
-    window_.push_back(StepRecord{end, seconds, last_prefill_tokens_});
+    window_.push_back(StepRecord{end, seconds, last_prefill_tokens_, last_decode_tokens_});
   }
   loop_->At(end, [this, outputs = std::move(outputs), events = std::move(events), more,
                   progressed = ran_model_] {
@@ -146,6 +152,8 @@ void SimWorker::Step() {
 
 void SimWorker::Report(KvIndex* index, int slot) {
   const EngineStats s = engine_->stats();
+  load_.queued_requests = s.waiting;
+  load_.running_requests = s.running;
   load_.queued_tokens = s.queued_tokens;
   load_.running_tokens = s.running_tokens;
   load_.free_blocks = s.free_blocks;
@@ -156,18 +164,27 @@ void SimWorker::Report(KvIndex* index, int slot) {
   while (!window_.empty() && window_.front().end < now - options_.load_window_s) {
     window_.pop_front();
   }
-  double seconds = 0, prefill_seconds = 0;
-  int64_t prefill = 0;
+  double seconds = 0, prefill_seconds = 0, decode_seconds = 0;
+  int64_t prefill = 0, decode = 0;
   for (const StepRecord& r : window_) {
     seconds += r.seconds;
     if (r.prefill_tokens > 0) {
       prefill += r.prefill_tokens;
       prefill_seconds += r.seconds;
     }
+    if (r.decode_tokens > 0) {
+      decode += r.decode_tokens;
+      decode_seconds += r.seconds;
+    }
   }
   if (!window_.empty()) load_.step_time_ms = 1e3 * seconds / static_cast<double>(window_.size());
   load_.prefill_tokens_per_second =
       prefill_seconds > 0 ? static_cast<double>(prefill) / prefill_seconds : 0;
+  load_.decode_tokens_per_second =
+      decode_seconds > 0 ? static_cast<double>(decode) / decode_seconds : 0;
+  // Steps are recorded at their end, which may lie ahead of now (a step in flight).
+  const double span = std::min(options_.load_window_s, now - created_s_);
+  load_.busy_fraction = span > 0 ? std::clamp(seconds / span, 0.0, 1.0) : 0;
   // The cache's events since the last report, or a snapshot when they are gone.
   const KvEventJournal& journal = engine_->kv_events();
   std::vector<JournalEvent> events;

@@ -54,12 +54,19 @@ struct SimWorkerOptions {
 
 // The worker's numbers as its Watch stream last reported them.
 struct SimWorkerLoad {
+  int64_t queued_requests = 0, running_requests = 0;  // sequences without / with KV
   int64_t queued_tokens = 0, running_tokens = 0;
   int64_t free_blocks = 0, total_blocks = 0;
-  int64_t cached_blocks = 0;             // held by the prefix cache
-  uint64_t reports = 0;                  // reports so far
-  double prefill_tokens_per_second = 0;  // over the load window; 0: no prefill in it
+  int64_t cached_blocks = 0;  // held by the prefix cache
+  uint64_t reports = 0;       // reports so far
+  // Over the load window, as the real worker's LoadWindow measures them (services/worker/
+  // load_window.h): prompt tokens/s of the steps that computed prompt tokens, decoded tokens/s of
+  // the steps that decoded (0: none in the window), the mean step time (the last measured while
+  // idle), and the step time over the window's wall time (or the worker's life while shorter).
+  double prefill_tokens_per_second = 0;
+  double decode_tokens_per_second = 0;
   double step_time_ms = 0;
+  double busy_fraction = 0;
 };
 
 class SimWorker {
@@ -84,6 +91,8 @@ class SimWorker {
                      std::function<void(absl::StatusOr<KvReservation>)> done);
   void ReleaseHandoff(const std::string& id);
   void Abort(const std::string& id);
+  // Engine::Park: the request ends with kHandoff when it can (a drain).
+  void Park(const std::string& id);
   // Blocks released on the pool from outside: the engine may be waiting for them.
   void Wake();
 
@@ -113,7 +122,8 @@ class SimWorker {
   bool stepping_ = false;   // a step is scheduled or running
   bool woken_ = false;      // work arrived since the current step started
   bool ran_model_ = false;  // the current step ran the model (on_step)
-  int64_t last_prefill_tokens_ = 0;
+  int64_t last_prefill_tokens_ = 0, last_decode_tokens_ = 0;
+  double created_s_ = 0;
   int idle_steps_ = 0;  // steps in a row that did not run the model
   // Delivered when the step ends: token events (in order), then the other callbacks.
   using EventCallback = std::shared_ptr<const std::function<void(const TokenEvent&)>>;
@@ -126,7 +136,7 @@ class SimWorker {
   SimWorkerLoad load_;
   struct StepRecord {
     double end = 0, seconds = 0;
-    int64_t prefill_tokens = 0;
+    int64_t prefill_tokens = 0, decode_tokens = 0;
   };
   std::deque<StepRecord> window_;
 };
