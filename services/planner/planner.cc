@@ -13,7 +13,7 @@ namespace {
 // A pool needs ceil(x) workers, but a load a hair above an integer (noise) does not add one.
 constexpr double kCeilTolerance = 0.05;
 // The growth factor the forecast may apply to the load measured now.
-constexpr double kMinGrowth = 0.5, kMaxGrowth = 4;
+constexpr double kMinGrowth = 0.5, kMaxGrowth = 2;
 
 int64_t CeilWorkers(double x) {
   if (!(x > 0)) return 0;
@@ -291,22 +291,19 @@ PoolDecision Planner::DecidePool(PoolRole role, const Snapshot& snapshot) {
         n.Consider((tok_demand + backlog / (0.5 * options_.ttft_target_s)) / capacity, "backlog");
       }
     }
-    if (HoldsStreams(role)) {
-      n.Consider(load_sum * req_growth / u, "kv");
-      if (kv_per_worker > 0 && router_queued_tokens > 0) {
-        n.Consider(
-            (load_sum + static_cast<double>(router_queued_tokens) / kv_per_worker) * req_growth / u,
-            "queue");
-      }
-    }
-    if (!out) return n;
-    // The inter-token latency: a decode step slower than the target needs more workers (one at
-    // a time: a step has a floor no worker count lowers).
+    // (Not the router's queue: a stream holds its KV only while it decodes, so a burst queued
+    // for KV room is not a load to size for; its waits are, below.)
+    if (HoldsStreams(role)) n.Consider(load_sum * req_growth / u, "kv");
+    // Signs the load model missed, each worth one more replica, and only while none is starting
+    // (the ones starting may be what the signs wait for):
+    if (!out || d.starting > 0) return n;
+    // the inter-token latency: a decode step slower than the target (one at a time: a step has
+    // a floor no worker count lowers);
     if (HoldsStreams(role) && stepping > 0 &&
         step_ms_sum / static_cast<double>(stepping) > options_.itl_target_s * 1e3) {
       n.Consider(static_cast<double>(d.current + 1), "itl");
     }
-    // Requests that waited for this pool longer than a quarter of the TTFT target: one more.
+    // requests that waited for this pool longer than a quarter of the TTFT target.
     if (queue_waits_[r] > 0 && queue_wait_mean_s_[r] > 0.25 * options_.ttft_target_s) {
       n.Consider(static_cast<double>(d.current + 1), "queue_wait");
     }

@@ -67,7 +67,7 @@ struct PlannerOptions {
   // Scale-in sizes for the load plus this fraction (the HPA's tolerance): a load that hovers
   // at a boundary does not flap across it.
   double scale_in_tolerance = 0.1;
-  double forecast_window_s = 120;  // the trend's window
+  double forecast_window_s = 300;  // the trend's window
   double rate_half_life_s = 30;    // the rate's smoothing
   // One worker's prefill speed (computed prompt tokens/s) and decode capacity before any is
   // measured (0: assume the pool is right until measured).

@@ -142,6 +142,7 @@ absl::StatusOr<SimRunResult> RunSimulation(const ClusterOptions& cluster_options
     }
     if (planner.has_value()) {
       const Plan plan = planner->Decide(snapshot);
+      if (options.on_plan) options.on_plan(plan);
       for (const PoolDecision& d : plan.pools) {
         const WorkerKind kind = KindOf(d.pool);
         point.desired[static_cast<size_t>(d.pool)] = d.desired;

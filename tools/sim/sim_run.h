@@ -46,8 +46,9 @@ struct SimRunOptions {
   // Pools at run time: the planner, or a rule of the caller's (the planner first when both).
   std::optional<PlannerOptions> planner;
   std::function<void(ClusterSim&, const Snapshot&)> scale;
-  double scale_interval_s = 10;  // `scale`'s interval (the planner's is its interval_s)
-  double startup_s = 60;         // a new worker's start-up time
+  std::function<void(const Plan&)> on_plan;  // each of the planner's plans (a log; may be empty)
+  double scale_interval_s = 10;              // `scale`'s interval (the planner's is its interval_s)
+  double startup_s = 60;                     // a new worker's start-up time
 };
 
 // The pools at one interval (before the decisions taken then), by PoolRole.
