@@ -154,12 +154,18 @@ class Fields {
   absl::Status status_;
 };
 
-// Counters are sent as doubles; the planner's are integers.
+// Counters are sent as doubles; the planner's are integers. A router's sum of one counter stays
+// within 2^53 (a double's integers), so sums over routers cannot overflow.
 absl::Status ToCount(const PrometheusSample& s, int64_t* out) {
-  if (!std::isfinite(s.value) || s.value < 0 || s.value > 9.007199254740992e15) {
+  constexpr int64_t kMax = int64_t{1} << 53;
+  if (!std::isfinite(s.value) || s.value < 0 || s.value > static_cast<double>(kMax)) {
     return absl::InvalidArgumentError(absl::StrCat("metrics: ", s.name, " is ", s.value));
   }
-  *out += static_cast<int64_t>(std::llround(s.value));
+  const int64_t v = static_cast<int64_t>(std::llround(s.value));
+  if (*out > kMax - v) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics: ", s.name, " sums over 2^53"));
+  }
+  *out += v;
   return absl::OkStatus();
 }
 
