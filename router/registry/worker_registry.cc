@@ -53,6 +53,22 @@ struct WorkerRegistry::Worker {
   std::string id() const { return status.worker_id().empty() ? address : status.worker_id(); }
 };
 
+namespace {
+
+// A worker's role as GET /workers names it (an unspecified role serves whole requests).
+const char* WorkerRoleName(v1::WorkerRole role) {
+  switch (role) {
+    case v1::WORKER_ROLE_PREFILL:
+      return "prefill";
+    case v1::WORKER_ROLE_DECODE:
+      return "decode";
+    default:
+      return "aggregated";
+  }
+}
+
+}  // namespace
+
 const char* StateName(int state) {
   switch (state) {
     case 0:
@@ -657,6 +673,7 @@ nlohmann::json WorkerRegistry::ToJson() const {
         {"messages", w->messages},                  // received on this stream
     };
     if (w->messages > 0 || w->state == Worker::State::kRefused) {
+      j["role"] = WorkerRoleName(s.role());
       j["engine"] = s.engine();
       j["model"] = s.model().name();
       j["fingerprint"] =
@@ -664,6 +681,7 @@ nlohmann::json WorkerRegistry::ToJson() const {
       j["drain_state"] = v1::DrainState_Name(s.drain_state());
       j["block_tokens"] = s.capacity().block_tokens();
       j["total_kv_blocks"] = s.capacity().total_kv_blocks();
+      j["max_running_requests"] = s.capacity().max_running_requests();
       j["load"] = {{"queued_requests", l.queued_requests()},
                    {"running_requests", l.running_requests()},
                    {"queued_tokens", l.queued_tokens()},
@@ -673,7 +691,8 @@ nlohmann::json WorkerRegistry::ToJson() const {
                    {"cached_kv_blocks", l.cached_kv_blocks()},
                    {"step_time_ms", l.step_time_ms()},
                    {"prefill_tokens_per_second", l.prefill_tokens_per_second()},
-                   {"decode_tokens_per_second", l.decode_tokens_per_second()}};
+                   {"decode_tokens_per_second", l.decode_tokens_per_second()},
+                   {"busy_fraction", l.busy_fraction()}};
       j["last_message_ms_ago"] = absl::ToInt64Milliseconds(now - w->last_seen);
     }
     // What the router's KV index holds of it (blocks: its prefix cache's, as of `sequence`).

@@ -445,13 +445,24 @@ TEST(WorkerRegistryTest, AWorkerAddedAtRuntimeBecomesACandidate) {
   ASSERT_TRUE(Eventually([&] { return fleet.AllStreaming(); }));
   EXPECT_EQ(fleet.workers[0]->subscriptions(), 1);  // the listed one keeps its stream
   EXPECT_EQ(registry.up_count(), 1);
-  fleet.workers[1]->Send(Status("w1", 7, 16));
+  v1::WorkerStatus decode = Status("w1", 7, 16);
+  decode.set_role(v1::WORKER_ROLE_DECODE);
+  decode.mutable_load()->set_busy_fraction(0.25f);
+  decode.mutable_load()->set_running_requests(1);
+  fleet.workers[1]->Send(decode);
   ASSERT_TRUE(Eventually([&] { return registry.Candidates().size() == 2; }));
   EXPECT_EQ(registry.up_count(), 2);
   const nlohmann::json json = registry.ToJson();
   ASSERT_EQ(json.size(), 2u);
   EXPECT_EQ(json[1]["id"], "w1");
   EXPECT_EQ(json[1]["state"], "up");
+  // What a planner sizes the pools by: the role, the capacity and the load window's busy share.
+  EXPECT_EQ(json[0]["role"], "aggregated");
+  EXPECT_EQ(json[1]["role"], "decode");
+  EXPECT_EQ(json[1]["max_running_requests"], 2);
+  EXPECT_EQ(json[1]["load"]["running_requests"], 1);
+  EXPECT_DOUBLE_EQ(json[1]["load"]["busy_fraction"].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(json[0]["load"]["busy_fraction"].get<double>(), 0.0);
   registry.Stop();
   EXPECT_EQ(registry.SetWorkers({fleet.addresses[0]}).code(),
             absl::StatusCode::kFailedPrecondition);

@@ -227,6 +227,7 @@ v1::WorkerLoad WatchHub::Load() {
   load.set_step_time_ms(static_cast<float>(w.step_seconds * 1e3));
   load.set_prefill_tokens_per_second(static_cast<float>(w.prefill_tokens_per_second));
   load.set_decode_tokens_per_second(static_cast<float>(w.decode_tokens_per_second));
+  load.set_busy_fraction(static_cast<float>(w.busy_fraction));
   return load;
 }
 

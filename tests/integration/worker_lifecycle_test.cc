@@ -462,6 +462,9 @@ TEST(WorkerLifecycleTest, TheNullEngineServesTheSameApiAtItsConfiguredRates) {
   ASSERT_TRUE(watch->Next(&status));
   EXPECT_EQ(status.engine(), "null");
   EXPECT_GE(status.load().step_time_ms(), 30.0f);
+  // Steps ran in the window: the engine was busy part of it.
+  EXPECT_GT(status.load().busy_fraction(), 0.0f);
+  EXPECT_LE(status.load().busy_fraction(), 1.0f);
   watch->Cancel();
 }
 

@@ -10,12 +10,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "boost/asio/connect.hpp"
 #include "boost/asio/io_context.hpp"
 #include "boost/asio/ip/tcp.hpp"
 #include "boost/asio/steady_timer.hpp"
 #include "boost/beast/core.hpp"
 #include "boost/beast/http.hpp"
+#include "services/common/host_port.h"
+#include "services/common/http_get.h"
 
 namespace ferry {
 
@@ -79,29 +82,12 @@ absl::StatusOr<HttpUrl> ParseHttpUrl(absl::string_view url) {
 absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeout) {
   auto parsed = ParseHttpUrl(url);
   if (!parsed.ok()) return parsed.status();
-  asio::io_context io;
-  beast::tcp_stream stream(io);
-  beast::error_code ec;
-  tcp::resolver resolver(io);
-  const auto endpoints = resolver.resolve(parsed->host, parsed->port, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("GET ", url, ": ", ec.message()));
-  stream.expires_after(ToChrono(timeout));
-  stream.connect(endpoints, ec);
-  http::request<http::empty_body> request(http::verb::get,
-                                          parsed->path.empty() ? "/" : parsed->path, 11);
-  request.set(http::field::host, parsed->host);
-  request.set(http::field::user_agent, "ferry-load");
-  if (!ec) http::write(stream, request, ec);
-  beast::flat_buffer buffer;
-  http::response<http::string_body> response;
-  if (!ec) http::read(stream, buffer, response, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("GET ", url, ": ", ec.message()));
-  stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-  if (response.result_int() != 200) {
-    return absl::UnavailableError(absl::StrCat("GET ", url, ": HTTP ", response.result_int(), ": ",
-                                               response.body().substr(0, 300)));
-  }
-  return std::move(response.body());
+  int port = 0;
+  absl::SimpleAtoi(parsed->port, &port);  // ParseHttpUrl checked it
+  HttpGetOptions options;
+  options.user_agent = "ferry-load";
+  return ferry::HttpGet(JoinHostPort(parsed->host, port), parsed->path.empty() ? "/" : parsed->path,
+                        absl::Now() + timeout, options);
 }
 
 class HttpStreamClient::Impl {

@@ -35,7 +35,8 @@ struct HttpUrl {
 };
 absl::StatusOr<HttpUrl> ParseHttpUrl(absl::string_view url);
 
-// GET url: the body of a 200 answer, or an error naming the status.
+// GET url: the body of a 200 answer, or an error naming the status (services/common/http_get.h:
+// `timeout` bounds the whole exchange).
 absl::StatusOr<std::string> HttpGet(const std::string& url, absl::Duration timeout);
 
 class HttpStreamClient {

@@ -13,7 +13,8 @@
     docs/operations/metrics.md; and every metric name the manual shows is one of them (or a
     histogram's _bucket, _sum or _count of one, or a prefix ending in "_" of one): on that page
     every ferry_ name in code, elsewhere every name of a service's family (ferry_router_...,
-    ferry_worker_..., ferry_kvstore_..., ferry_kv_transfer..., ferry_build_..., ferry_process_...).
+    ferry_worker_..., ferry_kvstore_..., ferry_kv_transfer..., ferry_planner_..., ferry_build_...,
+    ferry_process_...).
     A literal that is only a piece of a name ("ferry_worker_" + ...) fails too: a name built from
     parts is one this check cannot see, so the source writes every name whole.
 
@@ -155,7 +156,7 @@ METRICS_PAGE = "docs/operations/metrics.md"
 HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 # A metric name in the manual's text, outside the metrics page: one of the services' families.
 METRIC_IN_MANUAL = re.compile(
-    r"\bferry_(?:router|worker|kvstore|kv_transfers?|build|process)_[a-z0-9_]*")
+    r"\bferry_(?:router|worker|kvstore|kv_transfers?|planner|build|process)_[a-z0-9_]*")
 
 
 def strip_cc_comments(text):

@@ -46,6 +46,11 @@ RULES = [
     ("kvstore-service-and-client", r"^kvstore/(service|client)(/|$)",
      r"^//(services/worker|router)[/:]|^//engine/(?!common[/:])",
      True, "the store's service and client sit on services/common and services/transfer"),
+    ("planner-reads-the-routers-pages", r"^services/planner(/|$)",
+     r"^//(router|services/(worker|transfer)|kvstore|proto)[/:]|^//engine/(?!common[/:])"
+     r"|^//tools/(sim|load|bench|calibrate|worker_cli)[/:]",
+     True, "the planner reads the routers' admin pages over HTTP and shares only pure rules with "
+     "the simulator, which sits above it; it links no router, worker or store code"),
 ]
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
