@@ -2,11 +2,14 @@
 """The image smoke test (issue 45): Ferry's real images running the exact command lines of the
 rendered `cpu` overlay, as far as this machine allows without a Kubernetes API server.
 
-  image_smoke_test.py BUILD_IMAGES PRIVATE_DOCKERD ROUTER WORKER KVSTORE KV [--rendered FILE]
+  image_smoke_test.py BUILD_IMAGES PRIVATE_DOCKERD ROUTER WORKER KVSTORE KV PLANNER
+                      [--rendered FILE]
 
 1. Images: tools/image/build_images.sh on the Bazel outputs, in a dockerd of the test's own
    (tools/image/private_dockerd.py; its image store kept in $FERRY_CACHE/image/dockerd so that a
-   warm run imports and checks nothing again; the test depends on nothing left there).
+   warm run imports and checks nothing again; the test depends on nothing left there). The
+   ferry-planner image is built and checked too (its libraries resolve, --version runs), not run:
+   its actuator needs an API server (tests/deploy:kubernetes_actuator_contract_test).
 2. Pods: `kubectl kustomize deploy/k8s/overlays/cpu` (or --rendered FILE, already rendered): the
    router, one prefill worker, two decode workers and one store node (the StatefulSet's pod 0),
    each a container with its manifest's command and args after Kubernetes' $(VAR) expansion over
@@ -451,8 +454,8 @@ def docker_client():
 
 def build_images(d, build_script, binaries):
     p = subprocess.run([build_script, "--router", binaries[0], "--worker", binaries[1],
-                        "--kvstore", binaries[2], "--kv", binaries[3], "--cache", CACHE,
-                        "--prune"], env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        "--kvstore", binaries[2], "--kv", binaries[3], "--planner", binaries[4],
+                        "--cache", CACHE, "--prune"], env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True, timeout=600)
     sys.stderr.write(p.stderr)
     if p.returncode != 0:
@@ -553,7 +556,7 @@ def go_duration_seconds(text):
 
 
 def run(args):
-    binaries = [args.router, args.worker, args.kvstore, args.kv]
+    binaries = [args.router, args.worker, args.kvstore, args.kv, args.planner]
     sys.path.insert(0, os.path.dirname(os.path.realpath(args.private_dockerd)))
     import private_dockerd
 
@@ -713,7 +716,8 @@ def check_serving(stack):
 
 def main():
     parser = argparse.ArgumentParser()
-    for name in ("build_images", "private_dockerd", "router", "worker", "kvstore", "kv"):
+    for name in ("build_images", "private_dockerd", "router", "worker", "kvstore", "kv",
+                 "planner"):
         parser.add_argument(name)
     parser.add_argument("--rendered", help="already rendered manifests instead of the overlay")
     parser.add_argument("--network_base", help="127.A.B: the loopback /24 to use (default: a "

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Ferry's container images, built without a registry (issue 45; `./ferry image build`).
 #
-#   build_images.sh --router BIN --worker BIN --kvstore BIN [--kv BIN]
+#   build_images.sh --router BIN --worker BIN --kvstore BIN [--kv BIN] [--planner BIN]
 #                   [--cache DIR] [--prune] [--save DIR]
 #
-# One image per binary family: ferry-router, ferry-worker (every role) and ferry-kvstore (with
-# the `ferry-kv` tool), each tagged ferry-<family>:<version>-<commit> (both from the binary's
+# One image per binary family: ferry-router, ferry-worker (every role), ferry-kvstore (with the
+# `ferry-kv` tool) and, given --planner, ferry-planner (deploy/k8s/components/planner), each tagged ferry-<family>:<version>-<commit> (both from the binary's
 # --version: the VERSION file and the commit Bazel stamped) and :latest. The model is not in any
 # image: the pods mount it (deploy/k8s).
 #
@@ -26,7 +26,7 @@
 # The Docker client is Debian's /usr/bin/docker (FERRY_DOCKER overrides; another `docker` may come
 # first on the PATH) against the daemon of $DOCKER_HOST (its default when unset).
 #   --cache DIR   where the root filesystem tarballs live (default ${FERRY_CACHE}/image)
-#   --prune       remove the older tags of the three repositories and dangling images
+#   --prune       remove the older tags of the images' repositories and dangling images
 #   --save DIR    also write each image as DIR/ferry-<family>.tar (`docker save`: for
 #                 `kind load image-archive`, `ctr images import`, `docker load`)
 # Prints one line per image: "ferry-<family>:<tag> <size in MB> MB".
@@ -38,20 +38,21 @@ die() {
 }
 log() { echo "build_images.sh: $*" >&2; }
 
-router="" worker="" kvstore="" kv="" cache="${FERRY_CACHE:-/var/cache/ferry}/image" prune=0 save=""
+router="" worker="" kvstore="" kv="" planner="" cache="${FERRY_CACHE:-/var/cache/ferry}/image" prune=0 save=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --router) router=$2; shift 2 ;;
     --worker) worker=$2; shift 2 ;;
     --kvstore) kvstore=$2; shift 2 ;;
     --kv) kv=$2; shift 2 ;;
+    --planner) planner=$2; shift 2 ;;
     --cache) cache=$2; shift 2 ;;
     --prune) prune=1; shift ;;
     --save) save=$2; shift 2 ;;
     *) die "unknown argument '$1' (see the header of $0)" ;;
   esac
 done
-for b in "${router}" "${worker}" "${kvstore}" ${kv:+"${kv}"}; do
+for b in "${router}" "${worker}" "${kvstore}" ${kv:+"${kv}"} ${planner:+"${planner}"}; do
   [[ -n "${b}" ]] || die "--router, --worker and --kvstore are required"
   [[ -x "${b}" ]] || die "not an executable file: ${b}"
 done
@@ -70,7 +71,7 @@ short=${commit:0:12}
 tag="${version}-${short}"
 
 # --- The packages: whoever owns each library ldd names -----------------------------------------
-libs=$(for b in "${router}" "${worker}" "${kvstore}" ${kv:+"${kv}"}; do
+libs=$(for b in "${router}" "${worker}" "${kvstore}" ${kv:+"${kv}"} ${planner:+"${planner}"}; do
          ldd "${b}" || die "ldd ${b} failed"
        done | awk '/not found/ {print "MISSING " $1; next}
                    $2 == "=>" && $3 ~ /^\// {print $3; next}
@@ -158,7 +159,7 @@ printf '%s\n' 'root:x:0:0:root:/root:/usr/sbin/nologin' \
   'ferry:x:65532:65532:ferry:/nonexistent:/usr/sbin/nologin' >"${context}/passwd"
 printf 'root:x:0:\nferry:x:65532:\n' >"${context}/group"
 # UCX's transport modules (dlopened, so ldd of the binaries misses them): checked in the images
-# of the binaries that load UCX.
+# of the binaries that load UCX (the worker's and the store's; not the router's or the planner's).
 ucx_modules=$(grep -E '^\./usr/lib/x86_64-linux-gnu/ucx/lib[a-z_]+\.so\.[0-9]+$' <<<"${listing}" |
               sed 's/^\.//' || true)
 
@@ -199,7 +200,8 @@ EOF
     return
   fi
   for target in "${copies[@]/#//usr/local/bin/}" ${ucx_modules}; do
-    [[ "${family}" != router || "${target}" != */ucx/* ]] || continue
+    [[ "${target}" != */ucx/* ]] || [[ "${family}" == worker || "${family}" == kvstore ]] ||
+      continue
     out=$("${DOCKER}" run --rm --network none --entrypoint /lib64/ld-linux-x86-64.so.2 \
           "${image}:${tag}" --list "${target}" 2>&1) ||
       die "${image}: ld.so --list ${target}: ${out}"
@@ -235,6 +237,7 @@ report() {  # report IMAGE: its line, then --save and --prune
 build_family router "${router}"
 build_family worker "${worker}"
 build_family kvstore "${kvstore}" ${kv:+"${kv}"}
+[[ -z "${planner}" ]] || build_family planner "${planner}"
 if [[ ${prune} -eq 1 ]]; then
   for old in $("${DOCKER}" image ls --format '{{.Repository}}:{{.Tag}}' ferry-base); do
     [[ "${old}" == "${base}" ]] || "${DOCKER}" rmi "${old}" >/dev/null

@@ -5,7 +5,8 @@ temporary directory, dereferencing Bazel's symlinks (kustomize refuses files who
 lies outside the kustomization's root), runs `kubectl kustomize` there and returns the objects.
 kubectl comes from $FERRY_KUBECTL or the PATH (kubectl 1.32, with kustomize 5.5, is what the
 checks are written against). A missing kubectl or a failed render raises RenderError with
-kubectl's own message.
+kubectl's own message. render_with(overlay, components) renders an overlay with more components
+(components/planner-advice), as a user's kustomization over the overlay would.
 """
 
 import os
@@ -54,6 +55,20 @@ def render_dir(path):
 
 def render(overlay):
     return render_dir(os.path.join("overlays", overlay))
+
+
+def render_with(overlay, components):
+    """An overlay's objects with more components applied (paths relative to deploy/k8s), as a user's
+    kustomization over it would: `resources: [overlay]`, `components: [...]`."""
+    name = "%s+%s" % (overlay, "+".join(os.path.basename(c) for c in components))
+    directory = os.path.join(_tree(), "variants", name)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "kustomization.yaml"), "w", encoding="utf-8") as f:
+        yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": ["../../overlays/" + overlay],
+            "components": ["../../" + c for c in components]}, f)
+    return render_dir(os.path.join("variants", name))
 
 
 def load(path):

@@ -4,7 +4,8 @@ Every overlay renders with `kubectl kustomize`; every object with a Kubernetes s
 kubernetes-validate --strict against Kubernetes 1.32 (unknown fields are errors); the
 Prometheus Operator's objects (ServiceMonitor, PrometheusRule) pass the JSON schemas kept in
 deploy/k8s/schemas; an object of any other kind fails (its schema would be missing). The
-optional Ingress component is validated on its own. Each validator is also shown a broken
+optional Ingress component is validated on its own, and each overlay with the planner's advice
+component (HPAs instead of the planner's own scaling). Each validator is also shown a broken
 object, so that a validator that accepts everything fails the test.
 """
 
@@ -61,8 +62,20 @@ class ManifestsTest(unittest.TestCase):
                 kinds = {o["kind"] for o in objects}
                 for kind in ("Deployment", "StatefulSet", "Service", "PodDisruptionBudget",
                              "NetworkPolicy", "ConfigMap", "Secret", "ServiceMonitor",
-                             "PrometheusRule", "Namespace"):
+                             "PrometheusRule", "Namespace", "ServiceAccount", "Role",
+                             "RoleBinding"):
                     self.assertIn(kind, kinds)
+                found = [p for o in objects for p in problems(o)]
+                self.assertEqual(found, [], "\n".join(found))
+
+    def test_planner_advice_variant_renders_and_validates(self):
+        for overlay in k8s_render.OVERLAYS:
+            with self.subTest(overlay=overlay):
+                objects = k8s_render.render_with(overlay, ["components/planner-advice"])
+                hpas = sorted(o["metadata"]["name"] for o in objects
+                              if o["kind"] == "HorizontalPodAutoscaler")
+                self.assertEqual(hpas, ["ferry-decode", "ferry-prefill"])
+                self.assertFalse([o for o in objects if o["kind"] in ("Role", "RoleBinding")])
                 found = [p for o in objects for p in problems(o)]
                 self.assertEqual(found, [], "\n".join(found))
 

@@ -1,6 +1,6 @@
 """Policy over the rendered objects of every overlay (deploy/k8s/README.md, "What is checked").
 
-  policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN
+  policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN PLANNER_BIN
 
 The binaries give the flags a container may use: each one's --help lists them, and its
 defaults for the drain budget. Every rule below is one a reviewer would otherwise check by eye:
@@ -20,7 +20,14 @@ defaults for the drain budget. Every rule below is one a reviewer would otherwis
   - every flag in a container's args, and every key of its --config file, is one its binary's
     --help lists; the config file and the model it names are mounted;
   - the headless Services publish not-ready addresses; several routers have session affinity;
-  - the store's --capacity fits its volume.
+  - the store's --capacity fits its volume;
+  - RBAC is least privilege: no ClusterRole, no wildcard; only the planner's pod gets a service
+    account token, and only with --actuator=kubernetes; its Role grants exactly the calls of
+    services/planner/kubernetes_actuator.h, on the Deployments the planner's flags name (the
+    contract test tests/deploy:kubernetes_actuator_contract_test checks them against the calls);
+  - the planner or an HPA on a pool, never both; the planner owns its pools' replica count (no
+    spec.replicas in their Deployments), and runs as one replica, never two at once (Recreate).
+Each overlay is checked as it is and with components/planner-advice (HPAs follow the planner).
 """
 
 import base64
@@ -36,7 +43,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import k8s_render  # noqa: E402
 
 BINARIES = {}  # container name -> binary path (from argv)
-ADMIN_PORTS = {"router": 9090, "worker": 9091, "kvstore": 9092}
+ADMIN_PORTS = {"router": 9090, "worker": 9091, "kvstore": 9092, "planner": 9093}
+# The overlays as checked: each as it is, and with the planner in advice mode (an HPA per pool).
+VARIANTS = [(o, []) for o in k8s_render.OVERLAYS] + [
+    (o, ["components/planner-advice"]) for o in k8s_render.OVERLAYS]
+# (apiGroup, resource, verb) -> resourceNames ("deployments": the Deployments of the planner's
+# pools) of what services/planner/kubernetes_actuator.h calls.
+PLANNER_RULES = {
+    ("apps", "deployments", "get"): "deployments",
+    ("apps", "deployments/scale", "get"): "deployments",
+    ("apps", "deployments/scale", "patch"): "deployments",
+    ("", "pods", "list"): None,
+    ("", "pods", "patch"): None,
+}
 WILDCARDS = {"", "0.0.0.0", "::", "[::]", "localhost", "127.0.0.1"}
 
 
@@ -116,9 +135,11 @@ def env_of(container):
 class Rendered:
     """One overlay's objects, indexed."""
 
-    def __init__(self, overlay):
+    def __init__(self, overlay, components=()):
         self.overlay = overlay
-        self.objects = k8s_render.render(overlay)
+        self.name = "+".join([overlay] + [os.path.basename(c) for c in components])
+        self.objects = (k8s_render.render_with(overlay, list(components)) if components
+                        else k8s_render.render(overlay))
         self.by_name = {k8s_render.name(o): o for o in self.objects}
         self.configmaps = {o["metadata"]["name"]: o for o in self.objects
                            if o["kind"] == "ConfigMap"}
@@ -170,7 +191,7 @@ class PolicyTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.rendered = [Rendered(o) for o in k8s_render.OVERLAYS]
+        cls.rendered = [Rendered(o, c) for o, c in VARIANTS]
 
     def check_containers_are_known(self, r):
         names = {c["name"] for _, _, c in r.containers()}
@@ -233,6 +254,10 @@ class PolicyTest(unittest.TestCase):
                                  "%s: a drained worker must exit" % k8s_render.name(w))
             elif c["name"] == "router":
                 need = seconds(r.setting(spec, c, "shutdown_grace"))
+            elif c["name"] == "planner":
+                # Its loop ends after the round it is in: a router read and an actuator call.
+                need = sum(seconds(r.setting(spec, c, f))
+                           for f in ("router_timeout", "actuator_timeout"))
             else:
                 need = int(r.setting(spec, c, "rpc_grace_ms")) / 1000.0
             pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {})
@@ -274,7 +299,7 @@ class PolicyTest(unittest.TestCase):
 
     def check_advertised_addresses(self, r):
         for w, _, c in r.containers():
-            if c["name"] == "router":
+            if c["name"] in ("router", "planner"):  # they advertise no address
                 continue
             where = "%s %s" % (k8s_render.name(w), c["name"])
             a = args_of(c)
@@ -381,6 +406,96 @@ class PolicyTest(unittest.TestCase):
                                 "Service %s targets %s, no container port" %
                                 (s["metadata"]["name"], target))
 
+    def planner(self, r):
+        """(Deployment, pod spec, container) of ferry-planner."""
+        w = r.by_name["Deployment/ferry-planner"]
+        spec = w["spec"]["template"]["spec"]
+        return w, spec, next(c for c in spec["containers"] if c["name"] == "planner")
+
+    def planner_deployments(self, r):
+        """The Deployments the planner sizes: --<pool>_deployment of each of its --pools."""
+        _, spec, c = self.planner(r)
+        names = set()
+        for pool in r.setting(spec, c, "pools").split(","):
+            name = r.setting(spec, c, pool + "_deployment")
+            if name:
+                names.add(name)
+        return names
+
+    def check_rbac_least_privilege(self, r):
+        kinds = {o["kind"] for o in r.objects}
+        self.assertFalse(kinds & {"ClusterRole", "ClusterRoleBinding"},
+                         "a cluster-wide RBAC object")
+        accounts = {o["metadata"]["name"] for o in r.objects if o["kind"] == "ServiceAccount"}
+        roles = {o["metadata"]["name"]: o for o in r.objects if o["kind"] == "Role"}
+        bound = {}  # ServiceAccount -> rules
+        for b in (o for o in r.objects if o["kind"] == "RoleBinding"):
+            where = "RoleBinding " + b["metadata"]["name"]
+            self.assertEqual(b["roleRef"]["kind"], "Role", where)
+            self.assertIn(b["roleRef"]["name"], roles, where)
+            for subject in b["subjects"]:
+                self.assertEqual(subject["kind"], "ServiceAccount", where)
+                self.assertIn(subject["name"], accounts, where)
+                self.assertEqual(subject.get("namespace"), b["metadata"].get("namespace"), where)
+                bound.setdefault(subject["name"], []).extend(roles[b["roleRef"]["name"]]["rules"])
+        for role in roles.values():
+            for rule in role["rules"]:
+                for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                    self.assertNotIn("*", rule.get(field, []), "Role %s: a wildcard in %s"
+                                     % (role["metadata"]["name"], field))
+        _, planner_spec, planner = self.planner(r)
+        actuator = r.setting(planner_spec, planner, "actuator")
+        for w, spec, _ in r.pods():
+            token = spec.get("automountServiceAccountToken", True)
+            account = spec.get("serviceAccountName", "default")
+            if k8s_render.name(w) == "Deployment/ferry-planner" and actuator == "kubernetes":
+                self.assertIs(token, True, "the planner needs its token")
+                self.assertIn(account, accounts)
+                granted = {}
+                for rule in bound.get(account, []):
+                    for group in rule["apiGroups"]:
+                        for resource in rule["resources"]:
+                            for verb in rule["verbs"]:
+                                granted.setdefault((group, resource, verb), set()).update(
+                                    rule.get("resourceNames", []) or {None})
+                want = {key: ({None} if names is None else self.planner_deployments(r))
+                        for key, names in PLANNER_RULES.items()}
+                self.assertEqual(granted, want, "the planner's Role is not exactly what its "
+                                 "actuator calls")
+            else:
+                self.assertIs(token, False, "%s mounts a service account token"
+                              % k8s_render.name(w))
+                self.assertFalse(bound.get(account), "%s runs as %s, which is bound to a Role"
+                                 % (k8s_render.name(w), account))
+
+    def check_planner_or_hpa_never_both(self, r):
+        w, spec, c = self.planner(r)
+        self.assertEqual(w["spec"].get("replicas", 1), 1, "two planners would both scale")
+        self.assertEqual(w["spec"].get("strategy", {}).get("type"), "Recreate",
+                         "a rolling update runs two planners at once")
+        actuator = r.setting(spec, c, "actuator")
+        self.assertIn(actuator, ("kubernetes", "advice"))
+        managed = self.planner_deployments(r)
+        self.assertTrue(managed)
+        for name in managed:
+            self.assertIn("Deployment/" + name, r.by_name, "the planner sizes %s, absent" % name)
+            self.assertNotIn("replicas", r.by_name["Deployment/" + name]["spec"],
+                             "%s sets spec.replicas: `kubectl apply` would reset the size the "
+                             "planner or the HPA set" % name)
+        hpas = [o for o in r.objects if o["kind"] == "HorizontalPodAutoscaler"]
+        targets = {h["spec"]["scaleTargetRef"]["name"] for h in hpas}
+        if actuator == "kubernetes":
+            self.assertFalse(targets & managed, "an HPA and the planner both scale %s"
+                             % sorted(targets & managed))
+        else:
+            self.assertEqual(targets, managed, "advice mode: one HPA per pool the planner sizes")
+            for h in hpas:
+                (metric,) = h["spec"]["metrics"]
+                self.assertEqual(metric["external"]["metric"]["name"],
+                                 "ferry_planner_desired_replicas")
+                self.assertEqual(metric["external"]["target"],
+                                 {"type": "AverageValue", "averageValue": "1"})
+
     def test_checks_catch_breakage(self):
         """Each check fails on a rendered overlay broken the way it guards against."""
         def container(r, workload, name):
@@ -415,6 +530,27 @@ class PolicyTest(unittest.TestCase):
         def typo(r):
             container(r, "Deployment/ferry-decode", "worker")["args"].append("--drain_grase=1s")
 
+        def wildcard_verb(r):
+            r.by_name["Role/ferry-planner"]["rules"][2]["verbs"].append("*")
+
+        def extra_verb(r):
+            r.by_name["Role/ferry-planner"]["rules"][0]["verbs"].append("update")
+
+        def router_token(r):
+            r.by_name["Deployment/ferry-router"]["spec"]["template"]["spec"][
+                "automountServiceAccountToken"] = True
+
+        def hpa_too(r):
+            r.objects.append({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+                              "metadata": {"name": "ferry-decode"},
+                              "spec": {"scaleTargetRef": {"apiVersion": "apps/v1",
+                                                          "kind": "Deployment",
+                                                          "name": "ferry-decode"},
+                                       "maxReplicas": 4, "metrics": []}})
+
+        def fixed_replicas(r):
+            r.by_name["Deployment/ferry-decode"]["spec"]["replicas"] = 2
+
         for mutate, check in ((drop_probe, PolicyTest.check_probes_resources_and_security),
                               (root, PolicyTest.check_probes_resources_and_security),
                               (short_grace, PolicyTest.check_grace_exceeds_shutdown),
@@ -422,7 +558,12 @@ class PolicyTest(unittest.TestCase):
                               (leak, PolicyTest.check_secrets_stay_secret),
                               (wildcard, PolicyTest.check_advertised_addresses),
                               (closed_port, PolicyTest.check_network_policy_ports_are_listened_on),
-                              (typo, PolicyTest.check_flags_are_the_binaries)):
+                              (typo, PolicyTest.check_flags_are_the_binaries),
+                              (wildcard_verb, PolicyTest.check_rbac_least_privilege),
+                              (extra_verb, PolicyTest.check_rbac_least_privilege),
+                              (router_token, PolicyTest.check_rbac_least_privilege),
+                              (hpa_too, PolicyTest.check_planner_or_hpa_never_both),
+                              (fixed_replicas, PolicyTest.check_planner_or_hpa_never_both)):
             with self.subTest(breakage=mutate.__name__):
                 r = copy.deepcopy(self.rendered[0])
                 mutate(r)
@@ -433,7 +574,7 @@ class PolicyTest(unittest.TestCase):
 def _each_overlay(check):
     def test(self):
         for r in self.rendered:
-            with self.subTest(overlay=r.overlay):
+            with self.subTest(overlay=r.name):
                 check(self, r)
     test.__doc__ = check.__doc__
     return test
@@ -444,7 +585,9 @@ for _name in [n for n in vars(PolicyTest) if n.startswith("check_")]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit("usage: policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN [unittest args]")
-    BINARIES.update(router=sys.argv[1], worker=sys.argv[2], kvstore=sys.argv[3])
-    unittest.main(argv=[sys.argv[0]] + sys.argv[4:])
+    if len(sys.argv) < 5:
+        sys.exit("usage: policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN PLANNER_BIN "
+                 "[unittest args]")
+    BINARIES.update(router=sys.argv[1], worker=sys.argv[2], kvstore=sys.argv[3],
+                    planner=sys.argv[4])
+    unittest.main(argv=[sys.argv[0]] + sys.argv[5:])
