@@ -19,19 +19,29 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "engine/common/log.h"
 #include "services/common/command_line.h"
+#include "services/common/dns_discovery.h"
 #include "services/common/host_port.h"
 #include "services/common/termination_signal.h"
 #include "services/planner/actuator_factory.h"
+#include "services/planner/kubernetes_flags.h"
 #include "services/planner/planner.h"
 #include "services/planner/planner_service.h"
 
 ABSL_FLAG(std::vector<std::string>, routers, {},
           "the routers' admin addresses (host:port, comma-separated): every router replica, each "
           "read on its own");
+ABSL_FLAG(std::vector<std::string>, routers_dns, {},
+          "the routers' admin ports by DNS (name:port, comma-separated; in Kubernetes a headless "
+          "Service: each of its A records is a router replica), looked up every --dns_interval; "
+          "instead of --routers");
+ABSL_FLAG(absl::Duration, dns_interval, absl::Seconds(5), "--routers_dns: how often to look up");
+ABSL_FLAG(std::vector<std::string>, dns_servers, {},
+          "--routers_dns: the DNS servers (ip or ip:port; empty: /etc/resolv.conf's)");
 ABSL_FLAG(std::string, actuator, "advice",
           "what carries the decisions out: local (./ferry scale on the local stack), kubernetes "
           "(the Deployments' scale subresource) or advice (nothing: the decisions are exported)");
@@ -101,9 +111,12 @@ ferry::PoolLimits LimitsOrExit(const std::string& flag, const std::string& text,
   return limits;
 }
 
-// The Kubernetes actuator's registration point: with kubernetes_actuator.h linked, bind
-// config->kubernetes to NewKubernetesActuator and its flags here.
-void RegisterKubernetesActuator(ferry::ActuatorConfig*) {}
+// The Kubernetes actuator, from its flags (kubernetes_flags.h), built only when chosen.
+void RegisterKubernetesActuator(ferry::ActuatorConfig* config) {
+  config->kubernetes = [] {
+    return ferry::NewKubernetesActuator(ferry::KubernetesActuatorOptionsFromFlags());
+  };
+}
 
 }  // namespace
 
@@ -118,8 +131,24 @@ int main(int argc, char** argv) {
 
   PlannerServiceOptions options;
   options.reader.routers = absl::GetFlag(FLAGS_routers);
-  if (options.reader.routers.empty()) {
-    ExitOnBadOption(kProgram, "--routers", absl::InvalidArgumentError("is required"));
+  const std::vector<std::string> routers_dns = absl::GetFlag(FLAGS_routers_dns);
+  if (options.reader.routers.empty() == routers_dns.empty()) {
+    ExitOnBadOption(kProgram, "--routers",
+                    absl::InvalidArgumentError("give --routers or --routers_dns (one of them)"));
+  }
+  std::unique_ptr<DnsDiscovery> discovery;  // lives as long as the service
+  if (!routers_dns.empty()) {
+    DnsDiscoveryOptions d;
+    d.targets = routers_dns;
+    d.interval = absl::GetFlag(FLAGS_dns_interval);
+    d.dns.servers = absl::GetFlag(FLAGS_dns_servers);
+    d.what = "routers";
+    auto started = DnsDiscovery::Start(d, [](std::vector<std::string> endpoints) {
+      LOG(INFO) << "ferry-planner: routers " << absl::StrJoin(endpoints, ",");
+    });
+    if (!started.ok()) ExitOnBadOption(kProgram, "--routers_dns", started.status());
+    discovery = *std::move(started);
+    options.reader.discover = [d = discovery.get()] { return d->endpoints(); };
   }
   for (const std::string& router : options.reader.routers) {
     std::string host;

@@ -23,7 +23,7 @@ namespace {
 // The load alone would remove replicas, and the planner holds them for one of its rules.
 bool BlocksScaleIn(const PoolDecision& d) {
   return d.action == PlanAction::kHold && d.needed < d.current &&
-         (d.reason == "cooldown" || d.reason == "hysteresis" ||
+         (d.reason == "cooldown" || d.reason == "hysteresis" || d.reason == "starting" ||
           absl::StartsWith(d.reason, "utilisation"));
 }
 
@@ -122,7 +122,9 @@ struct PlannerService::Metrics {
 absl::Status PlannerServiceOptions::Validate() const {
   if (absl::Status s = planner.Validate(); !s.ok()) return s;
   if (!(planner.interval_s > 0)) return absl::InvalidArgumentError("the interval must be > 0");
-  if (reader.routers.empty()) return absl::InvalidArgumentError("no router to read");
+  if (reader.routers.empty() && !reader.discover) {
+    return absl::InvalidArgumentError("no router to read");
+  }
   if (reader.timeout <= absl::ZeroDuration() || actuator_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("timeouts must be > 0");
   }

@@ -287,7 +287,7 @@ TEST(PlannerTest, HonoursStartUpTimeAndMeasuresIt) {
     m.Apply(plan);
   }
   ASSERT_GT(asked_at, 0);
-  EXPECT_EQ(scale_outs, 1);
+  EXPECT_GE(scale_outs, 1);  // (more later, as the trend settles: never while starting)
   EXPECT_NEAR(planner.startup_s(PoolRole::kDecode), 50, 1e-9);
   EXPECT_DOUBLE_EQ(planner.startup_s(PoolRole::kPrefill), 50);  // its scale-out took as long
 }

@@ -33,7 +33,16 @@ SnapshotReader::Result SnapshotReader::Read(double time_s, absl::Time deadline) 
   Result result;
   std::vector<RouterView> views;
   int answered = 0;
-  for (const std::string& address : options_.routers) {
+  const std::vector<std::string> routers =
+      options_.discover ? options_.discover() : options_.routers;
+  for (auto it = last_.begin(); it != last_.end();) {  // routers gone from the list
+    if (std::find(routers.begin(), routers.end(), it->first) == routers.end()) {
+      it = last_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const std::string& address : routers) {
     auto view = ReadOne(address, deadline);
     const absl::Time now = absl::Now();
     if (view.ok()) {

@@ -28,7 +28,12 @@
 namespace ferry {
 
 struct SnapshotReaderOptions {
-  std::vector<std::string> routers;           // admin addresses, host:port (at least one)
+  // Admin addresses, host:port: `routers`, or when `discover` is set, what it returns at each
+  // read (ferry-planner --routers_dns: the DNS discovery's endpoints; thread-safe). A router that
+  // leaves the list leaves the sums (its counters' part shows once as a dip, which the planner
+  // reads as no change).
+  std::vector<std::string> routers;
+  std::function<std::vector<std::string>()> discover;
   absl::Duration timeout = absl::Seconds(5);  // per page
   absl::Duration keep_stale = absl::Seconds(60);
   int64_t max_page_bytes = 16 << 20;
