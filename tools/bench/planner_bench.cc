@@ -238,7 +238,12 @@ WorkloadResult Evaluate(const Settings& s, const std::string& kind, double peak_
   WorkloadResult out;
   out.workload = kind;
   const Workload base = Base(s, kind);
-  const Workload flat = Shaped(base, Envelope(peak_rate, s.search_s, s.period_s, true));
+  // The flat peak covers at least one whole loop of the base (a trace's load is not even over
+  // its length: the bundled one's prompt tokens per minute double from its start to its end).
+  size_t units = 0;
+  for (const LoadRequest& r : base.requests) units += r.turn == 0 ? 1 : 0;
+  const double search_s = std::max(s.search_s, static_cast<double>(units) / peak_rate);
+  const Workload flat = Shaped(base, Envelope(peak_rate, search_s, s.period_s, true));
   std::fprintf(stderr, "%s: searching the smallest static split at the peak (%.2f/s)\n",
                kind.c_str(), peak_rate);
   if (s.split_prefill > 0) {
