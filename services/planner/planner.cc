@@ -291,9 +291,17 @@ PoolDecision Planner::DecidePool(PoolRole role, const Snapshot& snapshot) {
         n.Consider((tok_demand + backlog / (0.5 * options_.ttft_target_s)) / capacity, "backlog");
       }
     }
-    // (Not the router's queue: a stream holds its KV only while it decodes, so a burst queued
-    // for KV room is not a load to size for; its waits are, below.)
-    if (HoldsStreams(role)) n.Consider(load_sum * req_growth / u, "kv");
+    if (HoldsStreams(role)) {
+      n.Consider(load_sum * req_growth / u, "kv");
+      // Held KV saturates at the pool's size; the requests queued for room are the load beyond.
+      // Counted as if they held their prompt at once (an upper bound: each holds it only while
+      // it decodes), so at most one more pool's worth at a time.
+      if (kv_per_worker > 0 && router_queued_tokens > 0) {
+        const double queued = std::min(static_cast<double>(router_queued_tokens) / kv_per_worker,
+                                       static_cast<double>(std::max<int64_t>(1, d.ready)));
+        n.Consider((load_sum + queued) * req_growth / u, "queue");
+      }
+    }
     // Signs the load model missed, each worth one more replica, and only while none is starting
     // (the ones starting may be what the signs wait for):
     if (!out || d.starting > 0) return n;

@@ -47,11 +47,11 @@ namespace ferry {
 namespace {
 
 // Pinned settings (printed with the results).
-constexpr double kPeriodS = 1800;     // one day, compressed
-constexpr double kRatio = 4;          // peak over trough
-constexpr double kTracePeak = 12;     // requests/s at the peak (~3x the trace's own rate)
-constexpr double kSessionPeak = 1.2;  // sessions/s at the peak
-constexpr double kStartupS = 90;      // a new worker's start-up (model load, readiness)
+constexpr double kPeriodS = 3600;   // one day, compressed 24x
+constexpr double kRatio = 4;        // peak over trough
+constexpr double kTracePeak = 12;   // requests/s at the peak (~3x the trace's own rate)
+constexpr double kSessionPeak = 5;  // sessions/s at the peak
+constexpr double kStartupS = 90;    // a new worker's start-up (model load, readiness)
 constexpr double kCooldownS = 60;
 constexpr double kIntervalS = 10;
 constexpr double kDrainGraceS = 30;
