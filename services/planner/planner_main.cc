@@ -67,7 +67,10 @@ ABSL_FLAG(absl::Duration, scale_in_window, absl::Seconds(120),
           "scale-in only to the largest count the load needed over this window (hysteresis)");
 ABSL_FLAG(double, max_scale_in_step, 0.25,
           "the largest fraction of a pool removed at once (at least one replica)");
-ABSL_FLAG(absl::Duration, forecast_window, absl::Seconds(120), "the arrival trend's window");
+ABSL_FLAG(absl::Duration, forecast_window, absl::Seconds(300), "the arrival trend's window");
+ABSL_FLAG(double, scale_in_tolerance, 0.1,
+          "scale-in sizes for the load plus this fraction, so that a load at a boundary does not "
+          "flap across it");
 ABSL_FLAG(absl::Duration, rate_half_life, absl::Seconds(30), "the arrival rates' smoothing");
 ABSL_FLAG(double, default_prefill_tokens_per_second, 0,
           "one prefill worker's speed until measured (0: hold the pool until measured)");
@@ -173,6 +176,7 @@ int main(int argc, char** argv) {
   p.scale_in_window_s = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_scale_in_window));
   p.max_scale_in_step = absl::GetFlag(FLAGS_max_scale_in_step);
   p.forecast_window_s = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_forecast_window));
+  p.scale_in_tolerance = absl::GetFlag(FLAGS_scale_in_tolerance);
   p.rate_half_life_s = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_rate_half_life));
   p.default_prefill_tokens_per_second = absl::GetFlag(FLAGS_default_prefill_tokens_per_second);
   p.limits[static_cast<int>(PoolRole::kPrefill)] =
