@@ -252,6 +252,7 @@ class Router::Impl {
       if (!options_.kvstore_dns.empty()) {
         DnsDiscoveryOptions d = DiscoveryOptions(options_.kvstore_dns, "KV store nodes");
         d.naming = DnsDiscoveryOptions::Naming::kStableName;
+        d.stable_name_linger = options_.kvstore_dns_linger;
         ASSIGN_OR_RETURN(store_dns_, DnsDiscovery::Start(d, [nodes](std::vector<std::string> e) {
                            if (absl::Status s = nodes->SetNodes(std::move(e)); !s.ok()) {
                              LOG(WARNING) << "KV store nodes from DNS: " << s;

@@ -36,6 +36,10 @@ ABSL_FLAG(std::vector<std::string>, kvstore_dns, {},
           "PTR record (its stable StatefulSet name), as the workers' --kvstore_dns");
 ABSL_FLAG(absl::Duration, dns_interval, absl::Seconds(5),
           "DNS discovery: names looked up again this often (sooner after a failed lookup)");
+ABSL_FLAG(absl::Duration, kvstore_dns_linger, absl::Minutes(1),
+          "--kvstore_dns: a store node gone from the DNS stays in the set this long (a StatefulSet "
+          "pod being replaced has no record until its successor exists; meanwhile its keys are "
+          "misses, not moved to other nodes); 0: it leaves with the lookup that misses it");
 ABSL_FLAG(std::vector<std::string>, dns_servers, {},
           "DNS discovery: servers, ip[:port] comma-separated (default: /etc/resolv.conf's)");
 ABSL_FLAG(std::string, policy, "prefix_aware",
@@ -161,6 +165,7 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(kvstore_dns, kvstore_dns);
   FROM_FLAG(dns_interval, dns_interval);
   FROM_FLAG(dns_servers, dns_servers);
+  FROM_FLAG(kvstore_dns_linger, kvstore_dns_linger);
   FROM_FLAG(policy, policy);
   if (Given("kv_index_bytes")) {
     o.kv_index_bytes = Bytes("kv_index_bytes", absl::GetFlag(FLAGS_kv_index_bytes));

@@ -22,6 +22,7 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.ReadDuration("kvstore_deadline", &o->kvstore_deadline));
   RETURN_IF_ERROR(c.Read("kvstore_dns", &o->kvstore_dns));
   RETURN_IF_ERROR(c.ReadDuration("dns_interval", &o->dns_interval));
+  RETURN_IF_ERROR(c.ReadDuration("kvstore_dns_linger", &o->kvstore_dns_linger));
   RETURN_IF_ERROR(c.Read("dns_servers", &o->dns_servers));
   RETURN_IF_ERROR(c.Read("log_level", &o->log_level));
   RETURN_IF_ERROR(c.Read("tool_call_parser", &o->tool_call_parser));
@@ -104,6 +105,7 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
         "positive, --store_fetch_per_block not negative");
   }
   if (o.dns_interval <= absl::ZeroDuration()) return bad("--dns_interval must be positive");
+  if (o.kvstore_dns_linger < absl::ZeroDuration()) return bad("--kvstore_dns_linger must be >= 0");
   if (!o.kvstore.empty() && !o.kvstore_dns.empty()) {
     return bad("--kvstore and --kvstore_dns: give one of them");
   }

@@ -45,6 +45,8 @@ struct RouterOptions {
   // system's /etc/resolv.conf).
   absl::Duration dns_interval = absl::Seconds(5);
   std::vector<std::string> dns_servers;
+  // How long a store node gone from the DNS stays in the set (its pod may be being replaced).
+  absl::Duration kvstore_dns_linger = absl::Minutes(1);
   std::string log_level = "info";  // debug logs each routing decision with its cost terms
   // How tool calls are read from the model's text: "auto" (from the chat template's markers),
   // hermes | llama3_json | mistral | deepseek, or "none" (tools refused).

@@ -15,6 +15,9 @@ absl::StatusOr<std::unique_ptr<DnsDiscovery>> DnsDiscovery::Start(
   if (options.interval <= absl::ZeroDuration() || options.retry <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("DNS discovery: the intervals must be > 0");
   }
+  if (options.stable_name_linger < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("DNS discovery: the linger must be >= 0");
+  }
   std::vector<Target> targets;
   for (const std::string& t : options.targets) {
     Target target;
@@ -122,19 +125,21 @@ bool DnsDiscovery::Round() {
     }
     if (stable) {
       // A stable name gone from the DNS stays a while: its pod may be being replaced.
-      for (const std::string& e : endpoints) missing_rounds_.erase(e);
+      for (const std::string& e : endpoints) missing_since_.erase(e);
+      const absl::Time now = absl::Now();
       const size_t answered_endpoints = endpoints.size();
       for (const std::string& e : target.endpoints) {
         if (std::find(endpoints.begin(), endpoints.begin() + answered_endpoints, e) !=
             endpoints.begin() + answered_endpoints) {
           continue;
         }
-        if (++missing_rounds_[e] <= kStableNameLingerRounds) {
+        const absl::Time since = missing_since_.try_emplace(e, now).first->second;
+        if (now - since < options_.stable_name_linger) {
           endpoints.push_back(e);
         } else {
           LOG(INFO) << options_.what << ": " << e << " has been gone from the DNS for "
-                    << kStableNameLingerRounds << " rounds: it leaves";
-          missing_rounds_.erase(e);
+                    << (now - since) << ": it leaves";
+          missing_since_.erase(e);
         }
       }
     }
@@ -178,13 +183,24 @@ bool DnsDiscovery::Round() {
   return answered;
 }
 
+absl::Time DnsDiscovery::NextLingerEnd() const {
+  absl::Time end = absl::InfiniteFuture();
+  for (const auto& [endpoint, since] : missing_since_) {
+    end = std::min(end, since + options_.stable_name_linger);
+  }
+  return end;
+}
+
 void DnsDiscovery::Loop(bool failed) {
   absl::Time last = absl::Now();
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
-      const absl::Time next =
-          last + (failed ? std::min(options_.retry, options_.interval) : options_.interval);
+      // The next round: the interval's (the retry's after a failure), or sooner when a
+      // lingering stable name is due to leave.
+      const absl::Time next = std::min(
+          last + (failed ? std::min(options_.retry, options_.interval) : options_.interval),
+          NextLingerEnd());
       const auto wake = [this] {
         mu_.AssertHeld();
         return stop_ || soon_;

@@ -12,11 +12,14 @@
 // Endpoints are "address:port", or with Naming::kStableName "name:port" where the name is the
 // address's PTR record: a StatefulSet pod's stable DNS name (ferry-kvstore-0.ferry-kvstore.ns.svc.
 // cluster.local), which survives the pod's restart on a new IP, so the KV store client's placement
-// (rendezvous hashing over the endpoint strings) does not move keys when a node restarts. An
+// (rendezvous hashing over the endpoint strings) does not move keys when a node restarts (the
+// client dials the name; its gRPC channel looks the name up again when a connection fails). An
 // address without a PTR record (NotFound) is named by its address, with a warning. A stable name
-// that leaves the DNS stays an endpoint for kStableNameLingerRounds more rounds (a minute at the
-// default interval): a StatefulSet pod being replaced has no record until its successor exists,
-// and meanwhile its keys are misses (the client marks it down) rather than moved to other nodes.
+// that leaves the DNS stays an endpoint for `stable_name_linger` (a minute by default; a round runs
+// when it ends): a StatefulSet pod being replaced has no record until its successor exists, and
+// meanwhile its keys are misses (the client marks it down) rather than moved to other nodes.
+// Addresses (Naming::kAddress) and stable names with a zero linger leave with the round that
+// misses them.
 //
 // Each round resolves every target. A target whose lookup fails for want of an answer (timeout,
 // server failure) keeps its last endpoints: a DNS outage never empties a pool. A target the DNS
@@ -49,9 +52,6 @@
 
 namespace ferry {
 
-// Rounds a stable name absent from the DNS is kept (Naming::kStableName).
-inline constexpr int kStableNameLingerRounds = 12;
-
 struct DnsDiscoveryOptions {
   enum class Naming { kAddress, kStableName };
   // "name:port" each (at least one).
@@ -60,6 +60,8 @@ struct DnsDiscoveryOptions {
   absl::Duration interval = absl::Seconds(5);
   // After a round with a failed lookup: the next one this soon (at most `interval`).
   absl::Duration retry = absl::Seconds(1);
+  // How long a stable name absent from the DNS stays an endpoint (Naming::kStableName; >= 0).
+  absl::Duration stable_name_linger = absl::Minutes(1);
   DnsOptions dns;
   // What the endpoints are, for the log ("workers", "KV store nodes").
   std::string what = "endpoints";
@@ -102,6 +104,8 @@ class DnsDiscovery {
   bool stopping() const;
   // Rounds until stopped; `failed`: whether the last round (Start's) failed.
   void Loop(bool failed);
+  // When the first lingering stable name is due to leave (InfiniteFuture: none lingers).
+  absl::Time NextLingerEnd() const;
 
   const DnsDiscoveryOptions options_;
   const std::unique_ptr<DnsResolver> resolver_;
@@ -109,8 +113,8 @@ class DnsDiscovery {
   std::vector<Target> targets_;  // the round's (only Start and the thread touch it)
   // PTR names already known, by address (kStableName): a name lookup that fails keeps its name.
   absl::flat_hash_map<std::string, std::string> names_;
-  // Stable-name endpoints absent from the DNS: the rounds they have been missing.
-  absl::flat_hash_map<std::string, int> missing_rounds_;
+  // Stable-name endpoints absent from the DNS: when a round first missed them.
+  absl::flat_hash_map<std::string, absl::Time> missing_since_;
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -261,6 +261,7 @@ TEST_F(DnsDiscoveryTest, StableNamesComeFromPtrRecordsAndSurviveANewAddress) {
   o.targets = {"kv.test:7400"};
   o.naming = Naming::kStableName;
   o.interval = absl::Milliseconds(200);
+  o.stable_name_linger = absl::Seconds(2);
   o.dns = Options();
   Seen seen;
   auto d = DnsDiscovery::Start(o, seen.Callback());
@@ -289,8 +290,10 @@ TEST_F(DnsDiscoveryTest, StableNamesComeFromPtrRecordsAndSurviveANewAddress) {
     EXPECT_EQ(seen.calls, calls);
   }
 
-  // kv-2 joins; kv-0 leaves the DNS: it stays kStableNameLingerRounds rounds (its pod may be
-  // being replaced), then leaves.
+  // kv-2 joins; kv-0 leaves the DNS: it stays for the linger (its pod may be being replaced),
+  // then leaves at its end (a round runs then), not an interval later. The clock starts before
+  // dnsmasq serves the change: no round can miss kv-0 earlier.
+  const absl::Time served_at = absl::Now();
   Serve(
       "127.0.0.35 kv-1.kv.test kv.test\n"
       "127.0.0.36 kv-2.kv.test kv.test\n",
@@ -301,8 +304,33 @@ TEST_F(DnsDiscoveryTest, StableNamesComeFromPtrRecordsAndSurviveANewAddress) {
   EXPECT_EQ((*d)->endpoints(), (std::vector<std::string>{"kv-0.kv.test:7400", "kv-1.kv.test:7400",
                                                          "kv-2.kv.test:7400"}));
   EXPECT_TRUE(seen.WaitFor({"kv-1.kv.test:7400", "kv-2.kv.test:7400"}, absl::Seconds(20)));
-  EXPECT_GE((*d)->rounds(),
-            served + kStableNameLingerRounds - 1);  // (the last round counts after on_change)
+  const absl::Duration took = absl::Now() - served_at;
+  EXPECT_GE(took, o.stable_name_linger);
+  // The linger counts from the first round that missed it (within an interval of the change).
+  EXPECT_LT(took, o.stable_name_linger + o.interval + absl::Seconds(3));
+}
+
+TEST_F(DnsDiscoveryTest, AStableNameWithNoLingerLeavesWithTheRoundThatMissesIt) {
+  Serve(
+      "127.0.0.31 kv-0.kv.test kv.test\n"
+      "127.0.0.32 kv-1.kv.test kv.test\n",
+      "kv.test", {"127.0.0.31", "127.0.0.32"});
+  DnsDiscoveryOptions o;
+  o.targets = {"kv.test:7400"};
+  o.naming = Naming::kStableName;
+  o.interval = absl::Seconds(60);  // rounds only when asked
+  o.stable_name_linger = absl::ZeroDuration();
+  o.dns = Options();
+  Seen seen;
+  auto d = DnsDiscovery::Start(o, seen.Callback());
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->endpoints(),
+            (std::vector<std::string>{"kv-0.kv.test:7400", "kv-1.kv.test:7400"}));
+  Serve("127.0.0.32 kv-1.kv.test kv.test\n", "kv.test", {"127.0.0.32"});
+  const int64_t rounds = (*d)->rounds();
+  (*d)->ResolveSoon();
+  ASSERT_TRUE((*d)->AwaitRounds(rounds + 1, absl::Seconds(10)));
+  EXPECT_EQ((*d)->endpoints(), (std::vector<std::string>{"kv-1.kv.test:7400"}));
 }
 
 TEST(DnsDiscoveryOptionsTest, BadOptionsAreRefused) {
@@ -311,6 +339,9 @@ TEST(DnsDiscoveryOptionsTest, BadOptionsAreRefused) {
   o.targets = {"no-port"};
   EXPECT_FALSE(DnsDiscovery::Start(o, [](std::vector<std::string>) {}).ok());
   o.targets = {"name:99999"};
+  EXPECT_FALSE(DnsDiscovery::Start(o, [](std::vector<std::string>) {}).ok());
+  o.targets = {"name:80"};
+  o.stable_name_linger = absl::Seconds(-1);
   EXPECT_FALSE(DnsDiscovery::Start(o, [](std::vector<std::string>) {}).ok());
   std::string host;
   int port;

@@ -79,6 +79,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       DnsDiscoveryOptions d;
       d.targets = absl::StrSplit(options.kvstore_dns, ',', absl::SkipWhitespace());
       d.naming = DnsDiscoveryOptions::Naming::kStableName;
+      d.stable_name_linger = options.kvstore_dns_linger;
       d.interval = options.dns_interval;
       d.retry = std::min(options.dns_interval, absl::Seconds(1));
       d.dns.servers = absl::StrSplit(options.dns_servers, ',', absl::SkipWhitespace());

@@ -84,6 +84,10 @@ ABSL_FLAG(std::string, kvstore_dns, "",
           "PTR record (its stable StatefulSet name)");
 ABSL_FLAG(absl::Duration, dns_interval, absl::Seconds(5),
           "DNS discovery: names looked up again this often (sooner after a failed lookup)");
+ABSL_FLAG(absl::Duration, kvstore_dns_linger, absl::Minutes(1),
+          "--kvstore_dns: a store node gone from the DNS stays in the set this long (a StatefulSet "
+          "pod being replaced has no record until its successor exists; meanwhile its keys are "
+          "misses, not moved to other nodes); 0: it leaves with the lookup that misses it");
 ABSL_FLAG(std::string, dns_servers, "",
           "DNS discovery: servers, ip[:port] comma-separated (default: /etc/resolv.conf's)");
 ABSL_FLAG(int, kvstore_replication, 1, "KV store: copies of each block");
@@ -201,6 +205,7 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(kvstore_dns);
   FROM_FLAG(dns_interval);
   FROM_FLAG(dns_servers);
+  FROM_FLAG(kvstore_dns_linger);
   FROM_FLAG(kvstore_replication);
   FROM_FLAG(kvstore_deadline);
   FROM_FLAG(kvstore_read);

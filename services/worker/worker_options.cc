@@ -64,6 +64,7 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("kvstore", &o->kvstore));
   RETURN_IF_ERROR(c.Read("kvstore_dns", &o->kvstore_dns));
   RETURN_IF_ERROR(ReadDuration(c, "dns_interval", &o->dns_interval));
+  RETURN_IF_ERROR(ReadDuration(c, "kvstore_dns_linger", &o->kvstore_dns_linger));
   RETURN_IF_ERROR(c.Read("dns_servers", &o->dns_servers));
   RETURN_IF_ERROR(ReadInt(c, "kvstore_replication", &o->kvstore_replication));
   RETURN_IF_ERROR(ReadDuration(c, "kvstore_deadline", &o->kvstore_deadline));
@@ -181,6 +182,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return bad("--kvstore and --kvstore_dns: give one of them");
   }
   if (o.dns_interval <= absl::ZeroDuration()) return bad("--dns_interval must be positive");
+  if (o.kvstore_dns_linger < absl::ZeroDuration()) return bad("--kvstore_dns_linger must be >= 0");
   if (o.kvstore_replication < 1 || o.kvstore_deadline <= absl::ZeroDuration() ||
       o.kvstore_read_threads < 1 || o.kvstore_read_threads > 64 || o.kvstore_read_streams < 1 ||
       o.kvstore_read_streams > 16 || o.kvstore_read_max_blocks < 0 ||

@@ -104,6 +104,8 @@ struct WorkerOptions {
   std::string kvstore_dns;
   absl::Duration dns_interval = absl::Seconds(5);
   std::string dns_servers;
+  // How long a store node gone from the DNS stays in the set (its pod may be being replaced).
+  absl::Duration kvstore_dns_linger = absl::Minutes(1);
   int kvstore_replication = 1;
   absl::Duration kvstore_deadline = absl::Milliseconds(500);  // per store call; slower: a miss
   bool kvstore_read = true;

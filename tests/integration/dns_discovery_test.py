@@ -26,6 +26,7 @@ from ferry_services import TMP, get, start, stop_all, wait_for  # noqa: E402
 
 ROUTER, WORKER, KVSTORE, MODEL = sys.argv[1:5]
 INTERVAL_S = 0.2
+LINGER_S = 1.0  # --kvstore_dns_linger: how long a store node gone from the DNS stays
 
 
 def free_port(hosts, kinds=(socket.SOCK_STREAM,)):
@@ -157,12 +158,13 @@ class DnsDiscoveryTest(unittest.TestCase):
         self.dns.serve(["127.0.0.11 pool.ferry.test", store_line], "pool.ferry.test",
                        ["127.0.0.11"])
 
+        linger = [f"--kvstore_dns_linger={LINGER_S}s"]
         self.start_worker(hosts[0], port, "w1", [f"--kvstore_dns=kv.ferry.test:{kv_port}"] +
-                               self.dns_flags)
+                          linger + self.dns_flags)
         self.start_worker(hosts[1], port, "w2")
         _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
                               f"--workers_dns=pool.ferry.test:{port}",
-                              f"--kvstore_dns=kv.ferry.test:{kv_port}"] + self.dns_flags,
+                              f"--kvstore_dns=kv.ferry.test:{kv_port}"] + linger + self.dns_flags,
                      "router")
         admin = r["admin_port"]
         a1, a2 = f"127.0.0.11:{port}", f"127.0.0.12:{port}"
@@ -187,6 +189,10 @@ class DnsDiscoveryTest(unittest.TestCase):
         nodes = ", ".join(f"kv-{i}.kv.ferry.test:{kv_port}" for i in range(3))
         for name in ("router", "w1"):
             wait_for(lambda: f"): {nodes}\n" in log_of(name), f"{name}'s three store nodes")
+            took = time.monotonic() - served
+            print(f"store nodes added seen by {name} {took:.2f} s after DNS served them",
+                  file=sys.stderr)
+            self.assertLess(took, INTERVAL_S + 3)
 
         # Requests are served (by either worker).
         for _ in range(4):
@@ -209,13 +215,21 @@ class DnsDiscoveryTest(unittest.TestCase):
         print(f"worker change seen by the router {took:.2f} s after DNS served it", file=sys.stderr)
         self.assertLess(took, INTERVAL_S + 3)
 
-        # kv-2 leaves (after the rounds a stable name lingers: its pod may be being replaced).
+        # kv-2 leaves: it stays for the linger (its pod may be being replaced), then leaves. The
+        # clock starts before DNS serves the change: no lookup can miss kv-2 earlier.
+        changing = time.monotonic()
         self.dns.serve(["127.0.0.12 pool.ferry.test", store_line,
                         "127.0.0.24 kv-1.kv.ferry.test kv.ferry.test"],
                        "kv.ferry.test", ["127.0.0.21", "127.0.0.24"])
         two = ", ".join(f"kv-{i}.kv.ferry.test:{kv_port}" for i in range(2))
         for name in ("router", "w1"):
             wait_for(lambda: f"): {two}\n" in log_of(name), f"{name}'s store nodes after kv-2 left")
+            took = time.monotonic() - changing
+            print(f"store node removal seen by {name} {took:.2f} s after DNS changed (linger "
+                  f"{LINGER_S} s)", file=sys.stderr)
+            self.assertGreaterEqual(took, LINGER_S)
+            # Within the linger, an interval and a round's lookups (a loaded machine's margin).
+            self.assertLess(took, LINGER_S + INTERVAL_S + 3)
             # Every set the store clients got, in order: kv-1's new address changed none.
             sets = [line.split("): ", 1)[1] for line in log_of(name).splitlines()
                     if f"KV store nodes from DNS (kv.ferry.test:{kv_port}): " in line]
