@@ -26,23 +26,31 @@ rendered `cpu` overlay, as far as this machine allows without a Kubernetes API s
    (<pod>.<service>.<namespace>.svc.cluster.local) so that the PTR answer is that name. Every
    container gets a resolv.conf naming it, with Kubernetes' search list.
 4. Checks: every container becomes ready (its readinessProbe), the router sees its three
-   workers; a chat completion streams; a long stream, once tokens flow, survives SIGTERM to the
-   decode container streaming it (what a pod deletion sends): no error event, a finish_reason, the
-   container exits 0 after its drain, the router counts a completed hand-off and no failed
-   request, the other decode worker received it. Each container's /metrics is scraped (kept in the
-   test's outputs); deploy/k8s/check_queries.py checks the dashboard's and the rules' queries
-   against the scrapes.
+   workers, each reporting its pod IP as its endpoint; a chat completion streams; a long greedy
+   stream, once tokens flow, survives SIGTERM to the decode container streaming it (what a pod
+   deletion sends): no error event, finish_reason "length" after exactly max_tokens tokens, every
+   token equal to the same request's undisturbed run on the other decode worker (started once the
+   router sees the drain, so it runs beside it), the container exits 0 after its drain, the router
+   counts exactly one completed hand-off and no failed request, the other decode worker received
+   it. Each container's /metrics is scraped (kept in the test's outputs);
+   deploy/k8s/check_queries.py checks the dashboard's and the rules' queries against the scrapes.
+   What this cannot check: a bound host that differs from the advertised one (the listen rewrite
+   of step 2 makes them equal); tests/integration:worker_lifecycle_test runs a worker bound to
+   0.0.0.0 that advertises --advertise_address and is reached there.
 
 Root, docker.io, mmdebstrap, dnsmasq and kubectl are needed: without them the test skips, but
 fails under CI=true. Everything started (containers, the daemon and its mounts, dnsmasq) is
-stopped and removed on the way out, also on failure.
+stopped and removed on the way out, also on failure and on SIGTERM (Bazel's timeout); dnsmasq
+and the daemon die with the test's process (PR_SET_PDEATHSIG) if it is killed outright.
 """
 import argparse
+import ctypes
 import http.client
 import json
 import os
 import random
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -139,6 +147,12 @@ def dns_query(server, name, qtype):
     return answers
 
 
+def die_with_parent():
+    """In a child before exec: SIGKILL when the test's process dies (a test killed past its
+    timeout must not leave dnsmasq holding port 53 on its address)."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class Dnsmasq:
     def __init__(self, ip, hosts_lines, workdir):
         self.ip, self.dir = ip, workdir
@@ -155,7 +169,8 @@ class Dnsmasq:
              "--bind-interfaces", "--port=53", f"--pid-file={workdir}/dnsmasq.pid",
              f"--log-facility={self.log}", "--log-queries", "--user=root", "--group=root",
              "--local-ttl=1", "--neg-ttl=1"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=die_with_parent)
 
     def wait(self, name):
         def answers():
@@ -213,6 +228,7 @@ class StreamResult:
         self.done = False
         self.first_token = None
         self.last_token = None
+        self.usage = None
 
 
 def stream_chat(host, port, headers, body, result, on_token=None, timeout=120):
@@ -233,6 +249,8 @@ def stream_chat(host, port, headers, body, result, on_token=None, timeout=120):
             if "error" in event:
                 result.error = event["error"]
                 continue
+            if event.get("usage"):
+                result.usage = event["usage"]
             for choice in event.get("choices") or []:
                 content = (choice.get("delta") or {}).get("content") or ""
                 if choice.get("finish_reason"):
@@ -641,7 +659,8 @@ def check_serving(stack):
 
     def body(content, max_tokens):
         return {"model": model, "messages": [{"role": "user", "content": content}],
-                "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+                "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
 
     first = stream_chat(host, port, headers, body("Say hello to the ferry.", 48), StreamResult())
     if first.error or not first.done or first.tokens == 0 or not first.finish_reason:
@@ -663,10 +682,17 @@ def check_serving(stack):
     def on_token(r):
         if r.tokens >= 8:
             flowing.set()
-    t = threading.Thread(target=stream_chat, args=(
-        host, port, headers, body("Tell a long story about a ferry crossing a strait.",
-                                  max_tokens), long, on_token, 60 + 3 * grace))
+    long_body = body("Tell a long story about a ferry crossing a strait.", max_tokens)
+    t = threading.Thread(target=stream_chat, args=(host, port, headers, long_body, long, on_token,
+                                                   60 + 3 * grace))
     t.start()
+    # The reference: the same request, undisturbed, on the decode worker that stays. It starts
+    # once the router has seen the SIGTERMed worker draining (no new work goes there), so it runs
+    # beside the long stream's drain instead of after it; its tokens must equal the handed-off
+    # stream's, every one (greedy decoding is deterministic across workers, batches and hand-offs).
+    reference = StreamResult()
+    r = threading.Thread(target=stream_chat, args=(host, port, headers, long_body, reference,
+                                                   None, 60 + 3 * grace))
     try:
         if not flowing.wait(60):
             raise AssertionError(f"the long stream's tokens did not flow: error={long.error}")
@@ -681,11 +707,39 @@ def check_serving(stack):
         stack.d.docker("kill", "--signal", "TERM", stack.containers[source.name])
         log(f"SIGTERM to {source.name} after {tokens_at_term} chunks (max_tokens {max_tokens}, "
             f"drain grace {grace:.0f} s)")
+        source_address = [a for a, p in addresses.items() if p is source][0]
+
+        def draining():
+            return any(w["address"] == source_address and
+                       w.get("drain_state", "DRAIN_STATE_NONE") != "DRAIN_STATE_NONE"
+                       for w in router_workers())
+        wait_for(f"the router seeing {source.name} draining", draining, 10)
+        r.start()
     finally:
         t.join()
+        if r.ident is not None:
+            r.join()
     if long.error or not long.done or not long.finish_reason:
         raise AssertionError(f"the stream across the drain: error={long.error} done={long.done} "
                              f"finish={long.finish_reason} chunks={long.tokens}")
+    if reference.error or not reference.done:
+        raise AssertionError(f"the reference stream: error={reference.error} "
+                             f"done={reference.done} chunks={reference.tokens}")
+    for name, got in (("the stream across the drain", long), ("the reference", reference)):
+        completion = (got.usage or {}).get("completion_tokens")
+        if got.finish_reason != "length" or completion != max_tokens:
+            raise AssertionError(f"{name}: finish_reason {got.finish_reason}, "
+                                 f"{completion} completion tokens (usage {got.usage}); expected "
+                                 f"length after {max_tokens}")
+    if long.text != reference.text:
+        at = next((i for i, (a, b) in enumerate(zip(long.text, reference.text)) if a != b),
+                  min(len(long.text), len(reference.text)))
+        raise AssertionError(f"the handed-off stream differs from the reference at character "
+                             f"{at} of {len(long.text)}: {long.text[max(0, at - 40):at + 40]!r} "
+                             f"vs {reference.text[max(0, at - 40):at + 40]!r}")
+    log(f"the handed-off stream equals the undisturbed reference ({max_tokens} tokens, "
+        f"{len(long.text)} characters)")
+
     def exited():
         status, code = stack.state(source.name)
         return (code,) if status == "exited" else None
@@ -706,9 +760,10 @@ def check_serving(stack):
     log(f"router deltas {delta}; {other.name} received {received:.0f} hand-off(s)")
     if delta["ferry_router_failed_requests_total"] != 0:
         raise AssertionError(f"failed requests: {delta}")
-    if delta["ferry_router_handoffs_total"] < 1 or received < 1:
-        raise AssertionError(f"no completed hand-off to {other.name}: {delta}, received "
-                             f"{received}")
+    # Exactly one: the long stream's (the reference never ran on the draining worker).
+    if delta["ferry_router_handoffs_total"] != 1 or received != 1:
+        raise AssertionError(f"expected one completed hand-off, to {other.name}: {delta}, "
+                             f"received {received}")
     scrapes = scrape_all(stack, "final", skip=[source]) + scrapes
     check_queries([p for p in scrapes if "/serving-" in p] +
                   [p for p in scrapes if "final-" in p and "router" in p])
@@ -723,6 +778,9 @@ def main():
     parser.add_argument("--network_base", help="127.A.B: the loopback /24 to use (default: a "
                         "free one at random)")
     args = parser.parse_args()
+    # Bazel ends a test past its timeout with SIGTERM: exit through the `finally` blocks and the
+    # atexit hooks, which stop the containers, the daemon, its mounts and dnsmasq.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     os.makedirs(OUT, exist_ok=True)
     if os.geteuid() != 0:
         skip_or_fail("needs root (its own dockerd, dnsmasq on port 53)")
