@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <ucp/api/ucp.h>
 #include <ucs/debug/log_def.h>
 #include <unistd.h>
@@ -364,6 +365,18 @@ absl::StatusOr<LocalRegion> UcxTransport::Map(MemorySpan span, bool allocate) {
     ucs_status_t s = ucp_mem_map(context_, &params, &memh);
     if (s != UCS_OK) {
       status = UcsError(allocate ? "ucp_mem_map (allocate)" : "ucp_mem_map (register)", s);
+      // RDMA transports pin what they register: a locked-memory limit below the region is the
+      // usual cause in a container (the runtime's default is a few MiB).
+      struct rlimit memlock = {};
+      if (getrlimit(RLIMIT_MEMLOCK, &memlock) == 0 && memlock.rlim_cur != RLIM_INFINITY &&
+          memlock.rlim_cur < span.length) {
+        status = absl::Status(
+            status.code(),
+            absl::StrCat(status.message(), " (the locked-memory limit, ulimit -l, is ",
+                         memlock.rlim_cur, " bytes for a region of ", span.length,
+                         ": RDMA pins registered memory; raise the container runtime's "
+                         "LimitMEMLOCK or give the process CAP_IPC_LOCK)"));
+      }
       return;
     }
     ucp_mem_attr_t attr = {};
