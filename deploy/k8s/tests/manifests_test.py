@@ -79,6 +79,20 @@ class ManifestsTest(unittest.TestCase):
                 found = [p for o in objects for p in problems(o)]
                 self.assertEqual(found, [], "\n".join(found))
 
+    def test_readme_init_container_variant_validates(self):
+        # deploy/k8s/README.md's fetch-model init container over the cpu overlay (the fixture
+        # policy_test also runs its checks on).
+        objects = k8s_render.render_dir("tests/testdata/model-init-container")
+        inits = [o for o in objects if o["kind"] == "Deployment" and
+                 o["spec"]["template"]["spec"].get("initContainers")]
+        self.assertEqual(sorted(o["metadata"]["name"] for o in inits),
+                         ["ferry-decode", "ferry-prefill", "ferry-router"])
+        for o in inits:
+            models = [v for v in o["spec"]["template"]["spec"]["volumes"] if v["name"] == "models"]
+            self.assertEqual(sorted(k for k in models[0] if k != "name"), ["emptyDir"])
+        found = [p for o in objects for p in problems(o)]
+        self.assertEqual(found, [], "\n".join(found))
+
     def test_ingress_component_validates(self):
         objects = k8s_render.load("components/ingress/ingress.yaml")
         self.assertEqual([o["kind"] for o in objects], ["Ingress"])

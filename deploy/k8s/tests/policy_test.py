@@ -3,22 +3,39 @@
   policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN PLANNER_BIN
 
 The binaries give the flags a container may use: each one's --help lists them, and its
-defaults for the drain budget. Every rule below is one a reviewer would otherwise check by eye:
-  - every container has startup, readiness and liveness probes (on its admin port: /healthz,
-    /readyz), requests and limits of cpu and memory; runs as a non-root user with a read-only
-    root filesystem, no privilege escalation, ALL capabilities dropped (the gpu overlay's
-    workers may add IPC_LOCK, nothing else), seccomp RuntimeDefault;
+defaults. A container runs the Ferry binary its command names, else the one its image is
+(ferry-<binary>[:tag], whose entrypoint it is: tools/image/build_images.sh), whatever its name;
+any other program (README's fetch-model init container: `cp`) is no Ferry binary and is not
+held to a --help. Every rule below is one a reviewer would otherwise check by eye:
+  - every container but a run-to-completion init container runs a Ferry binary; every container
+    and sidecar (an init container with restartPolicy Always) has startup, readiness and liveness
+    probes (a Ferry binary's: /healthz, /readyz on its admin port); a run-to-completion init
+    container has none (Kubernetes rejects them); every container, init containers included,
+    has requests and limits of cpu and memory and runs as a non-root user with a read-only root
+    filesystem, no privilege escalation, ALL capabilities dropped (the gpu overlay's workers may
+    add IPC_LOCK, nothing else), seccomp RuntimeDefault;
+  - ports are what the binaries bind, per container and per pod: what a Ferry container listens
+    on comes from its settings (args, --config file, --help's defaults): --port or --address's
+    port, --admin_port, and the KV transport's (--transport_address's with --transport=grpc,
+    UCX_TCP_PORT_RANGE with ucx). Every containerPort is one of them; every probe's port (by
+    number or by name) is the admin port (an HTTP probe) or one of them; every port a
+    NetworkPolicy admits (by number, by name, or a range) is one that a pod the policy selects
+    listens on, and every policy selects pods;
+  - every volume a pod declares (a StatefulSet's claim templates included) is mounted by one of
+    its containers, and every mount names a declared volume; a hostPath volume is mounted
+    read-only, and only by containers that name a file in it (the model): no pod gets a node's
+    directory it does not read;
   - every Deployment and StatefulSet has a PodDisruptionBudget selecting its pods;
   - grace periods exceed each binary's whole shutdown (the worker: --drain_grace +
     --handoff_wait + --rpc_grace, from its args, its --config file, or --help's defaults);
-  - no Secret value appears in a ConfigMap, an argument or an env value; Secrets are mounted as
-    directories (no subPath);
+  - no Secret value appears anywhere else: in any string of any other object (ConfigMap data
+    and binaryData, arguments, env values, labels and annotations, a Secret's own labels and
+    annotations included), as written or JSON-escaped; Secrets are mounted as directories (no
+    subPath), by init containers too;
   - workers and store nodes advertise a pod IP (--advertise_address from status.podIP), never
     0.0.0.0; every address they bind is one they advertise a host for;
-  - every port a NetworkPolicy admits is one a selected container listens on (a containerPort,
-    or inside its UCX_TCP_PORT_RANGE), and every policy selects pods;
-  - every flag in a container's args, and every key of its --config file, is one its binary's
-    --help lists; the config file and the model it names are mounted;
+  - every flag in a Ferry container's args, and every key of its --config file, is one its
+    binary's --help lists; the config file and the model it names are mounted;
   - the headless Services publish not-ready addresses; several routers have session affinity;
   - the store's --capacity fits its volume;
   - RBAC is least privilege: no ClusterRole, no wildcard; only the planner's pod gets a service
@@ -27,7 +44,10 @@ defaults for the drain budget. Every rule below is one a reviewer would otherwis
     contract test tests/deploy:kubernetes_actuator_contract_test checks them against the calls);
   - the planner or an HPA on a pool, never both; the planner owns its pools' replica count (no
     spec.replicas in their Deployments), and runs as one replica, never two at once (Recreate).
-Each overlay is checked as it is and with components/planner-advice (HPAs follow the planner).
+Each overlay is checked as it is and with components/planner-advice (HPAs follow the planner),
+and so is testdata/model-init-container (the cpu overlay with README's fetch-model init
+container). test_checks_catch_breakage breaks the rendered objects the way each rule guards
+against and expects the rule to fail.
 """
 
 import base64
@@ -42,11 +62,13 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import k8s_render  # noqa: E402
 
-BINARIES = {}  # container name -> binary path (from argv)
-ADMIN_PORTS = {"router": 9090, "worker": 9091, "kvstore": 9092, "planner": 9093}
-# The overlays as checked: each as it is, and with the planner in advice mode (an HPA per pool).
+BINARIES = {}  # Ferry binary ("router", "worker", "kvstore", "planner") -> its path (from argv)
+# The overlays as checked: each as it is, and with the planner in advice mode (an HPA per pool);
+# then the fixtures (kustomizations over an overlay, paths relative to deploy/k8s), with the
+# overlay they build on.
 VARIANTS = [(o, []) for o in k8s_render.OVERLAYS] + [
     (o, ["components/planner-advice"]) for o in k8s_render.OVERLAYS]
+FIXTURES = [("cpu", "tests/testdata/model-init-container")]
 # (apiGroup, resource, verb) -> resourceNames ("deployments": the Deployments of the planner's
 # pools) of what services/planner/kubernetes_actuator.h calls.
 PLANNER_RULES = {
@@ -57,6 +79,17 @@ PLANNER_RULES = {
     ("", "pods", "patch"): None,
 }
 WILDCARDS = {"", "0.0.0.0", "::", "[::]", "localhost", "127.0.0.1"}
+# Secret strings shorter than this are not looked for elsewhere: a short line ("{", "true", a
+# port, a label value such as "router") recurs in any manifest by coincidence. No secret Ferry
+# reads is near it: the shared token and the API keys are 16 bytes at least
+# (services/common/shared_token.h, router/auth/api_keys.cc); 6 still finds a short password of
+# another program's Secret.
+MIN_SECRET_CHARS = 6
+# In a JSON Secret value (the router's --api_keys_file: keys[].key), the fields that hold secrets;
+# the others (tenants, limits) are names and numbers that recur elsewhere.
+SECRET_FIELDS = re.compile(r"key|token|secret|password", re.I)
+PROBES = (("startupProbe", "/healthz"), ("readinessProbe", "/readyz"),
+          ("livenessProbe", "/healthz"))
 
 
 class Flag:
@@ -67,22 +100,42 @@ class Flag:
 _help_cache = {}
 
 
-def binary_flags(container):
-    """{name: Flag} of the binary a container runs, from its --help."""
-    binary = BINARIES[container]
-    if binary not in _help_cache:
-        out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
+def binary_flags(binary):
+    """{name: Flag} of a Ferry binary ("router", ...), from its --help."""
+    path = BINARIES[binary]
+    if path not in _help_cache:
+        out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30)
         text = out.stdout + out.stderr
         flags = {}
         for m in re.finditer(r'^  --([a-z0-9_]+) \((\w+), default ("(?:[^"\\]|\\.)*"|[^)]*)\)',
                              text, re.M):
             flags[m.group(1)] = Flag(m.group(1), m.group(2), m.group(3).strip('"'))
         if not flags:
-            raise AssertionError("%s --help listed no flags:\n%s" % (binary, text[:2000]))
+            raise AssertionError("%s --help listed no flags:\n%s" % (path, text[:2000]))
         for builtin in ("help", "version", "flagfile", "fromenv", "undefok"):
             flags.setdefault(builtin, Flag(builtin, "builtin", ""))
-        _help_cache[binary] = flags
-    return _help_cache[binary]
+        _help_cache[path] = flags
+    return _help_cache[path]
+
+
+def binary_of(container):
+    """The Ferry binary a container runs ("router", "worker", "kvstore", "planner"), or None for
+    another program: its command's program if it has a command, else its image's entrypoint
+    (ferry-<binary>, registry and tag aside). Never its name: a container named "router" that
+    runs busybox is no router."""
+    if container.get("command"):
+        program = os.path.basename(container["command"][0])
+    else:
+        program = container.get("image", "").split("@")[0].rsplit("/", 1)[-1].split(":")[0]
+    m = re.fullmatch(r"ferry-([a-z]+)", program)
+    return m.group(1) if m and m.group(1) in BINARIES else None
+
+
+def runs_to_completion(spec, container):
+    """Whether a container is an init container that ends before the others start; a sidecar (an
+    init container with restartPolicy Always) runs beside them, as a container does."""
+    return (any(container is c for c in spec.get("initContainers", [])) and
+            container.get("restartPolicy") != "Always")
 
 
 def seconds(duration):
@@ -95,9 +148,10 @@ def seconds(duration):
 
 
 def args_of(container):
-    """{flag: value} of a container's args (every arg is --name=value or a bare --bool)."""
+    """{flag: value} of a Ferry container's command line: the arguments after a command's program,
+    then its args (every one --name=value or a bare --bool)."""
     out = {}
-    for arg in container.get("args", []):
+    for arg in container.get("command", [])[1:] + container.get("args", []):
         m = re.fullmatch(r"--([a-z0-9_]+)(?:=(.*))?", arg, re.S)
         if not m:
             raise AssertionError("%s: argument %r is not --name=value" % (container["name"], arg))
@@ -132,14 +186,78 @@ def env_of(container):
     return {e["name"]: e for e in container.get("env", [])}
 
 
+def strings_in(node):
+    """Every string in a parsed YAML/JSON tree: the values, and the keys of its mappings."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield str(k)
+            yield from strings_in(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from strings_in(v)
+    elif isinstance(node, str):
+        yield node
+
+
+def secret_strings(value):
+    """The strings of one Secret value to look for elsewhere: in a JSON document the strings of
+    its SECRET_FIELDS, else each line."""
+    try:
+        doc = json.loads(value)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, (dict, list)):
+        return [line.strip() for line in value.splitlines()]
+    found = []
+
+    def walk(node, field):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, k)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, field)
+        elif isinstance(node, str) and field is not None and SECRET_FIELDS.search(field):
+            found.append(node)
+
+    walk(doc, None)
+    return found
+
+
+def port_of(address, where):
+    """The port of HOST:PORT ("0.0.0.0:50051", "[::]:7400")."""
+    port = address.rsplit(":", 1)[-1] if ":" in address else ""
+    if not port.isdigit():
+        raise AssertionError("%s: cannot tell the port %r binds" % (where, address))
+    return int(port)
+
+
+class Listens:
+    """The TCP ports a Ferry container binds, from its settings: ports {port: the flag} (0: an
+    ephemeral port, which nothing can name) and ranges [(low, high, the setting)]."""
+
+    def __init__(self, admin, ports, ranges):
+        self.admin, self.ports, self.ranges = admin, ports, ranges
+
+    def covers(self, low, high=None):
+        """Whether it listens on every port of low..high (one port without high)."""
+        high = low if high is None else high
+        return ((low == high and low in self.ports and low != 0) or
+                any(lo <= low and high <= hi for lo, hi, _ in self.ranges))
+
+
 class Rendered:
     """One overlay's objects, indexed."""
 
-    def __init__(self, overlay, components=()):
-        self.overlay = overlay
-        self.name = "+".join([overlay] + [os.path.basename(c) for c in components])
-        self.objects = (k8s_render.render_with(overlay, list(components)) if components
-                        else k8s_render.render(overlay))
+    def __init__(self, overlay, components=(), path=None):
+        self.overlay = overlay  # the overlay it builds on (the gpu overlay's allowances)
+        if path is not None:
+            self.name = os.path.basename(path)
+            self.objects = k8s_render.render_dir(path)
+        else:
+            self.name = "+".join([overlay] + [os.path.basename(c) for c in components])
+            self.objects = (k8s_render.render_with(overlay, list(components)) if components
+                            else k8s_render.render(overlay))
         self.by_name = {k8s_render.name(o): o for o in self.objects}
         self.configmaps = {o["metadata"]["name"]: o for o in self.objects
                            if o["kind"] == "ConfigMap"}
@@ -151,9 +269,16 @@ class Rendered:
             yield w, t["spec"], t["metadata"].get("labels", {})
 
     def containers(self):
+        """(workload, pod spec, container) of every container, init containers first."""
         for w, spec, labels in self.pods():
             for c in spec.get("initContainers", []) + spec["containers"]:
                 yield w, spec, c
+
+    def ferry_containers(self):
+        """(workload, pod spec, container, binary) of every container that runs a Ferry binary."""
+        for w, spec, c in self.containers():
+            if binary_of(c) is not None:
+                yield w, spec, c, binary_of(c)
 
     def mounted_file(self, spec, container, path):
         """The content of the ConfigMap file a container sees at PATH, or None."""
@@ -183,32 +308,118 @@ class Rendered:
         if value is None:
             value = self.config_of(spec, container).get(flag)
         if value is None:
-            value = binary_flags(container["name"])[flag].default
+            value = binary_flags(binary_of(container))[flag].default
         return str(value)
+
+    def env_value(self, container, name):
+        """An environment variable as the container gets it: a literal value or a ConfigMap's key
+        (env, else envFrom); None when unset or known only at run time (a fieldRef)."""
+        value = None
+        for source in container.get("envFrom", []):
+            ref, prefix = source.get("configMapRef"), source.get("prefix", "")
+            if ref and name.startswith(prefix):
+                data = self.configmaps.get(ref["name"], {}).get("data", {})
+                value = data.get(name[len(prefix):], value)
+        e = env_of(container).get(name)
+        if e is not None:
+            ref = e.get("valueFrom", {}).get("configMapKeyRef")
+            value = e.get("value") if ref is None else (
+                self.configmaps.get(ref["name"], {}).get("data", {}).get(ref["key"]))
+        return value
+
+    def expand(self, container, text):
+        """Kubernetes' $(VAR) expansion of an argument, for the variables known before the pod
+        runs ($$ is a literal $; an unknown variable stays as written)."""
+        def one(m):
+            if m.group(0) == "$$":
+                return "$"
+            value = self.env_value(container, m.group(1))
+            return m.group(0) if value is None else value
+        return re.sub(r"\$\$|\$\((\w+)\)", one, text)
+
+    def listens(self, spec, container):
+        """What a Ferry container binds (Listens), from its settings."""
+        flags = binary_flags(binary_of(container))
+        where = container["name"]
+
+        def value(flag):
+            return self.expand(container, self.setting(spec, container, flag))
+
+        ports, ranges = {}, []
+        for flag in ("port", "admin_port"):  # the router's HTTP API; every binary's admin HTTP
+            if flag in flags:
+                if not value(flag).isdigit():
+                    raise AssertionError("%s: --%s=%s is no port" % (where, flag, value(flag)))
+                ports[int(value(flag))] = "--" + flag
+        if "address" in flags:  # the gRPC services
+            ports[port_of(value("address"), where)] = "--address"
+        transport = value("transport") if "transport" in flags else "none"
+        if transport == "grpc":
+            ports[port_of(value("transport_address"), where)] = "--transport_address"
+        elif transport == "ucx":
+            # UCX's TCP transport listens in UCX_TCP_PORT_RANGE; without it on any port (none
+            # that a NetworkPolicy or a containerPort could name).
+            ucx = self.env_value(container, "UCX_TCP_PORT_RANGE")
+            if ucx:
+                m = re.fullmatch(r"(\d+)-(\d+)", ucx)
+                if not m:
+                    raise AssertionError("%s: UCX_TCP_PORT_RANGE=%s is not LOW-HIGH" % (where, ucx))
+                ranges.append((int(m.group(1)), int(m.group(2)), "UCX_TCP_PORT_RANGE"))
+        admin = int(value("admin_port")) if "admin_port" in flags else None
+        return Listens(admin, ports, ranges)
+
+    def pod_listens(self, spec):
+        """(protocol, low, high) of what a pod's containers listen on (they share its network):
+        a Ferry binary's ports from its settings (TCP), another program's containerPorts (its
+        word is all there is). Run-to-completion init containers have ended."""
+        out = []
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            if runs_to_completion(spec, c):
+                continue
+            if binary_of(c) is None:
+                out += [(p.get("protocol", "TCP"), p["containerPort"], p["containerPort"])
+                        for p in c.get("ports", [])]
+                continue
+            listens = self.listens(spec, c)
+            out += [("TCP", p, p) for p in listens.ports if p != 0]
+            out += [("TCP", lo, hi) for lo, hi, _ in listens.ranges]
+        return out
 
 
 class PolicyTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.rendered = [Rendered(o, c) for o, c in VARIANTS]
+        cls.rendered = ([Rendered(o, c) for o, c in VARIANTS] +
+                        [Rendered(o, path=p) for o, p in FIXTURES])
+        cls.variant = {r.name: r for r in cls.rendered}
 
     def check_containers_are_known(self, r):
-        names = {c["name"] for _, _, c in r.containers()}
-        self.assertEqual(names, set(BINARIES), "containers other than %s" % sorted(BINARIES))
+        """Every container but a run-to-completion init container runs a Ferry binary."""
+        for w, spec, c in r.containers():
+            if not runs_to_completion(spec, c):
+                self.assertIsNotNone(binary_of(c), "%s container %s runs no Ferry binary (%s): "
+                                     "the checks know only %s" % (
+                                         k8s_render.name(w), c["name"],
+                                         c.get("command") or c.get("image"), sorted(BINARIES)))
+        self.assertEqual({b for _, _, _, b in r.ferry_containers()}, set(BINARIES),
+                         "a Ferry binary runs nowhere")
 
     def check_probes_resources_and_security(self, r):
         for w, spec, c in r.containers():
             where = "%s container %s" % (k8s_render.name(w), c["name"])
-            ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
-            for probe, path in (("startupProbe", "/healthz"), ("readinessProbe", "/readyz"),
-                                ("livenessProbe", "/healthz")):
-                self.assertIn(probe, c, where)
-                get = c[probe].get("httpGet")
-                self.assertIsNotNone(get, "%s: %s is not an HTTP GET" % (where, probe))
-                self.assertEqual(get["path"], path, "%s: %s" % (where, probe))
-                port = ports.get(get["port"], get["port"])
-                self.assertEqual(port, ADMIN_PORTS[c["name"]], "%s: %s port" % (where, probe))
+            if runs_to_completion(spec, c):
+                for field in [p for p, _ in PROBES] + ["lifecycle"]:
+                    self.assertNotIn(field, c, "%s: an init container with %s (Kubernetes "
+                                     "rejects it; a sidecar has restartPolicy Always)"
+                                     % (where, field))
+            else:
+                for probe, path in PROBES:
+                    self.assertIn(probe, c, where)
+                    if binary_of(c) is not None:
+                        get = c[probe].get("httpGet")
+                        self.assertIsNotNone(get, "%s: %s is not an HTTP GET" % (where, probe))
+                        self.assertEqual(get["path"], path, "%s: %s" % (where, probe))
             for kind in ("requests", "limits"):
                 for res in ("cpu", "memory"):
                     self.assertIn(res, c.get("resources", {}).get(kind, {}),
@@ -222,17 +433,81 @@ class PolicyTest(unittest.TestCase):
             self.assertIs(sc.get("allowPrivilegeEscalation"), False, where)
             caps = sc.get("capabilities", {})
             self.assertIn("ALL", caps.get("drop", []), where)
-            allowed = ["IPC_LOCK"] if (r.overlay == "gpu" and c["name"] == "worker") else []
+            worker = binary_of(c) == "worker" and not runs_to_completion(spec, c)
+            allowed = ["IPC_LOCK"] if (r.overlay == "gpu" and worker) else []
             for cap in caps.get("add", []):
                 self.assertIn(cap, allowed, "%s adds %s" % (where, cap))
             seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
             self.assertEqual(seccomp.get("type"), "RuntimeDefault", where)
             self.assertFalse(spec.get("hostNetwork") or spec.get("hostPID") or
                              spec.get("hostIPC"), where)
-            if c["name"] == "worker":
+            if worker:
                 self.assertIn("UCX_TLS", env_of(c), "%s: UCX_TLS not pinned" % where)
                 if r.overlay == "gpu":
                     self.assertIn("nvidia.com/gpu", c["resources"]["limits"], where)
+
+    def check_container_ports_are_listened_on(self, r):
+        """Each containerPort of a Ferry container is one it binds (its flags), and each probe
+        is on one: an HTTP probe (/healthz, /readyz) on its admin port."""
+        for w, spec, c, binary in r.ferry_containers():
+            where = "%s container %s (ferry-%s)" % (k8s_render.name(w), c["name"], binary)
+            listens = r.listens(spec, c)
+            for p in c.get("ports", []):
+                self.assertTrue(p.get("protocol", "TCP") == "TCP" and
+                                listens.covers(p["containerPort"]),
+                                "%s: containerPort %s (%s) is no port it listens on: %s%s" % (
+                                    where, p["containerPort"], p.get("name"),
+                                    sorted(listens.ports.items()), listens.ranges))
+            named = {p["name"]: p["containerPort"] for p in c.get("ports", []) if "name" in p}
+            for probe, _ in PROBES:
+                handler = {k: v for k, v in c.get(probe, {}).items()
+                           if k in ("httpGet", "tcpSocket", "grpc")}
+                for kind, action in handler.items():
+                    port = action["port"]
+                    if isinstance(port, str) and not port.isdigit():
+                        self.assertIn(port, named, "%s: %s port %r names no port of the "
+                                      "container" % (where, probe, port))
+                        port = named[port]
+                    port = int(port)
+                    if kind == "httpGet":
+                        self.assertTrue(port == listens.admin and port != 0,
+                                        "%s: %s on port %s, not its admin port (--admin_port=%s)"
+                                        % (where, probe, port, listens.admin))
+                    else:
+                        self.assertTrue(listens.covers(port), "%s: %s on port %s, which it "
+                                        "does not listen on" % (where, probe, port))
+
+    def check_volumes_are_used(self, r):
+        """Every volume a pod declares is mounted, every mount is of a declared volume, and a
+        node's directory (hostPath) is mounted read-only by containers that read a file in it."""
+        for w, spec, _ in r.pods():
+            where = k8s_render.name(w)
+            declared = {v["name"]: v for v in spec.get("volumes", [])}
+            claims = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+            mounts = {}  # volume -> [(container, mount)]
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                for m in c.get("volumeMounts", []) + c.get("volumeDevices", []):
+                    self.assertIn(m["name"], set(declared) | claims, "%s container %s mounts "
+                                  "%s, which the pod does not declare" % (where, c["name"],
+                                                                          m["name"]))
+                    mounts.setdefault(m["name"], []).append((c, m))
+            for name in sorted(set(declared) | claims):
+                self.assertIn(name, mounts, "%s declares the volume %s, which no container "
+                              "mounts" % (where, name))
+            for name, volume in declared.items():
+                if "hostPath" not in volume:
+                    continue
+                for c, m in mounts[name]:
+                    self.assertIs(m.get("readOnly"), True, "%s container %s mounts the node's "
+                                  "%s writable" % (where, c["name"], volume["hostPath"]["path"]))
+                    named = list(strings_in([c.get("command"), c.get("args"), c.get("env")]))
+                    if binary_of(c) is not None:
+                        named += list(strings_in(r.config_of(spec, c)))
+                    prefix = m["mountPath"].rstrip("/") + "/"
+                    self.assertTrue(any(s.startswith(prefix) for s in named),
+                                    "%s container %s mounts the node's %s at %s and names no file "
+                                    "in it" % (where, c["name"], volume["hostPath"]["path"],
+                                               m["mountPath"]))
 
     def check_every_workload_has_a_pdb(self, r):
         pdbs = [o for o in r.objects if o["kind"] == "PodDisruptionBudget"]
@@ -243,8 +518,11 @@ class PolicyTest(unittest.TestCase):
 
     def check_grace_exceeds_shutdown(self, r):
         for w, spec, c in r.containers():
+            if runs_to_completion(spec, c):
+                continue
             grace = spec.get("terminationGracePeriodSeconds", 30)
-            if c["name"] == "worker":
+            binary = binary_of(c)
+            if binary == "worker":
                 # services/worker/worker.cc Drain: the calls get drain_grace + handoff_wait + 5 s
                 # to end, then gRPC's rpc_grace; plus 10 s for the engine, the store writes and
                 # the DNS discovery to stop.
@@ -252,54 +530,64 @@ class PolicyTest(unittest.TestCase):
                            for f in ("drain_grace", "handoff_wait", "rpc_grace")) + 5 + 10
                 self.assertEqual(r.setting(spec, c, "exit_when_drained"), "true",
                                  "%s: a drained worker must exit" % k8s_render.name(w))
-            elif c["name"] == "router":
+            elif binary == "router":
                 need = seconds(r.setting(spec, c, "shutdown_grace"))
-            elif c["name"] == "planner":
+            elif binary == "planner":
                 # Its loop ends after the round it is in: a router read and an actuator call.
                 need = sum(seconds(r.setting(spec, c, f))
                            for f in ("router_timeout", "actuator_timeout"))
-            else:
+            elif binary == "kvstore":
                 need = int(r.setting(spec, c, "rpc_grace_ms")) / 1000.0
+            else:
+                need = 0  # another program: its preStop hook is all that is known
             pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {})
             need += pre_stop.get("seconds", 0)
             self.assertGreater(grace, need, "%s: terminationGracePeriodSeconds %s <= %s s of "
                                "shutdown" % (k8s_render.name(w), grace, need))
 
     def check_secrets_stay_secret(self, r):
-        values = []
-        for s in (o for o in r.objects if o["kind"] == "Secret"):
-            for v in (s.get("data") or {}).values():
-                values.append(base64.b64decode(v).decode())
-            values += list((s.get("stringData") or {}).values())
         pieces = set()
-        for v in values:
-            pieces.update(line.strip() for line in v.splitlines() if len(line.strip()) >= 8)
-            try:
-                doc = json.loads(v)
-                pieces.update(k["key"] for k in doc.get("keys", []))
-            except ValueError:
-                pass
+        for s in (o for o in r.objects if o["kind"] == "Secret"):
+            values = [base64.b64decode(v).decode("utf-8", "replace")
+                      for v in (s.get("data") or {}).values()]
+            values += list((s.get("stringData") or {}).values())
+            for v in values:
+                pieces.update(p for p in secret_strings(v) if len(p) >= MIN_SECRET_CHARS)
         self.assertTrue(pieces, "no Secret values found: the check would pass vacuously")
-        places = [("ConfigMap/" + name, json.dumps(cm.get("data", {})))
-                  for name, cm in r.configmaps.items()]
-        for w, _, c in r.containers():
-            places.append(("%s %s" % (k8s_render.name(w), c["name"]),
-                           json.dumps([c.get("args", []), c.get("env", [])])))
+        # As written, and as a JSON string holds it (a config file, an annotation's JSON).
+        forms = {form: p for p in pieces for form in
+                 (p, json.dumps(p)[1:-1], json.dumps(p, ensure_ascii=False)[1:-1])}
+        places = []  # (where, text)
+        for o in r.objects:
+            where = k8s_render.name(o)
+            if o["kind"] == "Secret":  # its labels and annotations only
+                for field in ("labels", "annotations"):
+                    places += [("%s %s" % (where, field), text)
+                               for text in strings_in(o["metadata"].get(field))]
+                continue
+            places += [(where, text) for text in strings_in(o)]
+            for key, value in (o.get("binaryData") or {}).items():
+                places.append(("%s binaryData %s" % (where, key),
+                               base64.b64decode(value).decode("utf-8", "replace")))
         for where, text in places:
-            for p in pieces:
-                self.assertNotIn(p, text, "a Secret value appears in %s" % where)
-        secret_volumes = set()
+            for form, p in forms.items():
+                # The message names the place and the value's first characters, never the value.
+                self.assertFalse(form in text, "a Secret value (%s...) appears in %s"
+                                 % (p[:4], where))
         for w, spec, _ in r.pods():
-            secret_volumes = {v["name"] for v in spec.get("volumes", []) if "secret" in v}
-            for c in spec["containers"]:
+            secret_volumes = {v["name"] for v in spec.get("volumes", [])
+                              if "secret" in v or any("secret" in s for s in
+                                                      v.get("projected", {}).get("sources", []))}
+            for c in spec.get("initContainers", []) + spec["containers"]:
                 for m in c.get("volumeMounts", []):
                     if m["name"] in secret_volumes:
-                        self.assertNotIn("subPath", m, "%s: Secret %s mounted with subPath "
-                                         "(never updated)" % (k8s_render.name(w), m["name"]))
+                        self.assertNotIn("subPath", m, "%s container %s: Secret %s mounted with "
+                                         "subPath (never updated)" % (k8s_render.name(w),
+                                                                      c["name"], m["name"]))
 
     def check_advertised_addresses(self, r):
-        for w, _, c in r.containers():
-            if c["name"] in ("router", "planner"):  # they advertise no address
+        for w, _, c, binary in r.ferry_containers():
+            if binary in ("router", "planner"):  # they advertise no address
                 continue
             where = "%s %s" % (k8s_render.name(w), c["name"])
             a = args_of(c)
@@ -314,47 +602,51 @@ class PolicyTest(unittest.TestCase):
                                  % (where, m.group(1)))
 
     def check_network_policy_ports_are_listened_on(self, r):
+        """Each port a NetworkPolicy admits is one that a pod it selects listens on (not one
+        that only another pod does)."""
         policies = [o for o in r.objects if o["kind"] == "NetworkPolicy"]
         self.assertTrue(policies)
         self.assertTrue(any(p["spec"]["podSelector"] == {} and "ingress" not in p["spec"]
                             for p in policies), "no default-deny policy")
         for p in policies:
-            pods = [(spec, labels) for _, spec, labels in r.pods()
+            pods = [spec for _, spec, labels in r.pods()
                     if selects(p["spec"]["podSelector"], labels)]
             self.assertTrue(pods, "NetworkPolicy %s selects no pod" % p["metadata"]["name"])
-            listened, ranges = set(), []
-            for spec, _ in pods:
-                for c in spec["containers"]:
-                    for port in c.get("ports", []):
-                        listened.add(port["containerPort"])
-                        listened.add(port.get("name"))
-                    ucx = env_of(c).get("UCX_TCP_PORT_RANGE", {}).get("value")
-                    if ucx:
-                        lo, hi = map(int, ucx.split("-"))
-                        ranges.append((lo, hi))
             for rule in p["spec"].get("ingress", []):
                 for port in rule.get("ports", []):
                     where = "NetworkPolicy %s port %s" % (p["metadata"]["name"], port)
-                    if "endPort" in port:
-                        self.assertTrue(any(lo <= port["port"] and port["endPort"] <= hi
-                                            for lo, hi in ranges), where)
-                    else:
-                        self.assertTrue(port["port"] in listened or any(
-                            lo <= port["port"] <= hi for lo, hi in ranges), where)
+                    protocol = port.get("protocol", "TCP")
+                    self.assertIn("port", port, "%s: every port" % where)
+
+                    def listened(spec):
+                        low, high = port["port"], port.get("endPort", port["port"])
+                        if isinstance(low, str):  # a name: this pod's containerPort of the name
+                            named = [q["containerPort"]
+                                     for c in spec.get("initContainers", []) + spec["containers"]
+                                     if not runs_to_completion(spec, c)
+                                     for q in c.get("ports", []) if q.get("name") == low]
+                            if not named:
+                                return False
+                            low = high = named[0]
+                        return any(proto == protocol and lo <= low and high <= hi
+                                   for proto, lo, hi in r.pod_listens(spec))
+
+                    self.assertTrue(any(listened(spec) for spec in pods),
+                                    "%s: no pod the policy selects listens on it" % where)
 
     def check_flags_are_the_binaries(self, r):
         unknown = []
-        for w, spec, c in r.containers():
-            flags = binary_flags(c["name"])
+        for w, spec, c, binary in r.ferry_containers():
+            flags = binary_flags(binary)
             where = "%s %s" % (k8s_render.name(w), c["name"])
-            binary = os.path.basename(BINARIES[c["name"]])
+            name = "ferry-" + binary
             for f in args_of(c):
                 base = f[2:] if f.startswith("no") and f[2:] in flags else f
                 if base not in flags or (base != f and flags[base].type != "bool"):
-                    unknown.append("%s: --%s is not a flag of %s (its --help)" % (where, f, binary))
+                    unknown.append("%s: --%s is not a flag of %s (its --help)" % (where, f, name))
             for key in r.config_of(spec, c):
                 if key not in flags:
-                    unknown.append("%s: --config key %r is not a flag of %s" % (where, key, binary))
+                    unknown.append("%s: --config key %r is not a flag of %s" % (where, key, name))
             model = r.setting(spec, c, "model") if "model" in flags else ""
             if model:
                 self.assertTrue(any(model.startswith(m["mountPath"].rstrip("/") + "/")
@@ -377,7 +669,8 @@ class PolicyTest(unittest.TestCase):
             return float(m.group(1)) * units[m.group(2)]
 
         store = r.by_name["StatefulSet/ferry-kvstore"]
-        c = store["spec"]["template"]["spec"]["containers"][0]
+        c = next(c for c in store["spec"]["template"]["spec"]["containers"]
+                 if binary_of(c) == "kvstore")
         claims = {t["metadata"]["name"]: t for t in store["spec"]["volumeClaimTemplates"]}
         directory = args_of(c)["dir"]
         mount = next(m for m in c["volumeMounts"] if m["mountPath"] == directory)
@@ -410,7 +703,7 @@ class PolicyTest(unittest.TestCase):
         """(Deployment, pod spec, container) of ferry-planner."""
         w = r.by_name["Deployment/ferry-planner"]
         spec = w["spec"]["template"]["spec"]
-        return w, spec, next(c for c in spec["containers"] if c["name"] == "planner")
+        return w, spec, next(c for c in spec["containers"] if binary_of(c) == "planner")
 
     def planner_deployments(self, r):
         """The Deployments the planner sizes: --<pool>_deployment of each of its --pools."""
@@ -497,10 +790,25 @@ class PolicyTest(unittest.TestCase):
                                  {"type": "AverageValue", "averageValue": "1"})
 
     def test_checks_catch_breakage(self):
-        """Each check fails on a rendered overlay broken the way it guards against."""
+        """Each check fails on a rendered overlay broken the way it guards against (the cpu
+        overlay; the init container's cases on testdata/model-init-container)."""
+        def spec_of(r, workload):
+            return r.by_name[workload]["spec"]["template"]["spec"]
+
         def container(r, workload, name):
-            spec = r.by_name[workload]["spec"]["template"]["spec"]
-            return next(c for c in spec["containers"] if c["name"] == name)
+            spec = spec_of(r, workload)
+            return next(c for c in spec.get("initContainers", []) + spec["containers"]
+                        if c["name"] == name)
+
+        def set_arg(c, flag, value):
+            c["args"] = [a for a in c["args"] if not a.startswith("--%s=" % flag)] + [
+                "--%s=%s" % (flag, value)]
+
+        def secret_value(r, name, key):
+            return base64.b64decode(r.by_name["Secret/" + name]["data"][key]).decode()
+
+        def set_secret(r, name, key, value):
+            r.by_name["Secret/" + name]["data"][key] = base64.b64encode(value.encode()).decode()
 
         def drop_probe(r):
             del container(r, "Deployment/ferry-decode", "worker")["livenessProbe"]
@@ -509,15 +817,49 @@ class PolicyTest(unittest.TestCase):
             container(r, "Deployment/ferry-router", "router")["securityContext"]["runAsUser"] = 0
 
         def short_grace(r):
-            r.by_name["Deployment/ferry-prefill"]["spec"]["template"]["spec"][
-                "terminationGracePeriodSeconds"] = 60
+            spec_of(r, "Deployment/ferry-prefill")["terminationGracePeriodSeconds"] = 60
 
         def no_pdb(r):
             r.objects.remove(r.by_name["PodDisruptionBudget/ferry-kvstore"])
 
         def leak(r):
-            token = base64.b64decode(r.by_name["Secret/ferry-token"]["data"]["token"]).decode()
+            token = secret_value(r, "ferry-token", "token")
             r.configmaps[next(iter(r.configmaps))]["data"]["leak"] = token
+
+        def leak_in_annotation(r):
+            key = json.loads(secret_value(r, "ferry-api-keys", "keys.json"))["keys"][0]["key"]
+            r.by_name["Deployment/ferry-router"]["spec"]["template"]["metadata"][
+                "annotations"] = {"example.com/smoke-key": key}
+
+        def leak_in_label(r):
+            r.by_name["Service/ferry-router"]["metadata"]["labels"]["token"] = secret_value(
+                r, "ferry-token", "token")
+
+        def leak_in_binary_data(r):
+            token = secret_value(r, "ferry-token", "token")
+            r.configmaps[next(iter(r.configmaps))]["binaryData"] = {
+                "blob": base64.b64encode(b"\x00\x01" + token.encode()).decode()}
+
+        def leak_json_escaped(r):
+            # A token with a character JSON escapes, inside a ConfigMap's JSON file: the file
+            # holds tok\"en..., never the token as written.
+            token = 'EXAMPLE-"quoted"-token-0123456789'
+            set_secret(r, "ferry-token", "token", token + "\n")
+            cm = r.configmaps[next(iter(r.configmaps))]
+            cm["data"]["extra.json"] = json.dumps({"auth_token": token})
+
+        def leak_short(r):
+            # Another program's short password (6 characters), in an env value.
+            r.objects.append({"apiVersion": "v1", "kind": "Secret",
+                              "metadata": {"name": "pin"},
+                              "data": {"pin": base64.b64encode(b"493817").decode()}})
+            container(r, "Deployment/ferry-router", "router")["env"].append(
+                {"name": "PIN", "value": "493817"})
+
+        def subpath_secret_in_init(r):
+            c = container(r, "Deployment/ferry-router", "fetch-model")
+            c["volumeMounts"].append({"name": "token", "mountPath": "/etc/ferry/token/token",
+                                      "subPath": "token", "readOnly": True})
 
         def wildcard(r):
             c = container(r, "StatefulSet/ferry-kvstore", "kvstore")
@@ -527,8 +869,66 @@ class PolicyTest(unittest.TestCase):
         def closed_port(r):
             r.by_name["NetworkPolicy/ferry-kvstore"]["spec"]["ingress"][0]["ports"][0]["port"] = 7401
 
+        def port_another_pod_listens_on(r):
+            # 9091 is the workers' admin port: the routers, which this policy selects, do not
+            # listen on it.
+            r.by_name["NetworkPolicy/ferry-router-api"]["spec"]["ingress"][0]["ports"].append(
+                {"protocol": "TCP", "port": 9091})
+
+        def named_port_another_pod_has(r):
+            r.by_name["NetworkPolicy/ferry-kvstore"]["spec"]["ingress"][0]["ports"][0][
+                "port"] = "http"  # the router's, not the store's
+
+        def range_beyond_ucx(r):
+            r.by_name["NetworkPolicy/ferry-workers"]["spec"]["ingress"][1]["ports"][0][
+                "endPort"] = 50299
+
+        def container_port_off_flag(r):
+            set_arg(container(r, "Deployment/ferry-decode", "worker"), "address",
+                    "0.0.0.0:50052")  # containerPort grpc stays 50051
+
+        def admin_port_off_flag(r):
+            set_arg(container(r, "Deployment/ferry-router", "router"), "admin_port", "9095")
+
+        def probe_on_wrong_port(r):
+            c = container(r, "Deployment/ferry-router", "router")
+            c["readinessProbe"]["httpGet"]["port"] = "http"  # the API port, not the admin port
+
+        def probe_on_unnamed_port(r):
+            c = container(r, "StatefulSet/ferry-kvstore", "kvstore")
+            c["livenessProbe"]["httpGet"]["port"] = "metrics"
+
+        def unused_hostpath(r):
+            # The planner with the node's model directory, which it never reads (the cpu
+            # overlay's patch before it named the pods that load the model).
+            spec_of(r, "Deployment/ferry-planner")["volumes"] = [
+                {"name": "models", "hostPath": {"path": "/var/lib/ferry/models",
+                                                "type": "Directory"}}]
+
+        def hostpath_nobody_reads(r):
+            spec = spec_of(r, "Deployment/ferry-planner")
+            spec["volumes"] = [{"name": "models", "hostPath": {"path": "/var/lib/ferry/models"}}]
+            spec["containers"][0]["volumeMounts"] = [
+                {"name": "models", "mountPath": "/models", "readOnly": True}]
+
+        def hostpath_writable(r):
+            c = container(r, "Deployment/ferry-decode", "worker")
+            next(m for m in c["volumeMounts"] if m["name"] == "models")["readOnly"] = False
+
+        def undeclared_volume(r):
+            container(r, "Deployment/ferry-decode", "worker")["volumeMounts"].append(
+                {"name": "scratch", "mountPath": "/scratch"})
+
         def typo(r):
             container(r, "Deployment/ferry-decode", "worker")["args"].append("--drain_grase=1s")
+
+        def wrong_image(r):
+            # The router's container running the planner's image: the router's flags are not
+            # the planner's (the binary is the image's, whatever the container's name).
+            container(r, "Deployment/ferry-router", "router")["image"] = "ferry-planner:latest"
+
+        def foreign_container(r):
+            container(r, "Deployment/ferry-router", "router")["image"] = "busybox:1.36"
 
         def wildcard_verb(r):
             r.by_name["Role/ferry-planner"]["rules"][2]["verbs"].append("*")
@@ -537,8 +937,7 @@ class PolicyTest(unittest.TestCase):
             r.by_name["Role/ferry-planner"]["rules"][0]["verbs"].append("update")
 
         def router_token(r):
-            r.by_name["Deployment/ferry-router"]["spec"]["template"]["spec"][
-                "automountServiceAccountToken"] = True
+            spec_of(r, "Deployment/ferry-router")["automountServiceAccountToken"] = True
 
         def hpa_too(r):
             r.objects.append({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
@@ -551,24 +950,92 @@ class PolicyTest(unittest.TestCase):
         def fixed_replicas(r):
             r.by_name["Deployment/ferry-decode"]["spec"]["replicas"] = 2
 
-        for mutate, check in ((drop_probe, PolicyTest.check_probes_resources_and_security),
-                              (root, PolicyTest.check_probes_resources_and_security),
-                              (short_grace, PolicyTest.check_grace_exceeds_shutdown),
-                              (no_pdb, PolicyTest.check_every_workload_has_a_pdb),
-                              (leak, PolicyTest.check_secrets_stay_secret),
-                              (wildcard, PolicyTest.check_advertised_addresses),
-                              (closed_port, PolicyTest.check_network_policy_ports_are_listened_on),
-                              (typo, PolicyTest.check_flags_are_the_binaries),
-                              (wildcard_verb, PolicyTest.check_rbac_least_privilege),
-                              (extra_verb, PolicyTest.check_rbac_least_privilege),
-                              (router_token, PolicyTest.check_rbac_least_privilege),
-                              (hpa_too, PolicyTest.check_planner_or_hpa_never_both),
-                              (fixed_replicas, PolicyTest.check_planner_or_hpa_never_both)):
+        # The init container (testdata/model-init-container).
+        def init_probe(r):
+            container(r, "Deployment/ferry-decode", "fetch-model")["readinessProbe"] = {
+                "exec": {"command": ["true"]}}
+
+        def init_root(r):
+            container(r, "Deployment/ferry-decode", "fetch-model")["securityContext"][
+                "runAsUser"] = 0
+
+        def init_writable_root(r):
+            container(r, "Deployment/ferry-decode", "fetch-model")["securityContext"][
+                "readOnlyRootFilesystem"] = False
+
+        def init_no_limits(r):
+            del container(r, "Deployment/ferry-decode", "fetch-model")["resources"]["limits"]
+
+        def sidecar_without_probes(r):
+            # restartPolicy Always: a sidecar, which runs beside the worker and needs probes.
+            container(r, "Deployment/ferry-decode", "fetch-model")["restartPolicy"] = "Always"
+
+        def init_ferry_typo(r):
+            # An init container running a Ferry binary is held to its --help.
+            c = container(r, "Deployment/ferry-decode", "fetch-model")
+            c["command"] = ["/usr/local/bin/ferry-worker", "--no_such_flag=1"]
+
+        cpu, init = "cpu", "model-init-container"
+        for variant, mutate, check in (
+                (cpu, drop_probe, PolicyTest.check_probes_resources_and_security),
+                (cpu, root, PolicyTest.check_probes_resources_and_security),
+                (cpu, short_grace, PolicyTest.check_grace_exceeds_shutdown),
+                (cpu, no_pdb, PolicyTest.check_every_workload_has_a_pdb),
+                (cpu, leak, PolicyTest.check_secrets_stay_secret),
+                (cpu, leak_in_annotation, PolicyTest.check_secrets_stay_secret),
+                (cpu, leak_in_label, PolicyTest.check_secrets_stay_secret),
+                (cpu, leak_in_binary_data, PolicyTest.check_secrets_stay_secret),
+                (cpu, leak_json_escaped, PolicyTest.check_secrets_stay_secret),
+                (cpu, leak_short, PolicyTest.check_secrets_stay_secret),
+                (init, subpath_secret_in_init, PolicyTest.check_secrets_stay_secret),
+                (cpu, wildcard, PolicyTest.check_advertised_addresses),
+                (cpu, closed_port, PolicyTest.check_network_policy_ports_are_listened_on),
+                (cpu, port_another_pod_listens_on,
+                 PolicyTest.check_network_policy_ports_are_listened_on),
+                (cpu, named_port_another_pod_has,
+                 PolicyTest.check_network_policy_ports_are_listened_on),
+                (cpu, range_beyond_ucx, PolicyTest.check_network_policy_ports_are_listened_on),
+                (cpu, container_port_off_flag, PolicyTest.check_container_ports_are_listened_on),
+                (cpu, admin_port_off_flag, PolicyTest.check_container_ports_are_listened_on),
+                (cpu, probe_on_wrong_port, PolicyTest.check_container_ports_are_listened_on),
+                (cpu, probe_on_unnamed_port, PolicyTest.check_container_ports_are_listened_on),
+                (cpu, unused_hostpath, PolicyTest.check_volumes_are_used),
+                (cpu, hostpath_nobody_reads, PolicyTest.check_volumes_are_used),
+                (cpu, hostpath_writable, PolicyTest.check_volumes_are_used),
+                (cpu, undeclared_volume, PolicyTest.check_volumes_are_used),
+                (cpu, typo, PolicyTest.check_flags_are_the_binaries),
+                (cpu, wrong_image, PolicyTest.check_flags_are_the_binaries),
+                (cpu, foreign_container, PolicyTest.check_containers_are_known),
+                (cpu, wildcard_verb, PolicyTest.check_rbac_least_privilege),
+                (cpu, extra_verb, PolicyTest.check_rbac_least_privilege),
+                (cpu, router_token, PolicyTest.check_rbac_least_privilege),
+                (cpu, hpa_too, PolicyTest.check_planner_or_hpa_never_both),
+                (cpu, fixed_replicas, PolicyTest.check_planner_or_hpa_never_both),
+                (init, init_probe, PolicyTest.check_probes_resources_and_security),
+                (init, init_root, PolicyTest.check_probes_resources_and_security),
+                (init, init_writable_root, PolicyTest.check_probes_resources_and_security),
+                (init, init_no_limits, PolicyTest.check_probes_resources_and_security),
+                (init, sidecar_without_probes, PolicyTest.check_probes_resources_and_security),
+                (init, init_ferry_typo, PolicyTest.check_flags_are_the_binaries)):
             with self.subTest(breakage=mutate.__name__):
-                r = copy.deepcopy(self.rendered[0])
+                r = copy.deepcopy(self.variant[variant])
                 mutate(r)
                 with self.assertRaises(AssertionError):
                     check(self, r)
+
+    def test_checks_follow_the_binary_not_the_name(self):
+        """A container is the binary its image is: renamed, it passes every check; and the
+        fixture's init container, which runs cp, is no Ferry binary."""
+        r = copy.deepcopy(self.variant["cpu"])
+        for _, _, c in r.containers():
+            c["name"] = "main"
+        for name in [n for n in dir(PolicyTest) if n.startswith("check_")]:
+            with self.subTest(check=name):
+                getattr(PolicyTest, name)(self, r)
+        init = self.variant["model-init-container"]
+        fetch = [c for _, _, c in init.containers() if c["name"] == "fetch-model"]
+        self.assertEqual(len(fetch), 3, "fetch-model in the router, prefill and decode pods")
+        self.assertEqual({binary_of(c) for c in fetch}, {None})
 
 
 def _each_overlay(check):
