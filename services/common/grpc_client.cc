@@ -21,7 +21,9 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& target,
   const int reconnect = static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, reconnect);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(reconnect, 200));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(reconnect, 200));
+  // gRPC's minimum connect timeout (see ChannelOptions::connect_timeout), not a backoff.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.connect_timeout)));
   // Each channel gets its own TCP connection: a router's channels to different workers, and
   // test clients, never share a subchannel by accident.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);

@@ -27,6 +27,12 @@ struct ChannelOptions {
   // How soon a channel whose peer went away tries to connect again, at most (gRPC's own default
   // grows to 2 minutes: a worker restarted after a crash would wait that long to be seen).
   absl::Duration max_reconnect_backoff = absl::Seconds(5);
+  // How long one connection attempt (TCP and the HTTP/2 handshake) may take before it counts as
+  // failed. gRPC takes it from GRPC_ARG_MIN_RECONNECT_BACKOFF_MS (its "minimum connect timeout",
+  // 20 s by default), not from the backoff above: a short one fails attempts to a peer that is
+  // merely slow to answer (a loaded machine, a worker busy draining), and a call without
+  // wait_for_ready then fails at once. The backoff between attempts stays the short one above.
+  absl::Duration connect_timeout = absl::Seconds(5);
 };
 
 // A plaintext channel to `target` ("host:port"). Connects lazily.
