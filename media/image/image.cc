@@ -51,11 +51,10 @@ absl::Status CheckSize(int64_t width, int64_t height, const ImageLimits& limits)
   return absl::OkStatus();
 }
 
-// EXIF orientation from an APP1 payload that starts with "Exif\0\0"; 1 when absent or invalid.
-int ExifOrientation(const uint8_t* p, size_t n) {
-  if (n < 6 + 8 || std::memcmp(p, "Exif\0\0", 6) != 0) return 1;
-  const uint8_t* t = p + 6;
-  size_t tn = n - 6;
+// EXIF orientation from a TIFF structure (a JPEG's APP1 after "Exif\0\0", a PNG's eXIf chunk);
+// 1 when absent or invalid.
+int TiffOrientation(const uint8_t* t, size_t tn) {
+  if (tn < 8) return 1;
   bool le;
   if (t[0] == 'I' && t[1] == 'I') {
     le = true;
@@ -103,6 +102,16 @@ absl::StatusOr<ImageInfo> ProbePng(absl::string_view b) {
   info.width = static_cast<int>(w);
   info.height = static_cast<int>(h);
   info.bit_depth = p[16];
+  // An eXIf chunk, before or after the image data (PIL reads both; the last one counts): walk the
+  // chunk headers, a few bytes each, to IEND or the end of the data.
+  const auto* d = reinterpret_cast<const uint8_t*>(b.data());
+  for (size_t i = 8; b.size() - i >= 12;) {
+    size_t len = Be32(d + i);
+    if (len > b.size() - i - 12) break;
+    if (std::memcmp(d + i + 4, "eXIf", 4) == 0) info.orientation = TiffOrientation(d + i + 8, len);
+    if (std::memcmp(d + i + 4, "IEND", 4) == 0) break;
+    i += 12 + len;
+  }
   switch (p[17]) {
     case 0:
       info.channels = 1;
@@ -151,7 +160,7 @@ absl::StatusOr<ImageInfo> ProbeJpeg(absl::string_view b) {
     size_t sn = len - 2;
     if (m == 0xE1 && !exif_seen && sn >= 6 && std::memcmp(seg, "Exif\0\0", 6) == 0) {
       exif_seen = true;  // the first Exif segment, as PIL keeps it
-      info.orientation = ExifOrientation(seg, sn);
+      info.orientation = TiffOrientation(seg + 6, sn - 6);
     }
     bool sof = (m >= 0xC0 && m <= 0xCF) && m != 0xC4 && m != 0xC8 && m != 0xCC;
     if (sof) {
@@ -222,6 +231,9 @@ int DecodePngC(PngJob* job) {
                       static_cast<png_uint_32>(job->max_height));
   png_set_chunk_malloc_max(png, kPngChunkMallocMax);
   png_set_chunk_cache_max(png, kPngChunkCacheMax);
+  // Text, colour profiles and EXIF change no pixel of convert("RGB"): skipped, never inflated.
+  static const png_byte kSkipped[] = "tEXt\0zTXt\0iTXt\0iCCP\0sPLT\0eXIf";
+  png_set_keep_unknown_chunks(png, PNG_HANDLE_CHUNK_NEVER, kSkipped, 6);
   png_read_info(png, info);
   png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
   int depth = png_get_bit_depth(png, info), type = png_get_color_type(png, info);

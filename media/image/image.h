@@ -56,7 +56,7 @@ struct ImageInfo {
   int channels = 0;  // in the file: 1 grey, 2 grey+alpha, 3 colour, 4 colour+alpha (or CMYK)
   int bit_depth = 8;
   bool palette = false;
-  int orientation = 1;  // EXIF 0x0112 (JPEG APP1 Exif), 1..8; 1 when absent or invalid
+  int orientation = 1;  // EXIF 0x0112 (JPEG APP1 Exif, PNG eXIf), 1..8; 1 when absent or invalid
 };
 
 // 8-bit RGB, interleaved, row-major: pixels.size() == width * height * 3.
@@ -66,7 +66,8 @@ struct RgbImage {
   std::vector<uint8_t> pixels;
 };
 
-// The header only (PNG's IHDR; JPEG's markers up to the first SOF, with APP1 Exif). Checks the
+// The header only (PNG's IHDR and chunk headers for eXIf; JPEG's markers up to the first SOF,
+// with APP1 Exif). Checks the
 // limits on input size and dimensions too, so the router can refuse before forwarding.
 absl::StatusOr<ImageInfo> ProbeImage(absl::string_view bytes, const ImageLimits& limits = {});
 

@@ -75,6 +75,19 @@ TEST(ImageTest, LimitsAreCheckedFromTheHeader) {
   ExpectInvalid(DecodeImage(Corpus("base.jpg"), small).status(), "bytes, over the limit");
 }
 
+TEST(ImageTest, BombsAreRefusedOrSkipped) {
+  // 20000 x 20000 claimed over a few bytes: refused from the header, nothing inflated.
+  ExpectInvalid(DecodeImage(Corpus("huge_dims.png")).status(), "exceeds the limit");
+  // A zTXt that inflates to 64 MiB: text is skipped unread, the image decodes.
+  absl::StatusOr<RgbImage> image = DecodeImage(Corpus("ztxt_bomb.png"));
+  ASSERT_TRUE(image.ok()) << image.status();
+  EXPECT_EQ(image->pixels, DecodeImage(Corpus("rgb.png"))->pixels);
+}
+
+TEST(ImageTest, CmykJpegIsRefused) {
+  ExpectInvalid(DecodeImage(Corpus("cmyk.jpg")).status(), "CMYK");
+}
+
 TEST(ImageTest, JpegScanCountIsBounded) {
   ImageLimits one_scan;
   one_scan.max_jpeg_scans = 1;

@@ -9,7 +9,7 @@ with ImageDraw; sizes from 1x1 and 1xN to 2400x1600, aspect ratios up to 1:300; 
 RGBA, LA, P with transparency, 16-bit grey and 16-bit RGB; PNG, baseline and progressive JPEG,
 4:2:0/4:2:2/4:4:4, grey JPEG), checks:
   decode      image_tool's RGB bytes == PIL's Image.open(f).convert("RGB"), exactly;
-  orientation JPEGs with EXIF orientation 1..8: ApplyOrientation == ImageOps.exif_transpose, exactly;
+  orientation JPEGs (APP1) and PNGs (eXIf) with EXIF orientation 1..8: ApplyOrientation == ImageOps.exif_transpose, exactly;
   preprocess  pixel values against CLIPImageProcessor and SiglipImageProcessor (LLaVA-1.5's and
               SigLIP's shipped configs, plus bilinear and a crop larger than the resize) on the
               same RGB image: bit-identical (max |ferry - transformers| == 0: the same integer
@@ -159,15 +159,17 @@ def main():
     for o in range(1, 9):
         exif = Image.Exif()
         exif[0x0112] = o
-        path = os.path.join(work, f"orient{o}.jpg")
-        src.save(path, quality=90, exif=exif.tobytes())
-        tool("orient", path, out)
-        ref = np.asarray(ImageOps.exif_transpose(Image.open(path)).convert("RGB"))
-        ours = read_rgb(out)
-        if ours.shape != ref.shape or not np.array_equal(ours, ref):
-            print(f"ORIENTATION MISMATCH {o}")
-            orient_fail += 1
-    print(f"orientation: 8 JPEGs, {8 - orient_fail} identical to ImageOps.exif_transpose")
+        for ext, kw in (("jpg", {"quality": 90}), ("png", {})):
+            path = os.path.join(work, f"orient{o}.{ext}")
+            src.save(path, exif=exif.tobytes(), **kw)
+            tool("orient", path, out)
+            ref = np.asarray(ImageOps.exif_transpose(Image.open(path)).convert("RGB"))
+            ours = read_rgb(out)
+            if ours.shape != ref.shape or not np.array_equal(ours, ref):
+                print(f"ORIENTATION MISMATCH {ext} {o}")
+                orient_fail += 1
+    print(f"orientation: 8 JPEGs and 8 PNGs (eXIf), {16 - orient_fail} identical to "
+          "ImageOps.exif_transpose")
     failures += orient_fail
 
     worst = 0.0

@@ -5,6 +5,8 @@ not interlaced: PIL cannot write it) and JPEGs (baseline, progressive, grey, 4:2
 and corrupted copies. Run from this directory: python3 make_fuzz_corpus.py"""
 import io
 import os
+import struct
+import zlib
 
 from PIL import Image
 
@@ -39,14 +41,13 @@ save("palette_trns.png", p, format="PNG", transparency=0)
 save("grey16.png", Image.frombytes("I;16", (4, 2), bytes(range(16))).convert("I"), format="PNG")
 
 
+def chunk(kind, body):
+    return (struct.pack(">I", len(body)) + kind + body +
+            struct.pack(">I", zlib.crc32(kind + body) & 0xffffffff))
+
+
 def raw_png(w, h, depth, colour, rows):
     """A PNG PIL cannot write (16-bit RGB), one filter-0 row of bytes each."""
-    import struct
-    import zlib
-
-    def chunk(kind, body):
-        return (struct.pack(">I", len(body)) + kind + body +
-                struct.pack(">I", zlib.crc32(kind + body) & 0xffffffff))
     ihdr = struct.pack(">IIBBBBB", w, h, depth, colour, 0, 0, 0)
     idat = zlib.compress(b"".join(b"\0" + r for r in rows))
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
@@ -61,6 +62,15 @@ save("s444.jpg", pattern("RGB", 8, 8), format="JPEG", subsampling=0)
 exif = Image.Exif()
 exif[0x0112] = 6
 save("orient6.jpg", pattern("RGB", 5, 3), format="JPEG", exif=exif.tobytes())
+save("cmyk.jpg", pattern("CMYK", 8, 8), format="JPEG")
+# Bombs: a zTXt chunk that inflates to 64 MiB (over libpng's chunk limit), and an IHDR that claims
+# 20000 x 20000 over a few bytes of IDAT (over the pixel limit, refused from the header).
+rgb = files["rgb.png"]
+ztxt = b"bomb\0\0" + zlib.compress(bytes(64 << 20), 9)
+with open(os.path.join(out, "ztxt_bomb.png"), "wb") as f:
+    f.write(rgb[:33] + chunk(b"zTXt", ztxt) + rgb[33:])
+with open(os.path.join(out, "huge_dims.png"), "wb") as f:
+    f.write(raw_png(20000, 20000, 8, 0, [b"\0" * 20000] * 4)[:100])
 for name, data in files.items():
     with open(os.path.join(out, "truncated_" + name), "wb") as f:
         f.write(data[: len(data) * 2 // 3])
