@@ -6,14 +6,15 @@ Usage: preprocess_reference.py IMAGE_TOOL WORKDIR
 
 On a corpus written here with PIL (synthetic patterns, noise, smooth "photo-like" scenes drawn
 with ImageDraw; sizes from 1x1 and 1xN to 2400x1600, aspect ratios up to 1:300; modes RGB, L, 1,
-RGBA, LA, P with transparency, 16-bit grey and 16-bit RGB; PNG, baseline and progressive JPEG,
+RGBA, LA, P with transparency, tRNS on grey/RGB/16-bit grey, 16-bit grey, grey+alpha and RGB,
+Adam7-interlaced; PNG, baseline and progressive JPEG,
 4:2:0/4:2:2/4:4:4, grey JPEG), checks:
   decode      image_tool's RGB bytes == PIL's Image.open(f).convert("RGB"), exactly;
   orientation JPEGs (APP1) and PNGs (eXIf) with EXIF orientation 1..8: ApplyOrientation == ImageOps.exif_transpose, exactly;
   preprocess  pixel values against CLIPImageProcessor and SiglipImageProcessor (LLaVA-1.5's and
               SigLIP's shipped configs, plus bilinear and a crop larger than the resize) on the
               same RGB image: bit-identical (max |ferry - transformers| == 0: the same integer
-              resize, the same float32 operations; measured 0 on all 156 pairs); the observed
+              resize, the same float32 operations; measured 0 on all 180 pairs); the observed
               maximum and the exact fraction are printed.
 Exits non-zero on any mismatch.
 """
@@ -53,13 +54,29 @@ CONFIGS = {
 }
 
 
-def raw_png(w, h, depth, colour, rows):
-    def chunk(kind, body):
-        return (struct.pack(">I", len(body)) + kind + body +
-                struct.pack(">I", zlib.crc32(kind + body) & 0xffffffff))
-    ihdr = struct.pack(">IIBBBBB", w, h, depth, colour, 0, 0, 0)
+def chunk(kind, body):
+    return (struct.pack(">I", len(body)) + kind + body +
+            struct.pack(">I", zlib.crc32(kind + body) & 0xffffffff))
+
+
+def raw_png(w, h, depth, colour, rows, extra=b"", interlace=0):
+    """A PNG PIL cannot write (16-bit, Adam7): rows are the filter-0 scanlines, in pass order
+    when interlaced; extra is chunks before IDAT."""
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, colour, 0, 0, interlace)
     idat = zlib.compress(b"".join(b"\0" + r for r in rows))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + extra + chunk(b"IDAT", idat) +
+            chunk(b"IEND", b""))
+
+
+def adam7_rows(pixels):
+    """The scanlines of an 8-bit RGB image (H, W, 3) in Adam7's seven passes."""
+    rows = []
+    for x0, y0, dx, dy in ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
+                           (1, 0, 2, 2), (0, 1, 1, 2)):
+        sub = pixels[y0::dy, x0::dx]
+        if sub.shape[0] and sub.shape[1]:
+            rows.extend(r.tobytes() for r in sub)
+    return rows
 
 
 def scene(w, h, seed):
@@ -121,6 +138,21 @@ def corpus(d):
     with open(os.path.join(d, "rgb16.png"), "wb") as f:
         f.write(raw_png(30, 40, 16, 2, [r.tobytes() for r in rgb16]))
     files.append(os.path.join(d, "rgb16.png"))
+    trns16 = chunk(b"tRNS", struct.pack(">H", 23))
+    with open(os.path.join(d, "grey16_trns.png"), "wb") as f:
+        f.write(raw_png(64, 48, 16, 0, [r.tobytes() for r in g16], extra=trns16))
+    files.append(os.path.join(d, "grey16_trns.png"))
+    ga16 = np.stack([g16, g16[::-1]], axis=-1).astype(">u2")
+    with open(os.path.join(d, "ga16.png"), "wb") as f:
+        f.write(raw_png(64, 48, 16, 4, [r.tobytes() for r in ga16]))
+    files.append(os.path.join(d, "ga16.png"))
+    inter = np.asarray(scene(45, 29, 21))
+    with open(os.path.join(d, "adam7.png"), "wb") as f:
+        f.write(raw_png(45, 29, 8, 2, adam7_rows(inter), interlace=1))
+    files.append(os.path.join(d, "adam7.png"))
+    save("grey_trns.png", big.convert("L"), transparency=10)
+    save("rgb_trns.png", big, transparency=(1, 2, 3))
+    save("grey4_trns.png", big.convert("L").quantize(16).convert("L"), bits=4, transparency=0)
     return files
 
 
