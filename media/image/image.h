@@ -4,9 +4,9 @@
 // What it gives: exactly what PIL's `Image.open(f).convert("RGB")` gives for the same bytes
 // (transformers' `load_image` and image processors call it): grey replicated to three channels,
 // palettes expanded, alpha and tRNS dropped (not composited), 1/2/4-bit grey scaled to 0..255,
-// 16-bit colour and grey+alpha
-// reduced to its high byte, 16-bit grey clamped to 0..255 (PIL opens it as mode "I" and its I ->
-// RGB conversion clips; checked by //media/image:preprocess_reference_test). JPEG decodes with
+// 16-bit colour and grey+alpha reduced to the high byte, 16-bit grey clamped to 0..255 (PIL opens
+// it as mode "I" and its I -> RGB conversion clips; checked by
+// //media/image:preprocess_reference_test). JPEG decodes with
 // libjpeg's defaults (JDCT_ISLOW, fancy upsampling, block smoothing), as PIL's decoder does; CMYK
 // and YCCK JPEGs are refused (PIL converts them with its own formula; no model here needs them).
 // EXIF orientation is reported by ProbeImage and applied only by ApplyOrientation: the image
