@@ -51,11 +51,15 @@ RULES = [
      r"|^//tools/(sim|load|bench|calibrate|worker_cli)[/:]",
      True, "the planner reads the routers' admin pages over HTTP and shares only pure rules with "
      "the simulator, which sits above it; it links no router, worker or store code"),
+    ("media-is-a-leaf", r"^media(/|$)",
+     r"^//(engine|services|router|kvstore|proto|tools)[/:]",
+     False, "media/ decodes and preprocesses images on Abseil, nlohmann/json, libpng and "
+     "libjpeg only, so the router can check image headers without linking the engine"),
 ]
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 EDGE = re.compile(r'^\s*"([^"]+)"\s*->\s*"([^"]+)"', re.M)
-SOURCE_ROOTS = ("engine", "kvstore", "router", "services", "tools", "tests", "proto")
+SOURCE_ROOTS = ("engine", "kvstore", "router", "services", "tools", "tests", "proto", "media")
 
 
 def package_of_label(label):
