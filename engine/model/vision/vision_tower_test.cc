@@ -159,6 +159,9 @@ TEST(VisionTowerTest, BadDirectoriesAreErrors) {
   extra["vision_tower.vision_model.encoder.layers.7.mlp.fc1.bias"] = {{8}, Values(8, 3)};
   s = VisionTower::Load(WriteModel("extra", Config(), extra)).status();
   EXPECT_NE(s.message().find("unexpected tensor"), std::string::npos) << s;
+  Tensors truncated = Weights();  // the header's shape holds more than the data
+  truncated["multi_modal_projector.linear_1.bias"].second.pop_back();
+  EXPECT_FALSE(VisionTower::Load(WriteModel("truncated", Config(), truncated)).ok());
   Json siglip = Config();
   siglip["vision_config"]["model_type"] = "siglip_vision_model";
   EXPECT_EQ(VisionTower::Load(WriteModel("siglip", siglip, Weights())).status().code(),
