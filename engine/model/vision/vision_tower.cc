@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/backends/cpu/cpu_kernels.h"
 #include "engine/common/le_encoding.h"
 #include "engine/common/status.h"
 #include "engine/common/thread_pool.h"
@@ -108,18 +109,28 @@ Hash128 Digest(const VisionConfig& c, const std::map<std::string, std::vector<fl
   return Xxh3Hash128(out);
 }
 
-// y[r, o] = b[o] + sum_k x[r, k] w[o, k], k ascending; rows spread over the shared pool.
-std::vector<float> Linear(const std::vector<float>& x, int64_t rows, int64_t in,
-                          const std::vector<float>& w, const std::vector<float>& b, int64_t out) {
+// y[r, o] = b[o] + sum_k x[r, k] w[o, k]: the CPU backend's fp32 product (one accumulator per
+// output element, a fused multiply-add per k in increasing order, whatever the instruction set),
+// over `packed` (PackPanels of w, out x in), in items of up to 32 rows x 8 panels spread over the
+// shared pool; then the bias.
+std::vector<float> Linear(const CpuKernels& kernels, const std::vector<float>& x, int64_t rows,
+                          int64_t in, const std::vector<float>& packed, const std::vector<float>& b,
+                          int64_t out) {
+  constexpr int64_t kRowsPerItem = 32, kPanelsPerItem = 8;
   std::vector<float> y(static_cast<size_t>(rows * out));
-  ThreadPool::Shared().ParallelFor(static_cast<size_t>(rows), [&](size_t r) {
-    const float* xr = x.data() + r * in;
-    float* yr = y.data() + r * out;
-    for (int64_t o = 0; o < out; ++o) {
-      const float* wo = w.data() + o * in;
-      float acc = 0;
-      for (int64_t k = 0; k < in; ++k) acc += xr[k] * wo[k];
-      yr[o] = acc + b[o];
+  const int64_t panels = (out + kPanel - 1) / kPanel;
+  const int64_t row_items = (rows + kRowsPerItem - 1) / kRowsPerItem;
+  const int64_t panel_items = (panels + kPanelsPerItem - 1) / kPanelsPerItem;
+  ThreadPool::Shared().ParallelFor(static_cast<size_t>(row_items * panel_items), [&](size_t item) {
+    const int64_t m0 = static_cast<int64_t>(item) / panel_items * kRowsPerItem;
+    const int64_t p0 = static_cast<int64_t>(item) % panel_items * kPanelsPerItem;
+    const int64_t p1 = std::min(panels, p0 + kPanelsPerItem);
+    const int64_t m = std::min(kRowsPerItem, rows - m0);
+    kernels.gemm_f32(x.data() + m0 * in, in, m, in, packed.data(), p0, p1, out, y.data() + m0 * out,
+                     out);
+    const int64_t c1 = std::min(out, p1 * kPanel);
+    for (int64_t r = m0; r < m0 + m; ++r) {
+      for (int64_t c = p0 * kPanel; c < c1; ++c) y[r * out + c] += b[c];
     }
   });
   return y;
@@ -229,8 +240,27 @@ absl::StatusOr<VisionTower> VisionTower::Load(const std::string& dir) {
     }
   }
   RETURN_IF_ERROR(model_internal::ConvertTensors(jobs));
+  ASSIGN_OR_RETURN(const CpuIsa isa, SelectCpuIsa());
+  tower.kernels_ = &CpuKernelsFor(isa);
   for (auto& [name, tensor] : host) tower.tensors_.emplace(name, std::move(tensor.f32));
   tower.digest_ = Digest(c, tower.tensors_, expected);
+  // The matrices (the patch embedding as D x C*p*p) packed for the product, the rest as read.
+  for (auto it = tower.tensors_.begin(); it != tower.tensors_.end();) {
+    const std::vector<int64_t>& shape = expected.at(it->first);
+    if (shape.size() < 2) {
+      ++it;
+      continue;
+    }
+    if (absl::StrContains(it->first, "position_embedding")) {  // added, not multiplied
+      ++it;
+      continue;
+    }
+    const int64_t n = shape[0], k = static_cast<int64_t>(it->second.size()) / n;
+    std::vector<float> packed(static_cast<size_t>(PackedElements(n, k)));
+    PackPanels(it->second.data(), n, k, packed.data());
+    tower.packed_.emplace(it->first, std::move(packed));
+    it = tower.tensors_.erase(it);
+  }
   return tower;
 }
 
@@ -238,18 +268,20 @@ const std::vector<float>& VisionTower::T(const std::string& name) const {
   return tensors_.at(name);
 }
 
+const std::vector<float>& VisionTower::P(const std::string& name) const { return packed_.at(name); }
+
 void VisionTower::EncoderLayer(int64_t layer, std::vector<float>& x) const {
   const VisionConfig& c = config_;
   const int64_t n = c.num_positions(), d = c.hidden_size, heads = c.num_heads, hd = c.head_dim();
   const std::string p = absl::StrCat("encoder.layers.", layer, ".");
   std::vector<float> h;
   LayerNorm(x, n, d, T(p + "layer_norm1.weight"), T(p + "layer_norm1.bias"), c.layer_norm_eps, h);
-  const std::vector<float> q =
-      Linear(h, n, d, T(p + "self_attn.q_proj.weight"), T(p + "self_attn.q_proj.bias"), d);
-  const std::vector<float> k =
-      Linear(h, n, d, T(p + "self_attn.k_proj.weight"), T(p + "self_attn.k_proj.bias"), d);
-  const std::vector<float> v =
-      Linear(h, n, d, T(p + "self_attn.v_proj.weight"), T(p + "self_attn.v_proj.bias"), d);
+  const std::vector<float> q = Linear(*kernels_, h, n, d, P(p + "self_attn.q_proj.weight"),
+                                      T(p + "self_attn.q_proj.bias"), d);
+  const std::vector<float> k = Linear(*kernels_, h, n, d, P(p + "self_attn.k_proj.weight"),
+                                      T(p + "self_attn.k_proj.bias"), d);
+  const std::vector<float> v = Linear(*kernels_, h, n, d, P(p + "self_attn.v_proj.weight"),
+                                      T(p + "self_attn.v_proj.bias"), d);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> attn(static_cast<size_t>(n * d));
   // One task per (query position, head): scores over every position, softmax, weighted sum.
@@ -278,15 +310,15 @@ void VisionTower::EncoderLayer(int64_t layer, std::vector<float>& x) const {
       for (int64_t t = 0; t < hd; ++t) out[t] += pj * vj[t];
     }
   });
-  const std::vector<float> o =
-      Linear(attn, n, d, T(p + "self_attn.out_proj.weight"), T(p + "self_attn.out_proj.bias"), d);
+  const std::vector<float> o = Linear(*kernels_, attn, n, d, P(p + "self_attn.out_proj.weight"),
+                                      T(p + "self_attn.out_proj.bias"), d);
   for (size_t e = 0; e < x.size(); ++e) x[e] += o[e];
   LayerNorm(x, n, d, T(p + "layer_norm2.weight"), T(p + "layer_norm2.bias"), c.layer_norm_eps, h);
-  std::vector<float> m =
-      Linear(h, n, d, T(p + "mlp.fc1.weight"), T(p + "mlp.fc1.bias"), c.intermediate_size);
+  std::vector<float> m = Linear(*kernels_, h, n, d, P(p + "mlp.fc1.weight"), T(p + "mlp.fc1.bias"),
+                                c.intermediate_size);
   Activate(c.hidden_act, m);
-  const std::vector<float> f =
-      Linear(m, n, c.intermediate_size, T(p + "mlp.fc2.weight"), T(p + "mlp.fc2.bias"), d);
+  const std::vector<float> f = Linear(*kernels_, m, n, c.intermediate_size, P(p + "mlp.fc2.weight"),
+                                      T(p + "mlp.fc2.bias"), d);
   for (size_t e = 0; e < x.size(); ++e) x[e] += f[e];
 }
 
@@ -319,8 +351,8 @@ absl::StatusOr<std::vector<float>> VisionTower::HiddenState(absl::Span<const flo
     }
   }
   const std::vector<float> no_bias(static_cast<size_t>(d), 0.0f);  // CLIP's conv has none
-  const std::vector<float> embedded = Linear(patches, c.num_patches(), unfolded,
-                                             T("embeddings.patch_embedding.weight"), no_bias, d);
+  const std::vector<float> embedded = Linear(*kernels_, patches, c.num_patches(), unfolded,
+                                             P("embeddings.patch_embedding.weight"), no_bias, d);
   std::vector<float> x(static_cast<size_t>(n * d));
   const std::vector<float>& cls = T("embeddings.class_embedding");
   const std::vector<float>& pos = T("embeddings.position_embedding.weight");
@@ -337,11 +369,11 @@ absl::StatusOr<std::vector<float>> VisionTower::HiddenState(absl::Span<const flo
 std::vector<float> VisionTower::Project(const std::vector<float>& features, int64_t rows) const {
   const VisionConfig& c = config_;
   const std::string p = kProjectorPrefix;
-  std::vector<float> h = Linear(features, rows, c.hidden_size, T(p + "linear_1.weight"),
+  std::vector<float> h = Linear(*kernels_, features, rows, c.hidden_size, P(p + "linear_1.weight"),
                                 T(p + "linear_1.bias"), c.text_hidden_size);
   Activate(c.projector_act, h);
-  return Linear(h, rows, c.text_hidden_size, T(p + "linear_2.weight"), T(p + "linear_2.bias"),
-                c.text_hidden_size);
+  return Linear(*kernels_, h, rows, c.text_hidden_size, P(p + "linear_2.weight"),
+                T(p + "linear_2.bias"), c.text_hidden_size);
 }
 
 absl::StatusOr<std::vector<float>> VisionTower::Encode(absl::Span<const float> pixels) const {

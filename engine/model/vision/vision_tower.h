@@ -15,10 +15,13 @@
 // Every tower and projector tensor must be present once with its shape; an unknown one under
 // those prefixes is an error.
 //
-// Arithmetic: fp32 activations and weights; every sum runs in a fixed order (dot products over
-// the input index, LayerNorm statistics in double), rows are spread over the shared thread pool
-// but each output element is computed by one thread, so results are bit-identical from run to
-// run and whatever the thread count.
+// Arithmetic: fp32 activations and weights; the matrix products are the CPU backend's fp32
+// kernel (engine/backends/cpu/cpu_kernels.h: one accumulator per output element, a fused
+// multiply-add per term in increasing order, the same bits on every instruction set), attention
+// and LayerNorm plain loops in a fixed order (LayerNorm statistics in double); work is spread
+// over the shared thread pool but each output element is computed by one thread, so results are
+// bit-identical from run to run and whatever the thread count. FERRY_CPU_ISA picks the variant
+// as it does for the backend (an unknown or unsupported one fails Load).
 //
 // Thread-safe after Load: Encode and the other const methods may run concurrently.
 
@@ -36,6 +39,8 @@
 #include "engine/model/vision/vision_config.h"
 
 namespace ferry {
+
+struct CpuKernels;
 
 class VisionTower {
  public:
@@ -71,11 +76,15 @@ class VisionTower {
   // The tensor `name` (an HF name without the "vision_tower.vision_model." prefix for the tower;
   // Load checked that it exists).
   const std::vector<float>& T(const std::string& name) const;
+  // A matrix's packed panels (the CPU kernels' PackPanels layout).
+  const std::vector<float>& P(const std::string& name) const;
   // One encoder layer applied in place to x (num_positions x hidden_size).
   void EncoderLayer(int64_t layer, std::vector<float>& x) const;
 
   VisionConfig config_;
-  std::map<std::string, std::vector<float>> tensors_;  // HF names, HF layout, f32
+  const CpuKernels* kernels_ = nullptr;                // the CPU's widest instruction set
+  std::map<std::string, std::vector<float>> tensors_;  // vectors (norms, biases, embeddings)
+  std::map<std::string, std::vector<float>> packed_;   // matrices, packed for gemm_f32
   Hash128 digest_;
 };
 
