@@ -3,9 +3,11 @@
 
 #include "engine/model/vision/vision_tower.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/backends/cpu/cpu_kernels.h"
 #include "engine/common/model_fingerprint.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -121,6 +124,23 @@ TEST(VisionTowerTest, LoadsAndEncodesDeterministically) {
   ASSERT_EQ(hidden->size(), 5u * 4u);
   hidden->erase(hidden->begin(), hidden->begin() + 4);
   EXPECT_EQ(tower->Project(*hidden, 4), *a);
+}
+
+TEST(VisionTowerTest, EveryInstructionSetGivesTheSameBits) {
+  const std::string dir = WriteModel("isa", Config(), Weights());
+  const std::vector<float> pixels = Values(3 * 4 * 4, 5);
+  std::vector<float> first;
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    setenv("FERRY_CPU_ISA", CpuIsaName(isa), 1);
+    auto tower = VisionTower::Load(dir);
+    ASSERT_TRUE(tower.ok()) << tower.status();
+    auto e = tower->Encode(pixels);
+    ASSERT_TRUE(e.ok());
+    if (first.empty()) first = *e;
+    EXPECT_EQ(std::memcmp(first.data(), e->data(), first.size() * sizeof(float)), 0)
+        << CpuIsaName(isa);
+  }
+  unsetenv("FERRY_CPU_ISA");
 }
 
 TEST(VisionTowerTest, FullStrategyKeepsTheClsRow) {
