@@ -284,31 +284,32 @@ void VisionTower::EncoderLayer(int64_t layer, std::vector<float>& x) const {
                                       T(p + "self_attn.v_proj.bias"), d);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> attn(static_cast<size_t>(n * d));
-  // One task per (query position, head): scores over every position, softmax, weighted sum.
-  ThreadPool::Shared().ParallelFor(static_cast<size_t>(n * heads), [&](size_t task) {
-    const int64_t i = static_cast<int64_t>(task) / heads, hh = static_cast<int64_t>(task) % heads;
-    const float* qi = q.data() + i * d + hh * hd;
-    std::vector<float> s(static_cast<size_t>(n));
-    float max = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-      const float* kj = k.data() + j * d + hh * hd;
-      float dot = 0;
-      for (int64_t t = 0; t < hd; ++t) dot += qi[t] * kj[t];
-      s[j] = dot * scale;
-      max = std::max(max, s[j]);
+  // The keys of each head transposed (head_dim rows of n), as the attention kernels read them.
+  std::vector<float> kt(static_cast<size_t>(n * d));
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t e = 0; e < d; ++e) kt[(e / hd) * hd * n + (e % hd) * n + j] = k[j * d + e];
+  }
+  // One task per (block of up to 16 query positions, head): the CPU kernels' dot products with
+  // every key, softmax (scale_max, exp_sum), then the weighted sum of the values.
+  constexpr int64_t kQueries = 16;
+  const int64_t blocks = (n + kQueries - 1) / kQueries;
+  const CpuKernels& kern = *kernels_;
+  ThreadPool::Shared().ParallelFor(static_cast<size_t>(blocks * heads), [&](size_t task) {
+    const int64_t i0 = static_cast<int64_t>(task) / heads * kQueries;
+    const int64_t hh = static_cast<int64_t>(task) % heads;
+    const int64_t rows = std::min(kQueries, n - i0);
+    std::vector<float> s(static_cast<size_t>(rows * n));
+    kern.dot_columns_f32(q.data() + i0 * d + hh * hd, d, rows, kt.data() + hh * hd * n, n, hd, n,
+                         s.data(), n);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s.data() + r * n;
+      const float max = kern.scale_max(sr, n, scale);
+      const float sum = kern.exp_sum(sr, n, max);
+      for (int64_t j = 0; j < n; ++j) sr[j] /= sum;
     }
-    float sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = std::exp(s[j] - max);
-      sum += s[j];
-    }
-    float* out = attn.data() + i * d + hh * hd;
-    for (int64_t t = 0; t < hd; ++t) out[t] = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      const float pj = s[j] / sum;
-      const float* vj = v.data() + j * d + hh * hd;
-      for (int64_t t = 0; t < hd; ++t) out[t] += pj * vj[t];
-    }
+    float* out = attn.data() + i0 * d + hh * hd;
+    for (int64_t r = 0; r < rows; ++r) std::fill(out + r * d, out + r * d + hd, 0.0f);
+    kern.weighted_rows_f32(s.data(), n, rows, v.data() + hh * hd, d, n, hd, out, d);
   });
   const std::vector<float> o = Linear(*kernels_, attn, n, d, P(p + "self_attn.out_proj.weight"),
                                       T(p + "self_attn.out_proj.bias"), d);
