@@ -92,4 +92,12 @@ absl::StatusOr<Hash128> ModelFingerprintBuilder::Finish() const {
   return Xxh3Hash128(bytes);
 }
 
+Hash128 ExtendModelFingerprint(const Hash128& text, const Hash128& vision) {
+  constexpr char kVisionTag[8] = {'F', 'E', 'R', 'R', 'Y', 'V', 'I', 'S'};
+  std::string out(kVisionTag, sizeof(kVisionTag));
+  AppendHash128Le(&out, text);
+  AppendHash128Le(&out, vision);
+  return Xxh3Hash128(out);
+}
+
 }  // namespace ferry

@@ -22,6 +22,13 @@
 //    )
 //
 // where H is XXH3-128 with seed 0.
+//
+// A vision-language model's fingerprint extends that of its text model with the digest of its
+// vision tower and projector (ExtendModelFingerprint: the tower's configuration and weights, as
+// engine/model/vision computes them), so that KV computed from image embeddings of a different
+// tower never matches, even where the text model's files alone would:
+//
+//   H( "FERRYVIS"  hash128 text_fingerprint  hash128 vision_digest )
 
 #ifndef FERRY_ENGINE_COMMON_MODEL_FINGERPRINT_H_
 #define FERRY_ENGINE_COMMON_MODEL_FINGERPRINT_H_
@@ -84,6 +91,10 @@ class ModelFingerprintBuilder {
   KvLayout layout_;
   std::string weight_dtype_;
 };
+
+// The fingerprint of a model whose text part has fingerprint `text` and whose vision tower and
+// projector have digest `vision` (see the header comment).
+Hash128 ExtendModelFingerprint(const Hash128& text, const Hash128& vision);
 
 }  // namespace ferry
 

@@ -27,6 +27,16 @@ TEST(ModelFingerprintTest, GoldenVector) {
   EXPECT_EQ(fp->ToHex(), "084df50c105eece8312630fc99ae06e6");
 }
 
+TEST(ModelFingerprintTest, VisionExtensionCoversBothParts) {
+  const Hash128 text = Xxh3Hash128("text"), vision = Xxh3Hash128("vision");
+  const Hash128 fp = ExtendModelFingerprint(text, vision);
+  EXPECT_EQ(fp, ExtendModelFingerprint(text, vision));
+  EXPECT_NE(fp, text);
+  EXPECT_NE(fp, ExtendModelFingerprint(Xxh3Hash128("text2"), vision));
+  EXPECT_NE(fp, ExtendModelFingerprint(text, Xxh3Hash128("vision2")));
+  EXPECT_NE(fp, ExtendModelFingerprint(vision, text));  // the order of the parts matters
+}
+
 TEST(ModelFingerprintTest, FileOrderDoesNotMatter) {
   ModelFingerprintBuilder reversed;
   reversed.AddFile("config.json", Xxh3Hash128("config"));

@@ -1,10 +1,5 @@
 // LoadHfModel: an HF model directory (config.json + *.safetensors) -> HostWeights.
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -19,6 +14,7 @@
 #include "engine/common/status.h"
 #include "engine/model/dequantize.h"
 #include "engine/model/host_weights.h"
+#include "engine/model/safetensors_file.h"
 #include "nlohmann/json.hpp"
 
 namespace ferry {
@@ -33,75 +29,6 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   text << in.rdbuf();
   return text.str();
 }
-
-// A read-only mapping of one safetensors file and its parsed header.
-class SafetensorsFile {
- public:
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path) {
-    auto f = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
-    f->path_ = path;
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("cannot open ", path));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-      const int err = errno;
-      close(fd);
-      return ErrnoStatus(err, absl::StrCat("cannot stat ", path));
-    }
-    f->size_ = static_cast<size_t>(st.st_size);
-    if (f->size_ < 8) {
-      close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(path, ": truncated safetensors file"));
-    }
-    void* map = mmap(nullptr, f->size_, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) return ErrnoStatus(errno, absl::StrCat("cannot mmap ", path));
-    f->base_ = static_cast<const uint8_t*>(map);
-    uint64_t header_size;
-    std::memcpy(&header_size, f->base_, 8);
-    if (header_size > f->size_ - 8) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": header of ", header_size, " bytes runs past the end of the file"));
-    }
-    try {
-      f->header_ = Json::parse(f->base_ + 8, f->base_ + 8 + header_size);
-    } catch (const Json::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": bad header: ", e.what()));
-    }
-    if (!f->header_.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": header is not an object"));
-    }
-    f->data_start_ = 8 + header_size;
-    return f;
-  }
-
-  ~SafetensorsFile() {
-    if (base_ != nullptr) munmap(const_cast<uint8_t*>(base_), size_);
-  }
-
-  const Json& header() const { return header_; }
-  const std::string& path() const { return path_; }
-
-  // The bytes of tensor `name`, checked against the file size.
-  absl::StatusOr<absl::string_view> Data(const std::string& name, const Json& info) const {
-    const Json& offsets = info.at("data_offsets");
-    const uint64_t begin = offsets.at(0).get<uint64_t>(), end = offsets.at(1).get<uint64_t>();
-    if (begin > end || end > size_ - data_start_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path_, ": tensor '", name, "' data lies beyond the end of the file"));
-    }
-    return absl::string_view(reinterpret_cast<const char*>(base_ + data_start_ + begin),
-                             end - begin);
-  }
-
- private:
-  SafetensorsFile() = default;
-  std::string path_;
-  const uint8_t* base_ = nullptr;
-  size_t size_ = 0;
-  uint64_t data_start_ = 0;
-  Json header_;
-};
 
 // Appends the ids of `j[key]` (an integer or a list of integers; absent or null: none).
 absl::Status ReadTokenIds(const Json& j, const char* key, const std::string& path,
@@ -276,13 +203,6 @@ std::string CanonicalTensorName(const ModelConfig& c, const std::string& name) {
     if (k != std::string::npos) rest.replace(k, std::strlen(w), proj);
   }
   return name.substr(0, at) + ".mlp." + rest;
-}
-
-absl::StatusOr<uint32_t> GgmlTypeOfSafetensors(const std::string& dtype) {
-  if (dtype == "F32") return static_cast<uint32_t>(GgmlType::kF32);
-  if (dtype == "F16") return static_cast<uint32_t>(GgmlType::kF16);
-  if (dtype == "BF16") return static_cast<uint32_t>(GgmlType::kBF16);
-  return absl::UnimplementedError(absl::StrCat("safetensors dtype ", dtype, " is not supported"));
 }
 
 }  // namespace
