@@ -5,7 +5,8 @@
 // another stream), the same request again reuses the cached blocks that cover the images and
 // gives the same stream, another image at the same place reuses only the blocks before it, a
 // resumed request (what the router sends on a migration: the whole request again, images
-// included, with the resume point) continues exactly, and bad images are INVALID_ARGUMENT.
+// included, with the resume point) continues exactly, bad images are INVALID_ARGUMENT, and a
+// prefill/decode split (both sides given the images) streams as the aggregated engine.
 
 #include <cstring>
 #include <map>
@@ -191,6 +192,30 @@ TEST_P(WorkerImageTest, InlineEmbeddingsStreamAsTheEngineInProcess) {
         << b.what << ": " << refused.status.error_message();
   }
   EXPECT_TRUE(WaitUntilIdle(client));
+}
+
+// Prefill on one worker (chunks of 24: a boundary inside the first image), decode on another
+// (the KV handed off over the gRPC transport): both receive the request with its images; the
+// stream is the aggregated engine's.
+TEST(WorkerImageHandoffTest, APrefillDecodeSplitStreamsAsTheEngineInProcess) {
+  const std::string model = TinyModel("llama_gqa_bf16");
+  auto p = StartWorker(model, {"--role=prefill", "--transport=grpc", "--prefill_chunk=24"});
+  auto d = StartWorker(model, {"--role=decode", "--transport=grpc"});
+  ASSERT_TRUE(p->ready());
+  ASSERT_TRUE(d->ready());
+  WorkerClient prefill(p->address()), decode(d->address());
+  InProcessEngine ref(model);
+  Sampling greedy;
+  greedy.ignore_eos = true;
+  const v1::GenerateRequest request =
+      ImageRequest("pd", ref.model().config().vocab_size, ref.model().config().hidden_size, greedy);
+  PdResult got = RunPd(decode, d->address(), prefill, request);
+  ASSERT_TRUE(got.reserved);
+  ASSERT_TRUE(got.prefill.ok()) << got.prefill.error_message();
+  ASSERT_TRUE(got.stream.status.ok()) << got.stream.status.error_message();
+  ASSERT_EQ(got.stream.choices.size(), 1u);
+  EXPECT_EQ(got.stream.choices[0].tokens.size(), 12u);
+  ExpectSameOutput(got.stream.choices[0], ref.Run(request)[0], "prefill/decode split");
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, WorkerImageTest,
