@@ -4,7 +4,8 @@
 // logits alone, in a batch of other requests, under prefill chunks that start and end inside an
 // image, with its prefix from the cache (hot: the image's blocks reused), after preemption under
 // KV pressure and with a window replay over an image; a different image at the same place reuses
-// only the blocks before it; bad images are refused with InvalidArgument.
+// only the blocks before it; a decode-only request preempted after a hand-off recomputes with its
+// images; bad images are refused with InvalidArgument.
 
 #include <cstring>
 #include <map>
@@ -24,6 +25,8 @@ struct Output {
   std::vector<std::vector<float>> logits;
   FinishReason finish = FinishReason::kNone;
   int64_t cached_tokens = 0, replayed_tokens = 0;
+  SamplerState sampler_state;
+  std::vector<BlockId> blocks;
 };
 
 class Harness {
@@ -58,7 +61,11 @@ class Harness {
         o.tokens.push_back(e.token);
         o.logits.push_back(e.logits);
       }
-      if (e.finish != FinishReason::kNone) o.finish = e.finish;
+      if (e.finish != FinishReason::kNone) {
+        o.finish = e.finish;
+        o.sampler_state = e.sampler_state;
+        o.blocks = e.blocks;
+      }
       o.cached_tokens = e.cached_tokens;
       o.replayed_tokens = e.replayed_tokens;
     };
@@ -298,6 +305,56 @@ TEST(EngineImageTest, PreemptionUnderKvPressureGivesTheSameOutput) {
       ExpectSame(tight.out(requests[i].id), want[i], "preempted " + std::to_string(i));
     }
   }
+}
+
+// A prefill-only request hands its KV to a decode-only one in another pool, which is then
+// preempted (the lowest priority in a pool too small for all) and recomputes the prompt, images
+// included, from the embeddings it holds: the same tokens and logits as the request alone.
+TEST(EngineImageTest, ADecodeOnlyRequestPreemptedAfterAHandoffRecomputesWithItsImages) {
+  EngineOptions options;
+  options.prefill_chunk = 64;
+  options.max_batch_tokens = 256;
+  options.prefix_cache_bytes = 0;
+  const EngineRequest request = Req("r", Prompt(40, 60), {Image(3, 20, 30)}, 40, true);
+  const Output want = RunAlone(kDense, request, false);
+
+  Harness prefill(kDense, 64, options);
+  EngineRequest p = request;
+  p.role = EngineRole::kPrefillOnly;
+  ASSERT_TRUE(prefill.Submit(std::move(p)).ok());
+  prefill.Drain();
+  const Output first = prefill.out("r");
+  ASSERT_EQ(first.finish, FinishReason::kHandoff);
+  ASSERT_EQ(first.tokens.size(), 1u);
+  const int64_t prompt_blocks = prefill.pool_->layout().BlocksFor(40);
+  const std::vector<BlockId> handed(first.blocks.begin(), first.blocks.begin() + prompt_blocks);
+  std::vector<char> bytes(handed.size() * prefill.pool_->layout().block_bytes());
+  ASSERT_TRUE(prefill.pool_->ExportToHost(handed, bytes.data(), bytes.size()).ok());
+
+  Harness decode(kDense, 12, options);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(decode
+                    .Submit(Req("o" + std::to_string(i), Prompt(40 + i, 70 + i),
+                                {Image(1 + i, 10, 40 + i)}, 40, false))
+                    .ok());
+  }
+  const std::vector<BlockId> imported = *decode.pool_->Allocate(prompt_blocks);
+  ASSERT_TRUE(decode.pool_->Import(imported, bytes.data(), bytes.size()).ok());
+  EngineRequest d = request;
+  d.role = EngineRole::kDecodeOnly;
+  d.priority = -1;
+  d.imported_blocks = imported;
+  d.resume = {ResumePoint{first.tokens, first.sampler_state, ""}};
+  ASSERT_TRUE(decode.Submit(std::move(d)).ok());
+  decode.Drain();
+  EXPECT_GT(decode.engine_->stats().preemptions, 0);
+  Output joined = first;
+  const Output& rest = decode.out("r");
+  joined.tokens.insert(joined.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  joined.logits.insert(joined.logits.end(), rest.logits.begin(), rest.logits.end());
+  ExpectSame(joined, want, "prefill-only + decode-only, preempted");
+  prefill.engine_->ReleaseHandoff("r");
+  prefill.Drain();
 }
 
 TEST(EngineImageTest, BadImagesAreRefused) {
