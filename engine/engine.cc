@@ -64,6 +64,22 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(ForwardModel* model, KvBl
 
 namespace {
 
+// The runs of positions [start, start + count) that `images` cover, offsets relative to start.
+std::vector<InputEmbeddingRows> InputRowsFor(absl::Span<const PromptImageInput> images,
+                                             int64_t hidden_size, int64_t start, int64_t count) {
+  std::vector<InputEmbeddingRows> out;
+  const int64_t end = start + count;
+  for (const PromptImageInput& image : images) {
+    if (image.placeholder_start >= end) break;
+    const int64_t first = std::max(start, image.placeholder_start);
+    const int64_t last = std::min(end, image.placeholder_start + image.placeholder_length);
+    if (first >= last) continue;
+    out.push_back({first - start, last - first,
+                   image.embeddings->data() + (first - image.placeholder_start) * hidden_size});
+  }
+  return out;
+}
+
 HybridKvCacheOptions KvCacheOptions(const ForwardModel& model, const EngineOptions& options,
                                     Clock* clock) {
   HybridKvCacheOptions o;
@@ -135,6 +151,7 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
   limits.max_positions = model_->max_positions();
   limits.max_n = options_.max_n;
   limits.has_tokenizer = tokenizer_ != nullptr;
+  limits.hidden_size = model_->config().hidden_size;
   limits.kv = &kv_;
   return ValidateRequest(r, limits);
 }
@@ -315,6 +332,7 @@ void Engine::AddRequest(EngineRequest r, absl::Duration submitted_at) {
   const EngineRequest& er = req->r;
   req->prompt_set.insert(er.prompt.begin(), er.prompt.end());
   req->root = RootBlockHash({model_->fingerprint(), er.cache_salt, ""});
+  req->image_spans = ImageSpans(er.images);
   req->stop_ids = er.stop_token_ids;
   if (!er.ignore_eos) req->stop_ids.insert(req->stop_ids.end(), eos_ids_.begin(), eos_ids_.end());
   std::sort(req->stop_ids.begin(), req->stop_ids.end());
@@ -329,9 +347,10 @@ void Engine::AddRequest(EngineRequest r, absl::Duration submitted_at) {
     const int64_t k = static_cast<int64_t>(er.imported_blocks.size());
     std::vector<Hash128> hashes;
     for (int64_t i = 0; i < k; ++i) {
-      hashes.push_back(NextBlockHash(
-          i == 0 ? req->root : hashes.back(),
-          absl::MakeConstSpan(er.prompt).subspan(i * block_tokens_, block_tokens_), {}));
+      hashes.push_back(
+          NextBlockHash(i == 0 ? req->root : hashes.back(),
+                        absl::MakeConstSpan(er.prompt).subspan(i * block_tokens_, block_tokens_),
+                        ImagesInBlock(req->image_spans, i * block_tokens_, block_tokens_)));
     }
     kv_.CacheImported(hashes, er.imported_blocks);
     req->pinned = std::move(req->r.imported_blocks);
@@ -428,6 +447,14 @@ absl::StatusOr<bool> Engine::Step() {
 
   // Sequences preempted while others were scheduled are no longer in `scheduled`.
   std::vector<ForwardSequence> batch;
+  // The image rows of each scheduled sequence's chunk (a chunk may start or end inside an image;
+  // any recompute of the prompt passes here again).
+  std::vector<std::vector<InputEmbeddingRows>> image_rows(scheduled.size());
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    const Sequence& s = *scheduled[i];
+    image_rows[i] =
+        InputRowsFor(s.req->r.images, model_->config().hidden_size, s.computed, s.step_chunk);
+  }
   for (Sequence* s : scheduled) {
     const int64_t remaining = static_cast<int64_t>(s->tokens.size()) - s->computed;
     ForwardSequence f;
@@ -438,6 +465,7 @@ absl::StatusOr<bool> Engine::Step() {
     f.no_logits = s->step_chunk != remaining;
     f.replay_end = s->replay_end;
     f.window_floor = s->window_floor;
+    f.input_embeddings = image_rows[batch.size()];
     batch.push_back(f);
   }
   std::vector<float>& logits = logits_;  // kept across steps: no fresh pages every step

@@ -18,6 +18,7 @@
 #include "engine/common/hash128.h"
 #include "engine/common/token_id.h"
 #include "engine/kv/kv_block_pool.h"
+#include "engine/prompt_image.h"
 #include "engine/sampling/sampler.h"
 
 namespace ferry {
@@ -105,6 +106,10 @@ struct EngineRequest {
   std::vector<std::string> stop;  // needs the engine's tokenizer
   int32_t priority = 0;           // higher runs first; then arrival
   std::string cache_salt;         // the tenant's, enters the block hashes
+  // Images in the prompt (prompt_image.h), sorted by placeholder_start: their embeddings are
+  // the input rows at their placeholder positions, and they enter the block hashes. Held for the
+  // request's life: recomputing the prompt (preemption, SWA replay) reads them again.
+  std::vector<PromptImageInput> images;
   EngineRole role = EngineRole::kPrefillAndDecode;
   bool keep_logits = false;
   // kPrefillOnly: progress events as blocks of the prompt complete (see Roles above).

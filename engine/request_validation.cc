@@ -33,6 +33,30 @@ absl::Status ValidateRequest(const EngineRequest& r, const RequestLimits& limits
   if (pool.layout().BlocksFor(static_cast<int64_t>(r.prompt.size()) + 1) > pool.num_blocks()) {
     return absl::InvalidArgumentError("prompt is larger than the whole KV pool");
   }
+  int64_t images_end = 0;  // where the previous image's placeholders end
+  for (size_t i = 0; i < r.images.size(); ++i) {
+    const PromptImageInput& image = r.images[i];
+    const int64_t start = image.placeholder_start, length = image.placeholder_length;
+    if (start < 0 || length < 1 || start > static_cast<int64_t>(r.prompt.size()) - length) {
+      return absl::InvalidArgumentError(absl::StrCat("image ", i, ": placeholders ", start, "+",
+                                                     length, " are empty or outside the prompt of ",
+                                                     r.prompt.size(), " tokens"));
+    }
+    if (start < images_end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("image ", i, ": placeholders from ", start,
+                       " are not after the previous image's (which end at ", images_end,
+                       "): images must be sorted and not overlap"));
+    }
+    images_end = start + length;
+    const int64_t want = length * limits.hidden_size;
+    if (image.embeddings == nullptr || static_cast<int64_t>(image.embeddings->size()) != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "image ", i, ": ", image.embeddings == nullptr ? 0 : image.embeddings->size(),
+          " embedding values, want ", length, " rows x ", limits.hidden_size,
+          " (the model's hidden size)"));
+    }
+  }
   if (r.n < 1 || r.n > limits.max_n) {
     return absl::InvalidArgumentError(absl::StrCat("n must be in [1, ", limits.max_n, "]"));
   }

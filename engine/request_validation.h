@@ -1,7 +1,9 @@
 // The checks an engine makes of a request before it takes it (Engine::Submit, Engine::Validate):
-// ranges (prompt, n, max and min tokens, sampling, stop ids and strings), resume points that add
-// up, and for a decode-only request or one with imports, blocks that cover what they claim in
-// the engine's KV pools. Pure: reads the request and the pools' state, changes nothing.
+// ranges (prompt, n, max and min tokens, sampling, stop ids and strings), images (sorted,
+// disjoint placeholder spans inside the prompt, embeddings of placeholder_length x hidden_size
+// floats), resume points that add up, and for a decode-only request or one with imports, blocks
+// that cover what they claim in the engine's KV pools. Pure: reads the request and the pools'
+// state, changes nothing.
 
 #ifndef FERRY_ENGINE_REQUEST_VALIDATION_H_
 #define FERRY_ENGINE_REQUEST_VALIDATION_H_
@@ -21,6 +23,7 @@ struct RequestLimits {
   int64_t max_positions = 0;
   int32_t max_n = 16;
   bool has_tokenizer = false;
+  int64_t hidden_size = 0;  // the width of an image's embedding rows
   const HybridKvCache* kv = nullptr;
 };
 

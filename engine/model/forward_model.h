@@ -22,6 +22,15 @@
 
 namespace ferry {
 
+// A run of a step's new tokens whose input rows come from elsewhere (an image's embeddings,
+// engine/prompt_image.h) instead of the token embedding table: tokens [offset, offset + rows)
+// of the step take the rows at `data`.
+struct InputEmbeddingRows {
+  int64_t offset = 0;
+  int64_t rows = 0;
+  const float* data = nullptr;  // rows x hidden_size floats, valid for the Forward call
+};
+
 struct ForwardSequence {
   absl::Span<const TokenId> tokens;  // this step's new tokens, at least one
   int64_t start_position = 0;        // tokens of the sequence already in the cache
@@ -37,6 +46,9 @@ struct ForwardSequence {
   // (the history the replay starts from). 0: no replay.
   int64_t replay_end = 0;
   int64_t window_floor = 0;
+  // Runs of `tokens` whose input rows replace the embedding table's, sorted, not overlapping,
+  // inside `tokens`. Models without an embedding table (NullModel) ignore them.
+  absl::Span<const InputEmbeddingRows> input_embeddings;
 };
 
 class ForwardModel {

@@ -488,7 +488,8 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   bool any_floor = false;
   std::vector<uint8_t> no_write;  // rows of a replay: the full-attention layers' KV stays
   std::vector<int32_t> ids;
-  std::vector<int64_t> logit_rows;  // rows of the step whose logits are returned
+  std::vector<int64_t> logit_rows;             // rows of the step whose logits are returned
+  std::vector<InputEmbeddingRows> input_rows;  // offsets: rows of the whole step
   for (size_t s = 0; s < batch.size(); ++s) {
     const ForwardSequence& seq = batch[s];
     const int64_t n = static_cast<int64_t>(seq.tokens.size());
@@ -512,6 +513,16 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
         return absl::InvalidArgumentError(
             absl::StrCat("sequence ", s, ": KV block ", b, " out of range"));
       }
+    }
+    int64_t covered_rows = 0;  // input_embeddings: sorted, disjoint, inside the step's tokens
+    for (const InputEmbeddingRows& e : seq.input_embeddings) {
+      if (e.offset < covered_rows || e.rows < 1 || e.offset + e.rows > n || e.data == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, ": input embedding rows ", e.offset, "+", e.rows,
+                         " unsorted, overlapping or outside its ", n, " tokens"));
+      }
+      covered_rows = e.offset + e.rows;
+      input_rows.push_back({layout.rows() + e.offset, e.rows, e.data});
     }
     layout.block_tables.emplace_back(seq.blocks.begin(), seq.blocks.end());
     if (seq.replay_end > 0 || seq.window_floor > 0) {
@@ -585,6 +596,11 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
   Backend& b = *backend_;
   b.Embed(embed_, ids, x);
+  // Rows given by the caller (an image's embeddings) replace the table's.
+  for (const InputEmbeddingRows& e : input_rows) {
+    b.CopyToDevice(x.RowRange(e.offset, e.rows).data, e.data,
+                   static_cast<size_t>(e.rows * c.hidden_size) * sizeof(float));
+  }
   b.RmsNorm(x, layers_[0].attn_norm, eps, h);
   // With a window pool, each layer's slot in its own pool, and the window layers' tables.
   StepLayout window_layout;

@@ -25,7 +25,8 @@ void HashFullBlocks(Sequence& seq, int64_t full, int32_t block_tokens) {
     const int64_t i = static_cast<int64_t>(seq.hashes.size());
     const Hash128 parent = i == 0 ? seq.req->root : seq.hashes.back();
     seq.hashes.push_back(NextBlockHash(
-        parent, absl::MakeConstSpan(seq.tokens).subspan(i * block_tokens, block_tokens), {}));
+        parent, absl::MakeConstSpan(seq.tokens).subspan(i * block_tokens, block_tokens),
+        ImagesInBlock(seq.req->image_spans, i * block_tokens, block_tokens)));
   }
 }
 

@@ -27,8 +27,9 @@ namespace ferry {
 struct RunningRequest {
   EngineRequest r;
   PromptTokenSet prompt_set;
-  Hash128 root;                   // of the block-hash chain (model, tenant salt)
-  bool fork_pending = false;      // choices 1..n-1 start from choice 0's prompt
+  Hash128 root;                              // of the block-hash chain (model, tenant salt)
+  std::vector<PromptImageSpan> image_spans;  // r.images as the block hashes see them
+  bool fork_pending = false;                 // choices 1..n-1 start from choice 0's prompt
   std::vector<TokenId> stop_ids;  // stop_token_ids and (unless ignore_eos) the eos ids, sorted
   int64_t live = 0;               // sequences not finished
   bool admitted_once = false;

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "engine/common/block_hash.h"
 #include "engine/common/log.h"
+#include "engine/prompt_image.h"
 #include "services/common/grpc_client.h"
 #include "services/common/grpc_status.h"
 #include "services/common/shared_token.h"
@@ -152,7 +153,7 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
     }
     const std::vector<Hash128> hashes =
         ComputeBlockHashes({service_->limits().model_fingerprint, r.cache_salt, ""}, computed,
-                           service_->limits().block_tokens);
+                           service_->limits().block_tokens, ImageSpans(r.images));
     const int64_t positions = static_cast<int64_t>(computed.size());
     {
       absl::MutexLock lock(&mu_);

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "engine/common/block_hash.h"
 #include "engine/common/log.h"
+#include "engine/prompt_image.h"
 
 namespace ferry {
 
@@ -141,9 +142,9 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline, const St
   const int64_t full = (static_cast<int64_t>(request.prompt.size()) - 1) / bt;
   if (full <= 0 || request.role == EngineRole::kDecodeOnly) return finish("memory");
   if (absl::Now() >= deadline) return finish("skipped");
-  const std::vector<Hash128> hashes =
-      ComputeBlockHashes({fingerprint_, request.cache_salt, ""},
-                         absl::MakeConstSpan(request.prompt).subspan(0, full * bt), bt);
+  const std::vector<Hash128> hashes = ComputeBlockHashes(
+      {fingerprint_, request.cache_salt, ""},
+      absl::MakeConstSpan(request.prompt).subspan(0, full * bt), bt, ImageSpans(request.images));
   // What the engine's cache holds (a hint: it may evict or add blocks before the reservation).
   const int64_t local = engine_->kv_events().CachedPrefix(hashes);
   if (local >= full) return finish("memory");

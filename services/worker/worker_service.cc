@@ -92,6 +92,7 @@ WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadW
   limits_.block_tokens = engine_->engine().block_tokens();
   limits_.max_positions = model.max_positions();
   limits_.vocab_size = model.config().vocab_size;
+  limits_.hidden_size = model.config().hidden_size;
   facts_ = KvFactsOf(engine_->engine(), engine_->pool(), engine_->window_pool());
   if (options_.transport != nullptr) {
     target_.transport = options_.transport;

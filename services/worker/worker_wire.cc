@@ -1,10 +1,14 @@
 #include "services/worker/worker_wire.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/block_hash.h"
+#include "engine/prompt_image.h"
 #include "kvstore/wire.h"
 
 namespace ferry {
@@ -32,6 +36,75 @@ ferry::v1::ErrorKind KindOf(absl::StatusCode code) {
   }
 }
 
+// The request's images, with their inline embeddings decoded (see ToEngineRequest).
+absl::Status ImagesFromProto(const ferry::v1::TokenizedRequest& request, const WireLimits& limits,
+                             std::vector<PromptImageInput>* images) {
+  const int64_t prompt = request.prompt_token_ids_size();
+  int64_t previous_end = 0, total_bytes = 0;
+  for (int i = 0; i < request.images_size(); ++i) {
+    const ferry::v1::PromptImage& image = request.images(i);
+    const int64_t start = image.placeholder_start(), length = image.placeholder_length();
+    if (length < 1 || start + length > prompt) {
+      return Invalid(absl::StrCat("image ", i, ": placeholders ", start, "+", length,
+                                  " are empty or outside the prompt of ", prompt, " tokens"));
+    }
+    if (start < previous_end) {
+      return Invalid(absl::StrCat("image ", i, ": placeholders from ", start,
+                                  " overlap or precede the previous image's (ending at ",
+                                  previous_end, "): images must be sorted and not overlap"));
+    }
+    previous_end = start + length;
+    if (!image.image_data().empty()) {
+      return Invalid(absl::StrCat("image ", i,
+                                  ": image bytes need a worker with a vision model; this one has "
+                                  "none (send the embeddings inline)"));
+    }
+    if (image.embeddings().empty()) {
+      if (!image.embeddings_handle().empty()) {
+        return absl::UnimplementedError(absl::StrCat(
+            "image ", i, ": embeddings by handle need an encoder; none is configured"));
+      }
+      return Invalid(absl::StrCat("image ", i, " has no embeddings"));
+    }
+    if (image.embedding_rows() != image.placeholder_length() ||
+        static_cast<int64_t>(image.embedding_cols()) != limits.hidden_size) {
+      return Invalid(absl::StrCat("image ", i, ": embeddings of ", image.embedding_rows(), " x ",
+                                  image.embedding_cols(), ", want ", length, " rows (its ",
+                                  "placeholders) x ", limits.hidden_size,
+                                  " (the model's hidden size)"));
+    }
+    const int64_t bytes = length * limits.hidden_size * static_cast<int64_t>(sizeof(float));
+    if (static_cast<int64_t>(image.embeddings().size()) != bytes) {
+      return Invalid(absl::StrCat("image ", i, ": ", image.embeddings().size(),
+                                  " embedding bytes, want ", bytes, " (rows x cols x 4)"));
+    }
+    total_bytes += bytes;
+    if (total_bytes > limits.max_image_embedding_bytes) {
+      return Invalid(absl::StrCat("the images' embeddings exceed ",
+                                  limits.max_image_embedding_bytes, " bytes"));
+    }
+    auto values = std::make_shared<std::vector<float>>(length * limits.hidden_size);
+    const unsigned char* in = reinterpret_cast<const unsigned char*>(image.embeddings().data());
+    for (size_t k = 0; k < values->size(); ++k, in += 4) {
+      const uint32_t u =
+          uint32_t{in[0]} | uint32_t{in[1]} << 8 | uint32_t{in[2]} << 16 | uint32_t{in[3]} << 24;
+      float f;
+      std::memcpy(&f, &u, sizeof(f));
+      if (!std::isfinite(f)) {
+        return Invalid(absl::StrCat("image ", i, ": embedding value ", k, " is not finite"));
+      }
+      (*values)[k] = f;
+    }
+    PromptImageInput input;
+    input.content_hash = kv::HashFromProto(image.content_hash());
+    input.placeholder_start = start;
+    input.placeholder_length = length;
+    input.embeddings = std::move(values);
+    images->push_back(std::move(input));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest& request,
@@ -51,9 +124,6 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
                                                         limits.model_fingerprint.ToHex()));
     }
   }
-  if (!request.images().empty()) {
-    return absl::UnimplementedError("prompts with images need an encoder; none is configured");
-  }
   r.prompt.assign(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   if (r.prompt.empty()) return Invalid("prompt_token_ids is empty");
   for (TokenId t : r.prompt) {
@@ -62,6 +132,7 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
                                   limits.vocab_size, " tokens)"));
     }
   }
+  if (absl::Status s = ImagesFromProto(request, limits, &r.images); !s.ok()) return s;
   r.cache_salt = context.cache_salt();
   r.priority = context.priority();
   // The router's block hashes must be this worker's, or its view of the caches is wrong.
@@ -71,8 +142,9 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
                                                         " is not this worker's (",
                                                         limits.block_tokens, ")"));
     }
-    const std::vector<Hash128> mine = ComputeBlockHashes(
-        {limits.model_fingerprint, r.cache_salt, ""}, r.prompt, limits.block_tokens);
+    const std::vector<Hash128> mine =
+        ComputeBlockHashes({limits.model_fingerprint, r.cache_salt, ""}, r.prompt,
+                           limits.block_tokens, ImageSpans(r.images));
     if (static_cast<size_t>(request.block_hashes_size()) > mine.size()) {
       return Invalid(absl::StrCat(request.block_hashes_size(), " block hashes for ", mine.size(),
                                   " full blocks"));

@@ -28,13 +28,20 @@ struct WireLimits {
   int32_t block_tokens = 64;
   int64_t max_positions = 0;  // the model's
   int64_t vocab_size = 0;
+  int64_t hidden_size = 0;  // the model's: the width of inline image embeddings
+  // Inline image embeddings of one request, all images together (the gRPC message cap bounds
+  // them too).
+  int64_t max_image_embedding_bytes = int64_t{64} << 20;
 };
 
 // A Generate request as the engine takes it (on_event left empty). InvalidArgument for what the
 // request itself gets wrong (ranges, a resume state that does not add up), FailedPrecondition
 // when it was routed with another model's view (fingerprint, block size or block hashes that
-// are not this worker's). `first_output_index` receives, per choice, the absolute output index
-// of its first new token (the resumed tokens before it).
+// are not this worker's). Images: inline embeddings only (prompt_image.h; the rows' width the
+// model's hidden size, spans sorted, disjoint, inside the prompt, finite values); image bytes
+// are InvalidArgument (no vision model), an encoder handle Unimplemented. `first_output_index`
+// receives, per choice, the absolute output index of its first new token (the resumed tokens before
+// it).
 absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest& request,
                                               const WireLimits& limits,
                                               std::vector<int64_t>* first_output_index);

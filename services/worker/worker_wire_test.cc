@@ -3,8 +3,11 @@
 
 #include "services/worker/worker_wire.h"
 
+#include <cstring>
+
 #include "engine/common/block_hash.h"
 #include "gtest/gtest.h"
+#include "kvstore/wire.h"
 
 namespace ferry {
 namespace {
@@ -15,6 +18,7 @@ WireLimits Limits() {
   l.block_tokens = 4;
   l.max_positions = 64;
   l.vocab_size = 100;
+  l.hidden_size = 3;
   return l;
 }
 
@@ -180,6 +184,122 @@ TEST(WorkerWireTest, ChunksCarryTokensTextLogprobsAndTheStop) {
   EXPECT_FALSE(plain.has_matched_stop_token_id());
   EXPECT_EQ(plain.matched_stop_string(), "END");
   EXPECT_EQ(plain.logprobs_size(), 0);
+}
+
+// An image over placeholders [start, start + rows) with inline rows of width `cols`, value
+// v = row * 10 + col.
+v1::PromptImage InlineImage(uint32_t start, uint32_t rows, uint32_t cols, uint64_t hash) {
+  v1::PromptImage image;
+  kv::HashToProto(Hash128{hash, hash + 1}, image.mutable_content_hash());
+  image.set_placeholder_start(start);
+  image.set_placeholder_length(rows);
+  image.set_embedding_rows(rows);
+  image.set_embedding_cols(cols);
+  std::string bytes;
+  for (uint32_t r = 0; r < rows; ++r) {
+    for (uint32_t c = 0; c < cols; ++c) {
+      const float f = static_cast<float>(r * 10 + c);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      for (int k = 0; k < 4; ++k) bytes.push_back(static_cast<char>(u >> (8 * k)));
+    }
+  }
+  image.set_embeddings(bytes);
+  return image;
+}
+
+TEST(WorkerWireTest, InlineImageEmbeddingsBecomeTheEnginesImagesAndEnterTheBlockHashes) {
+  v1::TokenizedRequest q = Request();
+  *q.add_images() = InlineImage(1, 2, 3, 40);
+  *q.add_images() = InlineImage(5, 4, 3, 50);  // ends at the prompt's last token
+  std::vector<int64_t> first;
+  auto r = ToEngineRequest(q, Limits(), &first);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->images.size(), 2u);
+  EXPECT_EQ(r->images[1].placeholder_start, 5);
+  EXPECT_EQ(r->images[1].placeholder_length, 4);
+  EXPECT_EQ(r->images[1].content_hash, (Hash128{50, 51}));
+  EXPECT_EQ(*r->images[1].embeddings,
+            (std::vector<float>{0, 1, 2, 10, 11, 12, 20, 21, 22, 30, 31, 32}));
+  // The router's block hashes must cover the images; text-only ones are another prefix's.
+  const std::vector<TokenId> prompt(q.prompt_token_ids().begin(), q.prompt_token_ids().end());
+  const std::vector<Hash128> with =
+      ComputeBlockHashes({Limits().model_fingerprint, "", ""}, prompt, 4,
+                         {{Hash128{40, 41}, 1, 2}, {Hash128{50, 51}, 5, 4}});
+  q.set_block_tokens(4);
+  for (const Hash128& h : with) kv::HashToProto(h, q.add_block_hashes());
+  EXPECT_TRUE(ToEngineRequest(q, Limits(), &first).ok());
+  q.clear_block_hashes();
+  for (const Hash128& h : ComputeBlockHashes({Limits().model_fingerprint, "", ""}, prompt, 4)) {
+    kv::HashToProto(h, q.add_block_hashes());
+  }
+  EXPECT_EQ(ToEngineRequest(q, Limits(), &first).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(WorkerWireTest, BadImagesAreRefusedWithAClearMessage) {
+  struct Case {
+    std::string what;
+    std::vector<v1::PromptImage> images;
+    absl::StatusCode code = absl::StatusCode::kInvalidArgument;
+    std::string says;
+  };
+  std::vector<Case> cases = {
+      {"wrong width", {InlineImage(1, 2, 4, 1)}, absl::StatusCode::kInvalidArgument, "hidden size"},
+      {"outside the prompt",
+       {InlineImage(8, 2, 3, 1)},
+       absl::StatusCode::kInvalidArgument,
+       "outside the prompt"},
+      {"overlapping",
+       {InlineImage(1, 3, 3, 1), InlineImage(3, 2, 3, 2)},
+       absl::StatusCode::kInvalidArgument,
+       "overlap"},
+      {"unsorted",
+       {InlineImage(5, 2, 3, 1), InlineImage(1, 2, 3, 2)},
+       absl::StatusCode::kInvalidArgument,
+       "sorted"},
+      {"empty span", {InlineImage(1, 0, 3, 1)}, absl::StatusCode::kInvalidArgument, "empty"},
+  };
+  v1::PromptImage rows_mismatch = InlineImage(1, 2, 3, 1);
+  rows_mismatch.set_placeholder_length(3);
+  cases.push_back(
+      {"rows not the placeholders", {rows_mismatch}, absl::StatusCode::kInvalidArgument, "rows"});
+  v1::PromptImage short_bytes = InlineImage(1, 2, 3, 1);
+  short_bytes.mutable_embeddings()->pop_back();
+  cases.push_back(
+      {"short bytes", {short_bytes}, absl::StatusCode::kInvalidArgument, "rows x cols x 4"});
+  v1::PromptImage nan = InlineImage(1, 1, 3, 1);
+  (*nan.mutable_embeddings())[3] = static_cast<char>(0x7f);
+  (*nan.mutable_embeddings())[2] = static_cast<char>(0xc0);
+  cases.push_back({"not finite", {nan}, absl::StatusCode::kInvalidArgument, "finite"});
+  v1::PromptImage bytes_only;
+  bytes_only.set_placeholder_start(1);
+  bytes_only.set_placeholder_length(2);
+  bytes_only.set_image_data("\x89PNG");
+  cases.push_back(
+      {"image bytes", {bytes_only}, absl::StatusCode::kInvalidArgument, "vision model"});
+  v1::PromptImage handle = bytes_only;
+  handle.clear_image_data();
+  handle.set_embeddings_handle("h");
+  cases.push_back({"handle", {handle}, absl::StatusCode::kUnimplemented, "encoder"});
+  for (const Case& c : cases) {
+    v1::TokenizedRequest q = Request();
+    for (const v1::PromptImage& image : c.images) *q.add_images() = image;
+    std::vector<int64_t> first;
+    const absl::Status s = ToEngineRequest(q, Limits(), &first).status();
+    EXPECT_EQ(s.code(), c.code) << c.what << ": " << s;
+    EXPECT_NE(s.message().find(c.says), absl::string_view::npos) << c.what << ": " << s;
+  }
+  // Bounded: all images' bytes together.
+  WireLimits small = Limits();
+  small.max_image_embedding_bytes = 2 * 3 * 4 + 3 * 4;
+  v1::TokenizedRequest q = Request();
+  *q.add_images() = InlineImage(1, 2, 3, 1);
+  *q.add_images() = InlineImage(4, 2, 3, 2);
+  std::vector<int64_t> first;
+  EXPECT_EQ(ToEngineRequest(q, small, &first).status().code(), absl::StatusCode::kInvalidArgument);
+  q.mutable_images()->RemoveLast();
+  EXPECT_TRUE(ToEngineRequest(q, small, &first).ok());
 }
 
 }  // namespace

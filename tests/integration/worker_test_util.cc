@@ -187,6 +187,7 @@ std::vector<ChoiceOutput> InProcessEngine::Run(const v1::GenerateRequest& reques
   limits.block_tokens = engine_->block_tokens();
   limits.max_positions = model_->max_positions();
   limits.vocab_size = model_->config().vocab_size;
+  limits.hidden_size = model_->config().hidden_size;
   std::vector<int64_t> first;
   absl::StatusOr<EngineRequest> r = ToEngineRequest(request.request(), limits, &first);
   EXPECT_TRUE(r.ok()) << r.status();
