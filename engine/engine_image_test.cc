@@ -13,6 +13,7 @@
 
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/engine.h"
+#include "engine/engine_test_harness.h"
 #include "engine/model/synthetic_model.h"
 #include "engine/model/transformer.h"
 #include "gtest/gtest.h"
@@ -20,74 +21,9 @@
 namespace ferry {
 namespace {
 
-struct Output {
-  std::vector<TokenId> tokens;
-  std::vector<std::vector<float>> logits;
-  FinishReason finish = FinishReason::kNone;
-  int64_t cached_tokens = 0, replayed_tokens = 0;
-  SamplerState sampler_state;
-  std::vector<BlockId> blocks;
-};
-
-class Harness {
- public:
-  // window_blocks > 0: the window layers in a pool of their own of that many blocks.
-  Harness(const SyntheticVariant& variant, int64_t blocks, EngineOptions options,
-          int64_t window_blocks = 0) {
-    backend_ = *CpuBackend::Create({2, std::nullopt});
-    model_ = *Transformer::Create(SyntheticModel(variant), backend_.get());
-    allocator_ = std::make_unique<BackendKvAllocator>(backend_.get());
-    if (window_blocks == 0) {
-      pool_ =
-          *KvBlockPool::Create(model_->KvLayoutFor(16), blocks, allocator_.get(), backend_.get());
-    } else {
-      pool_ = *KvBlockPool::Create(model_->FullKvLayoutFor(16), blocks, allocator_.get(),
-                                   backend_.get());
-      window_pool_ = *KvBlockPool::Create(model_->WindowKvLayoutFor(16), window_blocks,
-                                          allocator_.get(), backend_.get());
-    }
-    auto engine = Engine::Create(model_.get(), pool_.get(), nullptr, options, window_pool_.get());
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    engine_ = std::move(*engine);
-  }
-  ~Harness() { engine_.reset(); }
-
-  absl::Status Submit(EngineRequest r) {
-    const std::string id = r.id;
-    r.keep_logits = true;
-    r.on_event = [this, id](const TokenEvent& e) {
-      Output& o = outputs_[id];
-      if (e.has_token) {
-        o.tokens.push_back(e.token);
-        o.logits.push_back(e.logits);
-      }
-      if (e.finish != FinishReason::kNone) {
-        o.finish = e.finish;
-        o.sampler_state = e.sampler_state;
-        o.blocks = e.blocks;
-      }
-      o.cached_tokens = e.cached_tokens;
-      o.replayed_tokens = e.replayed_tokens;
-    };
-    return engine_->Submit(std::move(r));
-  }
-  void Drain() {
-    for (int64_t i = 0; i < 100000; ++i) {
-      auto worked = engine_->Step();
-      ASSERT_TRUE(worked.ok()) << worked.status();
-      if (!*worked) return;
-    }
-    FAIL() << "engine did not finish";
-  }
-  Output& out(const std::string& id) { return outputs_[id]; }
-
-  std::unique_ptr<CpuBackend> backend_;
-  std::unique_ptr<Transformer> model_;
-  std::unique_ptr<BackendKvAllocator> allocator_;
-  std::unique_ptr<KvBlockPool> pool_, window_pool_;
-  std::unique_ptr<Engine> engine_;
-  std::map<std::string, Output> outputs_;
-};
+using engine_testing::Harness;
+using engine_testing::Output;
+using engine_testing::Prompt;
 
 const SyntheticVariant kDense{"llama_gqa_f32"};
 const SyntheticVariant kHybridTwoPools{"hybrid_window_24_two_pools",
@@ -103,13 +39,6 @@ const SyntheticVariant kHybridTwoPools{"hybrid_window_24_two_pools",
                                        24};
 constexpr int64_t kHidden = 32;      // SyntheticModel's hidden size
 constexpr TokenId kPlaceholder = 5;  // the image token the placeholders carry
-
-std::vector<TokenId> Prompt(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<TokenId> p(n);
-  for (TokenId& t : p) t = static_cast<TokenId>(rng() % 97);
-  return p;
-}
 
 // An image of `rows` deterministic pseudo-random embedding rows, named by `seed`.
 PromptImageInput Image(int64_t start, int64_t rows, uint32_t seed) {
@@ -165,7 +94,7 @@ EngineOptions Whole() {
 }
 
 Output RunAlone(const SyntheticVariant& v, const EngineRequest& r, bool two_pools) {
-  Harness h(v, 64, Whole(), two_pools ? 64 : 0);
+  Harness h(v, 64, Whole(), 16, two_pools ? 64 : 0);
   EngineRequest copy = r;
   EXPECT_TRUE(h.Submit(std::move(copy)).ok());
   h.Drain();
@@ -203,7 +132,7 @@ TEST_P(EngineImageDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
     EngineOptions options;
     options.prefill_chunk = chunk;
     options.max_batch_tokens = 3 * chunk;
-    Harness batch(v, 128, options, window_blocks);
+    Harness batch(v, 128, options, 16, window_blocks);
     for (int i = 0; i < 5; ++i) {
       std::vector<PromptImageInput> images;
       if (i == 2) images.push_back(Image(3, 20, 9));
@@ -219,7 +148,7 @@ TEST_P(EngineImageDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
   }
 
   // Prefix cache cold, then hot: the second run reuses all 9 full blocks, images included.
-  Harness cached(v, 64, Whole(), window_blocks);
+  Harness cached(v, 64, Whole(), 16, window_blocks);
   EngineRequest warm = request;
   warm.id = "warm";
   warm.max_tokens = 2;
@@ -249,7 +178,7 @@ TEST_P(EngineImageDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
     // last 23 positions (121..143: inside the second image): exact.
     EngineOptions no_window_cache = Whole();
     no_window_cache.window_cache_bytes = 0;
-    Harness replay(v, 64, no_window_cache, window_blocks);
+    Harness replay(v, 64, no_window_cache, 16, window_blocks);
     EngineRequest first = request;
     first.id = "warm";
     first.max_tokens = 2;
@@ -287,14 +216,14 @@ TEST(EngineImageTest, PreemptionUnderKvPressureGivesTheSameOutput) {
     }
     std::vector<Output> want;
     for (const EngineRequest& r : requests) {
-      Harness alone(v, 64, options, two_pools ? 64 : 0);
+      Harness alone(v, 64, options, 16, two_pools ? 64 : 0);
       EngineRequest copy = r;
       ASSERT_TRUE(alone.Submit(std::move(copy)).ok());
       alone.Drain();
       want.push_back(alone.out(r.id));
     }
     // Four requests that need 6 blocks each at the end, in a pool of 12.
-    Harness tight(v, 12, options, two_pools ? 12 : 0);
+    Harness tight(v, 12, options, 16, two_pools ? 12 : 0);
     for (const EngineRequest& r : requests) {
       EngineRequest copy = r;
       ASSERT_TRUE(tight.Submit(std::move(copy)).ok());
