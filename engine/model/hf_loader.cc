@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/model_fingerprint.h"
@@ -188,6 +189,58 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
   return c;
 }
 
+// A LLaVA directory's config.json holds the text model's configuration under text_config, as
+// save_pretrained writes it: without the fields equal to the text model type's defaults. These
+// are transformers 4.47.1's LlamaConfig / MistralConfig defaults for the fields ReadHfConfig reads
+// (eos_token_id excepted: generation_config.json gives it, as for any model).
+absl::StatusOr<Json> LlavaTextConfig(const Json& j, const std::string& path) {
+  if (!j.contains("text_config") || !j["text_config"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": a llava config without text_config"));
+  }
+  Json text = j["text_config"];
+  const std::string type = text.value("model_type", std::string("llama"));  // LlavaConfig's default
+  Json defaults;
+  if (type == "llama") {
+    defaults = {{"vocab_size", 32000},        {"hidden_size", 4096},
+                {"intermediate_size", 11008}, {"num_hidden_layers", 32},
+                {"num_attention_heads", 32},  {"max_position_embeddings", 2048},
+                {"rms_norm_eps", 1e-6},       {"tie_word_embeddings", false},
+                {"rope_theta", 10000.0},      {"attention_bias", false}};
+  } else if (type == "mistral") {
+    defaults = {{"vocab_size", 32000},
+                {"hidden_size", 4096},
+                {"intermediate_size", 14336},
+                {"num_hidden_layers", 32},
+                {"num_attention_heads", 32},
+                {"num_key_value_heads", 8},
+                {"max_position_embeddings", 4096 * 32},
+                {"rms_norm_eps", 1e-6},
+                {"tie_word_embeddings", false},
+                {"rope_theta", 10000.0},
+                {"sliding_window", 4096}};
+  } else {
+    return absl::UnimplementedError(absl::StrCat(path, ": a llava text model of type '", type,
+                                                 "' is not supported (llama, mistral)"));
+  }
+  text["model_type"] = type;
+  for (auto it = defaults.begin(); it != defaults.end(); ++it) {
+    if (!text.contains(it.key())) text[it.key()] = it.value();
+  }
+  if (!text.contains("eos_token_id") && j.contains("eos_token_id")) {
+    text["eos_token_id"] = j["eos_token_id"];
+  }
+  return text;
+}
+
+// The text model's configuration from config.json: the file itself, or a LLaVA model's
+// text_config (*llava set).
+absl::StatusOr<ModelConfig> ReadTextConfig(const Json& j, const std::string& path, bool* llava) {
+  *llava = j.is_object() && j.value("model_type", "") == "llava";
+  if (!*llava) return ReadHfConfig(j, path);
+  ASSIGN_OR_RETURN(const Json text, LlavaTextConfig(j, path));
+  return ReadHfConfig(text, absl::StrCat(path, " (text_config)"));
+}
+
 // Mixtral's MoE tensors under the names Ferry uses (Qwen2-MoE's): block_sparse_moe.gate ->
 // mlp.gate, block_sparse_moe.experts.E.{w1,w3,w2} -> mlp.experts.E.{gate,up,down}_proj.
 std::string CanonicalTensorName(const ModelConfig& c, const std::string& name) {
@@ -205,12 +258,10 @@ std::string CanonicalTensorName(const ModelConfig& c, const std::string& name) {
   return name.substr(0, at) + ".mlp." + rest;
 }
 
-}  // namespace
-
-absl::StatusOr<ModelConfig> ReadHfModelConfig(const std::string& dir) {
+absl::StatusOr<ModelConfig> ReadHfConfigFiles(const std::string& dir, bool* llava) {
   const std::string config_path = dir + "/config.json";
   ASSIGN_OR_RETURN(const Json config_json, ReadJsonFile(config_path));
-  ASSIGN_OR_RETURN(ModelConfig config, ReadHfConfig(config_json, config_path));
+  ASSIGN_OR_RETURN(ModelConfig config, ReadTextConfig(config_json, config_path, llava));
   // What transformers' generate() stops on: generation_config.json's eos ids, when present.
   const std::string generation_path = dir + "/generation_config.json";
   if (std::ifstream(generation_path).good()) {
@@ -222,6 +273,13 @@ absl::StatusOr<ModelConfig> ReadHfModelConfig(const std::string& dir) {
   return config;
 }
 
+}  // namespace
+
+absl::StatusOr<ModelConfig> ReadHfModelConfig(const std::string& dir) {
+  bool llava = false;
+  return ReadHfConfigFiles(dir, &llava);
+}
+
 absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtype,
                                         const std::string& kv_dtype) {
   const double start = model_internal::SteadySeconds();
@@ -229,7 +287,8 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
   if (dtype == WeightDType::kNative) dtype = WeightDType::kBF16;
   HostWeights weights;
   const std::string config_path = dir + "/config.json";
-  ASSIGN_OR_RETURN(weights.config, ReadHfModelConfig(dir));
+  bool llava = false;
+  ASSIGN_OR_RETURN(weights.config, ReadHfConfigFiles(dir, &llava));
 
   // The shards: model.safetensors, or those listed by model.safetensors.index.json.
   std::vector<std::string> files;
@@ -265,7 +324,20 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
     RETURN_IF_ERROR(fingerprint.AddFileFromDisk(file.substr(file.rfind('/') + 1), file));
     for (auto it = st->header().begin(); it != st->header().end(); ++it) {
       if (it.key() == "__metadata__") continue;
-      const std::string name = CanonicalTensorName(weights.config, it.key());
+      std::string name = CanonicalTensorName(weights.config, it.key());
+      if (llava) {
+        // The text model's tensors under its own names; the tower's and projector's are the
+        // VisionTower's (engine/model/vision).
+        if (absl::StartsWith(name, "vision_tower.") ||
+            absl::StartsWith(name, "multi_modal_projector.")) {
+          continue;
+        }
+        if (!absl::StartsWith(name, "language_model.")) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(file, ": unexpected tensor '", name, "' in a llava model"));
+        }
+        name = CanonicalTensorName(weights.config, name.substr(std::strlen("language_model.")));
+      }
       auto want = expected.find(name);
       if (want == expected.end()) {
         if (name == "lm_head.weight" && weights.config.tie_word_embeddings) continue;

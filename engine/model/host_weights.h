@@ -104,6 +104,12 @@ absl::Status ConvertTensors(const std::vector<ConversionJob>& jobs);
 // qwen3_moe), model.safetensors or the shards of model.safetensors.index.json (F32, F16, BF16),
 // and tokenizer.json (for the fingerprint). Every tensor the config calls for must be present with
 // its shape; an unexpected one is an error.
+// A LLaVA directory (model_type "llava") loads as its text model: text_config (a llama or mistral,
+// with transformers' defaults for the fields save_pretrained leaves out), the language_model.*
+// tensors under their text-model names; vision_tower.* and multi_modal_projector.* are skipped
+// (the VisionTower loads them). The fingerprint is then the text model's (its files' digests
+// cover the tower's bytes too); LoadLlavaModel (engine/model/vision/llava_model.h) extends it
+// with the tower's digest, as a vision-language model's must be.
 absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtype,
                                         const std::string& kv_dtype = "bf16");
 

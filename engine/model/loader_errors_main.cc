@@ -50,6 +50,11 @@ int main(int argc, char** argv) {
       {"hf_truncated", "data lies beyond the end of the file"},
       {"hf_bad_header", "header of 1000000000 bytes runs past the end of the file"},
       {"hf_missing_shard", "model-00001-of-00002.safetensors: No such file or directory"},
+      {"hf_llava_good", nullptr},
+      {"hf_llava_no_text", "config.json: a llava config without text_config"},
+      {"hf_llava_qwen", "a llava text model of type 'qwen2' is not supported (llama, mistral)"},
+      {"hf_llava_stray", "unexpected tensor 'model.norm.bias' in a llava model"},
+      {"hf_llava_flat", "unexpected tensor 'lm_head.weight' in a llava model"},
   };
   int failures = 0;
   for (const Case& c : cases) {

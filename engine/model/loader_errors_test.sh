@@ -141,5 +141,27 @@ open(os.path.join(d, "model.safetensors"), "wb").write((10**9).to_bytes(8, "litt
 d = write("hf_missing_shard", ts=False)
 json.dump({"metadata": {}, "weight_map": {k: "model-00001-of-00002.safetensors" for k in tensors()}},
           open(os.path.join(d, "model.safetensors.index.json"), "w"))
+# LLaVA directories: the text model under text_config (the fields equal to LlamaConfig's
+# defaults left out, as save_pretrained writes them) and under language_model.*; the tower's and
+# projector's tensors are the VisionTower's, skipped here.
+def llava(text=None, **kw):
+    t = {"model_type": "llama", "vocab_size": V, "hidden_size": H, "intermediate_size": F,
+         "num_hidden_layers": L, "num_attention_heads": NH, "num_key_value_heads": NKV}
+    if text: t.update(text)
+    c = {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
+         "image_token_index": V - 1, "text_config": t}
+    c.update(kw)
+    return c
+def llava_tensors(extra=None):
+    ts = {"language_model." + k: v for k, v in tensors().items()}
+    ts["vision_tower.vision_model.post_layernorm.weight"] = np.ones(8, np.float32)
+    ts["multi_modal_projector.linear_1.weight"] = np.ones((H, 8), np.float32)
+    if extra: ts[extra] = np.ones(4, np.float32)
+    return ts
+write("hf_llava_good", cfg=llava(), ts=llava_tensors())
+write("hf_llava_no_text", cfg={"model_type": "llava"}, ts=llava_tensors())
+write("hf_llava_qwen", cfg=llava(text={"model_type": "qwen2"}), ts=llava_tensors())
+write("hf_llava_stray", cfg=llava(), ts=llava_tensors(extra="model.norm.bias"))
+write("hf_llava_flat", cfg=llava(), ts=tensors())
 PY
 "${loader}" "${t}"
