@@ -47,6 +47,7 @@
 #include "engine/model/transformer.h"
 #include "engine/model/vision/image_placeholders.h"
 #include "engine/model/vision/llava_model.h"
+#include "engine/model/vision/vision_config.h"
 #include "engine/prompt_image.h"
 #include "engine/template/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -85,9 +86,10 @@ int Prepare(const std::string& model, const std::string& cases_file) {
   const std::string config_text = ReadFile(model + "/tokenizer_config.json");
   const auto chat_template = OrDie(ChatTemplate::FromTokenizerConfig(config_text), "chat template");
   const Json tc = Json::parse(config_text);
-  const Json config = Json::parse(ReadFile(model + "/config.json"));
-  const auto image_token = config.at("image_token_index").get<TokenId>();
-  const int64_t image_tokens = config.at("image_seq_length").get<int64_t>();
+  // The tower's placeholder count and image token (the processor's patch_size and strategy).
+  const VisionConfig vision = OrDie(ReadVisionConfig(model), "vision config");
+  const auto image_token = static_cast<TokenId>(vision.image_token_index);
+  const int64_t image_tokens = vision.num_image_tokens();
   Json out;
   out["cases"] = Json::array();
   const Json all = Json::parse(ReadFile(cases_file));

@@ -324,7 +324,7 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
     RETURN_IF_ERROR(fingerprint.AddFileFromDisk(file.substr(file.rfind('/') + 1), file));
     for (auto it = st->header().begin(); it != st->header().end(); ++it) {
       if (it.key() == "__metadata__") continue;
-      std::string name = CanonicalTensorName(weights.config, it.key());
+      std::string name = it.key();
       if (llava) {
         // The text model's tensors under its own names; the tower's and projector's are the
         // VisionTower's (engine/model/vision).
@@ -336,8 +336,9 @@ absl::StatusOr<HostWeights> LoadHfModel(const std::string& dir, WeightDType dtyp
           return absl::InvalidArgumentError(
               absl::StrCat(file, ": unexpected tensor '", name, "' in a llava model"));
         }
-        name = CanonicalTensorName(weights.config, name.substr(std::strlen("language_model.")));
+        name = name.substr(std::strlen("language_model."));
       }
+      name = CanonicalTensorName(weights.config, name);
       auto want = expected.find(name);
       if (want == expected.end()) {
         if (name == "lm_head.weight" && weights.config.tie_word_embeddings) continue;

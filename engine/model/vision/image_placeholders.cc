@@ -19,14 +19,17 @@ absl::StatusOr<ExpandedPrompt> ExpandImagePlaceholders(absl::Span<const TokenId>
         absl::StrCat("the prompt has ", found, " image token", found == 1 ? "" : "s", " (id ",
                      image_token, ") for ", num_images, " image", num_images == 1 ? "" : "s"));
   }
-  const int64_t total = static_cast<int64_t>(tokens.size()) + found * (num_image_tokens - 1);
-  if (total > max_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("the prompt with its ", found, " image",
-                                                   found == 1 ? "" : "s", " expanded is ", total,
-                                                   " tokens, over the limit of ", max_tokens));
+  const int64_t size = static_cast<int64_t>(tokens.size());
+  // size + found * (num_image_tokens - 1) > max_tokens, without overflow.
+  const bool over =
+      size > max_tokens || (found > 0 && num_image_tokens - 1 > (max_tokens - size) / found);
+  if (over) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the prompt with its ", found, " image", found == 1 ? "" : "s", " expanded is over ",
+        max_tokens, " tokens (", size, " tokens, ", num_image_tokens, " per image)"));
   }
   ExpandedPrompt out;
-  out.tokens.reserve(total);
+  out.tokens.reserve(size + found * (num_image_tokens - 1));
   for (TokenId t : tokens) {
     if (t != image_token) {
       out.tokens.push_back(t);

@@ -1,5 +1,7 @@
 #include "engine/model/vision/image_placeholders.h"
 
+#include <limits>
+
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -36,8 +38,13 @@ TEST(ImagePlaceholders, RefusesACountMismatch) {
 TEST(ImagePlaceholders, RefusesAnOverlongPrompt) {
   auto e = ExpandImagePlaceholders({9, 9}, 9, 10, 2, 19);
   ASSERT_FALSE(e.ok());
-  EXPECT_NE(e.status().message().find("20 tokens"), std::string::npos) << e.status();
+  EXPECT_NE(e.status().message().find("over 19 tokens (2 tokens, 10 per image)"), std::string::npos)
+      << e.status();
+  EXPECT_TRUE(ExpandImagePlaceholders({9, 9}, 9, 10, 2, 20).ok());
   EXPECT_FALSE(ExpandImagePlaceholders({9}, 9, 0, 1, 19).ok());
+  // A huge count is refused, not overflowed.
+  EXPECT_FALSE(
+      ExpandImagePlaceholders({9, 9}, 9, std::numeric_limits<int64_t>::max() / 2, 2, 100).ok());
 }
 
 }  // namespace
