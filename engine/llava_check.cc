@@ -131,7 +131,16 @@ Loaded Load(const std::string& dir) {
   Loaded l;
   l.backend = OrDie(CpuBackend::Create(), "backend");
   LlavaModel llava = OrDie(LoadLlavaModel(dir, WeightDType::kF32, "f32"), "load");
-  std::fprintf(stderr, "loaded %s: %lld image tokens, fingerprint %s\n", dir.c_str(),
+  const ModelConfig& c = llava.text.config;
+  std::string eos;
+  for (TokenId t : c.eos_token_ids) eos += " " + std::to_string(t);
+  std::fprintf(stderr,
+               "loaded %s: text %s, %lld layers, %lld positions, rope_theta %g, eps %g, tied %d, "
+               "window %d, eos%s; %lld image tokens; fingerprint %s\n",
+               dir.c_str(), c.architecture.c_str(), static_cast<long long>(c.num_layers),
+               static_cast<long long>(c.max_position_embeddings), c.rope_theta, c.rms_norm_eps,
+               c.tie_word_embeddings ? 1 : 0,
+               c.sliding_windows.empty() ? 0 : static_cast<int>(c.sliding_windows[0]), eos.c_str(),
                static_cast<long long>(llava.tower.num_image_tokens()),
                llava.text.fingerprint.ToHex().c_str());
   l.model = OrDie(Transformer::Create(llava.text, l.backend.get()), "model");
