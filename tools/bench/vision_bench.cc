@@ -1,0 +1,173 @@
+// vision_bench: the vision tower and projector (engine/model/vision/vision_tower.h) on the CPU
+// backend, for `ferry bench vision` (tools/bench/vision_bench.sh writes the models).
+//
+//   vision_bench DIR_224 DIR_448 [--images N]
+//
+// For each directory (a LLaVA-style model from make_tiny_vlm --size bench, its tower at 224^2 and
+// 448^2): load, one Encode to warm up, then N Encode calls one after another (one image each,
+// deterministic pseudo-random pixels in the normalized range), timed as a whole: images/s = N /
+// seconds. The tower runs on the shared thread pool (one thread per core: the tower has no
+// thread knob), so the peak below is measured on as many threads.
+//
+// FLOPs per image, from the config (2 x multiply-adds), counting only what Encode computes: the
+// patch embedding (patches x C*p*p x D), every encoder layer up to the selected hidden state
+// (q, k, v, out: 4 x n x D x D; fc1 and fc2: 2 x n x D x I; attention: n x n x D for the scores
+// and n x n x D for the value sums, n = patches + 1), and the projector (tokens x D x T + tokens x
+// T x T). LayerNorms, softmax, activations and bias adds are not counted.
+//
+// Baseline, in the same process: tools/bench/peak_flops.h's BestPeakFlops, the peak `ferry bench
+// engine` quotes (the AVX512-BF16 dot product where the CPU has it). Goal: the 448^2 tower's
+// FLOP/s >= 0.5 of it.
+//
+// Prints a table, then one JSON line.
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "engine/common/thread_pool.h"
+#include "engine/model/vision/vision_tower.h"
+#include "nlohmann/json.hpp"
+#include "tools/bench/peak_flops.h"
+
+namespace ferry {
+namespace {
+
+constexpr double kGoal = 0.5;
+
+// Multiply-adds of one Encode call (see the header).
+double EncodeMacs(const VisionConfig& c) {
+  const double n = static_cast<double>(c.num_positions()), d = static_cast<double>(c.hidden_size),
+               i = static_cast<double>(c.intermediate_size),
+               t = static_cast<double>(c.text_hidden_size);
+  const double patch =
+      static_cast<double>(c.num_patches()) * c.num_channels * c.patch_size * c.patch_size * d;
+  const double layer = n * (4 * d * d + 2 * d * i) + 2 * n * n * d;
+  const double tokens = static_cast<double>(c.num_image_tokens());
+  const double projector = tokens * (d * t + t * t);
+  return patch + static_cast<double>(c.selected_layer()) * layer + projector;
+}
+
+struct Result {
+  VisionConfig config;
+  double load_seconds = 0;
+  double seconds = 0;  // N images
+  double images_per_s = 0;
+  double flops_per_image = 0;
+};
+
+Result Run(const std::string& dir, int images) {
+  Result r;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<VisionTower> tower = VisionTower::Load(dir);
+  if (!tower.ok()) {
+    std::cerr << "vision_bench: " << dir << ": " << tower.status() << "\n";
+    std::exit(1);
+  }
+  r.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.config = tower->config();
+  std::vector<float> pixels(static_cast<size_t>(r.config.pixel_count()));
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (float& p : pixels) {  // xorshift: values in [-1.8, 2.2), as normalized CLIP pixels
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    p = static_cast<float>(state >> 40) / static_cast<float>(1 << 24) * 4.0f - 1.8f;
+  }
+  auto encode = [&] {
+    absl::StatusOr<std::vector<float>> out = tower->Encode(pixels);
+    if (!out.ok()) {
+      std::cerr << "vision_bench: " << dir << ": " << out.status() << "\n";
+      std::exit(1);
+    }
+  };
+  encode();  // warm-up: first touch of the packed weights and the pool's threads
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < images; ++i) encode();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.images_per_s = images / r.seconds;
+  r.flops_per_image = 2.0 * EncodeMacs(r.config);
+  return r;
+}
+
+int Main(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: vision_bench DIR_224 DIR_448 [--images N]\n";
+    return 2;
+  }
+  int images = 4;
+  for (int a = 3; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "--images" && a + 1 < argc && absl::SimpleAtoi(argv[a + 1], &images) && images > 0 &&
+        images <= 10000) {
+      ++a;
+    } else {
+      std::cerr << "vision_bench: bad argument '" << arg << "' (--images N, 1..10000)\n";
+      return 2;
+    }
+  }
+  const int threads = ThreadPool::Shared().threads();
+  const Result small = Run(argv[1], images);
+  const Result large = Run(argv[2], images);
+  if (small.config.image_size != 224 || large.config.image_size != 448) {
+    std::cerr << "vision_bench: expected towers of 224 and 448 px, got " << small.config.image_size
+              << " and " << large.config.image_size << "\n";
+    return 1;
+  }
+  const bench::PeakFlops peak = bench::BestPeakFlops(threads);
+  const double tower_flops = large.flops_per_image * large.images_per_s;
+  const double ratio = tower_flops / peak.flops;
+
+  const VisionConfig& c = large.config;
+  std::printf(
+      "vision: CLIP tower + LLaVA projector (make_tiny_vlm --size bench: hidden %lld, MLP %lld, "
+      "%lld of %lld layers run, %lld heads, patch %lld, projector to %lld), fp32, CPU backend, "
+      "%d threads (one per core), %d images per tower after one warm-up\n",
+      static_cast<long long>(c.hidden_size), static_cast<long long>(c.intermediate_size),
+      static_cast<long long>(c.selected_layer()), static_cast<long long>(c.num_layers),
+      static_cast<long long>(c.num_heads), static_cast<long long>(c.patch_size),
+      static_cast<long long>(c.text_hidden_size), threads, images);
+  std::printf("  %-12s %10s %10s %12s %12s %10s\n", "tower", "positions", "images/s", "ms/image",
+              "GFLOP/image", "GFLOP/s");
+  for (const Result* r : {&small, &large}) {
+    std::printf("  %-12s %10lld %10.3f %12.1f %12.2f %10.1f\n",
+                (std::to_string(r->config.image_size) + "^2").c_str(),
+                static_cast<long long>(r->config.num_positions()), r->images_per_s,
+                1e3 / r->images_per_s, r->flops_per_image / 1e9,
+                r->flops_per_image * r->images_per_s / 1e9);
+  }
+  std::printf("  peak (%s, %d threads, same run): %.1f GFLOP/s\n", peak.name.c_str(), threads,
+              peak.flops / 1e9);
+  std::printf("  448^2 tower: %.1f GFLOP/s = %.3f of peak (goal >= %.1f): %s\n", tower_flops / 1e9,
+              ratio, kGoal, ratio >= kGoal ? "MET" : "MISSED");
+  std::printf("  (224^2 tower: %.3f of peak; load %.2f s and %.2f s)\n",
+              small.flops_per_image * small.images_per_s / peak.flops, small.load_seconds,
+              large.load_seconds);
+
+  nlohmann::json out;
+  out["bench"] = "vision";
+  out["images_per_s_224"] = small.images_per_s;
+  out["images_per_s_448"] = large.images_per_s;
+  out["tower_flops_ratio"] = ratio;
+  out["tower_flops_448"] = tower_flops;
+  out["flops_per_image_224"] = small.flops_per_image;
+  out["flops_per_image_448"] = large.flops_per_image;
+  out["peak_flops"] = peak.flops;
+  out["peak_loop"] = peak.name;
+  out["threads"] = threads;
+  out["images"] = images;
+  out["goal_met"] = ratio >= kGoal;
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) { return ferry::Main(argc, argv); }
