@@ -224,6 +224,22 @@ void Activate(VisionActivation act, std::vector<float>& x) {
   });
 }
 
+// The bf16 variant's activation: quick_gelu as the kernels' vectorised silu_mul,
+// x sigmoid(1.702 x) = silu(1.702 x) / 1.702 (within an ulp or two of Activate's, which uses
+// std::exp); the others as Activate.
+void ActivateBf16Variant(const CpuKernels& kern, VisionActivation act, std::vector<float>& x) {
+  if (act != VisionActivation::kQuickGelu) return Activate(act, x);
+  constexpr size_t kChunk = 16384;
+  const std::vector<float> inverse(kChunk, 1.0f / 1.702f);
+  ThreadPool::Shared().ParallelFor((x.size() + kChunk - 1) / kChunk, [&](size_t i) {
+    float* xi = x.data() + i * kChunk;
+    const size_t n = std::min(kChunk, x.size() - i * kChunk);
+    std::vector<float> g(n);
+    for (size_t e = 0; e < n; ++e) g[e] = 1.702f * xi[e];
+    kern.silu_mul(g.data(), inverse.data(), xi, static_cast<int64_t>(n));
+  });
+}
+
 // x += y, in chunks over the shared pool.
 void AddInPlace(std::vector<float>& x, const std::vector<float>& y) {
   constexpr size_t kChunk = 16384;
@@ -445,7 +461,11 @@ void VisionTower::EncoderLayer(int64_t layer, std::vector<float>& x) const {
   LayerNorm(x, n, d, T(p + "layer_norm2.weight"), T(p + "layer_norm2.bias"), c.layer_norm_eps, h);
   std::vector<float> m = Linear(*kernels_, h, n, d, P(p + "mlp.fc1.weight"), T(p + "mlp.fc1.bias"),
                                 c.intermediate_size);
-  Activate(c.hidden_act, m);
+  if (precision_ == VisionPrecision::kBf16) {
+    ActivateBf16Variant(kern, c.hidden_act, m);
+  } else {
+    Activate(c.hidden_act, m);
+  }
   const std::vector<float> f = Linear(*kernels_, m, n, c.intermediate_size, P(p + "mlp.fc2.weight"),
                                       T(p + "mlp.fc2.bias"), d);
   AddInPlace(x, f);

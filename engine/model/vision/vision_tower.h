@@ -20,11 +20,13 @@
 // (engine/backends/cpu/cpu_kernels.h: one accumulator per output element, a fused multiply-add
 // per term in increasing order, the same bits on every instruction set), attention through the
 // backend's fp32 attention kernels, LayerNorm plain loops in a fixed order (statistics in
-// double). kBf16: the same, except that the matrix products (patch embedding, q/k/v/out, MLP,
-// projector) are the backend's bf16 product as its bf16 MatMul runs it: weights rounded to bf16
-// at Load, each product's input rows rounded to bf16, fp32 accumulation (AVX512-BF16's dot
-// product where the CPU has it, about twice the fp32 FMA rate); attention, norms and activations
-// stay fp32. Its outputs differ from fp32 by bf16 rounding (checked against transformers' fp32
+// double). kBf16: the matrix products (patch embedding, q/k/v/out, MLP, projector) are the
+// backend's bf16 product as its bf16 MatMul runs it (weights rounded to bf16 at Load, each
+// product's input rows rounded to bf16, fp32 accumulation: AVX512-BF16's dot product where the
+// CPU has it, about twice the fp32 FMA rate), and so are attention's two products (queries and
+// keys rounded to bf16 for the scores, the probabilities and values for the weighted sum);
+// softmax, norms and residuals stay fp32, quick_gelu goes through the kernels' vectorised
+// silu_mul. Its outputs differ from fp32 by bf16 rounding (checked against transformers' fp32
 // outputs at a looser, stated bound: vision_reference_test.sh). Either way work is spread over
 // the shared thread pool but each output element is computed by one thread, so results are
 // bit-identical from run to run and whatever the thread count. FERRY_CPU_ISA picks the variant
