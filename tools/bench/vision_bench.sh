@@ -5,7 +5,7 @@
 # models are written here by make_tiny_vlm --size bench (reference venv, a few seconds each) into
 # a temporary directory, removed at exit.
 #
-#   ferry bench vision [--images N]     (N images per tower after one warm-up; default 4)
+#   ferry bench vision [--images N]     (N images per tower after one warm-up, the fastest counts; default 4)
 set -euo pipefail
 bench_bin="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 make_vlm="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
