@@ -251,9 +251,9 @@ void AddInPlace(std::vector<float>& x, const std::vector<float>& y) {
 
 // Attention of the bf16 variant as two bf16 products per head: scores = Q K^T with each head's
 // keys packed as the product's weights (n outputs of head_dim), softmax in fp32 (scale_max,
-// exp_sum, a division), then out = P V with the probabilities rounded to bf16 and each head's
-// values packed transposed (head_dim outputs of n). q, k, v: n x d (heads of hd = d / heads side
-// by side); attn receives n x d.
+// exp_sum, a multiplication by 1 / sum), then out = P V with the probabilities rounded to bf16 and
+// each head's values packed transposed (head_dim outputs of n). q, k, v: n x d (heads of hd = d /
+// heads side by side); attn receives n x d.
 void AttentionBf16(const CpuKernels& kern, const std::vector<float>& q, const std::vector<float>& k,
                    const std::vector<float>& v, int64_t n, int64_t d, int64_t heads, float scale,
                    std::vector<float>& attn) {
@@ -265,8 +265,10 @@ void AttentionBf16(const CpuKernels& kern, const std::vector<float>& q, const st
   pool.ParallelFor(static_cast<size_t>(heads), [&](size_t head) {
     const int64_t hh = static_cast<int64_t>(head);
     std::vector<uint16_t> rows(static_cast<size_t>(std::max(n * hd, hd * n)));
+    std::vector<uint16_t> row(static_cast<size_t>(hd2));  // round_bf16 pads to even
     for (int64_t j = 0; j < n; ++j) {
-      for (int64_t e = 0; e < hd; ++e) rows[j * hd + e] = FloatToBf16(k[j * d + hh * hd + e]);
+      kern.round_bf16(k.data() + j * d + hh * hd, hd, row.data());
+      std::copy(row.begin(), row.begin() + hd, rows.begin() + j * hd);
     }
     PackPanelsBf16(rows.data(), n, hd, keys.data() + hh * key_elems);
     for (int64_t e = 0; e < hd; ++e) {
@@ -293,7 +295,7 @@ void AttentionBf16(const CpuKernels& kern, const std::vector<float>& q, const st
       float* sr = s.data() + r * n;
       const float max = kern.scale_max(sr, n, scale);
       const float sum = kern.exp_sum(sr, n, max);
-      for (int64_t j = 0; j < n; ++j) sr[j] /= sum;
+      kern.scale_max(sr, n, 1.0f / sum);  // vectorised: x / sum within an ulp, before bf16
       kern.round_bf16(sr, n, pb.data() + r * n2);
     }
     kern.gemm_bf16(pb.data(), n2, rows, n2, values.data() + hh * value_elems, 0, value_panels, hd,
