@@ -47,6 +47,7 @@
 #include "engine/model/host_weights.h"
 #include "engine/model/transformer.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench/peak_flops.h"
 #include "tools/bench/timing.h"
 
 #if defined(__x86_64__)
@@ -92,77 +93,7 @@ __attribute__((target("avx2"))) double ReadSlice(const float* p, size_t n) {
   return out[0] + out[7];
 }
 
-// 12 independent FMA chains per thread, `iterations` times: 2 * 12 * lanes FLOPs per iteration.
-// The chains must live in registers: without the unroll pragma GCC keeps a[] in memory and the
-// loop runs at half the machine's rate (a baseline that would flatter every ratio).
-__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iterations) {
-  __m256 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(1.0f + i * 1e-3f);
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], m, c);
-  }
-  __m256 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
-  alignas(32) float out[8];
-  _mm256_store_ps(out, s);
-  return out[0];
-}
-
-__attribute__((target("avx512f,fma"))) float FmaLoopAvx512(int64_t iterations) {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
-  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
-  for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], m, c);
-  }
-  __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  return _mm512_reduce_add_ps(s);
-}
-
-// The bf16 dot-product rate (VDPBF16PS: 32 multiply-adds per instruction), which Ferry's bf16
-// products use where the CPU has it: 12 independent chains.
-__attribute__((target("avx512f,avx512bf16"))) float DpbfLoop(int64_t iterations) {
-  __m512 a[12];
-  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(1.0f + i * 1e-3f);
-  const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));
-  const __m512bh y = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));
-  for (int64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbf16_ps(a[i], x, y);
-  }
-  __m512 s = a[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  return _mm512_reduce_add_ps(s);
-}
 #endif
-
-// Runs fn(t) on `threads` threads at once (fresh threads: a baseline, not the engine's pool).
-template <typename Fn>
-double TimedOnThreads(int threads, Fn fn) {
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false};
-  std::vector<std::thread> pool;
-  std::vector<double> seconds(threads);
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      ++ready;
-      while (!go.load()) {
-      }
-      const auto start = std::chrono::steady_clock::now();
-      fn(t);
-      seconds[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    });
-  }
-  while (ready.load() < threads) {
-  }
-  go = true;
-  for (auto& th : pool) th.join();
-  return *std::max_element(seconds.begin(), seconds.end());
-}
 
 volatile double g_sink = 0;
 
@@ -180,7 +111,7 @@ class ReadBandwidth {
     madvise(buffer_, bytes_, MADV_HUGEPAGE);
 #endif
     // Touch every page on its reading thread's side of the buffer.
-    TimedOnThreads(threads_, [&](int t) {
+    bench::TimedOnThreads(threads_, [&](int t) {
       const size_t first = n / threads_ * t, last = t + 1 == threads_ ? n : n / threads_ * (t + 1);
       for (size_t i = first; i < last; ++i) buffer_[i] = static_cast<float>(i & 7);
     });
@@ -190,7 +121,7 @@ class ReadBandwidth {
   // One timed read of the whole buffer; returns bytes/s and keeps the best.
   double Run() {
     const size_t n = bytes_ / sizeof(float);
-    const double seconds = TimedOnThreads(threads_, [&](int t) {
+    const double seconds = bench::TimedOnThreads(threads_, [&](int t) {
 #if defined(__x86_64__)
       const size_t per = n / threads_ / 32 * 32;
       g_sink = g_sink + ReadSlice(buffer_ + per * t, per);
@@ -208,24 +139,6 @@ class ReadBandwidth {
   float* buffer_;
   double best_ = 0;
 };
-
-enum class PeakLoop { kAvx2Fma, kAvx512Fma, kDpbf16 };
-
-double MeasurePeakFlops(int threads, PeakLoop loop) {
-  const int64_t iterations = 50'000'000;
-  double best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    best = std::min(best, TimedOnThreads(threads, [&](int) {
-#if defined(__x86_64__)
-                      g_sink = g_sink + (loop == PeakLoop::kAvx2Fma     ? FmaLoopAvx2(iterations)
-                                         : loop == PeakLoop::kAvx512Fma ? FmaLoopAvx512(iterations)
-                                                                        : DpbfLoop(iterations));
-#endif
-                    }));
-  }
-  const double macs = loop == PeakLoop::kAvx2Fma ? 8 : loop == PeakLoop::kAvx512Fma ? 16 : 32;
-  return 2.0 * 12 * macs * iterations * threads / best;
-}
 
 // Decode tokens/s at batch `b` through the engine (scheduler, sampling and all): b requests, each
 // with its own 16-token prompt (the prompt rotated by its index), greedy; the steps after every
@@ -621,13 +534,7 @@ int Main(int argc, char** argv) {
   const double read_bw = bandwidth.best();
   const size_t buffer_bytes = bandwidth.bytes();
   // The best of every arithmetic loop the engine's kernels may use here.
-  double peak = MeasurePeakFlops(threads, PeakLoop::kAvx2Fma);
-  if (CpuSupports(CpuIsa::kAvx512)) {
-    peak = std::max(peak, MeasurePeakFlops(threads, PeakLoop::kAvx512Fma));
-  }
-  if (CpuSupports(CpuIsa::kAvx512Bf16)) {
-    peak = std::max(peak, MeasurePeakFlops(threads, PeakLoop::kDpbf16));
-  }
+  const double peak = bench::BestPeakFlops(threads).flops;
 
   nlohmann::json out;
   out["engine"] = backend->name();

@@ -1,12 +1,13 @@
 // vision_check: the vision tower and projector against reference outputs (testonly).
 //
-//   vision_check compare MODEL_DIR CASES_DIR [--tolerance T]
+//   vision_check compare MODEL_DIR CASES_DIR [--tolerance T] [--precision f32|bf16]
 //
 // CASES_DIR/cases.json (tools/python/vision_reference.py) lists images: "pixels" (CHW float32,
 // little-endian), "hidden" (transformers' hidden_states[vision_feature_layer], CLS first) and
 // "projected" (get_image_features: the placeholder rows). For each image and each of the two it
 // prints max |ferry - ref| / max |ref| and fails above T (default 1e-4); it also encodes each
-// image twice and fails unless the two are bit-identical.
+// image twice and fails unless the two are bit-identical. --precision picks the tower's
+// VisionPrecision (default f32).
 
 #include <cmath>
 #include <cstdio>
@@ -45,8 +46,9 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b, double*
   return mag > 0 ? diff / mag : diff;
 }
 
-int Compare(const std::string& model, const std::string& cases_dir, double tolerance) {
-  auto tower = VisionTower::Load(model);
+int Compare(const std::string& model, const std::string& cases_dir, double tolerance,
+            VisionPrecision precision) {
+  auto tower = VisionTower::Load(model, precision);
   if (!tower.ok()) {
     std::fprintf(stderr, "load: %s\n", tower.status().ToString().c_str());
     return 1;
@@ -94,12 +96,23 @@ int Compare(const std::string& model, const std::string& cases_dir, double toler
 
 int main(int argc, char** argv) {
   if (argc < 4 || std::string(argv[1]) != "compare") {
-    std::fprintf(stderr, "usage: vision_check compare MODEL_DIR CASES_DIR [--tolerance T]\n");
+    std::fprintf(stderr,
+                 "usage: vision_check compare MODEL_DIR CASES_DIR [--tolerance T] "
+                 "[--precision f32|bf16]\n");
     return 2;
   }
   double tolerance = 1e-4;
+  ferry::VisionPrecision precision = ferry::VisionPrecision::kF32;
   for (int i = 4; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--tolerance") tolerance = std::stod(argv[i + 1]);
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--tolerance") {
+      tolerance = std::stod(value);
+    } else if (flag == "--precision" && (value == "f32" || value == "bf16")) {
+      precision = value == "bf16" ? ferry::VisionPrecision::kBf16 : ferry::VisionPrecision::kF32;
+    } else {
+      std::fprintf(stderr, "vision_check: bad flag %s %s\n", flag.c_str(), value.c_str());
+      return 2;
+    }
   }
-  return ferry::Compare(argv[2], argv[3], tolerance);
+  return ferry::Compare(argv[2], argv[3], tolerance, precision);
 }

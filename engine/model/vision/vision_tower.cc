@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/backends/cpu/cpu_kernels.h"
+#include "engine/common/float_math.h"
 #include "engine/common/le_encoding.h"
 #include "engine/common/status.h"
 #include "engine/common/thread_pool.h"
@@ -85,7 +86,8 @@ absl::StatusOr<std::vector<std::string>> WeightFiles(const std::string& dir) {
   return files;
 }
 
-Hash128 Digest(const VisionConfig& c, const std::map<std::string, std::vector<float>>& tensors,
+Hash128 Digest(const VisionConfig& c, VisionPrecision precision,
+               const std::map<std::string, std::vector<float>>& tensors,
                const std::map<std::string, std::vector<int64_t>>& shapes) {
   std::string out = "FERRYVT1";
   AppendLengthPrefixed(
@@ -95,7 +97,9 @@ Hash128 Digest(const VisionConfig& c, const std::map<std::string, std::vector<fl
                          " eps=", c.layer_norm_eps, " act=", VisionActivationName(c.hidden_act),
                          " feature_layer=", c.selected_layer(), " keep_cls=", c.keep_cls,
                          " projector_act=", VisionActivationName(c.projector_act),
-                         " text_hidden=", c.text_hidden_size));
+                         " text_hidden=", c.text_hidden_size,
+                         // fp32 adds nothing: its digests predate the bf16 variant.
+                         precision == VisionPrecision::kBf16 ? " precision=bf16" : ""));
   AppendU32Le(&out, static_cast<uint32_t>(tensors.size()));
   for (const auto& [name, values] : tensors) {  // sorted by name
     AppendLengthPrefixed(&out, name);
@@ -109,25 +113,56 @@ Hash128 Digest(const VisionConfig& c, const std::map<std::string, std::vector<fl
   return Xxh3Hash128(out);
 }
 
-// y[r, o] = b[o] + sum_k x[r, k] w[o, k]: the CPU backend's fp32 product (one accumulator per
-// output element, a fused multiply-add per k in increasing order, whatever the instruction set),
-// over `packed` (PackPanels of w, out x in), in items of up to 32 rows x 8 panels spread over the
-// shared pool; then the bias.
+// Work items of a product, as the CPU backend's MatMul cuts them: up to kRowsPerItem rows, and
+// groups of column panels whose packed weights fit in about kPanelBytes (a multiple of 3 panels,
+// the kernels' tile), consecutive items walking the row blocks of one group so that it stays in
+// the L2 cache.
+constexpr int64_t kRowsPerItem = 48;
+constexpr int64_t kPanelBytes = 256 * 1024;
+
+// y[r, o] = b[o] + sum_k x[r, k] w[o, k] over `w` (packed, fp32 or bf16: VisionTower::Matrix),
+// spread over the shared pool; then the bias. fp32: the CPU backend's fp32 product (one
+// accumulator per output element, a fused multiply-add per k in increasing order, whatever the
+// instruction set). bf16: x's rows rounded to bf16 (round_bf16) and the bf16 product, as the
+// backend's bf16 MatMul. Either way each output element is computed by one thread in a fixed
+// order, so the result does not depend on the thread count or the item boundaries.
 std::vector<float> Linear(const CpuKernels& kernels, const std::vector<float>& x, int64_t rows,
-                          int64_t in, const std::vector<float>& packed, const std::vector<float>& b,
+                          int64_t in, const VisionTower::Matrix& w, const std::vector<float>& b,
                           int64_t out) {
-  constexpr int64_t kRowsPerItem = 32, kPanelsPerItem = 8;
+  ThreadPool& pool = ThreadPool::Shared();
   std::vector<float> y(static_cast<size_t>(rows * out));
+  const bool bf16 = !w.bf16.empty();
+  const int64_t k2 = PairedK(in);
   const int64_t panels = (out + kPanel - 1) / kPanel;
-  const int64_t row_items = (rows + kRowsPerItem - 1) / kRowsPerItem;
-  const int64_t panel_items = (panels + kPanelsPerItem - 1) / kPanelsPerItem;
-  ThreadPool::Shared().ParallelFor(static_cast<size_t>(row_items * panel_items), [&](size_t item) {
-    const int64_t m0 = static_cast<int64_t>(item) / panel_items * kRowsPerItem;
-    const int64_t p0 = static_cast<int64_t>(item) % panel_items * kPanelsPerItem;
-    const int64_t p1 = std::min(panels, p0 + kPanelsPerItem);
+  const int64_t row_blocks = (rows + kRowsPerItem - 1) / kRowsPerItem;
+  std::vector<uint16_t> xb;
+  if (bf16) {
+    xb.resize(static_cast<size_t>(rows * k2));
+    pool.ParallelFor(static_cast<size_t>(row_blocks), [&](size_t rb) {
+      const int64_t m0 = static_cast<int64_t>(rb) * kRowsPerItem;
+      const int64_t m1 = std::min(rows, m0 + kRowsPerItem);
+      for (int64_t m = m0; m < m1; ++m) kernels.round_bf16(x.data() + m * in, in, &xb[m * k2]);
+    });
+  }
+  const int64_t panel_bytes = kPanel * (bf16 ? k2 * 2 : in * 4);
+  const int64_t by_cache = std::max<int64_t>(1, kPanelBytes / panel_bytes);
+  // At least the kernels' 3-panel tile: narrower tiles (the fp32 fc2 of a 3072-wide MLP would
+  // get one panel) reload the activations for every panel; 3 such panels still fit this
+  // generation's L2 caches (1-2 MiB).
+  const int64_t group = std::max<int64_t>(3, by_cache - by_cache % 3);
+  const int64_t groups = (panels + group - 1) / group;
+  pool.ParallelFor(static_cast<size_t>(groups * row_blocks), [&](size_t item) {
+    const int64_t g = static_cast<int64_t>(item) / row_blocks;
+    const int64_t m0 = static_cast<int64_t>(item) % row_blocks * kRowsPerItem;
+    const int64_t p0 = g * group, p1 = std::min(panels, p0 + group);
     const int64_t m = std::min(kRowsPerItem, rows - m0);
-    kernels.gemm_f32(x.data() + m0 * in, in, m, in, packed.data(), p0, p1, out, y.data() + m0 * out,
-                     out);
+    if (bf16) {
+      kernels.gemm_bf16(xb.data() + m0 * k2, k2, m, k2, w.bf16.data(), p0, p1, out,
+                        y.data() + m0 * out, out);
+    } else {
+      kernels.gemm_f32(x.data() + m0 * in, in, m, in, w.f32.data(), p0, p1, out,
+                       y.data() + m0 * out, out);
+    }
     const int64_t c1 = std::min(out, p1 * kPanel);
     for (int64_t r = m0; r < m0 + m; ++r) {
       for (int64_t c = p0 * kPanel; c < c1; ++c) y[r * out + c] += b[c];
@@ -136,29 +171,35 @@ std::vector<float> Linear(const CpuKernels& kernels, const std::vector<float>& x
   return y;
 }
 
-// LayerNorm over each row of `width` (biased variance, statistics in double), into `out`.
+// LayerNorm over each row of `width` (biased variance, statistics in double), into `out`; rows
+// spread over the shared pool (each row by one thread, in a fixed order).
 void LayerNorm(const std::vector<float>& x, int64_t rows, int64_t width,
                const std::vector<float>& w, const std::vector<float>& b, double eps,
                std::vector<float>& out) {
   out.resize(x.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x.data() + r * width;
-    double mean = 0;
-    for (int64_t k = 0; k < width; ++k) mean += xr[k];
-    mean /= static_cast<double>(width);
-    double var = 0;
-    for (int64_t k = 0; k < width; ++k) var += (xr[k] - mean) * (xr[k] - mean);
-    var /= static_cast<double>(width);
-    const double inv = 1.0 / std::sqrt(var + eps);
-    float* yr = out.data() + r * width;
-    for (int64_t k = 0; k < width; ++k) {
-      yr[k] = static_cast<float>((xr[k] - mean) * inv) * w[k] + b[k];
+  constexpr int64_t kRows = 16;
+  ThreadPool::Shared().ParallelFor(static_cast<size_t>((rows + kRows - 1) / kRows), [&](size_t i) {
+    const int64_t r1 = std::min(rows, static_cast<int64_t>(i + 1) * kRows);
+    for (int64_t r = static_cast<int64_t>(i) * kRows; r < r1; ++r) {
+      const float* xr = x.data() + r * width;
+      double mean = 0;
+      for (int64_t k = 0; k < width; ++k) mean += xr[k];
+      mean /= static_cast<double>(width);
+      double var = 0;
+      for (int64_t k = 0; k < width; ++k) var += (xr[k] - mean) * (xr[k] - mean);
+      var /= static_cast<double>(width);
+      const double inv = 1.0 / std::sqrt(var + eps);
+      float* yr = out.data() + r * width;
+      for (int64_t k = 0; k < width; ++k) {
+        yr[k] = static_cast<float>((xr[k] - mean) * inv) * w[k] + b[k];
+      }
     }
-  }
+  });
 }
 
-void Activate(VisionActivation act, std::vector<float>& x) {
-  for (float& v : x) {
+void ActivateRange(VisionActivation act, float* x, size_t n) {
+  for (size_t e = 0; e < n; ++e) {
+    float& v = x[e];
     switch (act) {
       case VisionActivation::kQuickGelu:
         v = v / (1.0f + std::exp(-1.702f * v));
@@ -175,10 +216,98 @@ void Activate(VisionActivation act, std::vector<float>& x) {
   }
 }
 
+// The activation, element by element, in chunks over the shared pool.
+void Activate(VisionActivation act, std::vector<float>& x) {
+  constexpr size_t kChunk = 16384;
+  ThreadPool::Shared().ParallelFor((x.size() + kChunk - 1) / kChunk, [&](size_t i) {
+    ActivateRange(act, x.data() + i * kChunk, std::min(kChunk, x.size() - i * kChunk));
+  });
+}
+
+// The bf16 variant's activation: quick_gelu as the kernels' vectorised silu_mul,
+// x sigmoid(1.702 x) = silu(1.702 x) / 1.702 (within an ulp or two of Activate's, which uses
+// std::exp); the others as Activate.
+void ActivateBf16Variant(const CpuKernels& kern, VisionActivation act, std::vector<float>& x) {
+  if (act != VisionActivation::kQuickGelu) return Activate(act, x);
+  constexpr size_t kChunk = 16384;
+  const std::vector<float> inverse(kChunk, 1.0f / 1.702f);
+  ThreadPool::Shared().ParallelFor((x.size() + kChunk - 1) / kChunk, [&](size_t i) {
+    float* xi = x.data() + i * kChunk;
+    const size_t n = std::min(kChunk, x.size() - i * kChunk);
+    std::vector<float> g(n);
+    for (size_t e = 0; e < n; ++e) g[e] = 1.702f * xi[e];
+    kern.silu_mul(g.data(), inverse.data(), xi, static_cast<int64_t>(n));
+  });
+}
+
+// x += y, in chunks over the shared pool.
+void AddInPlace(std::vector<float>& x, const std::vector<float>& y) {
+  constexpr size_t kChunk = 16384;
+  ThreadPool::Shared().ParallelFor((x.size() + kChunk - 1) / kChunk, [&](size_t i) {
+    const size_t e1 = std::min(x.size(), (i + 1) * kChunk);
+    for (size_t e = i * kChunk; e < e1; ++e) x[e] += y[e];
+  });
+}
+
+// Attention of the bf16 variant as two bf16 products per head: scores = Q K^T with each head's
+// keys packed as the product's weights (n outputs of head_dim), softmax in fp32 (scale_max,
+// exp_sum, a multiplication by 1 / sum), then out = P V with the probabilities rounded to bf16 and
+// each head's values packed transposed (head_dim outputs of n). q, k, v: n x d (heads of hd = d /
+// heads side by side); attn receives n x d.
+void AttentionBf16(const CpuKernels& kern, const std::vector<float>& q, const std::vector<float>& k,
+                   const std::vector<float>& v, int64_t n, int64_t d, int64_t heads, float scale,
+                   std::vector<float>& attn) {
+  const int64_t hd = d / heads, hd2 = PairedK(hd), n2 = PairedK(n);
+  const int64_t key_elems = PackedElementsBf16(n, hd), value_elems = PackedElementsBf16(hd, n);
+  std::vector<uint16_t> keys(static_cast<size_t>(heads * key_elems));
+  std::vector<uint16_t> values(static_cast<size_t>(heads * value_elems));
+  ThreadPool& pool = ThreadPool::Shared();
+  pool.ParallelFor(static_cast<size_t>(heads), [&](size_t head) {
+    const int64_t hh = static_cast<int64_t>(head);
+    std::vector<uint16_t> rows(static_cast<size_t>(std::max(n * hd, hd * n)));
+    std::vector<uint16_t> row(static_cast<size_t>(hd2));  // round_bf16 pads to even
+    for (int64_t j = 0; j < n; ++j) {
+      kern.round_bf16(k.data() + j * d + hh * hd, hd, row.data());
+      std::copy(row.begin(), row.begin() + hd, rows.begin() + j * hd);
+    }
+    PackPanelsBf16(rows.data(), n, hd, keys.data() + hh * key_elems);
+    for (int64_t e = 0; e < hd; ++e) {
+      for (int64_t j = 0; j < n; ++j) rows[e * n + j] = FloatToBf16(v[j * d + hh * hd + e]);
+    }
+    PackPanelsBf16(rows.data(), hd, n, values.data() + hh * value_elems);
+  });
+  constexpr int64_t kQueries = 48;
+  const int64_t blocks = (n + kQueries - 1) / kQueries;
+  const int64_t key_panels = (n + kPanel - 1) / kPanel, value_panels = (hd + kPanel - 1) / kPanel;
+  pool.ParallelFor(static_cast<size_t>(blocks * heads), [&](size_t task) {
+    const int64_t i0 = static_cast<int64_t>(task) / heads * kQueries;
+    const int64_t hh = static_cast<int64_t>(task) % heads;
+    const int64_t rows = std::min(kQueries, n - i0);
+    std::vector<uint16_t> qb(static_cast<size_t>(rows * hd2));
+    for (int64_t r = 0; r < rows; ++r) {
+      kern.round_bf16(q.data() + (i0 + r) * d + hh * hd, hd, qb.data() + r * hd2);
+    }
+    std::vector<float> s(static_cast<size_t>(rows * n));
+    kern.gemm_bf16(qb.data(), hd2, rows, hd2, keys.data() + hh * key_elems, 0, key_panels, n,
+                   s.data(), n);
+    std::vector<uint16_t> pb(static_cast<size_t>(rows * n2));
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s.data() + r * n;
+      const float max = kern.scale_max(sr, n, scale);
+      const float sum = kern.exp_sum(sr, n, max);
+      kern.scale_max(sr, n, 1.0f / sum);  // vectorised: x / sum within an ulp, before bf16
+      kern.round_bf16(sr, n, pb.data() + r * n2);
+    }
+    kern.gemm_bf16(pb.data(), n2, rows, n2, values.data() + hh * value_elems, 0, value_panels, hd,
+                   attn.data() + i0 * d + hh * hd, d);
+  });
+}
+
 }  // namespace
 
-absl::StatusOr<VisionTower> VisionTower::Load(const std::string& dir) {
+absl::StatusOr<VisionTower> VisionTower::Load(const std::string& dir, VisionPrecision precision) {
   VisionTower tower;
+  tower.precision_ = precision;
   ASSIGN_OR_RETURN(tower.config_, ReadVisionConfig(dir));
   const VisionConfig& c = tower.config_;
   const auto expected = ExpectedTensors(c);
@@ -243,7 +372,7 @@ absl::StatusOr<VisionTower> VisionTower::Load(const std::string& dir) {
   ASSIGN_OR_RETURN(const CpuIsa isa, SelectCpuIsa());
   tower.kernels_ = &CpuKernelsFor(isa);
   for (auto& [name, tensor] : host) tower.tensors_.emplace(name, std::move(tensor.f32));
-  tower.digest_ = Digest(c, tower.tensors_, expected);
+  tower.digest_ = Digest(c, precision, tower.tensors_, expected);
   // The matrices (the patch embedding as D x C*p*p) packed for the product, the rest as read.
   for (auto it = tower.tensors_.begin(); it != tower.tensors_.end();) {
     const std::vector<int64_t>& shape = expected.at(it->first);
@@ -256,9 +385,20 @@ absl::StatusOr<VisionTower> VisionTower::Load(const std::string& dir) {
       continue;
     }
     const int64_t n = shape[0], k = static_cast<int64_t>(it->second.size()) / n;
-    std::vector<float> packed(static_cast<size_t>(PackedElements(n, k)));
-    PackPanels(it->second.data(), n, k, packed.data());
-    tower.packed_.emplace(it->first, std::move(packed));
+    Matrix m;
+    if (precision == VisionPrecision::kBf16) {
+      // Rounded to bf16 (to nearest even) row by row, then packed for gemm_bf16.
+      std::vector<uint16_t> rounded(static_cast<size_t>(n * k));
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t e = 0; e < k; ++e) rounded[r * k + e] = FloatToBf16(it->second[r * k + e]);
+      }
+      m.bf16.resize(static_cast<size_t>(PackedElementsBf16(n, k)));
+      PackPanelsBf16(rounded.data(), n, k, m.bf16.data());
+    } else {
+      m.f32.resize(static_cast<size_t>(PackedElements(n, k)));
+      PackPanels(it->second.data(), n, k, m.f32.data());
+    }
+    tower.packed_.emplace(it->first, std::move(m));
     it = tower.tensors_.erase(it);
   }
   return tower;
@@ -268,7 +408,9 @@ const std::vector<float>& VisionTower::T(const std::string& name) const {
   return tensors_.at(name);
 }
 
-const std::vector<float>& VisionTower::P(const std::string& name) const { return packed_.at(name); }
+const VisionTower::Matrix& VisionTower::P(const std::string& name) const {
+  return packed_.at(name);
+}
 
 void VisionTower::EncoderLayer(int64_t layer, std::vector<float>& x) const {
   const VisionConfig& c = config_;
@@ -284,43 +426,51 @@ void VisionTower::EncoderLayer(int64_t layer, std::vector<float>& x) const {
                                       T(p + "self_attn.v_proj.bias"), d);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   std::vector<float> attn(static_cast<size_t>(n * d));
-  // The keys of each head transposed (head_dim rows of n), as the attention kernels read them.
-  std::vector<float> kt(static_cast<size_t>(n * d));
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t e = 0; e < d; ++e) kt[(e / hd) * hd * n + (e % hd) * n + j] = k[j * d + e];
-  }
-  // One task per (block of up to 16 query positions, head): the CPU kernels' dot products with
-  // every key, softmax (scale_max, exp_sum), then the weighted sum of the values.
-  constexpr int64_t kQueries = 16;
-  const int64_t blocks = (n + kQueries - 1) / kQueries;
   const CpuKernels& kern = *kernels_;
-  ThreadPool::Shared().ParallelFor(static_cast<size_t>(blocks * heads), [&](size_t task) {
-    const int64_t i0 = static_cast<int64_t>(task) / heads * kQueries;
-    const int64_t hh = static_cast<int64_t>(task) % heads;
-    const int64_t rows = std::min(kQueries, n - i0);
-    std::vector<float> s(static_cast<size_t>(rows * n));
-    kern.dot_columns_f32(q.data() + i0 * d + hh * hd, d, rows, kt.data() + hh * hd * n, n, hd, n,
-                         s.data(), n);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* sr = s.data() + r * n;
-      const float max = kern.scale_max(sr, n, scale);
-      const float sum = kern.exp_sum(sr, n, max);
-      for (int64_t j = 0; j < n; ++j) sr[j] /= sum;
+  if (precision_ == VisionPrecision::kBf16) {
+    AttentionBf16(kern, q, k, v, n, d, heads, scale, attn);
+  } else {
+    // The keys of each head transposed (head_dim rows of n), as the attention kernels read them.
+    std::vector<float> kt(static_cast<size_t>(n * d));
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t e = 0; e < d; ++e) kt[(e / hd) * hd * n + (e % hd) * n + j] = k[j * d + e];
     }
-    float* out = attn.data() + i0 * d + hh * hd;
-    for (int64_t r = 0; r < rows; ++r) std::fill(out + r * d, out + r * d + hd, 0.0f);
-    kern.weighted_rows_f32(s.data(), n, rows, v.data() + hh * hd, d, n, hd, out, d);
-  });
+    // One task per (block of up to 16 query positions, head): the CPU kernels' dot products with
+    // every key, softmax (scale_max, exp_sum), then the weighted sum of the values.
+    constexpr int64_t kQueries = 16;
+    const int64_t blocks = (n + kQueries - 1) / kQueries;
+    ThreadPool::Shared().ParallelFor(static_cast<size_t>(blocks * heads), [&](size_t task) {
+      const int64_t i0 = static_cast<int64_t>(task) / heads * kQueries;
+      const int64_t hh = static_cast<int64_t>(task) % heads;
+      const int64_t rows = std::min(kQueries, n - i0);
+      std::vector<float> s(static_cast<size_t>(rows * n));
+      kern.dot_columns_f32(q.data() + i0 * d + hh * hd, d, rows, kt.data() + hh * hd * n, n, hd, n,
+                           s.data(), n);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* sr = s.data() + r * n;
+        const float max = kern.scale_max(sr, n, scale);
+        const float sum = kern.exp_sum(sr, n, max);
+        for (int64_t j = 0; j < n; ++j) sr[j] /= sum;
+      }
+      float* out = attn.data() + i0 * d + hh * hd;
+      for (int64_t r = 0; r < rows; ++r) std::fill(out + r * d, out + r * d + hd, 0.0f);
+      kern.weighted_rows_f32(s.data(), n, rows, v.data() + hh * hd, d, n, hd, out, d);
+    });
+  }
   const std::vector<float> o = Linear(*kernels_, attn, n, d, P(p + "self_attn.out_proj.weight"),
                                       T(p + "self_attn.out_proj.bias"), d);
-  for (size_t e = 0; e < x.size(); ++e) x[e] += o[e];
+  AddInPlace(x, o);
   LayerNorm(x, n, d, T(p + "layer_norm2.weight"), T(p + "layer_norm2.bias"), c.layer_norm_eps, h);
   std::vector<float> m = Linear(*kernels_, h, n, d, P(p + "mlp.fc1.weight"), T(p + "mlp.fc1.bias"),
                                 c.intermediate_size);
-  Activate(c.hidden_act, m);
+  if (precision_ == VisionPrecision::kBf16) {
+    ActivateBf16Variant(kern, c.hidden_act, m);
+  } else {
+    Activate(c.hidden_act, m);
+  }
   const std::vector<float> f = Linear(*kernels_, m, n, c.intermediate_size, P(p + "mlp.fc2.weight"),
                                       T(p + "mlp.fc2.bias"), d);
-  for (size_t e = 0; e < x.size(); ++e) x[e] += f[e];
+  AddInPlace(x, f);
 }
 
 absl::StatusOr<std::vector<float>> VisionTower::HiddenState(absl::Span<const float> pixels,

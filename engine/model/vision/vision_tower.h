@@ -15,11 +15,20 @@
 // Every tower and projector tensor must be present once with its shape; an unknown one under
 // those prefixes is an error.
 //
-// Arithmetic: fp32 activations and weights; the matrix products are the CPU backend's fp32
-// kernel (engine/backends/cpu/cpu_kernels.h: one accumulator per output element, a fused
-// multiply-add per term in increasing order, the same bits on every instruction set), attention
-// and LayerNorm plain loops in a fixed order (LayerNorm statistics in double); work is spread
-// over the shared thread pool but each output element is computed by one thread, so results are
+// Arithmetic (VisionPrecision::kF32, the default and the path checked against transformers at
+// 1e-4): fp32 activations and weights; the matrix products are the CPU backend's fp32 kernel
+// (engine/backends/cpu/cpu_kernels.h: one accumulator per output element, a fused multiply-add
+// per term in increasing order, the same bits on every instruction set), attention through the
+// backend's fp32 attention kernels, LayerNorm plain loops in a fixed order (statistics in
+// double). kBf16: the matrix products (patch embedding, q/k/v/out, MLP, projector) are the
+// backend's bf16 product as its bf16 MatMul runs it (weights rounded to bf16 at Load, each
+// product's input rows rounded to bf16, fp32 accumulation: AVX512-BF16's dot product where the
+// CPU has it, about twice the fp32 FMA rate), and so are attention's two products (queries and
+// keys rounded to bf16 for the scores, the probabilities and values for the weighted sum);
+// softmax, norms and residuals stay fp32, quick_gelu goes through the kernels' vectorised
+// silu_mul. Its outputs differ from fp32 by bf16 rounding (checked against transformers' fp32
+// outputs at a looser, stated bound: vision_reference_test.sh). Either way work is spread over
+// the shared thread pool but each output element is computed by one thread, so results are
 // bit-identical from run to run and whatever the thread count. FERRY_CPU_ISA picks the variant
 // as it does for the backend (an unknown or unsupported one fails Load).
 //
@@ -42,19 +51,32 @@ namespace ferry {
 
 struct CpuKernels;
 
+// The matrix products' arithmetic (see above).
+enum class VisionPrecision { kF32, kBf16 };
+
 class VisionTower {
  public:
+  // A matrix packed for the CPU kernels: PackPanels' fp32 layout, or PackPanelsBf16's (exactly
+  // one of the two is non-empty).
+  struct Matrix {
+    std::vector<float> f32;
+    std::vector<uint16_t> bf16;
+  };
+
   // Reads DIR/config.json and the tower and projector tensors (see above).
-  static absl::StatusOr<VisionTower> Load(const std::string& dir);
+  static absl::StatusOr<VisionTower> Load(const std::string& dir,
+                                          VisionPrecision precision = VisionPrecision::kF32);
+
+  VisionPrecision precision() const { return precision_; }
 
   const VisionConfig& config() const { return config_; }
   int64_t image_size() const { return config_.image_size; }
   int64_t num_image_tokens() const { return config_.num_image_tokens(); }
   int64_t text_hidden_size() const { return config_.text_hidden_size; }
 
-  // Digest of the tower and projector: their configuration and every tensor's name, shape and
-  // f32 values (the weights as computed). ExtendModelFingerprint (model_fingerprint.h) folds it
-  // into the text model's fingerprint.
+  // Digest of the tower and projector: their configuration, the precision (kBf16 only: fp32
+  // digests carry no tag) and every tensor's name, shape and f32 values as read.
+  // ExtendModelFingerprint (model_fingerprint.h) folds it into the text model's fingerprint.
   const Hash128& digest() const { return digest_; }
 
   // The image's embeddings: num_image_tokens() rows of text_hidden_size() floats, row-major.
@@ -76,15 +98,16 @@ class VisionTower {
   // The tensor `name` (an HF name without the "vision_tower.vision_model." prefix for the tower;
   // Load checked that it exists).
   const std::vector<float>& T(const std::string& name) const;
-  // A matrix's packed panels (the CPU kernels' PackPanels layout).
-  const std::vector<float>& P(const std::string& name) const;
+  // A matrix's packed panels.
+  const Matrix& P(const std::string& name) const;
   // One encoder layer applied in place to x (num_positions x hidden_size).
   void EncoderLayer(int64_t layer, std::vector<float>& x) const;
 
   VisionConfig config_;
   const CpuKernels* kernels_ = nullptr;                // the CPU's widest instruction set
   std::map<std::string, std::vector<float>> tensors_;  // vectors (norms, biases, embeddings)
-  std::map<std::string, std::vector<float>> packed_;   // matrices, packed for gemm_f32
+  std::map<std::string, Matrix> packed_;               // matrices, packed
+  VisionPrecision precision_ = VisionPrecision::kF32;
   Hash128 digest_;
 };
 

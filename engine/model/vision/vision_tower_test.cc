@@ -129,18 +129,40 @@ TEST(VisionTowerTest, LoadsAndEncodesDeterministically) {
 TEST(VisionTowerTest, EveryInstructionSetGivesTheSameBits) {
   const std::string dir = WriteModel("isa", Config(), Weights());
   const std::vector<float> pixels = Values(3 * 4 * 4, 5);
-  std::vector<float> first;
-  for (CpuIsa isa : SupportedCpuIsas()) {
-    setenv("FERRY_CPU_ISA", CpuIsaName(isa), 1);
-    auto tower = VisionTower::Load(dir);
-    ASSERT_TRUE(tower.ok()) << tower.status();
-    auto e = tower->Encode(pixels);
-    ASSERT_TRUE(e.ok());
-    if (first.empty()) first = *e;
-    EXPECT_EQ(std::memcmp(first.data(), e->data(), first.size() * sizeof(float)), 0)
-        << CpuIsaName(isa);
+  for (VisionPrecision precision : {VisionPrecision::kF32, VisionPrecision::kBf16}) {
+    std::vector<float> first;
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      setenv("FERRY_CPU_ISA", CpuIsaName(isa), 1);
+      auto tower = VisionTower::Load(dir, precision);
+      ASSERT_TRUE(tower.ok()) << tower.status();
+      auto e = tower->Encode(pixels);
+      ASSERT_TRUE(e.ok());
+      if (first.empty()) first = *e;
+      EXPECT_EQ(std::memcmp(first.data(), e->data(), first.size() * sizeof(float)), 0)
+          << CpuIsaName(isa) << (precision == VisionPrecision::kBf16 ? " bf16" : " f32");
+    }
   }
   unsetenv("FERRY_CPU_ISA");
+}
+
+// The bf16 variant: deterministic, its own digest, and not the fp32 numbers (its distance from
+// transformers' fp32 outputs is vision_reference_test's).
+TEST(VisionTowerTest, Bf16VariantIsDeterministicWithItsOwnDigest) {
+  const std::string dir = WriteModel("bf16", Config(), Weights());
+  auto f32 = VisionTower::Load(dir);
+  auto bf16 = VisionTower::Load(dir, VisionPrecision::kBf16);
+  ASSERT_TRUE(f32.ok() && bf16.ok());
+  EXPECT_EQ(f32->precision(), VisionPrecision::kF32);
+  EXPECT_EQ(bf16->precision(), VisionPrecision::kBf16);
+  EXPECT_NE(f32->digest(), bf16->digest());
+  const std::vector<float> pixels = Values(3 * 4 * 4, 11);
+  auto a = bf16->Encode(pixels);
+  auto b = bf16->Encode(pixels);
+  auto c = f32->Encode(pixels);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(*a, *b);
+  EXPECT_NE(*a, *c);
+  for (float x : *a) EXPECT_TRUE(std::isfinite(x));
 }
 
 TEST(VisionTowerTest, FullStrategyKeepsTheClsRow) {
