@@ -216,6 +216,69 @@ TEST_P(WorkerVlmTest, AResumedRequestEncodesItsImagesAgainAndContinuesExactly) {
   }
 }
 
+TEST_P(WorkerVlmTest, APrefillDecodeSplitAndADrainHandOffWithImagesContinueExactly) {
+  const Vlm vlm = LoadVlm(GetParam());
+  auto role = [](const std::string& r) {
+    return std::vector<std::string>{"--role=" + r, "--transport=grpc"};
+  };
+  auto p = StartWorker(vlm.dir, role("prefill"));
+  auto target = StartWorker(vlm.dir, role("decode"));
+  std::vector<std::string> slow = role("decode");
+  slow.push_back("--test_step_delay=10ms");
+  slow.push_back("--drain_grace=0s");
+  auto source = StartWorker(vlm.dir, slow);
+  ASSERT_TRUE(p->ready() && target->ready() && source->ready());
+  WorkerClient prefill(p->address()), to(target->address()), from(source->address());
+  Sampling greedy;
+  greedy.ignore_eos = true;
+  greedy.max_tokens = 24;
+  const uint32_t n = vlm.image_tokens;
+  const v1::GenerateRequest request = ImageRequest(
+      "split", vlm, 6 + 2 * static_cast<int>(n) + 10, 12,
+      {{6, TestImage("s444.jpg")}, {6 + n + 2, TestImage("palette_trns.png")}}, greedy);
+  InProcessEngine ref(vlm.dir);
+  const ChoiceOutput want = ref.Run(request)[0];
+  ASSERT_EQ(want.tokens.size(), 24u);
+
+  // Split: both sides encode the images (the decode side for its block hashes and recompute).
+  v1::GenerateRequest whole = request;
+  whole.mutable_request()->mutable_context()->set_request_id("split-whole");
+  PdResult split = RunPd(to, target->address(), prefill, whole);
+  ASSERT_TRUE(split.stream.status.ok()) << split.stream.status.error_message();
+  ASSERT_TRUE(split.prefill.ok()) << split.prefill.error_message();
+  EXPECT_EQ(split.stream.choices[0].tokens, want.tokens);
+
+  // Drained after a few tokens: parked with its KV, continued on the target from that KV.
+  std::vector<uint32_t> seen;
+  bool drained = false;
+  PdResult first =
+      RunPd(from, source->address(), prefill, request, {}, absl::Seconds(60),
+            [&](const v1::TokenChunk& chunk) {
+              seen.insert(seen.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+              if (!drained && seen.size() >= 3) {
+                drained = true;
+                v1::DrainResponse response;
+                ASSERT_TRUE(from.Drain(0, &response).ok());
+              }
+            });
+  ASSERT_TRUE(drained);
+  ASSERT_EQ(first.stream.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << first.stream.status.error_message();
+  ASSERT_EQ(first.stream.error.handoff_endpoint(), source->address());
+  const size_t k = seen.size();
+  ASSERT_LT(k, want.tokens.size());
+  v1::GenerateRequest next = Resumed(request, seen, k, "split-handoff");
+  next.set_aggregated(false);
+  next.set_handoff_source_endpoint(source->address());
+  next.set_handoff_source_request_id("split");
+  GenerateResult rest = to.Generate(next, absl::Seconds(60), {}, {static_cast<uint32_t>(k)});
+  ASSERT_TRUE(rest.status.ok()) << rest.status.error_message();
+  EXPECT_EQ(rest.choices[0].tokens,
+            std::vector<uint32_t>(want.tokens.begin() + static_cast<long>(k), want.tokens.end()));
+  EXPECT_EQ(MetricValue(target->admin_port(), "ferry_worker_handoffs_received_total"), 1);
+  EXPECT_EQ(source->WaitForExit(absl::Seconds(30)), 0) << source->LogTail();
+}
+
 TEST_P(WorkerVlmTest, BadImagesAreInvalidArgumentSayingWhy) {
   const Vlm vlm = LoadVlm(GetParam());
   auto worker = StartWorker(vlm.dir);
