@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "engine/model/host_weights.h"
 #include "gtest/gtest.h"
 #include "kvstore/wire.h"
 #include "nlohmann/json.hpp"
@@ -316,9 +317,22 @@ TEST_P(WorkerVlmTest, BadImagesAreInvalidArgumentSayingWhy) {
   v1::GenerateRequest count = good;
   count.mutable_request()->mutable_images(0)->set_placeholder_length(p - 1);
   expect_invalid(count, absl::StrCat("rows per image"));
-  // The worker still serves the good one.
-  GenerateResult ok = client.Generate(good, absl::Seconds(60));
+  // The worker still serves the good one, routed with the vision model's fingerprint (the text
+  // model's extended with the tower's); the text model's own fingerprint is another model's.
+  InProcessEngine ref(vlm.dir);
+  v1::GenerateRequest routed = good;
+  kv::HashToProto(ref.model().fingerprint(),
+                  routed.mutable_request()->mutable_model()->mutable_fingerprint());
+  GenerateResult ok = client.Generate(routed, absl::Seconds(60));
   EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  absl::StatusOr<HostWeights> text_only = LoadHfModel(vlm.dir, WeightDType::kBF16);
+  ASSERT_TRUE(text_only.ok()) << text_only.status();
+  EXPECT_NE(text_only->fingerprint, ref.model().fingerprint());
+  kv::HashToProto(text_only->fingerprint,
+                  routed.mutable_request()->mutable_model()->mutable_fingerprint());
+  routed.mutable_request()->mutable_context()->set_request_id("text-fingerprint");
+  EXPECT_EQ(client.Generate(routed, absl::Seconds(60)).status.error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
 
   // A text-only worker refuses image bytes.
   auto text = StartWorker(TinyModel("llama_gqa_bf16"));
