@@ -22,6 +22,9 @@
 //             n_images x { hash128 content_hash, i32 offset }
 //           )
 //
+// An image's content_hash is H(the encoded image bytes), as the request carries them
+// (PromptImage.image_data in worker.proto): the same file gives the same hash everywhere.
+//
 // `offset` is the position of the image's first placeholder token relative to the block's first
 // token: negative when the image began in an earlier block. Block i covers prompt positions
 // [i*B, (i+1)*B); only full blocks get a hash.

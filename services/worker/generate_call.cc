@@ -36,7 +36,32 @@ GenerateCall::GenerateCall(WorkerService* service, grpc::CallbackServerContext* 
       start_(std::chrono::steady_clock::now()),
       cause_(AbortCause::kNone) {
   service_->CallCreated();
-  Start(*request);
+  if (!HasImageBytes(request->request()) || !service_->encodes_images()) {
+    Start(*request);
+    return;
+  }
+  // Image bytes are decoded and encoded on the worker's image executor, not on this gRPC thread
+  // (the request message lives until OnDone, which our reference keeps away).
+  Ref();
+  const bool queued = service_->AddImageWork([this, request] {
+    bool cancelled;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled = broken_ || cause_ != AbortCause::kNone;
+    }
+    if (cancelled) {
+      Reject(grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away"), false);
+    } else {
+      Start(*request);
+    }
+    Unref();
+  });
+  if (!queued) {
+    Unref();
+    Reject(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        "the worker's image encoding queue is full"),
+           false);
+  }
 }
 
 GenerateCall::~GenerateCall() { service_->CallGone(); }

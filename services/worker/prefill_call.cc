@@ -39,7 +39,28 @@ PrefillCall::PrefillCall(WorkerService* service, grpc::CallbackServerContext* co
       start_(std::chrono::steady_clock::now()),
       cause_(AbortCause::kNone) {
   service_->CallCreated();
-  Start(*request);
+  if (!HasImageBytes(request->request()) || !service_->encodes_images()) {
+    Start(*request);
+    return;
+  }
+  // As GenerateCall: image bytes are encoded on the image executor, off the gRPC thread.
+  Ref();
+  const bool queued = service_->AddImageWork([this, request] {
+    if (context_->IsCancelled()) {
+      service_->metrics().Outcome(RequestOutcome::kRejected);
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away"));
+    } else {
+      Start(*request);
+    }
+    Unref();
+  });
+  if (!queued) {
+    Unref();
+    image_queue_full_ = true;
+    Start(*request);  // refuses it (RESOURCE_EXHAUSTED), telling the decode worker
+  }
 }
 
 PrefillCall::~PrefillCall() { service_->CallGone(); }
@@ -69,6 +90,11 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
   if (service_->draining()) {
     return reject(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                "the worker is draining: it admits no new requests"),
+                  false);
+  }
+  if (image_queue_full_) {
+    return reject(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                               "the worker's image encoding queue is full"),
                   false);
   }
   std::vector<int64_t> first_index;

@@ -129,7 +129,8 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   grpc::CallbackServerContext* const context_;
   ferry::v1::PrefillResponse* const response_;
   const std::chrono::steady_clock::time_point start_;
-  std::atomic<int> refs_{1};  // gRPC's; + the engine's, the pushes', KvReady's
+  bool image_queue_full_ = false;  // set before Start, which then refuses the request
+  std::atomic<int> refs_{1};       // gRPC's; + the engine's, the pushes', KvReady's
 
   absl::Mutex mu_;
   // Set by Start (from the constructor) and never written after: read without the lock.

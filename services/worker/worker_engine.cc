@@ -17,6 +17,7 @@
 #include "engine/model/null_model.h"
 #include "engine/model/sim_timing.h"
 #include "engine/model/transformer.h"
+#include "engine/model/vision/llava_model.h"
 #include "nlohmann/json.hpp"
 
 namespace ferry {
@@ -69,6 +70,19 @@ absl::StatusOr<std::vector<NullScript>> ReadNullScripts(const std::string& path,
   return scripts;
 }
 
+// Whether an HF directory holds a LLaVA-style model (config.json's model_type "llava").
+absl::StatusOr<bool> IsLlavaDirectory(const ModelFiles& files) {
+  if (!files.hf()) return false;
+  const std::string path = files.path() + "/config.json";
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read it"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json config = nlohmann::json::parse(text.str(), nullptr, false);
+  if (!config.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not JSON"));
+  return config.contains("model_type") && config["model_type"] == "llava";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
@@ -87,8 +101,19 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create(backend_options));
   if (options.engine == "real") {
     ASSIGN_OR_RETURN(const WeightDType dtype, ParseWeightDType(options.weights));
-    ASSIGN_OR_RETURN(const HostWeights weights, files.LoadWeights(dtype, options.kv_dtype));
-    ASSIGN_OR_RETURN(w->model_, Transformer::Create(weights, backend.get()));
+    ASSIGN_OR_RETURN(const bool llava, IsLlavaDirectory(files));
+    if (llava) {
+      // A vision-language model: the text model runs as any other, its fingerprint extended with
+      // the tower's; the tower encodes the requests' image bytes (image_encoder.h).
+      ASSIGN_OR_RETURN(LlavaModel loaded, LoadLlavaModel(w->model_path_, dtype, options.kv_dtype));
+      ASSIGN_OR_RETURN(w->model_, Transformer::Create(loaded.text, backend.get()));
+      ASSIGN_OR_RETURN(
+          w->image_encoder_,
+          ImageEncoder::Create(w->model_path_, std::move(loaded.tower), media::ImageLimits{}));
+    } else {
+      ASSIGN_OR_RETURN(const HostWeights weights, files.LoadWeights(dtype, options.kv_dtype));
+      ASSIGN_OR_RETURN(w->model_, Transformer::Create(weights, backend.get()));
+    }
   } else {
     NullModelOptions null;
     ASSIGN_OR_RETURN(null.config, files.ReadConfig());
@@ -190,6 +215,10 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
             << ")"
             << (w->window_pool_ != nullptr
                     ? absl::StrCat(", window pool of ", w->window_pool_->num_blocks(), " blocks")
+                    : "")
+            << (w->image_encoder_ != nullptr
+                    ? absl::StrCat(", vision tower of ", w->image_encoder_->num_image_tokens(),
+                                   " tokens per image")
                     : "")
             << ", fingerprint " << model.fingerprint() << ", loaded in " << w->load_seconds_
             << " s";

@@ -9,6 +9,10 @@
 // With a KV transport (the prefill and decode roles) the pools' memory comes from it
 // (TransportKvAllocator), registered, so that peers can read and write the blocks in place.
 //
+// A LLaVA directory (config.json's model_type "llava", with --engine=real) loads with
+// LoadLlavaModel: the text model runs as any other (its fingerprint extended with the tower's
+// digest) and image_encoder() encodes requests' image bytes; other models have none.
+//
 // Thread-safe after Create (the Engine is; the rest is immutable). Destruction stops the engine
 // thread first (live requests end with kAbort), then frees the pools and the model.
 
@@ -27,6 +31,7 @@
 #include "engine/model/sim_timing.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/transfer/kv_transport.h"
+#include "services/worker/image_encoder.h"
 #include "services/worker/worker_options.h"
 
 namespace ferry {
@@ -45,6 +50,8 @@ class WorkerEngine {
   const Engine& engine() const { return *engine_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ForwardModel& model() const { return *model_; }
+  // The vision model's encoder (a LLaVA directory); null for a text-only model.
+  const ImageEncoder* image_encoder() const { return image_encoder_.get(); }
   const std::string& model_path() const { return model_path_; }
   const std::string& model_name() const { return model_name_; }
   const std::string& engine_kind() const { return engine_kind_; }
@@ -72,6 +79,7 @@ class WorkerEngine {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<const SimTiming> sim_timing_;
   std::unique_ptr<ForwardModel> model_;
+  std::unique_ptr<ImageEncoder> image_encoder_;
   std::unique_ptr<KvAllocator> allocator_;
   transfer::TransportKvAllocator* transport_allocator_ = nullptr;  // allocator_, with a transport
   std::unique_ptr<KvBlockPool> pool_, window_pool_;

@@ -93,6 +93,10 @@ WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadW
   limits_.max_positions = model.max_positions();
   limits_.vocab_size = model.config().vocab_size;
   limits_.hidden_size = model.config().hidden_size;
+  limits_.image_encoder = engine_->image_encoder();
+  if (limits_.image_encoder != nullptr) {
+    images_ = std::make_unique<SerialExecutor>(options_.max_queued_image_requests);
+  }
   facts_ = KvFactsOf(engine_->engine(), engine_->pool(), engine_->window_pool());
   if (options_.transport != nullptr) {
     target_.transport = options_.transport;
@@ -175,6 +179,16 @@ void WorkerService::StopPushes() {
     pushes = std::move(pushes_);
   }
   pushes.reset();  // runs what is queued, then joins
+}
+
+bool WorkerService::AddImageWork(std::function<void()> task) {
+  if (images_ == nullptr) return false;
+  if (!images_->Add(std::move(task))) {
+    LOG(WARNING) << "image encoding queue full (" << options_.max_queued_image_requests
+                 << " requests): refused";
+    return false;
+  }
+  return true;
 }
 
 bool WorkerService::AddPush(std::function<void()> task) {

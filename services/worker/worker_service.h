@@ -96,6 +96,8 @@ struct WorkerServiceOptions {
   bool stream_kv = true;       // WorkerOptions::stream_kv
   std::string push_hold_file;  // WorkerOptions::push_hold_file
   size_t max_queued_pushes = 4096;
+  // Requests with image bytes waiting for the image executor (beyond: RESOURCE_EXHAUSTED).
+  size_t max_queued_image_requests = 64;
   // The KV store (may be null: none). Prefill and aggregated calls read their prefix through
   // the reader before the engine sees them; every call offers the blocks it computes to the
   // writer. Both outlive the service's calls.
@@ -172,6 +174,11 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   const KvFacts& kv_facts() const { return facts_; }
   absl::Duration reservation_timeout() const { return options_.reservation_timeout; }
   absl::Duration reservation_quarantine() const { return options_.reservation_quarantine; }
+  // Whether this worker encodes image bytes (its model has a vision tower), and runs `task`
+  // (a call's Start with image bytes to decode and encode) on the image executor: one thread,
+  // at most max_queued_image_requests waiting; false when it is full.
+  bool encodes_images() const { return images_ != nullptr; }
+  bool AddImageWork(std::function<void()> task);
   // Runs `task` on the push executor; false when it is full or stopped.
   bool AddPush(std::function<void()> task);
   // A stub for the decode worker at `endpoint` (channels are kept, at most kMaxDecodeChannels).
@@ -237,6 +244,10 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread drainer_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<WatchHub> hub_ ABSL_GUARDED_BY(mu_);  // set once by StartWatch
+  // With a vision model: where requests with image bytes are encoded (AddImageWork). Destroyed
+  // before the state its tasks touch (running what is queued, then joining), after deadlines_'s
+  // users are gone.
+  std::unique_ptr<SerialExecutor> images_;
 
   DeadlineQueue deadlines_;  // last: its thread calls AbortRequest
 };

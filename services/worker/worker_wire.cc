@@ -10,6 +10,7 @@
 #include "engine/common/block_hash.h"
 #include "engine/prompt_image.h"
 #include "kvstore/wire.h"
+#include "services/worker/image_encoder.h"
 
 namespace ferry {
 namespace {
@@ -55,9 +56,33 @@ absl::Status ImagesFromProto(const ferry::v1::TokenizedRequest& request, const W
     }
     previous_end = start + length;
     if (!image.image_data().empty()) {
-      return Invalid(absl::StrCat("image ", i,
-                                  ": image bytes need a worker with a vision model; this one has "
-                                  "none (send the embeddings inline)"));
+      if (limits.image_encoder == nullptr) {
+        return Invalid(absl::StrCat("image ", i,
+                                    ": image bytes need a worker with a vision model; this one "
+                                    "has none (send the embeddings inline)"));
+      }
+      if (!image.embeddings().empty() || !image.embeddings_handle().empty()) {
+        return Invalid(
+            absl::StrCat("image ", i, ": image_data and embeddings are exclusive (send one)"));
+      }
+      total_bytes += length * limits.hidden_size * 4;
+      if (total_bytes > limits.max_image_embedding_bytes) {
+        return Invalid(absl::StrCat("the images' embeddings exceed ",
+                                    limits.max_image_embedding_bytes, " bytes"));
+      }
+      absl::StatusOr<std::shared_ptr<const std::vector<float>>> rows = limits.image_encoder->Encode(
+          image.image_data(), kv::HashFromProto(image.content_hash()), length);
+      if (!rows.ok()) {
+        return absl::Status(rows.status().code(),
+                            absl::StrCat("image ", i, ": ", rows.status().message()));
+      }
+      PromptImageInput input;
+      input.content_hash = kv::HashFromProto(image.content_hash());
+      input.placeholder_start = start;
+      input.placeholder_length = length;
+      input.embeddings = *std::move(rows);
+      images->push_back(std::move(input));
+      continue;
     }
     if (image.embeddings().empty()) {
       if (!image.embeddings_handle().empty()) {
@@ -220,6 +245,13 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
     }
   }
   return r;
+}
+
+bool HasImageBytes(const ferry::v1::TokenizedRequest& request) {
+  for (const ferry::v1::PromptImage& image : request.images()) {
+    if (!image.image_data().empty()) return true;
+  }
+  return false;
 }
 
 StoreHint StoreHintFromProto(const v1::TokenizedRequest& request) {

@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/sampling/sampler.h"
 #include "ferry/v1/worker.pb.h"
+#include "services/worker/image_encoder.h"
 #include "services/worker/store_reader.h"
 
 namespace ferry {
@@ -32,19 +33,26 @@ struct WireLimits {
   // Inline image embeddings of one request, all images together (the gRPC message cap bounds
   // them too).
   int64_t max_image_embedding_bytes = int64_t{64} << 20;
+  // The worker's vision model (a LLaVA directory), or null: image bytes are then refused.
+  const ImageEncoder* image_encoder = nullptr;
 };
 
 // A Generate request as the engine takes it (on_event left empty). InvalidArgument for what the
 // request itself gets wrong (ranges, a resume state that does not add up), FailedPrecondition
 // when it was routed with another model's view (fingerprint, block size or block hashes that
-// are not this worker's). Images: inline embeddings only (prompt_image.h; the rows' width the
-// model's hidden size, spans sorted, disjoint, inside the prompt, finite values); image bytes
-// are InvalidArgument (no vision model), an encoder handle Unimplemented. `first_output_index`
+// are not this worker's). Images: inline embeddings (prompt_image.h; the rows' width the
+// model's hidden size, spans sorted, disjoint, inside the prompt, finite values) or, with
+// limits.image_encoder, image bytes, encoded here (image_encoder.h: content hash, decoding,
+// placeholder count checked; its errors name the image) on the calling thread; image bytes
+// without an encoder are InvalidArgument, an encoder handle Unimplemented. `first_output_index`
 // receives, per choice, the absolute output index of its first new token (the resumed tokens before
 // it).
 absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest& request,
                                               const WireLimits& limits,
                                               std::vector<int64_t>* first_output_index);
+
+// Whether any of the request's images comes as encoded bytes (image_data).
+bool HasImageBytes(const ferry::v1::TokenizedRequest& request);
 
 // The router's KV store probe the request carries (none: probed < 0).
 StoreHint StoreHintFromProto(const ferry::v1::TokenizedRequest& request);

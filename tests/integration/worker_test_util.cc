@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/host_weights.h"
+#include "engine/model/vision/llava_model.h"
 #include "gtest/gtest.h"
 #include "services/worker/worker_wire.h"
 
@@ -150,7 +151,20 @@ InProcessEngine::InProcessEngine(const std::string& model, int64_t window_pool_b
   backend_ = *CpuBackend::Create({1, std::nullopt});
   const WeightDType dtype = *ParseWeightDType(weights);
   absl::StatusOr<HostWeights> host;
-  if (IsDirectory(model)) {
+  if (IsDirectory(model) && std::ifstream(model + "/preprocessor_config.json").good()) {
+    // A LLaVA directory, as the worker loads it: the text model and the vision tower.
+    tokenizer_ = *Tokenizer::FromHfDirectory(model);
+    absl::StatusOr<LlavaModel> llava = LoadLlavaModel(model, dtype, kv);
+    EXPECT_TRUE(llava.ok()) << llava.status();
+    if (llava.ok()) {
+      host = std::move(llava->text);
+      auto encoder = ImageEncoder::Create(model, std::move(llava->tower), media::ImageLimits{});
+      EXPECT_TRUE(encoder.ok()) << encoder.status();
+      if (encoder.ok()) image_encoder_ = *std::move(encoder);
+    } else {
+      host = llava.status();
+    }
+  } else if (IsDirectory(model)) {
     tokenizer_ = *Tokenizer::FromHfDirectory(model);
     host = LoadHfModel(model, dtype, kv);
   } else {
@@ -188,6 +202,7 @@ std::vector<ChoiceOutput> InProcessEngine::Run(const v1::GenerateRequest& reques
   limits.max_positions = model_->max_positions();
   limits.vocab_size = model_->config().vocab_size;
   limits.hidden_size = model_->config().hidden_size;
+  limits.image_encoder = image_encoder_.get();
   std::vector<int64_t> first;
   absl::StatusOr<EngineRequest> r = ToEngineRequest(request.request(), limits, &first);
   EXPECT_TRUE(r.ok()) << r.status();

@@ -18,6 +18,7 @@
 #include "engine/model/transformer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "ferry/v1/worker.pb.h"
+#include "services/worker/image_encoder.h"
 #include "tests/integration/service_process.h"
 #include "tools/worker_cli/worker_client.h"
 
@@ -85,7 +86,8 @@ class InProcessEngine {
                   const std::string& weights = "bf16", const std::string& kv = "bf16",
                   int32_t block_tokens = 16, int64_t pool_bytes = 4 << 20);
   ~InProcessEngine();
-  // Runs the request to its end, as the worker would convert it.
+  // Runs the request to its end, as the worker would convert it (a LLaVA directory's image bytes
+  // encoded as the worker does: ImageEncoder).
   std::vector<ChoiceOutput> Run(const ferry::v1::GenerateRequest& request);
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ForwardModel& model() const { return *model_; }
@@ -95,6 +97,7 @@ class InProcessEngine {
   std::unique_ptr<CpuBackend> backend_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ForwardModel> model_;
+  std::unique_ptr<ImageEncoder> image_encoder_;
   std::unique_ptr<KvAllocator> allocator_;
   std::unique_ptr<KvBlockPool> pool_, window_pool_;
   std::unique_ptr<Engine> engine_;

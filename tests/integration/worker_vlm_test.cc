@@ -1,0 +1,354 @@
+// ferry-worker with a vision-language model (the tiny LLaVA-style model make_tiny_vlm writes, its
+// Llama text model and its sliding-window variant): Generate with the images' encoded bytes
+// inline (PromptImage.image_data, content_hash the bytes' XXH3-128). The worker's stream equals
+// the engine in this process given the same bytes (decoded, oriented, preprocessed and encoded as
+// the worker does; that path against transformers is engine/llava_reference_test): with 1 and 2
+// images, alone and batched with other requests, at prefill chunks of 5 and 64 tokens, with the
+// prefix cache cold and hot. A request resumed on another worker (a migration: the router sends
+// the whole request again, image bytes included) encodes them again and continues exactly. Bad
+// images are INVALID_ARGUMENT: corrupt or truncated bytes, dimensions over the decoder's cap, a
+// content hash that is not theirs, a placeholder count that is not the tower's, image bytes sent to
+// a text-only worker.
+//
+// argv as the other worker tests; FERRY_TINY_VLM_DIR holds the models (llama/ and
+// sliding_window/), made by worker_vlm_test.sh with make_tiny_vlm.
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "engine/model/host_weights.h"
+#include "gtest/gtest.h"
+#include "kvstore/wire.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/worker_test_util.h"
+
+namespace ferry {
+namespace {
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A test image from media/image's corpus (runfiles).
+std::string TestImage(const std::string& name) {
+  return ReadBytes(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/ferry/media/image/testdata/fuzz_corpus/", name));
+}
+
+std::string VlmDir(const std::string& variant) {
+  const char* dir = std::getenv("FERRY_TINY_VLM_DIR");
+  EXPECT_NE(dir, nullptr) << "FERRY_TINY_VLM_DIR is not set (run through worker_vlm_test.sh)";
+  return absl::StrCat(dir == nullptr ? "" : dir, "/", variant);
+}
+
+struct Vlm {
+  std::string dir;
+  TokenId image_token = 0;
+  uint32_t image_tokens = 0;  // placeholders per image
+  int64_t vocab = 0;
+};
+
+Vlm LoadVlm(const std::string& variant) {
+  Vlm v;
+  v.dir = VlmDir(variant);
+  const nlohmann::json config = nlohmann::json::parse(ReadBytes(v.dir + "/config.json"));
+  v.image_token = config.at("image_token_index").get<TokenId>();
+  v.image_tokens = config.at("image_seq_length").get<uint32_t>();
+  v.vocab = config.at("text_config").at("vocab_size").get<int64_t>();
+  return v;
+}
+
+v1::PromptImage BytesImage(v1::GenerateRequest& request, uint32_t start, uint32_t length,
+                           TokenId placeholder, const std::string& bytes) {
+  for (uint32_t i = 0; i < length; ++i) {
+    request.mutable_request()->set_prompt_token_ids(static_cast<int>(start + i), placeholder);
+  }
+  v1::PromptImage image;
+  kv::HashToProto(Xxh3Hash128(bytes), image.mutable_content_hash());
+  image.set_placeholder_start(start);
+  image.set_placeholder_length(length);
+  image.set_image_data(bytes);
+  return image;
+}
+
+// A prompt of `n` random tokens with the images' placeholders at `starts`.
+v1::GenerateRequest ImageRequest(const std::string& id, const Vlm& vlm, int n, uint32_t seed,
+                                 const std::vector<std::pair<uint32_t, std::string>>& images,
+                                 const Sampling& sampling) {
+  // Random tokens below the image token (which only placeholders carry).
+  v1::GenerateRequest r = MakeRequest(id, RandomPrompt(n, seed, vlm.image_token), sampling);
+  for (const auto& [start, bytes] : images) {
+    *r.mutable_request()->add_images() =
+        BytesImage(r, start, vlm.image_tokens, vlm.image_token, bytes);
+  }
+  return r;
+}
+
+v1::GenerateRequest Resumed(v1::GenerateRequest request, const std::vector<uint32_t>& tokens,
+                            size_t k, const std::string& id) {
+  request.mutable_request()->mutable_context()->set_request_id(id);
+  v1::ResumedChoice* c = request.mutable_request()->mutable_resume()->add_choices();
+  std::map<uint32_t, uint32_t> counts;
+  for (size_t i = 0; i < k; ++i) {
+    c->add_generated_token_ids(tokens[i]);
+    ++counts[tokens[i]];
+  }
+  v1::SamplerState* state = c->mutable_sampler_state();
+  state->set_seed(request.request().sampling().seed());
+  state->set_output_count(static_cast<uint32_t>(k));
+  for (const auto& [token, count] : counts) {
+    v1::TokenCount* tc = state->add_penalty_counts();
+    tc->set_token_id(token);
+    tc->set_count(count);
+  }
+  return request;
+}
+
+class WorkerVlmTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(WorkerVlmTest, ImageBytesStreamAsTheEngineInProcess) {
+  const Vlm vlm = LoadVlm(GetParam());
+  const std::string png = TestImage("rgb.png"), jpeg = TestImage("orient6.jpg"),
+                    grey = TestImage("grey.jpg");
+  Sampling greedy;
+  greedy.ignore_eos = true;
+  greedy.max_tokens = 16;
+  Sampling seeded = greedy;
+  seeded.temperature = 0.9f;
+  seeded.seed = 11;
+  const uint32_t p = vlm.image_tokens;
+  const std::vector<v1::GenerateRequest> requests = {
+      ImageRequest("one", vlm, 10 + static_cast<int>(p) + 13, 1, {{10, png}}, greedy),
+      ImageRequest("two", vlm, 7 + 2 * static_cast<int>(p) + 20, 2, {{7, jpeg}, {7 + p + 9, png}},
+                   greedy),
+      ImageRequest("seeded", vlm, 3 + static_cast<int>(p) + 30, 3, {{3, grey}}, seeded),
+      MakeRequest("text", RandomPrompt(40, 4, vlm.image_token), greedy),
+  };
+  std::vector<ChoiceOutput> want;
+  for (const v1::GenerateRequest& r : requests) {
+    InProcessEngine ref(vlm.dir);
+    want.push_back(ref.Run(r)[0]);
+    ASSERT_EQ(want.back().tokens.size(), greedy.max_tokens) << r.request().context().request_id();
+  }
+  // The images matter: without them (text tokens at their places) the stream differs.
+  {
+    InProcessEngine ref(vlm.dir);
+    v1::GenerateRequest plain = requests[1];
+    plain.mutable_request()->clear_images();
+    EXPECT_NE(ref.Run(plain)[0].tokens, want[1].tokens);
+  }
+  for (const std::string chunk : {"5", "64"}) {
+    auto worker = StartWorker(vlm.dir, {"--prefill_chunk=" + chunk});
+    ASSERT_TRUE(worker->ready()) << worker->LogTail();
+    WorkerClient client(worker->address());
+    // Alone, cold.
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const std::string what = absl::StrCat(chunk, "-token chunks, alone: ", i);
+      GenerateResult got = client.Generate(requests[i], absl::Seconds(60));
+      ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.error_message();
+      EXPECT_EQ(got.usage.cached_tokens(), 0u) << what;
+      ExpectSameOutput(got.choices[0], want[i], what);
+    }
+    // Hot: the same requests again reuse the blocks (images included) and stream the same.
+    for (size_t i = 0; i < 3; ++i) {
+      const std::string what = absl::StrCat(chunk, "-token chunks, cache hot: ", i);
+      v1::GenerateRequest again = requests[i];
+      again.mutable_request()->mutable_context()->set_request_id(what);
+      GenerateResult got = client.Generate(again, absl::Seconds(60));
+      ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.error_message();
+      EXPECT_GT(got.usage.cached_tokens(), 0u) << what;
+      ExpectSameOutput(got.choices[0], want[i], what);
+    }
+    // Batched: all at once from several threads, on a worker whose cache is cold.
+    auto batch_worker = StartWorker(vlm.dir, {"--prefill_chunk=" + chunk});
+    ASSERT_TRUE(batch_worker->ready());
+    std::vector<GenerateResult> got(requests.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      threads.emplace_back([&, i] {
+        WorkerClient c(batch_worker->address());
+        got[i] = c.Generate(requests[i], absl::Seconds(60));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const std::string what = absl::StrCat(chunk, "-token chunks, batched: ", i);
+      ASSERT_TRUE(got[i].status.ok()) << what << ": " << got[i].status.error_message();
+      ExpectSameOutput(got[i].choices[0], want[i], what);
+    }
+  }
+}
+
+TEST_P(WorkerVlmTest, AResumedRequestEncodesItsImagesAgainAndContinuesExactly) {
+  const Vlm vlm = LoadVlm(GetParam());
+  Sampling seeded;
+  seeded.ignore_eos = true;
+  seeded.max_tokens = 16;
+  seeded.temperature = 0.9f;
+  seeded.seed = 5;
+  const uint32_t p = vlm.image_tokens;
+  const v1::GenerateRequest request =
+      ImageRequest("moved", vlm, 5 + 2 * static_cast<int>(p) + 11, 9,
+                   {{5, TestImage("base.jpg")}, {5 + p + 3, TestImage("rgba.png")}}, seeded);
+  auto first = StartWorker(vlm.dir);
+  auto second = StartWorker(vlm.dir);
+  ASSERT_TRUE(first->ready() && second->ready());
+  WorkerClient a(first->address()), b(second->address());
+  GenerateResult whole = a.Generate(request, absl::Seconds(60));
+  ASSERT_TRUE(whole.status.ok()) << whole.status.error_message();
+  const std::vector<uint32_t>& tokens = whole.choices[0].tokens;
+  ASSERT_EQ(tokens.size(), 16u);
+  for (size_t k : {1, 6, 15}) {
+    const std::string what = absl::StrCat("resumed after ", k);
+    GenerateResult rest = b.Generate(Resumed(request, tokens, k, what), absl::Seconds(60), {},
+                                     {static_cast<uint32_t>(k)});
+    ASSERT_TRUE(rest.status.ok()) << what << ": " << rest.status.error_message();
+    EXPECT_EQ(rest.choices[0].tokens,
+              std::vector<uint32_t>(tokens.begin() + static_cast<long>(k), tokens.end()))
+        << what;
+  }
+}
+
+TEST_P(WorkerVlmTest, APrefillDecodeSplitAndADrainHandOffWithImagesContinueExactly) {
+  const Vlm vlm = LoadVlm(GetParam());
+  auto role = [](const std::string& r) {
+    return std::vector<std::string>{"--role=" + r, "--transport=grpc"};
+  };
+  auto p = StartWorker(vlm.dir, role("prefill"));
+  auto target = StartWorker(vlm.dir, role("decode"));
+  std::vector<std::string> slow = role("decode");
+  slow.push_back("--test_step_delay=10ms");
+  slow.push_back("--drain_grace=0s");
+  auto source = StartWorker(vlm.dir, slow);
+  ASSERT_TRUE(p->ready() && target->ready() && source->ready());
+  WorkerClient prefill(p->address()), to(target->address()), from(source->address());
+  Sampling greedy;
+  greedy.ignore_eos = true;
+  greedy.max_tokens = 24;
+  const uint32_t n = vlm.image_tokens;
+  const v1::GenerateRequest request = ImageRequest(
+      "split", vlm, 6 + 2 * static_cast<int>(n) + 10, 12,
+      {{6, TestImage("s444.jpg")}, {6 + n + 2, TestImage("palette_trns.png")}}, greedy);
+  InProcessEngine ref(vlm.dir);
+  const ChoiceOutput want = ref.Run(request)[0];
+  ASSERT_EQ(want.tokens.size(), 24u);
+
+  // Split: both sides encode the images (the decode side for its block hashes and recompute).
+  v1::GenerateRequest whole = request;
+  whole.mutable_request()->mutable_context()->set_request_id("split-whole");
+  PdResult split = RunPd(to, target->address(), prefill, whole);
+  ASSERT_TRUE(split.stream.status.ok()) << split.stream.status.error_message();
+  ASSERT_TRUE(split.prefill.ok()) << split.prefill.error_message();
+  EXPECT_EQ(split.stream.choices[0].tokens, want.tokens);
+
+  // Drained after a few tokens: parked with its KV, continued on the target from that KV.
+  std::vector<uint32_t> seen;
+  bool drained = false;
+  PdResult first =
+      RunPd(from, source->address(), prefill, request, {}, absl::Seconds(60),
+            [&](const v1::TokenChunk& chunk) {
+              seen.insert(seen.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+              if (!drained && seen.size() >= 3) {
+                drained = true;
+                v1::DrainResponse response;
+                ASSERT_TRUE(from.Drain(0, &response).ok());
+              }
+            });
+  ASSERT_TRUE(drained);
+  ASSERT_EQ(first.stream.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << first.stream.status.error_message();
+  ASSERT_EQ(first.stream.error.handoff_endpoint(), source->address());
+  const size_t k = seen.size();
+  ASSERT_LT(k, want.tokens.size());
+  v1::GenerateRequest next = Resumed(request, seen, k, "split-handoff");
+  next.set_aggregated(false);
+  next.set_handoff_source_endpoint(source->address());
+  next.set_handoff_source_request_id("split");
+  GenerateResult rest = to.Generate(next, absl::Seconds(60), {}, {static_cast<uint32_t>(k)});
+  ASSERT_TRUE(rest.status.ok()) << rest.status.error_message();
+  EXPECT_EQ(rest.choices[0].tokens,
+            std::vector<uint32_t>(want.tokens.begin() + static_cast<long>(k), want.tokens.end()));
+  EXPECT_EQ(MetricValue(target->admin_port(), "ferry_worker_handoffs_received_total"), 1);
+  EXPECT_EQ(source->WaitForExit(absl::Seconds(30)), 0) << source->LogTail();
+}
+
+TEST_P(WorkerVlmTest, BadImagesAreInvalidArgumentSayingWhy) {
+  const Vlm vlm = LoadVlm(GetParam());
+  auto worker = StartWorker(vlm.dir);
+  ASSERT_TRUE(worker->ready());
+  WorkerClient client(worker->address());
+  Sampling greedy;
+  const std::string png = TestImage("rgb.png");
+  const uint32_t p = vlm.image_tokens;
+  auto expect_invalid = [&](v1::GenerateRequest r, const std::string& needle) {
+    GenerateResult got = client.Generate(r, absl::Seconds(60));
+    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << needle << ": " << got.status.error_message();
+    EXPECT_NE(got.status.error_message().find(needle), std::string::npos)
+        << got.status.error_message();
+  };
+  const v1::GenerateRequest good =
+      ImageRequest("good", vlm, static_cast<int>(p) + 8, 1, {{4, png}}, greedy);
+  for (const std::string name : {"truncated_rgb.png", "truncated_base.jpg", "huge_dims.png"}) {
+    v1::GenerateRequest bad = good;
+    const std::string bytes = TestImage(name);
+    v1::PromptImage* image = bad.mutable_request()->mutable_images(0);
+    image->set_image_data(bytes);
+    kv::HashToProto(Xxh3Hash128(bytes), image->mutable_content_hash());
+    SCOPED_TRACE(name);
+    expect_invalid(bad, "image 0: ");
+  }
+  v1::GenerateRequest garbage = good;
+  garbage.mutable_request()->mutable_images(0)->set_image_data("not an image at all");
+  kv::HashToProto(Xxh3Hash128("not an image at all"),
+                  garbage.mutable_request()->mutable_images(0)->mutable_content_hash());
+  expect_invalid(garbage, "image 0: ");
+  v1::GenerateRequest hash = good;
+  kv::HashToProto(Hash128{1, 2}, hash.mutable_request()->mutable_images(0)->mutable_content_hash());
+  expect_invalid(hash, "is not the image bytes'");
+  v1::GenerateRequest count = good;
+  count.mutable_request()->mutable_images(0)->set_placeholder_length(p - 1);
+  expect_invalid(count, absl::StrCat("rows per image"));
+  // The worker still serves the good one, routed with the vision model's fingerprint (the text
+  // model's extended with the tower's); the text model's own fingerprint is another model's.
+  InProcessEngine ref(vlm.dir);
+  v1::GenerateRequest routed = good;
+  kv::HashToProto(ref.model().fingerprint(),
+                  routed.mutable_request()->mutable_model()->mutable_fingerprint());
+  GenerateResult ok = client.Generate(routed, absl::Seconds(60));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  absl::StatusOr<HostWeights> text_only = LoadHfModel(vlm.dir, WeightDType::kBF16);
+  ASSERT_TRUE(text_only.ok()) << text_only.status();
+  EXPECT_NE(text_only->fingerprint, ref.model().fingerprint());
+  kv::HashToProto(text_only->fingerprint,
+                  routed.mutable_request()->mutable_model()->mutable_fingerprint());
+  routed.mutable_request()->mutable_context()->set_request_id("text-fingerprint");
+  EXPECT_EQ(client.Generate(routed, absl::Seconds(60)).status.error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  // A text-only worker refuses image bytes.
+  auto text = StartWorker(TinyModel("llama_gqa_bf16"));
+  ASSERT_TRUE(text->ready());
+  WorkerClient text_client(text->address());
+  v1::GenerateRequest to_text = MakeRequest("text-only", RandomPrompt(30, 2, 200), greedy);
+  *to_text.mutable_request()->add_images() = BytesImage(to_text, 4, 8, 7, png);
+  GenerateResult refused = text_client.Generate(to_text, absl::Seconds(60));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find("need a worker with a vision model"),
+            std::string::npos)
+      << refused.status.error_message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, WorkerVlmTest, ::testing::Values("llama", "sliding_window"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ferry
