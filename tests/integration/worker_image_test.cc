@@ -9,7 +9,6 @@
 // prefill/decode split (both sides given the images) streams as the aggregated engine.
 
 #include <cstring>
-#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -54,26 +53,6 @@ v1::GenerateRequest ImageRequest(const std::string& id, int64_t vocab, int64_t h
   *r.mutable_request()->add_images() = InlineImage(r, 20, 20, hidden, first_seed, placeholder);
   *r.mutable_request()->add_images() = InlineImage(r, 44, 12, hidden, 2, placeholder);
   return r;
-}
-
-v1::GenerateRequest Resumed(v1::GenerateRequest request, const std::vector<uint32_t>& tokens,
-                            size_t k, const std::string& id) {
-  request.mutable_request()->mutable_context()->set_request_id(id);
-  v1::ResumedChoice* c = request.mutable_request()->mutable_resume()->add_choices();
-  std::map<uint32_t, uint32_t> counts;
-  for (size_t i = 0; i < k; ++i) {
-    c->add_generated_token_ids(tokens[i]);
-    ++counts[tokens[i]];
-  }
-  v1::SamplerState* state = c->mutable_sampler_state();
-  state->set_seed(request.request().sampling().seed());
-  state->set_output_count(static_cast<uint32_t>(k));
-  for (const auto& [token, count] : counts) {
-    v1::TokenCount* tc = state->add_penalty_counts();
-    tc->set_token_id(token);
-    tc->set_count(count);
-  }
-  return request;
 }
 
 struct ModelCase {

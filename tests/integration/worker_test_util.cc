@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -142,6 +143,26 @@ v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<TokenId
   p->set_ignore_eos(s.ignore_eos);
   for (const std::string& stop : s.stop) p->add_stop_strings(stop);
   for (uint32_t id : s.stop_ids) p->add_stop_token_ids(id);
+  return request;
+}
+
+v1::GenerateRequest Resumed(v1::GenerateRequest request, const std::vector<uint32_t>& tokens,
+                            size_t k, const std::string& id) {
+  request.mutable_request()->mutable_context()->set_request_id(id);
+  v1::ResumedChoice* c = request.mutable_request()->mutable_resume()->add_choices();
+  std::map<uint32_t, uint32_t> counts;
+  for (size_t i = 0; i < k; ++i) {
+    c->add_generated_token_ids(tokens[i]);
+    ++counts[tokens[i]];
+  }
+  v1::SamplerState* state = c->mutable_sampler_state();
+  state->set_seed(request.request().sampling().seed());
+  state->set_output_count(static_cast<uint32_t>(k));
+  for (const auto& [token, count] : counts) {
+    v1::TokenCount* tc = state->add_penalty_counts();
+    tc->set_token_id(token);
+    tc->set_count(count);
+  }
   return request;
 }
 

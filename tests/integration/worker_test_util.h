@@ -59,6 +59,13 @@ struct Sampling {
 ferry::v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<TokenId>& prompt,
                                        const Sampling& sampling);
 
+// `request` resumed after the first `k` of `tokens` (one choice), under the id `id`: what the
+// router sends on a migration (the generated tokens, the sampler's seed, output count and
+// penalty counts).
+ferry::v1::GenerateRequest Resumed(ferry::v1::GenerateRequest request,
+                                   const std::vector<uint32_t>& tokens, size_t k,
+                                   const std::string& id);
+
 // What one disaggregated request gave: the decode worker's stream, and the prefill call.
 struct PdResult {
   GenerateResult stream;

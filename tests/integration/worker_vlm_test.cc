@@ -15,7 +15,6 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <map>
 #include <sstream>
 #include <thread>
 
@@ -90,26 +89,6 @@ v1::GenerateRequest ImageRequest(const std::string& id, const Vlm& vlm, int n, u
         BytesImage(r, start, vlm.image_tokens, vlm.image_token, bytes);
   }
   return r;
-}
-
-v1::GenerateRequest Resumed(v1::GenerateRequest request, const std::vector<uint32_t>& tokens,
-                            size_t k, const std::string& id) {
-  request.mutable_request()->mutable_context()->set_request_id(id);
-  v1::ResumedChoice* c = request.mutable_request()->mutable_resume()->add_choices();
-  std::map<uint32_t, uint32_t> counts;
-  for (size_t i = 0; i < k; ++i) {
-    c->add_generated_token_ids(tokens[i]);
-    ++counts[tokens[i]];
-  }
-  v1::SamplerState* state = c->mutable_sampler_state();
-  state->set_seed(request.request().sampling().seed());
-  state->set_output_count(static_cast<uint32_t>(k));
-  for (const auto& [token, count] : counts) {
-    v1::TokenCount* tc = state->add_penalty_counts();
-    tc->set_token_id(token);
-    tc->set_count(count);
-  }
-  return request;
 }
 
 class WorkerVlmTest : public ::testing::TestWithParam<std::string> {};
