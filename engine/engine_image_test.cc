@@ -21,6 +21,7 @@
 namespace ferry {
 namespace {
 
+using engine_testing::ExpectSame;
 using engine_testing::Harness;
 using engine_testing::Output;
 using engine_testing::Prompt;
@@ -70,16 +71,6 @@ EngineRequest Req(const std::string& id, std::vector<TokenId> prompt,
   r.sampling.temperature = sampled ? 0.9f : 0.0f;
   if (sampled) r.sampling.seed = 42;
   return r;
-}
-
-void ExpectSame(const Output& got, const Output& want, const std::string& what) {
-  ASSERT_EQ(got.tokens, want.tokens) << what;
-  ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
-  for (size_t i = 0; i < got.logits.size(); ++i) {
-    ASSERT_EQ(0, std::memcmp(got.logits[i].data(), want.logits[i].data(),
-                             got.logits[i].size() * sizeof(float)))
-        << what << ": logits of token " << i << " differ";
-  }
 }
 
 // Two images: the first from 40 (inside block 2) over blocks 2..4, the second 110..140 (blocks

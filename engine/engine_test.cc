@@ -27,6 +27,7 @@
 namespace ferry {
 namespace {
 
+using engine_testing::ExpectSame;
 using engine_testing::Harness;
 using engine_testing::Output;
 using engine_testing::Prompt;
@@ -48,16 +49,6 @@ EngineRequest Req(const std::string& id, std::vector<TokenId> prompt, int64_t ma
     r.sampling.temperature = 0;
   }
   return r;
-}
-
-void ExpectSame(const Output& got, const Output& want, const std::string& what) {
-  ASSERT_EQ(got.tokens, want.tokens) << what;
-  ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
-  for (size_t i = 0; i < got.logits.size(); ++i) {
-    ASSERT_EQ(0, std::memcmp(got.logits[i].data(), want.logits[i].data(),
-                             got.logits[i].size() * sizeof(float)))
-        << what << ": logits of token " << i << " differ";
-  }
 }
 
 // A table's blocks to host bytes and into another engine's pool (kNoBlock entries stay).

@@ -7,6 +7,7 @@
 #define FERRY_ENGINE_ENGINE_TEST_HARNESS_H_
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -128,6 +129,17 @@ inline std::vector<TokenId> Prompt(int64_t n, uint32_t seed) {
   std::vector<TokenId> p(n);
   for (TokenId& t : p) t = static_cast<TokenId>(rng() % 97);
   return p;
+}
+
+// The same tokens, and bit-identical logits for each.
+inline void ExpectSame(const Output& got, const Output& want, const std::string& what) {
+  ASSERT_EQ(got.tokens, want.tokens) << what;
+  ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
+  for (size_t i = 0; i < got.logits.size(); ++i) {
+    ASSERT_EQ(0, std::memcmp(got.logits[i].data(), want.logits[i].data(),
+                             got.logits[i].size() * sizeof(float)))
+        << what << ": logits of token " << i << " differ";
+  }
 }
 
 }  // namespace engine_testing

@@ -206,24 +206,13 @@ struct StreamRecord {
 
 v1::GenerateRequest Resumed(v1::GenerateRequest request, const StreamRecord& r, size_t chunk,
                             const std::string& id) {
-  const size_t k = r.ends[chunk];
-  request.mutable_request()->mutable_context()->set_request_id(id);
-  v1::ResumedChoice* c = request.mutable_request()->mutable_resume()->add_choices();
-  std::map<uint32_t, uint32_t> counts;
-  for (size_t i = 0; i < k; ++i) {
-    c->add_generated_token_ids(r.tokens[i]);
-    ++counts[r.tokens[i]];
-  }
-  v1::SamplerState* state = c->mutable_sampler_state();
-  state->set_seed(request.request().sampling().seed());
-  state->set_output_count(static_cast<uint32_t>(k));
-  for (const auto& [token, count] : counts) {
-    v1::TokenCount* tc = state->add_penalty_counts();
-    tc->set_token_id(token);
-    tc->set_count(count);
-  }
-  state->set_stop_string_tail(r.tails[chunk]);
-  return request;
+  v1::GenerateRequest resumed = ferry::Resumed(std::move(request), r.tokens, r.ends[chunk], id);
+  resumed.mutable_request()
+      ->mutable_resume()
+      ->mutable_choices(0)
+      ->mutable_sampler_state()
+      ->set_stop_string_tail(r.tails[chunk]);
+  return resumed;
 }
 
 class PdResumeTest : public ::testing::TestWithParam<PdCase> {};
