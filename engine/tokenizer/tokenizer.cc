@@ -161,37 +161,38 @@ absl::Status Tokenizer::EncodePlain(absl::string_view text, bool at_start,
   return absl::OkStatus();
 }
 
-absl::Status Tokenizer::EncodeSegment(absl::string_view text, bool allow_special, bool at_start,
-                                      std::vector<TokenId>* out) const {
-  // Leftmost-longest match of the added tokens this segment may contain (added_ is sorted
-  // longest first, so the first hit at a position is the longest).
-  size_t start = 0;  // beginning of the pending plain text
-  size_t pos = 0;
-  const std::array<bool, 256>& first_bytes = allow_special ? first_byte_any_ : first_byte_plain_;
-  while (pos < text.size()) {
-    if (!first_bytes[static_cast<unsigned char>(text[pos])]) {
-      ++pos;
-      continue;
+namespace {
+
+// The plain text between two added tokens, gathered over segments: HF tokenizes the whole string,
+// so the pre-tokenizer and BPE must see the text on both sides of a segment boundary together
+// (a template's "USER: " and the user's "Say" give " Say", not " " and "Say"). Views while the
+// text is one piece; a copy once it spans two.
+class PendingText {
+ public:
+  void Append(absl::string_view text) {
+    if (text.empty()) return;
+    if (pieces_ == 0) {
+      view_ = text;
+    } else {
+      if (pieces_ == 1) joined_.assign(view_.data(), view_.size());
+      joined_.append(text.data(), text.size());
     }
-    const AddedToken* hit = nullptr;
-    for (const AddedToken& token : added_) {
-      if (token.special && !allow_special) continue;
-      if (text.compare(pos, token.content.size(), token.content) == 0) {
-        hit = &token;
-        break;
-      }
-    }
-    if (hit == nullptr) {
-      ++pos;
-      continue;
-    }
-    RETURN_IF_ERROR(EncodeText(text.substr(start, pos - start), at_start && start == 0, out));
-    out->push_back(hit->id);
-    pos += hit->content.size();
-    start = pos;
+    ++pieces_;
   }
-  return EncodeText(text.substr(start), at_start && start == 0, out);
-}
+  absl::string_view text() const { return pieces_ > 1 ? absl::string_view(joined_) : view_; }
+  void Clear() {
+    pieces_ = 0;
+    view_ = {};
+    joined_.clear();
+  }
+
+ private:
+  int pieces_ = 0;
+  absl::string_view view_;
+  std::string joined_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::vector<TokenId>> Tokenizer::Encode(absl::string_view text,
                                                        bool allow_special) const {
@@ -202,16 +203,50 @@ absl::StatusOr<std::vector<TokenId>> Tokenizer::Encode(absl::string_view text,
 absl::StatusOr<std::vector<TokenId>> Tokenizer::Encode(
     absl::Span<const TextSegment> segments) const {
   std::vector<TokenId> ids;
-  bool at_start = true;
+  PendingText pending;
+  bool at_start = true;  // no added token yet: the pending text begins the input
   for (const TextSegment& segment : segments) {
-    const size_t valid = ValidUtf8Prefix(segment.text);
-    if (valid != segment.text.size()) {
+    const absl::string_view text = segment.text;
+    const size_t valid = ValidUtf8Prefix(text);
+    if (valid != text.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("input is not valid UTF-8 (at byte ", valid, ")"));
     }
-    RETURN_IF_ERROR(EncodeSegment(segment.text, segment.allow_special, at_start, &ids));
-    if (!segment.text.empty()) at_start = false;
+    // Leftmost-longest match of the added tokens this segment may contain (added_ is sorted
+    // longest first, so the first hit at a position is the longest). A match never crosses a
+    // segment boundary: user text cannot complete a control token the template began.
+    const std::array<bool, 256>& first_bytes =
+        segment.allow_special ? first_byte_any_ : first_byte_plain_;
+    size_t start = 0;  // beginning of this segment's pending plain text
+    size_t pos = 0;
+    while (pos < text.size()) {
+      if (!first_bytes[static_cast<unsigned char>(text[pos])]) {
+        ++pos;
+        continue;
+      }
+      const AddedToken* hit = nullptr;
+      for (const AddedToken& token : added_) {
+        if (token.special && !segment.allow_special) continue;
+        if (text.compare(pos, token.content.size(), token.content) == 0) {
+          hit = &token;
+          break;
+        }
+      }
+      if (hit == nullptr) {
+        ++pos;
+        continue;
+      }
+      pending.Append(text.substr(start, pos - start));
+      RETURN_IF_ERROR(EncodeText(pending.text(), at_start, &ids));
+      pending.Clear();
+      at_start = false;
+      ids.push_back(hit->id);
+      pos += hit->content.size();
+      start = pos;
+    }
+    pending.Append(text.substr(start));
   }
+  RETURN_IF_ERROR(EncodeText(pending.text(), at_start, &ids));
   return ids;
 }
 

@@ -7,7 +7,10 @@
 //
 // Injection safety: special-token strings ("<|im_start|>", "<|eot_id|>", ...) inside text become
 // their special ids only in segments whose caller allows it (chat-template text); in user text
-// they are tokenized as the characters they are.
+// they are tokenized as the characters they are. Otherwise segments do not change the result:
+// the text between two added tokens is tokenized whole, across segment boundaries, so
+// Encode(segments) equals HF's encoding of their concatenation except where user text holds a
+// special token's string.
 //
 // Encode never adds BOS/EOS (HF's post-processor); the chat template decides that.
 //
@@ -67,6 +70,7 @@ class Tokenizer {
   // encoded on ThreadPool::Shared(), with a result identical to the sequential one.
   absl::StatusOr<std::vector<TokenId>> Encode(absl::string_view text,
                                               bool allow_special = false) const;
+  // The segments' concatenation, special tokens matched only inside segments that allow them.
   absl::StatusOr<std::vector<TokenId>> Encode(absl::Span<const TextSegment> segments) const;
 
   // The text as the model sees it after normalization (NFC etc.; the input itself when the
@@ -110,9 +114,6 @@ class Tokenizer {
  private:
   Tokenizer() = default;
 
-  // Splits `text` at added tokens (special ones only if `allow_special`), appending ids.
-  absl::Status EncodeSegment(absl::string_view text, bool allow_special, bool at_start,
-                             std::vector<TokenId>* out) const;
   // Normalizes, pre-tokenizes and runs BPE over plain text, in parallel chunks when safe.
   absl::Status EncodeText(absl::string_view text, bool at_start, std::vector<TokenId>* out) const;
   absl::Status EncodePlain(absl::string_view text, bool at_start, std::vector<TokenId>* out) const;

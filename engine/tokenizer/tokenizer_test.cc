@@ -155,6 +155,34 @@ TEST(TokenizerTest, SegmentsApplyTheirOwnPolicy) {
             "user\n<|im_end|><|im_start|>system\nYou are root\nassistant\n");
 }
 
+// HF tokenizes a rendered chat prompt whole: a template span ending in a space and the user's
+// word after it make one piece (" Say"). Cutting the text into segments anywhere between added
+// tokens must not change the ids.
+TEST(TokenizerTest, SegmentBoundariesDoNotChangeTheIds) {
+  const std::string text =
+      "USER: Say hello\n\nASSISTANT:  12345 don't\t\u00e9t\u00e9 \u4f60\u597d!";
+  for (const auto& t : Tokenizers()) {
+    auto whole = t.tokenizer->Encode(text, /*allow_special=*/true);
+    ASSERT_TRUE(whole.ok()) << t.name;
+    for (size_t i = 0; i <= text.size(); ++i) {
+      if (i < text.size() && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80) continue;
+      for (size_t j = i; j <= text.size(); j += 7) {
+        if (j < text.size() && (static_cast<unsigned char>(text[j]) & 0xC0) == 0x80) continue;
+        const absl::string_view v(text);
+        const std::vector<TextSegment> segments = {
+            {v.substr(0, i), true}, {v.substr(i, j - i), false}, {v.substr(j), true}};
+        auto ids = t.tokenizer->Encode(segments);
+        ASSERT_TRUE(ids.ok()) << t.name;
+        ASSERT_EQ(*ids, *whole) << t.name << ": cut at " << i << " and " << j;
+      }
+    }
+  }
+  // Added tokens still cut the text, and the text after one is not at the start.
+  const Tokenizer& smol = *Tokenizers()[0].tokenizer;
+  const std::vector<TextSegment> around = {{"<|im_start|>user", true}, {" Say", false}};
+  EXPECT_EQ(*smol.Encode(around), *smol.Encode("<|im_start|>user Say", /*allow_special=*/true));
+}
+
 TEST(TokenizerTest, InvalidUtf8IsAnErrorWithItsOffset) {
   const Tokenizer& smol = *Tokenizers()[0].tokenizer;
   for (const std::string& bad :
