@@ -61,7 +61,8 @@ ABSL_FLAG(std::string, model, "", "GGUF file or HF directory (default: ./ferry m
 ABSL_FLAG(std::string, model_name, "", "name reported to routers (default: the file name)");
 ABSL_FLAG(std::string, weights, "bf16",
           "weight type: f32, bf16, or native (a GGUF file's block formats computed in place: "
-          "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; other matrices bf16)");
+          "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; other matrices bf16). A LLaVA model's vision tower "
+          "computes in fp32 for f32, with bf16 products otherwise");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache type: f32 or bf16");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, kv_pool_bytes, "1GiB",

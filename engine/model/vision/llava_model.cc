@@ -11,7 +11,11 @@ namespace ferry {
 absl::StatusOr<LlavaModel> LoadLlavaModel(const std::string& dir, WeightDType dtype,
                                           const std::string& kv_dtype) {
   ASSIGN_OR_RETURN(HostWeights text, LoadHfModel(dir, dtype, kv_dtype));
-  ASSIGN_OR_RETURN(VisionTower tower, VisionTower::Load(dir));
+  // The tower computes as the text model does: fp32 products for f32 weights, bf16 products
+  // (fp32 accumulation) otherwise.
+  const VisionPrecision precision =
+      dtype == WeightDType::kF32 ? VisionPrecision::kF32 : VisionPrecision::kBf16;
+  ASSIGN_OR_RETURN(VisionTower tower, VisionTower::Load(dir, precision));
   if (tower.text_hidden_size() != text.config.hidden_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(dir, ": the projector gives rows of ", tower.text_hidden_size(),

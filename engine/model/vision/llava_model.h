@@ -3,7 +3,10 @@
 // projector), with the text model's fingerprint extended by the tower's digest
 // (ExtendModelFingerprint, engine/common/model_fingerprint.h), so that KV computed from one
 // tower's embeddings never matches another's. This is where a vision-language model's
-// fingerprint is computed; LoadHfModel alone gives the text model's.
+// fingerprint is computed; LoadHfModel alone gives the text model's. The tower's arithmetic
+// follows the text model's weight type: WeightDType::kF32 gives VisionPrecision::kF32 (the exact
+// path), bf16 and native give kBf16 (bf16 products with fp32 accumulation, about twice the
+// rate; the digest tells them apart, so their KV never mixes).
 //
 // Errors: those of LoadHfModel and VisionTower::Load, and InvalidArgument when the tower's
 // output width is not the text model's hidden size or its image token is outside the
