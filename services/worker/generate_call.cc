@@ -50,11 +50,15 @@ GenerateCall::GenerateCall(WorkerService* service, grpc::CallbackServerContext* 
       cancelled = broken_ || cause_ != AbortCause::kNone;
     }
     if (cancelled) {
-      Reject(grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away"), false);
+      service_->metrics().Outcome(RequestOutcome::kCancelled);
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away"));
     } else {
       Start(*request);
     }
     Unref();
+    return !cancelled;
   });
   if (!queued) {
     Unref();

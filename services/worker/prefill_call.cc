@@ -46,8 +46,9 @@ PrefillCall::PrefillCall(WorkerService* service, grpc::CallbackServerContext* co
   // As GenerateCall: image bytes are encoded on the image executor, off the gRPC thread.
   Ref();
   const bool queued = service_->AddImageWork([this, request] {
-    if (context_->IsCancelled()) {
-      service_->metrics().Outcome(RequestOutcome::kRejected);
+    const bool cancelled = context_->IsCancelled();
+    if (cancelled) {
+      service_->metrics().Outcome(RequestOutcome::kCancelled);
       absl::MutexLock lock(&mu_);
       ended_ = true;
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away"));
@@ -55,6 +56,7 @@ PrefillCall::PrefillCall(WorkerService* service, grpc::CallbackServerContext* co
       Start(*request);
     }
     Unref();
+    return !cancelled;
   });
   if (!queued) {
     Unref();

@@ -50,6 +50,8 @@ ABSL_FLAG(bool, stream_kv, true,
           "prefill: push KV blocks as they complete, during the compute (false: after it)");
 ABSL_FLAG(std::string, push_hold_file, "",
           "test seam (prefill): pushes wait while this file exists");
+ABSL_FLAG(std::string, image_hold_file, "",
+          "test seam: the image executor waits before each request while this file exists");
 ABSL_FLAG(std::string, engine, "real",
           "real (the model), null (a deterministic token source) or sim (the null engine's "
           "tokens with the timing a --sim_calibration file models)");
@@ -108,6 +110,9 @@ ABSL_FLAG(int64_t, prefill_chunk, 256, "prompt tokens per sequence per step");
 ABSL_FLAG(int64_t, max_batch_tokens, 512, "tokens per engine step");
 ABSL_FLAG(int64_t, max_running, 64, "sequences holding KV at once");
 ABSL_FLAG(int64_t, max_queued, 256, "requests waiting for admission; more are refused");
+ABSL_FLAG(int64_t, max_queued_image_requests, 64,
+          "vision models: requests with image bytes waiting to be decoded and encoded (one at "
+          "a time); more are refused RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_n, 16, "choices per request at most");
 ABSL_FLAG(double, null_prefill_tokens_per_second, 20000, "null engine: prefill speed");
 ABSL_FLAG(double, null_token_seconds, 0.005, "null engine: per-token latency (a decode step)");
@@ -189,6 +194,7 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(handoff_ttl);
   FROM_FLAG(stream_kv);
   FROM_FLAG(push_hold_file);
+  FROM_FLAG(image_hold_file);
   FROM_FLAG(engine);
   FROM_FLAG(model);
   FROM_FLAG(model_name);
@@ -220,6 +226,7 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(max_batch_tokens);
   FROM_FLAG(max_running);
   FROM_FLAG(max_queued);
+  FROM_FLAG(max_queued_image_requests);
   FROM_FLAG(max_n);
   FROM_FLAG(null_prefill_tokens_per_second);
   FROM_FLAG(null_token_seconds);

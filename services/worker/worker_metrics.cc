@@ -271,6 +271,33 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
            .Register(registry)
            .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
                                                             0.1, 0.2, 0.5, 1, 2, 5, 10});
+  image_requests_ = &prometheus::BuildCounter()
+                         .Name("ferry_worker_image_requests_total")
+                         .Help(
+                             "Requests with image bytes, by how they left the image executor: "
+                             "encoded, cancelled (the caller left while it waited), rejected "
+                             "(the queue was full).")
+                         .Register(registry);
+  for (const char* o : {"encoded", "cancelled", "rejected"}) image_requests_->Add({{"outcome", o}});
+  image_waiting_ = &prometheus::BuildGauge()
+                        .Name("ferry_worker_image_requests_waiting")
+                        .Help("Requests with image bytes waiting for the image executor.")
+                        .Register(registry)
+                        .Add({});
+  image_encoding_ = &prometheus::BuildGauge()
+                         .Name("ferry_worker_image_requests_encoding")
+                         .Help("Requests on the image executor now (0 or 1).")
+                         .Register(registry)
+                         .Add({});
+  image_encode_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("ferry_worker_image_encode_seconds")
+           .Help(
+               "Per encoded request: its time on the image executor (decoding, preprocessing "
+               "and encoding all its images).")
+           .Register(registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                                                            0.1, 0.2, 0.5, 1, 2, 5, 10});
   auto& released = prometheus::BuildCounter()
                        .Name("ferry_worker_kv_reservation_blocks_released_total")
                        .Help(
@@ -443,6 +470,15 @@ void WorkerMetrics::Handoff(const char* outcome, uint64_t bytes, double seconds)
     handoff_bytes_->Increment(static_cast<double>(bytes));
     handoff_seconds_->Observe(seconds);
   }
+}
+
+void WorkerMetrics::ImageWaiting(int delta) { image_waiting_->Increment(delta); }
+
+void WorkerMetrics::ImageEncoding(int delta) { image_encoding_->Increment(delta); }
+
+void WorkerMetrics::ImageRequest(const char* outcome, double seconds) {
+  image_requests_->Add({{"outcome", outcome}}).Increment();
+  if (std::string(outcome) == "encoded") image_encode_seconds_->Observe(seconds);
 }
 
 }  // namespace ferry

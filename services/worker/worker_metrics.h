@@ -78,6 +78,15 @@
 //                                                it took, and their bytes
 //   ferry_worker_handoff_seconds                 histogram per pushed hand-off: PushKv's arrival
 //                                                to the push's completion
+//   Vision-language models (requests with image bytes, encoded on the image executor):
+//   ferry_worker_image_requests_total{outcome}   encoded (its images decoded and encoded, or
+//                                                refused as invalid), cancelled (the caller left
+//                                                while it waited: nothing decoded), rejected (the
+//                                                queue was full: RESOURCE_EXHAUSTED)
+//   ferry_worker_image_requests_waiting          waiting for the image executor
+//   ferry_worker_image_requests_encoding         on the image executor now (0 or 1)
+//   ferry_worker_image_encode_seconds            histogram per encoded request: its time on the
+//                                                executor (decode, preprocess, tower, all images)
 //
 // Thread-safe (prometheus-cpp metrics are).
 
@@ -166,6 +175,11 @@ class WorkerMetrics {
   // "pushed", "failed", "expired", "not_parked"; bytes and seconds with "pushed".
   void Handoff(const char* outcome, uint64_t bytes = 0, double seconds = 0);
   void HandoffReceived(uint64_t bytes);
+  // The image executor: a request queued (+1) or leaving the queue (-1); one starting (+1) or
+  // ending (-1) on it; how it ended ("encoded", "cancelled", "rejected"), with its time there.
+  void ImageWaiting(int delta);
+  void ImageEncoding(int delta);
+  void ImageRequest(const char* outcome, double seconds = 0);
 
  private:
   std::vector<prometheus::Counter*> outcomes_;
@@ -225,6 +239,10 @@ class WorkerMetrics {
   prometheus::Counter* handoff_received_bytes_;
   prometheus::Counter* released_known_;
   prometheus::Counter* released_quarantine_;
+  prometheus::Family<prometheus::Counter>* image_requests_;
+  prometheus::Gauge* image_waiting_;
+  prometheus::Gauge* image_encoding_;
+  prometheus::Histogram* image_encode_seconds_;
 
   absl::Mutex mu_;  // the mirrors' last values
   int64_t last_generated_ ABSL_GUARDED_BY(mu_) = 0;

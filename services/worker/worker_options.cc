@@ -80,6 +80,7 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("max_running", &o->max_running));
   RETURN_IF_ERROR(c.Read("max_queued", &o->max_queued));
   RETURN_IF_ERROR(c.Read("max_n", &o->max_n));
+  RETURN_IF_ERROR(c.Read("max_queued_image_requests", &o->max_queued_image_requests));
   RETURN_IF_ERROR(c.Read("null_prefill_tokens_per_second", &o->null_prefill_tokens_per_second));
   RETURN_IF_ERROR(c.Read("null_token_seconds", &o->null_token_seconds));
   RETURN_IF_ERROR(c.Read("null_step_overhead_seconds", &o->null_step_overhead_seconds));
@@ -95,6 +96,7 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(ReadDuration(c, "handoff_ttl", &o->handoff_ttl));
   RETURN_IF_ERROR(c.Read("stream_kv", &o->stream_kv));
   RETURN_IF_ERROR(c.Read("push_hold_file", &o->push_hold_file));
+  RETURN_IF_ERROR(c.Read("image_hold_file", &o->image_hold_file));
   RETURN_IF_ERROR(c.Read("address", &o->address));
   RETURN_IF_ERROR(c.Read("admin_host", &o->admin_host));
   RETURN_IF_ERROR(ReadInt(c, "admin_port", &o->admin_port));
@@ -159,10 +161,10 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (o.block_tokens < 1 || o.block_tokens > 4096)
     return bad("--block_tokens must be in [1, 4096]");
   if (o.prefill_chunk < 1 || o.max_batch_tokens < 1 || o.max_running < 1 || o.max_queued < 1 ||
-      o.max_n < 1) {
+      o.max_n < 1 || o.max_queued_image_requests < 1) {
     return bad(
-        "--prefill_chunk, --max_batch_tokens, --max_running, --max_queued, --max_n "
-        "must be positive");
+        "--prefill_chunk, --max_batch_tokens, --max_running, --max_queued, --max_n, "
+        "--max_queued_image_requests must be positive");
   }
   if (!(o.null_prefill_tokens_per_second >= 0) || !(o.null_token_seconds >= 0) ||
       !(o.null_step_overhead_seconds >= 0)) {

@@ -50,6 +50,9 @@ struct WorkerOptions {
   int64_t max_running = 64;
   int64_t max_queued = 256;
   int32_t max_n = 16;
+  // Vision-language models: requests with image bytes waiting to be decoded and encoded (one at
+  // a time, on the image executor); more are refused RESOURCE_EXHAUSTED.
+  int64_t max_queued_image_requests = 64;
 
   // --- The null engine's timing (NullModel).
   double null_prefill_tokens_per_second = 20000;
@@ -92,6 +95,9 @@ struct WorkerOptions {
   // the last ones; bounded by their deadline), so tests can act during a push without racing
   // it. "": none.
   std::string push_hold_file;
+  // Test seam: while this file exists, the image executor waits before each request (at most
+  // 60 s each). "": none.
+  std::string image_hold_file;
 
   // --- The shared KV store (ARCHITECTURE.md §3 step 5, §5): ferry-kvstore nodes, "host:port"
   // comma-separated ("": none). Prefill and aggregated workers read the prefix their memory lacks

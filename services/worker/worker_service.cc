@@ -181,14 +181,36 @@ void WorkerService::StopPushes() {
   pushes.reset();  // runs what is queued, then joins
 }
 
-bool WorkerService::AddImageWork(std::function<void()> task) {
+bool WorkerService::AddImageWork(std::function<bool()> task) {
   if (images_ == nullptr) return false;
-  if (!images_->Add(std::move(task))) {
+  metrics_->ImageWaiting(+1);
+  const bool queued = images_->Add([this, task = std::move(task)] {
+    metrics_->ImageWaiting(-1);
+    metrics_->ImageEncoding(+1);
+    HoldImagesForTest();
+    const absl::Time start = absl::Now();
+    const bool encoded = task();
+    metrics_->ImageEncoding(-1);
+    metrics_->ImageRequest(encoded ? "encoded" : "cancelled",
+                          absl::ToDoubleSeconds(absl::Now() - start));
+  });
+  if (!queued) {
+    metrics_->ImageWaiting(-1);
+    metrics_->ImageRequest("rejected");
     LOG(WARNING) << "image encoding queue full (" << options_.max_queued_image_requests
                  << " requests): refused";
-    return false;
   }
-  return true;
+  return queued;
+}
+
+void WorkerService::HoldImagesForTest() {
+  const std::string& hold = options_.image_hold_file;
+  if (hold.empty() || access(hold.c_str(), F_OK) != 0) return;
+  LOG(INFO) << "test seam: image encoding waits while " << hold << " exists";
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (access(hold.c_str(), F_OK) == 0 && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 bool WorkerService::AddPush(std::function<void()> task) {

@@ -95,6 +95,9 @@ struct WorkerServiceOptions {
   absl::Duration kv_ready_timeout = absl::Seconds(10);
   bool stream_kv = true;       // WorkerOptions::stream_kv
   std::string push_hold_file;  // WorkerOptions::push_hold_file
+  // Test seam: while this file exists, the image executor waits before each request (at most
+  // 60 s each), counted as encoding, so tests can fill its queue without racing it. "": none.
+  std::string image_hold_file;
   size_t max_queued_pushes = 4096;
   // Requests with image bytes waiting for the image executor (beyond: RESOURCE_EXHAUSTED).
   size_t max_queued_image_requests = 64;
@@ -176,9 +179,12 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   absl::Duration reservation_quarantine() const { return options_.reservation_quarantine; }
   // Whether this worker encodes image bytes (its model has a vision tower), and runs `task`
   // (a call's Start with image bytes to decode and encode) on the image executor: one thread,
-  // at most max_queued_image_requests waiting; false when it is full.
+  // at most max_queued_image_requests waiting; false when it is full. `task` returns false when
+  // it found its caller gone and did nothing (the image metrics count it cancelled).
   bool encodes_images() const { return images_ != nullptr; }
-  bool AddImageWork(std::function<void()> task);
+  bool AddImageWork(std::function<bool()> task);
+  // Test seam (image_hold_file): waits while the file exists.
+  void HoldImagesForTest();
   // Runs `task` on the push executor; false when it is full or stopped.
   bool AddPush(std::function<void()> task);
   // A stub for the decode worker at `endpoint` (channels are kept, at most kMaxDecodeChannels).

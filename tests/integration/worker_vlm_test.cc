@@ -8,11 +8,14 @@
 // the whole request again, image bytes included) encodes them again and continues exactly. Bad
 // images are INVALID_ARGUMENT: corrupt or truncated bytes, dimensions over the decoder's cap, a
 // content hash that is not theirs, a placeholder count that is not the tower's, image bytes sent to
-// a text-only worker.
+// a text-only worker. The image executor's queue is bounded, and a request cancelled while it
+// waits there is never decoded.
 //
 // argv as the other worker tests; FERRY_TINY_VLM_DIR holds the models (llama/ and
 // sliding_window/), made by worker_vlm_test.sh with make_tiny_vlm.
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -324,6 +327,74 @@ TEST_P(WorkerVlmTest, BadImagesAreInvalidArgumentSayingWhy) {
   EXPECT_NE(refused.status.error_message().find("need a worker with a vision model"),
             std::string::npos)
       << refused.status.error_message();
+}
+
+// The image executor's queue is bounded, and a request whose caller leaves while it waits is
+// never decoded. With --max_queued_image_requests=1 and the executor held by the test seam (so
+// nothing races the queue): one request is on the executor, one waits, a third is
+// RESOURCE_EXHAUSTED, and a text-only request passes them all; the waiting one's caller cancels.
+// Released, the first streams as the engine in-process, the cancelled one is counted cancelled
+// (not encoded), and the gauges return to 0.
+TEST(WorkerVlmQueueTest, TheImageQueueIsBoundedAndACallerWhoLeavesIsNotEncoded) {
+  const Vlm vlm = LoadVlm("llama");
+  const std::string hold = absl::StrCat(std::getenv("TEST_TMPDIR"), "/image_hold");
+  std::ofstream(hold) << "held\n";
+  auto worker =
+      StartWorker(vlm.dir, {"--max_queued_image_requests=1", "--image_hold_file=" + hold});
+  ASSERT_TRUE(worker->ready()) << worker->LogTail();
+  const int admin = worker->admin_port();
+  Sampling greedy;
+  greedy.ignore_eos = true;
+  greedy.max_tokens = 8;
+  const int p = static_cast<int>(vlm.image_tokens);
+  const std::string png = TestImage("rgb.png");
+  auto image_request = [&](const std::string& id, uint32_t seed) {
+    return ImageRequest(id, vlm, 4 + p + 6, seed, {{4, png}}, greedy);
+  };
+  const v1::GenerateRequest first = image_request("first", 1);
+  InProcessEngine ref(vlm.dir);
+  const ChoiceOutput want = ref.Run(first)[0];
+
+  GenerateResult first_result;
+  std::thread first_thread([&] {
+    WorkerClient c(worker->address());
+    first_result = c.Generate(first, absl::Seconds(120));
+  });
+  EXPECT_EQ(WaitForMetric(admin, "ferry_worker_image_requests_encoding", 1), 1);
+  // The second takes the queue's one place...
+  WorkerClient client(worker->address());
+  grpc::ClientContext second_context;
+  second_context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto second = client.stub().Generate(&second_context, image_request("second", 2));
+  EXPECT_EQ(WaitForMetric(admin, "ferry_worker_image_requests_waiting", 1), 1);
+  // ...so a third is refused at once.
+  GenerateResult third = client.Generate(image_request("third", 3), absl::Seconds(30));
+  EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(third.status.error_message().find("image encoding queue is full"), std::string::npos)
+      << third.status.error_message();
+  EXPECT_EQ(MetricValue(admin, "ferry_worker_image_requests_total{outcome=\"rejected\"}"), 1);
+  // A request without images never waits for the image executor.
+  GenerateResult text = client.Generate(
+      MakeRequest("text", RandomPrompt(20, 4, vlm.image_token), greedy), absl::Seconds(60));
+  ASSERT_TRUE(text.status.ok()) << text.status.error_message();
+  EXPECT_EQ(text.choices[0].tokens.size(), greedy.max_tokens);
+  // The waiting request's caller leaves.
+  second_context.TryCancel();
+  v1::GenerateEvent event;
+  while (second->Read(&event)) {
+  }
+  EXPECT_EQ(second->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(MetricValue(admin, "ferry_worker_image_requests_waiting"), 1);  // still queued
+
+  std::remove(hold.c_str());
+  first_thread.join();
+  ASSERT_TRUE(first_result.status.ok()) << first_result.status.error_message();
+  ExpectSameOutput(first_result.choices[0], want, "the request held on the image executor");
+  EXPECT_EQ(WaitForMetric(admin, "ferry_worker_image_requests_total{outcome=\"cancelled\"}", 1), 1);
+  EXPECT_EQ(MetricValue(admin, "ferry_worker_image_requests_total{outcome=\"encoded\"}"), 1);
+  EXPECT_EQ(MetricValue(admin, "ferry_worker_requests_total{outcome=\"cancelled\"}"), 1);
+  EXPECT_EQ(MetricValue(admin, "ferry_worker_image_requests_waiting"), 0);
+  EXPECT_EQ(MetricValue(admin, "ferry_worker_image_requests_encoding"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, WorkerVlmTest, ::testing::Values("llama", "sliding_window"),
