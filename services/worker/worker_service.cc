@@ -192,7 +192,7 @@ bool WorkerService::AddImageWork(std::function<bool()> task) {
     const bool encoded = task();
     metrics_->ImageEncoding(-1);
     metrics_->ImageRequest(encoded ? "encoded" : "cancelled",
-                          absl::ToDoubleSeconds(absl::Now() - start));
+                           absl::ToDoubleSeconds(absl::Now() - start));
   });
   if (!queued) {
     metrics_->ImageWaiting(-1);
