@@ -134,13 +134,16 @@ Loaded Load(const std::string& dir) {
   const ModelConfig& c = llava.text.config;
   std::string eos;
   for (TokenId t : c.eos_token_ids) eos += " " + std::to_string(t);
+  std::string windows;  // each layer's sliding window (0: full attention)
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    windows += (layer == 0 ? "" : " ") + std::to_string(c.window(layer));
+  }
   std::fprintf(stderr,
                "loaded %s: text %s, %lld layers, %lld positions, rope_theta %g, eps %g, tied %d, "
-               "window %d, eos%s; %lld image tokens; fingerprint %s\n",
+               "windows [%s], eos%s; %lld image tokens; fingerprint %s\n",
                dir.c_str(), c.architecture.c_str(), static_cast<long long>(c.num_layers),
                static_cast<long long>(c.max_position_embeddings), c.rope_theta, c.rms_norm_eps,
-               c.tie_word_embeddings ? 1 : 0,
-               c.sliding_windows.empty() ? 0 : static_cast<int>(c.sliding_windows[0]), eos.c_str(),
+               c.tie_word_embeddings ? 1 : 0, windows.c_str(), eos.c_str(),
                static_cast<long long>(llava.tower.num_image_tokens()),
                llava.text.fingerprint.ToHex().c_str());
   l.model = OrDie(Transformer::Create(llava.text, l.backend.get()), "model");

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # A LLaVA-style model end to end in-process against HF transformers 4.47.1: make_tiny_vlm writes
-# the tiny random-weight model (--size tiny; and --text sliding_window, a Mistral text model with
-# a window of 8); llava_reference.py makes 20 prompts' images with PIL (PNG RGB, grey, RGBA,
-# palette; JPEG colour and grey; 9x9 to 300x120) and texts, with 1 image and with 2 images. llava_check (engine/llava_check.cc) renders each with the model's chat template, tokenizes
-# it with the engine's tokenizer and expands the image tokens; the reference requires
+# the tiny random-weight model (--size tiny; --text sliding_window, a Mistral text model with a
+# window of 8; --text hybrid, a Qwen2 with a window of 8 on one of its 2 layers);
+# llava_reference.py makes 20 prompts' images with PIL (PNG RGB, grey, RGBA, palette; JPEG colour
+# and grey; 9x9 to 300x120) and texts, with 1 image and with 2 images. llava_check
+# (engine/llava_check.cc) renders each with the model's chat template, tokenizes it with the
+# engine's tokenizer and expands the image tokens; the reference requires
 # LlavaProcessor's input_ids from the rendered text to be the same. Then:
 #   logits:   every row of every prompt, Ferry (image files -> DecodeImage -> ApplyOrientation ->
 #             Preprocess -> VisionTower::Encode -> the rows as input embeddings, fp32 weights,
@@ -13,7 +15,9 @@
 #   greedy:   20 tokens per prompt through the Engine (all prompts at once, images as
 #             EngineRequest::images, prefill chunks of 7 tokens so images span chunks, end of
 #             sequence ignored), token for token up to the first reference top-2 margin < 1e-4.
-# The sliding-window model (every layer a window of 8 over prompts of 42-79 tokens) runs the same.
+# The sliding-window model (every layer a window of 8 over prompts of 42-79 tokens) and the hybrid
+# one (--text hybrid: Qwen2, full attention on layer 0, a window of 8 on layer 1; the reference
+# gives each layer its own mask, see llava_reference.py) run the same.
 set -euo pipefail
 check="$1"
 reference="$2"
@@ -26,7 +30,7 @@ ref() {  # python reference, its log shown on failure
 }
 
 "${FERRY_REF_PYTHON}" "${reference}" cases "${t}/cases"
-for variant in llama sliding_window; do
+for variant in llama sliding_window hybrid; do
   model="${t}/model_${variant}"
   "${FERRY_REF_PYTHON}" "${make_tiny_vlm}" "${model}" --size tiny --text "${variant}" \
     >"${t}/make.log" 2>&1 || { cat "${t}/make.log" >&2; exit 1; }

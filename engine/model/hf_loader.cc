@@ -191,8 +191,8 @@ absl::StatusOr<ModelConfig> ReadHfConfig(const Json& j, const std::string& path)
 
 // A LLaVA directory's config.json holds the text model's configuration under text_config, as
 // save_pretrained writes it: without the fields equal to the text model type's defaults. These
-// are transformers 4.47.1's LlamaConfig / MistralConfig defaults for the fields ReadHfConfig reads
-// (eos_token_id excepted: generation_config.json gives it, as for any model).
+// are transformers 4.47.1's LlamaConfig / MistralConfig / Qwen2Config defaults for the fields
+// ReadHfConfig reads (eos_token_id excepted: generation_config.json gives it, as for any model).
 absl::StatusOr<Json> LlavaTextConfig(const Json& j, const std::string& path) {
   if (!j.contains("text_config") || !j["text_config"].is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": a llava config without text_config"));
@@ -218,9 +218,24 @@ absl::StatusOr<Json> LlavaTextConfig(const Json& j, const std::string& path) {
                 {"tie_word_embeddings", false},
                 {"rope_theta", 10000.0},
                 {"sliding_window", 4096}};
+  } else if (type == "qwen2") {
+    // Qwen2Config keeps sliding_window only with use_sliding_window (None otherwise, and None
+    // by default), so a saved config that uses the window always spells it.
+    defaults = {{"vocab_size", 151936},
+                {"hidden_size", 4096},
+                {"intermediate_size", 22016},
+                {"num_hidden_layers", 32},
+                {"num_attention_heads", 32},
+                {"num_key_value_heads", 32},
+                {"max_position_embeddings", 32768},
+                {"rms_norm_eps", 1e-6},
+                {"tie_word_embeddings", false},
+                {"rope_theta", 10000.0},
+                {"use_sliding_window", false},
+                {"max_window_layers", 28}};
   } else {
     return absl::UnimplementedError(absl::StrCat(path, ": a llava text model of type '", type,
-                                                 "' is not supported (llama, mistral)"));
+                                                 "' is not supported (llama, mistral, qwen2)"));
   }
   text["model_type"] = type;
   for (auto it = defaults.begin(); it != defaults.end(); ++it) {

@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   struct Case {
     const char* file;
-    const char* error;  // nullptr: must load
+    const char* error;                  // nullptr: must load
+    std::vector<int32_t> windows = {};  // a loaded model's sliding windows, where given
   };
   const std::vector<Case> cases = {
       {"good", nullptr},
@@ -52,7 +53,12 @@ int main(int argc, char** argv) {
       {"hf_missing_shard", "model-00001-of-00002.safetensors: No such file or directory"},
       {"hf_llava_good", nullptr},
       {"hf_llava_no_text", "config.json: a llava config without text_config"},
-      {"hf_llava_qwen", "a llava text model of type 'qwen2' is not supported (llama, mistral)"},
+      {"hf_llava_qwen3",
+       "a llava text model of type 'qwen3' is not supported (llama, mistral, qwen2)"},
+      {"hf_llava_qwen2_hybrid", nullptr, {0, 8}},
+      {"hf_llava_qwen2_no_window", nullptr, {0, 0}},
+      {"hf_llava_qwen2_kv_heads", "4 attention heads are not a multiple of 32 key/value heads"},
+      {"hf_llava_qwen2_no_bias", "missing tensor model.layers.0.self_attn.k_proj.bias"},
       {"hf_llava_stray", "unexpected tensor 'model.norm.bias' in a llava model"},
       {"hf_llava_flat", "unexpected tensor 'lm_head.weight' in a llava model"},
   };
@@ -65,7 +71,11 @@ int main(int argc, char** argv) {
         hf ? absl::StatusOr<std::unique_ptr<ferry::GgufFile>>() : ferry::GgufFile::Open(path);
     if (hf) {
       auto weights = ferry::LoadHfModel(path, ferry::WeightDType::kF32);
-      if (!weights.ok()) error = std::string(weights.status().message());
+      if (!weights.ok()) {
+        error = std::string(weights.status().message());
+      } else if (c.error == nullptr && weights->config.sliding_windows != c.windows) {
+        error = "unexpected sliding windows";
+      }
     } else if (!gguf.ok()) {
       error = std::string(gguf.status().message());
     } else {

@@ -152,15 +152,27 @@ def llava(text=None, **kw):
          "image_token_index": V - 1, "text_config": t}
     c.update(kw)
     return c
-def llava_tensors(extra=None):
+def llava_tensors(extra=None, bias=False):
     ts = {"language_model." + k: v for k, v in tensors().items()}
+    for l in range(L) if bias else []:  # Qwen2's q/k/v biases
+        for name, n in [("q_proj", NH * D), ("k_proj", NKV * D), ("v_proj", NKV * D)]:
+            ts[f"language_model.model.layers.{l}.self_attn.{name}.bias"] = np.ones(n, np.float32)
     ts["vision_tower.vision_model.post_layernorm.weight"] = np.ones(8, np.float32)
     ts["multi_modal_projector.linear_1.weight"] = np.ones((H, 8), np.float32)
     if extra: ts[extra] = np.ones(4, np.float32)
     return ts
 write("hf_llava_good", cfg=llava(), ts=llava_tensors())
 write("hf_llava_no_text", cfg={"model_type": "llava"}, ts=llava_tensors())
-write("hf_llava_qwen", cfg=llava(text={"model_type": "qwen2"}), ts=llava_tensors())
+write("hf_llava_qwen3", cfg=llava(text={"model_type": "qwen3"}), ts=llava_tensors())
+# Qwen2 text: the window on the layers from max_window_layers on (both defaults apply when left
+# out: max_window_layers 28, so no window on 2 layers; num_key_value_heads 32).
+qwen2 = {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 8}
+write("hf_llava_qwen2_hybrid", cfg=llava(text=dict(qwen2, max_window_layers=1)),
+      ts=llava_tensors(bias=True))
+write("hf_llava_qwen2_no_window", cfg=llava(text=qwen2), ts=llava_tensors(bias=True))
+c = llava(text={"model_type": "qwen2"}); del c["text_config"]["num_key_value_heads"]
+write("hf_llava_qwen2_kv_heads", cfg=c, ts=llava_tensors(bias=True))
+write("hf_llava_qwen2_no_bias", cfg=llava(text=qwen2), ts=llava_tensors())
 write("hf_llava_stray", cfg=llava(), ts=llava_tensors(extra="model.norm.bias"))
 write("hf_llava_flat", cfg=llava(), ts=tensors())
 PY

@@ -1,18 +1,20 @@
 // ferry-worker with a vision-language model (the tiny LLaVA-style model make_tiny_vlm writes, its
-// Llama text model and its sliding-window variant): Generate with the images' encoded bytes
-// inline (PromptImage.image_data, content_hash the bytes' XXH3-128). The worker's stream equals
-// the engine in this process given the same bytes (decoded, oriented, preprocessed and encoded as
-// the worker does; that path against transformers is engine/llava_reference_test): with 1 and 2
-// images, alone and batched with other requests, at prefill chunks of 5 and 64 tokens, with the
-// prefix cache cold and hot. A request resumed on another worker (a migration: the router sends
-// the whole request again, image bytes included) encodes them again and continues exactly. Bad
-// images are INVALID_ARGUMENT: corrupt or truncated bytes, dimensions over the decoder's cap, a
-// content hash that is not theirs, a placeholder count that is not the tower's, image bytes sent to
-// a text-only worker. The image executor's queue is bounded, and a request cancelled while it
-// waits there is never decoded.
+// Llama text model, its sliding-window variant and its hybrid one, here on one pool): Generate with
+// the images' encoded bytes inline (PromptImage.image_data, content_hash the bytes' XXH3-128). The
+// worker's stream equals the engine in this process given the same bytes (decoded, oriented,
+// preprocessed and encoded as the worker does; that path against transformers is
+// engine/llava_reference_test): with 1 and 2 images, alone and batched with other requests, at
+// prefill chunks of 5 and 64 tokens, with the prefix cache cold and hot. A request resumed on
+// another worker (a migration: the router sends the whole request again, image bytes included)
+// encodes them again and continues exactly. Bad images are INVALID_ARGUMENT: corrupt or truncated
+// bytes, dimensions over the decoder's cap, a content hash that is not theirs, a placeholder count
+// that is not the tower's, image bytes sent to a text-only worker. The hybrid variant (a window on
+// one of the text model's 2 layers) on two pools replays the window layer over an image's rows
+// exactly: aggregated, split and resumed. The image executor's queue is bounded, and a request
+// cancelled while it waits there is never decoded.
 //
-// argv as the other worker tests; FERRY_TINY_VLM_DIR holds the models (llama/ and
-// sliding_window/), made by worker_vlm_test.sh with make_tiny_vlm.
+// argv as the other worker tests; FERRY_TINY_VLM_DIR holds the models (llama/, sliding_window/
+// and hybrid/), made by worker_vlm_test.sh with make_tiny_vlm.
 
 #include <chrono>
 #include <cstdio>
@@ -229,7 +231,7 @@ TEST_P(WorkerVlmTest, APrefillDecodeSplitAndADrainHandOffWithImagesContinueExact
   PdResult split = RunPd(to, target->address(), prefill, whole);
   ASSERT_TRUE(split.stream.status.ok()) << split.stream.status.error_message();
   ASSERT_TRUE(split.prefill.ok()) << split.prefill.error_message();
-  EXPECT_EQ(split.stream.choices[0].tokens, want.tokens);
+  ExpectSameOutput(split.stream.choices[0], want, "split, replayed");
 
   // Drained after a few tokens: parked with its KV, continued on the target from that KV.
   std::vector<uint32_t> seen;
@@ -397,8 +399,96 @@ TEST(WorkerVlmQueueTest, TheImageQueueIsBoundedAndACallerWhoLeavesIsNotEncoded) 
   EXPECT_EQ(MetricValue(admin, "ferry_worker_image_requests_encoding"), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, WorkerVlmTest, ::testing::Values("llama", "sliding_window"),
+INSTANTIATE_TEST_SUITE_P(Variants, WorkerVlmTest,
+                         ::testing::Values("llama", "sliding_window", "hybrid"),
                          [](const auto& info) { return info.param; });
+
+// The hybrid model (layer 0 full attention, layer 1 a window of 8) on two pools whose window cache
+// keeps nothing: a request sharing a cached prefix takes its 2 full blocks and replays the window
+// layer over the 7 positions before them (25-31), all of them rows of the image at 20-35, which
+// the replay takes from the request's encoded image. Aggregated, split (the prefill worker
+// replays) and resumed on a worker that holds the prefix, the tokens are the engine's without any
+// cache.
+TEST(WorkerVlmHybridTest, AWindowReplayOverAnImageAnswersAsWithoutTheCache) {
+  const Vlm vlm = LoadVlm("hybrid");
+  ASSERT_EQ(vlm.image_tokens, 16u);
+  const std::vector<std::string> flags = {"--window_pool_bytes=1MiB", "--window_cache_bytes=0"};
+  auto agg = StartWorker(vlm.dir, flags);
+  auto other = StartWorker(vlm.dir, flags);
+  auto role = [&](const std::string& r) {
+    std::vector<std::string> f = {"--role=" + r, "--transport=grpc"};
+    f.insert(f.end(), flags.begin(), flags.end());
+    return f;
+  };
+  auto p = StartWorker(vlm.dir, role("prefill"));
+  auto d = StartWorker(vlm.dir, role("decode"));
+  ASSERT_TRUE(agg->ready() && other->ready() && p->ready() && d->ready()) << agg->LogTail();
+  WorkerClient on_agg(agg->address()), on_other(other->address()), prefill(p->address()),
+      decode(d->address());
+  // Sampled (greedy decoding of the tiny random model repeats one token, with the image or
+  // without), with logprobs: the same floats, bit for bit.
+  Sampling sampled;
+  sampled.ignore_eos = true;
+  sampled.max_tokens = 16;
+  sampled.temperature = 0.9f;
+  sampled.seed = 7;
+  sampled.logprobs = true;
+  sampled.top_logprobs = 2;
+  // 60 tokens, the image at 20-35; the first request is its first 40 (2 full blocks of 16, the
+  // image's rows 20-31 in the second), one token generated and its KV never computed.
+  const v1::GenerateRequest second =
+      ImageRequest("second", vlm, 60, 21, {{20, TestImage("rgb.png")}}, sampled);
+  v1::GenerateRequest first = second;
+  first.mutable_request()->mutable_context()->set_request_id("first");
+  first.mutable_request()->mutable_prompt_token_ids()->Truncate(40);
+  first.mutable_request()->mutable_sampling()->set_max_tokens(1);
+  InProcessEngine ref(vlm.dir);
+  const ChoiceOutput want = ref.Run(second)[0];
+  ASSERT_EQ(want.tokens.size(), 16u);
+  {  // (The image matters: without it the stream differs.)
+    InProcessEngine plain_ref(vlm.dir);
+    v1::GenerateRequest plain = second;
+    plain.mutable_request()->clear_images();
+    EXPECT_NE(plain_ref.Run(plain)[0].tokens, want.tokens);
+  }
+  const std::string replays = "ferry_worker_window_cache_lookups_total{result=\"replay\"}";
+  const std::string replayed = "ferry_worker_window_replayed_tokens_total";
+
+  // Aggregated.
+  for (WorkerClient* c : {&on_agg, &on_other}) {
+    ASSERT_TRUE(c->Generate(first, absl::Seconds(60)).status.ok());
+  }
+  GenerateResult whole = on_agg.Generate(second, absl::Seconds(60));
+  ASSERT_TRUE(whole.status.ok()) << whole.status.error_message();
+  EXPECT_EQ(whole.usage.cached_tokens(), 32u);
+  ExpectSameOutput(whole.choices[0], want, "aggregated, replayed");
+  EXPECT_EQ(WaitForMetric(agg->admin_port(), replays, 1), 1);
+  EXPECT_EQ(WaitForMetric(agg->admin_port(), replayed, 7), 7);
+
+  // Split: the prefill worker takes the prefix and replays.
+  PdResult warm = RunPd(decode, d->address(), prefill, first);
+  ASSERT_TRUE(warm.stream.status.ok()) << warm.stream.status.error_message();
+  v1::GenerateRequest split_request = second;
+  split_request.mutable_request()->mutable_context()->set_request_id("split");
+  PdResult split = RunPd(decode, d->address(), prefill, split_request);
+  ASSERT_TRUE(split.prefill.ok()) << split.prefill.error_message();
+  ASSERT_TRUE(split.stream.status.ok()) << split.stream.status.error_message();
+  ExpectSameOutput(split.stream.choices[0], want, "split, replayed");
+  EXPECT_EQ(WaitForMetric(p->admin_port(), replays, 1), 1);
+  EXPECT_EQ(WaitForMetric(p->admin_port(), replayed, 7), 7);
+
+  // Resumed after 5 tokens on the other worker, which holds the 40-token prefix: 65 positions,
+  // the same 2 blocks cached and the same 7 positions replayed.
+  const size_t k = 5;
+  GenerateResult rest = on_other.Generate(Resumed(second, want.tokens, k, "resumed"),
+                                          absl::Seconds(60), {}, {static_cast<uint32_t>(k)});
+  ASSERT_TRUE(rest.status.ok()) << rest.status.error_message();
+  EXPECT_EQ(rest.usage.cached_tokens(), 32u);
+  EXPECT_EQ(rest.choices[0].tokens,
+            std::vector<uint32_t>(want.tokens.begin() + static_cast<long>(k), want.tokens.end()));
+  EXPECT_EQ(WaitForMetric(other->admin_port(), replays, 1), 1);
+  EXPECT_EQ(WaitForMetric(other->admin_port(), replayed, 7), 7);
+}
 
 }  // namespace
 }  // namespace ferry

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Makes a random-weight LLaVA-style vision-language model as an HF directory, with transformers
 (the reference virtualenv): LlavaForConditionalGeneration = a CLIP vision tower, the MLP
-projector (linear_1 -> gelu -> linear_2) and a Llama (or Mistral) text model.
+projector (linear_1 -> gelu -> linear_2) and a Llama (or Mistral, or Qwen2) text model.
 
-  make_tiny_vlm.py OUTDIR [--size tiny|bench] [--image_size N] [--text llama|sliding_window]
-                          [--check]
+  make_tiny_vlm.py OUTDIR [--size tiny|bench] [--image_size N]
+                          [--text llama|sliding_window|hybrid] [--check]
 
 writes OUTDIR/config.json, model.safetensors, tokenizer.json + tokenizer_config.json (a byte-level
 BPE trained as make_tiny_model's llama3_bytelevel, plus the added special token <image>, the
@@ -20,7 +20,13 @@ is also config.json's image_seq_length.
   --size bench  about 100M parameters: tower 224 px, patch 14 (256 patches), hidden 768,
                 10 layers, 12 heads; text Llama hidden 512, 8 layers. --image_size 448 makes the
                 448 px tower (1024 patches) of `ferry bench vision`.
-  --text sliding_window  the text model is a Mistral with sliding_window 8 (SWA replay tests).
+  --text sliding_window  the text model is a Mistral with sliding_window 8 on every layer.
+  --text hybrid  the text model is a Qwen2 (q/k/v biases) with use_sliding_window, sliding_window
+                8 and max_window_layers half the layers (tiny: layer 0 full attention, layer 1 a
+                window of 8): a model with both kinds of layers, whose windowed layers the worker
+                keeps in a pool of their own, so that a cached prefix is replayed (SWA replay
+                tests). transformers' eager Qwen2 applies the window to every layer;
+                tools/python/llava_reference.py gives each layer its own mask.
   --check       loads the written directory with transformers (AutoProcessor and the model),
                 renders a chat with an image, runs a forward with the processor's pixels and
                 checks the placeholder count and that the logits are finite.
@@ -71,6 +77,9 @@ def configs(size, image_size, text):
     text_common.update(max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0)
     if text == "sliding_window":
         text_common.update(model_type="mistral", sliding_window=8)
+    elif text == "hybrid":
+        text_common.update(model_type="qwen2", use_sliding_window=True, sliding_window=8,
+                           max_window_layers=text_common["num_hidden_layers"] // 2)
     else:
         text_common.update(model_type="llama")
     return vision, text_common
@@ -189,7 +198,7 @@ def main():
     parser.add_argument("--size", choices=["tiny", "bench"], default="tiny")
     parser.add_argument("--image_size", type=int, default=0,
                         help="the tower's image size (default: 56 tiny, 224 bench)")
-    parser.add_argument("--text", choices=["llama", "sliding_window"], default="llama")
+    parser.add_argument("--text", choices=["llama", "sliding_window", "hybrid"], default="llama")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     make(args.out_dir, args.size, args.image_size, args.text)

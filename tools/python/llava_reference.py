@@ -20,6 +20,17 @@ engine/llava_reference_test.sh (the C++ half is engine/llava_check.cc).
       on end of sequence): prints {"results": [{"tokens": [N ids], "margins": [N floats]}]}, a margin being
       top-1 minus top-2 logit where that token was chosen (torch.argmax: the first of equal
       maxima).
+
+A Qwen2 text model with use_sliding_window (make_tiny_vlm --text hybrid) is patched: transformers
+4.47.1's eager Qwen2 builds one attention mask, with config.sliding_window, for every layer (only
+its flash-attention path honours max_window_layers), so a wrapper around each decoder layer's
+forward (torch 1.13's pre-hooks do not see keyword arguments) below max_window_layers replaces
+that mask with the plain causal one (key j visible iff
+j <= the query's cache position; batch 1, no padding), in the prompt's forward and in every
+1-token step. The windowed layers keep transformers' mask, which the hook checks is "key j visible
+iff q - sliding_window < j <= q" (q the query's cache position), the window as Ferry and
+forward_reference.py count it (every layer checks it); the run fails unless some layer's mask was
+actually replaced.
 """
 import argparse
 import json
@@ -106,12 +117,64 @@ def cases(out_dir, count, seed):
         json.dump({"cases": out}, f, indent=1)
 
 
+# Decoder layer masks the per-layer windows replaced (full-attention layers of a Qwen2 hybrid).
+REPLACED = [0]
+
+
+def expected_mask(mask, cache_position, window):
+    """mask's shape, 0 where key j is visible from query q, dtype min elsewhere."""
+    import torch
+    keys = torch.arange(mask.shape[-1])[None, :]
+    q = cache_position[:, None]
+    hidden = keys > q
+    if window is not None:
+        hidden |= keys <= q - window
+    out = torch.zeros(mask.shape[-2:], dtype=mask.dtype)
+    out.masked_fill_(hidden, torch.finfo(mask.dtype).min)
+    return out[None, None]
+
+
+def per_layer_windows(model):
+    """Gives a Qwen2 hybrid's layers their own masks (see the module docstring)."""
+    import torch
+    text = model.config.text_config
+    if text.model_type != "qwen2" or not text.use_sliding_window or not text.sliding_window:
+        return
+
+    def wrap(forward, window):
+        def layer_forward(*args, **kwargs):
+            mask = kwargs["attention_mask"]
+            if mask is None or mask.dim() != 4 or mask.shape[0] != 1:
+                sys.exit("unexpected attention mask %s" % (None if mask is None else mask.shape,))
+            sliding = expected_mask(mask, kwargs["cache_position"], text.sliding_window)
+            if not torch.equal(mask, sliding):
+                sys.exit("transformers' sliding mask is not q - window < j <= q")
+            if window is None:
+                causal = expected_mask(mask, kwargs["cache_position"], None)
+                REPLACED[0] += int(not torch.equal(causal, mask))
+                kwargs["attention_mask"] = causal
+            return forward(*args, **kwargs)
+        return layer_forward
+
+    for i, layer in enumerate(model.language_model.model.layers):
+        window = text.sliding_window if i >= text.max_window_layers else None
+        layer.forward = wrap(layer.forward, window)
+    REPLACED[0] = 0
+
+
+def check_replaced(model):
+    text = model.config.text_config
+    if text.model_type == "qwen2" and text.use_sliding_window and REPLACED[0] == 0:
+        sys.exit("no full-attention layer's mask was replaced (prompts within the window?)")
+
+
 def load(model_dir):
     import torch
     from transformers import AutoProcessor, LlavaForConditionalGeneration
     torch.set_grad_enabled(False)
     model = LlavaForConditionalGeneration.from_pretrained(
         model_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
+    per_layer_windows(model)
     return AutoProcessor.from_pretrained(model_dir), model
 
 
@@ -135,6 +198,7 @@ def logits(model_dir, prepared, out_dir):
         inputs = inputs_of(processor, case, i)
         out = model(**inputs, use_cache=False).logits[0].float().contiguous()
         out.numpy().astype("<f4").tofile(os.path.join(out_dir, "logits_%d.f32" % i))
+    check_replaced(model)
 
 
 def pick(row):
@@ -166,6 +230,7 @@ def generate(model_dir, prepared, n):
                 out = model.language_model(input_ids=torch.tensor([[token]]),
                                            past_key_values=out.past_key_values, use_cache=True)
         results.append({"tokens": tokens, "margins": margins})
+    check_replaced(model)
     json.dump({"results": results}, sys.stdout)
     sys.stdout.write("\n")
 
