@@ -328,6 +328,21 @@ void JpegProgress(j_common_ptr cinfo) {
   }
 }
 
+// PIL's reading of a 4-component JPEG and its convert("RGB"): PIL takes the samples as Adobe's
+// inverted CMYK whatever the file says ("CMYK;I": each sample 255 - s), then for each pixel
+// nk = 255 - K and R = nk - C * nk / 255 rounded as its MULDIV255 does (and so G, B). With
+// s the samples as libjpeg gives them, nk = s_k and C = 255 - s_c.
+void CmykRowToRgb(const uint8_t* in, uint8_t* out, size_t w) {
+  for (size_t x = 0; x < w; ++x, in += 4, out += 3) {
+    const int nk = in[3];
+    for (int i = 0; i < 3; ++i) {
+      const int t = (255 - in[i]) * nk + 128;
+      const int v = nk - (((t >> 8) + t) >> 8);
+      out[i] = static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+    }
+  }
+}
+
 int DecodeJpegC(JpegJob* job) {
   job->cinfo.err = jpeg_std_error(&job->err);
   job->err.error_exit = JpegErrorExit;
@@ -354,9 +369,11 @@ int DecodeJpegC(JpegJob* job) {
     c->out_color_space = JCS_GRAYSCALE;
   } else if (c->jpeg_color_space == JCS_YCbCr || c->jpeg_color_space == JCS_RGB) {
     c->out_color_space = JCS_RGB;
+  } else if (c->jpeg_color_space == JCS_CMYK || c->jpeg_color_space == JCS_YCCK) {
+    c->out_color_space = JCS_CMYK;  // libjpeg turns YCCK into CMYK
   } else {
-    std::snprintf(job->error, kErrorSize,
-                  "unsupported JPEG colour space (CMYK or YCCK; convert the image to RGB)");
+    std::snprintf(job->error, kErrorSize, "unsupported JPEG colour space (%d components)",
+                  c->num_components);
     std::longjmp(job->jmp, 1);
   }
   // libjpeg's defaults, as PIL decodes: JDCT_ISLOW, fancy upsampling, block smoothing.
@@ -372,8 +389,20 @@ int DecodeJpegC(JpegJob* job) {
     std::longjmp(job->jmp, 1);
   }
   const int grey = c->out_color_space == JCS_GRAYSCALE;
+  const int cmyk = c->out_color_space == JCS_CMYK;
+  JSAMPROW cmyk_row = nullptr;
+  if (cmyk) {
+    // One row of 4 samples, from libjpeg's pool (freed with the decompressor, even on error).
+    cmyk_row = static_cast<JSAMPROW>(
+        (*c->mem->alloc_large)(reinterpret_cast<j_common_ptr>(c), JPOOL_IMAGE, 4 * (size_t)w));
+  }
   while (c->output_scanline < c->output_height) {
     JSAMPROW row = out + static_cast<size_t>(c->output_scanline) * stride;
+    if (cmyk) {
+      jpeg_read_scanlines(c, &cmyk_row, 1);
+      CmykRowToRgb(cmyk_row, row, (size_t)w);
+      continue;
+    }
     jpeg_read_scanlines(c, &row, 1);
     if (grey) {
       for (size_t x = w; x-- > 0;) row[3 * x] = row[3 * x + 1] = row[3 * x + 2] = row[x];

@@ -8,7 +8,8 @@
 // it as mode "I" and its I -> RGB conversion clips; checked by
 // //media/image:preprocess_reference_test). JPEG decodes with
 // libjpeg's defaults (JDCT_ISLOW, fancy upsampling, block smoothing), as PIL's decoder does; CMYK
-// and YCCK JPEGs are refused (PIL converts them with its own formula; no model here needs them).
+// and YCCK JPEGs (libjpeg turns YCCK into CMYK) are read as PIL reads them, as Adobe's inverted
+// CMYK, and converted with PIL's own CMYK -> RGB formula (nk = 255 - K; R = nk - C nk / 255).
 // EXIF orientation is reported by ProbeImage and applied only by ApplyOrientation: the image
 // processors do not rotate, transformers' `load_image` does (ImageOps.exif_transpose), and the API
 // path follows load_image.

@@ -84,8 +84,15 @@ TEST(ImageTest, BombsAreRefusedOrSkipped) {
   EXPECT_EQ(image->pixels, DecodeImage(Corpus("rgb.png"))->pixels);
 }
 
-TEST(ImageTest, CmykJpegIsRefused) {
-  ExpectInvalid(DecodeImage(Corpus("cmyk.jpg")).status(), "CMYK");
+TEST(ImageTest, CmykJpegDecodesAsPilConvertsIt) {
+  // cmyk.jpg: PIL's CMYK save; the pixel values against PIL are preprocess_reference_test's.
+  auto image = DecodeImage(Corpus("cmyk.jpg"));
+  ASSERT_TRUE(image.ok()) << image.status();
+  auto info = ProbeImage(Corpus("cmyk.jpg"));
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->channels, 4);
+  EXPECT_EQ(image->width, info->width);
+  EXPECT_EQ(image->pixels.size(), static_cast<size_t>(3 * info->width * info->height));
 }
 
 TEST(ImageTest, JpegScanCountIsBounded) {

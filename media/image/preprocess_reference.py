@@ -8,7 +8,7 @@ On a corpus written here with PIL (synthetic patterns, noise, smooth "photo-like
 with ImageDraw; sizes from 1x1 and 1xN to 2400x1600, aspect ratios up to 1:300; modes RGB, L, 1,
 RGBA, LA, P with transparency, tRNS on grey/RGB/16-bit grey, 16-bit grey, grey+alpha and RGB,
 Adam7-interlaced; PNG, baseline and progressive JPEG,
-4:2:0/4:2:2/4:4:4, grey JPEG), checks:
+4:2:0/4:2:2/4:4:4, grey JPEG, CMYK JPEG), checks:
   decode      image_tool's RGB bytes == PIL's Image.open(f).convert("RGB"), exactly;
   orientation JPEGs (APP1) and PNGs (eXIf) with EXIF orientation 1..8: ApplyOrientation == ImageOps.exif_transpose, exactly;
   preprocess  pixel values against CLIPImageProcessor and SiglipImageProcessor (LLaVA-1.5's and
@@ -122,6 +122,10 @@ def corpus(d):
     save("s444.jpg", big, quality=95, subsampling=0)
     save("s422.jpg", big, quality=75, subsampling=1)
     save("grey.jpg", big.convert("L"))
+    # CMYK (PIL writes Adobe's inverted samples): from RGB, and with every ink and black level.
+    save("cmyk.jpg", big.convert("CMYK"), quality=90)
+    inks = np.random.default_rng(4).integers(0, 256, (61, 83, 4), dtype=np.uint8)
+    save("cmyk_inks.jpg", Image.fromarray(inks, "CMYK"), quality=100, subsampling=0)
     save("grey.png", big.convert("L"))
     save("bilevel.png", big.convert("1"))
     rgba = big.convert("RGBA")
