@@ -57,6 +57,12 @@ absl::StatusOr<EmbeddingHandle> EmbeddingCache::Pin(const Hash128& key) {
   return NewHandleLocked(it->second, now);
 }
 
+EmbeddingRows EmbeddingCache::Lookup(const Hash128& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_key_.find(key);
+  return it == by_key_.end() ? nullptr : it->second->rows;
+}
+
 absl::StatusOr<EmbeddingHandle> EmbeddingCache::Put(const Hash128& key, EmbeddingRows rows) {
   const absl::Time now = clock_.Now();
   const int64_t bytes = static_cast<int64_t>(rows->size() * sizeof(float));

@@ -69,6 +69,9 @@ class EmbeddingCache {
   // used); NotFound otherwise; ResourceExhausted at max_handles.
   absl::StatusOr<EmbeddingHandle> Pin(const Hash128& key);
 
+  // The rows cached under `key`, or null (no handle made; the entry is not touched).
+  EmbeddingRows Lookup(const Hash128& key);
+
   // Caches `rows` under `key` (kept as they are when the key is already cached: the same bytes
   // give the same rows) and answers a handle on it. ResourceExhausted when the rows are larger
   // than the cap, when the pinned entries leave no room for them, or at max_handles.
