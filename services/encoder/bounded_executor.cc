@@ -25,9 +25,8 @@ bool BoundedExecutor::TrySubmit(std::function<void()> job) {
 
 bool BoundedExecutor::WaitIdle(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && running_ == 0;
-  };
+  auto idle = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && running_ == 0; };
   return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
 }
 
@@ -46,9 +45,8 @@ void BoundedExecutor::Loop() {
     std::function<void()> job;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping, nothing left
       job = std::move(queue_.front());

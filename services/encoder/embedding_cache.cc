@@ -27,11 +27,12 @@ void EmbeddingCache::UnpinLocked(Lru::iterator entry) {
 }
 
 absl::StatusOr<EmbeddingHandle> EmbeddingCache::NewHandleLocked(Lru::iterator entry,
-                                                                 absl::Time now) {
+                                                                absl::Time now) {
   if (static_cast<int64_t>(handles_.size()) >= options_.max_handles) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(handles_.size(), " live embedding handles, the most this encoder keeps; "
-                                      "release handles or retry later"));
+        absl::StrCat(handles_.size(),
+                     " live embedding handles, the most this encoder keeps; "
+                     "release handles or retry later"));
   }
   std::string handle;
   do {
@@ -72,14 +73,15 @@ absl::StatusOr<EmbeddingHandle> EmbeddingCache::Put(const Hash128& key, Embeddin
   if (it != by_key_.end()) return NewHandleLocked(it->second, now);
   if (static_cast<int64_t>(handles_.size()) >= options_.max_handles) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(handles_.size(), " live embedding handles, the most this encoder keeps; "
-                                      "release handles or retry later"));
+        absl::StrCat(handles_.size(),
+                     " live embedding handles, the most this encoder keeps; "
+                     "release handles or retry later"));
   }
   if (bytes > options_.capacity_bytes - pinned_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the embedding cache cannot hold this image's ", bytes, " bytes: ", pinned_bytes_,
-        " of its ", options_.capacity_bytes,
-        " bytes are pinned by live handles; release handles or retry later"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the embedding cache cannot hold this image's ", bytes,
+                     " bytes: ", pinned_bytes_, " of its ", options_.capacity_bytes,
+                     " bytes are pinned by live handles; release handles or retry later"));
   }
   // Evict the least recently used unpinned entries until the rows fit (they do: the unpinned
   // bytes are at least what is missing).

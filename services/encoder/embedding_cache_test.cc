@@ -131,7 +131,7 @@ TEST_F(CacheTest, PinnedBytesFillingTheCapRefuseNewEntries) {
   auto refused = cache->Put(Key(3), Rows(10));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(refused.status().message().find("pinned"), std::string::npos);
-  EXPECT_EQ(cache->Stats().entries, 2);  // nothing evicted for it
+  EXPECT_EQ(cache->Stats().entries, 2);                    // nothing evicted for it
   EXPECT_EQ(cache->Put(Key(4), Rows(30)).status().code(),  // larger than the cap
             absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(cache->Release(h1->handle));

@@ -121,8 +121,8 @@ int main(int argc, char** argv) {
       Bytes(ParseByteSize(absl::GetFlag(FLAGS_max_image_bytes)), "--max_image_bytes");
   options.max_chunk_bytes =
       Bytes(ParseByteSize(absl::GetFlag(FLAGS_max_chunk_bytes)), "--max_chunk_bytes");
-  if (options.max_chunk_bytes < 4096 || options.max_chunk_bytes > (16 << 20)) {
-    ExitOnBadOption(kName, "--max_chunk_bytes", absl::InvalidArgumentError("must be 4KiB..16MiB"));
+  if (options.max_chunk_bytes < 1024 || options.max_chunk_bytes > (16 << 20)) {
+    ExitOnBadOption(kName, "--max_chunk_bytes", absl::InvalidArgumentError("must be 1KiB..16MiB"));
   }
   if (options.max_image_bytes < 1 || options.max_image_bytes > (256 << 20)) {
     ExitOnBadOption(kName, "--max_image_bytes", absl::InvalidArgumentError("must be 1..256MiB"));
@@ -168,9 +168,9 @@ int main(int argc, char** argv) {
   const int64_t hidden = tower.text_hidden_size();
   std::unique_ptr<ImageEncoder> encoder =
       OrExit(ImageEncoder::Create(model, std::move(tower), options.limits), "--model");
-  LOG(INFO) << "vision tower of " << model << " (" << weights << "): " << tokens
-            << " rows of " << hidden << " floats per image, digest " << digest.ToHex()
-            << "; cache " << options.cache.capacity_bytes << " bytes, handles live "
+  LOG(INFO) << "vision tower of " << model << " (" << weights << "): " << tokens << " rows of "
+            << hidden << " floats per image, digest " << digest.ToHex() << "; cache "
+            << options.cache.capacity_bytes << " bytes, handles live "
             << absl::FormatDuration(options.cache.ttl);
 
   GrpcServerOptions grpc_options;

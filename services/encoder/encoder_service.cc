@@ -254,8 +254,8 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     return finish(grpc::Status::OK);
   }
   if (static_cast<int64_t>(bytes.size()) > options_.max_image_bytes) {
-    return invalid(absl::StrCat("the image is ", bytes.size(), " bytes; this encoder takes at most ",
-                                options_.max_image_bytes));
+    return invalid(absl::StrCat("the image is ", bytes.size(),
+                                " bytes; this encoder takes at most ", options_.max_image_bytes));
   }
   const Hash128 key = Xxh3Hash128(bytes);
   if (request->has_content_hash() && GetHash(request->content_hash()) != key) {
@@ -352,9 +352,9 @@ grpc::ServerWriteReactor<EmbeddingsChunk>* EncoderService::FetchEmbeddings(
     return new RefusedFetch(s);
   }
   if (request->has_destination()) {
-    return new RefusedFetch(grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        "this encoder streams embeddings only: fetch them without a destination"));
+    return new RefusedFetch(
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     "this encoder streams embeddings only: fetch them without a destination"));
   }
   absl::StatusOr<EmbeddingRows> rows = cache_.Get(request->handle());
   RefreshMetrics();

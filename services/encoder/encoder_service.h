@@ -66,7 +66,7 @@ struct EncoderServiceOptions {
   int64_t max_queued = 64;
   int64_t max_chunk_bytes = 1 << 20;
   SharedToken auth_token;
-  std::string model;     // reported by GetStatus
+  std::string model;  // reported by GetStatus
   // Test seam: while this file exists, each encode job waits before encoding (at most 60 s).
   std::string hold_file;
 };
@@ -84,8 +84,8 @@ class EncoderService final : public ferry::v1::Encoder::CallbackService {
                                    const ferry::v1::EncodeRequest* request,
                                    ferry::v1::EncodeResponse* response) override;
   grpc::ServerWriteReactor<ferry::v1::EmbeddingsChunk>* FetchEmbeddings(
-      grpc::CallbackServerContext* context, const ferry::v1::FetchEmbeddingsRequest* request)
-      override;
+      grpc::CallbackServerContext* context,
+      const ferry::v1::FetchEmbeddingsRequest* request) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const ferry::v1::ReleaseRequest* request,
                                     ferry::v1::ReleaseResponse* response) override;

@@ -1,7 +1,8 @@
 // The vision model's image path, shared by the worker (in-process encoding) and ferry-encoder
 // (services/encoder): what turns an image's encoded bytes (PNG, JPEG) into the embedding rows
-// the engine takes (engine/prompt_image.h), for a --model that is a LLaVA-style directory. The steps follow transformers' API path (load_image, then the model's
-// image processor, then get_image_features):
+// the engine takes (engine/prompt_image.h), for a --model that is a LLaVA-style directory. The
+// steps follow transformers' API path (load_image, then the model's image processor, then
+// get_image_features):
 //
 //   content hash check (XXH3-128 of the bytes as sent, seed 0: Xxh3Hash128) -> DecodeImage with
 //   the worker's ImageLimits -> ApplyOrientation (EXIF; load_image rotates) -> Preprocess with
