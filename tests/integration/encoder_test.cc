@@ -163,10 +163,16 @@ TEST_P(EncoderPrecisionTest, EncodeCachedFetchBitIdenticalRelease) {
     SCOPED_TRACE(name);
     const std::string image = TestImage(name);
     ferry::v1::EncodeResponse first, second;
+    const absl::Time t0 = absl::Now();
     ASSERT_TRUE(client.Encode(image, &first).ok());
+    const absl::Time t1 = absl::Now();
     EXPECT_FALSE(first.cached());
     ASSERT_TRUE(client.Encode(image, &second).ok());
+    const absl::Time t2 = absl::Now();
     EXPECT_TRUE(second.cached());
+    std::printf("%s %s (%zu bytes): Encode %.2f ms, cached Encode %.2f ms\n", weights.c_str(), name,
+                image.size(), absl::ToDoubleMilliseconds(t1 - t0),
+                absl::ToDoubleMilliseconds(t2 - t1));
     const Hash128 hash = Xxh3Hash128(image);
     EXPECT_EQ(first.content_hash().lo(), hash.lo);
     EXPECT_EQ(first.content_hash().hi(), hash.hi);
