@@ -1,7 +1,7 @@
 // ferry-encoder: the vision encoder service (docs/serving/encoder.md). It loads the vision tower
 // and projector of a LLaVA-style --model directory (not its text model), and serves the Encoder
-// gRPC service (encoder_service.h: Encode, FetchEmbeddings, Release, GetStatus) with /metrics,
-// /healthz and /readyz on the admin port. Prints "grpc_port=N admin_port=M" once serving.
+// gRPC service (encoder_service.h: Encode, FetchEmbeddings, Release, GetStatus, Watch) with
+// /metrics, /healthz and /readyz on the admin port. Prints "grpc_port=N admin_port=M" once serving.
 //
 //   ferry-encoder --model /models/llava --address 0.0.0.0:7600 --advertise_address 10.0.0.7 \
 //       --cache_bytes 4GiB --embeddings_ttl 5m
@@ -196,6 +196,7 @@ int main(int argc, char** argv) {
     if (!service->WaitIdle(deadline)) {
       LOG(WARNING) << "drain: encodes still running at the deadline";
     }
+    service->StopWatches();
   };
   ServeUntilTerminated(**signal, *grpc, admin.get(), shutdown);
   grpc.reset();

@@ -51,6 +51,12 @@ class RefusedFetch final : public grpc::ServerWriteReactor<EmbeddingsChunk> {
   void OnDone() override { delete this; }
 };
 
+class RefusedWatch final : public grpc::ServerWriteReactor<ferry::v1::EncoderStatus> {
+ public:
+  explicit RefusedWatch(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 // Streams one handle's rows, one chunk in flight at a time.
 class FetchCall final : public grpc::ServerWriteReactor<EmbeddingsChunk> {
  public:
@@ -123,7 +129,8 @@ EncoderService::EncoderService(const ImageEncoder* encoder, const Hash128& visio
                                     : std::make_shared<prometheus::Registry>()),
       metrics_(std::make_unique<Metrics>()),
       cache_(options.cache),
-      executor_(std::max(options.threads, 1), options.max_queued) {
+      executor_(std::max(options.threads, 1), options.max_queued),
+      watches_([this] { return Status(); }, StatusHubOptions{}) {
   Metrics& m = *metrics_;
   prometheus::Registry& r = *registry_;
   m.encoded = &prometheus::BuildCounter()
@@ -203,7 +210,12 @@ void EncoderService::SetEndpoint(const std::string& endpoint) {
   endpoint_ = endpoint;
 }
 
-void EncoderService::StartDrain() { draining_.store(true); }
+void EncoderService::StartDrain() {
+  draining_.store(true);
+  watches_.Tick();
+}
+
+void EncoderService::StopWatches() { watches_.Shutdown(); }
 
 bool EncoderService::WaitIdle(absl::Time deadline) { return executor_.WaitIdle(deadline); }
 
@@ -384,6 +396,32 @@ grpc::ServerUnaryReactor* EncoderService::Release(grpc::CallbackServerContext* c
   return reactor;
 }
 
+ferry::v1::EncoderStatus EncoderService::Status() {
+  const EmbeddingCacheStats s = cache_.Stats();
+  ferry::v1::EncoderStatus status;
+  {
+    absl::MutexLock lock(&endpoint_mu_);
+    status.set_endpoint(endpoint_);
+  }
+  status.set_model(options_.model);
+  SetHash(vision_digest_, status.mutable_vision_digest());
+  status.set_num_image_tokens(static_cast<uint32_t>(encoder_->num_image_tokens()));
+  status.set_hidden_size(static_cast<uint32_t>(encoder_->hidden_size()));
+  status.set_queued(static_cast<uint32_t>(executor_.queued()));
+  status.set_encoding(static_cast<uint32_t>(executor_.running()));
+  status.set_max_queued(static_cast<uint32_t>(executor_.max_queued()));
+  status.set_threads(static_cast<uint32_t>(executor_.threads()));
+  status.set_cache_bytes(static_cast<uint64_t>(s.bytes));
+  status.set_cache_capacity_bytes(static_cast<uint64_t>(cache_.capacity_bytes()));
+  status.set_pinned_bytes(static_cast<uint64_t>(s.pinned_bytes));
+  status.set_handles(static_cast<uint32_t>(s.handles));
+  status.set_draining(draining_.load());
+  status.set_max_image_bytes(static_cast<uint64_t>(options_.max_image_bytes));
+  status.set_images_encoded(images_encoded_.load());
+  status.set_cache_hits(cache_hits_.load());
+  return status;
+}
+
 grpc::ServerUnaryReactor* EncoderService::GetStatus(grpc::CallbackServerContext* context,
                                                     const ferry::v1::EncoderStatusRequest*,
                                                     ferry::v1::EncoderStatus* response) {
@@ -392,30 +430,18 @@ grpc::ServerUnaryReactor* EncoderService::GetStatus(grpc::CallbackServerContext*
     reactor->Finish(s);
     return reactor;
   }
-  const EmbeddingCacheStats s = cache_.Stats();
-  {
-    absl::MutexLock lock(&endpoint_mu_);
-    response->set_endpoint(endpoint_);
-  }
-  response->set_model(options_.model);
-  SetHash(vision_digest_, response->mutable_vision_digest());
-  response->set_num_image_tokens(static_cast<uint32_t>(encoder_->num_image_tokens()));
-  response->set_hidden_size(static_cast<uint32_t>(encoder_->hidden_size()));
-  response->set_queued(static_cast<uint32_t>(executor_.queued()));
-  response->set_encoding(static_cast<uint32_t>(executor_.running()));
-  response->set_max_queued(static_cast<uint32_t>(executor_.max_queued()));
-  response->set_threads(static_cast<uint32_t>(executor_.threads()));
-  response->set_cache_bytes(static_cast<uint64_t>(s.bytes));
-  response->set_cache_capacity_bytes(static_cast<uint64_t>(cache_.capacity_bytes()));
-  response->set_pinned_bytes(static_cast<uint64_t>(s.pinned_bytes));
-  response->set_handles(static_cast<uint32_t>(s.handles));
-  response->set_draining(draining_.load());
-  response->set_max_image_bytes(static_cast<uint64_t>(options_.max_image_bytes));
-  response->set_images_encoded(images_encoded_.load());
-  response->set_cache_hits(cache_hits_.load());
+  *response = Status();
   RefreshMetrics();
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+grpc::ServerWriteReactor<ferry::v1::EncoderStatus>* EncoderService::Watch(
+    grpc::CallbackServerContext* context, const ferry::v1::EncoderWatchRequest*) {
+  if (grpc::Status s = CheckSharedToken(*context, options_.auth_token); !s.ok()) {
+    return new RefusedWatch(s);
+  }
+  return watches_.Subscribe(context);
 }
 
 }  // namespace ferry

@@ -20,10 +20,11 @@
 // FAILED_PRECONDITION for a `destination` (the push by the KV transport is not built). A
 // stream in progress keeps its rows even when the handle goes meanwhile.
 // Release: drops the handle (idempotent: an unknown one is OK too).
-// GetStatus: identity and load (EncoderStatus).
+// GetStatus: identity and load (EncoderStatus); Watch: the same as a stream (status_hub.h).
 //
-// Drain (StartDrain, then WaitIdle): Encode answers UNAVAILABLE; queued and running encodes
-// finish and answer their callers; fetches of live handles go on until the server stops.
+// Drain (StartDrain, WaitIdle, StopWatches): Encode answers UNAVAILABLE and Watch streams see
+// draining; queued and running encodes finish and answer their callers; the Watch streams end
+// UNAVAILABLE; fetches of live handles go on until the server stops.
 //
 // Metrics (on the registry given): ferry_encoder_images_encoded_total,
 // ferry_encoder_cache_lookups_total{result=hit|miss}, ferry_encoder_refused_total{reason=
@@ -54,6 +55,7 @@
 #include "services/encoder/bounded_executor.h"
 #include "services/encoder/embedding_cache.h"
 #include "services/encoder/single_flight.h"
+#include "services/encoder/status_hub.h"
 #include "services/vision/image_encoder.h"
 
 namespace ferry {
@@ -92,12 +94,20 @@ class EncoderService final : public ferry::v1::Encoder::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const ferry::v1::EncoderStatusRequest* request,
                                       ferry::v1::EncoderStatus* response) override;
+  grpc::ServerWriteReactor<ferry::v1::EncoderStatus>* Watch(
+      grpc::CallbackServerContext* context, const ferry::v1::EncoderWatchRequest* request) override;
+
+  // The status GetStatus answers and Watch streams.
+  ferry::v1::EncoderStatus Status();
 
   // The address GetStatus reports (known once the server has bound its port).
   void SetEndpoint(const std::string& endpoint);
 
-  // Stops admitting encodes (UNAVAILABLE).
+  // Stops admitting encodes (UNAVAILABLE); Watch streams see draining at once.
   void StartDrain();
+  // Ends the Watch streams (UNAVAILABLE) and refuses new ones: the last step of a drain, before
+  // the server stops (a stream would otherwise hold it for its whole grace).
+  void StopWatches();
   // Blocks until no encode is queued or running, or `deadline`; whether it got idle.
   bool WaitIdle(absl::Time deadline);
 
@@ -124,7 +134,8 @@ class EncoderService final : public ferry::v1::Encoder::CallbackService {
   std::string endpoint_ ABSL_GUARDED_BY(endpoint_mu_);
   std::atomic<uint64_t> images_encoded_{0};
   std::atomic<uint64_t> cache_hits_{0};
-  BoundedExecutor executor_;  // last: its threads stop first
+  BoundedExecutor executor_;
+  StatusHub watches_;  // last: its ticker, which reads the members above, stops first
 };
 
 }  // namespace ferry

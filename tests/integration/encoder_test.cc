@@ -3,9 +3,10 @@
 // in this process on the same directory at the same precision (f32 and bf16), chunking, Release
 // then Fetch NOT_FOUND, lookups by hash, TTL expiry, bad images INVALID_ARGUMENT, the queue bound
 // (RESOURCE_EXHAUSTED), single flight (two callers, one encode), a caller that leaves while
-// queued (its encode skipped), the shared token, and a SIGTERM drain that completes the encode in
-// flight, refuses new ones and exits 0. Waits on the encoder's metrics and /readyz, never sleeps
-// (but for the TTL, whose expiry time the encoder states).
+// queued (its encode skipped), the shared token, the Watch stream (at once, then on change), and
+// a SIGTERM drain that completes the encode in flight, refuses new ones, shows draining on Watch
+// and ends it UNAVAILABLE, and exits 0. Waits on the encoder's metrics, GetStatus and Watch, never
+// sleeps (but for the TTL, whose expiry time the encoder states).
 //
 //   encoder_test FERRY_ENCODER   with FERRY_TINY_VLM_DIR (encoder_test.sh makes it)
 
@@ -116,6 +117,13 @@ class Client {
     return stub_->Release(&context, request, &response);
   }
 
+  // A Watch stream (30 s deadline) on `context`.
+  std::unique_ptr<grpc::ClientReader<ferry::v1::EncoderStatus>> Watch(
+      grpc::ClientContext* context) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    return stub_->Watch(context, ferry::v1::EncoderWatchRequest());
+  }
+
   grpc::Status Status(ferry::v1::EncoderStatus* out) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
@@ -158,6 +166,13 @@ TEST_P(EncoderPrecisionTest, EncodeCachedFetchBitIdenticalRelease) {
   Client client(encoder.address());
   const VisionPrecision precision =
       weights == "f32" ? VisionPrecision::kF32 : VisionPrecision::kBf16;
+  grpc::ClientContext watch_context;
+  auto watch = client.Watch(&watch_context);
+  ferry::v1::EncoderStatus watched;
+  ASSERT_TRUE(watch->Read(&watched));  // at once
+  EXPECT_EQ(watched.endpoint(), encoder.address());
+  EXPECT_EQ(watched.images_encoded(), 0u);
+  EXPECT_EQ(watched.num_image_tokens(), 16u);
 
   for (const char* name : {"rgb.png", "orient6.jpg"}) {
     SCOPED_TRACE(name);
@@ -216,6 +231,10 @@ TEST_P(EncoderPrecisionTest, EncodeCachedFetchBitIdenticalRelease) {
   EXPECT_EQ(client.Encode("", &none, absl::Seconds(30), &unknown).error_code(),
             grpc::StatusCode::NOT_FOUND);
 
+  while (watched.images_encoded() < 2 && watch->Read(&watched)) {  // the stream sees the change
+  }
+  EXPECT_EQ(watched.images_encoded(), 2u);
+  watch_context.TryCancel();
   ferry::v1::EncoderStatus status;
   ASSERT_TRUE(client.Status(&status).ok());
   EXPECT_EQ(status.model(), "llama");
@@ -350,7 +369,16 @@ TEST(EncoderTest, SigtermDrainsTheEncodeInFlightAndExitsZero) {
     return std::make_pair(client.Encode(TestImage("rgb.png"), &r), r);
   });
   ASSERT_TRUE(WaitForMetric(admin, "ferry_encoder_encoding", 1)) << encoder.LogTail();
+  auto watch_context = std::make_unique<grpc::ClientContext>();
+  auto watch = client.Watch(watch_context.get());
+  ferry::v1::EncoderStatus watched;
+  ASSERT_TRUE(watch->Read(&watched));
+  EXPECT_FALSE(watched.draining());
   encoder.Signal(SIGTERM);
+  // The Watch stream says so (the drain cannot end before the hold goes).
+  while (!watched.draining() && watch->Read(&watched)) {
+  }
+  EXPECT_TRUE(watched.draining());
   // Draining: not ready, and a new Encode is refused.
   const absl::Time until = absl::Now() + absl::Seconds(30);
   ferry::v1::EncoderStatus status;
@@ -367,7 +395,13 @@ TEST(EncoderTest, SigtermDrainsTheEncodeInFlightAndExitsZero) {
   auto [done, response] = in_flight.get();
   EXPECT_TRUE(done.ok()) << done.error_message();
   EXPECT_FALSE(response.embeddings().handle().empty());
-  owned.reset();  // gRPC's shutdown waits about 5 s for a connected client to go
+  while (watch->Read(&watched)) {  // the drain ends the stream
+  }
+  EXPECT_EQ(watch->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  // gRPC's shutdown waits about 5 s for a connected client to go.
+  watch.reset();
+  watch_context.reset();
+  owned.reset();
   EXPECT_EQ(encoder.WaitForExit(absl::Seconds(60)), 0) << encoder.LogTail();
 }
 
