@@ -245,6 +245,13 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     metrics_->refused_invalid->Increment();
     return finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message));
   };
+  // The cache's refusals: NotFound (a lookup's miss) and ResourceExhausted (too many handles).
+  auto refuse = [&](const absl::Status& status) {
+    if (status.code() == absl::StatusCode::kResourceExhausted) {
+      metrics_->refused_cache_full->Increment();
+    }
+    return finish(ToGrpcStatus(status));
+  };
   if (draining_.load()) {
     metrics_->refused_draining->Increment();
     return finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -257,7 +264,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     }
     const Hash128 key = GetHash(request->content_hash());
     absl::StatusOr<EmbeddingHandle> handle = cache_.Pin(key);
-    if (!handle.ok()) return finish(ToGrpcStatus(handle.status()));
+    if (!handle.ok()) return refuse(handle.status());
     metrics_->hits->Increment();
     cache_hits_.fetch_add(1);
     SetHash(key, response->mutable_content_hash());
@@ -282,7 +289,7 @@ grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* co
     response->set_cached(true);
     return finish(grpc::Status::OK);
   } else if (hit.status().code() != absl::StatusCode::kNotFound) {
-    return finish(ToGrpcStatus(hit.status()));
+    return refuse(hit.status());
   }
   // The header, before the image takes a place in the queue.
   if (absl::StatusOr<media::ImageInfo> info = media::ProbeImage(bytes, options_.limits);

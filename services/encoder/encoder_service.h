@@ -28,7 +28,8 @@
 //
 // Metrics (on the registry given): ferry_encoder_images_encoded_total,
 // ferry_encoder_cache_lookups_total{result=hit|miss}, ferry_encoder_refused_total{reason=
-// invalid|queue_full|cache_full|draining}, ferry_encoder_cancelled_total,
+// invalid|queue_full|cache_full|draining} (cache_full: pinned rows fill the cap, or max_handles
+// live), ferry_encoder_cancelled_total,
 // ferry_encoder_encode_seconds (histogram: decode, preprocess and tower of one image),
 // ferry_encoder_fetch_bytes_total, and the gauges ferry_encoder_cache_bytes, _cache_capacity_bytes,
 // _pinned_bytes, _handles, _queue_depth, _encoding (refreshed by every call and by RefreshMetrics).
