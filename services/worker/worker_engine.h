@@ -31,7 +31,7 @@
 #include "engine/model/sim_timing.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "services/transfer/kv_transport.h"
-#include "services/worker/image_encoder.h"
+#include "services/vision/image_encoder.h"
 #include "services/worker/worker_options.h"
 
 namespace ferry {

@@ -10,7 +10,7 @@
 #include "engine/common/block_hash.h"
 #include "engine/prompt_image.h"
 #include "kvstore/wire.h"
-#include "services/worker/image_encoder.h"
+#include "services/vision/image_encoder.h"
 
 namespace ferry {
 namespace {

@@ -18,7 +18,7 @@
 #include "engine/engine.h"
 #include "engine/sampling/sampler.h"
 #include "ferry/v1/worker.pb.h"
-#include "services/worker/image_encoder.h"
+#include "services/vision/image_encoder.h"
 #include "services/worker/store_reader.h"
 
 namespace ferry {

@@ -18,7 +18,7 @@
 #include "engine/model/transformer.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "ferry/v1/worker.pb.h"
-#include "services/worker/image_encoder.h"
+#include "services/vision/image_encoder.h"
 #include "tests/integration/service_process.h"
 #include "tools/worker_cli/worker_client.h"
 

@@ -51,6 +51,10 @@ RULES = [
      r"|^//tools/(sim|load|bench|calibrate|worker_cli)[/:]",
      True, "the planner reads the routers' admin pages over HTTP and shares only pure rules with "
      "the simulator, which sits above it; it links no router, worker or store code"),
+    ("vision-is-beneath-the-services", r"^services/vision(/|$)",
+     r"^//(services/(?!(common|vision)[/:])|kvstore|router|proto)[/:]",
+     True, "services/vision is the image path (bytes -> embedding rows) the worker and the "
+     "encoder share: engine and media below it, no service above it"),
     ("media-is-a-leaf", r"^media(/|$)",
      r"^//(engine|services|router|kvstore|proto|tools)[/:]",
      False, "media/ decodes and preprocesses images on Abseil, nlohmann/json, libpng and "

@@ -1,7 +1,8 @@
-// The worker's vision model: what turns a PromptImage's encoded bytes (PNG, JPEG) into the
-// embedding rows the engine takes (engine/prompt_image.h), for a worker whose --model is a
-// LLaVA-style directory. The steps follow transformers' API path (load_image, then the model's
-// image processor, then get_image_features):
+// The vision model's image path, shared by the worker (in-process encoding) and ferry-encoder
+// (services/encoder): what turns an image's encoded bytes (PNG, JPEG) into the embedding rows
+// the engine takes (engine/prompt_image.h), for a --model that is a LLaVA-style directory. The
+// steps follow transformers' API path (load_image, then the model's image processor, then
+// get_image_features):
 //
 //   content hash check (XXH3-128 of the bytes as sent, seed 0: Xxh3Hash128) -> DecodeImage with
 //   the worker's ImageLimits -> ApplyOrientation (EXIF; load_image rotates) -> Preprocess with
@@ -15,8 +16,8 @@
 //
 // Thread-safe after Create (the tower is; the rest is immutable): Encode may run concurrently.
 
-#ifndef FERRY_SERVICES_WORKER_IMAGE_ENCODER_H_
-#define FERRY_SERVICES_WORKER_IMAGE_ENCODER_H_
+#ifndef FERRY_SERVICES_VISION_IMAGE_ENCODER_H_
+#define FERRY_SERVICES_VISION_IMAGE_ENCODER_H_
 
 #include <cstdint>
 #include <memory>
@@ -58,4 +59,4 @@ class ImageEncoder {
 
 }  // namespace ferry
 
-#endif  // FERRY_SERVICES_WORKER_IMAGE_ENCODER_H_
+#endif  // FERRY_SERVICES_VISION_IMAGE_ENCODER_H_

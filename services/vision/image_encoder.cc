@@ -1,4 +1,4 @@
-#include "services/worker/image_encoder.h"
+#include "services/vision/image_encoder.h"
 
 #include <fstream>
 #include <sstream>

@@ -4,7 +4,7 @@
 // worker's whole image path; the numbers are checked against transformers by
 // engine/llava_reference_test).
 
-#include "services/worker/image_encoder.h"
+#include "services/vision/image_encoder.h"
 
 #include <cstdlib>
 #include <fstream>
