@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -236,7 +237,9 @@ class Call {
 
     http::response_parser<http::string_body> parser;
     parser.header_limit(static_cast<uint32_t>(options_.max_header_bytes));
-    parser.body_limit(boost::none);  // checked below, once the status and type are known
+    // Checked below, once the status and type are known. (Not boost::none: Beast 1.74 compares
+    // a Content-Length against the empty optional as over it.)
+    parser.body_limit(std::numeric_limits<uint64_t>::max());
     beast::flat_buffer buffer(static_cast<size_t>(options_.max_header_bytes) + (64 << 10));
     http::async_read_header(stream, buffer, parser, [&](beast::error_code e, size_t) { ec = e; });
     Await(io);
@@ -305,6 +308,11 @@ absl::StatusOr<std::unique_ptr<RemoteImageFetcher>> RemoteImageFetcher::Create(
     return absl::InvalidArgumentError("remote image fetch: the timeout must be positive");
   }
   ASSIGN_OR_RETURN(HostAllowlist allowlist, HostAllowlist::Create(options.allowed_hosts));
+  if (!options.dns_servers.empty()) {  // malformed servers fail here, not on each fetch
+    DnsOptions dns;
+    dns.servers = options.dns_servers;
+    RETURN_IF_ERROR(DnsResolver::Create(dns).status());
+  }
   auto tls = std::make_unique<Tls>();
   SSL_CTX* native = tls->ctx.native_handle();
   SSL_CTX_set_min_proto_version(native, TLS1_2_VERSION);

@@ -70,7 +70,8 @@ struct RemoteImageFetcherOptions {
 
 class RemoteImageFetcher {
  public:
-  // InvalidArgument for a bad allowlist pattern or a non-positive cap or timeout;
+  // InvalidArgument for a bad allowlist pattern, a malformed DNS server or a non-positive cap or
+  // timeout;
   // FailedPrecondition if the CA file cannot be loaded.
   static absl::StatusOr<std::unique_ptr<RemoteImageFetcher>> Create(
       RemoteImageFetcherOptions options);
