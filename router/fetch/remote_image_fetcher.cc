@@ -285,7 +285,9 @@ class Call {
     if (ec && !(parser.is_done() && ec == ssl::error::stream_truncated)) {
       return TransportError(ec, "reading the image");
     }
-    return std::move(parser.release().body());
+    std::string body = std::move(parser.release().body());
+    if (body.empty()) return absl::InvalidArgumentError(absl::StrCat(what_, " sent no bytes"));
+    return body;
   }
 
  private:

@@ -28,10 +28,11 @@
 //
 // Errors (messages fit for the API client: they name the URL's host as the client gave it, never
 // an address it resolved to): InvalidArgument for a bad URL, an answer refused (status, type,
-// size, encoding), a name that does not resolve, a server that cannot be reached or answers too
-// slowly within the fetcher's own timeout; PermissionDenied for a host not on the allowlist or an
-// address that is not public; DeadlineExceeded when the caller's deadline (not the fetcher's
-// timeout) ran out; FailedPrecondition from Create for bad options (the CA file cannot be read).
+// size, encoding, an empty body), a name that does not resolve, a server that cannot be reached or
+// answers too slowly within the fetcher's own timeout; PermissionDenied for a host not on the
+// allowlist or an address that is not public; DeadlineExceeded when the caller's deadline (not
+// the fetcher's timeout) ran out; FailedPrecondition from Create for bad options (the CA file
+// cannot be read).
 //
 // Thread-safe: Fetch may be called from many threads at once; each call has its own I/O context,
 // resolver channel and TLS session, and shares only the immutable options, allowlist and TLS

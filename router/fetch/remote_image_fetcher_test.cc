@@ -301,6 +301,9 @@ TEST_F(RemoteImageFetcherTest, RefusesRedirectsAndErrors) {
   TestServer missing(Response("HTTP/1.1 404 Not Found\r\nContent-Length: 0", ""));
   EXPECT_REFUSED(Fetch(TestOptions(), Url(missing)), absl::StatusCode::kInvalidArgument,
                  "answered HTTP 404");
+  TestServer empty(Ok(""));
+  EXPECT_REFUSED(Fetch(TestOptions(), Url(empty)), absl::StatusCode::kInvalidArgument,
+                 "sent no bytes");
   TestServer garbage("SSH-2.0-OpenSSH_9.2\r\n\r\n");
   EXPECT_REFUSED(Fetch(TestOptions(), Url(garbage)), absl::StatusCode::kInvalidArgument,
                  "not valid HTTP/1.1");
