@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/common/block_hash.h"
+#include "engine/common/hash128.h"
 #include "engine/common/log.h"
 #include "router/api/anthropic_parser.h"
 #include "router/api/anthropic_writer.h"
@@ -262,10 +263,25 @@ void ApiCall::Start(const HttpRequest& http) {
   t->mutable_model()->set_name(pool.model_name);
   SetHash(pool.fingerprint, t->mutable_model()->mutable_fingerprint());
   for (TokenId id : prompt.tokens) t->add_prompt_token_ids(id);
+  // The images: their bytes as the client sent them (the worker decodes and encodes them, and
+  // gets them again on a retry or migration: the dispatcher re-sends this request whole), their
+  // content hash, and their placeholder spans, which the block hashes cover.
+  std::vector<PromptImageSpan> spans;
+  const std::vector<const ApiImage*> images = CollectImages(request_);
+  for (size_t i = 0; i < prompt.images.size() && i < images.size(); ++i) {
+    v1::PromptImage* image = t->add_images();
+    const Hash128 hash = Xxh3Hash128(images[i]->bytes);
+    SetHash(hash, image->mutable_content_hash());
+    image->set_placeholder_start(static_cast<uint32_t>(prompt.images[i].start));
+    image->set_placeholder_length(static_cast<uint32_t>(prompt.images[i].length));
+    image->set_image_data(images[i]->bytes);
+    spans.push_back({hash, static_cast<uint32_t>(prompt.images[i].start),
+                     static_cast<uint32_t>(prompt.images[i].length)});
+  }
   t->set_block_tokens(pool.block_tokens);
   if (pool.block_tokens > 0) {
     dispatch.block_hashes = ComputeBlockHashes({pool.fingerprint, tenant_.cache_salt, ""},
-                                               prompt.tokens, pool.block_tokens);
+                                               prompt.tokens, pool.block_tokens, spans);
     for (const Hash128& h : dispatch.block_hashes) SetHash(h, t->add_block_hashes());
   }
   v1::SamplingParams* p = t->mutable_sampling();

@@ -27,6 +27,7 @@
 #include "router/api/prompt_builder.h"
 #include "router/api/request_json.h"
 #include "router/api/response_store.h"
+#include "router/api/vision_prompt.h"
 #include "router/api_call.h"
 #include "router/auth/api_keys.h"
 #include "router/auth/rate_limiter.h"
@@ -112,6 +113,13 @@ class Router::Impl {
 
   absl::Status Start() {
     RETURN_IF_ERROR(ValidateRouterOptions(options_));
+    if (options_.image_url_fetcher != nullptr) {
+      // The fetch blocks: ApiCall must run it off the HTTP I/O thread (a bounded executor between
+      // parsing and the prompt) before a fetcher can be taken.
+      return absl::UnimplementedError(
+          "an image URL fetcher is set, but the router's request flow does not fetch remote "
+          "images yet");
+    }
     registry_metrics_ = NewServiceRegistry("router");
     SharedTokenSource::Options token_options;
     token_options.file = options_.auth_token_file;
@@ -188,8 +196,16 @@ class Router::Impl {
               << (tools.format.has_value() ? ToolCallFormatName(*tools.format) : "none (refused)")
               << (tools.hermes_prompt ? " (the router's Hermes system prompt)" : "")
               << "; reasoning parser: " << (reasoning_ ? "<think>" : "none");
-    prompts_ =
-        std::make_unique<PromptBuilder>(tokenizer_.get(), chat_template_.get(), std::move(tools));
+    // A vision-language model: its image token and tokens per image (config.json, no weights).
+    ASSIGN_OR_RETURN(std::optional<VisionPromptSetup> vision,
+                     ReadVisionPromptSetup(options_.model, *tokenizer_));
+    if (vision.has_value()) {
+      LOG(INFO) << "images: token " << vision->image_token << ", " << vision->tokens_per_image
+                << " tokens per image; at most " << options_.max_images_per_request
+                << " per request, " << options_.max_image_bytes << " bytes each";
+    }
+    prompts_ = std::make_unique<PromptBuilder>(tokenizer_.get(), chat_template_.get(),
+                                               std::move(tools), std::move(vision));
 
     std::vector<std::string> workers = options_.workers;
     if (!options_.workers_file.empty()) {
@@ -309,6 +325,11 @@ class Router::Impl {
     context_.limits.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
     context_.limits.max_n = options_.max_n;
     context_.limits.max_tools_bytes = options_.max_tools_bytes;
+    context_.limits.max_images = options_.max_images_per_request;
+    context_.limits.max_image_bytes = static_cast<int64_t>(options_.max_image_bytes);
+    context_.limits.image.max_pixels = options_.max_image_pixels;
+    // Remote image URLs stay refused (image_url_fetcher.h): ApiCall does not fetch yet.
+    context_.limits.remote_images = false;
     // Before a worker reports the context: the body limit's (ApiCall widens them for the pool).
     context_.limits.json = RequestJsonLimits(options_.http.max_body_bytes, 0);
     context_.max_body_bytes = options_.http.max_body_bytes;
