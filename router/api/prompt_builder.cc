@@ -226,6 +226,15 @@ ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltP
     }
   } else if (request.prompt_is_ids) {
     out->tokens = request.prompt_ids;
+    if (vision_.has_value()) {
+      for (TokenId id : out->tokens) {
+        if (id == vision_->image_token) {
+          return invalid("prompt", absl::StrCat("token id ", id,
+                                                " is the model's image placeholder: send images "
+                                                "as image parts of a chat request"));
+        }
+      }
+    }
   } else {
     auto ids = tokenizer_->Encode(request.prompt_text);
     if (!ids.ok()) return invalid("prompt", std::string(ids.status().message()));
