@@ -87,8 +87,13 @@ struct RouterOptions {
   uint64_t max_image_bytes = uint64_t{5} << 20;
   int64_t max_image_pixels = 50'000'000;
   // Remote image URLs: fetched through this when set (the --image_url_hosts allowlist's fetcher);
-  // null: a remote URL is a 400.
+  // null: a remote URL is a 400. The fetches block, so they run on image_fetch_threads threads
+  // (router/image_fetch_executor.h), at most max_queued_image_fetches requests waiting (503
+  // beyond), each fetch at most image_fetch_timeout (and the request's deadline).
   std::shared_ptr<ImageUrlFetcher> image_url_fetcher;
+  int image_fetch_threads = 4;
+  int64_t max_queued_image_fetches = 64;
+  absl::Duration image_fetch_timeout = absl::Seconds(10);
   absl::Duration request_timeout = absl::Minutes(10);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   std::string auth_token_file;  // the workers' shared token ("": FERRY_AUTH_TOKEN, if set)

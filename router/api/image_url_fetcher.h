@@ -11,14 +11,12 @@
 // an image, too large), DeadlineExceeded or Unavailable (the host did not answer in time). The
 // message names the URL's host, never the resolved address.
 //
-// Fetch blocks until the bytes arrive or `deadline`, so it must be called off the HTTP I/O thread
-// (ApiCall::Start runs there: parse, prompt, hash, then the dispatcher). Not wired yet: a Router
-// given a fetcher refuses to start, and ApiLimits.remote_images stays false. Wiring it means an
-// executor with a bound (threads, queued fetches, a metric when full) between ApiCall's parse and
-// its prompt: the call fetches the request's remote images there, puts the bytes into its
-// ApiImage parts, runs CheckImages on them, and continues on that thread (the store probe and the
-// dispatcher already take calls from any thread). Implementations are thread-safe: calls run
-// concurrently.
+// Fetch blocks until the bytes arrive or `deadline` (RouterOptions.image_fetch_timeout, within the
+// request's own deadline), so it is never called on the HTTP I/O threads: a call with remote
+// images continues on the router's ImageFetchExecutor (router/image_fetch_executor.h; a full
+// queue is a 503), which fetches them, puts the bytes into the request's image parts, checks them
+// as inline ones (image_part.h CheckImages; over --max_image_bytes: 400) and builds the prompt
+// there. Implementations are thread-safe: calls run concurrently.
 
 #ifndef FERRY_ROUTER_API_IMAGE_URL_FETCHER_H_
 #define FERRY_ROUTER_API_IMAGE_URL_FETCHER_H_
