@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -303,6 +304,19 @@ void ApiCall::FetchImages() {
   {
     absl::MutexLock lock(&mu_);
     if (answered_) return;
+    // Responses: the conversation kept for previous_response_id holds the bytes too (a later
+    // turn does not fetch them again).
+    std::map<std::string, const std::string*> by_url;
+    for (size_t k = 0; k < remote.size(); ++k) by_url[remote[k].url] = &bytes[k];
+    for (ApiMessage& m : history_) {
+      for (ApiContentPart& p : m.content) {
+        if (!p.image.has_value() || p.image->url.empty()) continue;
+        auto it = by_url.find(p.image->url);
+        if (it == by_url.end()) continue;
+        p.image->bytes = *it->second;
+        p.image->url.clear();
+      }
+    }
     for (size_t k = 0; k < remote.size(); ++k) {
       ApiImage& image = *request_.messages[remote[k].message].content[remote[k].part].image;
       image.bytes = std::move(bytes[k]);

@@ -132,6 +132,13 @@ class ImagesTest(unittest.TestCase):
                 print(f"case {i}: {n} prompt tokens, {len(tokens)} greedy tokens as transformers' "
                       f"(finish_reason {c.choices[0].finish_reason})", file=sys.stderr)
 
+                # Streamed: the same text.
+                stream = VLM.openai.chat.completions.create(
+                    model="tiny", max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                    messages=[{"role": "user", "content": openai_content(case)}])
+                self.assertEqual("".join(ch.choices[0].delta.content or "" for ch in stream
+                                         if ch.choices), text)
+
                 m = VLM.anthropic.messages.create(
                     model="tiny", max_tokens=MAX_TOKENS, extra_body=GREEDY,
                     messages=[{"role": "user", "content": anthropic_content(case)}])
