@@ -19,7 +19,10 @@ block hashes cover the image's bytes; the worker checks the router's hashes). Ba
 API, each a 4xx in that API's shape: not an image, a truncated header, a decompression bomb, too
 many images, an image over --max_image_bytes, a body over --max_body_bytes (a 50 MB data URL),
 a remote URL (disabled), an image to a text-only model; the stack answers the good request the
-same way afterwards. Every process started is killed at the end (PR_SET_PDEATHSIG).
+same way afterwards. Migration: behind a second router with two (paced) workers, the worker
+streaming a request with an image is SIGKILLed mid-stream; the router moves the request, images
+included, to the other worker, and the stream ends with transformers' greedy tokens. Every process
+started is killed at the end (PR_SET_PDEATHSIG).
 """
 import base64
 import json
@@ -32,7 +35,7 @@ import anthropic
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ferry_services import TMP, start, stop_all, wait_workers_up  # noqa: E402
+from ferry_services import TMP, get, start, stop_all, wait_workers_up  # noqa: E402
 
 ROUTER, WORKER, MODEL, REFERENCE = sys.argv[1:5]
 with open(REFERENCE) as f:
@@ -279,6 +282,40 @@ class ImagesTest(unittest.TestCase):
         self.assertEqual(c.choices[0].model_extra["prompt_token_ids"], CASES[0]["ids"])
         tokens = c.choices[0].model_extra["token_ids"]
         self.assertEqual(tokens, CASES[0]["tokens"][:len(tokens)])
+
+
+class MigrationTest(unittest.TestCase):
+    def test_a_killed_worker_s_request_moves_with_its_image(self):
+        flags = [f"--model={MODEL}", "--weights=f32", "--kv_dtype=f32", "--block_tokens=16",
+                 "--threads=1", "--kv_pool_bytes=8MiB", "--test_step_delay=20ms"]
+        workers = [start(WORKER, flags, f"paced{i}") for i in range(2)]
+        addresses = {f"127.0.0.1:{ports['grpc_port']}": p for p, ports in workers}
+        _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
+                              "--workers=" + ",".join(addresses)], "router_migration")
+        wait_workers_up(r["admin_port"], 2, "router_migration")
+        clients = Clients(r)
+        case = CASES[0]
+        ids, killed = [], []
+        stream = clients.openai.chat.completions.create(
+            model="tiny", max_tokens=MAX_TOKENS, temperature=0, stream=True,
+            messages=[{"role": "user", "content": openai_content(case)}],
+            extra_body={"return_token_ids": True, "ignore_eos": True})
+        for chunk in stream:
+            if not chunk.choices:
+                continue
+            ids.extend(chunk.choices[0].model_extra.get("token_ids") or [])
+            if not killed and len(ids) >= 2:
+                _, body = get(f"http://127.0.0.1:{r['admin_port']}/workers")
+                busy = [w["address"] for w in json.loads(body) if w.get("inflight", 0) > 0]
+                self.assertEqual(len(busy), 1, body)
+                addresses[busy[0]].kill()
+                killed.append(busy[0])
+        self.assertTrue(killed)
+        self.assertEqual(ids, case["tokens"])
+        _, page = get(f"http://127.0.0.1:{r['admin_port']}/metrics")
+        moved = sum(float(line.split()[-1]) for line in page.splitlines()
+                    if line.startswith("ferry_router_migrations_total{"))
+        self.assertEqual(moved, 1, page)
 
 
 if __name__ == "__main__":

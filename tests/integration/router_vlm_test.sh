@@ -10,7 +10,7 @@ model="${TEST_TMPDIR}/vlm"
 "${FERRY_REF_PYTHON}" "${make_tiny_vlm}" "${model}" --size tiny --text llama \
   >"${TEST_TMPDIR}/make.log" 2>&1 || { cat "${TEST_TMPDIR}/make.log" >&2; exit 1; }
 "${FERRY_REF_PYTHON}" "${reference}" "${TEST_SRCDIR}/ferry/tools/python" "${model}" \
-  "${TEST_TMPDIR}/reference" >"${TEST_TMPDIR}/reference.log" 2>&1 ||
+  "${TEST_TMPDIR}/reference" --max-new-tokens 24 >"${TEST_TMPDIR}/reference.log" 2>&1 ||
   { cat "${TEST_TMPDIR}/reference.log" >&2; exit 1; }
 exec "${FERRY_CLIENT_PYTHON}" "${script}" "${router}" "${worker}" "${model}" \
   "${TEST_TMPDIR}/reference/reference.json"
