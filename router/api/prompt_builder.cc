@@ -1,8 +1,5 @@
 #include "router/api/prompt_builder.h"
 
-#include <algorithm>
-
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "router/api/bounded_json.h"
 #include "router/api/reasoning_parser.h"
@@ -204,19 +201,21 @@ ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltP
     if (!ids.ok()) return invalid("messages", std::string(ids.status().message()));
     out->tokens = *std::move(ids);
     if (vision_.has_value()) {
-      // Bounded by the context (a prompt that does not fit is refused below, by its length).
-      auto expanded =
-          ExpandImagePlaceholders(out->tokens, vision_->image_token, vision_->tokens_per_image,
-                                  num_images, std::max<int64_t>(context, 1));
+      // The prompt's length once each image token is its placeholders (num_images and
+      // tokens_per_image are bounded: this does not overflow).
+      const int64_t n =
+          static_cast<int64_t>(out->tokens.size()) + num_images * (vision_->tokens_per_image - 1);
+      if (n >= context) {
+        return invalid(
+            "messages",
+            absl::StrCat("This model's maximum context length is ", context,
+                         " tokens. However, your prompt has ", n, " tokens (", num_images,
+                         " images of ", vision_->tokens_per_image, " tokens each)."),
+            "context_length_exceeded");
+      }
+      auto expanded = ExpandImagePlaceholders(out->tokens, vision_->image_token,
+                                              vision_->tokens_per_image, num_images, n);
       if (!expanded.ok()) {
-        const bool too_long = absl::StrContains(expanded.status().message(), " is over ");
-        if (too_long) {
-          return invalid("messages",
-                         absl::StrCat("This model's maximum context length is ", context,
-                                      " tokens. However, your prompt takes more: ",
-                                      expanded.status().message()),
-                         "context_length_exceeded");
-        }
         return invalid("messages", absl::StrCat("the chat template's image tokens do not match "
                                                 "the images: ",
                                                 expanded.status().message()));
