@@ -146,7 +146,9 @@ class RouterImageFetchTest : public ::testing::Test {
     o.max_image_bytes = 64 << 10;
     o.image_url_fetcher = fetcher_;
     o.image_fetch_threads = 1;
-    o.max_queued_image_fetches = 0;  // the one thread busy: the next remote image is a 503
+    // A call answers its client before its fetch task ends: requests one after another may find
+    // the thread still busy, and wait.
+    o.max_queued_image_fetches = max_queued_;
     auto router = Router::Start(o);
     ASSERT_TRUE(router.ok()) << router.status();
     router_ = *std::move(router);
@@ -173,6 +175,7 @@ class RouterImageFetchTest : public ::testing::Test {
     return at == std::string::npos ? 0 : std::stod(page.substr(at + key.size()));
   }
 
+  int64_t max_queued_ = 4;
   std::unique_ptr<ServiceProcess> worker_;
   std::shared_ptr<FakeFetcher> fetcher_;
   std::unique_ptr<Router> router_;
@@ -225,7 +228,13 @@ TEST_F(RouterImageFetchTest, RefusalsAreTheClientsAnswer) {
             200);
 }
 
-TEST_F(RouterImageFetchTest, FetchesRunOffTheIoThreadAndTheirQueueIsBounded) {
+// No queue: the one thread busy, the next remote image is a 503.
+class RouterImageFetchQueueTest : public RouterImageFetchTest {
+ protected:
+  RouterImageFetchQueueTest() { max_queued_ = 0; }
+};
+
+TEST_F(RouterImageFetchQueueTest, FetchesRunOffTheIoThreadAndTheirQueueIsBounded) {
   Reply slow;
   std::thread client(
       [&] { slow = Post(port(), "/v1/chat/completions", Chat("https://slow/cat.png")); });
