@@ -3,14 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/common/block_hash.h"
+#include "engine/common/hash128.h"
 #include "engine/common/log.h"
 #include "router/api/anthropic_parser.h"
 #include "router/api/anthropic_writer.h"
+#include "router/api/image_part.h"
 #include "router/api/request_json.h"
 #include "router/api/responses_parser.h"
 #include "router/api/responses_writer.h"
@@ -189,6 +192,18 @@ void ApiCall::Fail(const ApiError& error) {
 }
 
 void ApiCall::Start(const HttpRequest& http) {
+  std::weak_ptr<ApiCall> weak = weak_from_this();
+  responder_->OnClose([weak] {
+    if (auto self = weak.lock()) {
+      std::shared_ptr<Dispatcher::Job> job;
+      {
+        absl::MutexLock lock(&self->mu_);
+        self->answered_ = true;  // nobody to answer
+        job = self->job_.lock();
+      }
+      if (job != nullptr) self->context_.dispatcher->Cancel(job);
+    }
+  });
   absl::ReleasableMutexLock lock(&mu_);
   ApiLimits limits = context_.limits;
   // The pool's facts; while every worker is down or restarting, the last ones (the request waits
@@ -216,11 +231,108 @@ void ApiCall::Start(const HttpRequest& http) {
   }
   if (!error.status.ok()) return Fail(error);
   // Responses: the conversation so far (previous_response_id's), then this request's input.
-  std::vector<ApiMessage> history;
   if (kind_ == ApiKind::kResponses) {
-    error = ResponsesConversation(*context_.responses, tenant_.name, &request_, &history);
+    error = ResponsesConversation(*context_.responses, tenant_.name, &request_, &history_);
     if (!error.status.ok()) return Fail(error);
   }
+  bool remote = false;
+  for (const ApiImage* image : CollectImages(request_)) remote = remote || !image->url.empty();
+  if (remote) {
+    // Remote images: fetched off this I/O thread, then the rest of the pipeline runs there.
+    if (context_.image_fetcher == nullptr || context_.image_fetches == nullptr) {
+      return Fail({absl::InvalidArgumentError(kRemoteImagesDisabled), "messages",
+                   "remote_images_disabled"});
+    }
+    auto self = shared_from_this();
+    if (!context_.image_fetches->Submit([self] { self->FetchImages(); })) {
+      context_.metrics->ImageFetch("queue_full");
+      retry_after_seconds_ = 1;
+      return Fail(
+          {absl::UnavailableError("the router's image fetch queue is full; retry later"), "", ""});
+    }
+    return;
+  }
+  lock.Release();
+  Continue();
+}
+
+void ApiCall::FetchImages() {
+  struct Remote {
+    size_t message;
+    size_t part;
+    std::string url;
+    std::string param;
+  };
+  std::vector<Remote> remote;
+  {
+    absl::MutexLock lock(&mu_);
+    if (answered_) return;  // the client left while the call waited
+    for (size_t i = 0; i < request_.messages.size(); ++i) {
+      const std::vector<ApiContentPart>& parts = request_.messages[i].content;
+      for (size_t j = 0; j < parts.size(); ++j) {
+        if (parts[j].image.has_value() && !parts[j].image->url.empty()) {
+          remote.push_back({i, j, parts[j].image->url, parts[j].image->param});
+        }
+      }
+    }
+  }
+  const absl::Time deadline =
+      absl::Now() + std::min(context_.image_fetch_timeout, context_.request_timeout);
+  std::vector<std::string> bytes(remote.size());
+  for (size_t k = 0; k < remote.size(); ++k) {
+    auto fetched = context_.image_fetcher->Fetch(remote[k].url, deadline);
+    ApiError error;
+    if (!fetched.ok()) {
+      error = {
+          absl::Status(fetched.status().code(), absl::StrCat("the image could not be fetched: ",
+                                                             fetched.status().message())),
+          remote[k].param, "image_fetch_failed"};
+    } else if (static_cast<int64_t>(fetched->size()) > context_.limits.max_image_bytes) {
+      error =
+          ApiInvalid(remote[k].param,
+                     absl::StrCat("the fetched image takes ", fetched->size(), " bytes; at most ",
+                                  context_.limits.max_image_bytes, " per image"),
+                     "image_too_large");
+    }
+    context_.metrics->ImageFetch(error.status.ok() ? "ok" : "error");
+    if (!error.status.ok()) {
+      absl::MutexLock lock(&mu_);
+      return Fail(error);
+    }
+    bytes[k] = *std::move(fetched);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (answered_) return;
+    // Responses: the conversation kept for previous_response_id holds the bytes too (a later
+    // turn does not fetch them again).
+    std::map<std::string, const std::string*> by_url;
+    for (size_t k = 0; k < remote.size(); ++k) by_url[remote[k].url] = &bytes[k];
+    for (ApiMessage& m : history_) {
+      for (ApiContentPart& p : m.content) {
+        if (!p.image.has_value() || p.image->url.empty()) continue;
+        auto it = by_url.find(p.image->url);
+        if (it == by_url.end()) continue;
+        p.image->bytes = *it->second;
+        p.image->url.clear();
+      }
+    }
+    for (size_t k = 0; k < remote.size(); ++k) {
+      ApiImage& image = *request_.messages[remote[k].message].content[remote[k].part].image;
+      image.bytes = std::move(bytes[k]);
+      image.url.clear();
+    }
+    ApiError error = CheckImages(request_, context_.limits);
+    if (!error.status.ok()) return Fail(error);
+  }
+  Continue();
+}
+
+void ApiCall::Continue() {
+  absl::ReleasableMutexLock lock(&mu_);
+  if (answered_) return;  // the client left
+  const PoolInfo pool = context_.registry->last_pool();
+  ApiError error;
   if (!pool.known) {
     return Fail({absl::UnavailableError("no worker has been up yet to serve the model"), "", ""});
   }
@@ -262,10 +374,25 @@ void ApiCall::Start(const HttpRequest& http) {
   t->mutable_model()->set_name(pool.model_name);
   SetHash(pool.fingerprint, t->mutable_model()->mutable_fingerprint());
   for (TokenId id : prompt.tokens) t->add_prompt_token_ids(id);
+  // The images: their bytes as the client sent them (the worker decodes and encodes them, and
+  // gets them again on a retry or migration: the dispatcher re-sends this request whole), their
+  // content hash, and their placeholder spans, which the block hashes cover.
+  std::vector<PromptImageSpan> spans;
+  const std::vector<const ApiImage*> images = CollectImages(request_);
+  for (size_t i = 0; i < prompt.images.size() && i < images.size(); ++i) {
+    v1::PromptImage* image = t->add_images();
+    const Hash128 hash = Xxh3Hash128(images[i]->bytes);
+    SetHash(hash, image->mutable_content_hash());
+    image->set_placeholder_start(static_cast<uint32_t>(prompt.images[i].start));
+    image->set_placeholder_length(static_cast<uint32_t>(prompt.images[i].length));
+    image->set_image_data(images[i]->bytes);
+    spans.push_back({hash, static_cast<uint32_t>(prompt.images[i].start),
+                     static_cast<uint32_t>(prompt.images[i].length)});
+  }
   t->set_block_tokens(pool.block_tokens);
   if (pool.block_tokens > 0) {
     dispatch.block_hashes = ComputeBlockHashes({pool.fingerprint, tenant_.cache_salt, ""},
-                                               prompt.tokens, pool.block_tokens);
+                                               prompt.tokens, pool.block_tokens, spans);
     for (const Hash128& h : dispatch.block_hashes) SetHash(h, t->add_block_hashes());
   }
   v1::SamplingParams* p = t->mutable_sampling();
@@ -327,25 +454,13 @@ void ApiCall::Start(const HttpRequest& http) {
     case ApiKind::kResponses:
       writer_ =
           std::make_unique<ResponsesWriter>(absl::StrCat("resp_", RandomHex(24)), created, request_,
-                                            std::move(history), context_.responses, tenant_.name);
+                                            std::move(history_), context_.responses, tenant_.name);
       break;
   }
   choices_.assign(s.n, ChoiceOutputs());
   choice_started_.assign(s.n, false);
   StartParsers(prompt);
 
-  std::weak_ptr<ApiCall> weak = weak_from_this();
-  responder_->OnClose([weak] {
-    if (auto self = weak.lock()) {
-      std::shared_ptr<Dispatcher::Job> job;
-      {
-        absl::MutexLock lock(&self->mu_);
-        self->answered_ = true;  // nobody to answer
-        job = self->job_.lock();
-      }
-      if (job != nullptr) self->context_.dispatcher->Cancel(job);
-    }
-  });
   const int64_t prompt_tokens = prompt_tokens_;
   lock.Release();
   // The store's share of the prompt, for the policy (store_probe.h), off this I/O thread: the

@@ -27,7 +27,13 @@
 // It answers on its HttpResponder, and cancels its dispatch when the client goes away (the worker
 // aborts the request at its next step). Every log line and error body carries its trace id.
 //
-// Thread-safe: the HTTP I/O thread starts it; worker events arrive on gRPC threads.
+// Images: the parsers keep a request's remote image URLs unfetched; such a request continues on
+// the router's image fetch executor (the fetch blocks), which puts the bytes into the request and
+// checks them as inline ones before the prompt is built. Without a fetcher the parsers refuse
+// remote URLs.
+//
+// Thread-safe: the HTTP I/O thread starts it (and, without remote images, runs it up to the
+// dispatcher); worker events arrive on gRPC threads.
 
 #ifndef FERRY_ROUTER_API_CALL_H_
 #define FERRY_ROUTER_API_CALL_H_
@@ -41,6 +47,7 @@
 #include "absl/synchronization/mutex.h"
 #include "router/api/api_request.h"
 #include "router/api/api_writer.h"
+#include "router/api/image_url_fetcher.h"
 #include "router/api/openai_parser.h"
 #include "router/api/openai_writer.h"
 #include "router/api/prompt_builder.h"
@@ -53,6 +60,7 @@
 #include "router/dispatch/dispatcher.h"
 #include "router/dispatch/store_probe.h"
 #include "router/http/http_server.h"
+#include "router/image_fetch_executor.h"
 #include "router/registry/worker_registry.h"
 #include "router/router_metrics.h"
 #include "router/slo.h"
@@ -76,6 +84,11 @@ struct ApiContext {
   Billing* billing = nullptr;
   ResponseStore* responses = nullptr;  // stored Responses answers
   StoreProbe* store_probe = nullptr;   // the KV store's share of a prompt (null: no store)
+  // Remote image URLs (both null: refused by the parsers, ApiLimits.remote_images false): fetched
+  // on the executor's threads, each fetch at most image_fetch_timeout.
+  ImageUrlFetcher* image_fetcher = nullptr;
+  ImageFetchExecutor* image_fetches = nullptr;
+  absl::Duration image_fetch_timeout = absl::Seconds(10);
   absl::Duration request_timeout = absl::Minutes(10);
   SloObjectives slo;  // what ferry_router_slo_requests_total judges requests against
 };
@@ -107,7 +120,13 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
 
  private:
   using Clock = std::chrono::steady_clock;
+  // Parses the request; runs Continue, or hands FetchImages to the image fetch executor when the
+  // request has remote images.
   void Start(const HttpRequest& request);
+  // Fetches the request's remote images (on an image fetch thread), checks them, then Continue.
+  void FetchImages();
+  // Prompt, hash, writer, then the store probe or Dispatch.
+  void Continue();
   // Hands the request to the dispatcher (unless the client left).
   void Dispatch(DispatchRequest dispatch);
   // An error answer (a 4xx/5xx with the API's error body), or, once the stream started, an error
@@ -136,6 +155,7 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
 
   absl::Mutex mu_;
   ApiRequest request_ ABSL_GUARDED_BY(mu_);
+  std::vector<ApiMessage> history_ ABSL_GUARDED_BY(mu_);  // Responses: the stored conversation
   int64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<ApiWriter> writer_ ABSL_GUARDED_BY(mu_);
   std::vector<ChoiceOutputs> choices_ ABSL_GUARDED_BY(mu_);

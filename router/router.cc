@@ -27,6 +27,7 @@
 #include "router/api/prompt_builder.h"
 #include "router/api/request_json.h"
 #include "router/api/response_store.h"
+#include "router/api/vision_prompt.h"
 #include "router/api_call.h"
 #include "router/auth/api_keys.h"
 #include "router/auth/rate_limiter.h"
@@ -112,6 +113,7 @@ class Router::Impl {
 
   absl::Status Start() {
     RETURN_IF_ERROR(ValidateRouterOptions(options_));
+
     registry_metrics_ = NewServiceRegistry("router");
     SharedTokenSource::Options token_options;
     token_options.file = options_.auth_token_file;
@@ -188,8 +190,16 @@ class Router::Impl {
               << (tools.format.has_value() ? ToolCallFormatName(*tools.format) : "none (refused)")
               << (tools.hermes_prompt ? " (the router's Hermes system prompt)" : "")
               << "; reasoning parser: " << (reasoning_ ? "<think>" : "none");
-    prompts_ =
-        std::make_unique<PromptBuilder>(tokenizer_.get(), chat_template_.get(), std::move(tools));
+    // A vision-language model: its image token and tokens per image (config.json, no weights).
+    ASSIGN_OR_RETURN(std::optional<VisionPromptSetup> vision,
+                     ReadVisionPromptSetup(options_.model, *tokenizer_));
+    if (vision.has_value()) {
+      LOG(INFO) << "images: token " << vision->image_token << ", " << vision->tokens_per_image
+                << " tokens per image; at most " << options_.max_images_per_request
+                << " per request, " << options_.max_image_bytes << " bytes each";
+    }
+    prompts_ = std::make_unique<PromptBuilder>(tokenizer_.get(), chat_template_.get(),
+                                               std::move(tools), std::move(vision));
 
     std::vector<std::string> workers = options_.workers;
     if (!options_.workers_file.empty()) {
@@ -309,6 +319,19 @@ class Router::Impl {
     context_.limits.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
     context_.limits.max_n = options_.max_n;
     context_.limits.max_tools_bytes = options_.max_tools_bytes;
+    context_.limits.max_images = options_.max_images_per_request;
+    context_.limits.max_image_bytes = static_cast<int64_t>(options_.max_image_bytes);
+    context_.limits.image.max_pixels = options_.max_image_pixels;
+    // Remote image URLs: refused by the parsers unless a fetcher is set; fetched off the I/O
+    // threads.
+    if (options_.image_url_fetcher != nullptr) {
+      image_fetches_ = std::make_unique<ImageFetchExecutor>(options_.image_fetch_threads,
+                                                            options_.max_queued_image_fetches);
+      context_.limits.remote_images = true;
+      context_.image_fetcher = options_.image_url_fetcher.get();
+      context_.image_fetches = image_fetches_.get();
+      context_.image_fetch_timeout = options_.image_fetch_timeout;
+    }
     // Before a worker reports the context: the body limit's (ApiCall widens them for the pool).
     context_.limits.json = RequestJsonLimits(options_.http.max_body_bytes, 0);
     context_.max_body_bytes = options_.http.max_body_bytes;
@@ -388,8 +411,9 @@ class Router::Impl {
       dispatcher_->DropQueue(absl::UnavailableError("the router is shutting down"));
     }
     if (http_ != nullptr) http_->Shutdown(options_.shutdown_grace);
-    store_probe_.reset();  // (what it still holds is dispatched, or dropped with the queue)
-    dispatcher_.reset();   // waits for the streams still running
+    image_fetches_.reset();  // (its running fetches finish; what waits is dropped)
+    store_probe_.reset();    // (what it still holds is dispatched, or dropped with the queue)
+    dispatcher_.reset();     // waits for the streams still running
     if (registry_ != nullptr) registry_->Stop();
     if (admin_ != nullptr) admin_->Stop();
     LOG(INFO) << "router stopped";
@@ -787,6 +811,7 @@ class Router::Impl {
   std::unique_ptr<DnsDiscovery> workers_dns_ ABSL_GUARDED_BY(dns_mu_);  // null: no --workers_dns
   std::unique_ptr<DnsDiscovery> store_dns_;  // null without --kvstore_dns
   std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<ImageFetchExecutor> image_fetches_;  // null without an image URL fetcher
   ApiContext context_;
   std::unique_ptr<AdminServer> admin_;
   std::unique_ptr<HttpServer> http_;

@@ -120,6 +120,19 @@ ABSL_FLAG(int64_t, migration_max_tokens, 16 << 20,
           "output token ids kept for migration in all (4 bytes each)");
 ABSL_FLAG(int, max_n, 16, "choices per request at most");
 ABSL_FLAG(std::string, max_tools_bytes, "256KiB", "a request's tool definitions at most (JSON)");
+ABSL_FLAG(int64_t, max_images_per_request, 16, "images in one request at most (400 beyond)");
+ABSL_FLAG(std::string, max_image_bytes, "5MiB",
+          "one image's bytes at most, decoded (400 beyond); inline as base64 it takes 4/3 of "
+          "this inside --max_body_bytes");
+ABSL_FLAG(int64_t, max_image_pixels, 50000000,
+          "one image's width x height at most, read from its header (400 beyond: decompression "
+          "bombs)");
+ABSL_FLAG(int, image_fetch_threads, 4,
+          "threads that fetch remote image URLs (with an image URL fetcher: --image_url_hosts)");
+ABSL_FLAG(int64_t, max_queued_image_fetches, 64,
+          "requests waiting for an image fetch thread at most (503 beyond)");
+ABSL_FLAG(absl::Duration, image_fetch_timeout, absl::Seconds(10),
+          "one remote image's fetch at most (and the request's deadline)");
 ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "a request's deadline");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
           "a silent worker is down after this");
@@ -220,6 +233,14 @@ RouterOptions OptionsFromFlags() {
   if (Given("max_tools_bytes")) {
     o.max_tools_bytes = Bytes("max_tools_bytes", absl::GetFlag(FLAGS_max_tools_bytes));
   }
+  FROM_FLAG(max_images_per_request, max_images_per_request);
+  if (Given("max_image_bytes")) {
+    o.max_image_bytes = Bytes("max_image_bytes", absl::GetFlag(FLAGS_max_image_bytes));
+  }
+  FROM_FLAG(max_image_pixels, max_image_pixels);
+  FROM_FLAG(image_fetch_threads, image_fetch_threads);
+  FROM_FLAG(max_queued_image_fetches, max_queued_image_fetches);
+  FROM_FLAG(image_fetch_timeout, image_fetch_timeout);
   FROM_FLAG(request_timeout, request_timeout);
   FROM_FLAG(heartbeat_timeout, heartbeat_timeout);
   FROM_FLAG(auth_token_file, auth_token_file);

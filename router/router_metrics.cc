@@ -225,6 +225,12 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                          "Tool calls parsed from replies, by their arguments: valid, invalid, "
                          "incomplete.")
                      .Register(registry);
+  image_fetches_ = &prometheus::BuildCounter()
+                        .Name("ferry_router_image_fetches_total")
+                        .Help(
+                            "Remote image URLs fetched (ok), refused by the fetcher (error), and "
+                            "requests refused for a full fetch queue (queue_full).")
+                        .Register(registry);
   auto& slo = prometheus::BuildCounter()
                   .Name("ferry_router_slo_requests_total")
                   .Help(
@@ -367,6 +373,10 @@ void RouterMetrics::Workers(int64_t up, int64_t down) {
 
 void RouterMetrics::Refusal(const std::string& reason) {
   refusals_->Add({{"reason", reason}}).Increment();
+}
+
+void RouterMetrics::ImageFetch(const char* result) {
+  image_fetches_->Add({{"result", result}}).Increment();
 }
 
 void RouterMetrics::ToolCall(const std::string& arguments) {

@@ -71,6 +71,9 @@
 //   ferry_router_worker_refusals_total{reason}   fingerprint, block_tokens, protocol
 //   ferry_router_tool_calls_total{arguments}     calls parsed from replies: valid (a JSON
 //                                                object), invalid, incomplete (cut off)
+//   ferry_router_image_fetches_total{result}     remote image URLs fetched (ok), refused by the
+//                                                fetcher (error), or requests refused because
+//                                                the fetch queue was full (queue_full)
 //   ferry_router_slo_requests_total{objective,result}  requests judged against --slo_ttft
 //                                                (objective=ttft) and --slo_itl (itl, their mean
 //                                                time between output tokens): met, missed
@@ -127,6 +130,8 @@ class RouterMetrics {
   void Workers(int64_t up, int64_t down);
   void Refusal(const std::string& reason);
   void ToolCall(const std::string& arguments);
+  // "ok", "error", "queue_full".
+  void ImageFetch(const char* result);
   // "ttft" or "itl".
   void Slo(const char* objective, bool met);
 
@@ -173,6 +178,7 @@ class RouterMetrics {
   prometheus::Gauge* workers_down_;
   prometheus::Family<prometheus::Counter>* refusals_;
   prometheus::Family<prometheus::Counter>* tool_calls_;
+  prometheus::Family<prometheus::Counter>* image_fetches_;
   prometheus::Counter* ttft_met_;
   prometheus::Counter* ttft_missed_;
   prometheus::Counter* itl_met_;

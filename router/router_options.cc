@@ -69,6 +69,14 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   o->dispatch_threads = i;
   RETURN_IF_ERROR(c.Read("max_n", &o->max_n));
   RETURN_IF_ERROR(c.ReadByteSize("max_tools_bytes", &o->max_tools_bytes));
+  RETURN_IF_ERROR(c.Read("max_images_per_request", &o->max_images_per_request));
+  RETURN_IF_ERROR(c.ReadByteSize("max_image_bytes", &o->max_image_bytes));
+  RETURN_IF_ERROR(c.Read("max_image_pixels", &o->max_image_pixels));
+  i = o->image_fetch_threads;
+  RETURN_IF_ERROR(c.Read("image_fetch_threads", &i));
+  o->image_fetch_threads = i;
+  RETURN_IF_ERROR(c.Read("max_queued_image_fetches", &o->max_queued_image_fetches));
+  RETURN_IF_ERROR(c.ReadDuration("image_fetch_timeout", &o->image_fetch_timeout));
   RETURN_IF_ERROR(c.ReadDuration("request_timeout", &o->request_timeout));
   RETURN_IF_ERROR(c.ReadDuration("heartbeat_timeout", &o->heartbeat_timeout));
   RETURN_IF_ERROR(c.Read("auth_token_file", &o->auth_token_file));
@@ -157,6 +165,21 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
   if (o.http.threads < 1 || o.http.max_connections < 1 || o.dispatch_threads < 1 ||
       o.dispatch_threads > 64) {
     return bad("--threads and --max_connections must be positive, --dispatch_threads in [1, 64]");
+  }
+  if (o.max_images_per_request < 0 || o.max_images_per_request > 1024) {
+    return bad("--max_images_per_request must be in [0, 1024]");
+  }
+  if (o.max_image_bytes < 1024 || o.max_image_bytes > (uint64_t{1} << 30)) {
+    return bad("--max_image_bytes must be in [1KiB, 1GiB]");
+  }
+  if (o.max_image_pixels < 1 || o.max_image_pixels > 1'000'000'000) {
+    return bad("--max_image_pixels must be in [1, 1000000000]");
+  }
+  if (o.image_fetch_threads < 1 || o.image_fetch_threads > 256 || o.max_queued_image_fetches < 0 ||
+      o.image_fetch_timeout <= absl::ZeroDuration()) {
+    return bad(
+        "--image_fetch_threads must be in [1, 256], --max_queued_image_fetches at least 0 "
+        "and --image_fetch_timeout positive");
   }
   if (o.http.max_header_bytes < 1024 || o.http.max_body_bytes < 1024) {
     return bad("--max_header_bytes and --max_body_bytes must be at least 1KiB");

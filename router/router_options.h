@@ -6,12 +6,14 @@
 #define FERRY_ROUTER_ROUTER_OPTIONS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/common/config.h"
+#include "router/api/image_url_fetcher.h"
 #include "router/http/http_server.h"
 
 namespace ferry {
@@ -77,6 +79,21 @@ struct RouterOptions {
   int dispatch_threads = 1;  // threads that run the worker streams (CompletionThreads)
   int32_t max_n = 16;
   uint64_t max_tools_bytes = 256 << 10;  // a request's tool definitions (their JSON) at most
+  // Images (router/api/image_part.h): per request at most max_images_per_request, each at most
+  // max_image_bytes once decoded (inline, base64 takes 4/3 of that inside max_body_bytes: the
+  // defaults, 5 MiB and 8 MiB, let one image of the largest size through) and max_image_pixels
+  // by its header (a decompression bomb is refused before any worker sees it).
+  int64_t max_images_per_request = 16;
+  uint64_t max_image_bytes = uint64_t{5} << 20;
+  int64_t max_image_pixels = 50'000'000;
+  // Remote image URLs: fetched through this when set (the --image_url_hosts allowlist's fetcher);
+  // null: a remote URL is a 400. The fetches block, so they run on image_fetch_threads threads
+  // (router/image_fetch_executor.h), at most max_queued_image_fetches requests waiting (503
+  // beyond), each fetch at most image_fetch_timeout (and the request's deadline).
+  std::shared_ptr<ImageUrlFetcher> image_url_fetcher;
+  int image_fetch_threads = 4;
+  int64_t max_queued_image_fetches = 64;
+  absl::Duration image_fetch_timeout = absl::Seconds(10);
   absl::Duration request_timeout = absl::Minutes(10);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   std::string auth_token_file;  // the workers' shared token ("": FERRY_AUTH_TOKEN, if set)

@@ -373,7 +373,7 @@ TEST(AnthropicParserTest, BadRequestsNameTheirField) {
       {user(R"({"type":"text","text":"x","colour":"red"})"), "messages[0].content[0].colour"},
       {user(
            R"({"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}})"),
-       "messages[0].content[0]", absl::StatusCode::kInvalidArgument, "unsupported_content"},
+       "messages[0].content[0].source", absl::StatusCode::kInvalidArgument, "invalid_image"},
       {user(R"({"type":"document","source":{"type":"text","media_type":"text/plain","data":"x"}})"),
        "messages[0].content[0]", absl::StatusCode::kInvalidArgument, "unsupported_content"},
       {user(R"({"type":"search_result"})"), "messages[0].content[0].type",
@@ -387,8 +387,7 @@ TEST(AnthropicParserTest, BadRequestsNameTheirField) {
       {user(R"({"type":"tool_result","tool_use_id":"t","content":5})"),
        "messages[0].content[0].content"},
       {user(R"({"type":"tool_result","tool_use_id":"t","content":[{"type":"image"}]})"),
-       "messages[0].content[0].content[0]", absl::StatusCode::kInvalidArgument,
-       "unsupported_content"},
+       "messages[0].content[0].content[0].source"},
       {user(R"({"type":"tool_result","tool_use_id":"t","is_error":"yes"})"),
        "messages[0].content[0].is_error"},
       {assistant(R"({"type":"tool_result","tool_use_id":"t"})"), "messages[1].content[0].type"},
@@ -401,7 +400,7 @@ TEST(AnthropicParserTest, BadRequestsNameTheirField) {
       {assistant(R"({"type":"redacted_thinking"})"), "messages[1].content[0].data"},
       {"{" + m + R"(,"system":5,"messages":[{"role":"user","content":"x"}]})", "system"},
       {"{" + m + R"(,"system":[{"type":"image"}],"messages":[{"role":"user","content":"x"}]})",
-       "system[0]", absl::StatusCode::kInvalidArgument, "unsupported_content"},
+       "system[0].type", absl::StatusCode::kInvalidArgument, "unsupported_content"},
       {"{" + m +
            R"(,"system":[{"type":"text","text":""}],"messages":[{"role":"user","content":"x"}]})",
        "system[0].text"},
@@ -498,8 +497,7 @@ TEST(AnthropicParserTest, MessagesOfTheRefusals) {
   EXPECT_EQ(
       message(
           R"({"model":"tiny","max_tokens":8,"messages":[{"role":"user","content":[{"type":"image"}]}]})"),
-      "messages[0].content[0]: image blocks are not supported: this server reads text only, "
-      "until its vision encoder exists");
+      "messages[0].content[0].source: Field required");
   EXPECT_EQ(message(Body(R"(,"tools":[{"type":"bash_20250124","name":"bash"}])")),
             "tools[0].type: tools of type 'bash_20250124' (Anthropic's server and client tools) "
             "are not supported by this server; define a custom tool with a name and an "

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/stop_strings.h"
+#include "router/api/image_part.h"
 #include "router/api/openai_writer.h"  // DumpJson
 #include "router/api/request_json.h"
 
@@ -165,11 +167,8 @@ ApiError BlockType(const Json& block, const std::string& param, std::string* typ
 
 // Blocks of a type this server does not take (where `allowed` are the types it takes there).
 ApiError UnsupportedBlock(const std::string& type, const std::string& param, const char* allowed) {
-  if (type == "image" || type == "document") {
-    return Invalid(param,
-                   absl::StrCat(type,
-                                " blocks are not supported: this server reads text only, until "
-                                "its vision encoder exists"),
+  if (type == "document") {
+    return Invalid(param, "document blocks are not supported by this server",
                    "unsupported_content");
   }
   return Invalid(
@@ -185,6 +184,48 @@ ApiError ParseTextBlock(const Json& block, const std::string& param, CacheBreakp
   RETURN_IF_API_ERROR(RequiredString(block, "text", param, text));
   if (text->empty()) return Invalid(Path(param, "text"), "text content blocks must be non-empty");
   RETURN_IF_API_ERROR(OptionalOfType(block, "citations", param, Json::value_t::array, "an array"));
+  return ParseCacheControl(block, param, cache);
+}
+
+// An image_part.h refusal in Anthropic's words (the path first).
+ApiError Anthropic(ApiError e) {
+  if (e.status.ok() || e.param.empty()) return e;
+  e.status = absl::Status(e.status.code(), absl::StrCat(e.param, ": ", e.status.message()));
+  return e;
+}
+
+// {"type": "image", "source": {"type": "base64", "media_type", "data"} | {"type": "url", "url"},
+// "cache_control"?}.
+ApiError ParseImageBlock(const Json& block, const std::string& param, const ApiLimits& limits,
+                         CacheBreakpoints* cache, ApiImage* image) {
+  RETURN_IF_API_ERROR(CheckKeys(block, param, {"type", "source", "cache_control"}));
+  const std::string p = Path(param, "source");
+  const Json* source = Find(block, "source");
+  if (source == nullptr) return Invalid(p, "Field required");
+  if (!source->is_object()) return Invalid(p, "must be an object");
+  std::string type;
+  RETURN_IF_API_ERROR(RequiredString(*source, "type", p, &type));
+  if (type == "base64") {
+    RETURN_IF_API_ERROR(CheckKeys(*source, p, {"type", "media_type", "data"}));
+    std::string media_type, data;
+    RETURN_IF_API_ERROR(RequiredString(*source, "media_type", p, &media_type));
+    RETURN_IF_API_ERROR(RequiredString(*source, "data", p, &data));
+    RETURN_IF_API_ERROR(Anthropic(ImageFromBase64(data, media_type, p, limits, image)));
+  } else if (type == "url") {
+    RETURN_IF_API_ERROR(CheckKeys(*source, p, {"type", "url"}));
+    std::string url;
+    RETURN_IF_API_ERROR(RequiredString(*source, "url", p, &url));
+    const bool remote = absl::StartsWith(absl::AsciiStrToLower(url.substr(0, 8)), "http");
+    if (!remote) {
+      return Invalid(Path(p, "url"), "must be an http(s) URL (inline images are base64 sources)");
+    }
+    RETURN_IF_API_ERROR(Anthropic(ImageFromUrl(url, p, limits, image)));
+  } else if (type == "file") {
+    return Invalid(Path(p, "type"), "file sources (the Files API) are not supported by this server",
+                   "unsupported_content");
+  } else {
+    return Invalid(Path(p, "type"), absl::StrCat("must be 'base64' or 'url', not '", type, "'"));
+  }
   return ParseCacheControl(block, param, cache);
 }
 
@@ -243,8 +284,8 @@ ApiError ParseToolUse(const Json& block, const std::string& param, CacheBreakpoi
 
 // {"type": "tool_result", "tool_use_id", "content"?: string | text blocks, "is_error"?,
 // "cache_control"?, "toolset_name"?} as a tool message.
-ApiError ParseToolResult(const Json& block, const std::string& param, CacheBreakpoints* cache,
-                         ApiMessage* out) {
+ApiError ParseToolResult(const Json& block, const std::string& param, const ApiLimits& limits,
+                         CacheBreakpoints* cache, ApiMessage* out) {
   RETURN_IF_API_ERROR(
       CheckKeys(block, param,
                 {"type", "tool_use_id", "content", "is_error", "cache_control", "toolset_name"}));
@@ -262,11 +303,16 @@ ApiError ParseToolResult(const Json& block, const std::string& param, CacheBreak
         const std::string q = Index(p, k);
         std::string type;
         RETURN_IF_API_ERROR(BlockType((*content)[k], q, &type));
-        if (type != "text") {
-          return UnsupportedBlock(type, q, "a tool result's content is a string or text blocks");
-        }
         ApiContentPart part;
-        RETURN_IF_API_ERROR(ParseTextBlock((*content)[k], q, cache, &part.text));
+        if (type == "image") {
+          part.image.emplace();
+          RETURN_IF_API_ERROR(ParseImageBlock((*content)[k], q, limits, cache, &*part.image));
+        } else if (type == "text") {
+          RETURN_IF_API_ERROR(ParseTextBlock((*content)[k], q, cache, &part.text));
+        } else {
+          return UnsupportedBlock(type, q,
+                                  "a tool result's content is a string or text and image blocks");
+        }
         out->content.push_back(std::move(part));
       }
     } else {
@@ -282,8 +328,8 @@ ApiError ParseToolResult(const Json& block, const std::string& param, CacheBreak
 }
 
 // One message of `messages`, appended to `out` as one or more internal messages.
-ApiError ParseMessage(const Json& m, const std::string& param, bool last, CacheBreakpoints* cache,
-                      std::vector<ApiMessage>* out) {
+ApiError ParseMessage(const Json& m, const std::string& param, bool last, const ApiLimits& limits,
+                      CacheBreakpoints* cache, std::vector<ApiMessage>* out) {
   if (!m.is_object())
     return Invalid(param, "each message must be an object with a role and content");
   RETURN_IF_API_ERROR(CheckKeys(m, param, {"role", "content"}));
@@ -325,6 +371,11 @@ ApiError ParseMessage(const Json& m, const std::string& param, bool last, CacheB
         ApiContentPart part;
         RETURN_IF_API_ERROR(ParseTextBlock(block, p, cache, &part.text));
         message.content.push_back(std::move(part));
+      } else if (type == "image" && !assistant) {
+        ApiContentPart part;
+        part.image.emplace();
+        RETURN_IF_API_ERROR(ParseImageBlock(block, p, limits, cache, &*part.image));
+        message.content.push_back(std::move(part));
       } else if (type == "tool_use" || type == "thinking" || type == "redacted_thinking") {
         if (!assistant) {
           return Invalid(Path(p, "type"),
@@ -352,12 +403,12 @@ ApiError ParseMessage(const Json& m, const std::string& param, bool last, CacheB
           return Invalid(Path(p, "type"), "tool_result blocks are only allowed in user messages");
         }
         ApiMessage result;
-        RETURN_IF_API_ERROR(ParseToolResult(block, p, cache, &result));
+        RETURN_IF_API_ERROR(ParseToolResult(block, p, limits, cache, &result));
         results.push_back(std::move(result));
       } else {
         return UnsupportedBlock(
             type, p,
-            assistant ? "text, tool_use, thinking, redacted_thinking" : "text, tool_result");
+            assistant ? "text, tool_use, thinking, redacted_thinking" : "text, image, tool_result");
       }
     }
   } else {
@@ -387,8 +438,8 @@ ApiError ParseMessages(const Json* messages, const ApiLimits& limits, CacheBreak
                                             limits.max_messages));
   }
   for (size_t i = 0; i < messages->size(); ++i) {
-    RETURN_IF_API_ERROR(
-        ParseMessage((*messages)[i], Index("messages", i), i + 1 == messages->size(), cache, out));
+    RETURN_IF_API_ERROR(ParseMessage((*messages)[i], Index("messages", i),
+                                     i + 1 == messages->size(), limits, cache, out));
   }
   return Ok();
 }
@@ -692,6 +743,7 @@ ApiError Parse(absl::string_view body, const ApiLimits& limits, bool count_token
     if (!message.content.empty()) r->messages.push_back(std::move(message));
   }
   RETURN_IF_API_ERROR(ParseMessages(f.Get("messages"), limits, &cache, &r->messages));
+  RETURN_IF_API_ERROR(Anthropic(CheckImages(*r, limits)));
   if (const Json* cc = f.Get("cache_control"); cc != nullptr) {
     RETURN_IF_API_ERROR(ParseCacheControlValue(*cc, "cache_control", &cache));
   }

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "engine/common/token_id.h"
+#include "media/image/image.h"
 #include "router/api/bounded_json.h"
 #include "router/api/conversation.h"
 
@@ -88,6 +89,13 @@ struct ApiLimits {
   int32_t max_completion_logprobs = 5;  // completions' `logprobs` (OpenAI's cap)
   size_t max_tools = 128;               // OpenAI's cap
   size_t max_tools_bytes = 256 << 10;   // the tool definitions' JSON
+  // Images (image_part.h): at most max_images per request, each at most max_image_bytes decoded
+  // (--max_images_per_request, --max_image_bytes), its header within `image` (dimensions, pixel
+  // count); remote http(s) URLs only when the router fetches them (an ImageUrlFetcher).
+  int64_t max_images = 16;
+  int64_t max_image_bytes = int64_t{5} << 20;
+  media::ImageLimits image;
+  bool remote_images = false;
   // The body's JSON, bounded while it is parsed: depth, keys and array elements in all, one
   // string's bytes. The router derives them from --max_body_bytes and the model's context
   // (request_json.h RequestJsonLimits); the defaults are those of an 8 MiB body.

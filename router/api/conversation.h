@@ -28,9 +28,19 @@ struct ApiToolCall {
   std::string arguments;
 };
 
-// One part of a message's content (text only until the vision encoder exists).
+// An image a client sent: its encoded bytes (decoded from a data: URL or base64) and their media
+// type, or a remote http(s) URL not fetched yet (bytes empty until the router fetches it).
+struct ApiImage {
+  std::string bytes;
+  std::string media_type;  // "image/png"... as the client said (the bytes' header decides)
+  std::string url;         // a remote image: its http(s) URL; "" for inline bytes
+  std::string param;       // where the request holds it ("messages[0].content[1]"), for errors
+};
+
+// One part of a message's content: text, or an image (in the conversation's order).
 struct ApiContentPart {
   std::string text;
+  std::optional<ApiImage> image;
 };
 
 struct ApiMessage {
@@ -45,6 +55,12 @@ struct ApiMessage {
     std::string out;
     for (const ApiContentPart& p : content) out += p.text;
     return out;
+  }
+  bool HasImages() const {
+    for (const ApiContentPart& p : content) {
+      if (p.image.has_value()) return true;
+    }
+    return false;
   }
 };
 

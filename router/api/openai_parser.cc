@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/stop_strings.h"
+#include "router/api/image_part.h"
 #include "router/api/request_json.h"
 
 namespace ferry {
@@ -108,15 +109,20 @@ ApiError ParseCommon(RequestFields& f, const ApiLimits& limits, ApiRequest* r) {
   return ApiOk();
 }
 
-// A message's content as text: a string, or text parts (joined).
-ApiError ContentText(const Json& content, size_t index, std::string* out) {
+// A message's content: a string, or parts (adjacent text parts joined); image_url parts
+// (image_part.h) only in user messages.
+ApiError ParseContent(const Json& content, size_t index, bool images, const ApiLimits& limits,
+                      std::vector<ApiContentPart>* out) {
   const std::string param = absl::StrCat("messages[", index, "].content");
   if (content.is_string()) {
-    *out = content.get<std::string>();
+    out->push_back({content.get<std::string>(), std::nullopt});
     return ApiOk();
   }
   if (!content.is_array()) return ApiInvalid(param, "content must be a string or a list of parts");
-  for (const Json& part : content) {
+  std::string text;
+  bool has_text = false;
+  for (size_t j = 0; j < content.size(); ++j) {
+    const Json& part = content[j];
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
       return ApiInvalid(param, "each content part must be an object with a 'type'");
     }
@@ -125,8 +131,44 @@ ApiError ContentText(const Json& content, size_t index, std::string* out) {
       if (!part.contains("text") || !part["text"].is_string()) {
         return ApiInvalid(param, "a text part needs 'text', a string");
       }
-      *out += part["text"].get<std::string>();
-    } else if (type == "image_url" || type == "input_audio" || type == "file") {
+      text += part["text"].get<std::string>();
+      has_text = true;
+    } else if (type == "image_url") {
+      const std::string p = absl::StrCat(param, "[", j, "].image_url");
+      if (!images) {
+        return ApiInvalid(p, "images are accepted in user messages only", "unsupported_content");
+      }
+      // {"url": ..., "detail": ...} (detail accepted and ignored: the model's processor decides
+      // the resolution), or the URL as a string (the older form).
+      const Json* url = nullptr;
+      if (part.contains("image_url") && part["image_url"].is_string()) {
+        url = &part["image_url"];
+      } else if (part.contains("image_url") && part["image_url"].is_object()) {
+        const Json& o = part["image_url"];
+        for (auto it = o.begin(); it != o.end(); ++it) {
+          if (it.key() == "url") {
+            url = &*it;
+          } else if (it.key() == "detail") {
+            if (!it->is_null() &&
+                (!it->is_string() || (*it != "auto" && *it != "low" && *it != "high"))) {
+              return ApiInvalid(p + ".detail", "'detail' must be 'auto', 'low' or 'high'");
+            }
+          } else {
+            return ApiInvalid(p + "." + it.key(),
+                              absl::StrCat("Unrecognized image_url argument supplied: ", it.key()));
+          }
+        }
+      }
+      if (url == nullptr || !url->is_string()) {
+        return ApiInvalid(p, "an image_url part needs 'image_url': {\"url\": a string}");
+      }
+      ApiImage image;
+      RETURN_IF_API_ERROR(ImageFromUrl(url->get<std::string>(), p, limits, &image));
+      if (has_text) out->push_back({std::move(text), std::nullopt});
+      text.clear();
+      has_text = false;
+      out->push_back({"", std::move(image)});
+    } else if (type == "input_audio" || type == "file") {
       return ApiInvalid(
           param,
           absl::StrCat("content parts of type '", type, "' are not supported by this server yet"),
@@ -135,6 +177,7 @@ ApiError ContentText(const Json& content, size_t index, std::string* out) {
       return ApiInvalid(param, absl::StrCat("unknown content part type '", type, "'"));
     }
   }
+  if (has_text || out->empty()) out->push_back({std::move(text), std::nullopt});
   return ApiOk();
 }
 
@@ -224,9 +267,7 @@ ApiError ParseMessages(const Json* messages, const ApiLimits& limits,
       if (key == "role") continue;
       if (key == "content") {
         if (it->is_null()) continue;
-        std::string text;
-        RETURN_IF_API_ERROR(ContentText(*it, i, &text));
-        message.content.push_back({std::move(text)});
+        RETURN_IF_API_ERROR(ParseContent(*it, i, role == "user", limits, &message.content));
         has_content = true;
       } else if (key == "name") {
         if (!it->is_string()) return ApiInvalid(param + ".name", "must be a string");
@@ -376,6 +417,7 @@ ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, Ap
   r->kind = ApiKind::kChatCompletion;
   RETURN_IF_API_ERROR(ParseCommon(f, limits, r));
   RETURN_IF_API_ERROR(ParseMessages(f.Get("messages"), limits, &r->messages));
+  RETURN_IF_API_ERROR(CheckImages(*r, limits));
   RETURN_IF_API_ERROR(ParseTools(f, limits, r));
   int64_t v = 0;
   bool present = false;

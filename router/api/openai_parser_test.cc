@@ -278,7 +278,7 @@ TEST(OpenAiParserTest, BadChatRequestsNameTheirField) {
       {R"({"model":"tiny","messages":[{"role":"user"}]})", "messages[0].content"},
       {R"({"model":"tiny","messages":[{"role":"user","content":5}]})", "messages[0].content"},
       {R"({"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})",
-       "messages[0].content"},
+       "messages[0].content[0].image_url"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x","colour":"red"}]})",
        "messages[0].colour"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"temperature":3})",

@@ -63,8 +63,21 @@ std::string HermesCallBlock(const ApiToolCall& call) {
 }  // namespace
 
 PromptBuilder::PromptBuilder(const Tokenizer* tokenizer, const ChatTemplate* chat_template,
-                             ToolSetup tools)
-    : tokenizer_(tokenizer), chat_template_(chat_template), tools_(std::move(tools)) {}
+                             ToolSetup tools, std::optional<VisionPromptSetup> vision)
+    : tokenizer_(tokenizer),
+      chat_template_(chat_template),
+      tools_(std::move(tools)),
+      vision_(std::move(vision)) {}
+
+std::vector<const ApiImage*> CollectImages(const ApiRequest& request) {
+  std::vector<const ApiImage*> images;
+  for (const ApiMessage& m : request.messages) {
+    for (const ApiContentPart& p : m.content) {
+      if (p.image.has_value()) images.push_back(&*p.image);
+    }
+  }
+  return images;
+}
 
 ChatTemplateInputs TemplateInputs(const ApiRequest& request, const ToolSetup& setup) {
   ChatTemplateInputs inputs;
@@ -94,7 +107,20 @@ ChatTemplateInputs TemplateInputs(const ApiRequest& request, const ToolSetup& se
         content += (content.empty() ? "" : "\n") + HermesCallBlock(call);
       }
     }
-    message["content"] = content;
+    if (m.HasImages() && !hermes) {
+      // HF's processor convention: a list of {"type": "image"} and {"type": "text"} parts.
+      Json parts = Json::array();
+      for (const ApiContentPart& p : m.content) {
+        if (p.image.has_value()) {
+          parts.push_back(Json{{"type", "image"}});
+        } else if (!p.text.empty()) {
+          parts.push_back(Json{{"type", "text"}, {"text", p.text}});
+        }
+      }
+      message["content"] = std::move(parts);
+    } else {
+      message["content"] = content;
+    }
     if (!m.name.empty()) message["name"] = m.name;
     if (!m.reasoning.empty()) message["reasoning_content"] = m.reasoning;
     if (m.role == ApiRole::kTool) message["tool_call_id"] = m.tool_call_id;
@@ -144,6 +170,13 @@ ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltP
                     const std::string& code = "") {
     return ApiError{absl::InvalidArgumentError(message), param, code};
   };
+  const int64_t num_images = static_cast<int64_t>(CollectImages(request).size());
+  if (num_images > 0 && !vision_.has_value()) {
+    return invalid("messages",
+                   "this server's model reads text only: it cannot take images (serve a "
+                   "vision-language model, such as a LLaVA-style directory, to send them)",
+                   "unsupported_content");
+  }
   if (request.kind != ApiKind::kCompletion) {
     if (chat_template_ == nullptr) {
       return invalid("messages", "the model has no chat template; use /v1/completions");
@@ -167,8 +200,40 @@ ApiError PromptBuilder::Build(const ApiRequest& request, int64_t context, BuiltP
     auto ids = tokenizer_->Encode(PromptSegments(*prompt));
     if (!ids.ok()) return invalid("messages", std::string(ids.status().message()));
     out->tokens = *std::move(ids);
+    if (vision_.has_value()) {
+      // The prompt's length once each image token is its placeholders (num_images and
+      // tokens_per_image are bounded: this does not overflow).
+      const int64_t n =
+          static_cast<int64_t>(out->tokens.size()) + num_images * (vision_->tokens_per_image - 1);
+      if (n >= context) {
+        return invalid(
+            "messages",
+            absl::StrCat("This model's maximum context length is ", context,
+                         " tokens. However, your prompt has ", n, " tokens (", num_images,
+                         " images of ", vision_->tokens_per_image, " tokens each)."),
+            "context_length_exceeded");
+      }
+      auto expanded = ExpandImagePlaceholders(out->tokens, vision_->image_token,
+                                              vision_->tokens_per_image, num_images, n);
+      if (!expanded.ok()) {
+        return invalid("messages", absl::StrCat("the chat template's image tokens do not match "
+                                                "the images: ",
+                                                expanded.status().message()));
+      }
+      out->tokens = std::move(expanded->tokens);
+      out->images = std::move(expanded->images);
+    }
   } else if (request.prompt_is_ids) {
     out->tokens = request.prompt_ids;
+    if (vision_.has_value()) {
+      for (TokenId id : out->tokens) {
+        if (id == vision_->image_token) {
+          return invalid("prompt", absl::StrCat("token id ", id,
+                                                " is the model's image placeholder: send images "
+                                                "as image parts of a chat request"));
+        }
+      }
+    }
   } else {
     auto ids = tokenizer_->Encode(request.prompt_text);
     if (!ids.ok()) return invalid("prompt", std::string(ids.status().message()));

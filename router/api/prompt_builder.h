@@ -15,6 +15,16 @@
 // renders earlier calls as such blocks in the assistant's content and tool results as
 // <tool_response> blocks in a user message. tool_choice "none" renders no tools.
 //
+// Images (VisionPromptSetup: a LLaVA-style model). A message with image parts goes to the template
+// with its content as a list of parts, as HF's processors take it: {"type": "image"} and
+// {"type": "text", "text": ...} in the message's order (messages without images keep their content
+// a string); the template writes each image's token (llava.jinja: "<image>"), the prompt is
+// tokenized, and each image token is expanded to the model's tokens_per_image placeholders
+// (ExpandImagePlaceholders, as transformers' LlavaProcessor does). BuiltPrompt.images are the
+// spans, in prompt order, which is the order of the request's image parts (messages in order):
+// the template must write one image token per image in that order, or the request is a 400.
+// Images to a builder without a VisionPromptSetup (a text-only model) are a 400.
+//
 // Thread-safe (immutable after construction).
 
 #ifndef FERRY_ROUTER_API_PROMPT_BUILDER_H_
@@ -26,15 +36,20 @@
 #include <string>
 #include <vector>
 
+#include "engine/model/vision/image_placeholders.h"
 #include "engine/template/chat_template.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "router/api/api_request.h"
 #include "router/api/tool_call_parser.h"
+#include "router/api/vision_prompt.h"
 
 namespace ferry {
 
 struct BuiltPrompt {
-  std::vector<TokenId> tokens;
+  std::vector<TokenId> tokens;  // image tokens expanded to their placeholders
+  // The images' placeholder spans in `tokens`, in prompt order: the request's image parts in
+  // their order (CollectImages).
+  std::vector<ImagePlaceholderSpan> images;
   int64_t max_tokens = 0;       // what the request may generate (asked, or what the context leaves)
   bool tools_rendered = false;  // the model was shown tools: its reply is parsed for calls
   bool reasoning_started = false;  // the prompt ends inside an open <think> block
@@ -50,11 +65,15 @@ struct ToolSetup {
 // for the bos/eos strings, which come from the tokenizer).
 ChatTemplateInputs TemplateInputs(const ApiRequest& request, const ToolSetup& tools);
 
+// The request's images in prompt order (its messages' image parts in order); pointers into
+// `request`.
+std::vector<const ApiImage*> CollectImages(const ApiRequest& request);
+
 class PromptBuilder {
  public:
   // `chat_template` may be null (then chat requests are refused). Both must outlive the builder.
-  PromptBuilder(const Tokenizer* tokenizer, const ChatTemplate* chat_template,
-                ToolSetup tools = {});
+  PromptBuilder(const Tokenizer* tokenizer, const ChatTemplate* chat_template, ToolSetup tools = {},
+                std::optional<VisionPromptSetup> vision = std::nullopt);
 
   // `context` is the model's positions. Errors: 400 with `param` (messages, prompt, max_tokens)
   // and code context_length_exceeded where the lengths do not fit.
@@ -62,11 +81,13 @@ class PromptBuilder {
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ToolSetup& tool_setup() const { return tools_; }
+  const std::optional<VisionPromptSetup>& vision() const { return vision_; }
 
  private:
   const Tokenizer* const tokenizer_;
   const ChatTemplate* const chat_template_;
   const ToolSetup tools_;
+  const std::optional<VisionPromptSetup> vision_;
 };
 
 }  // namespace ferry

@@ -15,7 +15,13 @@ size_t ResponseStore::EntryBytes(const StoredResponse& r) {
   bytes += r.id.size();  // the index's key
   for (const ApiMessage& m : r.conversation) {
     bytes += sizeof(ApiMessage) + m.name.size() + m.reasoning.size() + m.tool_call_id.size();
-    for (const ApiContentPart& p : m.content) bytes += sizeof(ApiContentPart) + p.text.size();
+    for (const ApiContentPart& p : m.content) {
+      bytes += sizeof(ApiContentPart) + p.text.size();
+      if (p.image.has_value()) {
+        bytes += p.image->bytes.size() + p.image->url.size() + p.image->media_type.size() +
+                 p.image->param.size();
+      }
+    }
     for (const ApiToolCall& c : m.tool_calls) {
       bytes += sizeof(ApiToolCall) + c.id.size() + c.name.size() + c.arguments.size();
     }

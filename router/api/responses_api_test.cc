@@ -266,7 +266,7 @@ TEST(ResponsesParserTest, RefusesWhatIsWrongOrUnsupportedNamingTheField) {
       {item + R"({"role":"user","content":7}]})", "input[0].content"},
       {item + R"({"role":"user","content":"x","name":"n"}]})", "input[0].name"},
       {item + R"({"role":"user","content":[{"type":"input_image","image_url":"u"}]}]})",
-       "input[0].content[0].type", "unsupported_content"},
+       "input[0].content[0].image_url", "invalid_image_url"},
       {item + R"({"role":"user","content":[{"type":"input_file","file_id":"f"}]}]})",
        "input[0].content[0].type", "unsupported_content"},
       {item + R"({"role":"user","content":[{"type":"input_audio"}]}]})", "input[0].content[0].type",

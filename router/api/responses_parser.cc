@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "router/api/image_part.h"
 #include "router/api/request_json.h"
 
 namespace ferry {
@@ -85,21 +86,47 @@ ApiError CheckKeys(const Json& object, const std::set<std::string>& allowed,
   return ApiOk();
 }
 
-// A content part a model cannot see yet.
+// A content part a model cannot see.
 ApiError MediaRefused(const std::string& param, const std::string& type) {
   return ApiInvalid(param,
                     absl::StrCat("content parts of type '", type,
-                                 "' are not supported by this server yet (no image, file or audio "
-                                 "encoder): send text"),
+                                 "' are not supported by this server (no file or audio "
+                                 "encoder): send text or input_image"),
                     "unsupported_content");
 }
 
-// A message's content, or a function call's output, as text: a string, or text parts (joined).
-ApiError ContentText(const Json& content, const std::string& param, std::string* out) {
+// {"type": "input_image", "image_url": a data: or http(s) URL, "detail"?}; a file_id is refused.
+ApiError ParseInputImage(const Json& part, const std::string& p, const ApiLimits& limits,
+                         ApiImage* image) {
+  static const auto* keys = new std::set<std::string>{"type", "image_url", "file_id", "detail"};
+  RETURN_IF_API_ERROR(CheckKeys(part, *keys, p, "content part"));
+  if (JsonMember(part, "file_id") != nullptr) {
+    return ApiInvalid(p + ".file_id",
+                      "'file_id' images are not supported by this server (it has no Files API): "
+                      "send 'image_url', a base64 data: URL",
+                      "unsupported_content");
+  }
+  if (const Json* detail = JsonMember(part, "detail"); detail != nullptr) {
+    if (!detail->is_string() || (*detail != "auto" && *detail != "low" && *detail != "high")) {
+      return ApiInvalid(p + ".detail", "'detail' must be 'auto', 'low' or 'high'");
+    }
+  }
+  std::string url;
+  RETURN_IF_API_ERROR(RequiredString(part, "image_url", p + ".image_url", &url));
+  return ImageFromUrl(url, p + ".image_url", limits, image);
+}
+
+// A message's content, or a function call's output: a string, or parts (adjacent text joined);
+// input_image parts where `limits` is given (user messages).
+ApiError ContentParts(const Json& content, const std::string& param, const ApiLimits* limits,
+                      std::vector<ApiContentPart>* parts) {
   if (content.is_string()) {
-    *out = content.get<std::string>();
+    parts->push_back({content.get<std::string>(), std::nullopt});
     return ApiOk();
   }
+  std::string text;
+  std::string* out = &text;
+  bool has_text = false;
   if (!content.is_array()) return ApiInvalid(param, "content must be a string or a list of parts");
   for (size_t k = 0; k < content.size(); ++k) {
     const Json& part = content[k];
@@ -114,19 +141,34 @@ ApiError ContentText(const Json& content, const std::string& param, std::string*
       std::string text;
       RETURN_IF_API_ERROR(RequiredString(part, "text", p + ".text", &text));
       *out += text;
+      has_text = true;
     } else if (type == "refusal") {
       static const auto* keys = new std::set<std::string>{"type", "refusal"};
       RETURN_IF_API_ERROR(CheckKeys(part, *keys, p, "content part"));
       std::string text;
       RETURN_IF_API_ERROR(RequiredString(part, "refusal", p + ".refusal", &text));
       *out += text;
-    } else if (type == "input_image" || type == "input_file" || type == "input_audio") {
+      has_text = true;
+    } else if (type == "input_image") {
+      if (limits == nullptr) {
+        return ApiInvalid(p + ".type", "images are accepted in user messages only",
+                          "unsupported_content");
+      }
+      ApiImage image;
+      RETURN_IF_API_ERROR(ParseInputImage(part, p, *limits, &image));
+      if (has_text) parts->push_back({std::move(*out), std::nullopt});
+      out->clear();
+      has_text = false;
+      parts->push_back({"", std::move(image)});
+    } else if (type == "input_file" || type == "input_audio") {
       return MediaRefused(p + ".type", type);
     } else {
       return ApiInvalid(p + ".type", absl::StrCat("unknown content part type '", type,
-                                                  "' (input_text, output_text, refusal)"));
+                                                  "' (input_text, input_image, output_text, "
+                                                  "refusal)"));
     }
   }
+  if (has_text || parts->empty()) parts->push_back({std::move(text), std::nullopt});
   return ApiOk();
 }
 
@@ -150,7 +192,7 @@ ApiError CheckPlainCall(const Json& item, const std::string& param) {
 // Converts input items into messages (the rules are in the header).
 class InputItems {
  public:
-  explicit InputItems(std::vector<ApiMessage>* out) : out_(out) {}
+  InputItems(const ApiLimits& limits, std::vector<ApiMessage>* out) : out_(out), limits_(limits) {}
 
   ApiError Add(const Json& item, const std::string& param) {
     if (!item.is_object()) return ApiInvalid(param, "each input item must be an object");
@@ -202,9 +244,9 @@ class InputItems {
     }
     const Json* content = JsonMember(item, "content");
     if (content == nullptr) return ApiInvalid(param + ".content", "'content' is required");
-    std::string text;
-    RETURN_IF_API_ERROR(ContentText(*content, param + ".content", &text));
-    message.content.push_back({std::move(text)});
+    RETURN_IF_API_ERROR(ContentParts(*content, param + ".content",
+                                     message.role == ApiRole::kUser ? &limits_ : nullptr,
+                                     &message.content));
     if (message.role == ApiRole::kAssistant) {
       message.reasoning = std::move(pending_reasoning_);
       pending_reasoning_.clear();
@@ -256,9 +298,7 @@ class InputItems {
     }
     const Json* output = JsonMember(item, "output");
     if (output == nullptr) return ApiInvalid(param + ".output", "'output' is required");
-    std::string text;
-    RETURN_IF_API_ERROR(ContentText(*output, param + ".output", &text));
-    message.content.push_back({std::move(text)});
+    RETURN_IF_API_ERROR(ContentParts(*output, param + ".output", nullptr, &message.content));
     FlushReasoning();
     out_->push_back(std::move(message));
     return ApiOk();
@@ -327,6 +367,7 @@ class InputItems {
   }
 
   std::vector<ApiMessage>* out_;
+  const ApiLimits& limits_;
   std::string pending_reasoning_;
 };
 
@@ -346,7 +387,7 @@ ApiError ParseInput(const Json* input, const ApiLimits& limits, std::vector<ApiM
     return ApiInvalid("input", absl::StrCat("'input' has ", input->size(), " items; at most ",
                                             limits.max_messages));
   }
-  InputItems items(out);
+  InputItems items(limits, out);
   for (size_t i = 0; i < input->size(); ++i) {
     RETURN_IF_API_ERROR(items.Add((*input)[i], absl::StrCat("input[", i, "]")));
   }
@@ -556,6 +597,7 @@ ApiError ParseResponses(absl::string_view body, const ApiLimits& limits, ApiRequ
   RETURN_IF_API_ERROR(f.Model(limits, &r->model));
 
   RETURN_IF_API_ERROR(ParseInput(f.Get("input"), limits, &r->messages));
+  RETURN_IF_API_ERROR(CheckImages(*r, limits));
   RETURN_IF_API_ERROR(f.String("instructions", &r->instructions));
   RETURN_IF_API_ERROR(f.String("previous_response_id", &r->previous_response_id));
   if (f.Get("previous_response_id") != nullptr &&

@@ -202,7 +202,11 @@ TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
        R"({"model":"smol","messages":[{"role":"user","content":7}]})", 400, "messages[0].content"},
       {"image part", "POST", "/v1/chat/completions",
        R"({"model":"smol","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]})",
-       400, "messages[0].content"},
+       400, "messages[0].content[0].image_url"},
+      // A valid PNG (2x2) to SmolLM2, a text-only model.
+      {"image to a text-only model", "POST", "/v1/chat/completions",
+       R"({"model":"smol","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAEElEQVR4nGNocFAAIgYIBQAaDgOBnA45xwAAAABJRU5ErkJggg=="}},{"type":"text","text":"What is it?"}]}]})",
+       400, "messages"},
       {"temperature too high", "POST", "/v1/chat/completions", Chat(R"(,"temperature":2.5)"), 400,
        "temperature"},
       {"temperature a string", "POST", "/v1/chat/completions", Chat(R"(,"temperature":"warm")"),

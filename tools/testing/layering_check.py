@@ -29,8 +29,10 @@ RULES = [
      r"^//(services|kvstore|router|proto|tests)[/:]|^//tools/(sim|load|bench|calibrate|worker_cli)[/:]",
      True, "the engine library sits beneath the service layer and knows no RPC"),
     ("router-reads-only-text-and-formats", r"^router(/|$)",
-     r"^//engine/(?!(common|tokenizer|template|gguf)[/:])|^//services/(worker|transfer)[/:]",
-     True, "the front door links engine/common, tokenizer, template and gguf, never the model, "
+     r"^//engine/(?!(common|tokenizer|template|gguf)[/:]"
+     r"|model/vision:(vision_config|image_placeholders)$)|^//services/(worker|transfer)[/:]",
+     True, "the front door links engine/common, tokenizer, template and gguf (and the vision "
+     "model's config parse and placeholder expansion, pure functions), never the model, "
      "KV, scheduler, sampling or backends"),
     ("services-common-is-plumbing", r"^services/common(/|$)",
      r"^//(services/(?!common[/:])|kvstore|router)|^//engine/(?!common[/:])",

@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Images through ferry-router's three APIs, with the official openai and anthropic SDKs, on a real
+stack on loopback: a router on the tiny VLM (make_tiny_vlm: LLaVA-style, its tokenizer and chat
+template, no weights loaded by the router) and one aggregated ferry-worker that decodes and
+encodes the images in process, at --weights=f32 --kv_dtype=f32.
+
+  router_vlm_test.py FERRY_ROUTER FERRY_WORKER MODEL REFERENCE_JSON
+
+REFERENCE_JSON is router_vlm_reference.py's: per case (one image; two images), the prompt
+transformers' LlavaProcessor builds from the chat template, its input_ids, and the greedy tokens
+of LlavaForConditionalGeneration.
+
+Checks: for each case, OpenAI chat (image_url data: URLs), Anthropic Messages (base64 image
+blocks) and Responses (input_image) give the same greedy text; the prompt the worker ran (OpenAI's
+prompt_token_ids) is the processor's input_ids, usage counts them all (prompt_tokens,
+input_tokens, count_tokens), and the tokens are transformers' greedy tokens. The same image
+again reuses the cached blocks that cover it; another image with the same text reuses none (the
+block hashes cover the image's bytes; the worker checks the router's hashes). Bad inputs in each
+API, each a 4xx in that API's shape: not an image, a truncated header, a decompression bomb, too
+many images, an image over --max_image_bytes, a body over --max_body_bytes (a 50 MB data URL),
+a remote URL (disabled), an image to a text-only model; the stack answers the good request the
+same way afterwards. Migration: behind a second router with two (paced) workers, the worker
+streaming a request with an image is SIGKILLed mid-stream; the router moves the request, images
+included, to the other worker, and the stream ends with transformers' greedy tokens. Every process
+started is killed at the end (PR_SET_PDEATHSIG).
+"""
+import base64
+import json
+import os
+import shutil
+import sys
+import unittest
+
+import anthropic
+import openai
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ferry_services import TMP, get, start, stop_all, wait_workers_up  # noqa: E402
+
+ROUTER, WORKER, MODEL, REFERENCE = sys.argv[1:5]
+with open(REFERENCE) as f:
+    CASES = json.load(f)["cases"]
+IMAGES = os.path.dirname(REFERENCE)
+MAX_TOKENS = len(CASES[0]["tokens"])
+GREEDY = {"temperature": 0}
+MEDIA = {"png": "image/png", "jpg": "image/jpeg"}
+
+
+def b64(name):
+    with open(os.path.join(IMAGES, name), "rb") as f:
+        return base64.b64encode(f.read()).decode()
+
+
+def media(name):
+    return MEDIA[name.rsplit(".", 1)[1]]
+
+
+def data_url(name):
+    return f"data:{media(name)};base64,{b64(name)}"
+
+
+def openai_content(case, url=data_url):
+    return [{"type": "image_url", "image_url": {"url": url(n), "detail": "auto"}}
+            for n in case["images"]] + [{"type": "text", "text": case["text"]}]
+
+
+def anthropic_content(case):
+    return [{"type": "image", "source": {"type": "base64", "media_type": media(n),
+                                         "data": b64(n)}} for n in case["images"]] + [
+        {"type": "text", "text": case["text"]}]
+
+
+def responses_content(case):
+    return [{"type": "input_image", "image_url": data_url(n), "detail": "auto"}
+            for n in case["images"]] + [{"type": "input_text", "text": case["text"]}]
+
+
+class Clients:
+    def __init__(self, ports):
+        base = f"http://127.0.0.1:{ports['http_port']}"
+        self.openai = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0,
+                                    timeout=120)
+        self.anthropic = anthropic.Anthropic(base_url=base, api_key="none", max_retries=0,
+                                             timeout=120)
+
+
+VLM = TEXT = None
+
+
+def setUpModule():
+    global VLM, TEXT
+    _, w = start(WORKER, [f"--model={MODEL}", "--weights=f32", "--kv_dtype=f32",
+                          "--block_tokens=16", "--threads=1", "--kv_pool_bytes=8MiB"], "worker")
+    workers = f"--workers=127.0.0.1:{w['grpc_port']}"
+    _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny", workers,
+                          "--max_images_per_request=3", "--max_image_bytes=64KiB"], "router_vlm")
+    wait_workers_up(r["admin_port"], 1, "router_vlm")
+    VLM = Clients(r)
+    # A text-only model: the same tokenizer and template without the model's config.json.
+    text_only = os.path.join(TMP, "text_only")
+    os.makedirs(text_only, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(MODEL, name), text_only)
+    _, t = start(ROUTER, [f"--model={text_only}", "--served_model_name=tiny", workers],
+                 "router_text")
+    wait_workers_up(t["admin_port"], 1, "router_text")
+    TEXT = Clients(t)
+
+
+def tearDownModule():
+    stop_all()
+
+
+def chat(case, clients=None, **kw):
+    return (clients or VLM).openai.chat.completions.create(
+        model="tiny", max_tokens=MAX_TOKENS, temperature=0,
+        messages=[{"role": "user", "content": openai_content(case, **kw)}],
+        extra_body={"return_token_ids": True})
+
+
+class ImagesTest(unittest.TestCase):
+    def test_1_three_apis_agree_with_transformers(self):
+        for i, case in enumerate(CASES):
+            with self.subTest(case=i):
+                c = chat(case)
+                n = len(case["ids"])
+                self.assertEqual(c.choices[0].model_extra["prompt_token_ids"], case["ids"])
+                self.assertEqual(c.usage.prompt_tokens, n)
+                tokens = c.choices[0].model_extra["token_ids"]
+                if c.choices[0].finish_reason == "length":
+                    self.assertEqual(tokens, case["tokens"])
+                else:  # the model ended its answer: transformers' tokens up to there
+                    self.assertEqual(tokens, case["tokens"][:len(tokens)])
+                text = c.choices[0].message.content
+                print(f"case {i}: {n} prompt tokens, {len(tokens)} greedy tokens as transformers' "
+                      f"(finish_reason {c.choices[0].finish_reason})", file=sys.stderr)
+
+                # Streamed: the same text.
+                stream = VLM.openai.chat.completions.create(
+                    model="tiny", max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                    messages=[{"role": "user", "content": openai_content(case)}])
+                self.assertEqual("".join(ch.choices[0].delta.content or "" for ch in stream
+                                         if ch.choices), text)
+
+                m = VLM.anthropic.messages.create(
+                    model="tiny", max_tokens=MAX_TOKENS, extra_body=GREEDY,
+                    messages=[{"role": "user", "content": anthropic_content(case)}])
+                self.assertEqual("".join(b.text for b in m.content if b.type == "text"), text)
+                u = m.usage
+                self.assertEqual(u.input_tokens + u.cache_read_input_tokens, n)
+                counted = VLM.anthropic.messages.count_tokens(
+                    model="tiny", messages=[{"role": "user", "content": anthropic_content(case)}])
+                self.assertEqual(counted.input_tokens, n)
+
+                r = VLM.openai.responses.create(
+                    model="tiny", max_output_tokens=MAX_TOKENS, temperature=0, store=False,
+                    input=[{"role": "user", "content": responses_content(case)}])
+                self.assertEqual(r.output_text, text)
+                self.assertEqual(r.usage.input_tokens, n)
+
+    def test_2_block_hashes_cover_the_image(self):
+        case = CASES[0]
+        chat(case)
+        again = chat(case)
+        n = len(case["ids"])
+        self.assertEqual(again.usage.prompt_tokens_details.cached_tokens, (n - 1) // 16 * 16)
+        # The same text with another image (never sent first): the image is in block 0, so no
+        # block is reused.
+        other = chat(dict(case, images=["b.jpg"]))
+        self.assertEqual(other.usage.prompt_tokens, n)
+        self.assertEqual(other.usage.prompt_tokens_details.cached_tokens, 0)
+
+    def test_3_bad_inputs_are_4xx_in_each_apis_shape(self):
+        with open(os.path.join(IMAGES, "a.png"), "rb") as f:
+            png = f.read()
+        # 16000 x 16000 (256 Mpx, over the 50 Mpx cap) in its header, a few bytes of data.
+        bomb = base64.b64decode(
+            "iVBORw0KGgoAAAANSUhEUgAAPoAAAD6ACAIAAADOHEiJAAAADElEQVR4nGNgoD0AAABkAAGGZDw1AAAAAElF"
+            "TkSuQmCC")
+        bad = {
+            "not an image": (b"hello, this is text and not an image at all", "cannot be used"),
+            "truncated header": (png[:20], "cannot be used"),
+            "bomb": (bomb, "cannot be used"),
+            "over --max_image_bytes": (png[:64] + os.urandom(80 << 10), "per image"),
+        }
+        content = {"type": "text", "text": "What is it?"}
+
+        def oa(parts):
+            return VLM.openai.chat.completions.create(
+                model="tiny", max_tokens=2, messages=[{"role": "user", "content": parts}])
+
+        def an(parts, clients=VLM):
+            return clients.anthropic.messages.create(
+                model="tiny", max_tokens=2, messages=[{"role": "user", "content": parts}])
+
+        def rs(parts):
+            return VLM.openai.responses.create(model="tiny", max_output_tokens=2, store=False,
+                                               input=[{"role": "user", "content": parts}])
+
+        for what, (raw, message) in bad.items():
+            encoded = base64.b64encode(raw).decode()
+            url = "data:image/png;base64," + encoded
+            with self.subTest(api="openai", what=what):
+                with self.assertRaises(openai.BadRequestError) as e:
+                    oa([{"type": "image_url", "image_url": {"url": url}}, content])
+                self.assertEqual(e.exception.body["param"], "messages[0].content[0].image_url")
+                self.assertIn(message, e.exception.body["message"])
+            with self.subTest(api="anthropic", what=what):
+                with self.assertRaises(anthropic.BadRequestError) as e:
+                    an([{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                     "data": encoded}}, content])
+                self.assertEqual(e.exception.body["type"], "error")
+                self.assertEqual(e.exception.body["error"]["type"], "invalid_request_error")
+                self.assertIn("messages[0].content[0].source", e.exception.body["error"]["message"])
+                self.assertIn(message, e.exception.body["error"]["message"])
+            with self.subTest(api="responses", what=what):
+                with self.assertRaises(openai.BadRequestError) as e:
+                    rs([{"type": "input_image", "image_url": url, "detail": "auto"}])
+                self.assertEqual(e.exception.body["param"], "input[0].content[0].image_url")
+                self.assertIn(message, e.exception.body["message"])
+
+        # Cut after its header: the router's probe passes it, the worker's decoder refuses it (a
+        # 400 without a param).
+        cut = "data:image/png;base64," + base64.b64encode(png[:100]).decode()
+        with self.assertRaises(openai.BadRequestError) as e:
+            oa([{"type": "image_url", "image_url": {"url": cut}}, content])
+        self.assertIn("truncated", e.exception.body["message"])
+        with self.assertRaises(anthropic.BadRequestError) as e:
+            an([{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": base64.b64encode(png[:100]).decode()}},
+                content])
+        self.assertIn("truncated", e.exception.body["error"]["message"])
+
+        # Too many images (--max_images_per_request=3).
+        four = [{"type": "image_url", "image_url": {"url": data_url("a.png")}}] * 4
+        with self.assertRaises(openai.BadRequestError) as e:
+            oa(four + [content])
+        self.assertIn("4 images; at most 3", e.exception.body["message"])
+        with self.assertRaises(anthropic.BadRequestError) as e:
+            an(anthropic_content(dict(CASES[0], images=["a.png"] * 4)))
+        self.assertIn("at most 3", e.exception.body["error"]["message"])
+        with self.assertRaises(openai.BadRequestError) as e:
+            rs(responses_content(dict(CASES[0], images=["a.png"] * 4)))
+        self.assertIn("at most 3", e.exception.body["message"])
+
+        # Remote URLs: disabled on this server.
+        for url in ("https://example.com/cat.png", "http://169.254.169.254/latest/meta-data"):
+            with self.assertRaises(openai.BadRequestError) as e:
+                oa([{"type": "image_url", "image_url": {"url": url}}, content])
+            self.assertIn("--image_url_hosts", e.exception.body["message"])
+            with self.assertRaises(anthropic.BadRequestError) as e:
+                an([{"type": "image", "source": {"type": "url", "url": url}}, content])
+            self.assertIn("disabled", e.exception.body["error"]["message"])
+            with self.assertRaises(openai.BadRequestError) as e:
+                rs([{"type": "input_image", "image_url": url}])
+            self.assertIn("disabled", e.exception.body["message"])
+
+        # A 50 MB data URL: over --max_body_bytes (8 MiB), refused before it is parsed.
+        huge = "data:image/png;base64," + "A" * (50 << 20)
+        with self.assertRaises(openai.APIStatusError) as e:
+            oa([{"type": "image_url", "image_url": {"url": huge}}, content])
+        self.assertEqual(e.exception.status_code, 413)
+        with self.assertRaises(anthropic.APIStatusError) as e:
+            an([{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": "A" * (50 << 20)}}, content])
+        self.assertEqual(e.exception.status_code, 413)
+
+        # An image to a text-only model.
+        with self.assertRaises(openai.BadRequestError) as e:
+            chat(CASES[0], clients=TEXT)
+        self.assertIn("reads text only", e.exception.body["message"])
+        with self.assertRaises(anthropic.BadRequestError) as e:
+            an(anthropic_content(CASES[0]), clients=TEXT)
+        self.assertIn("reads text only", e.exception.body["error"]["message"])
+        # ... which still answers text.
+        t = TEXT.openai.chat.completions.create(
+            model="tiny", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+        self.assertEqual(len(t.choices), 1)
+
+        # The stack still answers the good request, the same way.
+        c = chat(CASES[0])
+        self.assertEqual(c.choices[0].model_extra["prompt_token_ids"], CASES[0]["ids"])
+        tokens = c.choices[0].model_extra["token_ids"]
+        self.assertEqual(tokens, CASES[0]["tokens"][:len(tokens)])
+
+
+class MigrationTest(unittest.TestCase):
+    def test_a_killed_worker_s_request_moves_with_its_image(self):
+        flags = [f"--model={MODEL}", "--weights=f32", "--kv_dtype=f32", "--block_tokens=16",
+                 "--threads=1", "--kv_pool_bytes=8MiB", "--test_step_delay=20ms"]
+        workers = [start(WORKER, flags, f"paced{i}") for i in range(2)]
+        addresses = {f"127.0.0.1:{ports['grpc_port']}": p for p, ports in workers}
+        _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
+                              "--workers=" + ",".join(addresses)], "router_migration")
+        wait_workers_up(r["admin_port"], 2, "router_migration")
+        clients = Clients(r)
+        case = CASES[0]
+        ids, killed = [], []
+        stream = clients.openai.chat.completions.create(
+            model="tiny", max_tokens=MAX_TOKENS, temperature=0, stream=True,
+            messages=[{"role": "user", "content": openai_content(case)}],
+            extra_body={"return_token_ids": True, "ignore_eos": True})
+        for chunk in stream:
+            if not chunk.choices:
+                continue
+            ids.extend(chunk.choices[0].model_extra.get("token_ids") or [])
+            if not killed and len(ids) >= 2:
+                _, body = get(f"http://127.0.0.1:{r['admin_port']}/workers")
+                busy = [w["address"] for w in json.loads(body) if w.get("inflight", 0) > 0]
+                self.assertEqual(len(busy), 1, body)
+                addresses[busy[0]].kill()
+                killed.append(busy[0])
+        self.assertTrue(killed)
+        self.assertEqual(ids, case["tokens"])
+        _, page = get(f"http://127.0.0.1:{r['admin_port']}/metrics")
+        moved = sum(float(line.split()[-1]) for line in page.splitlines()
+                    if line.startswith("ferry_router_migrations_total{"))
+        self.assertEqual(moved, 1, page)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
