@@ -33,6 +33,7 @@
 #include "router/auth/rate_limiter.h"
 #include "router/billing.h"
 #include "router/dispatch/dispatcher.h"
+#include "router/fetch/remote_image_fetcher.h"
 #include "router/http/http_status.h"
 #include "router/registry/worker_registry.h"
 #include "router/router_metrics.h"
@@ -44,6 +45,23 @@
 #include "services/common/shared_token.h"
 
 namespace ferry {
+
+namespace {
+
+// The router's ImageUrlFetcher (the seam router/api knows) over router/fetch's fetcher.
+class RemoteImageUrlFetcher : public ImageUrlFetcher {
+ public:
+  explicit RemoteImageUrlFetcher(std::unique_ptr<RemoteImageFetcher> fetcher)
+      : fetcher_(std::move(fetcher)) {}
+  absl::StatusOr<std::string> Fetch(const std::string& url, absl::Time deadline) override {
+    return fetcher_->Fetch(url, deadline);
+  }
+
+ private:
+  const std::unique_ptr<RemoteImageFetcher> fetcher_;
+};
+
+}  // namespace
 namespace {
 
 bool IsDirectory(const std::string& path) {
@@ -324,11 +342,27 @@ class Router::Impl {
     context_.limits.image.max_pixels = options_.max_image_pixels;
     // Remote image URLs: refused by the parsers unless a fetcher is set; fetched off the I/O
     // threads.
-    if (options_.image_url_fetcher != nullptr) {
+    image_url_fetcher_ = options_.image_url_fetcher;
+    if (image_url_fetcher_ == nullptr && !options_.image_url_hosts.empty()) {
+      RemoteImageFetcherOptions fetch;
+      fetch.allowed_hosts = options_.image_url_hosts;
+      fetch.max_image_bytes = static_cast<int64_t>(options_.max_image_bytes);
+      fetch.timeout = options_.image_fetch_timeout;
+      fetch.ca_file = options_.image_url_ca_file;
+      fetch.dns_servers = options_.dns_servers;
+      absl::StatusOr<std::unique_ptr<RemoteImageFetcher>> fetcher =
+          RemoteImageFetcher::Create(std::move(fetch));
+      if (!fetcher.ok()) {
+        return absl::Status(fetcher.status().code(),
+                            absl::StrCat("--image_url_hosts: ", fetcher.status().message()));
+      }
+      image_url_fetcher_ = std::make_shared<RemoteImageUrlFetcher>(*std::move(fetcher));
+    }
+    if (image_url_fetcher_ != nullptr) {
       image_fetches_ = std::make_unique<ImageFetchExecutor>(options_.image_fetch_threads,
                                                             options_.max_queued_image_fetches);
       context_.limits.remote_images = true;
-      context_.image_fetcher = options_.image_url_fetcher.get();
+      context_.image_fetcher = image_url_fetcher_.get();
       context_.image_fetches = image_fetches_.get();
       context_.image_fetch_timeout = options_.image_fetch_timeout;
     }
@@ -779,6 +813,8 @@ class Router::Impl {
   }
 
   const RouterOptions options_;
+  // Remote image URLs' fetcher (options_.image_url_fetcher, or one made from image_url_hosts).
+  std::shared_ptr<ImageUrlFetcher> image_url_fetcher_;
   std::shared_ptr<prometheus::Registry> registry_metrics_;  // first: the pollers count into it
   std::unique_ptr<SharedTokenSource> token_source_;         // the workers' and store's token
   std::unique_ptr<PolledFile> keys_file_;                   // null without --api_keys_file

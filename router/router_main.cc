@@ -131,6 +131,12 @@ ABSL_FLAG(int, image_fetch_threads, 4,
           "threads that fetch remote image URLs (with an image URL fetcher: --image_url_hosts)");
 ABSL_FLAG(int64_t, max_queued_image_fetches, 64,
           "requests waiting for an image fetch thread at most (503 beyond)");
+ABSL_FLAG(std::vector<std::string>, image_url_hosts, {},
+          "remote image URLs: the hosts images may be fetched from (\"images.example.com\", "
+          "\"*.cdn.example.com\"; public addresses only, no redirects, HTTPS verified); "
+          "empty: remote image URLs are refused (send images inline as data: URLs)");
+ABSL_FLAG(std::string, image_url_ca_file, "/etc/ssl/certs/ca-certificates.crt",
+          "the CA bundle remote images' HTTPS servers are verified against");
 ABSL_FLAG(absl::Duration, image_fetch_timeout, absl::Seconds(10),
           "one remote image's fetch at most (and the request's deadline)");
 ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "a request's deadline");
@@ -238,6 +244,8 @@ RouterOptions OptionsFromFlags() {
     o.max_image_bytes = Bytes("max_image_bytes", absl::GetFlag(FLAGS_max_image_bytes));
   }
   FROM_FLAG(max_image_pixels, max_image_pixels);
+  FROM_FLAG(image_url_hosts, image_url_hosts);
+  FROM_FLAG(image_url_ca_file, image_url_ca_file);
   FROM_FLAG(image_fetch_threads, image_fetch_threads);
   FROM_FLAG(max_queued_image_fetches, max_queued_image_fetches);
   FROM_FLAG(image_fetch_timeout, image_fetch_timeout);

@@ -76,6 +76,8 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("image_fetch_threads", &i));
   o->image_fetch_threads = i;
   RETURN_IF_ERROR(c.Read("max_queued_image_fetches", &o->max_queued_image_fetches));
+  RETURN_IF_ERROR(c.Read("image_url_hosts", &o->image_url_hosts));
+  RETURN_IF_ERROR(c.Read("image_url_ca_file", &o->image_url_ca_file));
   RETURN_IF_ERROR(c.ReadDuration("image_fetch_timeout", &o->image_fetch_timeout));
   RETURN_IF_ERROR(c.ReadDuration("request_timeout", &o->request_timeout));
   RETURN_IF_ERROR(c.ReadDuration("heartbeat_timeout", &o->heartbeat_timeout));

@@ -86,8 +86,16 @@ struct RouterOptions {
   int64_t max_images_per_request = 16;
   uint64_t max_image_bytes = uint64_t{5} << 20;
   int64_t max_image_pixels = 50'000'000;
-  // Remote image URLs: fetched through this when set (the --image_url_hosts allowlist's fetcher);
-  // null: a remote URL is a 400. The fetches block, so they run on image_fetch_threads threads
+  // Remote image URLs, off by default: the hosts they may come from (router/fetch/
+  // host_allowlist.h: "images.example.com", "*.cdn.example.com"), fetched by the router's
+  // RemoteImageFetcher (router/fetch/remote_image_fetcher.h: public addresses only, no
+  // redirects, HTTPS verified against image_url_ca_file, at most max_image_bytes, dns_servers
+  // when given); empty: none. docs/serving/remote-images.md.
+  std::vector<std::string> image_url_hosts;
+  std::string image_url_ca_file = "/etc/ssl/certs/ca-certificates.crt";
+  // The fetcher remote image URLs go through: set by Router::Start from image_url_hosts, or given
+  // by a test (which then wins); null: a remote URL is a 400. The fetches block, so they run on
+  // image_fetch_threads threads
   // (router/image_fetch_executor.h), at most max_queued_image_fetches requests waiting (503
   // beyond), each fetch at most image_fetch_timeout (and the request's deadline).
   std::shared_ptr<ImageUrlFetcher> image_url_fetcher;

@@ -84,14 +84,16 @@ class Clients:
                                              timeout=120)
 
 
-VLM = TEXT = None
+VLM = TEXT = WORKERS = None
 
 
 def setUpModule():
     global VLM, TEXT
     _, w = start(WORKER, [f"--model={MODEL}", "--weights=f32", "--kv_dtype=f32",
                           "--block_tokens=16", "--threads=1", "--kv_pool_bytes=8MiB"], "worker")
-    workers = f"--workers=127.0.0.1:{w['grpc_port']}"
+    global WORKERS
+    WORKERS = f"127.0.0.1:{w['grpc_port']}"
+    workers = f"--workers={WORKERS}"
     _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny", workers,
                           "--max_images_per_request=3", "--max_image_bytes=64KiB"], "router_vlm")
     wait_workers_up(r["admin_port"], 1, "router_vlm")
@@ -282,6 +284,71 @@ class ImagesTest(unittest.TestCase):
         self.assertEqual(c.choices[0].model_extra["prompt_token_ids"], CASES[0]["ids"])
         tokens = c.choices[0].model_extra["token_ids"]
         self.assertEqual(tokens, CASES[0]["tokens"][:len(tokens)])
+
+
+class RemoteImagesTest(unittest.TestCase):
+    """A router with --image_url_hosts: its fetcher (router/fetch) refuses every address that is
+    not public before connecting, and hosts off the allowlist; an image server on 127.0.0.1 is
+    never reached."""
+
+    def test_the_fetcher_refuses_non_public_addresses_and_other_hosts(self):
+        import http.server
+        import threading
+        hits = []
+
+        class Images(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                body = open(os.path.join(IMAGES, "a.png"), "rb").read()
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Images)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            port = server.server_address[1]
+            _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
+                                  f"--workers={WORKERS}",
+                                  "--image_url_hosts=127.0.0.1,localhost,169.254.169.254,"
+                                  "*.example.com", "--image_fetch_timeout=5s"], "router_remote")
+            wait_workers_up(r["admin_port"], 1, "router_remote")
+            remote = Clients(r)
+            content = {"type": "text", "text": "What is it?"}
+            cases = {
+                f"http://127.0.0.1:{port}/a.png": "loopback",
+                f"http://localhost:{port}/a.png": "loopback",
+                "http://169.254.169.254/latest/meta-data": "link-local",
+                "https://example.org/cat.png": "allowed image hosts",
+            }
+            for url, words in cases.items():
+                with self.subTest(url=url):
+                    with self.assertRaises(openai.APIStatusError) as e:
+                        remote.openai.chat.completions.create(
+                            model="tiny", max_tokens=4, temperature=0,
+                            messages=[{"role": "user", "content": [
+                                {"type": "image_url", "image_url": {"url": url}}, content]}])
+                    self.assertEqual(e.exception.status_code, 403, e.exception.body)
+                    self.assertIn(words, e.exception.body["message"])
+                    with self.assertRaises(anthropic.APIStatusError) as e:
+                        remote.anthropic.messages.create(
+                            model="tiny", max_tokens=4,
+                            messages=[{"role": "user", "content": [
+                                {"type": "image", "source": {"type": "url", "url": url}},
+                                content]}])
+                    self.assertEqual(e.exception.status_code, 403)
+            self.assertEqual(hits, [])
+            # Inline images still work on this router.
+            c = chat(CASES[0], clients=remote)
+            self.assertEqual(c.choices[0].model_extra["prompt_token_ids"], CASES[0]["ids"])
+        finally:
+            server.shutdown()
+            server.server_close()
 
 
 class MigrationTest(unittest.TestCase):
