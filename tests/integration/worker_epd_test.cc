@@ -1,0 +1,307 @@
+// The worker half of E/P/D: ferry-encoder and ferry-worker as processes on the tiny LLaVA model
+// (make_tiny_vlm, transformers). Images encoded by the encoder (Encode -> a handle) and named in a
+// request by handle (PromptImage.embeddings_handle + encoder_endpoint) are fetched by the worker
+// (FetchEmbeddings) and stream the same tokens, bit for bit, as the same request with the image
+// bytes inline and as the engine in this process: aggregated, with 1 and 2 images, and split
+// (a prefill worker and a decode worker, each fetching). Failures are prompt and named: a released
+// handle and a SIGKILLed encoder UNAVAILABLE (the router encodes again), an encoder of another
+// vision tower (make_tiny_vlm --seed 1) FAILED_PRECONDITION, image bytes and a handle together
+// INVALID_ARGUMENT; the worker serves on after each. The fetch metrics count each outcome.
+//
+//   worker_epd_test FERRY_WORKER MAKE_TINY_MODEL   with FERRY_TINY_VLM_DIR (llama/, llama_seed1/)
+//   and FERRY_ENCODER (worker_epd_test.sh sets both)
+
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "ferry/v1/encoder.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "kvstore/wire.h"
+#include "nlohmann/json.hpp"
+#include "tests/integration/worker_test_util.h"
+
+namespace ferry {
+namespace {
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string TestImage(const std::string& name) {
+  return ReadBytes(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/ferry/media/image/testdata/fuzz_corpus/", name));
+}
+
+std::string VlmDir(const std::string& variant) {
+  const char* dir = std::getenv("FERRY_TINY_VLM_DIR");
+  EXPECT_NE(dir, nullptr) << "FERRY_TINY_VLM_DIR is not set (run through worker_epd_test.sh)";
+  return absl::StrCat(dir == nullptr ? "" : dir, "/", variant);
+}
+
+std::string EncoderBinary() {
+  const char* bin = std::getenv("FERRY_ENCODER");
+  EXPECT_NE(bin, nullptr) << "FERRY_ENCODER is not set (run through worker_epd_test.sh)";
+  return bin == nullptr ? "" : bin;
+}
+
+struct Vlm {
+  std::string dir;
+  TokenId image_token = 0;
+  uint32_t image_tokens = 0;
+  int64_t hidden = 0;
+};
+
+Vlm LoadVlm(const std::string& variant) {
+  Vlm v;
+  v.dir = VlmDir(variant);
+  const nlohmann::json config = nlohmann::json::parse(ReadBytes(v.dir + "/config.json"));
+  v.image_token = config.at("image_token_index").get<TokenId>();
+  v.image_tokens = config.at("image_seq_length").get<uint32_t>();
+  v.hidden = config.at("text_config").at("hidden_size").get<int64_t>();
+  return v;
+}
+
+std::unique_ptr<ServiceProcess> StartEncoder(const std::string& dir) {
+  return std::make_unique<ServiceProcess>(EncoderBinary(),
+                                          std::vector<std::string>{"--model", dir});
+}
+
+// Encode on the encoder at `address`: the handle (empty, with a failure, when refused).
+std::string EncodeOn(const std::string& address, const std::string& bytes) {
+  auto stub =
+      v1::Encoder::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  v1::EncodeRequest request;
+  request.set_image_data(bytes);
+  v1::EncodeResponse response;
+  const grpc::Status s = stub->Encode(&context, request, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response.embeddings().handle();
+}
+
+void ReleaseOn(const std::string& address, const std::string& handle) {
+  auto stub =
+      v1::Encoder::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::ReleaseRequest request;
+  request.set_handle(handle);
+  v1::ReleaseResponse response;
+  EXPECT_TRUE(stub->Release(&context, request, &response).ok());
+}
+
+struct Image {
+  uint32_t start = 0;
+  std::string bytes;
+};
+
+// A prompt of `n` random tokens with the images' placeholders, the images' bytes inline.
+v1::GenerateRequest InlineRequest(const std::string& id, const Vlm& vlm, int n, uint32_t seed,
+                                  const std::vector<Image>& images, const Sampling& sampling) {
+  v1::GenerateRequest r = MakeRequest(id, RandomPrompt(n, seed, vlm.image_token), sampling);
+  for (const Image& image : images) {
+    for (uint32_t i = 0; i < vlm.image_tokens; ++i) {
+      r.mutable_request()->set_prompt_token_ids(static_cast<int>(image.start + i), vlm.image_token);
+    }
+    v1::PromptImage* p = r.mutable_request()->add_images();
+    kv::HashToProto(Xxh3Hash128(image.bytes), p->mutable_content_hash());
+    p->set_placeholder_start(image.start);
+    p->set_placeholder_length(vlm.image_tokens);
+    p->set_image_data(image.bytes);
+  }
+  return r;
+}
+
+// The same request with each image named by its handle on `encoder` instead of its bytes (the
+// content hash stays: it is the image's identity in the block hashes).
+v1::GenerateRequest ByHandle(v1::GenerateRequest r, const std::string& id,
+                             const std::vector<std::string>& handles, const std::string& encoder) {
+  r.mutable_request()->mutable_context()->set_request_id(id);
+  for (int i = 0; i < r.request().images_size(); ++i) {
+    v1::PromptImage* p = r.mutable_request()->mutable_images(i);
+    p->clear_image_data();
+    p->set_embeddings_handle(handles[static_cast<size_t>(i)]);
+    p->set_encoder_endpoint(encoder);
+  }
+  return r;
+}
+
+std::string Fetches(const std::string& outcome) {
+  return absl::StrCat("ferry_worker_image_fetches_total{outcome=\"", outcome, "\"}");
+}
+
+Sampling Greedy() {
+  Sampling greedy;
+  greedy.ignore_eos = true;
+  greedy.max_tokens = 16;
+  return greedy;
+}
+
+TEST(WorkerEpdTest, EmbeddingsByHandleStreamAsImageBytesInline) {
+  const Vlm vlm = LoadVlm("llama");
+  auto encoder = StartEncoder(vlm.dir);
+  auto worker = StartWorker(vlm.dir);
+  ASSERT_TRUE(encoder->ready()) << encoder->LogTail();
+  ASSERT_TRUE(worker->ready()) << worker->LogTail();
+  const uint32_t p = vlm.image_tokens;
+  const std::string png = TestImage("rgb.png"), jpeg = TestImage("orient6.jpg");
+  const std::vector<v1::GenerateRequest> inline_requests = {
+      InlineRequest("one", vlm, 10 + static_cast<int>(p) + 13, 1, {{10, png}}, Greedy()),
+      InlineRequest("two", vlm, 7 + 2 * static_cast<int>(p) + 20, 2, {{7, jpeg}, {7 + p + 9, png}},
+                    Greedy()),
+  };
+  const std::vector<std::vector<std::string>> handles = {
+      {EncodeOn(encoder->address(), png)},
+      {EncodeOn(encoder->address(), jpeg), EncodeOn(encoder->address(), png)},
+  };
+  WorkerClient client(worker->address());
+  for (size_t i = 0; i < inline_requests.size(); ++i) {
+    InProcessEngine ref(vlm.dir);
+    const ChoiceOutput want = ref.Run(inline_requests[i])[0];
+    ASSERT_EQ(want.tokens.size(), 16u);
+    GenerateResult bytes = client.Generate(inline_requests[i], absl::Seconds(60));
+    ASSERT_TRUE(bytes.status.ok()) << bytes.status.error_message();
+    ExpectSameOutput(bytes.choices[0], want, absl::StrCat("inline bytes ", i));
+    // Another worker, cold: nothing of the image in its prefix cache.
+    auto cold = StartWorker(vlm.dir);
+    ASSERT_TRUE(cold->ready());
+    WorkerClient cold_client(cold->address());
+    const v1::GenerateRequest request =
+        ByHandle(inline_requests[i], absl::StrCat("handle-", i), handles[i], encoder->address());
+    GenerateResult got = cold_client.Generate(request, absl::Seconds(60));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message() << "\n" << cold->LogTail();
+    EXPECT_EQ(got.usage.cached_tokens(), 0u);
+    ExpectSameOutput(got.choices[0], want, absl::StrCat("by handle ", i));
+    const double images = static_cast<double>(handles[i].size());
+    EXPECT_EQ(MetricValue(cold->admin_port(), Fetches("fetched")), images);
+    EXPECT_EQ(MetricValue(cold->admin_port(), "ferry_worker_image_fetched_bytes_total"),
+              images * p * static_cast<double>(vlm.hidden) * 4);
+    EXPECT_EQ(MetricValue(cold->admin_port(), "ferry_worker_image_fetch_seconds_count"), images);
+    // The same worker again: the prefix cache holds the image's blocks (the content hash is
+    // the identity, whichever way the rows came).
+    GenerateResult hot = cold_client.Generate(
+        ByHandle(inline_requests[i], absl::StrCat("hot-", i), handles[i], encoder->address()),
+        absl::Seconds(60));
+    ASSERT_TRUE(hot.status.ok()) << hot.status.error_message();
+    EXPECT_GT(hot.usage.cached_tokens(), 0u);
+    ExpectSameOutput(hot.choices[0], want, absl::StrCat("by handle, hot ", i));
+  }
+
+  // Split: the decode worker reserves (fetching the rows it would recompute with), the prefill
+  // worker fetches and computes; the stream is the aggregated one.
+  auto role = [](const std::string& r) {
+    return std::vector<std::string>{"--role=" + r, "--transport=grpc"};
+  };
+  auto pw = StartWorker(vlm.dir, role("prefill"));
+  auto dw = StartWorker(vlm.dir, role("decode"));
+  ASSERT_TRUE(pw->ready() && dw->ready());
+  WorkerClient prefill(pw->address()), decode(dw->address());
+  InProcessEngine ref(vlm.dir);
+  const ChoiceOutput want = ref.Run(inline_requests[1])[0];
+  PdResult split = RunPd(decode, dw->address(), prefill,
+                         ByHandle(inline_requests[1], "split", handles[1], encoder->address()));
+  ASSERT_TRUE(split.stream.status.ok()) << split.stream.status.error_message();
+  ASSERT_TRUE(split.prefill.ok()) << split.prefill.error_message() << "\n" << pw->LogTail();
+  ExpectSameOutput(split.stream.choices[0], want, "split by handle");
+  EXPECT_EQ(MetricValue(pw->admin_port(), Fetches("fetched")), 2);
+}
+
+TEST(WorkerEpdTest, AGoneHandleOrEncoderIsUnavailableAndTheWorkerServesOn) {
+  const Vlm vlm = LoadVlm("llama");
+  auto encoder = StartEncoder(vlm.dir);
+  auto worker = StartWorker(vlm.dir);
+  ASSERT_TRUE(encoder->ready() && worker->ready());
+  const uint32_t p = vlm.image_tokens;
+  const std::string png = TestImage("rgb.png");
+  const v1::GenerateRequest inline_request =
+      InlineRequest("healthy", vlm, 4 + static_cast<int>(p) + 9, 3, {{4, png}}, Greedy());
+  InProcessEngine ref(vlm.dir);
+  const ChoiceOutput want = ref.Run(inline_request)[0];
+  WorkerClient client(worker->address());
+  const int admin = worker->admin_port();
+  auto expect_healthy = [&](const std::string& what) {
+    v1::GenerateRequest again = inline_request;
+    again.mutable_request()->mutable_context()->set_request_id("healthy-" + what);
+    GenerateResult ok = client.Generate(again, absl::Seconds(60));
+    ASSERT_TRUE(ok.status.ok()) << what << ": " << ok.status.error_message();
+    ExpectSameOutput(ok.choices[0], want, what);
+  };
+
+  // Released (as an expired handle): UNAVAILABLE, naming the handle.
+  const std::string released = EncodeOn(encoder->address(), png);
+  ReleaseOn(encoder->address(), released);
+  absl::Time start = absl::Now();
+  GenerateResult gone = client.Generate(
+      ByHandle(inline_request, "released", {released}, encoder->address()), absl::Seconds(60));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(gone.status.error_code(), grpc::StatusCode::UNAVAILABLE) << gone.status.error_message();
+  EXPECT_NE(gone.status.error_message().find("no longer holds the handle"), std::string::npos)
+      << gone.status.error_message();
+  EXPECT_NE(gone.status.error_message().find(released.substr(0, 16)), std::string::npos);
+  EXPECT_EQ(MetricValue(admin, Fetches("unavailable")), 1);
+  expect_healthy("after a released handle");
+
+  // Image bytes and a handle for one image: INVALID_ARGUMENT, nothing fetched.
+  v1::GenerateRequest both = inline_request;
+  both.mutable_request()->mutable_context()->set_request_id("both");
+  both.mutable_request()->mutable_images(0)->set_embeddings_handle(released);
+  both.mutable_request()->mutable_images(0)->set_encoder_endpoint(encoder->address());
+  EXPECT_EQ(client.Generate(both, absl::Seconds(60)).status.error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  // The encoder SIGKILLed after Encode, before the worker fetches: UNAVAILABLE, promptly.
+  const std::string live = EncodeOn(encoder->address(), png);
+  encoder->Signal(SIGKILL);
+  EXPECT_EQ(encoder->WaitForExit(absl::Seconds(30)), 128 + SIGKILL);
+  start = absl::Now();
+  GenerateResult killed = client.Generate(
+      ByHandle(inline_request, "killed", {live}, encoder->address()), absl::Seconds(60));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(killed.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << killed.status.error_message();
+  EXPECT_EQ(MetricValue(admin, Fetches("unavailable")), 2);
+  EXPECT_EQ(MetricValue(admin, Fetches("fetched")), 0);
+  expect_healthy("after a killed encoder");
+}
+
+TEST(WorkerEpdTest, AnEncoderOfAnotherVisionTowerIsRefused) {
+  const Vlm vlm = LoadVlm("llama"), other = LoadVlm("llama_seed1");
+  ASSERT_EQ(other.hidden, vlm.hidden);
+  ASSERT_EQ(other.image_tokens, vlm.image_tokens);
+  auto encoder = StartEncoder(other.dir);
+  auto worker = StartWorker(vlm.dir);
+  ASSERT_TRUE(encoder->ready() && worker->ready());
+  const std::string png = TestImage("rgb.png");
+  const v1::GenerateRequest inline_request = InlineRequest(
+      "mine", vlm, 4 + static_cast<int>(vlm.image_tokens) + 9, 3, {{4, png}}, Greedy());
+  WorkerClient client(worker->address());
+  GenerateResult refused = client.Generate(
+      ByHandle(inline_request, "theirs", {EncodeOn(encoder->address(), png)}, encoder->address()),
+      absl::Seconds(60));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << refused.status.error_message();
+  EXPECT_NE(refused.status.error_message().find("vision tower"), std::string::npos)
+      << refused.status.error_message();
+  EXPECT_EQ(MetricValue(worker->admin_port(), Fetches("refused")), 1);
+  GenerateResult ok = client.Generate(inline_request, absl::Seconds(60));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ferry::InitWorkerTests(argc, argv);
+  return RUN_ALL_TESTS();
+}
