@@ -11,6 +11,11 @@
 //   worker_epd_test FERRY_WORKER MAKE_TINY_MODEL   with FERRY_TINY_VLM_DIR (llama/, llama_seed1/)
 //   and FERRY_ENCODER (worker_epd_test.sh sets both)
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -272,6 +277,70 @@ TEST(WorkerEpdTest, AGoneHandleOrEncoderIsUnavailableAndTheWorkerServesOn) {
   EXPECT_EQ(MetricValue(admin, Fetches("unavailable")), 2);
   EXPECT_EQ(MetricValue(admin, Fetches("fetched")), 0);
   expect_healthy("after a killed encoder");
+}
+
+// A TCP port that accepts connections (the kernel's backlog) and never answers: a gRPC call to
+// it waits for the handshake.
+class SilentPort {
+ public:
+  SilentPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), len), 0);
+    EXPECT_EQ(listen(fd_, 16), 0);
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~SilentPort() { close(fd_); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+TEST(WorkerEpdTest, ACallerWhoLeavesStopsTheFetchAndFreesTheExecutor) {
+  const Vlm vlm = LoadVlm("llama");
+  auto worker = StartWorker(vlm.dir);
+  ASSERT_TRUE(worker->ready());
+  SilentPort silent;
+  const std::string png = TestImage("rgb.png");
+  const v1::GenerateRequest inline_request = InlineRequest(
+      "after", vlm, 4 + static_cast<int>(vlm.image_tokens) + 9, 3, {{4, png}}, Greedy());
+  WorkerClient client(worker->address());
+  // The caller cancels the call while the fetch waits on the silent encoder (whose own cap is
+  // 30 s): the fetch stops at once.
+  auto stub = v1::Worker::NewStub(
+      grpc::CreateChannel(worker->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  auto stream =
+      stub->Generate(&context, ByHandle(inline_request, "left", {"some-handle"}, silent.address()));
+  EXPECT_EQ(WaitForMetric(worker->admin_port(), "ferry_worker_image_requests_encoding", 1), 1);
+  const absl::Time start = absl::Now();
+  context.TryCancel();
+  v1::GenerateEvent event;
+  while (stream->Read(&event)) {
+  }
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(WaitForMetric(worker->admin_port(), Fetches("cancelled"), 1), 1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The request's own deadline (RequestContext.deadline_unix_ms) bounds the fetch too (another
+  // silent encoder: the first one's channel may have given up connecting by now).
+  SilentPort silent2;
+  v1::GenerateRequest bounded = ByHandle(inline_request, "bounded", {"h"}, silent2.address());
+  bounded.mutable_request()->mutable_context()->set_deadline_unix_ms(
+      absl::ToUnixMillis(absl::Now() + absl::Milliseconds(500)));
+  GenerateResult late = client.Generate(bounded, absl::Seconds(60));
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << late.status.error_message();
+  EXPECT_EQ(MetricValue(worker->admin_port(), Fetches("deadline")), 1);
+  // The image executor is free again.
+  GenerateResult ok = client.Generate(inline_request, absl::Seconds(60));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
 }
 
 TEST(WorkerEpdTest, AnEncoderOfAnotherVisionTowerIsRefused) {
