@@ -4,9 +4,12 @@
 // (FetchEmbeddings) and stream the same tokens, bit for bit, as the same request with the image
 // bytes inline and as the engine in this process: aggregated, with 1 and 2 images, and split
 // (a prefill worker and a decode worker, each fetching). Failures are prompt and named: a released
-// handle and a SIGKILLed encoder UNAVAILABLE (the router encodes again), an encoder of another
-// vision tower (make_tiny_vlm --seed 1) FAILED_PRECONDITION, image bytes and a handle together
-// INVALID_ARGUMENT; the worker serves on after each. The fetch metrics count each outcome.
+// handle, a SIGKILLed encoder, a stream cut or short or out of order, an encoder slower than
+// --image_fetch_timeout: UNAVAILABLE (the router encodes again); an encoder of another vision
+// tower (make_tiny_vlm --seed 1) or a non-finite value FAILED_PRECONDITION; a token count not the
+// placeholders' and image bytes with a handle INVALID_ARGUMENT; the worker serves on after each.
+// A caller who leaves mid-fetch stops it at once; the request's deadline bounds it. The fetch
+// metrics count each outcome. Waits on metrics and events, never sleeps.
 //
 //   worker_epd_test FERRY_WORKER MAKE_TINY_MODEL   with FERRY_TINY_VLM_DIR (llama/, llama_seed1/)
 //   and FERRY_ENCODER (worker_epd_test.sh sets both)
@@ -16,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -339,6 +343,110 @@ TEST(WorkerEpdTest, ACallerWhoLeavesStopsTheFetchAndFreesTheExecutor) {
       << late.status.error_message();
   EXPECT_EQ(MetricValue(worker->admin_port(), Fetches("deadline")), 1);
   // The image executor is free again.
+  GenerateResult ok = client.Generate(inline_request, absl::Seconds(60));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+
+  // --image_fetch_timeout caps a fetch whatever the request's deadline: UNAVAILABLE (the router
+  // encodes again elsewhere).
+  auto capped = StartWorker(vlm.dir, {"--image_fetch_timeout=300ms"});
+  ASSERT_TRUE(capped->ready());
+  SilentPort silent3;
+  WorkerClient capped_client(capped->address());
+  const absl::Time capped_start = absl::Now();
+  GenerateResult slow = capped_client.Generate(
+      ByHandle(inline_request, "capped", {"h"}, silent3.address()), absl::Seconds(60));
+  EXPECT_EQ(slow.status.error_code(), grpc::StatusCode::UNAVAILABLE) << slow.status.error_message();
+  EXPECT_LT(absl::Now() - capped_start, absl::Seconds(10));
+  EXPECT_EQ(MetricValue(capped->admin_port(), Fetches("unavailable")), 1);
+}
+
+// An Encoder that misbehaves in FetchEmbeddings as its handle says, after a first chunk that
+// announces `rows` x `cols` float32 of `digest`: "cut" sends half the bytes then fails
+// UNAVAILABLE, "short" half then OK, "gap" a second chunk at a wrong offset, "nan" a NaN, "tokens"
+// announces one row too many.
+class FaultyEncoder final : public v1::Encoder::Service {
+ public:
+  FaultyEncoder(const v1::Hash128& digest, uint32_t rows, uint32_t cols)
+      : digest_(digest), rows_(rows), cols_(cols) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~FaultyEncoder() override { server_->Shutdown(); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  grpc::Status FetchEmbeddings(grpc::ServerContext* /*context*/,
+                               const v1::FetchEmbeddingsRequest* request,
+                               grpc::ServerWriter<v1::EmbeddingsChunk>* writer) override {
+    const std::string& mode = request->handle();
+    const size_t bytes = size_t{rows_} * cols_ * 4;
+    v1::EmbeddingsChunk first;
+    v1::EmbeddingsInfo* info = first.mutable_info();
+    info->set_handle(mode);
+    info->set_num_tokens(mode == "tokens" ? rows_ + 1 : rows_);
+    info->set_hidden_size(cols_);
+    info->set_dtype(v1::D_TYPE_F32);
+    info->set_size_bytes(bytes);
+    *info->mutable_vision_digest() = digest_;
+    const float one = 1.0f, nan = std::nanf("");
+    std::string data;
+    for (size_t k = 0; k < bytes / 4; ++k) {
+      data.append(reinterpret_cast<const char*>(mode == "nan" && k == 5 ? &nan : &one), 4);
+    }
+    first.set_offset(0);
+    first.set_data(data.substr(0, bytes / 2));
+    writer->Write(first);
+    if (mode == "cut") return grpc::Status(grpc::StatusCode::UNAVAILABLE, "cut");
+    if (mode == "short") return grpc::Status::OK;
+    v1::EmbeddingsChunk rest;
+    rest.set_offset(mode == "gap" ? bytes / 2 + 4 : bytes / 2);
+    rest.set_data(data.substr(bytes / 2));
+    writer->Write(rest);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const v1::Hash128 digest_;
+  const uint32_t rows_, cols_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(WorkerEpdTest, AStreamCutOrMalformedIsRefusedAndTheWorkerServesOn) {
+  const Vlm vlm = LoadVlm("llama");
+  auto encoder = StartEncoder(vlm.dir);
+  auto worker = StartWorker(vlm.dir);
+  ASSERT_TRUE(encoder->ready() && worker->ready());
+  // The worker's tower's digest, as the real encoder of its model reports it.
+  v1::EncoderStatus status;
+  {
+    auto stub = v1::Encoder::NewStub(
+        grpc::CreateChannel(encoder->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    ASSERT_TRUE(stub->GetStatus(&context, v1::EncoderStatusRequest(), &status).ok());
+  }
+  FaultyEncoder faulty(status.vision_digest(), vlm.image_tokens, static_cast<uint32_t>(vlm.hidden));
+  const std::string png = TestImage("rgb.png");
+  const v1::GenerateRequest inline_request =
+      InlineRequest("ok", vlm, 4 + static_cast<int>(vlm.image_tokens) + 9, 3, {{4, png}}, Greedy());
+  WorkerClient client(worker->address());
+  const std::vector<std::pair<std::string, grpc::StatusCode>> cases = {
+      {"cut", grpc::StatusCode::UNAVAILABLE},
+      {"short", grpc::StatusCode::UNAVAILABLE},
+      {"gap", grpc::StatusCode::UNAVAILABLE},
+      {"nan", grpc::StatusCode::FAILED_PRECONDITION},
+      {"tokens", grpc::StatusCode::INVALID_ARGUMENT},
+  };
+  for (const auto& [mode, code] : cases) {
+    GenerateResult got = client.Generate(ByHandle(inline_request, mode, {mode}, faulty.address()),
+                                         absl::Seconds(60));
+    EXPECT_EQ(got.status.error_code(), code) << mode << ": " << got.status.error_message();
+    EXPECT_NE(got.status.error_message().find("image 0"), std::string::npos) << mode;
+  }
+  EXPECT_EQ(MetricValue(worker->admin_port(), Fetches("unavailable")), 3);
+  EXPECT_EQ(MetricValue(worker->admin_port(), Fetches("refused")), 2);
   GenerateResult ok = client.Generate(inline_request, absl::Seconds(60));
   EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
 }
