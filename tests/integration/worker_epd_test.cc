@@ -9,7 +9,7 @@
 // tower (make_tiny_vlm --seed 1) or a non-finite value FAILED_PRECONDITION; a token count not the
 // placeholders' and image bytes with a handle INVALID_ARGUMENT; the worker serves on after each.
 // A caller who leaves mid-fetch stops it at once; the request's deadline bounds it. The fetch
-// metrics count each outcome. Waits on metrics and events, never sleeps.
+// carries the worker's shared token. The fetch metrics count each outcome. Waits on metrics and events, never sleeps.
 //
 //   worker_epd_test FERRY_WORKER MAKE_TINY_MODEL   with FERRY_TINY_VLM_DIR (llama/, llama_seed1/)
 //   and FERRY_ENCODER (worker_epd_test.sh sets both)
@@ -85,11 +85,13 @@ std::unique_ptr<ServiceProcess> StartEncoder(const std::string& dir) {
 }
 
 // Encode on the encoder at `address`: the handle (empty, with a failure, when refused).
-std::string EncodeOn(const std::string& address, const std::string& bytes) {
+std::string EncodeOn(const std::string& address, const std::string& bytes,
+                     const std::string& token = "") {
   auto stub =
       v1::Encoder::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   v1::EncodeRequest request;
   request.set_image_data(bytes);
   v1::EncodeResponse response;
@@ -449,6 +451,44 @@ TEST(WorkerEpdTest, AStreamCutOrMalformedIsRefusedAndTheWorkerServesOn) {
   EXPECT_EQ(MetricValue(worker->admin_port(), Fetches("refused")), 2);
   GenerateResult ok = client.Generate(inline_request, absl::Seconds(60));
   EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+}
+
+TEST(WorkerEpdTest, TheFetchCarriesTheWorkersSharedToken) {
+  const Vlm vlm = LoadVlm("llama");
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const std::string file = dir + "/token", other_file = dir + "/other_token";
+  const std::string token = "worker-epd-test-token-0123456789";
+  const std::string other_token = "another-token-of-another-stack";
+  { std::ofstream(file) << token << "\n"; }
+  { std::ofstream(other_file) << other_token << "\n"; }
+  auto encoder = std::make_unique<ServiceProcess>(
+      EncoderBinary(), std::vector<std::string>{"--model", vlm.dir, "--auth_token_file", file});
+  auto stranger = std::make_unique<ServiceProcess>(
+      EncoderBinary(),
+      std::vector<std::string>{"--model", vlm.dir, "--auth_token_file", other_file});
+  auto worker = StartWorker(vlm.dir, {"--auth_token_file=" + file});
+  ASSERT_TRUE(encoder->ready() && stranger->ready() && worker->ready()) << worker->LogTail();
+  const std::string png = TestImage("rgb.png");
+  const v1::GenerateRequest inline_request = InlineRequest(
+      "token", vlm, 4 + static_cast<int>(vlm.image_tokens) + 9, 3, {{4, png}}, Greedy());
+  InProcessEngine ref(vlm.dir);
+  const ChoiceOutput want = ref.Run(inline_request)[0];
+  WorkerClient client(worker->address(), token);
+  GenerateResult got =
+      client.Generate(ByHandle(inline_request, "with-token",
+                               {EncodeOn(encoder->address(), png, token)}, encoder->address()),
+                      absl::Seconds(60));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  ExpectSameOutput(got.choices[0], want, "with the shared token");
+  // An encoder of another token refuses the worker's: UNAVAILABLE, saying so.
+  GenerateResult refused = client.Generate(
+      ByHandle(inline_request, "other-token", {EncodeOn(stranger->address(), png, other_token)},
+               stranger->address()),
+      absl::Seconds(60));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << refused.status.error_message();
+  EXPECT_EQ(MetricValue(worker->admin_port(), Fetches("fetched")), 1);
+  EXPECT_EQ(MetricValue(worker->admin_port(), Fetches("unavailable")), 1);
 }
 
 TEST(WorkerEpdTest, AnEncoderOfAnotherVisionTowerIsRefused) {
