@@ -72,7 +72,11 @@ GenerateCall::GenerateCall(WorkerService* service, grpc::CallbackServerContext* 
 GenerateCall::~GenerateCall() { service_->CallGone(); }
 
 void GenerateCall::Reject(const grpc::Status& status, bool invalid) {
-  service_->metrics().Outcome(invalid ? RequestOutcome::kInvalid : RequestOutcome::kRejected);
+  // CANCELLED before the engine: the caller left while the request's embeddings were fetched.
+  service_->metrics().Outcome(status.error_code() == grpc::StatusCode::CANCELLED
+                                  ? RequestOutcome::kCancelled
+                              : invalid ? RequestOutcome::kInvalid
+                                        : RequestOutcome::kRejected);
   absl::MutexLock lock(&mu_);
   finished_ = true;
   Finish(status);

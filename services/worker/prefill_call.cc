@@ -77,7 +77,11 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
       TellDecodeNoTransfer(request, absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                                                  status.error_message()));
     }
-    service_->metrics().Outcome(invalid ? RequestOutcome::kInvalid : RequestOutcome::kRejected);
+    // CANCELLED before the engine: the caller left while the request's embeddings were fetched.
+    service_->metrics().Outcome(status.error_code() == grpc::StatusCode::CANCELLED
+                                    ? RequestOutcome::kCancelled
+                                : invalid ? RequestOutcome::kInvalid
+                                          : RequestOutcome::kRejected);
     absl::MutexLock lock(&mu_);
     ended_ = true;
     Finish(status);

@@ -9,7 +9,8 @@
 // tower (make_tiny_vlm --seed 1) or a non-finite value FAILED_PRECONDITION; a token count not the
 // placeholders' and image bytes with a handle INVALID_ARGUMENT; the worker serves on after each.
 // A caller who leaves mid-fetch stops it at once; the request's deadline bounds it. The fetch
-// carries the worker's shared token. The fetch metrics count each outcome. Waits on metrics and events, never sleeps.
+// carries the worker's shared token. The fetch metrics count each outcome. Waits on metrics and
+// events, never sleeps.
 //
 //   worker_epd_test FERRY_WORKER MAKE_TINY_MODEL   with FERRY_TINY_VLM_DIR (llama/, llama_seed1/)
 //   and FERRY_ENCODER (worker_epd_test.sh sets both)
@@ -334,6 +335,9 @@ TEST(WorkerEpdTest, ACallerWhoLeavesStopsTheFetchAndFreesTheExecutor) {
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_EQ(WaitForMetric(worker->admin_port(), Fetches("cancelled"), 1), 1);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(
+      WaitForMetric(worker->admin_port(), "ferry_worker_requests_total{outcome=\"cancelled\"}", 1),
+      1);
   // The request's own deadline (RequestContext.deadline_unix_ms) bounds the fetch too (another
   // silent encoder: the first one's channel may have given up connecting by now).
   SilentPort silent2;
