@@ -43,6 +43,9 @@ class ImageEncoder {
 
   int64_t num_image_tokens() const { return tower_.num_image_tokens(); }
   int64_t hidden_size() const { return tower_.text_hidden_size(); }
+  // The tower's digest (VisionTower::digest): embeddings computed elsewhere (ferry-encoder's
+  // EmbeddingsInfo.vision_digest) are this encoder's rows only when it is the same.
+  const Hash128& vision_digest() const { return tower_.digest(); }
 
   // The rows for one image: num_image_tokens() x hidden_size() floats.
   absl::StatusOr<std::shared_ptr<const std::vector<float>>> Encode(

@@ -36,7 +36,8 @@ GenerateCall::GenerateCall(WorkerService* service, grpc::CallbackServerContext* 
       start_(std::chrono::steady_clock::now()),
       cause_(AbortCause::kNone) {
   service_->CallCreated();
-  if (!HasImageBytes(request->request()) || !service_->encodes_images()) {
+  if ((!HasImageBytes(request->request()) && !HasImageHandles(request->request())) ||
+      !service_->encodes_images()) {
     Start(*request);
     return;
   }
@@ -71,7 +72,11 @@ GenerateCall::GenerateCall(WorkerService* service, grpc::CallbackServerContext* 
 GenerateCall::~GenerateCall() { service_->CallGone(); }
 
 void GenerateCall::Reject(const grpc::Status& status, bool invalid) {
-  service_->metrics().Outcome(invalid ? RequestOutcome::kInvalid : RequestOutcome::kRejected);
+  // CANCELLED before the engine: the caller left while the request's embeddings were fetched.
+  service_->metrics().Outcome(status.error_code() == grpc::StatusCode::CANCELLED
+                                  ? RequestOutcome::kCancelled
+                              : invalid ? RequestOutcome::kInvalid
+                                        : RequestOutcome::kRejected);
   absl::MutexLock lock(&mu_);
   finished_ = true;
   Finish(status);
@@ -109,9 +114,19 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
                                "be handed to it (resume it by re-prefill)"),
                   false);
   }
+  // Embeddings held by an encoder are fetched first (Start runs on the image executor then).
+  FetchedImages fetched;
+  if (absl::Status s =
+          service_->FetchImages(*context_, request.request(), &fetch_cancel_, &fetched);
+      !s.ok()) {
+    LOG(WARNING) << LogTraceId(request.request().context().trace_id()) << "request "
+                 << request.request().context().request_id() << ": " << s;
+    return Reject(ToGrpcStatus(s), s.code() == absl::StatusCode::kInvalidArgument ||
+                                       s.code() == absl::StatusCode::kFailedPrecondition);
+  }
   std::vector<int64_t> first_index;
   absl::StatusOr<EngineRequest> converted =
-      ToEngineRequest(request.request(), service_->limits(), &first_index);
+      ToEngineRequest(request.request(), service_->limits(), &first_index, &fetched);
   if (!converted.ok()) return Reject(ToGrpcStatus(converted.status()), true);
   EngineRequest r = *std::move(converted);
   if (!request.handoff_source_endpoint().empty()) {
@@ -811,6 +826,7 @@ void GenerateCall::OnWriteDone(bool ok) {
 }
 
 void GenerateCall::OnCancel() {
+  fetch_cancel_.Cancel();  // a fetch of the request's embeddings stops at once
   bool abort = false;
   {
     absl::MutexLock lock(&mu_);

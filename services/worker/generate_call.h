@@ -54,6 +54,7 @@
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "ferry/v1/worker.grpc.pb.h"
+#include "services/worker/embedding_fetcher.h"
 #include "services/worker/incoming_kv.h"
 
 namespace ferry {
@@ -122,6 +123,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   void OnDone() override;
 
   WorkerService* const service_;
+  FetchCancel fetch_cancel_;  // OnCancel stops the fetch of the request's embeddings
   grpc::CallbackServerContext* const context_;
   const std::chrono::steady_clock::time_point start_;
   std::atomic<int> refs_{1};  // gRPC's; +1 while the engine holds the request

@@ -39,7 +39,8 @@ PrefillCall::PrefillCall(WorkerService* service, grpc::CallbackServerContext* co
       start_(std::chrono::steady_clock::now()),
       cause_(AbortCause::kNone) {
   service_->CallCreated();
-  if (!HasImageBytes(request->request()) || !service_->encodes_images()) {
+  if ((!HasImageBytes(request->request()) && !HasImageHandles(request->request())) ||
+      !service_->encodes_images()) {
     Start(*request);
     return;
   }
@@ -76,7 +77,11 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
       TellDecodeNoTransfer(request, absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                                                  status.error_message()));
     }
-    service_->metrics().Outcome(invalid ? RequestOutcome::kInvalid : RequestOutcome::kRejected);
+    // CANCELLED before the engine: the caller left while the request's embeddings were fetched.
+    service_->metrics().Outcome(status.error_code() == grpc::StatusCode::CANCELLED
+                                    ? RequestOutcome::kCancelled
+                                : invalid ? RequestOutcome::kInvalid
+                                          : RequestOutcome::kRejected);
     absl::MutexLock lock(&mu_);
     ended_ = true;
     Finish(status);
@@ -99,9 +104,19 @@ void PrefillCall::Start(const v1::PrefillRequest& request) {
                                "the worker's image encoding queue is full"),
                   false);
   }
+  // Embeddings held by an encoder are fetched first (Start runs on the image executor then).
+  FetchedImages fetched;
+  if (absl::Status s =
+          service_->FetchImages(*context_, request.request(), &fetch_cancel_, &fetched);
+      !s.ok()) {
+    LOG(WARNING) << LogTraceId(request.request().context().trace_id()) << "request "
+                 << request.request().context().request_id() << ": " << s;
+    return reject(ToGrpcStatus(s), s.code() == absl::StatusCode::kInvalidArgument ||
+                                       s.code() == absl::StatusCode::kFailedPrecondition);
+  }
   std::vector<int64_t> first_index;
   absl::StatusOr<EngineRequest> converted =
-      ToEngineRequest(request.request(), service_->limits(), &first_index);
+      ToEngineRequest(request.request(), service_->limits(), &first_index, &fetched);
   if (!converted.ok()) return reject(ToGrpcStatus(converted.status()), true);
   EngineRequest r = *std::move(converted);
   // A migrated request: the prompt and the output so far are computed, and its next token is
@@ -801,7 +816,10 @@ void PrefillCall::End(const grpc::Status& status) {
   Finish(status);
 }
 
-void PrefillCall::OnCancel() { AbortFor(AbortCause::kCancelled); }
+void PrefillCall::OnCancel() {
+  fetch_cancel_.Cancel();  // a fetch of the request's embeddings stops at once
+  AbortFor(AbortCause::kCancelled);
+}
 
 void PrefillCall::OnDone() { Unref(); }
 

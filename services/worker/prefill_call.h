@@ -57,6 +57,7 @@
 #include "engine/engine.h"
 #include "ferry/v1/worker.grpc.pb.h"
 #include "services/transfer/kv_transport.h"
+#include "services/worker/embedding_fetcher.h"
 
 namespace ferry {
 
@@ -130,6 +131,7 @@ class PrefillCall final : public grpc::ServerUnaryReactor {
   ferry::v1::PrefillResponse* const response_;
   const std::chrono::steady_clock::time_point start_;
   bool image_queue_full_ = false;  // set before Start, which then refuses the request
+  FetchCancel fetch_cancel_;       // OnCancel stops the fetch of the request's embeddings
   std::atomic<int> refs_{1};       // gRPC's; + the engine's, the pushes', KvReady's
 
   absl::Mutex mu_;

@@ -139,6 +139,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   service_options.stream_kv = options.stream_kv;
   service_options.push_hold_file = options.push_hold_file;
   service_options.image_hold_file = options.image_hold_file;
+  service_options.max_image_fetch_time = options.image_fetch_timeout;
   service_options.max_queued_image_requests =
       static_cast<size_t>(options.max_queued_image_requests);
   service_options.store_reader = w->store_reader_.get();

@@ -113,6 +113,9 @@ ABSL_FLAG(int64_t, max_queued, 256, "requests waiting for admission; more are re
 ABSL_FLAG(int64_t, max_queued_image_requests, 64,
           "vision models: requests with image bytes waiting to be decoded and encoded (one at "
           "a time); more are refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(absl::Duration, image_fetch_timeout, absl::Seconds(30),
+          "vision models: the most a request's fetches of encoder-held embeddings may take "
+          "(within its deadline)");
 ABSL_FLAG(int, max_n, 16, "choices per request at most");
 ABSL_FLAG(double, null_prefill_tokens_per_second, 20000, "null engine: prefill speed");
 ABSL_FLAG(double, null_token_seconds, 0.005, "null engine: per-token latency (a decode step)");
@@ -227,6 +230,7 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(max_running);
   FROM_FLAG(max_queued);
   FROM_FLAG(max_queued_image_requests);
+  FROM_FLAG(image_fetch_timeout);
   FROM_FLAG(max_n);
   FROM_FLAG(null_prefill_tokens_per_second);
   FROM_FLAG(null_token_seconds);

@@ -298,6 +298,30 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
            .Register(registry)
            .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
                                                             0.1, 0.2, 0.5, 1, 2, 5, 10});
+  image_fetches_ = &prometheus::BuildCounter()
+                        .Name("ferry_worker_image_fetches_total")
+                        .Help(
+                            "Images whose embeddings were fetched from an encoder by handle, by "
+                            "outcome: fetched, unavailable (the encoder unreachable, the stream "
+                            "cut, the handle gone), refused (the rows are not this request's or "
+                            "model's), cancelled, deadline.")
+                        .Register(registry);
+  for (const char* o : {"fetched", "unavailable", "refused", "cancelled", "deadline"}) {
+    image_fetches_->Add({{"outcome", o}});
+  }
+  image_fetched_bytes_ = &prometheus::BuildCounter()
+                              .Name("ferry_worker_image_fetched_bytes_total")
+                              .Help("Embedding bytes fetched from encoders.")
+                              .Register(registry)
+                              .Add({});
+  image_fetch_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("ferry_worker_image_fetch_seconds")
+           .Help(
+               "Per image fetched from an encoder, whatever the outcome: the FetchEmbeddings call.")
+           .Register(registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                                            0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30});
   auto& released = prometheus::BuildCounter()
                        .Name("ferry_worker_kv_reservation_blocks_released_total")
                        .Help(
@@ -479,6 +503,12 @@ void WorkerMetrics::ImageEncoding(int delta) { image_encoding_->Increment(delta)
 void WorkerMetrics::ImageRequest(const char* outcome, double seconds) {
   image_requests_->Add({{"outcome", outcome}}).Increment();
   if (std::string(outcome) == "encoded") image_encode_seconds_->Observe(seconds);
+}
+
+void WorkerMetrics::ImageFetch(const char* outcome, uint64_t bytes, double seconds) {
+  image_fetches_->Add({{"outcome", outcome}}).Increment();
+  image_fetched_bytes_->Increment(static_cast<double>(bytes));
+  image_fetch_seconds_->Observe(seconds);
 }
 
 }  // namespace ferry

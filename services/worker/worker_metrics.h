@@ -180,6 +180,9 @@ class WorkerMetrics {
   void ImageWaiting(int delta);
   void ImageEncoding(int delta);
   void ImageRequest(const char* outcome, double seconds = 0);
+  // One image's embeddings fetched from an encoder (embedding_fetcher.h): "fetched" (with its
+  // bytes), "unavailable", "refused", "cancelled", "deadline"; its time either way.
+  void ImageFetch(const char* outcome, uint64_t bytes, double seconds);
 
  private:
   std::vector<prometheus::Counter*> outcomes_;
@@ -243,6 +246,9 @@ class WorkerMetrics {
   prometheus::Gauge* image_waiting_;
   prometheus::Gauge* image_encoding_;
   prometheus::Histogram* image_encode_seconds_;
+  prometheus::Family<prometheus::Counter>* image_fetches_;
+  prometheus::Counter* image_fetched_bytes_;
+  prometheus::Histogram* image_fetch_seconds_;
 
   absl::Mutex mu_;  // the mirrors' last values
   int64_t last_generated_ ABSL_GUARDED_BY(mu_) = 0;

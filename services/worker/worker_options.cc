@@ -112,6 +112,7 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(ReadDuration(c, "drain_grace", &o->drain_grace));
   RETURN_IF_ERROR(ReadDuration(c, "rpc_grace", &o->rpc_grace));
   RETURN_IF_ERROR(ReadDuration(c, "handoff_wait", &o->handoff_wait));
+  RETURN_IF_ERROR(ReadDuration(c, "image_fetch_timeout", &o->image_fetch_timeout));
   RETURN_IF_ERROR(ReadDuration(c, "test_step_delay", &o->test_step_delay));
   return c.CheckAllKeysUsed();
 }
@@ -216,6 +217,9 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (o.drain_grace < absl::ZeroDuration() || o.rpc_grace < absl::ZeroDuration() ||
       o.handoff_wait < absl::ZeroDuration()) {
     return bad("--drain_grace, --rpc_grace and --handoff_wait must be >= 0");
+  }
+  if (o.image_fetch_timeout <= absl::ZeroDuration()) {
+    return bad("--image_fetch_timeout must be > 0");
   }
   return absl::OkStatus();
 }

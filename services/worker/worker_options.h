@@ -53,6 +53,9 @@ struct WorkerOptions {
   // Vision-language models: requests with image bytes waiting to be decoded and encoded (one at
   // a time, on the image executor); more are refused RESOURCE_EXHAUSTED.
   int64_t max_queued_image_requests = 64;
+  // Vision-language models: the most one request's fetches of encoder-held embeddings
+  // (PromptImage.embeddings_handle) may take, within its own deadline.
+  absl::Duration image_fetch_timeout = absl::Seconds(30);
 
   // --- The null engine's timing (NullModel).
   double null_prefill_tokens_per_second = 20000;

@@ -96,6 +96,11 @@ WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadW
   limits_.image_encoder = engine_->image_encoder();
   if (limits_.image_encoder != nullptr) {
     images_ = std::make_unique<SerialExecutor>(options_.max_queued_image_requests);
+    EmbeddingFetcherOptions fetch;
+    fetch.auth_token = options_.auth_token;
+    fetch.max_fetch_time = options_.max_image_fetch_time;
+    fetcher_ = std::make_unique<EmbeddingFetcher>(std::move(fetch), limits_,
+                                                  limits_.image_encoder->vision_digest(), metrics_);
   }
   facts_ = KvFactsOf(engine_->engine(), engine_->pool(), engine_->window_pool());
   if (options_.transport != nullptr) {
@@ -201,6 +206,18 @@ bool WorkerService::AddImageWork(std::function<bool()> task) {
                  << " requests): refused";
   }
   return queued;
+}
+
+absl::Status WorkerService::FetchImages(const grpc::CallbackServerContext& context,
+                                        const v1::TokenizedRequest& request, FetchCancel* cancel,
+                                        FetchedImages* fetched) {
+  if (fetcher_ == nullptr || !HasImageHandles(request)) return absl::OkStatus();
+  absl::Time call_deadline = absl::InfiniteFuture();
+  // gRPC's "no deadline" is the clock's maximum, which absl's conversion would saturate anyway.
+  if (context.deadline() < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    call_deadline = absl::FromChrono(context.deadline());
+  }
+  return fetcher_->Fetch(request, call_deadline, cancel, fetched);
 }
 
 void WorkerService::HoldImagesForTest() {

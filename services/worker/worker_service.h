@@ -42,6 +42,7 @@
 #include "ferry/v1/worker.grpc.pb.h"
 #include "services/common/shared_token.h"
 #include "services/worker/deadline_queue.h"
+#include "services/worker/embedding_fetcher.h"
 #include "services/worker/incoming_kv.h"
 #include "services/worker/kv_handoff.h"
 #include "services/worker/load_window.h"
@@ -101,6 +102,9 @@ struct WorkerServiceOptions {
   size_t max_queued_pushes = 4096;
   // Requests with image bytes waiting for the image executor (beyond: RESOURCE_EXHAUSTED).
   size_t max_queued_image_requests = 64;
+  // The most a request's fetches of encoder-held embeddings (embeddings_handle) may take, within
+  // its own deadline.
+  absl::Duration max_image_fetch_time = absl::Seconds(30);
   // The KV store (may be null: none). Prefill and aggregated calls read their prefix through
   // the reader before the engine sees them; every call offers the blocks it computes to the
   // writer. Both outlive the service's calls.
@@ -183,6 +187,13 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   // it found its caller gone and did nothing (the image metrics count it cancelled).
   bool encodes_images() const { return images_ != nullptr; }
   bool AddImageWork(std::function<bool()> task);
+  // On the image executor (a call's Start): fetches the rows of the request's images named by
+  // handle from their encoders (embedding_fetcher.h), within the call's deadline; OK with nothing
+  // fetched when there are none or this worker has no vision model (ToEngineRequest refuses the
+  // handles then). `cancel` is the call's (its OnCancel stops the fetch).
+  absl::Status FetchImages(const grpc::CallbackServerContext& context,
+                           const ferry::v1::TokenizedRequest& request, FetchCancel* cancel,
+                           FetchedImages* fetched);
   // Test seam (image_hold_file): waits while the file exists.
   void HoldImagesForTest();
   // Runs `task` on the push executor; false when it is full or stopped.
@@ -250,6 +261,9 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread drainer_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<WatchHub> hub_ ABSL_GUARDED_BY(mu_);  // set once by StartWatch
+  // With a vision model: fetches encoder-held embeddings (on the image executor's thread, so
+  // declared before it: destroyed after it).
+  std::unique_ptr<EmbeddingFetcher> fetcher_;
   // With a vision model: where requests with image bytes are encoded (AddImageWork). Destroyed
   // before the state its tasks touch (running what is queued, then joining), after deadlines_'s
   // users are gone.

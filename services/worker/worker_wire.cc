@@ -39,7 +39,7 @@ ferry::v1::ErrorKind KindOf(absl::StatusCode code) {
 
 // The request's images, with their inline embeddings decoded (see ToEngineRequest).
 absl::Status ImagesFromProto(const ferry::v1::TokenizedRequest& request, const WireLimits& limits,
-                             std::vector<PromptImageInput>* images) {
+                             const FetchedImages* fetched, std::vector<PromptImageInput>* images) {
   const int64_t prompt = request.prompt_token_ids_size();
   int64_t previous_end = 0, total_bytes = 0;
   for (int i = 0; i < request.images_size(); ++i) {
@@ -84,11 +84,36 @@ absl::Status ImagesFromProto(const ferry::v1::TokenizedRequest& request, const W
       images->push_back(std::move(input));
       continue;
     }
-    if (image.embeddings().empty()) {
-      if (!image.embeddings_handle().empty()) {
-        return absl::UnimplementedError(absl::StrCat(
-            "image ", i, ": embeddings by handle need an encoder; none is configured"));
+    if (!image.embeddings_handle().empty()) {
+      if (!image.embeddings().empty()) {
+        return Invalid(absl::StrCat("image ", i,
+                                    ": embeddings and embeddings_handle are exclusive (send one)"));
       }
+      if (limits.image_encoder == nullptr) {
+        return Invalid(absl::StrCat("image ", i,
+                                    ": embeddings by handle need a worker with a vision model; "
+                                    "this one has none (send the embeddings inline)"));
+      }
+      const std::shared_ptr<const std::vector<float>> rows =
+          fetched != nullptr && i < static_cast<int>(fetched->size()) ? (*fetched)[i] : nullptr;
+      const int64_t floats = length * limits.hidden_size;
+      if (rows == nullptr || static_cast<int64_t>(rows->size()) != floats) {
+        return Invalid(absl::StrCat("image ", i, ": its embeddings by handle were not fetched"));
+      }
+      total_bytes += floats * static_cast<int64_t>(sizeof(float));
+      if (total_bytes > limits.max_image_embedding_bytes) {
+        return Invalid(absl::StrCat("the images' embeddings exceed ",
+                                    limits.max_image_embedding_bytes, " bytes"));
+      }
+      PromptImageInput input;
+      input.content_hash = kv::HashFromProto(image.content_hash());
+      input.placeholder_start = start;
+      input.placeholder_length = length;
+      input.embeddings = rows;
+      images->push_back(std::move(input));
+      continue;
+    }
+    if (image.embeddings().empty()) {
       return Invalid(absl::StrCat("image ", i, " has no embeddings"));
     }
     if (image.embedding_rows() != image.placeholder_length() ||
@@ -134,7 +159,8 @@ absl::Status ImagesFromProto(const ferry::v1::TokenizedRequest& request, const W
 
 absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest& request,
                                               const WireLimits& limits,
-                                              std::vector<int64_t>* first_output_index) {
+                                              std::vector<int64_t>* first_output_index,
+                                              const FetchedImages* fetched) {
   const ferry::v1::RequestContext& context = request.context();
   const ferry::v1::SamplingParams& p = request.sampling();
   EngineRequest r;
@@ -157,7 +183,7 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
                                   limits.vocab_size, " tokens)"));
     }
   }
-  if (absl::Status s = ImagesFromProto(request, limits, &r.images); !s.ok()) return s;
+  if (absl::Status s = ImagesFromProto(request, limits, fetched, &r.images); !s.ok()) return s;
   r.cache_salt = context.cache_salt();
   r.priority = context.priority();
   // The router's block hashes must be this worker's, or its view of the caches is wrong.
@@ -250,6 +276,13 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
 bool HasImageBytes(const ferry::v1::TokenizedRequest& request) {
   for (const ferry::v1::PromptImage& image : request.images()) {
     if (!image.image_data().empty()) return true;
+  }
+  return false;
+}
+
+bool HasImageHandles(const ferry::v1::TokenizedRequest& request) {
+  for (const ferry::v1::PromptImage& image : request.images()) {
+    if (!image.embeddings_handle().empty()) return true;
   }
   return false;
 }

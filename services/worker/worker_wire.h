@@ -10,6 +10,7 @@
 #define FERRY_SERVICES_WORKER_WORKER_WIRE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,11 @@ struct WireLimits {
   const ImageEncoder* image_encoder = nullptr;
 };
 
+// Embedding rows fetched from an encoder (embedding_fetcher.h), by image index: null for an image
+// that had no handle to fetch. Each non-null entry is placeholder_length x hidden_size floats,
+// already checked against the encoder's EmbeddingsInfo.
+using FetchedImages = std::vector<std::shared_ptr<const std::vector<float>>>;
+
 // A Generate request as the engine takes it (on_event left empty). InvalidArgument for what the
 // request itself gets wrong (ranges, a resume state that does not add up), FailedPrecondition
 // when it was routed with another model's view (fingerprint, block size or block hashes that
@@ -44,15 +50,20 @@ struct WireLimits {
 // model's hidden size, spans sorted, disjoint, inside the prompt, finite values) or, with
 // limits.image_encoder, image bytes, encoded here (image_encoder.h: content hash, decoding,
 // placeholder count checked; its errors name the image) on the calling thread; image bytes
-// without an encoder are InvalidArgument, an encoder handle Unimplemented. `first_output_index`
-// receives, per choice, the absolute output index of its first new token (the resumed tokens before
-// it).
+// without an encoder are InvalidArgument, as is an encoder handle without fetched rows.
+// `first_output_index` receives, per choice, the absolute output index of its first new token (the
+// resumed tokens before it). An image by handle (embeddings_handle) takes its rows from `fetched`
+// (fetched[i] for image i); one without fetched rows is InvalidArgument (a worker without a vision
+// model fetches nothing).
 absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest& request,
                                               const WireLimits& limits,
-                                              std::vector<int64_t>* first_output_index);
+                                              std::vector<int64_t>* first_output_index,
+                                              const FetchedImages* fetched = nullptr);
 
 // Whether any of the request's images comes as encoded bytes (image_data).
 bool HasImageBytes(const ferry::v1::TokenizedRequest& request);
+// Whether any of the request's images names encoder-held embeddings (embeddings_handle).
+bool HasImageHandles(const ferry::v1::TokenizedRequest& request);
 
 // The router's KV store probe the request carries (none: probed < 0).
 StoreHint StoreHintFromProto(const ferry::v1::TokenizedRequest& request);

@@ -281,7 +281,11 @@ TEST(WorkerWireTest, BadImagesAreRefusedWithAClearMessage) {
   v1::PromptImage handle = bytes_only;
   handle.clear_image_data();
   handle.set_embeddings_handle("h");
-  cases.push_back({"handle", {handle}, absl::StatusCode::kUnimplemented, "encoder"});
+  cases.push_back({"handle", {handle}, absl::StatusCode::kInvalidArgument, "vision model"});
+  v1::PromptImage handle_and_rows = InlineImage(1, 2, 3, 1);
+  handle_and_rows.set_embeddings_handle("h");
+  cases.push_back(
+      {"handle and rows", {handle_and_rows}, absl::StatusCode::kInvalidArgument, "exclusive"});
   for (const Case& c : cases) {
     v1::TokenizedRequest q = Request();
     for (const v1::PromptImage& image : c.images) *q.add_images() = image;

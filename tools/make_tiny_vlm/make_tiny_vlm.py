@@ -31,8 +31,8 @@ is also config.json's image_seq_length.
                 renders a chat with an image, runs a forward with the processor's pixels and
                 checks the placeholder count and that the logits are finite.
 
-Weights are deterministic (torch.manual_seed(0)). The tower's and projector's matrices are drawn
-N(0, 1/fan_in) and their 1-d parameters (norms, biases, the class embedding) perturbed by
+Weights are deterministic (torch.manual_seed of --seed, 0 by default: another seed makes another
+tower, whose digest differs). The tower's and projector's matrices are drawn N(0, 1/fan_in) and their 1-d parameters (norms, biases, the class embedding) perturbed by
 N(0, 0.1^2), so that attention is far from uniform and every term shows in the outputs; the text
 model keeps transformers' initialisation with norms perturbed, as make_tiny_model's.
 """
@@ -85,7 +85,7 @@ def configs(size, image_size, text):
     return vision, text_common
 
 
-def make(out_dir, size, image_size, text):
+def make(out_dir, size, image_size, text, seed=0):
     import shutil
     import tempfile
     import torch
@@ -109,7 +109,7 @@ def make(out_dir, size, image_size, text):
                          projector_hidden_act="gelu", vision_feature_select_strategy="default",
                          vision_feature_layer=-2, image_seq_length=patches,
                          pad_token_id=tok.token_to_id("<|endoftext|>"))
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).to(torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -199,9 +199,11 @@ def main():
     parser.add_argument("--image_size", type=int, default=0,
                         help="the tower's image size (default: 56 tiny, 224 bench)")
     parser.add_argument("--text", choices=["llama", "sliding_window", "hybrid"], default="llama")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the weights' torch seed (another seed: another tower and digest)")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    make(args.out_dir, args.size, args.image_size, args.text)
+    make(args.out_dir, args.size, args.image_size, args.text, args.seed)
     if args.check:
         check(args.out_dir)
 
