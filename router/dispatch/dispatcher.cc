@@ -262,6 +262,15 @@ class Dispatcher::Call final {
                        " went down during the stream (its status stream broke or fell silent)"));
       retryable = true;
     }
+    // Refused before its first token as not fitting this worker (FAILED_PRECONDITION: another
+    // encoder tower's rows) or as invalid, with images named by encoder handle: the next attempt
+    // sends their bytes, which settle it (a request that is itself bad is refused again, then
+    // with nothing to retry).
+    if (!s.ok() && !started_ && !retryable && SentHandles() &&
+        (s.code() == absl::StatusCode::kFailedPrecondition ||
+         s.code() == absl::StatusCode::kInvalidArgument)) {
+      retryable = true;
+    }
     if (handoff_ && !started_ && s.ok()) HandoffCompleted();  // ended without a new token
     AttemptOutcome outcome;
     outcome.worker = worker_;
@@ -278,6 +287,13 @@ class Dispatcher::Call final {
     }
     dispatcher_->CallEnded(job_, outcome, has_error_ ? &error_event_ : nullptr);
     Unref();
+  }
+
+  bool SentHandles() const {
+    for (const v1::PromptImage& image : request_.request().images()) {
+      if (!image.embeddings_handle().empty()) return true;
+    }
+    return false;
   }
 
   void HandoffCompleted() {

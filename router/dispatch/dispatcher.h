@@ -45,7 +45,9 @@
 //     max_migrations; a request that cannot migrate (untracked, several choices, ...) ends with its
 //     error as above.
 //   - Images sent by encoder handle (DispatchRequest.inline_images): a retry or migration sends
-//     their bytes inline instead (a handle's encoder may have died, or the handle expired).
+//     their bytes inline instead (a handle's encoder may have died, or the handle expired). An
+//     attempt with handles that a worker refuses before its first token as FAILED_PRECONDITION
+//     (the encoder's tower is not the worker's) or INVALID_ARGUMENT is retried too (inline).
 //   - Cancel (the client went away): the queued request is dropped, or the stream is cancelled,
 //     which aborts the request on the worker at its next step.
 //   - Load: the router's own load on each worker (registry AddLoad) is exact at once: requests in

@@ -202,6 +202,16 @@ class EpdTest(unittest.TestCase):
         self.assertEqual(metric(WORKER_ADMIN, GONE), gone + 1)
         self.assertEqual(metric(WORKER_ADMIN, FETCHED), fetched)
 
+    def test_5b_an_encoder_of_another_precision_is_retried_inline(self):
+        # bf16 rows: not the f32 workers' tower (another vision_digest), which refuse them.
+        _, encoder, _ = start_encoder("encoder_bf16", ["--weights=bf16"])
+        client, admin = start_router([WORKER_ADDRESS], [encoder], "router_bf16")
+        retries = metric(admin, "ferry_router_retries_total")
+        self.assert_transformers(chat(client, CASES[0]), CASES[0])
+        self.assertEqual(metric(admin, "ferry_router_retries_total"), retries + 1)
+        self.assertEqual(metric(admin, "ferry_router_images_inlined_on_retry_total"),
+                         len(CASES[0]["images"]))
+
     def test_6_a_migrated_request_sends_its_image_inline(self):
         _, encoder, _ = start_encoder("encoder_migration")
         flags = WORKER_FLAGS + ["--test_step_delay=20ms"]
