@@ -470,7 +470,8 @@ class Router::Impl {
     }
     if (http_ != nullptr) http_->Shutdown(options_.shutdown_grace);
     image_fetches_.reset();  // (its running fetches finish; what waits is dropped)
-    encodes_.reset();        // (likewise its running encodes)
+    if (encoder_pool_ != nullptr) encoder_pool_->Shutdown();  // (running encodes end at once)
+    encodes_.reset();  // (their requests go on with the images inline)
     encoder_pool_.reset();
     store_probe_.reset();  // (what it still holds is dispatched, or dropped with the queue)
     dispatcher_.reset();   // waits for the streams still running

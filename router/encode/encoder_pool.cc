@@ -87,15 +87,18 @@ EncoderPool::EncoderPool(EncoderPoolOptions options) : options_(std::move(option
 }
 
 EncoderPool::~EncoderPool() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    for (auto& e : encoders_) {
-      if (e->watch != nullptr) e->watch->TryCancel();
-    }
-    stop_cv_.SignalAll();
-  }
+  Shutdown();
   for (std::thread& t : threads_) t.join();
+}
+
+void EncoderPool::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  for (auto& e : encoders_) {
+    if (e->watch != nullptr) e->watch->TryCancel();
+  }
+  for (grpc::ClientContext* call : calls_) call->TryCancel();
+  stop_cv_.SignalAll();
 }
 
 int64_t EncoderPool::up() const {
@@ -204,8 +207,17 @@ absl::StatusOr<EncodedImage> EncoderPool::Encode(const std::string& bytes,
     std::unique_ptr<grpc::ClientContext> context =
         NewClientContext(std::min(left, options_.encode_timeout), trace_id);
     AttachSharedToken(context.get(), options_.auth_token);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return absl::UnavailableError("the router is shutting down");
+      calls_.insert(context.get());
+    }
     v1::EncodeResponse response;
     const grpc::Status status = encoder->stub->Encode(context.get(), request, &response);
+    {
+      absl::MutexLock lock(&mu_);
+      calls_.erase(context.get());
+    }
     if (status.ok() && !response.embeddings().handle().empty()) {
       EncodedImage out;
       out.handle = response.embeddings().handle();

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/common/hash128.h"
+#include "grpcpp/client_context.h"
 #include "services/common/shared_token.h"
 
 namespace ferry {
@@ -66,7 +68,11 @@ class EncoderPool {
 
   // Starts the Watch streams. InvalidArgument: no endpoint, too many, or a malformed one.
   static absl::StatusOr<std::unique_ptr<EncoderPool>> Start(EncoderPoolOptions options);
-  ~EncoderPool();  // ends the streams and joins the threads (Encode calls must have returned)
+  ~EncoderPool();  // Shutdown, then joins the threads (Encode calls must have returned)
+
+  // Ends the Watch streams and cancels the Encode calls in flight (they return Unavailable, as
+  // every later one does): the router's shutdown does not wait for an encoder.
+  void Shutdown();
   EncoderPool(const EncoderPool&) = delete;
   EncoderPool& operator=(const EncoderPool&) = delete;
 
@@ -91,6 +97,7 @@ class EncoderPool {
   mutable absl::Mutex mu_;
   absl::CondVar stop_cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // Encode calls in flight
   std::vector<std::thread> threads_;
 };
 
