@@ -370,7 +370,7 @@ class Router::Impl {
     }
     // Encoders: with a vision model only (a text-only model refuses images before they would be
     // encoded).
-    if (!options_.encoders.empty()) {
+    if (!options_.encoders.empty() || !options_.encoders_dns.empty()) {
       if (!prompts_->vision().has_value()) {
         LOG(WARNING) << "--encoders given, but " << options_.model
                      << " is not a vision model: the encoders are not used";
@@ -383,6 +383,21 @@ class Router::Impl {
         eo.on_state = [m](const std::string& endpoint, bool up) { m->EncoderUp(endpoint, up); };
         for (const std::string& e : options_.encoders) m->EncoderUp(e, false);
         ASSIGN_OR_RETURN(encoder_pool_, EncoderPool::Start(std::move(eo)));
+        if (!options_.encoders_dns.empty()) {
+          // The listed encoders and the names' addresses, as each lookup finds them.
+          EncoderPool* pool = encoder_pool_.get();
+          const std::vector<std::string> listed = options_.encoders;
+          ASSIGN_OR_RETURN(
+              encoders_dns_,
+              DnsDiscovery::Start(DiscoveryOptions(options_.encoders_dns, "encoders"),
+                                  [pool, listed](std::vector<std::string> found) {
+                                    found.insert(found.end(), listed.begin(), listed.end());
+                                    if (absl::Status s = pool->SetEndpoints(std::move(found));
+                                        !s.ok()) {
+                                      LOG(WARNING) << "encoders from DNS: " << s;
+                                    }
+                                  }));
+        }
         encodes_ = std::make_unique<ImageFetchExecutor>(options_.encode_threads,
                                                         options_.max_queued_encodes);
         context_.encoders = encoder_pool_.get();
@@ -470,6 +485,7 @@ class Router::Impl {
     }
     if (http_ != nullptr) http_->Shutdown(options_.shutdown_grace);
     image_fetches_.reset();  // (its running fetches finish; what waits is dropped)
+    encoders_dns_.reset();   // (its callback uses the pool)
     if (encoder_pool_ != nullptr) encoder_pool_->Shutdown();  // (running encodes end at once)
     encodes_.reset();  // (their requests go on with the images inline)
     encoder_pool_.reset();
@@ -875,7 +891,9 @@ class Router::Impl {
   std::unique_ptr<DnsDiscovery> store_dns_;  // null without --kvstore_dns
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<ImageFetchExecutor> image_fetches_;  // null without an image URL fetcher
-  std::unique_ptr<EncoderPool> encoder_pool_;    // null without --encoders (or a vision model)
+  std::unique_ptr<EncoderPool> encoder_pool_;
+  std::unique_ptr<DnsDiscovery> encoders_dns_;   // null without --encoders_dns    // null without
+                                                 // --encoders (or a vision model)
   std::unique_ptr<ImageFetchExecutor> encodes_;  // the Encode calls' threads (with the pool)
   ApiContext context_;
   std::unique_ptr<AdminServer> admin_;

@@ -143,6 +143,9 @@ ABSL_FLAG(std::vector<std::string>, encoders, {},
           "ferry-encoder endpoints (host:port,...): with a vision model, images are encoded there "
           "(affinity by content hash, failover, inline bytes when none is up); empty: the workers "
           "encode them");
+ABSL_FLAG(std::vector<std::string>, encoders_dns, {},
+          "ferry-encoder pools by DNS (name:port,...: each name's A/AAAA records, looked up every "
+          "--dns_interval), with --encoders");
 ABSL_FLAG(int, encode_threads, 8, "threads that call the encoders (with --encoders)");
 ABSL_FLAG(int64_t, max_queued_encodes, 256,
           "requests waiting for an encode thread at most (beyond: their images go inline)");
@@ -259,6 +262,7 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(max_queued_image_fetches, max_queued_image_fetches);
   FROM_FLAG(image_fetch_timeout, image_fetch_timeout);
   FROM_FLAG(encoders, encoders);
+  FROM_FLAG(encoders_dns, encoders_dns);
   FROM_FLAG(encode_threads, encode_threads);
   FROM_FLAG(max_queued_encodes, max_queued_encodes);
   FROM_FLAG(encode_timeout, encode_timeout);

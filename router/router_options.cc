@@ -80,6 +80,7 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("image_url_ca_file", &o->image_url_ca_file));
   RETURN_IF_ERROR(c.ReadDuration("image_fetch_timeout", &o->image_fetch_timeout));
   RETURN_IF_ERROR(c.Read("encoders", &o->encoders));
+  RETURN_IF_ERROR(c.Read("encoders_dns", &o->encoders_dns));
   i = o->encode_threads;
   RETURN_IF_ERROR(c.Read("encode_threads", &i));
   o->encode_threads = i;

@@ -109,6 +109,8 @@ struct RouterOptions {
   // max_queued_encodes requests waiting; beyond: the images go inline), each call at most
   // encode_timeout (and the request's deadline). Empty: images always go inline.
   std::vector<std::string> encoders;
+  // Encoders found by DNS ("name:port" each, as workers_dns), with `encoders`.
+  std::vector<std::string> encoders_dns;
   int encode_threads = 8;
   int64_t max_queued_encodes = 256;
   absl::Duration encode_timeout = absl::Seconds(30);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "engine/common/log.h"
+#include "engine/common/status.h"
 #include "ferry/v1/encoder.grpc.pb.h"
 #include "router/encode/encoder_choice.h"
 #include "services/common/grpc_client.h"
@@ -20,8 +21,10 @@ namespace v1 = ::ferry::v1;
 struct EncoderPool::Encoder {
   std::string endpoint;
   std::unique_ptr<v1::Encoder::Stub> stub;
+  std::thread thread;  // its WatchLoop (joined by SetEndpoints when it leaves, or at the end)
   // Under the pool's mu_.
   bool up = false;
+  bool removed = false;  // left the set: its loop ends
   int64_t backlog = 0;
   absl::Time last_seen = absl::InfinitePast();
   std::shared_ptr<grpc::ClientContext> watch;  // the open Watch call (cancelled on stop)
@@ -56,62 +59,109 @@ absl::Status CheckEndpoint(const std::string& endpoint) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<EncoderPool>> EncoderPool::Start(EncoderPoolOptions options) {
-  if (options.endpoints.empty()) return absl::InvalidArgumentError("--encoders: none given");
-  if (options.endpoints.size() > kMaxEncoders) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--encoders: ", options.endpoints.size(), " given; at most ", kMaxEncoders));
+namespace {
+
+absl::StatusOr<std::vector<std::string>> CheckEndpoints(std::vector<std::string> endpoints) {
+  std::sort(endpoints.begin(), endpoints.end());
+  endpoints.erase(std::unique(endpoints.begin(), endpoints.end()), endpoints.end());
+  if (endpoints.size() > EncoderPool::kMaxEncoders) {
+    return absl::InvalidArgumentError(absl::StrCat("encoders: ", endpoints.size(),
+                                                   " given; at most ", EncoderPool::kMaxEncoders));
   }
-  std::sort(options.endpoints.begin(), options.endpoints.end());
-  options.endpoints.erase(std::unique(options.endpoints.begin(), options.endpoints.end()),
-                          options.endpoints.end());
-  for (const std::string& e : options.endpoints) {
+  for (const std::string& e : endpoints) {
     if (absl::Status s = CheckEndpoint(e); !s.ok()) return s;
   }
+  return endpoints;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EncoderPool>> EncoderPool::Start(EncoderPoolOptions options) {
+  ASSIGN_OR_RETURN(std::vector<std::string> endpoints, CheckEndpoints(options.endpoints));
   std::unique_ptr<EncoderPool> pool(new EncoderPool(std::move(options)));
-  for (auto& encoder : pool->encoders_) {
-    Encoder* e = encoder.get();
-    pool->threads_.emplace_back([p = pool.get(), e] { p->WatchLoop(e); });
-  }
-  pool->threads_.emplace_back([p = pool.get()] { p->MonitorLoop(); });
+  RETURN_IF_ERROR(pool->SetEndpoints(std::move(endpoints)));
+  pool->monitor_ = std::thread([p = pool.get()] { p->MonitorLoop(); });
   return pool;
 }
 
-EncoderPool::EncoderPool(EncoderPoolOptions options) : options_(std::move(options)) {
-  for (const std::string& endpoint : options_.endpoints) {
-    auto e = std::make_unique<Encoder>();
-    e->endpoint = endpoint;
-    e->stub = v1::Encoder::NewStub(NewChannel(endpoint));
-    encoders_.push_back(std::move(e));
+EncoderPool::EncoderPool(EncoderPoolOptions options) : options_(std::move(options)) {}
+
+absl::Status EncoderPool::SetEndpoints(std::vector<std::string> endpoints) {
+  ASSIGN_OR_RETURN(endpoints, CheckEndpoints(std::move(endpoints)));
+  absl::MutexLock set_lock(&set_mu_);
+  std::vector<std::pair<std::shared_ptr<Encoder>, bool>> left;  // and whether it was up
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    const std::set<std::string> wanted(endpoints.begin(), endpoints.end());
+    for (auto it = encoders_.begin(); it != encoders_.end();) {
+      if (wanted.count(it->first) != 0) {
+        ++it;
+        continue;
+      }
+      it->second->removed = true;
+      if (it->second->watch != nullptr) it->second->watch->TryCancel();
+      left.emplace_back(it->second, it->second->up);
+      it = encoders_.erase(it);
+    }
+    stop_cv_.SignalAll();
+    for (const std::string& endpoint : endpoints) {
+      if (encoders_.count(endpoint) != 0) continue;
+      auto e = std::make_shared<Encoder>();
+      e->endpoint = endpoint;
+      e->stub = v1::Encoder::NewStub(NewChannel(endpoint));
+      e->thread = std::thread([this, raw = e.get()] { WatchLoop(raw); });
+      encoders_.emplace(endpoint, std::move(e));
+      LOG(INFO) << "encoder " << endpoint << " added";
+    }
   }
+  for (const auto& [e, was_up] : left) {
+    e->thread.join();
+    LOG(INFO) << "encoder " << e->endpoint << " left the set";
+    if (was_up && options_.on_state) options_.on_state(e->endpoint, false);
+  }
+  return absl::OkStatus();
 }
 
 EncoderPool::~EncoderPool() {
   Shutdown();
-  for (std::thread& t : threads_) t.join();
+  if (monitor_.joinable()) monitor_.join();
+  absl::MutexLock set_lock(&set_mu_);
+  std::vector<std::shared_ptr<Encoder>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [endpoint, e] : encoders_) all.push_back(e);
+  }
+  for (const std::shared_ptr<Encoder>& e : all) e->thread.join();
 }
 
 void EncoderPool::Shutdown() {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
-  for (auto& e : encoders_) {
+  for (auto& [endpoint, e] : encoders_) {
     if (e->watch != nullptr) e->watch->TryCancel();
   }
   for (grpc::ClientContext* call : calls_) call->TryCancel();
   stop_cv_.SignalAll();
 }
 
+size_t EncoderPool::size() const {
+  absl::MutexLock lock(&mu_);
+  return encoders_.size();
+}
+
 int64_t EncoderPool::up() const {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
-  for (const auto& e : encoders_) n += e->up ? 1 : 0;
+  for (const auto& [endpoint, e] : encoders_) n += e->up ? 1 : 0;
   return n;
 }
 
 void EncoderPool::SetUp(Encoder* encoder, bool up, const std::string& why) {
   {
     absl::MutexLock lock(&mu_);
-    if (encoder->up == up) return;
+    // One that left the set: SetEndpoints reports it down.
+    if (encoder->up == up || encoder->removed) return;
     encoder->up = up;
   }
   if (up) {
@@ -127,7 +177,7 @@ void EncoderPool::WatchLoop(Encoder* encoder) {
     auto context = std::make_shared<grpc::ClientContext>();
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_) return;
+      if (stopping_ || encoder->removed) return;
       encoder->watch = context;
     }
     AttachSharedToken(context.get(), options_.auth_token);
@@ -158,7 +208,9 @@ void EncoderPool::WatchLoop(Encoder* encoder) {
     absl::MutexLock lock(&mu_);
     encoder->watch = nullptr;
     const absl::Time until = absl::Now() + options_.watch_backoff;
-    while (!stopping_ && absl::Now() < until) stop_cv_.WaitWithDeadline(&mu_, until);
+    while (!stopping_ && !encoder->removed && absl::Now() < until) {
+      stop_cv_.WaitWithDeadline(&mu_, until);
+    }
   }
 }
 
@@ -167,7 +219,7 @@ void EncoderPool::MonitorLoop() {
   while (!stopping_) {
     stop_cv_.WaitWithTimeout(&mu_, options_.stale_after / 4);
     const absl::Time now = absl::Now();
-    for (auto& e : encoders_) {
+    for (auto& [endpoint, e] : encoders_) {
       // A stream that went quiet (a partition: no reset reached us) is ended; its loop opens a
       // new one.
       if (e->up && e->watch != nullptr && now - e->last_seen > options_.stale_after) {
@@ -181,9 +233,13 @@ absl::StatusOr<EncodedImage> EncoderPool::Encode(const std::string& bytes,
                                                  const Hash128& content_hash, absl::Time deadline,
                                                  const std::string& trace_id) {
   std::vector<EncoderLoadView> views;
+  std::vector<std::shared_ptr<Encoder>> encoders;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& e : encoders_) views.push_back({e->endpoint, e->up, e->backlog});
+    for (const auto& [endpoint, e] : encoders_) {
+      views.push_back({e->endpoint, e->up, e->backlog});
+      encoders.push_back(e);
+    }
   }
   const std::vector<size_t> order = EncoderOrder(content_hash, views, options_.backlog_slack);
   if (order.empty()) return absl::UnavailableError("no encoder is up");
@@ -198,7 +254,7 @@ absl::StatusOr<EncodedImage> EncoderPool::Encode(const std::string& bytes,
   absl::Status last;
   int tried = 0;
   for (size_t index : order) {
-    Encoder* encoder = encoders_[index].get();
+    Encoder* encoder = encoders[index].get();
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError("the request's deadline passed while encoding its images");

@@ -17,15 +17,19 @@
 //     prefill and decode workers both fetch, a retry may fetch again; nothing tells the router
 //     when the last fetch happened).
 //
+//   - The set: the endpoints given, replaced by SetEndpoints (the router's --encoders_dns); an
+//     encoder that leaves the set ends its stream and counts as down (on_state).
+//
 // Bounded: one thread per encoder (its Watch stream, blocking reads), one monitor thread; the
-// last status of each encoder only; Encode blocks its caller (the router runs it on its image
-// executor, never on an HTTP I/O thread). Thread-safe.
+// last status of each encoder only; at most kMaxEncoders. Encode blocks its caller (the router
+// runs it on its encode executor, never on an HTTP I/O thread). Thread-safe.
 
 #ifndef FERRY_ROUTER_ENCODE_ENCODER_POOL_H_
 #define FERRY_ROUTER_ENCODE_ENCODER_POOL_H_
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -43,7 +47,7 @@
 namespace ferry {
 
 struct EncoderPoolOptions {
-  std::vector<std::string> endpoints;  // host:port, at most kMaxEncoders
+  std::vector<std::string> endpoints;  // host:port, at most kMaxEncoders (SetEndpoints: more)
   SharedToken auth_token;
   absl::Duration encode_timeout = absl::Seconds(30);  // one Encode call, at most
   absl::Duration watch_backoff = absl::Milliseconds(500);
@@ -66,8 +70,13 @@ class EncoderPool {
  public:
   static constexpr size_t kMaxEncoders = 256;
 
-  // Starts the Watch streams. InvalidArgument: no endpoint, too many, or a malformed one.
+  // Starts the Watch streams. InvalidArgument: too many endpoints, or a malformed one (none is
+  // fine: SetEndpoints brings them).
   static absl::StatusOr<std::unique_ptr<EncoderPool>> Start(EncoderPoolOptions options);
+
+  // The encoders are now `endpoints`: new ones get a stream, those absent leave (their streams
+  // end; Encode calls in flight to them finish). Errors as Start's; the set is then unchanged.
+  absl::Status SetEndpoints(std::vector<std::string> endpoints);
   ~EncoderPool();  // Shutdown, then joins the threads (Encode calls must have returned)
 
   // Ends the Watch streams and cancels the Encode calls in flight (they return Unavailable, as
@@ -83,7 +92,7 @@ class EncoderPool {
 
   // Encoders up now, of all.
   int64_t up() const;
-  size_t size() const { return encoders_.size(); }
+  size_t size() const;
 
  private:
   struct Encoder;
@@ -93,12 +102,14 @@ class EncoderPool {
   void SetUp(Encoder* encoder, bool up, const std::string& why);
 
   const EncoderPoolOptions options_;
-  std::vector<std::unique_ptr<Encoder>> encoders_;
   mutable absl::Mutex mu_;
   absl::CondVar stop_cv_;
+  // By endpoint; an Encode call holds its encoders (shared) while it runs.
+  std::map<std::string, std::shared_ptr<Encoder>> encoders_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);  // Encode calls in flight
-  std::vector<std::thread> threads_;
+  std::thread monitor_;
+  absl::Mutex set_mu_;  // one SetEndpoints at a time (it joins the threads of those that left)
 };
 
 }  // namespace ferry

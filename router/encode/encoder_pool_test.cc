@@ -141,11 +141,47 @@ class EncoderPoolTest : public ::testing::Test {
 
 TEST_F(EncoderPoolTest, RefusesBadEndpoints) {
   for (const std::vector<std::string>& endpoints :
-       std::vector<std::vector<std::string>>{{}, {"nohost"}, {"host:0"}, {":80"}, {"h:99999"}}) {
+       std::vector<std::vector<std::string>>{{"nohost"}, {"host:0"}, {":80"}, {"h:99999"}}) {
     EncoderPoolOptions options;
     options.endpoints = endpoints;
     EXPECT_EQ(EncoderPool::Start(options).status().code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+TEST_F(EncoderPoolTest, TheSetChangesAndImagesMoveWithIt) {
+  StartEncoders(2);
+  const std::vector<std::string> both = addresses_;
+  addresses_ = {both[0]};
+  StartPool();  // the first only
+  addresses_ = both;
+  WaitStates({true, false});
+  const Hash128 image = Xxh3Hash128("image");
+  auto encoded = Encode(image);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  EXPECT_EQ(encoded->endpoint, both[0]);
+  // Both: the image goes to its preferred one.
+  ASSERT_TRUE(pool_->SetEndpoints(both).ok());
+  WaitStates({true, true});
+  EXPECT_EQ(pool_->size(), 2u);
+  encoded = Encode(image);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  EXPECT_EQ(encoded->endpoint, both[Preferred(image)]);
+  // The preferred one leaves: reported down, the image goes to the other.
+  const int other = 1 - Preferred(image);
+  ASSERT_TRUE(pool_->SetEndpoints({both[other]}).ok());
+  std::vector<bool> states(2, false);
+  states[other] = true;
+  WaitStates(states);
+  EXPECT_EQ(pool_->size(), 1u);
+  encoded = Encode(image);
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  EXPECT_EQ(encoded->endpoint, both[other]);
+  // None: nothing to try; a bad one refused, the set kept.
+  EXPECT_EQ(pool_->SetEndpoints({"nohost"}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool_->size(), 1u);
+  ASSERT_TRUE(pool_->SetEndpoints({}).ok());
+  WaitStates({false, false});
+  EXPECT_EQ(Encode(image).status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST_F(EncoderPoolTest, NoneUpIsUnavailable) {
