@@ -15,20 +15,25 @@ them by handle); the same image again is a hit in the encoder's cache (the route
 An encoder SIGKILLed: requests complete with the same tokens, their images inline (the router's
 "fallback", the worker encodes them). Two encoders: the one holding an image killed, the image
 goes to the other. A worker SIGKILLed mid-stream: the request migrates with its image inline and
-ends with transformers' tokens. Handles that are gone when the worker fetches them (an encoder with a 1 ns TTL):
+ends with transformers' tokens. Encoders by DNS (--encoders_dns, dnsmasq): the name moving to
+another encoder moves the images. Handles that are gone when the worker fetches them (an encoder with a 1 ns TTL):
 the worker fails the attempt UNAVAILABLE and the router's retry sends the image inline; the
 tokens are the same. Every process started is killed at the end (PR_SET_PDEATHSIG).
 """
 import base64
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
 import unittest
 
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ferry_services import get, metric, start, stop_all, wait_for, wait_workers_up  # noqa: E402
+from ferry_services import (TMP, get, metric, start, stop_all, wait_for,  # noqa: E402
+                            wait_workers_up)
 
 ROUTER, WORKER, ENCODER, MODEL, REFERENCE = sys.argv[1:6]
 with open(REFERENCE) as f:
@@ -246,6 +251,130 @@ class EpdTest(unittest.TestCase):
         # The attempt on the other worker carried the image's bytes, not the first handle.
         self.assertEqual(metric(admin, "ferry_router_images_inlined_on_retry_total"),
                          len(case["images"]))
+
+    def test_7_encoders_by_dns(self):
+        # Encoders of one pool share a port and differ by address, as pods do; dnsmasq answers
+        # the pool's name from a hosts file the test rewrites.
+        port = free_port(["127.0.0.2", "127.0.0.3"])
+        encoders = {}
+        for host in ("127.0.0.2", "127.0.0.3"):
+            _, _, admin_port = start_encoder(f"encoder_dns_{host}", [f"--address={host}:{port}"])
+            encoders[f"{host}:{port}"] = admin_port
+        dns = Dnsmasq()
+        try:
+            dns.serve(["127.0.0.2 encoders.ferry.test"], "encoders.ferry.test", ["127.0.0.2"])
+            _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
+                                  f"--workers={WORKER_ADDRESS}",
+                                  f"--encoders_dns=encoders.ferry.test:{port}",
+                                  f"--dns_servers=127.0.0.1:{dns.port}", "--dns_interval=200ms"],
+                         "router_dns")
+            admin = r["admin_port"]
+            wait_workers_up(admin, 1, "router_dns")
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{r['http_port']}/v1",
+                                   api_key="none", max_retries=0, timeout=120)
+
+            def up(endpoint):
+                return metric(admin, f'ferry_router_encoder_up{{encoder="{endpoint}"}}') == 1
+
+            first, second = sorted(encoders)
+            wait_for(lambda: up(first), "the first encoder found and up")
+            self.assert_transformers(chat(client, CASES[0]), CASES[0])
+            self.assertEqual(metric(encoders[first], ENCODED), 1)
+            # The name moves to the second encoder: the first leaves, the second takes the image.
+            dns.serve(["127.0.0.3 encoders.ferry.test"], "encoders.ferry.test", ["127.0.0.3"])
+            wait_for(lambda: up(second) and not up(first), "the pool following the DNS")
+            self.assert_transformers(chat(client, CASES[0]), CASES[0])
+            self.assertEqual(metric(encoders[second], ENCODED), 1)
+            self.assertEqual(metric(admin, encodes("fallback")), 0)
+        finally:
+            dns.stop()
+
+
+def free_port(hosts):
+    """A TCP port free on every one of `hosts` now."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((hosts[0], 0))
+            port = s.getsockname()[1]
+        try:
+            for host in hosts[1:]:
+                with socket.socket() as s:
+                    s.bind((host, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port")
+
+
+class Dnsmasq:
+    """dnsmasq in the foreground on 127.0.0.1, authoritative for ferry.test, answering from a
+    hosts file with TTL 0 and no cache (as dns_discovery_test's)."""
+
+    def __init__(self):
+        self.hosts = os.path.join(TMP, "dns.hosts")
+        self.proc = None  # (a SIGHUP before dnsmasq set its handler would end it)
+        self.write(["127.0.0.99 ready.ferry.test"])
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.bind(("127.0.0.1", 0))
+                self.port = s.getsockname()[1]
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", self.port))
+                break
+            except OSError:
+                continue
+        with open(os.path.join(TMP, "dnsmasq.log"), "w") as log:
+            self.proc = subprocess.Popen(
+                ["/usr/sbin/dnsmasq", "--keep-in-foreground", "--no-daemon",
+                 "--conf-file=/dev/null", "--pid-file=", "--listen-address=127.0.0.1",
+                 "--bind-interfaces", f"--port={self.port}", "--no-resolv", "--no-hosts",
+                 "--local=/ferry.test/", f"--addn-hosts={self.hosts}", "--local-ttl=0",
+                 "--cache-size=0", "--no-negcache",
+                 "--user=root" if os.getuid() == 0 else "--user="],
+                stdout=log, stderr=log)
+        wait_for(lambda: self.lookup("ready.ferry.test") == ["127.0.0.99"], "dnsmasq answering")
+
+    def write(self, lines):
+        tmp = self.hosts + ".next"
+        with open(tmp, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+        os.replace(tmp, self.hosts)
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGHUP)
+
+    def lookup(self, name):
+        """The A records dnsmasq gives for `name` now (sorted); [] while it does not answer."""
+        import random
+        import struct
+        q = struct.pack(">HHHHHH", random.randrange(65536), 0x0100, 1, 0, 0, 0)
+        q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+        q += struct.pack(">HH", 1, 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(1)
+            try:
+                s.sendto(q, ("127.0.0.1", self.port))
+                r = s.recv(4096)
+            except OSError:
+                return []
+        found, i = [], len(q)
+        for _ in range(struct.unpack(">H", r[6:8])[0]):
+            i += 2 if r[i] & 0xC0 == 0xC0 else r.index(b"\0", i) + 1 - i
+            typ, _, _, rdlen = struct.unpack(">HHIH", r[i:i + 10])
+            i += 10
+            if typ == 1:
+                found.append(socket.inet_ntoa(r[i:i + rdlen]))
+            i += rdlen
+        return sorted(found)
+
+    def serve(self, lines, name, want):
+        """Serves `lines` and waits until dnsmasq answers `name` with `want`."""
+        self.write(lines)
+        wait_for(lambda: self.lookup(name) == sorted(want), f"dnsmasq serving {name}: {want}")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
 
 
 if __name__ == "__main__":
