@@ -10,7 +10,7 @@ REFERENCE_JSON is router_vlm_reference.py's (transformers' LlavaProcessor and
 LlavaForConditionalGeneration): per case, the prompt's input_ids and the greedy tokens.
 
 Checks: through an encoder, each case's prompt and greedy tokens are transformers' (aggregated, and
-prefill + decode workers); the encoder encoded the images and the worker did not (the request named
+prefill + decode workers), and Anthropic's Messages API gives the same text; the encoder encoded the images and the worker did not (the request named
 them by handle); the same image again is a hit in the encoder's cache (the router's "cached").
 An encoder SIGKILLed: requests complete with the same tokens, their images inline (the router's
 "fallback", the worker encodes them). Two encoders: the one holding an image killed, the image
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import unittest
 
+import anthropic
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -127,6 +128,20 @@ class EpdTest(unittest.TestCase):
         self.assertEqual(metric(admin, encodes("cached")), sent - len(seen))
         # The worker fetched every image's rows by handle.
         self.assertEqual(metric(WORKER_ADMIN, FETCHED), fetched + sent)
+        # Anthropic's Messages API (base64 image blocks): the same text; its image is a hit.
+        case = CASES[0]
+        text = chat(client, case).choices[0].message.content
+        hits = metric(encoder_admin, HITS)
+        m = anthropic.Anthropic(base_url=str(client.base_url).rsplit("/v1", 1)[0], api_key="none",
+                                max_retries=0).messages.create(
+            model="tiny", max_tokens=MAX_TOKENS, extra_body={"temperature": 0},
+            messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": MEDIA[n.rsplit(".", 1)[1]],
+                                             "data": data_url(n).split(",", 1)[1]}}
+                for n in case["images"]] + [{"type": "text", "text": case["text"]}]}])
+        self.assertEqual("".join(b.text for b in m.content if b.type == "text"), text)
+        self.assertEqual(metric(encoder_admin, HITS), hits + len(case["images"]))
+        sent += 2 * len(case["images"])
         # The same request again: its image is a hit.
         self.assert_transformers(chat(client, CASES[0]), CASES[0])
         self.assertEqual(metric(encoder_admin, ENCODED), len(seen))
