@@ -379,8 +379,9 @@ void ApiCall::Continue() {
     encoded_ = true;
     auto self = shared_from_this();
     if (context_.encodes->Submit([self] { self->EncodeImages(); })) return;
-    for (size_t i = 0; i < CollectImages(request_).size(); ++i)
+    for (size_t i = 0; i < CollectImages(request_).size(); ++i) {
       context_.metrics->Encode("fallback");
+    }
   }
   BuiltPrompt prompt;
   error = context_.prompts->Build(request_, pool.max_context_tokens, &prompt);
