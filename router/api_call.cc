@@ -328,6 +328,43 @@ void ApiCall::FetchImages() {
   Continue();
 }
 
+void ApiCall::EncodeImages() {
+  std::vector<const std::string*> bytes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (answered_) return;  // the client left while the call waited
+    // (The images' bytes stay as they are from here on: Continue only reads them.)
+    for (const ApiImage* image : CollectImages(request_)) bytes.push_back(&image->bytes);
+  }
+  const absl::Time deadline = absl::Now() + context_.request_timeout;
+  std::vector<std::optional<EncodedImage>> handles(bytes.size());
+  std::map<Hash128, size_t> first;  // an image repeated in the request is encoded once
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const Hash128 hash = Xxh3Hash128(*bytes[i]);
+    if (auto it = first.find(hash); it != first.end()) {
+      handles[i] = handles[it->second];
+      continue;
+    }
+    first[hash] = i;
+    absl::StatusOr<EncodedImage> encoded =
+        context_.encoders->Encode(*bytes[i], hash, deadline, trace_id_);
+    if (!encoded.ok()) {
+      LOG(WARNING) << LogTraceId(trace_id_) << "image " << hash.ToHex()
+                   << " goes inline (no encoder could encode it: " << encoded.status() << ")";
+      context_.metrics->Encode("fallback");
+      continue;
+    }
+    context_.metrics->Encode(encoded->tried > 1 ? "failover" : encoded->cached ? "cached" : "ok");
+    handles[i] = *std::move(encoded);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    encoded_ = true;
+    handles_ = std::move(handles);
+  }
+  Continue();
+}
+
 void ApiCall::Continue() {
   absl::ReleasableMutexLock lock(&mu_);
   if (answered_) return;  // the client left
@@ -335,6 +372,16 @@ void ApiCall::Continue() {
   ApiError error;
   if (!pool.known) {
     return Fail({absl::UnavailableError("no worker has been up yet to serve the model"), "", ""});
+  }
+  if (!encoded_ && context_.encoders != nullptr && context_.encodes != nullptr &&
+      context_.prompts->vision().has_value() && !CollectImages(request_).empty()) {
+    // The Encode calls block: off this thread. The executor full: the images go inline.
+    encoded_ = true;
+    auto self = shared_from_this();
+    if (context_.encodes->Submit([self] { self->EncodeImages(); })) return;
+    for (size_t i = 0; i < CollectImages(request_).size(); ++i) {
+      context_.metrics->Encode("fallback");
+    }
   }
   BuiltPrompt prompt;
   error = context_.prompts->Build(request_, pool.max_context_tokens, &prompt);
@@ -374,9 +421,10 @@ void ApiCall::Continue() {
   t->mutable_model()->set_name(pool.model_name);
   SetHash(pool.fingerprint, t->mutable_model()->mutable_fingerprint());
   for (TokenId id : prompt.tokens) t->add_prompt_token_ids(id);
-  // The images: their bytes as the client sent them (the worker decodes and encodes them, and
-  // gets them again on a retry or migration: the dispatcher re-sends this request whole), their
-  // content hash, and their placeholder spans, which the block hashes cover.
+  // The images: an encoder's handle (EncodeImages), or their bytes as the client sent them (the
+  // worker decodes and encodes them; a retry or migration sends the bytes of those sent by handle:
+  // DispatchRequest.inline_images), their content hash, and their placeholder spans, which the
+  // block hashes cover.
   std::vector<PromptImageSpan> spans;
   const std::vector<const ApiImage*> images = CollectImages(request_);
   for (size_t i = 0; i < prompt.images.size() && i < images.size(); ++i) {
@@ -385,7 +433,16 @@ void ApiCall::Continue() {
     SetHash(hash, image->mutable_content_hash());
     image->set_placeholder_start(static_cast<uint32_t>(prompt.images[i].start));
     image->set_placeholder_length(static_cast<uint32_t>(prompt.images[i].length));
-    image->set_image_data(images[i]->bytes);
+    const std::optional<EncodedImage>* handle = i < handles_.size() ? &handles_[i] : nullptr;
+    if (handle != nullptr && handle->has_value() &&
+        (*handle)->num_tokens == static_cast<uint32_t>(prompt.images[i].length)) {
+      image->set_embeddings_handle((*handle)->handle);
+      image->set_encoder_endpoint((*handle)->endpoint);
+      dispatch.inline_images.push_back(images[i]->bytes);
+    } else {
+      image->set_image_data(images[i]->bytes);
+      dispatch.inline_images.emplace_back();
+    }
     spans.push_back({hash, static_cast<uint32_t>(prompt.images[i].start),
                      static_cast<uint32_t>(prompt.images[i].length)});
   }

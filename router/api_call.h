@@ -40,6 +40,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,7 @@
 #include "router/billing.h"
 #include "router/dispatch/dispatcher.h"
 #include "router/dispatch/store_probe.h"
+#include "router/encode/encoder_pool.h"
 #include "router/http/http_server.h"
 #include "router/image_fetch_executor.h"
 #include "router/registry/worker_registry.h"
@@ -90,6 +92,12 @@ struct ApiContext {
   ImageFetchExecutor* image_fetches = nullptr;
   absl::Duration image_fetch_timeout = absl::Seconds(10);
   absl::Duration request_timeout = absl::Minutes(10);
+  // Encoders (both null: none; images go inline): with a vision model, a request's images are
+  // encoded on `encoders` from the `encodes` executor's threads before the prompt is dispatched,
+  // and sent as handles (router/encode/encoder_pool.h); the executor full, or the encoders failing:
+  // inline.
+  EncoderPool* encoders = nullptr;
+  ImageFetchExecutor* encodes = nullptr;
   SloObjectives slo;  // what ferry_router_slo_requests_total judges requests against
 };
 
@@ -125,7 +133,10 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   void Start(const HttpRequest& request);
   // Fetches the request's remote images (on an image fetch thread), checks them, then Continue.
   void FetchImages();
-  // Prompt, hash, writer, then the store probe or Dispatch.
+  // Encodes the request's images on the encoders (on an encode thread), then Continue.
+  void EncodeImages();
+  // Prompt, hash, writer, then the store probe or Dispatch (first EncodeImages on the encode
+  // executor when the request has images and encoders are configured).
   void Continue();
   // Hands the request to the dispatcher (unless the client left).
   void Dispatch(DispatchRequest dispatch);
@@ -156,6 +167,9 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   absl::Mutex mu_;
   ApiRequest request_ ABSL_GUARDED_BY(mu_);
   std::vector<ApiMessage> history_ ABSL_GUARDED_BY(mu_);  // Responses: the stored conversation
+  // The images' encoder handles (CollectImages order; nullopt: sent inline), once encoded_ is set.
+  bool encoded_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::optional<EncodedImage>> handles_ ABSL_GUARDED_BY(mu_);
   int64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<ApiWriter> writer_ ABSL_GUARDED_BY(mu_);
   std::vector<ChoiceOutputs> choices_ ABSL_GUARDED_BY(mu_);

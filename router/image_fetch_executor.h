@@ -1,6 +1,8 @@
-// The threads on which the router's blocking image fetches run (router/api/image_url_fetcher.h):
-// an API call whose request holds remote image URLs hands the rest of its pipeline (fetch, check,
-// prompt, hash, dispatch) to this executor instead of blocking the HTTP I/O thread.
+// The threads on which the router's blocking image work runs: an API call whose request holds
+// remote image URLs (router/api/image_url_fetcher.h) hands the rest of its pipeline (fetch, check,
+// prompt, hash, dispatch) to one instance instead of blocking the HTTP I/O thread; with
+// --encoders, a call with images hands its Encode calls (router/encode/encoder_pool.h) and the
+// rest of its pipeline to another.
 //
 // Bounded: `threads` run tasks in arrival order, at most `max_queued` wait for a thread; Submit
 // refuses a task beyond that (the caller answers 503 and counts it). The destructor drops the tasks

@@ -33,6 +33,7 @@
 #include "router/auth/rate_limiter.h"
 #include "router/billing.h"
 #include "router/dispatch/dispatcher.h"
+#include "router/encode/encoder_pool.h"
 #include "router/fetch/remote_image_fetcher.h"
 #include "router/http/http_status.h"
 #include "router/registry/worker_registry.h"
@@ -315,6 +316,7 @@ class Router::Impl {
       m->PrefillPhases(queue, compute, push_tail, store_read);
     };
     observer.retried = [m] { m->Retry(); };
+    observer.images_inlined = [m](int64_t images) { m->ImagesInlined(images); };
     observer.queue_depth = [m](int64_t depth, int64_t tokens) { m->QueueDepth(depth, tokens); };
     observer.queue_wait = [m](const char* pool, double seconds) { m->QueueWait(pool, seconds); };
     observer.queue_expired = [m](const std::string& reason) { m->QueueExpired(reason); };
@@ -365,6 +367,43 @@ class Router::Impl {
       context_.image_fetcher = image_url_fetcher_.get();
       context_.image_fetches = image_fetches_.get();
       context_.image_fetch_timeout = options_.image_fetch_timeout;
+    }
+    // Encoders: with a vision model only (a text-only model refuses images before they would be
+    // encoded).
+    if (!options_.encoders.empty() || !options_.encoders_dns.empty()) {
+      if (!prompts_->vision().has_value()) {
+        LOG(WARNING) << "--encoders given, but " << options_.model
+                     << " is not a vision model: the encoders are not used";
+      } else {
+        EncoderPoolOptions eo;
+        eo.endpoints = options_.encoders;
+        eo.auth_token = token;
+        eo.encode_timeout = options_.encode_timeout;
+        eo.expected_image_tokens = static_cast<uint32_t>(prompts_->vision()->tokens_per_image);
+        eo.on_state = [m](const std::string& endpoint, bool up) { m->EncoderUp(endpoint, up); };
+        for (const std::string& e : options_.encoders) m->EncoderUp(e, false);
+        ASSIGN_OR_RETURN(encoder_pool_, EncoderPool::Start(std::move(eo)));
+        if (!options_.encoders_dns.empty()) {
+          // The listed encoders and the names' addresses, as each lookup finds them.
+          EncoderPool* pool = encoder_pool_.get();
+          const std::vector<std::string> listed = options_.encoders;
+          ASSIGN_OR_RETURN(
+              encoders_dns_,
+              DnsDiscovery::Start(DiscoveryOptions(options_.encoders_dns, "encoders"),
+                                  [pool, listed](std::vector<std::string> found) {
+                                    found.insert(found.end(), listed.begin(), listed.end());
+                                    if (absl::Status s = pool->SetEndpoints(std::move(found));
+                                        !s.ok()) {
+                                      LOG(WARNING) << "encoders from DNS: " << s;
+                                    }
+                                  }));
+        }
+        encodes_ = std::make_unique<ImageFetchExecutor>(options_.encode_threads,
+                                                        options_.max_queued_encodes);
+        context_.encoders = encoder_pool_.get();
+        context_.encodes = encodes_.get();
+        LOG(INFO) << "images: encoded on " << encoder_pool_->size() << " encoder(s)";
+      }
     }
     // Before a worker reports the context: the body limit's (ApiCall widens them for the pool).
     context_.limits.json = RequestJsonLimits(options_.http.max_body_bytes, 0);
@@ -446,8 +485,12 @@ class Router::Impl {
     }
     if (http_ != nullptr) http_->Shutdown(options_.shutdown_grace);
     image_fetches_.reset();  // (its running fetches finish; what waits is dropped)
-    store_probe_.reset();    // (what it still holds is dispatched, or dropped with the queue)
-    dispatcher_.reset();     // waits for the streams still running
+    encoders_dns_.reset();   // (its callback uses the pool)
+    if (encoder_pool_ != nullptr) encoder_pool_->Shutdown();  // (running encodes end at once)
+    encodes_.reset();  // (their requests go on with the images inline)
+    encoder_pool_.reset();
+    store_probe_.reset();  // (what it still holds is dispatched, or dropped with the queue)
+    dispatcher_.reset();   // waits for the streams still running
     if (registry_ != nullptr) registry_->Stop();
     if (admin_ != nullptr) admin_->Stop();
     LOG(INFO) << "router stopped";
@@ -848,6 +891,10 @@ class Router::Impl {
   std::unique_ptr<DnsDiscovery> store_dns_;  // null without --kvstore_dns
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<ImageFetchExecutor> image_fetches_;  // null without an image URL fetcher
+  std::unique_ptr<EncoderPool> encoder_pool_;
+  std::unique_ptr<DnsDiscovery> encoders_dns_;   // null without --encoders_dns    // null without
+                                                 // --encoders (or a vision model)
+  std::unique_ptr<ImageFetchExecutor> encodes_;  // the Encode calls' threads (with the pool)
   ApiContext context_;
   std::unique_ptr<AdminServer> admin_;
   std::unique_ptr<HttpServer> http_;

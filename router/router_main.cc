@@ -139,6 +139,18 @@ ABSL_FLAG(std::string, image_url_ca_file, "/etc/ssl/certs/ca-certificates.crt",
           "the CA bundle remote images' HTTPS servers are verified against");
 ABSL_FLAG(absl::Duration, image_fetch_timeout, absl::Seconds(10),
           "one remote image's fetch at most (and the request's deadline)");
+ABSL_FLAG(std::vector<std::string>, encoders, {},
+          "ferry-encoder endpoints (host:port,...): with a vision model, images are encoded there "
+          "(affinity by content hash, failover, inline bytes when none is up); empty: the workers "
+          "encode them");
+ABSL_FLAG(std::vector<std::string>, encoders_dns, {},
+          "ferry-encoder pools by DNS (name:port,...: each name's A/AAAA records, looked up every "
+          "--dns_interval), with --encoders");
+ABSL_FLAG(int, encode_threads, 8, "threads that call the encoders (with --encoders)");
+ABSL_FLAG(int64_t, max_queued_encodes, 256,
+          "requests waiting for an encode thread at most (beyond: their images go inline)");
+ABSL_FLAG(absl::Duration, encode_timeout, absl::Seconds(30),
+          "one Encode call at most (and the request's deadline)");
 ABSL_FLAG(absl::Duration, request_timeout, absl::Minutes(10), "a request's deadline");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(5),
           "a silent worker is down after this");
@@ -249,6 +261,11 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(image_fetch_threads, image_fetch_threads);
   FROM_FLAG(max_queued_image_fetches, max_queued_image_fetches);
   FROM_FLAG(image_fetch_timeout, image_fetch_timeout);
+  FROM_FLAG(encoders, encoders);
+  FROM_FLAG(encoders_dns, encoders_dns);
+  FROM_FLAG(encode_threads, encode_threads);
+  FROM_FLAG(max_queued_encodes, max_queued_encodes);
+  FROM_FLAG(encode_timeout, encode_timeout);
   FROM_FLAG(request_timeout, request_timeout);
   FROM_FLAG(heartbeat_timeout, heartbeat_timeout);
   FROM_FLAG(auth_token_file, auth_token_file);

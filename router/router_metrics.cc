@@ -231,6 +231,24 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                             "Remote image URLs fetched (ok), refused by the fetcher (error), and "
                             "requests refused for a full fetch queue (queue_full).")
                         .Register(registry);
+  encodes_ = &prometheus::BuildCounter()
+                  .Name("ferry_router_encodes_total")
+                  .Help(
+                      "Images sent to the encoders (--encoders), by result: ok (encoded by the "
+                      "first choice), cached (an encoder had it), failover (encoded after "
+                      "another encoder failed), fallback (none could: the bytes went inline).")
+                  .Register(registry);
+  encoder_up_ = &prometheus::BuildGauge()
+                     .Name("ferry_router_encoder_up")
+                     .Help("1 while the encoder's status stream is up (--encoders), else 0.")
+                     .Register(registry);
+  images_inlined_ = &prometheus::BuildCounter()
+                         .Name("ferry_router_images_inlined_on_retry_total")
+                         .Help(
+                             "Images a retry or migration sent as inline bytes instead of the "
+                             "encoder handle of the failed attempt.")
+                         .Register(registry)
+                         .Add({});
   auto& slo = prometheus::BuildCounter()
                   .Name("ferry_router_slo_requests_total")
                   .Help(
@@ -377,6 +395,16 @@ void RouterMetrics::Refusal(const std::string& reason) {
 
 void RouterMetrics::ImageFetch(const char* result) {
   image_fetches_->Add({{"result", result}}).Increment();
+}
+
+void RouterMetrics::Encode(const char* result) { encodes_->Add({{"result", result}}).Increment(); }
+
+void RouterMetrics::EncoderUp(const std::string& endpoint, bool up) {
+  encoder_up_->Add({{"encoder", endpoint}}).Set(up ? 1 : 0);
+}
+
+void RouterMetrics::ImagesInlined(int64_t images) {
+  images_inlined_->Increment(static_cast<double>(images));
 }
 
 void RouterMetrics::ToolCall(const std::string& arguments) {

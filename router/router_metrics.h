@@ -132,6 +132,13 @@ class RouterMetrics {
   void ToolCall(const std::string& arguments);
   // "ok", "error", "queue_full".
   void ImageFetch(const char* result);
+  // An image's encode (router/encode/encoder_pool.h): "ok" (encoded by its first choice),
+  // "cached" (an encoder had it), "failover" (encoded after another encoder failed), "fallback"
+  // (no encoder could: its bytes went inline).
+  void Encode(const char* result);
+  void EncoderUp(const std::string& endpoint, bool up);
+  // A retry or migration sent `images` inline instead of their encoder handles.
+  void ImagesInlined(int64_t images);
   // "ttft" or "itl".
   void Slo(const char* objective, bool met);
 
@@ -175,6 +182,9 @@ class RouterMetrics {
   prometheus::Counter* prompt_decode_memory_;
   prometheus::Counter* completion_;
   prometheus::Gauge* workers_up_;
+  prometheus::Family<prometheus::Counter>* encodes_;
+  prometheus::Family<prometheus::Gauge>* encoder_up_;
+  prometheus::Counter* images_inlined_;
   prometheus::Gauge* workers_down_;
   prometheus::Family<prometheus::Counter>* refusals_;
   prometheus::Family<prometheus::Counter>* tool_calls_;

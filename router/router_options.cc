@@ -79,6 +79,13 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("image_url_hosts", &o->image_url_hosts));
   RETURN_IF_ERROR(c.Read("image_url_ca_file", &o->image_url_ca_file));
   RETURN_IF_ERROR(c.ReadDuration("image_fetch_timeout", &o->image_fetch_timeout));
+  RETURN_IF_ERROR(c.Read("encoders", &o->encoders));
+  RETURN_IF_ERROR(c.Read("encoders_dns", &o->encoders_dns));
+  i = o->encode_threads;
+  RETURN_IF_ERROR(c.Read("encode_threads", &i));
+  o->encode_threads = i;
+  RETURN_IF_ERROR(c.Read("max_queued_encodes", &o->max_queued_encodes));
+  RETURN_IF_ERROR(c.ReadDuration("encode_timeout", &o->encode_timeout));
   RETURN_IF_ERROR(c.ReadDuration("request_timeout", &o->request_timeout));
   RETURN_IF_ERROR(c.ReadDuration("heartbeat_timeout", &o->heartbeat_timeout));
   RETURN_IF_ERROR(c.Read("auth_token_file", &o->auth_token_file));
@@ -182,6 +189,12 @@ absl::Status ValidateRouterOptions(const RouterOptions& o) {
     return bad(
         "--image_fetch_threads must be in [1, 256], --max_queued_image_fetches at least 0 "
         "and --image_fetch_timeout positive");
+  }
+  if (o.encoders.size() > 256 || o.encode_threads < 1 || o.encode_threads > 256 ||
+      o.max_queued_encodes < 0 || o.encode_timeout <= absl::ZeroDuration()) {
+    return bad(
+        "--encoders takes at most 256 encoders, --encode_threads must be in [1, 256], "
+        "--max_queued_encodes at least 0 and --encode_timeout positive");
   }
   if (o.http.max_header_bytes < 1024 || o.http.max_body_bytes < 1024) {
     return bad("--max_header_bytes and --max_body_bytes must be at least 1KiB");

@@ -102,6 +102,18 @@ struct RouterOptions {
   int image_fetch_threads = 4;
   int64_t max_queued_image_fetches = 64;
   absl::Duration image_fetch_timeout = absl::Seconds(10);
+  // Encoders (ferry-encoder, "host:port" each; docs/serving/encoder.md "The router's side"): with
+  // a vision model, each image of a request is encoded on one (router/encode/encoder_pool.h) and
+  // reaches the workers as a handle; none up, or all failing: the bytes go inline (the worker
+  // encodes them). The Encode calls block, so they run on encode_threads threads (at most
+  // max_queued_encodes requests waiting; beyond: the images go inline), each call at most
+  // encode_timeout (and the request's deadline). Empty: images always go inline.
+  std::vector<std::string> encoders;
+  // Encoders found by DNS ("name:port" each, as workers_dns), with `encoders`.
+  std::vector<std::string> encoders_dns;
+  int encode_threads = 8;
+  int64_t max_queued_encodes = 256;
+  absl::Duration encode_timeout = absl::Seconds(30);
   absl::Duration request_timeout = absl::Minutes(10);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   std::string auth_token_file;  // the workers' shared token ("": FERRY_AUTH_TOKEN, if set)

@@ -29,9 +29,24 @@ class Dispatcher::Job {
 
   // The request the running attempt sends (once started: record.attempts counts it): the
   // client's under the attempt's own id, after a migration with the resume point (and the source
-  // of a drain hand-off). Under the dispatcher's mu_.
-  v1::GenerateRequest Attempt() const {
+  // of a drain hand-off). A retry or migration sends the images the first attempt sent by encoder
+  // handle inline instead (`inlined` counts them): the failure may have been the encoder's.
+  // Under the dispatcher's mu_.
+  v1::GenerateRequest Attempt(int64_t* inlined) const {
     v1::GenerateRequest r = request.request;
+    *inlined = 0;
+    if (record.attempts > 1) {
+      auto* images = r.mutable_request()->mutable_images();
+      for (int i = 0; i < images->size() && i < static_cast<int>(request.inline_images.size());
+           ++i) {
+        v1::PromptImage& image = (*images)[i];
+        if (image.embeddings_handle().empty() || request.inline_images[i].empty()) continue;
+        image.clear_embeddings_handle();
+        image.clear_encoder_endpoint();
+        image.set_image_data(request.inline_images[i]);
+        ++*inlined;
+      }
+    }
     r.clear_handoff_source_endpoint();
     r.clear_handoff_source_request_id();
     r.mutable_request()->mutable_context()->set_request_id(record.AttemptId());
@@ -247,6 +262,15 @@ class Dispatcher::Call final {
                        " went down during the stream (its status stream broke or fell silent)"));
       retryable = true;
     }
+    // Refused before its first token as not fitting this worker (FAILED_PRECONDITION: another
+    // encoder tower's rows) or as invalid, with images named by encoder handle: the next attempt
+    // sends their bytes, which settle it (a request that is itself bad is refused again, then
+    // with nothing to retry).
+    if (!s.ok() && !started_ && !retryable && SentHandles() &&
+        (s.code() == absl::StatusCode::kFailedPrecondition ||
+         s.code() == absl::StatusCode::kInvalidArgument)) {
+      retryable = true;
+    }
     if (handoff_ && !started_ && s.ok()) HandoffCompleted();  // ended without a new token
     AttemptOutcome outcome;
     outcome.worker = worker_;
@@ -263,6 +287,13 @@ class Dispatcher::Call final {
     }
     dispatcher_->CallEnded(job_, outcome, has_error_ ? &error_event_ : nullptr);
     Unref();
+  }
+
+  bool SentHandles() const {
+    for (const v1::PromptImage& image : request_.request().images()) {
+      if (!image.embeddings_handle().empty()) return true;
+    }
+    return false;
   }
 
   void HandoffCompleted() {
@@ -582,10 +613,11 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   Call* call = nullptr;
   std::string attempt_id, source;
   int64_t carried = 0;
+  int64_t inlined = 0;
   {
     absl::MutexLock lock(&mu_);
     ++job->record.attempts;
-    call = new Call(this, job, job->Attempt(), job->record.resumed_tokens, chosen,
+    call = new Call(this, job, job->Attempt(&inlined), job->record.resumed_tokens, chosen,
                     options_.auth_token, choice, pending, active);
     ++running_;
     job->context = call->context();
@@ -606,6 +638,11 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   if (LogEnabled(LogSeverity::kDebug)) {
     LOG(DEBUG) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id << " ("
                << attempt_id << "): to worker " << chosen.id << " (" << choice.reason << ")";
+  }
+  if (inlined > 0) {
+    LOG(INFO) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id << " ("
+              << attempt_id << "): " << inlined << " image(s) sent inline, not by encoder handle";
+    if (observer_.images_inlined) observer_.images_inlined(inlined);
   }
   if (observer_.routed) observer_.routed(policy_->name(), chosen.id);
   job->sink->OnRouted(chosen.id);

@@ -44,6 +44,10 @@
 //     "handoff_failed"; with no target, none: the same attempt id). Both count against
 //     max_migrations; a request that cannot migrate (untracked, several choices, ...) ends with its
 //     error as above.
+//   - Images sent by encoder handle (DispatchRequest.inline_images): a retry or migration sends
+//     their bytes inline instead (a handle's encoder may have died, or the handle expired). An
+//     attempt with handles that a worker refuses before its first token as FAILED_PRECONDITION
+//     (the encoder's tower is not the worker's) or INVALID_ARGUMENT is retried too (inline).
 //   - Cancel (the client went away): the queued request is dropped, or the stream is cancelled,
 //     which aborts the request on the worker at its next step.
 //   - Load: the router's own load on each worker (registry AddLoad) is exact at once: requests in
@@ -111,6 +115,11 @@ struct DispatchRequest {
   // ones the KV store holds (0: none or unknown).
   std::vector<Hash128> block_hashes;
   int64_t store_prefix_blocks = 0;
+  // For each of request's images (PromptImage, in order) sent by encoder handle, its bytes ("":
+  // one sent inline). The first attempt sends the handles; every later one (a retry, a migration,
+  // a hand-off) sends these bytes inline instead, so no attempt resends a handle whose encoder may
+  // be what failed (the worker encodes them in process). docs/serving/encoder.md.
+  std::vector<std::string> inline_images;
 };
 
 struct DispatcherOptions {
@@ -148,6 +157,8 @@ struct DispatchObserver {
   std::function<void(double queue, double compute, double push_tail, double store_read)>
       prefill_phases;
   std::function<void()> retried;
+  // A retry or migration sent `images` inline instead of their encoder handles.
+  std::function<void(int64_t images)> images_inlined;
   // The queue now: its requests, and their prompt (and resumed output) tokens.
   std::function<void(int64_t depth, int64_t tokens)> queue_depth;
   // A request left the queue after `seconds` there (to start, or to end), waiting for `pool`
