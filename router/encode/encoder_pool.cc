@@ -16,8 +16,6 @@
 
 namespace ferry {
 
-namespace v1 = ::ferry::v1;
-
 struct EncoderPool::Encoder {
   std::string endpoint;
   std::unique_ptr<v1::Encoder::Stub> stub;

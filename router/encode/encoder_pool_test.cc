@@ -16,8 +16,6 @@
 namespace ferry {
 namespace {
 
-namespace v1 = ::ferry::v1;
-
 constexpr uint32_t kImageTokens = 16;
 
 // An encoder that answers Encode with `encode_status` (a handle naming itself when OK) and serves
@@ -110,6 +108,7 @@ class EncoderPoolTest : public ::testing::Test {
   void WaitStates(const std::vector<bool>& up) {
     absl::MutexLock lock(&mu_);
     auto reached = [&] {
+      mu_.AssertHeld();  // (the Condition runs under mu_)
       for (size_t i = 0; i < up.size(); ++i) {
         auto it = up_.find(addresses_[i]);
         if ((it != up_.end() && it->second) != up[i]) return false;
