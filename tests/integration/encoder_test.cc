@@ -61,12 +61,7 @@ std::string TmpPath(const std::string& name) {
 
 // Waits until `metric` on the admin port reaches `value` (30 s at most).
 bool WaitForMetric(int admin_port, const std::string& metric, double value) {
-  const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < until) {
-    if (MetricValue(admin_port, metric) >= value) return true;
-    absl::SleepFor(absl::Milliseconds(2));  // polling the event, not waiting for time to pass
-  }
-  return false;
+  return WaitUntil([&] { return MetricValue(admin_port, metric) >= value; });
 }
 
 class Client {
@@ -284,10 +279,15 @@ TEST(EncoderTest, HandlesExpireAfterTheirTtl) {
   ASSERT_TRUE(client.Encode(TestImage("rgb.png"), &out).ok());
   const absl::Time expires = absl::FromUnixMillis(out.embeddings().expires_unix_ms());
   EXPECT_LE(expires, absl::Now() + absl::Milliseconds(300));
-  absl::SleepFor(expires - absl::Now() + absl::Milliseconds(20));  // the stated expiry
+  // The handle goes (the event: a Fetch answers NOT_FOUND), and not before its stated expiry.
   std::string bytes;
-  EXPECT_EQ(client.Fetch(out.embeddings().handle(), &bytes).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  ASSERT_TRUE(WaitUntil([&] {
+    code = client.Fetch(out.embeddings().handle(), &bytes).error_code();
+    EXPECT_TRUE(code == grpc::StatusCode::OK || absl::Now() >= expires) << code;
+    return code != grpc::StatusCode::OK;
+  }));
+  EXPECT_EQ(code, grpc::StatusCode::NOT_FOUND);
   // The embeddings stay cached (unpinned): the next Encode is a hit.
   ASSERT_TRUE(client.Encode(TestImage("rgb.png"), &out).ok());
   EXPECT_TRUE(out.cached());
@@ -380,12 +380,8 @@ TEST(EncoderTest, SigtermDrainsTheEncodeInFlightAndExitsZero) {
   }
   EXPECT_TRUE(watched.draining());
   // Draining: not ready, and a new Encode is refused.
-  const absl::Time until = absl::Now() + absl::Seconds(30);
   ferry::v1::EncoderStatus status;
-  while (!(client.Status(&status).ok() && status.draining()) && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(2));  // polling the event
-  }
-  ASSERT_TRUE(status.draining());
+  ASSERT_TRUE(WaitUntil([&] { return client.Status(&status).ok() && status.draining(); }));
   EXPECT_EQ(HttpGet(admin, "/readyz"), 503);
   ASSERT_TRUE(WaitForMetric(admin, "ferry_encoder_encoding", 1));
   ferry::v1::EncodeResponse refused;

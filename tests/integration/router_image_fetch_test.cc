@@ -152,12 +152,8 @@ class RouterImageFetchTest : public ::testing::Test {
     auto router = Router::Start(o);
     ASSERT_TRUE(router.ok()) << router.status();
     router_ = *std::move(router);
-    bool up = false;
-    for (int i = 0; i < 500 && !up; ++i) {  // /readyz: 200 once it watches a worker that is up
-      up = HttpGet(router_->admin_port(), "/readyz") == 200;
-      if (!up) absl::SleepFor(absl::Milliseconds(20));
-    }
-    ASSERT_TRUE(up);
+    // /readyz: 200 once it watches a worker that is up.
+    ASSERT_TRUE(WaitUntil([&] { return HttpGet(router_->admin_port(), "/readyz") == 200; }));
   }
 
   void TearDown() override {

@@ -170,4 +170,13 @@ double MetricValue(int admin_port, const std::string& metric) {
   return -1;
 }
 
+bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
 }  // namespace ferry

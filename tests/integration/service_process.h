@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +64,10 @@ int HttpPost(int port, const std::string& target, const std::string& json_body,
 // The value of the first sample of `metric` (name with labels, as printed: `a{b="c"}`) on the
 // admin port's /metrics, or -1.
 double MetricValue(int admin_port, const std::string& metric);
+
+// Polls `done` (every few milliseconds: it reads another process's state, an event this process
+// cannot be told of) until it is true or `timeout` passes; whether it became true.
+bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(30));
 
 }  // namespace ferry
 

@@ -359,12 +359,13 @@ std::string MiddleCharacter(const std::string& text) {
 
 double WaitForMetric(int admin_port, const std::string& metric, double at_least,
                      absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
   double value = MetricValue(admin_port, metric);
-  while (value < at_least && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-    value = MetricValue(admin_port, metric);
-  }
+  WaitUntil(
+      [&] {
+        value = MetricValue(admin_port, metric);
+        return value >= at_least;
+      },
+      timeout);
   return value;
 }
 
