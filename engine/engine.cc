@@ -80,6 +80,19 @@ std::vector<InputEmbeddingRows> InputRowsFor(absl::Span<const PromptImageInput> 
   return out;
 }
 
+// The first of `images` sent without rows (null embeddings) that overlaps positions
+// [start, start + count); -1: none.
+int64_t AbsentImageAt(absl::Span<const PromptImageInput> images, int64_t start, int64_t count) {
+  const int64_t end = start + count;
+  for (size_t i = 0; i < images.size(); ++i) {
+    const PromptImageInput& image = images[i];
+    if (image.placeholder_start >= end) break;
+    if (image.embeddings != nullptr) continue;
+    if (image.placeholder_start + image.placeholder_length > start) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 HybridKvCacheOptions KvCacheOptions(const ForwardModel& model, const EngineOptions& options,
                                     Clock* clock) {
   HybridKvCacheOptions o;
@@ -153,7 +166,87 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
   limits.has_tokenizer = tokenizer_ != nullptr;
   limits.hidden_size = model_->config().hidden_size;
   limits.kv = &kv_;
-  return ValidateRequest(r, limits);
+  if (absl::Status s = ValidateRequest(r, limits); !s.ok()) return s;
+  return ValidateConstraint(r);
+}
+
+absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> Engine::Vocabulary() const {
+  if (tokenizer_ == nullptr) {
+    return absl::FailedPreconditionError("the engine has no tokenizer: no vocabulary");
+  }
+  absl::MutexLock lock(&vocabulary_mu_);
+  if (vocabulary_ == nullptr) {
+    absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> built =
+        grammar::CompiledConstraint::BuildVocabulary(*tokenizer_);
+    if (!built.ok()) return built.status();
+    vocabulary_ = *std::move(built);
+  }
+  return vocabulary_;
+}
+
+namespace {
+
+// A request's stop ids as its matchers see them (RunningRequest::stop_ids, as AddRequest makes).
+std::vector<uint32_t> MatcherStopIds(const EngineRequest& r, const std::vector<TokenId>& eos) {
+  std::vector<uint32_t> ids(r.stop_token_ids.begin(), r.stop_token_ids.end());
+  if (!r.ignore_eos) ids.insert(ids.end(), eos.begin(), eos.end());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+}  // namespace
+
+absl::Status Engine::ValidateConstraint(const EngineRequest& r) const {
+  if (r.constraint == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> mine = Vocabulary();
+  if (!mine.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a constrained request needs the engine's tokenizer: ", mine.status().message()));
+  }
+  const grammar::TokenTrie& theirs = *r.constraint->vocabulary();
+  if (mine->get() != &theirs) {
+    bool same = theirs.vocab_size() == (*mine)->vocab_size();
+    for (uint32_t t = 0; same && t < theirs.vocab_size(); ++t) {
+      same = theirs.TokenBytes(t) == (*mine)->TokenBytes(t);
+    }
+    if (!same) {
+      return absl::InvalidArgumentError(
+          "the constraint was compiled for another vocabulary than the engine's");
+    }
+  }
+  if (theirs.vocab_size() > static_cast<size_t>(model_->config().vocab_size)) {
+    return absl::InvalidArgumentError("the constraint's vocabulary is larger than the model's");
+  }
+  for (const ResumePoint& p : r.resume) {
+    absl::StatusOr<grammar::TokenMatcher> m = r.constraint->NewMatcher(MatcherStopIds(r, eos_ids_));
+    if (!m.ok()) return m.status();
+    for (size_t i = 0; i < p.generated.size(); ++i) {
+      if (absl::Status s = m->Accept(static_cast<uint32_t>(p.generated[i])); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("resume point of choice ", p.choice,
+                                                       ": generated token ", i, " (",
+                                                       p.generated[i], "): ", s.message()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::StartMatcher(Sequence& seq, absl::Span<const TokenId> generated) const {
+  const EngineRequest& r = seq.req->r;
+  if (r.constraint == nullptr) return absl::OkStatus();
+  absl::StatusOr<grammar::TokenMatcher> m = r.constraint->NewMatcher(
+      std::vector<uint32_t>(seq.req->stop_ids.begin(), seq.req->stop_ids.end()));
+  if (!m.ok()) return m.status();
+  for (TokenId t : generated) {
+    if (absl::Status s = m->Accept(static_cast<uint32_t>(t)); !s.ok()) return s;
+  }
+  seq.matcher.emplace(*std::move(m));
+  seq.mask.assign(grammar::TokenMatcher::MaskWords(
+                      std::max<size_t>(r.constraint->vocabulary()->vocab_size(),
+                                       static_cast<size_t>(model_->config().vocab_size))),
+                  0);
+  return absl::OkStatus();
 }
 
 absl::Status Engine::Submit(EngineRequest request) {
@@ -363,6 +456,10 @@ void Engine::AddRequest(EngineRequest r, absl::Duration submitted_at) {
   if (points.empty()) points.push_back(nullptr);
   for (const ResumePoint* resume : points) {
     auto seq = NewSequence(req, resume != nullptr ? resume->choice : 0, arrival, tokenizer_);
+    // (Validate replayed the same tokens: a failure here is a matcher limit.)
+    absl::Status matcher =
+        StartMatcher(*seq, resume != nullptr ? absl::MakeConstSpan(resume->generated)
+                                             : absl::Span<const TokenId>());
     if (resume != nullptr) {
       const ResumePoint& p = *resume;
       seq->tokens.insert(seq->tokens.end(), p.generated.begin(), p.generated.end());
@@ -397,7 +494,14 @@ void Engine::AddRequest(EngineRequest r, absl::Duration submitted_at) {
       req->admitted_once = true;
     }
     ++req->live;
+    Sequence& added = *seq;
     scheduler_.Add(std::move(seq));
+    if (!matcher.ok()) {
+      TokenEvent e;
+      e.error = absl::StrCat("grammar: ", matcher.message());
+      e.error_code = matcher.code();
+      Finish(added, FinishReason::kError, std::move(e));
+    }
   }
 }
 
@@ -443,6 +547,28 @@ absl::StatusOr<bool> Engine::Step() {
       return true;
     }
     return false;
+  }
+
+  // A chunk reaching into an image sent without rows (expected cached, prompt_image.h): its
+  // request fails Unavailable (its caller sends the rows again); the others wait a step.
+  bool absent_rows = false;
+  for (Sequence* s : scheduled) {
+    const int64_t missing = AbsentImageAt(s->req->r.images, s->computed, s->step_chunk);
+    if (missing < 0) continue;
+    TokenEvent e;
+    e.error = absl::StrCat("image ", missing,
+                           " was sent without its embeddings (expected cached) and the step must "
+                           "compute its positions (from ",
+                           s->req->r.images[missing].placeholder_start,
+                           "): send the request again with the image");
+    e.error_code = absl::StatusCode::kUnavailable;
+    ++stats_.absent_image_rows;
+    Finish(*s, FinishReason::kError, std::move(e));
+    absent_rows = true;
+  }
+  if (absent_rows) {
+    RemoveFinished();
+    return true;
   }
 
   // Sequences preempted while others were scheduled are no longer in `scheduled`.
@@ -540,9 +666,38 @@ TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, Fini
   const EngineRequest& r = req.r;
   // Before min_tokens, no stop token may be chosen and no stop string may end the text.
   const bool may_stop = seq.generated() + 1 > r.min_tokens;
+  absl::Span<const uint32_t> allowed;
+  if (seq.matcher.has_value()) {
+    seq.matcher->ComputeMask(absl::MakeSpan(seq.mask));
+    bool any = false;
+    for (uint32_t w : seq.mask) any |= w != 0;
+    if (!any && seq.matcher->Accepting()) {
+      // Complete with nothing to continue it and no stop id to end it (ignore_eos): it ends here.
+      *reason = FinishReason::kStop;
+      return TokenEvent{};
+    }
+    if (!any) {  // a grammar no token of the vocabulary can continue
+      *reason = FinishReason::kError;
+      TokenEvent e;
+      e.error = "grammar: no token of the vocabulary can continue the output";
+      e.error_code = absl::StatusCode::kInvalidArgument;
+      return e;
+    }
+    allowed = seq.mask;
+  }
   const SampledToken sampled =
       Sample(logits, r.sampling, req.prompt_set, seq.state, static_cast<uint64_t>(seq.choice),
-             may_stop ? absl::Span<const TokenId>() : absl::MakeConstSpan(req.stop_ids));
+             may_stop ? absl::Span<const TokenId>() : absl::MakeConstSpan(req.stop_ids), allowed);
+  if (seq.matcher.has_value()) {
+    if (absl::Status s = seq.matcher->Accept(static_cast<uint32_t>(sampled.token)); !s.ok()) {
+      // A matcher limit (the mask allowed it): the choice ends without the token.
+      *reason = FinishReason::kError;
+      TokenEvent e;
+      e.error = absl::StrCat("grammar: ", s.message());
+      e.error_code = s.code();
+      return e;
+    }
+  }
   seq.state.Observe(sampled.token);
   seq.tokens.push_back(sampled.token);
   ++stats_.generated_tokens;
@@ -552,8 +707,12 @@ TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, Fini
   e.logprob = sampled.logprob;
   e.top_logprobs = sampled.top;
   if (r.keep_logits) e.logits.assign(logits.begin(), logits.end());
+  // With a grammar, its matcher decides: a stop id ends the choice where the grammar is complete
+  // (even before min_tokens when it allowed nothing else); elsewhere a stop id with bytes is text.
   const bool stop_token =
-      may_stop && std::binary_search(req.stop_ids.begin(), req.stop_ids.end(), sampled.token);
+      seq.matcher.has_value()
+          ? seq.matcher->Stopped()
+          : may_stop && std::binary_search(req.stop_ids.begin(), req.stop_ids.end(), sampled.token);
   if (seq.detok != nullptr && !stop_token) {
     auto delta = seq.detok->Push(sampled.token);
     if (delta.ok()) e.text = seq.stop.Push(*delta, may_stop);
@@ -594,6 +753,8 @@ void Engine::DeliverPrefillOnly(Sequence& seq, absl::Span<const float> logits) {
     req.fork_pending = false;
     for (int32_t c = 1; c < req.r.n; ++c) {
       others.push_back(NewSequence(seq.req, c, seq.arrival, tokenizer_));
+      // (The start state was made once for choice 0: a fresh one cannot fail.)
+      CHECK_OK(StartMatcher(*others.back(), {}));
       others.back()->computed = seq.computed;
       ++req.live;
       choices.push_back(others.back().get());
@@ -621,6 +782,7 @@ void Engine::Fork(Sequence& first, absl::Span<const float> logits) {
   const int64_t full = first.prompt_len / block_tokens_;
   for (int32_t c = 1; c < first.req->r.n; ++c) {
     auto seq = NewSequence(first.req, c, first.arrival, tokenizer_);
+    CHECK_OK(StartMatcher(*seq, {}));  // (as choice 0's, from the start state)
     seq->hashes = first.hashes;
     seq->cached_blocks = std::min<int64_t>(first.cached_blocks, full);
     const bool copied = kv_.Share(first.kv, first.prompt_len, &seq->kv);

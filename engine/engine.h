@@ -240,6 +240,10 @@ class Engine {
   // The ids the engine stops on unless a request ignores end of sequence.
   const std::vector<TokenId>& eos_token_ids() const { return eos_ids_; }
   const ForwardModel& model() const { return *model_; }
+  // The tokenizer's vocabulary as a token trie, what constraints are compiled for
+  // (CompiledConstraint::Create); built at the first call, then shared; thread-safe.
+  // FailedPrecondition without a tokenizer.
+  absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> Vocabulary() const;
   int32_t block_tokens() const { return block_tokens_; }
 
  private:
@@ -297,6 +301,13 @@ class Engine {
   HybridKvCache kv_;
   KvEventJournal journal_;
   std::vector<TokenId> eos_ids_;  // the model's and the tokenizer's, sorted
+  mutable absl::Mutex vocabulary_mu_;
+  mutable std::shared_ptr<const grammar::TokenTrie> vocabulary_ ABSL_GUARDED_BY(vocabulary_mu_);
+  // The request's constraint checked: its vocabulary the engine's, and each resume point's
+  // tokens accepted by a fresh matcher.
+  absl::Status ValidateConstraint(const EngineRequest& r) const;
+  // A matcher for `seq` (of a request with a constraint), its resumed tokens replayed.
+  absl::Status StartMatcher(Sequence& seq, absl::Span<const TokenId> generated) const;
 
   // Engine-thread state.
   EngineStats stats_;

@@ -277,6 +277,73 @@ TEST(EngineImageTest, ADecodeOnlyRequestPreemptedAfterAHandoffRecomputesWithItsI
   prefill.Drain();
 }
 
+// Images sent without rows (null embeddings: the router predicted their positions cached,
+// prompt_image.h): with the prefix cached, the same output as with the rows; not cached, or a
+// window replay reaching into one: the request fails
+// Unavailable (its caller resends it with the image) and the engine goes on.
+TEST(EngineImageTest, AnImageWithoutRowsNeedsItsPositionsCached) {
+  for (const bool two_pools : {false, true}) {
+    const SyntheticVariant& v = two_pools ? kHybridTwoPools : kDense;
+    const int64_t window_blocks = two_pools ? 128 : 0;
+    const EngineRequest request = Req("r", Prompt(150, 7), TwoImages(), 12, false);
+    const Output want = RunAlone(v, request, two_pools);
+    auto without_rows = [](EngineRequest r, const std::string& id) {
+      r.id = id;
+      for (PromptImageInput& image : r.images) image.embeddings = nullptr;
+      return r;
+    };
+
+    // Cold: nothing cached, the first chunk needs the first image. Failed, and the engine serves
+    // the next request.
+    Harness h(v, 64, Whole(), 16, window_blocks);
+    ASSERT_TRUE(h.Submit(without_rows(request, "cold")).ok());
+    h.Drain();
+    EXPECT_EQ(h.out("cold").finish, FinishReason::kError);
+    EXPECT_EQ(h.out("cold").error_code, absl::StatusCode::kUnavailable);
+    EXPECT_NE(h.out("cold").error.find("image 0"), std::string::npos) << h.out("cold").error;
+    EXPECT_TRUE(h.out("cold").tokens.empty());
+    EXPECT_EQ(h.engine_->stats().absent_image_rows, 1);
+    EXPECT_EQ(h.held_blocks(), 0) << "a failed request frees what it held";
+
+    // Warm (the request with its rows ran): all 9 full blocks reused, the rows never needed.
+    EngineRequest warm = request;
+    warm.id = "warm";
+    warm.max_tokens = 2;
+    ASSERT_TRUE(h.Submit(std::move(warm)).ok());
+    h.Drain();
+    ASSERT_TRUE(h.Submit(without_rows(request, "hot")).ok());
+    h.Drain();
+    EXPECT_EQ(h.out("hot").cached_tokens, 144);
+    ExpectSame(h.out("hot"), want, "rows absent, prefix cached");
+    EXPECT_EQ(h.engine_->stats().absent_image_rows, 1);
+
+    if (two_pools) {
+      // No window cache: the reuse replays positions 121..143, inside the second image.
+      EngineOptions no_window_cache = Whole();
+      no_window_cache.window_cache_bytes = 0;
+      Harness replay(v, 64, no_window_cache, 16, window_blocks);
+      EngineRequest first = request;
+      first.id = "warm";
+      first.max_tokens = 2;
+      ASSERT_TRUE(replay.Submit(std::move(first)).ok());
+      replay.Drain();
+      ASSERT_TRUE(replay.Submit(without_rows(request, "replayed")).ok());
+      replay.Drain();
+      EXPECT_EQ(replay.out("replayed").error_code, absl::StatusCode::kUnavailable);
+      EXPECT_NE(replay.out("replayed").error.find("image 1"), std::string::npos)
+          << replay.out("replayed").error;
+      // Only the second image's rows absent: the replay has what it needs.
+      EngineRequest second = request;
+      second.id = "first_absent";
+      second.images[0].embeddings = nullptr;
+      ASSERT_TRUE(replay.Submit(std::move(second)).ok());
+      replay.Drain();
+      EXPECT_EQ(replay.out("first_absent").replayed_tokens, 23);
+      ExpectSame(replay.out("first_absent"), want, "first image's rows absent, replayed");
+    }
+  }
+}
+
 TEST(EngineImageTest, BadImagesAreRefused) {
   Harness h(kDense, 64, Whole());
   const std::vector<TokenId> prompt = Prompt(50, 3);
@@ -297,9 +364,6 @@ TEST(EngineImageTest, BadImagesAreRefused) {
   PromptImageInput narrow = Image(10, 4, 1);
   narrow.embeddings = std::make_shared<std::vector<float>>(4 * (kHidden - 1));
   EXPECT_NE(refused({narrow}, "rows of the wrong width").find("hidden size"), std::string::npos);
-  PromptImageInput none = Image(10, 4, 1);
-  none.embeddings = nullptr;
-  refused({none}, "no embeddings");
   // A good one is taken: an image may end at the prompt's last token.
   EngineRequest r;
   r.id = "good";

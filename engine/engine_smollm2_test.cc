@@ -15,6 +15,7 @@
 #include "engine/gguf/gguf_file.h"
 #include "engine/model/host_weights.h"
 #include "engine/model/transformer.h"
+#include "engine/smollm2_test_model.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -34,32 +35,9 @@ const char* const kPrompts[] = {
     "In 1905, Albert Einstein published four papers that",
 };
 
-struct Shared {
-  std::unique_ptr<CpuBackend> backend;
-  std::unique_ptr<Transformer> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-};
+using Shared = SmolLm2TestModel;
 
-Shared& Model() {
-  static Shared* shared = [] {
-    const char* path = std::getenv("FERRY_MODEL_GGUF");
-    if (path == nullptr || !std::ifstream(path).good()) {
-      std::fprintf(stderr,
-                   "FERRY_MODEL_GGUF is not set to an existing file; run through './ferry test'\n");
-      std::exit(1);
-    }
-    auto* s = new Shared;
-    s->backend = *CpuBackend::Create();
-    auto gguf = GgufFile::Open(path);
-    CHECK(gguf.ok()) << gguf.status();
-    auto host = LoadGgufModel(**gguf, WeightDType::kBF16, "bf16");
-    CHECK(host.ok()) << host.status();
-    s->model = *Transformer::Create(*host, s->backend.get());
-    s->tokenizer = *Tokenizer::FromGguf(**gguf);
-    return s;
-  }();
-  return *shared;
-}
+Shared& Model() { return SharedSmolLm2(); }
 
 struct Output {
   std::vector<TokenId> tokens;

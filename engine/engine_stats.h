@@ -26,6 +26,8 @@ struct EngineStats {
   // window blocks expired by their TTL.
   int64_t window_hits = 0, window_replays = 0, window_misses = 0;
   int64_t replayed_tokens = 0, window_expired_blocks = 0;
+  // Requests failed because a step had to compute an image sent without rows (expected cached).
+  int64_t absent_image_rows = 0;
   double busy_seconds = 0;       // in steps that ran the model, since creation
   double last_step_seconds = 0;  // the latest such step
   // Mixture-of-experts models: tokens routed to each expert, summed over the sparse layers.

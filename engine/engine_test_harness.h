@@ -37,6 +37,8 @@ struct Output {
   int64_t window_floor = 0;
   absl::Duration queued;
   int finishes = 0;
+  std::string error;  // the finishing event's (kError)
+  absl::StatusCode error_code = absl::StatusCode::kOk;
 };
 
 class Harness {
@@ -81,6 +83,8 @@ class Harness {
         o.blocks = e.blocks;
         o.window_blocks = e.window_blocks;
         o.stop_token = e.stop_token;
+        o.error = e.error;
+        o.error_code = e.error_code;
         ++o.finishes;
       }
       o.cached_tokens = e.cached_tokens;

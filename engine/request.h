@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "absl/types/span.h"
 #include "engine/common/hash128.h"
 #include "engine/common/token_id.h"
+#include "engine/grammar/compiled_constraint.h"
 #include "engine/kv/kv_block_pool.h"
 #include "engine/prompt_image.h"
 #include "engine/sampling/sampler.h"
@@ -104,8 +106,17 @@ struct EngineRequest {
   std::vector<TokenId> keep_special_token_ids;
   bool ignore_eos = false;        // do not stop on the model's end-of-sequence ids
   std::vector<std::string> stop;  // needs the engine's tokenizer
-  int32_t priority = 0;           // higher runs first; then arrival
-  std::string cache_salt;         // the tenant's, enters the block hashes
+  // A grammar every choice's output obeys (null: none), made for the engine's vocabulary
+  // (Engine::Vocabulary(); another vocabulary is an InvalidArgument). Each choice runs its own
+  // matcher: the sampler allows only the tokens the grammar allows next (EOS and stop ids only
+  // where the grammar is complete, and then whatever min_tokens says), and a choice whose grammar
+  // is complete with nothing left to continue it ends with kStop. A resume point's generated
+  // tokens are replayed into a fresh matcher (a token the grammar refuses: InvalidArgument). A
+  // matcher limit hit ends the choice with kError (ResourceExhausted), never with a token the
+  // grammar did not allow.
+  std::shared_ptr<const grammar::CompiledConstraint> constraint;
+  int32_t priority = 0;    // higher runs first; then arrival
+  std::string cache_salt;  // the tenant's, enters the block hashes
   // Images in the prompt (prompt_image.h), sorted by placeholder_start: their embeddings are
   // the input rows at their placeholder positions, and they enter the block hashes. Held for the
   // request's life: recomputing the prompt (preemption, SWA replay) reads them again.

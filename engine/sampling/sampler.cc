@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/float_math.h"
 #include "engine/common/le_encoding.h"
+#include "engine/common/log.h"
 #include "engine/sampling/sampling.h"
 
 namespace ferry {
@@ -181,12 +182,12 @@ SampledToken WithLogprobs(absl::Span<const float> logits, const SamplingParams& 
 
 SampledToken Sample(absl::Span<const float> logits, const SamplingParams& params,
                     const PromptTokenSet& prompt_tokens, const SamplerState& state, uint64_t choice,
-                    absl::Span<const TokenId> suppressed) {
+                    absl::Span<const TokenId> suppressed, absl::Span<const uint32_t> allowed) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
   SampledToken out;
   if (params.temperature == 0.0f && params.logit_bias.empty() &&
       params.repetition_penalty == 1.0f && params.frequency_penalty == 0.0f &&
-      params.presence_penalty == 0.0f && suppressed.empty() && vocab > 0) {
+      params.presence_penalty == 0.0f && suppressed.empty() && allowed.empty() && vocab > 0) {
     // Greedy on the logits as they are (the common case, without the copy below): the same
     // token, since a NaN is never the maximum and nothing above -inf means token 0 either way.
     out.token = ArgMax(logits);
@@ -211,6 +212,12 @@ SampledToken Sample(absl::Span<const float> logits, const SamplingParams& params
   if (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) {
     for (const auto& [t, count] : state.counts()) {
       l[t] -= static_cast<float>(count) * params.frequency_penalty + params.presence_penalty;
+    }
+  }
+  if (!allowed.empty()) {
+    CHECK_GE(allowed.size(), (static_cast<size_t>(vocab) + 31) / 32);
+    for (int32_t t = 0; t < vocab; ++t) {
+      if (!((allowed[t >> 5] >> (t & 31)) & 1u)) l[t] = -std::numeric_limits<float>::infinity();
     }
   }
   if (!suppressed.empty()) {

@@ -7,8 +7,11 @@
 //                                                                              : l[t] * r
 //   3. frequency/presence:  for t in output so far, c = its count: l[t] -= c * frequency
 //                                                                          + presence
+//      allowed mask:        l[t] = -inf for every t whose bit is clear (a grammar constraint:
+//                           bit t % 32 of word t / 32); then temperature 0 is the masked argmax
 //      suppressed tokens:   l[t] = -inf (the engine's min_tokens: end-of-sequence and stop ids
-//                           cannot be chosen before the request's minimum output)
+//                           cannot be chosen before the request's minimum output), unless
+//                           nothing else is left (the mask allows only them)
 //   4. temperature 0:       the token is ArgMax(l) (lowest index among equals); done.
 //   5. otherwise the candidates are all tokens with finite l, ranked by (l desc, index asc):
 //      top_k > 0 keeps the first top_k; then p_t = Exp((l_t - l_max) / T) / sum (Exp = the
@@ -93,10 +96,14 @@ struct SampledToken {
 using PromptTokenSet = absl::flat_hash_set<TokenId>;
 
 // One output position. `logits` has the vocabulary's size; params must be valid; `suppressed`
-// tokens (in the vocabulary) are never chosen, unless nothing else can be.
+// tokens (in the vocabulary) are never chosen, unless nothing else can be. `allowed`, when not
+// empty, is a bitmask of (vocabulary size + 31) / 32 words: only tokens whose bit is set can be
+// chosen (the caller makes sure one is; with none, the result is as if every logit were -inf).
+// Logprobs stay those of the raw logits.
 SampledToken Sample(absl::Span<const float> logits, const SamplingParams& params,
                     const PromptTokenSet& prompt_tokens, const SamplerState& state, uint64_t choice,
-                    absl::Span<const TokenId> suppressed = {});
+                    absl::Span<const TokenId> suppressed = {},
+                    absl::Span<const uint32_t> allowed = {});
 
 }  // namespace ferry
 

@@ -236,5 +236,42 @@ TEST(SamplerTest, FromCountsChecksTheTotalsAndSuppressedTokensAreNeverChosen) {
   EXPECT_EQ(Sample(two, greedy, kNoPrompt, SamplerState(), 0, only).token, 1u);
 }
 
+TEST(SamplerTest, AllowedMaskIsAMaskedArgmaxAndKeepsRawLogprobs) {
+  // 40 tokens (two mask words); token 37 has the largest logit but only 3, 20 and 35 are allowed.
+  std::vector<float> logits(40, 0.f);
+  logits[37] = 9.f;
+  logits[20] = 2.f;
+  logits[3] = 5.f;
+  logits[35] = 5.f;
+  std::vector<uint32_t> mask(2, 0);
+  for (int t : {3, 20, 35}) mask[t / 32] |= 1u << (t % 32);
+  SamplingParams greedy = Greedy();
+  greedy.top_logprobs = 1;
+  const SampledToken g = Sample(logits, greedy, kNoPrompt, SamplerState(), 0, {}, mask);
+  EXPECT_EQ(g.token, 3u);  // the lowest index among the allowed maxima
+  // Logprobs are the raw distribution's: token 37 stays the top one.
+  ASSERT_EQ(g.top.size(), 1u);
+  EXPECT_EQ(g.top[0].first, 37u);
+  const SampledToken free = Sample(logits, greedy, kNoPrompt, SamplerState(), 0);
+  EXPECT_NEAR(g.logprob, free.top[0].second - 4.f, 1e-4);
+  SamplingParams hot;
+  hot.temperature = 2;
+  hot.seed = 3;
+  std::set<TokenId> seen;
+  for (int c = 0; c < 100; ++c) {
+    const TokenId t = Sample(logits, hot, kNoPrompt, SamplerState(), c, {}, mask).token;
+    EXPECT_TRUE(t == 3 || t == 20 || t == 35) << t;
+    seen.insert(t);
+    // The same seed and position: the same token.
+    EXPECT_EQ(Sample(logits, hot, kNoPrompt, SamplerState(), c, {}, mask).token, t);
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  // A mask allowing only a suppressed token: the suppression yields, the mask does not.
+  std::vector<uint32_t> only35(2, 0);
+  only35[1] = 1u << 3;
+  const TokenId banned[] = {35};
+  EXPECT_EQ(Sample(logits, greedy, kNoPrompt, SamplerState(), 0, banned, only35).token, 35u);
+}
+
 }  // namespace
 }  // namespace ferry

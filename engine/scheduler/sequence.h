@@ -9,12 +9,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "engine/common/hash128.h"
 #include "engine/common/token_id.h"
+#include "engine/grammar/token_matcher.h"
 #include "engine/kv/hybrid_kv_cache.h"
 #include "engine/request.h"
 #include "engine/sampling/sampler.h"
@@ -68,6 +70,9 @@ struct Sequence {
   SamplerState state;
   StopStringMatcher stop{{}};
   std::unique_ptr<IncrementalDetokenizer> detok;
+  // The request's constraint's matcher for this choice (none without one), and its mask buffer.
+  std::optional<grammar::TokenMatcher> matcher;
+  std::vector<uint32_t> mask;
   int64_t step_chunk = 0;       // tokens scheduled in the current step
   int64_t reported_blocks = 0;  // stream_kv: in the latest progress event
 

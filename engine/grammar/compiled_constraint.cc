@@ -1,0 +1,34 @@
+#include "engine/grammar/compiled_constraint.h"
+
+#include <utility>
+
+#include "engine/grammar/token_vocabulary.h"
+
+namespace ferry::grammar {
+
+absl::StatusOr<std::shared_ptr<const TokenTrie>> CompiledConstraint::BuildVocabulary(
+    const Tokenizer& tokenizer) {
+  return TokenTrie::Build(TokenBytesOf(tokenizer));
+}
+
+absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompiledConstraint::Create(
+    absl::string_view gbnf, std::shared_ptr<const TokenTrie> vocabulary,
+    const ConstraintOptions& options) {
+  if (vocabulary == nullptr) return absl::InvalidArgumentError("a constraint needs a vocabulary");
+  absl::StatusOr<Grammar> grammar = ParseGbnf(gbnf, options.gbnf);
+  if (!grammar.ok()) return grammar.status();
+  std::shared_ptr<CompiledConstraint> c(new CompiledConstraint);
+  c->grammar_ = std::make_shared<const Grammar>(*std::move(grammar));
+  c->vocabulary_ = std::move(vocabulary);
+  MaskCacheOptions cache_options = options.mask_cache;
+  cache_options.limits = options.matcher;
+  c->cache_ = std::make_shared<MaskCache>(c->grammar_, c->vocabulary_, cache_options);
+  c->limits_ = options.matcher;
+  return std::shared_ptr<const CompiledConstraint>(std::move(c));
+}
+
+absl::StatusOr<TokenMatcher> CompiledConstraint::NewMatcher(std::vector<uint32_t> stop_ids) const {
+  return TokenMatcher::Create(grammar_, vocabulary_, std::move(stop_ids), limits_, cache_);
+}
+
+}  // namespace ferry::grammar

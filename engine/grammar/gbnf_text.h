@@ -1,0 +1,60 @@
+// Writing GBNF text (llama.cpp's grammar dialect, see docs/design/grammar.md): quoting literals,
+// character classes over Unicode code point ranges, and the JSON string character rules the
+// JSON Schema and regex compilers share. GBNF characters are Unicode code points; this module
+// writes printable ASCII as itself, other ASCII as \xXX (\n \t \r by name) and non-ASCII code
+// points as their UTF-8 (llguidance's GBNF reader mangles \u and \U escapes of fewer
+// significant digits, and raw UTF-8 is plain GBNF).
+//
+// Pure functions over values; thread-safe. Nothing here fails: callers validate their input
+// (code points in [0, 0x10FFFF], non-empty range sets where a class is asked for).
+
+#ifndef FERRY_ENGINE_GRAMMAR_GBNF_TEXT_H_
+#define FERRY_ENGINE_GRAMMAR_GBNF_TEXT_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace ferry::grammar {
+
+inline constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+
+// A set of code points as sorted, disjoint, non-adjacent closed ranges [first, second].
+using CodePointRanges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+// Sorts and merges overlapping or adjacent ranges.
+CodePointRanges NormalizeRanges(CodePointRanges ranges);
+
+// The complement within [0, kMaxCodePoint], leaving out the surrogates D800-DFFF (which UTF-8
+// cannot carry). `ranges` must be normalized.
+CodePointRanges ComplementRanges(const CodePointRanges& ranges);
+
+// `a` minus `b`; both normalized.
+CodePointRanges SubtractRanges(const CodePointRanges& a, const CodePointRanges& b);
+
+// A GBNF literal for the UTF-8 string `text` (decoded as code points; invalid bytes are written as
+// \xXX of the byte, which GBNF reads as that code point, so pass valid UTF-8): "...".
+std::string GbnfLiteral(absl::string_view text);
+
+// The GBNF literal for the one code point `cp`.
+std::string GbnfCodePointLiteral(uint32_t cp);
+
+// A GBNF character class matching exactly `ranges` (normalized, non-empty): [a-z0-9].
+std::string GbnfClass(const CodePointRanges& ranges);
+
+// The canonical JSON encoding of one code point inside a string, as Python's
+// json.dumps(ensure_ascii=False) writes it: `"` -> \", `\` -> \\, \b \f \n \r \t, other control
+// characters -> \u00xx (lower-case hex), everything else as itself (UTF-8).
+std::string JsonEncodedChar(uint32_t cp);
+
+// A GBNF expression matching the canonical JSON encodings (JsonEncodedChar) of exactly the code
+// points in `ranges` (normalized, non-empty): one class for the characters written as
+// themselves, plus an alternative per escaped character.
+std::string GbnfJsonCharsIn(const CodePointRanges& ranges);
+
+}  // namespace ferry::grammar
+
+#endif  // FERRY_ENGINE_GRAMMAR_GBNF_TEXT_H_
