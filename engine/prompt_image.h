@@ -32,7 +32,11 @@ struct PromptImageInput {
   Hash128 content_hash;
   int64_t placeholder_start = 0;   // absolute position of its first placeholder token
   int64_t placeholder_length = 0;  // placeholder tokens (= embedding rows)
-  // placeholder_length x hidden_size floats, row-major.
+  // placeholder_length x hidden_size floats, row-major. Null: absent, the caller expects every
+  // position of the image to come from the prefix cache (the router predicted it cached and sent
+  // no rows). A step that must compute any of its positions (the prefix was evicted, a window
+  // replay reaches into it, a preempted sequence recomputes it) fails the request Unavailable,
+  // before or after its first token: the caller sends it again with the rows.
   std::shared_ptr<const std::vector<float>> embeddings;
 };
 

@@ -330,16 +330,19 @@ void ApiCall::FetchImages() {
 
 void ApiCall::EncodeImages() {
   std::vector<const std::string*> bytes;
+  std::vector<bool> skip;
   {
     absl::MutexLock lock(&mu_);
     if (answered_) return;  // the client left while the call waited
     // (The images' bytes stay as they are from here on: Continue only reads them.)
     for (const ApiImage* image : CollectImages(request_)) bytes.push_back(&image->bytes);
+    skip = expect_cached_;
   }
   const absl::Time deadline = absl::Now() + context_.request_timeout;
   std::vector<std::optional<EncodedImage>> handles(bytes.size());
   std::map<Hash128, size_t> first;  // an image repeated in the request is encoded once
   for (size_t i = 0; i < bytes.size(); ++i) {
+    if (i < skip.size() && skip[i]) continue;  // predicted cached: not needed
     const Hash128 hash = Xxh3Hash128(*bytes[i]);
     if (auto it = first.find(hash); it != first.end()) {
       handles[i] = handles[it->second];
@@ -365,6 +368,33 @@ void ApiCall::EncodeImages() {
   Continue();
 }
 
+std::vector<bool> ApiCall::PredictCachedImages(const BuiltPrompt& prompt,
+                                               const PoolInfo& pool) const {
+  std::vector<bool> cached(prompt.images.size(), false);
+  const std::vector<const ApiImage*> images = CollectImages(request_);
+  if (pool.block_tokens <= 0 || images.size() != prompt.images.size()) return cached;
+  std::vector<PromptImageSpan> spans;
+  int64_t last_end = 0;
+  for (size_t i = 0; i < prompt.images.size(); ++i) {
+    spans.push_back({Xxh3Hash128(images[i]->bytes), static_cast<uint32_t>(prompt.images[i].start),
+                     static_cast<uint32_t>(prompt.images[i].length)});
+    last_end = std::max<int64_t>(last_end, prompt.images[i].start + prompt.images[i].length);
+  }
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt.tokens.size());
+  // Only the chain up to the last image's end matters (and no more than a worker may reuse).
+  if (ReusableBlocks(prompt_tokens, pool.block_tokens) * pool.block_tokens < last_end) {
+    return cached;
+  }
+  const std::vector<Hash128> hashes = ComputeBlockHashes({pool.fingerprint, tenant_.cache_salt, ""},
+                                                         prompt.tokens, pool.block_tokens, spans);
+  const int64_t held =
+      context_.dispatcher->CachedPositions(hashes, prompt_tokens, pool.block_tokens);
+  for (size_t i = 0; i < prompt.images.size(); ++i) {
+    cached[i] = prompt.images[i].start + prompt.images[i].length <= held;
+  }
+  return cached;
+}
+
 void ApiCall::Continue() {
   absl::ReleasableMutexLock lock(&mu_);
   if (answered_) return;  // the client left
@@ -373,19 +403,28 @@ void ApiCall::Continue() {
   if (!pool.known) {
     return Fail({absl::UnavailableError("no worker has been up yet to serve the model"), "", ""});
   }
-  if (!encoded_ && context_.encoders != nullptr && context_.encodes != nullptr &&
-      context_.prompts->vision().has_value() && !CollectImages(request_).empty()) {
-    // The Encode calls block: off this thread. The executor full: the images go inline.
-    encoded_ = true;
-    auto self = shared_from_this();
-    if (context_.encodes->Submit([self] { self->EncodeImages(); })) return;
-    for (size_t i = 0; i < CollectImages(request_).size(); ++i) {
-      context_.metrics->Encode("fallback");
-    }
-  }
   BuiltPrompt prompt;
   error = context_.prompts->Build(request_, pool.max_context_tokens, &prompt);
   if (!error.status.ok()) return Fail(error);
+  if (!predicted_ && context_.prompts->vision().has_value() && !prompt.images.empty()) {
+    // Images whose positions a worker holds are neither encoded nor sent (a miss: a retry).
+    predicted_ = true;
+    expect_cached_ = PredictCachedImages(prompt, pool);
+  }
+  if (!encoded_ && context_.encoders != nullptr && context_.encodes != nullptr &&
+      context_.prompts->vision().has_value() && !CollectImages(request_).empty()) {
+    encoded_ = true;
+    size_t to_encode = 0;
+    for (size_t i = 0; i < CollectImages(request_).size(); ++i) {
+      if (i >= expect_cached_.size() || !expect_cached_[i]) ++to_encode;
+    }
+    if (to_encode > 0) {
+      // The Encode calls block: off this thread. The executor full: the images go inline.
+      auto self = shared_from_this();
+      if (context_.encodes->Submit([self] { self->EncodeImages(); })) return;
+      for (size_t i = 0; i < to_encode; ++i) context_.metrics->Encode("fallback");
+    }
+  }
   prompt_tokens_ = static_cast<int64_t>(prompt.tokens.size());
   const ApiSampling& s = request_.sampling;
   if (context_.limiter != nullptr) {
@@ -434,8 +473,12 @@ void ApiCall::Continue() {
     image->set_placeholder_start(static_cast<uint32_t>(prompt.images[i].start));
     image->set_placeholder_length(static_cast<uint32_t>(prompt.images[i].length));
     const std::optional<EncodedImage>* handle = i < handles_.size() ? &handles_[i] : nullptr;
-    if (handle != nullptr && handle->has_value() &&
-        (*handle)->num_tokens == static_cast<uint32_t>(prompt.images[i].length)) {
+    if (i < expect_cached_.size() && expect_cached_[i]) {
+      image->set_expect_cached(true);
+      dispatch.inline_images.push_back(images[i]->bytes);
+      context_.metrics->Encode("skipped");
+    } else if (handle != nullptr && handle->has_value() &&
+               (*handle)->num_tokens == static_cast<uint32_t>(prompt.images[i].length)) {
       image->set_embeddings_handle((*handle)->handle);
       image->set_encoder_endpoint((*handle)->endpoint);
       dispatch.inline_images.push_back(images[i]->bytes);

@@ -133,8 +133,13 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   void Start(const HttpRequest& request);
   // Fetches the request's remote images (on an image fetch thread), checks them, then Continue.
   void FetchImages();
-  // Encodes the request's images on the encoders (on an encode thread), then Continue.
+  // Encodes the request's images on the encoders (on an encode thread), then Continue; those
+  // predicted cached (expect_cached_) are skipped.
   void EncodeImages();
+  // Which of `prompt`'s images lie wholly inside the positions a worker that can take the
+  // request holds (Dispatcher::CachedPositions over the prompt's block hashes).
+  std::vector<bool> PredictCachedImages(const BuiltPrompt& prompt, const PoolInfo& pool) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Prompt, hash, writer, then the store probe or Dispatch (first EncodeImages on the encode
   // executor when the request has images and encoders are configured).
   void Continue();
@@ -170,6 +175,11 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   // The images' encoder handles (CollectImages order; nullopt: sent inline), once encoded_ is set.
   bool encoded_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::optional<EncodedImage>> handles_ ABSL_GUARDED_BY(mu_);
+  // The images (CollectImages order) whose positions a worker is predicted to hold
+  // (PredictCachedImages): neither encoded nor sent (PromptImage.expect_cached); a retry sends
+  // their bytes. Set once, with predicted_.
+  bool predicted_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<bool> expect_cached_ ABSL_GUARDED_BY(mu_);
   int64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<ApiWriter> writer_ ABSL_GUARDED_BY(mu_);
   std::vector<ChoiceOutputs> choices_ ABSL_GUARDED_BY(mu_);

@@ -234,9 +234,11 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
   encodes_ = &prometheus::BuildCounter()
                   .Name("ferry_router_encodes_total")
                   .Help(
-                      "Images sent to the encoders (--encoders), by result: ok (encoded by the "
-                      "first choice), cached (an encoder had it), failover (encoded after "
-                      "another encoder failed), fallback (none could: the bytes went inline).")
+                      "Images of requests to a vision model, by result: ok (encoded by the "
+                      "first choice of --encoders), cached (an encoder had it), failover (encoded "
+                      "after another encoder failed), fallback (none could: the bytes went "
+                      "inline), skipped (a worker holds its positions: neither encoded nor "
+                      "sent; PromptImage.expect_cached).")
                   .Register(registry);
   encoder_up_ = &prometheus::BuildGauge()
                      .Name("ferry_router_encoder_up")
@@ -246,7 +248,8 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                          .Name("ferry_router_images_inlined_on_retry_total")
                          .Help(
                              "Images a retry or migration sent as inline bytes instead of the "
-                             "encoder handle of the failed attempt.")
+                             "encoder handle of the failed attempt, or of nothing (an image "
+                             "predicted cached that was not).")
                          .Register(registry)
                          .Add({});
   auto& slo = prometheus::BuildCounter()

@@ -30,7 +30,8 @@ class Dispatcher::Job {
   // The request the running attempt sends (once started: record.attempts counts it): the
   // client's under the attempt's own id, after a migration with the resume point (and the source
   // of a drain hand-off). A retry or migration sends the images the first attempt sent by encoder
-  // handle inline instead (`inlined` counts them): the failure may have been the encoder's.
+  // handle or not at all (expect_cached) inline instead (`inlined` counts them): the failure may
+  // have been the encoder's, or the prediction's.
   // Under the dispatcher's mu_.
   v1::GenerateRequest Attempt(int64_t* inlined) const {
     v1::GenerateRequest r = request.request;
@@ -40,9 +41,13 @@ class Dispatcher::Job {
       for (int i = 0; i < images->size() && i < static_cast<int>(request.inline_images.size());
            ++i) {
         v1::PromptImage& image = (*images)[i];
-        if (image.embeddings_handle().empty() || request.inline_images[i].empty()) continue;
+        if ((image.embeddings_handle().empty() && !image.expect_cached()) ||
+            request.inline_images[i].empty()) {
+          continue;
+        }
         image.clear_embeddings_handle();
         image.clear_encoder_endpoint();
+        image.clear_expect_cached();
         image.set_image_data(request.inline_images[i]);
         ++*inlined;
       }
@@ -518,6 +523,16 @@ void Dispatcher::Dequeued(const std::shared_ptr<Job>& job) {
   queued_tokens_ -= job->record.prompt_tokens + job->record.resumed_tokens;
   if (observer_.queue_depth)
     observer_.queue_depth(static_cast<int64_t>(queue_.size()), queued_tokens_);
+}
+
+int64_t Dispatcher::CachedPositions(absl::Span<const Hash128> block_hashes, int64_t prompt_tokens,
+                                    int64_t block_tokens) const {
+  const std::vector<Candidate> candidates = registry_->Candidates();
+  RouteRequest route;
+  route.prompt_tokens = prompt_tokens;
+  route.block_hashes = block_hashes;
+  route.block_tokens = block_tokens;
+  return policy_->CachedPositions(Views(candidates), route);
 }
 
 std::vector<WorkerLoadView> Dispatcher::Views(const std::vector<Candidate>& candidates) {

@@ -115,10 +115,11 @@ struct DispatchRequest {
   // ones the KV store holds (0: none or unknown).
   std::vector<Hash128> block_hashes;
   int64_t store_prefix_blocks = 0;
-  // For each of request's images (PromptImage, in order) sent by encoder handle, its bytes ("":
-  // one sent inline). The first attempt sends the handles; every later one (a retry, a migration,
-  // a hand-off) sends these bytes inline instead, so no attempt resends a handle whose encoder may
-  // be what failed (the worker encodes them in process). docs/serving/encoder.md.
+  // For each of request's images (PromptImage, in order) sent by encoder handle or not at all
+  // (expect_cached), its bytes ("": one sent inline). The first attempt sends the handles; every
+  // later one (a retry, a migration, a hand-off) sends these bytes inline instead, so no attempt
+  // resends a handle whose encoder may be what failed, or again expects cached what was not (the
+  // worker encodes them in process). docs/serving/encoder.md.
   std::vector<std::string> inline_images;
 };
 
@@ -201,6 +202,12 @@ class Dispatcher {
   absl::StatusOr<std::shared_ptr<Job>> Dispatch(DispatchRequest request,
                                                 std::shared_ptr<GenerateSink> sink);
   void Cancel(const std::shared_ptr<Job>& job);
+
+  // The leading positions of a prompt (`prompt_tokens` tokens, `block_hashes` of
+  // `block_tokens`) that a worker that can compute it now holds, as the policy predicts them
+  // (RoutingPolicy::CachedPositions; 0 with none).
+  int64_t CachedPositions(absl::Span<const Hash128> block_hashes, int64_t prompt_tokens,
+                          int64_t block_tokens) const;
 
   int64_t queued() const;
   int64_t running() const;

@@ -50,6 +50,27 @@ int64_t PrefixAwarePolicy::HeldPrefix(const WorkerLoadView& view, absl::Span<con
   return k;
 }
 
+int64_t PrefixAwarePolicy::CachedPositions(absl::Span<const WorkerLoadView> candidates,
+                                           const RouteRequest& request) const {
+  const int64_t block_tokens = request.block_tokens;
+  const int64_t limit = std::min<int64_t>(static_cast<int64_t>(request.block_hashes.size()),
+                                          ReusableBlocks(request.prompt_tokens, block_tokens));
+  if (index_ == nullptr || limit <= 0) return 0;
+  const absl::Span<const Hash128> chain = request.block_hashes.subspan(0, limit);
+  thread_local std::vector<int32_t> matched;
+  matched.clear();
+  index_->Match(chain, &matched);
+  int64_t best = 0;
+  for (const WorkerLoadView& w : candidates) {
+    if (w.kind == WorkerKind::kDecode || w.slot < 0 || w.slot >= static_cast<int>(matched.size())) {
+      continue;
+    }
+    const int64_t held = HeldPrefix(w, chain, matched[w.slot], limit, block_tokens);
+    best = std::max(best, held * block_tokens - std::max<int64_t>(0, w.max_window));
+  }
+  return best;
+}
+
 RouteChoice PrefixAwarePolicy::Choose(absl::Span<const WorkerLoadView> candidates,
                                       const RouteRequest& request) {
   const size_t n = candidates.size();

@@ -57,6 +57,8 @@ class PrefixAwarePolicy final : public RoutingPolicy {
   }
   RouteChoice Choose(absl::Span<const WorkerLoadView> candidates,
                      const RouteRequest& request) override;
+  int64_t CachedPositions(absl::Span<const WorkerLoadView> candidates,
+                          const RouteRequest& request) const override;
 
   // The blocks of `chain` (at most `limit`) the worker in `view` will reuse from its memory.
   int64_t HeldPrefix(const WorkerLoadView& view, absl::Span<const Hash128> chain, int64_t matched,

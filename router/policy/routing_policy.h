@@ -96,6 +96,15 @@ class RoutingPolicy {
     choice.reason = name();
     return choice;
   }
+  // The leading prompt positions that a candidate computing prompts (aggregated, prefill) holds
+  // in its memory, most over the candidates, less the window a hybrid model may replay below
+  // them: positions no step there should compute (the router sends an image inside them without
+  // rows: PromptImage.expect_cached). A prediction (the index lags; the choice may fall on
+  // another worker); a miss costs a retry. Policies without an index predict none (0).
+  virtual int64_t CachedPositions(absl::Span<const WorkerLoadView> candidates,
+                                  const RouteRequest& request) const {
+    return 0;
+  }
 };
 
 struct PrefixAwareOptions {

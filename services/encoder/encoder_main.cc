@@ -62,6 +62,9 @@ ABSL_FLAG(absl::Duration, secret_poll_interval, absl::Seconds(10),
           "--auth_token_file is re-read this often (0: never)");
 ABSL_FLAG(std::string, encode_hold_file, "",
           "test seam: while this file exists, each encode waits before it starts (at most 60 s)");
+ABSL_FLAG(std::string, fetch_hold_file, "",
+          "test seam: while this file exists, each FetchEmbeddings stream waits after its first "
+          "chunk (at most 60 s)");
 
 namespace {
 
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
   const absl::Duration drain_grace =
       OrExit(ParseConfigDuration(absl::GetFlag(FLAGS_drain_grace)), "--drain_grace");
   options.hold_file = absl::GetFlag(FLAGS_encode_hold_file);
+  options.fetch_hold_file = absl::GetFlag(FLAGS_fetch_hold_file);
   options.model = absl::GetFlag(FLAGS_model_name);
   if (options.model.empty()) {
     std::string dir = model;

@@ -57,12 +57,25 @@ class RefusedWatch final : public grpc::ServerWriteReactor<ferry::v1::EncoderSta
   void OnDone() override { delete this; }
 };
 
+// Test seam: waits while `path` exists (at most 60 s).
+void WaitWhileExists(const std::string& path, const char* what) {
+  if (path.empty() || access(path.c_str(), F_OK) != 0) return;
+  LOG(INFO) << "test seam: " << what << " waits while " << path << " exists";
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (access(path.c_str(), F_OK) == 0 && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 // Streams one handle's rows, one chunk in flight at a time.
 class FetchCall final : public grpc::ServerWriteReactor<EmbeddingsChunk> {
  public:
   FetchCall(EmbeddingRows rows, ferry::v1::EmbeddingsInfo info, int64_t chunk_bytes,
-            prometheus::Counter* fetched)
-      : rows_(std::move(rows)), chunk_bytes_(chunk_bytes), fetched_(fetched) {
+            prometheus::Counter* fetched, std::string hold_file)
+      : rows_(std::move(rows)),
+        chunk_bytes_(chunk_bytes),
+        fetched_(fetched),
+        hold_file_(std::move(hold_file)) {
     *out_.mutable_info() = std::move(info);
     Next();
   }
@@ -77,6 +90,15 @@ class FetchCall final : public grpc::ServerWriteReactor<EmbeddingsChunk> {
       return;
     }
     out_.clear_info();
+    if (!hold_file_.empty() && access(hold_file_.c_str(), F_OK) == 0) {
+      // Test seam (fetch_hold_file): the rest waits on a thread of its own, never on gRPC's; the
+      // call cannot end meanwhile (no Finish yet), so `this` lives until Next's write is done.
+      std::thread([this] {
+        WaitWhileExists(hold_file_, "an embeddings stream");
+        Next();
+      }).detach();
+      return;
+    }
     Next();
   }
   void OnDone() override { delete this; }
@@ -94,6 +116,7 @@ class FetchCall final : public grpc::ServerWriteReactor<EmbeddingsChunk> {
   const EmbeddingRows rows_;
   const int64_t chunk_bytes_;
   prometheus::Counter* const fetched_;
+  const std::string hold_file_;
   int64_t offset_ = 0;
   EmbeddingsChunk out_;
 };
@@ -220,13 +243,7 @@ void EncoderService::StopWatches() { watches_.Shutdown(); }
 bool EncoderService::WaitIdle(absl::Time deadline) { return executor_.WaitIdle(deadline); }
 
 void EncoderService::WaitWhileHeld() const {
-  const std::string& hold = options_.hold_file;
-  if (hold.empty() || access(hold.c_str(), F_OK) != 0) return;
-  LOG(INFO) << "test seam: image encoding waits while " << hold << " exists";
-  const absl::Time until = absl::Now() + absl::Seconds(60);
-  while (access(hold.c_str(), F_OK) == 0 && absl::Now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  WaitWhileExists(options_.hold_file, "image encoding");
 }
 
 grpc::ServerUnaryReactor* EncoderService::Encode(grpc::CallbackServerContext* context,
@@ -386,7 +403,7 @@ grpc::ServerWriteReactor<EmbeddingsChunk>* EncoderService::FetchEmbeddings(
   info.set_size_bytes((*rows)->size() * sizeof(float));
   SetHash(vision_digest_, info.mutable_vision_digest());
   return new FetchCall(*std::move(rows), std::move(info), options_.max_chunk_bytes,
-                       metrics_->fetch_bytes);
+                       metrics_->fetch_bytes, options_.fetch_hold_file);
 }
 
 grpc::ServerUnaryReactor* EncoderService::Release(grpc::CallbackServerContext* context,

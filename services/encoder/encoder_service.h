@@ -72,6 +72,9 @@ struct EncoderServiceOptions {
   std::string model;  // reported by GetStatus
   // Test seam: while this file exists, each encode job waits before encoding (at most 60 s).
   std::string hold_file;
+  // Test seam: while this file exists, each FetchEmbeddings stream waits after its first chunk
+  // (at most 60 s; on a thread of its own), so that a test may kill the encoder mid-stream.
+  std::string fetch_hold_file;
 };
 
 class EncoderService final : public ferry::v1::Encoder::CallbackService {

@@ -147,6 +147,15 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                          .Help("Window layers' cached blocks dropped by their TTL.")
                          .Register(registry)
                          .Add({});
+  absent_image_rows_ =
+      &prometheus::BuildCounter()
+           .Name("ferry_worker_absent_image_rows_total")
+           .Help(
+               "Requests failed (UNAVAILABLE, retried by the router with the image) because the "
+               "router sent an image without rows, predicting its positions cached, and they "
+               "were not: a prediction miss.")
+           .Register(registry)
+           .Add({});
   generated_ = &prometheus::BuildCounter()
                     .Name("ferry_worker_generated_tokens_total")
                     .Help("Tokens sampled.")
@@ -430,6 +439,7 @@ void WorkerMetrics::Refresh(const EngineStats& s, double prefill_tokens_per_seco
   mirror(window_misses_, s.window_misses, last_.window_misses);
   mirror(window_replayed_tokens_, s.replayed_tokens, last_.replayed_tokens);
   mirror(window_expired_, s.window_expired_blocks, last_.window_expired_blocks);
+  mirror(absent_image_rows_, s.absent_image_rows, last_.absent_image_rows);
   if (s.generated_tokens > last_generated_) {
     generated_->Increment(static_cast<double>(s.generated_tokens - last_generated_));
     last_generated_ = s.generated_tokens;

@@ -214,6 +214,7 @@ class WorkerMetrics {
   prometheus::Counter* window_misses_;
   prometheus::Counter* window_replayed_tokens_;
   prometheus::Counter* window_expired_;
+  prometheus::Counter* absent_image_rows_;
   prometheus::Counter* generated_;
   prometheus::Gauge* prefill_speed_;
   prometheus::Histogram* step_decode_;

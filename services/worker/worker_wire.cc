@@ -55,6 +55,26 @@ absl::Status ImagesFromProto(const ferry::v1::TokenizedRequest& request, const W
                                   previous_end, "): images must be sorted and not overlap"));
     }
     previous_end = start + length;
+    if (image.expect_cached()) {
+      if (!image.image_data().empty() || !image.embeddings().empty() ||
+          !image.embeddings_handle().empty()) {
+        return Invalid(absl::StrCat("image ", i,
+                                    ": expect_cached sends nothing of the image (no image_data, "
+                                    "embeddings or embeddings_handle)"));
+      }
+      if (limits.image_encoder == nullptr) {
+        return Invalid(
+            absl::StrCat("image ", i,
+                         ": expect_cached needs a worker with a vision model (its "
+                         "positions are keyed by the tower's digest); this one has none"));
+      }
+      PromptImageInput input;  // (no rows: the engine fails the request if it needs them)
+      input.content_hash = kv::HashFromProto(image.content_hash());
+      input.placeholder_start = start;
+      input.placeholder_length = length;
+      images->push_back(std::move(input));
+      continue;
+    }
     if (!image.image_data().empty()) {
       if (limits.image_encoder == nullptr) {
         return Invalid(absl::StrCat("image ", i,

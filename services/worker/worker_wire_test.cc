@@ -286,6 +286,19 @@ TEST(WorkerWireTest, BadImagesAreRefusedWithAClearMessage) {
   handle_and_rows.set_embeddings_handle("h");
   cases.push_back(
       {"handle and rows", {handle_and_rows}, absl::StatusCode::kInvalidArgument, "exclusive"});
+  v1::PromptImage expected_with_rows = InlineImage(1, 2, 3, 1);
+  expected_with_rows.set_expect_cached(true);
+  cases.push_back({"expect_cached and rows",
+                   {expected_with_rows},
+                   absl::StatusCode::kInvalidArgument,
+                   "sends nothing"});
+  v1::PromptImage expected = bytes_only;
+  expected.clear_image_data();
+  expected.set_expect_cached(true);
+  cases.push_back({"expect_cached without a vision model",
+                   {expected},
+                   absl::StatusCode::kInvalidArgument,
+                   "vision model"});
   for (const Case& c : cases) {
     v1::TokenizedRequest q = Request();
     for (const v1::PromptImage& image : c.images) *q.add_images() = image;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The ferry CLI's own behaviour: help, unknown commands, the benchmark list and dispatch errors,
-# model paths, `up`'s and `scale`'s argument checks, and `down`/`status`/`scale` with nothing
-# running. Runs the script from the test's runfiles with a private cache, so nothing is installed
-# or downloaded.
+# model paths, `up`'s and `scale`'s argument checks (--encoder among them), and
+# `down`/`status`/`scale` with nothing running. Runs the script from the test's runfiles with a
+# private cache, so nothing is installed or downloaded.
 set -uo pipefail
 ferry="$1"
 export FERRY_CACHE="${TEST_TMPDIR}/cache" FERRY_STATE="${TEST_TMPDIR}/state"
@@ -48,6 +48,11 @@ check "up --help names the simulated engine" 0 "--engine sim" -- "${ferry}" up -
 check "up refuses an unknown engine" 1 "--engine must be real or sim" -- "${ferry}" up --engine fast
 check "up refuses a calibration for the real engine" 1 "--calibration is for --engine sim" -- "${ferry}" up --calibration c.json
 check "up refuses a missing calibration" 1 "--calibration: no such file" -- "${ferry}" up --engine sim --calibration /nonexistent.json
+check "up --help names the encoders" 0 "--encoder N" -- "${ferry}" up --help
+check "up refuses --encoder for a text-only model" 1 "--encoder needs a vision model" -- "${ferry}" up --encoder 1
+check "up refuses a bad encoder count" 1 "--encoder must be 0..49" -- "${ferry}" up --encoder 50
+check "up refuses --encoder with the simulated engine" 1 "--encoder is for the real engine" -- "${ferry}" up --encoder 1 --engine sim
+check "scale refuses the encoders" 1 "the encoders are not scaled" -- "${ferry}" scale encoder 2
 check "scale --help names its arguments" 0 "usage: ./ferry scale POOL N" -- "${ferry}" scale --help
 check "scale refuses zero workers" 1 "N must be at least 1" -- "${ferry}" scale decode 0
 check "scale refuses an unknown pool" 1 "POOL must be decode, prefill or worker" -- "${ferry}" scale gpu 2

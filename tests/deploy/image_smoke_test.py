@@ -2,14 +2,18 @@
 """The image smoke test (issue 45): Ferry's real images running the exact command lines of the
 rendered `cpu` overlay, as far as this machine allows without a Kubernetes API server.
 
-  image_smoke_test.py BUILD_IMAGES PRIVATE_DOCKERD ROUTER WORKER KVSTORE KV PLANNER
+  image_smoke_test.py BUILD_IMAGES PRIVATE_DOCKERD ROUTER WORKER KVSTORE KV PLANNER ENCODER
                       [--rendered FILE]
 
 1. Images: tools/image/build_images.sh on the Bazel outputs, in a dockerd of the test's own
    (tools/image/private_dockerd.py; its image store kept in $FERRY_CACHE/image/dockerd so that a
    warm run imports and checks nothing again; the test depends on nothing left there). The
    ferry-planner image is built and checked too (its libraries resolve, --version runs), not run:
-   its actuator needs an API server (tests/deploy:kubernetes_actuator_contract_test).
+   its actuator needs an API server (tests/deploy:kubernetes_actuator_contract_test). So is the
+   ferry-encoder image (deploy/k8s/components/encoder), and its `ferry-encoder --help` runs in it
+   as the manifests run it (uid 65532, read-only, no capabilities, no network); it is not started
+   as a pod: the cpu overlay's model is text-only (tests/integration:router_epd_test runs the
+   encoder pool).
 2. Pods: `kubectl kustomize deploy/k8s/overlays/cpu` (or --rendered FILE, already rendered): the
    router, one prefill worker, two decode workers and one store node (the StatefulSet's pod 0),
    each a container with its manifest's command and args after Kubernetes' $(VAR) expansion over
@@ -473,7 +477,7 @@ def docker_client():
 def build_images(d, build_script, binaries):
     p = subprocess.run([build_script, "--router", binaries[0], "--worker", binaries[1],
                         "--kvstore", binaries[2], "--kv", binaries[3], "--planner", binaries[4],
-                        "--cache", CACHE, "--prune"], env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        "--encoder", binaries[5], "--cache", CACHE, "--prune"], env=d.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True, timeout=600)
     sys.stderr.write(p.stderr)
     if p.returncode != 0:
@@ -486,6 +490,20 @@ def build_images(d, build_script, binaries):
     with open(os.path.join(OUT, "images.txt"), "w") as f:
         f.write(p.stdout)
     return tags
+
+
+def check_encoder_image(d, tags):
+    """`ferry-encoder --help` runs in its image as the manifests run it and lists its flags."""
+    ref = tags.get("ferry-encoder")
+    if ref is None:
+        raise AssertionError(f"build_images.sh built no ferry-encoder image: {sorted(tags)}")
+    p = subprocess.run([docker_client(), "run", "--rm", "--network", "none", "--read-only",
+                        "--user", "65532:65532", "--cap-drop", "ALL", "--security-opt",
+                        "no-new-privileges", ref, "--help"], env=d.env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60)
+    if p.returncode != 0 or "ferry-encoder" not in p.stdout or "--cache_bytes" not in p.stdout:
+        raise AssertionError(f"{ref} --help: exit {p.returncode}: {p.stdout[-2000:]}")
+    log(f"{ref} --help runs")
 
 
 def scrape_all(stack, label, skip=()):
@@ -574,7 +592,7 @@ def go_duration_seconds(text):
 
 
 def run(args):
-    binaries = [args.router, args.worker, args.kvstore, args.kv, args.planner]
+    binaries = [args.router, args.worker, args.kvstore, args.kv, args.planner, args.encoder]
     sys.path.insert(0, os.path.dirname(os.path.realpath(args.private_dockerd)))
     import private_dockerd
 
@@ -601,6 +619,7 @@ def run(args):
             log(f"dockerd: {d.describe()}")
             tags = build_images(d, args.build_images, binaries)
             log("images built and checked")
+            check_encoder_image(d, tags)
             stack = Stack(d, tags, objects, os.path.dirname(os.path.realpath(model_gguf)),
                           workdir, args.network_base)
             stack.plan()
@@ -772,7 +791,7 @@ def check_serving(stack):
 def main():
     parser = argparse.ArgumentParser()
     for name in ("build_images", "private_dockerd", "router", "worker", "kvstore", "kv",
-                 "planner"):
+                 "planner", "encoder"):
         parser.add_argument(name)
     parser.add_argument("--rendered", help="already rendered manifests instead of the overlay")
     parser.add_argument("--network_base", help="127.A.B: the loopback /24 to use (default: a "

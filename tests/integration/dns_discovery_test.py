@@ -11,10 +11,6 @@ Workers of one pool share a port and differ by address (127.0.0.N), as pods do. 
 """
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,93 +19,11 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 from ferry_services import TMP, get, start, stop_all, wait_for  # noqa: E402
+from dnsmasq import Dnsmasq, free_port  # noqa: E402
 
 ROUTER, WORKER, KVSTORE, MODEL = sys.argv[1:5]
 INTERVAL_S = 0.2
 LINGER_S = 1.0  # --kvstore_dns_linger: how long a store node gone from the DNS stays
-
-
-def free_port(hosts, kinds=(socket.SOCK_STREAM,)):
-    """A port free on every one of `hosts` now (for each socket kind)."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, kinds[0]) as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        ok = True
-        for host in hosts:
-            for kind in kinds:
-                with socket.socket(socket.AF_INET, kind) as s:
-                    try:
-                        s.bind((host, port))
-                    except OSError:
-                        ok = False
-        if ok:
-            return port
-    raise RuntimeError("no free port")
-
-
-class Dnsmasq:
-    """dnsmasq in the foreground on 127.0.0.1:port, authoritative for ferry.test (an unlisted
-    name is NXDOMAIN), answering from a hosts file with TTL 0 and no cache."""
-
-    def __init__(self):
-        self.hosts = os.path.join(TMP, "dns.hosts")
-        self.proc = None  # (a SIGHUP before dnsmasq set its handler would end it)
-        self.write(["127.0.0.99 ready.ferry.test"])
-        self.port = free_port(["127.0.0.1"], (socket.SOCK_DGRAM, socket.SOCK_STREAM))
-        with open(os.path.join(TMP, "dnsmasq.log"), "w") as log:
-            self.proc = subprocess.Popen(
-                ["/usr/sbin/dnsmasq", "--keep-in-foreground", "--no-daemon",
-                 "--conf-file=/dev/null", "--pid-file=", "--listen-address=127.0.0.1",
-                 "--bind-interfaces", f"--port={self.port}", "--no-resolv", "--no-hosts",
-                 "--local=/ferry.test/", f"--addn-hosts={self.hosts}", "--local-ttl=0",
-                 "--cache-size=0", "--no-negcache",
-                 "--user=root" if os.getuid() == 0 else "--user="],
-                stdout=log, stderr=log)
-        wait_for(lambda: self.lookup("ready.ferry.test") == ["127.0.0.99"], "dnsmasq answering")
-
-    def write(self, lines):
-        tmp = self.hosts + ".next"
-        with open(tmp, "w") as f:
-            f.write("".join(line + "\n" for line in lines))
-        os.replace(tmp, self.hosts)
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGHUP)
-
-    def lookup(self, name):
-        """The A records dnsmasq gives for `name` now (sorted), by a query of our own."""
-        out = subprocess.run(["python3", "-c", _QUERY, "127.0.0.1", str(self.port), name],
-                             capture_output=True, text=True, timeout=10)
-        return sorted(out.stdout.split())
-
-    def serve(self, lines, name, want):
-        """Serves `lines` and waits until dnsmasq answers `name` with `want`."""
-        self.write(lines)
-        wait_for(lambda: self.lookup(name) == sorted(want), f"dnsmasq serving {name}: {want}")
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
-
-
-# A minimal A query over UDP (no resolver library in the client venv is assumed).
-_QUERY = r"""
-import random, socket, struct, sys
-host, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-qid = random.randrange(65536)
-q = struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0)
-q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
-s.sendto(q, (host, port))
-r = s.recv(4096)
-an = struct.unpack(">H", r[6:8])[0]
-i = len(q)
-for _ in range(an):
-    i += 2 if r[i] & 0xC0 == 0xC0 else r.index(b"\0", i) + 1 - i
-    typ, _, _, rdlen = struct.unpack(">HHIH", r[i:i + 10]); i += 10
-    if typ == 1: print(socket.inet_ntoa(r[i:i + rdlen]))
-    i += rdlen
-"""
 
 
 def router_workers(admin):

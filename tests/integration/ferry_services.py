@@ -66,6 +66,26 @@ def metric(admin_port, line):
     return 0.0
 
 
+def wait_index_synced(router_admin, worker_admin, worker_address):
+    """Waits until the router's KV index holds what the worker caches now (a request that just
+    ended there: the router may predict its prefix cached). The worker's gauges are read after
+    two refreshes (so they include the ended request), then the index must reach that count."""
+    refreshes = metric(worker_admin, "ferry_worker_load_refreshes_total")
+    wait_for(lambda: metric(worker_admin, "ferry_worker_load_refreshes_total") >= refreshes + 2,
+             f"worker {worker_address}'s gauges refreshed")
+    cached = metric(worker_admin, 'ferry_worker_kv_blocks{state="cached"}')
+
+    def index_blocks():
+        _, body = get(f"http://127.0.0.1:{router_admin}/workers")
+        for w in json.loads(body):
+            if w["address"] == worker_address:
+                return w["kv_index"]["blocks"]
+        return -1
+    wait_for(lambda: index_blocks() == cached,
+             f"the router's KV index at worker {worker_address}'s {cached} cached blocks")
+    return cached
+
+
 def sse_events(response):
     """The data events of an OpenAI-style server-sent event stream (an http.client response), each
     as its JSON; the string "[DONE]" for the end marker, after which it stops. A data line that is

@@ -4,10 +4,11 @@ router on the tiny VLM (make_tiny_vlm) with --encoders, ferry-encoder processes 
 processes (aggregated, or a prefill and a decode worker), all at --weights=f32 (--kv_dtype=f32 for
 the workers).
 
-  router_epd_test.py FERRY_ROUTER FERRY_WORKER FERRY_ENCODER MODEL REFERENCE_JSON
+  router_epd_test.py FERRY_ROUTER FERRY_WORKER FERRY_ENCODER MODEL REFERENCE_JSON FERRY_KVSTORE
 
 REFERENCE_JSON is router_vlm_reference.py's (transformers' LlavaProcessor and
-LlavaForConditionalGeneration): per case, the prompt's input_ids and the greedy tokens.
+LlavaForConditionalGeneration): per case, the prompt's input_ids and the greedy tokens; its
+"extra" cases are one image each, all distinct (several requests in flight at once).
 
 Checks: through an encoder, each case's prompt and greedy tokens are transformers' (aggregated, and
 prefill + decode workers), and Anthropic's Messages API gives the same text; the encoder encoded the images and the worker did not (the request named
@@ -18,14 +19,24 @@ goes to the other. A worker SIGKILLed mid-stream: the request migrates with its 
 ends with transformers' tokens. Encoders by DNS (--encoders_dns, dnsmasq): the name moving to
 another encoder moves the images. Handles that are gone when the worker fetches them (an encoder with a 1 ns TTL):
 the worker fails the attempt UNAVAILABLE and the router's retry sends the image inline; the
-tokens are the same. Every process started is killed at the end (PR_SET_PDEATHSIG).
+tokens are the same.
+
+Faults (FaultTest). An encoder SIGKILLed while several requests' images are being encoded (held by
+--encode_hold_file until the encoder's gauges show them all there): every request completes with
+transformers' tokens, its image inline (one encoder) or re-encoded on the other encoder (two, in
+front of prefill and decode workers). An encoder SIGKILLed mid-FetchEmbeddings (--fetch_hold_file:
+the stream waits after its first chunk), with an aggregated worker and with prefill + decode
+workers: the worker fails the attempt UNAVAILABLE, the router retries with the images inline, the
+tokens are the same. E/P/D with the KV store (ferry-kvstore): a request through one router's
+prefill and decode workers, then the same request through a second router's cold ones: the image
+is a hit in the encoder's cache, the prefix comes from the store (cached_tokens; the prefill
+worker's store reads), the tokens are transformers'; both with the openai and the anthropic SDK.
+Every process started is killed at the end (PR_SET_PDEATHSIG).
 """
 import base64
+import concurrent.futures
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import unittest
 
@@ -34,21 +45,30 @@ import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ferry_services import (TMP, get, metric, start, stop_all, wait_for,  # noqa: E402
-                            wait_workers_up)
+                            wait_index_synced, wait_workers_up)
+from dnsmasq import Dnsmasq, free_port  # noqa: E402
 
-ROUTER, WORKER, ENCODER, MODEL, REFERENCE = sys.argv[1:6]
+ROUTER, WORKER, ENCODER, MODEL, REFERENCE, KVSTORE = sys.argv[1:7]
 with open(REFERENCE) as f:
-    CASES = json.load(f)["cases"]
+    _REFERENCE = json.load(f)
+    CASES, EXTRA = _REFERENCE["cases"], _REFERENCE["extra"]
 IMAGES = os.path.dirname(REFERENCE)
 MAX_TOKENS = len(CASES[0]["tokens"])
 MEDIA = {"png": "image/png", "jpg": "image/jpeg"}
 WORKER_FLAGS = [f"--model={MODEL}", "--weights=f32", "--kv_dtype=f32", "--block_tokens=16",
                 "--threads=1", "--kv_pool_bytes=8MiB"]
+# Workers that keep no prefix: a request sent again computes its prompt, so its images go to the
+# encoders again (a worker that keeps it gets them as expect_cached: test_4's end).
+NO_PREFIX = ["--prefix_cache_bytes=0"]
 
 ENCODED = "ferry_encoder_images_encoded_total"
 HITS = 'ferry_encoder_cache_lookups_total{result="hit"}'
 FETCHED = 'ferry_worker_image_fetches_total{outcome="fetched"}'
 GONE = 'ferry_worker_image_fetches_total{outcome="unavailable"}'
+IN_FLIGHT = ("ferry_encoder_encoding", "ferry_encoder_queue_depth")
+FETCH_BYTES = "ferry_encoder_fetch_bytes_total"
+STORE_WRITTEN = 'ferry_worker_store_write_blocks_total{outcome="written"}'
+STORE_LOADED = 'ferry_worker_store_read_blocks_total{outcome="loaded"}'
 
 
 def encodes(result):
@@ -64,6 +84,18 @@ def data_url(name):
 def start_encoder(name, extra=()):
     p, ports = start(ENCODER, [f"--model={MODEL}", "--weights=f32"] + list(extra), name)
     return p, f"127.0.0.1:{ports['grpc_port']}", ports["admin_port"]
+
+
+def in_flight(admin_port):
+    """Images an encoder is encoding or has queued now (its gauges)."""
+    return sum(metric(admin_port, gauge) for gauge in IN_FLIGHT)
+
+
+def hold_file(name):
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        f.write("hold")
+    return path
 
 
 def start_router(workers, encoders, name):
@@ -93,7 +125,7 @@ WORKER_ADDRESS = WORKER_ADMIN = None
 
 def setUpModule():
     global WORKER_ADDRESS, WORKER_ADMIN
-    _, w = start(WORKER, WORKER_FLAGS, "worker")
+    _, w = start(WORKER, WORKER_FLAGS + NO_PREFIX, "worker")
     WORKER_ADDRESS, WORKER_ADMIN = f"127.0.0.1:{w['grpc_port']}", w["admin_port"]
 
 
@@ -208,6 +240,21 @@ class EpdTest(unittest.TestCase):
         for ports in (p, d):
             self.assertEqual(metric(ports["admin_port"], FETCHED), sent)
         self.assertEqual(metric(admin, "ferry_router_images_inlined_on_retry_total"), 0)
+        # The same requests again: the prefill worker holds their prompts, images included, so
+        # the router neither encodes nor sends the images (expect_cached); the same tokens (once
+        # the router's KV index holds what the prefill worker caches).
+        self.assertGreater(wait_index_synced(admin, p["admin_port"], f"127.0.0.1:{p['grpc_port']}"),
+                           0)
+        encoded = metric(encoder_admin, ENCODED) + metric(encoder_admin, HITS)
+        for i, case in enumerate(CASES):
+            with self.subTest(case=i, again=True):
+                skipped = metric(admin, encodes("skipped"))
+                self.assert_transformers(chat(client, case), case)
+                self.assertEqual(metric(admin, encodes("skipped")), skipped + len(case["images"]))
+        self.assertEqual(metric(encoder_admin, ENCODED) + metric(encoder_admin, HITS), encoded)
+        for ports in (p, d):
+            self.assertEqual(metric(ports["admin_port"], FETCHED), sent)
+        self.assertEqual(metric(admin, "ferry_router_retries_total"), 0)
 
     def test_5_a_gone_handle_is_retried_inline(self):
         # Every handle has expired by the time the worker fetches it.
@@ -234,7 +281,7 @@ class EpdTest(unittest.TestCase):
 
     def test_6_a_migrated_request_sends_its_image_inline(self):
         _, encoder, _ = start_encoder("encoder_migration")
-        flags = WORKER_FLAGS + ["--test_step_delay=20ms"]
+        flags = WORKER_FLAGS + NO_PREFIX + ["--test_step_delay=20ms"]
         workers = [start(WORKER, flags, f"paced{i}") for i in range(2)]
         addresses = {f"127.0.0.1:{ports['grpc_port']}": p for p, ports in workers}
         client, admin = start_router(list(addresses), [encoder], "router_migration")
@@ -305,91 +352,203 @@ class EpdTest(unittest.TestCase):
             dns.stop()
 
 
-def free_port(hosts):
-    """A TCP port free on every one of `hosts` now."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        try:
-            for host in hosts[1:]:
-                with socket.socket() as s:
-                    s.bind((host, port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port")
+PD_WORKERS = []
 
 
-class Dnsmasq:
-    """dnsmasq in the foreground on 127.0.0.1, authoritative for ferry.test, answering from a
-    hosts file with TTL 0 and no cache (as dns_discovery_test's)."""
+def pd_workers():
+    """A prefill and a decode worker (started once), their admin ports by address."""
+    if not PD_WORKERS:
+        for role in ("prefill", "decode"):
+            _, ports = start(WORKER, WORKER_FLAGS + NO_PREFIX + [f"--role={role}",
+                                                                 "--transport=grpc"],
+                             f"{role}_faults")
+            PD_WORKERS.append((f"127.0.0.1:{ports['grpc_port']}", ports["admin_port"]))
+    return dict(PD_WORKERS)
 
-    def __init__(self):
-        self.hosts = os.path.join(TMP, "dns.hosts")
-        self.proc = None  # (a SIGHUP before dnsmasq set its handler would end it)
-        self.write(["127.0.0.99 ready.ferry.test"])
-        for _ in range(100):
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.bind(("127.0.0.1", 0))
-                self.port = s.getsockname()[1]
+
+class FaultTest(unittest.TestCase):
+    """Encoders SIGKILLed while requests' images are at them, and E/P/D with the KV store."""
+
+    assert_transformers = EpdTest.assert_transformers
+
+    def chat_all_while(self, client, cases, ready, act):
+        """Sends `cases` at once (a thread each); once `ready()` holds, calls `act()`; then checks
+        every answer is transformers'."""
+        with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+            futures = [pool.submit(chat, client, case) for case in cases]
             try:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", self.port))
-                break
-            except OSError:
-                continue
-        with open(os.path.join(TMP, "dnsmasq.log"), "w") as log:
-            self.proc = subprocess.Popen(
-                ["/usr/sbin/dnsmasq", "--keep-in-foreground", "--no-daemon",
-                 "--conf-file=/dev/null", "--pid-file=", "--listen-address=127.0.0.1",
-                 "--bind-interfaces", f"--port={self.port}", "--no-resolv", "--no-hosts",
-                 "--local=/ferry.test/", f"--addn-hosts={self.hosts}", "--local-ttl=0",
-                 "--cache-size=0", "--no-negcache",
-                 "--user=root" if os.getuid() == 0 else "--user="],
-                stdout=log, stderr=log)
-        wait_for(lambda: self.lookup("ready.ferry.test") == ["127.0.0.99"], "dnsmasq answering")
+                wait_for(ready, "the requests' images at the encoders")
+            finally:
+                act()
+            for i, (future, case) in enumerate(zip(futures, cases)):
+                with self.subTest(case=i):
+                    self.assert_transformers(future.result(), case)
 
-    def write(self, lines):
-        tmp = self.hosts + ".next"
-        with open(tmp, "w") as f:
-            f.write("".join(line + "\n" for line in lines))
-        os.replace(tmp, self.hosts)
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGHUP)
+    def test_8_an_encoder_killed_while_encoding(self):
+        hold = hold_file("encode_hold_one")
+        process, encoder, encoder_admin = start_encoder(
+            "encoder_held", [f"--encode_hold_file={hold}"])
+        client, admin = start_router([WORKER_ADDRESS], [encoder], "router_held")
+        fetched = metric(WORKER_ADMIN, FETCHED)
 
-    def lookup(self, name):
-        """The A records dnsmasq gives for `name` now (sorted); [] while it does not answer."""
-        import random
-        import struct
-        q = struct.pack(">HHHHHH", random.randrange(65536), 0x0100, 1, 0, 0, 0)
-        q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
-        q += struct.pack(">HH", 1, 1)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.settimeout(1)
-            try:
-                s.sendto(q, ("127.0.0.1", self.port))
-                r = s.recv(4096)
-            except OSError:
-                return []
-        found, i = [], len(q)
-        for _ in range(struct.unpack(">H", r[6:8])[0]):
-            i += 2 if r[i] & 0xC0 == 0xC0 else r.index(b"\0", i) + 1 - i
-            typ, _, _, rdlen = struct.unpack(">HHIH", r[i:i + 10])
-            i += 10
-            if typ == 1:
-                found.append(socket.inet_ntoa(r[i:i + rdlen]))
-            i += rdlen
-        return sorted(found)
+        def kill():
+            process.kill()
+            process.wait()
+            os.remove(hold)
 
-    def serve(self, lines, name, want):
-        """Serves `lines` and waits until dnsmasq answers `name` with `want`."""
-        self.write(lines)
-        wait_for(lambda: self.lookup(name) == sorted(want), f"dnsmasq serving {name}: {want}")
+        # Every image at the encoder (one encoding, held; the others queued behind it), then the
+        # encoder killed: each image goes inline, the worker encodes it.
+        self.chat_all_while(client, EXTRA, lambda: in_flight(encoder_admin) == len(EXTRA), kill)
+        self.assertEqual(metric(admin, encodes("fallback")), len(EXTRA))
+        self.assertEqual(metric(WORKER_ADMIN, FETCHED), fetched)
 
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
+    def test_8b_one_of_two_encoders_killed_while_encoding(self):
+        hold = hold_file("encode_hold_two")
+        encoders = [start_encoder(f"encoder_held{i}", [f"--encode_hold_file={hold}"])
+                    for i in range(2)]
+        # Prefill and decode workers: both fetch each image from the encoder that encoded it.
+        workers = pd_workers()
+        client, admin = start_router(list(workers), [e[1] for e in encoders], "router_held2")
+        fetched = {a: metric(w, FETCHED) for a, w in workers.items()}
+        killed = []
+
+        def kill():
+            # The one holding more of the images (all of them, maybe).
+            k = max(range(2), key=lambda i: in_flight(encoders[i][2]))
+            killed.append((k, in_flight(encoders[k][2])))
+            encoders[k][0].kill()
+            encoders[k][0].wait()
+            os.remove(hold)
+
+        self.chat_all_while(
+            client, EXTRA, lambda: sum(in_flight(e[2]) for e in encoders) == len(EXTRA), kill)
+        (k, moved), = killed
+        self.assertGreater(moved, 0)
+        # The killed one's images re-encoded on the other: no image went inline.
+        self.assertEqual(metric(encoders[1 - k][2], ENCODED), len(EXTRA))
+        self.assertEqual(metric(admin, encodes("failover")), moved)
+        self.assertEqual(metric(admin, encodes("ok")), len(EXTRA) - moved)
+        self.assertEqual(metric(admin, encodes("fallback")), 0)
+        for a, w in workers.items():
+            self.assertEqual(metric(w, FETCHED), fetched[a] + len(EXTRA))
+
+    def test_9_an_encoder_killed_while_its_embeddings_are_fetched(self):
+        hold = hold_file("fetch_hold")
+        # 1 KiB chunks: the tiny model's 16 x 64 floats are 4 of them; the stream waits after one.
+        process, encoder, encoder_admin = start_encoder(
+            "encoder_fetch_held", [f"--fetch_hold_file={hold}", "--max_chunk_bytes=1KiB"])
+        client, admin = start_router([WORKER_ADDRESS], [encoder], "router_fetch_held")
+        gone, retries = metric(WORKER_ADMIN, GONE), metric(admin, "ferry_router_retries_total")
+
+        def kill():
+            process.kill()
+            process.wait()
+            os.remove(hold)
+
+        # The Encode answered (a handle), the worker fetching: the first chunk sent, the rest held.
+        self.chat_all_while(client, EXTRA[:1],
+                            lambda: metric(encoder_admin, FETCH_BYTES) >= 1024, kill)
+        self.assertEqual(metric(admin, encodes("ok")), 1)
+        self.assertEqual(metric(WORKER_ADMIN, GONE), gone + 1)
+        self.assertEqual(metric(admin, "ferry_router_retries_total"), retries + 1)
+        self.assertEqual(metric(admin, "ferry_router_images_inlined_on_retry_total"), 1)
+
+    def test_9b_killed_while_prefill_and_decode_workers_fetch(self):
+        hold = hold_file("fetch_hold_pd")
+        process, encoder, encoder_admin = start_encoder(
+            "encoder_fetch_held_pd", [f"--fetch_hold_file={hold}", "--max_chunk_bytes=1KiB"])
+        workers = pd_workers()
+        gone = sum(metric(w, GONE) for w in workers.values())
+        client, admin = start_router(list(workers), [encoder], "router_fetch_pd")
+
+        def kill():
+            process.kill()
+            process.wait()
+            os.remove(hold)
+
+        # A worker (the decode worker, which takes the request first, and maybe the prefill
+        # worker too) fetching the first image's rows when the encoder dies: the request is
+        # retried with its images inline, and both workers take them so.
+        self.chat_all_while(client, CASES[1:2],
+                            lambda: metric(encoder_admin, FETCH_BYTES) >= 1024, kill)
+        self.assertGreaterEqual(sum(metric(w, GONE) for w in workers.values()), gone + 1)
+        self.assertEqual(metric(admin, "ferry_router_retries_total"), 1)
+        self.assertEqual(metric(admin, "ferry_router_images_inlined_on_retry_total"),
+                         len(CASES[1]["images"]))
+
+    def test_10_epd_with_the_prefix_in_the_kv_store(self):
+        _, s = start(KVSTORE, [f"--dir={os.path.join(TMP, 'store')}", "--segment_bytes=4MiB",
+                               "--capacity=256MiB", "--max_object_bytes=1MiB",
+                               "--rpc_grace_ms=2000"], "kvstore")
+        kv = ["--transport=grpc", f"--kvstore=127.0.0.1:{s['grpc_port']}",
+              "--kvstore_deadline=30s"]
+        _, encoder, encoder_admin = start_encoder("encoder_store")
+        prefills = [start(WORKER, WORKER_FLAGS + ["--role=prefill"] + kv, f"prefill_store{i}")[1]
+                    for i in range(2)]
+        decodes = [start(WORKER, WORKER_FLAGS + ["--role=decode"] + kv, f"decode_store{i}")[1]
+                   for i in range(2)]
+        # Two routers on the same encoder, each with its own prefill and decode workers: the
+        # second router's workers have never seen the prompt (its prefill worker reads the prefix
+        # from the store and pushes it all to its decode worker).
+        routers = [start_router([f"127.0.0.1:{p['grpc_port']}", f"127.0.0.1:{d['grpc_port']}"],
+                                [encoder], f"router_store{i}")
+                   for i, (p, d) in enumerate(zip(prefills, decodes))]
+        messages = [anthropic.Anthropic(base_url=str(c.base_url).rsplit("/v1", 1)[0],
+                                        api_key="none", max_retries=0, timeout=120).messages
+                    for c, _ in routers]
+        written = prefills[0]["admin_port"]
+        loaded = prefills[1]["admin_port"]
+
+        def anthropic_text(i, case):
+            m = messages[i].create(
+                model="tiny", max_tokens=MAX_TOKENS, extra_body={"temperature": 0},
+                messages=[{"role": "user", "content": [
+                    {"type": "image", "source": {"type": "base64",
+                                                 "media_type": MEDIA[n.rsplit(".", 1)[1]],
+                                                 "data": data_url(n).split(",", 1)[1]}}
+                    for n in case["images"]] + [{"type": "text", "text": case["text"]}]}])
+            return "".join(b.text for b in m.content if b.type == "text"), m.usage
+
+        # The openai SDK: the first prefill worker computes the prompt and writes its full blocks.
+        case = CASES[0]
+        n = len(case["ids"])
+        first = chat(routers[0][0], case)
+        self.assert_transformers(first, case)
+        self.assertEqual(first.usage.prompt_tokens_details.cached_tokens, 0)
+        wait_for(lambda: metric(written, STORE_WRITTEN) >= n // 16, "the prompt's blocks stored")
+        hits = metric(encoder_admin, HITS)
+        # The same request through the other prefill worker: the image is a hit in the encoder's
+        # cache, the prefix (the image's span included) comes from the store.
+        second = chat(routers[1][0], case)
+        self.assert_transformers(second, case)
+        self.assertEqual(second.usage.prompt_tokens_details.cached_tokens, (n - 1) // 16 * 16)
+        self.assertEqual(metric(loaded, STORE_LOADED), (n - 1) // 16)
+        self.assertEqual(metric(encoder_admin, HITS), hits + len(case["images"]))
+        self.assertEqual(second.choices[0].message.content, first.choices[0].message.content)
+
+        # The anthropic SDK, on the two-image case: the same way.
+        case = CASES[1]
+        n = len(case["ids"])
+        stored = metric(written, STORE_WRITTEN)
+        text, usage = anthropic_text(0, case)
+        # (Its first blocks, the template and the first image, are the first case's.)
+        shared = usage.cache_read_input_tokens or 0
+        wait_for(lambda: metric(written, STORE_WRITTEN) >= stored + n // 16 - shared // 16,
+                 "the second prompt's blocks stored")
+        hits, read = metric(encoder_admin, HITS), metric(loaded, STORE_LOADED)
+        again, usage = anthropic_text(1, case)
+        self.assertEqual(again, text)
+        self.assertEqual(usage.cache_read_input_tokens, (n - 1) // 16 * 16)
+        self.assertEqual(usage.input_tokens + usage.cache_read_input_tokens, n)
+        # The blocks past the shared ones came from the store.
+        self.assertEqual(metric(loaded, STORE_LOADED), read + (n - 1) // 16 - shared // 16)
+        self.assertEqual(metric(encoder_admin, HITS), hits + len(case["images"]))
+        # Anthropic's text is the one of transformers' tokens (through the openai SDK).
+        c = chat(routers[1][0], case)
+        self.assert_transformers(c, case)
+        self.assertEqual(c.choices[0].message.content, text)
+        self.assertEqual(metric(routers[0][1], encodes("fallback")) +
+                         metric(routers[1][1], encodes("fallback")), 0)
 
 
 if __name__ == "__main__":

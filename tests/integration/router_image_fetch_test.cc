@@ -5,9 +5,17 @@
 // the client's 4xx naming the part, fetched bytes that are not an image or are over
 // --max_image_bytes are a 400; the fetch runs off the HTTP I/O thread (with one I/O thread, a text
 // request is answered while a fetch blocks); a full fetch queue is a 503; counted in
-// ferry_router_image_fetches_total.
+// ferry_router_image_fetches_total. With the real fetcher (router/fetch, its test-only switch for
+// loopback addresses) and an image server on 127.0.0.1: a URL the server answers with a redirect
+// (to itself, or to 169.254.169.254) is a 400 in each API's error shape (chat, Messages,
+// Responses) and the redirect is never followed; the server's image itself is fetched in each.
 //
 //   router_image_fetch_test FERRY_WORKER   (FERRY_TINY_VLM_DIR: the model)
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +36,7 @@
 #include "boost/beast/http.hpp"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "router/fetch/remote_image_fetcher.h"
 #include "router/router.h"
 #include "tests/integration/service_process.h"
 
@@ -144,7 +153,7 @@ class RouterImageFetchTest : public ::testing::Test {
     o.workers = {absl::StrCat("127.0.0.1:", worker_->grpc_port())};
     o.http.threads = 1;  // one I/O thread: a blocking fetch there would stall every request
     o.max_image_bytes = 64 << 10;
-    o.image_url_fetcher = fetcher_;
+    o.image_url_fetcher = UrlFetcher();
     o.image_fetch_threads = 1;
     // A call answers its client before its fetch task ends: requests one after another may find
     // the thread still busy, and wait.
@@ -162,6 +171,9 @@ class RouterImageFetchTest : public ::testing::Test {
   }
 
   int port() const { return router_->http_port(); }
+
+  // The fetcher the router gets: the fake by default.
+  virtual std::shared_ptr<ImageUrlFetcher> UrlFetcher() { return fetcher_; }
 
   double Fetches(const std::string& result) {
     std::string page;
@@ -248,6 +260,166 @@ TEST_F(RouterImageFetchQueueTest, FetchesRunOffTheIoThreadAndTheirQueueIsBounded
   fetcher_->Release();
   client.join();
   EXPECT_EQ(slow.status, 200) << slow.body;
+}
+
+// A loopback HTTP/1.1 server on its own thread, one connection at a time: GET /cat.png answers the
+// PNG, /redirect a 302 to its own /cat.png, /metadata a 302 to the cloud metadata address. It
+// records every path asked.
+class ImageServer {
+ public:
+  ImageServer() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof(address);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&address), size) != 0 ||
+        listen(fd_, 16) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &size) != 0) {
+      ADD_FAILURE() << "the image server cannot listen";
+      return;
+    }
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~ImageServer() {
+    shutdown(fd_, SHUT_RDWR);  // accept returns an error: the thread ends
+    if (thread_.joinable()) thread_.join();
+    close(fd_);
+  }
+
+  std::string Url(const std::string& path) const {
+    return absl::StrCat("http://127.0.0.1:", port_, path);
+  }
+  std::vector<std::string> paths() {
+    absl::MutexLock lock(&mu_);
+    return paths_;
+  }
+
+ private:
+  void Serve() {
+    for (;;) {
+      const int c = accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      std::string request;
+      char buffer[4096];
+      while (request.find("\r\n\r\n") == std::string::npos && request.size() < (64 << 10)) {
+        const ssize_t n = recv(c, buffer, sizeof(buffer), 0);
+        if (n <= 0) break;
+        request.append(buffer, static_cast<size_t>(n));
+      }
+      const size_t start = request.find(' ') + 1;
+      const std::string path = request.substr(start, request.find(' ', start) - start);
+      {
+        absl::MutexLock lock(&mu_);
+        paths_.push_back(path);
+      }
+      std::string response;
+      if (path == "/cat.png") {
+        const std::string png = PngBytes();
+        response = absl::StrCat("HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: ",
+                                png.size(), "\r\nConnection: close\r\n\r\n", png);
+      } else {
+        const std::string to =
+            path == "/redirect" ? Url("/cat.png") : "http://169.254.169.254/latest/meta-data";
+        response = absl::StrCat("HTTP/1.1 302 Found\r\nLocation: ", to,
+                                "\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+      }
+      for (size_t sent = 0; sent < response.size();) {
+        const ssize_t n = send(c, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+        if (n <= 0) break;
+        sent += static_cast<size_t>(n);
+      }
+      close(c);
+    }
+  }
+
+  int fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+  absl::Mutex mu_;
+  std::vector<std::string> paths_ ABSL_GUARDED_BY(mu_);
+};
+
+// The router's fetcher over router/fetch's RemoteImageFetcher (as Router::Start makes it from
+// --image_url_hosts), allowed to reach the loopback server.
+class RealFetcher : public ImageUrlFetcher {
+ public:
+  explicit RealFetcher(std::unique_ptr<RemoteImageFetcher> fetcher)
+      : fetcher_(std::move(fetcher)) {}
+  absl::StatusOr<std::string> Fetch(const std::string& url, absl::Time deadline) override {
+    return fetcher_->Fetch(url, deadline);
+  }
+
+ private:
+  const std::unique_ptr<RemoteImageFetcher> fetcher_;
+};
+
+// One remote image and a question in each API: {target, body}.
+std::vector<std::pair<std::string, nlohmann::json>> EachApi(const std::string& url) {
+  const nlohmann::json text = {{"type", "text"}, {"text", "What is in this picture?"}};
+  return {
+      {"/v1/chat/completions", Chat(url)},
+      {"/v1/messages",
+       {{"model", "tiny"},
+        {"max_tokens", 4},
+        {"messages",
+         {{{"role", "user"},
+           {"content",
+            {{{"type", "image"}, {"source", {{"type", "url"}, {"url", url}}}}, text}}}}}}},
+      {"/v1/responses",
+       {{"model", "tiny"},
+        {"max_output_tokens", 4},
+        {"store", false},
+        {"input",
+         {{{"role", "user"},
+           {"content",
+            {{{"type", "input_image"}, {"image_url", url}},
+             {{"type", "input_text"}, {"text", "What is in this picture?"}}}}}}}}},
+  };
+}
+
+class RouterRedirectTest : public RouterImageFetchTest {
+ protected:
+  std::shared_ptr<ImageUrlFetcher> UrlFetcher() override {
+    RemoteImageFetcherOptions o;
+    o.allowed_hosts = {"127.0.0.1"};
+    o.max_image_bytes = 64 << 10;
+    o.timeout = absl::Seconds(20);
+    o.allow_private_addresses_for_tests = true;  // the server is on loopback
+    auto fetcher = RemoteImageFetcher::Create(std::move(o));
+    EXPECT_TRUE(fetcher.ok()) << fetcher.status();
+    if (!fetcher.ok()) return nullptr;
+    return std::make_shared<RealFetcher>(*std::move(fetcher));
+  }
+
+  ImageServer server_;
+};
+
+TEST_F(RouterRedirectTest, ARedirectIsA400InEachApiAndIsNeverFollowed) {
+  for (const char* path : {"/redirect", "/metadata"}) {
+    for (const auto& [target, body] : EachApi(server_.Url(path))) {
+      SCOPED_TRACE(absl::StrCat(target, " ", path));
+      const Reply r = Post(port(), target, body);
+      EXPECT_EQ(r.status, 400) << r.body;
+      const nlohmann::json& error = r.body["error"];
+      if (target == "/v1/messages") {
+        EXPECT_EQ(r.body["type"], "error") << r.body;
+      }
+      EXPECT_EQ(error["type"], "invalid_request_error") << r.body;
+      EXPECT_NE(error["message"].get<std::string>().find("redirect"), std::string::npos) << r.body;
+    }
+  }
+  // Each redirect asked once; neither target (its own /cat.png, the metadata address) followed.
+  const std::vector<std::string> asked = server_.paths();
+  EXPECT_EQ(asked, (std::vector<std::string>{"/redirect", "/redirect", "/redirect", "/metadata",
+                                             "/metadata", "/metadata"}));
+  // The stack still answers, and the same server's image is fetched in each API.
+  for (const auto& [target, body] : EachApi(server_.Url("/cat.png"))) {
+    const Reply r = Post(port(), target, body);
+    EXPECT_EQ(r.status, 200) << target << " " << r.body;
+  }
+  EXPECT_EQ(server_.paths().size(), asked.size() + 3);
 }
 
 }  // namespace

@@ -11,7 +11,9 @@ processor's chat template (apply_chat_template, add_generation_prompt: HF's conv
 {"type": "image"} and {"type": "text"} content parts), runs the processor on the rendered text and
 the images (load_image), and decodes greedily with the model (llava_reference.py's generate:
 the KV cache, no stop on end of sequence). OUT_DIR/reference.json: {"cases": [{"text", "images",
-"prompt", "ids", "tokens", "margins"}]}.
+"prompt", "ids", "tokens", "margins"}], "extra": [...]}. With --extra-images N, "extra" has N more
+one-image cases on distinct PNGs (OUT_DIR/c0.png ...: RGB 40x30, another pattern each), for tests
+that need several images in flight at once.
 """
 import argparse
 import json
@@ -35,12 +37,26 @@ def make_images(out_dir):
     Image.fromarray(b, "RGB").save(os.path.join(out_dir, "b.jpg"), "JPEG", quality=90)
 
 
+def make_extra_images(out_dir, n):
+    import numpy as np
+    from PIL import Image
+    y, x = np.mgrid[0:30, 0:40]
+    names = []
+    for i in range(n):
+        c = np.stack([(x * (7 + i) + 31 * i) % 256, (y * (5 + 2 * i)) % 256,
+                      (x + y + 53 * i) % 256], axis=-1).astype(np.uint8)
+        names.append(f"c{i}.png")
+        Image.fromarray(c, "RGB").save(os.path.join(out_dir, names[-1]), "PNG")
+    return [{"text": "What is in this picture?", "images": [name]} for name in names]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("llava_reference_dir")
     parser.add_argument("model")
     parser.add_argument("out_dir")
     parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--extra-images", type=int, default=0)
     args = parser.parse_args()
     sys.path.insert(0, args.llava_reference_dir)
     import llava_reference as ref
@@ -50,9 +66,10 @@ def main():
 
     os.makedirs(args.out_dir, exist_ok=True)
     make_images(args.out_dir)
+    extra = make_extra_images(args.out_dir, args.extra_images)
     processor, model = ref.load(args.model)
     out = []
-    for case in CASES:
+    for case in CASES + extra:
         content = [{"type": "image"} for _ in case["images"]]
         content.append({"type": "text", "text": case["text"]})
         prompt = processor.apply_chat_template([{"role": "user", "content": content}],
@@ -72,7 +89,7 @@ def main():
         out.append(dict(case, prompt=prompt, ids=inputs["input_ids"][0].tolist(), tokens=tokens,
                         margins=margins))
     with open(os.path.join(args.out_dir, "reference.json"), "w") as f:
-        json.dump({"cases": out}, f, indent=1)
+        json.dump({"cases": out[:len(CASES)], "extra": out[len(CASES):]}, f, indent=1)
 
 
 if __name__ == "__main__":

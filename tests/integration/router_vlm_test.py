@@ -19,10 +19,14 @@ block hashes cover the image's bytes; the worker checks the router's hashes). Ba
 API, each a 4xx in that API's shape: not an image, a truncated header, a decompression bomb, too
 many images, an image over --max_image_bytes, a body over --max_body_bytes (a 50 MB data URL),
 a remote URL (disabled), an image to a text-only model; the stack answers the good request the
-same way afterwards. Migration: behind a second router with two (paced) workers, the worker
-streaming a request with an image is SIGKILLed mid-stream; the router moves the request, images
-included, to the other worker, and the stream ends with transformers' greedy tokens. Every process
-started is killed at the end (PR_SET_PDEATHSIG).
+same way afterwards (BadInputTableTest: those of the issue's list test_3 leaves out, in all three
+APIs: 100 images, an image cut after its header, a 50 MB data URL, a text-only model). Remote
+URLs turned on with an allowlist: 127.0.0.1, localhost, an IPv4-mapped IPv6 loopback,
+169.254.169.254 and a host off the list are each a 403 in all three APIs, the image server never
+reached (a redirect: router_image_fetch_test). Migration: behind a second router with two (paced)
+workers, the worker streaming a request with an image is SIGKILLed mid-stream; the router moves
+the request, images included, to the other worker, and the stream ends with transformers' greedy
+tokens. Every process started is killed at the end (PR_SET_PDEATHSIG).
 """
 import base64
 import json
@@ -35,7 +39,8 @@ import anthropic
 import openai
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ferry_services import TMP, get, start, stop_all, wait_workers_up  # noqa: E402
+from ferry_services import (TMP, get, metric, start, stop_all, wait_index_synced,  # noqa: E402
+                            wait_workers_up)
 
 ROUTER, WORKER, MODEL, REFERENCE = sys.argv[1:5]
 with open(REFERENCE) as f:
@@ -75,6 +80,45 @@ def responses_content(case):
             for n in case["images"]] + [{"type": "input_text", "text": case["text"]}]
 
 
+def image_part(api, image):
+    """One image content part in `api`'s shape ("openai" chat, "anthropic" Messages, "responses"):
+    `image` is ("data", media type, base64) or ("url", url)."""
+    url = image[1] if image[0] == "url" else f"data:{image[1]};base64,{image[2]}"
+    if api == "openai":
+        return {"type": "image_url", "image_url": {"url": url}}
+    if api == "anthropic":
+        return {"type": "image", "source": {"type": "url", "url": url} if image[0] == "url" else
+                {"type": "base64", "media_type": image[1], "data": image[2]}}
+    return {"type": "input_image", "image_url": url}
+
+
+def send(api, clients, images, text="What is it?", max_tokens=2):
+    """A greedy request with `images` (image_part's) and a question through `api`'s SDK call."""
+    parts = [image_part(api, i) for i in images]
+    if api == "openai":
+        return clients.openai.chat.completions.create(
+            model="tiny", max_tokens=max_tokens, temperature=0,
+            messages=[{"role": "user", "content": parts + [{"type": "text", "text": text}]}])
+    if api == "anthropic":
+        return clients.anthropic.messages.create(
+            model="tiny", max_tokens=max_tokens, extra_body=GREEDY,
+            messages=[{"role": "user", "content": parts + [{"type": "text", "text": text}]}])
+    return clients.openai.responses.create(
+        model="tiny", max_output_tokens=max_tokens, temperature=0, store=False,
+        input=[{"role": "user", "content": parts + [{"type": "input_text", "text": text}]}])
+
+
+def answer_text(api, answer):
+    if api == "openai":
+        return answer.choices[0].message.content
+    if api == "anthropic":
+        return "".join(b.text for b in answer.content if b.type == "text")
+    return answer.output_text
+
+
+APIS = ("openai", "anthropic", "responses")
+
+
 class Clients:
     def __init__(self, ports):
         base = f"http://127.0.0.1:{ports['http_port']}"
@@ -82,17 +126,20 @@ class Clients:
                                     timeout=120)
         self.anthropic = anthropic.Anthropic(base_url=base, api_key="none", max_retries=0,
                                              timeout=120)
+        self.admin = ports["admin_port"]
 
 
-VLM = TEXT = WORKERS = None
+VLM = TEXT = WORKERS = WORKER_ADMIN = None
+SKIPPED = 'ferry_router_encodes_total{result="skipped"}'
+ENCODED = 'ferry_worker_image_requests_total{outcome="encoded"}'
 
 
 def setUpModule():
     global VLM, TEXT
     _, w = start(WORKER, [f"--model={MODEL}", "--weights=f32", "--kv_dtype=f32",
                           "--block_tokens=16", "--threads=1", "--kv_pool_bytes=8MiB"], "worker")
-    global WORKERS
-    WORKERS = f"127.0.0.1:{w['grpc_port']}"
+    global WORKERS, WORKER_ADMIN
+    WORKERS, WORKER_ADMIN = f"127.0.0.1:{w['grpc_port']}", w["admin_port"]
     workers = f"--workers={WORKERS}"
     _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny", workers,
                           "--max_images_per_request=3", "--max_image_bytes=64KiB"], "router_vlm")
@@ -162,10 +209,18 @@ class ImagesTest(unittest.TestCase):
 
     def test_2_block_hashes_cover_the_image(self):
         case = CASES[0]
-        chat(case)
+        first = chat(case)
+        wait_index_synced(VLM.admin, WORKER_ADMIN, WORKERS)
+        skipped, encoded = metric(VLM.admin, SKIPPED), metric(WORKER_ADMIN, ENCODED)
         again = chat(case)
         n = len(case["ids"])
         self.assertEqual(again.usage.prompt_tokens_details.cached_tokens, (n - 1) // 16 * 16)
+        # The router predicted the image's positions cached: it sent nothing of the image
+        # (expect_cached), and the worker encoded nothing; the answer is the first one's.
+        self.assertEqual(metric(VLM.admin, SKIPPED), skipped + len(case["images"]))
+        self.assertEqual(metric(WORKER_ADMIN, ENCODED), encoded)
+        self.assertEqual(again.choices[0].model_extra["token_ids"],
+                         first.choices[0].model_extra["token_ids"])
         # The same text with another image (never sent first): the image is in block 0, so no
         # block is reused.
         other = chat(dict(case, images=["b.jpg"]))
@@ -286,6 +341,56 @@ class ImagesTest(unittest.TestCase):
         self.assertEqual(tokens, CASES[0]["tokens"][:len(tokens)])
 
 
+class BadInputTableTest(unittest.TestCase):
+    """The issue's list of bad inputs, the cells ImagesTest.test_3 leaves out (it has not an image,
+    a truncated header, a decompression bomb, too many images, --max_image_bytes and a remote URL
+    refused in all three APIs), in each API: a 100-image request, an image cut after its header
+    (the worker's decoder refuses it), a 50 MB data URL (over --max_body_bytes), an image to a
+    text-only model. Each a 4xx in the API's error shape; the stack then answers the good
+    request with the same text in all three."""
+
+    def assert_refused(self, api, clients, images, status, words):
+        error = anthropic.APIStatusError if api == "anthropic" else openai.APIStatusError
+        with self.assertRaises(error) as e:
+            send(api, clients, images)
+        self.assertEqual(e.exception.status_code, status, e.exception.body)
+        body = e.exception.body
+        if api == "anthropic":  # {"type": "error", "error": {"type", "message"}}
+            self.assertEqual(body["type"], "error", body)
+            self.assertEqual(body["error"]["type"],
+                             "request_too_large" if status == 413 else "invalid_request_error")
+            message = body["error"]["message"]
+        else:  # the SDK gives the "error" object: {"message", "type", "param", "code"}
+            self.assertEqual(body["type"], "invalid_request_error", body)
+            message = body["message"]
+        self.assertIn(words, message)
+
+    def test_each_api_refuses_each_bad_input(self):
+        png = b64("a.png")
+        with open(os.path.join(IMAGES, "a.png"), "rb") as f:
+            cut = base64.b64encode(f.read()[:100]).decode()
+        good = ("data", "image/png", png)
+        cases = [
+            ("100 images", VLM, [good] * 100, 400, "100 images; at most 3"),
+            ("cut after its header", VLM, [("data", "image/png", cut)], 400, "truncated"),
+            ("a 50 MB data URL", VLM, [("data", "image/png", "A" * (50 << 20))], 413,
+             "too large"),
+            ("a text-only model", TEXT, [good], 400, "reads text only"),
+        ]
+        for what, clients, images, status, words in cases:
+            for api in APIS:
+                with self.subTest(what=what, api=api):
+                    self.assert_refused(api, clients, images, status, words)
+        # The stack is healthy: the good request, the same text in every API.
+        case = CASES[0]
+        images = [("data", media(n), b64(n)) for n in case["images"]]
+        texts = {api: answer_text(api, send(api, VLM, images, case["text"], MAX_TOKENS))
+                 for api in APIS}
+        self.assertEqual(texts["anthropic"], texts["openai"])
+        self.assertEqual(texts["responses"], texts["openai"])
+        self.assertEqual(texts["openai"], chat(case).choices[0].message.content)
+
+
 class RemoteImagesTest(unittest.TestCase):
     """A router with --image_url_hosts: its fetcher (router/fetch) refuses every address that is
     not public before connecting, and hosts off the allowlist; an image server on 127.0.0.1 is
@@ -316,36 +421,39 @@ class RemoteImagesTest(unittest.TestCase):
             _, r = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
                                   f"--workers={WORKERS}",
                                   "--image_url_hosts=127.0.0.1,localhost,169.254.169.254,"
-                                  "*.example.com", "--image_fetch_timeout=5s"], "router_remote")
+                                  "[::ffff:127.0.0.1],*.example.com",
+                                  "--image_fetch_timeout=5s"], "router_remote")
             wait_workers_up(r["admin_port"], 1, "router_remote")
             remote = Clients(r)
-            content = {"type": "text", "text": "What is it?"}
             cases = {
                 f"http://127.0.0.1:{port}/a.png": "loopback",
                 f"http://localhost:{port}/a.png": "loopback",
+                f"http://[::ffff:127.0.0.1]:{port}/a.png": "loopback",  # IPv4-mapped IPv6
                 "http://169.254.169.254/latest/meta-data": "link-local",
                 "https://example.org/cat.png": "allowed image hosts",
             }
             for url, words in cases.items():
-                with self.subTest(url=url):
-                    with self.assertRaises(openai.APIStatusError) as e:
-                        remote.openai.chat.completions.create(
-                            model="tiny", max_tokens=4, temperature=0,
-                            messages=[{"role": "user", "content": [
-                                {"type": "image_url", "image_url": {"url": url}}, content]}])
-                    self.assertEqual(e.exception.status_code, 403, e.exception.body)
-                    self.assertIn(words, e.exception.body["message"])
-                    with self.assertRaises(anthropic.APIStatusError) as e:
-                        remote.anthropic.messages.create(
-                            model="tiny", max_tokens=4,
-                            messages=[{"role": "user", "content": [
-                                {"type": "image", "source": {"type": "url", "url": url}},
-                                content]}])
-                    self.assertEqual(e.exception.status_code, 403)
+                for api in APIS:
+                    with self.subTest(url=url, api=api):
+                        error = anthropic.APIStatusError if api == "anthropic" else \
+                            openai.APIStatusError
+                        with self.assertRaises(error) as e:
+                            send(api, remote, [("url", url)])
+                        self.assertEqual(e.exception.status_code, 403, e.exception.body)
+                        body = e.exception.body
+                        if api == "anthropic":
+                            self.assertEqual(body["type"], "error")
+                            body = body["error"]
+                        self.assertIn(words, body["message"])
             self.assertEqual(hits, [])
-            # Inline images still work on this router.
+            # Inline images still work on this router, in every API.
             c = chat(CASES[0], clients=remote)
             self.assertEqual(c.choices[0].model_extra["prompt_token_ids"], CASES[0]["ids"])
+            images = [("data", media(n), b64(n)) for n in CASES[0]["images"]]
+            for api in ("anthropic", "responses"):
+                self.assertEqual(answer_text(api, send(api, remote, images, CASES[0]["text"],
+                                                       MAX_TOKENS)),
+                                 c.choices[0].message.content)
         finally:
             server.shutdown()
             server.server_close()

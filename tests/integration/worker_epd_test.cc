@@ -38,46 +38,10 @@
 namespace ferry {
 namespace {
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-std::string TestImage(const std::string& name) {
-  return ReadBytes(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/ferry/media/image/testdata/fuzz_corpus/", name));
-}
-
-std::string VlmDir(const std::string& variant) {
-  const char* dir = std::getenv("FERRY_TINY_VLM_DIR");
-  EXPECT_NE(dir, nullptr) << "FERRY_TINY_VLM_DIR is not set (run through worker_epd_test.sh)";
-  return absl::StrCat(dir == nullptr ? "" : dir, "/", variant);
-}
-
 std::string EncoderBinary() {
   const char* bin = std::getenv("FERRY_ENCODER");
   EXPECT_NE(bin, nullptr) << "FERRY_ENCODER is not set (run through worker_epd_test.sh)";
   return bin == nullptr ? "" : bin;
-}
-
-struct Vlm {
-  std::string dir;
-  TokenId image_token = 0;
-  uint32_t image_tokens = 0;
-  int64_t hidden = 0;
-};
-
-Vlm LoadVlm(const std::string& variant) {
-  Vlm v;
-  v.dir = VlmDir(variant);
-  const nlohmann::json config = nlohmann::json::parse(ReadBytes(v.dir + "/config.json"));
-  v.image_token = config.at("image_token_index").get<TokenId>();
-  v.image_tokens = config.at("image_seq_length").get<uint32_t>();
-  v.hidden = config.at("text_config").at("hidden_size").get<int64_t>();
-  return v;
 }
 
 std::unique_ptr<ServiceProcess> StartEncoder(const std::string& dir) {
@@ -112,28 +76,6 @@ void ReleaseOn(const std::string& address, const std::string& handle) {
   EXPECT_TRUE(stub->Release(&context, request, &response).ok());
 }
 
-struct Image {
-  uint32_t start = 0;
-  std::string bytes;
-};
-
-// A prompt of `n` random tokens with the images' placeholders, the images' bytes inline.
-v1::GenerateRequest InlineRequest(const std::string& id, const Vlm& vlm, int n, uint32_t seed,
-                                  const std::vector<Image>& images, const Sampling& sampling) {
-  v1::GenerateRequest r = MakeRequest(id, RandomPrompt(n, seed, vlm.image_token), sampling);
-  for (const Image& image : images) {
-    for (uint32_t i = 0; i < vlm.image_tokens; ++i) {
-      r.mutable_request()->set_prompt_token_ids(static_cast<int>(image.start + i), vlm.image_token);
-    }
-    v1::PromptImage* p = r.mutable_request()->add_images();
-    kv::HashToProto(Xxh3Hash128(image.bytes), p->mutable_content_hash());
-    p->set_placeholder_start(image.start);
-    p->set_placeholder_length(vlm.image_tokens);
-    p->set_image_data(image.bytes);
-  }
-  return r;
-}
-
 // The same request with each image named by its handle on `encoder` instead of its bytes (the
 // content hash stays: it is the image's identity in the block hashes).
 v1::GenerateRequest ByHandle(v1::GenerateRequest r, const std::string& id,
@@ -160,7 +102,7 @@ Sampling Greedy() {
 }
 
 TEST(WorkerEpdTest, EmbeddingsByHandleStreamAsImageBytesInline) {
-  const Vlm vlm = LoadVlm("llama");
+  const TinyVlm vlm = LoadTinyVlm("llama");
   auto encoder = StartEncoder(vlm.dir);
   auto worker = StartWorker(vlm.dir);
   ASSERT_TRUE(encoder->ready()) << encoder->LogTail();
@@ -168,9 +110,9 @@ TEST(WorkerEpdTest, EmbeddingsByHandleStreamAsImageBytesInline) {
   const uint32_t p = vlm.image_tokens;
   const std::string png = TestImage("rgb.png"), jpeg = TestImage("orient6.jpg");
   const std::vector<v1::GenerateRequest> inline_requests = {
-      InlineRequest("one", vlm, 10 + static_cast<int>(p) + 13, 1, {{10, png}}, Greedy()),
-      InlineRequest("two", vlm, 7 + 2 * static_cast<int>(p) + 20, 2, {{7, jpeg}, {7 + p + 9, png}},
-                    Greedy()),
+      ImageRequest("one", vlm, 10 + static_cast<int>(p) + 13, 1, {{10, png}}, Greedy()),
+      ImageRequest("two", vlm, 7 + 2 * static_cast<int>(p) + 20, 2, {{7, jpeg}, {7 + p + 9, png}},
+                   Greedy()),
   };
   const std::vector<std::vector<std::string>> handles = {
       {EncodeOn(encoder->address(), png)},
@@ -229,14 +171,14 @@ TEST(WorkerEpdTest, EmbeddingsByHandleStreamAsImageBytesInline) {
 }
 
 TEST(WorkerEpdTest, AGoneHandleOrEncoderIsUnavailableAndTheWorkerServesOn) {
-  const Vlm vlm = LoadVlm("llama");
+  const TinyVlm vlm = LoadTinyVlm("llama");
   auto encoder = StartEncoder(vlm.dir);
   auto worker = StartWorker(vlm.dir);
   ASSERT_TRUE(encoder->ready() && worker->ready());
   const uint32_t p = vlm.image_tokens;
   const std::string png = TestImage("rgb.png");
   const v1::GenerateRequest inline_request =
-      InlineRequest("healthy", vlm, 4 + static_cast<int>(p) + 9, 3, {{4, png}}, Greedy());
+      ImageRequest("healthy", vlm, 4 + static_cast<int>(p) + 9, 3, {{4, png}}, Greedy());
   InProcessEngine ref(vlm.dir);
   const ChoiceOutput want = ref.Run(inline_request)[0];
   WorkerClient client(worker->address());
@@ -310,12 +252,12 @@ class SilentPort {
 };
 
 TEST(WorkerEpdTest, ACallerWhoLeavesStopsTheFetchAndFreesTheExecutor) {
-  const Vlm vlm = LoadVlm("llama");
+  const TinyVlm vlm = LoadTinyVlm("llama");
   auto worker = StartWorker(vlm.dir);
   ASSERT_TRUE(worker->ready());
   SilentPort silent;
   const std::string png = TestImage("rgb.png");
-  const v1::GenerateRequest inline_request = InlineRequest(
+  const v1::GenerateRequest inline_request = ImageRequest(
       "after", vlm, 4 + static_cast<int>(vlm.image_tokens) + 9, 3, {{4, png}}, Greedy());
   WorkerClient client(worker->address());
   // The caller cancels the call while the fetch waits on the silent encoder (whose own cap is
@@ -420,7 +362,7 @@ class FaultyEncoder final : public v1::Encoder::Service {
 };
 
 TEST(WorkerEpdTest, AStreamCutOrMalformedIsRefusedAndTheWorkerServesOn) {
-  const Vlm vlm = LoadVlm("llama");
+  const TinyVlm vlm = LoadTinyVlm("llama");
   auto encoder = StartEncoder(vlm.dir);
   auto worker = StartWorker(vlm.dir);
   ASSERT_TRUE(encoder->ready() && worker->ready());
@@ -436,7 +378,7 @@ TEST(WorkerEpdTest, AStreamCutOrMalformedIsRefusedAndTheWorkerServesOn) {
   FaultyEncoder faulty(status.vision_digest(), vlm.image_tokens, static_cast<uint32_t>(vlm.hidden));
   const std::string png = TestImage("rgb.png");
   const v1::GenerateRequest inline_request =
-      InlineRequest("ok", vlm, 4 + static_cast<int>(vlm.image_tokens) + 9, 3, {{4, png}}, Greedy());
+      ImageRequest("ok", vlm, 4 + static_cast<int>(vlm.image_tokens) + 9, 3, {{4, png}}, Greedy());
   WorkerClient client(worker->address());
   const std::vector<std::pair<std::string, grpc::StatusCode>> cases = {
       {"cut", grpc::StatusCode::UNAVAILABLE},
@@ -458,7 +400,7 @@ TEST(WorkerEpdTest, AStreamCutOrMalformedIsRefusedAndTheWorkerServesOn) {
 }
 
 TEST(WorkerEpdTest, TheFetchCarriesTheWorkersSharedToken) {
-  const Vlm vlm = LoadVlm("llama");
+  const TinyVlm vlm = LoadTinyVlm("llama");
   const std::string dir = std::getenv("TEST_TMPDIR");
   const std::string file = dir + "/token", other_file = dir + "/other_token";
   const std::string token = "worker-epd-test-token-0123456789";
@@ -473,7 +415,7 @@ TEST(WorkerEpdTest, TheFetchCarriesTheWorkersSharedToken) {
   auto worker = StartWorker(vlm.dir, {"--auth_token_file=" + file});
   ASSERT_TRUE(encoder->ready() && stranger->ready() && worker->ready()) << worker->LogTail();
   const std::string png = TestImage("rgb.png");
-  const v1::GenerateRequest inline_request = InlineRequest(
+  const v1::GenerateRequest inline_request = ImageRequest(
       "token", vlm, 4 + static_cast<int>(vlm.image_tokens) + 9, 3, {{4, png}}, Greedy());
   InProcessEngine ref(vlm.dir);
   const ChoiceOutput want = ref.Run(inline_request)[0];
@@ -496,14 +438,14 @@ TEST(WorkerEpdTest, TheFetchCarriesTheWorkersSharedToken) {
 }
 
 TEST(WorkerEpdTest, AnEncoderOfAnotherVisionTowerIsRefused) {
-  const Vlm vlm = LoadVlm("llama"), other = LoadVlm("llama_seed1");
+  const TinyVlm vlm = LoadTinyVlm("llama"), other = LoadTinyVlm("llama_seed1");
   ASSERT_EQ(other.hidden, vlm.hidden);
   ASSERT_EQ(other.image_tokens, vlm.image_tokens);
   auto encoder = StartEncoder(other.dir);
   auto worker = StartWorker(vlm.dir);
   ASSERT_TRUE(encoder->ready() && worker->ready());
   const std::string png = TestImage("rgb.png");
-  const v1::GenerateRequest inline_request = InlineRequest(
+  const v1::GenerateRequest inline_request = ImageRequest(
       "mine", vlm, 4 + static_cast<int>(vlm.image_tokens) + 9, 3, {{4, png}}, Greedy());
   WorkerClient client(worker->address());
   GenerateResult refused = client.Generate(

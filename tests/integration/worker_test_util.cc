@@ -13,6 +13,8 @@
 #include "engine/model/host_weights.h"
 #include "engine/model/vision/llava_model.h"
 #include "gtest/gtest.h"
+#include "kvstore/wire.h"
+#include "nlohmann/json.hpp"
 #include "services/worker/worker_wire.h"
 
 namespace ferry {
@@ -367,6 +369,56 @@ double WaitForMetric(int admin_port, const std::string& metric, double at_least,
       },
       timeout);
   return value;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string TestImage(const std::string& name) {
+  return ReadBytes(
+      absl::StrCat(std::getenv("TEST_SRCDIR"), "/ferry/media/image/testdata/fuzz_corpus/", name));
+}
+
+TinyVlm LoadTinyVlm(const std::string& variant) {
+  const char* dir = std::getenv("FERRY_TINY_VLM_DIR");
+  EXPECT_NE(dir, nullptr) << "FERRY_TINY_VLM_DIR is not set (run the test through its .sh)";
+  TinyVlm v;
+  v.dir = absl::StrCat(dir == nullptr ? "" : dir, "/", variant);
+  const nlohmann::json config = nlohmann::json::parse(ReadBytes(v.dir + "/config.json"));
+  v.image_token = config.at("image_token_index").get<TokenId>();
+  v.image_tokens = config.at("image_seq_length").get<uint32_t>();
+  v.vocab = config.at("text_config").at("vocab_size").get<int64_t>();
+  v.hidden = config.at("text_config").at("hidden_size").get<int64_t>();
+  return v;
+}
+
+v1::PromptImage BytesImage(v1::GenerateRequest& request, uint32_t start, uint32_t length,
+                           TokenId placeholder, const std::string& bytes) {
+  for (uint32_t i = 0; i < length; ++i) {
+    request.mutable_request()->set_prompt_token_ids(static_cast<int>(start + i), placeholder);
+  }
+  v1::PromptImage image;
+  kv::HashToProto(Xxh3Hash128(bytes), image.mutable_content_hash());
+  image.set_placeholder_start(start);
+  image.set_placeholder_length(length);
+  image.set_image_data(bytes);
+  return image;
+}
+
+v1::GenerateRequest ImageRequest(const std::string& id, const TinyVlm& vlm, int n, uint32_t seed,
+                                 const std::vector<std::pair<uint32_t, std::string>>& images,
+                                 const Sampling& sampling) {
+  v1::GenerateRequest r = MakeRequest(id, RandomPrompt(n, seed, vlm.image_token), sampling);
+  for (const auto& [start, bytes] : images) {
+    *r.mutable_request()->add_images() =
+        BytesImage(r, start, vlm.image_tokens, vlm.image_token, bytes);
+  }
+  return r;
 }
 
 }  // namespace ferry

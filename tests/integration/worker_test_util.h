@@ -150,6 +150,34 @@ bool WaitUntilIdle(WorkerClient& client, CacheView* view = nullptr,
 bool ReadUntilSequence(WorkerClient::WatchStream& stream, CacheView* view, uint64_t sequence,
                        absl::Duration timeout = absl::Seconds(60));
 
+// ---- Vision-language models (the tiny LLaVA directories make_tiny_vlm writes) ---------------
+
+// A file's bytes (a failed expectation, and "", when it cannot be read).
+std::string ReadBytes(const std::string& path);
+// A test image of media/image's corpus, from the runfiles ("rgb.png", "orient6.jpg"...).
+std::string TestImage(const std::string& name);
+
+struct TinyVlm {
+  std::string dir;
+  TokenId image_token = 0;
+  uint32_t image_tokens = 0;  // placeholders per image
+  int64_t vocab = 0, hidden = 0;
+};
+// The `variant` directory under $FERRY_TINY_VLM_DIR (set by the test's .sh wrapper, which makes
+// the models), with what its config.json says of images.
+TinyVlm LoadTinyVlm(const std::string& variant);
+
+// `request`'s placeholders of an image at [start, start + length) set to `placeholder`, and the
+// image with its encoded `bytes` inline (PromptImage.image_data, content_hash their XXH3-128).
+ferry::v1::PromptImage BytesImage(ferry::v1::GenerateRequest& request, uint32_t start,
+                                  uint32_t length, TokenId placeholder, const std::string& bytes);
+// A prompt of `n` random tokens (below the image token, which only placeholders carry) with the
+// `images` (placeholder start, encoded bytes) inline.
+ferry::v1::GenerateRequest ImageRequest(const std::string& id, const TinyVlm& vlm, int n,
+                                        uint32_t seed,
+                                        const std::vector<std::pair<uint32_t, std::string>>& images,
+                                        const Sampling& sampling);
+
 }  // namespace ferry
 
 #endif  // FERRY_TESTS_INTEGRATION_WORKER_TEST_UTIL_H_

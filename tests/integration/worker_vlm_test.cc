@@ -33,73 +33,10 @@
 namespace ferry {
 namespace {
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// A test image from media/image's corpus (runfiles).
-std::string TestImage(const std::string& name) {
-  return ReadBytes(
-      absl::StrCat(std::getenv("TEST_SRCDIR"), "/ferry/media/image/testdata/fuzz_corpus/", name));
-}
-
-std::string VlmDir(const std::string& variant) {
-  const char* dir = std::getenv("FERRY_TINY_VLM_DIR");
-  EXPECT_NE(dir, nullptr) << "FERRY_TINY_VLM_DIR is not set (run through worker_vlm_test.sh)";
-  return absl::StrCat(dir == nullptr ? "" : dir, "/", variant);
-}
-
-struct Vlm {
-  std::string dir;
-  TokenId image_token = 0;
-  uint32_t image_tokens = 0;  // placeholders per image
-  int64_t vocab = 0;
-};
-
-Vlm LoadVlm(const std::string& variant) {
-  Vlm v;
-  v.dir = VlmDir(variant);
-  const nlohmann::json config = nlohmann::json::parse(ReadBytes(v.dir + "/config.json"));
-  v.image_token = config.at("image_token_index").get<TokenId>();
-  v.image_tokens = config.at("image_seq_length").get<uint32_t>();
-  v.vocab = config.at("text_config").at("vocab_size").get<int64_t>();
-  return v;
-}
-
-v1::PromptImage BytesImage(v1::GenerateRequest& request, uint32_t start, uint32_t length,
-                           TokenId placeholder, const std::string& bytes) {
-  for (uint32_t i = 0; i < length; ++i) {
-    request.mutable_request()->set_prompt_token_ids(static_cast<int>(start + i), placeholder);
-  }
-  v1::PromptImage image;
-  kv::HashToProto(Xxh3Hash128(bytes), image.mutable_content_hash());
-  image.set_placeholder_start(start);
-  image.set_placeholder_length(length);
-  image.set_image_data(bytes);
-  return image;
-}
-
-// A prompt of `n` random tokens with the images' placeholders at `starts`.
-v1::GenerateRequest ImageRequest(const std::string& id, const Vlm& vlm, int n, uint32_t seed,
-                                 const std::vector<std::pair<uint32_t, std::string>>& images,
-                                 const Sampling& sampling) {
-  // Random tokens below the image token (which only placeholders carry).
-  v1::GenerateRequest r = MakeRequest(id, RandomPrompt(n, seed, vlm.image_token), sampling);
-  for (const auto& [start, bytes] : images) {
-    *r.mutable_request()->add_images() =
-        BytesImage(r, start, vlm.image_tokens, vlm.image_token, bytes);
-  }
-  return r;
-}
-
 class WorkerVlmTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(WorkerVlmTest, ImageBytesStreamAsTheEngineInProcess) {
-  const Vlm vlm = LoadVlm(GetParam());
+  const TinyVlm vlm = LoadTinyVlm(GetParam());
   const std::string png = TestImage("rgb.png"), jpeg = TestImage("orient6.jpg"),
                     grey = TestImage("grey.jpg");
   Sampling greedy;
@@ -142,6 +79,7 @@ TEST_P(WorkerVlmTest, ImageBytesStreamAsTheEngineInProcess) {
       ExpectSameOutput(got.choices[0], want[i], what);
     }
     // Hot: the same requests again reuse the blocks (images included) and stream the same.
+    double with_bytes = 3;  // requests sent with image bytes so far (the cold ones)
     for (size_t i = 0; i < 3; ++i) {
       const std::string what = absl::StrCat(chunk, "-token chunks, cache hot: ", i);
       v1::GenerateRequest again = requests[i];
@@ -150,6 +88,46 @@ TEST_P(WorkerVlmTest, ImageBytesStreamAsTheEngineInProcess) {
       ASSERT_TRUE(got.status.ok()) << what << ": " << got.status.error_message();
       EXPECT_GT(got.usage.cached_tokens(), 0u) << what;
       ExpectSameOutput(got.choices[0], want[i], what);
+      // The images inside the cached prefix sent as nothing (expect_cached, the router's skip):
+      // never encoded, the same stream.
+      v1::GenerateRequest skipped = again;
+      skipped.mutable_request()->mutable_context()->set_request_id(what + ", expect_cached");
+      int absent = 0;
+      for (v1::PromptImage& image : *skipped.mutable_request()->mutable_images()) {
+        if (image.placeholder_start() + image.placeholder_length() > got.usage.cached_tokens()) {
+          continue;
+        }
+        image.clear_image_data();
+        image.set_expect_cached(true);
+        ++absent;
+      }
+      ASSERT_GT(absent, 0) << what;
+      // Every request sent with bytes so far counted, and no other (the count follows the
+      // encode, which may come after the answer): one skipping all its images is not.
+      with_bytes += 1;  // `again`
+      const std::string encoded = "ferry_worker_image_requests_total{outcome=\"encoded\"}";
+      EXPECT_EQ(WaitForMetric(worker->admin_port(), encoded, with_bytes), with_bytes) << what;
+      GenerateResult hot = client.Generate(skipped, absl::Seconds(60));
+      ASSERT_TRUE(hot.status.ok()) << what << ": " << hot.status.error_message();
+      ExpectSameOutput(hot.choices[0], want[i], what + ", expect_cached");
+      if (absent < skipped.request().images_size()) with_bytes += 1;
+    }
+    EXPECT_EQ(WaitForMetric(worker->admin_port(),
+                            "ferry_worker_image_requests_total{outcome=\"encoded\"}", with_bytes),
+              with_bytes);
+    // Not cached after all (a prediction miss): UNAVAILABLE and retryable, before any token.
+    {
+      v1::GenerateRequest miss =
+          ImageRequest("miss", vlm, 10 + static_cast<int>(p) + 13, 77, {{10, png}}, greedy);
+      v1::PromptImage* image = miss.mutable_request()->mutable_images(0);
+      image->clear_image_data();
+      image->set_expect_cached(true);
+      GenerateResult got = client.Generate(miss, absl::Seconds(60));
+      EXPECT_EQ(got.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+          << got.status.error_message();
+      EXPECT_TRUE(got.has_error && got.error.retryable()) << got.error.ShortDebugString();
+      EXPECT_TRUE(got.choices.empty() || got.choices[0].tokens.empty());
+      EXPECT_EQ(WaitForMetric(worker->admin_port(), "ferry_worker_absent_image_rows_total", 1), 1);
     }
     // Batched: all at once from several threads, on a worker whose cache is cold.
     auto batch_worker = StartWorker(vlm.dir, {"--prefill_chunk=" + chunk});
@@ -172,7 +150,7 @@ TEST_P(WorkerVlmTest, ImageBytesStreamAsTheEngineInProcess) {
 }
 
 TEST_P(WorkerVlmTest, AResumedRequestEncodesItsImagesAgainAndContinuesExactly) {
-  const Vlm vlm = LoadVlm(GetParam());
+  const TinyVlm vlm = LoadTinyVlm(GetParam());
   Sampling seeded;
   seeded.ignore_eos = true;
   seeded.max_tokens = 16;
@@ -202,7 +180,7 @@ TEST_P(WorkerVlmTest, AResumedRequestEncodesItsImagesAgainAndContinuesExactly) {
 }
 
 TEST_P(WorkerVlmTest, APrefillDecodeSplitAndADrainHandOffWithImagesContinueExactly) {
-  const Vlm vlm = LoadVlm(GetParam());
+  const TinyVlm vlm = LoadTinyVlm(GetParam());
   auto role = [](const std::string& r) {
     return std::vector<std::string>{"--role=" + r, "--transport=grpc"};
   };
@@ -265,7 +243,7 @@ TEST_P(WorkerVlmTest, APrefillDecodeSplitAndADrainHandOffWithImagesContinueExact
 }
 
 TEST_P(WorkerVlmTest, BadImagesAreInvalidArgumentSayingWhy) {
-  const Vlm vlm = LoadVlm(GetParam());
+  const TinyVlm vlm = LoadTinyVlm(GetParam());
   auto worker = StartWorker(vlm.dir);
   ASSERT_TRUE(worker->ready());
   WorkerClient client(worker->address());
@@ -338,7 +316,7 @@ TEST_P(WorkerVlmTest, BadImagesAreInvalidArgumentSayingWhy) {
 // Released, the first streams as the engine in-process, the cancelled one is counted cancelled
 // (not encoded), and the gauges return to 0.
 TEST(WorkerVlmQueueTest, TheImageQueueIsBoundedAndACallerWhoLeavesIsNotEncoded) {
-  const Vlm vlm = LoadVlm("llama");
+  const TinyVlm vlm = LoadTinyVlm("llama");
   const std::string hold = absl::StrCat(std::getenv("TEST_TMPDIR"), "/image_hold");
   std::ofstream(hold) << "held\n";
   auto worker =
@@ -410,7 +388,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, WorkerVlmTest,
 // replays) and resumed on a worker that holds the prefix, the tokens are the engine's without any
 // cache.
 TEST(WorkerVlmHybridTest, AWindowReplayOverAnImageAnswersAsWithoutTheCache) {
-  const Vlm vlm = LoadVlm("hybrid");
+  const TinyVlm vlm = LoadTinyVlm("hybrid");
   ASSERT_EQ(vlm.image_tokens, 16u);
   const std::vector<std::string> flags = {"--window_pool_bytes=1MiB", "--window_cache_bytes=0"};
   auto agg = StartWorker(vlm.dir, flags);

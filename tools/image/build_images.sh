@@ -2,11 +2,13 @@
 # Ferry's container images, built without a registry (issue 45; `./ferry image build`).
 #
 #   build_images.sh --router BIN --worker BIN --kvstore BIN [--kv BIN] [--planner BIN]
-#                   [--cache DIR] [--prune] [--save DIR]
+#                   [--encoder BIN] [--cache DIR] [--prune] [--save DIR]
 #
 # One image per binary family: ferry-router, ferry-worker (every role), ferry-kvstore (with the
-# `ferry-kv` tool) and, given --planner, ferry-planner (deploy/k8s/components/planner), each tagged ferry-<family>:<version>-<commit> (both from the binary's
-# --version: the VERSION file and the commit Bazel stamped) and :latest. The model is not in any
+# `ferry-kv` tool) and, given --planner, ferry-planner (deploy/k8s/components/planner), given
+# --encoder, ferry-encoder (deploy/k8s/components/encoder), each tagged
+# ferry-<family>:<version>-<commit> (both from the binary's --version: the VERSION file and the
+# commit Bazel stamped) and :latest. The model is not in any
 # image: the pods mount it (deploy/k8s).
 #
 # The root filesystem is Debian bookworm made by mmdebstrap from Debian's archive, holding only
@@ -38,7 +40,7 @@ die() {
 }
 log() { echo "build_images.sh: $*" >&2; }
 
-router="" worker="" kvstore="" kv="" planner="" cache="${FERRY_CACHE:-/var/cache/ferry}/image" prune=0 save=""
+router="" worker="" kvstore="" kv="" planner="" encoder="" cache="${FERRY_CACHE:-/var/cache/ferry}/image" prune=0 save=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --router) router=$2; shift 2 ;;
@@ -46,13 +48,15 @@ while [[ $# -gt 0 ]]; do
     --kvstore) kvstore=$2; shift 2 ;;
     --kv) kv=$2; shift 2 ;;
     --planner) planner=$2; shift 2 ;;
+    --encoder) encoder=$2; shift 2 ;;
     --cache) cache=$2; shift 2 ;;
     --prune) prune=1; shift ;;
     --save) save=$2; shift 2 ;;
     *) die "unknown argument '$1' (see the header of $0)" ;;
   esac
 done
-for b in "${router}" "${worker}" "${kvstore}" ${kv:+"${kv}"} ${planner:+"${planner}"}; do
+for b in "${router}" "${worker}" "${kvstore}" ${kv:+"${kv}"} ${planner:+"${planner}"} \
+         ${encoder:+"${encoder}"}; do
   [[ -n "${b}" ]] || die "--router, --worker and --kvstore are required"
   [[ -x "${b}" ]] || die "not an executable file: ${b}"
 done
@@ -71,7 +75,8 @@ short=${commit:0:12}
 tag="${version}-${short}"
 
 # --- The packages: whoever owns each library ldd names -----------------------------------------
-libs=$(for b in "${router}" "${worker}" "${kvstore}" ${kv:+"${kv}"} ${planner:+"${planner}"}; do
+libs=$(for b in "${router}" "${worker}" "${kvstore}" ${kv:+"${kv}"} ${planner:+"${planner}"} \
+                ${encoder:+"${encoder}"}; do
          ldd "${b}" || die "ldd ${b} failed"
        done | awk '/not found/ {print "MISSING " $1; next}
                    $2 == "=>" && $3 ~ /^\// {print $3; next}
@@ -159,7 +164,8 @@ printf '%s\n' 'root:x:0:0:root:/root:/usr/sbin/nologin' \
   'ferry:x:65532:65532:ferry:/nonexistent:/usr/sbin/nologin' >"${context}/passwd"
 printf 'root:x:0:\nferry:x:65532:\n' >"${context}/group"
 # UCX's transport modules (dlopened, so ldd of the binaries misses them): checked in the images
-# of the binaries that load UCX (the worker's and the store's; not the router's or the planner's).
+# of the binaries that load UCX (the worker's and the store's; not the router's, the planner's or
+# the encoder's).
 ucx_modules=$(grep -E '^\./usr/lib/x86_64-linux-gnu/ucx/lib[a-z_]+\.so\.[0-9]+$' <<<"${listing}" |
               sed 's/^\.//' || true)
 
@@ -238,6 +244,7 @@ build_family router "${router}"
 build_family worker "${worker}"
 build_family kvstore "${kvstore}" ${kv:+"${kv}"}
 [[ -z "${planner}" ]] || build_family planner "${planner}"
+[[ -z "${encoder}" ]] || build_family encoder "${encoder}"
 if [[ ${prune} -eq 1 ]]; then
   for old in $("${DOCKER}" image ls --format '{{.Repository}}:{{.Tag}}' ferry-base); do
     [[ "${old}" == "${base}" ]] || "${DOCKER}" rmi "${old}" >/dev/null

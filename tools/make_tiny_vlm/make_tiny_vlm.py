@@ -4,7 +4,7 @@
 projector (linear_1 -> gelu -> linear_2) and a Llama (or Mistral, or Qwen2) text model.
 
   make_tiny_vlm.py OUTDIR [--size tiny|bench] [--image_size N]
-                          [--text llama|sliding_window|hybrid] [--check]
+                          [--text llama|sliding_window|hybrid] [--text_shape smollm2] [--check]
 
 writes OUTDIR/config.json, model.safetensors, tokenizer.json + tokenizer_config.json (a byte-level
 BPE trained as make_tiny_model's llama3_bytelevel, plus the added special token <image>, the
@@ -20,6 +20,11 @@ is also config.json's image_seq_length.
   --size bench  about 100M parameters: tower 224 px, patch 14 (256 patches), hidden 768,
                 10 layers, 12 heads; text Llama hidden 512, 8 layers. --image_size 448 makes the
                 448 px tower (1024 patches) of `ferry bench vision`.
+  --text_shape smollm2  (with --size bench) the text model in SmolLM2-135M's shape: hidden 576,
+                intermediate 1536, 30 layers, 9 heads (3 KV), rope_theta 100000 (the vocabulary
+                stays the small tokenizer's): 107M text parameters next to the tower's and
+                projector's 72M, a VLM whose prefill costs what SmolLM2's does (`ferry bench
+                epd`).
   --text sliding_window  the text model is a Mistral with sliding_window 8 on every layer.
   --text hybrid  the text model is a Qwen2 (q/k/v biases) with use_sliding_window, sliding_window
                 8 and max_window_layers half the layers (tiny: layer 0 full attention, layer 1 a
@@ -61,7 +66,7 @@ def make_tokenizer(tmp_dir):
     return tok
 
 
-def configs(size, image_size, text):
+def configs(size, image_size, text, text_shape=""):
     if size == "tiny":
         vision = dict(image_size=image_size or 56, patch_size=14, hidden_size=64,
                       intermediate_size=128, num_hidden_layers=3, num_attention_heads=4)
@@ -72,9 +77,15 @@ def configs(size, image_size, text):
                       intermediate_size=3072, num_hidden_layers=10, num_attention_heads=12)
         text_common = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
                            num_attention_heads=8, num_key_value_heads=4)
+    if text_shape == "smollm2":
+        if size != "bench":
+            raise SystemExit("--text_shape smollm2 needs --size bench")
+        text_common = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                           num_attention_heads=9, num_key_value_heads=3)
     vision.update(hidden_act="quick_gelu", layer_norm_eps=1e-5, projection_dim=vision["hidden_size"],
                   num_channels=3, model_type="clip_vision_model")
-    text_common.update(max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0)
+    text_common.update(max_position_embeddings=2048, rms_norm_eps=1e-5,
+                       rope_theta=100000.0 if text_shape == "smollm2" else 10000.0)
     if text == "sliding_window":
         text_common.update(model_type="mistral", sliding_window=8)
     elif text == "hybrid":
@@ -85,13 +96,13 @@ def configs(size, image_size, text):
     return vision, text_common
 
 
-def make(out_dir, size, image_size, text, seed=0):
+def make(out_dir, size, image_size, text, seed=0, text_shape=""):
     import shutil
     import tempfile
     import torch
     from transformers import (CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration,
                               LlavaProcessor, PreTrainedTokenizerFast)
-    vision, text_cfg = configs(size, image_size, text)
+    vision, text_cfg = configs(size, image_size, text, text_shape)
     if vision["image_size"] % vision["patch_size"] != 0:
         raise SystemExit("--image_size must be a multiple of the patch size (%d)" %
                          vision["patch_size"])
@@ -199,11 +210,13 @@ def main():
     parser.add_argument("--image_size", type=int, default=0,
                         help="the tower's image size (default: 56 tiny, 224 bench)")
     parser.add_argument("--text", choices=["llama", "sliding_window", "hybrid"], default="llama")
+    parser.add_argument("--text_shape", choices=["", "smollm2"], default="",
+                        help="the text model's shape (--size bench): smollm2 = SmolLM2-135M's")
     parser.add_argument("--seed", type=int, default=0,
                         help="the weights' torch seed (another seed: another tower and digest)")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
-    make(args.out_dir, args.size, args.image_size, args.text, args.seed)
+    make(args.out_dir, args.size, args.image_size, args.text, args.seed, args.text_shape)
     if args.check:
         check(args.out_dir)
 

@@ -6,7 +6,10 @@ lies outside the kustomization's root), runs `kubectl kustomize` there and retur
 kubectl comes from $FERRY_KUBECTL or the PATH (kubectl 1.32, with kustomize 5.5, is what the
 checks are written against). A missing kubectl or a failed render raises RenderError with
 kubectl's own message. render_with(overlay, components) renders an overlay with more components
-(components/planner-advice), as a user's kustomization over the overlay would.
+(components/planner-advice), as a user's kustomization over the overlay would;
+render_including(overlay, components) with more components listed in the overlay's own
+kustomization (components/encoder: the overlay's patches, the cpu overlay's model volume among
+them, then apply to the component's objects too), as the overlays' commented lines suggest.
 """
 
 import os
@@ -69,6 +72,23 @@ def render_with(overlay, components):
             "resources": ["../../overlays/" + overlay],
             "components": ["../../" + c for c in components]}, f)
     return render_dir(os.path.join("variants", name))
+
+
+def render_including(overlay, components):
+    """An overlay's objects with more components listed in its own kustomization (paths relative to
+    deploy/k8s), as uncommenting its `# - ../../components/...` line does: a copy of the overlay
+    beside it (overlays/OVERLAY+NAMES), so that its relative paths hold."""
+    name = "%s+%s" % (overlay, "+".join(os.path.basename(c) for c in components))
+    directory = os.path.join(_tree(), "overlays", name)
+    if not os.path.isdir(directory):
+        shutil.copytree(os.path.join(_tree(), "overlays", overlay), directory)
+        path = os.path.join(directory, "kustomization.yaml")
+        with open(path, encoding="utf-8") as f:
+            kustomization = yaml.safe_load(f)
+        kustomization.setdefault("components", []).extend("../../" + c for c in components)
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump(kustomization, f)
+    return render_dir(os.path.join("overlays", name))
 
 
 def load(path):

@@ -4,8 +4,11 @@ Every overlay renders with `kubectl kustomize`; every object with a Kubernetes s
 kubernetes-validate --strict against Kubernetes 1.32 (unknown fields are errors); the
 Prometheus Operator's objects (ServiceMonitor, PrometheusRule) pass the JSON schemas kept in
 deploy/k8s/schemas; an object of any other kind fails (its schema would be missing). The
-optional Ingress component is validated on its own, and each overlay with the planner's advice
-component (HPAs instead of the planner's own scaling). Each validator is also shown a broken
+optional Ingress component is validated on its own, each overlay with the planner's advice
+component (HPAs instead of the planner's own scaling), and each with the encoder pool
+(components/encoder listed among its components: the encoder's objects, the router told where
+they are, the router's and workers' model the vision model; its configuration files are the
+base's with only the model changed). Each validator is also shown a broken
 object, so that a validator that accepts everything fails the test.
 """
 
@@ -78,6 +81,39 @@ class ManifestsTest(unittest.TestCase):
                 self.assertFalse([o for o in objects if o["kind"] in ("Role", "RoleBinding")])
                 found = [p for o in objects for p in problems(o)]
                 self.assertEqual(found, [], "\n".join(found))
+
+    def test_encoder_variant_renders_and_validates(self):
+        for overlay in k8s_render.OVERLAYS:
+            with self.subTest(overlay=overlay):
+                objects = k8s_render.render_including(overlay, ["components/encoder"])
+                by_name = {k8s_render.name(o): o for o in objects}
+                for kind in ("Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"):
+                    self.assertIn(kind + "/ferry-encoder", by_name)
+                router = by_name["Deployment/ferry-router"]["spec"]["template"]["spec"]
+                self.assertIn("--encoders_dns=ferry-encoder:7600", router["containers"][0]["args"])
+                configs = [o for o in objects if o["kind"] == "ConfigMap" and
+                           o["metadata"]["name"].startswith(("ferry-router-config",
+                                                             "ferry-worker-config"))]
+                self.assertEqual(len(configs), 2)
+                for cm in configs:
+                    for key, text in cm["data"].items():
+                        self.assertEqual(json.loads(text)["model"], "/models/llava", key)
+                encoder = by_name["Deployment/ferry-encoder"]["spec"]["template"]["spec"]
+                models = [v for v in encoder["volumes"] if v["name"] == "models"][0]
+                # The overlay's model volume (cpu: the node's directory; gpu: the PVC).
+                self.assertIn("hostPath" if overlay == "cpu" else "persistentVolumeClaim", models)
+                found = [p for o in objects for p in problems(o)]
+                self.assertEqual(found, [], "\n".join(found))
+
+    def test_encoder_config_is_the_base_with_the_vision_model(self):
+        for name in ("router", "prefill", "decode"):
+            with self.subTest(config=name):
+                files = [os.path.join(k8s_render.K8S_DIR, d, "config", name + ".json")
+                         for d in ("base", "components/encoder")]
+                base, encoder = [json.load(open(f, encoding="utf-8")) for f in files]
+                changed = {k for k in set(base) | set(encoder) if base.get(k) != encoder.get(k)}
+                self.assertLessEqual(changed, {"model", "served_model_name"})
+                self.assertEqual(encoder["model"], "/models/llava")
 
     def test_readme_init_container_variant_validates(self):
         # deploy/k8s/README.md's fetch-model init container over the cpu overlay (the fixture

@@ -1,6 +1,6 @@
 """Policy over the rendered objects of every overlay (deploy/k8s/README.md, "What is checked").
 
-  policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN PLANNER_BIN
+  policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN PLANNER_BIN ENCODER_BIN
 
 The binaries give the flags a container may use: each one's --help lists them, and its
 defaults. A container runs the Ferry binary its command names, else the one its image is
@@ -43,11 +43,15 @@ held to a --help. Every rule below is one a reviewer would otherwise check by ey
     services/planner/kubernetes_actuator.h, on the Deployments the planner's flags name (the
     contract test tests/deploy:kubernetes_actuator_contract_test checks them against the calls);
   - the planner or an HPA on a pool, never both; the planner owns its pools' replica count (no
-    spec.replicas in their Deployments), and runs as one replica, never two at once (Recreate).
-Each overlay is checked as it is and with components/planner-advice (HPAs follow the planner),
-and so is testdata/model-init-container (the cpu overlay with README's fetch-model init
-container). test_checks_catch_breakage breaks the rendered objects the way each rule guards
-against and expects the rule to fail.
+    spec.replicas in their Deployments), and runs as one replica, never two at once (Recreate);
+  - the encoder pool (components/encoder): the router finds it (--encoders_dns names its headless
+    Service and gRPC port), only the router and the workers may reach its gRPC port (every
+    NetworkPolicy rule that admits it names only their pods), and it loads the router's and the
+    workers' model at their precision.
+Each overlay is checked as it is, with components/planner-advice (HPAs follow the planner) and
+with components/encoder listed in it (the encoder pool), and so is testdata/model-init-container
+(the cpu overlay with README's fetch-model init container). test_checks_catch_breakage breaks the
+rendered objects the way each rule guards against and expects the rule to fail.
 """
 
 import base64
@@ -62,12 +66,18 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import k8s_render  # noqa: E402
 
-BINARIES = {}  # Ferry binary ("router", "worker", "kvstore", "planner") -> its path (from argv)
+BINARIES = {}  # Ferry binary ("router", "worker", ..., "encoder") -> its path (from argv)
+# The Ferry binaries that only a component runs: binary -> the component.
+OPTIONAL_BINARIES = {"encoder": "components/encoder"}
 # The overlays as checked: each as it is, and with the planner in advice mode (an HPA per pool);
-# then the fixtures (kustomizations over an overlay, paths relative to deploy/k8s), with the
-# overlay they build on.
+# each with the encoder pool listed among its components (INCLUDED); then the fixtures
+# (kustomizations over an overlay, paths relative to deploy/k8s), with the overlay they build on.
 VARIANTS = [(o, []) for o in k8s_render.OVERLAYS] + [
     (o, ["components/planner-advice"]) for o in k8s_render.OVERLAYS]
+INCLUDED = [(o, ["components/encoder"]) for o in k8s_render.OVERLAYS]
+# The encoder's gRPC clients: the router (Encode, Watch) and the workers (FetchEmbeddings; in a
+# prefill/decode split both fetch).
+ENCODER_CLIENTS = {"router", "prefill", "decode"}
 FIXTURES = [("cpu", "tests/testdata/model-init-container")]
 # (apiGroup, resource, verb) -> resourceNames ("deployments": the Deployments of the planner's
 # pools) of what services/planner/kubernetes_actuator.h calls.
@@ -249,11 +259,15 @@ class Listens:
 class Rendered:
     """One overlay's objects, indexed."""
 
-    def __init__(self, overlay, components=(), path=None):
+    def __init__(self, overlay, components=(), path=None, including=()):
         self.overlay = overlay  # the overlay it builds on (the gpu overlay's allowances)
+        self.components = list(components) + list(including)  # the optional ones applied
         if path is not None:
             self.name = os.path.basename(path)
             self.objects = k8s_render.render_dir(path)
+        elif including:
+            self.name = "+".join([overlay] + [os.path.basename(c) for c in including])
+            self.objects = k8s_render.render_including(overlay, list(including))
         else:
             self.name = "+".join([overlay] + [os.path.basename(c) for c in components])
             self.objects = (k8s_render.render_with(overlay, list(components)) if components
@@ -391,6 +405,7 @@ class PolicyTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.rendered = ([Rendered(o, c) for o, c in VARIANTS] +
+                        [Rendered(o, including=c) for o, c in INCLUDED] +
                         [Rendered(o, path=p) for o, p in FIXTURES])
         cls.variant = {r.name: r for r in cls.rendered}
 
@@ -402,8 +417,10 @@ class PolicyTest(unittest.TestCase):
                                      "the checks know only %s" % (
                                          k8s_render.name(w), c["name"],
                                          c.get("command") or c.get("image"), sorted(BINARIES)))
-        self.assertEqual({b for _, _, _, b in r.ferry_containers()}, set(BINARIES),
-                         "a Ferry binary runs nowhere")
+        expected = {b for b in BINARIES
+                    if OPTIONAL_BINARIES.get(b) in [None] + r.components}
+        self.assertEqual({b for _, _, _, b in r.ferry_containers()}, expected,
+                         "a Ferry binary runs nowhere, or one whose component is not applied")
 
     def check_probes_resources_and_security(self, r):
         for w, spec, c in r.containers():
@@ -501,7 +518,8 @@ class PolicyTest(unittest.TestCase):
                     self.assertIs(m.get("readOnly"), True, "%s container %s mounts the node's "
                                   "%s writable" % (where, c["name"], volume["hostPath"]["path"]))
                     named = list(strings_in([c.get("command"), c.get("args"), c.get("env")]))
-                    if binary_of(c) is not None:
+                    if binary_of(c) is not None:  # its flags' values, as args or --config
+                        named += list(args_of(c).values())
                         named += list(strings_in(r.config_of(spec, c)))
                     prefix = m["mountPath"].rstrip("/") + "/"
                     self.assertTrue(any(s.startswith(prefix) for s in named),
@@ -538,6 +556,11 @@ class PolicyTest(unittest.TestCase):
                            for f in ("router_timeout", "actuator_timeout"))
             elif binary == "kvstore":
                 need = int(r.setting(spec, c, "rpc_grace_ms")) / 1000.0
+            elif binary == "encoder":
+                # services/encoder/encoder_main.cc: the queued and running encodes get
+                # drain_grace, the calls in flight rpc_grace_ms; plus 5 s for the threads to stop.
+                need = (seconds(r.setting(spec, c, "drain_grace")) +
+                        int(r.setting(spec, c, "rpc_grace_ms")) / 1000.0 + 5)
             else:
                 need = 0  # another program: its preStop hook is all that is known
             pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("sleep", {})
@@ -789,6 +812,79 @@ class PolicyTest(unittest.TestCase):
                 self.assertEqual(metric["external"]["target"],
                                  {"type": "AverageValue", "averageValue": "1"})
 
+    def check_encoder_pool(self, r):
+        """With the encoder pool: the router finds it by DNS, only the router and the workers reach
+        its gRPC port, and it loads the router's and the workers' model at their precision."""
+        encoders = [(w, spec, c) for w, spec, c, b in r.ferry_containers() if b == "encoder"]
+        if not encoders:
+            return
+        services = {o["metadata"]["name"]: o for o in r.objects if o["kind"] == "Service"}
+        routers = [(spec, c) for _, spec, c, b in r.ferry_containers() if b == "router"]
+        workers = [(spec, c) for _, spec, c, b in r.ferry_containers() if b == "worker"]
+        self.assertTrue(routers and workers)
+        for w, spec, c in encoders:
+            where = k8s_render.name(w)
+            labels = w["spec"]["template"]["metadata"]["labels"]
+            grpc = port_of(r.expand(c, r.setting(spec, c, "address")), where)
+            # The router's --encoders_dns names a headless Service of these pods on that port.
+            for router_spec, router in routers:
+                names = [e for e in r.setting(router_spec, router, "encoders_dns").split(",") if e]
+                found = False
+                for entry in names:
+                    host, _, port = entry.rpartition(":")
+                    s = services.get(host.split(".")[0])
+                    if (s is not None and port.isdigit() and int(port) == grpc and
+                            selects({"matchLabels": s["spec"]["selector"]}, labels)):
+                        self.assertEqual(s["spec"].get("clusterIP"), "None", "%s: Service %s "
+                                         "is not headless" % (where, s["metadata"]["name"]))
+                        self.assertIs(s["spec"].get("publishNotReadyAddresses"), True, where)
+                        self.assertIn(grpc, [p["port"] for p in s["spec"]["ports"]], where)
+                        found = True
+                self.assertTrue(found, "%s: the router's --encoders_dns (%s) names no Service of "
+                                "its pods on its gRPC port %d" % (where, names, grpc))
+            # Every NetworkPolicy rule that admits its gRPC port names only the clients' pods.
+            admitting = []
+            for p in (o for o in r.objects if o["kind"] == "NetworkPolicy"):
+                if not selects(p["spec"]["podSelector"], labels):
+                    continue
+                for rule in p["spec"].get("ingress", []):
+                    ports = rule.get("ports")
+                    if ports and not any(q.get("port") in (grpc, "grpc") or
+                                         (isinstance(q.get("port"), int) and
+                                          q["port"] <= grpc <= q.get("endPort", q["port"]))
+                                         for q in ports):
+                        continue
+                    admitting.append(rule)
+                    peers = rule.get("from")
+                    self.assertTrue(peers, "NetworkPolicy %s admits %s's gRPC from anywhere"
+                                    % (p["metadata"]["name"], where))
+                    for peer in peers:
+                        self.assertEqual(set(peer), {"podSelector"}, "NetworkPolicy %s admits "
+                                         "%s's gRPC from beyond the namespace's pods"
+                                         % (p["metadata"]["name"], where))
+                        allowed = [component for component in ("router", "prefill", "decode",
+                                                                "encoder", "kvstore", "planner")
+                                   if selects(peer["podSelector"], {
+                                       "app.kubernetes.io/name": "ferry",
+                                       "app.kubernetes.io/component": component})]
+                        self.assertTrue(set(allowed) <= ENCODER_CLIENTS and
+                                        peer["podSelector"].get("matchLabels", {}).get(
+                                            "app.kubernetes.io/name") == "ferry",
+                                        "NetworkPolicy %s admits %s's gRPC from %s" %
+                                        (p["metadata"]["name"], where, allowed or "other pods"))
+            self.assertTrue(admitting, "%s: no NetworkPolicy admits its gRPC port" % where)
+            # The model: the router's and every worker's; the precision: the workers'.
+            model = r.setting(spec, c, "model")
+            for other_spec, other in routers + workers:
+                self.assertEqual(r.setting(other_spec, other, "model"), model, "%s loads %s, "
+                                 "%s another model" % (where, model, other["name"]))
+            precision = {"f32": "f32", "bf16": "bf16", "native": "bf16"}
+            for other_spec, other in workers:
+                self.assertEqual(precision[r.setting(spec, c, "weights")],
+                                 precision[r.setting(other_spec, other, "weights")],
+                                 "%s: --weights differs from the workers' (rows they refuse)"
+                                 % where)
+
     def test_checks_catch_breakage(self):
         """Each check fails on a rendered overlay broken the way it guards against (the cpu
         overlay; the init container's cases on testdata/model-init-container)."""
@@ -975,7 +1071,43 @@ class PolicyTest(unittest.TestCase):
             c = container(r, "Deployment/ferry-decode", "fetch-model")
             c["command"] = ["/usr/local/bin/ferry-worker", "--no_such_flag=1"]
 
-        cpu, init = "cpu", "model-init-container"
+        # The encoder pool (cpu+encoder).
+        def encoder_short_grace(r):
+            spec_of(r, "Deployment/ferry-encoder")["terminationGracePeriodSeconds"] = 30
+
+        def encoder_no_pdb(r):
+            r.objects.remove(r.by_name["PodDisruptionBudget/ferry-encoder"])
+
+        def encoder_open_to_all(r):
+            del r.by_name["NetworkPolicy/ferry-encoder"]["spec"]["ingress"][0]["from"]
+
+        def encoder_open_to_the_store(r):
+            r.by_name["NetworkPolicy/ferry-encoder"]["spec"]["ingress"][0]["from"][0][
+                "podSelector"]["matchExpressions"][0]["values"].append("kvstore")
+
+        def encoder_open_to_another_namespace(r):
+            r.by_name["NetworkPolicy/ferry-encoder"]["spec"]["ingress"][0]["from"][0][
+                "namespaceSelector"] = {}
+
+        def router_without_encoders(r):
+            c = container(r, "Deployment/ferry-router", "router")
+            c["args"] = [a for a in c["args"] if not a.startswith("--encoders_dns=")]
+
+        def router_encoders_wrong_port(r):
+            set_arg(container(r, "Deployment/ferry-router", "router"), "encoders_dns",
+                    "ferry-encoder:50051")
+
+        def encoder_other_model(r):
+            set_arg(container(r, "Deployment/ferry-encoder", "encoder"), "model",
+                    "/models/other")
+
+        def encoder_other_precision(r):
+            set_arg(container(r, "Deployment/ferry-encoder", "encoder"), "weights", "f32")
+
+        def encoder_without_probe(r):
+            del container(r, "Deployment/ferry-encoder", "encoder")["readinessProbe"]
+
+        cpu, init, enc = "cpu", "model-init-container", "cpu+encoder"
         for variant, mutate, check in (
                 (cpu, drop_probe, PolicyTest.check_probes_resources_and_security),
                 (cpu, root, PolicyTest.check_probes_resources_and_security),
@@ -1016,7 +1148,17 @@ class PolicyTest(unittest.TestCase):
                 (init, init_writable_root, PolicyTest.check_probes_resources_and_security),
                 (init, init_no_limits, PolicyTest.check_probes_resources_and_security),
                 (init, sidecar_without_probes, PolicyTest.check_probes_resources_and_security),
-                (init, init_ferry_typo, PolicyTest.check_flags_are_the_binaries)):
+                (init, init_ferry_typo, PolicyTest.check_flags_are_the_binaries),
+                (enc, encoder_short_grace, PolicyTest.check_grace_exceeds_shutdown),
+                (enc, encoder_no_pdb, PolicyTest.check_every_workload_has_a_pdb),
+                (enc, encoder_without_probe, PolicyTest.check_probes_resources_and_security),
+                (enc, encoder_open_to_all, PolicyTest.check_encoder_pool),
+                (enc, encoder_open_to_the_store, PolicyTest.check_encoder_pool),
+                (enc, encoder_open_to_another_namespace, PolicyTest.check_encoder_pool),
+                (enc, router_without_encoders, PolicyTest.check_encoder_pool),
+                (enc, router_encoders_wrong_port, PolicyTest.check_encoder_pool),
+                (enc, encoder_other_model, PolicyTest.check_encoder_pool),
+                (enc, encoder_other_precision, PolicyTest.check_encoder_pool)):
             with self.subTest(breakage=mutate.__name__):
                 r = copy.deepcopy(self.variant[variant])
                 mutate(r)
@@ -1052,9 +1194,9 @@ for _name in [n for n in vars(PolicyTest) if n.startswith("check_")]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 5:
-        sys.exit("usage: policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN PLANNER_BIN "
+    if len(sys.argv) < 6:
+        sys.exit("usage: policy_test.py ROUTER_BIN WORKER_BIN KVSTORE_BIN PLANNER_BIN ENCODER_BIN "
                  "[unittest args]")
     BINARIES.update(router=sys.argv[1], worker=sys.argv[2], kvstore=sys.argv[3],
-                    planner=sys.argv[4])
-    unittest.main(argv=[sys.argv[0]] + sys.argv[5:])
+                    planner=sys.argv[4], encoder=sys.argv[5])
+    unittest.main(argv=[sys.argv[0]] + sys.argv[6:])
