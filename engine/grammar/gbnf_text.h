@@ -55,6 +55,19 @@ std::string JsonEncodedChar(uint32_t cp);
 // themselves, plus an alternative per escaped character.
 std::string GbnfJsonCharsIn(const CodePointRanges& ranges);
 
+// Rules (GBNF text, one `name ::= ...` line per state, rules named `name` and `name-N`) for any
+// text that ends at the first occurrence of `marker` (non-empty, valid UTF-8): the text before it
+// never contains it, and the marker itself is the rule's last bytes. Built from the marker's KMP
+// automaton over code points, so it is exact for any marker.
+std::string GbnfTextUntilRules(absl::string_view name, absl::string_view marker);
+
+// Rules as above for any text (the empty text included) in which `marker` does not occur.
+std::string GbnfTextWithoutRules(absl::string_view name, absl::string_view marker);
+
+// `gbnf` with rule `from` renamed `to`, at its definition and every reference (names outside
+// literals, classes and comments); `to` must not be a rule of `gbnf` already.
+std::string RenameGbnfRule(absl::string_view gbnf, absl::string_view from, absl::string_view to);
+
 }  // namespace ferry::grammar
 
 #endif  // FERRY_ENGINE_GRAMMAR_GBNF_TEXT_H_
