@@ -168,6 +168,20 @@ TEST(AnthropicParserTest, AcceptedFieldsThatChangeNothing) {
   }
 }
 
+TEST(AnthropicParserTest, OutputConfigFormatIsStructuredOutput) {
+  ApiRequest r;
+  const ApiError e = ParseAnthropicMessages(
+      Body(R"(,"output_config":{"effort":"high","format":{"type":"json_schema",
+               "schema":{"type":"object","properties":{"z":{"type":"string"},"a":{"type":"number"}},
+                         "required":["z"],"additionalProperties":false}}})"),
+      Limits(), &r);
+  ASSERT_TRUE(e.status.ok()) << e.status;
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kJsonSchema);
+  EXPECT_EQ(r.output_format.param, "output_config.format.schema");
+  EXPECT_EQ(r.output_format.schema["properties"].begin().key(), "z");
+  EXPECT_EQ(r.output_format.schema["required"], Json::array({"z"}));
+}
+
 TEST(AnthropicParserTest, ToolChoicesAndTools) {
   const std::string tools =
       R"(,"tools":[{"type":"custom","name":"a-b_1","input_schema":{"type":"object"}},
@@ -427,8 +441,14 @@ TEST(AnthropicParserTest, BadRequestsNameTheirField) {
       {Body(R"(,"thinking":{"type":"disabled","budget_tokens":1024})"), "thinking.budget_tokens"},
       {Body(R"(,"thinking":true)"), "thinking"},
       {Body(R"(,"service_tier":"premium")"), "service_tier"},
-      {Body(R"(,"output_config":{"format":{"type":"json_schema","schema":{}}})"),
-       "output_config.format", absl::StatusCode::kInvalidArgument, "unsupported_parameter"},
+      {Body(R"(,"output_config":{"format":{"type":"json_schema"}})"),
+       "output_config.format.schema"},
+      {Body(R"(,"output_config":{"format":{"type":"json_schema","schema":[]}})"),
+       "output_config.format.schema"},
+      {Body(R"(,"output_config":{"format":{"type":"xml","schema":{}}})"),
+       "output_config.format.type"},
+      {Body(R"(,"output_config":{"format":{"type":"json_schema","schema":{},"x":1}})"),
+       "output_config.format.x"},
       {Body(R"(,"container":"c1")"), "container", absl::StatusCode::kInvalidArgument,
        "unsupported_parameter"},
       {Body(R"(,"temprature":0.5)"), "temprature"},

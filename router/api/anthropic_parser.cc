@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/stop_strings.h"
 #include "router/api/image_part.h"
+#include "router/api/output_format.h"
 #include "router/api/openai_writer.h"  // DumpJson
 #include "router/api/request_json.h"
 
@@ -619,8 +620,9 @@ ApiError ParseThinking(const Json* thinking, std::optional<int64_t> max_tokens) 
   return Ok();
 }
 
-// {"effort"?, "format"?}: effort is accepted and ignored; a format (structured output) is refused.
-ApiError ParseOutputConfig(const Json* config) {
+// {"effort"?, "format"?}: effort is accepted and ignored; a format is structured output
+// (output_format.h).
+ApiError ParseOutputConfig(const Json* config, ApiOutputFormat* format_out) {
   if (config == nullptr) return Ok();
   const std::string param = "output_config";
   if (!config->is_object()) return Invalid(param, "must be an object");
@@ -631,10 +633,8 @@ ApiError ParseOutputConfig(const Json* config) {
       return Invalid(Path(param, "effort"), "must be 'low', 'medium', 'high', 'xhigh' or 'max'");
     }
   }
-  if (Find(*config, "format") != nullptr) {
-    return Invalid(Path(param, "format"),
-                   "structured output (a JSON schema format) is not supported by this server yet",
-                   "unsupported_parameter");
+  if (const Json* format = Find(*config, "format"); format != nullptr) {
+    RETURN_IF_API_ERROR(ParseAnthropicOutputFormat(*format, format_out));
   }
   return Ok();
 }
@@ -756,7 +756,7 @@ ApiError Parse(absl::string_view body, const ApiLimits& limits, bool count_token
   r->retention_floor_seconds = cache.longest_seconds;
   RETURN_IF_API_ERROR(ParseToolChoice(f.Get("tool_choice"), r));
   RETURN_IF_API_ERROR(ParseThinking(f.Get("thinking"), r->sampling.max_tokens));
-  RETURN_IF_API_ERROR(ParseOutputConfig(f.Get("output_config")));
+  RETURN_IF_API_ERROR(ParseOutputConfig(f.Get("output_config"), &r->output_format));
   if (const Json* speed = f.Get("speed"); speed != nullptr) {
     if (*speed != "standard" && *speed != "fast") {
       return Invalid("speed", "must be 'standard' or 'fast'");

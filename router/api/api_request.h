@@ -44,6 +44,22 @@ struct ApiSampling {
   int64_t min_tokens = 0;
 };
 
+// Structured output as the request asked for it: a JSON Schema (chat `response_format`,
+// Responses `text.format`, Anthropic `output_config.format`, vLLM's `structured_outputs.json`),
+// any JSON object, or vLLM's regex, GBNF grammar and choice forms. output_constraint.h lowers it
+// (with the tool calls `tool_choice` forces) to the one grammar the workers enforce.
+struct ApiOutputFormat {
+  enum class Kind { kText, kJsonObject, kJsonSchema, kRegex, kGrammar, kChoice };
+  Kind kind = Kind::kText;
+  // The field it came by, for errors ("response_format", "text.format", ...).
+  std::string param;
+  std::string name;  // json_schema's name, where the API has one
+  nlohmann::ordered_json schema;  // kJsonSchema
+  bool strict = false;            // OpenAI's json_schema.strict
+  std::string text;               // kRegex: the pattern; kGrammar: GBNF
+  std::vector<std::string> choices;  // kChoice: the output is exactly one of them
+};
+
 struct ApiRequest {
   ApiKind kind = ApiKind::kChatCompletion;
   std::string model;
@@ -64,6 +80,7 @@ struct ApiRequest {
   bool return_token_ids = false;
   std::string user;
   ApiSampling sampling;
+  ApiOutputFormat output_format;
   // The KV store keeps the prompt's blocks at least this long (Anthropic's cache_control ttl:
   // 300 for "5m", 3600 for "1h"; 0: the tenant's class alone decides).
   int64_t retention_floor_seconds = 0;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/stop_strings.h"
 #include "router/api/image_part.h"
+#include "router/api/output_format.h"
 #include "router/api/request_json.h"
 
 namespace ferry {
@@ -434,15 +435,9 @@ ApiError ParseChatCompletion(absl::string_view body, const ApiLimits& limits, Ap
     r->sampling.top_logprobs = static_cast<int32_t>(v);
   }
   if (const Json* format = f.Get("response_format"); format != nullptr) {
-    if (!format->is_object() || !format->contains("type") || !(*format)["type"].is_string()) {
-      return ApiInvalid("response_format", "'response_format' must be an object with a 'type'");
-    }
-    if ((*format)["type"].get<std::string>() != "text") {
-      return ApiInvalid("response_format",
-                        "'response_format' other than text is not supported by this server yet",
-                        "unsupported_parameter");
-    }
+    RETURN_IF_API_ERROR(ParseChatResponseFormat(*format, &r->output_format));
   }
+  RETURN_IF_API_ERROR(ParseVllmStructuredOutputs(f, &r->output_format));
   if (const Json* modalities = f.Get("modalities"); modalities != nullptr) {
     if (*modalities != Json::array({"text"})) {
       return ApiInvalid("modalities", "only the text modality is supported",
@@ -508,6 +503,7 @@ ApiError ParseCompletion(absl::string_view body, const ApiLimits& limits, ApiReq
     return ApiInvalid("best_of", "'best_of' other than n is not supported",
                       "unsupported_parameter");
   }
+  RETURN_IF_API_ERROR(ParseVllmStructuredOutputs(f, &r->output_format));
   return FinishCommon(f, *r, "'max_tokens'");
 }
 

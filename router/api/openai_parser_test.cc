@@ -310,8 +310,28 @@ TEST(OpenAiParserTest, BadChatRequestsNameTheirField) {
        "stream_options"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})",
        "tools[0].function"},
-      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-       "response_format"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
+       "response_format.json_schema"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a b","schema":{}}}})",
+       "response_format.json_schema.name"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":5}}})",
+       "response_format.json_schema.schema"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}})",
+       "response_format.type"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object","x":1}})",
+       "response_format.x"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},"structured_outputs":{"regex":"a"}})",
+       "structured_outputs.regex"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"structured_outputs":{"regex":"a","choice":["b"]}})",
+       "structured_outputs.choice"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"structured_outputs":{"choice":[]}})",
+       "structured_outputs.choice"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"structured_outputs":{"json":"{nope"}})",
+       "structured_outputs.json"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"structured_outputs":{"backend":"xgrammar"}})",
+       "structured_outputs.backend"},
+      {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"guided_regex":"a","guided_choice":["b"]})",
+       "guided_choice"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"audio":{}})", "audio"},
       {R"({"model":"tiny","messages":[{"role":"user","content":"x"}],"temprature":0.5})",
        "temprature"},
@@ -326,6 +346,64 @@ TEST(OpenAiParserTest, BadChatRequestsNameTheirField) {
     EXPECT_EQ(e.param, c.param) << c.body;
     EXPECT_FALSE(e.status.message().empty());
   }
+}
+
+TEST(OpenAiParserTest, StructuredOutputFormsBecomeTheInternalModel) {
+  const std::string chat = R"({"model":"tiny","messages":[{"role":"user","content":"x"}],)";
+  ApiRequest r;
+  ASSERT_TRUE(ParseChatCompletion(chat + R"("response_format":{"type":"text"}})", Limits(), &r)
+                  .status.ok());
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kText);
+
+  r = ApiRequest();
+  ASSERT_TRUE(
+      ParseChatCompletion(chat + R"("response_format":{"type":"json_object"}})", Limits(), &r)
+          .status.ok());
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kJsonObject);
+  EXPECT_EQ(r.output_format.param, "response_format");
+
+  r = ApiRequest();
+  const ApiError e = ParseChatCompletion(
+      chat +
+          R"("response_format":{"type":"json_schema","json_schema":{"name":"person","strict":true,
+             "schema":{"type":"object","properties":{"b":{"type":"string"},"a":{"type":"integer"}}}}}})",
+      Limits(), &r);
+  ASSERT_TRUE(e.status.ok()) << e.status;
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kJsonSchema);
+  EXPECT_EQ(r.output_format.name, "person");
+  EXPECT_TRUE(r.output_format.strict);
+  EXPECT_EQ(r.output_format.param, "response_format.json_schema.schema");
+  // The client's property order is kept: it is the order the grammar asks for.
+  EXPECT_EQ(r.output_format.schema["properties"].begin().key(), "b");
+
+  r = ApiRequest();
+  ASSERT_TRUE(
+      ParseChatCompletion(chat + R"("structured_outputs":{"choice":["yes","no"]}})", Limits(), &r)
+          .status.ok());
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kChoice);
+  EXPECT_EQ(r.output_format.choices, (std::vector<std::string>{"yes", "no"}));
+
+  // vLLM's json form takes the schema as an object or as its text; the completions endpoint
+  // takes it too; the older guided_* names are the same forms.
+  r = ApiRequest();
+  ASSERT_TRUE(
+      ParseCompletion(
+          R"({"model":"tiny","prompt":"x","structured_outputs":{"json":"{\"type\":\"integer\"}"}})",
+          Limits(), &r)
+          .status.ok());
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kJsonSchema);
+  EXPECT_EQ(r.output_format.schema, nlohmann::ordered_json({{"type", "integer"}}));
+  r = ApiRequest();
+  ASSERT_TRUE(ParseChatCompletion(chat + R"("guided_regex":"[0-9]+"})", Limits(), &r).status.ok());
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kRegex);
+  EXPECT_EQ(r.output_format.text, "[0-9]+");
+  EXPECT_EQ(r.output_format.param, "guided_regex");
+  r = ApiRequest();
+  ASSERT_TRUE(ParseChatCompletion(chat + R"("structured_outputs":{"grammar":"root ::= \"a\""}})",
+                                  Limits(), &r)
+                  .status.ok());
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kGrammar);
+  EXPECT_EQ(r.output_format.text, "root ::= \"a\"");
 }
 
 TEST(OpenAiParserTest, ToolsToolCallsAndResultsBecomeTheInternalModel) {

@@ -82,6 +82,30 @@ TEST(ResponsesParserTest, EveryFieldBecomesTheInternalModel) {
   EXPECT_FALSE(r.parallel_tool_calls);
 }
 
+TEST(ResponsesParserTest, TextFormatIsStructuredOutput) {
+  ApiRequest r;
+  ApiError e = Parse(Body(R"("text":{"format":{"type":"json_schema","name":"event","strict":true,
+      "description":"An event","schema":{"type":"object","properties":{"when":{"type":"string",
+      "format":"date"}},"required":["when"],"additionalProperties":false}}})"),
+                     &r);
+  ASSERT_TRUE(e.status.ok()) << e.status;
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kJsonSchema);
+  EXPECT_EQ(r.output_format.name, "event");
+  EXPECT_TRUE(r.output_format.strict);
+  EXPECT_EQ(r.output_format.param, "text.format.schema");
+  EXPECT_EQ(r.output_format.schema["required"], Json::array({"when"}));
+
+  r = ApiRequest();
+  e = Parse(Body(R"("text":{"format":{"type":"json_object"},"verbosity":"low"})"), &r);
+  ASSERT_TRUE(e.status.ok()) << e.status;
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kJsonObject);
+
+  r = ApiRequest();
+  e = Parse(Body(R"("text":{"format":{"type":"text"}})"), &r);
+  ASSERT_TRUE(e.status.ok()) << e.status;
+  EXPECT_EQ(r.output_format.kind, ApiOutputFormat::Kind::kText);
+}
+
 TEST(ResponsesParserTest, Defaults) {
   ApiRequest r;
   ASSERT_TRUE(Parse(Body(""), &r).status.ok());
@@ -345,9 +369,11 @@ TEST(ResponsesParserTest, RefusesWhatIsWrongOrUnsupportedNamingTheField) {
       {Body(R"("reasoning":"high")"), "reasoning"},
       {Body(R"("reasoning":{"effort":3})"), "reasoning.effort"},
       {Body(R"("reasoning":{"budget":3})"), "reasoning.budget"},
-      {Body(R"("text":{"format":{"type":"json_schema","name":"x","schema":{}}})"), "text.format",
-       "unsupported_parameter"},
-      {Body(R"("text":{"format":{"type":"json_object"}})"), "text.format", "unsupported_parameter"},
+      {Body(R"("text":{"format":{"type":"json_schema","schema":{}}})"), "text.format.name"},
+      {Body(R"("text":{"format":{"type":"json_schema","name":"x"}})"), "text.format.schema"},
+      {Body(R"("text":{"format":{"type":"json_schema","name":"x","schema":"{}"}})"),
+       "text.format.schema"},
+      {Body(R"("text":{"format":{"type":"json_object","strict":true}})"), "text.format.strict"},
       {Body(R"("text":{"format":{"type":"yaml"}})"), "text.format.type"},
       {Body(R"("text":{"verbosity":"loud"})"), "text.verbosity"},
       {Body(R"("truncation":"auto")"), "truncation", "unsupported_parameter"},

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "router/api/image_part.h"
+#include "router/api/output_format.h"
 #include "router/api/request_json.h"
 
 namespace ferry {
@@ -519,28 +520,14 @@ ApiError ParseMetadata(const Json* metadata, ApiRequest* r) {
   return ApiOk();
 }
 
-// `text`: {"format": {"type": "text"}, "verbosity"}.
-ApiError ParseText(const Json* text) {
+// `text`: {"format": a text or JSON format (output_format.h), "verbosity"}.
+ApiError ParseText(const Json* text, ApiOutputFormat* format_out) {
   if (text == nullptr) return ApiOk();
   if (!text->is_object()) return ApiInvalid("text", "'text' must be an object");
   static const auto* keys = new std::set<std::string>{"format", "verbosity"};
   RETURN_IF_API_ERROR(CheckKeys(*text, *keys, "text", "text"));
   if (const Json* format = JsonMember(*text, "format"); format != nullptr) {
-    if (!format->is_object()) return ApiInvalid("text.format", "'text.format' must be an object");
-    std::string type;
-    RETURN_IF_API_ERROR(RequiredString(*format, "type", "text.format.type", &type));
-    if (type == "json_schema" || type == "json_object") {
-      return NotSupported("text.format",
-                          absl::StrCat("'text.format' of type '", type,
-                                       "' is not supported by this server yet (no constrained "
-                                       "decoding)"));
-    }
-    if (type != "text") {
-      return ApiInvalid("text.format.type", absl::StrCat("unknown 'text.format' type '", type,
-                                                         "' (text, json_schema, json_object)"));
-    }
-    static const auto* format_keys = new std::set<std::string>{"type"};
-    RETURN_IF_API_ERROR(CheckKeys(*format, *format_keys, "text.format", "text.format"));
+    RETURN_IF_API_ERROR(ParseResponsesTextFormat(*format, format_out));
   }
   if (const Json* verbosity = JsonMember(*text, "verbosity"); verbosity != nullptr) {
     if (*verbosity != "low" && *verbosity != "medium" && *verbosity != "high") {
@@ -638,7 +625,7 @@ ApiError ParseResponses(absl::string_view body, const ApiLimits& limits, ApiRequ
 
   RETURN_IF_API_ERROR(ParseTools(f, limits, r));
   RETURN_IF_API_ERROR(ParseReasoning(f.Get("reasoning")));
-  RETURN_IF_API_ERROR(ParseText(f.Get("text")));
+  RETURN_IF_API_ERROR(ParseText(f.Get("text"), &r->output_format));
   if (const Json* truncation = f.Get("truncation"); truncation != nullptr) {
     if (*truncation == "auto") {
       return NotSupported("truncation",
