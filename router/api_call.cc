@@ -62,6 +62,24 @@ std::string MistralCallId() {
   return id;
 }
 
+v1::ConstraintKind ProtoConstraintKind(ConstraintKind kind) {
+  switch (kind) {
+    case ConstraintKind::kJsonSchema:
+      return v1::CONSTRAINT_KIND_JSON_SCHEMA;
+    case ConstraintKind::kJsonObject:
+      return v1::CONSTRAINT_KIND_JSON_OBJECT;
+    case ConstraintKind::kRegex:
+      return v1::CONSTRAINT_KIND_REGEX;
+    case ConstraintKind::kGrammar:
+      return v1::CONSTRAINT_KIND_GRAMMAR;
+    case ConstraintKind::kChoice:
+      return v1::CONSTRAINT_KIND_CHOICE;
+    case ConstraintKind::kToolCalls:
+      return v1::CONSTRAINT_KIND_TOOL_CALLS;
+  }
+  return v1::CONSTRAINT_KIND_UNSPECIFIED;
+}
+
 void SetHash(const Hash128& h, v1::Hash128* out) {
   out->set_lo(h.lo);
   out->set_hi(h.hi);
@@ -406,6 +424,22 @@ void ApiCall::Continue() {
   BuiltPrompt prompt;
   error = context_.prompts->Build(request_, pool.max_context_tokens, &prompt);
   if (!error.status.ok()) return Fail(error);
+  if (!lowered_) {
+    lowered_ = true;
+    ConstraintSetup setup;
+    setup.tool_format = context_.prompts->tool_setup().format;
+    setup.tools_rendered = prompt.tools_rendered;
+    setup.reasoning = context_.reasoning;
+    setup.reasoning_started = prompt.reasoning_started;
+    setup.schema = context_.schema;
+    setup.gbnf = context_.gbnf;
+    error = LowerOutputConstraint(request_, setup, &constraint_);
+    if (!error.status.ok()) {
+      context_.metrics->Constraint("refused");
+      return Fail(error);
+    }
+    if (constraint_.has_value()) context_.metrics->Constraint(ConstraintKindName(constraint_->kind));
+  }
   if (!predicted_ && context_.prompts->vision().has_value() && !prompt.images.empty()) {
     // Images whose positions a worker holds are neither encoded nor sent (a miss: a retry).
     predicted_ = true;
@@ -517,6 +551,12 @@ void ApiCall::Continue() {
   p->set_n(static_cast<uint32_t>(s.n));
   if (kind_ != ApiKind::kCompletion && (prompt.tools_rendered || context_.reasoning)) {
     for (TokenId id : context_.keep_special_token_ids) p->add_keep_special_token_ids(id);
+  }
+  if (constraint_.has_value()) {
+    v1::OutputConstraint* c = p->mutable_constraint();
+    c->set_kind(ProtoConstraintKind(constraint_->kind));
+    c->set_grammar(constraint_->grammar);
+    SetHash(constraint_->hash, c->mutable_hash());
   }
   // A request without a seed gets one, kept for its life (a retry draws the same tokens).
   p->set_seed(s.seed.has_value() ? *s.seed : RandomU64());

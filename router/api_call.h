@@ -15,9 +15,13 @@
 // reply cut by max_tokens stays "length", its last call incomplete). A call's arguments are the
 // model's text: when they are not a JSON object they are passed on as written (as OpenAI warns
 // its clients), and counted in ferry_router_tool_calls_total{arguments="invalid"}. tool_choice
-// "required" or a named function cannot force the model until constrained decoding exists: only
-// calls of the allowed functions are parsed as calls, and a reply without one is answered as the
-// model wrote it, as content, finish_reason "stop".
+// "required" or a named function constrains the model's reply to calls of the allowed functions
+// (output_constraint.h), and only such calls are parsed as calls.
+//
+// Structured output: the request's output format and forced tool calls are lowered to one
+// grammar (output_constraint.h) once its prompt is built, before dispatch (a format that cannot
+// be enforced is a 400), and sent in SamplingParams.constraint; a retry or a resume elsewhere
+// carries the same one.
 //
 // Tenants: the call's block hashes carry its tenant's cache salt, its RequestContext the tenant and
 // traffic class; its tenant's rate limits admit it once its prompt is counted (429
@@ -51,6 +55,7 @@
 #include "router/api/image_url_fetcher.h"
 #include "router/api/openai_parser.h"
 #include "router/api/openai_writer.h"
+#include "router/api/output_constraint.h"
 #include "router/api/prompt_builder.h"
 #include "router/api/reasoning_parser.h"
 #include "router/api/response_store.h"
@@ -99,6 +104,10 @@ struct ApiContext {
   EncoderPool* encoders = nullptr;
   ImageFetchExecutor* encodes = nullptr;
   SloObjectives slo;  // what ferry_router_slo_requests_total judges requests against
+  // Structured output (output_constraint.h): the JSON Schema compiler's policies and limits, and
+  // the limits of the validating grammar compile.
+  grammar::JsonSchemaOptions schema;
+  grammar::GbnfLimits gbnf;
 };
 
 // The HTTP status and error body of `error` in the shape of `kind`'s API.
@@ -179,6 +188,10 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   // (PredictCachedImages): neither encoded nor sent (PromptImage.expect_cached); a retry sends
   // their bytes. Set once, with predicted_.
   bool predicted_ ABSL_GUARDED_BY(mu_) = false;
+  // The output constraint (output_constraint.h), lowered once with the first prompt; nullopt
+  // after: none.
+  bool lowered_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<LoweredConstraint> constraint_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> expect_cached_ ABSL_GUARDED_BY(mu_);
   int64_t prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   std::unique_ptr<ApiWriter> writer_ ABSL_GUARDED_BY(mu_);

@@ -231,6 +231,13 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                             "Remote image URLs fetched (ok), refused by the fetcher (error), and "
                             "requests refused for a full fetch queue (queue_full).")
                         .Register(registry);
+  constraints_ = &prometheus::BuildCounter()
+                      .Name("ferry_router_constraints_total")
+                      .Help(
+                          "Requests with structured output, by the form their constraint was "
+                          "lowered from (json_schema, json_object, regex, grammar, choice, "
+                          "tool_calls), or refused (it could not be enforced: a 400).")
+                      .Register(registry);
   encodes_ = &prometheus::BuildCounter()
                   .Name("ferry_router_encodes_total")
                   .Help(
@@ -398,6 +405,10 @@ void RouterMetrics::Refusal(const std::string& reason) {
 
 void RouterMetrics::ImageFetch(const char* result) {
   image_fetches_->Add({{"result", result}}).Increment();
+}
+
+void RouterMetrics::Constraint(const char* kind) {
+  constraints_->Add({{"kind", kind}}).Increment();
 }
 
 void RouterMetrics::Encode(const char* result) { encodes_->Add({{"result", result}}).Increment(); }

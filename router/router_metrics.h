@@ -136,6 +136,9 @@ class RouterMetrics {
   // "cached" (an encoder had it), "failover" (encoded after another encoder failed), "fallback"
   // (no encoder could: its bytes went inline).
   void Encode(const char* result);
+  // A request's output constraint (output_constraint.h): its kind ("json_schema", ...,
+  // "tool_calls"), or "refused" when it could not be enforced (a 400).
+  void Constraint(const char* kind);
   void EncoderUp(const std::string& endpoint, bool up);
   // A retry or migration sent `images` inline instead of their encoder handles.
   void ImagesInlined(int64_t images);
@@ -183,6 +186,7 @@ class RouterMetrics {
   prometheus::Counter* completion_;
   prometheus::Gauge* workers_up_;
   prometheus::Family<prometheus::Counter>* encodes_;
+  prometheus::Family<prometheus::Counter>* constraints_;
   prometheus::Family<prometheus::Gauge>* encoder_up_;
   prometheus::Counter* images_inlined_;
   prometheus::Gauge* workers_down_;

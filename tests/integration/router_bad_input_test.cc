@@ -183,6 +183,10 @@ TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
                     i, "\"}}");
   }
   many_tools += "]";
+  // A schema nested past the compiler's depth (64) while its JSON stays within the body's (128).
+  std::string deep_schema;
+  for (int i = 0; i < 70; ++i) deep_schema += R"({"items":)";
+  deep_schema += "{}" + std::string(70, '}');
   const std::vector<Case> cases = {
       {"not an object", "POST", "/v1/chat/completions", "[1,2,3]", 400, ""},
       {"not json", "POST", "/v1/chat/completions", "{model: smol}", 400, ""},
@@ -293,8 +297,26 @@ TEST_F(RouterBadInputTest, EveryBadRequestGetsItsStatusAndAnOpenAiErrorBody) {
        400, "messages[0].tool_calls[0].id"},
       {"deprecated functions", "POST", "/v1/chat/completions",
        Chat(R"(,"functions":[{"name":"f"}])"), 400, "functions"},
-      {"json response format", "POST", "/v1/chat/completions",
-       Chat(R"(,"response_format":{"type":"json_object"})"), 400, "response_format"},
+      // Structured output the grammar compiler cannot enforce: a 400 before any worker sees it.
+      {"a json schema with a backreference pattern", "POST", "/v1/chat/completions",
+       Chat(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":
+             {"type":"object","properties":{"a":{"type":"string","pattern":"(a)\\1"}}}}})"),
+       400, "response_format.json_schema.schema"},
+      {"a json schema with 'not'", "POST", "/v1/chat/completions",
+       Chat(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":
+             {"not":{"type":"string"}}}})"),
+       400, "response_format.json_schema.schema"},
+      {"a regex with lookahead", "POST", "/v1/chat/completions",
+       Chat(R"(,"structured_outputs":{"regex":"a(?=b)"})"), 400, "structured_outputs.regex"},
+      {"a grammar without root", "POST", "/v1/completions",
+       R"({"model":"smol","prompt":"x","structured_outputs":{"grammar":"start ::= \"a\""}})",
+       400, "structured_outputs.grammar"},
+      {"a left-recursive grammar", "POST", "/v1/chat/completions",
+       Chat(R"(,"guided_grammar":"root ::= root \"a\" | \"b\"")"), 400, "guided_grammar"},
+      {"a schema nested past the limit", "POST", "/v1/chat/completions",
+       Chat(absl::StrCat(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)",
+                         deep_schema, "}}")),
+       400, "response_format.json_schema.schema"},
       {"unknown field", "POST", "/v1/chat/completions", Chat(R"(,"temprature":0.2)"), 400,
        "temprature"},
       {"stream_options without stream", "POST", "/v1/chat/completions",
@@ -470,10 +492,10 @@ TEST_F(RouterBadInputTest, EveryBadMessagesOrResponsesRequestGetsItsApisErrorSha
        "temperature"},
       {"responses: a web_search tool", "POST", "/v1/responses",
        Responses(R"(,"tools":[{"type":"web_search"}])"), 400, ""},
-      {"responses: a json_schema text format", "POST", "/v1/responses",
+      {"responses: a json_schema with uniqueItems", "POST", "/v1/responses",
        Responses(
-           R"(,"text":{"format":{"type":"json_schema","name":"x","schema":{"type":"object"}}})"),
-       400, ""},
+           R"(,"text":{"format":{"type":"json_schema","name":"x","schema":{"type":"array","uniqueItems":true}}})"),
+       400, "text.format.schema"},
       {"responses: background", "POST", "/v1/responses", Responses(R"(,"background":true)"), 400,
        "background"},
       {"responses: an unknown field", "POST", "/v1/responses", Responses(R"(,"temprature":1)"), 400,
