@@ -58,15 +58,21 @@ std::string GbnfJsonCharsIn(const CodePointRanges& ranges);
 // Rules (GBNF text, one `name ::= ...` line per state, rules named `name` and `name-N`) for any
 // text that ends at the first occurrence of `marker` (non-empty, valid UTF-8): the text before it
 // never contains it, and the marker itself is the rule's last bytes. Built from the marker's KMP
-// automaton over code points, so it is exact for any marker.
+// automaton over code points, so it is exact for any marker: one rule per state (the length of
+// the marker's prefix the text ends with), each alternative a class of characters and the next
+// state ("any other character" is the complement class and goes back to `name`).
 std::string GbnfTextUntilRules(absl::string_view name, absl::string_view marker);
 
 // Rules as above for any text (the empty text included) in which `marker` does not occur.
 std::string GbnfTextWithoutRules(absl::string_view name, absl::string_view marker);
 
 // `gbnf` with rule `from` renamed `to`, at its definition and every reference (names outside
-// literals, classes and comments); `to` must not be a rule of `gbnf` already.
+// literals, classes, repetition counts and comments); `to` must not be a rule of `gbnf` already.
 std::string RenameGbnfRule(absl::string_view gbnf, absl::string_view from, absl::string_view to);
+
+// `gbnf` with every rule name `n` renamed `prefix` + `n` (as RenameGbnfRule, in one pass): to put
+// several grammars in one text (`prefix` ends in '-' by convention: "t0-root").
+std::string PrefixGbnfRules(absl::string_view gbnf, absl::string_view prefix);
 
 }  // namespace ferry::grammar
 
