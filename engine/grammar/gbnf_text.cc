@@ -67,35 +67,71 @@ std::vector<uint32_t> CodePoints(absl::string_view text) {
   return out;
 }
 
-// The rules of GbnfTextUntilRules (`until`) and GbnfTextWithoutRules: one rule per state of the
-// marker's KMP automaton (state j: the last j code points read are the marker's first j, and no
-// earlier occurrence), each alternative one character class and the next state's rule.
-std::string MarkerRules(absl::string_view name, absl::string_view marker, bool until) {
-  const std::vector<uint32_t> m = CodePoints(marker);
-  const size_t k = m.size();
-  if (k == 0) return absl::StrCat(name, " ::= \"\"\n");  // (a precondition: never asked)
-  // fail[j]: the longest proper border of m[0..j].
-  std::vector<size_t> fail(k, 0);
-  for (size_t j = 1, b = 0; j < k; ++j) {
-    while (b > 0 && m[j] != m[b]) b = fail[b - 1];
-    if (m[j] == m[b]) ++b;
-    fail[j] = b;
-  }
-  auto next = [&](size_t j, uint32_t c) {
-    while (j > 0 && (j == k || m[j] != c)) j = fail[j - 1];
-    return m[j] == c ? j + 1 : 0;
+// The rules of GbnfTextUntilRules and GbnfTextWithoutRules, for text that contains none of
+// `markers`, or (`until` >= 0) that ends at the first occurrence of markers[until] and contains
+// no marker before. One rule per state of the markers' automaton over code points (Aho-Corasick;
+// for one marker, KMP's): a state is the longest suffix of the text read that begins a marker,
+// each alternative one character class and the next state's rule. Where a marker ends, the
+// longest one ending there (the one that began first, which a parser's search finds) decides:
+// markers[until] ends the text, any other is refused.
+std::string MarkerRules(absl::string_view name, const std::vector<std::string>& markers,
+                        int until) {
+  // The trie of the markers: node 0 is the empty prefix.
+  struct Node {
+    std::map<uint32_t, size_t> child;
+    size_t depth = 0;
+    size_t fail = 0;
+    int ends = -1;  // the longest marker that is a suffix of this node's text
   };
-  std::vector<uint32_t> alphabet = m;
+  std::vector<Node> nodes(1);
+  std::vector<uint32_t> alphabet;
+  for (size_t i = 0; i < markers.size(); ++i) {
+    size_t at = 0;
+    for (uint32_t c : CodePoints(markers[i])) {
+      alphabet.push_back(c);
+      auto it = nodes[at].child.find(c);
+      if (it == nodes[at].child.end()) {
+        nodes.push_back({});
+        nodes.back().depth = nodes[at].depth + 1;
+        it = nodes[at].child.emplace(c, nodes.size() - 1).first;
+      }
+      at = it->second;
+    }
+    if (at != 0 && nodes[at].ends < 0) nodes[at].ends = static_cast<int>(i);
+  }
   std::sort(alphabet.begin(), alphabet.end());
   alphabet.erase(std::unique(alphabet.begin(), alphabet.end()), alphabet.end());
-  auto state = [&](size_t j) { return j == 0 ? std::string(name) : absl::StrCat(name, "-", j); };
+  // Breadth first: failure links, the longest marker ending at each node, and the transition
+  // function over the alphabet (any other character leads to node 0).
+  std::vector<std::map<uint32_t, size_t>> next(nodes.size());
+  std::vector<size_t> order = {0};
+  // Nodes below a marker's end: never reached, as the text ends or is refused there first.
+  std::vector<bool> beyond(nodes.size(), false);
+  for (size_t q = 0; q < order.size(); ++q) {
+    const size_t v = order[q];
+    if (v != 0 && nodes[v].ends < 0) nodes[v].ends = nodes[nodes[v].fail].ends;
+    for (uint32_t c : alphabet) {
+      auto it = nodes[v].child.find(c);
+      if (it != nodes[v].child.end()) {
+        const size_t u = it->second;
+        nodes[u].fail = v == 0 ? 0 : next[nodes[v].fail][c];
+        beyond[u] = beyond[v] || nodes[v].ends >= 0;
+        next[v][c] = u;
+        order.push_back(u);
+      } else {
+        next[v][c] = v == 0 ? 0 : next[nodes[v].fail][c];
+      }
+    }
+  }
+  auto state = [&](size_t v) { return v == 0 ? std::string(name) : absl::StrCat(name, "-", v); };
   std::string out;
-  for (size_t j = 0; j < k; ++j) {
-    // The characters that lead from state j to each state but 0 (all others lead to 0).
+  for (size_t v : order) {
+    if (nodes[v].ends >= 0 || beyond[v]) continue;  // not a state the text can be in
+    // The characters that lead from v to each node but 0 (all others lead to 0).
     std::map<size_t, CodePointRanges> to;
     CodePointRanges leave_zero;
     for (uint32_t c : alphabet) {
-      const size_t t = next(j, c);
+      const size_t t = next[v][c];
       if (t == 0) continue;
       to[t].push_back({c, c});
       leave_zero.push_back({c, c});
@@ -104,18 +140,20 @@ std::string MarkerRules(absl::string_view name, absl::string_view marker, bool u
     // "Any other character": the negated class, which reads as the complement (surrogates
     // aside, which UTF-8 cannot carry) and stays short.
     alternatives.push_back(
-        absl::StrCat("[^", GbnfClass(NormalizeRanges(leave_zero)).substr(1), " ", state(0)));
+        leave_zero.empty()
+            ? absl::StrCat(GbnfClass(ComplementRanges({})), " ", state(0))
+            : absl::StrCat("[^", GbnfClass(NormalizeRanges(leave_zero)).substr(1), " ", state(0)));
     for (const auto& [t, chars] : to) {
       const std::string set = chars.size() == 1 ? GbnfCodePointLiteral(chars[0].first)
                                                 : GbnfClass(NormalizeRanges(chars));
-      if (t < k) {
+      if (nodes[t].ends < 0) {
         alternatives.push_back(absl::StrCat(set, " ", state(t)));
-      } else if (until) {
+      } else if (nodes[t].ends == until) {
         alternatives.push_back(set);  // the marker's last character: the text ends
       }
     }
-    if (!until) alternatives.push_back("\"\"");
-    absl::StrAppend(&out, state(j), " ::= ");
+    if (until < 0) alternatives.push_back("\"\"");
+    absl::StrAppend(&out, state(v), " ::= ");
     for (size_t a = 0; a < alternatives.size(); ++a) {
       absl::StrAppend(&out, a > 0 ? " | " : "", alternatives[a]);
     }
@@ -295,11 +333,23 @@ std::string GbnfJsonCharsIn(const CodePointRanges& ranges) {
 }
 
 std::string GbnfTextUntilRules(absl::string_view name, absl::string_view marker) {
-  return MarkerRules(name, marker, /*until=*/true);
+  return MarkerRules(name, {std::string(marker)}, /*until=*/0);
+}
+
+std::string GbnfTextUntilRules(absl::string_view name, absl::string_view marker,
+                               const std::vector<std::string>& others) {
+  std::vector<std::string> markers = {std::string(marker)};
+  markers.insert(markers.end(), others.begin(), others.end());
+  return MarkerRules(name, markers, /*until=*/0);
 }
 
 std::string GbnfTextWithoutRules(absl::string_view name, absl::string_view marker) {
-  return MarkerRules(name, marker, /*until=*/false);
+  return MarkerRules(name, {std::string(marker)}, /*until=*/-1);
+}
+
+std::string GbnfTextWithoutAnyRules(absl::string_view name,
+                                    const std::vector<std::string>& markers) {
+  return MarkerRules(name, markers, /*until=*/-1);
 }
 
 std::string RenameGbnfRule(absl::string_view gbnf, absl::string_view from, absl::string_view to) {

@@ -66,6 +66,15 @@ std::string GbnfTextUntilRules(absl::string_view name, absl::string_view marker)
 // Rules as above for any text (the empty text included) in which `marker` does not occur.
 std::string GbnfTextWithoutRules(absl::string_view name, absl::string_view marker);
 
+// The same for several markers (Aho-Corasick's automaton, of which KMP's is the one-marker case),
+// for a parser that looks for the first of several: text that ends at the first occurrence of
+// `marker` and contains none of `others` before; text that contains none of `markers`. Where two
+// markers end at the same character, the longer one (which began first) counts.
+std::string GbnfTextUntilRules(absl::string_view name, absl::string_view marker,
+                               const std::vector<std::string>& others);
+std::string GbnfTextWithoutAnyRules(absl::string_view name,
+                                    const std::vector<std::string>& markers);
+
 // `gbnf` with rule `from` renamed `to`, at its definition and every reference (names outside
 // literals, classes, repetition counts and comments); `to` must not be a rule of `gbnf` already.
 std::string RenameGbnfRule(absl::string_view gbnf, absl::string_view from, absl::string_view to);

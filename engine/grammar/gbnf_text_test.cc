@@ -37,32 +37,42 @@ std::string Utf8(uint32_t cp) {
   return out;
 }
 
-// The reference, straight from the definitions: where the first occurrence of `m` in `s` ends
-// (a code point index), or -1.
-long FirstEnd(const CodePoints& s, const CodePoints& m) {
-  for (size_t at = 0; at + m.size() <= s.size(); ++at) {
-    if (std::equal(m.begin(), m.end(), s.begin() + at)) return static_cast<long>(at + m.size());
+// The reference, straight from the definitions: the first character at which some marker ends
+// (a code point index, or -1) and which one: the longest ending there, i.e. the one that began
+// first, as a parser's search finds it.
+struct Hit {
+  long end = -1;
+  int marker = -1;
+};
+Hit FirstHit(const CodePoints& s, const std::vector<CodePoints>& markers) {
+  for (size_t end = 1; end <= s.size(); ++end) {
+    Hit hit;
+    for (size_t i = 0; i < markers.size(); ++i) {
+      const CodePoints& m = markers[i];
+      if (m.size() > end || (hit.marker >= 0 && m.size() <= markers[hit.marker].size())) continue;
+      if (std::equal(m.begin(), m.end(), s.begin() + (end - m.size()))) {
+        hit = {static_cast<long>(end), static_cast<int>(i)};
+      }
+    }
+    if (hit.marker >= 0) return hit;
   }
-  return -1;
+  return {};
 }
 
-// Until: `s` is in the language when its first occurrence of the marker ends it; a prefix can
-// still be completed when it has no occurrence yet, or is itself in the language.
-bool UntilAccepts(const CodePoints& s, const CodePoints& m) {
-  return FirstEnd(s, m) == static_cast<long>(s.size());
-}
-bool UntilViable(const CodePoints& s, const CodePoints& m) {
-  const long end = FirstEnd(s, m);
-  return end < 0 || end == static_cast<long>(s.size());
-}
-// Without: no occurrence (every prefix of such a text has none either).
-bool WithoutAccepts(const CodePoints& s, const CodePoints& m) { return FirstEnd(s, m) < 0; }
-
+// Until (markers[0] ends the text, the others are refused): `s` is in the language when the
+// first hit is markers[0] at its end; a prefix can still be completed when nothing hit yet or it
+// is in the language. Without: nothing hits (nor in any prefix, then).
 struct MarkerCase {
   bool until;
-  CodePoints marker;
+  std::vector<CodePoints> markers;
   std::unique_ptr<GrammarMatcher> matcher;
   size_t checked = 0;
+
+  bool Accepts(const CodePoints& s) const {
+    const Hit hit = FirstHit(s, markers);
+    return until ? hit.marker == 0 && hit.end == static_cast<long>(s.size()) : hit.marker < 0;
+  }
+  bool Viable(const CodePoints& s) const { return FirstHit(s, markers).marker < 0 || Accepts(s); }
 };
 
 std::unique_ptr<GrammarMatcher> MatcherFor(const std::string& gbnf) {
@@ -76,21 +86,22 @@ std::unique_ptr<GrammarMatcher> MatcherFor(const std::string& gbnf) {
   return std::make_unique<GrammarMatcher>(*std::move(m));
 }
 
-MarkerCase Build(const std::string& marker, bool until) {
+MarkerCase Build(const std::vector<std::string>& markers, bool until) {
   MarkerCase c;
   c.until = until;
-  c.marker = Decode(marker);
-  const std::string rules =
-      until ? GbnfTextUntilRules("text", marker) : GbnfTextWithoutRules("text", marker);
+  for (const std::string& m : markers) c.markers.push_back(Decode(m));
+  std::string rules;
+  if (markers.size() == 1) {
+    rules =
+        until ? GbnfTextUntilRules("text", markers[0]) : GbnfTextWithoutRules("text", markers[0]);
+  } else if (until) {
+    rules = GbnfTextUntilRules("text", markers[0],
+                               std::vector<std::string>(markers.begin() + 1, markers.end()));
+  } else {
+    rules = GbnfTextWithoutAnyRules("text", markers);
+  }
   c.matcher = MatcherFor("root ::= text\n" + rules);
   return c;
-}
-
-bool Accepts(const MarkerCase& c, const CodePoints& s) {
-  return c.until ? UntilAccepts(s, c.marker) : WithoutAccepts(s, c.marker);
-}
-bool Viable(const MarkerCase& c, const CodePoints& s) {
-  return c.until ? UntilViable(s, c.marker) : WithoutAccepts(s, c.marker);
 }
 
 // Every string over `alphabet` up to `max_len` code points, depth first: the matcher takes the
@@ -102,9 +113,9 @@ void Enumerate(MarkerCase* c, const CodePoints& alphabet, size_t max_len, CodePo
     const size_t checkpoint = c->matcher->Checkpoint();
     const bool took = c->matcher->AdvanceBytes(Utf8(cp)) == GrammarMatcher::Step::kOk;
     ++c->checked;
-    ASSERT_EQ(took, Viable(*c, *s)) << "after " << s->size() << " characters";
+    ASSERT_EQ(took, c->Viable(*s)) << "after " << s->size() << " characters";
     if (took) {
-      ASSERT_EQ(c->matcher->Accepting(), Accepts(*c, *s)) << "after " << s->size();
+      ASSERT_EQ(c->matcher->Accepting(), c->Accepts(*s)) << "after " << s->size();
       if (s->size() < max_len) Enumerate(c, alphabet, max_len, s);
       c->matcher->Rollback(checkpoint);
     }
@@ -119,22 +130,24 @@ void CheckText(MarkerCase* c, const CodePoints& text) {
   for (uint32_t cp : text) {
     s.push_back(cp);
     const bool took = c->matcher->AdvanceBytes(Utf8(cp)) == GrammarMatcher::Step::kOk;
-    ASSERT_EQ(took, Viable(*c, s));
+    ASSERT_EQ(took, c->Viable(s));
     if (!took) return;
-    ASSERT_EQ(c->matcher->Accepting(), Accepts(*c, s));
+    ASSERT_EQ(c->matcher->Accepting(), c->Accepts(s));
   }
 }
 
-// The marker's characters and one other; strings up to a length that keeps the count near
-// 200,000 (at most 9), then random texts made of the marker's prefixes (which reach lengths the
+// The markers' characters and one other; strings up to a length that keeps the count near
+// 200,000 (at most 9), then random texts made of the markers' prefixes (which reach lengths the
 // enumeration cannot for long markers).
-void CheckMarker(const std::string& marker) {
+void CheckMarkers(const std::vector<std::string>& markers) {
   for (bool until : {true, false}) {
-    SCOPED_TRACE(absl::StrCat(until ? "until " : "without ", marker));
-    MarkerCase c = Build(marker, until);
+    SCOPED_TRACE(
+        absl::StrCat(until ? "until " : "without ", markers[0], " (", markers.size(), " markers)"));
+    MarkerCase c = Build(markers, until);
     ASSERT_NE(c.matcher, nullptr);
     EXPECT_EQ(c.matcher->Accepting(), !until);  // the empty text
-    CodePoints alphabet = c.marker;
+    CodePoints alphabet;
+    for (const CodePoints& m : c.markers) alphabet.insert(alphabet.end(), m.begin(), m.end());
     std::sort(alphabet.begin(), alphabet.end());
     alphabet.erase(std::unique(alphabet.begin(), alphabet.end()), alphabet.end());
     uint32_t other = 'x';
@@ -154,16 +167,22 @@ void CheckMarker(const std::string& marker) {
       CodePoints text;
       const int pieces = 1 + static_cast<int>(rng() % 6);
       for (int p = 0; p < pieces; ++p) {
-        const size_t len = rng() % (c.marker.size() + 1);
-        text.insert(text.end(), c.marker.begin(), c.marker.begin() + len);
+        const CodePoints& m = c.markers[rng() % c.markers.size()];
+        const size_t len = rng() % (m.size() + 1);
+        text.insert(text.end(), m.begin(), m.begin() + len);
         text.push_back(alphabet[rng() % alphabet.size()]);
       }
-      if (round % 3 == 0) text.insert(text.end(), c.marker.begin(), c.marker.end());
+      if (round % 3 == 0) {
+        const CodePoints& m = c.markers[round % 2 == 0 ? 0 : rng() % c.markers.size()];
+        text.insert(text.end(), m.begin(), m.end());
+      }
       CheckText(&c, text);
       if (testing::Test::HasFatalFailure()) return;
     }
   }
 }
+
+void CheckMarker(const std::string& marker) { CheckMarkers({marker}); }
 
 TEST(GbnfMarkerRulesTest, ShapeOfTheRules) {
   EXPECT_EQ(GbnfTextUntilRules("u", "ab"),
@@ -185,6 +204,15 @@ TEST(GbnfMarkerRulesTest, NonAsciiMarkers) {
   CheckMarker("日本日");
   CheckMarker("<｜tool▁sep｜>");
   CheckMarker("é\"]\\^-[");  // the class specials, escaped in the rules
+}
+
+TEST(GbnfMarkerRulesTest, SeveralMarkers) {
+  CheckMarkers({"ab", "ba"});
+  CheckMarkers({"abc", "bc"});   // the other is the marker's suffix: the marker began first
+  CheckMarkers({"bc", "abc"});   // the marker is the other's suffix: the other began first
+  CheckMarkers({"abcd", "bc"});  // the other ends inside the marker: it can never end the text
+  CheckMarkers({"ab", "abab", "b"});
+  CheckMarkers({"<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"});
 }
 
 TEST(RenameGbnfRuleTest, NamesOnlyNotLiteralsClassesCountsOrComments) {
