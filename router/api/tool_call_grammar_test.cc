@@ -1,5 +1,7 @@
 #include "router/api/tool_call_grammar.h"
 
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -96,8 +98,25 @@ std::string Grammar(ToolCallFormat format, Mode mode, bool parallel = true,
   return g.ok() ? *g : "";
 }
 
+// With FERRY_TOOL_CALL_CASES set, every (grammar, text, verdict) checked is appended there as a
+// JSON line, for tool_call_grammar_reference.py to replay through llguidance.
+void Record(const std::string& gbnf, const std::string& text, bool accepted) {
+  const char* path = std::getenv("FERRY_TOOL_CALL_CASES");
+  if (path == nullptr) return;
+  std::ofstream out(path, std::ios::app);
+  out << nlohmann::json({{"gbnf", gbnf}, {"text", text}, {"accepted", accepted}}).dump() << "\n";
+}
+
+bool MatcherAccepts(const std::string& gbnf, const std::string& text);
+
 // Whether the grammar accepts `text` as a whole sentence, byte by byte.
 bool Accepts(const std::string& gbnf, const std::string& text) {
+  const bool accepted = MatcherAccepts(gbnf, text);
+  Record(gbnf, text, accepted);
+  return accepted;
+}
+
+bool MatcherAccepts(const std::string& gbnf, const std::string& text) {
   absl::StatusOr<grammar::Grammar> g = grammar::ParseGbnf(gbnf);
   EXPECT_TRUE(g.ok()) << g.status() << "\n" << gbnf;
   if (!g.ok()) return false;
@@ -189,6 +208,13 @@ TEST(ToolCallGrammarTest, RequiredAcceptsCallsOfAnyToolAndNothingElse) {
               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n"
               "{\"tz\":\"UTC\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
               {{"get_time", R"({"tz":"UTC"})"}});
+  // Markers and fences inside argument strings are text.
+  for (ToolCallFormat f : kFormats) {
+    const Call tricky = {"get_weather",
+                         R"({"city":"```</tool_call>[TOOL_CALLS]<｜tool▁call▁end｜>; {\"x\"}"})"};
+    ExpectCalls(f, Grammar(f, Mode::kRequired), Write(f, {tricky, kTime}), {tricky, kTime});
+    ExpectCalls(f, Grammar(f, Mode::kAuto), Write(f, {tricky}), {tricky});
+  }
   // DeepSeek V3.1's call head.
   const std::string ds = Grammar(ToolCallFormat::kDeepSeek, Mode::kRequired);
   ExpectCalls(ToolCallFormat::kDeepSeek, ds, Write(ToolCallFormat::kDeepSeek, {kWeather}, true),
