@@ -1,9 +1,10 @@
 // Writing GBNF text (llama.cpp's grammar dialect, see docs/design/grammar.md): quoting literals,
-// character classes over Unicode code point ranges, and the JSON string character rules the
-// JSON Schema and regex compilers share. GBNF characters are Unicode code points; this module
-// writes printable ASCII as itself, other ASCII as \xXX (\n \t \r by name) and non-ASCII code
-// points as their UTF-8 (llguidance's GBNF reader mangles \u and \U escapes of fewer
-// significant digits, and raw UTF-8 is plain GBNF).
+// character classes over Unicode code point ranges, the JSON string character rules the JSON
+// Schema and regex compilers share, rules for free text around a marker (what a tool-call or
+// reasoning parser looks for), and renaming rules so that several grammars share one text. GBNF
+// characters are Unicode code points; this module writes printable ASCII as itself, other ASCII
+// as \xXX (\n \t \r by name) and non-ASCII code points as their UTF-8 (llguidance's GBNF
+// reader mangles \u and \U escapes of fewer significant digits, and raw UTF-8 is plain GBNF).
 //
 // Pure functions over values; thread-safe. Nothing here fails: callers validate their input
 // (code points in [0, 0x10FFFF], non-empty range sets where a class is asked for).
