@@ -75,7 +75,13 @@ class Builder {
           absl::StrCat("tool_choice 'required' needs at least one of ", options_.tools_param));
     }
     ASSIGN_OR_RETURN(const std::string root, Root(callables, required, one_call));
-    return absl::StrCat("root ::= ", root, "\n", rules_);
+    std::string gbnf = absl::StrCat("root ::= ", root, "\n", rules_);
+    if (gbnf.size() > options_.schema.max_grammar_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("the grammar of ", options_.tools_param, " (",
+                                                     gbnf.size(), " bytes) exceeds the limit of ",
+                                                     options_.schema.max_grammar_bytes, " bytes"));
+    }
+    return gbnf;
   }
 
  private:

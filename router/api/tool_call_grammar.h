@@ -24,8 +24,8 @@
 // Errors: InvalidArgument naming the tool ("tools[2].function.parameters: ...") when a schema
 // the grammar must enforce does not compile (json_schema.h's subset and limits), or when the
 // format cannot express the mode or a name (DeepSeek writes names raw: "tools[2].function.name:
-// ..."); a named function that is not in `tools`, or kRequired without tools. Pure function;
-// thread-safe.
+// ..."); a named function that is not in `tools`, kRequired without tools, or a text over
+// options.schema.max_grammar_bytes. Pure function; thread-safe.
 
 #ifndef FERRY_ROUTER_API_TOOL_CALL_GRAMMAR_H_
 #define FERRY_ROUTER_API_TOOL_CALL_GRAMMAR_H_

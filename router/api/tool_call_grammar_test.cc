@@ -333,6 +333,14 @@ TEST(ToolCallGrammarTest, Errors) {
   g = ToolCallGrammar({}, Choice(Mode::kRequired), options);
   EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
 
+  // The whole text is bounded like one schema's.
+  ToolCallGrammarOptions small;
+  small.schema.max_grammar_bytes = 1500;
+  g = ToolCallGrammar(Tools(), Choice(Mode::kRequired), small);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("exceeds the limit of 1500 bytes"), std::string::npos)
+      << g.status();
+
   // A name DeepSeek's syntax cannot carry.
   tools = Tools();
   tools[2].name = "two\nlines";
