@@ -5,7 +5,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "engine/grammar/gbnf_rewrite.h"
 #include "engine/grammar/gbnf_text.h"
 #include "engine/grammar/regex_to_gbnf.h"
 #include "router/api/reasoning_parser.h"

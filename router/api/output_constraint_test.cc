@@ -146,6 +146,67 @@ TEST(OutputConstraintTest, WhatCannotBeEnforcedIsA400NamingTheField) {
   EXPECT_EQ(e.param, "tool_choice");
 }
 
+TEST(OutputConstraintTest, ForcedToolCallsAndFormatOrCalls) {
+  ApiRequest r = Chat(ApiOutputFormat::Kind::kText, "");
+  r.tools.push_back(ApiTool{"get_weather", "", Json::parse(R"({"type":"object","properties":
+      {"city":{"type":"string"}},"required":["city"],"additionalProperties":false})"),
+                            true});
+  r.tools.push_back(ApiTool{"get_time", "", Json::parse(R"({"type":"object"})"), std::nullopt});
+  ConstraintSetup setup;
+  setup.tool_format = ToolCallFormat::kHermes;
+  setup.tools_rendered = true;
+  const std::string weather =
+      "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}\n"
+      "</tool_call>";
+
+  // Required: calls only.
+  r.tool_choice.mode = ApiToolChoice::Mode::kRequired;
+  LoweredConstraint c = Lower(r, setup);
+  EXPECT_EQ(c.kind, ConstraintKind::kToolCalls);
+  EXPECT_TRUE(Accepts(c, weather));
+  EXPECT_FALSE(Accepts(c, "Sure! " + weather));
+  EXPECT_FALSE(Accepts(c,
+                       "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{}}\n"
+                       "</tool_call>"));  // city is required
+
+  // Named: that function only.
+  r.tool_choice = {ApiToolChoice::Mode::kFunction, "get_time"};
+  c = Lower(r, setup);
+  EXPECT_FALSE(Accepts(c, weather));
+  EXPECT_TRUE(Accepts(c,
+                      "<tool_call>\n{\"name\":\"get_time\",\"arguments\":{\"tz\":1}}\n"
+                      "</tool_call>"));
+
+  // A format with forced calls: the calls win.
+  r.output_format.kind = ApiOutputFormat::Kind::kJsonObject;
+  r.output_format.param = "response_format";
+  r.tool_choice.mode = ApiToolChoice::Mode::kRequired;
+  c = Lower(r, setup);
+  EXPECT_EQ(c.kind, ConstraintKind::kToolCalls);
+  EXPECT_FALSE(Accepts(c, R"({"a":1})"));
+
+  // Auto with a format: the format, or calls.
+  r.tool_choice.mode = ApiToolChoice::Mode::kAuto;
+  c = Lower(r, setup);
+  EXPECT_EQ(c.kind, ConstraintKind::kJsonObject);
+  EXPECT_TRUE(Accepts(c, R"({"a":1})"));
+  EXPECT_TRUE(Accepts(c, weather));
+  EXPECT_FALSE(Accepts(c, "plain text"));
+
+  // Auto, no format: text, or text then calls whose strict tools obey their schemas.
+  r.output_format = ApiOutputFormat();
+  c = Lower(r, setup);
+  EXPECT_EQ(c.kind, ConstraintKind::kToolCalls);
+  EXPECT_TRUE(Accepts(c, "plain text"));
+  EXPECT_TRUE(Accepts(c, "Let me look.\n" + weather));
+
+  // Tool choice none, or tools not shown: nothing to constrain.
+  r.tool_choice.mode = ApiToolChoice::Mode::kNone;
+  std::optional<LoweredConstraint> none;
+  ASSERT_TRUE(LowerOutputConstraint(r, setup, &none).status.ok());
+  EXPECT_FALSE(none.has_value());
+}
+
 TEST(OutputConstraintTest, AfterTheReasoningBlock) {
   ApiRequest r = Chat(ApiOutputFormat::Kind::kJsonSchema, "response_format.json_schema.schema");
   r.output_format.schema = Json::parse(R"({"type":"object","properties":{"a":{"type":"integer"}},
@@ -154,9 +215,11 @@ TEST(OutputConstraintTest, AfterTheReasoningBlock) {
   setup.reasoning = true;
   LoweredConstraint c = Lower(r, setup);
   EXPECT_TRUE(Accepts(c, R"({"a":1})"));  // no block at all
-  EXPECT_TRUE(Accepts(c, "<think>\nLet me see: {\"a\": x} </thin k> <think>\n</think>\n\n{\"a\":1}"));
+  EXPECT_TRUE(
+      Accepts(c, "<think>\nLet me see: {\"a\": x} </thin k> <think>\n</think>\n\n{\"a\":1}"));
   EXPECT_TRUE(Accepts(c, " \n<think></think>{\"a\":1}"));
-  EXPECT_FALSE(Accepts(c, "<think>x</think></think>{\"a\":1}"));  // the block ends at its first close
+  EXPECT_FALSE(
+      Accepts(c, "<think>x</think></think>{\"a\":1}"));  // the block ends at its first close
   EXPECT_FALSE(Accepts(c, "<think>x</think>\nsure: {\"a\":1}"));
   EXPECT_FALSE(Accepts(c, "<think>never closed {\"a\":1}"));
   EXPECT_FALSE(Accepts(c, "preamble <think>x</think>{\"a\":1}"));

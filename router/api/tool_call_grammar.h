@@ -15,9 +15,19 @@
 // Every string the grammar accepts, fed to the format's ToolCallParser, yields exactly the calls
 // it spells (names and arguments), no content after the calls.
 //
+// A strict tool's schema is always enforced (one that does not compile is an error); in
+// kRequired and kFunction a non-strict tool's schema is enforced where it compiles, and where it
+// does not (a `format: "uri"`, say) its arguments are any JSON object, as the APIs promise
+// non-strict tools only best effort; in kAuto a non-strict tool's arguments are any JSON object. The arguments are a JSON object: a schema without `type` is given
+// "type": "object", one with another type is refused. Call objects are compact JSON (or bounded
+// whitespace, as options.schema says); the framing is the format's own text (the syntax of each
+// format and the free-text rules: docs/design/grammar.md, "Tool calls").
+//
 // Errors: InvalidArgument naming the tool ("tools[2].function.parameters: ...") when a schema
 // the grammar must enforce does not compile (json_schema.h's subset and limits), or when the
-// format cannot express the mode. Pure function; thread-safe.
+// format cannot express the mode or a name (DeepSeek writes names raw: "tools[2].function.name:
+// ..."); a named function that is not in `tools`, kRequired without tools, or a text over
+// options.schema.max_grammar_bytes. Pure function; thread-safe.
 
 #ifndef FERRY_ROUTER_API_TOOL_CALL_GRAMMAR_H_
 #define FERRY_ROUTER_API_TOOL_CALL_GRAMMAR_H_

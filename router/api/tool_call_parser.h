@@ -22,8 +22,10 @@
 //   `<｜tool▁call▁begin｜>NAME <｜tool▁sep｜>ARGS<｜tool▁call▁end｜>` too.
 // The JSON formats' objects are scanned as they arrive: the name is emitted once its string has
 // ended, the arguments as their bytes arrive (after the name, when the model wrote them first),
-// so a marker inside an argument string does not end the call. "arguments" and "parameters" are
-// both accepted as the arguments' key.
+// so a marker inside an argument string does not end the call. DeepSeek's arguments that begin
+// with '{' are scanned the same way and end with their object (a fence or marker inside one of
+// their strings is text); other arguments end at the fence or the call's end marker.
+// "arguments" and "parameters" are both accepted as the arguments' key.
 //
 // What a model does wrong is never a crash and never a tool call that was not one:
 // - a call whose name is not a known function (when functions are given), or whose JSON ends or

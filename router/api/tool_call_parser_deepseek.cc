@@ -154,14 +154,20 @@ class DeepSeekToolCallParser : public ParserBase {
   }
 
   // Arguments up to the closing fence or the call's end; leading and trailing whitespace are not
-  // part of them (held until more text shows which it is).
+  // part of them (held until more text shows which it is). Arguments that begin as a JSON object
+  // end with it, so that a fence or marker inside one of its strings does not end them.
   bool RunArgs(ParsedText* out, bool final) {
     if (!args_begun_) {
       const size_t first = input_.find_first_not_of(" \t\r\n");
       input_.erase(0, first == std::string::npos ? input_.size() : first);
       if (input_.empty() && !final) return false;
       args_begun_ = !input_.empty();
+      json_args_ = args_begun_ && input_[0] == '{';
+      scanned_ = 0;
+      depth_ = 0;
+      in_string_ = escape_ = false;
     }
+    if (json_args_) return RunJsonArgs(out, final);
     absl::string_view which;
     const size_t at = FindFirst({kFence, kDsCallEnd}, &which);
     if (at != std::string::npos) {
@@ -186,8 +192,60 @@ class DeepSeekToolCallParser : public ParserBase {
     return false;
   }
 
+  // JSON arguments, scanned as they arrive (whitespace after the last scanned byte held back):
+  // they end where their object closes.
+  bool RunJsonArgs(ParsedText* out, bool final) {
+    size_t end = 0;  // one past the object's last byte, once it closed
+    for (; scanned_ < input_.size() && end == 0; ++scanned_) {
+      const char c = input_[scanned_];
+      if (in_string_) {
+        if (escape_) {
+          escape_ = false;
+        } else if (c == '\\') {
+          escape_ = true;
+        } else if (c == '"') {
+          in_string_ = false;
+        }
+      } else if (c == '"') {
+        in_string_ = true;
+      } else if (c == '{' || c == '[') {
+        ++depth_;
+      } else if ((c == '}' || c == ']') && --depth_ == 0) {
+        end = scanned_ + 1;
+      }
+    }
+    if (end != 0) {
+      Arguments(out, absl::string_view(input_).substr(0, end));
+      input_.erase(0, end);
+      scanned_ = 0;
+      after_json_ = true;
+      mode_ = Mode::kAfterArgs;
+      return true;
+    }
+    size_t emit = input_.size();
+    while (emit > 0 && IsSpace(input_[emit - 1])) --emit;
+    if (!final) emit = Utf8SafeLength(absl::string_view(input_).substr(0, emit));
+    Arguments(out, absl::string_view(input_).substr(0, emit));
+    input_.erase(0, final ? input_.size() : emit);
+    scanned_ = final ? 0 : scanned_ - emit;
+    if (final) calls_.back().arguments_valid = IsJsonObject(calls_.back().arguments);
+    return false;
+  }
+
   bool RunAfterArgs(bool final) {
-    const size_t first = input_.find_first_not_of(" \t\r\n");
+    size_t first = input_.find_first_not_of(" \t\r\n");
+    if (after_json_ && first != std::string::npos) {  // V3's closing fence, after JSON arguments
+      const absl::string_view rest = absl::string_view(input_).substr(first);
+      if (absl::StartsWith(rest, kFence)) {
+        input_.erase(0, first + kFence.size());
+        after_json_ = false;
+        first = input_.find_first_not_of(" \t\r\n");
+      } else if (!final && CouldBegin(rest, kFence)) {
+        return false;
+      } else {
+        after_json_ = false;
+      }
+    }
     const absl::string_view rest =
         first == std::string::npos ? absl::string_view() : absl::string_view(input_).substr(first);
     if (absl::StartsWith(rest, kDsCallEnd)) {
@@ -227,6 +285,13 @@ class DeepSeekToolCallParser : public ParserBase {
   Mode mode_ = Mode::kText;
   std::string call_text_;  // the current call's markers and head, as written
   bool args_begun_ = false;
+  // Arguments that began with '{': their JSON is scanned (depth, strings) to find their end.
+  bool json_args_ = false;
+  size_t scanned_ = 0;  // bytes of input_ scanned
+  int depth_ = 0;
+  bool in_string_ = false;
+  bool escape_ = false;
+  bool after_json_ = false;  // kAfterArgs after JSON arguments: V3's fence may come first
 };
 
 }  // namespace

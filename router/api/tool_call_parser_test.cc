@@ -408,6 +408,27 @@ TEST(DeepSeekToolCallParserTest, V31HeadsUnknownFunctionsAndTruncation) {
   EXPECT_FALSE(cut.parser_calls[0].arguments_valid);
 }
 
+TEST(DeepSeekToolCallParserTest, FencesAndMarkersInsideJsonArgumentStrings) {
+  const std::string code = R"({"code": "```py\nprint('<｜tool▁call▁end｜>')\n```", "n": [1]})";
+  const Rebuilt v3 = ExpectSplitInvariant(
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n" + code +
+          "\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```"
+          "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+      {}, ToolCallFormat::kDeepSeek);
+  ASSERT_EQ(v3.calls.size(), 2u);
+  EXPECT_EQ(v3.calls[0].arguments, code);
+  EXPECT_EQ(v3.calls[1].arguments, "{}");
+  EXPECT_EQ(v3.content, "");
+  const Rebuilt v31 =
+      ExpectSplitInvariant("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>" + code +
+                               "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                           {}, ToolCallFormat::kDeepSeek);
+  ASSERT_EQ(v31.calls.size(), 1u);
+  EXPECT_EQ(v31.calls[0].arguments, code);
+  EXPECT_TRUE(v31.parser_calls[0].complete && v31.parser_calls[0].arguments_valid);
+  EXPECT_EQ(v31.content, "");
+}
+
 TEST(ToolCallParserTest, ArgumentsThatAreNotJsonAreKeptAndFlagged) {
   // A scalar where the object should be (JSON formats) and free text (DeepSeek): the call is
   // whole, its arguments are the model's text, arguments_valid says they are not an object.

@@ -30,10 +30,13 @@ RULES = [
      True, "the engine library sits beneath the service layer and knows no RPC"),
     ("router-reads-only-text-and-formats", r"^router(/|$)",
      r"^//engine/(?!(common|tokenizer|template|gguf)[/:]"
-     r"|model/vision:(vision_config|image_placeholders)$)|^//services/(worker|transfer)[/:]",
+     r"|model/vision:(vision_config|image_placeholders)$"
+     r"|grammar:(gbnf_text|json_schema|regex_to_gbnf|integer_range|json_formats|grammar"
+     r"|grammar_matcher|gbnf_parser)$)|^//services/(worker|transfer)[/:]",
      True, "the front door links engine/common, tokenizer, template and gguf (and the vision "
-     "model's config parse and placeholder expansion, pure functions), never the model, "
-     "KV, scheduler, sampling or backends"),
+     "model's config parse and placeholder expansion, and the grammar texts: GBNF, JSON Schema "
+     "and regex lowering, the GBNF parser and matcher; pure functions), never the model, "
+     "KV, scheduler, sampling, token masks or backends"),
     ("services-common-is-plumbing", r"^services/common(/|$)",
      r"^//(services/(?!common[/:])|kvstore|router)|^//engine/(?!common[/:])",
      True, "services/common is the process and RPC plumbing beneath every service"),
