@@ -12,12 +12,14 @@ Schemas:
   - Debian's json-schema-test-suite (drafts 4, 6, 7, and 2019-09 / 2020-12 where the package has
     them; their optional/format files), deduplicated; documents: each test's data, valid and
     invalid;
+  - json_schema_reference.py's hand-written schemas (CASES) and their documents;
   - HAND: hand-written 2020-12 schemas (prefixItems, $defs, $ref recursion), LEAVES placed in
-    SHAPES; documents: hypothesis-jsonschema's (derandomized; kept if Draft202012Validator says
-    valid) and one-character mutants of them.
+    shapes(); documents: hypothesis-jsonschema's (derandomized; kept if Draft202012Validator
+    says valid) and one-character mutants of them.
 llguidance is given the same schema with Ferry's policies written out (JSON_OPTIONS cannot say
 them): `additionalProperties: false` where Ferry allows no other keys by default (an object
-schema with `properties` and no `additionalProperties`), the `type` Ferry takes from the
+schema with `properties` and no `additionalProperties`; Ferry merges `allOf` first, so the
+branches' property names are listed on the parent), the `type` Ferry takes from the
 keywords where a schema has none (INFERRED_TYPES), and a draft 4-7 tuple `items` as
 `prefixItems` (with `additionalItems` as `items`).
 
@@ -66,8 +68,9 @@ FERRY_FORMATS = {"date-time", "date", "time", "uuid", "email", "ipv4", "ipv6"}
 
 # Differences allowed beyond the forced-bytes subset, by a keyword or format in the schema.
 ALLOWLIST = {
-    "pattern": "llguidance anchors `pattern` (a full match); Ferry follows JSON Schema's "
-               "unanchored search, checked against Python's re and jsonschema in "
+    "pattern": "llguidance anchors `pattern` (a full match) and allows only \\u00XX escapes in "
+               "a string under a pattern; Ferry follows JSON Schema's unanchored search over "
+               "the decoded string (any escape), checked against Python's re and jsonschema in "
                "json_schema_reference.py instead",
     "format:email": "llguidance also allows a domain literal after '@' ([192.0.2.1]); Ferry's "
                     "email grammar is a dot-atom with a dotted domain (json_formats.h)",
@@ -179,6 +182,11 @@ def suite_schemas(suite_dir):
 RECURSIVE_SHAPE = 3  # hypothesis-jsonschema cannot generate for it: lists of leaves instead
 
 
+def reference_cases():
+    """json_schema_reference.py's hand-written schemas and their documents."""
+    return [(f"reference/{c['name']}", c["schema"], c["docs"]) for c in jr.CASES]
+
+
 def hand_schemas():
     out = []
     for i, leaf in enumerate(LEAVES):
@@ -235,17 +243,28 @@ def for_llguidance(schema):
     return with_policies(schema)
 
 
-def with_policies(schema):
+def with_policies(schema, all_of_branch=False):
+    """all_of_branch: an allOf branch, which Ferry merges with its siblings before its default
+    for additionalProperties applies (so the default is written on the parent only)."""
     if isinstance(schema, list):
-        return [with_policies(s) for s in schema]
+        return [with_policies(s, all_of_branch) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    s = {k: v if k in ("enum", "const") else with_policies(v) for k, v in schema.items()}
+    s = {k: v if k in ("enum", "const") else with_policies(v, k == "allOf")
+         for k, v in schema.items()}
     if not any(k in s for k in ("type", "const", "enum", "$ref", "anyOf", "oneOf", "allOf")):
         types = [t for t, keys in INFERRED_TYPES if any(k in s for k in keys)]
         if types:
             s["type"] = types
-    if "properties" in s and "additionalProperties" not in s:
+    branch_properties = [name for b in s.get("allOf", []) if isinstance(b, dict)
+                         for name in b.get("properties", {})]
+    if ("properties" in s or branch_properties) and "additionalProperties" not in s and (
+            not all_of_branch):
+        # Ferry merges allOf's branches first, so its default sees their properties too; in
+        # JSON Schema the parent's additionalProperties sees only the parent's: list them there.
+        if branch_properties:
+            own = s.get("properties", {})
+            s["properties"] = {**own, **{n: {} for n in branch_properties if n not in own}}
         s["additionalProperties"] = False
     if isinstance(s.get("items"), list):
         s["prefixItems"] = s.pop("items")
@@ -300,7 +319,7 @@ def main():
     hypothesis.seed = 0
     tok = gr.load_tokenizer(tok_path)
     vocab = tok.vocab_size
-    entries = suite_schemas(suite_dir) + hand_schemas()
+    entries = suite_schemas(suite_dir) + reference_cases() + hand_schemas()
     work = tempfile.mkdtemp(prefix="ferry-schema-diff.", dir=os.environ.get("TEST_TMPDIR"))
     with open(f"{work}/schemas.json", "w") as f:
         json.dump([e[1] for e in entries], f)
@@ -440,11 +459,14 @@ def main():
                                        f"{consumed.get((name, s))} of {len(seq)} tokens")
 
     elapsed = time.time() - start
-    suite_compared = sum(not n.startswith("hand/") for n, _ in compared)
-    print(f"schemas: {len(entries)} ({len(entries) - len(hand_schemas())} from "
-          f"json-schema-test-suite, {len(hand_schemas())} hand-written 2020-12); compared "
-          f"{len(compared)} (goal {GOAL}: {suite_compared} from the suite, "
-          f"{len(compared) - suite_compared} hand-written)")
+    by_source = collections.Counter(n.split("/")[0] if n.split("/")[0] in ("hand", "reference")
+                                    else "suite" for n, _ in compared)
+    print(f"schemas: {len(entries)} ({len(entries) - len(hand_schemas()) - len(jr.CASES)} from "
+          f"json-schema-test-suite, {len(jr.CASES)} of json_schema_reference.py, "
+          f"{len(hand_schemas())} hand-written 2020-12 leaf-and-shape ones); compared "
+          f"{len(compared)} (goal {GOAL}: {by_source['suite']} from the suite, "
+          f"{by_source['reference']} of json_schema_reference.py, {by_source['hand']} "
+          f"leaf-and-shape)")
     print(f"refused by Ferry's compiler: {sum(ferry_refused.values())}")
     for reason, n in ferry_refused.most_common():
         print(f"  {n:3}  {reason}")
