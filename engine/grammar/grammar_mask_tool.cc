@@ -7,13 +7,19 @@
 //     Prints one JSON line per prefix of each sequence: {"case", "seq", "k", "accepting",
 //     "mask" (hex of the little-endian 32-bit words)}, then {"case", "seq", "consumed"}: the
 //     number of tokens accepted before the first refused one (or all). A grammar that does not
-//     compile prints {"case", "error"}.
-//   grammar_mask_tool bench GGUF GRAMMAR.gbnf TOKENS.json REPEAT
+//     compile prints {"case", "error"}. Each mask is checked against the exact trie walk's
+//     (ComputeMaskByWalk).
+//   grammar_mask_tool masks-bin GGUF CASES.json MASKS.bin
+//     The same for many grammars (the schema differential): no walk, and each distinct mask is
+//     written once to MASKS.bin (raw little-endian words, MaskWords(vocab) each, in order of first
+//     use); the JSON lines carry "mask_id" (its index there) instead of "mask".
+//   grammar_mask_tool bench GGUF GRAMMAR.gbnf TOKENS.json REPEAT [TIMES_OUT]
 //     Times ComputeMask after every prefix of each token sequence in TOKENS.json ([[ids], ...]),
 //     REPEAT times with one shared MaskCache: the first pass is cold (cache entries made as
 //     met), the rest warm; prints {"n", "p50_us", "p99_us", "max_us" (warm), "cold_p50_us",
 //     "cold_p99_us", "cold_max_us", "cache_entries", "trie_ms"}. FERRY_MASK_CACHE_DEPTH sets
-//     MaskCacheOptions::depth.
+//     MaskCacheOptions::depth. TIMES_OUT, if given, gets every warm time (microseconds, one a
+//     line), for `ferry bench grammar` to pool schemas.
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "engine/gguf/gguf_file.h"
 #include "engine/grammar/gbnf_parser.h"
@@ -72,7 +79,9 @@ int Fail(const std::string& what) {
 int main(int argc, char** argv) {
   if (argc < 4) {
     return Fail(
-        "usage: grammar_mask_tool masks GGUF CASES.json | bench GGUF GRAMMAR TOKENS REPEAT");
+        "usage: grammar_mask_tool masks GGUF CASES.json | masks-bin GGUF CASES.json MASKS.bin | "
+        "bench GGUF GRAMMAR TOKENS REPEAT "
+        "[TIMES_OUT]");
   }
   std::string mode = argv[1];
   auto gguf = ferry::GgufFile::Open(argv[2]);
@@ -86,7 +95,11 @@ int main(int argc, char** argv) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   size_t words = TokenMatcher::MaskWords((*trie)->vocab_size());
 
-  if (mode == "masks") {
+  if ((mode == "masks" && argc == 4) || (mode == "masks-bin" && argc == 5)) {
+    const bool walk = mode == "masks";
+    std::ofstream bin;
+    absl::flat_hash_map<std::string, int64_t> mask_ids;  // mask bytes -> index in MASKS.bin
+    if (!walk) bin.open(argv[4], std::ios::binary);
     nlohmann::json cases = nlohmann::json::parse(ReadFile(argv[3]));
     std::vector<uint32_t> stop_ids = cases["stop_ids"].get<std::vector<uint32_t>>();
     for (const auto& c : cases["cases"]) {
@@ -108,18 +121,22 @@ int main(int argc, char** argv) {
         size_t consumed = 0;
         for (size_t k = 0; k <= ids.size(); ++k) {
           m->ComputeMask(absl::MakeSpan(mask));
-          m->ComputeMaskByWalk(absl::MakeSpan(walked));
-          if (mask != walked) {
+          if (walk) m->ComputeMaskByWalk(absl::MakeSpan(walked));
+          if (walk && mask != walked) {
             return Fail(absl::StrCat(name, " sequence ", seq_index, " prefix ", k,
                                      ": the cached mask differs from the trie walk's"));
           }
-          std::cout << nlohmann::json{{"case", name},
-                                      {"seq", seq_index},
-                                      {"k", k},
-                                      {"accepting", m->Accepting()},
-                                      {"mask", Hex(mask)}}
-                           .dump()
-                    << "\n";
+          nlohmann::json line{
+              {"case", name}, {"seq", seq_index}, {"k", k}, {"accepting", m->Accepting()}};
+          if (walk) {
+            line["mask"] = Hex(mask);
+          } else {
+            std::string bytes(reinterpret_cast<const char*>(mask.data()), mask.size() * 4);
+            auto [it, added] = mask_ids.emplace(bytes, mask_ids.size());
+            if (added) bin.write(bytes.data(), bytes.size());
+            line["mask_id"] = it->second;
+          }
+          std::cout << line.dump() << "\n";
           if (k == ids.size() || !m->Accept(ids[k]).ok()) break;
           consumed = k + 1;
         }
@@ -129,9 +146,10 @@ int main(int argc, char** argv) {
         ++seq_index;
       }
     }
+    if (!walk && !bin) return Fail(absl::StrCat("cannot write ", argv[4]));
     return 0;
   }
-  if (mode == "bench" && argc == 6) {
+  if (mode == "bench" && (argc == 6 || argc == 7)) {
     auto grammar = ferry::grammar::ParseGbnf(ReadFile(argv[3]));
     if (!grammar.ok()) return Fail(grammar.status().ToString());
     auto shared = std::make_shared<const Grammar>(*std::move(grammar));
@@ -161,6 +179,11 @@ int main(int argc, char** argv) {
       }
     }
     if (repeat < 2) return Fail("bench needs REPEAT >= 2 (one cold pass, then warm ones)");
+    if (argc == 7) {
+      std::ofstream times(argv[6]);
+      for (double t : us) times << t << "\n";
+      if (!times) return Fail(absl::StrCat("cannot write ", argv[6]));
+    }
     std::sort(us.begin(), us.end());
     std::sort(cold_us.begin(), cold_us.end());
     auto pct = [](const std::vector<double>& v, double p) {

@@ -169,11 +169,7 @@ class Compiler {
     } else if (name == "json-string") {
       body = absl::StrCat("\"\\\"\" ", Base("json-char"), "* \"\\\"\"");
     } else if (name == "json-char") {
-      const std::string hex = "[0-9a-fA-F]";
-      body =
-          absl::StrCat("[^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-CeEfF] ",
-                       hex, "{3} | ", "[dD] [0-7] ", hex, "{2} | [dD] [89abAB] ", hex,
-                       "{2} \"\\\\u\" [dD] [c-fC-F] ", hex, "{2}))");
+      body = absl::StrCat("[^\"\\\\\\x00-\\x1F] | ", JsonEscape());
     } else if (name == "json-number") {
       body = "\"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [+\\x2D]? [0-9]+)?";
     } else if (name == "json-integer") {
@@ -953,6 +949,15 @@ class Compiler {
     return AddRule("object", absl::StrCat("\"{\"", w, first, w, "\"}\""));
   }
 
+  // A JSON escape: a backslash and one of "\/bfnrt, or 'u' and four hex digits, a surrogate only
+  // as a high-low pair (so lengths in code points are exact). Keys use it too: a key is a string.
+  static std::string JsonEscape() {
+    const std::string hex = "[0-9a-fA-F]";
+    return absl::StrCat("\"\\\\\" ([\"\\\\/bfnrt] | \"u\" ([0-9a-cA-CeEfF] ", hex, "{3} | ",
+                        "[dD] [0-7] ", hex, "{2} | [dD] [89abAB] ", hex,
+                        "{2} \"\\\\u\" [dD] [c-fC-F] ", hex, "{2}))");
+  }
+
   // A JSON string (quotes included) for any key but those listed. The listed keys' canonical
   // contents form a trie over code points; at each node the key may end (unless the node spells
   // a listed key), leave the trie with a character no child starts with (then anything), or
@@ -988,7 +993,7 @@ class Compiler {
       std::vector<std::string> leave;
       if (!allowed.empty()) leave.push_back(GbnfClass(allowed));
       if (trie[i].children.count('\\') == 0) {
-        leave.push_back("\"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})");
+        leave.push_back(JsonEscape());
       }
       if (!leave.empty()) {
         alts.push_back(absl::StrCat("(", absl::StrJoin(leave, " | "), ") ", any_rest));

@@ -39,7 +39,7 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 # same grammar.
 gbnf_to_lark_module.RepetitionNode.is_atomic = lambda self: False
 
-TO_GBNF = sys.argv[1]
+TO_GBNF = None  # the to_gbnf tool: main()'s argument
 
 # ---- The byte-level matcher ---------------------------------------------------------------
 
@@ -297,6 +297,8 @@ REGEXES = [
 
 
 def main():
+    global TO_GBNF
+    TO_GBNF = sys.argv[1]
     hypothesis.seed = 0
     corpus = [c["schema"] for c in CASES] + [s for s, _ in REFUSED]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

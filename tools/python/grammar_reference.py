@@ -13,6 +13,10 @@ bytes itself, so the comparison also checks Ferry's token bytes.
   grammar_reference.py bench TOKENIZER_JSON GRAMMAR.gbnf TOKENS.json REPEAT
       llguidance's mask time per token (p50/p99, microseconds) on the same tokens as
       grammar_mask_tool bench
+  grammar_reference.py bench-schema TOKENIZER_JSON SCHEMA.json TOKENS.json REPEAT [TIMES_OUT]
+      the same with llguidance's own JSON Schema compiler under JSON_OPTIONS (Ferry's policies),
+      one matcher reset per document: pass 1 cold, the rest warm; TIMES_OUT gets the warm times
+      (microseconds, one a line)
 """
 import json
 import sys
@@ -80,6 +84,27 @@ item ::= list | [a-z]+ | [0-9]{1,3}
      ['aabbcdcd12345!xyz', 'aab000!xx'],
      ['abbb000!xx', 'aabbbb000!xx', 'aabcdcdcd000!xx', 'aab00!xx', 'aab000!xxxxx']),
 ]
+
+
+# llguidance's JSON Schema compiler pinned to Ferry's policies (docs/design/grammar.md,
+# "Policies"): compact separators and no whitespace outside strings; oneOf as anyOf (Ferry
+# compiles oneOf only where the branches are disjoint, where the two agree); any \uXXXX escape
+# in strings, as JSON has (llguidance's default allows only \u00XX). Properties come in the
+# schema's order in both.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":",
+                "coerce_one_of": True, "json_allow_general_unicode_escapes": True}
+
+
+def schema_matcher(tok, schema):
+    """An llguidance matcher for a JSON Schema under JSON_OPTIONS, or its error string."""
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+    except Exception as e:  # llguidance raises ValueError and others for schemas it refuses
+        return None, str(e)
+    m = llguidance.LLMatcher(tok, grammar, log_level=0)
+    if m.is_error():
+        return None, m.get_error()
+    return m, None
 
 
 def load_tokenizer(path):
@@ -213,6 +238,40 @@ def bench(tok_path, gbnf_path, tokens_path, repeat):
     print(json.dumps({"n": len(us), "p50_us": pct(0.5), "p99_us": pct(0.99), "max_us": us[-1]}))
 
 
+def bench_schema(tok_path, schema_path, tokens_path, repeat, times_path=None):
+    """As grammar_mask_tool bench: one matcher for the schema, reset for each document, so its
+    lexer states built in pass 1 (cold) serve passes 2.. (warm, the figures); TIMES_OUT gets the
+    warm times."""
+    tok = load_tokenizer(tok_path)
+    schema = json.load(open(schema_path, encoding="utf-8"))
+    seqs = json.load(open(tokens_path))
+    m, error = schema_matcher(tok, schema)
+    if error:
+        sys.exit(f"llguidance refused the schema: {error}")
+    us, cold_us = [], []
+    for r in range(repeat):
+        for seq in seqs:
+            m.reset()
+            for t in seq:
+                s = time.perf_counter()
+                m.compute_bitmask()
+                (cold_us if r == 0 else us).append((time.perf_counter() - s) * 1e6)
+                if not m.consume_token(t):
+                    sys.exit(f"llguidance refused token {t} ({tok.decode_bytes([t])!r}) of "
+                             f"{tok.decode_str(seq)!r}")
+    if repeat < 2:
+        sys.exit("bench-schema needs REPEAT >= 2 (one cold pass, then warm ones)")
+    if times_path:
+        with open(times_path, "w") as f:
+            f.writelines(f"{t}\n" for t in us)
+    us.sort()
+    cold_us.sort()
+    pct = lambda v, p: v[min(len(v) - 1, int(p * len(v)))]
+    print(json.dumps({"n": len(us), "p50_us": pct(us, 0.5), "p99_us": pct(us, 0.99),
+                      "max_us": us[-1], "cold_p50_us": pct(cold_us, 0.5),
+                      "cold_p99_us": pct(cold_us, 0.99)}))
+
+
 def main():
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "cases" and len(sys.argv) == 4:
@@ -221,6 +280,9 @@ def main():
         compare(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "bench" and len(sys.argv) == 6:
         bench(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    elif cmd == "bench-schema" and len(sys.argv) in (6, 7):
+        bench_schema(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]),
+                     sys.argv[6] if len(sys.argv) == 7 else None)
     elif cmd == "json-grammar" and len(sys.argv) == 2:
         sys.stdout.write(JSON_GBNF)
     elif cmd == "json-docs" and len(sys.argv) == 3:
