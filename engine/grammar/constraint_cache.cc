@@ -3,6 +3,8 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace ferry::grammar {
 namespace {
 
@@ -12,7 +14,11 @@ ConstraintCache::CompileFn DefaultCompile(const ConstraintOptions& options) {
     absl::StatusOr<std::shared_ptr<const CompiledConstraint>> c =
         CompiledConstraint::Create(gbnf, std::move(vocabulary), options);
     if (!c.ok()) return c.status();
-    if (absl::Status s = (*c)->WarmStart(); !s.ok()) return s;
+    // A start state over the matcher's limits is the grammar's fault, as any other limit.
+    if (absl::Status s = (*c)->WarmStart(); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the grammar's start state is over the matcher's limits: ", s.message()));
+    }
     return c;
   };
 }

@@ -16,9 +16,10 @@
 // thread.
 //
 // Errors are not cached: a bad grammar (InvalidArgument with the parser's message) or one over a
-// limit is reported to the caller that compiled it and to the callers waiting on that compile,
-// and the next Get compiles it again. The router validates grammars before they reach a worker,
-// so errors here are rare, and keeping them would let bad grammars push good ones out.
+// limit (InvalidArgument too, a start state over the matcher's limits included) is reported to the
+// caller that compiled it and to the callers waiting on that compile, and the next Get compiles it
+// again. The router validates grammars before they reach a worker, so errors here are rare, and
+// keeping them would let bad grammars push good ones out.
 //
 // Thread-safe.
 

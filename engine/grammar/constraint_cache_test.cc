@@ -153,6 +153,16 @@ TEST(ConstraintCacheTest, ErrorsAreReportedAndNotCached) {
   auto c = small.Get(HashOf(long_text), long_text, vocabulary);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  // A start state over the matcher's limits (more live stacks than allowed) is the grammar's
+  // fault too.
+  ConstraintCacheOptions few_stacks;
+  few_stacks.constraint.matcher.max_stacks = 2;
+  ConstraintCache strict(few_stacks);
+  const std::string wide = "root ::= \"a\" | \"b\" | \"c\" | \"ab\"";
+  auto w = strict.Get(HashOf(wide), wide, vocabulary);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument) << w.status();
+  EXPECT_NE(w.status().message().find("start state"), std::string::npos) << w.status();
 }
 
 // Callers of one key while its compile runs wait for that compile (one compile), and the cache's
