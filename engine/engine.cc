@@ -170,18 +170,42 @@ absl::Status Engine::Validate(const EngineRequest& r) const {
   return ValidateConstraint(r);
 }
 
-absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> Engine::Vocabulary() const {
+absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> Engine::Vocabulary(
+    absl::Span<const TokenId> kept_special) const {
   if (tokenizer_ == nullptr) {
     return absl::FailedPreconditionError("the engine has no tokenizer: no vocabulary");
   }
-  absl::MutexLock lock(&vocabulary_mu_);
-  if (vocabulary_ == nullptr) {
-    absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> built =
-        grammar::CompiledConstraint::BuildVocabulary(*tokenizer_);
-    if (!built.ok()) return built.status();
-    vocabulary_ = *std::move(built);
+  // Only special ids change the bytes; the key is them, sorted and unique.
+  std::vector<TokenId> key;
+  for (TokenId t : kept_special) {
+    if (tokenizer_->IsSpecial(t)) key.push_back(t);
   }
-  return vocabulary_;
+  std::sort(key.begin(), key.end());
+  key.erase(std::unique(key.begin(), key.end()), key.end());
+  absl::MutexLock lock(&vocabulary_mu_);
+  if (key.empty()) {
+    if (vocabulary_ == nullptr) {
+      absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> built =
+          grammar::CompiledConstraint::BuildVocabulary(*tokenizer_);
+      if (!built.ok()) return built.status();
+      vocabulary_ = *std::move(built);
+    }
+    return vocabulary_;
+  }
+  for (size_t i = 0; i < kept_vocabularies_.size(); ++i) {
+    if (kept_vocabularies_[i].first != key) continue;
+    std::rotate(kept_vocabularies_.begin() + i, kept_vocabularies_.begin() + i + 1,
+                kept_vocabularies_.end());  // most recently used last
+    return kept_vocabularies_.back().second;
+  }
+  absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> built =
+      grammar::CompiledConstraint::BuildVocabulary(*tokenizer_, key);
+  if (!built.ok()) return built.status();
+  if (kept_vocabularies_.size() >= kMaxKeptVocabularies) {
+    kept_vocabularies_.erase(kept_vocabularies_.begin());
+  }
+  kept_vocabularies_.emplace_back(std::move(key), *built);
+  return *std::move(built);
 }
 
 namespace {
@@ -199,7 +223,8 @@ std::vector<uint32_t> MatcherStopIds(const EngineRequest& r, const std::vector<T
 
 absl::Status Engine::ValidateConstraint(const EngineRequest& r) const {
   if (r.constraint == nullptr) return absl::OkStatus();
-  absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> mine = Vocabulary();
+  absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> mine =
+      Vocabulary(r.keep_special_token_ids);
   if (!mine.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a constrained request needs the engine's tokenizer: ", mine.status().message()));
@@ -212,7 +237,8 @@ absl::Status Engine::ValidateConstraint(const EngineRequest& r) const {
     }
     if (!same) {
       return absl::InvalidArgumentError(
-          "the constraint was compiled for another vocabulary than the engine's");
+          "the constraint was compiled for another vocabulary than the engine's for the "
+          "request's kept special tokens (keep_special_token_ids)");
     }
   }
   if (theirs.vocab_size() > static_cast<size_t>(model_->config().vocab_size)) {
@@ -668,7 +694,11 @@ TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, Fini
   const bool may_stop = seq.generated() + 1 > r.min_tokens;
   absl::Span<const uint32_t> allowed;
   if (seq.matcher.has_value()) {
+    const auto mask_start = std::chrono::steady_clock::now();
     seq.matcher->ComputeMask(absl::MakeSpan(seq.mask));
+    stats_.grammar_mask_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - mask_start).count();
+    ++stats_.grammar_masks;
     bool any = false;
     for (uint32_t w : seq.mask) any |= w != 0;
     if (!any && seq.matcher->Accepting()) {

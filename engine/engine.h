@@ -241,9 +241,16 @@ class Engine {
   const std::vector<TokenId>& eos_token_ids() const { return eos_ids_; }
   const ForwardModel& model() const { return *model_; }
   // The tokenizer's vocabulary as a token trie, what constraints are compiled for
-  // (CompiledConstraint::Create); built at the first call, then shared; thread-safe.
-  // FailedPrecondition without a tokenizer.
-  absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> Vocabulary() const;
+  // (CompiledConstraint::Create), for a request that keeps `kept_special` as text
+  // (EngineRequest::keep_special_token_ids): those special tokens have their text as bytes, so a
+  // grammar can produce them (a tool-call marker); other special tokens have none. Built at the
+  // first call per kept set, then shared: the plain one (no kept special token) for the engine's
+  // life, the last kMaxKeptVocabularies others (least recently used dropped; a dropped set is
+  // built again when asked). Thread-safe; the build (about 12 ms for 49,152 tokens) runs on the
+  // caller's thread. FailedPrecondition without a tokenizer.
+  absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> Vocabulary(
+      absl::Span<const TokenId> kept_special = {}) const;
+  static constexpr size_t kMaxKeptVocabularies = 4;
   int32_t block_tokens() const { return block_tokens_; }
 
  private:
@@ -303,6 +310,9 @@ class Engine {
   std::vector<TokenId> eos_ids_;  // the model's and the tokenizer's, sorted
   mutable absl::Mutex vocabulary_mu_;
   mutable std::shared_ptr<const grammar::TokenTrie> vocabulary_ ABSL_GUARDED_BY(vocabulary_mu_);
+  // Vocabularies with kept special tokens, by the sorted special ids, most recently used last.
+  mutable std::vector<std::pair<std::vector<TokenId>, std::shared_ptr<const grammar::TokenTrie>>>
+      kept_vocabularies_ ABSL_GUARDED_BY(vocabulary_mu_);
   // The request's constraint checked: its vocabulary the engine's, and each resume point's
   // tokens accepted by a fresh matcher.
   absl::Status ValidateConstraint(const EngineRequest& r) const;

@@ -283,6 +283,95 @@ TEST(EngineGrammarTest, ForeignVocabularyAndRefusedResumeAreInvalid) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A special token the request keeps as text (a tool-call marker) has its text in that request's
+// vocabulary, so a grammar that spells it allows the special token; other requests' vocabularies
+// give it no bytes, and a constraint made for one kept set is refused for another.
+TEST(EngineGrammarTest, KeptSpecialTokensAreTextOnlyForTheRequestsThatKeepThem) {
+  EngineRun run;
+  const Tokenizer& tokenizer = *Model().tokenizer;
+  auto marker_ids = tokenizer.Encode("<|im_start|>", /*allow_special=*/true);
+  ASSERT_TRUE(marker_ids.ok());
+  ASSERT_EQ(marker_ids->size(), 1u);
+  const TokenId marker = (*marker_ids)[0];
+  ASSERT_TRUE(tokenizer.IsSpecial(marker));
+  auto plain = run.engine().Vocabulary();
+  auto kept = run.engine().Vocabulary({marker});
+  ASSERT_TRUE(plain.ok() && kept.ok());
+  EXPECT_NE(plain->get(), kept->get());
+  EXPECT_EQ((*plain)->TokenBytes(marker), "");
+  EXPECT_EQ((*kept)->TokenBytes(marker), "<|im_start|>");
+  EXPECT_EQ(run.engine().Vocabulary({marker, marker})->get(), kept->get());  // cached per set
+  EXPECT_EQ(run.engine().Vocabulary({TokenId{100}})->get(), plain->get());   // not special
+  // Bounded: more kept sets than kept push the oldest out (built again when asked).
+  std::vector<TokenId> specials;
+  for (TokenId t = 0; t < 64 && specials.size() < Engine::kMaxKeptVocabularies + 1; ++t) {
+    if (tokenizer.IsSpecial(t) && t != marker) specials.push_back(t);
+  }
+  if (specials.size() == Engine::kMaxKeptVocabularies + 1) {
+    for (TokenId t : specials) ASSERT_TRUE(run.engine().Vocabulary({t}).ok());
+    EXPECT_NE(run.engine().Vocabulary({marker})->get(), kept->get());
+  }
+  auto constraint = grammar::CompiledConstraint::Create(R"(root ::= "<|im_start|>" "x")",
+                                                        *run.engine().Vocabulary({marker}));
+  ASSERT_TRUE(constraint.ok()) << constraint.status();
+  auto m = (*constraint)->NewMatcher({});
+  ASSERT_TRUE(m.ok());
+  std::vector<uint32_t> mask(grammar::TokenMatcher::MaskWords((*kept)->vocab_size()));
+  m->ComputeMask(absl::MakeSpan(mask));
+  EXPECT_TRUE((mask[marker / 32] >> (marker % 32)) & 1) << "the marker's special token";
+
+  EngineRequest r = Req("kept", kColorPrompt, 16, 0, *constraint);
+  r.keep_special_token_ids = {marker};
+  ASSERT_TRUE(run.Submit(r).ok());
+  run.Drain();
+  const Output& o = run.out("kept");
+  std::string bytes;
+  for (TokenId t : o.tokens) bytes += (*constraint)->vocabulary()->TokenBytes(t);
+  EXPECT_EQ(bytes.rfind("<|im_start|>", 0), 0u) << bytes;
+  EngineRequest other = Req("not-kept", kColorPrompt, 4, 0, *constraint);
+  absl::Status s = run.Submit(std::move(other));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("kept special tokens"), std::string::npos) << s;
+}
+
+// Mostly not a check: the first mask of a new grammar, cold (computed on first use, as on the
+// engine thread without the compile cache) and after CompiledConstraint::WarmStart (what the
+// worker's compile does); both masks equal.
+TEST(EngineGrammarTest, PrintsTheFirstMaskColdAndWarmed) {
+  EngineRun run;
+  auto vocabulary = run.engine().Vocabulary();
+  ASSERT_TRUE(vocabulary.ok());
+  auto ms_since = [](std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  auto first_mask = [&](const grammar::CompiledConstraint& c, std::vector<uint32_t>* mask) {
+    auto m = c.NewMatcher({});
+    EXPECT_TRUE(m.ok());
+    mask->assign(grammar::TokenMatcher::MaskWords((*vocabulary)->vocab_size()), 0);
+    const auto start = std::chrono::steady_clock::now();
+    m->ComputeMask(absl::MakeSpan(*mask));
+    return ms_since(start);
+  };
+  // A JSON object (its start allows '{' only) and free text (its start allows most tokens).
+  const std::pair<const char*, std::string> grammars[] = {
+      {"person", PersonGbnf()}, {"text", R"(root ::= [a-zA-Z0-9 ,.]{1,200} "\n")"}};
+  for (const auto& [name, gbnf] : grammars) {
+    auto cold = grammar::CompiledConstraint::Create(gbnf, *vocabulary);
+    auto warm = grammar::CompiledConstraint::Create(gbnf, *vocabulary);
+    ASSERT_TRUE(cold.ok() && warm.ok());
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE((*warm)->WarmStart().ok());
+    const double warming = ms_since(start);
+    std::vector<uint32_t> cold_mask, warm_mask;
+    const double cold_ms = first_mask(**cold, &cold_mask);
+    const double warm_ms = first_mask(**warm, &warm_mask);
+    EXPECT_EQ(cold_mask, warm_mask) << name;
+    std::printf("%s: first mask of a new grammar cold %.3f ms, warmed %.3f ms (warming %.3f ms)\n",
+                name, cold_ms, warm_ms, warming);
+  }
+}
+
 // Not a check: decode tokens/s at batch 16 with and without a grammar (10+ persons, so
 // that the choices run to max_tokens as the free ones do; one run each, on whatever else this
 // machine is doing).

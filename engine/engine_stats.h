@@ -28,6 +28,10 @@ struct EngineStats {
   int64_t replayed_tokens = 0, window_expired_blocks = 0;
   // Requests failed because a step had to compute an image sent without rows (expected cached).
   int64_t absent_image_rows = 0;
+  // Constrained sampling: token masks computed (one per token of a choice with a grammar) and
+  // their time, since creation (the mean mask time per token is their ratio).
+  int64_t grammar_masks = 0;
+  double grammar_mask_seconds = 0;
   double busy_seconds = 0;       // in steps that ran the model, since creation
   double last_step_seconds = 0;  // the latest such step
   // Mixture-of-experts models: tokens routed to each expert, summed over the sparse layers.

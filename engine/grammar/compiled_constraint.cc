@@ -7,8 +7,8 @@
 namespace ferry::grammar {
 
 absl::StatusOr<std::shared_ptr<const TokenTrie>> CompiledConstraint::BuildVocabulary(
-    const Tokenizer& tokenizer) {
-  return TokenTrie::Build(TokenBytesOf(tokenizer));
+    const Tokenizer& tokenizer, absl::Span<const TokenId> kept_special) {
+  return TokenTrie::Build(TokenBytesOf(tokenizer, kept_special));
 }
 
 absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompiledConstraint::Create(
@@ -29,6 +29,26 @@ absl::StatusOr<std::shared_ptr<const CompiledConstraint>> CompiledConstraint::Cr
 
 absl::StatusOr<TokenMatcher> CompiledConstraint::NewMatcher(std::vector<uint32_t> stop_ids) const {
   return TokenMatcher::Create(grammar_, vocabulary_, std::move(stop_ids), limits_, cache_);
+}
+
+absl::Status CompiledConstraint::WarmStart() const {
+  absl::StatusOr<TokenMatcher> m = NewMatcher({});
+  if (!m.ok()) return m.status();
+  std::vector<uint32_t> mask(TokenMatcher::MaskWords(vocabulary_->vocab_size()));
+  m->ComputeMask(absl::MakeSpan(mask));
+  return absl::OkStatus();
+}
+
+size_t CompiledConstraint::EstimatedBytes() const {
+  size_t ir = sizeof(Grammar) + grammar_->elements.capacity() * sizeof(Element) +
+              grammar_->byte_sets.capacity() * sizeof(ByteSet) + grammar_->nullable.size() / 8;
+  for (const Rule& rule : grammar_->rules) {
+    ir += sizeof(Rule) + rule.name.capacity() + rule.alternatives.capacity() * sizeof(uint32_t);
+  }
+  // A cache entry: its accepted mask, the entry and its key (a few positions) in the map.
+  const size_t entry = TokenMatcher::MaskWords(vocabulary_->vocab_size()) * sizeof(uint32_t) +
+                       sizeof(MaskCache::Entry) + 128;
+  return ir + cache_->options().max_entries * entry;
 }
 
 }  // namespace ferry::grammar

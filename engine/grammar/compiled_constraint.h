@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "engine/grammar/gbnf_parser.h"
 #include "engine/grammar/grammar.h"
 #include "engine/grammar/mask_cache.h"
@@ -36,9 +37,10 @@ struct ConstraintOptions {
 
 class CompiledConstraint {
  public:
-  // The vocabulary of `tokenizer` (token_vocabulary.h) as a trie: build it once per tokenizer.
+  // The vocabulary of `tokenizer` (token_vocabulary.h) as a trie, the special tokens in
+  // `kept_special` with their text as bytes: build it once per tokenizer and kept set.
   static absl::StatusOr<std::shared_ptr<const TokenTrie>> BuildVocabulary(
-      const Tokenizer& tokenizer);
+      const Tokenizer& tokenizer, absl::Span<const TokenId> kept_special = {});
 
   // Parses `gbnf` (llama.cpp's dialect, gbnf_parser.h) for `vocabulary`.
   static absl::StatusOr<std::shared_ptr<const CompiledConstraint>> Create(
@@ -48,6 +50,19 @@ class CompiledConstraint {
   // A matcher at the grammar's start for one stream whose stop ids (end of sequence and the
   // request's stop tokens) are `stop_ids`.
   absl::StatusOr<TokenMatcher> NewMatcher(std::vector<uint32_t> stop_ids) const;
+
+  // Fills the mask cache's entries for the grammar's start state (the first mask of every
+  // stream), so that the first token of a new grammar does not pay for them on the engine
+  // thread. ResourceExhausted as NewMatcher's.
+  absl::Status WarmStart() const;
+
+  // An upper bound of the memory this constraint may come to hold of its own (not the shared
+  // vocabulary): the grammar's IR plus its mask cache when full (max_entries accepted masks of
+  // the vocabulary's size; the uncertain lists, tokens whose bytes reach past a stack's top
+  // nodes, are short and not counted).
+  size_t EstimatedBytes() const;
+  // Entries in the grammar's mask cache now.
+  size_t cached_masks() const { return cache_->size(); }
 
   const std::shared_ptr<const TokenTrie>& vocabulary() const { return vocabulary_; }
   const std::shared_ptr<const Grammar>& grammar() const { return grammar_; }

@@ -142,6 +142,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   service_options.max_image_fetch_time = options.image_fetch_timeout;
   service_options.max_queued_image_requests =
       static_cast<size_t>(options.max_queued_image_requests);
+  service_options.constraints.max_bytes = static_cast<size_t>(options.grammar_cache_bytes);
+  grammar::GbnfLimits& gbnf = service_options.constraints.constraint.gbnf;
+  gbnf.max_text_bytes = static_cast<size_t>(options.grammar_max_bytes);
+  gbnf.max_rules = static_cast<size_t>(options.grammar_max_rules);
+  gbnf.max_elements = static_cast<size_t>(options.grammar_max_elements);
+  gbnf.max_repetition = static_cast<size_t>(options.grammar_max_repetition);
+  gbnf.max_nesting_depth = static_cast<size_t>(options.grammar_max_nesting);
   service_options.store_reader = w->store_reader_.get();
   service_options.store_writer = w->store_writer_.get();
   if (const auto& timing = w->engine_->sim_timing();

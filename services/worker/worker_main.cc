@@ -117,6 +117,19 @@ ABSL_FLAG(absl::Duration, image_fetch_timeout, absl::Seconds(30),
           "vision models: the most a request's fetches of encoder-held embeddings may take "
           "(within its deadline)");
 ABSL_FLAG(int, max_n, 16, "choices per request at most");
+ABSL_FLAG(std::string, grammar_cache_bytes, "1GiB",
+          "structured output: compiled grammars kept by hash, each counted at its IR plus its "
+          "mask cache when full (0: none kept, each request compiles its own)");
+ABSL_FLAG(std::string, grammar_max_bytes, "1MiB",
+          "structured output: a constraint's grammar text at most (larger: INVALID_ARGUMENT)");
+ABSL_FLAG(int64_t, grammar_max_rules, 50000,
+          "structured output: rules of a grammar at most, the generated ones included");
+ABSL_FLAG(int64_t, grammar_max_elements, 1 << 20,
+          "structured output: elements of a grammar at most, after lowering repetitions");
+ABSL_FLAG(int64_t, grammar_max_repetition, 10000,
+          "structured output: the largest m or n of a {m,n} repetition");
+ABSL_FLAG(int64_t, grammar_max_nesting, 64,
+          "structured output: parentheses nested in parentheses at most");
 ABSL_FLAG(double, null_prefill_tokens_per_second, 20000, "null engine: prefill speed");
 ABSL_FLAG(double, null_token_seconds, 0.005, "null engine: per-token latency (a decode step)");
 ABSL_FLAG(double, null_step_overhead_seconds, 0, "null engine: fixed cost of a step");
@@ -232,6 +245,12 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(max_queued_image_requests);
   FROM_FLAG(image_fetch_timeout);
   FROM_FLAG(max_n);
+  BYTES_FROM_FLAG(grammar_cache_bytes);
+  BYTES_FROM_FLAG(grammar_max_bytes);
+  FROM_FLAG(grammar_max_rules);
+  FROM_FLAG(grammar_max_elements);
+  FROM_FLAG(grammar_max_repetition);
+  FROM_FLAG(grammar_max_nesting);
   FROM_FLAG(null_prefill_tokens_per_second);
   FROM_FLAG(null_token_seconds);
   FROM_FLAG(null_step_overhead_seconds);

@@ -331,6 +331,34 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
            .Register(registry)
            .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
                                                             0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30});
+  grammar_lookups_ = &prometheus::BuildCounter()
+                          .Name("ferry_worker_grammar_cache_total")
+                          .Help(
+                              "Constraint compile-cache lookups: hit (cached, or another "
+                              "request's compile waited for), miss (compiled), error (a bad "
+                              "grammar or one over a limit).")
+                          .Register(registry);
+  for (const char* result : {"hit", "miss", "error"}) grammar_lookups_->Add({{"result", result}});
+  grammar_compile_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("ferry_worker_grammar_compile_seconds")
+           .Help("Per constraint compiled (a cache miss or error): parse, tables, start masks.")
+           .Register(registry)
+           .Add({},
+                prometheus::Histogram::BucketBoundaries{0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01,
+                                                        0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5});
+  grammar_cache_bytes_ = gauge("ferry_worker_grammar_cache_bytes",
+                               "Compiled grammars kept (estimated: IR plus mask cache when full).");
+  grammar_masks_ = &prometheus::BuildCounter()
+                        .Name("ferry_worker_grammar_masks_total")
+                        .Help("Token masks computed for constrained choices (one per token).")
+                        .Register(registry)
+                        .Add({});
+  grammar_mask_seconds_ = &prometheus::BuildCounter()
+                               .Name("ferry_worker_grammar_mask_seconds_total")
+                               .Help("Time the engine thread spent computing token masks.")
+                               .Register(registry)
+                               .Add({});
   auto& released = prometheus::BuildCounter()
                        .Name("ferry_worker_kv_reservation_blocks_released_total")
                        .Help(
@@ -440,6 +468,11 @@ void WorkerMetrics::Refresh(const EngineStats& s, double prefill_tokens_per_seco
   mirror(window_replayed_tokens_, s.replayed_tokens, last_.replayed_tokens);
   mirror(window_expired_, s.window_expired_blocks, last_.window_expired_blocks);
   mirror(absent_image_rows_, s.absent_image_rows, last_.absent_image_rows);
+  mirror(grammar_masks_, s.grammar_masks, last_.grammar_masks);
+  if (s.grammar_mask_seconds > last_.grammar_mask_seconds) {
+    grammar_mask_seconds_->Increment(s.grammar_mask_seconds - last_.grammar_mask_seconds);
+    last_.grammar_mask_seconds = s.grammar_mask_seconds;
+  }
   if (s.generated_tokens > last_generated_) {
     generated_->Increment(static_cast<double>(s.generated_tokens - last_generated_));
     last_generated_ = s.generated_tokens;
@@ -513,6 +546,12 @@ void WorkerMetrics::ImageEncoding(int delta) { image_encoding_->Increment(delta)
 void WorkerMetrics::ImageRequest(const char* outcome, double seconds) {
   image_requests_->Add({{"outcome", outcome}}).Increment();
   if (std::string(outcome) == "encoded") image_encode_seconds_->Observe(seconds);
+}
+
+void WorkerMetrics::GrammarLookup(const char* result, double compile_seconds, size_t cache_bytes) {
+  grammar_lookups_->Add({{"result", result}}).Increment();
+  if (compile_seconds > 0) grammar_compile_seconds_->Observe(compile_seconds);
+  grammar_cache_bytes_->Set(static_cast<double>(cache_bytes));
 }
 
 void WorkerMetrics::ImageFetch(const char* outcome, uint64_t bytes, double seconds) {

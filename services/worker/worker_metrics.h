@@ -87,6 +87,17 @@
 //   ferry_worker_image_requests_encoding         on the image executor now (0 or 1)
 //   ferry_worker_image_encode_seconds            histogram per encoded request: its time on the
 //                                                executor (decode, preprocess, tower, all images)
+//   Structured output (SamplingParams.constraint):
+//   ferry_worker_grammar_cache_total{result}     constraint compile-cache lookups: hit (cached,
+//                                                or another request's compile waited for), miss
+//                                                (compiled), error (a bad grammar or one over a
+//                                                --grammar_max_* limit)
+//   ferry_worker_grammar_compile_seconds         histogram per compile (misses and errors)
+//   ferry_worker_grammar_cache_bytes             compiled grammars kept (estimated; at most
+//                                                --grammar_cache_bytes)
+//   ferry_worker_grammar_masks_total, ferry_worker_grammar_mask_seconds_total
+//                                                token masks computed on the engine thread and
+//                                                their time (mean mask time per token: the ratio)
 //
 // Thread-safe (prometheus-cpp metrics are).
 
@@ -183,6 +194,9 @@ class WorkerMetrics {
   // One image's embeddings fetched from an encoder (embedding_fetcher.h): "fetched" (with its
   // bytes), "unavailable", "refused", "cancelled", "deadline"; its time either way.
   void ImageFetch(const char* outcome, uint64_t bytes, double seconds);
+  // A constraint's compile-cache lookup: "hit", "miss" or "error", the compile's time when this
+  // lookup compiled (0: it did not), and the cache's bytes after it.
+  void GrammarLookup(const char* result, double compile_seconds, size_t cache_bytes);
 
  private:
   std::vector<prometheus::Counter*> outcomes_;
@@ -250,6 +264,11 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* image_fetches_;
   prometheus::Counter* image_fetched_bytes_;
   prometheus::Histogram* image_fetch_seconds_;
+  prometheus::Family<prometheus::Counter>* grammar_lookups_;
+  prometheus::Histogram* grammar_compile_seconds_;
+  prometheus::Gauge* grammar_cache_bytes_;
+  prometheus::Counter* grammar_masks_;
+  prometheus::Counter* grammar_mask_seconds_;
 
   absl::Mutex mu_;  // the mirrors' last values
   int64_t last_generated_ ABSL_GUARDED_BY(mu_) = 0;

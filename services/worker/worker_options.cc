@@ -113,6 +113,12 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(ReadDuration(c, "rpc_grace", &o->rpc_grace));
   RETURN_IF_ERROR(ReadDuration(c, "handoff_wait", &o->handoff_wait));
   RETURN_IF_ERROR(ReadDuration(c, "image_fetch_timeout", &o->image_fetch_timeout));
+  RETURN_IF_ERROR(ReadSize(c, "grammar_cache_bytes", &o->grammar_cache_bytes));
+  RETURN_IF_ERROR(ReadSize(c, "grammar_max_bytes", &o->grammar_max_bytes));
+  RETURN_IF_ERROR(c.Read("grammar_max_rules", &o->grammar_max_rules));
+  RETURN_IF_ERROR(c.Read("grammar_max_elements", &o->grammar_max_elements));
+  RETURN_IF_ERROR(c.Read("grammar_max_repetition", &o->grammar_max_repetition));
+  RETURN_IF_ERROR(c.Read("grammar_max_nesting", &o->grammar_max_nesting));
   RETURN_IF_ERROR(ReadDuration(c, "test_step_delay", &o->test_step_delay));
   return c.CheckAllKeysUsed();
 }
@@ -217,6 +223,12 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (o.drain_grace < absl::ZeroDuration() || o.rpc_grace < absl::ZeroDuration() ||
       o.handoff_wait < absl::ZeroDuration()) {
     return bad("--drain_grace, --rpc_grace and --handoff_wait must be >= 0");
+  }
+  if (o.grammar_cache_bytes < 0 || o.grammar_max_bytes < 1 || o.grammar_max_rules < 1 ||
+      o.grammar_max_elements < 1 || o.grammar_max_repetition < 1 || o.grammar_max_nesting < 1) {
+    return bad(
+        "--grammar_cache_bytes must be >= 0 and --grammar_max_bytes, --grammar_max_rules, "
+        "--grammar_max_elements, --grammar_max_repetition, --grammar_max_nesting positive");
   }
   if (o.image_fetch_timeout <= absl::ZeroDuration()) {
     return bad("--image_fetch_timeout must be > 0");

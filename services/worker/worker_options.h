@@ -57,6 +57,16 @@ struct WorkerOptions {
   // (PromptImage.embeddings_handle) may take, within its own deadline.
   absl::Duration image_fetch_timeout = absl::Seconds(30);
 
+  // --- Structured output (SamplingParams.constraint; docs/design/grammar.md): grammars compiled
+  // for this worker's vocabulary, kept by hash up to grammar_cache_bytes (each counted at its
+  // IR plus its mask cache when full); a grammar over a limit below is refused InvalidArgument.
+  int64_t grammar_cache_bytes = int64_t{1} << 30;
+  int64_t grammar_max_bytes = int64_t{1} << 20;  // the GBNF text
+  int64_t grammar_max_rules = 50000;             // rules, the generated ones included
+  int64_t grammar_max_elements = int64_t{1} << 20;
+  int64_t grammar_max_repetition = 10000;  // m and n of {m,n}
+  int64_t grammar_max_nesting = 64;        // parentheses in parentheses
+
   // --- The null engine's timing (NullModel).
   double null_prefill_tokens_per_second = 20000;
   double null_token_seconds = 0.005;  // per-token latency: a step with decoding rows

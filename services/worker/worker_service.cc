@@ -80,6 +80,7 @@ WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadW
       metrics_(metrics),
       options_(std::move(options)),
       load_(load),
+      constraints_(options_.constraints),
       deadlines_([this](const std::string& id) {
         if (absl::EndsWith(id, kKvDeadlineSuffix)) {
           KvDeadline(id.substr(0, id.size() - std::strlen(kKvDeadlineSuffix)));
@@ -94,6 +95,10 @@ WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadW
   limits_.vocab_size = model.config().vocab_size;
   limits_.hidden_size = model.config().hidden_size;
   limits_.image_encoder = engine_->image_encoder();
+  limits_.compile_constraint = [this](const Hash128& hash, absl::string_view gbnf,
+                                      absl::Span<const TokenId> kept_special) {
+    return CompileConstraint(hash, gbnf, kept_special);
+  };
   if (limits_.image_encoder != nullptr) {
     images_ = std::make_unique<SerialExecutor>(options_.max_queued_image_requests);
     EmbeddingFetcherOptions fetch;
@@ -184,6 +189,25 @@ void WorkerService::StopPushes() {
     pushes = std::move(pushes_);
   }
   pushes.reset();  // runs what is queued, then joins
+}
+
+absl::StatusOr<std::shared_ptr<const grammar::CompiledConstraint>> WorkerService::CompileConstraint(
+    const Hash128& hash, absl::string_view gbnf, absl::Span<const TokenId> kept_special) {
+  absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> vocabulary =
+      engine_->engine().Vocabulary(kept_special);
+  if (!vocabulary.ok()) {
+    metrics_->GrammarLookup("error", 0, constraints_.bytes());
+    return absl::InvalidArgumentError(
+        absl::StrCat("this worker cannot constrain outputs: ", vocabulary.status().message()));
+  }
+  grammar::ConstraintLookup lookup;
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledConstraint>> compiled =
+      constraints_.Get(hash, gbnf, *std::move(vocabulary), &lookup);
+  const char* result = lookup.result == grammar::ConstraintLookup::Result::kHit    ? "hit"
+                       : lookup.result == grammar::ConstraintLookup::Result::kMiss ? "miss"
+                                                                                   : "error";
+  metrics_->GrammarLookup(result, lookup.compile_seconds, constraints_.bytes());
+  return compiled;
 }
 
 bool WorkerService::AddImageWork(std::function<bool()> task) {

@@ -39,6 +39,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/grammar/constraint_cache.h"
 #include "ferry/v1/worker.grpc.pb.h"
 #include "services/common/shared_token.h"
 #include "services/worker/deadline_queue.h"
@@ -114,6 +115,9 @@ struct WorkerServiceOptions {
   // completes no earlier than this link carries its simulated bytes (may be null: none).
   // Outlives the service's calls' pushes.
   SimLink* sim_link = nullptr;
+  // Structured output: the compile cache of requests' constraints (ToEngineRequest compiles them
+  // on the calling thread through it; constraint_cache.h).
+  grammar::ConstraintCacheOptions constraints;
 };
 
 class WorkerService final : public ferry::v1::Worker::CallbackService {
@@ -223,6 +227,10 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   bool Register(const std::string& id, GenerateCall* call);
   void Unregister(const std::string& id);
   DeadlineQueue& deadlines() { return deadlines_; }
+  // WireLimits::compile_constraint: the grammar for the engine's vocabulary with the request's
+  // kept special tokens, through the compile cache, counted in the metrics.
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledConstraint>> CompileConstraint(
+      const Hash128& hash, absl::string_view gbnf, absl::Span<const TokenId> kept_special);
   // Ends the live request `id` (the call learns why); false when none is.
   bool AbortRequest(const std::string& id, AbortCause cause);
   // The deadline queue's entry for a decode call waiting for its KV: `id` + kKvDeadlineSuffix.
@@ -239,6 +247,7 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   const WorkerServiceOptions options_;
   LoadWindow* const load_;
   WireLimits limits_;
+  grammar::ConstraintCache constraints_;
   KvFacts facts_;
   ReservationTarget target_;
 

@@ -175,6 +175,29 @@ absl::Status ImagesFromProto(const ferry::v1::TokenizedRequest& request, const W
   return absl::OkStatus();
 }
 
+// The request's constraint, compiled (see ToEngineRequest).
+absl::Status ConstraintFromProto(const ferry::v1::OutputConstraint& constraint,
+                                 const WireLimits& limits, EngineRequest* r) {
+  if (constraint.grammar().empty()) {
+    return Invalid("constraint.grammar is empty (a constraint is a GBNF grammar: root ::= ...)");
+  }
+  const Hash128 hash = kv::HashFromProto(constraint.hash());
+  const Hash128 want = Xxh3Hash128(constraint.grammar());
+  if (hash != want) {
+    return Invalid(absl::StrCat("constraint hash ", hash.ToHex(),
+                                " is not the XXH3-128 of its grammar (", want.ToHex(), ")"));
+  }
+  if (!limits.compile_constraint) return Invalid("this worker does not take constraints");
+  absl::StatusOr<std::shared_ptr<const grammar::CompiledConstraint>> compiled =
+      limits.compile_constraint(hash, constraint.grammar(), r->keep_special_token_ids);
+  if (!compiled.ok()) {
+    return absl::Status(compiled.status().code(),
+                        absl::StrCat("constraint: ", compiled.status().message()));
+  }
+  r->constraint = *std::move(compiled);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest& request,
@@ -289,6 +312,9 @@ absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest&
       (*first_output_index)[c] = static_cast<int64_t>(point.generated.size());
       r.resume.push_back(std::move(point));
     }
+  }
+  if (p.has_constraint()) {
+    if (absl::Status s = ConstraintFromProto(p.constraint(), limits, &r); !s.ok()) return s;
   }
   return r;
 }

@@ -10,19 +10,30 @@
 #define FERRY_SERVICES_WORKER_WORKER_WIRE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "engine/common/hash128.h"
 #include "engine/engine.h"
+#include "engine/grammar/compiled_constraint.h"
 #include "engine/sampling/sampler.h"
 #include "ferry/v1/worker.pb.h"
 #include "services/vision/image_encoder.h"
 #include "services/worker/store_reader.h"
 
 namespace ferry {
+
+// Compiles a constraint's grammar text, whose XXH3-128 is `hash` (checked), for the engine's
+// vocabulary with the request's kept special tokens (the worker's compile cache:
+// WorkerService::CompileConstraint). InvalidArgument for a bad grammar or one over a limit.
+using ConstraintCompiler =
+    std::function<absl::StatusOr<std::shared_ptr<const grammar::CompiledConstraint>>(
+        const Hash128& hash, absl::string_view gbnf, absl::Span<const TokenId> kept_special)>;
 
 // What the conversion checks a request against.
 struct WireLimits {
@@ -36,6 +47,8 @@ struct WireLimits {
   int64_t max_image_embedding_bytes = int64_t{64} << 20;
   // The worker's vision model (a LLaVA directory), or null: image bytes are then refused.
   const ImageEncoder* image_encoder = nullptr;
+  // Structured output: compiles SamplingParams.constraint (empty: a constraint is refused).
+  ConstraintCompiler compile_constraint;
 };
 
 // Embedding rows fetched from an encoder (embedding_fetcher.h), by image index: null for an image
@@ -54,7 +67,10 @@ using FetchedImages = std::vector<std::shared_ptr<const std::vector<float>>>;
 // `first_output_index` receives, per choice, the absolute output index of its first new token (the
 // resumed tokens before it). An image by handle (embeddings_handle) takes its rows from `fetched`
 // (fetched[i] for image i); one without fetched rows is InvalidArgument (a worker without a vision
-// model fetches nothing).
+// model fetches nothing). A constraint (SamplingParams.constraint) is compiled through
+// limits.compile_constraint on the calling thread (never the engine's) after its hash is checked
+// against its grammar ("constraint hash ..." InvalidArgument otherwise); a bad grammar is
+// InvalidArgument with the parser's message.
 absl::StatusOr<EngineRequest> ToEngineRequest(const ferry::v1::TokenizedRequest& request,
                                               const WireLimits& limits,
                                               std::vector<int64_t>* first_output_index,

@@ -5,7 +5,9 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "engine/common/block_hash.h"
+#include "engine/grammar/constraint_cache.h"
 #include "gtest/gtest.h"
 #include "kvstore/wire.h"
 
@@ -317,6 +319,98 @@ TEST(WorkerWireTest, BadImagesAreRefusedWithAClearMessage) {
   EXPECT_EQ(ToEngineRequest(q, small, &first).status().code(), absl::StatusCode::kInvalidArgument);
   q.mutable_images()->RemoveLast();
   EXPECT_TRUE(ToEngineRequest(q, small, &first).ok());
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// A constraint through the wire: its hash checked, compiled by the limits' compiler (a real
+// compile cache over a small vocabulary) with the request's kept special tokens.
+class WireConstraintTest : public ::testing::Test {
+ protected:
+  WireConstraintTest() : cache_(grammar::ConstraintCacheOptions{}) {
+    auto trie = grammar::TokenTrie::Build({"", "a", "b", "ab"});
+    EXPECT_TRUE(trie.ok());
+    vocabulary_ = *trie;
+    limits_ = Limits();
+    limits_.compile_constraint = [this](const Hash128& hash, absl::string_view gbnf,
+                                        absl::Span<const TokenId> kept) {
+      kept_.assign(kept.begin(), kept.end());
+      ++compiles_;
+      return cache_.Get(hash, gbnf, vocabulary_);
+    };
+  }
+
+  static v1::TokenizedRequest With(const std::string& gbnf) {
+    v1::TokenizedRequest q = Request();
+    v1::OutputConstraint* c = q.mutable_sampling()->mutable_constraint();
+    c->set_kind(v1::CONSTRAINT_KIND_GRAMMAR);
+    c->set_grammar(gbnf);
+    kv::HashToProto(Xxh3Hash128(gbnf), c->mutable_hash());
+    return q;
+  }
+
+  grammar::ConstraintCache cache_;
+  std::shared_ptr<const grammar::TokenTrie> vocabulary_;
+  WireLimits limits_;
+  std::vector<TokenId> kept_;
+  int compiles_ = 0;
+};
+
+TEST_F(WireConstraintTest, AGoodGrammarIsCompiledAndShared) {
+  std::vector<int64_t> first;
+  v1::TokenizedRequest q = With("root ::= \"a\"+ \"b\"");
+  q.mutable_sampling()->add_keep_special_token_ids(0);
+  auto r = ToEngineRequest(q, limits_, &first);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_NE(r->constraint, nullptr);
+  EXPECT_EQ(r->constraint->vocabulary(), vocabulary_);
+  EXPECT_EQ(kept_, std::vector<TokenId>{0});
+  auto again = ToEngineRequest(q, limits_, &first);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->constraint, r->constraint);  // the cache's one
+  EXPECT_EQ(compiles_, 2);
+  EXPECT_EQ(cache_.entries(), 1u);
+  // No constraint: none compiled.
+  auto plain = ToEngineRequest(Request(), limits_, &first);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->constraint, nullptr);
+  EXPECT_EQ(compiles_, 2);
+}
+
+TEST_F(WireConstraintTest, AWrongHashIsRefusedBeforeAnyCompile) {
+  std::vector<int64_t> first;
+  v1::TokenizedRequest q = With("root ::= \"a\"");
+  q.mutable_sampling()->mutable_constraint()->mutable_hash()->set_lo(12345);
+  auto r = ToEngineRequest(q, limits_, &first);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(r.status().message(), "constraint hash ")) << r.status();
+  EXPECT_NE(r.status().message().find(Xxh3Hash128("root ::= \"a\"").ToHex()), std::string::npos)
+      << r.status();
+  q.mutable_sampling()->mutable_constraint()->clear_hash();
+  EXPECT_EQ(ToEngineRequest(q, limits_, &first).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(compiles_, 0);
+  v1::TokenizedRequest empty = With("");
+  auto e = ToEngineRequest(empty, limits_, &first);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("grammar is empty"), std::string::npos) << e.status();
+}
+
+TEST_F(WireConstraintTest, ABadGrammarIsRefusedWithTheParsersMessage) {
+  std::vector<int64_t> first;
+  auto r = ToEngineRequest(With("root ::= foo"), limits_, &first);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "constraint: line 1, column 10: undefined rule 'foo'");
+  // A worker without a compiler refuses constraints.
+  WireLimits none = Limits();
+  auto n = ToEngineRequest(With("root ::= \"a\""), none, &first);
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -226,6 +226,15 @@ std::vector<ChoiceOutput> InProcessEngine::Run(const v1::GenerateRequest& reques
   limits.vocab_size = model_->config().vocab_size;
   limits.hidden_size = model_->config().hidden_size;
   limits.image_encoder = image_encoder_.get();
+  // Constraints compiled directly (no cache): the worker's compile cache is what is compared.
+  limits.compile_constraint = [this](const Hash128&, absl::string_view gbnf,
+                                     absl::Span<const TokenId> kept_special)
+      -> absl::StatusOr<std::shared_ptr<const grammar::CompiledConstraint>> {
+    absl::StatusOr<std::shared_ptr<const grammar::TokenTrie>> vocabulary =
+        engine_->Vocabulary(kept_special);
+    if (!vocabulary.ok()) return vocabulary.status();
+    return grammar::CompiledConstraint::Create(gbnf, *std::move(vocabulary));
+  };
   std::vector<int64_t> first;
   absl::StatusOr<EngineRequest> r = ToEngineRequest(request.request(), limits, &first);
   EXPECT_TRUE(r.ok()) << r.status();
