@@ -190,10 +190,19 @@ class Test1Forms(unittest.TestCase):
             model=MODEL_ID, messages=ASK, max_tokens=96, temperature=1, seed=4,
             extra_body={"guided_json": PERSON})
         check_person(self, c.choices[0].message.content)
-        c = AGG.openai.chat.completions.create(
-            model=MODEL_ID, messages=ASK, max_tokens=64, temperature=1, seed=4,
-            response_format={"type": "json_object"})
-        self.assertIsInstance(json.loads(c.choices[0].message.content), dict)
+        # Any object: a 135M model may nest objects until max_tokens (a valid prefix, cut); the
+        # answers that stop are objects.
+        stopped = 0
+        for seed in range(4, 9):
+            c = AGG.openai.chat.completions.create(
+                model=MODEL_ID, messages=ASK, max_tokens=96, temperature=1, seed=seed,
+                response_format={"type": "json_object"})
+            text = c.choices[0].message.content
+            self.assertTrue(text.startswith("{"), text)
+            if c.choices[0].finish_reason == "stop":
+                self.assertIsInstance(json.loads(text), dict)
+                stopped += 1
+        self.assertGreater(stopped, 0)
 
     def test_a_schema_that_cannot_be_enforced_is_a_400(self):
         with self.assertRaises(openai.BadRequestError) as e:
