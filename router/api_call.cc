@@ -438,7 +438,8 @@ void ApiCall::Continue() {
       context_.metrics->Constraint("refused");
       return Fail(error);
     }
-    if (constraint_.has_value()) context_.metrics->Constraint(ConstraintKindName(constraint_->kind));
+    if (constraint_.has_value())
+      context_.metrics->Constraint(ConstraintKindName(constraint_->kind));
   }
   if (!predicted_ && context_.prompts->vision().has_value() && !prompt.images.empty()) {
     // Images whose positions a worker holds are neither encoded nor sent (a miss: a retry).

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/stop_strings.h"
 #include "router/api/image_part.h"
-#include "router/api/output_format.h"
 #include "router/api/openai_writer.h"  // DumpJson
+#include "router/api/output_format.h"
 #include "router/api/request_json.h"
 
 namespace ferry {

@@ -53,10 +53,10 @@ struct ApiOutputFormat {
   Kind kind = Kind::kText;
   // The field it came by, for errors ("response_format", "text.format", ...).
   std::string param;
-  std::string name;  // json_schema's name, where the API has one
-  nlohmann::ordered_json schema;  // kJsonSchema
-  bool strict = false;            // OpenAI's json_schema.strict
-  std::string text;               // kRegex: the pattern; kGrammar: GBNF
+  std::string name;                  // json_schema's name, where the API has one
+  nlohmann::ordered_json schema;     // kJsonSchema
+  bool strict = false;               // OpenAI's json_schema.strict
+  std::string text;                  // kRegex: the pattern; kGrammar: GBNF
   std::vector<std::string> choices;  // kChoice: the output is exactly one of them
 };
 

@@ -18,10 +18,11 @@
 // A strict tool's schema is always enforced (one that does not compile is an error); in
 // kRequired and kFunction a non-strict tool's schema is enforced where it compiles, and where it
 // does not (a `format: "uri"`, say) its arguments are any JSON object, as the APIs promise
-// non-strict tools only best effort; in kAuto a non-strict tool's arguments are any JSON object. The arguments are a JSON object: a schema without `type` is given
-// "type": "object", one with another type is refused. Call objects are compact JSON (or bounded
-// whitespace, as options.schema says); the framing is the format's own text (the syntax of each
-// format and the free-text rules: docs/design/grammar.md, "Tool calls").
+// non-strict tools only best effort; in kAuto a non-strict tool's arguments are any JSON object.
+// The arguments are a JSON object: a schema without `type` is given "type": "object", one with
+// another type is refused. Call objects are compact JSON (or bounded whitespace, as options.schema
+// says); the framing is the format's own text (the syntax of each format and the free-text rules:
+// docs/design/grammar.md, "Tool calls").
 //
 // Errors: InvalidArgument naming the tool ("tools[2].function.parameters: ...") when a schema
 // the grammar must enforce does not compile (json_schema.h's subset and limits), or when the
