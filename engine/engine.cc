@@ -957,6 +957,7 @@ void Engine::Loop() {
       if (stopping_) return;
     }
     auto worked = Step();
+    if (options_.on_pass) options_.on_pass();
     if (worked.ok() && !*worked) {
       // Nothing runnable (e.g. waiting for blocks held by handoffs): wait for news.
       absl::MutexLock lock(&mu_);

@@ -161,6 +161,10 @@ struct EngineOptions {
   Clock* clock = nullptr;
   // After every step that ran the model, on the engine thread; must not block.
   std::function<void(const StepInfo&)> on_step;
+  // After every pass of the engine thread's loop (each Step(), whether or not it ran the model),
+  // on that thread, once the pass's events were delivered: a service sends what they queued
+  // (the worker's token streams). Must not block.
+  std::function<void()> on_pass;
 };
 
 class Engine {

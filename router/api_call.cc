@@ -205,7 +205,10 @@ void ApiCall::Fail(const ApiError& error) {
   if (answered_) return;
   answered_ = true;
   Ended(status);
-  responder_->Write(writer_->StreamError(error, trace_id_));
+  std::string events;
+  events.swap(unsent_);  // what the client had not been sent yet, then the error
+  events += writer_->StreamError(error, trace_id_);
+  responder_->Write(std::move(events));
   responder_->Finish();
 }
 
@@ -717,7 +720,6 @@ void ApiCall::OnRouted(const std::string& worker_id) {
 }
 
 void ApiCall::OnEvent(const v1::GenerateEvent& event) {
-  std::shared_ptr<Dispatcher::Job> cancel;
   {
     absl::MutexLock lock(&mu_);
     if (answered_) return;
@@ -780,21 +782,29 @@ void ApiCall::OnEvent(const v1::GenerateEvent& event) {
     }
     if (!request_.stream) return;
     StartStream();
-    bool ok = true;
+    // The events wait in unsent_ for the batch's end: one write per worker message.
     if (!choice_started_[c]) {
       choice_started_[c] = true;
-      const std::string start = writer_->StreamStart(c);
-      if (!start.empty()) ok = responder_->Write(start);
+      unsent_ += writer_->StreamStart(c);
     }
     // With return_token_ids a chunk whose text is held back (by the worker's stop strings or the
     // parsers here) still goes out, with its ids.
     if (!delta.text.empty() || !delta.reasoning.empty() || !delta.tool_call_deltas.empty() ||
         !delta.finish_reason.empty() || !delta.logprobs.empty() ||
         (request_.return_token_ids && !delta.tokens.empty())) {
-      const std::string events = writer_->StreamDelta(c, delta);
-      if (!events.empty()) ok = responder_->Write(events) && ok;
+      unsent_ += writer_->StreamDelta(c, delta);
     }
-    if (!ok) {
+  }
+}
+
+void ApiCall::OnBatchEnd() {
+  std::shared_ptr<Dispatcher::Job> cancel;
+  {
+    absl::MutexLock lock(&mu_);
+    if (answered_ || unsent_.empty()) return;
+    std::string events;
+    events.swap(unsent_);
+    if (!responder_->Write(std::move(events))) {
       answered_ = true;  // the client stopped reading (or left): cut off, and abort
       cancel = job_.lock();
     }
@@ -837,13 +847,15 @@ void ApiCall::OnEnd(const absl::Status& status) {
   }
   if (!request_.stream) return Answer(200, writer_->Full(choices_, usage_));
   StartStream();
+  std::string events;
+  events.swap(unsent_);
   for (size_t c = 0; c < choices_.size(); ++c) {
     if (choice_started_[c]) continue;  // a choice that never sent a chunk still starts
     choice_started_[c] = true;
-    const std::string start = writer_->StreamStart(static_cast<int32_t>(c));
-    if (!start.empty()) responder_->Write(start);
+    events += writer_->StreamStart(static_cast<int32_t>(c));
   }
-  responder_->Write(writer_->StreamEnd(choices_, usage_));
+  events += writer_->StreamEnd(choices_, usage_);
+  responder_->Write(std::move(events));
   responder_->Finish();
   answered_ = true;
   Ended(200);

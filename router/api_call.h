@@ -130,6 +130,7 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
 
   void OnRouted(const std::string& worker_id) override;
   void OnEvent(const ferry::v1::GenerateEvent& event) override;
+  void OnBatchEnd() override;
   void OnEnd(const absl::Status& status) override;
 
   ApiCall(const ApiContext& context, ApiKind kind, std::shared_ptr<HttpResponder> responder,
@@ -206,6 +207,7 @@ class ApiCall final : public GenerateSink, public std::enable_shared_from_this<A
   UsageCounts usage_ ABSL_GUARDED_BY(mu_);
   bool has_usage_ ABSL_GUARDED_BY(mu_) = false;
   bool streaming_ ABSL_GUARDED_BY(mu_) = false;  // the SSE stream has started
+  std::string unsent_ ABSL_GUARDED_BY(mu_);      // stream events held until the batch's end
   bool first_token_ ABSL_GUARDED_BY(mu_) = false;
   Clock::time_point first_token_at_ ABSL_GUARDED_BY(mu_);
   Clock::time_point last_token_ ABSL_GUARDED_BY(mu_);

@@ -295,6 +295,7 @@ class Router::Impl {
     dopts.queue_timeout = options_.queue_timeout;
     dopts.max_retries = options_.max_retries;
     dopts.max_migrations = options_.max_migrations;
+    dopts.token_streams = options_.token_streams;
     dopts.max_tracked_tokens_per_request = options_.migration_max_tokens_per_request;
     dopts.max_tracked_tokens = options_.migration_max_tokens;
     dopts.auth_token = token;
@@ -329,6 +330,10 @@ class Router::Impl {
     observer.untracked = [m] { m->Untracked(); };
     observer.orphan_abort = [m](const std::string& outcome) { m->OrphanAbort(outcome); };
     observer.handoff = [m](const std::string& outcome) { m->Handoff(outcome); };
+    observer.token_streams = [m](int64_t open) { m->TokenStreams(open); };
+    observer.token_stream_message = [m](int64_t chunks, int64_t dropped) {
+      m->TokenStreamMessage(chunks, dropped);
+    };
     dispatcher_ = std::make_unique<Dispatcher>(registry_.get(), policy_.get(), dopts, observer);
 
     context_.prompts = prompts_.get();

@@ -114,6 +114,9 @@ ABSL_FLAG(int, max_retries, 2,
 ABSL_FLAG(int, max_migrations, 3,
           "moves of a request to another worker when the one streaming it dies, stalls or fails "
           "it (0: never)");
+ABSL_FLAG(bool, token_streams, true,
+          "requests' tokens come on one multiplexed stream per worker (false: on each request's "
+          "own Generate call)");
 ABSL_FLAG(int64_t, migration_max_tokens_per_request, 65536,
           "output token ids kept per request for migration (a longer output cannot migrate)");
 ABSL_FLAG(int64_t, migration_max_tokens, 16 << 20,
@@ -244,6 +247,7 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(queue_timeout, queue_timeout);
   FROM_FLAG(max_retries, max_retries);
   FROM_FLAG(max_migrations, max_migrations);
+  FROM_FLAG(token_streams, token_streams);
   FROM_FLAG(migration_max_tokens_per_request, migration_max_tokens_per_request);
   FROM_FLAG(migration_max_tokens, migration_max_tokens);
   FROM_FLAG(dispatch_threads, dispatch_threads);

@@ -167,6 +167,25 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
                           .Help("Output tokens carried over by migrations (recovered).")
                           .Register(registry)
                           .Add({});
+  token_streams_ = &prometheus::BuildGauge()
+                        .Name("ferry_router_token_streams")
+                        .Help("Token streams open: one per worker, carrying its requests' tokens.")
+                        .Register(registry)
+                        .Add({});
+  token_stream_messages_ = &prometheus::BuildCounter()
+                                .Name("ferry_router_token_stream_messages_total")
+                                .Help("Messages read from the workers' token streams.")
+                                .Register(registry)
+                                .Add({});
+  auto& stream_chunks =
+      prometheus::BuildCounter()
+          .Name("ferry_router_token_stream_chunks_total")
+          .Help(
+              "TokenChunks read from token streams: delivered to their request, or dropped (the "
+              "request had left).")
+          .Register(registry);
+  token_stream_delivered_ = &stream_chunks.Add({{"delivered", "true"}});
+  token_stream_dropped_ = &stream_chunks.Add({{"delivered", "false"}});
   untracked_ = &prometheus::BuildCounter()
                     .Name("ferry_router_migration_untracked_total")
                     .Help("Requests whose output went over a tracking cap: they cannot migrate.")
@@ -368,6 +387,14 @@ void RouterMetrics::Migrated(const std::string& cause, int64_t tokens) {
 
 void RouterMetrics::Handoff(const std::string& outcome) {
   handoffs_->Add({{"outcome", outcome}}).Increment();
+}
+
+void RouterMetrics::TokenStreams(int64_t open) { token_streams_->Set(static_cast<double>(open)); }
+
+void RouterMetrics::TokenStreamMessage(int64_t chunks, int64_t dropped) {
+  token_stream_messages_->Increment();
+  token_stream_delivered_->Increment(static_cast<double>(chunks - dropped));
+  token_stream_dropped_->Increment(static_cast<double>(dropped));
 }
 
 void RouterMetrics::Failed(const std::string& cause) {

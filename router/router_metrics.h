@@ -50,6 +50,10 @@
 //                                                and the request could not go on)
 //   ferry_router_migrated_tokens_total           output tokens carried over (re-prefilled, not
 //                                                regenerated)
+//   ferry_router_token_streams                   token streams open (one per worker)
+//   ferry_router_token_stream_messages_total     messages read from them; with
+//   ferry_router_token_stream_chunks_total{delivered}  their TokenChunks: delivered (true) or
+//                                                dropped (false: the request had left)
 //   ferry_router_migration_untracked_total       requests whose output went over a tracking cap
 //                                                (they cannot migrate)
 //   ferry_router_migration_tracked_tokens        output token ids kept for migration now
@@ -121,6 +125,8 @@ class RouterMetrics {
   void Retry();
   void Migrated(const std::string& cause, int64_t tokens);
   void Handoff(const std::string& outcome);
+  void TokenStreams(int64_t open);
+  void TokenStreamMessage(int64_t chunks, int64_t dropped);
   void Failed(const std::string& cause);
   void Untracked();
   void TrackedTokens(int64_t tokens);
@@ -175,6 +181,10 @@ class RouterMetrics {
   prometheus::Family<prometheus::Counter>* migrations_;
   prometheus::Family<prometheus::Counter>* handoffs_;
   prometheus::Counter* migrated_tokens_;
+  prometheus::Gauge* token_streams_;
+  prometheus::Counter* token_stream_messages_;
+  prometheus::Counter* token_stream_delivered_;
+  prometheus::Counter* token_stream_dropped_;
   prometheus::Counter* untracked_;
   prometheus::Gauge* tracked_tokens_;
   prometheus::Family<prometheus::Counter>* failed_;

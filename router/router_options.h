@@ -74,6 +74,9 @@ struct RouterOptions {
   absl::Duration queue_timeout = absl::Seconds(30);
   int max_retries = 2;     // other workers tried before a first token
   int max_migrations = 3;  // moves of a request mid-stream (dispatcher.h "Migration")
+  // Requests' tokens come on one token stream per worker (docs/design/token-streams.md); false:
+  // on each request's own Generate call.
+  bool token_streams = true;
   int64_t migration_max_tokens_per_request = 65536;  // output token ids kept per request
   int64_t migration_max_tokens = 16 << 20;           // ... and in all
   int dispatch_threads = 1;  // threads that run the worker streams (CompletionThreads)

@@ -132,8 +132,13 @@ v1::ResumeState ResumeFrom(const JobRecord& record, uint64_t seed) {
 // token: the request is retried elsewhere. Cancelling the stream cancels the prefill too. A drain
 // hand-off (request.handoff_source_endpoint) calls no prefill worker: the target pulls the KV from
 // the source; its first token (or its end, OK) completes the hand-off.
+// With the worker's token stream open (token_stream_hub.h), the attempt names it: its chunks come
+// through the hub (OnChunks, on the stream's thread), the reservation and last event on the call
+// (on the call's thread); deliver_mu_ keeps the sink's calls one at a time and in order. A last
+// event (Usage or ErrorInfo) that counts more chunks than arrived waits for them, and so does the
+// call's end; the stream ending first ends the attempt as a broken stream (it migrates).
 // Deletes itself when the stream and the prefill call are both done.
-class Dispatcher::Call final {
+class Dispatcher::Call final : public TokenStreamListener {
  public:
   // `pending` and `active`: the load the dispatcher added on `worker` for this stream (released
   // at the first token and at the end).
@@ -164,11 +169,55 @@ class Dispatcher::Call final {
 
   // The stream: StartCall, then Read after Read until one fails, then Finish, each completing on
   // `completions`' thread.
-  void Start(v1::Worker::Stub* stub, CompletionThread* completions) {
+  void Start(const std::shared_ptr<v1::Worker::Stub>& stub, CompletionThread* completions) {
     completions_ = completions;
+    if (std::optional<TokenStreamRoute> route =
+            dispatcher_->token_streams_->Attach(worker_, stub, this)) {
+      route_ = *std::move(route);
+      multiplexed_ = true;
+      request_.set_token_stream_id(route_.stream_id);
+      request_.set_token_stream_tag(route_.tag);
+    }
     reader_ = stub->PrepareAsyncGenerate(context_.get(), request_, completions->queue());
     reader_->StartCall(&on_started_);
   }
+
+  // TokenStreamListener: this attempt's chunks of one token-stream message.
+  void OnChunks(v1::TaggedChunks& entry) override {
+    bool end = false;
+    {
+      absl::MutexLock lock(&deliver_mu_);
+      if (end_claimed_) return;
+      for (v1::TokenChunk& chunk : *entry.mutable_chunks()) {
+        mux_event_.mutable_tokens()->Swap(&chunk);
+        HandleEvent(mux_event_);
+        ++mux_chunks_;
+      }
+      if (has_held_last_ && mux_chunks_ >= held_last_.multiplexed_chunks()) {
+        has_held_last_ = false;
+        HandleEvent(held_last_);
+        end = end_claimed_ = rpc_done_;  // the call ended already: so does the attempt
+      }
+      job_->sink->OnBatchEnd();
+    }
+    if (end) EndAttempt();
+  }
+
+  // TokenStreamListener: the stream ended with this attempt on it; its chunks since are lost.
+  void OnStreamLost(const std::string& why) override {
+    bool end = false;
+    {
+      absl::MutexLock lock(&deliver_mu_);
+      detached_ = true;
+      if (end_claimed_ || last_delivered_) return;
+      mux_lost_ = why;
+      end = end_claimed_ = rpc_done_;
+    }
+    if (end) return EndAttempt();
+    context_->TryCancel();  // the call ends too, as a broken stream
+  }
+
+  void Ref() override { refs_.fetch_add(1); }
 
   // The registry found worker `id` down (under the dispatcher's mu_, so the call is alive): the
   // stream from it ends (and migrates), or the prefill on it is given up before the first token
@@ -202,38 +251,78 @@ class Dispatcher::Call final {
       // hand-off only: neither asks for a prefill.
       if (disaggregated_ && !handoff_) StartPrefill(event_.reservation());
     } else {
-      if (event_.has_tokens() && event_.tokens().token_ids_size() > 0 && !started_) {
-        started_ = true;
-        ReleasePending();  // the prompt is computed
-        if (handoff_) HandoffCompleted();
-      }
-      if (event_.has_usage()) {
-        if (dispatcher_->observer_.prefix) {
-          const v1::CachedTokens& by = event_.usage().cached_by_source();
-          dispatcher_->observer_.prefix(predicted_local_, predicted_store_, by.local(), by.store());
+      absl::MutexLock lock(&deliver_mu_);
+      if (event_.multiplexed_chunks() > mux_chunks_) {
+        // Its chunks are still on the token stream; with the stream lost they never come, and
+        // the attempt ends as a broken stream without it.
+        if (!mux_lost_.has_value()) {
+          held_last_.Swap(&event_);
+          has_held_last_ = true;
         }
-        // Usage counted once: the output before a migration is the client's too; the prompt
-        // is billed as the client's (the re-prefill of the output is Ferry's cost).
-        v1::Usage* usage = event_.mutable_usage();
-        usage->set_completion_tokens(usage->completion_tokens() +
-                                     static_cast<uint32_t>(resumed_tokens_));
-        usage->set_cached_tokens(std::min(usage->cached_tokens(), usage->prompt_tokens()));
-      }
-      if (event_.has_tokens()) dispatcher_->Record(*job_, event_.tokens());
-      if (event_.has_error()) {
-        // Held until the stream ends: not shown when the request goes on elsewhere.
-        retryable_ = event_.error().retryable();
-        error_event_ = event_;
-        has_error_ = true;
       } else {
-        job_->sink->OnEvent(event_);
+        HandleEvent(event_);
+        job_->sink->OnBatchEnd();
       }
     }
     event_.Clear();
     reader_->Read(&event_, &on_read_);
   }
 
+  // An event for the sink (a chunk, Usage, ErrorInfo), from the call or the token stream. Under
+  // deliver_mu_.
+  void HandleEvent(v1::GenerateEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(deliver_mu_) {
+    if (event.has_tokens() && event.tokens().token_ids_size() > 0 && !started_) {
+      started_ = true;
+      ReleasePending();  // the prompt is computed
+      if (handoff_) HandoffCompleted();
+    }
+    if (event.has_usage()) {
+      if (dispatcher_->observer_.prefix) {
+        const v1::CachedTokens& by = event.usage().cached_by_source();
+        dispatcher_->observer_.prefix(predicted_local_, predicted_store_, by.local(), by.store());
+      }
+      // Usage counted once: the output before a migration is the client's too; the prompt
+      // is billed as the client's (the re-prefill of the output is Ferry's cost).
+      v1::Usage* usage = event.mutable_usage();
+      usage->set_completion_tokens(usage->completion_tokens() +
+                                   static_cast<uint32_t>(resumed_tokens_));
+      usage->set_cached_tokens(std::min(usage->cached_tokens(), usage->prompt_tokens()));
+    }
+    if (event.has_tokens()) dispatcher_->Record(*job_, event.tokens());
+    if (event.has_error()) {
+      // Held until the stream ends: not shown when the request goes on elsewhere.
+      retryable_ = event.error().retryable();
+      error_event_ = event;
+      has_error_ = true;
+    } else {
+      job_->sink->OnEvent(event);
+    }
+    if (event.has_usage() || event.has_error()) last_delivered_ = true;
+  }
+
   void OnFinished(bool) {
+    {
+      absl::MutexLock lock(&deliver_mu_);
+      rpc_done_ = true;
+      // The last event waits for its chunks: the attempt ends with them, or when the stream ends.
+      if (has_held_last_ && !mux_lost_.has_value()) return;
+      if (end_claimed_) return;
+      end_claimed_ = true;
+    }
+    EndAttempt();
+  }
+
+  // The attempt is over (once: end_claimed_ was set, so no event arrives any more).
+  void EndAttempt() {
+    bool detach = false;
+    std::optional<std::string> mux_lost;
+    {
+      absl::MutexLock lock(&deliver_mu_);
+      detach = multiplexed_ && !detached_;
+      detached_ = true;
+      mux_lost = mux_lost_;
+    }
+    if (detach) dispatcher_->token_streams_->Detach(worker_, route_);
     const grpc::Status& status = status_;
     absl::Status s = status.ok() ? absl::OkStatus()
                                  : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -266,6 +355,9 @@ class Dispatcher::Call final {
           absl::StrCat("worker ", worker_,
                        " went down during the stream (its status stream broke or fell silent)"));
       retryable = true;
+    } else if (mux_lost.has_value() && !(s.ok() && last_delivered_)) {
+      s = absl::UnavailableError(*mux_lost);
+      retryable = true;
     }
     // Refused before its first token as not fitting this worker (FAILED_PRECONDITION: another
     // encoder tower's rows) or as invalid, with images named by encoder handle: the next attempt
@@ -283,7 +375,8 @@ class Dispatcher::Call final {
     outcome.status = s;
     outcome.started = started_;
     outcome.retryable = !s.ok() && retryable;
-    outcome.migrate_cause = s.ok() ? "" : MigrationCause(down, has_error_, s.code());
+    outcome.migrate_cause =
+        s.ok() ? "" : MigrationCause(down, has_error_ && !mux_lost.has_value(), s.code());
     outcome.error_event = has_error_;
     outcome.prefill_worker = prefill_worker;
     if (has_error_) outcome.handoff_endpoint = error_event_.error().handoff_endpoint();
@@ -386,7 +479,7 @@ class Dispatcher::Call final {
     Unref();
   }
 
-  void Unref() {
+  void Unref() override {
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
@@ -426,11 +519,29 @@ class Dispatcher::Call final {
   MethodTag<Call> on_finished_{this, &Call::OnFinished};
   grpc::Status status_;
   v1::GenerateEvent event_;
+  // The sink's events, one at a time (from the call's thread and the token stream's), and what
+  // they tell; written under deliver_mu_, read without it once the attempt ended (end_claimed_).
+  absl::Mutex deliver_mu_;
   bool started_ = false;  // a token arrived
   bool retryable_ = false;
   bool has_error_ = false;
+  bool last_delivered_ = false;  // Usage or ErrorInfo reached the sink
   v1::GenerateEvent error_event_;
-  std::atomic<int> refs_{1};  // the stream's; +1 while the prefill call runs
+  // The token stream: the attempt's route there (set by Start), the chunks that came through it,
+  // the last event while it waits for more, whether the call ended (rpc_done_), whether the
+  // attempt's end was claimed (by the call or the stream, once), and why the stream was lost.
+  TokenStreamRoute route_;
+  bool multiplexed_ = false;
+  v1::GenerateEvent mux_event_ ABSL_GUARDED_BY(deliver_mu_);
+  uint32_t mux_chunks_ ABSL_GUARDED_BY(deliver_mu_) = 0;
+  v1::GenerateEvent held_last_ ABSL_GUARDED_BY(deliver_mu_);
+  bool has_held_last_ ABSL_GUARDED_BY(deliver_mu_) = false;
+  bool rpc_done_ ABSL_GUARDED_BY(deliver_mu_) = false;
+  bool end_claimed_ ABSL_GUARDED_BY(deliver_mu_) = false;
+  bool detached_ ABSL_GUARDED_BY(deliver_mu_) = false;
+  std::optional<std::string> mux_lost_ ABSL_GUARDED_BY(deliver_mu_);
+  // The stream's; +1 while the prefill call runs; +1 while attached to the token stream.
+  std::atomic<int> refs_{1};
   absl::Mutex mu_;
   bool stream_done_ ABSL_GUARDED_BY(mu_) = false;
   bool down_ ABSL_GUARDED_BY(mu_) = false;  // the registry found worker_ down
@@ -464,6 +575,14 @@ Dispatcher::Dispatcher(WorkerRegistry* registry, RoutingPolicy* policy, Dispatch
     own_completions_ = std::make_unique<CompletionThread>("dispatch");
     completions_.push_back(own_completions_.get());
   }
+  TokenStreamHubOptions streams;
+  streams.auth_token = options_.auth_token;
+  streams.completions = completions_;
+  streams.enabled = options_.token_streams;
+  TokenStreamHubObserver stream_observer;
+  stream_observer.streams = observer_.token_streams;
+  stream_observer.message = observer_.token_stream_message;
+  token_streams_ = std::make_unique<TokenStreamHub>(std::move(streams), std::move(stream_observer));
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -661,7 +780,7 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   }
   if (observer_.routed) observer_.routed(policy_->name(), chosen.id);
   job->sink->OnRouted(chosen.id);
-  call->Start(chosen.stub.get(), completions_[next_completion_.fetch_add(1) % completions_.size()]);
+  call->Start(chosen.stub, completions_[next_completion_.fetch_add(1) % completions_.size()]);
   return true;
 }
 
@@ -801,6 +920,11 @@ void Dispatcher::Untrack(Job& job) {
 
 void Dispatcher::OnWorkerState(const std::string& id, bool up) {
   if (up) {
+    // Its token stream opens now, so that its first requests find it open (prefill workers
+    // stream nothing).
+    for (const Candidate& c : registry_->Candidates()) {
+      if (c.id == id && c.role != v1::WORKER_ROLE_PREFILL) token_streams_->Open(id, c.stub);
+    }
     std::vector<std::string> ids;
     {
       absl::MutexLock lock(&mu_);
@@ -814,6 +938,7 @@ void Dispatcher::OnWorkerState(const std::string& id, bool up) {
     }
     return AbortOrphans(id, std::move(ids));
   }
+  token_streams_->Close(id);
   absl::MutexLock lock(&mu_);
   for (const std::shared_ptr<Job>& job : streaming_) {
     if (job->call != nullptr) job->call->WorkerDown(id);

@@ -60,10 +60,17 @@
 //     stream and is retried (another prefill worker, a new reservation) before the first token;
 //     a cancel reaches both workers.
 //
+//   - Token streams (docs/design/token-streams.md): a request's tokens come on its worker's token
+//     stream (one per worker, token_stream_hub.h, opened at the first request there) once that is
+//     open, and its reservation, last event and status on its own Generate call. The last event
+//     waits for the chunks it counts; a token stream that ends under a request ends that attempt
+//     as a broken stream (it migrates, as above).
+//
 // Threads: a request's stream, and its prefill call, run on one of the `completions` threads
-// (round robin), and its sink is called there, in order, never after OnEnd; sinks must not block
-// (they would stall every stream of that thread). OnEnd of a request that never started (queued,
-// then dropped) comes on the thread that ended it. Thread-safe.
+// (round robin), its worker's token stream on one of them too; its sink is called on either, one
+// call at a time, in order, never after OnEnd; sinks must not block (they would stall every
+// stream of that thread). OnEnd of a request that never started (queued, then dropped) comes on
+// the thread that ended it. Thread-safe.
 
 #ifndef FERRY_ROUTER_DISPATCH_DISPATCHER_H_
 #define FERRY_ROUTER_DISPATCH_DISPATCHER_H_
@@ -88,6 +95,7 @@
 #include "ferry/v1/worker.grpc.pb.h"
 #include "router/dispatch/dispatch_rules.h"
 #include "router/dispatch/job_record.h"
+#include "router/dispatch/token_stream_hub.h"
 #include "router/policy/routing_policy.h"
 #include "router/registry/worker_registry.h"
 #include "services/common/completion_thread.h"
@@ -100,8 +108,11 @@ class GenerateSink {
   virtual ~GenerateSink() = default;
   // Which worker serves the request (again after a retry).
   virtual void OnRouted(const std::string& worker_id) {}
-  // Every event of the stream, in order.
+  // Every event of the stream, in order. Events that arrived together (one message of a worker)
+  // come as OnEvent for each, then OnBatchEnd: a sink may hold its output until then and write it
+  // at once (one write per request per worker message).
   virtual void OnEvent(const ferry::v1::GenerateEvent& event) = 0;
+  virtual void OnBatchEnd() {}
   // Once, last: OK when the stream completed; otherwise why it ended.
   virtual void OnEnd(const absl::Status& status) = 0;
 };
@@ -138,6 +149,9 @@ struct DispatcherOptions {
   SharedToken auth_token;  // sent to the workers
   // Where the streams complete (each must outlive the dispatcher); empty: one thread of its own.
   std::vector<CompletionThread*> completions;
+  // Requests' output comes on one token stream per worker (token_stream_hub.h); false: on each
+  // request's own Generate call.
+  bool token_streams = true;
   // Deadlines are checked on it (must outlive the dispatcher); null: the real clock.
   Clock* clock = nullptr;
 };
@@ -186,6 +200,10 @@ struct DispatchObserver {
   // An Abort of an abandoned attempt sent to a worker it touched (at once, or when the worker
   // came back): "found", "not_found", "failed".
   std::function<void(const std::string& outcome)> orphan_abort;
+  // Token streams open now; a message read from one (its chunks, and those whose request had
+  // left).
+  std::function<void(int64_t open)> token_streams;
+  std::function<void(int64_t chunks, int64_t dropped)> token_stream_message;
 };
 
 class Dispatcher {
@@ -289,6 +307,8 @@ class Dispatcher {
   std::unique_ptr<CompletionThread> own_completions_;
   std::vector<CompletionThread*> completions_;
   std::atomic<uint64_t> next_completion_{0};
+  // The workers' token streams (read on completions_; destroyed before own_completions_).
+  std::unique_ptr<TokenStreamHub> token_streams_;
 };
 
 }  // namespace ferry

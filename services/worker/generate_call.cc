@@ -69,7 +69,10 @@ GenerateCall::GenerateCall(WorkerService* service, grpc::CallbackServerContext* 
   }
 }
 
-GenerateCall::~GenerateCall() { service_->CallGone(); }
+GenerateCall::~GenerateCall() {
+  if (stream_ != nullptr) stream_->Unref();
+  service_->CallGone();
+}
 
 void GenerateCall::Reject(const grpc::Status& status, bool invalid) {
   // CANCELLED before the engine: the caller left while the request's embeddings were fetched.
@@ -152,6 +155,11 @@ void GenerateCall::Start(const v1::GenerateRequest& request) {
   logprobs_ = r.sampling.top_logprobs >= 0;
   seed_ = r.sampling.seed;
   prompt_tokens_ = static_cast<int64_t>(r.prompt.size());
+  if (!request.token_stream_id().empty()) {
+    // A stream this worker does not hold (not opened yet, closed): the events go on this call.
+    stream_ = service_->FindTokenStream(request.token_stream_id());
+    tag_ = request.token_stream_tag();
+  }
   {
     // (Nobody else sees the call yet; the lock is for the annotations.)
     absl::MutexLock lock(&mu_);
@@ -631,7 +639,17 @@ void GenerateCall::EndBeforeEngine(AbortCause cause, absl::Status error) {
   Done();
 }
 
+// Set while a call handles an engine event (on the engine thread): chunks it queues on its token
+// stream leave with the engine pass's flush (TokenStreams::FlushAll), not one by one.
+thread_local bool in_engine_event = false;
+
 void GenerateCall::OnEngineEvent(const TokenEvent& e) {
+  in_engine_event = true;
+  OnEngineEventInPass(e);
+  in_engine_event = false;
+}
+
+void GenerateCall::OnEngineEventInPass(const TokenEvent& e) {
   bool done = false, failed = false;
   if (e.finish == FinishReason::kHandoff) {
     // Parked by the drain: the KV waits for the worker continuing the request (its stream ends
@@ -759,7 +777,20 @@ void GenerateCall::Pump() {
     return;
   }
   const size_t n = pending_.size();
-  for (size_t k = 0; k < n; ++k) {
+  if (stream_ != nullptr) {
+    // The chunks leave on the token stream (TakeChunks); the closing message waits for them.
+    const bool any =
+        std::find(has_pending_.begin(), has_pending_.end(), true) != has_pending_.end();
+    if (dirty_ || (any && !stream_lost_)) {
+      if (dirty_) return;
+      dirty_ = true;
+      lock.Release();
+      if (!stream_->MarkDirty(this)) return StreamLost();
+      if (!in_engine_event) stream_->Flush();
+      return;
+    }
+  }
+  for (size_t k = 0; k < n && stream_ == nullptr; ++k) {
     const size_t c = (next_choice_ + k) % n;
     if (!has_pending_[c]) continue;
     next_choice_ = c + 1;
@@ -789,6 +820,7 @@ void GenerateCall::Pump() {
   }
   finished_ = true;
   out_.Clear();
+  if (stream_ != nullptr) out_.set_multiplexed_chunks(multiplexed_chunks_);
   if (final_status.ok()) {
     v1::Usage* usage = out_.mutable_usage();
     usage->set_prompt_tokens(static_cast<uint32_t>(prompt_tokens_));
@@ -838,6 +870,42 @@ void GenerateCall::OnCancel() {
 }
 
 void GenerateCall::OnDone() { Unref(); }
+
+bool GenerateCall::TakeChunks(v1::TokenBatch* batch) {
+  absl::MutexLock lock(&mu_);
+  dirty_ = false;
+  v1::TaggedChunks* entry = nullptr;
+  for (size_t c = 0; c < pending_.size(); ++c) {
+    if (!has_pending_[c]) continue;
+    if (entry == nullptr) {
+      entry = batch->add_calls();
+      entry->set_tag(tag_);
+    }
+    v1::TokenChunk* chunk = entry->add_chunks();
+    chunk->Swap(&pending_[c]);
+    chunk->clear_request_id();
+    has_pending_[c] = false;
+    ++multiplexed_chunks_;
+  }
+  return engine_done_;
+}
+
+void GenerateCall::PumpAfterFlush() { Pump(); }
+
+void GenerateCall::StreamLost() {
+  // The chunks cannot reach the caller (whose reader broke too, and which moves the request):
+  // the request ends here, as when the caller went away.
+  bool abort = false;
+  {
+    absl::MutexLock lock(&mu_);
+    dirty_ = false;
+    stream_lost_ = true;
+    broken_ = true;
+    abort = !engine_done_;
+  }
+  if (abort) AbortFor(AbortCause::kCancelled);
+  Pump();
+}
 
 void GenerateCall::Ref() { refs_.fetch_add(1); }
 

@@ -56,13 +56,15 @@
 #include "ferry/v1/worker.grpc.pb.h"
 #include "services/worker/embedding_fetcher.h"
 #include "services/worker/incoming_kv.h"
+#include "services/worker/token_stream.h"
 
 namespace ferry {
 
 class WorkerService;
 enum class AbortCause;
 
-class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEvent> {
+class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEvent>,
+                           public TokenStreamSource {
  public:
   GenerateCall(WorkerService* service, grpc::CallbackServerContext* context,
                const ferry::v1::GenerateRequest* request);
@@ -77,8 +79,14 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   void OnKvDeadline();
   // A reference that keeps the call alive (the service takes one under its lock before calling
   // AbortFor or OnKvReady without it). Unref drops it; the last one deletes the call.
-  void Ref();
-  void Unref();
+  void Ref() override;
+  void Unref() override;
+
+  // TokenStreamSource: the call's chunks leave on its token stream (GenerateRequest
+  // .token_stream_id), its last event on the call, counting them (multiplexed_chunks).
+  bool TakeChunks(ferry::v1::TokenBatch* batch) override;
+  void StreamLost() override;
+  void PumpAfterFlush() override;
 
  private:
   // Where the call is (disaggregated calls start at kReserving, aggregated at kSubmitted, or at
@@ -91,6 +99,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   // Finishes before the engine ever saw the request.
   void Reject(const grpc::Status& status, bool invalid);
   void OnEngineEvent(const TokenEvent& event);
+  void OnEngineEventInPass(const TokenEvent& event);
   // Aggregated, after the store was read: submits the request (or gives its imports back when
   // the call ended meanwhile or the engine refuses it).
   void SubmitRead(EngineRequest request);
@@ -183,6 +192,14 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   int64_t handoff_generated_ = 0;
   bool park_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool parked_ ABSL_GUARDED_BY(mu_) = false;
+  // The token stream the chunks leave on (with a reference; null: this call) and the call's tag
+  // there (set by Start and never written after: read without the lock); whether the call is in
+  // the stream's next message, whether the stream broke, and the chunks it took.
+  TokenStream* stream_ = nullptr;
+  uint64_t tag_ = 0;
+  bool dirty_ ABSL_GUARDED_BY(mu_) = false;
+  bool stream_lost_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t multiplexed_chunks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry

@@ -53,15 +53,21 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
               options.transport == "ucx" ? " (--transport grpc is the fallback without UCX)" : ""));
     }
   }
-  ASSIGN_OR_RETURN(w->engine_,
-                   WorkerEngine::Create(
-                       options,
-                       [metrics, load, delay = options.test_step_delay](const StepInfo& s) {
-                         metrics->Step(s);
-                         load->Record(s);
-                         if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
-                       },
-                       w->transport_.get()));
+  TokenStreamObserver stream_observer;
+  stream_observer.streams = [metrics](int64_t open) { metrics->TokenStreams(open); };
+  stream_observer.message = [metrics](int64_t chunks) { metrics->TokenStreamMessage(chunks); };
+  w->token_streams_ =
+      std::make_unique<TokenStreams>(options.max_token_streams, std::move(stream_observer));
+  ASSIGN_OR_RETURN(
+      w->engine_,
+      WorkerEngine::Create(
+          options,
+          [metrics, load, delay = options.test_step_delay](const StepInfo& s) {
+            metrics->Step(s);
+            load->Record(s);
+            if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+          },
+          w->transport_.get(), [streams = w->token_streams_.get()] { streams->FlushAll(); }));
   if (!options.kvstore.empty() || !options.kvstore_dns.empty()) {
     kv::ClientOptions kv_options;
     kv_options.nodes = absl::StrSplit(options.kvstore, ',', absl::SkipWhitespace());
@@ -149,6 +155,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
   gbnf.max_elements = static_cast<size_t>(options.grammar_max_elements);
   gbnf.max_repetition = static_cast<size_t>(options.grammar_max_repetition);
   gbnf.max_nesting_depth = static_cast<size_t>(options.grammar_max_nesting);
+  service_options.token_streams = w->token_streams_.get();
   service_options.store_reader = w->store_reader_.get();
   service_options.store_writer = w->store_writer_.get();
   if (const auto& timing = w->engine_->sim_timing();
@@ -223,6 +230,7 @@ void Worker::Drain(absl::Time deadline) {
                << " request(s) did not end, or hand-offs are still running";
   }
   service_->CloseWatches();
+  token_streams_->Close();
   // gRPC's Shutdown waits its whole deadline while clients keep idle connections open (routers
   // do). With no Generate or Watch call left, nothing needs the grace: a short one ends it.
   grpc_->Shutdown(idle ? absl::Milliseconds(200) : options_.rpc_grace);

@@ -82,6 +82,9 @@ class Worker {
   std::unique_ptr<DnsDiscovery> store_dns_;  // feeds kv_client_'s nodes (--kvstore_dns)
   std::unique_ptr<StoreReader> store_reader_;
   std::unique_ptr<StoreWriter> store_writer_;
+  // The token streams: the engine thread flushes them after each pass, the service's calls send
+  // on them; destroyed after both.
+  std::unique_ptr<TokenStreams> token_streams_;
   // Destroyed in reverse: the servers, then the engine (whose last events reach live calls
   // through the service), then the service.
   std::unique_ptr<WorkerService> service_;

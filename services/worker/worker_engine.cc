@@ -87,7 +87,7 @@ absl::StatusOr<bool> IsLlavaDirectory(const ModelFiles& files) {
 
 absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
     const WorkerOptions& options, std::function<void(const StepInfo&)> on_step,
-    transfer::KvTransport* transport) {
+    transfer::KvTransport* transport, std::function<void()> on_pass) {
   RETURN_IF_ERROR(ValidateWorkerOptions(options));
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<WorkerEngine> w(new WorkerEngine());
@@ -191,6 +191,7 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   eo.swa_replay_tokens = options.swa_replay_tokens;
   eo.journal_events = options.watch_journal_events;
   eo.on_step = std::move(on_step);
+  eo.on_pass = std::move(on_pass);
   eo.handoff_ttl = options.handoff_ttl;
   if (options.window_pool_bytes > 0) {
     const KvBlockLayout window = model.WindowKvLayoutFor(bt);

@@ -39,11 +39,11 @@ namespace ferry {
 class WorkerEngine {
  public:
   // Loads the model named by options.model (DefaultModelPath() when empty) and starts the engine.
-  // `on_step` (may be empty) becomes EngineOptions::on_step. `transport` (may be null) must
-  // outlive the WorkerEngine.
+  // `on_step` and `on_pass` (may be empty) become EngineOptions::on_step and on_pass.
+  // `transport` (may be null) must outlive the WorkerEngine.
   static absl::StatusOr<std::unique_ptr<WorkerEngine>> Create(
       const WorkerOptions& options, std::function<void(const StepInfo&)> on_step,
-      transfer::KvTransport* transport = nullptr);
+      transfer::KvTransport* transport = nullptr, std::function<void()> on_pass = nullptr);
   ~WorkerEngine();
 
   Engine& engine() { return *engine_; }

@@ -161,6 +161,8 @@ ABSL_FLAG(absl::Duration, watch_heartbeat, absl::Seconds(1),
           "Watch: a message at least this often");
 ABSL_FLAG(int64_t, watch_journal_events, 65536, "Watch: KV events kept for slow subscribers");
 ABSL_FLAG(int64_t, watch_max_hashes_per_message, 65536, "Watch: block hashes per message at most");
+ABSL_FLAG(int64_t, max_token_streams, 256,
+          "Token streams (routers' Tokens calls) open at once; beyond: RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, load_window, absl::Seconds(10), "window of the measured load");
 ABSL_FLAG(absl::Duration, drain_grace, absl::Seconds(30),
           "SIGTERM/Drain: time for running requests");
@@ -268,6 +270,10 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(watch_heartbeat);
   if (Given("watch_journal_events")) {
     o.watch_journal_events = static_cast<size_t>(absl::GetFlag(FLAGS_watch_journal_events));
+  }
+  if (Given("max_token_streams")) {
+    const int64_t v = absl::GetFlag(FLAGS_max_token_streams);
+    o.max_token_streams = v < 1 ? 0 : static_cast<size_t>(v);
   }
   if (Given("watch_max_hashes_per_message")) {
     o.watch_max_hashes_per_message =

@@ -359,6 +359,20 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                                .Help("Time the engine thread spent computing token masks.")
                                .Register(registry)
                                .Add({});
+  token_streams_ =
+      gauge("ferry_worker_token_streams", "Token streams open (routers' Tokens calls).");
+  token_stream_messages_ = &prometheus::BuildCounter()
+                                .Name("ferry_worker_token_stream_messages_total")
+                                .Help(
+                                    "Messages written on token streams (about one per engine "
+                                    "pass per stream with output).")
+                                .Register(registry)
+                                .Add({});
+  token_stream_chunks_ = &prometheus::BuildCounter()
+                              .Name("ferry_worker_token_stream_chunks_total")
+                              .Help("TokenChunks those messages carried.")
+                              .Register(registry)
+                              .Add({});
   auto& released = prometheus::BuildCounter()
                        .Name("ferry_worker_kv_reservation_blocks_released_total")
                        .Help(
@@ -552,6 +566,13 @@ void WorkerMetrics::GrammarLookup(const char* result, double compile_seconds, si
   grammar_lookups_->Add({{"result", result}}).Increment();
   if (compile_seconds > 0) grammar_compile_seconds_->Observe(compile_seconds);
   grammar_cache_bytes_->Set(static_cast<double>(cache_bytes));
+}
+
+void WorkerMetrics::TokenStreams(int64_t open) { token_streams_->Set(static_cast<double>(open)); }
+
+void WorkerMetrics::TokenStreamMessage(int64_t chunks) {
+  token_stream_messages_->Increment();
+  token_stream_chunks_->Increment(static_cast<double>(chunks));
 }
 
 void WorkerMetrics::ImageFetch(const char* outcome, uint64_t bytes, double seconds) {

@@ -98,6 +98,10 @@
 //   ferry_worker_grammar_masks_total, ferry_worker_grammar_mask_seconds_total
 //                                                token masks computed on the engine thread and
 //                                                their time (mean mask time per token: the ratio)
+//   ferry_worker_token_streams                   token streams open (worker.proto Tokens)
+//   ferry_worker_token_stream_messages_total, ferry_worker_token_stream_chunks_total
+//                                                messages written on them and the TokenChunks
+//                                                they carried (chunks per message: the ratio)
 //
 // Thread-safe (prometheus-cpp metrics are).
 
@@ -197,6 +201,9 @@ class WorkerMetrics {
   // A constraint's compile-cache lookup: "hit", "miss" or "error", the compile's time when this
   // lookup compiled (0: it did not), and the cache's bytes after it.
   void GrammarLookup(const char* result, double compile_seconds, size_t cache_bytes);
+  // Token streams open now; a message written on one, with its chunks.
+  void TokenStreams(int64_t open);
+  void TokenStreamMessage(int64_t chunks);
 
  private:
   std::vector<prometheus::Counter*> outcomes_;
@@ -269,6 +276,9 @@ class WorkerMetrics {
   prometheus::Gauge* grammar_cache_bytes_;
   prometheus::Counter* grammar_masks_;
   prometheus::Counter* grammar_mask_seconds_;
+  prometheus::Gauge* token_streams_;
+  prometheus::Counter* token_stream_messages_;
+  prometheus::Counter* token_stream_chunks_;
 
   absl::Mutex mu_;  // the mirrors' last values
   int64_t last_generated_ ABSL_GUARDED_BY(mu_) = 0;

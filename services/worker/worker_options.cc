@@ -108,6 +108,7 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(ReadDuration(c, "watch_heartbeat", &o->watch_heartbeat));
   RETURN_IF_ERROR(ReadSizeT(c, "watch_journal_events", &o->watch_journal_events));
   RETURN_IF_ERROR(ReadSizeT(c, "watch_max_hashes_per_message", &o->watch_max_hashes_per_message));
+  RETURN_IF_ERROR(ReadSizeT(c, "max_token_streams", &o->max_token_streams));
   RETURN_IF_ERROR(ReadDuration(c, "load_window", &o->load_window));
   RETURN_IF_ERROR(ReadDuration(c, "drain_grace", &o->drain_grace));
   RETURN_IF_ERROR(ReadDuration(c, "rpc_grace", &o->rpc_grace));
@@ -209,6 +210,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return bad("--watch_journal_events and --watch_max_hashes_per_message must be positive");
   }
   if (o.load_window <= absl::ZeroDuration()) return bad("--load_window must be positive");
+  if (o.max_token_streams < 1) return bad("--max_token_streams must be positive");
   if (o.secret_poll_interval < absl::ZeroDuration()) {
     return bad("--secret_poll_interval must be >= 0");
   }

@@ -151,6 +151,8 @@ struct WorkerOptions {
   absl::Duration watch_heartbeat = absl::Seconds(1);        // a message at least this often
   size_t watch_journal_events = size_t{1} << 16;            // events kept for slow subscribers
   size_t watch_max_hashes_per_message = size_t{1} << 16;
+  // Token streams (worker.proto Tokens) open at once: one per router.
+  size_t max_token_streams = 256;
   absl::Duration load_window = absl::Seconds(10);
   absl::Duration drain_grace = absl::Seconds(30);  // SIGTERM / Drain: running requests' time
   absl::Duration rpc_grace = absl::Seconds(5);     // then in-flight calls', before cancelling

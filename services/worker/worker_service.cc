@@ -612,6 +612,21 @@ grpc::ServerWriteReactor<v1::WorkerStatus>* WorkerService::Watch(
   return hub->Subscribe(context, request);
 }
 
+grpc::ServerWriteReactor<v1::TokenBatch>* WorkerService::Tokens(
+    grpc::CallbackServerContext* context, const v1::TokenStreamRequest* request) {
+  class RefusedStream final : public grpc::ServerWriteReactor<v1::TokenBatch> {
+   public:
+    explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+    void OnDone() override { delete this; }
+  };
+  if (grpc::Status auth = Authorize(*context); !auth.ok()) return new RefusedStream(auth);
+  if (options_.token_streams == nullptr) {
+    return new RefusedStream(
+        grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this worker has no token streams"));
+  }
+  return options_.token_streams->Open(context, request);
+}
+
 grpc::ServerUnaryReactor* WorkerService::PushKv(grpc::CallbackServerContext* context,
                                                 const v1::PushKvRequest* request,
                                                 v1::PushKvResponse* response) {

@@ -51,6 +51,7 @@
 #include "services/worker/sim_link.h"
 #include "services/worker/store_reader.h"
 #include "services/worker/store_writer.h"
+#include "services/worker/token_stream.h"
 #include "services/worker/watch_hub.h"
 #include "services/worker/worker_engine.h"
 #include "services/worker/worker_metrics.h"
@@ -115,6 +116,9 @@ struct WorkerServiceOptions {
   // completes no earlier than this link carries its simulated bytes (may be null: none).
   // Outlives the service's calls' pushes.
   SimLink* sim_link = nullptr;
+  // The token streams (token_stream.h; may be null: Tokens answers UNIMPLEMENTED and every
+  // Generate call sends on itself). Outlives the service's calls.
+  TokenStreams* token_streams = nullptr;
   // Structured output: the compile cache of requests' constraints (ToEngineRequest compiles them
   // on the calling thread through it; constraint_cache.h).
   grammar::ConstraintCacheOptions constraints;
@@ -145,6 +149,8 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* PushKv(grpc::CallbackServerContext* context,
                                    const ferry::v1::PushKvRequest* request,
                                    ferry::v1::PushKvResponse* response) override;
+  grpc::ServerWriteReactor<ferry::v1::TokenBatch>* Tokens(
+      grpc::CallbackServerContext* context, const ferry::v1::TokenStreamRequest* request) override;
 
   // Starts the Watch streams' hub once the server's address is known (Watch answers UNAVAILABLE
   // before); `worker_id` "" means the endpoint. Once.
@@ -223,6 +229,10 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   void AddParked(const std::string& id, ParkedKv parked);
   // "host:port" of this worker's Worker service (StartWatch's endpoint).
   std::string endpoint() const;
+  // The open token stream `id` with a reference (Unref it), or null.
+  TokenStream* FindTokenStream(const std::string& id) {
+    return options_.token_streams != nullptr ? options_.token_streams->Find(id) : nullptr;
+  }
   // Registers a call under its request id; false when one is live already.
   bool Register(const std::string& id, GenerateCall* call);
   void Unregister(const std::string& id);
