@@ -448,6 +448,8 @@ def router_fault_counters(router):
         "migration_limit": metric_sum(s, "ferry_router_failed_requests_total",
                                       cause="migration_limit"),
         "orphan_found": metric_sum(s, "ferry_router_orphan_aborts_total", outcome="found"),
+        # Chunks that reached their requests through the workers' token streams.
+        "stream_chunks": metric_sum(s, "ferry_router_token_stream_chunks_total", delivered="true"),
         "non_200": sum(v for k, v in s.items() if k.startswith("ferry_router_requests_total{")
                        and 'code="200"' not in k),
         "has_migration_metrics": any(k.startswith("ferry_router_migrations_total")
