@@ -195,12 +195,7 @@ void EpollSseClient::OnReadable(Connection& c) {
       return;
     }
     if (n == 0) {
-      // The server closed: the end of a body without framing, else a stream cut short.
-      if (c.state == Connection::State::kBody && !c.chunked) {
-        End(c, false);
-      } else {
-        Fail(c, "the server closed the connection before data: [DONE]");
-      }
+      Fail(c, "the server closed the connection before data: [DONE]");
       return;
     }
     if (c.in.size() + static_cast<size_t>(n) > options_.max_buffer_bytes + sizeof(buf)) {
