@@ -1,4 +1,5 @@
-// ferry bench frontdoor [--requests N]: what the router's front door costs. A ferry-worker on the
+// ferry bench frontdoor [--requests N] [--streams N] [--token_interval_ms T] [--workers W]
+// [--seconds S] [--quick] [--scale_only] [--no_peer]: what the router's front door costs. A ferry-worker on the
 // null engine at zero cost (no prefill or token time) streams as fast as the serving path allows;
 // the same 1,000-token chat prompts reach it two ways in this run, one request at a time:
 //   baseline: this process calls the worker's Generate directly (gRPC, the prompt's tokens made
@@ -12,8 +13,23 @@
 // own time on the same prompt, measured here. Then 500 concurrent streams go through a second
 // router in front of a worker that takes 20 ms a token, so that they are all open at once: all
 // must end 200 with [DONE]. Goals (the issue's): added TTFT p50 <= 1 ms, request-path CPU <= 1.3x
-// tokenize + 100 us, <= 5 us per streamed token, 500 streams held. Prints a table, then one JSON
-// line. Needs FERRY_MODEL_GGUF (the tokenizer and template; the null engine loads no weights).
+// tokenize + 100 us, 500 streams held.
+//
+// Then the cluster-scale run: W ferry-workers on the null engine, each making one token per
+// running request every T ms, behind one ferry-router, and N streaming chat completions driven by
+// EpollSseClient (one thread of this process). Once every stream has its first token, a steady
+// window of S seconds: tokens delivered (offered: N x 1000/T a second), the CPU of the router,
+// each worker and this process (/proc schedstat of every thread), and every gap between two
+// tokens of a stream inside the window. per_token_us is the router's CPU in the window over the
+// tokens delivered in it; added_itl_p99_ms the p99 of (gap - T). When less than 0.98x of the
+// offered load arrives, the run is repeated at half the streams (down to N/8) and the highest
+// load sustained, and the highest rate delivered, are reported. The same run measures two
+// baselines: the write floor (one event-sized write to each of N loopback sockets every T ms from
+// one thread, its CPU per write) and a peer, sglang-router (--backend openai) relaying the same
+// N streams from PacedSseUpstream, its CPU per relayed token measured the same way. Goals:
+// per_token_us <= write floor + 3 us, <= the peer's, <= 5 us; added_itl_p99_ms <= 2.
+// Prints a table, then one JSON line. Needs FERRY_MODEL_GGUF (the tokenizer and template; the
+// null engine loads no weights).
 
 #include <arpa/inet.h>
 #include <dirent.h>
