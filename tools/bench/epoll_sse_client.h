@@ -54,8 +54,8 @@ class EpollSseClient {
     bool failed = false;  // with `error`
     std::string error;
     int64_t tokens = 0;  // token events, all of them
-    int64_t event_bytes =
-        0;  // bytes of the first token event as sent (with its "data: " and blank line)
+    // The first token event's bytes as the server wrote it ("data: ", payload, blank line).
+    int64_t event_bytes = 0;
     std::vector<Clock::time_point> arrivals;  // the first max_arrivals_per_stream tokens
   };
 
@@ -66,7 +66,7 @@ class EpollSseClient {
   EpollSseClient& operator=(const EpollSseClient&) = delete;
 
   // Connects, sends, reads until every stream ended or Stop() was called. Error only when the
-  // loop itself cannot run (epoll, sockets); a stream's failure is in its Stream.
+  // loop itself cannot run (epoll, sockets); a stream's failure is in its Stream. Once.
   absl::Status Run();
   void Stop();
 

@@ -1,7 +1,8 @@
 // ferry bench frontdoor [--requests N] [--streams N] [--token_interval_ms T] [--workers W]
-// [--seconds S] [--quick] [--scale_only] [--no_peer]: what the router's front door costs. A ferry-worker on the
-// null engine at zero cost (no prefill or token time) streams as fast as the serving path allows;
-// the same 1,000-token chat prompts reach it two ways in this run, one request at a time:
+// [--seconds S] [--quick] [--scale_only] [--no_peer]: what the router's front door costs. A
+// ferry-worker on the null engine at zero cost (no prefill or token time) streams as fast as the
+// serving path allows; the same 1,000-token chat prompts reach it two ways in this run, one request
+// at a time:
 //   baseline: this process calls the worker's Generate directly (gRPC, the prompt's tokens made
 //             here with the router's own prompt builder), time to the first token event;
 //   router:   a ferry-router in front of it, an HTTP/1.1 streaming chat completion on a kept-alive
@@ -483,9 +484,12 @@ double Sum(const std::vector<pid_t>& pids) {
 }
 
 // The tokens a stream must be asked for to outlast the ramp and the window.
+// At most 7,000: the prompt and the answer stay within SmolLM2's 8,192 positions (at T of a few
+// ms a stream may then end before a long window does; its tokens stop counting).
 int64_t StreamTokens(const Options& o, int streams) {
   const double ramp_s = 30 + streams / 100.0;
-  return static_cast<int64_t>((ramp_s + o.seconds + 10) * 1000 / o.interval_ms);
+  return std::min<int64_t>(7000,
+                           static_cast<int64_t>((ramp_s + o.seconds + 10) * 1000 / o.interval_ms));
 }
 
 // `streams` streaming chat completions to 127.0.0.1:port from one epoll thread; once every one
@@ -564,14 +568,14 @@ Drive DriveStreams(const Options& o, int port, int streams, pid_t target,
 // W null workers pacing one token per request every interval, one ferry-router in front of all.
 Drive RunFerryScale(const Options& o, int streams) {
   const int per_worker = (streams + o.workers - 1) / o.workers + 16;
-  // The null engine's KV is small per token; size the pool for every row's whole stream.
+  // The null engine's KV is 16 bytes a token: 512 MiB holds every row's whole stream.
   std::vector<std::string> flags = {
       "--model=" + o.model,
       "--engine=null",
       "--null_prefill_tokens_per_second=0",
       absl::StrCat("--null_token_seconds=", o.interval_ms / 1e3),
       "--block_tokens=16",
-      "--kv_pool_bytes=4GiB",
+      "--kv_pool_bytes=512MiB",
       absl::StrCat("--max_running=", per_worker),
       absl::StrCat("--max_queued=", streams),
       absl::StrCat("--max_batch_tokens=", std::max<int64_t>(8192, per_worker * 64))};
