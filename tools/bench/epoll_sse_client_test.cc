@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -119,6 +120,35 @@ TEST(EpollSseClientTest, FailsStreamsOnBadAnswers) {
   ExpectBothFail("HTTP/1.1 200 OK\r\n" + std::string(2000, 'x'), "head larger");
   ExpectBothFail("HTTP/1.1 200 OK\r\n\r\ndata: " + std::string(3000, 'x'), "event larger");
   ExpectBothFail("", "closed the connection");
+}
+
+std::string Chunked(const std::string& data) {
+  char size[32];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  return size + data + "\r\n";
+}
+
+TEST(EpollSseClientTest, ReassemblesEventsAcrossChunks) {
+  const std::string role =
+      "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+  const std::string a = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+  const std::string b = "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n";
+  FixedServer server("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" +
+                     Chunked(role + a.substr(0, 20)) + Chunked(a.substr(20) + b) +
+                     Chunked(": a comment\n\ndata: [DONE]\n\n") + "0\r\n\r\n");
+  EpollSseClientOptions o;
+  o.port = server.port();
+  o.streams = 2;
+  o.body = [](int) { return Body(3); };
+  auto client = EpollSseClient::Create(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Run().ok());
+  for (int i = 0; i < 2; ++i) {
+    const EpollSseClient::Stream& s = (*client)->stream(i);
+    EXPECT_TRUE(s.ok) << s.error;
+    EXPECT_EQ(s.tokens, 2);  // not the role chunk
+    EXPECT_EQ(s.event_bytes, static_cast<int64_t>(a.size()));
+  }
 }
 
 TEST(EpollSseClientTest, RejectsBadOptions) {
