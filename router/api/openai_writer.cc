@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+#include "router/api/json_string.h"
 #include "router/http/http_status.h"
 
 namespace ferry {
@@ -175,6 +177,40 @@ std::string OpenAiWriter::StreamStart(int32_t choice) {
 }
 
 std::string OpenAiWriter::StreamDelta(int32_t choice, const ChoiceOutputs& delta) {
+  // The common event, text alone: the choice's template around the escaped text (the same bytes
+  // as the document below; json_string.h).
+  if (!delta.text.empty() && delta.reasoning.empty() && delta.tool_call_deltas.empty() &&
+      delta.logprobs.empty() && delta.finish_reason.empty() && !return_token_ids_ && choice >= 0 &&
+      choice < 1024) {
+    if (text_templates_.size() <= static_cast<size_t>(choice)) {
+      text_templates_.resize(static_cast<size_t>(choice) + 1);
+    }
+    TextTemplate& t = text_templates_[static_cast<size_t>(choice)];
+    if (!t.built) {
+      t.built = true;
+      constexpr absl::string_view kMarker = "ferry-text-marker-5e1f";
+      ChoiceOutputs marked;
+      marked.text = std::string(kMarker);
+      const std::string event = StreamDeltaDocument(choice, marked);
+      const std::string quoted = absl::StrCat("\"", kMarker, "\"");
+      const size_t at = event.find(quoted);
+      if (at != std::string::npos && event.find(quoted, at + 1) == std::string::npos) {
+        t.prefix = event.substr(0, at);
+        t.suffix = event.substr(at + quoted.size());
+        t.usable = true;
+      }
+    }
+    if (t.usable) {
+      std::string out;
+      out.reserve(t.prefix.size() + delta.text.size() + t.suffix.size() + 8);
+      out += t.prefix;
+      if (AppendJsonString(delta.text, &out)) return out + t.suffix;
+    }
+  }
+  return StreamDeltaDocument(choice, delta);
+}
+
+std::string OpenAiWriter::StreamDeltaDocument(int32_t choice, const ChoiceOutputs& delta) {
   Json j = Object(true);
   Json c = Json::object();
   c["index"] = choice;

@@ -75,6 +75,16 @@ class OpenAiWriter final : public ApiWriter {
   nlohmann::ordered_json Logprobs(const ChoiceOutputs& c, int64_t text_offset) const;
   nlohmann::ordered_json Usage(const UsageCounts& u) const;
   nlohmann::ordered_json TokenEntry(TokenId token, float logprob) const;
+  // StreamDelta as a JSON document built and dumped (every case; the text-only one also goes
+  // through the choice's template).
+  std::string StreamDeltaDocument(int32_t choice, const ChoiceOutputs& delta);
+
+  // A choice's text-only event: the bytes before and after its text's JSON string.
+  struct TextTemplate {
+    bool built = false, usable = false;
+    std::string prefix, suffix;
+  };
+  std::vector<TextTemplate> text_templates_;
 
   const ResponseHeader header_;
   const Tokenizer* const tokenizer_;

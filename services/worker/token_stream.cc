@@ -6,7 +6,6 @@
 
 namespace ferry {
 
-namespace v1 = ferry::v1;
 
 namespace {
 
