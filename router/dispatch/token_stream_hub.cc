@@ -8,7 +8,6 @@
 
 namespace ferry {
 
-
 // One worker's stream: the Tokens call (StartCall, then Read after Read until one fails, then
 // Finish, each completing on its completion thread) and the listeners attached to it.
 class TokenStreamHub::Stream {

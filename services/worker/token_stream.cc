@@ -6,7 +6,6 @@
 
 namespace ferry {
 
-
 namespace {
 
 constexpr size_t kMaxStreamIdBytes = 128;
