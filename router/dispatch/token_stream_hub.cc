@@ -120,9 +120,12 @@ class TokenStreamHub::Stream {
       LOG(INFO) << "token stream " << id_ << " from worker " << worker_ << " " << how << ": "
                 << status_.error_message();
     }
-    const absl::Duration wait = closed     ? absl::ZeroDuration()
-                                : was_open ? hub_->options_.reopen_after
-                                           : hub_->options_.retry_after;
+    // A worker that does not know the call is asked again much later; one that could not be
+    // reached (restarting, say) at the next request after reopen_after.
+    const bool unknown = !was_open && status_.error_code() == grpc::StatusCode::UNIMPLEMENTED;
+    const absl::Duration wait = closed    ? absl::ZeroDuration()
+                                : unknown ? hub_->options_.retry_after
+                                          : hub_->options_.reopen_after;
     TokenStreamHub* hub = hub_;
     hub->Ended(this, how, wait);  // may destroy the hub's last wait: nothing after it
   }
@@ -205,6 +208,7 @@ void TokenStreamHub::Open(const std::string& worker,
   {
     absl::MutexLock lock(&mu_);
     if (stopping_ || streams_.contains(worker)) return;
+    not_before_.erase(worker);  // (just found up: a new process, worth asking at once)
     opened = NewStreamLocked(worker, stub);
   }
   if (opened != nullptr) opened->Start();

@@ -9,8 +9,8 @@
 // answers "not yet": that request's events come on its own Generate call, as every request's do
 // until the stream's first message (`opened`) arrives. From then on Attach gives the stream's id
 // and a fresh tag, which the request names in its GenerateRequest. A worker that refuses the
-// stream (an older worker: UNIMPLEMENTED) is asked again only after `retry_after`; one whose
-// stream broke, at the next Attach after `reopen_after`.
+// stream as unknown (an older worker: UNIMPLEMENTED) is asked again only after `retry_after`; one
+// whose stream broke or could not be opened otherwise, at the next Attach after `reopen_after`.
 //
 // Listeners: each attached listener is referenced until it detaches or the stream ends. Chunks of
 // one message for one listener are delivered together (OnChunks), in the order the worker wrote
@@ -64,8 +64,8 @@ struct TokenStreamHubOptions {
   SharedToken auth_token;  // sent to the workers
   // Where the streams read (each must outlive the hub); at least one.
   std::vector<CompletionThread*> completions;
-  absl::Duration retry_after = absl::Seconds(60);  // after a refusal
-  absl::Duration reopen_after = absl::Seconds(1);  // after a break
+  absl::Duration retry_after = absl::Seconds(60);  // after UNIMPLEMENTED
+  absl::Duration reopen_after = absl::Seconds(1);  // after a break, or a failure to open
   bool enabled = true;  // false: Attach always answers "not yet" (every call streams on itself)
 };
 
@@ -88,8 +88,8 @@ class TokenStreamHub {
   std::optional<TokenStreamRoute> Attach(const std::string& worker,
                                          const std::shared_ptr<ferry::v1::Worker::Stub>& stub,
                                          TokenStreamListener* listener);
-  // Opens `worker`'s stream unless it is open or opening (the registry found the worker up: its
-  // requests find the stream open).
+  // Opens `worker`'s stream unless it is open or opening, whatever an earlier stream's end said
+  // (the registry found the worker up: its requests find the stream open).
   void Open(const std::string& worker, const std::shared_ptr<ferry::v1::Worker::Stub>& stub);
   // Detaches the listener of `route` on `worker` (dropping the hub's reference); nothing when it
   // is not attached (the stream ended).

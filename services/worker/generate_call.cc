@@ -639,9 +639,13 @@ void GenerateCall::EndBeforeEngine(AbortCause cause, absl::Status error) {
   Done();
 }
 
+namespace {
+
 // Set while a call handles an engine event (on the engine thread): chunks it queues on its token
 // stream leave with the engine pass's flush (TokenStreams::FlushAll), not one by one.
 thread_local bool in_engine_event = false;
+
+}  // namespace
 
 void GenerateCall::OnEngineEvent(const TokenEvent& e) {
   in_engine_event = true;

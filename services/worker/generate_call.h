@@ -34,6 +34,13 @@
 // chunks, Usage, OK. RequestContext.deadline_unix_ms passed -> DEADLINE_EXCEEDED. Drain deadline
 // -> UNAVAILABLE, retryable. Engine error -> its status.
 //
+// Token stream (GenerateRequest.token_stream_id naming one this worker holds; token_stream.h): the
+// chunks, merged per choice as above, leave on the stream instead (the call marks itself dirty
+// there; the stream takes them at its next message, after the engine pass or at once for chunks
+// made outside one), and the call carries its reservation, its last event with the number of
+// chunks that went on the stream (GenerateEvent.multiplexed_chunks), sent once the stream took
+// the last of them, and its status. A stream that broke ends the call as a caller gone away.
+//
 // Lifetime: created by WorkerService::Generate, deletes itself when gRPC is done with it
 // (OnDone) and the engine has delivered its last event, whichever is later.
 //
