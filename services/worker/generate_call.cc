@@ -785,7 +785,7 @@ void GenerateCall::Pump() {
     // The chunks leave on the token stream (TakeChunks); the closing message waits for them.
     const bool any =
         std::find(has_pending_.begin(), has_pending_.end(), true) != has_pending_.end();
-    if (dirty_ || (any && !stream_lost_)) {
+    if (dirty_ || any) {  // (a lost stream set broken_: the call finishes above)
       if (dirty_) return;
       dirty_ = true;
       lock.Release();
@@ -903,7 +903,6 @@ void GenerateCall::StreamLost() {
   {
     absl::MutexLock lock(&mu_);
     dirty_ = false;
-    stream_lost_ = true;
     broken_ = true;
     abort = !engine_done_;
   }

@@ -201,11 +201,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   bool parked_ ABSL_GUARDED_BY(mu_) = false;
   // The token stream the chunks leave on (with a reference; null: this call) and the call's tag
   // there (set by Start and never written after: read without the lock); whether the call is in
-  // the stream's next message, whether the stream broke, and the chunks it took.
+  // the stream's next message, and the chunks it took (a stream that broke sets broken_).
   TokenStream* stream_ = nullptr;
   uint64_t tag_ = 0;
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
-  bool stream_lost_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t multiplexed_chunks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
