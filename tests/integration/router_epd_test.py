@@ -148,8 +148,18 @@ class EpdTest(unittest.TestCase):
         client, admin = start_router([WORKER_ADDRESS], [encoder], "router_one")
         fetched = metric(WORKER_ADMIN, FETCHED)
         seen, sent = set(), 0
+
+        def synced():
+            # The worker keeps no prefix, but a request's blocks are in the router's KV index
+            # from their STORED event to their EVICTED one: a request sent in between is
+            # predicted cached (expect_cached), refused by the worker and resent with its image
+            # bytes (no encoder lookup). The counts below are of requests sent after the index
+            # caught up.
+            wait_index_synced(admin, WORKER_ADMIN, WORKER_ADDRESS)
+
         for i, case in enumerate(CASES):
             with self.subTest(case=i):
+                synced()
                 self.assert_transformers(chat(client, case), case)
                 seen.update(case["images"])
                 sent += len(case["images"])
@@ -162,8 +172,10 @@ class EpdTest(unittest.TestCase):
         self.assertEqual(metric(WORKER_ADMIN, FETCHED), fetched + sent)
         # Anthropic's Messages API (base64 image blocks): the same text; its image is a hit.
         case = CASES[0]
+        synced()
         text = chat(client, case).choices[0].message.content
         hits = metric(encoder_admin, HITS)
+        synced()
         m = anthropic.Anthropic(base_url=str(client.base_url).rsplit("/v1", 1)[0], api_key="none",
                                 max_retries=0).messages.create(
             model="tiny", max_tokens=MAX_TOKENS, extra_body={"temperature": 0},
@@ -175,6 +187,7 @@ class EpdTest(unittest.TestCase):
         self.assertEqual(metric(encoder_admin, HITS), hits + len(case["images"]))
         sent += 2 * len(case["images"])
         # The same request again: its image is a hit.
+        synced()
         self.assert_transformers(chat(client, CASES[0]), CASES[0])
         self.assertEqual(metric(encoder_admin, ENCODED), len(seen))
         self.assertEqual(metric(encoder_admin, HITS), sent - len(seen) + len(CASES[0]["images"]))
