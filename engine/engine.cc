@@ -326,6 +326,50 @@ void Engine::ReserveImport(std::vector<Hash128> hashes, int64_t max_fresh,
   wake_.Signal();
 }
 
+void Engine::HoldComputedBlocks(const std::string& id, int64_t blocks,
+                                std::function<void(absl::StatusOr<std::vector<BlockId>>)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    holds_.push_back(PendingHold{id, blocks, std::move(done)});
+  }
+  wake_.Signal();
+}
+
+void Engine::CacheBlocks(std::vector<Hash128> hashes, std::vector<BlockId> blocks) {
+  {
+    absl::MutexLock lock(&mu_);
+    caches_.push_back(PendingCache{std::move(hashes), std::move(blocks)});
+  }
+  wake_.Signal();
+}
+
+void Engine::RunHold(PendingHold& hold) {
+  Sequence* only = nullptr;
+  int64_t live = 0;
+  for (auto& seq : scheduler_.sequences()) {
+    if (seq->finished || seq->req->r.id != hold.id) continue;
+    ++live;
+    only = seq.get();
+  }
+  if (live == 0) {
+    return hold.done(absl::NotFoundError(absl::StrCat("request ", hold.id, " is not running")));
+  }
+  if (live > 1 || only->req->r.n != 1) {
+    return hold.done(absl::FailedPreconditionError(
+        absl::StrCat("request ", hold.id, " has several choices: its KV is not handed off")));
+  }
+  const Sequence& seq = *only;
+  if (hold.blocks <= 0 || hold.blocks * block_tokens_ > seq.computed ||
+      hold.blocks > static_cast<int64_t>(seq.kv.blocks.size())) {
+    return hold.done(absl::FailedPreconditionError(
+        absl::StrCat("request ", hold.id, " has ", seq.computed, " positions computed, not the ",
+                     hold.blocks, " full blocks asked for")));
+  }
+  std::vector<BlockId> held(seq.kv.blocks.begin(), seq.kv.blocks.begin() + hold.blocks);
+  CHECK_OK(kv_.pool().AddRef(held));
+  hold.done(std::move(held));
+}
+
 void Engine::ClearPrefixCache() {
   {
     absl::MutexLock lock(&mu_);
@@ -390,6 +434,8 @@ void Engine::DrainInbox() {
   std::deque<Submitted> submitted;
   std::vector<std::string> aborted, released, parked;
   std::vector<PendingReservation> reservations;
+  std::vector<PendingHold> holds;
+  std::vector<PendingCache> caches;
   bool clear = false;
   {
     absl::MutexLock lock(&mu_);
@@ -399,6 +445,8 @@ void Engine::DrainInbox() {
     released.swap(released_);
     parked.swap(parked_);
     reservations.swap(reservations_);
+    holds.swap(holds_);
+    caches.swap(caches_);
     std::swap(clear, clear_cache_);
     blocks_freed_ = false;
     // Until RemoveFinished publishes again, the queue bound counts these as waiting.
@@ -422,7 +470,12 @@ void Engine::DrainInbox() {
   ExpireHandoffs();
   stats_.window_expired_blocks += kv_.ExpireWindowBlocks();
   if (clear) kv_.EvictAll();
+  for (PendingCache& c : caches) {
+    kv_.CacheImported(c.hashes, c.blocks);
+    kv_.ReleaseFull(&c.blocks);
+  }
   for (PendingReservation& r : reservations) RunReservation(r);
+  for (PendingHold& h : holds) RunHold(h);
   RemoveFinished();
 }
 

@@ -226,6 +226,18 @@ class Engine {
   // it passes them to a request (imported_blocks) or releases them on the pool.
   void ReserveImport(std::vector<Hash128> hashes, int64_t max_fresh,
                      std::function<void(absl::StatusOr<KvReservation>)> done);
+  // Takes a reference on the first `blocks` blocks of running request `id`'s table (the
+  // full-attention pool's), at the next step: the KV a drain pre-copies while the request goes
+  // on (full blocks, all positions computed, never written again). `done` runs once on the
+  // engine thread with them (the caller releases them on the pool), or NotFound (no such request
+  // running), FailedPrecondition (several choices, or fewer than blocks x block_tokens positions
+  // computed).
+  void HoldComputedBlocks(const std::string& id, int64_t blocks,
+                          std::function<void(absl::StatusOr<std::vector<BlockId>>)> done);
+  // Offers full blocks whose KV came from elsewhere (ReserveImport's, once written: a drain
+  // pre-copy) to the prefix cache under their chained `hashes`, at the next step, and drops the
+  // caller's reference on each (one already cached under its hash keeps the cached block).
+  void CacheBlocks(std::vector<Hash128> hashes, std::vector<BlockId> blocks);
   // Evicts every unreferenced block of the prefix (and window) cache at the next step (blocks
   // running requests use stay); thread-safe.
   void ClearPrefixCache();
@@ -266,8 +278,19 @@ class Engine {
     std::function<void(absl::StatusOr<KvReservation>)> done;
   };
 
+  struct PendingHold {
+    std::string id;
+    int64_t blocks = 0;
+    std::function<void(absl::StatusOr<std::vector<BlockId>>)> done;
+  };
+  struct PendingCache {
+    std::vector<Hash128> hashes;
+    std::vector<BlockId> blocks;
+  };
+
   Engine(ForwardModel* model, KvBlockPool* pool, const Tokenizer* tokenizer,
          const EngineOptions& options, KvBlockPool* window_pool);
+  void RunHold(PendingHold& hold);
   void DrainInbox();
   // A submitted request's sequences (its imports offered to the prefix cache and held).
   void AddRequest(EngineRequest r, absl::Duration submitted_at);
@@ -344,6 +367,8 @@ class Engine {
   std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> parked_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingReservation> reservations_ ABSL_GUARDED_BY(mu_);
+  std::vector<PendingHold> holds_ ABSL_GUARDED_BY(mu_);
+  std::vector<PendingCache> caches_ ABSL_GUARDED_BY(mu_);
   bool clear_cache_ ABSL_GUARDED_BY(mu_) = false;
   // A release elsewhere freed blocks since the engine last looked.
   bool blocks_freed_ ABSL_GUARDED_BY(mu_) = false;

@@ -87,6 +87,28 @@ Harness Make(const SyntheticVariant& v, int64_t blocks, const EngineOptions& opt
   return Harness(v, blocks, options, 16, TwoPools(v) ? blocks : 0);
 }
 
+// The chain of the first `blocks` full blocks of `prompt`, as the engine hashes it (no salt).
+std::vector<Hash128> Chain(const ForwardModel& model, const std::vector<TokenId>& prompt,
+                           int64_t blocks, int32_t block_tokens = 16) {
+  const Hash128 root = RootBlockHash({model.fingerprint(), "", ""});
+  std::vector<Hash128> chain;
+  for (int64_t b = 0; b < blocks; ++b) {
+    chain.push_back(
+        NextBlockHash(b == 0 ? root : chain.back(),
+                      absl::MakeConstSpan(prompt).subspan(b * block_tokens, block_tokens), {}));
+  }
+  return chain;
+}
+
+absl::StatusOr<KvReservation> ReserveImport(Harness& h, std::vector<Hash128> chain,
+                                            int64_t max_fresh) {
+  absl::StatusOr<KvReservation> got = absl::UnknownError("not run");
+  h.engine_->ReserveImport(std::move(chain), max_fresh,
+                           [&](absl::StatusOr<KvReservation> r) { got = std::move(r); });
+  h.Drain();
+  return got;
+}
+
 class EngineDeterminismTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
@@ -252,6 +274,82 @@ TEST_P(EngineDeterminismTest, SameTokensAndLogitsHoweverTheRequestRuns) {
     source.Drain();  // the release
     EXPECT_EQ(source.held_blocks(), 0);
     EXPECT_FALSE(source.engine_->IsLive("r"));
+  }
+  // Pre-copied while it decodes (a drain's pre-copy, one pool): its first full blocks, held
+  // by HoldComputedBlocks, go into another engine's prefix cache (CacheBlocks); the hand-off's
+  // reservation there finds them cached and takes only the rest from the parked table.
+  if (!TwoPools(variant)) {
+    Harness source = Make(variant, 64, whole);
+    ASSERT_TRUE(source.Submit(Req("r", prompt, max_tokens, sampled)).ok());
+    for (int i = 0; i < 200 && source.out("r").tokens.size() < 5; ++i) {
+      ASSERT_TRUE(source.engine_->Step().ok());
+    }
+    absl::StatusOr<std::vector<BlockId>> held = absl::UnknownError("not run");
+    auto hold = [&](const std::string& id, int64_t n) {
+      held = absl::UnknownError("not run");
+      source.engine_->HoldComputedBlocks(
+          id, n, [&](absl::StatusOr<std::vector<BlockId>> got) { held = std::move(got); });
+      ASSERT_TRUE(source.engine_->Step().ok());
+    };
+    hold("unknown", 1);
+    EXPECT_EQ(held.status().code(), absl::StatusCode::kNotFound);
+    hold("r", 40);  // past what is computed
+    EXPECT_EQ(held.status().code(), absl::StatusCode::kFailedPrecondition);
+    hold("r", 9);  // 150 prompt tokens and 5 more: 9 full blocks of 16 computed
+    ASSERT_TRUE(held.ok()) << held.status();
+    ASSERT_EQ(held->size(), 9u);
+    std::vector<TokenId> so_far = prompt;
+    so_far.insert(so_far.end(), source.out("r").tokens.begin(), source.out("r").tokens.end());
+    Harness target = Make(variant, 64, whole);
+    auto landing = ReserveImport(target, Chain(*target.model_, so_far, 9), 9);
+    ASSERT_TRUE(landing.ok()) << landing.status();
+    ASSERT_EQ(landing->blocks.size(), 9u);
+    std::vector<char> bytes(9 * source.pool_->layout().block_bytes());
+    ASSERT_TRUE(source.pool_->ExportToHost(*held, bytes.data(), bytes.size()).ok());
+    ASSERT_TRUE(target.pool_->Import(landing->blocks, bytes.data(), bytes.size()).ok());
+    ASSERT_TRUE(source.pool_->Release(*held).ok());
+    target.engine_->CacheBlocks(Chain(*target.model_, so_far, 9), landing->blocks);
+    target.Drain();
+    EXPECT_EQ(target.engine_->stats().cached_blocks, 9);
+    EXPECT_EQ(target.held_blocks(), 0);  // the cache's alone
+
+    for (int i = 0; i < 200 && source.out("r").tokens.size() < 12; ++i) {
+      ASSERT_TRUE(source.engine_->Step().ok());
+    }
+    source.engine_->Park("r");
+    ASSERT_TRUE(source.engine_->Step().ok());
+    const Output parked = source.out("r");
+    ASSERT_EQ(parked.finish, FinishReason::kHandoff);
+    const int64_t positions = 150 + static_cast<int64_t>(parked.tokens.size()) - 1;
+    std::vector<TokenId> computed = prompt;
+    computed.insert(computed.end(), parked.tokens.begin(), parked.tokens.end() - 1);
+    absl::StatusOr<KvReservation> reserved = absl::UnknownError("not run");
+    target.engine_->Reserve(Chain(*target.model_, computed, positions / 16), positions,
+                            [&](absl::StatusOr<KvReservation> r) { reserved = std::move(r); });
+    target.Drain();
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+    ASSERT_EQ(reserved->cached_blocks, 9);
+    ASSERT_EQ(reserved->blocks.size(), parked.blocks.size());
+    const std::vector<BlockId> tail(parked.blocks.begin() + 9, parked.blocks.end());
+    std::vector<char> rest(tail.size() * source.pool_->layout().block_bytes());
+    ASSERT_TRUE(source.pool_->ExportToHost(tail, rest.data(), rest.size()).ok());
+    const std::vector<BlockId> fresh(reserved->blocks.begin() + 9, reserved->blocks.end());
+    ASSERT_TRUE(target.pool_->Import(fresh, rest.data(), rest.size()).ok());
+    source.engine_->ReleaseHandoff("r");
+    EngineRequest d = Req("r", prompt, max_tokens, sampled);
+    d.role = EngineRole::kDecodeOnly;
+    d.imported_blocks = reserved->blocks;
+    d.resume = {ResumePoint{parked.tokens, parked.sampler_state, ""}};
+    ASSERT_TRUE(target.Submit(std::move(d)).ok());
+    target.Drain();
+    Output joined = parked;
+    joined.tokens.insert(joined.tokens.end(), target.out("r").tokens.begin(),
+                         target.out("r").tokens.end());
+    joined.logits.insert(joined.logits.end(), target.out("r").logits.begin(),
+                         target.out("r").logits.end());
+    ExpectSame(joined, want, "pre-copied 9 blocks, parked, the rest handed off");
+    source.Drain();
+    EXPECT_EQ(source.held_blocks(), 0);
     // A request still prefilling is parked once its prompt is computed and it has a token; one
     // of several choices is never parked: it runs to its end.
     EngineOptions chunked = whole;
@@ -1130,28 +1228,6 @@ TEST(EngineTest, AReservationOnTwoPoolsHoldsTheWindowOnlyAndFeedsADecodeOnlyRequ
   h.Drain();
   EXPECT_EQ(h.pool_->num_free(), 32);
   EXPECT_EQ(h.window_pool_->num_free(), 32);
-}
-
-// The chain of the first `blocks` full blocks of `prompt`, as the engine hashes it (no salt).
-std::vector<Hash128> Chain(const ForwardModel& model, const std::vector<TokenId>& prompt,
-                           int64_t blocks, int32_t block_tokens = 16) {
-  const Hash128 root = RootBlockHash({model.fingerprint(), "", ""});
-  std::vector<Hash128> chain;
-  for (int64_t b = 0; b < blocks; ++b) {
-    chain.push_back(
-        NextBlockHash(b == 0 ? root : chain.back(),
-                      absl::MakeConstSpan(prompt).subspan(b * block_tokens, block_tokens), {}));
-  }
-  return chain;
-}
-
-absl::StatusOr<KvReservation> ReserveImport(Harness& h, std::vector<Hash128> chain,
-                                            int64_t max_fresh) {
-  absl::StatusOr<KvReservation> got = absl::UnknownError("not run");
-  h.engine_->ReserveImport(std::move(chain), max_fresh,
-                           [&](absl::StatusOr<KvReservation> r) { got = std::move(r); });
-  h.Drain();
-  return got;
 }
 
 // Collects what a request offers, each block with a reference of its own (released by the

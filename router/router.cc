@@ -296,6 +296,7 @@ class Router::Impl {
     dopts.max_retries = options_.max_retries;
     dopts.max_migrations = options_.max_migrations;
     dopts.token_streams = options_.token_streams;
+    dopts.handoff_precopy = options_.handoff_precopy;
     dopts.max_tracked_tokens_per_request = options_.migration_max_tokens_per_request;
     dopts.max_tracked_tokens = options_.migration_max_tokens;
     dopts.auth_token = token;
@@ -330,6 +331,7 @@ class Router::Impl {
     observer.untracked = [m] { m->Untracked(); };
     observer.orphan_abort = [m](const std::string& outcome) { m->OrphanAbort(outcome); };
     observer.handoff = [m](const std::string& outcome) { m->Handoff(outcome); };
+    observer.precopy = [m](const std::string& outcome) { m->Precopy(outcome); };
     observer.token_streams = [m](int64_t open) { m->TokenStreams(open); };
     observer.token_stream_message = [m](int64_t chunks, int64_t dropped) {
       m->TokenStreamMessage(chunks, dropped);

@@ -117,6 +117,9 @@ ABSL_FLAG(int, max_migrations, 3,
 ABSL_FLAG(bool, token_streams, true,
           "requests' tokens come on one multiplexed stream per worker (false: on each request's "
           "own Generate call)");
+ABSL_FLAG(bool, handoff_precopy, true,
+          "a draining worker's hand-offs: the target is picked when the drain begins and "
+          "pre-copies the KV computed so far (false: all of it moves at the drain deadline)");
 ABSL_FLAG(int64_t, migration_max_tokens_per_request, 65536,
           "output token ids kept per request for migration (a longer output cannot migrate)");
 ABSL_FLAG(int64_t, migration_max_tokens, 16 << 20,
@@ -248,6 +251,7 @@ RouterOptions OptionsFromFlags() {
   FROM_FLAG(max_retries, max_retries);
   FROM_FLAG(max_migrations, max_migrations);
   FROM_FLAG(token_streams, token_streams);
+  FROM_FLAG(handoff_precopy, handoff_precopy);
   FROM_FLAG(migration_max_tokens_per_request, migration_max_tokens_per_request);
   FROM_FLAG(migration_max_tokens, migration_max_tokens);
   FROM_FLAG(dispatch_threads, dispatch_threads);

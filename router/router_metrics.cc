@@ -162,6 +162,11 @@ RouterMetrics::RouterMetrics(prometheus::Registry& registry) {
   for (const char* outcome : {"completed", "fell_back", "failed"}) {
     handoffs_->Add({{"outcome", outcome}});
   }
+  precopies_ = &prometheus::BuildCounter()
+                    .Name("ferry_router_precopies_total")
+                    .Help("Drain pre-copies asked of hand-off targets, by outcome: done, failed.")
+                    .Register(registry);
+  for (const char* outcome : {"done", "failed"}) precopies_->Add({{"outcome", outcome}});
   migrated_tokens_ = &prometheus::BuildCounter()
                           .Name("ferry_router_migrated_tokens_total")
                           .Help("Output tokens carried over by migrations (recovered).")
@@ -387,6 +392,10 @@ void RouterMetrics::Migrated(const std::string& cause, int64_t tokens) {
 
 void RouterMetrics::Handoff(const std::string& outcome) {
   handoffs_->Add({{"outcome", outcome}}).Increment();
+}
+
+void RouterMetrics::Precopy(const std::string& outcome) {
+  precopies_->Add({{"outcome", outcome}}).Increment();
 }
 
 void RouterMetrics::TokenStreams(int64_t open) { token_streams_->Set(static_cast<double>(open)); }

@@ -48,6 +48,9 @@
 //                                                token or ended the request), fell_back (it failed
 //                                                or found no target: re-prefill), failed (it failed
 //                                                and the request could not go on)
+//   ferry_router_precopies_total{outcome}        drain pre-copies asked of hand-off targets: done
+//                                                (the KV so far landed there), failed (it did not:
+//                                                the hand-off moves all of it)
 //   ferry_router_migrated_tokens_total           output tokens carried over (re-prefilled, not
 //                                                regenerated)
 //   ferry_router_token_streams                   token streams open (one per worker)
@@ -125,6 +128,7 @@ class RouterMetrics {
   void Retry();
   void Migrated(const std::string& cause, int64_t tokens);
   void Handoff(const std::string& outcome);
+  void Precopy(const std::string& outcome);
   void TokenStreams(int64_t open);
   void TokenStreamMessage(int64_t chunks, int64_t dropped);
   void Failed(const std::string& cause);
@@ -180,6 +184,7 @@ class RouterMetrics {
   prometheus::Counter* retries_;
   prometheus::Family<prometheus::Counter>* migrations_;
   prometheus::Family<prometheus::Counter>* handoffs_;
+  prometheus::Family<prometheus::Counter>* precopies_;
   prometheus::Counter* migrated_tokens_;
   prometheus::Gauge* token_streams_;
   prometheus::Counter* token_stream_messages_;

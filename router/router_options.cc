@@ -63,6 +63,7 @@ absl::Status ApplyRouterConfig(const Config& c, RouterOptions* o) {
   RETURN_IF_ERROR(c.Read("max_migrations", &i));
   o->max_migrations = i;
   RETURN_IF_ERROR(c.Read("token_streams", &o->token_streams));
+  RETURN_IF_ERROR(c.Read("handoff_precopy", &o->handoff_precopy));
   RETURN_IF_ERROR(c.Read("migration_max_tokens_per_request", &o->migration_max_tokens_per_request));
   RETURN_IF_ERROR(c.Read("migration_max_tokens", &o->migration_max_tokens));
   i = o->dispatch_threads;

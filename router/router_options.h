@@ -77,6 +77,10 @@ struct RouterOptions {
   // Requests' tokens come on one token stream per worker (docs/design/token-streams.md); false:
   // on each request's own Generate call.
   bool token_streams = true;
+  // When a draining worker announces a hand-off (GenerateEvent.handoff_planned), pick its target
+  // then and have it pre-copy the KV (PrefetchKv); false: the hand-off moves all of it at the
+  // drain deadline.
+  bool handoff_precopy = true;
   int64_t migration_max_tokens_per_request = 65536;  // output token ids kept per request
   int64_t migration_max_tokens = 16 << 20;           // ... and in all
   int dispatch_threads = 1;  // threads that run the worker streams (CompletionThreads)

@@ -68,6 +68,10 @@ std::vector<size_t> HandoffTargets(absl::Span<const WorkerLoadView> workers,
     if (job.excluded.count(w.id) > 0) continue;
     targets.push_back(i);
   }
+  // The worker that pre-copied the KV so far, if it can take it: it holds most of the KV.
+  for (size_t i : targets) {
+    if (!job.precopy_target.empty() && workers[i].id == job.precopy_target) return {i};
+  }
   return targets;
 }
 

@@ -63,7 +63,8 @@ std::vector<size_t> PrefillCandidates(absl::Span<const WorkerLoadView> workers,
                                       const JobRecord& job);
 // The workers that can take `job`'s drain hand-off: of the source's role, neither the source
 // (by id or by `endpoints[i]`, the worker's Worker service address) nor one that failed the job.
-// No relaxation: with none, the hand-off falls back to a re-prefill.
+// No relaxation: with none, the hand-off falls back to a re-prefill. When the job's
+// precopy_target is among them, only it: it holds the KV pre-copied while the source drained.
 std::vector<size_t> HandoffTargets(absl::Span<const WorkerLoadView> workers,
                                    absl::Span<const std::string> endpoints, const JobRecord& job);
 

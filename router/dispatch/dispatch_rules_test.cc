@@ -295,6 +295,20 @@ TEST_F(DispatchRulesTest, ADrainStopWithOutputIsHandedOffToTheSameRole) {
   job_.excluded.insert("d3");
   EXPECT_EQ(Ids(workers, HandoffTargets(workers, endpoints, job_)),
             std::vector<std::string>({"d4"}));
+
+  // A pre-copy's target is the only one while it can take the hand-off; one that cannot (the
+  // source, one that failed the job, one gone) leaves the others.
+  job_.excluded.clear();
+  job_.precopy_target = "d3";
+  EXPECT_EQ(Ids(workers, HandoffTargets(workers, endpoints, job_)),
+            std::vector<std::string>({"d3"}));
+  job_.excluded.insert("d3");
+  EXPECT_EQ(Ids(workers, HandoffTargets(workers, endpoints, job_)),
+            std::vector<std::string>({"d4"}));
+  job_.precopy_target = "d9";
+  job_.excluded.clear();
+  EXPECT_EQ(Ids(workers, HandoffTargets(workers, endpoints, job_)),
+            std::vector<std::string>({"d3", "d4"}));
 }
 
 TEST_F(DispatchRulesTest, ADrainStopWithoutOutputIsAPlainRetryOrReprefill) {

@@ -250,6 +250,13 @@ class Dispatcher::Call final : public TokenStreamListener {
       // A hand-off's target pulls the KV itself; an aggregated worker sends a reservation on a
       // hand-off only: neither asks for a prefill.
       if (disaggregated_ && !handoff_) StartPrefill(event_.reservation());
+    } else if (event_.has_handoff_planned()) {
+      // The worker drains and will hand this request off: its target pre-copies the KV now.
+      if (dispatcher_->options_.handoff_precopy) {
+        dispatcher_->PlanHandoff(job_, worker_, endpoint_,
+                                 request_.request().context().request_id(),
+                                 absl::FromUnixMillis(event_.handoff_planned().deadline_unix_ms()));
+      }
     } else {
       absl::MutexLock lock(&deliver_mu_);
       if (event_.multiplexed_chunks() > mux_chunks_) {
@@ -761,6 +768,7 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
     attempt_id = job->record.AttemptId();
     source = job->record.handoff.source;
     carried = job->record.resumed_tokens;
+    job->record.precopy_target.clear();  // (of the attempt before)
     // The client left while this attempt was being chosen: it starts cancelled (and ends so).
     if (job->record.cancelled) call->context()->TryCancel();
   }
@@ -782,6 +790,87 @@ bool Dispatcher::TryStart(const std::shared_ptr<Job>& job) {
   job->sink->OnRouted(chosen.id);
   call->Start(chosen.stub, completions_[next_completion_.fetch_add(1) % completions_.size()]);
   return true;
+}
+
+void Dispatcher::PlanHandoff(const std::shared_ptr<Job>& job, const std::string& source,
+                             const std::string& source_endpoint, const std::string& attempt_id,
+                             absl::Time deadline) {
+  std::vector<Candidate> candidates = registry_->Candidates();
+  v1::PrefetchKvRequest prefetch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (job->record.ended || job->record.cancelled || job->record.choices != 1 ||
+        job->record.AttemptId() != attempt_id || !job->record.precopy_target.empty()) {
+      return;
+    }
+    // The targets the hand-off will have: of the source's role, not the source, not excluded.
+    std::vector<size_t> targets;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      const Candidate& c = candidates[i];
+      if (c.load.kind != job->record.role || c.id == source || c.endpoint == source_endpoint ||
+          job->record.excluded.count(c.id) > 0) {
+        continue;
+      }
+      targets.push_back(i);
+    }
+    if (targets.empty()) return;
+    candidates = Subset(std::move(candidates), targets);
+    v1::GenerateRequest r = job->request.request;
+    r.mutable_request()->mutable_context()->set_request_id(attempt_id);
+    {
+      absl::MutexLock progress(&job->progress_mu);
+      *r.mutable_request()->mutable_resume() =
+          ResumeFrom(job->record, job->request.request.request().sampling().seed());
+    }
+    r.mutable_request()->clear_store_hint();
+    r.set_handoff_source_endpoint(source_endpoint);
+    r.set_handoff_source_request_id(attempt_id);
+    *prefetch.mutable_request() = std::move(r);
+  }
+  // The policy's choice among them (not counted as a routing decision: no attempt starts).
+  const RouteChoice choice = policy_->Choose(Views(candidates), job->record.Route());
+  const Candidate& target = candidates[choice.index];
+  {
+    absl::MutexLock lock(&mu_);
+    if (job->record.AttemptId() != attempt_id || stopping_) return;
+    job->record.precopy_target = target.id;
+    ++running_;  // the destructor waits for the call's end
+  }
+  LOG(INFO) << LogTraceId(job->request.trace_id) << "request " << job->request.trace_id << " ("
+            << attempt_id << "): worker " << source << " drains; pre-copying its KV to "
+            << target.id << " for the hand-off";
+  struct Rpc {
+    grpc::ClientContext context;
+    v1::PrefetchKvRequest request;
+    v1::PrefetchKvResponse response;
+  };
+  auto rpc = std::make_shared<Rpc>();
+  rpc->request = std::move(prefetch);
+  // Useful only until the hand-off, bounded a little past the drain deadline.
+  rpc->context.set_deadline(absl::ToChronoTime(
+      std::min(job->request.deadline, std::max(deadline, absl::Now()) + absl::Seconds(5))));
+  rpc->context.AddMetadata(kTraceIdMetadataKey, job->request.trace_id);
+  AttachSharedToken(&rpc->context, options_.auth_token);
+  std::shared_ptr<v1::Worker::Stub> stub = target.stub;
+  const std::string trace_id = job->request.trace_id, target_id = target.id;
+  stub->async()->PrefetchKv(
+      &rpc->context, &rpc->request, &rpc->response,
+      [this, rpc, stub, trace_id, attempt_id, target_id](grpc::Status status) {
+        if (status.ok()) {
+          LOG(INFO) << LogTraceId(trace_id) << "request " << trace_id << " (" << attempt_id
+                    << "): pre-copy to " << target_id << " done: " << rpc->response.pushed_blocks()
+                    << " blocks pushed (" << rpc->response.bytes_transferred() << " bytes), "
+                    << rpc->response.cached_blocks() << " held there already";
+        } else {
+          LOG(INFO) << LogTraceId(trace_id) << "request " << trace_id << " (" << attempt_id
+                    << "): pre-copy to " << target_id << " failed (" << status.error_message()
+                    << "); the hand-off moves all of the KV";
+        }
+        if (observer_.precopy) observer_.precopy(status.ok() ? "done" : "failed");
+        absl::MutexLock lock(&mu_);
+        --running_;
+        if (stopping_ && running_ == 0) idle_cv_.SignalAll();
+      });
 }
 
 void Dispatcher::CallEnded(const std::shared_ptr<Job>& job, const AttemptOutcome& ended,

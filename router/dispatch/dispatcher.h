@@ -152,6 +152,9 @@ struct DispatcherOptions {
   // Requests' output comes on one token stream per worker (token_stream_hub.h); false: on each
   // request's own Generate call.
   bool token_streams = true;
+  // Drain pre-copy: a worker's handoff_planned picks the hand-off's target at once and asks it to
+  // pre-copy the KV so far (PrefetchKv); the hand-off then goes to that target.
+  bool handoff_precopy = true;
   // Deadlines are checked on it (must outlive the dispatcher); null: the real clock.
   Clock* clock = nullptr;
 };
@@ -192,6 +195,8 @@ struct DispatchObserver {
   // "fell_back" (it failed, or no target could take it: the request resumes by re-prefill),
   // "failed" (it failed and the request could not go on). Not counted when the client left.
   std::function<void(const std::string& outcome)> handoff;
+  // A drain pre-copy's outcome: "done" (the target holds the KV so far), "failed".
+  std::function<void(const std::string& outcome)> precopy;
   // A request failed: "worker_error" (before any token, no other worker), "no_worker",
   // "migration_limit", "untracked", "several_choices", "deadline".
   std::function<void(const std::string& cause)> failed;
@@ -260,6 +265,13 @@ class Dispatcher {
   // The policy's choice among `candidates` for `job`.
   RouteChoice Choose(const std::vector<Candidate>& candidates, const std::shared_ptr<Job>& job);
   void Routed(const std::string& worker);
+  // Attempt `attempt_id` of `job`, streaming from `source`, will be handed off at `deadline` (its
+  // worker drains): picks the hand-off's target now (JobRecord::precopy_target) and asks it to
+  // pre-copy the KV so far (PrefetchKv, asynchronous; its outcome only counted). Nothing when no
+  // target can take it, or the attempt is not the job's running one.
+  void PlanHandoff(const std::shared_ptr<Job>& job, const std::string& source,
+                   const std::string& source_endpoint, const std::string& attempt_id,
+                   absl::Time deadline);
   // The running attempt of `job` ended (`error`: the worker's error event, held back from the
   // sink): the dispatch rules decide what follows (dispatch_rules.h DecideAfterAttempt), and this
   // carries it out: a restart elsewhere, the queue's front, or the end.

@@ -77,6 +77,9 @@ struct JobRecord {
   int migrations = 0;
   int64_t resumed_tokens = 0;  // output tokens (all choices) before the running attempt
   HandoffPlan handoff;
+  // The worker asked to pre-copy the running attempt's KV when its worker began draining
+  // (Dispatcher: handoff_planned): the hand-off goes there if it can take it.
+  std::string precopy_target;
   WorkerKind role = WorkerKind::kAggregated;  // the running attempt's worker's
 
   // What the client received (the resume point of a migration).

@@ -303,6 +303,19 @@ void GenerateCall::AbortFor(AbortCause cause) {
   }
 }
 
+void GenerateCall::PlanHandoff(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (planned_ || phase_ != Phase::kSubmitted || engine_done_ || finished_ || broken_ ||
+        pending_.size() != 1) {
+      return;
+    }
+    planned_ = plan_ready_ = true;
+    plan_deadline_ = deadline;
+  }
+  Pump();
+}
+
 void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
   mu_.Lock();
   if (phase_ != Phase::kReserving) {
@@ -775,6 +788,15 @@ void GenerateCall::Pump() {
     reservation_ready_ = false;
     out_.Clear();
     *out_.mutable_reservation() = reservation_;
+    writing_ = true;
+    lock.Release();
+    StartWrite(&out_);
+    return;
+  }
+  if (plan_ready_) {
+    plan_ready_ = false;
+    out_.Clear();
+    out_.mutable_handoff_planned()->set_deadline_unix_ms(absl::ToUnixMillis(plan_deadline_));
     writing_ = true;
     lock.Release();
     StartWrite(&out_);

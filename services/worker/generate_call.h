@@ -19,6 +19,8 @@
 // engine to park the request (Engine::Park; a request of several choices runs on, and may still
 // complete); its kHandoff event gives the KV to the service (AddParked) and the call ends
 // UNAVAILABLE, retryable, with ErrorInfo.handoff_endpoint. A second AbortFor(kDrained) ends it.
+// Before that, when the drain begins, PlanHandoff tells the caller (handoff_planned) so that the
+// target can pre-copy the KV computed so far (WorkerService::PrefetchKv).
 // Target (handoff_source_endpoint set; decode or aggregated role, one resumed choice): the call
 // reserves blocks for the prompt and the output but its last token, sends the KvReservation, and
 // calls PushKv on the source; once the push landed and PushKv answered, the request continues as a
@@ -79,6 +81,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
 
   // Ends the request early for `cause` (from the Abort call, the drain, the deadline queue).
   void AbortFor(AbortCause cause);
+  // The drain began on a worker that hands off: a request of one choice in the engine is told
+  // (GenerateEvent.handoff_planned) that it will be parked at `deadline`, so that the caller can
+  // have its next worker pre-copy its KV. Once; nothing for a call in another phase.
+  void PlanHandoff(absl::Time deadline);
   // The prefill worker's KvReady for this call's reservation.
   grpc::Status OnKvReady(const ferry::v1::KvReadyRequest& ready);
   // The reservation's deadline (and a second) passed: a call still waiting for KvReady (its KV
@@ -198,6 +204,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<ferry::v1::GenerateEv
   std::string handoff_source_, handoff_source_id_;
   int64_t handoff_generated_ = 0;
   bool park_requested_ ABSL_GUARDED_BY(mu_) = false;
+  // The plan waits to be written (handoff_planned), once.
+  bool plan_ready_ ABSL_GUARDED_BY(mu_) = false;
+  bool planned_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time plan_deadline_ ABSL_GUARDED_BY(mu_);
   bool parked_ ABSL_GUARDED_BY(mu_) = false;
   // The token stream the chunks leave on (with a reference; null: this call) and the call's tag
   // there (set by Start and never written after: read without the lock); whether the call is in

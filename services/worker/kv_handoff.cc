@@ -86,8 +86,10 @@ absl::StatusOr<v1::KvReservation> DescribeReservation(
   return r;
 }
 
-absl::Status CheckReservation(const v1::KvReservation& r, const KvFacts& mine,
-                              int64_t table_blocks) {
+namespace {
+
+// FailedPrecondition when `r` was made by a worker whose KV is not laid out as `mine`.
+absl::Status CheckSameKv(const v1::KvReservation& r, const KvFacts& mine) {
   const Hash128 theirs{r.model_fingerprint().lo(), r.model_fingerprint().hi()};
   if (theirs != mine.fingerprint) {
     return absl::FailedPreconditionError(
@@ -115,6 +117,14 @@ absl::Status CheckReservation(const v1::KvReservation& r, const KvFacts& mine,
         ") is not this prefill worker's (", pools(mine.block_bytes, mine.window_block_bytes),
         "): KV dtype, model or pool settings differ"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckReservation(const v1::KvReservation& r, const KvFacts& mine,
+                              int64_t table_blocks) {
+  if (absl::Status same = CheckSameKv(r, mine); !same.ok()) return same;
   const int64_t covered = static_cast<int64_t>(r.cached_prefix_blocks()) + r.reserved_blocks();
   if (covered != table_blocks || r.reserved_blocks() == 0) {
     return absl::InvalidArgumentError(
@@ -205,6 +215,37 @@ absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     out.push_back(*std::move(window_put));
   }
   return out;
+}
+
+absl::Status CheckPrecopyReservation(const v1::KvReservation& r, const KvFacts& mine) {
+  if (absl::Status same = CheckSameKv(r, mine); !same.ok()) return same;
+  if (r.reserved_blocks() == 0 ||
+      r.transfer().block_slices_size() != static_cast<int>(r.reserved_blocks())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a pre-copy reservation has ", r.transfer().block_slices_size(),
+                     " block slices for ", r.reserved_blocks(), " blocks"));
+  }
+  if (r.transfer().transfer_id().empty()) {
+    return absl::InvalidArgumentError("the reservation names no transfer id");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<transfer::TransferRequest> PrecopyTransfer(const v1::KvReservation& reservation,
+                                                          absl::Span<const BlockId> blocks,
+                                                          const KvBlockPool& pool,
+                                                          absl::Time deadline, uint64_t* bytes) {
+  const size_t cached = reservation.cached_prefix_blocks();
+  if (blocks.size() != cached + reservation.reserved_blocks()) {
+    return absl::InvalidArgumentError(absl::StrCat("the pre-copy holds ", blocks.size(),
+                                                   " blocks for a reservation of ",
+                                                   cached + reservation.reserved_blocks()));
+  }
+  auto remote = transfer::FromProto(reservation.transfer());
+  if (!remote.ok()) return remote.status();
+  *bytes = 0;
+  return BlocksPut(*remote, 0, blocks.subspan(cached), pool, PutDeadline(reservation, deadline),
+                   bytes);
 }
 
 absl::StatusOr<transfer::TransferRequest> StreamTransfer(const v1::KvReservation& reservation,

@@ -79,6 +79,18 @@ absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     const KvBlockPool* window_pool, int64_t from_block, int64_t window_floor, absl::Time deadline,
     uint64_t* bytes);
 
+// Drain pre-copy (PrefetchKv / PushKv with precopy). The check of a target's reservation for
+// blocks cached_prefix_blocks.. of a request still running on the source: same model, block size
+// and KV layout as `mine` (FailedPrecondition), one slice per reserved block and a transfer id
+// (InvalidArgument); the pool's blocks only, however many pools the model has.
+absl::Status CheckPrecopyReservation(const ferry::v1::KvReservation& reservation,
+                                     const KvFacts& mine);
+// The put of `blocks` (the table's first cached_prefix_blocks + reserved_blocks blocks, held for
+// the push) from cached_prefix_blocks on into the reservation's slices, with its transfer id.
+absl::StatusOr<transfer::TransferRequest> PrecopyTransfer(
+    const ferry::v1::KvReservation& reservation, absl::Span<const BlockId> blocks,
+    const KvBlockPool& pool, absl::Time deadline, uint64_t* bytes);
+
 // A put of pool blocks that completed before the compute ended (`blocks`: the table's blocks
 // first_block, first_block + 1, ...) into their slices, without a transfer id: the decode worker
 // learns of it only through the later PushTransfers puts. InvalidArgument when the range is not

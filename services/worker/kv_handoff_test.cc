@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/common/model_fingerprint.h"
 #include "gtest/gtest.h"
 #include "services/transfer/transfer_wire.h"
 
@@ -71,6 +72,42 @@ TEST_F(KvHandoffTest, AStreamedPutGoesToItsBlocksSlicesAndNamesNoTransfer) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(KvHandoffTest, APrecopyPutsTheHeldBlocksPastTheCachedPrefixAndNamesTheTransfer) {
+  KvFacts facts;
+  facts.block_tokens = 4;
+  facts.block_bytes = block_;
+  v1::KvReservation r = reservation_;
+  r.set_block_tokens(4);
+  r.set_block_bytes(block_);
+  r.set_kv_format_version(kKvFormatVersion);
+  ASSERT_TRUE(CheckPrecopyReservation(r, facts).ok()) << CheckPrecopyReservation(r, facts);
+  uint64_t bytes = 0;
+  // The source holds the table's first 5 blocks; D has 2 of them cached: 3 go, in slice order.
+  auto put = PrecopyTransfer(r, table_, *pool_, absl::InfiniteFuture(), &bytes);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->transfer_id, "t-1");
+  ASSERT_EQ(put->segments.size(), 3u);
+  EXPECT_EQ(put->segments[0].local_address, Local(2));
+  EXPECT_EQ(put->segments[0].remote_address, kRemoteBase + 5 * block_);
+  EXPECT_EQ(put->segments[2].local_address, Local(4));
+  EXPECT_EQ(put->segments[2].remote_address, kRemoteBase + 3 * block_);
+  EXPECT_EQ(bytes, 3 * block_);
+  // Held blocks that do not match the reservation, another layout, no slices or no id: refused.
+  EXPECT_EQ(PrecopyTransfer(r, {table_[0], table_[1]}, *pool_, absl::InfiniteFuture(), &bytes)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  KvFacts other = facts;
+  other.block_bytes = 2 * block_;
+  EXPECT_EQ(CheckPrecopyReservation(r, other).code(), absl::StatusCode::kFailedPrecondition);
+  v1::KvReservation no_slices = r;
+  no_slices.mutable_transfer()->clear_block_slices();
+  EXPECT_EQ(CheckPrecopyReservation(no_slices, facts).code(), absl::StatusCode::kInvalidArgument);
+  v1::KvReservation no_id = r;
+  no_id.mutable_transfer()->clear_transfer_id();
+  EXPECT_EQ(CheckPrecopyReservation(no_id, facts).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(KvHandoffTest, TheLastPutsTakeTheRestAndNameTheTransfer) {

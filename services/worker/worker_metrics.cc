@@ -263,6 +263,20 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                         .Help("KV bytes handed off to the workers continuing drained requests.")
                         .Register(registry)
                         .Add({});
+  precopies_ = &prometheus::BuildCounter()
+                    .Name("ferry_worker_precopies_total")
+                    .Help(
+                        "Drain pre-copies pushed from running requests, by outcome: pushed, "
+                        "refused, failed.")
+                    .Register(registry);
+  for (const char* o : {"pushed", "refused", "failed"}) precopies_->Add({{"outcome", o}});
+  precopy_bytes_ = &prometheus::BuildCounter()
+                        .Name("ferry_worker_precopy_bytes_total")
+                        .Help(
+                            "KV bytes pre-copied to the workers that will continue drained "
+                            "requests.")
+                        .Register(registry)
+                        .Add({});
   handoffs_received_ = &prometheus::BuildCounter()
                             .Name("ferry_worker_handoffs_received_total")
                             .Help("Drained requests this worker continued with their KV.")
@@ -539,6 +553,11 @@ void WorkerMetrics::KvReleased(int64_t blocks, bool outcome_known) {
 void WorkerMetrics::HandoffReceived(uint64_t bytes) {
   handoffs_received_->Increment();
   handoff_received_bytes_->Increment(static_cast<double>(bytes));
+}
+
+void WorkerMetrics::Precopy(const char* outcome, uint64_t bytes) {
+  precopies_->Add({{"outcome", outcome}}).Increment();
+  precopy_bytes_->Increment(static_cast<double>(bytes));
 }
 
 void WorkerMetrics::DrainStarted() { drains_->Increment(); }

@@ -78,6 +78,11 @@
 //                                                it took, and their bytes
 //   ferry_worker_handoff_seconds                 histogram per pushed hand-off: PushKv's arrival
 //                                                to the push's completion
+//   ferry_worker_precopies_total{outcome}        drain pre-copies this worker pushed from a running
+//                                                request while its drain ran: pushed, refused (the
+//                                                request was gone or had too little computed),
+//                                                failed (the put failed)
+//   ferry_worker_precopy_bytes_total             KV bytes pre-copied
 //   Vision-language models (requests with image bytes, encoded on the image executor):
 //   ferry_worker_image_requests_total{outcome}   encoded (its images decoded and encoded, or
 //                                                refused as invalid), cancelled (the caller left
@@ -190,6 +195,8 @@ class WorkerMetrics {
   // "pushed", "failed", "expired", "not_parked"; bytes and seconds with "pushed".
   void Handoff(const char* outcome, uint64_t bytes = 0, double seconds = 0);
   void HandoffReceived(uint64_t bytes);
+  // A drain pre-copy this worker pushed: "pushed" (with its bytes), "refused", "failed".
+  void Precopy(const char* outcome, uint64_t bytes);
   // The image executor: a request queued (+1) or leaving the queue (-1); one starting (+1) or
   // ending (-1) on it; how it ended ("encoded", "cancelled", "rejected"), with its time there.
   void ImageWaiting(int delta);
@@ -261,6 +268,8 @@ class WorkerMetrics {
   prometheus::Counter* handoff_bytes_;
   prometheus::Histogram* handoff_seconds_;
   prometheus::Counter* handoffs_received_;
+  prometheus::Family<prometheus::Counter>* precopies_;
+  prometheus::Counter* precopy_bytes_;
   prometheus::Counter* handoff_received_bytes_;
   prometheus::Counter* released_known_;
   prometheus::Counter* released_quarantine_;

@@ -409,6 +409,7 @@ void WorkerService::BeginDrain(absl::Time deadline) {
               << deadline
               << (hands_off() ? ", then they are handed off with their KV" : ", then they end");
     if (options_.on_draining) options_.on_draining();
+    if (hands_off()) PlanHandoffs(deadline);
   }
 }
 
@@ -631,6 +632,7 @@ grpc::ServerUnaryReactor* WorkerService::PushKv(grpc::CallbackServerContext* con
                                                 const v1::PushKvRequest* request,
                                                 v1::PushKvResponse* response) {
   if (grpc::Status auth = Authorize(*context); !auth.ok()) return Answer(context, auth);
+  if (request->precopy()) return PushPrecopy(context, request, response);
   const std::string id = request->request_id();
   ParkedKv parked;
   {

@@ -17,11 +17,16 @@
 // request between two tokens is parked: the engine stops it with its KV kept, and its stream ends
 // UNAVAILABLE, retryable, with ErrorInfo.handoff_endpoint = this worker. The worker that continues
 // it (GenerateRequest.handoff_source_endpoint) calls PushKv, and the KV is pushed straight into
-// its reservation. A parked KV nobody takes within handoff_wait is released. What cannot be
-// parked (several choices, still prefilling) ends UNAVAILABLE, retryable without it: a router
-// resumes it by re-prefill. Prefill calls accepted before the drain are not cut: they end once
-// their KV reached the decode worker (bounded by their reservation's deadline). The drain state
-// is DRAINING while calls run or KV waits, DRAINED after (then on_drained runs once).
+// its reservation. Pre-copy: when the drain begins, each such call tells its caller
+// (GenerateEvent.handoff_planned), who may pick the target then and call its PrefetchKv; the
+// target reserves blocks for the full blocks computed so far and calls PushKv with precopy here,
+// which pushes them from the running request; they wait in the target's prefix cache, so the
+// hand-off at the deadline pushes only the blocks written since (handoff_precopy.cc). A parked KV
+// nobody takes within handoff_wait is released. What cannot be parked (several choices, still
+// prefilling) ends UNAVAILABLE, retryable without it: a router resumes it by re-prefill. Prefill
+// calls accepted before the drain are not cut: they end once their KV reached the decode worker
+// (bounded by their reservation's deadline). The drain state is DRAINING while calls run or KV
+// waits, DRAINED after (then on_drained runs once).
 //
 // Thread-safe. The engine, metrics and load window must outlive the service; destroy the gRPC
 // server (which waits for every reactor) before the service.
@@ -149,6 +154,9 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* PushKv(grpc::CallbackServerContext* context,
                                    const ferry::v1::PushKvRequest* request,
                                    ferry::v1::PushKvResponse* response) override;
+  grpc::ServerUnaryReactor* PrefetchKv(grpc::CallbackServerContext* context,
+                                       const ferry::v1::PrefetchKvRequest* request,
+                                       ferry::v1::PrefetchKvResponse* response) override;
   grpc::ServerWriteReactor<ferry::v1::TokenBatch>* Tokens(
       grpc::CallbackServerContext* context, const ferry::v1::TokenStreamRequest* request) override;
 
@@ -225,6 +233,19 @@ class WorkerService final : public ferry::v1::Worker::CallbackService {
   bool draining() const;
   // The drain deadline passed and this worker hands requests off with their KV.
   bool hands_off() const { return options_.transport != nullptr && options_.role != "prefill"; }
+  // The drain began (handoff_precopy.cc): every Generate call that may be parked tells its caller
+  // (GenerateCall::PlanHandoff).
+  void PlanHandoffs(absl::Time deadline);
+  // PushKv with precopy (handoff_precopy.cc): the running request's first blocks into the
+  // target's reservation.
+  grpc::ServerUnaryReactor* PushPrecopy(grpc::CallbackServerContext* context,
+                                        const ferry::v1::PushKvRequest* request,
+                                        ferry::v1::PushKvResponse* response);
+  // Holds the request's first `blocks` blocks (at the engine's next step) and puts them into
+  // `destination` on peer `to`; `finish` runs once with the outcome and the bytes moved.
+  void StartPrecopy(const std::string& id, int64_t blocks,
+                    const ferry::v1::KvReservation& destination, transfer::PeerId to,
+                    absl::Time deadline, std::function<void(const absl::Status&, uint64_t)> finish);
   // A GenerateCall parked its request (on the engine thread, before its stream ends).
   void AddParked(const std::string& id, ParkedKv parked);
   // "host:port" of this worker's Worker service (StartWatch's endpoint).

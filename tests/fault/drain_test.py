@@ -18,6 +18,7 @@ token (fault_util.py).
 aggregated).
 """
 import os
+import re
 import signal
 import sys
 import threading
@@ -48,6 +49,8 @@ def counters(router):
                                               cause="drain_handoff")
     out["completed"] = fu.metric_sum(s, "ferry_router_handoffs_total", outcome="completed")
     out["fell_back"] = fu.metric_sum(s, "ferry_router_handoffs_total", outcome="fell_back")
+    out["precopied"] = fu.metric_sum(s, "ferry_router_precopies_total", outcome="done")
+    out["precopy_failed"] = fu.metric_sum(s, "ferry_router_precopies_total", outcome="failed")
     return out
 
 
@@ -149,6 +152,13 @@ class DrainTest(unittest.TestCase):
         self.assertEqual(d["fell_back"], 0, str(d))
         self.assertEqual(d["migrations"], received, f"a request moved by re-prefill: {d}")
         self.assertLessEqual(received, on_drained)
+        # Each was pre-copied to its target while the source drained (the target pulled the KV
+        # computed by then; the hand-off pushed the rest).
+        self.assertGreaterEqual(d["precopied"], received, str(d))
+        self.assertEqual(d["precopy_failed"], 0, str(d))
+        pulled = [int(n) for n in re.findall(r"pre-copy of request \S+ from \S+: (\d+) blocks to pull",
+                                             other.log())]
+        self.assertTrue(pulled and max(pulled) > 0, f"nothing pre-copied: {pulled}")
         if PD:
             # No re-prefill: the prefill worker prefilled each request once.
             self.assertEqual(prefills, STREAMS + LATE)
@@ -190,6 +200,52 @@ class DrainTest(unittest.TestCase):
         self.assertEqual(d["failed"], 0, str(d))
         self.assertEqual(d["fell_back"], 1, str(d))
         self.assertEqual(d["completed"], 0, str(d))
+
+    @unittest.skipUnless(PD, "P/D only")
+    def test_precopy_target_dies_mid_precopy(self):
+        """The worker pre-copying a draining worker's request is SIGKILLed while the source's
+        pre-copy push is held: the source survives and drains, and at the deadline the request
+        is handed off (all of its KV) to the third decode worker, equal to its fault-free run."""
+        hold = os.path.join(fu.TMP, "hold_precopy")
+        router, prefill, decodes = fu.Stacks.pd(
+            fu.model_dir(), decodes=3, worker_extra=["--drain_grace=2s", f"--push_hold_file={hold}"])
+        b = body(router.port, 9)
+        router.wait_up([prefill] + decodes)
+        # The fault-free run comes after (outputs are deterministic): run first, it would leave
+        # the request's blocks cached on a worker that may be the pre-copy's target.
+        before = counters(router)
+        state = {}
+
+        def on_token(r):
+            if "source" not in state and r.tokens() >= 40:  # past the first blocks
+                source = router.streaming_worker(decodes)
+                open(hold, "w").close()
+                source.signal(signal.SIGTERM)
+                state["source"] = source
+
+        results = [None]
+        t = start_streams(router.port, [b], results, on_token)[0]
+        wait_for("the drain", lambda: "source" in state)
+        others = [w for w in decodes if w is not state["source"]]
+        wait_for("the source to hold the pre-copy push",
+                 lambda: "test seam: the pre-copy push" in state["source"].log())
+        targets = [w for w in others if "pre-copy of request" in w.log()]
+        self.assertEqual(len(targets), 1, "no single pre-copy target")
+        targets[0].kill()
+        os.unlink(hold)
+        t.join()
+        code = state["source"].proc.wait(timeout=60)
+        self.assertEqual(code, 0)
+        d = delta(counters(router), before)
+        ref = fu.collect(router.port, b)
+        fu.assert_same_stream(self, results[0], ref, "pre-copy target killed mid-pre-copy")
+        self.assertEqual(d["failed"], 0, str(d))
+        self.assertEqual(d["precopy_failed"], 1, str(d))
+        self.assertEqual(d["completed"], 1, str(d))
+        self.assertEqual(d["fell_back"], 0, str(d))
+        survivor = [w for w in others if w is not targets[0]][0]
+        self.assertEqual(fu.metric_sum(survivor.metrics(), "ferry_worker_handoffs_received_total"),
+                         1)
 
     @unittest.skipUnless(PD, "P/D only")
     def test_prefill_drain_finishes_its_pushes(self):

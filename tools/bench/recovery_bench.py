@@ -46,7 +46,8 @@ requests, hand-offs that fell back to re-prefill or failed, a round that handed 
 a drained worker that does not exit 0 count as drain failures. Goal: hand-off stall p50 <= 0.2x
 the re-prefill's (resumed-context TTFT p50), zero drain failures.
 
-Environment: FERRY_RECOVERY_ROUNDS (kill rounds, 10), FERRY_RECOVERY_PROMPT_TOKENS (1024),
+Environment: FERRY_RECOVERY_PRECOPY (1; 0: the router's --handoff_precopy=false),
+FERRY_RECOVERY_ROUNDS (kill rounds, 10), FERRY_RECOVERY_PROMPT_TOKENS (1024),
 FERRY_RECOVERY_DRAIN_ROUNDS (4), FERRY_RECOVERY_DRAIN_STREAMS (4),
 FERRY_RECOVERY_DRAIN_MAX_TOKENS (500: SmolLM2 decodes 30-45 tokens/s a stream here, so a stream
 outlasts the grace by far).
@@ -80,6 +81,9 @@ MAX_TOKENS = 96
 DRAIN_ROUNDS = int(os.environ.get("FERRY_RECOVERY_DRAIN_ROUNDS", "4"))
 DRAIN_STREAMS = int(os.environ.get("FERRY_RECOVERY_DRAIN_STREAMS", "4"))
 DRAIN_MAX_TOKENS = int(os.environ.get("FERRY_RECOVERY_DRAIN_MAX_TOKENS", "500"))
+# The router's --handoff_precopy (the hand-offs' targets pre-copy the KV during the grace); 0:
+# off, every hand-off moves all of its KV at the deadline (the before-and-after of issue 51).
+PRECOPY = os.environ.get("FERRY_RECOVERY_PRECOPY", "1") != "0"
 DRAIN_CHECKS = 1  # rounds first run fault-free, then drained: identical token ids (not timed)
 DRAIN_AT = 16  # tokens every stream has before the SIGTERM
 GRACE_S = 2.0
@@ -198,7 +202,8 @@ def main():
             f"127.0.0.1:{d['ports']['grpc_port']}" for d in decodes]
         _, r = fs.start(ROUTER, [f"--model={MODEL}", "--served_model_name=m",
                                  "--workers=" + ",".join(addresses), "--allow_unauthenticated",
-                                 "--heartbeat_timeout=2s"], "router")
+                                 "--heartbeat_timeout=2s",
+                                 f"--handoff_precopy={'true' if PRECOPY else 'false'}"], "router")
         port, admin = r["http_port"], r["admin_port"]
         fs.wait_workers_up(admin, 3, "router")
 
