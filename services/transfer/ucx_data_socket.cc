@@ -49,6 +49,18 @@ uint64_t ReadFully(int fd, char* into, uint64_t length, absl::Status* status) {
   return got;
 }
 
+// Reads and drops `length` bytes; false if they did not all arrive.
+bool Drain(int fd, uint64_t length) {
+  char scratch[64 << 10];
+  absl::Status status;
+  while (length > 0) {
+    const uint64_t chunk = std::min<uint64_t>(length, sizeof(scratch));
+    if (ReadFully(fd, scratch, chunk, &status) < chunk) return false;
+    length -= chunk;
+  }
+  return true;
+}
+
 }  // namespace
 
 // --- DataListener -------------------------------------------------------------------------------
@@ -174,12 +186,19 @@ void DataListener::Serve(Connection* c) {
       sink_.commit(h, std::move(payload));
       continue;
     }
+    if (h.length > kDataFrameBytes) {
+      sink_.refused(h, absl::InvalidArgumentError("oversized data frame"));
+      break;
+    }
     absl::StatusOr<uint64_t> hold = sink_.begin(h);
     if (!hold.ok()) {
+      // Read and dropped: the commit that follows is answered with the refusal, as over active
+      // messages.
       LOG(WARNING) << "KV transport: refused " << h.length << " bytes at "
                    << absl::StrCat("0x", absl::Hex(h.am.a)) << ": " << hold.status();
       sink_.refused(h, hold.status());
-      break;
+      if (!Drain(fd, h.length)) break;
+      continue;
     }
     const uint64_t received = ReadFully(fd, reinterpret_cast<char*>(h.am.a), h.length, &status);
     sink_.end(h, *hold, received, status);

@@ -17,8 +17,10 @@
 // DataListener (the owner's side) accepts connections on a port of its own (every interface, as
 // UCX's tcp transport listens) and reads each on a thread of its own. For a data frame it asks
 // `begin` to check the frame (the region's secret and bounds) and hold the region registered,
-// reads the bytes into place, and tells `end` how many arrived; a refused or malformed frame closes
-// the connection (the initiator's transfers on it fail). `begin`, `end` and `commit` run on the
+// reads the bytes into place, and tells `end` how many arrived; a refused frame is read and dropped
+// (`refused` is told, and the put's commit is answered with the refusal), a malformed one (bad
+// magic or type, data over kDataFrameBytes, a commit over kMaxCommitFrameBytes) closes the
+// connection (the initiator's transfers on it fail). `begin`, `end` and `commit` run on the
 // connection's thread. DataSender (the initiator's side) is one connection to a peer's listener,
 // made by a thread of its own on the first frame, which writes the queued frames from the caller's
 // memory in order; each frame's `done` runs on that thread once its bytes are in the kernel (or
@@ -71,7 +73,8 @@ class DataListener {
                        absl::Status status)>
         end;
     std::function<void(const DataFrameHeader&, std::string payload)> commit;
-    // A frame refused before any byte of it was read (`begin` refused it, or it was malformed).
+    // A frame refused before any byte of it went into place (`begin` refused it, or it was
+    // malformed).
     std::function<void(const DataFrameHeader&, absl::Status status)> refused;
   };
 
