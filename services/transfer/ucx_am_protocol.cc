@@ -137,7 +137,7 @@ void UcxTransport::PumpAm(Transfer* t) {
   }
   if (put && t->via_socket) {
     while (t->status.ok() && t->phase == Phase::kPosting && t->next < t->request.segments.size() &&
-           t->inflight < kMaxInflightOps) {
+           t->inflight < kMaxInflightFrames) {
       const TransferSegment& s = t->request.segments[t->next];
       const uint64_t length = std::min<uint64_t>(kDataFrameBytes, s.length - t->seg_offset);
       DataFrameHeader header;

@@ -39,9 +39,11 @@ constexpr unsigned kFerryAmId = 7;
 // Data bytes per active message when UCX has no native RMA to the peer (see ucx_transport.h).
 constexpr size_t kAmChunkBytes = size_t{48} << 10;
 // Puts of at least this many bytes to such a peer go over the bulk-data connection instead
-// (ucx_data_socket.h), in frames of at most kDataFrameBytes.
+// (ucx_data_socket.h), in frames of at most kDataFrameBytes, at most kMaxInflightFrames of a
+// transfer queued or being written at once (16 MiB: what a cancelled transfer still sends).
 constexpr size_t kDataSocketMinBytes = size_t{64} << 10;
-constexpr size_t kDataFrameBytes = size_t{4} << 20;
+constexpr size_t kDataFrameBytes = size_t{1} << 20;
+constexpr int kMaxInflightFrames = 16;
 
 // The messages (all little-endian; peers share the byte order, as UCX's own wire format does).
 enum class AmType : uint32_t {
