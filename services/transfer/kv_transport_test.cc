@@ -640,6 +640,47 @@ TEST_P(KvTransportTest, RemoteAccessOutsideARegionIsRefused) {
   EXPECT_EQ(a_->Deregister(local.id), absl::OkStatus());
 }
 
+// Puts of 64 KiB or more to a peer without native RMA (UCX over tcp) travel on the owner's
+// bulk-data connection (ucx_data_socket.h), which reads them straight into place: the owner checks
+// every frame's region and key first, refuses the rest as over active messages, and the
+// connection goes on carrying puts.
+TEST_P(KvTransportTest, LargePutsOutsideARegionAreRefusedByTheOwner) {
+  if (IsGrpc()) GTEST_SKIP() << "UCX over tcp (gRPC: RemoteAccessOutsideARegionIsRefused)";
+  constexpr uint64_t kMiB = 1 << 20;
+  LocalRegion local = MustAllocate(*a_, 4 * kMiB);
+  LocalRegion remote = MustAllocate(*b_, kMiB);
+  FillRandom(Ptr(local), 4 * kMiB, 7);
+  // A descriptor that claims more than was registered.
+  LocalRegion forged = remote;
+  forged.descriptor.length = 4 * kMiB;
+  auto awaited = Outcome::New();
+  b_->AwaitNotification("forged-large", absl::Now() + kTransferTimeout,
+                        Outcome::CallbackOf(awaited));
+  TransferRequest put =
+      Request(TransferOp::kPut, forged, {{Addr(Ptr(local)), Addr(Ptr(remote)) + kMiB / 2, kMiB}});
+  put.transfer_id = "forged-large";
+  EXPECT_EQ(PostAndWait(std::move(put)).code(), absl::StatusCode::kOutOfRange);
+  std::optional<absl::Status> told = awaited->Wait(kTransferTimeout);
+  ASSERT_TRUE(told.has_value());
+  EXPECT_EQ(told->code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(IsZero(Ptr(remote), kMiB));
+  // A key whose secret is wrong (its first byte, after the 16-byte magic: ucx_wire.h).
+  LocalRegion wrong_key = remote;
+  wrong_key.descriptor.remote_key[16] ^= 1;
+  EXPECT_EQ(PostAndWait(
+                Request(TransferOp::kPut, wrong_key, {{Addr(Ptr(local)), Addr(Ptr(remote)), kMiB}}))
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(IsZero(Ptr(remote), kMiB));
+  // Then a good put over the same connection lands bit-exact.
+  EXPECT_EQ(PostAndWait(Request(TransferOp::kPut, remote,
+                                {{Addr(Ptr(local)) + kMiB, Addr(Ptr(remote)), kMiB}})),
+            absl::OkStatus());
+  EXPECT_EQ(std::memcmp(Ptr(local) + kMiB, Ptr(remote), kMiB), 0);
+  EXPECT_EQ(a_->Deregister(local.id), absl::OkStatus());
+  EXPECT_EQ(b_->Deregister(remote.id), absl::OkStatus());
+}
+
 TEST_P(KvTransportTest, MetricsAppearInTheRegistry) {
   LocalRegion local = MustAllocate(*a_, 1 << 20);
   LocalRegion remote = MustAllocate(*b_, 1 << 20);

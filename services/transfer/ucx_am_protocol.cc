@@ -23,7 +23,11 @@ namespace ucx_internal {
 // Puts: the initiator sends the data as kPutData messages of at most kAmChunkBytes (each names
 // the remote address and the region's secret; the owner checks both, then copies the data into
 // place with streaming stores, streaming_copy.h), then kPutCommit with the byte count, its
-// outcome and its own address. The owner, once
+// outcome and its own address. A put of kDataSocketMinBytes or more to a peer with a bulk-data
+// listener sends the same data and commit as frames of at most kDataFrameBytes on its own TCP
+// connection instead (ucx_data_socket.h), which the owner reads straight into place: one copy,
+// where UCX's tcp transport reads into its buffer first. The commit follows the data on the same
+// connection, so the owner has taken every byte before it sees the commit. The owner, once
 // every byte has arrived, tells its AwaitNotification and answers kPutAck over its own connection
 // to the initiator; the initiator's transfer completes with the ack. Gets: kGetRequest names the
 // ranges; the owner checks them all, sends kGetData messages straight from its registered memory
@@ -95,9 +99,59 @@ void UcxTransport::OnAmOpDone(void* request, ucs_status_t status, void* user_dat
   delete op;
 }
 
+void UcxTransport::SendFrame(Transfer* t, const DataFrameHeader& header, const void* data,
+                             std::string payload) {
+  Peer* peer = t->peer;
+  if (peer->data == nullptr) {
+    peer->data = std::make_unique<DataSender>(peer->data_endpoint, peer->same_host);
+  }
+  ++t->inflight;
+  peer->data->Send(header, data, std::move(payload), [this, id = t->id](absl::Status status) {
+    Enqueue([this, id, status = std::move(status)] { OnFrameSent(id, status); });
+  });
+}
+
+void UcxTransport::OnFrameSent(TransferId id, absl::Status status) {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end()) return;
+  Transfer* t = it->second.get();
+  --t->inflight;
+  if (!status.ok()) {
+    if (t->status.ok()) t->status = status;
+    if (t->peer != nullptr && !t->peer->failed && t->peer->data_endpoint.port != 0) {
+      // The bulk-data connection failed while UCX's did not (yet): later puts to the peer go as
+      // active messages.
+      LOG(WARNING) << "KV transport: bulk-data connection to peer " << t->peer->id
+                   << " failed, puts go as active messages from now on: " << status;
+      t->peer->data_endpoint.port = 0;
+    }
+  }
+  Pump(t);
+}
+
 void UcxTransport::PumpAm(Transfer* t) {
   const bool put = t->request.op == TransferOp::kPut;
-  if (put) {
+  if (put && !t->routed) {
+    t->routed = true;
+    t->via_socket = t->peer->data_endpoint.port != 0 && t->bytes >= kDataSocketMinBytes;
+  }
+  if (put && t->via_socket) {
+    while (t->status.ok() && t->phase == Phase::kPosting && t->next < t->request.segments.size() &&
+           t->inflight < kMaxInflightFrames) {
+      const TransferSegment& s = t->request.segments[t->next];
+      const uint64_t length = std::min<uint64_t>(kDataFrameBytes, s.length - t->seg_offset);
+      DataFrameHeader header;
+      header.am = AmHeader{static_cast<uint32_t>(AmType::kPutData), 0, t->token,
+                           s.remote_address + t->seg_offset, t->secret};
+      header.length = length;
+      SendFrame(t, header, reinterpret_cast<const void*>(s.local_address + t->seg_offset), {});
+      t->seg_offset += length;
+      if (t->seg_offset == s.length) {
+        ++t->next;
+        t->seg_offset = 0;
+      }
+    }
+  } else if (put) {
     while (t->status.ok() && t->phase == Phase::kPosting && t->next < t->request.segments.size() &&
            t->inflight < kMaxInflightOps) {
       const TransferSegment& s = t->request.segments[t->next];
@@ -161,6 +215,16 @@ void UcxTransport::AdvanceAm(Transfer* t) {
       AppendLe(&payload, address_.size(), 4);
       payload += address_;
       payload += EncodeNotification(t->request.transfer_id, t->status);
+      if (t->via_socket) {
+        // After the data on the same connection (see "The active-message protocol").
+        DataFrameHeader header;
+        header.am = AmHeader{static_cast<uint32_t>(AmType::kPutCommit),
+                             static_cast<uint32_t>(t->status.code()), t->token, t->bytes, 0};
+        header.length = payload.size();
+        SendFrame(t, header, nullptr, std::move(payload));
+        t->phase = Phase::kAwaitingPeer;
+        return;
+      }
       auto* op = new AmOp;
       op->owner = this;
       op->transfer = t->id;
@@ -222,7 +286,47 @@ void UcxTransport::OnPutData(const AmHeader& h, absl::string_view data) {
     }
   }
   // Data that overtook its commit on another lane: the commit waited for it.
-  if (in.committed && (in.received >= in.total || !in.status.ok())) FinalizePut(h.token, in);
+  MaybeFinalizePut(h.token, in);
+}
+
+absl::StatusOr<uint64_t> UcxTransport::OnDataBegin(const DataFrameHeader& h) {
+  absl::MutexLock lock(&regions_mu_);
+  absl::StatusOr<Region*> region = RemoteAccess(h.am.a, h.length, h.am.b);
+  if (!region.ok()) return region.status();
+  ++(*region)->receiving;
+  return (*region)->id;
+}
+
+void UcxTransport::OnDataEnd(const DataFrameHeader& h, uint64_t region_id, uint64_t received,
+                             absl::Status status) {
+  {
+    absl::MutexLock lock(&regions_mu_);
+    for (auto& [start, region] : regions_) {
+      if (region.id == region_id) --region.receiving;
+    }
+  }
+  Enqueue([this, token = h.am.token, received, status = std::move(status)] {
+    IncomingPut& in = incoming_puts_[token];
+    if (in.expires == absl::Time()) in.expires = absl::Now() + options_.early_notification_ttl;
+    in.received += received;
+    // A connection that broke mid-frame carries no commit: the put is never committed and
+    // expires (its await fails at its deadline).
+    if (!status.ok() && in.status.ok()) in.status = status;
+    MaybeFinalizePut(token, in);
+  });
+}
+
+void UcxTransport::FailIncoming(uint64_t token, absl::Status status) {
+  IncomingPut& in = incoming_puts_[token];
+  if (in.expires == absl::Time()) in.expires = absl::Now() + options_.early_notification_ttl;
+  if (in.status.ok()) in.status = std::move(status);
+  MaybeFinalizePut(token, in);
+}
+
+void UcxTransport::MaybeFinalizePut(uint64_t token, IncomingPut& in) {
+  if (in.committed && (in.received >= in.total || !in.status.ok() || !in.outcome.ok())) {
+    FinalizePut(token, in);
+  }
 }
 
 void UcxTransport::OnPutCommit(const AmHeader& h, absl::string_view data) {
@@ -239,7 +343,7 @@ void UcxTransport::OnPutCommit(const AmHeader& h, absl::string_view data) {
   in.transfer_id = std::move(transfer_id);
   in.initiator = std::string(data.substr(4, address_length));
   in.expires = absl::Now() + options_.early_notification_ttl;
-  if (in.received >= in.total || !in.status.ok() || !in.outcome.ok()) FinalizePut(h.token, in);
+  MaybeFinalizePut(h.token, in);
 }
 
 void UcxTransport::FinalizePut(uint64_t token, IncomingPut& in) {

@@ -112,7 +112,7 @@ ProcessIdentity SelfIdentity() {
 
 absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
   if (!absl::StartsWith(address, kAddressMagic) ||
-      address.size() <= kAddressMagic.size() + kIdentityBytes) {
+      address.size() <= kAddressMagic.size() + kIdentityBytes + kDataEndpointBytes) {
     return absl::InvalidArgumentError("not a UCX KV transport address");
   }
   {
@@ -122,7 +122,11 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
     }
   }
   const ProcessIdentity identity = DecodeIdentity(address.substr(kAddressMagic.size()));
-  const std::string worker_address(address.substr(kAddressMagic.size() + kIdentityBytes));
+  const DataEndpoint data_endpoint =
+      DecodeDataEndpoint(address.substr(kAddressMagic.size() + kIdentityBytes));
+  const std::string worker_address(
+      address.substr(kAddressMagic.size() + kIdentityBytes + kDataEndpointBytes));
+  const bool same_host = identity.boot_id == self_.boot_id;
   // A peer on this host (same boot, same pid namespace) is watched through a pidfd.
   int pidfd = -1;
   if (identity.boot_id == self_.boot_id && identity.pid_namespace == self_.pid_namespace &&
@@ -172,6 +176,8 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
     const std::string transports = EndpointTransports(peer->ep);
     peer->label = absl::StrCat("ucx:", transports);
     peer->am_mode = !HasNativeRma(transports);
+    peer->data_endpoint = data_endpoint;
+    peer->same_host = same_host;
     {
       absl::MutexLock lock(&peers_mu_);
       id = next_peer_id_++;
@@ -279,6 +285,8 @@ void UcxTransport::FailPeer(Peer* peer, absl::Status status, bool force) {
     }
     peer->close_pending = true;
     peer->close_force_at = force_at;
+    // Frames queued or being written fail at once: their transfers' operations come back.
+    if (peer->data != nullptr) peer->data->Abort(status);
   }
   if (force && peer->close_pending) CloseEndpoint(peer, true);
 }

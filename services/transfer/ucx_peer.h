@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -24,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "services/transfer/kv_transport.h"
+#include "services/transfer/ucx_data_socket.h"
 #include "services/transfer/ucx_wire.h"
 
 // Hidden visibility: nothing here is used outside the ucx_transport library (as when all of it
@@ -57,6 +59,12 @@ struct Peer {
   int pidfd = -1;
   // No native RMA to this peer: transfers use Ferry's active-message protocol.
   bool am_mode = false;
+  // The peer's bulk-data listener (port 0: none) and whether it is on this host.
+  DataEndpoint data_endpoint;
+  bool same_host = false;
+  // The bulk-data connection of puts to the peer (am_mode), made on the first; aborted when the
+  // peer fails.
+  std::unique_ptr<DataSender> data;
 };
 
 struct PeerInfo {

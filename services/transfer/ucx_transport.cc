@@ -155,9 +155,31 @@ absl::Status UcxTransport::Init() {
   status = ucp_worker_get_address(worker_, &address, &address_length);
   if (status != UCS_OK) return UcsError("ucp_worker_get_address", status);
   self_ = SelfIdentity();
-  address_ =
-      absl::StrCat(kAddressMagic, EncodeIdentity(self_),
-                   absl::string_view(reinterpret_cast<const char*>(address), address_length));
+  // Large puts from peers without native RMA arrive on connections of this listener, read
+  // straight into place (ucx_data_socket.h); without it they come as active messages.
+  DataListener::Sink sink;
+  sink.begin = [this](const DataFrameHeader& h) { return OnDataBegin(h); };
+  sink.end = [this](const DataFrameHeader& h, uint64_t region, uint64_t received, absl::Status s) {
+    OnDataEnd(h, region, received, std::move(s));
+  };
+  sink.commit = [this](const DataFrameHeader& h, std::string payload) {
+    Enqueue([this, header = h.am, payload = std::move(payload)] { OnPutCommit(header, payload); });
+  };
+  sink.refused = [this](const DataFrameHeader& h, absl::Status s) {
+    Enqueue([this, token = h.am.token, s = std::move(s)] { FailIncoming(token, s); });
+  };
+  absl::StatusOr<std::unique_ptr<DataListener>> listener = DataListener::Start(std::move(sink));
+  if (listener.ok()) {
+    data_listener_ = std::move(*listener);
+  } else {
+    LOG(WARNING) << "KV transport: no bulk-data listener (large puts from peers without native "
+                    "RMA come as active messages): "
+                 << listener.status();
+  }
+  address_ = absl::StrCat(
+      kAddressMagic, EncodeIdentity(self_),
+      EncodeDataEndpoint(data_listener_ != nullptr ? data_listener_->endpoint() : DataEndpoint{}),
+      absl::string_view(reinterpret_cast<const char*>(address), address_length));
   ucp_worker_release_address(worker_, address);
 
   ucp_am_handler_param_t am = {};
@@ -195,6 +217,7 @@ absl::Status UcxTransport::Init() {
 }
 
 UcxTransport::~UcxTransport() {
+  if (!thread_.joinable()) data_listener_.reset();  // Init failed
   if (thread_.joinable()) {
     Enqueue([this] {
       stopping_ = true;
@@ -208,6 +231,10 @@ UcxTransport::~UcxTransport() {
       }
     });
     thread_.join();
+    // No frame is read into a region or written from one past here (the regions go below), and
+    // no sink or sender callback runs.
+    data_listener_.reset();
+    for (auto& [id, peer] : peers_) peer->data.reset();
     populator_.Stop();  // before the worker goes with the peers' mappings
     // From here this thread owns the worker (stopping_ is set: incoming messages are dropped).
     thread_id_.store(std::this_thread::get_id());
@@ -456,6 +483,10 @@ absl::Status UcxTransport::Deregister(RegionId id) {
     if (it->second.serving > 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("region ", id, " is being read by ", it->second.serving, " peer get(s)"));
+    }
+    if (it->second.receiving > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region ", id, " is being written by ", it->second.receiving, " peer put receive(s)"));
     }
     memh = it->second.memh;
     region_bytes_ -= it->second.span.length;

@@ -17,11 +17,13 @@
 // means the bytes are in the peer's memory), then, with a transfer_id, sends the owner an active
 // message with the outcome. Where it has not (tcp), UCX 1.13 emulates RMA in software and aborts a
 // target whose initiator dies mid-put, so the data travels as Ferry's own active messages instead
-// (see "The active-message protocol" in ucx_am_protocol.cc). The target answers (acknowledgements,
-// the data of gets) over its own connection to the initiator, which it makes and uses only once
-// ucp_worker_progress has returned, never from inside the message's callback: an endpoint created
-// there can crash UCX 1.13's tcp transport. The transports UCX chose for a peer are logged at
-// connection and are the metrics' transport label ("ucx:tcp").
+// (see "The active-message protocol" in ucx_am_protocol.cc); a put of 64 KiB or more sends its
+// data and commit on a TCP connection of its own instead, which the owner reads straight into the
+// destination (ucx_data_socket.h: one copy where UCX's tcp transport makes two). The target answers
+// (acknowledgements, the data of gets) over its own connection to the initiator, which it makes and
+// uses only once ucp_worker_progress has returned, never from inside the message's callback: an
+// endpoint created there can crash UCX 1.13's tcp transport. The transports UCX chose for a peer
+// are logged at connection and are the metrics' transport label ("ucx:tcp").
 
 #ifndef FERRY_SERVICES_TRANSFER_UCX_TRANSPORT_H_
 #define FERRY_SERVICES_TRANSFER_UCX_TRANSPORT_H_

@@ -7,7 +7,9 @@
 //   transfers, closing and reaping endpoints, exits of peers on this host, reply connections;
 // - ucx_am_protocol.cc: Ferry's active-message protocol for peers without native RMA, the
 //   initiator's side (PumpAm, AdvanceAm, OnReply) and the owner's (OnPutData, OnPutCommit,
-//   OnGetRequest, PumpServe), and OnAm, which dispatches every incoming message;
+//   OnGetRequest, PumpServe), and OnAm, which dispatches every incoming message; the bulk-data
+//   connections of large puts (ucx_data_socket.h): the initiator's frames (PumpAm, AdvanceAm) and
+//   the owner's DataListener sink (OnDataBegin, OnDataEnd);
 // - ucx_wire.cc (ucx_wire.h): the byte formats they share.
 //
 // Internal to the ucx_transport library. Ownership: a UcxTransport owns its worker, its regions'
@@ -44,6 +46,7 @@
 #include "services/transfer/mapping_populator.h"
 #include "services/transfer/notification_board.h"
 #include "services/transfer/transfer_metrics.h"
+#include "services/transfer/ucx_data_socket.h"
 #include "services/transfer/ucx_peer.h"
 #include "services/transfer/ucx_wire.h"
 
@@ -94,6 +97,8 @@ struct Transfer {
   uint64_t seg_offset = 0;  // progress within segment `next`
   uint64_t received = 0;    // get: data bytes arrived
   bool peer_done = false;   // the owner's kPutAck / kGetDone arrived
+  bool routed = false;      // put: via_socket chosen
+  bool via_socket = false;  // put: data and commit go over the peer's bulk-data connection
   AmHeader control;         // the commit or get request, kept alive while sent
 };
 
@@ -135,6 +140,8 @@ class UcxTransport final : public KvTransport {
     int in_use = 0;
     // Gets a peer is being served from the region (active-message protocol).
     int serving = 0;
+    // Data frames a peer's bulk-data connection is reading into the region (ucx_data_socket.h).
+    int receiving = 0;
     // In the region's key: what a peer must present to write or read it through active messages.
     uint64_t secret = 0;
   };
@@ -228,6 +235,18 @@ class UcxTransport final : public KvTransport {
   void SendPendingAcks();
   void OnPutData(const AmHeader& h, absl::string_view data);
   void OnPutCommit(const AmHeader& h, absl::string_view data);
+  // DataListener's sink (its connections' threads): checks a data frame and holds its region
+  // (returns the region id); releases it and accounts the bytes on the progress thread.
+  absl::StatusOr<uint64_t> OnDataBegin(const DataFrameHeader& h);
+  void OnDataEnd(const DataFrameHeader& h, uint64_t region, uint64_t received, absl::Status status);
+  // A put's frame was refused or its bytes did not all arrive: the put fails.
+  void FailIncoming(uint64_t token, absl::Status status);
+  // A frame of put `t` left (its bytes in the kernel) or failed; progress thread.
+  void OnFrameSent(TransferId id, absl::Status status);
+  // Sends a frame of `t` on its peer's bulk-data connection (made here on the first).
+  void SendFrame(Transfer* t, const DataFrameHeader& header, const void* data, std::string payload);
+  // Finalizes the put once it is committed and every byte is in place (or it failed).
+  void MaybeFinalizePut(uint64_t token, IncomingPut& in);
   void FinalizePut(uint64_t token, IncomingPut& in);
   void OnGetRequest(const AmHeader& h, absl::string_view data);
   void PumpServe(Serve* serve);
@@ -255,6 +274,8 @@ class UcxTransport final : public KvTransport {
   int epoll_fd_ = -1;
   // The pidfds of peers on this host, readable when the peer process exits.
   int exit_epoll_fd_ = -1;
+  // The owner's side of the bulk-data connections; null when it could not listen.
+  std::unique_ptr<DataListener> data_listener_;
   int worker_fd_ = -1;
   int command_fd_ = -1;
   std::thread thread_;

@@ -26,6 +26,27 @@ ProcessIdentity DecodeIdentity(absl::string_view in) {
   return id;
 }
 
+std::string EncodeDataEndpoint(const DataEndpoint& endpoint) {
+  std::string out;
+  AppendLe(&out, endpoint.port, 2);
+  const size_t count = std::min(endpoint.ipv4.size(), kMaxDataAddresses);
+  AppendLe(&out, count, 1);
+  for (size_t i = 0; i < kMaxDataAddresses; ++i) {
+    AppendLe(&out, i < count ? endpoint.ipv4[i] : 0, 4);
+  }
+  return out;
+}
+
+DataEndpoint DecodeDataEndpoint(absl::string_view in) {
+  DataEndpoint endpoint;
+  endpoint.port = static_cast<uint16_t>(ReadLe(in, 0, 2));
+  const size_t count = std::min<size_t>(ReadLe(in, 2, 1), kMaxDataAddresses);
+  for (size_t i = 0; i < count; ++i) {
+    endpoint.ipv4.push_back(static_cast<uint32_t>(ReadLe(in, 3 + 4 * i, 4)));
+  }
+  return endpoint;
+}
+
 std::string EncodeNotification(const std::string& transfer_id, const absl::Status& status) {
   std::string out;
   const uint32_t code = static_cast<uint32_t>(status.code());

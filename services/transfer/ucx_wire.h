@@ -1,6 +1,7 @@
 // The UCX transport's own bytes (ucx_transport.h): the formats of its addresses and remote keys,
 // and of the active messages its workers exchange. An address is kAddressMagic, the process's
-// identity (EncodeIdentity) and the ucp worker's address; a remote key is kKeyMagic, the region's
+// identity (EncodeIdentity), its bulk-data listener (EncodeDataEndpoint) and the ucp worker's
+// address; a remote key is kKeyMagic, the region's
 // secret (8 bytes) and UCX's packed key. Every message is active message kFerryAmId with an
 // AmHeader whose type says what it is (see "The active-message protocol" in ucx_am_protocol.cc).
 // Not to be confused with transfer_wire.h, which maps descriptors (holding these addresses and
@@ -16,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -30,12 +32,18 @@ namespace ucx_internal {
 
 // Prefixes of the opaque bytes this transport hands out, so that bytes from another transport
 // (or garbage) are refused before UCX parses them.
-constexpr absl::string_view kAddressMagic = "FERRY-UCX-ADDR1:";
+constexpr absl::string_view kAddressMagic = "FERRY-UCX-ADDR2:";
 constexpr absl::string_view kKeyMagic = "FERRY-UCX-RKEY1:";
 // Active message id of every message between Ferry transports; AmHeader::type tells them apart.
 constexpr unsigned kFerryAmId = 7;
 // Data bytes per active message when UCX has no native RMA to the peer (see ucx_transport.h).
 constexpr size_t kAmChunkBytes = size_t{48} << 10;
+// Puts of at least this many bytes to such a peer go over the bulk-data connection instead
+// (ucx_data_socket.h), in frames of at most kDataFrameBytes, at most kMaxInflightFrames of a
+// transfer queued or being written at once (16 MiB: what a cancelled transfer still sends).
+constexpr size_t kDataSocketMinBytes = size_t{64} << 10;
+constexpr size_t kDataFrameBytes = size_t{1} << 20;
+constexpr int kMaxInflightFrames = 16;
 
 // The messages (all little-endian; peers share the byte order, as UCX's own wire format does).
 enum class AmType : uint32_t {
@@ -77,6 +85,18 @@ inline uint64_t ReadLe(absl::string_view in, size_t at, int bytes) {
     v |= static_cast<uint64_t>(static_cast<uint8_t>(in[at + i])) << (8 * i);
   return v;
 }
+
+// Where a process's bulk-data listener is (ucx_data_socket.h): its port and up to
+// kMaxDataAddresses IPv4 addresses (network byte order); port 0 when it has none.
+struct DataEndpoint {
+  uint16_t port = 0;
+  std::vector<uint32_t> ipv4;
+};
+constexpr size_t kMaxDataAddresses = 8;
+// Port (2 bytes LE), count (1 byte), kMaxDataAddresses x 4 bytes.
+constexpr size_t kDataEndpointBytes = 2 + 1 + 4 * kMaxDataAddresses;
+std::string EncodeDataEndpoint(const DataEndpoint& endpoint);
+DataEndpoint DecodeDataEndpoint(absl::string_view in);  // kDataEndpointBytes, checked by the caller
 
 // kIdentityBytes: the boot id, then pid namespace, pid and start time (little-endian).
 std::string EncodeIdentity(const ProcessIdentity& id);
