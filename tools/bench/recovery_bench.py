@@ -23,8 +23,9 @@ failed requests.
 Drain rounds (after the kill rounds, same stack): each streams several completions of fresh
 prompts at once, long enough to outlast the grace, and once every stream has 16 tokens sends
 SIGTERM to the decode worker streaming the most (by its ferry_worker_running_requests). Its
-requests decode on for the grace, then each is parked with its KV and moved by the router to the
-other decode worker, which pulls the KV from the draining one (PushKv) instead of re-prefilling;
+requests decode on for the grace (while the other decode worker pre-copies the KV they computed
+so far: PrefetchKv), then each is parked with its KV and moved by the router to the other decode
+worker, which pulls the rest of the KV from the draining one (PushKv) instead of re-prefilling;
 the drained worker must exit 0 and is started again on its port. Measured:
   - drain duration: SIGTERM to the process's exit, against the grace;
   - hand-off stall, per moved stream: the client-observed gap between the last token before the
