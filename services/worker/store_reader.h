@@ -17,10 +17,10 @@
 // over slices of the run; the two paths below). A value is taken only when the store's header
 // names this pool's layout (KvBlockLayout::Tag), the block's token count and the model's
 // fingerprint and its checksum holds; the first that fails ends the run, and the blocks after it
-// go back to the pool (but those a failed node may still write: below). The request then carries the run as
-// imported_blocks (the engine holds them until it admits the request). A store that is down, slow
-// (past the client's deadline), or missing the blocks is a miss, never an error: the request is
-// computed.
+// go back to the pool (but those a failed node may still write: below). The request then
+// carries the run as imported_blocks (the engine holds them until it admits the request). A store
+// that is down, slow (past the client's deadline), or missing the blocks is a miss, never an
+// error: the request is computed.
 //
 // The engine thread is never held: the reservation is answered on it, the reads run here, and the
 // engine computes other requests meanwhile. On a prefill worker the imported blocks are pushed to
