@@ -17,6 +17,7 @@
 #include "engine/common/log.h"
 #include "ferry/v1/kvstore.grpc.pb.h"
 #include "ferry/v1/kvstore.pb.h"
+#include "kvstore/client/put_stream.h"
 #include "kvstore/wire.h"
 #include "services/common/grpc_client.h"
 #include "services/common/shared_token.h"
@@ -76,6 +77,8 @@ class Node {
   struct Lease {
     Admission admission = Admission::kSkip;
     std::shared_ptr<Stub> stub;
+    // The same channel's, for Put (PutStream).
+    std::shared_ptr<grpc::GenericStub> generic;
   };
 
   Node(std::string address, const ClientOptions& options, Clock* clock)
@@ -105,6 +108,7 @@ class Node {
     }
     ++requests_;
     lease.stub = stub_;
+    lease.generic = generic_;
     return lease;
   }
 
@@ -151,6 +155,7 @@ class Node {
   void Connect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     channel_ = NewChannel(address_);
     stub_ = ferry::v1::KvStore::NewStub(channel_);
+    generic_ = std::make_shared<grpc::GenericStub>(channel_);
   }
 
   const std::string address_;
@@ -160,6 +165,7 @@ class Node {
   mutable absl::Mutex mu_;
   std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Stub> stub_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<grpc::GenericStub> generic_ ABSL_GUARDED_BY(mu_);
   int consecutive_failures_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration down_until_ ABSL_GUARDED_BY(mu_);  // on clock_->Monotonic()
   bool probing_ ABSL_GUARDED_BY(mu_) = false;
@@ -175,6 +181,10 @@ struct IntoSpans {
   const transfer::PeerDescriptor* descriptor = nullptr;
   // The index into descriptor->block_slices of spans[0].
   size_t first_slice = 0;
+  // What became of each of the slice's keys, for GetIntoResult (indexed as spans): its value was
+  // put by the node's transport; its node failed with puts into its span possibly still running.
+  std::vector<char>* by_transport = nullptr;
+  std::vector<char>* unsettled = nullptr;
 };
 
 // A value being reassembled from a Get stream, one mechanism for Get and GetInto: the bytes go
@@ -381,8 +391,9 @@ void GrpcKvClient::PutToNode(const NodeWork& work, absl::Span<const ClientObject
   auto context = NewClientContext(options_.deadline);
   AttachSharedToken(context.get(), options_.auth_token);
   ferry::v1::PutResponse response;
-  std::unique_ptr<grpc::ClientWriter<ferry::v1::PutChunk>> writer =
-      work.lease.stub->Put(context.get(), &response);
+  // Each chunk's data goes from the caller's memory (a pool block) to the socket as it is: no
+  // copy into a message (PutStream).
+  PutStream writer(work.lease.generic.get(), context.get());
   bool first_message = true;
   bool writing = true;
   size_t sent = 0;  // objects of work.items written whole
@@ -407,15 +418,14 @@ void GrpcKvClient::PutToNode(const NodeWork& work, absl::Span<const ClientObject
       const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(options_.max_chunk_bytes),
                                             o.value.size() - offset);
       chunk.set_offset(offset);
-      chunk.set_data(o.value.data() + offset, n);
+      const absl::string_view data = o.value.substr(offset, n);
       offset += n;
-      writing = writer->Write(chunk);
+      writing = writer.Write(chunk, data);
     } while (writing && offset < o.value.size());
     if (!writing) break;  // the stream is broken; Finish() says why
     ++sent;
   }
-  if (writing) writer->WritesDone();
-  const grpc::Status status = writer->Finish();
+  const grpc::Status status = writer.Finish(&response);
   if (!Finish(work, status)) return;
   if (response.conflicting_block_hashes_size() > 0) {
     // Stored (the node keeps its bytes), but this writer and an earlier one disagree.
@@ -500,11 +510,16 @@ std::vector<GetIntoResult> GrpcKvClient::GetInto(absl::Span<const Hash128> keys,
     into.spans = spans.subspan(at, kMaxKeysPerRequest);
     if (destination.descriptor.has_value()) into.descriptor = &*destination.descriptor;
     into.first_slice = at;
+    std::vector<char> by_transport(into.spans.size(), 0), unsettled(into.spans.size(), 0);
+    into.by_transport = &by_transport;
+    into.unsettled = &unsettled;
     const std::vector<ClientGetResult> slice =
         GetSlice(keys.subspan(at, kMaxKeysPerRequest), fingerprint, &into);
     for (size_t j = 0; j < slice.size(); ++j) {
       results[at + j].found = slice[j].found;
       results[at + j].meta = slice[j].meta;
+      results[at + j].by_transport = slice[j].found && by_transport[j] != 0;
+      results[at + j].unsettled = !slice[j].found && unsettled[j] != 0;
     }
   }
   return results;
@@ -550,7 +565,12 @@ std::vector<ClientGetResult> GrpcKvClient::GetSlice(absl::Span<const Hash128> ke
     std::vector<int> still;
     for (size_t w = 0; w < work.size(); ++w) {
       // Another replica would write into spans the failed node's puts may still reach.
-      if (still_writing[w]) continue;
+      if (still_writing[w]) {
+        for (int k : work[w].items) {
+          if (!results[k].found) (*into->unsettled)[static_cast<size_t>(k)] = 1;
+        }
+        continue;
+      }
       for (int k : work[w].items) {
         if (results[k].found) continue;
         if (++next[k] < options_.replication) still.push_back(k);
@@ -641,6 +661,7 @@ grpc::Status GrpcKvClient::GetStream(const NodeWork& work, absl::Span<const Hash
     r.found = true;
     r.meta = in.meta;
     r.value = std::move(in.value);
+    if (by_transport) (*into->by_transport)[static_cast<size_t>(work.items[i])] = 1;
   }
   return status;
 }

@@ -95,6 +95,13 @@ struct ClientGetResult {
 struct GetIntoResult {
   bool found = false;
   ObjectMeta meta;
+  // Found, and put into the span by the node's transport (else: copied from the stream).
+  bool by_transport = false;
+  // Not found, and the span may still be written: the destination had a descriptor and the
+  // key's node failed before completing it (see GetInto). The span's memory is safely reused
+  // only after the call's deadline (ClientOptions::deadline from when GetInto returned, at the
+  // latest) plus the node transport's cancel grace.
+  bool unsettled = false;
 };
 
 // Where GetInto puts each key's value.
@@ -164,8 +171,9 @@ class KvClient {
   // With a descriptor, a node whose stream failed (deadline, connection lost) may still have
   // puts landing in the spans of the keys it did not complete, until its transport gives up on
   // them (the call's deadline plus the transport's cancel grace, 200 ms by default): those keys
-  // are misses, not asked of their next replica in this call (a key found elsewhere could be
-  // overwritten after its check), and their memory is safely reused only after that time. The
+  // are misses, marked unsettled, not asked of their next replica in this call (a key found
+  // elsewhere could be overwritten after its check), and their memory is safely reused only
+  // after that time. The
   // node is marked down as usual, so later calls go to the next replica at once.
   virtual std::vector<GetIntoResult> GetInto(absl::Span<const Hash128> keys,
                                              const Hash128& fingerprint,

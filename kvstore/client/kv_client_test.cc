@@ -980,6 +980,8 @@ TEST_F(KvClientTest, GetIntoWithADescriptorDoesNotRetryAFailedNodesKeys) {
   for (int i = 0; i < 30; ++i) {
     ASSERT_TRUE(got[i].found) << i;
     EXPECT_TRUE(std::string(base + i * 4096, 4096) == o.values[i]) << i;
+    EXPECT_TRUE(got[i].by_transport) << i;
+    EXPECT_FALSE(got[i].unsettled) << i;
   }
 
   nodes_[0]->Stop();
@@ -990,6 +992,8 @@ TEST_F(KvClientTest, GetIntoWithADescriptorDoesNotRetryAFailedNodesKeys) {
     const bool first_stopped = client->NodesFor(o.keys[i])[0] == 0;
     first_on_stopped += first_stopped;
     EXPECT_EQ(got[i].found, !first_stopped) << i;
+    // Its puts may still reach the spans until the deadline plus the cancel grace.
+    EXPECT_EQ(got[i].unsettled, first_stopped) << i;
   }
   EXPECT_GT(first_on_stopped, 0);
   EXPECT_FALSE(client->nodes()[0].up);

@@ -1,10 +1,13 @@
 #include "kvstore/service/kv_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -433,6 +436,19 @@ grpc::Status KvStoreService::Get(grpc::ServerContext* context, const ferry::v1::
   return grpc::Status::OK;
 }
 
+void KvStoreService::HoldForTest(const grpc::ServerContext& context) {
+  const std::string& hold = options_.get_hold_file;
+  if (access(hold.c_str(), F_OK) != 0) return;
+  LOG(INFO) << "test seam: a Get into a destination holds after its first put while " << hold
+            << " exists";
+  const auto until =
+      std::min(context.deadline(), std::chrono::system_clock::now() + std::chrono::seconds(60));
+  while (access(hold.c_str(), F_OK) == 0 && std::chrono::system_clock::now() < until &&
+         !context.IsCancelled()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 grpc::Status KvStoreService::GetIntoDestination(grpc::ServerContext* context,
                                                 const ferry::v1::GetRequest& request,
                                                 grpc::ServerWriter<ferry::v1::GetChunk>* writer) {
@@ -501,6 +517,7 @@ grpc::Status KvStoreService::GetIntoDestination(grpc::ServerContext* context,
 
   grpc::Status status = grpc::Status::OK;
   for (int i = 0; i < request.block_hashes_size() && writable; ++i) {
+    if (i == 1 && !options_.get_hold_file.empty()) HoldForTest(*context);
     for (const PutOutcomes::Outcome& o : outcomes->Take(absl::InfinitePast())) settle(o);
     if (Done(context)) {
       status = Ended(context);

@@ -87,6 +87,10 @@ struct KvServiceOptions {
   // With a transport: the registered memory values are staged in on their way out (allocated
   // once, by KvStoreService::Create). It bounds the bytes in flight through the transport.
   int64_t staging_bytes = int64_t{64} << 20;
+  // Test seam: while this file exists, a Get into a destination waits after posting its first
+  // value's put, before it answers anything (bounded by the call's deadline), so that tests can
+  // act during a descriptor read. "": none.
+  std::string get_hold_file;
 };
 
 // The per-message limit a server around this service should set: a chunk of max_chunk_bytes
@@ -138,6 +142,8 @@ class KvStoreService final : public ferry::v1::KvStore::Service {
                  std::shared_ptr<prometheus::Registry> registry, std::unique_ptr<Staging> staging);
   void FillStats(const StoreStats& s, ferry::v1::StatsResponse* response) const;
   // Get with a destination: the values go through the transport (see the header comment).
+  // Test seam: waits while options_.get_hold_file exists (bounded by the call's deadline).
+  void HoldForTest(const grpc::ServerContext& context);
   grpc::Status GetIntoDestination(grpc::ServerContext* context,
                                   const ferry::v1::GetRequest& request,
                                   grpc::ServerWriter<ferry::v1::GetChunk>* writer);

@@ -60,6 +60,8 @@ ABSL_FLAG(std::string, transport, "none",
 ABSL_FLAG(std::string, ucx_tls, "", "UCX transports (tcp, shm, ...; default $UCX_TLS or UCX's)");
 ABSL_FLAG(std::string, transport_address, "127.0.0.1:0",
           "the gRPC transport's listen address (port 0: any free port)");
+ABSL_FLAG(std::string, get_hold_file, "",
+          "test seam: while this file exists, a Get into a destination waits after its first put");
 ABSL_FLAG(std::string, transport_staging_bytes, "64MiB",
           "registered memory values are staged in on their way through the transport");
 ABSL_FLAG(std::string, auth_token_file, "",
@@ -179,6 +181,7 @@ int main(int argc, char** argv) {
     transport = OrExit(transfer::KvTransport::Create(transport_options), "--transport");
     service_options.transport = transport.get();
     service_options.staging_bytes = staging_bytes;
+    service_options.get_hold_file = absl::GetFlag(FLAGS_get_hold_file);
   }
   auto service =
       OrExit(kv::KvStoreService::Create(store.get(), service_options, registry), "start");

@@ -1,6 +1,7 @@
 #include "services/worker/store_reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -24,6 +25,20 @@ StoreReader::StoreReader(kv::KvClient* client, Engine* engine, KvBlockPool* pool
       fingerprint_(fingerprint),
       metrics_(metrics),
       options_(options) {
+  if (options_.transport != nullptr) {
+    const uint64_t base = options_.pool_region.address;
+    const auto address = reinterpret_cast<uint64_t>(pool_->region().address);
+    if (address < base || address + pool_->region().length > base + options_.pool_region.length) {
+      LOG(ERROR) << "store reads: the pool's memory is not in the region registered with the KV "
+                    "transport; reads come in the Get streams";
+    } else {
+      transfer::PeerDescriptor d;
+      d.kind = std::string(options_.transport->kind());
+      d.address = options_.transport->address();
+      d.regions.push_back(options_.pool_region);
+      destination_ = std::move(d);
+    }
+  }
   for (int i = 0; i < std::max(1, options_.threads); ++i) {
     threads_.emplace_back([this] { Loop(); });
   }
@@ -60,21 +75,77 @@ void StoreReader::Read(EngineRequest request, absl::Time deadline, Done done, St
   done(std::move(request), read);
 }
 
+int64_t StoreReader::quarantined_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return QuarantinedLocked();
+}
+
+absl::Time StoreReader::ReleaseQuarantined() {
+  const absl::Time now = absl::Now();
+  absl::Time next = absl::InfiniteFuture();
+  bool released = false;
+  for (size_t i = 0; i < quarantine_.size();) {
+    if (quarantine_[i].until <= now) {
+      CHECK_OK(pool_->Release(quarantine_[i].blocks));
+      quarantine_[i] = std::move(quarantine_.back());
+      quarantine_.pop_back();
+      released = true;
+    } else {
+      next = std::min(next, quarantine_[i].until);
+      ++i;
+    }
+  }
+  if (released) metrics_->StoreQuarantinedBlocks(QuarantinedLocked());
+  return next;
+}
+
+int64_t StoreReader::QuarantinedLocked() const {
+  int64_t n = 0;
+  for (const Quarantine& q : quarantine_) n += static_cast<int64_t>(q.blocks.size());
+  return n;
+}
+
 void StoreReader::Loop() {
   while (true) {
     Task task;
     {
       absl::MutexLock lock(&mu_);
-      while (!stopping_ && tasks_.empty()) cv_.Wait(&mu_);
-      if (tasks_.empty()) return;
+      while (true) {
+        const absl::Time next = ReleaseQuarantined();
+        if (!tasks_.empty()) break;
+        // Stopping: the reads are done; quarantined blocks still wait for their time.
+        if (stopping_ && quarantine_.empty()) return;
+        cv_.WaitWithDeadline(&mu_, next);
+      }
       task = std::move(tasks_.front());
       tasks_.pop_front();
     }
     const StoreRead read = Run(task.request, task.deadline, task.hint);
     metrics_->StoreLookup(read.result);
-    if (read.blocks > 0) metrics_->StoreRead(read.bytes, read.seconds);
+    if (read.blocks > 0) {
+      const char* path = read.by_transport ? "transport" : "stream";
+      metrics_->StoreRead(read.bytes, read.seconds, path);
+      std::atomic<bool>& logged = read.by_transport ? logged_transport_ : logged_stream_;
+      if (!logged.exchange(true)) {
+        LOG(INFO) << "store reads: the first by "
+                  << (read.by_transport
+                          ? absl::StrCat("the KV transport (", destination_->kind,
+                                         "), straight into the pool's blocks")
+                          : std::string("the Get stream, copied into the pool's blocks"))
+                  << ": " << read.blocks << " blocks in " << read.seconds * 1e3 << " ms";
+      }
+    }
     task.done(std::move(task.request), read);
   }
+}
+
+transfer::PeerDescriptor StoreReader::Describe(absl::Span<const MemorySpan> spans) const {
+  transfer::PeerDescriptor d = *destination_;
+  const uint64_t base = d.regions[0].address;
+  for (const MemorySpan& s : spans) {
+    d.block_slices.push_back({0, reinterpret_cast<uint64_t>(s.address) - base, s.length});
+  }
+  return d;
 }
 
 absl::StatusOr<KvReservation> StoreReader::Reserve(std::vector<Hash128> hashes, int64_t max_fresh) {
@@ -176,6 +247,9 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline, const St
         destination.spans.push_back(
             absl::Span<char>(static_cast<char*>((*spans)[i].address), (*spans)[i].length));
       }
+      if (destination_.has_value()) {
+        destination.descriptor = Describe(absl::MakeConstSpan(*spans).subspan(from, to - from));
+      }
       const std::vector<kv::GetIntoResult> part = client_->GetInto(
           absl::MakeConstSpan(hashes).subspan(cached + from, to - from), fingerprint_, destination);
       std::copy(part.begin(), part.end(), got.begin() + from);
@@ -195,9 +269,26 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline, const St
         break;
       }
     }
+    for (int64_t i = 0; i < loaded; ++i) read.by_transport |= got[i].by_transport;
+    // The rest go back to the pool, but those a failed node may still write only once it can
+    // no longer.
+    std::vector<BlockId> back, held;
+    for (int64_t i = loaded; i < fresh; ++i) (got[i].unsettled ? held : back).push_back(targets[i]);
     metrics_->StoreReadBlocks("loaded", loaded);
-    if (loaded < fresh) metrics_->StoreReadBlocks(why, fresh - loaded);
-    CHECK_OK(pool_->Release(absl::MakeConstSpan(targets).subspan(loaded)));
+    if (!back.empty()) metrics_->StoreReadBlocks(why, static_cast<int64_t>(back.size()));
+    CHECK_OK(pool_->Release(back));
+    if (!held.empty()) {
+      metrics_->StoreReadBlocks("unsettled", static_cast<int64_t>(held.size()));
+      read.quarantined = static_cast<int64_t>(held.size());
+      LOG(WARNING) << "request " << request.id << ": " << held.size()
+                   << " blocks a failed KV store node may still write are held back from the "
+                      "pool for "
+                   << options_.unsettled_quarantine;
+      absl::MutexLock lock(&mu_);
+      quarantine_.push_back({absl::Now() + options_.unsettled_quarantine, std::move(held)});
+      metrics_->StoreQuarantinedBlocks(QuarantinedLocked());
+      cv_.SignalAll();  // the waiting threads' next release time
+    }
   }
   if (loaded == 0) {
     CHECK_OK(pool_->Release(absl::MakeConstSpan(reserved->blocks).subspan(0, cached)));

@@ -14,18 +14,33 @@
 // miss and computed), else one Exists over the rest; then Engine::ReserveImport for the longest
 // present run (the cached prefix with a reference each, fresh blocks for the rest), and Gets of
 // those keys straight into the fresh blocks' memory (KvClient::GetInto, `streams` calls at once
-// over slices of the run: the bytes are copied once, from the received message into the pool). A
-// value is taken only when the store's header names this pool's layout (KvBlockLayout::Tag), the
-// block's token count and the model's fingerprint and its checksum holds; the first that fails ends
-// the run, and the blocks after it go back to the pool. The request then carries the run as
-// imported_blocks (the engine holds them until it admits the request). A store that is down, slow
-// (past the client's deadline), or missing the blocks is a miss, never an error: the request is
-// computed.
+// over slices of the run; the two paths below). A value is taken only when the store's header
+// names this pool's layout (KvBlockLayout::Tag), the block's token count and the model's
+// fingerprint and its checksum holds; the first that fails ends the run, and the blocks after it
+// go back to the pool (but those a failed node may still write: below). The request then
+// carries the run as imported_blocks (the engine holds them until it admits the request). A store
+// that is down, slow (past the client's deadline), or missing the blocks is a miss, never an
+// error: the request is computed.
 //
 // The engine thread is never held: the reservation is answered on it, the reads run here, and the
 // engine computes other requests meanwhile. On a prefill worker the imported blocks are pushed to
 // the decode worker as soon as the request is admitted, while the rest of the prompt is computed
 // (Engine's stream_kv progress at admission).
+//
+// Two paths into the blocks. With the worker's KV transport (options.transport, the pool
+// registered with it: TransportKvAllocator), each Get carries a descriptor of the fresh blocks
+// (the pool's region, one block slice per key) and a node whose own transport is of that kind
+// puts the values straight into them from its staging memory, the stream carrying headers only
+// (path "transport"); a node without one answers so and sends the bytes in the stream, copied
+// once from the received message into the blocks (path "stream", also the path without a
+// transport). A read counts as transport when any of its blocks came that way.
+//
+// Memory a peer may still write never goes back to the free list: a node that failed during a
+// descriptor read may still have puts in flight into the blocks of the keys it did not complete
+// (GetIntoResult::unsettled), until the client's deadline plus the node transport's cancel
+// grace. Those blocks are quarantined here for options.unsettled_quarantine from the read's end,
+// then given back to the pool (the read itself is a miss from that block on, and the request is
+// computed; counted as unsettled blocks).
 //
 // Hybrid models: only the full-attention pool's blocks are read (the window layers are never
 // stored; the engine rebuilds them: SWA replay).
@@ -34,16 +49,19 @@
 // counted skipped); a read takes at most max_blocks fresh blocks; a read that would start past
 // the request's deadline is skipped.
 //
-// Threads: Read on any thread; `threads` reader threads run the reads and the callbacks. The
-// destructor finishes the reads queued (their callbacks run) and joins.
+// Threads: Read on any thread; `threads` reader threads run the reads and the callbacks, and
+// give quarantined blocks back when their time is up. The destructor finishes the reads queued
+// (their callbacks run), waits out the quarantines (bounded by unsettled_quarantine) and joins.
 
 #ifndef FERRY_SERVICES_WORKER_STORE_READER_H_
 #define FERRY_SERVICES_WORKER_STORE_READER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -55,6 +73,8 @@
 #include "engine/kv/kv_block_pool.h"
 #include "engine/model/sim_timing.h"
 #include "kvstore/client/kv_client.h"
+#include "services/transfer/kv_transport.h"
+#include "services/transfer/transfer_wire.h"
 #include "services/worker/worker_metrics.h"
 
 namespace ferry {
@@ -72,6 +92,14 @@ struct StoreReaderOptions {
   // than sim_timing->StoreReadSeconds(T) after it started (the reader thread waits; bounded by
   // the request's deadline). Null: real time only.
   std::shared_ptr<const SimTiming> sim_timing;
+  // The worker's KV transport and the registration of the pool's memory with it (the region
+  // holding KvBlockPool::region()); null: every read comes in the Get streams. Must outlive the
+  // reader.
+  const transfer::KvTransport* transport = nullptr;
+  transfer::RegionDescriptor pool_region;
+  // How long blocks a failed node's puts may still reach stay out of the pool, from the end of
+  // the read: at least the KV client's per-RPC deadline plus the node transport's cancel grace.
+  absl::Duration unsettled_quarantine = absl::Seconds(2);
 };
 
 // What the router's KV store probe found of the prompt's chain (TokenizedRequest.store_hint): of
@@ -84,10 +112,12 @@ struct StoreHint {
 
 // What one read did.
 struct StoreRead {
-  int64_t blocks = 0;       // read from the store into the request's imports
-  int64_t bytes = 0;        // of them
-  double seconds = 0;       // from the start of the read to the callback
-  const char* result = "";  // hit, miss, memory (nothing beyond the worker's cache), skipped
+  int64_t blocks = 0;         // read from the store into the request's imports
+  int64_t bytes = 0;          // of them
+  bool by_transport = false;  // some of them put into the blocks by the node's KV transport
+  int64_t quarantined = 0;    // blocks held back from the pool: a failed node may still write them
+  double seconds = 0;         // from the start of the read to the callback
+  const char* result = "";    // hit, miss, memory (nothing beyond the worker's cache), skipped
 };
 
 class StoreReader {
@@ -110,6 +140,11 @@ class StoreReader {
   // Gives a request's imported blocks back to `pool` (a request the engine did not take).
   static void ReleaseImports(KvBlockPool& pool, EngineRequest& request);
 
+  // Blocks held back from the pool now (for tests and metrics).
+  int64_t quarantined_blocks() const;
+  // Whether reads offer the store the worker's KV transport (a descriptor of their blocks).
+  bool by_transport() const { return destination_.has_value(); }
+
  private:
   struct Task {
     EngineRequest request;
@@ -117,7 +152,18 @@ class StoreReader {
     Done done;
     StoreHint hint;
   };
+  // Blocks that may still be written until `until`.
+  struct Quarantine {
+    absl::Time until;
+    std::vector<BlockId> blocks;
+  };
   void Loop();
+  // Gives back the quarantined blocks whose time is up; returns when the next one's is (or
+  // InfiniteFuture).
+  absl::Time ReleaseQuarantined() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t QuarantinedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The descriptor of `spans` (fresh blocks of the pool) for the worker's transport.
+  transfer::PeerDescriptor Describe(absl::Span<const MemorySpan> spans) const;
   // The read itself; fills request.imported_blocks.
   StoreRead Run(EngineRequest& request, absl::Time deadline, const StoreHint& hint);
   // The leading blocks of `chain` the store holds, from the hint where it answers that, else
@@ -133,9 +179,14 @@ class StoreReader {
   WorkerMetrics* const metrics_;
   const StoreReaderOptions options_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::CondVar cv_;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  std::vector<Quarantine> quarantine_ ABSL_GUARDED_BY(mu_);
+  // Kind, address and the pool's region: what every read's descriptor starts from; none
+  // without a transport.
+  std::optional<transfer::PeerDescriptor> destination_;
+  std::atomic<bool> logged_transport_{false}, logged_stream_{false};  // the first read by each
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };

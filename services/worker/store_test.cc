@@ -7,7 +7,9 @@
 // exactly as the engine that computed it; the run ends at the first block missing or of another
 // layout, and the blocks after it go back to the pool; a prefix the engine's memory holds is not
 // read; a store that is down is a miss; a full queue skips the read; with the simulated engine's
-// timing a read lasts at least its modeled time.
+// timing a read lasts at least its modeled time. With the worker's KV transport each Get carries a
+// descriptor of exactly the fresh blocks and the read counts as by transport; a node that fails
+// during such a read is a miss whose blocks stay out of the pool until the quarantine ends.
 
 #include <condition_variable>
 #include <map>
@@ -22,6 +24,7 @@
 #include "engine/model/transformer.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "services/transfer/kv_transport.h"
 #include "services/worker/store_reader.h"
 #include "services/worker/store_writer.h"
 
@@ -64,14 +67,34 @@ class FakeKvClient final : public kv::KvClient {
     std::vector<kv::GetIntoResult> out(keys.size());
     std::lock_guard<std::mutex> lock(mu_);
     ++gets_;
+    // A descriptor must be exactly the spans (as the real client checks); then the values come
+    // "by the node's transport", or the node fails part way with its puts unsettled.
+    const bool described = destination.descriptor.has_value();
+    if (described) {
+      ++described_gets_;
+      const transfer::PeerDescriptor& d = *destination.descriptor;
+      bool exact = d.block_slices.size() == keys.size() && d.regions.size() == 1;
+      for (size_t i = 0; exact && i < keys.size(); ++i) {
+        exact = d.regions[0].address + d.block_slices[i].offset ==
+                    reinterpret_cast<uint64_t>(destination.spans[i].data()) &&
+                d.block_slices[i].length == destination.spans[i].size();
+      }
+      if (!exact) ++bad_descriptors_;
+    }
     for (size_t i = 0; i < keys.size(); ++i) {
+      if (described && fail_described_) {
+        out[i].unsettled = true;  // the node died with this key's put possibly in flight
+        continue;
+      }
       auto it = objects_.find(keys[i]);
       if (down_ || it == objects_.end() || it->second.meta.fingerprint != fingerprint ||
           it->second.value.size() != destination.spans[i].size()) {
         continue;
       }
       std::memcpy(destination.spans[i].data(), it->second.value.data(), it->second.value.size());
-      out[i] = {true, it->second.meta};
+      out[i].found = true;
+      out[i].meta = it->second.meta;
+      out[i].by_transport = described;
     }
     return out;
   }
@@ -103,6 +126,19 @@ class FakeKvClient final : public kv::KvClient {
       held_ = held;
     }
     cv_.notify_all();
+  }
+  // Reads with a descriptor fail: every key a miss whose span may still be written.
+  void FailDescribedReads(bool fail) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_described_ = fail;
+  }
+  int described_gets() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return described_gets_;
+  }
+  int bad_descriptors() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bad_descriptors_;
   }
   void SetDown(bool down) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -138,8 +174,8 @@ class FakeKvClient final : public kv::KvClient {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<Hash128, Object> objects_;
-  bool held_ = false, down_ = false;
-  int puts_ = 0, gets_ = 0, exists_ = 0;
+  bool held_ = false, down_ = false, fail_described_ = false;
+  int puts_ = 0, gets_ = 0, exists_ = 0, described_gets_ = 0, bad_descriptors_ = 0;
 };
 
 constexpr int32_t kBlockTokens = 16;
@@ -555,6 +591,102 @@ TEST_F(StoreTest, AFullReadQueueAndAPastDeadlineSkipTheRead) {
   ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return result != nullptr; }));
   EXPECT_STREQ(result, "skipped");
   EXPECT_EQ(store.gets(), 0);
+}
+
+// The pool as if registered with `transport` (the reader only describes it).
+StoreReaderOptions ByTransport(const transfer::KvTransport* transport, const KvBlockPool& pool,
+                               absl::Duration quarantine) {
+  StoreReaderOptions options;
+  options.transport = transport;
+  options.pool_region.address = reinterpret_cast<uint64_t>(pool.region().address);
+  options.pool_region.length = pool.region().length;
+  options.pool_region.remote_key = "key";
+  options.unsettled_quarantine = quarantine;
+  return options;
+}
+
+// Counter `name`{label=value} in `registry`, or -1.
+double Counter(prometheus::Registry& registry, const std::string& name, const std::string& label,
+               const std::string& value) {
+  for (const auto& family : registry.Collect()) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) {
+      for (const auto& l : metric.label) {
+        if (l.name == label && l.value == value) return metric.counter.value;
+      }
+    }
+  }
+  return -1;
+}
+
+TEST_F(StoreTest, ReadsByTheTransportDescribeTheBlocksAndAFailedNodesBlocksWaitOutTheQuarantine) {
+  FakeKvClient store;
+  const std::vector<TokenId> prompt = Prompt(100, 5);  // 6 full blocks
+  TestEngine a;
+  Write(a, &store, prompt);
+  const std::vector<TokenId> want = a.Run(Req("again", prompt));
+  transfer::TransportOptions grpc;
+  grpc.kind = "grpc";
+  auto transport = transfer::KvTransport::Create(grpc);
+  ASSERT_TRUE(transport.ok()) << transport.status();
+
+  TestEngine b;
+  StoreReader reader(&store, b.engine.get(), b.pool.get(), b.model->fingerprint(), &metrics_,
+                     ByTransport(transport->get(), *b.pool, absl::Seconds(1)));
+  EXPECT_TRUE(reader.by_transport());
+  StoreRead what;
+  EngineRequest r = ReadPrefix(reader, prompt, &what);
+  EXPECT_STREQ(what.result, "hit");
+  EXPECT_TRUE(what.by_transport);
+  EXPECT_EQ(what.blocks, 6);
+  EXPECT_GT(store.described_gets(), 0);
+  EXPECT_EQ(store.bad_descriptors(), 0);
+  EXPECT_EQ(b.Run(std::move(r)), want);
+  EXPECT_EQ(Counter(registry_, "ferry_worker_store_reads_total", "path", "transport"), 1);
+  EXPECT_EQ(Counter(registry_, "ferry_worker_store_reads_total", "path", "stream"), 0);
+
+  // The node fails during the read: a miss, and the six blocks it may still write stay out of
+  // the pool until the quarantine ends (a second from the read's end), then all come back.
+  store.FailDescribedReads(true);
+  TestEngine c;
+  const absl::Duration quarantine = absl::Seconds(1);
+  {
+    StoreReader failing(&store, c.engine.get(), c.pool.get(), c.model->fingerprint(), &metrics_,
+                        ByTransport(transport->get(), *c.pool, quarantine));
+    r = ReadPrefix(failing, prompt, &what);
+    const absl::Time read_end = absl::Now();
+    EXPECT_STREQ(what.result, "miss");
+    EXPECT_EQ(what.quarantined, 6);
+    EXPECT_TRUE(r.imported_blocks.empty());
+    const int64_t held = failing.quarantined_blocks();
+    const int64_t free_while_held = c.pool->num_free();
+    if (absl::Now() < read_end + quarantine) {
+      EXPECT_EQ(held, 6);
+      EXPECT_EQ(free_while_held, c.pool->num_blocks() - 6);
+    }
+    // Computed without the store, in other blocks.
+    EXPECT_EQ(c.Run(std::move(r)), want);
+    EXPECT_EQ(c.imported_tokens, 0);
+    EXPECT_EQ(Counter(registry_, "ferry_worker_store_read_blocks_total", "outcome", "unsettled"),
+              6);
+    // Given back once the time is up (the reader's threads wait for it).
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (failing.quarantined_blocks() > 0 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_GE(absl::Now(), read_end + quarantine - absl::Milliseconds(50));
+    EXPECT_EQ(failing.quarantined_blocks(), 0);
+  }
+
+  // A reader destroyed during a quarantine waits it out before its blocks go back.
+  TestEngine d;
+  {
+    StoreReader failing(&store, d.engine.get(), d.pool.get(), d.model->fingerprint(), &metrics_,
+                        ByTransport(transport->get(), *d.pool, absl::Milliseconds(300)));
+    r = ReadPrefix(failing, prompt, &what);
+    EXPECT_EQ(what.quarantined, 6);
+  }
+  EXPECT_EQ(d.pool->num_free(), d.pool->num_blocks());
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ StoreWriter::~StoreWriter() {
 
 void StoreWriter::Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass traffic_class,
                         uint32_t retention_floor_s) {
-  int64_t dropped = 0, queued_bytes = 0;
+  int64_t dropped = 0;
   {
     absl::MutexLock lock(&mu_);
     for (const ComputedBlock& b : blocks) {
@@ -44,11 +44,13 @@ void StoreWriter::Offer(absl::Span<const ComputedBlock> blocks, kv::TrafficClass
       }
       queue_.push_back(Item{b.hash, b.block, traffic_class, retention_floor_s});
     }
-    queued_bytes = static_cast<int64_t>(queue_.size()) * block_bytes_;
+    const int64_t queued_bytes = static_cast<int64_t>(queue_.size()) * block_bytes_;
+    // Under the lock: set after it, a writer that emptied the queue meanwhile would be overwritten
+    // with this stale figure, and the gauge would say bytes wait when none do.
+    metrics_->StoreWriteQueueBytes(queued_bytes);
   }
   cv_.Signal();
   if (dropped > 0) metrics_->StoreWriteBlocks("dropped", dropped);
-  metrics_->StoreWriteQueueBytes(queued_bytes);
 }
 
 bool StoreWriter::Flush(absl::Duration timeout) {
@@ -70,9 +72,9 @@ void StoreWriter::Loop() {
       queue_.pop_front();
     }
     writing_ = true;
-    const int64_t queued_bytes = static_cast<int64_t>(queue_.size() + batch.size()) * block_bytes_;
+    metrics_->StoreWriteQueueBytes(static_cast<int64_t>(queue_.size() + batch.size()) *
+                                   block_bytes_);
     mu_.Unlock();
-    metrics_->StoreWriteQueueBytes(queued_bytes);
     Write(std::move(batch));
     mu_.Lock();
     writing_ = false;

@@ -17,11 +17,11 @@
 // those it wrote or found present lately with at least the floor wanted (a bounded map of recent
 // hashes to the floor known for each; a hash twice in a batch goes once, with its highest
 // floor), asks the store which of the rest it already has and with which floor (one Exists), and
-// Puts the others in one call whose values point into the pool itself (the client copies them
-// into its messages; nothing else copies them): those absent, and those present with a lower
-// floor than wanted (written again with the higher one, counted "extended"). Each block's
-// reference is dropped as soon as that call returns. A store that is down or slow costs the
-// batch (counted failed), never a request.
+// Puts the others in one call whose values point into the pool itself (the client hands each
+// value to gRPC as a slice of the block, so no copy is made before the kernel's; PutStream):
+// those absent, and those present with a lower floor than wanted (written again with the higher
+// one, counted "extended"). Each block's reference is dropped as soon as that call returns. A
+// store that is down or slow costs the batch (counted failed), never a request.
 //
 // Threads: Offer on any thread (the engine's), never blocking; one writer thread. The destructor
 // writes what is queued (each call bounded by the client's deadline) and joins.

@@ -108,6 +108,19 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       read.streams = options.kvstore_read_streams;
       read.max_blocks = options.kvstore_read_max_blocks;
       read.sim_timing = w->engine_->sim_timing();
+      if (w->transport_ != nullptr) {
+        // Hits land in the pool's blocks by the store node's transport where it has one of
+        // this kind (else in the Get streams). A failed node's puts end by the client's deadline
+        // plus its transport's cancel grace (TransportOptions' default, 200 ms): a second more.
+        auto region = w->engine_->RegionOf(w->engine_->pool());
+        if (region.ok()) {
+          read.transport = w->transport_.get();
+          read.pool_region = region->descriptor;
+          read.unsettled_quarantine = options.kvstore_deadline + absl::Seconds(1);
+        } else {
+          LOG(WARNING) << "store reads come in the Get streams: " << region.status();
+        }
+      }
       w->store_reader_ =
           std::make_unique<StoreReader>(w->kv_client_.get(), &w->engine_->engine(),
                                         &w->engine_->pool(), fingerprint, metrics, read);
@@ -186,7 +199,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
               : "")
       << (w->kv_client_ != nullptr
               ? absl::StrCat(", KV store ", options.kvstore, " (",
-                             w->store_reader_ != nullptr ? "read" : "",
+                             w->store_reader_ != nullptr
+                                 ? (w->store_reader_->by_transport()
+                                        ? absl::StrCat("read by the KV transport where the node "
+                                                       "has one, else the Get stream")
+                                        : std::string("read by the Get stream"))
+                                 : std::string(),
                              w->store_reader_ != nullptr && w->store_writer_ != nullptr ? ", " : "",
                              w->store_writer_ != nullptr ? "write" : "", ")")
               : "")

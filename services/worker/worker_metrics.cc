@@ -95,9 +95,21 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                             .Name("ferry_worker_store_read_blocks_total")
                             .Help(
                                 "KV store blocks asked for: loaded, missing (absent, corrupt, "
-                                "node down), rejected (another KV layout).")
+                                "node down), rejected (another KV layout), unsettled (a node "
+                                "failed during a read by the KV transport: held back from the "
+                                "pool a while).")
                             .Register(registry);
-  for (const char* o : {"loaded", "missing", "rejected"}) store_read_blocks_->Add({{"outcome", o}});
+  for (const char* o : {"loaded", "missing", "rejected", "unsettled"}) {
+    store_read_blocks_->Add({{"outcome", o}});
+  }
+  store_reads_ = &prometheus::BuildCounter()
+                      .Name("ferry_worker_store_reads_total")
+                      .Help(
+                          "Reads of blocks from the KV store, by path: transport (the node's KV "
+                          "transport put them into the pool's blocks), stream (in the Get "
+                          "stream, copied into the blocks).")
+                      .Register(registry);
+  for (const char* p : {"transport", "stream"}) store_reads_->Add({{"path", p}});
   store_read_bytes_ = &prometheus::BuildCounter()
                            .Name("ferry_worker_store_read_bytes_total")
                            .Help("KV bytes read from the KV store.")
@@ -127,6 +139,10 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
   store_write_queue_bytes_ =
       gauge("ferry_worker_store_write_queue_bytes",
             "KV bytes waiting to be written to the store, or being written.");
+  store_quarantined_blocks_ =
+      gauge("ferry_worker_store_quarantined_blocks",
+            "Pool blocks held back after a KV store node failed during a read by the KV "
+            "transport (its puts may still reach them).");
   auto& window = prometheus::BuildCounter()
                      .Name("ferry_worker_window_cache_lookups_total")
                      .Help(
@@ -425,7 +441,8 @@ void WorkerMetrics::StoreReadBlocks(const char* outcome, int64_t blocks) {
   store_read_blocks_->Add({{"outcome", outcome}}).Increment(static_cast<double>(blocks));
 }
 
-void WorkerMetrics::StoreRead(int64_t bytes, double seconds) {
+void WorkerMetrics::StoreRead(int64_t bytes, double seconds, const char* path) {
+  store_reads_->Add({{"path", path}}).Increment();
   store_read_bytes_->Increment(static_cast<double>(bytes));
   store_read_seconds_->Observe(seconds);
 }
@@ -436,6 +453,10 @@ void WorkerMetrics::StoreWriteBlocks(const char* outcome, int64_t blocks) {
 
 void WorkerMetrics::StoreWrittenBytes(int64_t bytes) {
   store_written_bytes_->Increment(static_cast<double>(bytes));
+}
+
+void WorkerMetrics::StoreQuarantinedBlocks(int64_t blocks) {
+  store_quarantined_blocks_->Set(static_cast<double>(blocks));
 }
 
 void WorkerMetrics::StoreWriteQueueBytes(int64_t bytes) {

@@ -35,8 +35,14 @@
 //                                                (its probe, carried in the request), own (an
 //                                                Exists call of the worker's)
 //   ferry_worker_store_read_blocks_total{outcome} loaded, missing (absent, corrupt, node down),
-//                                                rejected (another KV layout)
+//                                                rejected (another KV layout), unsettled (a node
+//                                                failed during a read by the KV transport: held
+//                                                back from the pool a while)
+//   ferry_worker_store_reads_total{path}         reads with blocks, by how the bytes came:
+//                                                transport (the node's KV transport put them into
+//                                                the blocks), stream (in the Get stream, copied)
 //   ferry_worker_store_read_bytes_total, ferry_worker_store_read_seconds (histogram per read)
+//   ferry_worker_store_quarantined_blocks        blocks held back after such a failure
 //   ferry_worker_store_write_blocks_total{outcome} written, extended (the store had them with a
 //                                                shorter retention floor than the request's:
 //                                                written again), present (the store had them),
@@ -173,10 +179,12 @@ class WorkerMetrics {
   void StoreLookup(const char* result);
   void StoreExistence(const char* source);
   void StoreReadBlocks(const char* outcome, int64_t blocks);
-  void StoreRead(int64_t bytes, double seconds);
+  // `path`: "transport" or "stream".
+  void StoreRead(int64_t bytes, double seconds, const char* path);
   void StoreWriteBlocks(const char* outcome, int64_t blocks);
   void StoreWrittenBytes(int64_t bytes);
   void StoreWriteQueueBytes(int64_t bytes);
+  void StoreQuarantinedBlocks(int64_t blocks);
   void Step(const StepInfo& step);
   // Gauges and the counters that mirror the engine's (generated tokens, experts).
   void Refresh(const EngineStats& stats, double prefill_tokens_per_second,
@@ -233,10 +241,12 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* store_existence_;
   prometheus::Family<prometheus::Counter>* store_read_blocks_;
   prometheus::Counter* store_read_bytes_;
+  prometheus::Family<prometheus::Counter>* store_reads_;
   prometheus::Histogram* store_read_seconds_;
   prometheus::Family<prometheus::Counter>* store_write_blocks_;
   prometheus::Counter* store_written_bytes_;
   prometheus::Gauge* store_write_queue_bytes_;
+  prometheus::Gauge* store_quarantined_blocks_;
   prometheus::Counter* window_hits_;
   prometheus::Counter* window_replays_;
   prometheus::Counter* window_misses_;

@@ -4,11 +4,14 @@
 // restart) reads the shared prefix from the store, reports it in cached_tokens (and
 // cached_by_source.store), and answers exactly as the engine in this process does without any
 // cache: dense, and hybrid (the window layers replayed exactly), aggregated and disaggregated (a
-// cold prefill worker pushes what it read to the decode worker). Faults: a store node SIGKILLed is
-// a miss (requests still succeed) and hits resume once it is back on its directory; a corrupt
-// object on disk is a miss, never a wrong token; two tenants never share a block; an object of
-// another KV layout is a miss. A request's retention floor reaches the store with its prompt's
-// blocks. And a bounded window replay answers the same split or not.
+// cold prefill worker pushes what it read to the decode worker); by the node's UCX transport
+// straight into the pool, or in the Get stream for a worker on another kind of transport. Faults: a
+// store node SIGKILLed is a miss (requests still succeed) and hits resume once it is back on its
+// directory; a corrupt object on disk is a miss, never a wrong token; a node SIGKILLed during a
+// read into a worker's blocks by its KV transport is a miss, and the blocks it may still write stay
+// out of the pool until the quarantine ends; two tenants never share a block; an object of another
+// KV layout is a miss. A request's retention floor reaches the store with its prompt's blocks. And
+// a bounded window replay answers the same split or not.
 
 #include <fcntl.h>
 #include <signal.h>
@@ -16,6 +19,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <thread>
@@ -312,6 +316,100 @@ TEST(StoreFaultTest, TwoTenantsNeverShareABlock) {
   EXPECT_EQ(MetricValue(b->admin_port(), kLoaded), 0);
   GenerateResult acme = RunAndCompare(on_b, ref, Request("acme-2", prompt, "acme"));
   EXPECT_EQ(acme.usage.cached_by_source().store(), 96u);
+}
+
+// The store node and the workers on one UCX transport (tcp): a read lands in the reader's pool by
+// the node's puts (descriptor reads), its stream carrying headers only.
+const std::vector<std::string> kUcx = {"--transport=ucx", "--ucx_tls=tcp"};
+const char kByTransport[] = "ferry_worker_store_reads_total{path=\"transport\"}";
+const char kByStream[] = "ferry_worker_store_reads_total{path=\"stream\"}";
+const char kQuarantined[] = "ferry_worker_store_quarantined_blocks";
+
+TEST(StoreTransportTest, AColdWorkerReadsByTheNodesTransportAndAnotherKindInTheStream) {
+  const std::string model = TinyModel("llama_gqa_bf16");
+  auto store = StartKvStore(StoreDir("store_ucx"), 0, kUcx);
+  ASSERT_TRUE(store->ready());
+  InProcessEngine ref(model);
+  const int64_t vocab = ref.model().config().vocab_size;
+  const std::vector<TokenId> prompt = RandomPrompt(100, 50, vocab);
+  const std::vector<TokenId> longer = Concat(prompt, RandomPrompt(30, 51, vocab));
+  auto a = StartWorker(model, Plus(StoreFlags(*store), kUcx));
+  ASSERT_TRUE(a->ready());
+  WorkerClient on_a(a->address());
+  RunAndCompare(on_a, ref, Request("first", prompt));
+  EXPECT_EQ(WaitForMetric(a->admin_port(), kWritten, 6), 6);
+
+  // A cold worker on UCX: the node puts the 6 blocks into its pool.
+  auto p = StartWorker(model, Plus(StoreFlags(*store), kUcx));
+  ASSERT_TRUE(p->ready());
+  WorkerClient on_p(p->address());
+  GenerateResult second = RunAndCompare(on_p, ref, Request("second", longer));
+  EXPECT_EQ(second.usage.cached_by_source().store(), 96u);
+  EXPECT_EQ(MetricValue(p->admin_port(), kLoaded), 6);
+  EXPECT_EQ(MetricValue(p->admin_port(), kByTransport), 1);
+  EXPECT_EQ(MetricValue(p->admin_port(), kByStream), 0);
+  EXPECT_EQ(WaitForMetric(p->admin_port(), kWritten, 2), 2);  // blocks 6 and 7
+
+  // A worker on the gRPC transport: the node has none of that kind, the bytes come in the stream.
+  auto g = StartWorker(model, Plus(StoreFlags(*store), {"--transport=grpc"}));
+  ASSERT_TRUE(g->ready());
+  WorkerClient on_g(g->address());
+  GenerateResult third = RunAndCompare(on_g, ref, Request("third", longer));
+  EXPECT_EQ(third.usage.cached_by_source().store(), 128u);
+  EXPECT_EQ(MetricValue(g->admin_port(), kByTransport), 0);
+  EXPECT_EQ(MetricValue(g->admin_port(), kByStream), 1);
+}
+
+TEST(StoreTransportTest,
+     ANodeKilledDuringAReadIntoTheBlocksIsAMissAndTheBlocksWaitOutTheQuarantine) {
+  const std::string model = TinyModel("llama_gqa_bf16");
+  const std::string hold = (fs::path(::testing::TempDir()) / "get-hold").string();
+  fs::remove(hold);
+  auto store =
+      StartKvStore(StoreDir("store_ucx_killed"), 0, Plus(kUcx, {"--get_hold_file=" + hold}));
+  ASSERT_TRUE(store->ready());
+  InProcessEngine ref(model);
+  const int64_t vocab = ref.model().config().vocab_size;
+  const std::vector<TokenId> prompt = RandomPrompt(100, 60, vocab);
+  auto a = StartWorker(model, Plus(StoreFlags(*store), kUcx));
+  ASSERT_TRUE(a->ready());
+  WorkerClient on_a(a->address());
+  RunAndCompare(on_a, ref, Request("first", prompt));
+  EXPECT_EQ(WaitForMetric(a->admin_port(), kWritten, 6), 6);
+
+  // One Get for the whole run (one stream), a 3 s deadline: its blocks are held 4 s after a
+  // failure (the deadline plus a second for the node's cancel grace).
+  auto b = StartWorker(model, Plus({"--kvstore=" + store->address(), "--kvstore_deadline=3s",
+                                    "--kvstore_read_streams=1"},
+                                   kUcx));
+  ASSERT_TRUE(b->ready());
+  WorkerClient on_b(b->address());
+  std::ofstream(hold) << "hold";
+  // The node dies while it holds the read, its first put posted into b's blocks.
+  std::thread killer([&] {
+    EXPECT_TRUE(WaitUntil([&] {
+      return store->LogTail().find("test seam: a Get into a destination holds") !=
+             std::string::npos;
+    }));
+    store->Signal(SIGKILL);
+    EXPECT_EQ(store->WaitForExit(absl::Seconds(30)), 128 + SIGKILL);
+    fs::remove(hold);
+  });
+  const std::vector<TokenId> longer = Concat(prompt, RandomPrompt(30, 61, vocab));
+  GenerateResult held = RunAndCompare(on_b, ref, Request("held", longer));
+  killer.join();
+  EXPECT_EQ(held.usage.cached_tokens(), 0u) << "the node died: a miss, computed";
+  EXPECT_EQ(MetricValue(b->admin_port(), kLoaded), 0);
+  EXPECT_EQ(
+      MetricValue(b->admin_port(), "ferry_worker_store_read_blocks_total{outcome=\"unsettled\"}"),
+      6);
+  // The six blocks the node might still have written were not given back with the request's
+  // end; they are once the quarantine is over.
+  EXPECT_EQ(MetricValue(b->admin_port(), kQuarantined), 6);
+  EXPECT_TRUE(WaitUntil([&] { return MetricValue(b->admin_port(), kQuarantined) == 0; }));
+  // The worker goes on: another prompt, computed right (the node is gone: a miss).
+  GenerateResult after = RunAndCompare(on_b, ref, Request("after", RandomPrompt(100, 62, vocab)));
+  EXPECT_EQ(after.usage.cached_tokens(), 0u);
 }
 
 TEST(StoreFaultTest, AnObjectOfAnotherKvLayoutIsAMiss) {

@@ -9,7 +9,9 @@
 // on two stacks: one aggregated ferry-worker (two of them: the one that warmed the prefix serves
 // the memory case, the other the store case), and a prefill + decode pair over UCX (two pairs,
 // likewise; the decode workers never hold the prefix, so the prefill worker pushes all of it).
-// Every worker has --kvstore and the same compute threads (--threads, default half the cores).
+// Every worker has --kvstore and the same compute threads (--threads, default half the cores),
+// and the same KV transport (--transport, --ucx_tls) as the store node, so that store hits land
+// in the workers' pools by the node's transport (descriptor reads), as `./ferry up` runs them.
 // Per rep a new prefix: the warm request (max_tokens 1) computes it and its writer stores its 64
 // blocks (the bench waits for them), then the memory, store and cold requests run one at a time;
 // TTFT is Generate sent to the first token's event. The store-hit prompt is asked again of the
@@ -131,6 +133,8 @@ v1::GenerateRequest MakeRequest(const std::string& id, const std::vector<uint32_
 constexpr char kWritten[] = "ferry_worker_store_write_blocks_total{outcome=\"written\"}";
 constexpr char kPresent[] = "ferry_worker_store_write_blocks_total{outcome=\"present\"}";
 constexpr char kWriteQueue[] = "ferry_worker_store_write_queue_bytes";
+constexpr char kReadsByTransport[] = "ferry_worker_store_reads_total{path=\"transport\"}";
+constexpr char kReadsByStream[] = "ferry_worker_store_reads_total{path=\"stream\"}";
 
 // Waits until `worker`'s store writer has nothing queued or in flight (bounded: 120 s), so that
 // a measured request does not share the machine with the writes of the one before.
@@ -386,8 +390,11 @@ int Main(int argc, char** argv) {
   const std::string store_dir =
       std::filesystem::current_path().string() + "/.ferry/bench-prefix-kv";
   std::filesystem::remove_all(store_dir);
-  ServiceProcess store(store_binary, {"--dir=" + store_dir, "--address=127.0.0.1:0",
-                                      "--capacity=4GiB", "--max_object_bytes=16MiB"});
+  // With the workers' KV transport, so that their reads land in their pools by it.
+  ServiceProcess store(
+      store_binary,
+      {"--dir=" + store_dir, "--address=127.0.0.1:0", "--capacity=4GiB", "--max_object_bytes=16MiB",
+       "--transport=" + flags.transport, "--ucx_tls=" + flags.ucx_tls});
   if (!store.ready()) Fail("ferry-kvstore did not start:\n" + store.LogTail());
   size_t block_bytes = 0;
   {
@@ -418,20 +425,25 @@ int Main(int argc, char** argv) {
   };
   // Stacks: [0] aggregated, [1] the pair; each with a warm server and a cold one.
   std::vector<std::vector<Server>> stacks(2);
-  for (int k = 0; k < 2; ++k) {
-    Server& s = stacks[0].emplace_back();
-    s.name = k == 0 ? "aggregated (warm)" : "aggregated (cold)";
-    s.serving = start({"--role=aggregated"});
-  }
   const std::string transport_name =
       flags.transport == "ucx" ? "ucx:" + flags.ucx_tls : flags.transport;
   const std::vector<std::string> ucx = {"--transport=" + flags.transport,
                                         "--ucx_tls=" + flags.ucx_tls};
   for (int k = 0; k < 2; ++k) {
+    Server& s = stacks[0].emplace_back();
+    s.name = k == 0 ? "aggregated (warm)" : "aggregated (cold)";
+    std::vector<std::string> aggregated = ucx;
+    aggregated.push_back("--role=aggregated");
+    s.serving = start(aggregated);
+  }
+  for (int k = 0; k < 2; ++k) {
     Server& s = stacks[1].emplace_back();
     s.name = absl::StrCat(k == 0 ? "P+D (warm)" : "P+D (cold)", " ", transport_name);
     std::vector<std::string> decode = ucx, prefill = ucx;
     decode.push_back("--role=decode");
+    // The warm request computes all 4,096 tokens: on a loaded machine that can outlast the
+    // default 30 s reservation (it is not measured).
+    decode.push_back("--reservation_timeout=100s");
     prefill.push_back("--role=prefill");
     s.serving = start(decode);
     s.prefill = start(prefill);
@@ -567,6 +579,10 @@ int Main(int argc, char** argv) {
     json[p + "store_over_memory_ms"] = over_memory * 1e3;
     json[p + "read_budget_ms"] = read_budget * 1e3;
     if (k == 1) json["pd_push_tail_ms"] = push * 1e3;
+    // How the store-hit worker's reads came: by the node's KV transport or in the Get stream.
+    const ServiceProcess& reader = stacks[k][1].computing();
+    json[p + "store_reads_transport"] = MetricValue(reader.admin_port(), kReadsByTransport);
+    json[p + "store_reads_stream"] = MetricValue(reader.admin_port(), kReadsByStream);
   }
   json["goals_met"] = met;
   std::printf("\n%s\n", json.dump().c_str());
