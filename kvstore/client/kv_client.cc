@@ -140,6 +140,23 @@ class Node {
     }
   }
 
+  // Whether a Get may name a transfer descriptor: not for a while after the node refused one
+  // (FAILED_PRECONDITION: no transport of that kind there, or ours unreachable from it), so that
+  // a node without a transport costs one extra round trip a minute, not one per Get.
+  bool TakesDescriptors() const {
+    absl::MutexLock lock(&mu_);
+    return clock_->Monotonic() >= descriptors_refused_until_;
+  }
+  void RefusedDescriptor() {
+    absl::MutexLock lock(&mu_);
+    if (clock_->Monotonic() >= descriptors_refused_until_) {
+      LOG(INFO) << "kv node " << address_ << " cannot write into this process's memory (no KV "
+                << "transport of its kind there): its values come in the stream for the next "
+                << kDescriptorRetry;
+    }
+    descriptors_refused_until_ = clock_->Monotonic() + kDescriptorRetry;
+  }
+
   NodeStatus status() const {
     absl::MutexLock lock(&mu_);
     NodeStatus s;
@@ -171,6 +188,8 @@ class Node {
   bool probing_ ABSL_GUARDED_BY(mu_) = false;
   int64_t requests_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
+  static constexpr absl::Duration kDescriptorRetry = absl::Seconds(60);
+  absl::Duration descriptors_refused_until_ ABSL_GUARDED_BY(mu_);  // on clock_->Monotonic()
 };
 
 // Where GetInto puts the values of one slice of its keys: spans[k] for the slice's keys[k], and
@@ -585,12 +604,14 @@ bool GrpcKvClient::GetFromNode(const NodeWork& work, absl::Span<const Hash128> k
                                const Hash128& fingerprint, const IntoSpans* into,
                                std::vector<ClientGetResult>* results) {
   const absl::Time deadline = absl::Now() + options_.deadline;
-  const bool by_transport = into != nullptr && into->descriptor != nullptr;
+  const bool by_transport =
+      into != nullptr && into->descriptor != nullptr && nodes_[work.node]->TakesDescriptors();
   const grpc::Status status =
       GetStream(work, keys, fingerprint, into, by_transport, deadline, results);
   if (by_transport && status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
     // No transport of the descriptor's kind there, or it cannot reach ours: the bytes come in
-    // the stream instead.
+    // the stream instead (and for a while, at once).
+    nodes_[work.node]->RefusedDescriptor();
     Finish(work,
            GetStream(work, keys, fingerprint, into, /*by_transport=*/false, deadline, results));
     return false;

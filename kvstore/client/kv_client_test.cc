@@ -1007,6 +1007,42 @@ TEST_F(KvClientTest, GetIntoWithADescriptorDoesNotRetryAFailedNodesKeys) {
   EXPECT_TRUE(caller.Deregister(region->id).ok());
 }
 
+// Nodes without a KV transport refuse a descriptor (FAILED_PRECONDITION): the values come in the
+// stream, in the same call and, without asking again, in the next ones.
+TEST_F(KvClientTest, GetIntoFromNodesWithoutATransportReadsTheStream) {
+  auto caller = transfer::KvTransport::Create({.kind = "grpc"});
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  StartNodes(2);
+  auto client = NewClient(Options(/*replication=*/1));
+  ASSERT_NE(client, nullptr);
+  Objects o(3, 11, 4096);
+  ASSERT_EQ(client->Put(o.objects), 8);
+  auto region = (*caller)->Allocate(8 * 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  char* base = static_cast<char*>(region->span.address);
+  GetIntoDestination destination;
+  destination.descriptor = transfer::PeerDescriptor();
+  destination.descriptor->kind = "grpc";
+  destination.descriptor->address = (*caller)->address();
+  destination.descriptor->regions = {region->descriptor};
+  for (size_t i = 0; i < 8; ++i) {
+    destination.spans.push_back(absl::Span<char>(base + i * 4096, 4096));
+    destination.descriptor->block_slices.push_back({0, i * 4096, 4096});
+  }
+  for (int call = 0; call < 2; ++call) {
+    std::memset(base, 0, 8 * 4096);
+    auto got = client->GetInto(o.keys, kModel, destination);
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_TRUE(got[i].found) << call << " " << i;
+      EXPECT_FALSE(got[i].by_transport) << call << " " << i;
+      EXPECT_FALSE(got[i].unsettled) << call << " " << i;
+      EXPECT_TRUE(std::string(base + i * 4096, 4096) == o.values[i]) << call << " " << i;
+    }
+  }
+  for (const NodeStatus& node : client->nodes()) EXPECT_TRUE(node.up) << node.address;
+  EXPECT_TRUE((*caller)->Deregister(region->id).ok());
+}
+
 // A node set that changes (DNS discovery): no node is all misses; a node added or removed moves
 // only its own keys, so the keys of the nodes that stay are found where they were.
 TEST_F(KvClientTest, DynamicClientFollowsItsNodeSet) {
