@@ -24,7 +24,8 @@ StoreReader::StoreReader(kv::KvClient* client, Engine* engine, KvBlockPool* pool
       pool_(pool),
       fingerprint_(fingerprint),
       metrics_(metrics),
-      options_(options) {
+      options_(options),
+      clock_(options.clock != nullptr ? options.clock : &RealClock()) {
   if (options_.transport != nullptr) {
     const uint64_t base = options_.pool_region.address;
     const auto address = reinterpret_cast<uint64_t>(pool_->region().address);
@@ -75,14 +76,15 @@ void StoreReader::Read(EngineRequest request, absl::Time deadline, Done done, St
   done(std::move(request), read);
 }
 
-int64_t StoreReader::quarantined_blocks() const {
+int64_t StoreReader::quarantined_blocks() {
   absl::MutexLock lock(&mu_);
+  ReleaseQuarantined();  // (the reader's threads also do, at each one's time)
   return QuarantinedLocked();
 }
 
-absl::Time StoreReader::ReleaseQuarantined() {
-  const absl::Time now = absl::Now();
-  absl::Time next = absl::InfiniteFuture();
+absl::Duration StoreReader::ReleaseQuarantined() {
+  const absl::Duration now = clock_->Monotonic();
+  absl::Duration next = absl::InfiniteDuration();
   bool released = false;
   for (size_t i = 0; i < quarantine_.size();) {
     if (quarantine_[i].until <= now) {
@@ -91,7 +93,7 @@ absl::Time StoreReader::ReleaseQuarantined() {
       quarantine_.pop_back();
       released = true;
     } else {
-      next = std::min(next, quarantine_[i].until);
+      next = std::min(next, quarantine_[i].until - now);
       ++i;
     }
   }
@@ -111,11 +113,11 @@ void StoreReader::Loop() {
     {
       absl::MutexLock lock(&mu_);
       while (true) {
-        const absl::Time next = ReleaseQuarantined();
+        const absl::Duration next = ReleaseQuarantined();
         if (!tasks_.empty()) break;
         // Stopping: the reads are done; quarantined blocks still wait for their time.
         if (stopping_ && quarantine_.empty()) return;
-        cv_.WaitWithDeadline(&mu_, next);
+        cv_.WaitWithTimeout(&mu_, next);
       }
       task = std::move(tasks_.front());
       tasks_.pop_front();
@@ -285,7 +287,7 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline, const St
                       "pool for "
                    << options_.unsettled_quarantine;
       absl::MutexLock lock(&mu_);
-      quarantine_.push_back({absl::Now() + options_.unsettled_quarantine, std::move(held)});
+      quarantine_.push_back({clock_->Monotonic() + options_.unsettled_quarantine, std::move(held)});
       metrics_->StoreQuarantinedBlocks(QuarantinedLocked());
       cv_.SignalAll();  // the waiting threads' next release time
     }

@@ -68,6 +68,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "engine/common/clock.h"
 #include "engine/common/hash128.h"
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
@@ -100,6 +101,8 @@ struct StoreReaderOptions {
   // How long blocks a failed node's puts may still reach stay out of the pool, from the end of
   // the read: at least the KV client's per-RPC deadline plus the node transport's cancel grace.
   absl::Duration unsettled_quarantine = absl::Seconds(2);
+  // Times the quarantine (null: the real clock; tests drive a FakeClock). Must outlive the reader.
+  Clock* clock = nullptr;
 };
 
 // What the router's KV store probe found of the prompt's chain (TokenizedRequest.store_hint): of
@@ -140,8 +143,9 @@ class StoreReader {
   // Gives a request's imported blocks back to `pool` (a request the engine did not take).
   static void ReleaseImports(KvBlockPool& pool, EngineRequest& request);
 
-  // Blocks held back from the pool now (for tests and metrics).
-  int64_t quarantined_blocks() const;
+  // Blocks held back from the pool now, once those whose time is up went back (for tests and
+  // metrics).
+  int64_t quarantined_blocks();
   // Whether reads offer the store the worker's KV transport (a descriptor of their blocks).
   bool by_transport() const { return destination_.has_value(); }
 
@@ -152,15 +156,15 @@ class StoreReader {
     Done done;
     StoreHint hint;
   };
-  // Blocks that may still be written until `until`.
+  // Blocks that may still be written until `until` (on clock_->Monotonic()).
   struct Quarantine {
-    absl::Time until;
+    absl::Duration until;
     std::vector<BlockId> blocks;
   };
   void Loop();
-  // Gives back the quarantined blocks whose time is up; returns when the next one's is (or
-  // InfiniteFuture).
-  absl::Time ReleaseQuarantined() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back the quarantined blocks whose time is up; returns how long until the next one's is
+  // (or InfiniteDuration).
+  absl::Duration ReleaseQuarantined() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t QuarantinedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The descriptor of `spans` (fresh blocks of the pool) for the worker's transport.
   transfer::PeerDescriptor Describe(absl::Span<const MemorySpan> spans) const;
@@ -178,6 +182,7 @@ class StoreReader {
   const Hash128 fingerprint_;
   WorkerMetrics* const metrics_;
   const StoreReaderOptions options_;
+  Clock* const clock_;
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;

@@ -19,6 +19,7 @@
 
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/common/block_hash.h"
+#include "engine/common/fake_clock.h"
 #include "engine/model/sim_timing.h"
 #include "engine/model/synthetic_model.h"
 #include "engine/model/transformer.h"
@@ -595,8 +596,9 @@ TEST_F(StoreTest, AFullReadQueueAndAPastDeadlineSkipTheRead) {
 
 // The pool as if registered with `transport` (the reader only describes it).
 StoreReaderOptions ByTransport(const transfer::KvTransport* transport, const KvBlockPool& pool,
-                               absl::Duration quarantine) {
+                               absl::Duration quarantine, Clock* clock = nullptr) {
   StoreReaderOptions options;
+  options.clock = clock;
   options.transport = transport;
   options.pool_region.address = reinterpret_cast<uint64_t>(pool.region().address);
   options.pool_region.length = pool.region().length;
@@ -650,31 +652,25 @@ TEST_F(StoreTest, ReadsByTheTransportDescribeTheBlocksAndAFailedNodesBlocksWaitO
   store.FailDescribedReads(true);
   TestEngine c;
   const absl::Duration quarantine = absl::Seconds(1);
+  FakeClock clock;
   {
     StoreReader failing(&store, c.engine.get(), c.pool.get(), c.model->fingerprint(), &metrics_,
-                        ByTransport(transport->get(), *c.pool, quarantine));
+                        ByTransport(transport->get(), *c.pool, quarantine, &clock));
     r = ReadPrefix(failing, prompt, &what);
-    const absl::Time read_end = absl::Now();
     EXPECT_STREQ(what.result, "miss");
     EXPECT_EQ(what.quarantined, 6);
     EXPECT_TRUE(r.imported_blocks.empty());
-    const int64_t held = failing.quarantined_blocks();
-    const int64_t free_while_held = c.pool->num_free();
-    if (absl::Now() < read_end + quarantine) {
-      EXPECT_EQ(held, 6);
-      EXPECT_EQ(free_while_held, c.pool->num_blocks() - 6);
-    }
+    EXPECT_EQ(failing.quarantined_blocks(), 6);
+    EXPECT_EQ(c.pool->num_free(), c.pool->num_blocks() - 6);
     // Computed without the store, in other blocks.
     EXPECT_EQ(c.Run(std::move(r)), want);
     EXPECT_EQ(c.imported_tokens, 0);
     EXPECT_EQ(Counter(registry_, "ferry_worker_store_read_blocks_total", "outcome", "unsettled"),
               6);
-    // Given back once the time is up (the reader's threads wait for it).
-    const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (failing.quarantined_blocks() > 0 && absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    EXPECT_GE(absl::Now(), read_end + quarantine - absl::Milliseconds(50));
+    // Held until the time is up, given back then.
+    clock.Advance(quarantine - absl::Milliseconds(1));
+    EXPECT_EQ(failing.quarantined_blocks(), 6);
+    clock.Advance(absl::Milliseconds(1));
     EXPECT_EQ(failing.quarantined_blocks(), 0);
   }
 
