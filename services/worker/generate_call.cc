@@ -1,7 +1,6 @@
 #include "services/worker/generate_call.h"
 
 #include <algorithm>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -17,17 +16,6 @@
 #include "services/worker/worker_wire.h"
 
 namespace ferry {
-
-namespace {
-
-// Transfer ids are never reused: the request id (unique among live requests) and 64 random bits.
-std::string RandomTransferSuffix() {
-  thread_local std::mt19937_64 rng(std::random_device{}() ^
-                                   static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
-  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
-}
-
-}  // namespace
 
 GenerateCall::GenerateCall(WorkerService* service, grpc::CallbackServerContext* context,
                            const v1::GenerateRequest* request)

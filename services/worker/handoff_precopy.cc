@@ -14,7 +14,6 @@
 #include <atomic>
 #include <chrono>
 #include <optional>
-#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -30,12 +29,6 @@
 namespace ferry {
 
 namespace {
-
-std::string RandomSuffix() {
-  thread_local std::mt19937_64 rng(std::random_device{}() ^
-                                   static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
-  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
-}
 
 grpc::ServerUnaryReactor* Finished(grpc::CallbackServerContext* context,
                                    const grpc::Status& status) {
@@ -170,7 +163,7 @@ grpc::ServerUnaryReactor* WorkerService::PrefetchKv(grpc::CallbackServerContext*
         ReservationTarget target = target_;
         target.window_pool = nullptr;  // the pool's blocks only: the window layers move at the end
         const std::string transfer_id =
-            absl::StrCat("precopy/", state->source_id, "/", RandomSuffix());
+            absl::StrCat("precopy/", state->source_id, "/", RandomTransferSuffix());
         auto described = DescribeReservation(state->source_id, blocks, target, facts_, transfer_id,
                                              "", deadline);
         if (!described.ok()) {

@@ -1,6 +1,7 @@
 #include "services/worker/kv_handoff.h"
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/model_fingerprint.h"
@@ -15,6 +16,12 @@ KvFacts KvFactsOf(const Engine& engine, const KvBlockPool& pool, const KvBlockPo
   facts.block_bytes = pool.layout().block_bytes();
   facts.window_block_bytes = window_pool != nullptr ? window_pool->layout().block_bytes() : 0;
   return facts;
+}
+
+std::string RandomTransferSuffix() {
+  thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                   static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+  return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
 }
 
 namespace {

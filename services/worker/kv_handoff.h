@@ -40,6 +40,10 @@ struct KvFacts {
 
 KvFacts KvFactsOf(const Engine& engine, const KvBlockPool& pool, const KvBlockPool* window_pool);
 
+// 64 random bits in hex, for transfer ids that are never reused: a request id (unique among live
+// requests) followed by this.
+std::string RandomTransferSuffix();
+
 // Where a decode worker's pools live for peers.
 struct ReservationTarget {
   const transfer::KvTransport* transport = nullptr;
