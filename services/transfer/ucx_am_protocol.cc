@@ -43,11 +43,11 @@ namespace ucx_internal {
 // returns to finds its buffer gone and frees a null one (SIGSEGV in uct_tcp_ep_progress_am_rx).
 
 ucs_status_ptr_t UcxTransport::SendAm(Peer* peer, AmOp* op, const void* data, size_t length,
-                                      ucp_mem_h memh) {
+                                      ucp_mem_h memh, bool reply) {
   ucp_request_param_t param = {};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_AM_SEND_FLAG_EAGER;
+  param.flags = UCP_AM_SEND_FLAG_EAGER | (reply ? UCP_AM_SEND_FLAG_REPLY : 0);
   param.cb.send = &UcxTransport::OnAmOpDone;
   param.user_data = op;
   if (memh != nullptr) {
@@ -57,12 +57,12 @@ ucs_status_ptr_t UcxTransport::SendAm(Peer* peer, AmOp* op, const void* data, si
   return ucp_am_send_nbx(peer->ep, kFerryAmId, &op->header, sizeof(AmHeader), data, length, &param);
 }
 
-void UcxTransport::SendOneWay(Peer* peer, const AmHeader& header, std::string payload) {
+void UcxTransport::SendOneWay(Peer* peer, const AmHeader& header, std::string payload, bool reply) {
   auto* op = new AmOp;
   op->owner = this;
   op->header = header;
   op->payload = std::move(payload);
-  ucs_status_ptr_t p = SendAm(peer, op, op->payload.data(), op->payload.size(), nullptr);
+  ucs_status_ptr_t p = SendAm(peer, op, op->payload.data(), op->payload.size(), nullptr, reply);
   if (UCS_PTR_IS_ERR(p)) {
     LOG(WARNING) << "KV transport: reply to peer " << peer->id
                  << " failed: " << ucs_status_string(UCS_PTR_STATUS(p));
@@ -369,9 +369,11 @@ void UcxTransport::SendPendingAcks() {
   acks.swap(pending_acks_);
   if (stopping_) return;  // shutting down: nothing is acknowledged
   for (PendingAck& ack : acks) {
+    const bool hello = ack.header.type == static_cast<uint32_t>(AmType::kHelloAck);
     absl::StatusOr<Peer*> peer = ReplyPeer(ack.initiator);
     if (!peer.ok()) {
-      LOG(WARNING) << "KV transport: cannot acknowledge a put: " << peer.status();
+      LOG(WARNING) << "KV transport: cannot "
+                   << (hello ? "answer a handshake" : "acknowledge a put") << ": " << peer.status();
       continue;
     }
     SendOneWay(*peer, ack.header, std::move(ack.message));
@@ -563,6 +565,20 @@ ucs_status_t UcxTransport::OnAm(void* arg, const void* header, size_t header_len
     case AmType::kGetDone:
       self->OnReply(h, bytes);
       break;
+    case AmType::kHello:
+      // Answered over the reply connection once ucp_worker_progress has returned.
+      if (length > 0 && length <= kMaxAddressBytes) {
+        self->pending_acks_.push_back(
+            PendingAck{std::string(bytes),
+                       AmHeader{static_cast<uint32_t>(AmType::kHelloAck), 0, h.token, 0, 0}, ""});
+      }
+      break;
+    case AmType::kHelloAck: {
+      absl::MutexLock lock(&self->peers_mu_);
+      auto it = self->peer_info_.find(h.token);
+      if (it != self->peer_info_.end()) it->second.ready = true;
+      break;
+    }
     default:
       LOG(WARNING) << "KV transport: dropped a message of unknown type " << h.type;
   }

@@ -1,15 +1,20 @@
 #include "services/transfer/ucx_peer.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/syscall.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -92,6 +97,37 @@ uint64_t ProcessStartTime(uint32_t pid) {
   return start;
 }
 
+bool ProcessGoneOrDying(uint32_t pid, int pidfd) {
+  if (pidfd >= 0) {
+    pollfd p = {pidfd, POLLIN, 0};
+    if (poll(&p, 1, 0) > 0) return true;  // exited
+  }
+  std::ifstream stat_in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(stat_in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return true;
+  // After ")": field 3 (state), then field 9 (flags) at index 6.
+  std::vector<absl::string_view> fields =
+      absl::StrSplit(absl::string_view(stat).substr(paren + 1), ' ', absl::SkipEmpty());
+  if (fields.size() < 7) return true;
+  if (fields[0] == "Z" || fields[0] == "X" || fields[0] == "x") return true;
+  constexpr uint64_t kPfExiting = 0x4;
+  uint64_t flags = 0;
+  if (absl::SimpleAtoi(fields[6], &flags) && (flags & kPfExiting) != 0) return true;
+  // A SIGKILL sent but not yet acted on: pending for the process (ShdPnd) or a thread (SigPnd).
+  std::ifstream status_in(absl::StrCat("/proc/", pid, "/status"));
+  constexpr uint64_t kSigKillBit = uint64_t{1} << (SIGKILL - 1);
+  for (std::string line; std::getline(status_in, line);) {
+    absl::string_view rest(line);
+    if (!absl::ConsumePrefix(&rest, "ShdPnd:") && !absl::ConsumePrefix(&rest, "SigPnd:")) continue;
+    uint64_t mask = 0;
+    if (absl::SimpleHexAtoi(absl::StripAsciiWhitespace(rest), &mask) && (mask & kSigKillBit) != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 ProcessIdentity SelfIdentity() {
   ProcessIdentity self;
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
@@ -110,7 +146,66 @@ ProcessIdentity SelfIdentity() {
   return self;
 }
 
+// The handshake. UCX 1.13 aborts the whole process (ucp_request.c: "Assertion ... got REP
+// message", or REQUEST; fixed upstream in UCX 1.14) when a tcp endpoint's connection fails while
+// a wireup message is still queued on it. Every connection makes endpoints on both sides: the
+// initiator's, the one UCX makes on the owner for it, and the owner's reply connection (ReplyPeer)
+// with UCX's for it on the initiator. A peer killed while any of them is still wiring up (a store
+// node killed right after its first put into a worker, say) took the survivor with it. So
+// Connect returns only once they are complete: it sends kHello with UCP_AM_SEND_FLAG_REPLY, which
+// UCX sends only once the initiator's endpoint is wired (it carries the owner's endpoint id, which
+// the owner's wireup reply brings), so the owner's side of it has sent its reply; the owner
+// answers with kHelloAck over its reply connection (made or found by then), after that
+// connection's own wireup request. Not with the flag: UCX pairs the owner's reply connection with
+// the initiator's endpoint, and a message with the flag to an endpoint the initiator has closed
+// is dropped. A peer that dies after the handshake fails as any connection does; what is left is
+// a peer dying within the handshake itself.
 absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
+  absl::StatusOr<PeerId> id = OpenPeer(address, /*hello=*/true);
+  if (!id.ok()) return id.status();
+  return AwaitHandshake(*id);
+}
+
+absl::StatusOr<PeerId> UcxTransport::AwaitHandshake(PeerId id) {
+  bool answered = false;
+  const absl::Time give_up = absl::Now() + kHandshakeTimeout;
+  while (true) {
+    {
+      absl::MutexLock lock(&peers_mu_);
+      auto settled = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(peers_mu_) {
+        auto it = peer_info_.find(id);
+        return it == peer_info_.end() || it->second.failed || it->second.ready;
+      };
+      answered = peers_mu_.AwaitWithDeadline(absl::Condition(&settled),
+                                             std::min(give_up, absl::Now() + kHelloResend));
+      auto it = peer_info_.find(id);
+      if (it != peer_info_.end() && it->second.ready && !it->second.failed) return id;
+    }
+    if (answered || absl::Now() >= give_up) break;
+    // The owner's answer can be lost: its reply connection may be the other end of one this
+    // transport has just closed (UCX pairs them), which it has not noticed yet. Said again.
+    RunSync([&] {
+      Peer* peer = FindPeer(id);
+      if (peer != nullptr && !peer->failed) {
+        SendOneWay(peer, AmHeader{static_cast<uint32_t>(AmType::kHello), 0, id, 0, 0}, address_,
+                   /*reply=*/true);
+      }
+    });
+  }
+  if (answered) {
+    return absl::UnavailableError(absl::StrCat("peer ", id, " failed during the handshake"));
+  }
+  const absl::Status status = absl::UnavailableError(absl::StrCat(
+      "peer ", id, " did not answer the handshake in ", absl::FormatDuration(kHandshakeTimeout)));
+  // Closed gracefully: an endpoint still wiring up must not be forced closed (see FailPeer).
+  RunSync([&] {
+    Peer* peer = FindPeer(id);
+    if (peer != nullptr) FailPeer(peer, status, /*force=*/false);
+  });
+  return status;
+}
+
+absl::StatusOr<PeerId> UcxTransport::OpenPeer(absl::string_view address, bool hello) {
   if (!absl::StartsWith(address, kAddressMagic) ||
       address.size() <= kAddressMagic.size() + kIdentityBytes + kDataEndpointBytes) {
     return absl::InvalidArgumentError("not a UCX KV transport address");
@@ -132,7 +227,9 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
   if (identity.boot_id == self_.boot_id && identity.pid_namespace == self_.pid_namespace &&
       identity.pid != 0) {
     pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(identity.pid), 0));
-    if (pidfd >= 0 && ProcessStartTime(identity.pid) != identity.start_time) {
+    if (pidfd >= 0 && (ProcessStartTime(identity.pid) != identity.start_time ||
+                       ProcessGoneOrDying(identity.pid, pidfd))) {
+      // Not connected to: see ProcessGoneOrDying for what a refused connection would do.
       close(pidfd);
       return absl::UnavailableError(absl::StrCat("peer process ", identity.pid, " has exited"));
     }
@@ -181,7 +278,7 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
     {
       absl::MutexLock lock(&peers_mu_);
       id = next_peer_id_++;
-      peer_info_[id] = PeerInfo{std::string(address), peer->label, false};
+      peer_info_[id] = PeerInfo{std::string(address), peer->label, false, /*ready=*/!hello};
     }
     peer->id = id;
     if (pidfd >= 0) {
@@ -197,7 +294,12 @@ absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
               << (peer_errors ? " (peer error handling)"
                               : " (no UCX peer error handling on these transports: process exit "
                                 "watched, deadlines bound the rest)");
+    Peer* opened = peer.get();
     peers_[id] = std::move(peer);
+    if (hello) {
+      SendOneWay(opened, AmHeader{static_cast<uint32_t>(AmType::kHello), 0, id, 0, 0}, address_,
+                 /*reply=*/true);
+    }
   });
   if (pidfd >= 0) close(pidfd);
   if (!status.ok()) return status;
@@ -247,7 +349,7 @@ absl::StatusOr<ucp_rkey_h> UcxTransport::RemoteKey(Peer* peer, const RegionDescr
 absl::StatusOr<Peer*> UcxTransport::ReplyPeer(const std::string& address) {
   absl::Status last;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<PeerId> id = Connect(address);
+    absl::StatusOr<PeerId> id = OpenPeer(address, /*hello=*/false);
     if (!id.ok()) return id.status();
     Peer* p = FindPeer(*id);
     if (p != nullptr && !p->failed) return p;

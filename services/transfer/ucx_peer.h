@@ -7,8 +7,8 @@
 // failure, closing and reaping, and the reply connections of the active-message protocol.
 //
 // Internal to the ucx_transport library. Threading: as marked on each struct; a Peer's transfers
-// are owned by the transport, not the peer. SelfIdentity and ProcessStartTime read /proc and do
-// not fail: what they cannot read is left empty or 0.
+// are owned by the transport, not the peer. SelfIdentity, ProcessStartTime and ProcessGoneOrDying
+// read /proc and do not fail: what they cannot read is left empty or 0.
 
 #ifndef FERRY_SERVICES_TRANSFER_UCX_PEER_H_
 #define FERRY_SERVICES_TRANSFER_UCX_PEER_H_
@@ -71,10 +71,19 @@ struct PeerInfo {
   std::string address;
   std::string label;
   bool failed = false;
+  // The peer answered the handshake (Connect), or this is a reply connection (the peer's own
+  // handshake made it): the wireup of both directions is complete.
+  bool ready = false;
 };
 
 // Field 22 (starttime) of /proc/<pid>/stat; 0 if the process does not exist.
 uint64_t ProcessStartTime(uint32_t pid);
+// True once a process on this host is past the point of answering a connection: it has exited
+// (its pidfd readable, or a zombie), is exiting (PF_EXITING), or has SIGKILL pending. Its
+// listening sockets may already be closed though its pid still resolves, and a UCX 1.13 tcp
+// endpoint whose connection is refused while its wireup request is still queued aborts the whole
+// process (ucp_request.c: "Assertion ... got REQUEST message", fixed upstream in UCX 1.14).
+bool ProcessGoneOrDying(uint32_t pid, int pidfd);
 // This process's identity, for its address.
 ProcessIdentity SelfIdentity();
 

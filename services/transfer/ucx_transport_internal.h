@@ -187,7 +187,8 @@ class UcxTransport final : public KvTransport {
     bool done_sent = false;
   };
 
-  // A put's acknowledgement, sent once ucp_worker_progress has returned (see OnAm).
+  // A put's acknowledgement or a handshake's answer, sent once ucp_worker_progress has returned
+  // (see OnAm).
   struct PendingAck {
     std::string initiator;  // address
     AmHeader header;
@@ -225,9 +226,17 @@ class UcxTransport final : public KvTransport {
   // Active-message protocol (peers without native RMA).
   void PumpAm(Transfer* t);
   void AdvanceAm(Transfer* t);
-  ucs_status_ptr_t SendAm(Peer* peer, AmOp* op, const void* data, size_t length, ucp_mem_h memh);
+  // `reply`: UCP_AM_SEND_FLAG_REPLY, which UCX sends only once the endpoint's wireup with the
+  // peer is complete (it needs the peer's endpoint id): the handshake's kHello (see Connect).
+  ucs_status_ptr_t SendAm(Peer* peer, AmOp* op, const void* data, size_t length, ucp_mem_h memh,
+                          bool reply = false);
   // Sends a message no transfer waits for (replies); failures are logged, not reported.
-  void SendOneWay(Peer* peer, const AmHeader& header, std::string payload);
+  void SendOneWay(Peer* peer, const AmHeader& header, std::string payload, bool reply = false);
+  // Connect's work: the endpoint (or the live one already made to `address`), and with `hello`
+  // the handshake's first message on a new one. Never waits for the handshake.
+  absl::StatusOr<PeerId> OpenPeer(absl::string_view address, bool hello);
+  // Waits (bounded by kHandshakeTimeout) until the peer has answered the handshake.
+  absl::StatusOr<PeerId> AwaitHandshake(PeerId id);
   // A working connection to an initiator, for replies: Connect, again if the one found failed.
   // Never from inside ucp_worker_progress (see OnAm).
   absl::StatusOr<Peer*> ReplyPeer(const std::string& address);
@@ -297,6 +306,8 @@ class UcxTransport final : public KvTransport {
   PeerId next_peer_id_ ABSL_GUARDED_BY(peers_mu_) = 1;
   std::deque<PeerId> failed_peers_ ABSL_GUARDED_BY(peers_mu_);
   static constexpr size_t kMaxFailedPeers = 1024;
+  static constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+  static constexpr absl::Duration kHelloResend = absl::Milliseconds(100);
 
   std::atomic<TransferId> next_transfer_id_{1};
   MappingPopulator populator_;

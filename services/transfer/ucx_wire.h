@@ -36,6 +36,8 @@ constexpr absl::string_view kAddressMagic = "FERRY-UCX-ADDR2:";
 constexpr absl::string_view kKeyMagic = "FERRY-UCX-RKEY1:";
 // Active message id of every message between Ferry transports; AmHeader::type tells them apart.
 constexpr unsigned kFerryAmId = 7;
+// The longest address a kHello may carry (a UCX worker address lists every device it uses).
+constexpr size_t kMaxAddressBytes = size_t{64} << 10;
 // Data bytes per active message when UCX has no native RMA to the peer (see ucx_transport.h).
 constexpr size_t kAmChunkBytes = size_t{48} << 10;
 // Puts of at least this many bytes to such a peer go over the bulk-data connection instead
@@ -54,6 +56,8 @@ enum class AmType : uint32_t {
   kGetRequest = 5,  // initiator -> owner: token, b = secret; data = address, id, ranges
   kGetData = 6,     // owner -> initiator: token, a = segment index, b = offset; data
   kGetDone = 7,     // owner -> initiator: token, code; data = message
+  kHello = 8,       // initiator -> owner, a new connection's first message: token; data = address
+  kHelloAck = 9,    // owner -> initiator, over the owner's reply connection: token
 };
 
 struct AmHeader {
