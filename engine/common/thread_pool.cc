@@ -21,6 +21,21 @@ inline void CpuRelax() {
 #endif
 }
 
+// Waits for `done()` by spinning, giving the CPU away between polls after the first few
+// thousand: the thread being waited for may be runnable but without a CPU (more runnable
+// threads than cores: the router, the RPC threads, a neighbour), and a waiter that only spins
+// keeps it off the core it spins on until the scheduler's tick.
+template <typename Done>
+void SpinUntil(Done done) {
+  for (int polls = 0; !done(); ++polls) {
+    if (polls < 4096) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
@@ -61,8 +76,13 @@ void ThreadPool::WorkerLoop() {
         std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
     int polls = 0;
     while (generation_.load(std::memory_order_acquire) == seen) {
-      CpuRelax();
-      if (++polls % 64 == 0 && std::chrono::steady_clock::now() > spin_until) break;
+      ++polls;
+      if (polls < 4096) {
+        CpuRelax();
+      } else {
+        std::this_thread::yield();  // as SpinUntil's
+      }
+      if (polls % 64 == 0 && std::chrono::steady_clock::now() > spin_until) break;
     }
     const std::function<void(size_t)>* job;
     size_t n;
@@ -107,13 +127,13 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   tls_current_pool = this;
   RunIndices(fn, n);
   tls_current_pool = outer;
-  while (done_.load(std::memory_order_acquire) < n) CpuRelax();
+  SpinUntil([&] { return done_.load(std::memory_order_acquire) >= n; });
   {
     absl::MutexLock lock(&mu_);
     job_ = nullptr;  // no worker registers for this call any more
   }
   // Workers that registered may still be between their last claim and leaving.
-  while (active_.load(std::memory_order_acquire) > 0) CpuRelax();
+  SpinUntil([&] { return active_.load(std::memory_order_acquire) == 0; });
 }
 
 }  // namespace ferry
