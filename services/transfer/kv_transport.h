@@ -187,7 +187,7 @@ class KvTransport {
   // A connection to the peer at `address`. Connecting twice to a live peer returns the same id;
   // after the peer failed, a new one. InvalidArgument for an address that cannot be parsed,
   // Unavailable when the peer cannot be reached. UCX: blocks for a round trip to the peer (a
-  // handshake, at most 10 s) the first time, not again while the connection lives.
+  // handshake, at most 5 s) the first time, not again while the connection lives.
   virtual absl::StatusOr<PeerId> Connect(absl::string_view address) = 0;
   // Fails the peer's transfers (CANCELLED) and closes the connection.
   virtual void Disconnect(PeerId peer) = 0;

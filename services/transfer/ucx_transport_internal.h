@@ -306,7 +306,7 @@ class UcxTransport final : public KvTransport {
   PeerId next_peer_id_ ABSL_GUARDED_BY(peers_mu_) = 1;
   std::deque<PeerId> failed_peers_ ABSL_GUARDED_BY(peers_mu_);
   static constexpr size_t kMaxFailedPeers = 1024;
-  static constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+  static constexpr absl::Duration kHandshakeTimeout = absl::Seconds(5);
   static constexpr absl::Duration kHelloResend = absl::Milliseconds(100);
 
   std::atomic<TransferId> next_transfer_id_{1};
