@@ -56,9 +56,9 @@ changes 10; --seed S fixes the first aiperf seed (default: drawn; each run takes
 Final line: JSON with bench ("serve"); ferry_vs_best_peer_c1, _c4, _c16 (output tok/s of Ferry's
 better set-up at native weights over the best peer row's, any weights); ttft_p50_vs_best_peer_c4
 (that Ferry set-up's TTFT p50 over that peer's, at c=4); ferry_bf16_vs_best_peer_bf16_c* (the same
-on bf16 weights only); stack_vs_offline_c16 (the aggregated stack's output tok/s at c=16 over the
-engine's offline rate on the same requests: from FERRY_SERVE_OFFLINE_CMD, null without it; see
-stack_vs_offline()); goals (each goal: met, missed or null when not measured) and goals_met
+on bf16 weights only); stack_vs_offline_c16 and pd_stack_vs_offline_c16 (`./ferry bench stack`, run
+after the servers: the stack's output tok/s driven by ferry-load, closed loop of 16, over the
+engine's in process on the same requests; with --quick its quick run); goals (each goal: met, missed or null when not measured) and goals_met
 (null when a goal was not measured); rows (per row: status, reason, config, and per concurrency
 out_tok_s, ttft_p50_ms, itl_p50_ms, requests, output_tokens_mean, errors); seeds; quick.
 """
@@ -85,6 +85,8 @@ OPTIONS.add_argument("tokenizer_reference", help="tools/python/tokenizer_referen
 OPTIONS.add_argument("llamacpp_peer", help="tools/python/llamacpp_peer.py")
 OPTIONS.add_argument("binaries", nargs=5, help="ferry-router, ferry-worker, ferry-prefill, "
                      "ferry-decode, ferry-kvstore (matched to the stack's targets by name)")
+OPTIONS.add_argument("--stack_bench", required=True, help="tools/bench:stack_bench")
+OPTIONS.add_argument("--ferry_load", required=True, help="tools/load:ferry-load")
 OPTIONS.add_argument("--quick", action="store_true", help="c=1 and 4, 3 x c requests")
 OPTIONS.add_argument("--rows", default="", help="only these rows (comma-separated names)")
 OPTIONS.add_argument("--requests_per_c", type=int, default=10)
@@ -609,22 +611,24 @@ class Aiperf:
 # The offline side (issue 52, part 2)
 
 
-def stack_vs_offline(stack_c16):
-    """The aggregated stack's output tok/s at c=16 over the engine's offline rate on the same
-    requests. TODO(issue 52, part 2): the offline engine run is not written yet; until then the
-    rate comes from FERRY_SERVE_OFFLINE_CMD (a shell command printing, as its last line, a JSON
-    object with "output_tok_s", or a bare number), and without it this is null."""
-    command = os.environ.get("FERRY_SERVE_OFFLINE_CMD")
-    if not command or not stack_c16:
-        return None, "FERRY_SERVE_OFFLINE_CMD not set" if not command else "no c=16 stack run"
-    out = subprocess.run(command, shell=True, stdout=subprocess.PIPE, text=True)
+def stack_vs_offline(stack_bench, router, worker, ferry_load, quick):
+    """stack_vs_offline_c16 as issue 52 defines it, from `./ferry bench stack` (stack_bench.cc):
+    the aggregated stack driven by ferry-load (aiperf takes a core) against the engine in process
+    on the same requests (same token ids and output lengths), closed loop of 16, steady window.
+    Run after the servers, on the quiet machine. Returns (ratio, the P/D stack's, a note)."""
+    args = [stack_bench, router, worker, ferry_load] + (["--quick"] if quick else [])
+    print(f"serve: the stack against its engine alone ({' '.join(args)})", file=sys.stderr)
+    out = subprocess.run(args, stdout=subprocess.PIPE, text=True)
     lines = out.stdout.strip().splitlines()
+    sys.stdout.write("\n".join(lines[:-1]) + "\n" if len(lines) > 1 else "")
     try:
         last = json.loads(lines[-1])
-        offline = float(last["output_tok_s"] if isinstance(last, dict) else last)
+        ratio = float(last["stack_vs_offline_c16"])
     except (IndexError, ValueError, KeyError, TypeError):
-        return None, f"FERRY_SERVE_OFFLINE_CMD exited {out.returncode} without a rate"
-    return stack_c16 / offline, f"offline {offline:.1f} tok/s"
+        return None, None, f"bench stack exited {out.returncode} without a ratio"
+    note = (f"aggregated {last.get('aggregated_tok_s', 0):.1f} tok/s vs the engine alone "
+            f"{last.get('offline_tok_s', 0):.1f}, closed loop of 16 through ferry-load")
+    return ratio, last.get("pd_vs_offline"), note
 
 
 # ----------------------------------------------------------------------------------------------
@@ -823,9 +827,11 @@ def main():
     pk, pr = best(peer_keys, 4)
     out["ttft_p50_vs_best_peer_c4"] = (round(fr["ttft_p50_ms"] / pr["ttft_p50_ms"], 3)
                                        if fr and pr else None)
-    agg16 = (results.get("ferry_agg_q4_1", {}).get("runs", {}).get("c16") or {}).get("out_tok_s")
-    offline, offline_note = stack_vs_offline(agg16)
+    offline, pd_offline, offline_note = stack_vs_offline(ARGS.stack_bench, ARGS.binaries[0],
+                                                         ARGS.binaries[1], ARGS.ferry_load,
+                                                         ARGS.quick)
     out["stack_vs_offline_c16"] = None if offline is None else round(offline, 3)
+    out["pd_stack_vs_offline_c16"] = None if pd_offline is None else round(pd_offline, 3)
     goals = {f"ferry_vs_best_peer_c{c}": None if out[f"ferry_vs_best_peer_c{c}"] is None
              else out[f"ferry_vs_best_peer_c{c}"] >= GOAL_TOK_S for c in (1, 4, 16)}
     goals["ttft_p50_vs_best_peer_c4"] = (None if out["ttft_p50_vs_best_peer_c4"] is None
