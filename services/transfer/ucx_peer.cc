@@ -15,6 +15,7 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -163,6 +164,9 @@ ProcessIdentity SelfIdentity() {
 absl::StatusOr<PeerId> UcxTransport::Connect(absl::string_view address) {
   absl::StatusOr<PeerId> id = OpenPeer(address, /*hello=*/true);
   if (!id.ok()) return id.status();
+  // From a callback on the progress thread (a transfer's completion), which the answer needs:
+  // not waited for there.
+  if (std::this_thread::get_id() == thread_id_.load()) return id;
   return AwaitHandshake(*id);
 }
 
