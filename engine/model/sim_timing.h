@@ -1,8 +1,10 @@
 // The simulated engine's timing model (ARCHITECTURE.md §1 `--engine=sim`; the discrete-event
-// simulator in tools/sim): how long a step of the engine, a KV transfer between workers and a
-// read from the KV store take on the hardware a calibration file describes, so that the real
-// worker service (or the real engine, scheduler and router libraries under a fake clock) runs
-// with the compute replaced by this model.
+// simulator in tools/sim): how long the model's forward pass of an engine step, a KV transfer
+// between workers and a read from the KV store take on the hardware a calibration file describes,
+// so that the real worker service (or the real engine, scheduler and router libraries under a
+// fake clock) runs with the compute replaced by this model. The rest of a step (scheduling,
+// sampling, events) is not modeled: the simulated engine runs it for real (NullModel's logits),
+// so a calibration must not count it (tools/calibrate times the forward pass alone).
 //
 // The model (all times in seconds, divided by the worker's speed factor for compute only):
 //   step     = step_overhead_s

@@ -1,7 +1,9 @@
 // A ForwardModel that runs another and keeps the shape of every batch it ran: each row's start
 // position and new tokens (SimRow), which is what the simulated engine's timing model needs of a
-// step and what the engine's StepInfo does not say. tools/calibrate puts it between the real
-// Engine and the Transformer, so that each on_step time comes with its exact batch.
+// step and what the engine's StepInfo does not say, and how long the model's Forward took (the
+// part of a step the simulated engine replaces: it runs the rest of the engine for real).
+// tools/calibrate puts it between the real Engine and the Transformer, so that each on_step time
+// comes with its exact batch and its forward time.
 //
 // Not thread-safe: the engine thread that owns the model also takes the rows (in on_step).
 
@@ -42,13 +44,15 @@ class RecordingModel final : public ForwardModel {
   absl::Status Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
                        std::vector<float>* logits, KvBlockPool* window_kv = nullptr) override;
 
-  // The rows of the Forward calls since the last Take, and how many calls that was; clears both.
-  std::vector<SimRow> TakeRows(int* calls);
+  // The rows of the Forward calls since the last Take, how many calls that was and the seconds
+  // they took (wall time, steady clock); clears all three.
+  std::vector<SimRow> TakeRows(int* calls, double* seconds);
 
  private:
   ForwardModel* const model_;
   std::vector<SimRow> rows_;
   int calls_ = 0;
+  double seconds_ = 0;
 };
 
 }  // namespace ferry

@@ -29,17 +29,25 @@ std::string RowsText(absl::Span<const SimRow> rows) {
 
 struct TimedStep {
   std::vector<SimRow> rows;
-  double seconds = 0;
+  double seconds = 0;          // the whole step, as the engine times it (StepInfo::seconds)
+  double forward_seconds = 0;  // the model's Forward within it
 };
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 ShapeTiming Summarize(const StepShape& shape, const std::vector<TimedStep>& steps) {
   ShapeTiming t;
   t.shape = shape;
   t.steps = static_cast<int>(steps.size());
   t.first_rows = steps.front().rows;
-  std::vector<double> seconds;
+  std::vector<double> seconds, step_seconds;
   for (const TimedStep& s : steps) {
-    seconds.push_back(s.seconds);
+    seconds.push_back(s.forward_seconds);
+    step_seconds.push_back(s.seconds);
     const StepTerms terms = StepTermsOf(s.rows);
     t.terms.prefill_tokens += terms.prefill_tokens / t.steps;
     t.terms.prefill_pairs += terms.prefill_pairs / t.steps;
@@ -47,11 +55,10 @@ ShapeTiming Summarize(const StepShape& shape, const std::vector<TimedStep>& step
     t.terms.decode_rows += terms.decode_rows / t.steps;
     t.terms.decode_kv_tokens += terms.decode_kv_tokens / t.steps;
   }
-  std::sort(seconds.begin(), seconds.end());
-  const size_t n = seconds.size();
-  t.median_seconds = n % 2 == 1 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
-  t.min_seconds = seconds.front();
-  t.max_seconds = seconds.back();
+  t.median_seconds = Median(seconds);
+  t.min_seconds = *std::min_element(seconds.begin(), seconds.end());
+  t.max_seconds = *std::max_element(seconds.begin(), seconds.end());
+  t.median_step_seconds = Median(std::move(step_seconds));
   return t;
 }
 
@@ -71,12 +78,13 @@ class Driver {
     options.prefix_cache_bytes = pool_->num_blocks() * pool_->layout().block_bytes();
     options.on_step = [this](const StepInfo& info) {
       int calls = 0;
-      std::vector<SimRow> rows = recorder_.TakeRows(&calls);
+      double forward_seconds = 0;
+      std::vector<SimRow> rows = recorder_.TakeRows(&calls, &forward_seconds);
       if (calls != 1) {
         bad_steps_ += 1;  // not one Forward per step: the batch is not known
         return;
       }
-      steps_.push_back({std::move(rows), info.seconds});
+      steps_.push_back({std::move(rows), info.seconds, forward_seconds});
     };
     ASSIGN_OR_RETURN(engine_, Engine::Create(&recorder_, pool_, tokenizer_, options));
     return absl::OkStatus();

@@ -2,9 +2,13 @@
 // tools/calibrate fits the simulated engine's compute coefficients to (engine/model/sim_timing.h).
 //
 // Every step is a step of the real Engine (scheduler, the model's Forward, sampling over the
-// vocabulary, events, the prefix cache), timed by the engine itself (StepInfo::seconds), with its
-// exact batch recorded by a RecordingModel between the engine and the model. The shapes are
-// forced with the engine's own seams, so that no shape costs more than its own compute:
+// vocabulary, events, the prefix cache), with its exact batch and the time of its Forward
+// recorded by a RecordingModel between the engine and the model. The Forward's time is what the
+// coefficients are fitted to: the simulated engine (NullModel with a SimTiming) stands in for the
+// model's Forward only, and runs the rest of the step (the scheduler, sampling, events) for real,
+// so a whole step's time would count that part twice. The whole step, as the engine times it
+// (StepInfo::seconds), is kept beside it for the report. The shapes are forced with the engine's
+// own seams, so that no shape costs more than its own compute:
 //
 //   prefill (n, start)  one request whose first `start` positions arrive as imported blocks (as a
 //                       KV store's prefix would: EngineRequest::imported_blocks, reserved with
@@ -22,8 +26,8 @@
 //
 // Prompts are random token ids (no request shares a prefix with another); sampling is the API's
 // default (temperature 1, full vocabulary), end of sequence ignored. Each shape is repeated and its
-// median step time kept; the first decode step of a batch (its admission) is not counted, nor are
-// the warm-up steps that grow the model's scratch before anything is measured.
+// median times kept (forward and step); the first decode step of a batch (its admission) is not
+// counted, nor are the warm-up steps that grow the model's scratch before anything is measured.
 //
 // Thread-compatible: runs the engine's steps on the calling thread.
 
@@ -87,8 +91,9 @@ struct ShapeTiming {
   StepShape shape;
   StepTerms terms;  // the mean over the shape's steps (decode rows' KV grows a token a step)
   std::vector<SimRow> first_rows;  // the batch of the shape's first measured step
-  double median_seconds = 0;
+  double median_seconds = 0;       // the model's Forward (what the fit and the simulator model)
   double min_seconds = 0, max_seconds = 0;
+  double median_step_seconds = 0;  // the whole engine step (StepInfo::seconds)
   int steps = 0;
 };
 
