@@ -51,16 +51,20 @@ cannot load a local path), and --use-legacy-max-tokens (max_tokens, which every 
 
 --quick: concurrency 1 and 4 only, 3 x c requests (at least 4), every row; the JSON's c16 keys are
 then null. --rows NAME,... runs only those rows (names as in the JSON); --requests_per_c N
-changes 10; --seed S fixes the first aiperf seed (default: drawn; each run takes the next).
+changes 10; --seed S fixes the first aiperf seed (default: drawn; each run takes the next);
+--ferry_worker_flags "..." adds flags to every Ferry worker (e.g. --threads=1: another split of
+the cores), printed with the row's configuration.
 
 Final line: JSON with bench ("serve"); ferry_vs_best_peer_c1, _c4, _c16 (output tok/s of Ferry's
 better set-up at native weights over the best peer row's, any weights); ttft_p50_vs_best_peer_c4
-(that Ferry set-up's TTFT p50 over that peer's, at c=4); ferry_bf16_vs_best_peer_bf16_c* (the same
-on bf16 weights only); stack_vs_offline_c16 and pd_stack_vs_offline_c16 (`./ferry bench stack`, run
+(that Ferry set-up's TTFT p50 over that peer's, at c=4); ferry_vs_issue_peers_c* (the same over
+the peers at their defaults only, vLLM bf16 and llama.cpp: issue 52's baseline, without the f32
+row); ferry_bf16_vs_best_peer_bf16_c* (the same on bf16 weights only); stack_vs_offline_c16 and pd_stack_vs_offline_c16 (`./ferry bench stack`, run
 after the servers: the stack's output tok/s driven by ferry-load, closed loop of 16, over the
 engine's in process on the same requests; with --quick its quick run); goals (each goal: met, missed or null when not measured) and goals_met
 (null when a goal was not measured); rows (per row: status, reason, config, and per concurrency
-out_tok_s, ttft_p50_ms, itl_p50_ms, requests, output_tokens_mean, errors); seeds; quick.
+out_tok_s, ttft_p50_ms, itl_p50_ms, requests, output_tokens_mean, errors, client_cpu_cores: aiperf's
+CPU over its run, in cores); seeds; quick.
 """
 import argparse
 import email.parser
@@ -68,6 +72,7 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -91,6 +96,9 @@ OPTIONS.add_argument("--quick", action="store_true", help="c=1 and 4, 3 x c requ
 OPTIONS.add_argument("--rows", default="", help="only these rows (comma-separated names)")
 OPTIONS.add_argument("--requests_per_c", type=int, default=10)
 OPTIONS.add_argument("--seed", type=int, default=None)
+OPTIONS.add_argument("--ferry_worker_flags", default="",
+                     help="extra flags for every Ferry worker (after the stack's: they win), "
+                     "e.g. --threads=1; printed in the row's configuration")
 ARGS = OPTIONS.parse_args()
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(ARGS.services)))
@@ -359,7 +367,8 @@ class FerryStack:
         self.threads = max(1, CORES // sum(self.counts.values()))
         shape = "aggregated" if aggregated else "P/D 1+1"
         self.config = (f"{shape}, --weights={weights}, {self.threads} thread(s) per worker "
-                       f"(cores / engines), deploy/local/stack's flags")
+                       f"(cores / engines), deploy/local/stack's flags"
+                       + (f", then {ARGS.ferry_worker_flags}" if ARGS.ferry_worker_flags else ""))
         self.extra_inputs = []
         self.server_token_count = True
         self.model = MODEL_ID
@@ -372,7 +381,8 @@ class FerryStack:
                    FERRY_STATE=state, FERRY_WORKER_BASE_PORT=str(base),
                    FERRY_PREFILL_BASE_PORT=str(prefill_base), FERRY_DRAIN_GRACE="30s",
                    FERRY_ENGINE_FLAGS=f"--weights={self.weights}", UP_WEIGHTS=self.weights,
-                   WORKER_THREADS=str(self.threads), FERRY_WORKER_FLAGS="",
+                   WORKER_THREADS=str(self.threads),
+                   FERRY_WORKER_FLAGS=ARGS.ferry_worker_flags,
                    ROUTER_ENCODER_FLAGS="", FERRY_ROOT=os.getcwd())
         # ./ferry up's worker_addresses: aggregated or decode workers, then prefill workers.
         addresses = [f"127.0.0.1:{base}"] + ([] if self.aggregated else
@@ -577,6 +587,9 @@ class Aiperf:
             env.pop(k, None)
         logs = os.path.join(fs.TMP, f"aiperf{self.runs}.log")
         timeout = 120 + requests * OUTPUT_TOKENS  # a token a second at worst
+        # The client's own CPU (aiperf and the processes it reaps), as cores over its run: it
+        # shares the machine with the server, and takes from what the server could use.
+        before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
         with open(logs, "w") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     preexec_fn=_session_and_death_signal)
@@ -586,6 +599,9 @@ class Aiperf:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client_cores = ((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+                        / max(time.monotonic() - started, 1e-9))
         export = os.path.join(artifacts, "profile_export_aiperf.json")
         try:
             with open(export) as f:
@@ -604,6 +620,7 @@ class Aiperf:
                 "requests": int(stat("request_count", "avg") or 0), "errors": errors,
                 "output_tokens_mean": stat("output_sequence_length", "avg"),
                 "prompt_tokens_mean": stat("input_sequence_length", "avg"), "seed": seed,
+                "client_cpu_cores": round(client_cores, 2),
                 "load_1min": round(os.getloadavg()[0], 2)}
 
 
@@ -694,7 +711,8 @@ def run_row(key, make, restart_each, aiperf, reference_ids):
             result["runs"][f"c{c}"] = run
             log(f"serve: {key}: c={c}: {fmt(run['out_tok_s'])} out tok/s, TTFT p50 "
                 f"{fmt(run['ttft_p50_ms'], 0)} ms, ITL p50 {fmt(run['itl_p50_ms'])} ms, "
-                f"{fmt(run['output_tokens_mean'])} tokens a request, {run['errors']} errors")
+                f"{fmt(run['output_tokens_mean'])} tokens a request, {run['errors']} errors; "
+                f"aiperf took {fmt(run['client_cpu_cores'], 2)} cores of {CORES}")
             # Server counts must be exact; aiperf's count of the text (llama.cpp) may be a token
             # or two off where the text tokenizes otherwise than generated.
             slack = 0.01 if server.server_token_count else 2.0
@@ -823,6 +841,11 @@ def main():
         pk16, pr16 = best(peer_keys, c, "bf16")
         out[f"ferry_bf16_vs_best_peer_bf16_c{c}"] = (
             round(fr16["out_tok_s"] / pr16["out_tok_s"], 3) if fr16 and pr16 else None)
+        # The issue's own baseline: the peers at their defaults (vLLM bf16, llama.cpp), without
+        # the f32 row added here, kept beside the stricter figure above.
+        pki, pri = best([k for k in peer_keys if k != "vllm_f32"], c)
+        out[f"ferry_vs_issue_peers_c{c}"] = (round(fr["out_tok_s"] / pri["out_tok_s"], 3)
+                                             if fr and pri else None)
     fk, fr = best(ferry_keys, 4, "q4_1")
     pk, pr = best(peer_keys, 4)
     out["ttft_p50_vs_best_peer_c4"] = (round(fr["ttft_p50_ms"] / pr["ttft_p50_ms"], 3)
@@ -844,6 +867,8 @@ def main():
           ", ".join(f"c={c} {fmt(out[f'ferry_vs_best_peer_c{c}'], 2)} "
                     f"({out[f'ferry_best_c{c}'] or '-'} / {out[f'best_peer_c{c}'] or '-'})"
                     for c in cs) + f" (goal >= {GOAL_TOK_S:g})")
+    print("  the same over the issue's peers (vLLM bf16, llama.cpp; no vLLM f32): " +
+          ", ".join(f"c={c} {fmt(out[f'ferry_vs_issue_peers_c{c}'], 2)}" for c in cs))
     print("  the same on bf16 weights only: " +
           ", ".join(f"c={c} {fmt(out[f'ferry_bf16_vs_best_peer_bf16_c{c}'], 2)}" for c in cs))
     print(f"  TTFT p50 at c=4, Ferry's better set-up over the best peer: "
