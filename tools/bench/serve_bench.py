@@ -52,7 +52,7 @@ cannot load a local path), and --use-legacy-max-tokens (max_tokens, which every 
 --quick: concurrency 1 and 4 only, 3 x c requests (at least 4), every row; the JSON's c16 keys are
 then null. --rows NAME,... runs only those rows (names as in the JSON); --requests_per_c N
 changes 10; --seed S fixes the first aiperf seed (default: drawn; each run takes the next);
---ferry_worker_flags "..." adds flags to every Ferry worker (e.g. --threads=1: another split of
+--worker_flags "..." adds flags to every Ferry worker (e.g. --threads=1: another split of
 the cores), printed with the row's configuration.
 
 Final line: JSON with bench ("serve"); ferry_vs_best_peer_c1, _c4, _c16 (output tok/s of Ferry's
@@ -96,7 +96,7 @@ OPTIONS.add_argument("--quick", action="store_true", help="c=1 and 4, 3 x c requ
 OPTIONS.add_argument("--rows", default="", help="only these rows (comma-separated names)")
 OPTIONS.add_argument("--requests_per_c", type=int, default=10)
 OPTIONS.add_argument("--seed", type=int, default=None)
-OPTIONS.add_argument("--ferry_worker_flags", default="",
+OPTIONS.add_argument("--worker_flags", default="",
                      help="extra flags for every Ferry worker (after the stack's: they win), "
                      "e.g. --threads=1; printed in the row's configuration")
 ARGS = OPTIONS.parse_args()
@@ -368,7 +368,7 @@ class FerryStack:
         shape = "aggregated" if aggregated else "P/D 1+1"
         self.config = (f"{shape}, --weights={weights}, {self.threads} thread(s) per worker "
                        f"(cores / engines), deploy/local/stack's flags"
-                       + (f", then {ARGS.ferry_worker_flags}" if ARGS.ferry_worker_flags else ""))
+                       + (f", then {ARGS.worker_flags}" if ARGS.worker_flags else ""))
         self.extra_inputs = []
         self.server_token_count = True
         self.model = MODEL_ID
@@ -382,7 +382,7 @@ class FerryStack:
                    FERRY_PREFILL_BASE_PORT=str(prefill_base), FERRY_DRAIN_GRACE="30s",
                    FERRY_ENGINE_FLAGS=f"--weights={self.weights}", UP_WEIGHTS=self.weights,
                    WORKER_THREADS=str(self.threads),
-                   FERRY_WORKER_FLAGS=ARGS.ferry_worker_flags,
+                   FERRY_WORKER_FLAGS=ARGS.worker_flags,
                    ROUTER_ENCODER_FLAGS="", FERRY_ROOT=os.getcwd())
         # ./ferry up's worker_addresses: aggregated or decode workers, then prefill workers.
         addresses = [f"127.0.0.1:{base}"] + ([] if self.aggregated else
