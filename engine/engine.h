@@ -319,7 +319,7 @@ class Engine {
   void RemoveFinished();
   bool InboxHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !submitted_.empty() || !aborted_.empty() || !released_.empty() || !parked_.empty() ||
-           !reservations_.empty() || clear_cache_;
+           !reservations_.empty() || !holds_.empty() || !caches_.empty() || clear_cache_;
   }
   void Loop();
   // Waits on wake_ for news in the inbox, freed blocks, a stop, (`or_work_left`) sequences still

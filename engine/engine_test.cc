@@ -16,6 +16,8 @@
 #include <random>
 #include <set>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/common/block_hash.h"
 #include "engine/common/fake_clock.h"
@@ -961,6 +963,36 @@ TEST(EngineTest, TheEngineThreadServesConcurrentSubmitters) {
     EXPECT_EQ(got["t" + std::to_string(i)], ref.out("t" + std::to_string(i)).tokens);
   }
   lock.unlock();
+  h.engine_->Stop();
+}
+
+// What a service posts to an idle engine thread is served without other work to wake it: a
+// drain's pre-copy asks for a request's blocks (HoldComputedBlocks) after the engine has run out
+// of requests, and a service caches blocks (CacheBlocks) on a worker that has nothing to run.
+TEST(EngineTest, AnIdleEngineThreadServesHoldsAndCaches) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness h(variant, 64, EngineOptions{});
+  h.engine_->Start();
+  // A hold of a request the engine does not run: NotFound, from the engine thread.
+  auto hold = [&](const std::string& what) {
+    absl::Notification held;
+    absl::Status status = absl::UnknownError("not run");
+    h.engine_->HoldComputedBlocks("gone", 1, [&](absl::StatusOr<std::vector<BlockId>> got) {
+      status = got.status();
+      held.Notify();
+    });
+    ASSERT_TRUE(held.WaitForNotificationWithTimeout(absl::Seconds(30))) << what;
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << what;
+  };
+  for (int round = 0; round < 3; ++round) hold(absl::StrCat("hold ", round));
+  // Two blocks into the prefix cache with nothing else posted. The holds after it are served
+  // by the same pass and the next: by the second's answer, the first pass has published.
+  absl::StatusOr<std::vector<BlockId>> blocks = h.pool_->Allocate(2);
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  h.engine_->CacheBlocks(Chain(*h.model_, Prompt(32, 3), 2), *blocks);
+  hold("the hold after the cache");
+  hold("the next hold");
+  EXPECT_EQ(h.engine_->stats().cached_blocks, 2);
   h.engine_->Stop();
 }
 
