@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace ferry {
@@ -159,6 +160,13 @@ class Backend {
   virtual bool deterministic() const = 0;
   // Whether Allocate's buffers are host memory the caller may touch directly.
   virtual bool host_memory() const = 0;
+  // The element type the model keeps its activations in between kernels (fp32 on the CPU
+  // backend, bf16 on the CUDA backend). The residual stream and the logits are fp32 on every
+  // backend, so a backend's kernels take fp32 and its activation type (the CPU's: fp32 only).
+  virtual DType activation_dtype() const { return DType::kF32; }
+  // The first device error since creation (a failed launch or copy; sticky, since a device
+  // context that faulted stays unusable). The CPU backend has none.
+  virtual absl::Status status() const { return absl::OkStatus(); }
 
   // --- Memory ---
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
@@ -166,7 +174,7 @@ class Backend {
   virtual void CopyToHost(void* host_dst, const void* device_src, size_t bytes) = 0;
   virtual void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) = 0;
 
-  // --- Kernels. Activations are fp32; weights fp32 or bf16. ---
+  // --- Kernels. Activations are fp32 or bf16 (activation_dtype()); weights fp32, bf16 or blocks.
 
   // A weight matrix (`rows` x `cols`, row-major host data of `dtype`) in this backend's layout.
   virtual absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
@@ -178,7 +186,7 @@ class Backend {
                                                              WeightQuant quant, int64_t rows,
                                                              int64_t cols) = 0;
 
-  // out[r] = table row ids[r] (as fp32). ids are host values, each < table.rows.
+  // out[r] = table row ids[r] (in out's type). ids are host values, each < table.rows.
   virtual void Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
                      const DeviceMatrix& out) = 0;
   // RMSNorm of each group of weight.cols columns of each row (a whole row when weight.cols ==
@@ -189,7 +197,7 @@ class Backend {
   // alias delta.
   virtual void AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& delta,
                           const DeviceMatrix& weight, float eps, const DeviceMatrix& out) = 0;
-  // out = x * w^T (+ bias): x is M x K fp32, w is N x K, bias 1 x N or null, out M x N fp32.
+  // out = x * w^T (+ bias): x is M x K, w is N x K, bias 1 x N or null, out M x N.
   // Quantized weights take activations quantized per block (cpu_quant.h).
   virtual void MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
                       const DeviceMatrix& out) = 0;
@@ -209,7 +217,7 @@ class Backend {
   // inv_freq[i].
   virtual void Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
                     const RopeTable& rope) = 0;
-  // Writes row r of k and v (rows x kv_heads*head_dim, fp32) to the cache at the slot of
+  // Writes row r of k and v (rows x kv_heads*head_dim) to the cache at the slot of
   // (layout.row_sequence[r], layout.positions[r]), rounded to the cache dtype; rows the layout
   // marks no_write are skipped.
   virtual void WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,

@@ -8,6 +8,9 @@
 //                               quiet. What F16C's VCVTPH2PS / VCVTPS2PH (mode 0) compute.
 //   Exp(x)                      e^x in float, max error about 1 ulp on the normal range.
 //
+// Every function is FERRY_HOST_DEVICE (engine/common/host_device.h): the CUDA backend computes
+// the same bits on the GPU (its kernels are built with -fmad=false, so nothing else is fused).
+//
 // Exp is computed as 2^n * p(r): n = nearbyint(x * log2(e)) (round half to even), r = x - n*ln2
 // in two steps (Cody-Waite: ln2 = kLn2Hi + kLn2Lo, each step one fused multiply-add), p the
 // degree-7 Taylor polynomial of e^r (|r| <= 0.35, truncation error < 2^-27 relative) by Horner's
@@ -20,29 +23,26 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+
+#include "engine/common/host_device.h"
 
 namespace ferry {
 
-inline float Bf16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+FERRY_HOST_DEVICE inline float Bf16ToFloat(uint16_t b) {
+  return FloatFromBits(static_cast<uint32_t>(b) << 16);
 }
 
-inline uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
+FERRY_HOST_DEVICE inline uint16_t FloatToBf16(float f) {
+  const uint32_t bits = FloatBits(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
   const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
 // Rounds a float to the nearest bfloat16 value, kept as a float.
-inline float RoundToBf16(float f) { return Bf16ToFloat(FloatToBf16(f)); }
+FERRY_HOST_DEVICE inline float RoundToBf16(float f) { return Bf16ToFloat(FloatToBf16(f)); }
 
-inline float HalfToFloat(uint16_t h) {
+FERRY_HOST_DEVICE inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   const uint32_t exponent = (h >> 10) & 0x1f;
   uint32_t mantissa = h & 0x3ff;
@@ -61,23 +61,19 @@ inline float HalfToFloat(uint16_t h) {
     } while ((mantissa & 0x400) == 0);
     bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mantissa & 0x3ff) << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return FloatFromBits(bits);
 }
 
-inline uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
+FERRY_HOST_DEVICE inline uint16_t FloatToHalf(float f) {
+  const uint32_t x = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
   const uint32_t abs = x & 0x7fffffff;
   if (abs > 0x7f800000) return sign | 0x7e00 | ((abs >> 13) & 0x3ff);  // NaN, quiet
   if (abs >= 0x477ff000) return sign | 0x7c00;  // 65520 and up round to infinity
   if (abs < 0x38800000) {
     // Below 2^-14: a subnormal half, in units of 2^-24 (the scaling is exact).
-    float v;
-    std::memcpy(&v, &abs, 4);
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(v * 16777216.0f)));
+    const float v = FloatFromBits(abs);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(RoundHalfEven(v * 16777216.0f)));
   }
   uint32_t h = ((abs >> 23) - 112) << 10 | (abs & 0x7fffff) >> 13;
   const uint32_t rest = abs & 0x1fff;
@@ -103,31 +99,28 @@ constexpr float kC1 = 1.0f;
 constexpr float kC0 = 1.0f;
 
 // 2^e as a float for e in [-126, 127].
-inline float Pow2(int32_t e) {
-  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+FERRY_HOST_DEVICE inline float Pow2(int32_t e) {
+  return FloatFromBits(static_cast<uint32_t>(e + 127) << 23);
 }
 
 }  // namespace float_math_internal
 
-inline float Exp(float x) {
+FERRY_HOST_DEVICE inline float Exp(float x) {
   using namespace float_math_internal;
-  if (std::isnan(x)) return x;
+  if (IsNan(x)) return x;
   if (x > kExpMax) return INFINITY;
   if (x < kExpMin) return 0.0f;
-  const float n = std::nearbyint(x * kLog2E);
-  float r = std::fma(-n, kLn2Hi, x);
-  r = std::fma(-n, kLn2Lo, r);
+  const float n = RoundHalfEven(x * kLog2E);
+  float r = FusedMultiplyAdd(-n, kLn2Hi, x);
+  r = FusedMultiplyAdd(-n, kLn2Lo, r);
   float p = kC7;
-  p = std::fma(p, r, kC6);
-  p = std::fma(p, r, kC5);
-  p = std::fma(p, r, kC4);
-  p = std::fma(p, r, kC3);
-  p = std::fma(p, r, kC2);
-  p = std::fma(p, r, kC1);
-  p = std::fma(p, r, kC0);
+  p = FusedMultiplyAdd(p, r, kC6);
+  p = FusedMultiplyAdd(p, r, kC5);
+  p = FusedMultiplyAdd(p, r, kC4);
+  p = FusedMultiplyAdd(p, r, kC3);
+  p = FusedMultiplyAdd(p, r, kC2);
+  p = FusedMultiplyAdd(p, r, kC1);
+  p = FusedMultiplyAdd(p, r, kC0);
   // 2^n = 2^n1 * 2^n2 with both factors normal: n in [-150, 128].
   const int32_t ni = static_cast<int32_t>(n);
   const int32_t n1 = ni / 2;

@@ -182,13 +182,19 @@ absl::StatusOr<DeviceWeight> Transformer::UploadMatrix(
   }
   const WeightQuant quant = parts[0]->quant;
   if (same_quant && quant != WeightQuant::kNone) {
+    absl::StatusOr<DeviceWeight> w;
     if (parts.size() == 1) {
-      return backend_->UploadQuantizedWeight(parts[0]->blocks.data(), parts[0]->blocks.size(),
-                                             quant, rows, cols);
+      w = backend_->UploadQuantizedWeight(parts[0]->blocks.data(), parts[0]->blocks.size(), quant,
+                                          rows, cols);
+    } else {
+      std::vector<uint8_t> bytes;
+      for (const HostTensor* t : parts) {
+        bytes.insert(bytes.end(), t->blocks.begin(), t->blocks.end());
+      }
+      w = backend_->UploadQuantizedWeight(bytes.data(), bytes.size(), quant, rows, cols);
     }
-    std::vector<uint8_t> bytes;
-    for (const HostTensor* t : parts) bytes.insert(bytes.end(), t->blocks.begin(), t->blocks.end());
-    return backend_->UploadQuantizedWeight(bytes.data(), bytes.size(), quant, rows, cols);
+    // A backend without kernels for this block format computes it in bf16 (below).
+    if (w.ok() || !absl::IsUnimplemented(w.status())) return w;
   }
   if (same_dtype) {
     const DType dtype = DeviceDType(*parts[0]);
@@ -362,16 +368,38 @@ absl::Status Transformer::BuildRopeTable() {
   return absl::OkStatus();
 }
 
+Transformer::Activations Transformer::CarveActivations(char* base, int64_t m, int64_t nl,
+                                                       size_t* bytes) const {
+  const ModelConfig& c = config_;
+  const DType act = backend_->activation_dtype();
+  size_t at = 0;
+  auto take = [&](int64_t rows, int64_t cols, DType dtype) {
+    DeviceMatrix mat =
+        DeviceMatrix::Dense(base == nullptr ? nullptr : base + at, dtype, rows, cols);
+    at += (static_cast<size_t>(rows * cols) * DTypeBytes(dtype) + 255) / 256 * 256;
+    return mat;
+  };
+  const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
+  Activations a;
+  a.x = take(m, c.hidden_size, DType::kF32);
+  a.h = take(m, c.hidden_size, act);
+  a.qkv = take(m, qd + 2 * kvd, act);
+  a.attn = take(m, qd, act);
+  a.gate_up = take(m, 2 * c.intermediate_size, act);
+  a.selected = take(nl, c.hidden_size, act);
+  a.out = take(nl, c.vocab_size, DType::kF32);
+  *bytes = at;
+  return a;
+}
+
 absl::Status Transformer::EnsureScratch(int64_t rows, int64_t logit_rows) {
   if (rows <= scratch_rows_ && logit_rows <= scratch_logit_rows_) return absl::OkStatus();
   rows = std::max(rows, scratch_rows_);
   logit_rows = std::max(logit_rows, scratch_logit_rows_);
-  const ModelConfig& c = config_;
-  const int64_t per_row = 2 * c.hidden_size + 2 * c.num_heads * c.head_dim +
-                          2 * c.num_kv_heads * c.head_dim + 2 * c.intermediate_size;  // = take()s
-  const int64_t per_logit_row = c.hidden_size + c.vocab_size;
+  size_t bytes = 0;
+  CarveActivations(nullptr, rows, logit_rows, &bytes);
   scratch_.Reset();
-  ASSIGN_OR_RETURN(scratch_, backend_->Allocate((rows * per_row + logit_rows * per_logit_row) * 4));
+  ASSIGN_OR_RETURN(scratch_, backend_->Allocate(bytes));
   scratch_rows_ = rows;
   scratch_logit_rows_ = logit_rows;
   return absl::OkStatus();
@@ -575,19 +603,13 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   const int64_t m = layout.rows(), nl = static_cast<int64_t>(logit_rows.size());
   RETURN_IF_ERROR(EnsureScratch(m, nl));
 
-  // Carve the scratch buffer.
-  float* next = static_cast<float*>(scratch_.data());
-  auto take = [&](int64_t rows, int64_t cols) {
-    DeviceMatrix mat = DeviceMatrix::Dense(next, DType::kF32, rows, cols);
-    next += rows * cols;
-    return mat;
-  };
+  size_t scratch_bytes = 0;
+  const Activations a =
+      CarveActivations(static_cast<char*>(scratch_.data()), m, nl, &scratch_bytes);
   const int64_t qd = c.num_heads * c.head_dim, kvd = c.num_kv_heads * c.head_dim;
   const int64_t f = c.intermediate_size;
-  const DeviceMatrix x = take(m, c.hidden_size), h = take(m, c.hidden_size);
-  const DeviceMatrix qkv = take(m, qd + 2 * kvd), attn = take(m, qd);
-  const DeviceMatrix gate_up = take(m, 2 * f);
-  const DeviceMatrix selected = take(nl, c.hidden_size), out = take(nl, c.vocab_size);
+  const DeviceMatrix &x = a.x, &h = a.h, &qkv = a.qkv, &attn = a.attn, &gate_up = a.gate_up;
+  const DeviceMatrix &selected = a.selected, &out = a.out;
   const DeviceMatrix q = qkv.ColRange(0, qd), k = qkv.ColRange(qd, kvd);
   const DeviceMatrix v = qkv.ColRange(qd + kvd, kvd);
   const DeviceMatrix gate = gate_up.ColRange(0, f), up = gate_up.ColRange(f, f);
@@ -644,12 +666,18 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   }
   for (int64_t i = 0; i < nl; ++i) {
     b.CopyOnDevice(selected.RowRange(i, 1).data, h.RowRange(logit_rows[i], 1).data,
-                   c.hidden_size * sizeof(float));
+                   c.hidden_size * DTypeBytes(h.dtype));
   }
   b.MatMul(selected, *lm_head_, nullptr, out);
   const size_t old = logits->size();
   logits->resize(old + nl * c.vocab_size);
   b.CopyToHost(logits->data() + old, out.data, nl * c.vocab_size * sizeof(float));
+  // A device fault anywhere in the step (the CPU backend has none).
+  const absl::Status device = b.status();
+  if (!device.ok()) {
+    logits->resize(old);
+    return device;
+  }
   return absl::OkStatus();
 }
 

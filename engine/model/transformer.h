@@ -114,6 +114,12 @@ class Transformer final : public ForwardModel {
   // out = x * w^T (+ bias): one MatMul per part, into the part's columns of out.
   void MatMulStacked(const DeviceMatrix& x, const StackedWeight& w, const DeviceMatrix* bias,
                      const DeviceMatrix& out);
+  // One step's activations: the residual stream x and the logits in fp32, the rest in the
+  // backend's activation dtype; carved from `base` (null: only sized), `bytes` in all.
+  struct Activations {
+    DeviceMatrix x, h, qkv, attn, gate_up, selected, out;
+  };
+  Activations CarveActivations(char* base, int64_t m, int64_t nl, size_t* bytes) const;
   absl::Status EnsureScratch(int64_t rows, int64_t logit_rows);
   // The mixture-of-experts FFN of layer `l` on the normed rows `h`, written back into `h`.
   absl::Status MoeFfn(int64_t layer, const DeviceMatrix& h);

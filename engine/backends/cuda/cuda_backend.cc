@@ -1,0 +1,458 @@
+#include "engine/backends/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/backends/cuda/ggml_blocks.h"
+#include "engine/backends/cuda/launch_shapes.h"
+#include "engine/backends/cuda/step_upload.h"
+#include "engine/common/float_math.h"
+#include "engine/common/status.h"
+
+namespace ferry {
+namespace {
+
+constexpr size_t kSlabBytes = size_t{256} << 20;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+cuda::Elem ElemOf(DType t) { return t == DType::kF32 ? cuda::Elem::kF32 : cuda::Elem::kBF16; }
+
+cuda::Matrix ToMatrix(const DeviceMatrix& m) {
+  cuda::Matrix out;
+  out.data = m.data;
+  out.elem = ElemOf(m.dtype);
+  out.rows = m.rows;
+  out.cols = m.cols;
+  out.stride = m.stride;
+  return out;
+}
+
+cuda::KvView ToKv(const KvLayerView& kv) {
+  cuda::KvView out;
+  out.base = kv.base;
+  out.block_bytes = kv.block_bytes;
+  out.k_offset = kv.k_offset;
+  out.v_offset = kv.v_offset;
+  out.block_tokens = kv.block_tokens;
+  out.kv_heads = kv.kv_heads;
+  out.head_dim = kv.head_dim;
+  out.elem = ElemOf(kv.dtype);
+  return out;
+}
+
+std::string CudaMessage(const char* what, int err) {
+  const cudaError_t e = static_cast<cudaError_t>(err);
+  return absl::StrCat(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const CudaBackendOptions& options) {
+  std::unique_ptr<CudaBackend> backend(new CudaBackend());
+  const absl::Status s = backend->Init(options);
+  if (!s.ok()) return s;
+  return backend;
+}
+
+absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable CUDA device (",
+                     err != cudaSuccess ? CudaMessage("cudaGetDeviceCount", err) : "none found",
+                     "): run with --backend=cpu"));
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
+  }
+  device_index_ = options.device;
+  cudaDeviceProp prop;
+  err = cudaGetDeviceProperties(&prop, device_index_);
+  if (err != cudaSuccess) {
+    return absl::FailedPreconditionError(CudaMessage("cudaGetDeviceProperties", err));
+  }
+  if (prop.major != 9) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device_index_, " (", prop.name, ") is sm_", prop.major,
+                     prop.minor, "; Ferry's kernels are built for sm_90 (H100, H200)"));
+  }
+  device_.name = prop.name;
+  device_.compute_major = prop.major;
+  device_.compute_minor = prop.minor;
+  device_.total_bytes = prop.totalGlobalMem;
+  multiprocessors_ = prop.multiProcessorCount;
+  if ((err = cudaSetDevice(device_index_)) != cudaSuccess) {
+    return absl::FailedPreconditionError(CudaMessage("cudaSetDevice", err));
+  }
+  size_t free_bytes = 0, total_bytes = 0;
+  if ((err = cudaMemGetInfo(&free_bytes, &total_bytes)) != cudaSuccess) {
+    return absl::FailedPreconditionError(CudaMessage("cudaMemGetInfo", err));
+  }
+  device_.limit_bytes = options.memory_bytes > 0 ? options.memory_bytes : free_bytes / 10 * 9;
+  if (device_.limit_bytes > free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("asked for ", device_.limit_bytes,
+                                                     " bytes of device memory; ", free_bytes,
+                                                     " are free on ", device_.name));
+  }
+  const int device = device_index_;
+  cuda::DevicePool::Source source;
+  source.reserve = [device](size_t bytes) -> void* {
+    cudaSetDevice(device);
+    void* p = nullptr;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : nullptr;
+  };
+  source.release = [device](void* p, size_t) {
+    cudaSetDevice(device);
+    cudaFree(p);
+  };
+  pool_ = std::make_unique<cuda::DevicePool>(std::move(source), kSlabBytes, device_.limit_bytes);
+  cudaStream_t stream = nullptr;
+  if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    return absl::FailedPreconditionError(CudaMessage("cudaStreamCreate", err));
+  }
+  stream_ = stream;
+  cublasHandle_t handle = nullptr;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    return absl::FailedPreconditionError("cublasCreate failed");
+  }
+  cublas_ = handle;
+  cublasSetStream(handle, stream);
+  // A workspace of our own: cuBLAS then allocates nothing during a step (CUDA graphs need that).
+  absl::StatusOr<DeviceBuffer> workspace = Allocate(kCublasWorkspaceBytes);
+  if (!workspace.ok()) return workspace.status();
+  cublas_workspace_ = std::move(*workspace);
+  cublasSetWorkspace(handle, cublas_workspace_.data(), cublas_workspace_.bytes());
+  return absl::OkStatus();
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  // The buffers below free into pool_, which is destroyed after them.
+}
+
+std::string CudaBackend::name() const {
+  return absl::StrCat("cuda:", device_.name, " sm_", device_.compute_major, device_.compute_minor);
+}
+
+bool CudaBackend::Check(int err, const char* what) {
+  if (err == 0) return true;
+  if (status_.ok()) status_ = absl::InternalError(CudaMessage(what, err));
+  return false;
+}
+
+absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  void* p = pool_->Allocate(bytes);
+  if (p == nullptr) {
+    const cuda::DevicePool::Stats s = pool_->stats();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("device memory: ", bytes, " bytes wanted, ", s.in_use_bytes, " in use of a ",
+                     device_.limit_bytes, "-byte limit on ", device_.name));
+  }
+  return DeviceBuffer(this, p, bytes);
+}
+
+void CudaBackend::Free(void* data, size_t) { pool_->Free(data); }
+
+void CudaBackend::CopyToDevice(void* device_dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  // From pageable memory the call returns once the source has been read: the caller may reuse
+  // it at once. Ordered on the stream after the work before it.
+  Check(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync to device");
+}
+
+void CudaBackend::CopyToHost(void* host_dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return;
+  if (Check(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync to host")) {
+    Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+}
+
+void CudaBackend::CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) {
+  if (bytes == 0) return;
+  Check(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, stream_),
+        "cudaMemcpyAsync on device");
+}
+
+void CudaBackend::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+const void* CudaBackend::UploadVector(Upload& slot, const void* data, size_t bytes) {
+  if (slot.valid && slot.host.size() == bytes &&
+      (bytes == 0 || std::memcmp(slot.host.data(), data, bytes) == 0)) {
+    return slot.device.data();
+  }
+  if (slot.device.bytes() < bytes || slot.device.data() == nullptr) {
+    // Freed into the pool while earlier kernels may still read it: safe, because whatever the
+    // pool hands the memory to next is also ordered on this one stream.
+    slot.device.Reset();
+    absl::StatusOr<DeviceBuffer> grown = Allocate(std::max<size_t>(bytes * 2, 4096));
+    if (!grown.ok()) {
+      if (status_.ok()) status_ = grown.status();
+      slot.valid = false;
+      return nullptr;
+    }
+    slot.device = std::move(*grown);
+  }
+  slot.host.assign(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
+  slot.valid = true;
+  CopyToDevice(slot.device.data(), data, bytes);
+  return slot.device.data();
+}
+
+void* CudaBackend::Scratch(DeviceBuffer& buffer, size_t bytes) {
+  if (buffer.data() != nullptr && buffer.bytes() >= bytes) return buffer.data();
+  buffer.Reset();
+  absl::StatusOr<DeviceBuffer> grown = Allocate(std::max<size_t>(bytes, 1 << 16));
+  if (!grown.ok()) {
+    if (status_.ok()) status_ = grown.status();
+    return nullptr;
+  }
+  buffer = std::move(*grown);
+  return buffer.data();
+}
+
+cuda::DeviceStep CudaBackend::UploadStep(const StepLayout& layout) {
+  cuda::StepWords words;
+  cuda::DeviceStep step;
+  if (!cuda::FlattenStep(layout.positions, layout.row_sequence, layout.block_tables,
+                         layout.first_keys, layout.no_write, &words)) {
+    if (status_.ok()) status_ = absl::InvalidArgumentError("inconsistent StepLayout");
+    return step;
+  }
+  // Two slots: a hybrid model alternates between its full and window layouts within a step.
+  const size_t bytes = words.words.size() * sizeof(int32_t);
+  for (Upload& slot : steps_) {
+    if (slot.valid && slot.host.size() == bytes &&
+        std::memcmp(slot.host.data(), words.words.data(), bytes) == 0) {
+      step.words = static_cast<const int32_t*>(slot.device.data());
+      step.offsets = words.offsets;
+      return step;
+    }
+  }
+  Upload& slot = steps_[next_step_slot_];
+  next_step_slot_ = 1 - next_step_slot_;
+  step.words = static_cast<const int32_t*>(UploadVector(slot, words.words.data(), bytes));
+  step.offsets = words.offsets;
+  return step;
+}
+
+absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const void* host, DType dtype, int64_t rows,
+                                                       int64_t cols) {
+  if (rows <= 0 || cols <= 0) return absl::InvalidArgumentError("empty weight matrix");
+  const size_t count = static_cast<size_t>(rows * cols);
+  std::vector<uint16_t> converted;
+  const void* source = host;
+  if (dtype == DType::kF32) {
+    converted.resize(count);
+    const float* f = static_cast<const float*>(host);
+    for (size_t i = 0; i < count; ++i) converted[i] = FloatToBf16(f[i]);
+    source = converted.data();
+  }
+  DeviceWeight w;
+  ASSIGN_OR_RETURN(w.buffer, Allocate(count * 2));
+  CopyToDevice(w.buffer.data(), source, count * 2);
+  w.dtype = DType::kBF16;
+  w.rows = rows;
+  w.cols = cols;
+  RETURN_IF_ERROR(status_);
+  return w;
+}
+
+absl::StatusOr<DeviceWeight> CudaBackend::UploadQuantizedWeight(const uint8_t* host, size_t bytes,
+                                                                WeightQuant quant, int64_t rows,
+                                                                int64_t cols) {
+  int64_t block_elements = 0, block_bytes = 0;
+  if (quant == WeightQuant::kQ8_0) {
+    block_elements = 32;
+    block_bytes = cuda::kQ8_0BlockBytes;
+  } else if (quant == WeightQuant::kQ4_K) {
+    block_elements = 256;
+    block_bytes = cuda::kQ4_KBlockBytes;
+  } else {
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA backend computes q8_0 and q4_k blocks, not ", WeightQuantName(quant)));
+  }
+  if (rows <= 0 || cols <= 0 || cols % block_elements != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(WeightQuantName(quant), " weight of ", rows,
+                                                   " x ", cols, ": rows must be whole blocks of ",
+                                                   block_elements));
+  }
+  const size_t want = static_cast<size_t>(rows * (cols / block_elements) * block_bytes);
+  if (bytes != want) {
+    return absl::InvalidArgumentError(absl::StrCat(WeightQuantName(quant), " weight of ", rows,
+                                                   " x ", cols, " has ", bytes, " bytes, not ",
+                                                   want));
+  }
+  DeviceWeight w;
+  ASSIGN_OR_RETURN(w.buffer, Allocate(bytes));
+  CopyToDevice(w.buffer.data(), host, bytes);
+  w.quant = quant;
+  w.rows = rows;
+  w.cols = cols;
+  RETURN_IF_ERROR(status_);
+  return w;
+}
+
+void CudaBackend::Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
+                        const DeviceMatrix& out) {
+  const void* d_ids = UploadVector(ids_, ids.data(), ids.size() * sizeof(int32_t));
+  if (d_ids == nullptr) return;
+  const auto* device_ids = static_cast<const int32_t*>(d_ids);
+  if (table.quant == WeightQuant::kNone) {
+    Check(cuda::LaunchEmbedDense(table.buffer.data(), ElemOf(table.dtype), table.cols, device_ids,
+                                 ToMatrix(out), stream_),
+          "Embed");
+  } else {
+    Check(cuda::LaunchEmbedQuant(static_cast<const uint8_t*>(table.buffer.data()),
+                                 table.quant == WeightQuant::kQ8_0 ? cuda::QuantFormat::kQ8_0
+                                                                   : cuda::QuantFormat::kQ4_K,
+                                 table.cols, device_ids, ToMatrix(out), stream_),
+          "Embed");
+  }
+}
+
+void CudaBackend::RmsNorm(const DeviceMatrix& x, const DeviceMatrix& weight, float eps,
+                          const DeviceMatrix& out) {
+  Check(cuda::LaunchRmsNorm(ToMatrix(x), nullptr, ToMatrix(weight), eps, ToMatrix(out), stream_),
+        "RmsNorm");
+}
+
+void CudaBackend::AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& delta,
+                             const DeviceMatrix& weight, float eps, const DeviceMatrix& out) {
+  const cuda::Matrix d = ToMatrix(delta);
+  Check(cuda::LaunchRmsNorm(ToMatrix(x), &d, ToMatrix(weight), eps, ToMatrix(out), stream_),
+        "AddRmsNorm");
+}
+
+void CudaBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
+                         const DeviceMatrix& out) {
+  if (x.rows == 0) return;
+  if (w.quant != WeightQuant::kNone) {
+    void* scratch = Scratch(quant_scratch_, cuda::QuantScratchBytes(x.rows, x.cols));
+    if (scratch == nullptr) return;
+    Check(cuda::LaunchQuantMatMul(
+              ToMatrix(x), static_cast<const uint8_t*>(w.buffer.data()),
+              w.quant == WeightQuant::kQ8_0 ? cuda::QuantFormat::kQ8_0 : cuda::QuantFormat::kQ4_K,
+              w.rows, scratch, ToMatrix(out), stream_),
+          "quantized MatMul");
+  } else {
+    // cuBLAS is column-major: out^T (N x M) = W (K x N, transposed) * x^T (K x M).
+    cuda::Matrix input = ToMatrix(x);
+    if (x.dtype != DType::kBF16) {
+      void* converted = Scratch(gemm_input_, static_cast<size_t>(x.rows * x.cols) * 2);
+      if (converted == nullptr) return;
+      cuda::Matrix bf16{converted, cuda::Elem::kBF16, x.rows, x.cols, x.cols};
+      if (!Check(cuda::LaunchConvert(input, bf16, stream_), "MatMul input conversion")) return;
+      input = bf16;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    const cublasStatus_t s = cublasGemmEx(
+        static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
+        static_cast<int>(x.rows), static_cast<int>(x.cols), &alpha, w.buffer.data(), CUDA_R_16BF,
+        static_cast<int>(w.cols), input.data, CUDA_R_16BF, static_cast<int>(input.stride), &beta,
+        out.data, out.dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(out.stride),
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS && status_.ok()) {
+      status_ = absl::InternalError(absl::StrCat("cublasGemmEx: ", cublasGetStatusString(s)));
+      return;
+    }
+  }
+  if (bias != nullptr) Check(cuda::LaunchAddBias(ToMatrix(out), ToMatrix(*bias), stream_), "bias");
+}
+
+void CudaBackend::Add(const DeviceMatrix& acc, const DeviceMatrix& x) {
+  Check(cuda::LaunchAdd(ToMatrix(acc), ToMatrix(x), stream_), "Add");
+}
+
+void CudaBackend::GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                             const DeviceMatrix& out) {
+  const void* d_rows = UploadVector(rows_, rows.data(), rows.size() * sizeof(int32_t));
+  if (d_rows == nullptr) return;
+  Check(cuda::LaunchGatherRows(ToMatrix(x), static_cast<const int32_t*>(d_rows), ToMatrix(out),
+                               stream_),
+        "GatherRows");
+}
+
+void CudaBackend::AddScaledRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                                const std::vector<float>& scales, const DeviceMatrix& acc) {
+  const void* d_rows = UploadVector(rows_, rows.data(), rows.size() * sizeof(int32_t));
+  const void* d_scales = UploadVector(scales_, scales.data(), scales.size() * sizeof(float));
+  if (d_rows == nullptr || d_scales == nullptr) return;
+  Check(cuda::LaunchAddScaledRows(ToMatrix(x), static_cast<const int32_t*>(d_rows),
+                                  static_cast<const float*>(d_scales), ToMatrix(acc), stream_),
+        "AddScaledRows");
+}
+
+void CudaBackend::SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up,
+                         const DeviceMatrix& out) {
+  Check(cuda::LaunchSwiGlu(ToMatrix(gate), ToMatrix(up), ToMatrix(out), stream_), "SwiGlu");
+}
+
+void CudaBackend::Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
+                       const RopeTable& rope) {
+  const void* d_positions =
+      UploadVector(positions_, positions.data(), positions.size() * sizeof(int32_t));
+  if (d_positions == nullptr) return;
+  Check(cuda::LaunchRope(ToMatrix(x), heads, static_cast<const int32_t*>(d_positions),
+                         ToMatrix(rope.table), stream_),
+        "Rope");
+}
+
+void CudaBackend::WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,
+                          const StepLayout& layout) {
+  const cuda::DeviceStep step = UploadStep(layout);
+  if (step.words == nullptr) return;
+  Check(cuda::LaunchWriteKv(ToMatrix(k), ToMatrix(v), ToKv(kv), step, stream_), "WriteKv");
+}
+
+void CudaBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
+                            float scale, int32_t window, const DeviceMatrix& out) {
+  // Split tiles over CTAs when rows x KV heads alone would leave the GPU idle (decode); the
+  // result is the same bits either way.
+  const bool split = q.rows * kv.kv_heads < 2 * static_cast<int64_t>(multiprocessors_);
+  AttentionWith(q, kv, layout, scale, window, split, out);
+}
+
+void CudaBackend::AttentionWith(const DeviceMatrix& q, const KvLayerView& kv,
+                                const StepLayout& layout, float scale, int32_t window, bool split,
+                                const DeviceMatrix& out) {
+  if (q.rows == 0) return;
+  const cuda::DeviceStep step = UploadStep(layout);
+  if (step.words == nullptr) return;
+  const int32_t heads = static_cast<int32_t>(q.cols / kv.head_dim);
+  const int32_t max_tiles = step.offsets.max_position / cuda::kAttentionTile + 1;
+  float* partials = nullptr;
+  if (split && max_tiles > 1) {
+    partials = static_cast<float*>(Scratch(
+        attention_partials_, cuda::AttentionPartialBytes(q.rows, heads, kv.head_dim, max_tiles)));
+    if (partials == nullptr) return;
+  } else {
+    split = false;
+  }
+  Check(cuda::LaunchAttention(ToMatrix(q), heads, ToKv(kv), step, scale, window, split, max_tiles,
+                              partials, ToMatrix(out), stream_),
+        "Attention");
+}
+
+absl::Status CudaBackend::ArgMax(const DeviceMatrix& logits, std::vector<int32_t>* tokens) {
+  tokens->assign(logits.rows, 0);
+  if (logits.rows == 0) return status_;
+  void* out = Scratch(argmax_out_, logits.rows * sizeof(int32_t));
+  if (out == nullptr) return status_;
+  Check(cuda::LaunchArgMax(ToMatrix(logits), static_cast<int32_t*>(out), stream_), "ArgMax");
+  CopyToHost(tokens->data(), out, logits.rows * sizeof(int32_t));
+  return status_;
+}
+
+}  // namespace ferry

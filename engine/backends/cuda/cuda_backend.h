@@ -1,0 +1,148 @@
+// The CUDA backend (ARCHITECTURE.md §4): the Backend interface on one NVIDIA GPU (sm_90: H100,
+// H200), with the kernels of this package and cuBLAS.
+//
+// What runs where:
+//   memory       a DevicePool of slabs (device_pool.h) under a byte limit; one stream.
+//   weights      bf16 (fp32 files are rounded to bf16 at upload), row-major N x K; Q8_0 and Q4_K
+//                blocks kept in GGML's layout and computed in place. Other block formats are
+//                Unimplemented at UploadQuantizedWeight (the model then uploads them as bf16).
+//   activations  bf16 between kernels (activation_dtype()); the transformer keeps its residual
+//                stream and the logits in fp32. Every kernel accepts either type.
+//   MatMul       bf16 weights: cublasGemmEx, bf16 inputs, fp32 accumulation, output in the
+//                output's type; block weights: quant_gemv.cu, bit-identical to the CPU backend.
+//   attention    attention.cu, batch-invariant (tiles aligned to key positions).
+//   host vectors token ids, positions and step layouts are copied to the device when they change
+//                (the per-layer calls of one step reuse one copy).
+//
+// Determinism: not claimed (deterministic() is false): cuBLAS chooses its algorithm by shape, so
+// a row's bf16 products may differ in the last bits with the batch. The quantized products, the
+// norms and attention are batch-invariant on their own.
+//
+// Errors: a failed launch or copy is sticky (a CUDA context that faulted stays unusable):
+// status() reports the first, and the model's Forward returns it.
+//
+// Threading: one engine thread drives a CudaBackend; DeviceBuffers may be freed from any thread
+// (the pool locks).
+
+#ifndef FERRY_ENGINE_BACKENDS_CUDA_CUDA_BACKEND_H_
+#define FERRY_ENGINE_BACKENDS_CUDA_CUDA_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backends/backend.h"
+#include "engine/backends/cuda/cuda_kernels.h"
+#include "engine/backends/cuda/device_pool.h"
+
+namespace ferry {
+
+struct CudaBackendOptions {
+  int device = 0;
+  // The most device memory the backend may hold (weights, KV, scratch); 0: 90% of what is free
+  // when it starts.
+  size_t memory_bytes = 0;
+};
+
+// What the worker reports about its device (Watch, metrics).
+struct CudaDeviceSummary {
+  std::string name;
+  int compute_major = 0;
+  int compute_minor = 0;
+  size_t total_bytes = 0;
+  size_t limit_bytes = 0;  // the pool's limit
+};
+
+class CudaBackend : public Backend {
+ public:
+  // FailedPrecondition when there is no usable device (no driver, no GPU, not sm_90).
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  std::string name() const override;
+  bool deterministic() const override { return false; }
+  bool host_memory() const override { return false; }
+  DType activation_dtype() const override { return DType::kBF16; }
+  absl::Status status() const override { return status_; }
+
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
+  void CopyToDevice(void* device_dst, const void* host_src, size_t bytes) override;
+  void CopyToHost(void* host_dst, const void* device_src, size_t bytes) override;
+  void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) override;
+
+  absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
+                                            int64_t cols) override;
+  absl::StatusOr<DeviceWeight> UploadQuantizedWeight(const uint8_t* host, size_t bytes,
+                                                     WeightQuant quant, int64_t rows,
+                                                     int64_t cols) override;
+  void Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
+             const DeviceMatrix& out) override;
+  void RmsNorm(const DeviceMatrix& x, const DeviceMatrix& weight, float eps,
+               const DeviceMatrix& out) override;
+  void AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& delta, const DeviceMatrix& weight,
+                  float eps, const DeviceMatrix& out) override;
+  void MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
+              const DeviceMatrix& out) override;
+  void Add(const DeviceMatrix& acc, const DeviceMatrix& x) override;
+  void GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                  const DeviceMatrix& out) override;
+  void AddScaledRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                     const std::vector<float>& scales, const DeviceMatrix& acc) override;
+  void SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up, const DeviceMatrix& out) override;
+  void Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
+            const RopeTable& rope) override;
+  void WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,
+               const StepLayout& layout) override;
+  void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
+                 float scale, int32_t window, const DeviceMatrix& out) override;
+  void Synchronize() override;
+
+  // The greedy token of each row of fp32 logits, computed on the device (argmax.cu).
+  absl::Status ArgMax(const DeviceMatrix& logits, std::vector<int32_t>* tokens);
+  // Attention with the split chosen by the caller (the check compares both ways).
+  void AttentionWith(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
+                     float scale, int32_t window, bool split, const DeviceMatrix& out);
+
+  const CudaDeviceSummary& device() const { return device_; }
+  cuda::DevicePool::Stats memory_stats() const { return pool_->stats(); }
+
+ protected:
+  void Free(void* data, size_t bytes) override;
+
+ private:
+  // A device copy of a host vector, remade only when the vector changes.
+  struct Upload {
+    std::vector<char> host;
+    DeviceBuffer device;
+    bool valid = false;
+  };
+
+  CudaBackend() = default;
+  absl::Status Init(const CudaBackendOptions& options);
+  // Records the first error; returns whether `err` (a cudaError_t) was success.
+  bool Check(int err, const char* what);
+  // `bytes` of `data` on the device through `slot`.
+  const void* UploadVector(Upload& slot, const void* data, size_t bytes);
+  // A scratch buffer of at least `bytes` (grown by replacement; one stream orders every use).
+  void* Scratch(DeviceBuffer& buffer, size_t bytes);
+  cuda::DeviceStep UploadStep(const StepLayout& layout);
+
+  CudaDeviceSummary device_;
+  int device_index_ = 0;
+  int multiprocessors_ = 0;
+  std::unique_ptr<cuda::DevicePool> pool_;  // destroyed last of the memory holders below
+  cuda::Stream stream_ = nullptr;
+  void* cublas_ = nullptr;  // cublasHandle_t
+  absl::Status status_;
+  DeviceBuffer cublas_workspace_, gemm_input_, quant_scratch_, attention_partials_, argmax_out_;
+  Upload ids_, positions_, rows_, scales_, steps_[2];
+  int next_step_slot_ = 0;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_BACKENDS_CUDA_CUDA_BACKEND_H_
