@@ -81,6 +81,54 @@ std::vector<uint8_t> QuantizeQ6_K(const std::vector<float>& x) {
   return out;
 }
 
+// Q4_K super-blocks of 256 (a simple valid encoding, not GGML's search): each 32-value
+// sub-block j gets min m_j and scale sc_j (6 bits) against the block's d and dmin, values
+// u = round((x + dmin * m_j) / (d * sc_j)) in 0..15.
+std::vector<uint8_t> QuantizeQ4_K(const std::vector<float>& x) {
+  std::vector<uint8_t> out;
+  for (size_t b = 0; b < x.size(); b += 256) {
+    float lo[8], range[8], max_lo = 0, max_range = 0;
+    for (int j = 0; j < 8; ++j) {
+      float mn = FLT_MAX, mx = -FLT_MAX;
+      for (int l = 0; l < 32; ++l)
+        mn = std::min(mn, x[b + 32 * j + l]), mx = std::max(mx, x[b + 32 * j + l]);
+      lo[j] = std::min(mn, 0.0f);
+      range[j] = mx - lo[j];
+      max_lo = std::max(max_lo, -lo[j]);
+      max_range = std::max(max_range, range[j]);
+    }
+    const float d = max_range / (15.0f * 63.0f), dmin = max_lo / 63.0f;
+    const float dh = HalfToFloat(FloatToHalf(d)), dminh = HalfToFloat(FloatToHalf(dmin));
+    int sc[8], m[8];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = dh > 0 ? std::min(63, static_cast<int>(std::ceil(range[j] / (15.0f * dh)))) : 0;
+      m[j] = dminh > 0 ? std::min(63, static_cast<int>(std::lround(-lo[j] / dminh))) : 0;
+    }
+    PutHalf(&out, d);
+    PutHalf(&out, dmin);
+    uint8_t scales[12] = {};
+    for (int j = 0; j < 4; ++j) {
+      scales[j] = static_cast<uint8_t>(sc[j] | (sc[j + 4] >> 4) << 6);
+      scales[j + 4] = static_cast<uint8_t>(m[j] | (m[j + 4] >> 4) << 6);
+      scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+    }
+    out.insert(out.end(), scales, scales + 12);
+    uint8_t qs[128] = {};
+    for (int j = 0; j < 8; ++j) {
+      const float step = dh * static_cast<float>(sc[j]), base = dminh * static_cast<float>(m[j]);
+      for (int l = 0; l < 32; ++l) {
+        const int u =
+            step > 0 ? std::clamp(static_cast<int>(std::lround((x[b + 32 * j + l] + base) / step)),
+                                  0, 15)
+                     : 0;
+        qs[32 * (j / 2) + l] |= static_cast<uint8_t>(u << (j % 2 ? 4 : 0));
+      }
+    }
+    out.insert(out.end(), qs, qs + 128);
+  }
+  return out;
+}
+
 }  // namespace
 
 HostWeights SyntheticModel(const SyntheticVariant& v) {
@@ -100,28 +148,37 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
     c.moe.shared_expert_gate = v.shared_expert;
     c.moe.dense_layers = {true, false};
   }
-  c.vocab_size = 97;
-  c.hidden_size = 32;
-  c.intermediate_size = v.native ? 256 : 48;  // native: down_proj rows of one Q6_K block
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
+  c.vocab_size = v.vocab > 0 ? v.vocab : 97;
+  c.hidden_size = v.hidden > 0 ? v.hidden : 32;
+  // native: down_proj rows of one Q6_K block
+  c.intermediate_size = v.intermediate > 0 ? v.intermediate : v.native ? 256 : 48;
+  c.num_heads = v.heads > 0 ? v.heads : 4;
+  c.num_kv_heads = v.kv_heads > 0 ? v.kv_heads : 2;
   c.head_dim = v.head_dim;
-  c.max_position_embeddings = 512;
+  c.max_position_embeddings = v.max_positions > 0 ? v.max_positions : 512;
   c.rope_theta = 10000;
   c.rms_norm_eps = 1e-5;
   c.tie_word_embeddings = v.tied;
   c.qk_norm = v.qk_norm;
   c.attention_bias = v.bias;
   w.kv_dtype = v.kv;
-  std::mt19937 rng(1234);
+  std::mt19937 rng(v.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float shrink = static_cast<float>(std::sqrt(32.0 / static_cast<double>(c.hidden_size)));
   auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float mean) {
     HostTensor t;
     t.shape = shape;
     t.dtype = v.weights;
     std::vector<float> values(t.elements());
+    if (shape.size() == 2 && name != "model.embed_tokens.weight") scale *= shrink;
     for (float& f : values) f = mean + scale * normal(rng);
-    if (v.native && shape.size() == 2) {
+    if (v.all_blocks != WeightQuant::kNone && shape.size() == 2) {
+      t.quant = v.all_blocks;
+      t.blocks = v.all_blocks == WeightQuant::kQ4_K ? QuantizeQ4_K(values) : QuantizeQ8_0(values);
+    } else if (v.all_blocks != WeightQuant::kNone) {
+      t.dtype = WeightDType::kF32;
+      t.f32 = values;
+    } else if (v.native && shape.size() == 2) {
       if (name == "model.embed_tokens.weight") {
         t.quant = WeightQuant::kQ8_0;
         t.blocks = QuantizeQ8_0(values);

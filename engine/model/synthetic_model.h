@@ -33,6 +33,18 @@ struct SyntheticVariant {
   // Q8_0, every other matrix in Q4_1 (quantized here as GGML's reference quantizer does) except
   // down_proj in Q6_K (a K-quant: the MLP is 256 wide for it), vectors f32. Dense models only.
   bool native = false;
+  // Every matrix in one block format, Q8_0 or Q4_K (Q4_K wants hidden and intermediate multiples
+  // of 256), vectors f32; kNone: as above. Dense models only.
+  WeightQuant all_blocks = WeightQuant::kNone;
+  // Other shapes than the tiny default (a model-shaped GPU check: SmolLM2's, Llama-3-8B's); 0:
+  // the default. Weights scale by sqrt(32 / hidden) so activations stay of the same size.
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t vocab = 0;
+  int64_t max_positions = 0;
+  uint32_t seed = 1234;
 };
 
 // Vocabulary 97, hidden 32, `layers` layers (2), 4 heads over 2 KV heads, 512 positions; fixed

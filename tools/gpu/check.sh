@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The CUDA backend's GPU check in one prepared run (docs/tools/gpu-check.md).
+#
+#   tools/gpu/check.sh package [DIR]   here, where Bazel and the toolkit are: builds
+#                                      ferry-gpu-check and puts it in DIR (.gpu) with the shared
+#                                      libraries a bare GPU machine lacks (Abseil, xxhash); the CUDA
+#                                      libraries are not carried (the GPU machine has its own)
+#   tools/gpu/check.sh run [DIR]       on the GPU machine: runs the check under a 280 s limit and
+#                                      prints its table, then its one JSON line (the last line)
+#
+# With the device tool: package here, then run `tools/gpu/check.sh run` there with `.gpu` carried
+# and a 300 s timeout, so a rerun fits in the session's GPU time.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:-}
+dir=${2:-.gpu}
+
+case "$mode" in
+  package)
+    bazel build //tools/gpu:ferry-gpu-check
+    rm -rf "$dir"
+    mkdir -p "$dir/lib"
+    cp bazel-bin/tools/gpu/ferry-gpu-check "$dir/"
+    chmod u+w "$dir/ferry-gpu-check"
+    # Shared libraries outside the C/C++ runtime and the CUDA toolkit.
+    ldd bazel-bin/tools/gpu/ferry-gpu-check | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+      case "$(basename "$lib")" in
+        libc.so* | libm.so* | libgcc_s.so* | libstdc++.so* | librt.so* | libpthread.so* | \
+          libdl.so* | ld-linux*) ;;
+        libcublas* | libcudart* | libnccl*) ;;
+        *) cp -L "$lib" "$dir/lib/" ;;
+      esac
+    done
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+    du -sh "$dir"
+    ;;
+  run)
+    [[ -x "$dir/ferry-gpu-check" ]] || {
+      echo "check.sh: no $dir/ferry-gpu-check; run 'tools/gpu/check.sh package' first" >&2
+      exit 2
+    }
+    # cuBLAS: the toolkit's, else the one PyTorch's wheels bring.
+    cuda_libs=""
+    for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
+      $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null || true); do
+      if compgen -G "$d/libcublas.so.13*" >/dev/null; then cuda_libs="$cuda_libs:$d"; fi
+    done
+    export LD_LIBRARY_PATH="$dir/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+    start=$(date +%s)
+    set +e
+    timeout 280 "$dir/ferry-gpu-check"
+    rc=$?
+    set -e
+    echo "check.sh: ferry-gpu-check exited $rc after $(($(date +%s) - start)) s" >&2
+    exit $rc
+    ;;
+  *)
+    sed -n 2,13p "$0" >&2
+    exit 2
+    ;;
+esac
