@@ -164,6 +164,11 @@ class Backend {
   // backend, bf16 on the CUDA backend). The residual stream and the logits are fp32 on every
   // backend, so a backend's kernels take fp32 and its activation type (the CPU's: fp32 only).
   virtual DType activation_dtype() const { return DType::kF32; }
+  // What a model fingerprint adds for this backend's arithmetic: KV computed by backends whose
+  // numerics differ must never be shared by accident (a KV store block, a P/D push). Empty for
+  // the CPU backend, the reference every fingerprint was defined on; others name themselves and
+  // their mode ("cuda:cublas-bf16").
+  virtual std::string fingerprint_tag() const { return ""; }
   // The first device error since creation (a failed launch or copy; sticky, since a device
   // context that faulted stays unusable). The CPU backend has none.
   virtual absl::Status status() const { return absl::OkStatus(); }

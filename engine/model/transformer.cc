@@ -65,6 +65,10 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const HostWeigh
   }
   std::unique_ptr<Transformer> model(new Transformer(weights.config, backend));
   model->fingerprint_ = weights.fingerprint;
+  const std::string tag = backend->fingerprint_tag();
+  if (!tag.empty()) {
+    model->fingerprint_ = Xxh3Hash128(absl::StrCat(weights.fingerprint.ToHex(), " backend=", tag));
+  }
   if (weights.kv_dtype == "f32") {
     model->kv_dtype_ = DType::kF32;
   } else if (weights.kv_dtype == "bf16") {

@@ -16,6 +16,7 @@
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
+#include "engine/common/status.h"
 #include "engine/model/dequantize.h"
 #include "engine/model/generate.h"
 #include "engine/model/synthetic_model.h"
@@ -358,6 +359,141 @@ TEST(TransformerWindowPoolTest, SameResultsWithTheWindowLayersInABoundedPool) {
     GenerateOptions options;
     EXPECT_FALSE(Generate(*f.model, *f.pool, prompt, options, window_pool.get()).ok());
   }
+}
+
+// A backend that computes as the CPU backend but has no kernels for some block formats and names
+// itself in fingerprints, as a GPU backend does: what the model does with such a backend.
+class PartialBackend : public Backend {
+ public:
+  explicit PartialBackend(CpuBackend* cpu) : cpu_(cpu) {}
+  std::string name() const override { return "partial"; }
+  bool deterministic() const override { return true; }
+  bool host_memory() const override { return true; }
+  std::string fingerprint_tag() const override { return "partial:test"; }
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
+    ASSIGN_OR_RETURN(DeviceBuffer inner, cpu_->Allocate(bytes));
+    void* data = inner.data();
+    held_.push_back(std::move(inner));
+    return DeviceBuffer(this, data, bytes);
+  }
+  void CopyToDevice(void* d, const void* h, size_t n) override { cpu_->CopyToDevice(d, h, n); }
+  void CopyToHost(void* h, const void* d, size_t n) override { cpu_->CopyToHost(h, d, n); }
+  void CopyOnDevice(void* d, const void* s, size_t n) override { cpu_->CopyOnDevice(d, s, n); }
+  absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
+                                            int64_t cols) override {
+    return cpu_->UploadWeight(host, dtype, rows, cols);
+  }
+  absl::StatusOr<DeviceWeight> UploadQuantizedWeight(const uint8_t* host, size_t bytes,
+                                                     WeightQuant quant, int64_t rows,
+                                                     int64_t cols) override {
+    ++quant_uploads_;
+    if (quant != WeightQuant::kQ8_0) return absl::UnimplementedError("only q8_0 here");
+    return cpu_->UploadQuantizedWeight(host, bytes, quant, rows, cols);
+  }
+  void Embed(const DeviceWeight& t, const std::vector<int32_t>& ids,
+             const DeviceMatrix& out) override {
+    cpu_->Embed(t, ids, out);
+  }
+  void RmsNorm(const DeviceMatrix& x, const DeviceMatrix& w, float eps,
+               const DeviceMatrix& out) override {
+    cpu_->RmsNorm(x, w, eps, out);
+  }
+  void AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& d, const DeviceMatrix& w, float eps,
+                  const DeviceMatrix& out) override {
+    cpu_->AddRmsNorm(x, d, w, eps, out);
+  }
+  void MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
+              const DeviceMatrix& out) override {
+    cpu_->MatMul(x, w, bias, out);
+  }
+  void Add(const DeviceMatrix& acc, const DeviceMatrix& x) override { cpu_->Add(acc, x); }
+  void GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                  const DeviceMatrix& out) override {
+    cpu_->GatherRows(x, rows, out);
+  }
+  void AddScaledRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                     const std::vector<float>& scales, const DeviceMatrix& acc) override {
+    cpu_->AddScaledRows(x, rows, scales, acc);
+  }
+  void SwiGlu(const DeviceMatrix& g, const DeviceMatrix& u, const DeviceMatrix& out) override {
+    cpu_->SwiGlu(g, u, out);
+  }
+  void Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
+            const RopeTable& rope) override {
+    cpu_->Rope(x, heads, positions, rope);
+  }
+  void WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,
+               const StepLayout& layout) override {
+    cpu_->WriteKv(k, v, kv, layout);
+  }
+  void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
+                 float scale, int32_t window, const DeviceMatrix& out) override {
+    cpu_->Attention(q, kv, layout, scale, window, out);
+  }
+  void Synchronize() override {}
+  int quant_uploads() const { return quant_uploads_; }
+
+ protected:
+  void Free(void* data, size_t) override {
+    for (auto it = held_.begin(); it != held_.end(); ++it) {
+      if (it->data() == data) {
+        held_.erase(it);
+        return;
+      }
+    }
+  }
+
+ private:
+  CpuBackend* cpu_;
+  std::vector<DeviceBuffer> held_;
+  int quant_uploads_ = 0;
+};
+
+TEST(TransformerBackendTest, FormatsTheBackendLacksRunInBf16AndTheFingerprintNamesIt) {
+  // SmolLM2's GGUF mix: a Q8_0 embedding, Q4_1 matrices, a Q6_K down projection.
+  Variant v = Variants()[0];
+  v.native = true;
+  v.weights = WeightDType::kNative;
+  v.tied = true;
+  const HostWeights weights = SyntheticModel(v);
+  std::unique_ptr<CpuBackend> cpu = *CpuBackend::Create({});
+  PartialBackend partial(cpu.get());
+  auto native = Transformer::Create(weights, cpu.get());
+  auto mixed = Transformer::Create(weights, &partial);
+  ASSERT_TRUE(native.ok()) << native.status();
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_GT(partial.quant_uploads(), 1);
+  // The CPU backend keeps the loader's fingerprint; another backend's differs.
+  EXPECT_EQ((*native)->fingerprint(), weights.fingerprint);
+  EXPECT_NE((*mixed)->fingerprint(), weights.fingerprint);
+
+  // The Q4_1 and Q6_K matrices are computed in bf16: the same bits as a model whose file held
+  // them dequantized to bf16 (the Q8_0 embedding stays in blocks in both).
+  HostWeights converted = weights;
+  for (auto& [name, t] : converted.tensors) {
+    if (t.quant == WeightQuant::kNone || t.quant == WeightQuant::kQ8_0) continue;
+    t.bf16.resize(t.elements());
+    CHECK_OK(DequantizeToBf16(GgmlTypeOfWeightQuant(t.quant), t.blocks.data(), t.blocks.size(),
+                              t.bf16.size(), t.bf16.data()));
+    t.quant = WeightQuant::kNone;
+    t.dtype = WeightDType::kBF16;
+    t.blocks.clear();
+  }
+  auto reference = Transformer::Create(converted, cpu.get());
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto logits_of = [&](Transformer& model, Backend* b) {
+    BackendKvAllocator alloc(b);
+    auto pool = *KvBlockPool::Create(model.KvLayoutFor(16), 16, &alloc, b);
+    const auto prompt = Prompt(40, 9);
+    auto blocks = *pool->Allocate(pool->layout().BlocksFor(40));
+    std::vector<float> logits;
+    CHECK_OK(model.Forward({{prompt, 0, blocks, true}}, *pool, &logits));
+    CHECK_OK(pool->Release(blocks));
+    return logits;
+  };
+  const std::vector<float> got = logits_of(**mixed, &partial);
+  EXPECT_TRUE(SameBits(got, logits_of(**reference, cpu.get())));
+  EXPECT_FALSE(SameBits(got, logits_of(**native, cpu.get())));  // not the block products
 }
 
 }  // namespace

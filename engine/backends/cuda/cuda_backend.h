@@ -68,6 +68,8 @@ class CudaBackend : public Backend {
   bool host_memory() const override { return false; }
   DType activation_dtype() const override { return DType::kBF16; }
   absl::Status status() const override { return status_; }
+  // Activations in bf16, bf16 products through cuBLAS.
+  std::string fingerprint_tag() const override { return "cuda:bf16-activations:cublas"; }
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
   void CopyToDevice(void* device_dst, const void* host_src, size_t bytes) override;
