@@ -169,6 +169,14 @@ class Backend {
   // the CPU backend, the reference every fingerprint was defined on; others name themselves and
   // their mode ("cuda:cublas-bf16").
   virtual std::string fingerprint_tag() const { return ""; }
+  // Device memory held and allowed, and the device's size, for reports (Watch, metrics); zeros
+  // for host memory, which a backend does not account (the CPU backend). Thread-safe.
+  struct MemoryReport {
+    uint64_t used_bytes = 0;
+    uint64_t limit_bytes = 0;
+    uint64_t device_bytes = 0;
+  };
+  virtual MemoryReport memory() const { return {}; }
   // The first device error since creation (a failed launch or copy; sticky, since a device
   // context that faulted stays unusable). The CPU backend has none.
   virtual absl::Status status() const { return absl::OkStatus(); }

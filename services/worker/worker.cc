@@ -39,7 +39,14 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     transport.advertise_host = options.advertise_address;
     transport.auth_token = token;  // the gRPC fallback's calls, as the worker's own
     transport.registry = w->registry_.get();
-    auto created = transfer::KvTransport::Create(transport);
+    // A GPU's KV pool is device memory, which the transports cannot read in place: until KV
+    // moves through pinned staging memory, a GPU worker has no transport (its drained requests
+    // resume elsewhere by re-prefill).
+    auto created =
+        options.backend == "cpu"
+            ? transfer::KvTransport::Create(transport)
+            : absl::StatusOr<std::unique_ptr<transfer::KvTransport>>(absl::UnimplementedError(
+                  "no KV transport on --backend=cuda yet (pinned staging)"));
     if (created.ok()) {
       w->transport_ = *std::move(created);
     } else if (options.role == "aggregated") {
@@ -68,6 +75,15 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
             if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
           },
           w->transport_.get(), [streams = w->token_streams_.get()] { streams->FlushAll(); }));
+  {
+    const Backend& backend = w->engine_->backend();
+    const Backend::MemoryReport memory = backend.memory();
+    metrics->SetBackend(options.backend, backend.name(), memory.limit_bytes, memory.device_bytes,
+                        memory.limit_bytes > 0 ? std::function<uint64_t()>([&backend] {
+                          return backend.memory().used_bytes;
+                        })
+                                               : std::function<uint64_t()>());
+  }
   if (!options.kvstore.empty() || !options.kvstore_dns.empty()) {
     kv::ClientOptions kv_options;
     kv_options.nodes = absl::StrSplit(options.kvstore, ',', absl::SkipWhitespace());

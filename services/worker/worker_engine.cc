@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "engine/backends/cpu/cpu_backend.h"
+#include "engine/backends/backend_factory.h"
 #include "engine/common/hash128.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
@@ -95,10 +95,14 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   ASSIGN_OR_RETURN(ModelFiles files, ModelFiles::Open(w->model_path_));
   w->model_name_ = options.model_name.empty() ? files.name() : options.model_name;
   w->engine_kind_ = options.engine;
+  w->backend_kind_ = options.backend;
   w->tokenizer_ = files.TakeTokenizer();
-  CpuBackendOptions backend_options;
+  BackendOptions backend_options;
+  backend_options.kind = options.backend;
   backend_options.threads = options.engine == "real" ? options.threads : 1;
-  ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create(backend_options));
+  backend_options.cuda_device = options.cuda_device;
+  backend_options.gpu_memory_bytes = static_cast<uint64_t>(options.gpu_memory_bytes);
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(backend_options));
   if (options.engine == "real") {
     ASSIGN_OR_RETURN(const WeightDType dtype, ParseWeightDType(options.weights));
     ASSIGN_OR_RETURN(const bool llava, IsLlavaDirectory(files));
@@ -112,6 +116,11 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
           ImageEncoder::Create(w->model_path_, std::move(loaded.tower), media::ImageLimits{}));
     } else {
       ASSIGN_OR_RETURN(const HostWeights weights, files.LoadWeights(dtype, options.kv_dtype));
+      if (options.backend != "cpu" && weights.config.moe.num_experts > 0) {
+        // Routing runs on the host: a copy of the router's logits per layer, per step.
+        return absl::InvalidArgumentError(
+            "--backend=cuda: mixture-of-experts models run on --backend=cpu for now");
+      }
       ASSIGN_OR_RETURN(w->model_, Transformer::Create(weights, backend.get()));
     }
   } else {
@@ -205,9 +214,9 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   w->engine_->Start();
   w->load_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  LOG(INFO) << "engine " << w->engine_kind_ << ": " << w->model_name_ << " (" << w->model_path_
-            << "), " << blocks << " KV blocks of " << bt << " tokens ("
-            << FormatByteSize(blocks * layout.block_bytes())
+  LOG(INFO) << "engine " << w->engine_kind_ << " on " << w->backend_->name() << ": "
+            << w->model_name_ << " (" << w->model_path_ << "), " << blocks << " KV blocks of " << bt
+            << " tokens (" << FormatByteSize(blocks * layout.block_bytes())
             << (w->sim_timing_ != nullptr
                     ? absl::StrCat(", simulating ", FormatByteSize(blocks * sized_block_bytes),
                                    " of ", w->sim_timing_->calibration().name, " at speed ",

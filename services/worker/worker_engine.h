@@ -55,6 +55,9 @@ class WorkerEngine {
   const std::string& model_path() const { return model_path_; }
   const std::string& model_name() const { return model_name_; }
   const std::string& engine_kind() const { return engine_kind_; }
+  // The compute backend ("cpu", "cuda") and the backend itself (its name, its memory).
+  const std::string& backend_kind() const { return backend_kind_; }
+  const Backend& backend() const { return *backend_; }
   const EngineOptions& engine_options() const { return engine_options_; }
   double load_seconds() const { return load_seconds_; }
   // The simulated engine's timing model (--engine=sim); null otherwise.
@@ -72,7 +75,7 @@ class WorkerEngine {
  private:
   WorkerEngine() = default;
 
-  std::string model_path_, model_name_, engine_kind_;
+  std::string model_path_, model_name_, engine_kind_, backend_kind_;
   EngineOptions engine_options_;
   double load_seconds_ = 0;
   std::unique_ptr<Backend> backend_;

@@ -67,6 +67,11 @@ ABSL_FLAG(std::string, weights, "bf16",
           "computes in fp32 for f32, with bf16 products otherwise");
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache type: f32 or bf16");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
+ABSL_FLAG(std::string, backend, "cpu",
+          "compute backend: cpu, or cuda (one GPU; aggregated role, no KV store, for now)");
+ABSL_FLAG(int, cuda_device, 0, "--backend=cuda: the GPU");
+ABSL_FLAG(std::string, gpu_memory_bytes, "0",
+          "--backend=cuda: the most device memory to hold (0: 90% of what is free)");
 ABSL_FLAG(std::string, kv_pool_bytes, "1GiB",
           "KV block pool size (--engine=sim: bytes of the simulated model's KV, i.e. "
           "kv_pool_bytes / (kv_bytes_per_token x block_tokens) blocks)");
@@ -219,6 +224,9 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(weights);
   FROM_FLAG(kv_dtype);
   FROM_FLAG(threads);
+  FROM_FLAG(backend);
+  FROM_FLAG(cuda_device);
+  BYTES_FROM_FLAG(gpu_memory_bytes);
   BYTES_FROM_FLAG(kv_pool_bytes);
   BYTES_FROM_FLAG(window_pool_bytes);
   BYTES_FROM_FLAG(prefix_cache_bytes);

@@ -391,6 +391,19 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry) {
                                .Add({});
   token_streams_ =
       gauge("ferry_worker_token_streams", "Token streams open (routers' Tokens calls).");
+  backend_info_ = &prometheus::BuildGauge()
+                       .Name("ferry_worker_backend_info")
+                       .Help("1: the compute backend (--backend) and its device.")
+                       .Register(registry);
+  auto& device_memory = prometheus::BuildGauge()
+                            .Name("ferry_worker_device_memory_bytes")
+                            .Help(
+                                "A GPU backend's device memory: used (held now), limit (the "
+                                "most it may hold), device (the GPU's size).")
+                            .Register(registry);
+  device_memory_used_ = &device_memory.Add({{"state", "used"}});
+  device_memory_limit_ = &device_memory.Add({{"state", "limit"}});
+  device_memory_total_ = &device_memory.Add({{"state", "device"}});
   token_stream_messages_ = &prometheus::BuildCounter()
                                 .Name("ferry_worker_token_stream_messages_total")
                                 .Help(
@@ -505,6 +518,9 @@ void WorkerMetrics::Refresh(const EngineStats& s, double prefill_tokens_per_seco
   blocks_cached_->Set(static_cast<double>(s.cached_blocks));
   blocks_total_->Set(static_cast<double>(s.total_blocks));
   prefill_speed_->Set(prefill_tokens_per_second);
+  if (device_memory_used_bytes_) {
+    device_memory_used_->Set(static_cast<double>(device_memory_used_bytes_()));
+  }
   refreshes_->Increment();  // after the gauges: once it counts, they are this refresh's
   absl::MutexLock lock(&mu_);
   auto mirror = [](prometheus::Counter* c, int64_t now, int64_t& last) {
@@ -606,6 +622,18 @@ void WorkerMetrics::GrammarLookup(const char* result, double compile_seconds, si
   grammar_lookups_->Add({{"result", result}}).Increment();
   if (compile_seconds > 0) grammar_compile_seconds_->Observe(compile_seconds);
   grammar_cache_bytes_->Set(static_cast<double>(cache_bytes));
+}
+
+void WorkerMetrics::SetBackend(const std::string& kind, const std::string& device,
+                               uint64_t limit_bytes, uint64_t device_bytes,
+                               std::function<uint64_t()> used_bytes) {
+  backend_info_->Add({{"backend", kind}, {"device", device}}).Set(1);
+  device_memory_limit_->Set(static_cast<double>(limit_bytes));
+  device_memory_total_->Set(static_cast<double>(device_bytes));
+  device_memory_used_bytes_ = std::move(used_bytes);
+  if (device_memory_used_bytes_) {
+    device_memory_used_->Set(static_cast<double>(device_memory_used_bytes_()));
+  }
 }
 
 void WorkerMetrics::TokenStreams(int64_t open) { token_streams_->Set(static_cast<double>(open)); }

@@ -26,6 +26,8 @@
 //   ferry_worker_ttft_seconds                    histogram: Generate received -> first token
 //   ferry_worker_expert_tokens_total{expert}     mixture-of-experts models: tokens per expert
 //   ferry_worker_watch_subscribers, ferry_worker_watch_snapshots_total{reason}
+//   ferry_worker_backend_info{backend, device}  1: the compute backend (--backend) and its device
+//   ferry_worker_device_memory_bytes{state}     GPU backends: used, limit, device
 //   ferry_worker_unauthenticated_calls_total
 //   The KV store (--kvstore) and the window layers of hybrid models:
 //   ferry_worker_store_lookups_total{result}     reads of a request's prefix: hit (blocks read),
@@ -119,6 +121,7 @@
 #ifndef FERRY_SERVICES_WORKER_WORKER_METRICS_H_
 #define FERRY_SERVICES_WORKER_WORKER_METRICS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -216,6 +219,11 @@ class WorkerMetrics {
   // A constraint's compile-cache lookup: "hit", "miss" or "error", the compile's time when this
   // lookup compiled (0: it did not), and the cache's bytes after it.
   void GrammarLookup(const char* result, double compile_seconds, size_t cache_bytes);
+  // The compute backend: ferry_worker_backend_info{backend, device} is 1; a GPU backend's
+  // device memory (ferry_worker_device_memory_bytes{state}: limit and device now, used at every
+  // Refresh through `used_bytes`).
+  void SetBackend(const std::string& kind, const std::string& device, uint64_t limit_bytes,
+                  uint64_t device_bytes, std::function<uint64_t()> used_bytes);
   // Token streams open now; a message written on one, with its chunks.
   void TokenStreams(int64_t open);
   void TokenStreamMessage(int64_t chunks);
@@ -296,6 +304,11 @@ class WorkerMetrics {
   prometheus::Counter* grammar_masks_;
   prometheus::Counter* grammar_mask_seconds_;
   prometheus::Gauge* token_streams_;
+  prometheus::Family<prometheus::Gauge>* backend_info_;
+  prometheus::Gauge* device_memory_used_;
+  prometheus::Gauge* device_memory_limit_;
+  prometheus::Gauge* device_memory_total_;
+  std::function<uint64_t()> device_memory_used_bytes_;  // set once, before Refresh runs
   prometheus::Counter* token_stream_messages_;
   prometheus::Counter* token_stream_chunks_;
 

@@ -61,5 +61,30 @@ TEST(WorkerUtilisationTest, RefreshSetsTheGauges) {
   EXPECT_EQ(got["ferry_worker_queued_tokens"], 123);
 }
 
+TEST(WorkerMetricsTest, TheBackendAndItsDeviceMemory) {
+  prometheus::Registry registry;
+  WorkerMetrics metrics(registry);
+  uint64_t used = 100;
+  metrics.SetBackend("cuda", "cuda:NVIDIA H100 sm_90", 1000, 2000, [&used] { return used; });
+  used = 700;
+  metrics.Refresh(EngineStats(), 0, WorkerUtilisation());
+  std::map<std::string, double> memory;
+  bool info = false;
+  for (const auto& family : registry.Collect()) {
+    for (const auto& m : family.metric) {
+      if (family.name == "ferry_worker_device_memory_bytes") {
+        memory[m.label[0].value] = m.gauge.value;
+      } else if (family.name == "ferry_worker_backend_info") {
+        info = m.gauge.value == 1 && m.label.size() == 2 && m.label[0].value == "cuda" &&
+               m.label[1].value == "cuda:NVIDIA H100 sm_90";
+      }
+    }
+  }
+  EXPECT_TRUE(info);
+  EXPECT_EQ(memory["used"], 700);  // read again at the refresh
+  EXPECT_EQ(memory["limit"], 1000);
+  EXPECT_EQ(memory["device"], 2000);
+}
+
 }  // namespace
 }  // namespace ferry

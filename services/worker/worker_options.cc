@@ -54,6 +54,9 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("weights", &o->weights));
   RETURN_IF_ERROR(c.Read("kv_dtype", &o->kv_dtype));
   RETURN_IF_ERROR(ReadInt(c, "threads", &o->threads));
+  RETURN_IF_ERROR(c.Read("backend", &o->backend));
+  RETURN_IF_ERROR(ReadInt(c, "cuda_device", &o->cuda_device));
+  RETURN_IF_ERROR(ReadSize(c, "gpu_memory_bytes", &o->gpu_memory_bytes));
   RETURN_IF_ERROR(ReadSize(c, "kv_pool_bytes", &o->kv_pool_bytes));
   RETURN_IF_ERROR(ReadSize(c, "window_pool_bytes", &o->window_pool_bytes));
   RETURN_IF_ERROR(ReadSize(c, "prefix_cache_bytes", &o->prefix_cache_bytes));
@@ -129,6 +132,22 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (o.engine != "real" && o.engine != "null" && o.engine != "sim") {
     return bad(absl::StrCat("--engine must be real, null or sim, not '", o.engine, "'"));
   }
+  if (o.backend != "cpu" && o.backend != "cuda") {
+    return bad(absl::StrCat("--backend must be cpu or cuda, not '", o.backend, "'"));
+  }
+  if (o.backend == "cuda") {
+    if (o.engine != "real") return bad("--backend=cuda computes a real model: --engine=real");
+    // The KV pool must be device memory, and the transports and the store read and write the
+    // pool in place: a GPU worker's KV goes through pinned staging memory, not built yet.
+    if (o.role != "aggregated" || !o.kvstore.empty() || !o.kvstore_dns.empty()) {
+      return bad(
+          "--backend=cuda serves the aggregated role without a KV store for now: moving a GPU's "
+          "KV (P/D pushes, store reads and writes) needs the pinned staging module, not built "
+          "yet");
+    }
+    if (o.cuda_device < 0) return bad("--cuda_device must be >= 0");
+  }
+  if (o.gpu_memory_bytes < 0) return bad("--gpu_memory_bytes must be >= 0");
   if (o.engine == "sim" && o.sim_calibration.empty()) {
     return bad(
         "--engine=sim needs --sim_calibration FILE: the timing model's coefficients (a JSON "

@@ -27,6 +27,12 @@ struct WorkerOptions {
   std::string weights = "bf16";   // f32 | bf16 | native
   std::string kv_dtype = "bf16";  // f32 | bf16
   int threads = 0;                // compute threads (0: one per core)
+  // The compute backend (engine/backends/backend_factory.h): "cpu", or "cuda" (one GPU, the
+  // plugin libferry_cuda.so; aggregated role, no KV transport or store until KV movement goes
+  // through pinned staging memory).
+  std::string backend = "cpu";
+  int cuda_device = 0;
+  int64_t gpu_memory_bytes = 0;  // the most device memory the backend holds (0: 90% of free)
 
   // --- KV cache and scheduler. With --engine=sim the byte sizes (kv_pool_bytes,
   // prefix_cache_bytes) are of the simulated model's KV (the calibration's kv_bytes_per_token):

@@ -92,6 +92,33 @@ TEST(WorkerOptionsTest, TheSimulatedEngineNeedsItsCalibration) {
   EXPECT_NE(ValidateWorkerOptions(o).message().find("--sim_calibration"), std::string::npos);
 }
 
+TEST(WorkerOptionsTest, TheCudaBackendServesTheAggregatedRoleWithoutAStoreForNow) {
+  auto config = Config::Parse(
+      R"({"backend": "cuda", "cuda_device": 1, "gpu_memory_bytes": "60GiB"})", "worker.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  WorkerOptions o;
+  ASSERT_TRUE(ApplyWorkerConfig(*config, &o).ok());
+  EXPECT_EQ(o.backend, "cuda");
+  EXPECT_EQ(o.cuda_device, 1);
+  EXPECT_EQ(o.gpu_memory_bytes, int64_t{60} << 30);
+  EXPECT_TRUE(ValidateWorkerOptions(o).ok());
+  // Until a GPU's KV moves through pinned staging memory: no P/D role, no KV store.
+  for (const char* role : {"prefill", "decode"}) {
+    WorkerOptions r = o;
+    r.role = role;
+    EXPECT_NE(ValidateWorkerOptions(r).message().find("staging"), std::string::npos) << role;
+  }
+  WorkerOptions store = o;
+  store.kvstore = "127.0.0.1:1";
+  EXPECT_FALSE(ValidateWorkerOptions(store).ok());
+  WorkerOptions null = o;
+  null.engine = "null";
+  EXPECT_NE(ValidateWorkerOptions(null).message().find("--engine=real"), std::string::npos);
+  WorkerOptions other = o;
+  other.backend = "rocm";
+  EXPECT_NE(ValidateWorkerOptions(other).message().find("--backend"), std::string::npos);
+}
+
 TEST(WorkerOptionsTest, TheDefaultModelIsWhereFerryPutsIt) {
   setenv("FERRY_MODEL_GGUF", "/m/explicit.gguf", 1);
   EXPECT_EQ(DefaultModelPath(), "/m/explicit.gguf");

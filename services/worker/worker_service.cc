@@ -154,6 +154,12 @@ void WorkerService::StartWatch(const std::string& worker_id, const std::string& 
   identity.set_incarnation(absl::ToUnixNanos(absl::Now()) ^
                            (static_cast<uint64_t>(reinterpret_cast<uintptr_t>(this)) << 16));
   identity.set_engine(engine_->engine_kind());
+  v1::BackendInfo* backend = identity.mutable_backend();
+  backend->set_kind(engine_->backend_kind());
+  backend->set_device(engine_->backend().name());
+  const Backend::MemoryReport memory = engine_->backend().memory();
+  backend->set_memory_limit_bytes(memory.limit_bytes);
+  backend->set_device_memory_bytes(memory.device_bytes);
   identity.set_load_window_seconds(static_cast<float>(load_->window_seconds()));
   auto hub = std::make_unique<WatchHub>(
       &engine_->engine(), load_, metrics_, std::move(identity), [this] { return drain_state(); },

@@ -461,6 +461,10 @@ TEST(WorkerLifecycleTest, TheNullEngineServesTheSameApiAtItsConfiguredRates) {
   v1::WorkerStatus status;
   ASSERT_TRUE(watch->Next(&status));
   EXPECT_EQ(status.engine(), "null");
+  // The compute backend: the CPU reference by default, host memory (nothing accounted).
+  EXPECT_EQ(status.backend().kind(), "cpu");
+  EXPECT_EQ(status.backend().device().rfind("cpu", 0), 0u) << status.backend().device();
+  EXPECT_EQ(status.backend().memory_limit_bytes(), 0u);
   EXPECT_GE(status.load().step_time_ms(), 30.0f);
   // Steps ran in the window: the engine was busy part of it.
   EXPECT_GT(status.load().busy_fraction(), 0.0f);

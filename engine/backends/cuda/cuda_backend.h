@@ -68,6 +68,9 @@ class CudaBackend : public Backend {
   bool host_memory() const override { return false; }
   DType activation_dtype() const override { return DType::kBF16; }
   absl::Status status() const override { return status_; }
+  MemoryReport memory() const override {
+    return {pool_->stats().in_use_bytes, device_.limit_bytes, device_.total_bytes};
+  }
   // Activations in bf16, bf16 products through cuBLAS.
   std::string fingerprint_tag() const override { return "cuda:bf16-activations:cublas"; }
 
