@@ -11,6 +11,7 @@
 #include "engine/common/status.h"
 #include "engine/model/dequantize.h"
 #include "engine/model/moe_routing.h"
+#include "engine/model/tensor_parallel.h"
 
 namespace ferry {
 namespace {
@@ -57,7 +58,15 @@ std::vector<float> RopeInverseFrequencies(const ModelConfig& c) {
 }
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const HostWeights& weights,
-                                                                 Backend* backend) {
+                                                                 Backend* backend,
+                                                                 Communicator* tensor_parallel) {
+  if (tensor_parallel != nullptr && tensor_parallel->size() > 1) {
+    ASSIGN_OR_RETURN(const HostWeights shard,
+                     ShardWeights(weights, tensor_parallel->rank(), tensor_parallel->size()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model, Create(shard, backend));
+    model->tensor_parallel_ = tensor_parallel;
+    return model;
+  }
   RETURN_IF_ERROR(weights.config.Validate());
   if (weights.config.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -657,6 +666,8 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
     b.WriteKv(k, v, view, steps);
     b.Attention(q, view, steps, scale, c.window(li), attn);
     b.MatMul(attn, l.o, nullptr, h);
+    // Tensor parallel: each rank's o projection covered its heads; the sum is the layer's.
+    if (tensor_parallel_ != nullptr) RETURN_IF_ERROR(tensor_parallel_->AllReduceSum(h));
     b.AddRmsNorm(x, h, l.mlp_norm, eps, h);
     if (l.moe) {
       RETURN_IF_ERROR(MoeFfn(li, h));
@@ -664,6 +675,7 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
       MatMulStacked(h, l.gate_up, nullptr, gate_up);
       b.SwiGlu(gate, up, gate);
       b.MatMul(gate, l.down, nullptr, h);
+      if (tensor_parallel_ != nullptr) RETURN_IF_ERROR(tensor_parallel_->AllReduceSum(h));
     }
     // The residual, and the norm of what comes next: the next layer's, or the final one.
     b.AddRmsNorm(x, h, li + 1 < c.num_layers ? layers_[li + 1].attn_norm : final_norm_, eps, h);

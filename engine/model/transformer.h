@@ -35,14 +35,19 @@
 #include "engine/model/forward_model.h"
 #include "engine/model/host_weights.h"
 #include "engine/model/model_config.h"
+#include "engine/parallel/communicator.h"
 
 namespace ferry {
 
 class Transformer final : public ForwardModel {
  public:
   // Uploads `weights` (which may be freed afterwards) to `backend`, which must outlive the model.
-  static absl::StatusOr<std::unique_ptr<Transformer>> Create(const HostWeights& weights,
-                                                             Backend* backend);
+  // With `tensor_parallel` of more than one rank (which must outlive the model too), this rank's
+  // share only (tensor_parallel.h): config() then has the rank's head and intermediate counts,
+  // and every Forward is a collective: each rank calls it with the same batch, on a pool of its
+  // own, and all get the same logits.
+  static absl::StatusOr<std::unique_ptr<Transformer>> Create(
+      const HostWeights& weights, Backend* backend, Communicator* tensor_parallel = nullptr);
 
   const ModelConfig& config() const override { return config_; }
   const Hash128& fingerprint() const override { return fingerprint_; }
@@ -126,6 +131,7 @@ class Transformer final : public ForwardModel {
 
   const ModelConfig config_;
   Backend* const backend_;
+  Communicator* tensor_parallel_ = nullptr;  // more than one rank, or null
   Hash128 fingerprint_;
   DType kv_dtype_ = DType::kBF16;
   std::vector<DeviceBuffer> buffers_;  // owns the vectors and the RoPE table
