@@ -39,11 +39,16 @@ case "$mode" in
       echo "check.sh: no $dir/ferry-gpu-check; run 'tools/gpu/check.sh package' first" >&2
       exit 2
     }
-    # cuBLAS: the toolkit's, else the one PyTorch's wheels bring.
+    # cuBLAS and NCCL: the toolkit's, else the ones PyTorch's wheels bring.
     cuda_libs=""
-    for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
-      $(python3 -c 'import nvidia.cublas, os; print(os.path.join(nvidia.cublas.__path__[0], "lib"))' 2>/dev/null || true); do
-      if compgen -G "$d/libcublas.so.13*" >/dev/null; then cuda_libs="$cuda_libs:$d"; fi
+    wheels=$(python3 -c 'import os, nvidia
+for p in nvidia.__path__:
+    for d in ("cublas", "nccl", "cu13"):
+        print(os.path.join(p, d, "lib"))' 2>/dev/null || true)
+    for d in /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 /usr/lib/x86_64-linux-gnu $wheels; do
+      if compgen -G "$d/libcublas.so.13*" >/dev/null || compgen -G "$d/libnccl.so.2*" >/dev/null; then
+        cuda_libs="$cuda_libs:$d"
+      fi
     done
     export LD_LIBRARY_PATH="$dir/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true

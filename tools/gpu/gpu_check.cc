@@ -36,6 +36,7 @@
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/backends/cuda/cuda_backend.h"
+#include "engine/backends/cuda/nccl_communicator.h"
 #include "engine/common/float_math.h"
 #include "engine/kv/kv_block_pool.h"
 #include "engine/model/synthetic_model.h"
@@ -406,6 +407,24 @@ void CheckAttention(CpuBackend& cpu, CudaBackend& gpu) {
   }
 }
 
+// NCCL with one rank (more where a machine has several GPUs): the all-reduce of one matrix is
+// itself, and the all-gather puts it in place.
+void CheckNccl(CudaBackend& gpu) {
+  auto group = NcclCommunicator::CreateGroup({&gpu});
+  if (!group.ok()) {
+    Record("nccl: one rank", false, INFINITY, 0, group.status().ToString());
+    return;
+  }
+  Communicator& c = *(*group)[0];
+  const HostMat x = Random(3, 100, 21);
+  DevMat a = Put(gpu, x), b = Put(gpu, x, DType::kBF16), o = Zeros(gpu, 3, 100);
+  const absl::Status s1 = c.AllReduceSum(a.m), s2 = c.AllReduceSum(b.m), s3 = c.AllGather(a.m, o.m);
+  const HostMat ga = Get(gpu, a.m), go = Get(gpu, o.m);
+  const bool ok = s1.ok() && s2.ok() && s3.ok() && SameBits(ga.v, x.v) && SameBits(go.v, x.v);
+  Record("nccl: one rank all-reduce and all-gather", ok, ok ? 0 : 1, 0,
+         s1.ok() && s2.ok() && s3.ok() ? "" : (s1.ok() ? (s2.ok() ? s3 : s2) : s1).ToString());
+}
+
 // ---- Models ----
 
 struct ModelOnBackend {
@@ -656,6 +675,7 @@ int Main() {
   CheckEmbedAndMatMul(*cpu, g);
   CheckElementwise(*cpu, g);
   CheckAttention(*cpu, g);
+  CheckNccl(g);
   const size_t kernels = results.size();
   CheckModel("smollm2-shaped bf16", SmolLm2Shaped("bf16"), *cpu, g);
   SyntheticVariant q8 = SmolLm2Shaped("q8_0");

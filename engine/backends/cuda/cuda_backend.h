@@ -113,6 +113,10 @@ class CudaBackend : public Backend {
                      float scale, int32_t window, bool split, const DeviceMatrix& out);
 
   const CudaDeviceSummary& device() const { return device_; }
+  int device_index() const { return device_index_; }
+  // The stream every kernel and copy of this backend is ordered on (a cudaStream_t), for work
+  // that must be ordered with them (NCCL collectives).
+  void* stream() const { return stream_; }
   cuda::DevicePool::Stats memory_stats() const { return pool_->stats(); }
 
  protected:
