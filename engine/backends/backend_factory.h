@@ -23,6 +23,7 @@ struct BackendOptions {
   int threads = 0;                // cpu: compute threads (0: one per core)
   int cuda_device = 0;            // cuda: which GPU
   uint64_t gpu_memory_bytes = 0;  // cuda: the most device memory to hold (0: 90% of what is free)
+  bool deterministic = false;     // cuda: batch-invariant products (cpu: always deterministic)
   std::string cuda_plugin;        // cuda: the plugin's path ("": the search above)
 };
 

@@ -70,6 +70,8 @@ ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, backend, "cpu",
           "compute backend: cpu, or cuda (one GPU; aggregated role, no KV store, for now)");
 ABSL_FLAG(int, cuda_device, 0, "--backend=cuda: the GPU");
+ABSL_FLAG(bool, deterministic, false,
+          "--backend=cuda: batch-invariant products (the CPU backend always is deterministic)");
 ABSL_FLAG(std::string, gpu_memory_bytes, "0",
           "--backend=cuda: the most device memory to hold (0: 90% of what is free)");
 ABSL_FLAG(std::string, kv_pool_bytes, "1GiB",
@@ -226,6 +228,7 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(threads);
   FROM_FLAG(backend);
   FROM_FLAG(cuda_device);
+  FROM_FLAG(deterministic);
   BYTES_FROM_FLAG(gpu_memory_bytes);
   BYTES_FROM_FLAG(kv_pool_bytes);
   BYTES_FROM_FLAG(window_pool_bytes);

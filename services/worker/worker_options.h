@@ -33,6 +33,9 @@ struct WorkerOptions {
   std::string backend = "cpu";
   int cuda_device = 0;
   int64_t gpu_memory_bytes = 0;  // the most device memory the backend holds (0: 90% of free)
+  // Batch-invariant products on the GPU (the CPU backend always is): a request's tokens do not
+  // depend on what shares its batch, at some cost in speed.
+  bool deterministic = false;
 
   // --- KV cache and scheduler. With --engine=sim the byte sizes (kv_pool_bytes,
   // prefix_cache_bytes) are of the simulated model's KV (the calibration's kv_bytes_per_token):

@@ -38,6 +38,7 @@
 #include "engine/backends/cuda/cuda_backend.h"
 #include "engine/backends/cuda/nccl_communicator.h"
 #include "engine/common/float_math.h"
+#include "engine/common/log.h"
 #include "engine/kv/kv_block_pool.h"
 #include "engine/model/synthetic_model.h"
 #include "engine/model/transformer.h"
@@ -425,6 +426,153 @@ void CheckNccl(CudaBackend& gpu) {
          s1.ok() && s2.ok() && s3.ok() ? "" : (s1.ok() ? (s2.ok() ? s3 : s2) : s1).ToString());
 }
 
+double Seconds(const std::function<void()>& f, CudaBackend& gpu, int repeat);
+
+SyntheticVariant SmolLm2Shaped(const std::string& name) {
+  SyntheticVariant v;
+  v.name = name;
+  v.layers = 4;  // of SmolLM2's 30: the shapes matter, not the depth
+  v.hidden = 576;
+  v.intermediate = 1536;
+  v.heads = 9;
+  v.kv_heads = 3;
+  v.head_dim = 64;
+  v.vocab = 49152;
+  v.max_positions = 2048;
+  v.tied = true;
+  v.weights = WeightDType::kBF16;
+  v.kv = "bf16";
+  return v;
+}
+
+// --deterministic: the batch-invariant GEMM against the CPU's bf16 product, and each row alone
+// against the same row in batches of 1..64; then speed against cuBLAS on the same shapes.
+void CheckDeterministicGemm(CpuBackend& cpu, CudaBackend& det) {
+  const int64_t n = 1536, k = 576;
+  const HostTensor t = RandomWeight(n, k, WeightQuant::kNone, 31);
+  DeviceWeight wc = *Upload(cpu, t), wg = *Upload(det, t);
+  const HostMat x = Random(64, k, 32);
+  DevMat xc = Put(cpu, x), xg = Put(det, x, DType::kBF16);
+  DevMat oc = Zeros(cpu, 64, n), og = Zeros(det, 64, n);
+  cpu.MatMul(xc.m, wc, nullptr, oc.m);
+  det.MatMul(xg.m, wg, nullptr, og.m);
+  const HostMat want = Get(cpu, oc.m), batch = Get(det, og.m);
+  Compare("deterministic gemm m=64 against the CPU", batch, want,
+          2e-5 * std::sqrt(static_cast<double>(k)));
+  bool same = true;
+  for (int64_t m : {1, 2, 3, 17, 63}) {
+    DevMat o = Zeros(det, m, n);
+    det.MatMul(xg.m.RowRange(0, m), wg, nullptr, o.m);
+    const HostMat got = Get(det, o.m);
+    same = same && std::memcmp(got.v.data(), batch.v.data(), got.v.size() * 4) == 0;
+  }
+  // Row 40 alone (a different tile position from row 0's).
+  DevMat one = Zeros(det, 1, n);
+  det.MatMul(xg.m.RowRange(40, 1), wg, nullptr, one.m);
+  const HostMat alone = Get(det, one.m);
+  same = same && std::memcmp(alone.v.data(), batch.v.data() + 40 * n, n * 4) == 0;
+  Record("deterministic gemm: rows alone == in batches of 1..64", same, same ? 0 : 1, 0);
+}
+
+// The deterministic model: a prompt whole and in chunks, and decode rows alone and in batches,
+// give the same bits.
+void CheckDeterministicModel(CudaBackend& det) {
+  const HostWeights w = SyntheticModel(SmolLm2Shaped("deterministic"));
+  BackendKvAllocator allocator(&det);
+  auto model = Transformer::Create(w, &det);
+  if (!model.ok()) {
+    Record("deterministic model", false, INFINITY, 0, model.status().ToString());
+    return;
+  }
+  auto pool = *KvBlockPool::Create((*model)->KvLayoutFor(16), 4096, &allocator, &det);
+  std::mt19937 rng(8);
+  auto prompt_of = [&](int n) {
+    std::vector<TokenId> p(n);
+    for (TokenId& t : p) t = static_cast<TokenId>(rng() % w.config.vocab_size);
+    return p;
+  };
+  const std::vector<TokenId> prompt = prompt_of(300);
+  auto run = [&](int64_t chunk) {
+    auto blocks = *pool->Allocate(pool->layout().BlocksFor(300));
+    std::vector<float> logits;
+    for (int64_t b = 0; b < 300; b += chunk) {
+      const int64_t len = std::min<int64_t>(chunk, 300 - b);
+      CHECK_OK((*model)->Forward({{absl::MakeConstSpan(prompt).subspan(b, len), b, blocks, true}},
+                                 *pool, &logits));
+    }
+    CHECK_OK(pool->Release(blocks));
+    return logits;
+  };
+  const std::vector<float> whole = run(300);
+  bool same = true;
+  for (int64_t chunk : {1, 7, 64, 256}) same = same && SameBits(run(chunk), whole);
+  Record("deterministic model: prompt whole == in chunks of 1, 7, 64, 256", same, same ? 0 : 1, 0);
+
+  // 64 sequences with prompts of different lengths; then one decode step of sequence 0 alone and
+  // in batches of 2..64.
+  std::vector<std::vector<TokenId>> prompts;
+  std::vector<std::vector<BlockId>> tables;
+  for (int s = 0; s < 64; ++s) {
+    prompts.push_back(prompt_of(20 + 3 * s));
+    tables.push_back(*pool->Allocate(pool->layout().BlocksFor(prompts.back().size() + 1)));
+    std::vector<float> ignored;
+    CHECK_OK((*model)->Forward({{prompts.back(), 0, tables.back(), false}}, *pool, &ignored));
+  }
+  const std::vector<TokenId> next = {7};
+  std::vector<float> alone;
+  CHECK_OK((*model)->Forward({{next, static_cast<int64_t>(prompts[0].size()), tables[0], false}},
+                             *pool, &alone));
+  bool batch_same = true;
+  for (int size : {2, 5, 16, 64}) {
+    std::vector<ForwardSequence> batch;
+    for (int s = 0; s < size; ++s) {
+      batch.push_back({next, static_cast<int64_t>(prompts[s].size()), tables[s], false});
+    }
+    std::vector<float> logits;
+    CHECK_OK((*model)->Forward(batch, *pool, &logits));
+    batch_same =
+        batch_same && std::memcmp(logits.data(), alone.data(), alone.size() * sizeof(float)) == 0;
+  }
+  for (auto& t : tables) CHECK_OK(pool->Release(t));
+  Record("deterministic model: a decode row alone == in batches of 2..64", batch_same,
+         batch_same ? 0 : 1, 0);
+}
+
+// Time of the deterministic GEMM over cuBLAS's on the same shapes (K = N = 4096; M = 1, 64,
+// 4096): each shape's ratio cuBLAS time / ours, and their geometric mean.
+double GemmSpeedRatio(CudaBackend& gpu, CudaBackend& det) {
+  const int64_t k = 4096, n = 4096;
+  double log_sum = 0;
+  int shapes = 0;
+  for (int64_t m : {1, 64, 4096}) {
+    auto weight = [&](CudaBackend& b) {
+      DeviceWeight w;
+      w.buffer = *b.Allocate(n * k * 2);
+      w.dtype = DType::kBF16;
+      w.rows = n;
+      w.cols = k;
+      gpu_check::LaunchFillBf16(w.buffer.data(), n * k, 0.02f, 5, nullptr);
+      return w;
+    };
+    DeviceWeight wg = weight(gpu), wd = weight(det);
+    cudaDeviceSynchronize();
+    DevMat xg = Put(gpu, Random(m, k, 1), DType::kBF16),
+           xd = Put(det, Random(m, k, 1), DType::kBF16);
+    DevMat og = Zeros(gpu, m, n, DType::kBF16), od = Zeros(det, m, n, DType::kBF16);
+    const double t_cublas = Seconds([&] { gpu.MatMul(xg.m, wg, nullptr, og.m); }, gpu, 20);
+    const double t_det = Seconds([&] { det.MatMul(xd.m, wd, nullptr, od.m); }, det, 20);
+    const double ratio = t_cublas / t_det;
+    std::fprintf(stderr,
+                 "gemm m=%lld k=n=4096: cuBLAS %.1f us (%.0f TFLOP/s), deterministic %.1f us "
+                 "(%.0f TFLOP/s), ratio %.2f\n",
+                 static_cast<long long>(m), t_cublas * 1e6, 2.0 * m * n * k / t_cublas / 1e12,
+                 t_det * 1e6, 2.0 * m * n * k / t_det / 1e12, ratio);
+    log_sum += std::log(ratio);
+    ++shapes;
+  }
+  return std::exp(log_sum / shapes);
+}
+
 // ---- Models ----
 
 struct ModelOnBackend {
@@ -503,23 +651,6 @@ void CheckModel(const std::string& name, const SyntheticVariant& v, CpuBackend& 
   Record("model " + name + ": greedy tokens", greedy_equal == greedy_checked,
          static_cast<double>(greedy_checked - greedy_equal), 0,
          absl::StrCat(greedy_checked, " of 9 steps had a margin to check"));
-}
-
-SyntheticVariant SmolLm2Shaped(const std::string& name) {
-  SyntheticVariant v;
-  v.name = name;
-  v.layers = 4;  // of SmolLM2's 30: the shapes matter, not the depth
-  v.hidden = 576;
-  v.intermediate = 1536;
-  v.heads = 9;
-  v.kv_heads = 3;
-  v.head_dim = 64;
-  v.vocab = 49152;
-  v.max_positions = 2048;
-  v.tied = true;
-  v.weights = WeightDType::kBF16;
-  v.kv = "bf16";
-  return v;
 }
 
 // ---- Speed ----
@@ -658,7 +789,12 @@ std::string Quote(const std::string& s) {
 
 int Main() {
   std::vector<std::string> notes;
-  absl::StatusOr<std::unique_ptr<CudaBackend>> gpu = CudaBackend::Create({});
+  // Two backends on the one GPU, the default and the deterministic one, each under 40% of it.
+  size_t free_bytes = 0, total_bytes = 0;
+  CudaBackendOptions options;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+    options.memory_bytes = total_bytes / 10 * 4;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> gpu = CudaBackend::Create(options);
   if (!gpu.ok()) {
     std::printf(
         "{\"bench\": \"gpu\", \"device\": null, \"kernels_checked\": 0, \"kernels_failed\": 0, "
@@ -668,6 +804,13 @@ int Main() {
     return 2;
   }
   CudaBackend& g = **gpu;
+  options.deterministic = true;
+  absl::StatusOr<std::unique_ptr<CudaBackend>> det_or = CudaBackend::Create(options);
+  if (!det_or.ok()) {
+    std::fprintf(stderr, "deterministic backend: %s\n", det_or.status().ToString().c_str());
+    return 1;
+  }
+  CudaBackend& det = **det_or;
   CpuBackendOptions cpu_options;
   std::unique_ptr<CpuBackend> cpu = *CpuBackend::Create(cpu_options);
   std::fprintf(stderr, "device: %s; CPU reference: %s\n", g.name().c_str(), cpu->name().c_str());
@@ -676,7 +819,9 @@ int Main() {
   CheckElementwise(*cpu, g);
   CheckAttention(*cpu, g);
   CheckNccl(g);
+  CheckDeterministicGemm(*cpu, det);
   const size_t kernels = results.size();
+  CheckDeterministicModel(det);
   CheckModel("smollm2-shaped bf16", SmolLm2Shaped("bf16"), *cpu, g);
   SyntheticVariant q8 = SmolLm2Shaped("q8_0");
   q8.all_blocks = WeightQuant::kQ8_0;
@@ -693,7 +838,7 @@ int Main() {
 
   Speed speed;
   MeasureSpeed(g, &speed, &notes);
-  notes.push_back("deterministic GEMM: not built yet (the --deterministic mode is future work)");
+  const double gemm_ratio = GemmSpeedRatio(g, det);
   if (!g.status().ok()) notes.push_back(g.status().ToString());
 
   int failed = 0, kernel_failed = 0;
@@ -708,10 +853,10 @@ int Main() {
   std::printf(
       "{\"bench\": \"gpu\", \"device\": %s, \"kernels_checked\": %zu, \"kernels_failed\": %d, "
       "\"models_checked\": %zu, \"models_failed\": %d, \"attention_bw_ratio\": %s, "
-      "\"deterministic_gemm_vs_cublas\": null, \"decode_b1_bw_ratio\": %s, "
+      "\"deterministic_gemm_vs_cublas\": %s, \"decode_b1_bw_ratio\": %s, "
       "\"decode_b1_tokens_per_s\": %s, \"copy_gb_per_s\": %s, \"notes\": [%s]}\n",
       Quote(g.name()).c_str(), kernels, kernel_failed, results.size() - kernels,
-      failed - kernel_failed, Json(speed.attention_bw_ratio).c_str(),
+      failed - kernel_failed, Json(speed.attention_bw_ratio).c_str(), Json(gemm_ratio).c_str(),
       Json(speed.decode_b1_bw_ratio).c_str(), Json(speed.decode_b1_tokens_per_s).c_str(),
       Json(speed.copy_bw / 1e9).c_str(), note_list.c_str());
   return failed == 0 ? 0 : 1;

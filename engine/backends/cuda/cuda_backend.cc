@@ -74,6 +74,7 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
         absl::StrCat("CUDA device ", options.device, " does not exist (", count, " visible)"));
   }
   device_index_ = options.device;
+  deterministic_ = options.deterministic;
   cudaDeviceProp prop;
   err = cudaGetDeviceProperties(&prop, device_index_);
   if (err != cudaSuccess) {
@@ -355,6 +356,17 @@ void CudaBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Dev
       cuda::Matrix bf16{converted, cuda::Elem::kBF16, x.rows, x.cols, x.cols};
       if (!Check(cuda::LaunchConvert(input, bf16, stream_), "MatMul input conversion")) return;
       input = bf16;
+    }
+    if (deterministic_) {
+      if (!Check(cuda::LaunchDeterministicGemm(input, static_cast<const uint16_t*>(w.buffer.data()),
+                                               w.rows, ToMatrix(out), stream_),
+                 "deterministic MatMul")) {
+        return;
+      }
+      if (bias != nullptr) {
+        Check(cuda::LaunchAddBias(ToMatrix(out), ToMatrix(*bias), stream_), "bias");
+      }
+      return;
     }
     const float alpha = 1.0f, beta = 0.0f;
     const cublasStatus_t s = cublasGemmEx(

@@ -8,15 +8,19 @@
 //                Unimplemented at UploadQuantizedWeight (the model then uploads them as bf16).
 //   activations  bf16 between kernels (activation_dtype()); the transformer keeps its residual
 //                stream and the logits in fp32. Every kernel accepts either type.
-//   MatMul       bf16 weights: cublasGemmEx, bf16 inputs, fp32 accumulation, output in the
-//                output's type; block weights: quant_gemv.cu, bit-identical to the CPU backend.
+//   MatMul       bf16 weights: cublasGemmEx (or det_gemm.cu when deterministic), bf16 inputs,
+//                fp32 accumulation, output in the output's type; block weights: quant_gemv.cu,
+//                bit-identical to the CPU backend.
 //   attention    attention.cu, batch-invariant (tiles aligned to key positions).
 //   host vectors token ids, positions and step layouts are copied to the device when they change
 //                (the per-layer calls of one step reuse one copy).
 //
-// Determinism: not claimed (deterministic() is false): cuBLAS chooses its algorithm by shape, so
-// a row's bf16 products may differ in the last bits with the batch. The quantized products, the
-// norms and attention are batch-invariant on their own.
+// Determinism: by default not claimed (deterministic() is false): cuBLAS chooses its algorithm by
+// shape, so a row's bf16 products may differ in the last bits with the batch. With
+// CudaBackendOptions::deterministic the bf16 products are Ferry's own batch-invariant GEMM
+// (det_gemm.cu) and every kernel is batch-invariant: the quantized products, the norms and
+// attention are on their own. Then a row's logits are the same bits alone or in any batch, in one
+// chunk or several (not the CPU backend's bits: the arithmetic differs).
 //
 // Errors: a failed launch or copy is sticky (a CUDA context that faulted stays unusable):
 // status() reports the first, and the model's Forward returns it.
@@ -46,6 +50,9 @@ struct CudaBackendOptions {
   // The most device memory the backend may hold (weights, KV, scratch); 0: 90% of what is free
   // when it starts.
   size_t memory_bytes = 0;
+  // Batch-invariant products of Ferry's own (det_gemm.cu) instead of cuBLAS: then every kernel
+  // is batch-invariant and deterministic() is true.
+  bool deterministic = false;
 };
 
 // What the worker reports about its device (Watch, metrics).
@@ -64,15 +71,17 @@ class CudaBackend : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override;
-  bool deterministic() const override { return false; }
+  bool deterministic() const override { return deterministic_; }
   bool host_memory() const override { return false; }
   DType activation_dtype() const override { return DType::kBF16; }
   absl::Status status() const override { return status_; }
   MemoryReport memory() const override {
     return {pool_->stats().in_use_bytes, device_.limit_bytes, device_.total_bytes};
   }
-  // Activations in bf16, bf16 products through cuBLAS.
-  std::string fingerprint_tag() const override { return "cuda:bf16-activations:cublas"; }
+  // Activations in bf16; bf16 products through cuBLAS, or Ferry's batch-invariant GEMM.
+  std::string fingerprint_tag() const override {
+    return deterministic_ ? "cuda:bf16-activations:deterministic" : "cuda:bf16-activations:cublas";
+  }
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override;
   void CopyToDevice(void* device_dst, const void* host_src, size_t bytes) override;
@@ -143,6 +152,7 @@ class CudaBackend : public Backend {
   CudaDeviceSummary device_;
   int device_index_ = 0;
   int multiprocessors_ = 0;
+  bool deterministic_ = false;
   std::unique_ptr<cuda::DevicePool> pool_;  // destroyed last of the memory holders below
   cuda::Stream stream_ = nullptr;
   void* cublas_ = nullptr;  // cublasHandle_t

@@ -100,6 +100,12 @@ size_t QuantScratchBytes(int64_t m, int64_t k);
 int LaunchQuantMatMul(const Matrix& x, const uint8_t* w, QuantFormat format, int64_t n,
                       void* scratch, const Matrix& out, Stream stream);
 
+// out = x * w^T on tensor cores, batch-invariant (det_gemm.cu: every output element accumulated
+// over k in increasing steps of 16 by one fragment, whatever M is): x M x K bf16, w N x K bf16
+// row-major (dense), out M x N fp32 or bf16. --deterministic mode's product.
+int LaunchDeterministicGemm(const Matrix& x, const uint16_t* w, int64_t n, const Matrix& out,
+                            Stream stream);
+
 // The greedy token of each row of fp32 logits: the index of the largest value, the lowest index
 // among equals (NaN never wins). out: rows int32 values.
 int LaunchArgMax(const Matrix& logits, int32_t* out, Stream stream);
