@@ -490,7 +490,13 @@ absl::Status Transformer::MoeFfn(int64_t layer, const DeviceMatrix& h) {
     }
     b.AddScaledRows(y, all, scale, sum);
   }
-  b.CopyOnDevice(h.data, sum.data, rows * hidden * sizeof(float));
+  if (h.dtype == sum.dtype) {
+    b.CopyOnDevice(h.data, sum.data, rows * hidden * sizeof(float));
+  } else {  // activations of another type (a GPU backend's bf16): converted row by row
+    std::vector<int32_t> every(rows);
+    for (int64_t t = 0; t < rows; ++t) every[t] = static_cast<int32_t>(t);
+    b.GatherRows(sum, every, h);
+  }
   return absl::OkStatus();
 }
 

@@ -31,8 +31,11 @@ case "$mode" in
         *) cp -L "$lib" "$dir/lib/" ;;
       esac
     done
+    # What was packaged: `run` prints it, so a stale .gpu/ shows.
+    echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo -dirty)" >"$dir/COMMIT"
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
     du -sh "$dir"
+    echo "packaged $(cat "$dir/COMMIT")"
     ;;
   run)
     [[ -x "$dir/ferry-gpu-check" ]] || {
@@ -51,13 +54,32 @@ for p in nvidia.__path__:
       fi
     done
     export LD_LIBRARY_PATH="$dir/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+    # Everything below but the JSON line goes to stderr: the JSON line is stdout's last.
+    echo "check.sh: ferry-gpu-check of $(cat "$dir/COMMIT" 2>/dev/null || echo '(unknown commit)')" >&2
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2 2>/dev/null || true
+    fallback() {  # the JSON line when the program itself could not give one
+      printf '{"bench": "gpu", "device": null, "kernels_checked": 0, "kernels_failed": 0, '
+      printf '"models_checked": 0, "models_failed": 0, "attention_bw_ratio": null, '
+      printf '"deterministic_gemm_vs_cublas": null, "decode_b1_bw_ratio": null, '
+      printf '"decode_b1_tokens_per_s": null, "copy_gb_per_s": null, "notes": ["%s"]}\n' "$1"
+    }
+    missing=$(ldd "$dir/ferry-gpu-check" 2>&1 | awk '/not found/ {print $1}' | xargs)
+    if [[ -n "$missing" ]]; then
+      echo "check.sh: libraries not found: $missing (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)" >&2
+      fallback "libraries not found: $missing"
+      exit 2
+    fi
     start=$(date +%s)
     set +e
     timeout 280 "$dir/ferry-gpu-check"
     rc=$?
     set -e
     echo "check.sh: ferry-gpu-check exited $rc after $(($(date +%s) - start)) s" >&2
+    case $rc in
+      0 | 1 | 2) ;;
+      124) fallback "timed out after 280 s" ;;
+      *) fallback "ferry-gpu-check exited $rc (crashed?)" ;;
+    esac
     exit $rc
     ;;
   *)

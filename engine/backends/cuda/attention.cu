@@ -4,9 +4,10 @@
 // A CTA serves one row and one KV head, and with it the group of query heads that share the KV
 // head (GQA), so each key and value is read once per group. A row's visible keys are cut into
 // tiles of kAttentionTile keys aligned to absolute positions. For one tile and each query head:
-//   scores s_j = (sum over d, in order, of q[d] * k_j[d]) * scale      (one thread per key)
+//   scores s_j = (fma over d, in order, of q[d] * k_j[d]) * scale      (one thread per key)
 //   m_t = max s_j; e_j = Exp(s_j - m_t); l_t = the fixed-tree sum of e_j (invisible keys 0)
-//   o_t[d] = sum over the tile's visible keys j, in order, of e_j * v_j[d]
+//   o_t[d] = fma over the tile's visible keys j, in order, of e_j * v_j[d]
+// (the CPU backend's fused multiply-adds; a tile whose scores are all -inf has l_t = 0)
 // Tiles fold in increasing order, starting from the first tile's (m, l, o):
 //   m' = max(m, m_t); a = Exp(m - m'); b = Exp(m_t - m'); l = l*a + l_t*b; o = o*a + o_t*b
 // and the output is o / l. Split mode computes every tile in its own CTA and a second kernel
@@ -80,7 +81,7 @@ __device__ void ComputeTile(const KvView& kv, const DeviceStep& step, const RowK
       const float k = LoadElem(kbase, kv.elem, first + static_cast<int64_t>(d) * bt);
 #pragma unroll
       for (int g = 0; g < kMaxGroup; ++g) {
-        if (g < group) s[g] = s[g] + sh.q[g * hd + d] * k;
+        if (g < group) s[g] = fmaf(sh.q[g * hd + d], k, s[g]);
       }
     }
   }
@@ -89,7 +90,8 @@ __device__ void ComputeTile(const KvView& kv, const DeviceStep& step, const RowK
     if (g >= group) break;
     const float score = visible ? s[g] * scale : -INFINITY;
     const float m = CtaMax<kAttentionThreads>(score, sh.scratch);
-    const float e = visible ? Exp(score - m) : 0.0f;
+    // A tile whose visible scores are all -inf adds nothing (its l is 0), rather than NaN.
+    const float e = visible && m != -INFINITY ? Exp(score - m) : 0.0f;
     sh.weights[g * kAttentionTile + tid] = e;
     const float l = CtaSum<kAttentionThreads>(e, sh.scratch);
     if (tid == 0) {
@@ -108,7 +110,7 @@ __device__ void ComputeTile(const KvView& kv, const DeviceStep& step, const RowK
       const uint8_t* vbase = static_cast<const uint8_t*>(kv.base) +
                              static_cast<size_t>(sh.blocks[j]) * kv.block_bytes + kv.v_offset;
       const int64_t vi = (static_cast<int64_t>(kv_head) * bt + key_j % bt) * hd + d;
-      acc = acc + sh.weights[g * kAttentionTile + j] * LoadElem(vbase, kv.elem, vi);
+      acc = fmaf(sh.weights[g * kAttentionTile + j], LoadElem(vbase, kv.elem, vi), acc);
     }
     emit(g, d, acc);
   }

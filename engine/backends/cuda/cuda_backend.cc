@@ -126,6 +126,10 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
   }
   cublas_ = handle;
   cublasSetStream(handle, stream);
+  // Split-K partial sums in fp32 even when the output is bf16.
+  cublasSetMathMode(handle,
+                    static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   // A workspace of our own: cuBLAS then allocates nothing during a step (CUDA graphs need that).
   absl::StatusOr<DeviceBuffer> workspace = Allocate(kCublasWorkspaceBytes);
   if (!workspace.ok()) return workspace.status();
@@ -152,6 +156,7 @@ bool CudaBackend::Check(int err, const char* what) {
 }
 
 absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
+  Bind();
   void* p = pool_->Allocate(bytes);
   if (p == nullptr) {
     const cuda::DevicePool::Stats s = pool_->stats();
@@ -165,6 +170,7 @@ absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(size_t bytes) {
 void CudaBackend::Free(void* data, size_t) { pool_->Free(data); }
 
 void CudaBackend::CopyToDevice(void* device_dst, const void* host_src, size_t bytes) {
+  Bind();
   if (bytes == 0) return;
   // From pageable memory the call returns once the source has been read: the caller may reuse
   // it at once. Ordered on the stream after the work before it.
@@ -173,6 +179,7 @@ void CudaBackend::CopyToDevice(void* device_dst, const void* host_src, size_t by
 }
 
 void CudaBackend::CopyToHost(void* host_dst, const void* device_src, size_t bytes) {
+  Bind();
   if (bytes == 0) return;
   if (Check(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_),
             "cudaMemcpyAsync to host")) {
@@ -181,12 +188,18 @@ void CudaBackend::CopyToHost(void* host_dst, const void* device_src, size_t byte
 }
 
 void CudaBackend::CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) {
+  Bind();
   if (bytes == 0) return;
   Check(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, stream_),
         "cudaMemcpyAsync on device");
 }
 
-void CudaBackend::Synchronize() { Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+void CudaBackend::Synchronize() {
+  Bind();
+  Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+void CudaBackend::Bind() const { cudaSetDevice(device_index_); }
 
 const void* CudaBackend::UploadVector(Upload& slot, const void* data, size_t bytes) {
   if (slot.valid && slot.host.size() == bytes &&
@@ -250,6 +263,7 @@ cuda::DeviceStep CudaBackend::UploadStep(const StepLayout& layout) {
 
 absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const void* host, DType dtype, int64_t rows,
                                                        int64_t cols) {
+  Bind();
   if (rows <= 0 || cols <= 0) return absl::InvalidArgumentError("empty weight matrix");
   const size_t count = static_cast<size_t>(rows * cols);
   std::vector<uint16_t> converted;
@@ -273,6 +287,7 @@ absl::StatusOr<DeviceWeight> CudaBackend::UploadWeight(const void* host, DType d
 absl::StatusOr<DeviceWeight> CudaBackend::UploadQuantizedWeight(const uint8_t* host, size_t bytes,
                                                                 WeightQuant quant, int64_t rows,
                                                                 int64_t cols) {
+  Bind();
   int64_t block_elements = 0, block_bytes = 0;
   if (quant == WeightQuant::kQ8_0) {
     block_elements = 32;
@@ -307,6 +322,7 @@ absl::StatusOr<DeviceWeight> CudaBackend::UploadQuantizedWeight(const uint8_t* h
 
 void CudaBackend::Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
                         const DeviceMatrix& out) {
+  Bind();
   const void* d_ids = UploadVector(ids_, ids.data(), ids.size() * sizeof(int32_t));
   if (d_ids == nullptr) return;
   const auto* device_ids = static_cast<const int32_t*>(d_ids);
@@ -325,12 +341,14 @@ void CudaBackend::Embed(const DeviceWeight& table, const std::vector<int32_t>& i
 
 void CudaBackend::RmsNorm(const DeviceMatrix& x, const DeviceMatrix& weight, float eps,
                           const DeviceMatrix& out) {
+  Bind();
   Check(cuda::LaunchRmsNorm(ToMatrix(x), nullptr, ToMatrix(weight), eps, ToMatrix(out), stream_),
         "RmsNorm");
 }
 
 void CudaBackend::AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& delta,
                              const DeviceMatrix& weight, float eps, const DeviceMatrix& out) {
+  Bind();
   const cuda::Matrix d = ToMatrix(delta);
   Check(cuda::LaunchRmsNorm(ToMatrix(x), &d, ToMatrix(weight), eps, ToMatrix(out), stream_),
         "AddRmsNorm");
@@ -338,6 +356,7 @@ void CudaBackend::AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& delta,
 
 void CudaBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
                          const DeviceMatrix& out) {
+  Bind();
   if (x.rows == 0) return;
   if (w.quant != WeightQuant::kNone) {
     void* scratch = Scratch(quant_scratch_, cuda::QuantScratchBytes(x.rows, x.cols));
@@ -375,8 +394,10 @@ void CudaBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Dev
         static_cast<int>(w.cols), input.data, CUDA_R_16BF, static_cast<int>(input.stride), &beta,
         out.data, out.dtype == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(out.stride),
         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS && status_.ok()) {
-      status_ = absl::InternalError(absl::StrCat("cublasGemmEx: ", cublasGetStatusString(s)));
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      if (status_.ok()) {
+        status_ = absl::InternalError(absl::StrCat("cublasGemmEx: ", cublasGetStatusString(s)));
+      }
       return;
     }
   }
@@ -384,11 +405,13 @@ void CudaBackend::MatMul(const DeviceMatrix& x, const DeviceWeight& w, const Dev
 }
 
 void CudaBackend::Add(const DeviceMatrix& acc, const DeviceMatrix& x) {
+  Bind();
   Check(cuda::LaunchAdd(ToMatrix(acc), ToMatrix(x), stream_), "Add");
 }
 
 void CudaBackend::GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
                              const DeviceMatrix& out) {
+  Bind();
   const void* d_rows = UploadVector(rows_, rows.data(), rows.size() * sizeof(int32_t));
   if (d_rows == nullptr) return;
   Check(cuda::LaunchGatherRows(ToMatrix(x), static_cast<const int32_t*>(d_rows), ToMatrix(out),
@@ -398,6 +421,7 @@ void CudaBackend::GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& 
 
 void CudaBackend::AddScaledRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
                                 const std::vector<float>& scales, const DeviceMatrix& acc) {
+  Bind();
   const void* d_rows = UploadVector(rows_, rows.data(), rows.size() * sizeof(int32_t));
   const void* d_scales = UploadVector(scales_, scales.data(), scales.size() * sizeof(float));
   if (d_rows == nullptr || d_scales == nullptr) return;
@@ -408,11 +432,13 @@ void CudaBackend::AddScaledRows(const DeviceMatrix& x, const std::vector<int32_t
 
 void CudaBackend::SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up,
                          const DeviceMatrix& out) {
+  Bind();
   Check(cuda::LaunchSwiGlu(ToMatrix(gate), ToMatrix(up), ToMatrix(out), stream_), "SwiGlu");
 }
 
 void CudaBackend::Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
                        const RopeTable& rope) {
+  Bind();
   const void* d_positions =
       UploadVector(positions_, positions.data(), positions.size() * sizeof(int32_t));
   if (d_positions == nullptr) return;
@@ -423,6 +449,7 @@ void CudaBackend::Rope(const DeviceMatrix& x, int32_t heads, const std::vector<i
 
 void CudaBackend::WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,
                           const StepLayout& layout) {
+  Bind();
   const cuda::DeviceStep step = UploadStep(layout);
   if (step.words == nullptr) return;
   Check(cuda::LaunchWriteKv(ToMatrix(k), ToMatrix(v), ToKv(kv), step, stream_), "WriteKv");
@@ -439,6 +466,7 @@ void CudaBackend::Attention(const DeviceMatrix& q, const KvLayerView& kv, const 
 void CudaBackend::AttentionWith(const DeviceMatrix& q, const KvLayerView& kv,
                                 const StepLayout& layout, float scale, int32_t window, bool split,
                                 const DeviceMatrix& out) {
+  Bind();
   if (q.rows == 0) return;
   const cuda::DeviceStep step = UploadStep(layout);
   if (step.words == nullptr) return;
@@ -446,9 +474,16 @@ void CudaBackend::AttentionWith(const DeviceMatrix& q, const KvLayerView& kv,
   const int32_t max_tiles = step.offsets.max_position / cuda::kAttentionTile + 1;
   float* partials = nullptr;
   if (split && max_tiles > 1) {
-    partials = static_cast<float*>(Scratch(
-        attention_partials_, cuda::AttentionPartialBytes(q.rows, heads, kv.head_dim, max_tiles)));
-    if (partials == nullptr) return;
+    // The partials' scratch, grown on demand; where the pool cannot give it, the one-CTA-per-row
+    // path (the same bits, no scratch) instead of an error.
+    const size_t bytes = cuda::AttentionPartialBytes(q.rows, heads, kv.head_dim, max_tiles);
+    if (attention_partials_.bytes() < bytes) {
+      attention_partials_.Reset();
+      absl::StatusOr<DeviceBuffer> grown = Allocate(bytes);
+      if (grown.ok()) attention_partials_ = std::move(*grown);
+    }
+    partials = static_cast<float*>(attention_partials_.data());
+    split = partials != nullptr && attention_partials_.bytes() >= bytes;
   } else {
     split = false;
   }
@@ -458,6 +493,7 @@ void CudaBackend::AttentionWith(const DeviceMatrix& q, const KvLayerView& kv,
 }
 
 absl::Status CudaBackend::ArgMax(const DeviceMatrix& logits, std::vector<int32_t>* tokens) {
+  Bind();
   tokens->assign(logits.rows, 0);
   if (logits.rows == 0) return status_;
   void* out = Scratch(argmax_out_, logits.rows * sizeof(int32_t));

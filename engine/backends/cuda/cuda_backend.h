@@ -25,8 +25,9 @@
 // Errors: a failed launch or copy is sticky (a CUDA context that faulted stays unusable):
 // status() reports the first, and the model's Forward returns it.
 //
-// Threading: one engine thread drives a CudaBackend; DeviceBuffers may be freed from any thread
-// (the pool locks).
+// Threading: one thread at a time drives a CudaBackend (the engine's, not necessarily the one
+// that created it: every method binds the backend's device first); DeviceBuffers may be freed
+// from any thread (the pool locks).
 
 #ifndef FERRY_ENGINE_BACKENDS_CUDA_CUDA_BACKEND_H_
 #define FERRY_ENGINE_BACKENDS_CUDA_CUDA_BACKEND_H_
@@ -141,6 +142,10 @@ class CudaBackend : public Backend {
 
   CudaBackend() = default;
   absl::Status Init(const CudaBackendOptions& options);
+  // Makes this backend's GPU the calling thread's current device: the engine's thread is not the
+  // one that created the backend, and CUDA's current device is per thread. Every public method
+  // starts with it.
+  void Bind() const;
   // Records the first error; returns whether `err` (a cudaError_t) was success.
   bool Check(int err, const char* what);
   // `bytes` of `data` on the device through `slot`.

@@ -40,8 +40,12 @@ void* DevicePool::AllocateLocked(size_t bytes) {
     }
   }
   if (best_slab == slabs_.size()) {
-    const size_t want = bytes > slab_bytes_ ? bytes : slab_bytes_;
-    if (stats_.reserved_bytes + want > limit_bytes_) return nullptr;
+    // An ordinary slab, or a piece's own; near the limit, what is left of it if that is enough.
+    const size_t left =
+        limit_bytes_ > stats_.reserved_bytes ? limit_bytes_ - stats_.reserved_bytes : 0;
+    size_t want = bytes > slab_bytes_ ? bytes : slab_bytes_;
+    if (want > left && bytes <= left) want = left / kDeviceAlignment * kDeviceAlignment;
+    if (want < bytes || stats_.reserved_bytes + want > limit_bytes_) return nullptr;
     void* data = source_.reserve(want);
     if (data == nullptr) return nullptr;
     // Reuse an empty slot left by Trim.

@@ -82,6 +82,19 @@ TEST(DevicePoolTest, KeepsToItsLimitAndGivesLargePiecesTheirOwnSlab) {
   pool.Free(small);
 }
 
+TEST(DevicePoolTest, NearTheLimitASlabIsWhatIsLeft) {
+  HostSource host;
+  DevicePool pool(host.Make(), 8192, 12288);
+  void* a = pool.Allocate(8192);
+  ASSERT_NE(a, nullptr);
+  void* b = pool.Allocate(1000);  // an ordinary slab would pass the limit; the 4096 left do
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(pool.stats().reserved_bytes, 12288u);
+  EXPECT_EQ(pool.Allocate(4000), nullptr);  // 3072 left in the small slab, none beyond
+  pool.Free(a);
+  pool.Free(b);
+}
+
 TEST(DevicePoolTest, RandomTrafficLosesNothing) {
   HostSource host;
   {
