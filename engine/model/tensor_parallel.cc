@@ -132,7 +132,9 @@ absl::StatusOr<HostWeights> ShardWeights(const HostWeights& weights, int rank, i
   const int64_t hd = c.head_dim;
   const int64_t q = out.config.num_heads * hd, kv = out.config.num_kv_heads * hd;
   const int64_t f = out.config.intermediate_size;
-  for (const auto& [name, t] : weights.tensors) {
+  for (const auto& entry : weights.tensors) {
+    const std::string& name = entry.first;
+    const HostTensor& t = entry.second;
     auto ends = [&name](const char* suffix) {
       const std::string s(suffix);
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
