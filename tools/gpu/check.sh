@@ -3,7 +3,8 @@
 #
 #   tools/gpu/check.sh package [DIR]   here, where Bazel and the toolkit are: builds
 #                                      ferry-gpu-check and puts it in DIR (.gpu) with the shared
-#                                      libraries a bare GPU machine lacks (Abseil, xxhash); the CUDA
+#                                      libraries a bare GPU machine lacks (Abseil, xxhash) and the
+#                                      first 4 blocks of SmolLM2's GGUF (about 40 MB); the CUDA
 #                                      libraries are not carried (the GPU machine has its own)
 #   tools/gpu/check.sh run [DIR]       on the GPU machine: runs the check under a 280 s limit and
 #                                      prints its table, then its one JSON line (the last line)
@@ -31,6 +32,15 @@ case "$mode" in
         *) cp -L "$lib" "$dir/lib/" ;;
       esac
     done
+    # A model of real weights: SmolLM2-135M-Instruct's first 4 blocks (the whole file is over what
+    # travels), sliced with the reference virtualenv's `gguf` package.
+    model=${FERRY_MODEL_GGUF:-$(./ferry models path 2>/dev/null || true)}
+    python=${FERRY_REF_PYTHON:-}
+    if [[ -f "$model" && -n "$python" ]] && "$python" -c 'import gguf' 2>/dev/null; then
+      "$python" tools/gpu/slice_gguf.py "$model" "$dir/model.gguf" 4
+    else
+      echo "check.sh: no GGUF model or no FERRY_REF_PYTHON with gguf: the real-weights check is left out" >&2
+    fi
     # What was packaged: `run` prints it, so a stale .gpu/ shows.
     echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo -dirty)" >"$dir/COMMIT"
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
@@ -71,7 +81,9 @@ for p in nvidia.__path__:
     fi
     start=$(date +%s)
     set +e
-    timeout 280 "$dir/ferry-gpu-check"
+    args=()
+    [[ -f "$dir/model.gguf" ]] && args=(--gguf "$dir/model.gguf")
+    timeout 280 "$dir/ferry-gpu-check" "${args[@]}"
     rc=$?
     set -e
     echo "check.sh: ferry-gpu-check exited $rc after $(($(date +%s) - start)) s" >&2

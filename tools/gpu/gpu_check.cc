@@ -40,7 +40,9 @@
 #include "engine/backends/cuda/nccl_communicator.h"
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
+#include "engine/gguf/gguf_file.h"
 #include "engine/kv/kv_block_pool.h"
+#include "engine/model/host_weights.h"
 #include "engine/model/synthetic_model.h"
 #include "engine/model/transformer.h"
 #include "tools/gpu/copy_kernel.h"
@@ -635,9 +637,8 @@ ModelOnBackend Load(const HostWeights& w, Backend* b) {
   return m;
 }
 
-void CheckModel(const std::string& name, const SyntheticVariant& v, CpuBackend& cpu,
-                CudaBackend& gpu) {
-  const HostWeights w = SyntheticModel(v);
+void CheckModelWeights(const std::string& name, const HostWeights& w, CpuBackend& cpu,
+                       CudaBackend& gpu) {
   ModelOnBackend c = Load(w, &cpu), g = Load(w, &gpu);
   if (c.model == nullptr || g.model == nullptr) {
     Record("model " + name, false, INFINITY, 0, "did not load");
@@ -692,6 +693,32 @@ void CheckModel(const std::string& name, const SyntheticVariant& v, CpuBackend& 
   Record("model " + name + ": greedy tokens", greedy_equal == greedy_checked,
          static_cast<double>(greedy_checked - greedy_equal), 0,
          absl::StrCat(greedy_checked, " of 9 steps had a margin to check"));
+}
+
+void CheckModel(const std::string& name, const SyntheticVariant& v, CpuBackend& cpu,
+                CudaBackend& gpu) {
+  CheckModelWeights(name, SyntheticModel(v), cpu, gpu);
+}
+
+// Real weights: the GGUF check.sh sliced from SmolLM2-135M-Instruct (its first blocks), in the
+// file's block formats (the GPU computes Q8_0 in blocks, the Q4_1 and Q6_K matrices in bf16) and
+// converted to bf16.
+void CheckGguf(const std::string& path, CpuBackend& cpu, CudaBackend& gpu) {
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  if (!file.ok()) {
+    Record("model " + path, false, INFINITY, 0, file.status().ToString());
+    return;
+  }
+  for (WeightDType dtype : {WeightDType::kNative, WeightDType::kBF16}) {
+    absl::StatusOr<HostWeights> w = LoadGgufModel(**file, dtype);
+    if (!w.ok()) {
+      Record("model " + path, false, INFINITY, 0, w.status().ToString());
+      return;
+    }
+    CheckModelWeights(absl::StrCat("sliced SmolLM2 (", w->config.num_layers, " blocks, ",
+                                   WeightDTypeName(dtype), ")"),
+                      *w, cpu, gpu);
+  }
 }
 
 // ---- Speed ----
@@ -870,7 +897,12 @@ void DeviceStillWell(CudaBackend& g, CudaBackend& det, const char* after) {
   }
 }
 
-int Main() {
+int Main(int argc, char** argv) {
+  // --gguf PATH: also check a model of real weights (check.sh slices one).
+  std::string gguf;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--gguf") gguf = argv[i + 1];
+  }
   // Two backends on the one GPU, the default and the deterministic one, each under 40% of it.
   size_t free_bytes = 0, total_bytes = 0;
   CudaBackendOptions options;
@@ -921,6 +953,7 @@ int Main() {
   SyntheticVariant swa = SmolLm2Shaped("swa");
   swa.window = 64;
   CheckModel("smollm2-shaped, window 64 on even layers", swa, *cpu, g);
+  if (!gguf.empty()) CheckGguf(gguf, *cpu, g);
   DeviceStillWell(g, det, "the models");
 
   std::vector<std::string> notes;
@@ -939,4 +972,4 @@ int Main() {
 }  // namespace
 }  // namespace ferry
 
-int main() { return ferry::Main(); }
+int main(int argc, char** argv) { return ferry::Main(argc, argv); }
