@@ -216,7 +216,8 @@ class Backend {
                       const DeviceMatrix& out) = 0;
   // acc += x, elementwise.
   virtual void Add(const DeviceMatrix& acc, const DeviceMatrix& x) = 0;
-  // out row i = x row rows[i] (mixture-of-experts: the tokens routed to one expert).
+  // out row i = x row rows[i] (mixture-of-experts: the tokens routed to one expert), converted to
+  // out's type where x's differs (a backend whose activations are not fp32).
   virtual void GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
                           const DeviceMatrix& out) = 0;
   // acc row rows[i] += scales[i] * x row i (the product rounded, then added), for distinct rows.

@@ -40,11 +40,13 @@ std::vector<std::string> PluginCandidates(const BackendOptions& options) {
   return out;
 }
 
-// The plugin's create function, loaded once per path (never unloaded: the backends it makes
-// run its code).
+// The plugin's create function, loaded once (never unloaded: the backends it makes run its code;
+// later calls get the first plugin found).
 absl::StatusOr<FerryCudaBackendCreateFn> LoadPlugin(const BackendOptions& options) {
   static absl::Mutex mu(absl::kConstInit);
+  static FerryCudaBackendCreateFn loaded ABSL_GUARDED_BY(mu) = nullptr;
   absl::MutexLock lock(&mu);
+  if (loaded != nullptr) return loaded;
   std::vector<std::string> tried;
   for (const std::string& path : PluginCandidates(options)) {
     if (access(path.c_str(), R_OK) != 0) {
@@ -59,9 +61,11 @@ absl::StatusOr<FerryCudaBackendCreateFn> LoadPlugin(const BackendOptions& option
     void* symbol = dlsym(handle, FERRY_CUDA_PLUGIN_SYMBOL);
     if (symbol == nullptr) {
       tried.push_back(absl::StrCat(path, " (no ", FERRY_CUDA_PLUGIN_SYMBOL, ")"));
+      dlclose(handle);
       continue;
     }
-    return reinterpret_cast<FerryCudaBackendCreateFn>(symbol);
+    loaded = reinterpret_cast<FerryCudaBackendCreateFn>(symbol);
+    return loaded;
   }
   return absl::NotFoundError(absl::StrCat(
       "--backend=cuda: no usable ", kPluginName,

@@ -2,9 +2,10 @@
 // NVIDIA GPU, through the plugin libferry_cuda.so, engine/backends/cuda/cuda_plugin.h).
 //
 // The plugin is looked for at BackendOptions::cuda_plugin, else $FERRY_CUDA_PLUGIN, else beside
-// the executable, else in the executable's Bazel runfiles. Errors: InvalidArgument for an unknown
-// kind; NotFound when there is no plugin (a build without the CUDA toolkit); FailedPrecondition
-// when it loads but there is no usable GPU. Thread-safe.
+// the executable, else in the executable's Bazel runfiles; the first one found stays loaded for
+// the process. Errors: InvalidArgument for an unknown kind; NotFound when there is no plugin (a
+// build without the CUDA toolkit); FailedPrecondition when it loads but cannot make a backend (no
+// usable GPU, or a plugin of another ABI version). Thread-safe.
 
 #ifndef FERRY_ENGINE_BACKENDS_BACKEND_FACTORY_H_
 #define FERRY_ENGINE_BACKENDS_BACKEND_FACTORY_H_

@@ -42,7 +42,8 @@ TEST(BackendFactoryTest, AMissingPluginIsNotFound) {
 }
 
 TEST(BackendFactoryTest, LoadsTheCudaPlugin) {
-  if (std::string(std::getenv("FERRY_TEST_CUDA_PLUGIN")) != "1") {
+  const char* built = std::getenv("FERRY_TEST_CUDA_PLUGIN");
+  if (built == nullptr || std::string(built) != "1") {
     // A build without the toolkit has no plugin: the search must say so.
     BackendOptions o;
     o.kind = "cuda";

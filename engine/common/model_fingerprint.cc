@@ -100,4 +100,14 @@ Hash128 ExtendModelFingerprint(const Hash128& text, const Hash128& vision) {
   return Xxh3Hash128(out);
 }
 
+Hash128 ExtendModelFingerprintForCompute(const Hash128& fp, const std::string& tag) {
+  constexpr char kComputeTag[8] = {'F', 'E', 'R', 'R', 'Y', 'C', 'M', 'P'};
+  std::string out(kComputeTag, sizeof(kComputeTag));
+  AppendHash128Le(&out, fp);
+  const uint32_t n = static_cast<uint32_t>(tag.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out += tag;
+  return Xxh3Hash128(out);
+}
+
 }  // namespace ferry

@@ -29,6 +29,15 @@
 // tower never matches, even where the text model's files alone would:
 //
 //   H( "FERRYVIS"  hash128 text_fingerprint  hash128 vision_digest )
+//
+// A model computed another way than the CPU reference computes it (a GPU backend's arithmetic,
+// one rank's share of a tensor-parallel split, whose KV blocks hold some heads only) extends its
+// fingerprint with a tag naming that computation (ExtendModelFingerprintForCompute), so such KV
+// never passes for the reference's:
+//
+//   H( "FERRYCMP"  hash128 fingerprint  u32 len(tag) tag )
+//
+// e.g. tag "backend=cuda:bf16-activations:cublas" or "tensor_parallel=0/2".
 
 #ifndef FERRY_ENGINE_COMMON_MODEL_FINGERPRINT_H_
 #define FERRY_ENGINE_COMMON_MODEL_FINGERPRINT_H_
@@ -95,6 +104,9 @@ class ModelFingerprintBuilder {
 // The fingerprint of a model whose text part has fingerprint `text` and whose vision tower and
 // projector have digest `vision` (see the header comment).
 Hash128 ExtendModelFingerprint(const Hash128& text, const Hash128& vision);
+
+// The fingerprint of a model of fingerprint `fp` computed as `tag` names (see the header comment).
+Hash128 ExtendModelFingerprintForCompute(const Hash128& fp, const std::string& tag);
 
 }  // namespace ferry
 

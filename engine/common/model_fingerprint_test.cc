@@ -35,6 +35,16 @@ TEST(ModelFingerprintTest, VisionExtensionCoversBothParts) {
   EXPECT_NE(fp, ExtendModelFingerprint(Xxh3Hash128("text2"), vision));
   EXPECT_NE(fp, ExtendModelFingerprint(text, Xxh3Hash128("vision2")));
   EXPECT_NE(fp, ExtendModelFingerprint(vision, text));  // the order of the parts matters
+  // Another computation: its own fingerprint, by the encoding's bytes.
+  const Hash128 cuda = ExtendModelFingerprintForCompute(text, "backend=cuda");
+  EXPECT_NE(cuda, text);
+  EXPECT_NE(cuda, ExtendModelFingerprintForCompute(text, "backend=cuda:deterministic"));
+  std::string bytes = "FERRYCMP";
+  for (uint64_t half : {text.lo, text.hi}) {
+    for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((half >> (8 * i)) & 0xff));
+  }
+  bytes += std::string("\x0c\0\0\0", 4) + "backend=cuda";
+  EXPECT_EQ(cuda, Xxh3Hash128(bytes));
 }
 
 TEST(ModelFingerprintTest, FileOrderDoesNotMatter) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/common/float_math.h"
+#include "engine/common/log.h"
 
 namespace ferry {
 namespace {
@@ -173,6 +174,10 @@ HostWeights SyntheticModel(const SyntheticVariant& v) {
     if (shape.size() == 2 && name != "model.embed_tokens.weight") scale *= shrink;
     for (float& f : values) f = mean + scale * normal(rng);
     if (v.all_blocks != WeightQuant::kNone && shape.size() == 2) {
+      const int64_t block = v.all_blocks == WeightQuant::kQ4_K ? 256 : 32;
+      CHECK(v.all_blocks == WeightQuant::kQ8_0 || v.all_blocks == WeightQuant::kQ4_K)
+          << "SyntheticVariant::all_blocks: Q8_0 or Q4_K";
+      CHECK_EQ(shape[1] % block, 0) << name << ": rows of whole " << block << "-value blocks";
       t.quant = v.all_blocks;
       t.blocks = v.all_blocks == WeightQuant::kQ4_K ? QuantizeQ4_K(values) : QuantizeQ8_0(values);
     } else if (v.all_blocks != WeightQuant::kNone) {

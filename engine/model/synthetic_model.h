@@ -33,8 +33,9 @@ struct SyntheticVariant {
   // Q8_0, every other matrix in Q4_1 (quantized here as GGML's reference quantizer does) except
   // down_proj in Q6_K (a K-quant: the MLP is 256 wide for it), vectors f32. Dense models only.
   bool native = false;
-  // Every matrix in one block format, Q8_0 or Q4_K (Q4_K wants hidden and intermediate multiples
-  // of 256), vectors f32; kNone: as above. Dense models only.
+  // Every matrix in one block format, Q8_0 or Q4_K, vectors f32; kNone: as above. Dense models
+  // only. Every matrix's rows must be whole blocks (32 values, Q4_K 256): hidden, intermediate and
+  // heads x head_dim multiples of that (checked).
   WeightQuant all_blocks = WeightQuant::kNone;
   // Other shapes than the tiny default (a model-shaped GPU check: SmolLM2's, Llama-3-8B's); 0:
   // the default. Weights scale by sqrt(32 / hidden) so activations stay of the same size.
@@ -47,9 +48,9 @@ struct SyntheticVariant {
   uint32_t seed = 1234;
 };
 
-// Vocabulary 97, hidden 32, `layers` layers (2), 4 heads over 2 KV heads, 512 positions; fixed
-// seed. With experts > 0, a Qwen2-MoE-style model of 2 layers whose layer 1 is sparse (experts of
-// width 24).
+// By default vocabulary 97, hidden 32, `layers` layers (2), 4 heads over 2 KV heads, 512
+// positions, seed 1234 (the shape fields and `seed` above change them). With experts > 0, a
+// Qwen2-MoE-style model of 2 layers whose layer 1 is sparse (experts of width 24).
 HostWeights SyntheticModel(const SyntheticVariant& v);
 
 }  // namespace ferry

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/hash128.h"
+#include "engine/common/model_fingerprint.h"
 #include "engine/common/status.h"
 #include "engine/model/dequantize.h"
 
@@ -127,8 +128,8 @@ absl::StatusOr<HostWeights> ShardWeights(const HostWeights& weights, int rank, i
   out.weight_dtype = weights.weight_dtype;
   out.load_seconds = weights.load_seconds;
   out.source_bytes = weights.source_bytes;
-  out.fingerprint =
-      Xxh3Hash128(absl::StrCat(weights.fingerprint.ToHex(), " tensor_parallel=", rank, "/", size));
+  out.fingerprint = ExtendModelFingerprintForCompute(
+      weights.fingerprint, absl::StrCat("tensor_parallel=", rank, "/", size));
   const int64_t hd = c.head_dim;
   const int64_t q = out.config.num_heads * hd, kv = out.config.num_kv_heads * hd;
   const int64_t f = out.config.intermediate_size;

@@ -6,6 +6,7 @@
 
 #include "engine/model/tensor_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -166,9 +167,9 @@ TEST(TensorParallelErrorsTest, SplitsTheModelCannotTake) {
   EXPECT_NE(s.message().find("cut its blocks"), absl::string_view::npos) << s;
 }
 
-TEST(TensorParallelErrorsTest, BlockFormatsSplitAlongWholeBlocks) {
-  // Every matrix in Q8_0: o (32 columns per rank... of 32 + 32) and down (48 / 2 = 24 columns)
-  // would cut 32-value blocks at 2 ranks unless the widths allow: hidden 64, intermediate 128.
+TEST(TensorParallelBlocksTest, BlockFormatsSplitAlongWholeBlocks) {
+  // Every matrix in Q8_0, with widths whose halves are whole 32-value blocks: o has 4 heads of 16
+  // (64 columns, 32 per rank), down has 128 (64 per rank).
   SyntheticVariant v;
   v.name = "q8";
   v.hidden = 64;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
+#include "engine/common/model_fingerprint.h"
 #include "engine/common/status.h"
 #include "engine/model/dequantize.h"
 #include "engine/model/moe_routing.h"
@@ -76,7 +77,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const HostWeigh
   model->fingerprint_ = weights.fingerprint;
   const std::string tag = backend->fingerprint_tag();
   if (!tag.empty()) {
-    model->fingerprint_ = Xxh3Hash128(absl::StrCat(weights.fingerprint.ToHex(), " backend=", tag));
+    model->fingerprint_ =
+        ExtendModelFingerprintForCompute(weights.fingerprint, absl::StrCat("backend=", tag));
   }
   if (weights.kv_dtype == "f32") {
     model->kv_dtype_ = DType::kF32;
@@ -411,6 +413,10 @@ absl::Status Transformer::EnsureScratch(int64_t rows, int64_t logit_rows) {
   logit_rows = std::max(logit_rows, scratch_logit_rows_);
   size_t bytes = 0;
   CarveActivations(nullptr, rows, logit_rows, &bytes);
+  // Forgotten before the allocation, which may fail (a GPU's memory limit): no later step may
+  // carve from a buffer that is gone.
+  scratch_rows_ = 0;
+  scratch_logit_rows_ = 0;
   scratch_.Reset();
   ASSIGN_OR_RETURN(scratch_, backend_->Allocate(bytes));
   scratch_rows_ = rows;
@@ -427,6 +433,7 @@ absl::Status Transformer::MoeFfn(int64_t layer, const DeviceMatrix& h) {
   // Scratch: router logits, the routed rows' inputs, their gate|up, outputs, and the sum.
   const int64_t per_row = experts + 2 * hidden + 2 * width + hidden + 1;
   if (rows > moe_scratch_rows_) {
+    moe_scratch_rows_ = 0;
     moe_scratch_.Reset();
     ASSIGN_OR_RETURN(moe_scratch_, b.Allocate(rows * per_row * sizeof(float)));
     moe_scratch_rows_ = rows;

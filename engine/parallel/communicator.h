@@ -3,10 +3,11 @@
 // in-process one for CPU backends (local_communicator.h: the ranks are threads of one process)
 // and NCCL's for GPUs (engine/backends/cuda/nccl_communicator.h).
 //
-// Every rank calls each operation in the same order with matrices of the same shape and type; a
-// call returns once every rank's data is in (a rank that never comes is a DeadlineExceeded
-// error, not a hang). Reductions are in rank order (rank 0's + rank 1's + ...), so every rank
-// gets the same bits and a run is deterministic.
+// Every rank calls each operation in the same order with matrices of the same shape and type.
+// Reductions are in a fixed order, so every rank gets the same bits and a run repeats bit for bit;
+// which order, and how a call completes, is the implementation's: the in-process one reduces in
+// rank order and returns with the result in place (a rank that never comes is DeadlineExceeded),
+// NCCL's in its own order, ordered on the GPU's stream.
 //
 // Thread-compatible per rank: one thread drives one rank's Communicator.
 
@@ -25,7 +26,7 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // In place: x becomes the elementwise sum of every rank's x, added in rank order.
+  // In place: x becomes the elementwise sum of every rank's x.
   virtual absl::Status AllReduceSum(const DeviceMatrix& x) = 0;
   // out (x.rows x x.cols * size) = the ranks' x side by side: rank r's in columns
   // [r * x.cols, (r + 1) * x.cols).

@@ -1,6 +1,5 @@
 #include "engine/parallel/local_communicator.h"
 
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +7,15 @@
 
 namespace ferry {
 namespace parallel_internal {
+namespace {
+
+float Load(const DeviceMatrix& m, int64_t r, int64_t c) {
+  const int64_t i = r * m.stride + c;
+  return m.dtype == DType::kF32 ? static_cast<const float*>(m.data)[i]
+                                : Bf16ToFloat(static_cast<const uint16_t*>(m.data)[i]);
+}
+
+}  // namespace
 
 absl::Status Rendezvous::Barrier() {
   const int64_t generation = generation_;
@@ -29,13 +37,20 @@ absl::Status Rendezvous::Barrier() {
   return absl::OkStatus();
 }
 
-absl::Status Rendezvous::Arrive(int rank, const DeviceMatrix& x, std::vector<DeviceMatrix>* all) {
+absl::Status Rendezvous::Arrive(int rank, const DeviceMatrix& x, const std::vector<Posted>** all) {
   absl::MutexLock lock(&mu_);
   if (broken_) return absl::AbortedError("tensor-parallel group broken by an earlier failure");
-  posted_[rank] = x;
+  Posted& p = posted_[rank];
+  p.rows = x.rows;
+  p.cols = x.cols;
+  p.dtype = x.dtype;
+  p.values.resize(static_cast<size_t>(x.rows * x.cols));
+  for (int64_t r = 0; r < x.rows; ++r) {
+    for (int64_t c = 0; c < x.cols; ++c) p.values[r * x.cols + c] = Load(x, r, c);
+  }
   const absl::Status s = Barrier();
   if (!s.ok()) return s;
-  *all = posted_;
+  *all = &posted_;
   return absl::OkStatus();
 }
 
@@ -49,11 +64,7 @@ absl::Status Rendezvous::Leave(int rank) {
 
 namespace {
 
-float Load(const DeviceMatrix& m, int64_t r, int64_t c) {
-  const int64_t i = r * m.stride + c;
-  return m.dtype == DType::kF32 ? static_cast<const float*>(m.data)[i]
-                                : Bf16ToFloat(static_cast<const uint16_t*>(m.data)[i]);
-}
+using parallel_internal::Posted;
 
 void Store(const DeviceMatrix& m, int64_t r, int64_t c, float v) {
   const int64_t i = r * m.stride + c;
@@ -73,50 +84,55 @@ class LocalCommunicator : public Communicator {
   int size() const override { return group_->size(); }
 
   absl::Status AllReduceSum(const DeviceMatrix& x) override {
-    std::vector<DeviceMatrix> all;
+    const std::vector<Posted>* all = nullptr;
     absl::Status s = group_->Arrive(rank_, x, &all);
     if (!s.ok()) return s;
-    for (const DeviceMatrix& m : all) {
-      if (m.rows != x.rows || m.cols != x.cols || m.dtype != x.dtype) {
-        group_->Leave(rank_).IgnoreError();
-        return absl::InvalidArgumentError("AllReduceSum: the ranks' matrices differ in shape");
+    bool same = true;
+    for (const Posted& p : *all) same = same && p.rows == x.rows && p.cols == x.cols;
+    if (same) {
+      result_.assign(static_cast<size_t>(x.rows * x.cols), 0.0f);
+      for (size_t i = 0; i < result_.size(); ++i) {
+        float acc = (*all)[0].values[i];
+        for (size_t k = 1; k < all->size(); ++k) acc = acc + (*all)[k].values[i];
+        result_[i] = acc;
       }
     }
-    sum_.assign(static_cast<size_t>(x.rows * x.cols), 0.0f);
-    for (int64_t r = 0; r < x.rows; ++r) {
-      for (int64_t c = 0; c < x.cols; ++c) {
-        float acc = Load(all[0], r, c);
-        for (size_t k = 1; k < all.size(); ++k) acc = acc + Load(all[k], r, c);
-        sum_[r * x.cols + c] = acc;
-      }
-    }
-    s = group_->Leave(rank_);  // every rank has read every input
+    s = group_->Leave(rank_);  // every rank has read every copy
     if (!s.ok()) return s;
+    if (!same)
+      return absl::InvalidArgumentError("AllReduceSum: the ranks' matrices differ in shape");
     for (int64_t r = 0; r < x.rows; ++r) {
-      for (int64_t c = 0; c < x.cols; ++c) Store(x, r, c, sum_[r * x.cols + c]);
+      for (int64_t c = 0; c < x.cols; ++c) Store(x, r, c, result_[r * x.cols + c]);
     }
     return absl::OkStatus();
   }
 
   absl::Status AllGather(const DeviceMatrix& x, const DeviceMatrix& out) override {
-    if (out.rows != x.rows || out.cols != x.cols * size() || out.dtype != x.dtype) {
-      return absl::InvalidArgumentError("AllGather: out must be rows x (cols * ranks), same type");
-    }
-    std::vector<DeviceMatrix> all;
+    // Checked after the barrier, so that every rank fails together rather than the others
+    // waiting out the timeout for a rank that refused alone.
+    const std::vector<Posted>* all = nullptr;
     absl::Status s = group_->Arrive(rank_, x, &all);
     if (!s.ok()) return s;
-    gathered_.assign(static_cast<size_t>(out.rows * out.cols), 0.0f);
-    for (size_t k = 0; k < all.size(); ++k) {
-      for (int64_t r = 0; r < x.rows; ++r) {
-        for (int64_t c = 0; c < x.cols; ++c) {
-          gathered_[r * out.cols + k * x.cols + c] = Load(all[k], r, c);
+    bool valid = out.rows == x.rows && out.cols == x.cols * size();
+    for (const Posted& p : *all) valid = valid && p.rows == x.rows && p.cols == x.cols;
+    if (valid) {
+      result_.assign(static_cast<size_t>(out.rows * out.cols), 0.0f);
+      for (size_t k = 0; k < all->size(); ++k) {
+        for (int64_t r = 0; r < x.rows; ++r) {
+          for (int64_t c = 0; c < x.cols; ++c) {
+            result_[r * out.cols + k * x.cols + c] = (*all)[k].values[r * x.cols + c];
+          }
         }
       }
     }
     s = group_->Leave(rank_);
     if (!s.ok()) return s;
+    if (!valid) {
+      return absl::InvalidArgumentError(
+          "AllGather: out must be rows x (cols * ranks), every rank's x of one shape");
+    }
     for (int64_t r = 0; r < out.rows; ++r) {
-      for (int64_t c = 0; c < out.cols; ++c) Store(out, r, c, gathered_[r * out.cols + c]);
+      for (int64_t c = 0; c < out.cols; ++c) Store(out, r, c, result_[r * out.cols + c]);
     }
     return absl::OkStatus();
   }
@@ -124,7 +140,7 @@ class LocalCommunicator : public Communicator {
  private:
   const int rank_;
   std::shared_ptr<parallel_internal::Rendezvous> group_;
-  std::vector<float> sum_, gathered_;
+  std::vector<float> result_;
 };
 
 }  // namespace

@@ -79,8 +79,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     const Backend& backend = w->engine_->backend();
     const Backend::MemoryReport memory = backend.memory();
     metrics->SetBackend(options.backend, backend.name(), memory.limit_bytes, memory.device_bytes,
-                        memory.limit_bytes > 0 ? std::function<uint64_t()>([&backend] {
-                          return backend.memory().used_bytes;
+                        memory.limit_bytes > 0 ? std::function<uint64_t()>([b = &backend] {
+                          return b->memory().used_bytes;
                         })
                                                : std::function<uint64_t()>());
   }

@@ -149,6 +149,9 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     if (o.cuda_device < 0) return bad("--cuda_device must be >= 0");
   }
   if (o.gpu_memory_bytes < 0) return bad("--gpu_memory_bytes must be >= 0");
+  if (o.backend == "cpu" && (o.cuda_device != 0 || o.gpu_memory_bytes != 0)) {
+    return bad("--cuda_device and --gpu_memory_bytes are for --backend=cuda");
+  }
   if (o.engine == "sim" && o.sim_calibration.empty()) {
     return bad(
         "--engine=sim needs --sim_calibration FILE: the timing model's coefficients (a JSON "

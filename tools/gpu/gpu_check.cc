@@ -37,7 +37,6 @@
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/cpu_backend.h"
 #include "engine/backends/cuda/cuda_backend.h"
-#include "engine/backends/cuda/nccl_communicator.h"
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
 #include "engine/gguf/gguf_file.h"
@@ -45,6 +44,7 @@
 #include "engine/model/host_weights.h"
 #include "engine/model/synthetic_model.h"
 #include "engine/model/transformer.h"
+#include "engine/parallel/nccl_communicator.h"
 #include "engine/sampling/sampler.h"
 #include "tools/gpu/copy_kernel.h"
 

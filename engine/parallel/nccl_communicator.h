@@ -10,8 +10,8 @@
 // Matrices must be dense (stride == cols). Errors are NCCL's, as Internal. Thread-compatible per
 // rank; ranks in one process need one thread each (NCCL's group calls are not used).
 
-#ifndef FERRY_ENGINE_BACKENDS_CUDA_NCCL_COMMUNICATOR_H_
-#define FERRY_ENGINE_BACKENDS_CUDA_NCCL_COMMUNICATOR_H_
+#ifndef FERRY_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
+#define FERRY_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
 
 #include <memory>
 #include <vector>
@@ -46,4 +46,4 @@ class NcclCommunicator : public Communicator {
 
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_BACKENDS_CUDA_NCCL_COMMUNICATOR_H_
+#endif  // FERRY_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_

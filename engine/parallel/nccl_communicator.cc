@@ -1,4 +1,4 @@
-#include "engine/backends/cuda/nccl_communicator.h"
+#include "engine/parallel/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -42,6 +42,7 @@ NcclCommunicator::~NcclCommunicator() {
 
 absl::Status NcclCommunicator::AllReduceSum(const DeviceMatrix& x) {
   if (!x.dense()) return absl::InvalidArgumentError("NCCL AllReduceSum: a dense matrix only");
+  cudaSetDevice(backend_->device_index());  // this thread may not be the backend's creator
   RETURN_IF_ERROR(backend_->status());
   const ncclResult_t r = ncclAllReduce(x.data, x.data, static_cast<size_t>(x.rows * x.cols),
                                        NcclType(x.dtype), ncclSum, static_cast<ncclComm_t>(comm_),
@@ -55,6 +56,7 @@ absl::Status NcclCommunicator::AllGather(const DeviceMatrix& x, const DeviceMatr
         "NCCL AllGather: dense x, out rows x (cols * ranks) of the same type");
   }
   RETURN_IF_ERROR(backend_->status());
+  cudaSetDevice(backend_->device_index());
   const size_t elem = DTypeBytes(x.dtype), count = static_cast<size_t>(x.rows * x.cols);
   if (gathered_.bytes() < count * size_ * elem) {
     gathered_.Reset();
