@@ -1,7 +1,7 @@
 // CUDA device discovery and a self-check of the toolchain and libraries Ferry's CUDA backend uses:
 // a kernel built by nvcc for sm_90 and a cuBLAS GEMM, both compared with a CPU computation.
 //
-// The CUDA backend proper (ARCHITECTURE.md §4) grows beside this file; the probe is what
+// The CUDA backend proper (cuda_backend.h) is beside this file; the probe is what
 // `ferry-cuda-probe` runs on a machine to say whether it can serve on the GPU.
 //
 // Plain C++ types only, so nvcc never sees absl or gRPC headers.
