@@ -1,8 +1,18 @@
 #include "engine/backends/backend.h"
 
+#include <cstring>
+
 #include "engine/common/log.h"
 
 namespace ferry {
+
+absl::Status Backend::CopyBeside(void* dst, const void* src, size_t bytes, bool to_device) {
+  if (!host_memory()) {
+    return absl::UnimplementedError(name() + " has no copy beside the engine");
+  }
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
 
 const char* WeightQuantName(WeightQuant q) {
   switch (q) {

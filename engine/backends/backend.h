@@ -187,6 +187,18 @@ class Backend {
   virtual void CopyToHost(void* host_dst, const void* device_src, size_t bytes) = 0;
   virtual void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) = 0;
 
+  // --- KV movement beside the engine (engine/kv/kv_staging.h) ---
+  // Copies `bytes` between device memory and host memory from any thread, while the engine's
+  // thread goes on driving the backend, and returns once they have moved (the host memory may be
+  // reused at once). A copy from the device is ordered after every kernel issued before the call;
+  // the caller makes sure none issued meanwhile writes the range (referenced, complete KV blocks).
+  // The default, for a backend of host memory: memcpy.
+  virtual absl::Status CopyBeside(void* dst, const void* src, size_t bytes, bool to_device);
+  // Page-locks host memory the backend copies to and from often (the KV staging area), so that
+  // copies run at the link's speed; Unpin before the memory is freed. The default: nothing.
+  virtual absl::Status PinHostMemory(void* host, size_t bytes) { return absl::OkStatus(); }
+  virtual void UnpinHostMemory(void* host) {}
+
   // --- Kernels. Activations are fp32 or bf16 (activation_dtype()); weights fp32, bf16 or blocks.
 
   // A weight matrix (`rows` x `cols`, row-major host data of `dtype`) in this backend's layout.

@@ -101,6 +101,8 @@ class KvBlockPool {
   int64_t num_free() const;
   // The whole region (for registration with a transport).
   MemorySpan region() const { return region_; }
+  // The backend whose memory the blocks are (kv_staging.h copies beside it).
+  Backend* backend() const { return backend_; }
 
   // `n` blocks with one reference each, lowest ids first; all or nothing
   // (ResourceExhausted when fewer are free).

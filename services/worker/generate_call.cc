@@ -311,7 +311,7 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
     if (reserved.ok()) {
       auto kv = IncomingKv::Await(service_->transport(), &service_->engine().pool(),
                                   service_->engine().window_pool(), *std::move(reserved), {},
-                                  absl::Now(), absl::ZeroDuration(), nullptr);
+                                  absl::Now(), absl::ZeroDuration(), {}, nullptr);
       kv->Abandon();
     }
     mu_.Unlock();
@@ -332,15 +332,17 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
   transfer_id_ = absl::StrCat(id_, "/", RandomTransferSuffix());
   std::vector<std::string> ids = {transfer_id_};
   if (two_pools) ids.push_back(transfer_id_ + "/window");
+  KvLanding landing;
   auto described =
       DescribeReservation(id_, *reserved, service_->reservation_target(), service_->kv_facts(),
-                          ids[0], two_pools ? ids[1] : "", reservation_deadline_);
+                          ids[0], two_pools ? ids[1] : "", reservation_deadline_, &landing);
   // Awaited before the reservation leaves: the blocks are the IncomingKv's from here.
   refs_.fetch_add(1);  // the landing callback's
   WorkerService* service = service_;
   kv_ = IncomingKv::Await(
       service_->transport(), &service_->engine().pool(), service_->engine().window_pool(),
       *std::move(reserved), ids, reservation_deadline_, service_->reservation_quarantine(),
+      std::move(landing),
       [this](absl::Status s) {
         OnKvLanded(s);
         Unref();
@@ -351,9 +353,19 @@ void GenerateCall::OnReserved(absl::StatusOr<KvReservation> reserved) {
       });
   service_->AddIncoming(transfer_id_, kv_);
   if (!described.ok()) {
-    LOG(ERROR) << LogTraceId(trace_id_) << "request " << id_ << ": " << described.status();
     kv_->NoTransfer();  // never sent: nobody can push into it
-    EndBeforeEngine(AbortCause::kNone, described.status());
+    if (described.status().code() == absl::StatusCode::kResourceExhausted) {
+      // The staging area is full now (kv_staging.h): a transient, as a full pool is.
+      service_->metrics().Reservation("no_staging");
+      kv_refused_ = true;
+      EndBeforeEngine(AbortCause::kNone,
+                      absl::ResourceExhaustedError(
+                          absl::StrCat("the decode worker cannot stage KV for the prompt now: ",
+                                       described.status().message())));
+    } else {
+      LOG(ERROR) << LogTraceId(trace_id_) << "request " << id_ << ": " << described.status();
+      EndBeforeEngine(AbortCause::kNone, described.status());
+    }
     Unref();
     return;
   }
@@ -594,19 +606,26 @@ bool GenerateCall::PrepareDecodeLocked() {
 }
 
 void GenerateCall::StartDecode() {
-  Pump();  // the first tokens leave now
+  // Submitted before the first tokens leave: a client that drains the worker once it sees them
+  // finds the request in the engine, where it is parked with its KV (pumped first, a drain
+  // between the two ended the request before the engine had it, and its KV was not handed off).
+  std::vector<BlockId> imported, imported_window;
+  absl::Status submitted;
   {
     absl::MutexLock lock(&mu_);
     EngineRequest r = std::move(decode_request_);
     // Submitted under mu_: an abort from here on finds the request in the engine.
-    std::vector<BlockId> imported = r.imported_blocks, imported_window = r.imported_window_blocks;
-    const absl::Status submitted = cause_ != AbortCause::kNone
-                                       ? absl::CancelledError("aborted before the decode started")
-                                       : service_->engine().engine().Submit(std::move(r));
-    if (submitted.ok()) {
-      phase_ = Phase::kSubmitted;
-      return;
-    }
+    imported = r.imported_blocks;
+    imported_window = r.imported_window_blocks;
+    submitted = cause_ != AbortCause::kNone
+                    ? absl::CancelledError("aborted before the decode started")
+                    : service_->engine().engine().Submit(std::move(r));
+    if (submitted.ok()) phase_ = Phase::kSubmitted;
+  }
+  Pump();  // the first tokens leave now
+  if (submitted.ok()) return;
+  {
+    absl::MutexLock lock(&mu_);
     // Refused, or aborted while starting: the blocks are still ours, and P is done with them.
     std::vector<BlockId> held;
     for (BlockId b : imported) held.push_back(b);

@@ -161,12 +161,14 @@ grpc::ServerUnaryReactor* WorkerService::PrefetchKv(grpc::CallbackServerContext*
           return answer(grpc::Status::OK);
         }
         ReservationTarget target = target_;
-        target.window_pool = nullptr;  // the pool's blocks only: the window layers move at the end
+        target.window_staging = nullptr;  // the pool's blocks only: window layers move at the end
         const std::string transfer_id =
             absl::StrCat("precopy/", state->source_id, "/", RandomTransferSuffix());
+        KvLanding landing;
         auto described = DescribeReservation(state->source_id, blocks, target, facts_, transfer_id,
-                                             "", deadline);
+                                             "", deadline, &landing);
         if (!described.ok()) {
+          landing.clear();  // never sent: nobody can write it
           CHECK_OK(engine_->pool().Release(blocks.blocks));
           return answer(ToGrpcStatus(described.status()));
         }
@@ -188,20 +190,21 @@ grpc::ServerUnaryReactor* WorkerService::PrefetchKv(grpc::CallbackServerContext*
                                                  facts_.block_bytes);
           finish(grpc::Status::OK);
         };
-        std::shared_ptr<IncomingKv> kv = IncomingKv::Await(
-            options_.transport, &engine_->pool(), nullptr, std::move(blocks), {transfer_id},
-            deadline, options_.reservation_quarantine, [state, settle](absl::Status s) {
-              std::shared_ptr<IncomingKv> kv;
-              {
-                absl::MutexLock lock(&state->mu);
-                if (state->kv == nullptr) {
-                  state->early = std::move(s);
-                  return;
-                }
-                kv = state->kv;
-              }
-              settle(kv, s);
-            });
+        std::shared_ptr<IncomingKv> kv =
+            IncomingKv::Await(options_.transport, &engine_->pool(), nullptr, std::move(blocks),
+                              {transfer_id}, deadline, options_.reservation_quarantine,
+                              std::move(landing), [state, settle](absl::Status s) {
+                                std::shared_ptr<IncomingKv> kv;
+                                {
+                                  absl::MutexLock lock(&state->mu);
+                                  if (state->kv == nullptr) {
+                                    state->early = std::move(s);
+                                    return;
+                                  }
+                                  kv = state->kv;
+                                }
+                                settle(kv, s);
+                              });
         std::optional<absl::Status> early;
         {
           absl::MutexLock lock(&state->mu);
@@ -330,13 +333,16 @@ void WorkerService::StartPrecopy(const std::string& id, int64_t blocks,
         if (!held.ok()) return finish(held.status(), 0);
         auto owned = std::make_shared<std::vector<BlockId>>(*std::move(held));
         uint64_t bytes = 0;
-        auto put = PrecopyTransfer(destination, *owned, engine_->pool(), deadline, &bytes);
+        std::shared_ptr<KvHostBlocks> source;
+        auto put =
+            PrecopyTransfer(destination, *owned, *engine_->staging(), deadline, &bytes, &source);
         if (!put.ok()) {
           CHECK_OK(engine_->pool().Release(*owned));
           return finish(put.status(), 0);
         }
         put->peer = to;
-        auto done = [this, owned, finish, bytes](absl::Status s) {
+        auto done = [this, owned, finish, bytes, source](absl::Status s) mutable {
+          source.reset();  // the put is over: its staging slots go back
           CHECK_OK(engine_->pool().Release(*owned));
           finish(s, s.ok() ? bytes : 0);
         };

@@ -10,23 +10,25 @@ std::shared_ptr<IncomingKv> IncomingKv::Await(transfer::KvTransport* transport, 
                                               KvBlockPool* window_pool, KvReservation blocks,
                                               std::vector<std::string> transfer_ids,
                                               absl::Time deadline, absl::Duration quarantine,
+                                              Landing landing,
                                               std::function<void(absl::Status)> on_ready,
                                               ReleaseObserver on_release) {
   auto kv = std::make_shared<IncomingKv>(transport, pool, window_pool, std::move(blocks),
-                                         quarantine, std::move(on_release));
+                                         quarantine, std::move(landing), std::move(on_release));
   kv->Start(std::move(transfer_ids), deadline, std::move(on_ready));
   return kv;
 }
 
 IncomingKv::IncomingKv(transfer::KvTransport* transport, KvBlockPool* pool,
                        KvBlockPool* window_pool, KvReservation blocks, absl::Duration quarantine,
-                       ReleaseObserver on_release)
+                       Landing landing, ReleaseObserver on_release)
     : transport_(transport),
       pool_(pool),
       window_pool_(window_pool),
       quarantine_(quarantine),
       on_release_(std::move(on_release)),
-      blocks_(std::move(blocks)) {}
+      blocks_(std::move(blocks)),
+      landing_(std::move(landing)) {}
 
 IncomingKv::~IncomingKv() {
   // Every await has fired (each holds a reference): no push can reach the blocks any more.
@@ -55,6 +57,7 @@ void IncomingKv::Start(std::vector<std::string> ids, absl::Time deadline,
 void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
   std::function<void(absl::Status)> ready;
   absl::Status ready_status;
+  Landing landed;  // every push landed: committed into the blocks before on_ready
   bool await_again = false;
   std::string id;
   {
@@ -73,6 +76,8 @@ void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
       if (++ok_ == ids_.size() && on_ready_) {
         ready = std::move(on_ready_);
         on_ready_ = nullptr;
+        landed = std::move(landing_);
+        landing_.clear();
       }
     } else {
       // DEADLINE_EXCEEDED may be this await's own deadline (the push may still be running) or
@@ -93,6 +98,12 @@ void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
       self->OnOutcome(index, std::move(s), /*second=*/true);
     });
   }
+  for (const auto& host : landed) {
+    // No push can write it any more. (Blocks are still ours: on_ready has not run.)
+    absl::Status committed = host->Commit();
+    if (!committed.ok() && ready_status.ok()) ready_status = committed;
+  }
+  landed.clear();  // the staging slots go back before the request goes on
   if (ready) ready(ready_status);
 }
 
@@ -128,8 +139,11 @@ void IncomingKv::MaybeRelease() {
   }
   held_ = false;
   KvReservation blocks = std::move(blocks_);
+  Landing landing = std::move(landing_);
+  landing_.clear();
   const bool known = !timed_out_;
   mu_.Unlock();
+  landing.clear();  // no push can reach it: its slots go back
   std::vector<BlockId> held;
   for (BlockId b : blocks.blocks) {
     if (b != kNoBlock) held.push_back(b);

@@ -2,6 +2,7 @@
 // prefill worker writes, and the outcomes of the transfers into them (ARCHITECTURE.md §3, §7).
 //
 //   auto kv = IncomingKv::Await(transport, pools, blocks, {id, window_id}, deadline, quarantine,
+//                               landing,
 //                               [](absl::Status s) { /* every push landed, or why not */ });
 //   ... on OK: kv->Take() hands the blocks (one reference each) to a decode-only request.
 //   ... on failure, or when the request ends first: kv->Abandon().
@@ -13,6 +14,10 @@
 // transport); only then, with its initiator long past its own deadline (which is at most this
 // reservation's, plus the transport's cancel grace), are the blocks given back, with an error
 // logged.
+//
+// The pushes write the reservation's landing (the staging areas' host memory, or the blocks
+// themselves in place; kv_handoff.h DescribeReservation): held as the blocks are, and once every
+// push has landed committed into the blocks (a copy to the device when staged) before on_ready.
 //
 // Thread-safe. Callbacks run on the transport's notification thread; `on_ready` runs once.
 
@@ -30,6 +35,7 @@
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
+#include "engine/kv/kv_staging.h"
 #include "services/transfer/kv_transport.h"
 
 namespace ferry {
@@ -40,12 +46,16 @@ class IncomingKv : public std::enable_shared_from_this<IncomingKv> {
   // quarantine ran out), for metrics; may be empty.
   using ReleaseObserver = std::function<void(int64_t blocks, bool outcome_known)>;
 
-  // Owns `blocks` (Engine::Reserve's references) from here. The transport and pools must
-  // outlive every IncomingKv.
+  // What the pushes write (kv_handoff.h KvLanding).
+  using Landing = std::vector<std::shared_ptr<KvHostBlocks>>;
+
+  // Owns `blocks` (Engine::Reserve's references) and `landing` from here. The transport and
+  // pools must outlive every IncomingKv.
   static std::shared_ptr<IncomingKv> Await(transfer::KvTransport* transport, KvBlockPool* pool,
                                            KvBlockPool* window_pool, KvReservation blocks,
                                            std::vector<std::string> transfer_ids,
                                            absl::Time deadline, absl::Duration quarantine,
+                                           Landing landing,
                                            std::function<void(absl::Status)> on_ready,
                                            ReleaseObserver on_release = {});
   ~IncomingKv();
@@ -63,7 +73,8 @@ class IncomingKv : public std::enable_shared_from_this<IncomingKv> {
   bool holding() const;
 
   IncomingKv(transfer::KvTransport* transport, KvBlockPool* pool, KvBlockPool* window_pool,
-             KvReservation blocks, absl::Duration quarantine, ReleaseObserver on_release);
+             KvReservation blocks, absl::Duration quarantine, Landing landing,
+             ReleaseObserver on_release);
 
  private:
   void Start(std::vector<std::string> ids, absl::Time deadline,
@@ -81,6 +92,7 @@ class IncomingKv : public std::enable_shared_from_this<IncomingKv> {
 
   mutable absl::Mutex mu_;
   KvReservation blocks_ ABSL_GUARDED_BY(mu_);
+  Landing landing_ ABSL_GUARDED_BY(mu_);   // until committed, or released with the blocks
   bool held_ ABSL_GUARDED_BY(mu_) = true;  // blocks_ still ours
   bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::string> ids_ ABSL_GUARDED_BY(mu_);

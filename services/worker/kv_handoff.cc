@@ -26,12 +26,15 @@ std::string RandomTransferSuffix() {
 
 namespace {
 
-absl::Status AddSlices(const KvBlockPool& pool, const MemorySpan& span, uint32_t region,
-                       absl::Span<const BlockId> blocks, transfer::PeerDescriptor* out) {
-  auto spans = pool.Spans(blocks);
-  if (!spans.ok()) return spans.status();
+// The slices of `blocks`' landing in `staging`'s host memory (added to `landing`).
+absl::Status AddSlices(KvStaging& staging, uint32_t region, absl::Span<const BlockId> blocks,
+                       transfer::PeerDescriptor* out, KvLanding* landing) {
+  auto lent = staging.Import(blocks);
+  if (!lent.ok()) return lent.status();
+  landing->push_back(*lent);
+  const MemorySpan span = staging.region();
   const auto base = reinterpret_cast<uint64_t>(span.address);
-  for (const MemorySpan& s : *spans) {
+  for (const MemorySpan& s : (*lent)->spans()) {
     const auto address = reinterpret_cast<uint64_t>(s.address);
     if (address < base || address + s.length > base + span.length) {
       return absl::InternalError("a reserved block lies outside its pool's registered region");
@@ -46,7 +49,8 @@ absl::Status AddSlices(const KvBlockPool& pool, const MemorySpan& span, uint32_t
 absl::StatusOr<v1::KvReservation> DescribeReservation(
     const std::string& request_id, const KvReservation& blocks, const ReservationTarget& target,
     const KvFacts& facts, const std::string& transfer_id, const std::string& window_transfer_id,
-    absl::Time deadline) {
+    absl::Time deadline, KvLanding* landing) {
+  landing->clear();
   const int64_t total = static_cast<int64_t>(blocks.blocks.size());
   if (blocks.cached_blocks >= total) {
     return absl::InternalError("a reservation with nothing to push");
@@ -57,14 +61,14 @@ absl::StatusOr<v1::KvReservation> DescribeReservation(
   d.transfer_id = transfer_id;
   d.regions.push_back(target.pool_region);
   absl::Status added =
-      AddSlices(*target.pool, target.pool_span, 0,
-                absl::MakeConstSpan(blocks.blocks).subspan(blocks.cached_blocks), &d);
+      AddSlices(*target.staging, 0,
+                absl::MakeConstSpan(blocks.blocks).subspan(blocks.cached_blocks), &d, landing);
   if (!added.ok()) return added;
   v1::KvReservation r;
   r.set_request_id(request_id);
   r.set_cached_prefix_blocks(static_cast<uint32_t>(blocks.cached_blocks));
   r.set_reserved_blocks(static_cast<uint32_t>(total - blocks.cached_blocks));
-  if (target.window_pool != nullptr) {
+  if (target.window_staging != nullptr) {
     if (static_cast<int64_t>(blocks.window_blocks.size()) != total) {
       return absl::InternalError("the window table does not match the reservation's");
     }
@@ -76,8 +80,8 @@ absl::StatusOr<v1::KvReservation> DescribeReservation(
       }
     }
     d.regions.push_back(target.window_region);
-    added = AddSlices(*target.window_pool, target.window_span, 1,
-                      absl::MakeConstSpan(blocks.window_blocks).subspan(first), &d);
+    added = AddSlices(*target.window_staging, 1,
+                      absl::MakeConstSpan(blocks.window_blocks).subspan(first), &d, landing);
     if (!added.ok()) return added;
     r.set_window_first_block(static_cast<uint32_t>(first));
     r.set_window_transfer_id(window_transfer_id);
@@ -162,20 +166,22 @@ absl::Time PutDeadline(const v1::KvReservation& reservation, absl::Time deadline
   return std::min(deadline, absl::FromUnixMillis(reservation.deadline_unix_ms()));
 }
 
-// A put of `blocks` of `pool` into `remote`'s slices first_slice, first_slice + 1, ..., with
-// remote's transfer id; their bytes added to `bytes`.
+// A put of `blocks` (their host memory from `staging`, lent to `source`) into `remote`'s slices
+// first_slice, first_slice + 1, ..., with remote's transfer id; their bytes added to `bytes`.
 absl::StatusOr<transfer::TransferRequest> BlocksPut(const transfer::PeerDescriptor& remote,
                                                     size_t first_slice,
                                                     absl::Span<const BlockId> blocks,
-                                                    const KvBlockPool& pool, absl::Time deadline,
-                                                    uint64_t* bytes) {
-  auto spans = pool.Spans(blocks);
-  if (!spans.ok()) return spans.status();
-  auto put =
-      transfer::BlockTransferRequest(remote, first_slice, *spans, transfer::TransferOp::kPut);
+                                                    KvStaging& staging, absl::Time deadline,
+                                                    uint64_t* bytes,
+                                                    std::shared_ptr<KvHostBlocks>* source) {
+  auto host = staging.Export(blocks);
+  if (!host.ok()) return host.status();
+  const std::vector<MemorySpan>& spans = (*host)->spans();
+  auto put = transfer::BlockTransferRequest(remote, first_slice, spans, transfer::TransferOp::kPut);
   if (!put.ok()) return put.status();
   put->deadline = deadline;
-  for (const MemorySpan& s : *spans) *bytes += s.length;
+  for (const MemorySpan& s : spans) *bytes += s.length;
+  *source = *std::move(host);
   return put;
 }
 
@@ -183,9 +189,11 @@ absl::StatusOr<transfer::TransferRequest> BlocksPut(const transfer::PeerDescript
 
 absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     const v1::KvReservation& reservation, const std::vector<BlockId>& blocks,
-    const std::vector<BlockId>& window_blocks, const KvBlockPool& pool,
-    const KvBlockPool* window_pool, int64_t from_block, int64_t window_floor, absl::Time deadline,
-    uint64_t* bytes) {
+    const std::vector<BlockId>& window_blocks, KvStaging& staging, KvStaging* window_staging,
+    int64_t from_block, int64_t window_floor, absl::Time deadline, uint64_t* bytes,
+    std::vector<std::shared_ptr<KvHostBlocks>>* sources) {
+  sources->clear();
+  const KvBlockPool& pool = staging.pool();
   auto remote = transfer::FromProto(reservation.transfer());
   if (!remote.ok()) return remote.status();
   deadline = PutDeadline(reservation, deadline);
@@ -195,11 +203,13 @@ absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
   const size_t from =
       std::max<size_t>(cached, static_cast<size_t>(std::max<int64_t>(0, from_block)));
   if (from >= blocks.size()) return absl::InvalidArgumentError("nothing to push");
-  auto put = BlocksPut(*remote, from - cached, absl::MakeConstSpan(blocks).subspan(from), pool,
-                       deadline, bytes);
+  std::shared_ptr<KvHostBlocks> source;
+  auto put = BlocksPut(*remote, from - cached, absl::MakeConstSpan(blocks).subspan(from), staging,
+                       deadline, bytes, &source);
   if (!put.ok()) return put.status();
   out.push_back(*std::move(put));
-  if (window_pool != nullptr) {
+  sources->push_back(std::move(source));
+  if (window_staging != nullptr) {
     const size_t first = reservation.window_first_block();
     if (window_blocks.size() != blocks.size() || first >= window_blocks.size()) {
       return absl::InvalidArgumentError("the window table does not match the reservation");
@@ -217,9 +227,10 @@ absl::StatusOr<std::vector<transfer::TransferRequest>> PushTransfers(
     transfer::PeerDescriptor window_remote = *remote;
     window_remote.transfer_id = reservation.window_transfer_id();
     auto window_put = BlocksPut(window_remote, reservation.reserved_blocks() + (start - first),
-                                held, *window_pool, deadline, bytes);
+                                held, *window_staging, deadline, bytes, &source);
     if (!window_put.ok()) return window_put.status();
     out.push_back(*std::move(window_put));
+    sources->push_back(std::move(source));
   }
   return out;
 }
@@ -240,8 +251,9 @@ absl::Status CheckPrecopyReservation(const v1::KvReservation& r, const KvFacts& 
 
 absl::StatusOr<transfer::TransferRequest> PrecopyTransfer(const v1::KvReservation& reservation,
                                                           absl::Span<const BlockId> blocks,
-                                                          const KvBlockPool& pool,
-                                                          absl::Time deadline, uint64_t* bytes) {
+                                                          KvStaging& staging, absl::Time deadline,
+                                                          uint64_t* bytes,
+                                                          std::shared_ptr<KvHostBlocks>* source) {
   const size_t cached = reservation.cached_prefix_blocks();
   if (blocks.size() != cached + reservation.reserved_blocks()) {
     return absl::InvalidArgumentError(absl::StrCat("the pre-copy holds ", blocks.size(),
@@ -251,15 +263,16 @@ absl::StatusOr<transfer::TransferRequest> PrecopyTransfer(const v1::KvReservatio
   auto remote = transfer::FromProto(reservation.transfer());
   if (!remote.ok()) return remote.status();
   *bytes = 0;
-  return BlocksPut(*remote, 0, blocks.subspan(cached), pool, PutDeadline(reservation, deadline),
-                   bytes);
+  return BlocksPut(*remote, 0, blocks.subspan(cached), staging, PutDeadline(reservation, deadline),
+                   bytes, source);
 }
 
 absl::StatusOr<transfer::TransferRequest> StreamTransfer(const v1::KvReservation& reservation,
                                                          int64_t first_block,
                                                          absl::Span<const BlockId> blocks,
-                                                         const KvBlockPool& pool,
-                                                         absl::Time deadline, uint64_t* bytes) {
+                                                         KvStaging& staging, absl::Time deadline,
+                                                         uint64_t* bytes,
+                                                         std::shared_ptr<KvHostBlocks>* source) {
   const int64_t cached = reservation.cached_prefix_blocks();
   const int64_t end = first_block + static_cast<int64_t>(blocks.size());
   if (blocks.empty() || first_block < cached || end > cached + reservation.reserved_blocks()) {
@@ -271,8 +284,8 @@ absl::StatusOr<transfer::TransferRequest> StreamTransfer(const v1::KvReservation
   if (!remote.ok()) return remote.status();
   remote->transfer_id.clear();  // D learns of streamed puts through the last ones
   *bytes = 0;
-  return BlocksPut(*remote, static_cast<size_t>(first_block - cached), blocks, pool,
-                   PutDeadline(reservation, deadline), bytes);
+  return BlocksPut(*remote, static_cast<size_t>(first_block - cached), blocks, staging,
+                   PutDeadline(reservation, deadline), bytes, source);
 }
 
 }  // namespace ferry

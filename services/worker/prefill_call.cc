@@ -392,10 +392,11 @@ void PrefillCall::PushChunk(int64_t first, std::vector<BlockId> blocks) {
     if (!chunk_status_.ok()) failed = chunk_status_;
   }
   transfer::TransferRequest put;
+  std::shared_ptr<KvHostBlocks> source;  // the put's bytes, until it is over
   uint64_t bytes = 0;
   if (failed.ok()) {
-    auto built =
-        StreamTransfer(destination_, first, blocks, service_->engine().pool(), deadline_, &bytes);
+    auto built = StreamTransfer(destination_, first, blocks, *service_->engine().staging(),
+                                deadline_, &bytes, &source);
     if (built.ok()) {
       put = *std::move(built);
     } else {
@@ -414,9 +415,11 @@ void PrefillCall::PushChunk(int64_t first, std::vector<BlockId> blocks) {
   // Streamed blocks are whole blocks of the prompt.
   const int64_t tokens =
       static_cast<int64_t>(blocks.size()) * service_->engine().pool().layout().block_tokens;
-  auto posted = PostOnWire(std::move(put), tokens, [this, blocks, bytes](absl::Status s) {
-    OnChunkPushed(s, blocks, bytes, /*posted=*/true);
-  });
+  auto posted =
+      PostOnWire(std::move(put), tokens, [this, blocks, bytes, source](absl::Status s) mutable {
+        source.reset();  // its staging slots go back
+        OnChunkPushed(s, blocks, bytes, /*posted=*/true);
+      });
   if (!posted.ok()) OnChunkPushed(posted.status(), blocks, 0, /*posted=*/false);
 }
 
@@ -564,11 +567,12 @@ void PrefillCall::Push() {
     window_blocks = window_blocks_;
     window_floor = window_floor_;
   }
+  std::vector<std::shared_ptr<KvHostBlocks>> sources;  // each put's bytes, until it is over
   if (failed.ok()) {
     uint64_t bytes = 0;
-    auto built =
-        PushTransfers(destination_, blocks, window_blocks, service_->engine().pool(),
-                      service_->engine().window_pool(), from, window_floor, deadline_, &bytes);
+    auto built = PushTransfers(destination_, blocks, window_blocks, *service_->engine().staging(),
+                               service_->engine().window_staging(), from, window_floor, deadline_,
+                               &bytes, &sources);
     if (!built.ok()) {
       failed = built.status();
     } else {
@@ -612,9 +616,14 @@ void PrefillCall::Push() {
   const int64_t pushed_from = std::max<int64_t>(destination_.cached_prefix_blocks(), from) *
                               service_->engine().pool().layout().block_tokens;
   int64_t tokens = std::max<int64_t>(0, kv_positions_ - pushed_from);
-  for (transfer::TransferRequest& put : puts) {
+  for (size_t i = 0; i < puts.size(); ++i) {
+    transfer::TransferRequest& put = puts[i];
     put.peer = peer;
-    auto posted = PostOnWire(std::move(put), tokens, [this](absl::Status s) { OnPushed(s); });
+    auto posted =
+        PostOnWire(std::move(put), tokens, [this, source = sources[i]](absl::Status s) mutable {
+          source.reset();  // its staging slots go back
+          OnPushed(s);
+        });
     tokens = 0;
     if (!posted.ok()) {
       OnPushed(posted.status());

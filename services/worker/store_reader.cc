@@ -26,12 +26,21 @@ StoreReader::StoreReader(kv::KvClient* client, Engine* engine, KvBlockPool* pool
       metrics_(metrics),
       options_(options),
       clock_(options.clock != nullptr ? options.clock : &RealClock()) {
+  staging_ = options_.staging;
+  if (staging_ == nullptr) {
+    auto in_place = KvStaging::InPlace(pool_);
+    CHECK_OK(in_place.status());
+    own_staging_ = *std::move(in_place);
+    staging_ = own_staging_.get();
+  }
+  CHECK(&staging_->pool() == pool_) << "the store reader's staging is another pool's";
   if (options_.transport != nullptr) {
     const uint64_t base = options_.pool_region.address;
-    const auto address = reinterpret_cast<uint64_t>(pool_->region().address);
-    if (address < base || address + pool_->region().length > base + options_.pool_region.length) {
-      LOG(ERROR) << "store reads: the pool's memory is not in the region registered with the KV "
-                    "transport; reads come in the Get streams";
+    const MemorySpan host = staging_->region();
+    const auto address = reinterpret_cast<uint64_t>(host.address);
+    if (address < base || address + host.length > base + options_.pool_region.length) {
+      LOG(ERROR) << "store reads: the blocks' host memory is not in the region registered with "
+                    "the KV transport; reads come in the Get streams";
     } else {
       transfer::PeerDescriptor d;
       d.kind = std::string(options_.transport->kind());
@@ -89,6 +98,7 @@ absl::Duration StoreReader::ReleaseQuarantined() {
   for (size_t i = 0; i < quarantine_.size();) {
     if (quarantine_[i].until <= now) {
       CHECK_OK(pool_->Release(quarantine_[i].blocks));
+      quarantine_[i].landing.reset();  // its slots: no failed node writes them any more
       quarantine_[i] = std::move(quarantine_.back());
       quarantine_.pop_back();
       released = true;
@@ -237,8 +247,15 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline, const St
   int64_t loaded = 0;
   if (fresh > 0) {
     const std::vector<BlockId> targets(reserved->blocks.begin() + cached, reserved->blocks.end());
-    auto spans = pool_->Spans(targets);
-    CHECK_OK(spans.status());
+    auto landing = staging_->Import(targets);
+    if (!landing.ok()) {
+      // No room in the staging area now: the request is computed, as on a miss.
+      LOG(WARNING) << "request " << request.id
+                   << ": no KV staging for its prefix: " << landing.status();
+      CHECK_OK(pool_->Release(reserved->blocks));
+      return finish("skipped");
+    }
+    const std::vector<MemorySpan>* spans = &(*landing)->spans();
     // The run in `streams` slices, read at once (this thread reads the first).
     const int64_t streams = std::clamp<int64_t>(options_.streams, 1, fresh);
     std::vector<kv::GetIntoResult> got(static_cast<size_t>(fresh));
@@ -271,6 +288,16 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline, const St
         break;
       }
     }
+    if (loaded > 0) {
+      // Into the blocks (a copy to the device when staged; nothing in place).
+      absl::Status committed = (*landing)->Commit(loaded);
+      if (!committed.ok()) {
+        LOG(ERROR) << "request " << request.id
+                   << ": the KV read from the store is not taken: " << committed;
+        loaded = 0;
+        why = "failed";
+      }
+    }
     for (int64_t i = 0; i < loaded; ++i) read.by_transport |= got[i].by_transport;
     // The rest go back to the pool, but those a failed node may still write only once it can
     // no longer.
@@ -287,7 +314,8 @@ StoreRead StoreReader::Run(EngineRequest& request, absl::Time deadline, const St
                       "pool for "
                    << options_.unsettled_quarantine;
       absl::MutexLock lock(&mu_);
-      quarantine_.push_back({clock_->Monotonic() + options_.unsettled_quarantine, std::move(held)});
+      quarantine_.push_back({clock_->Monotonic() + options_.unsettled_quarantine, std::move(held),
+                             *std::move(landing)});
       metrics_->StoreQuarantinedBlocks(QuarantinedLocked());
       cv_.SignalAll();  // the waiting threads' next release time
     }

@@ -27,13 +27,15 @@
 // the decode worker as soon as the request is admitted, while the rest of the prompt is computed
 // (Engine's stream_kv progress at admission).
 //
-// Two paths into the blocks. With the worker's KV transport (options.transport, the pool
-// registered with it: TransportKvAllocator), each Get carries a descriptor of the fresh blocks
-// (the pool's region, one block slice per key) and a node whose own transport is of that kind
-// puts the values straight into them from its staging memory, the stream carrying headers only
-// (path "transport"); a node without one answers so and sends the bytes in the stream, copied
-// once from the received message into the blocks (path "stream", also the path without a
-// transport). A read counts as transport when any of its blocks came that way.
+// Two paths into the blocks' host memory (KvStaging::Import: the blocks themselves on host memory,
+// else a staging area's slots, committed into the blocks, a GPU's, once the read is over). With
+// the worker's KV transport (options.transport, that memory registered with it:
+// TransportKvAllocator), each Get carries a descriptor of it (the region, one block slice per
+// key) and a node whose own transport is of that kind puts the values straight into it from its
+// staging memory, the stream carrying headers only (path "transport"); a node without one answers
+// so and sends the bytes in the stream, copied once from the received message (path "stream",
+// also the path without a transport). A read counts as transport when any of its blocks came that
+// way. A staging area without room for a read skips it (the request is computed).
 //
 // Memory a peer may still write never goes back to the free list: a node that failed during a
 // descriptor read may still have puts in flight into the blocks of the keys it did not complete
@@ -72,6 +74,7 @@
 #include "engine/common/hash128.h"
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
+#include "engine/kv/kv_staging.h"
 #include "engine/model/sim_timing.h"
 #include "kvstore/client/kv_client.h"
 #include "services/transfer/kv_transport.h"
@@ -93,9 +96,12 @@ struct StoreReaderOptions {
   // than sim_timing->StoreReadSeconds(T) after it started (the reader thread waits; bounded by
   // the request's deadline). Null: real time only.
   std::shared_ptr<const SimTiming> sim_timing;
-  // The worker's KV transport and the registration of the pool's memory with it (the region
-  // holding KvBlockPool::region()); null: every read comes in the Get streams. Must outlive the
-  // reader.
+  // Host access to the pool's blocks (must outlive the reader); null: the pool in place (its
+  // memory must be host memory).
+  KvStaging* staging = nullptr;
+  // The worker's KV transport and the registration of the blocks' host memory with it (the
+  // region holding the staging's region()); null: every read comes in the Get streams. Must
+  // outlive the reader.
   const transfer::KvTransport* transport = nullptr;
   transfer::RegionDescriptor pool_region;
   // How long blocks a failed node's puts may still reach stay out of the pool, from the end of
@@ -160,6 +166,7 @@ class StoreReader {
   struct Quarantine {
     absl::Duration until;
     std::vector<BlockId> blocks;
+    std::shared_ptr<KvHostBlocks> landing;  // the read's host memory, written as well
   };
   void Loop();
   // Gives back the quarantined blocks whose time is up; returns how long until the next one's is
@@ -179,6 +186,8 @@ class StoreReader {
   kv::KvClient* const client_;
   Engine* const engine_;
   KvBlockPool* const pool_;
+  std::unique_ptr<KvStaging> own_staging_;  // without options.staging
+  KvStaging* staging_;
   const Hash128 fingerprint_;
   WorkerMetrics* const metrics_;
   const StoreReaderOptions options_;

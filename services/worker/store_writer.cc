@@ -18,6 +18,14 @@ StoreWriter::StoreWriter(kv::KvClient* client, KvBlockPool* pool, const Hash128&
       options_(options),
       block_bytes_(static_cast<int64_t>(pool->layout().block_bytes())),
       layout_tag_(pool->layout().Tag()) {
+  staging_ = options.staging;
+  if (staging_ == nullptr) {
+    auto in_place = KvStaging::InPlace(pool);
+    CHECK_OK(in_place.status());
+    own_staging_ = *std::move(in_place);
+    staging_ = own_staging_.get();
+  }
+  CHECK(&staging_->pool() == pool) << "the store writer's staging is another pool's";
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -151,11 +159,23 @@ void StoreWriter::Write(std::vector<Item> batch) {
   const int64_t absent = static_cast<int64_t>(missing.size());
   missing.insert(missing.end(), extend.begin(), extend.end());
   if (missing.empty()) return;
-  // The values point into the pool: the blocks are full and referenced, so nothing writes them.
+  // The values are the blocks' host bytes: the blocks are full and referenced, so nothing writes
+  // them.
+  std::vector<BlockId> ids;
+  for (const Item& item : missing) ids.push_back(item.block);
+  auto host = staging_->Export(ids);
+  if (!host.ok()) {
+    // The staging area is full (or a copy failed): this batch is not written, as with a store
+    // that is down; the request never waits for it.
+    LOG(WARNING) << "KV store writes: " << host.status();
+    for (const Item& item : missing) Release(item);
+    metrics_->StoreWriteBlocks("failed", static_cast<int64_t>(missing.size()));
+    return;
+  }
   std::vector<kv::ClientObject> objects;
-  for (const Item& item : missing) {
-    auto spans = pool_->Spans(absl::MakeConstSpan(&item.block, 1));
-    CHECK_OK(spans.status());
+  for (size_t i = 0; i < missing.size(); ++i) {
+    const Item& item = missing[i];
+    const MemorySpan& span = (*host)->spans()[i];
     kv::ClientObject o;
     o.key = item.hash;
     o.meta.fingerprint = fingerprint_;
@@ -163,10 +183,11 @@ void StoreWriter::Write(std::vector<Item> batch) {
     o.meta.token_count = static_cast<uint32_t>(pool_->layout().block_tokens);
     o.meta.traffic_class = item.traffic_class;
     o.meta.retention_floor_s = item.retention_floor_s;
-    o.value = absl::string_view(static_cast<const char*>((*spans)[0].address), (*spans)[0].length);
+    o.value = absl::string_view(static_cast<const char*>(span.address), span.length);
     objects.push_back(o);
   }
   const int64_t durable = client_->Put(objects);
+  host->reset();  // the call has returned: nothing reads the values any more
   for (const Item& item : missing) Release(item);
   const int64_t n = static_cast<int64_t>(missing.size());
   if (durable == n) {

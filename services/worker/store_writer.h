@@ -17,8 +17,9 @@
 // those it wrote or found present lately with at least the floor wanted (a bounded map of recent
 // hashes to the floor known for each; a hash twice in a batch goes once, with its highest
 // floor), asks the store which of the rest it already has and with which floor (one Exists), and
-// Puts the others in one call whose values point into the pool itself (the client hands each
-// value to gRPC as a slice of the block, so no copy is made before the kernel's; PutStream):
+// Puts the others in one call whose values are the blocks' host bytes (KvStaging::Export: the
+// pool itself on host memory, so no copy is made before the kernel's, the client handing each
+// value to gRPC as a slice of the block, PutStream; a GPU's blocks copied to its staging area):
 // those absent, and those present with a lower floor than wanted (written again with the higher
 // one, counted "extended"). Each block's reference is dropped as soon as that call returns. A
 // store that is down or slow costs the batch (counted failed), never a request.
@@ -31,6 +32,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -41,12 +43,16 @@
 #include "engine/common/hash128.h"
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
+#include "engine/kv/kv_staging.h"
 #include "kvstore/client/kv_client.h"
 #include "services/worker/worker_metrics.h"
 
 namespace ferry {
 
 struct StoreWriterOptions {
+  // Host access to the pool's blocks (must outlive the writer); null: the pool in place (its
+  // memory must be host memory).
+  KvStaging* staging = nullptr;
   int64_t max_queued_bytes = int64_t{256} << 20;
   int64_t batch_blocks = 16;
   size_t recent_hashes = size_t{1} << 16;
@@ -83,6 +89,8 @@ class StoreWriter {
 
   kv::KvClient* const client_;
   KvBlockPool* const pool_;
+  std::unique_ptr<KvStaging> own_staging_;  // without options.staging
+  KvStaging* staging_;
   const Hash128 fingerprint_;
   WorkerMetrics* const metrics_;
   const StoreWriterOptions options_;

@@ -39,14 +39,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     transport.advertise_host = options.advertise_address;
     transport.auth_token = token;  // the gRPC fallback's calls, as the worker's own
     transport.registry = w->registry_.get();
-    // A GPU's KV pool is device memory, which the transports cannot read in place: until KV
-    // moves through pinned staging memory, a GPU worker has no transport (its drained requests
-    // resume elsewhere by re-prefill).
-    auto created =
-        options.backend == "cpu"
-            ? transfer::KvTransport::Create(transport)
-            : absl::StatusOr<std::unique_ptr<transfer::KvTransport>>(absl::UnimplementedError(
-                  "no KV transport on --backend=cuda yet (pinned staging)"));
+    // A GPU's KV moves through a staging area of host memory registered with the transport
+    // (WorkerEngine; Debian's UCX has no CUDA transports to read device memory in place).
+    auto created = transfer::KvTransport::Create(transport);
     if (created.ok()) {
       w->transport_ = *std::move(created);
     } else if (options.role == "aggregated") {
@@ -124,11 +119,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
       read.streams = options.kvstore_read_streams;
       read.max_blocks = options.kvstore_read_max_blocks;
       read.sim_timing = w->engine_->sim_timing();
+      read.staging = w->engine_->staging();
       if (w->transport_ != nullptr) {
         // Hits land in the pool's blocks by the store node's transport where it has one of
         // this kind (else in the Get streams). A failed node's puts end by the client's deadline
         // plus its transport's cancel grace (TransportOptions' default, 200 ms): a second more.
-        auto region = w->engine_->RegionOf(w->engine_->pool());
+        auto region = w->engine_->RegionOf(*w->engine_->staging());
         if (region.ok()) {
           read.transport = w->transport_.get();
           read.pool_region = region->descriptor;
@@ -144,6 +140,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(const WorkerOptions& optio
     if (options.kvstore_write) {
       StoreWriterOptions write;
       write.max_queued_bytes = options.kvstore_write_queue_bytes;
+      write.staging = w->engine_->staging();
       w->store_writer_ = std::make_unique<StoreWriter>(w->kv_client_.get(), &w->engine_->pool(),
                                                        fingerprint, metrics, write);
     }

@@ -12,6 +12,7 @@
 #include "engine/common/log.h"
 #include "engine/common/status.h"
 #include "engine/common/units.h"
+#include "engine/kv/kv_staging.h"
 #include "engine/model/host_weights.h"
 #include "engine/model/model_files.h"
 #include "engine/model/null_model.h"
@@ -148,12 +149,29 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
     ASSIGN_OR_RETURN(w->model_, NullModel::Create(std::move(null)));
   }
   w->backend_ = std::move(backend);
+  // Where the pools live, and the host memory their KV moves through (kv_staging.h): a pool of
+  // host memory is lent in place, from the transport's registered memory when there is one; a
+  // GPU's pool (or any, with --kv_staging=always) stays the backend's, and a staging area of host
+  // memory (the transport's, else plain) carries its blocks in and out.
+  w->staged_ = options.kv_staging == "always" || !w->backend_->host_memory();
+  const bool moves_kv =
+      transport != nullptr || !options.kvstore.empty() || !options.kvstore_dns.empty();
+  std::unique_ptr<transfer::TransportKvAllocator> registered;
   if (transport != nullptr) {
-    auto allocator = std::make_unique<transfer::TransportKvAllocator>(transport);
-    w->transport_allocator_ = allocator.get();
-    w->allocator_ = std::move(allocator);
+    registered = std::make_unique<transfer::TransportKvAllocator>(transport);
+    w->transport_allocator_ = registered.get();
+  }
+  if (registered != nullptr && !w->staged_) {
+    w->allocator_ = std::move(registered);
   } else {
     w->allocator_ = std::make_unique<BackendKvAllocator>(w->backend_.get());
+  }
+  if (w->staged_ && moves_kv) {
+    if (registered != nullptr) {
+      w->staging_allocator_ = std::move(registered);
+    } else {
+      w->staging_allocator_ = std::make_unique<HostKvAllocator>();
+    }
   }
 
   const ForwardModel& model = *w->model_;
@@ -210,6 +228,10 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
     ASSIGN_OR_RETURN(w->window_pool_, KvBlockPool::Create(window, window_blocks,
                                                           w->allocator_.get(), w->backend_.get()));
   }
+  ASSIGN_OR_RETURN(w->staging_, w->MakeStaging(*w->pool_, options, moves_kv));
+  if (w->window_pool_ != nullptr) {
+    ASSIGN_OR_RETURN(w->window_staging_, w->MakeStaging(*w->window_pool_, options, moves_kv));
+  }
   ASSIGN_OR_RETURN(w->engine_, Engine::Create(w->model_.get(), w->pool_.get(), w->tokenizer_.get(),
                                               eo, w->window_pool_.get()));
   w->engine_->Start();
@@ -227,6 +249,13 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
             << (w->window_pool_ != nullptr
                     ? absl::StrCat(", window pool of ", w->window_pool_->num_blocks(), " blocks")
                     : "")
+            << (w->staging_ != nullptr && w->staging_->staged()
+                    ? absl::StrCat(", its KV moved through a staging area of ",
+                                   w->staging_->capacity_blocks(), " blocks of host memory",
+                                   w->transport_allocator_ != nullptr
+                                       ? " registered with the KV transport"
+                                       : "")
+                    : "")
             << (w->image_encoder_ != nullptr
                     ? absl::StrCat(", vision tower of ", w->image_encoder_->num_image_tokens(),
                                    " tokens per image")
@@ -236,12 +265,30 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   return w;
 }
 
-absl::StatusOr<transfer::LocalRegion> WorkerEngine::RegionOf(const KvBlockPool& pool) const {
+absl::StatusOr<std::unique_ptr<KvStaging>> WorkerEngine::MakeStaging(KvBlockPool& pool,
+                                                                     const WorkerOptions& options,
+                                                                     bool moves_kv) {
+  if (!staged_) return KvStaging::InPlace(&pool);
+  if (!moves_kv) return std::unique_ptr<KvStaging>();
+  const int64_t block_bytes = static_cast<int64_t>(pool.layout().block_bytes());
+  int64_t capacity = pool.num_blocks();
+  if (options.kv_staging_bytes > 0) {
+    capacity = std::min(capacity, options.kv_staging_bytes / block_bytes);
+    if (capacity < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_staging_bytes ", FormatByteSize(options.kv_staging_bytes),
+                       " holds no KV block of ", FormatByteSize(block_bytes)));
+    }
+  }
+  return KvStaging::Staged(&pool, staging_allocator_.get(), capacity);
+}
+
+absl::StatusOr<transfer::LocalRegion> WorkerEngine::RegionOf(const KvStaging& staging) const {
   if (transport_allocator_ == nullptr) {
     return absl::FailedPreconditionError(
         "the worker's KV pools are not registered with a transport");
   }
-  return transport_allocator_->RegionOf(pool.region().address);
+  return transport_allocator_->RegionOf(staging.region().address);
 }
 
 void WorkerEngine::DetachTransport() {

@@ -7,7 +7,10 @@
 // sim_timing() is what the services time KV hand-offs and store reads with.
 //
 // With a KV transport (the prefill and decode roles) the pools' memory comes from it
-// (TransportKvAllocator), registered, so that peers can read and write the blocks in place.
+// (TransportKvAllocator), registered, so that peers can read and write the blocks in place. A
+// GPU's pools (or any, with --kv_staging=always) stay device memory, and their KV moves through a
+// staging area of host memory per pool (engine/kv/kv_staging.h), registered with the transport
+// when there is one; staging() is the services' one way to the blocks' bytes either way.
 //
 // A LLaVA directory (config.json's model_type "llava", with --engine=real) loads with
 // LoadLlavaModel: the text model runs as any other (its fingerprint extended with the tower's
@@ -27,6 +30,7 @@
 #include "engine/backends/backend.h"
 #include "engine/engine.h"
 #include "engine/kv/kv_block_pool.h"
+#include "engine/kv/kv_staging.h"
 #include "engine/model/forward_model.h"
 #include "engine/model/sim_timing.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -66,14 +70,22 @@ class WorkerEngine {
   bool two_pools() const { return window_pool_ != nullptr; }
   KvBlockPool& pool() { return *pool_; }
   KvBlockPool* window_pool() { return window_pool_.get(); }
-  // With a transport: the registration of `pool`'s memory (for reservations).
-  absl::StatusOr<transfer::LocalRegion> RegionOf(const KvBlockPool& pool) const;
+  // Host access to the pools' blocks (in place, or staged): null only for a staged pool whose
+  // worker moves no KV (no transport, no store).
+  KvStaging* staging() { return staging_.get(); }
+  KvStaging* window_staging() { return window_staging_.get(); }
+  bool staged() const { return staged_; }
+  // With a transport: the registration of `staging`'s host memory (for reservations).
+  absl::StatusOr<transfer::LocalRegion> RegionOf(const KvStaging& staging) const;
   // Before the transport is destroyed (TransportKvAllocator::Detach); the engine thread must be
   // stopped by then or soon after.
   void DetachTransport();
 
  private:
   WorkerEngine() = default;
+  absl::StatusOr<std::unique_ptr<KvStaging>> MakeStaging(KvBlockPool& pool,
+                                                         const WorkerOptions& options,
+                                                         bool moves_kv);
 
   std::string model_path_, model_name_, engine_kind_, backend_kind_;
   EngineOptions engine_options_;
@@ -83,10 +95,14 @@ class WorkerEngine {
   std::shared_ptr<const SimTiming> sim_timing_;
   std::unique_ptr<ForwardModel> model_;
   std::unique_ptr<ImageEncoder> image_encoder_;
-  std::unique_ptr<KvAllocator> allocator_;
-  transfer::TransportKvAllocator* transport_allocator_ = nullptr;  // allocator_, with a transport
+  std::unique_ptr<KvAllocator> allocator_;          // the pools' memory
+  std::unique_ptr<KvAllocator> staging_allocator_;  // the staging areas' (staged only)
+  // The one of them that is the transport's (with a transport).
+  transfer::TransportKvAllocator* transport_allocator_ = nullptr;
+  bool staged_ = false;
   std::unique_ptr<KvBlockPool> pool_, window_pool_;
-  std::unique_ptr<Engine> engine_;  // last: destroyed first
+  std::unique_ptr<KvStaging> staging_, window_staging_;  // before the pools are freed
+  std::unique_ptr<Engine> engine_;                       // last: destroyed first
 };
 
 }  // namespace ferry

@@ -68,7 +68,7 @@ ABSL_FLAG(std::string, weights, "bf16",
 ABSL_FLAG(std::string, kv_dtype, "bf16", "KV cache type: f32 or bf16");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(std::string, backend, "cpu",
-          "compute backend: cpu, or cuda (one GPU; aggregated role, no KV store, for now)");
+          "compute backend: cpu, or cuda (one GPU; its KV moves through pinned host memory)");
 ABSL_FLAG(int, cuda_device, 0, "--backend=cuda: the GPU");
 ABSL_FLAG(bool, deterministic, false,
           "--backend=cuda: batch-invariant products (the CPU backend always is deterministic)");
@@ -79,6 +79,11 @@ ABSL_FLAG(std::string, kv_pool_bytes, "1GiB",
           "kv_pool_bytes / (kv_bytes_per_token x block_tokens) blocks)");
 ABSL_FLAG(std::string, window_pool_bytes, "0",
           "hybrid models: the sliding-window layers' own pool (0: one pool)");
+ABSL_FLAG(std::string, kv_staging, "auto",
+          "how KV moves out of and into the pools: auto (in place on host memory, through pinned "
+          "host memory on a GPU) or always (staged on any backend: the GPU's path, on the CPU)");
+ABSL_FLAG(std::string, kv_staging_bytes, "0",
+          "the KV staging area per pool, when staged (0: as many blocks as the pool)");
 ABSL_FLAG(std::string, prefix_cache_bytes, "",
           "unreferenced cached KV kept at most (default: the whole pool; --engine=sim: bytes of "
           "the simulated model's KV)");
@@ -232,6 +237,8 @@ WorkerOptions OptionsFromFlags() {
   BYTES_FROM_FLAG(gpu_memory_bytes);
   BYTES_FROM_FLAG(kv_pool_bytes);
   BYTES_FROM_FLAG(window_pool_bytes);
+  FROM_FLAG(kv_staging);
+  BYTES_FROM_FLAG(kv_staging_bytes);
   BYTES_FROM_FLAG(prefix_cache_bytes);
   BYTES_FROM_FLAG(window_cache_bytes);
   FROM_FLAG(window_cache_ttl);

@@ -60,6 +60,8 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(c.Read("deterministic", &o->deterministic));
   RETURN_IF_ERROR(ReadSize(c, "kv_pool_bytes", &o->kv_pool_bytes));
   RETURN_IF_ERROR(ReadSize(c, "window_pool_bytes", &o->window_pool_bytes));
+  RETURN_IF_ERROR(c.Read("kv_staging", &o->kv_staging));
+  RETURN_IF_ERROR(ReadSize(c, "kv_staging_bytes", &o->kv_staging_bytes));
   RETURN_IF_ERROR(ReadSize(c, "prefix_cache_bytes", &o->prefix_cache_bytes));
   RETURN_IF_ERROR(ReadSize(c, "window_cache_bytes", &o->window_cache_bytes));
   RETURN_IF_ERROR(ReadDuration(c, "window_cache_ttl", &o->window_cache_ttl));
@@ -138,14 +140,6 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   }
   if (o.backend == "cuda") {
     if (o.engine != "real") return bad("--backend=cuda computes a real model: --engine=real");
-    // The KV pool must be device memory, and the transports and the store read and write the
-    // pool in place: a GPU worker's KV goes through pinned staging memory, not built yet.
-    if (o.role != "aggregated" || !o.kvstore.empty() || !o.kvstore_dns.empty()) {
-      return bad(
-          "--backend=cuda serves the aggregated role without a KV store for now: moving a GPU's "
-          "KV (P/D pushes, store reads and writes) needs the pinned staging module, not built "
-          "yet");
-    }
     if (o.cuda_device < 0) return bad("--cuda_device must be >= 0");
   }
   if (o.gpu_memory_bytes < 0) return bad("--gpu_memory_bytes must be >= 0");
@@ -186,6 +180,10 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   }
   if (o.threads < 0) return bad("--threads must be >= 0");
   if (o.kv_pool_bytes <= 0) return bad("--kv_pool_bytes must be positive");
+  if (o.kv_staging != "auto" && o.kv_staging != "always") {
+    return bad(absl::StrCat("--kv_staging must be auto or always, not '", o.kv_staging, "'"));
+  }
+  if (o.kv_staging_bytes < 0) return bad("--kv_staging_bytes must be >= 0");
   if (o.window_pool_bytes < 0 || o.window_cache_bytes < 0 || o.prefix_cache_bytes < -1) {
     return bad("--window_pool_bytes, --window_cache_bytes and --prefix_cache_bytes must be >= 0");
   }

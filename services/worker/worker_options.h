@@ -28,8 +28,8 @@ struct WorkerOptions {
   std::string kv_dtype = "bf16";  // f32 | bf16
   int threads = 0;                // compute threads (0: one per core)
   // The compute backend (engine/backends/backend_factory.h): "cpu", or "cuda" (one GPU, the
-  // plugin libferry_cuda.so; aggregated role, no KV transport or store until KV movement goes
-  // through pinned staging memory).
+  // plugin libferry_cuda.so; its KV leaves and enters the device through a staging area of
+  // pinned host memory, engine/kv/kv_staging.h).
   std::string backend = "cpu";
   int cuda_device = 0;
   int64_t gpu_memory_bytes = 0;  // the most device memory the backend holds (0: 90% of free)
@@ -45,6 +45,13 @@ struct WorkerOptions {
   // Hybrid models (sliding-window and full-attention layers): the window layers' pool (0: every
   // layer in the one pool).
   int64_t window_pool_bytes = 0;
+  // How KV moves out of and into the pools (P/D pushes, KV store reads and writes, drain
+  // hand-offs): "auto" (in place on host memory, through a staging area on a GPU) or "always"
+  // (through a staging area on any backend: how CI tests a GPU worker's KV path on the CPU).
+  std::string kv_staging = "auto";
+  // The staging area's size per pool (0: as many blocks as the pool, so that it never limits a
+  // reservation); a hand-off needs its table's fresh blocks in it at once.
+  int64_t kv_staging_bytes = 0;
   int64_t prefix_cache_bytes = -1;  // unreferenced cached blocks at most (-1: the whole pool)
   int64_t window_cache_bytes = int64_t{256} << 20;
   // Hybrid models on two pools (engine.h "SWA replay"): the window cache's blocks live this long

@@ -92,25 +92,33 @@ TEST(WorkerOptionsTest, TheSimulatedEngineNeedsItsCalibration) {
   EXPECT_NE(ValidateWorkerOptions(o).message().find("--sim_calibration"), std::string::npos);
 }
 
-TEST(WorkerOptionsTest, TheCudaBackendServesTheAggregatedRoleWithoutAStoreForNow) {
+TEST(WorkerOptionsTest, TheCudaBackendServesEveryRoleAndStagesItsKv) {
   auto config = Config::Parse(
-      R"({"backend": "cuda", "cuda_device": 1, "gpu_memory_bytes": "60GiB"})", "worker.json");
+      R"({"backend": "cuda", "cuda_device": 1, "gpu_memory_bytes": "60GiB",
+          "kv_staging_bytes": "2GiB"})",
+      "worker.json");
   ASSERT_TRUE(config.ok()) << config.status();
   WorkerOptions o;
   ASSERT_TRUE(ApplyWorkerConfig(*config, &o).ok());
   EXPECT_EQ(o.backend, "cuda");
   EXPECT_EQ(o.cuda_device, 1);
   EXPECT_EQ(o.gpu_memory_bytes, int64_t{60} << 30);
+  EXPECT_EQ(o.kv_staging, "auto");
+  EXPECT_EQ(o.kv_staging_bytes, int64_t{2} << 30);
   EXPECT_TRUE(ValidateWorkerOptions(o).ok());
-  // Until a GPU's KV moves through pinned staging memory: no P/D role, no KV store.
+  // A GPU's KV moves through the staging area: P/D roles and the KV store are served.
   for (const char* role : {"prefill", "decode"}) {
     WorkerOptions r = o;
     r.role = role;
-    EXPECT_NE(ValidateWorkerOptions(r).message().find("staging"), std::string::npos) << role;
+    r.kvstore = "127.0.0.1:1";
+    EXPECT_TRUE(ValidateWorkerOptions(r).ok()) << role;
   }
-  WorkerOptions store = o;
-  store.kvstore = "127.0.0.1:1";
-  EXPECT_FALSE(ValidateWorkerOptions(store).ok());
+  WorkerOptions staging = o;
+  staging.kv_staging = "never";
+  EXPECT_NE(ValidateWorkerOptions(staging).message().find("--kv_staging"), std::string::npos);
+  staging = o;
+  staging.kv_staging_bytes = -1;
+  EXPECT_NE(ValidateWorkerOptions(staging).message().find("--kv_staging_bytes"), std::string::npos);
   WorkerOptions null = o;
   null.engine = "null";
   EXPECT_NE(ValidateWorkerOptions(null).message().find("--engine=real"), std::string::npos);

@@ -110,15 +110,15 @@ WorkerService::WorkerService(WorkerEngine* engine, WorkerMetrics* metrics, LoadW
   facts_ = KvFactsOf(engine_->engine(), engine_->pool(), engine_->window_pool());
   if (options_.transport != nullptr) {
     target_.transport = options_.transport;
-    target_.pool = &engine_->pool();
-    target_.pool_span = engine_->pool().region();
-    auto region = engine_->RegionOf(engine_->pool());
+    target_.staging = engine_->staging();
+    CHECK(target_.staging != nullptr) << "a worker with a KV transport has no KV staging";
+    auto region = engine_->RegionOf(*target_.staging);
     CHECK_OK(region.status());
     target_.pool_region = region->descriptor;
     if (engine_->window_pool() != nullptr) {
-      target_.window_pool = engine_->window_pool();
-      target_.window_span = engine_->window_pool()->region();
-      auto window = engine_->RegionOf(*engine_->window_pool());
+      target_.window_staging = engine_->window_staging();
+      CHECK(target_.window_staging != nullptr);
+      auto window = engine_->RegionOf(*target_.window_staging);
       CHECK_OK(window.status());
       target_.window_region = window->descriptor;
     }
@@ -691,13 +691,15 @@ grpc::ServerUnaryReactor* WorkerService::PushKv(grpc::CallbackServerContext* con
   const int64_t table = engine_->pool().layout().BlocksFor(parked.positions);
   if (failed.ok()) failed = CheckReservation(destination, facts_, table);
   std::vector<transfer::TransferRequest> puts;
+  std::vector<std::shared_ptr<KvHostBlocks>> sources;  // the puts' bytes, until they are done
   uint64_t bytes = 0;
   if (failed.ok()) {
     const absl::Time deadline = std::min(absl::FromUnixMillis(destination.deadline_unix_ms()),
                                          absl::Now() + options_.reservation_timeout);
-    auto built = PushTransfers(destination, parked.blocks, parked.window_blocks, engine_->pool(),
-                               engine_->window_pool(), destination.cached_prefix_blocks(),
-                               parked.window_floor, deadline, &bytes);
+    auto built =
+        PushTransfers(destination, parked.blocks, parked.window_blocks, *engine_->staging(),
+                      engine_->window_staging(), destination.cached_prefix_blocks(),
+                      parked.window_floor, deadline, &bytes, &sources);
     if (!built.ok()) {
       failed = built.status();
     } else {
@@ -726,20 +728,25 @@ grpc::ServerUnaryReactor* WorkerService::PushKv(grpc::CallbackServerContext* con
     absl::Mutex mu;
     int left ABSL_GUARDED_BY(mu) = 0;
     absl::Status status ABSL_GUARDED_BY(mu);
+    std::vector<std::shared_ptr<KvHostBlocks>> sources ABSL_GUARDED_BY(mu);
   };
   auto pending = std::make_shared<Pending>();
   {
     absl::MutexLock lock(&pending->mu);
     pending->left = static_cast<int>(puts.size());
+    pending->sources = std::move(sources);
   }
   auto one_done = [pending, finish, bytes](const absl::Status& s) {
     absl::Status outcome;
+    std::vector<std::shared_ptr<KvHostBlocks>> sources;
     {
       absl::MutexLock lock(&pending->mu);
       if (!s.ok() && pending->status.ok()) pending->status = s;
       if (--pending->left > 0) return;
       outcome = pending->status;
+      sources = std::move(pending->sources);
     }
+    sources.clear();  // every put is over: their staging slots go back
     finish(outcome, bytes);
   };
   auto post = [this, id, puts = std::move(puts), peer, one_done]() mutable {

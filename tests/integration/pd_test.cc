@@ -42,6 +42,9 @@ struct PdCase {
   std::string transport;  // ucx | grpc
   std::string ucx_tls;
   int64_t window_pool_bytes = 0;
+  // The roles whose KV moves through a staging area of host memory (--kv_staging=always: a GPU
+  // worker's path, engine/kv/kv_staging.h, on the CPU backend), the others' in place.
+  std::vector<std::string> staged = {};
 };
 
 const PdCase kCases[] = {
@@ -51,10 +54,16 @@ const PdCase kCases[] = {
     {"hybrid_grpc", "qwen3_hybrid", "grpc", ""},
     {"dense_grpc", "llama_gqa_bf16", "grpc", ""},
     {"dense_ucx_shm", "llama_gqa_bf16", "ucx", "shm"},
+    {"dense_ucx_tcp_staged", "llama_gqa_bf16", "ucx", "tcp", 0, {"prefill", "decode"}},
+    // Staged on one side only, two pools: each side's staging is its own business.
+    {"hybrid_two_pools_grpc_decode_staged", "qwen3_hybrid", "grpc", "", 1 << 20, {"decode"}},
 };
 
 std::vector<std::string> RoleFlags(const PdCase& c, const std::string& role) {
   std::vector<std::string> flags = {"--role=" + role, "--transport=" + c.transport};
+  if (std::find(c.staged.begin(), c.staged.end(), role) != c.staged.end()) {
+    flags.push_back("--kv_staging=always");
+  }
   if (!c.ucx_tls.empty()) flags.push_back("--ucx_tls=" + c.ucx_tls);
   if (c.window_pool_bytes > 0) {
     flags.push_back(absl::StrCat("--window_pool_bytes=", c.window_pool_bytes));
@@ -77,6 +86,12 @@ TEST_P(PdTest, StreamsEqualTheEngineInProcessAndPushOnlyWhatDecodeLacks) {
   auto p = StartWorker(model, Plus(RoleFlags(c, "prefill"), {"--prefill_chunk=24"}));
   auto d = StartWorker(model, RoleFlags(c, "decode"));
   ASSERT_TRUE(p->ready() && d->ready());
+  // A worker whose KV is staged says so at start (and only such a worker).
+  for (const auto& [role, worker] : {std::pair{"prefill", p.get()}, std::pair{"decode", d.get()}}) {
+    const bool staged = std::find(c.staged.begin(), c.staged.end(), role) != c.staged.end();
+    EXPECT_EQ(worker->LogTail(1 << 20).find("through a staging area") != std::string::npos, staged)
+        << role;
+  }
   WorkerClient prefill(p->address()), decode(d->address());
   InProcessEngine ref(model, c.window_pool_bytes);
   const int64_t vocab = ref.model().config().vocab_size;
@@ -437,7 +452,7 @@ TEST_P(PdHandoffTest, ADrainedRequestContinuesOnAnotherDecodeWorkerWithItsKv) {
   EXPECT_TRUE(WaitUntilIdle(to));
 }
 
-INSTANTIATE_TEST_SUITE_P(Pairs, PdHandoffTest, ::testing::Values(kCases[0], kCases[2]),
+INSTANTIATE_TEST_SUITE_P(Pairs, PdHandoffTest, ::testing::Values(kCases[0], kCases[2], kCases[6]),
                          [](const auto& info) { return info.param.name; });
 
 // The faults, on the tiny dense model over UCX tcp.

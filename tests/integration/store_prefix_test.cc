@@ -94,6 +94,8 @@ struct StoreCase {
   std::string name;
   std::string model;
   int64_t window_pool_bytes = 0;
+  // The workers' KV goes through a staging area (a GPU worker's path, on the CPU backend).
+  bool staged = false;
 };
 
 class StorePrefixTest : public ::testing::TestWithParam<StoreCase> {
@@ -103,6 +105,7 @@ class StorePrefixTest : public ::testing::TestWithParam<StoreCase> {
     if (GetParam().window_pool_bytes > 0) {
       flags.push_back(absl::StrCat("--window_pool_bytes=", GetParam().window_pool_bytes));
     }
+    if (GetParam().staged) flags.push_back("--kv_staging=always");
     return flags;
   }
 };
@@ -163,7 +166,9 @@ TEST_P(StorePrefixTest, AColdWorkerReadsTheSharedPrefixAndAnswersAsWithoutIt) {
 
 INSTANTIATE_TEST_SUITE_P(Models, StorePrefixTest,
                          ::testing::Values(StoreCase{"dense", "llama_gqa_bf16"},
-                                           StoreCase{"hybrid_two_pools", "qwen3_hybrid", 1 << 20}),
+                                           StoreCase{"hybrid_two_pools", "qwen3_hybrid", 1 << 20},
+                                           StoreCase{"hybrid_two_pools_staged", "qwen3_hybrid",
+                                                     1 << 20, /*staged=*/true}),
                          [](const auto& info) { return info.param.name; });
 
 TEST(StorePrefixPdTest, AColdPrefillWorkerReadsTheStoreAndPushesToTheDecodeWorker) {
@@ -333,14 +338,16 @@ TEST(StoreTransportTest, AColdWorkerReadsByTheNodesTransportAndAnotherKindInTheS
   const int64_t vocab = ref.model().config().vocab_size;
   const std::vector<TokenId> prompt = RandomPrompt(100, 50, vocab);
   const std::vector<TokenId> longer = Concat(prompt, RandomPrompt(30, 51, vocab));
-  auto a = StartWorker(model, Plus(StoreFlags(*store), kUcx));
+  // Its KV staged (a GPU worker's path): the writes leave from its staging area.
+  auto a = StartWorker(model, Plus(Plus(StoreFlags(*store), kUcx), {"--kv_staging=always"}));
   ASSERT_TRUE(a->ready());
   WorkerClient on_a(a->address());
   RunAndCompare(on_a, ref, Request("first", prompt));
   EXPECT_EQ(WaitForMetric(a->admin_port(), kWritten, 6), 6);
 
-  // A cold worker on UCX: the node puts the 6 blocks into its pool.
-  auto p = StartWorker(model, Plus(StoreFlags(*store), kUcx));
+  // A cold worker on UCX, staged too: the node puts the 6 blocks into its staging area, committed
+  // into its pool once read.
+  auto p = StartWorker(model, Plus(Plus(StoreFlags(*store), kUcx), {"--kv_staging=always"}));
   ASSERT_TRUE(p->ready());
   WorkerClient on_p(p->address());
   GenerateResult second = RunAndCompare(on_p, ref, Request("second", longer));

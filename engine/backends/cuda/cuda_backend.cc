@@ -120,6 +120,15 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
     return absl::FailedPreconditionError(CudaMessage("cudaStreamCreate", err));
   }
   stream_ = stream;
+  if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    return absl::FailedPreconditionError(CudaMessage("cudaStreamCreate", err));
+  }
+  beside_stream_ = stream;
+  cudaEvent_t event = nullptr;
+  if ((err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming)) != cudaSuccess) {
+    return absl::FailedPreconditionError(CudaMessage("cudaEventCreate", err));
+  }
+  beside_event_ = event;
   cublasHandle_t handle = nullptr;
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
     return absl::FailedPreconditionError("cublasCreate failed");
@@ -142,6 +151,8 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (beside_stream_ != nullptr) cudaStreamDestroy(beside_stream_);
+  if (beside_event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(beside_event_));
   // The buffers below free into pool_, which is destroyed after them.
 }
 
@@ -192,6 +203,43 @@ void CudaBackend::CopyOnDevice(void* device_dst, const void* device_src, size_t 
   if (bytes == 0) return;
   Check(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, stream_),
         "cudaMemcpyAsync on device");
+}
+
+absl::Status CudaBackend::CopyBeside(void* dst, const void* src, size_t bytes, bool to_device) {
+  if (bytes == 0) return absl::OkStatus();
+  absl::MutexLock lock(&beside_mu_);
+  Bind();
+  auto fail = [](const char* what, cudaError_t err) {
+    return absl::InternalError(CudaMessage(what, err));
+  };
+  cudaError_t err;
+  if (!to_device) {
+    // After every kernel issued so far on the engine's stream (the blocks' last writes).
+    const auto event = static_cast<cudaEvent_t>(beside_event_);
+    if ((err = cudaEventRecord(event, stream_)) != cudaSuccess) return fail("cudaEventRecord", err);
+    if ((err = cudaStreamWaitEvent(beside_stream_, event, 0)) != cudaSuccess) {
+      return fail("cudaStreamWaitEvent", err);
+    }
+  }
+  err = cudaMemcpyAsync(
+      dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, beside_stream_);
+  if (err != cudaSuccess) return fail("cudaMemcpyAsync beside the engine", err);
+  if ((err = cudaStreamSynchronize(beside_stream_)) != cudaSuccess) {
+    return fail("cudaStreamSynchronize beside the engine", err);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::PinHostMemory(void* host, size_t bytes) {
+  Bind();
+  const cudaError_t err = cudaHostRegister(host, bytes, cudaHostRegisterPortable);
+  if (err != cudaSuccess) return absl::InternalError(CudaMessage("cudaHostRegister", err));
+  return absl::OkStatus();
+}
+
+void CudaBackend::UnpinHostMemory(void* host) {
+  Bind();
+  cudaHostUnregister(host);
 }
 
 void CudaBackend::Synchronize() {

@@ -27,7 +27,9 @@
 //
 // Threading: one thread at a time drives a CudaBackend (the engine's, not necessarily the one
 // that created it: every method binds the backend's device first); DeviceBuffers may be freed
-// from any thread (the pool locks).
+// from any thread (the pool locks). CopyBeside, PinHostMemory and UnpinHostMemory may be called
+// from any thread at any time: the copies run on a stream of their own, one at a time, after an
+// event recorded on the engine's stream.
 
 #ifndef FERRY_ENGINE_BACKENDS_CUDA_CUDA_BACKEND_H_
 #define FERRY_ENGINE_BACKENDS_CUDA_CUDA_BACKEND_H_
@@ -40,6 +42,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/backends/backend.h"
 #include "engine/backends/cuda/cuda_kernels.h"
 #include "engine/backends/cuda/device_pool.h"
@@ -88,6 +91,9 @@ class CudaBackend : public Backend {
   void CopyToDevice(void* device_dst, const void* host_src, size_t bytes) override;
   void CopyToHost(void* host_dst, const void* device_src, size_t bytes) override;
   void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) override;
+  absl::Status CopyBeside(void* dst, const void* src, size_t bytes, bool to_device) override;
+  absl::Status PinHostMemory(void* host, size_t bytes) override;
+  void UnpinHostMemory(void* host) override;
 
   absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
                                             int64_t cols) override;
@@ -160,7 +166,11 @@ class CudaBackend : public Backend {
   bool deterministic_ = false;
   std::unique_ptr<cuda::DevicePool> pool_;  // destroyed last of the memory holders below
   cuda::Stream stream_ = nullptr;
-  void* cublas_ = nullptr;  // cublasHandle_t
+  // CopyBeside's: its stream, and the event that orders it after the engine's stream.
+  absl::Mutex beside_mu_;
+  cuda::Stream beside_stream_ = nullptr;
+  void* beside_event_ = nullptr;  // cudaEvent_t
+  void* cublas_ = nullptr;        // cublasHandle_t
   absl::Status status_;
   DeviceBuffer cublas_workspace_, gemm_input_, quant_scratch_, attention_partials_, argmax_out_;
   Upload ids_, positions_, rows_, scales_, steps_[2];
