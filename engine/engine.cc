@@ -652,6 +652,8 @@ absl::StatusOr<bool> Engine::Step() {
 
   // Sequences preempted while others were scheduled are no longer in `scheduled`.
   std::vector<ForwardSequence> batch;
+  // Each sequence's greedy token, where the model chooses it (GreedyOnly; kNoToken: its logits).
+  std::vector<TokenId> greedy(scheduled.size(), kNoToken);
   // The image rows of each scheduled sequence's chunk (a chunk may start or end inside an image;
   // any recompute of the prompt passes here again).
   std::vector<std::vector<InputEmbeddingRows>> image_rows(scheduled.size());
@@ -671,6 +673,7 @@ absl::StatusOr<bool> Engine::Step() {
     f.replay_end = s->replay_end;
     f.window_floor = s->window_floor;
     f.input_embeddings = image_rows[batch.size()];
+    if (!f.no_logits && GreedyOnly(*s)) f.greedy_token = &greedy[batch.size()];
     batch.push_back(f);
   }
   std::vector<float>& logits = logits_;  // kept across steps: no fresh pages every step
@@ -712,6 +715,12 @@ absl::StatusOr<bool> Engine::Step() {
       ReportKvProgress(s);
       continue;
     }
+    if (greedy[i] != kNoToken) {
+      // Chosen by the model: no logits row for it.
+      ++stats_.greedy_rows_on_backend;
+      if (!s.finished) Deliver(s, {}, greedy[i]);
+      continue;
+    }
     const absl::Span<const float> l(logits.data() + row * vocab, vocab);
     ++row;
     if (!s.finished) Deliver(s, l);
@@ -724,7 +733,23 @@ absl::StatusOr<bool> Engine::Step() {
   return true;
 }
 
-void Engine::Deliver(Sequence& seq, absl::Span<const float> logits) {
+bool Engine::GreedyOnly(const Sequence& seq) const {
+  const RunningRequest& req = *seq.req;
+  const EngineRequest& r = req.r;
+  const SamplingParams& p = r.sampling;
+  if (r.role == EngineRole::kPrefillOnly || req.fork_pending || r.keep_logits ||
+      seq.matcher.has_value()) {
+    return false;
+  }
+  if (p.temperature != 0.0f || !p.logit_bias.empty() || p.repetition_penalty != 1.0f ||
+      p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f || p.top_logprobs >= 0) {
+    return false;
+  }
+  // Before min_tokens the stop ids are suppressed (NextToken): the sampler's business.
+  return seq.generated() + 1 > r.min_tokens || req.stop_ids.empty();
+}
+
+void Engine::Deliver(Sequence& seq, absl::Span<const float> logits, TokenId greedy) {
   RunningRequest& req = *seq.req;
   if (req.r.role == EngineRole::kPrefillOnly) return DeliverPrefillOnly(seq, logits);
   if (req.fork_pending && seq.choice == 0) {
@@ -732,7 +757,7 @@ void Engine::Deliver(Sequence& seq, absl::Span<const float> logits) {
     Fork(seq, logits);
   }
   FinishReason reason = FinishReason::kNone;
-  TokenEvent e = NextToken(seq, logits, &reason);
+  TokenEvent e = NextToken(seq, logits, &reason, greedy);
   if (reason == FinishReason::kNone) {
     Emit(seq, e);
     return;
@@ -740,13 +765,14 @@ void Engine::Deliver(Sequence& seq, absl::Span<const float> logits) {
   Finish(seq, reason, std::move(e));
 }
 
-TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, FinishReason* reason) {
+TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, FinishReason* reason,
+                             TokenId greedy) {
   RunningRequest& req = *seq.req;
   const EngineRequest& r = req.r;
   // Before min_tokens, no stop token may be chosen and no stop string may end the text.
   const bool may_stop = seq.generated() + 1 > r.min_tokens;
   absl::Span<const uint32_t> allowed;
-  if (seq.matcher.has_value()) {
+  if (greedy == kNoToken && seq.matcher.has_value()) {
     const auto mask_start = std::chrono::steady_clock::now();
     seq.matcher->ComputeMask(absl::MakeSpan(seq.mask));
     stats_.grammar_mask_seconds +=
@@ -768,9 +794,14 @@ TokenEvent Engine::NextToken(Sequence& seq, absl::Span<const float> logits, Fini
     }
     allowed = seq.mask;
   }
-  const SampledToken sampled =
-      Sample(logits, r.sampling, req.prompt_set, seq.state, static_cast<uint64_t>(seq.choice),
-             may_stop ? absl::Span<const TokenId>() : absl::MakeConstSpan(req.stop_ids), allowed);
+  SampledToken sampled;
+  if (greedy != kNoToken) {
+    sampled.token = greedy;  // the model's greedy choice (GreedyOnly: nothing else is read)
+  } else {
+    sampled =
+        Sample(logits, r.sampling, req.prompt_set, seq.state, static_cast<uint64_t>(seq.choice),
+               may_stop ? absl::Span<const TokenId>() : absl::MakeConstSpan(req.stop_ids), allowed);
+  }
   if (seq.matcher.has_value()) {
     if (absl::Status s = seq.matcher->Accept(static_cast<uint32_t>(sampled.token)); !s.ok()) {
       // A matcher limit (the mask allowed it): the choice ends without the token.

@@ -298,10 +298,17 @@ class Engine {
   // Offers the full blocks `seq` computed to the caches (and its request's on_computed_blocks).
   void CacheFullBlocks(Sequence& seq);
   void OfferComputedBlocks(Sequence& seq, int64_t first, int64_t end);
-  void Deliver(Sequence& seq, absl::Span<const float> logits);
-  // Samples `seq`'s next token from `logits` into an event; `reason` is why it ends the choice
-  // (kNone: it goes on).
-  TokenEvent NextToken(Sequence& seq, absl::Span<const float> logits, FinishReason* reason);
+  // `greedy`: the token the model chose for a sequence GreedyOnly asked it for (no logits then),
+  // else kNoToken.
+  void Deliver(Sequence& seq, absl::Span<const float> logits, TokenId greedy = kNoToken);
+  // Whether `seq`'s next token is its logits' greedy choice and nothing else is read from them
+  // (temperature 0, no bias, penalties, logprobs, grammar, suppressed stop ids, kept logits,
+  // fork or prefill-only hand-off): the model may then choose it (Backend::ArgMaxRows).
+  bool GreedyOnly(const Sequence& seq) const;
+  // Samples `seq`'s next token from `logits` (or takes `greedy`) into an event; `reason` is why
+  // it ends the choice (kNone: it goes on).
+  TokenEvent NextToken(Sequence& seq, absl::Span<const float> logits, FinishReason* reason,
+                       TokenId greedy = kNoToken);
   // stream_kv: a progress event when a step completed more of the prompt's blocks.
   void ReportKvProgress(Sequence& seq);
   // A prefill-only request's prompt is computed: each choice's first token, and the handoff.

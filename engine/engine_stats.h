@@ -18,6 +18,8 @@ struct EngineStats {
   int64_t cached_blocks = 0, window_cached_blocks = 0;  // held by the prefix / window cache
   int64_t steps = 0, preemptions = 0;
   int64_t prompt_tokens_computed = 0, cached_tokens = 0, generated_tokens = 0;
+  // Tokens the model's backend chose (greedy rows whose logits never came to the sampler).
+  int64_t greedy_rows_on_backend = 0;
   // Of cached_tokens, supplied by imports; imported blocks not used (already cached, or dropped
   // under pressure before admission).
   int64_t imported_tokens = 0, unused_imported_blocks = 0;

@@ -24,6 +24,7 @@
 #include "engine/engine_test_harness.h"
 #include "engine/model/synthetic_model.h"
 #include "engine/model/transformer.h"
+#include "engine/sampling/sampling.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -623,6 +624,41 @@ TEST(EngineTest, EventsCarryLogprobsOfTheLogitsTheTokenCameFrom) {
     }
   }
   EXPECT_EQ(events.back().finish, FinishReason::kLength);
+}
+
+// Greedy rows whose logits nothing else reads are chosen by the backend (Backend::ArgMaxRows):
+// the same tokens as the sampler's choice from the logits, alone or beside rows that need them.
+TEST(EngineTest, GreedyTokensTheBackendChoosesAreTheSamplersOwn) {
+  const SyntheticVariant variant{"llama_gqa_f32"};
+  Harness h(variant, 64, EngineOptions{});
+  // Kept logits: the sampler chooses from them (and they show what it chose from).
+  std::vector<TokenEvent> kept;
+  EngineRequest with_logits = Req("kept", Prompt(30, 9), 8, false);
+  with_logits.keep_logits = true;
+  with_logits.on_event = [&](const TokenEvent& e) { kept.push_back(e); };
+  // The same request, greedy and nothing else: its tokens come from the backend.
+  std::vector<TokenId> tokens;
+  EngineRequest plain = Req("plain", Prompt(30, 9), 8, false);
+  plain.on_event = [&](const TokenEvent& e) {
+    if (e.has_token) tokens.push_back(e.token);
+  };
+  ASSERT_TRUE(h.engine_->Submit(std::move(with_logits)).ok());
+  ASSERT_TRUE(h.engine_->Submit(std::move(plain)).ok());
+  // After it in the batch, another row whose logits come back: the same bits as alone.
+  ASSERT_TRUE(h.Submit(Req("after", Prompt(30, 10), 8, false)).ok());
+  h.Drain();
+  Harness alone(variant, 64, EngineOptions{});
+  ASSERT_TRUE(alone.Submit(Req("after", Prompt(30, 10), 8, false)).ok());
+  alone.Drain();
+  ExpectSame(h.out("after"), alone.out("after"), "after, beside a backend-greedy row");
+  ASSERT_EQ(kept.size(), 8u);
+  ASSERT_EQ(tokens.size(), 8u);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_EQ(kept[i].token, tokens[i]) << i;
+    EXPECT_EQ(kept[i].token, ArgMax(kept[i].logits)) << i;
+  }
+  // Every step's row of "plain" (8 tokens), none of "kept"'s.
+  EXPECT_EQ(h.engine_->stats().greedy_rows_on_backend, 8);
 }
 
 TEST(EngineTest, StopTokensAndValidation) {

@@ -6,11 +6,13 @@
 
 namespace ferry {
 
-absl::Status Backend::CopyBeside(void* dst, const void* src, size_t bytes, bool to_device) {
+absl::Status Backend::CopyBeside(absl::Span<const BesideCopy> copies, bool to_device) {
   if (!host_memory()) {
     return absl::UnimplementedError(name() + " has no copy beside the engine");
   }
-  if (bytes > 0) std::memcpy(dst, src, bytes);
+  for (const BesideCopy& c : copies) {
+    if (c.bytes > 0) std::memcpy(c.dst, c.src, c.bytes);
+  }
   return absl::OkStatus();
 }
 

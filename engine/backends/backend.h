@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace ferry {
 
@@ -188,12 +189,18 @@ class Backend {
   virtual void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) = 0;
 
   // --- KV movement beside the engine (engine/kv/kv_staging.h) ---
-  // Copies `bytes` between device memory and host memory from any thread, while the engine's
-  // thread goes on driving the backend, and returns once they have moved (the host memory may be
-  // reused at once). A copy from the device is ordered after every kernel issued before the call;
-  // the caller makes sure none issued meanwhile writes the range (referenced, complete KV blocks).
-  // The default, for a backend of host memory: memcpy.
-  virtual absl::Status CopyBeside(void* dst, const void* src, size_t bytes, bool to_device);
+  struct BesideCopy {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+  };
+  // Copies between device memory and host memory (all `to_device`, or all from it) from any
+  // thread, while the engine's thread goes on driving the backend, and returns once every byte
+  // has moved (the host memory may be reused at once). The copies are ordered after every kernel
+  // issued before the call; the caller makes sure none issued meanwhile touches the device
+  // ranges (referenced KV blocks that nothing computes). The default, for a backend of host
+  // memory: memcpy.
+  virtual absl::Status CopyBeside(absl::Span<const BesideCopy> copies, bool to_device);
   // Page-locks host memory the backend copies to and from often (the KV staging area), so that
   // copies run at the link's speed; Unpin before the memory is freed. The default: nothing.
   virtual absl::Status PinHostMemory(void* host, size_t bytes) { return absl::OkStatus(); }
@@ -255,6 +262,14 @@ class Backend {
   // A row's result depends only on the keys it sees. out: rows x heads*head_dim.
   virtual void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
                          float scale, int32_t window, const DeviceMatrix& out) = 0;
+
+  // The greedy token of each row of fp32 `logits`, as the host sampler's greedy choice: the
+  // largest value, the lowest index among equals, NaN never; 0 when no value is above -inf.
+  // Waits for the kernels before it. Unimplemented where the backend has none (the engine then
+  // reads the logits and chooses on the host).
+  virtual absl::Status ArgMaxRows(const DeviceMatrix& logits, std::vector<int32_t>* tokens) {
+    return absl::UnimplementedError(name() + " has no argmax of its own");
+  }
 
   // Waits until all issued work has finished.
   virtual void Synchronize() = 0;

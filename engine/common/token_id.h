@@ -9,6 +9,8 @@
 namespace ferry {
 
 using TokenId = uint32_t;
+// No token (an id outside every vocabulary).
+inline constexpr TokenId kNoToken = ~TokenId{0};
 
 }  // namespace ferry
 

@@ -25,13 +25,14 @@ absl::Status KvHostBlocks::Commit(int64_t count) {
   if (slots_.empty() || n == 0) return absl::OkStatus();
   auto targets = staging_->pool_->Spans(absl::MakeConstSpan(blocks_).subspan(0, n));
   if (!targets.ok()) return targets.status();
+  std::vector<Backend::BesideCopy> copies(n);
   for (size_t i = 0; i < n; ++i) {
-    absl::Status copied = staging_->backend_->CopyBeside((*targets)[i].address, spans_[i].address,
-                                                         spans_[i].length, /*to_device=*/true);
-    if (!copied.ok()) {
-      return absl::Status(copied.code(), absl::StrCat("KV staging into block ", blocks_[i], ": ",
-                                                      copied.message()));
-    }
+    copies[i] = {(*targets)[i].address, spans_[i].address, spans_[i].length};
+  }
+  absl::Status copied = staging_->backend_->CopyBeside(copies, /*to_device=*/true);
+  if (!copied.ok()) {
+    return absl::Status(copied.code(),
+                        absl::StrCat("KV staging into ", n, " blocks: ", copied.message()));
   }
   return absl::OkStatus();
 }
@@ -68,7 +69,10 @@ absl::StatusOr<std::unique_ptr<KvStaging>> KvStaging::Staged(KvBlockPool* pool,
     // Pageable memory still works, at a fraction of the link's speed: said, not refused.
     LOG(WARNING) << "the KV staging area is not page-locked (copies will be slower): " << pinned;
   }
-  staging->pinned_ = pinned.ok();
+  {
+    absl::MutexLock lock(&staging->mu_);
+    staging->pinned_ = pinned.ok();
+  }
   return staging;
 }
 
@@ -95,8 +99,15 @@ KvStaging::~KvStaging() {
       return;
     }
   }
-  if (pinned_) backend_->UnpinHostMemory(region_.address);
+  Unpin();
   host_allocator_->Free(region_);
+}
+
+void KvStaging::Unpin() {
+  absl::MutexLock lock(&mu_);
+  if (!pinned_) return;
+  backend_->UnpinHostMemory(region_.address);
+  pinned_ = false;
 }
 
 int64_t KvStaging::free_slots() const {
@@ -151,13 +162,14 @@ absl::StatusOr<std::shared_ptr<KvHostBlocks>> KvStaging::Export(absl::Span<const
   auto in_pool = pool_->Spans(blocks);
   if (!in_pool.ok()) return in_pool.status();
   const std::vector<MemorySpan>& host = (*lent)->spans();
+  std::vector<Backend::BesideCopy> copies(host.size());
   for (size_t i = 0; i < host.size(); ++i) {
-    absl::Status copied = backend_->CopyBeside(host[i].address, (*in_pool)[i].address,
-                                               host[i].length, /*to_device=*/false);
-    if (!copied.ok()) {
-      return absl::Status(copied.code(),
-                          absl::StrCat("KV staging of block ", blocks[i], ": ", copied.message()));
-    }
+    copies[i] = {host[i].address, (*in_pool)[i].address, host[i].length};
+  }
+  absl::Status copied = backend_->CopyBeside(copies, /*to_device=*/false);
+  if (!copied.ok()) {
+    return absl::Status(copied.code(),
+                        absl::StrCat("KV staging of ", host.size(), " blocks: ", copied.message()));
   }
   return lent;
 }

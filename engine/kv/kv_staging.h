@@ -98,6 +98,9 @@ class KvStaging {
   MemorySpan region() const { return region_; }
   int64_t capacity_blocks() const { return capacity_; }
   int64_t free_slots() const;
+  // Unlocks the staging area's pages (idempotent; the destructor does it): before memory it
+  // borrowed from a transport is freed with the transport, at a shutdown.
+  void Unpin();
 
   // The bytes of `blocks` (allocated, complete), in host memory.
   absl::StatusOr<std::shared_ptr<KvHostBlocks>> Export(absl::Span<const BlockId> blocks);
@@ -118,8 +121,8 @@ class KvStaging {
   const MemorySpan region_;
   const int64_t capacity_;
   KvAllocator* const host_allocator_;  // staged: region_'s, freed on destruction
-  bool pinned_ = false;
   mutable absl::Mutex mu_;
+  bool pinned_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // free slots, lowest last
 };
 

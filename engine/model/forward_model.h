@@ -49,6 +49,11 @@ struct ForwardSequence {
   // Runs of `tokens` whose input rows replace the embedding table's, sorted, not overlapping,
   // inside `tokens`. Models without an embedding table (NullModel) ignore them.
   absl::Span<const InputEmbeddingRows> input_embeddings;
+  // Set (the last token's logits only): nothing but the row's greedy token is wanted (the
+  // sampler's greedy choice, Backend::ArgMaxRows). A model whose backend chooses it writes it
+  // here and appends no logits row for the sequence; otherwise it leaves it untouched and
+  // appends the row as usual. The caller sets it to kNoToken first.
+  TokenId* greedy_token = nullptr;
 };
 
 class ForwardModel {

@@ -543,6 +543,7 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   std::vector<uint8_t> no_write;  // rows of a replay: the full-attention layers' KV stays
   std::vector<int32_t> ids;
   std::vector<int64_t> logit_rows;             // rows of the step whose logits are returned
+  std::vector<TokenId*> logit_greedy;          // per logit row: its greedy token alone, or null
   std::vector<InputEmbeddingRows> input_rows;  // offsets: rows of the whole step
   for (size_t s = 0; s < batch.size(); ++s) {
     const ForwardSequence& seq = batch[s];
@@ -619,7 +620,10 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
         return absl::InvalidArgumentError(
             absl::StrCat("token id ", t, " is outside the vocabulary (", c.vocab_size, ")"));
       }
-      if (!seq.no_logits && (seq.all_logits || i == n - 1)) logit_rows.push_back(layout.rows());
+      if (!seq.no_logits && (seq.all_logits || i == n - 1)) {
+        logit_rows.push_back(layout.rows());
+        logit_greedy.push_back(seq.all_logits ? nullptr : seq.greedy_token);
+      }
       ids.push_back(static_cast<int32_t>(t));
       no_write.push_back(seq.start_position + i < seq.replay_end ? 1 : 0);
       layout.positions.push_back(static_cast<int32_t>(seq.start_position + i));
@@ -699,8 +703,31 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
   }
   b.MatMul(selected, *lm_head_, nullptr, out);
   const size_t old = logits->size();
-  logits->resize(old + nl * c.vocab_size);
-  b.CopyToHost(logits->data() + old, out.data, nl * c.vocab_size * sizeof(float));
+  // Rows whose greedy token alone is wanted: chosen by the backend (on a GPU, only the tokens
+  // come back); the other rows' logits are copied, in runs. Without the backend's argmax, all.
+  std::vector<int32_t> greedy;
+  const bool any_greedy = std::any_of(logit_greedy.begin(), logit_greedy.end(),
+                                      [](TokenId* t) { return t != nullptr; });
+  if (!any_greedy || !b.ArgMaxRows(out, &greedy).ok()) {
+    logits->resize(old + nl * c.vocab_size);
+    b.CopyToHost(logits->data() + old, out.data, nl * c.vocab_size * sizeof(float));
+  } else {
+    int64_t copied = 0;
+    for (int64_t i = 0; i < nl;) {
+      if (logit_greedy[i] != nullptr) {
+        *logit_greedy[i] = greedy[i];
+        ++i;
+        continue;
+      }
+      int64_t end = i + 1;
+      while (end < nl && logit_greedy[end] == nullptr) ++end;
+      logits->resize(old + (copied + end - i) * c.vocab_size);
+      b.CopyToHost(logits->data() + old + copied * c.vocab_size, out.RowRange(i, end - i).data,
+                   (end - i) * c.vocab_size * sizeof(float));
+      copied += end - i;
+      i = end;
+    }
+  }
   // A device fault anywhere in the step (the CPU backend has none).
   const absl::Status device = b.status();
   if (!device.ok()) {

@@ -57,7 +57,6 @@ void IncomingKv::Start(std::vector<std::string> ids, absl::Time deadline,
 void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
   std::function<void(absl::Status)> ready;
   absl::Status ready_status;
-  Landing landed;  // every push landed: committed into the blocks before on_ready
   bool await_again = false;
   std::string id;
   {
@@ -76,8 +75,16 @@ void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
       if (++ok_ == ids_.size() && on_ready_) {
         ready = std::move(on_ready_);
         on_ready_ = nullptr;
-        landed = std::move(landing_);
-        landing_.clear();
+        // Every push landed: into the blocks before on_ready, under mu_ so that no Abandon can
+        // give the blocks back meanwhile (Commit takes only leaf locks: the pool's, the
+        // backend's copy). Abandoned already: nobody reads them, and they go back below.
+        if (!abandoned_) {
+          for (const auto& host : landing_) {
+            absl::Status committed = host->Commit();
+            if (!committed.ok() && ready_status.ok()) ready_status = committed;
+          }
+        }
+        landing_.clear();  // no push can write it any more: its slots go back
       }
     } else {
       // DEADLINE_EXCEEDED may be this await's own deadline (the push may still be running) or
@@ -98,12 +105,6 @@ void IncomingKv::OnOutcome(size_t index, absl::Status status, bool second) {
       self->OnOutcome(index, std::move(s), /*second=*/true);
     });
   }
-  for (const auto& host : landed) {
-    // No push can write it any more. (Blocks are still ours: on_ready has not run.)
-    absl::Status committed = host->Commit();
-    if (!committed.ok() && ready_status.ok()) ready_status = committed;
-  }
-  landed.clear();  // the staging slots go back before the request goes on
   if (ready) ready(ready_status);
 }
 

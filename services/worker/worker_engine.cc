@@ -230,7 +230,9 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   }
   ASSIGN_OR_RETURN(w->staging_, w->MakeStaging(*w->pool_, options, moves_kv));
   if (w->window_pool_ != nullptr) {
-    ASSIGN_OR_RETURN(w->window_staging_, w->MakeStaging(*w->window_pool_, options, moves_kv));
+    // The window layers' KV moves only between workers (the store keeps the full layers').
+    ASSIGN_OR_RETURN(w->window_staging_,
+                     w->MakeStaging(*w->window_pool_, options, transport != nullptr));
   }
   ASSIGN_OR_RETURN(w->engine_, Engine::Create(w->model_.get(), w->pool_.get(), w->tokenizer_.get(),
                                               eo, w->window_pool_.get()));
@@ -271,9 +273,14 @@ absl::StatusOr<std::unique_ptr<KvStaging>> WorkerEngine::MakeStaging(KvBlockPool
   if (!staged_) return KvStaging::InPlace(&pool);
   if (!moves_kv) return std::unique_ptr<KvStaging>();
   const int64_t block_bytes = static_cast<int64_t>(pool.layout().block_bytes());
+  // By default room for two of the longest sequences the model takes at once (a hand-off needs
+  // its whole table's fresh blocks in the area), never more than the pool: host memory in
+  // proportion to what one request can move, not to the device's pool.
   int64_t capacity = pool.num_blocks();
+  const int64_t longest = model_->config().max_position_embeddings;
+  if (longest > 0) capacity = std::min(capacity, 2 * pool.layout().BlocksFor(longest));
   if (options.kv_staging_bytes > 0) {
-    capacity = std::min(capacity, options.kv_staging_bytes / block_bytes);
+    capacity = std::min(pool.num_blocks(), options.kv_staging_bytes / block_bytes);
     if (capacity < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("--kv_staging_bytes ", FormatByteSize(options.kv_staging_bytes),
@@ -292,6 +299,9 @@ absl::StatusOr<transfer::LocalRegion> WorkerEngine::RegionOf(const KvStaging& st
 }
 
 void WorkerEngine::DetachTransport() {
+  // The transport frees the memory it lent (the staging areas' too): unpinned first.
+  if (staging_ != nullptr) staging_->Unpin();
+  if (window_staging_ != nullptr) window_staging_->Unpin();
   if (transport_allocator_ != nullptr) transport_allocator_->Detach();
 }
 

@@ -82,8 +82,10 @@ ABSL_FLAG(std::string, window_pool_bytes, "0",
 ABSL_FLAG(std::string, kv_staging, "auto",
           "how KV moves out of and into the pools: auto (in place on host memory, through pinned "
           "host memory on a GPU) or always (staged on any backend: the GPU's path, on the CPU)");
-ABSL_FLAG(std::string, kv_staging_bytes, "0",
-          "the KV staging area per pool, when staged (0: as many blocks as the pool)");
+ABSL_FLAG(
+    std::string, kv_staging_bytes, "0",
+    "the KV staging area per pool, when staged (0: two of the model's longest sequences, at most "
+    "the pool)");
 ABSL_FLAG(std::string, prefix_cache_bytes, "",
           "unreferenced cached KV kept at most (default: the whole pool; --engine=sim: bytes of "
           "the simulated model's KV)");

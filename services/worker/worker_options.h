@@ -49,8 +49,8 @@ struct WorkerOptions {
   // hand-offs): "auto" (in place on host memory, through a staging area on a GPU) or "always"
   // (through a staging area on any backend: how CI tests a GPU worker's KV path on the CPU).
   std::string kv_staging = "auto";
-  // The staging area's size per pool (0: as many blocks as the pool, so that it never limits a
-  // reservation); a hand-off needs its table's fresh blocks in it at once.
+  // The staging area's size per pool (0: two of the model's longest sequences' blocks, at most
+  // the pool's); a hand-off needs its table's fresh blocks in it at once.
   int64_t kv_staging_bytes = 0;
   int64_t prefix_cache_bytes = -1;  // unreferenced cached blocks at most (-1: the whole pool)
   int64_t window_cache_bytes = int64_t{256} << 20;

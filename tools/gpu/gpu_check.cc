@@ -313,22 +313,18 @@ void CheckElementwise(CpuBackend& cpu, CudaBackend& gpu) {
     Compare("rope", Get(gpu, xg.m), Get(cpu, xc.m), 1e-6);
   }
   {
-    HostMat logits = Random(6, 49152, 8);
+    HostMat logits = Random(7, 49152, 8);
     logits.v[3 * 49152 + 77] = 1e9f;  // ties: the lowest index wins
     logits.v[3 * 49152 + 78] = 1e9f;
     logits.v[4 * 49152 + 5] = NAN;  // NaN never wins
-    DevMat lg = Put(gpu, logits);
-    std::vector<int32_t> got;
-    const absl::Status s = gpu.ArgMax(lg.m, &got);
-    bool ok = s.ok();
-    for (int64_t r = 0; r < logits.rows && ok; ++r) {
-      int32_t best = 0;
-      for (int64_t c = 1; c < logits.cols; ++c) {
-        const float v = logits.v[r * logits.cols + c], b = logits.v[r * logits.cols + best];
-        if (!std::isnan(v) && (std::isnan(b) || v > b)) best = static_cast<int32_t>(c);
-      }
-      ok = got[r] == best;
-    }
+    // Nothing above -inf (a NaN first, then -inf): token 0, as the host sampler.
+    for (int64_t c = 0; c < 49152; ++c) logits.v[6 * 49152 + c] = -INFINITY;
+    logits.v[6 * 49152] = NAN;
+    DevMat lg = Put(gpu, logits), lc = Put(cpu, logits);
+    std::vector<int32_t> got, want;
+    const absl::Status s = gpu.ArgMaxRows(lg.m, &got);
+    bool ok =
+        s.ok() && cpu.ArgMaxRows(lc.m, &want).ok() && got == want && want[6] == 0 && want[3] == 77;
     Record("argmax (ties, NaN)", ok, ok ? 0 : 1, 0);
   }
 }

@@ -329,6 +329,25 @@ void CpuBackend::Add(const DeviceMatrix& acc, const DeviceMatrix& x) {
   });
 }
 
+absl::Status CpuBackend::ArgMaxRows(const DeviceMatrix& logits, std::vector<int32_t>* tokens) {
+  if (logits.dtype != DType::kF32) return absl::InvalidArgumentError("ArgMaxRows takes fp32");
+  tokens->assign(static_cast<size_t>(logits.rows), 0);
+  pool_->ParallelFor(logits.rows, [&](size_t r) {
+    const float* x = Row<float>(logits, r);
+    // The first maximum above -inf (NaN compares false: never taken); none: 0.
+    float best = -std::numeric_limits<float>::infinity();
+    int32_t best_i = 0;
+    for (int64_t c = 0; c < logits.cols; ++c) {
+      if (x[c] > best) {
+        best = x[c];
+        best_i = static_cast<int32_t>(c);
+      }
+    }
+    (*tokens)[r] = best_i;
+  });
+  return absl::OkStatus();
+}
+
 void CpuBackend::GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
                             const DeviceMatrix& out) {
   CHECK(out.rows == static_cast<int64_t>(rows.size()) && out.cols == x.cols);

@@ -81,6 +81,7 @@ class CpuBackend : public Backend {
                const StepLayout& layout) override;
   void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
                  float scale, int32_t window, const DeviceMatrix& out) override;
+  absl::Status ArgMaxRows(const DeviceMatrix& logits, std::vector<int32_t>* tokens) override;
   void Synchronize() override {}
 
  protected:

@@ -1,6 +1,7 @@
 // The greedy token on the device: one CTA per row of fp32 logits, each thread the best of its
 // strided elements, then a fixed tree over the threads. Ties go to the lowest index and NaN never
-// wins, as the host sampler's argmax (cuda_kernels.h's LaunchArgMax); a row of NaN gives 0.
+// wins, as the host sampler's greedy choice (cuda_kernels.h's LaunchArgMax); a row with nothing
+// above -inf gives 0.
 
 #include <cuda_runtime.h>
 
@@ -44,7 +45,11 @@ __global__ void ArgMaxKernel(Matrix logits, int32_t* out) {
     }
     __syncthreads();
   }
-  if (t == 0) out[r] = indices[0] < logits.cols ? static_cast<int32_t>(indices[0]) : 0;
+  // Nothing above -inf (every value -inf or NaN): 0, as the host sampler.
+  if (t == 0) {
+    out[r] =
+        indices[0] < logits.cols && values[0] > -INFINITY ? static_cast<int32_t>(indices[0]) : 0;
+  }
 }
 
 }  // namespace

@@ -205,25 +205,29 @@ void CudaBackend::CopyOnDevice(void* device_dst, const void* device_src, size_t 
         "cudaMemcpyAsync on device");
 }
 
-absl::Status CudaBackend::CopyBeside(void* dst, const void* src, size_t bytes, bool to_device) {
-  if (bytes == 0) return absl::OkStatus();
+absl::Status CudaBackend::CopyBeside(absl::Span<const BesideCopy> copies, bool to_device) {
+  if (copies.empty()) return absl::OkStatus();
   absl::MutexLock lock(&beside_mu_);
   Bind();
   auto fail = [](const char* what, cudaError_t err) {
     return absl::InternalError(CudaMessage(what, err));
   };
-  cudaError_t err;
-  if (!to_device) {
-    // After every kernel issued so far on the engine's stream (the blocks' last writes).
-    const auto event = static_cast<cudaEvent_t>(beside_event_);
-    if ((err = cudaEventRecord(event, stream_)) != cudaSuccess) return fail("cudaEventRecord", err);
-    if ((err = cudaStreamWaitEvent(beside_stream_, event, 0)) != cudaSuccess) {
-      return fail("cudaStreamWaitEvent", err);
+  // After every kernel issued so far on the engine's stream (a block's last writes and reads).
+  const auto event = static_cast<cudaEvent_t>(beside_event_);
+  cudaError_t err = cudaEventRecord(event, stream_);
+  if (err != cudaSuccess) return fail("cudaEventRecord", err);
+  if ((err = cudaStreamWaitEvent(beside_stream_, event, 0)) != cudaSuccess) {
+    return fail("cudaStreamWaitEvent", err);
+  }
+  const cudaMemcpyKind kind = to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  for (const BesideCopy& c : copies) {
+    if (c.bytes == 0) continue;
+    if ((err = cudaMemcpyAsync(c.dst, c.src, c.bytes, kind, beside_stream_)) != cudaSuccess) {
+      // Those issued still run: wait for them before the host memory may be reused.
+      cudaStreamSynchronize(beside_stream_);
+      return fail("cudaMemcpyAsync beside the engine", err);
     }
   }
-  err = cudaMemcpyAsync(
-      dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, beside_stream_);
-  if (err != cudaSuccess) return fail("cudaMemcpyAsync beside the engine", err);
   if ((err = cudaStreamSynchronize(beside_stream_)) != cudaSuccess) {
     return fail("cudaStreamSynchronize beside the engine", err);
   }
@@ -540,7 +544,7 @@ void CudaBackend::AttentionWith(const DeviceMatrix& q, const KvLayerView& kv,
         "Attention");
 }
 
-absl::Status CudaBackend::ArgMax(const DeviceMatrix& logits, std::vector<int32_t>* tokens) {
+absl::Status CudaBackend::ArgMaxRows(const DeviceMatrix& logits, std::vector<int32_t>* tokens) {
   Bind();
   tokens->assign(logits.rows, 0);
   if (logits.rows == 0) return status_;

@@ -91,7 +91,7 @@ class CudaBackend : public Backend {
   void CopyToDevice(void* device_dst, const void* host_src, size_t bytes) override;
   void CopyToHost(void* host_dst, const void* device_src, size_t bytes) override;
   void CopyOnDevice(void* device_dst, const void* device_src, size_t bytes) override;
-  absl::Status CopyBeside(void* dst, const void* src, size_t bytes, bool to_device) override;
+  absl::Status CopyBeside(absl::Span<const BesideCopy> copies, bool to_device) override;
   absl::Status PinHostMemory(void* host, size_t bytes) override;
   void UnpinHostMemory(void* host) override;
 
@@ -122,8 +122,8 @@ class CudaBackend : public Backend {
                  float scale, int32_t window, const DeviceMatrix& out) override;
   void Synchronize() override;
 
-  // The greedy token of each row of fp32 logits, computed on the device (argmax.cu).
-  absl::Status ArgMax(const DeviceMatrix& logits, std::vector<int32_t>* tokens);
+  // On the device (argmax.cu): only the tokens come back, never the logits.
+  absl::Status ArgMaxRows(const DeviceMatrix& logits, std::vector<int32_t>* tokens) override;
   // Attention with the split chosen by the caller (the check compares both ways).
   void AttentionWith(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
                      float scale, int32_t window, bool split, const DeviceMatrix& out);

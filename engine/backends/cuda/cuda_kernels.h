@@ -107,7 +107,7 @@ int LaunchDeterministicGemm(const Matrix& x, const uint16_t* w, int64_t n, const
                             Stream stream);
 
 // The greedy token of each row of fp32 logits: the index of the largest value, the lowest index
-// among equals (NaN never wins). out: rows int32 values.
+// among equals (NaN never wins), 0 when nothing is above -inf. out: rows int32 values.
 int LaunchArgMax(const Matrix& logits, int32_t* out, Stream stream);
 
 // Converts a host-layout weight (fp32 or bf16, rows x cols) to the backend's bf16 layout, on the
