@@ -1,20 +1,8 @@
 #include "engine/backends/backend.h"
 
-#include <cstring>
-
 #include "engine/common/log.h"
 
 namespace ferry {
-
-absl::Status Backend::CopyBeside(absl::Span<const BesideCopy> copies, bool to_device) {
-  if (!host_memory()) {
-    return absl::UnimplementedError(name() + " has no copy beside the engine");
-  }
-  for (const BesideCopy& c : copies) {
-    if (c.bytes > 0) std::memcpy(c.dst, c.src, c.bytes);
-  }
-  return absl::OkStatus();
-}
 
 const char* WeightQuantName(WeightQuant q) {
   switch (q) {

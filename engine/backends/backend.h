@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -199,8 +200,17 @@ class Backend {
   // has moved (the host memory may be reused at once). The copies are ordered after every kernel
   // issued before the call; the caller makes sure none issued meanwhile touches the device
   // ranges (referenced KV blocks that nothing computes). The default, for a backend of host
-  // memory: memcpy.
-  virtual absl::Status CopyBeside(absl::Span<const BesideCopy> copies, bool to_device);
+  // memory: memcpy. (Defined here: Backend has no key function, so no translation unit owns its
+  // type information, which a plugin and the binary loading it would otherwise both define.)
+  virtual absl::Status CopyBeside(absl::Span<const BesideCopy> copies, bool to_device) {
+    if (!host_memory()) {
+      return absl::UnimplementedError(name() + " has no copy beside the engine");
+    }
+    for (const BesideCopy& c : copies) {
+      if (c.bytes > 0) std::memcpy(c.dst, c.src, c.bytes);
+    }
+    return absl::OkStatus();
+  }
   // Page-locks host memory the backend copies to and from often (the KV staging area), so that
   // copies run at the link's speed; Unpin before the memory is freed. The default: nothing.
   virtual absl::Status PinHostMemory(void* host, size_t bytes) { return absl::OkStatus(); }
