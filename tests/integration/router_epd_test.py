@@ -98,6 +98,15 @@ def hold_file(name):
     return path
 
 
+def synced(admin):
+    """Waits until the router's KV index caught up with the shared worker (WORKER_ADDRESS). That
+    worker keeps no prefix, but a request's blocks are in the index from their STORED event to
+    their EVICTED one: a request sent in between with the same images is predicted cached
+    (expect_cached, "skipped"), refused by the worker and resent with its image bytes, neither
+    encoded nor counted as a fallback. Checks that count encodes send after this."""
+    wait_index_synced(admin, WORKER_ADMIN, WORKER_ADDRESS)
+
+
 def start_router(workers, encoders, name):
     _, ports = start(ROUTER, [f"--model={MODEL}", "--served_model_name=tiny",
                               "--workers=" + ",".join(workers),
@@ -149,17 +158,9 @@ class EpdTest(unittest.TestCase):
         fetched = metric(WORKER_ADMIN, FETCHED)
         seen, sent = set(), 0
 
-        def synced():
-            # The worker keeps no prefix, but a request's blocks are in the router's KV index
-            # from their STORED event to their EVICTED one: a request sent in between is
-            # predicted cached (expect_cached), refused by the worker and resent with its image
-            # bytes (no encoder lookup). The counts below are of requests sent after the index
-            # caught up.
-            wait_index_synced(admin, WORKER_ADMIN, WORKER_ADDRESS)
-
         for i, case in enumerate(CASES):
             with self.subTest(case=i):
-                synced()
+                synced(admin)
                 self.assert_transformers(chat(client, case), case)
                 seen.update(case["images"])
                 sent += len(case["images"])
@@ -172,10 +173,10 @@ class EpdTest(unittest.TestCase):
         self.assertEqual(metric(WORKER_ADMIN, FETCHED), fetched + sent)
         # Anthropic's Messages API (base64 image blocks): the same text; its image is a hit.
         case = CASES[0]
-        synced()
+        synced(admin)
         text = chat(client, case).choices[0].message.content
         hits = metric(encoder_admin, HITS)
-        synced()
+        synced(admin)
         m = anthropic.Anthropic(base_url=str(client.base_url).rsplit("/v1", 1)[0], api_key="none",
                                 max_retries=0).messages.create(
             model="tiny", max_tokens=MAX_TOKENS, extra_body={"temperature": 0},
@@ -187,7 +188,7 @@ class EpdTest(unittest.TestCase):
         self.assertEqual(metric(encoder_admin, HITS), hits + len(case["images"]))
         sent += 2 * len(case["images"])
         # The same request again: its image is a hit.
-        synced()
+        synced(admin)
         self.assert_transformers(chat(client, CASES[0]), CASES[0])
         self.assertEqual(metric(encoder_admin, ENCODED), len(seen))
         self.assertEqual(metric(encoder_admin, HITS), sent - len(seen) + len(CASES[0]["images"]))
@@ -197,6 +198,7 @@ class EpdTest(unittest.TestCase):
         process, encoder, _ = start_encoder("encoder_killed")
         client, admin = start_router([WORKER_ADDRESS], [encoder], "router_killed")
         self.assert_transformers(chat(client, CASES[0]), CASES[0])
+        synced(admin)
         process.kill()
         process.wait()
         # At once (the router may not have seen it go), and once the router saw it down.
@@ -204,11 +206,13 @@ class EpdTest(unittest.TestCase):
         for i, case in enumerate(CASES):
             with self.subTest(case=i, seen_down=False):
                 self.assert_transformers(chat(client, case), case)
+                synced(admin)
         up = f'ferry_router_encoder_up{{encoder="{encoder}"}}'
         wait_for(lambda: metric(admin, up) == 0, "the encoder seen down")
         for i, case in enumerate(CASES):
             with self.subTest(case=i, seen_down=True):
                 self.assert_transformers(chat(client, case), case)
+                synced(admin)
         images = 2 * sum(len(c["images"]) for c in CASES)
         self.assertEqual(metric(admin, encodes("fallback")), images)
         # The worker encoded them all itself (no fetch).
@@ -219,11 +223,13 @@ class EpdTest(unittest.TestCase):
         client, admin = start_router([WORKER_ADDRESS], [e[1] for e in encoders], "router_pair")
         case = dict(CASES[0], images=CASES[0]["images"][:1])
         self.assert_transformers(chat(client, CASES[0]), CASES[0])
+        synced(admin)
         holders = [i for i, e in enumerate(encoders) if metric(e[2], ENCODED) > 0]
         self.assertEqual(len(holders), 1)
         held, other = holders[0], 1 - holders[0]
         # The same image goes to the same encoder (its cache).
         self.assert_transformers(chat(client, case), case)
+        synced(admin)
         self.assertEqual(metric(encoders[held][2], HITS), 1)
         self.assertEqual(metric(encoders[other][2], ENCODED), 0)
         encoders[held][0].kill()
@@ -355,6 +361,7 @@ class EpdTest(unittest.TestCase):
             wait_for(lambda: up(first), "the first encoder found and up")
             self.assert_transformers(chat(client, CASES[0]), CASES[0])
             self.assertEqual(metric(encoders[first], ENCODED), 1)
+            synced(admin)
             # The name moves to the second encoder: the first leaves, the second takes the image.
             dns.serve(["127.0.0.3 encoders.ferry.test"], "encoders.ferry.test", ["127.0.0.3"])
             wait_for(lambda: up(second) and not up(first), "the pool following the DNS")

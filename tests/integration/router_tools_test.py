@@ -9,7 +9,7 @@ that family writes, token by token through the real detokenizer and streaming pa
 [TOOL_CALLS] a special token, as in its tokenizer: the worker keeps it in the text), behind a
 ferry-router whose chat template is that family's: the SDK's parsed tool_calls (ids, names,
 arguments), content and reasoning_content equal the script, streamed and not; a full round trip
-(the calls and their results sent back, rendered by the template, answered); tool_choice and
+(the calls and their results sent back, rendered by the template, answered); tool_choice (under its grammars, on replies they accept) and
 parallel_tool_calls. A template with no tool format refuses tools with a 400 unless the router
 writes a Hermes system prompt (--tool_prompt=hermes). Every process started is killed at the end,
 also when a check fails or this script dies (PR_SET_PDEATHSIG).
@@ -65,17 +65,45 @@ FORMATS = {
                  [("get_weather", PARIS), ("get_time", TZ)], None, "Weather and time, 東京 no.\n",
                  []),
 }
+# Replies that the tool-call grammars of tool_choice (required, a named function) accept as they
+# are: both calls in compact JSON (the grammars' JSON), nothing before them but reasoning. A
+# scripted model is steered only where its script is compliant: where the grammar masks the
+# script's token every allowed token has the same logit, so what follows is the sampler's draw
+# (a JSON string may then run to max_tokens). The one place a check below leaves the script is
+# the end of the first call with parallel_tool_calls false, where the grammar allows only its
+# closing marker and the end.
+CALL_BOTH = "Call both tools, please."
+BOTH_TRIGGER = " both tools"  # their trigger: these tokens wherever the template puts CALL_BOTH
+HERMES_BOTH = ("<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n"
+               "</tool_call>\n<tool_call>\n{\"name\":\"get_time\",\"arguments\":{\"tz\":"
+               "\"Europe/Paris\"}}\n</tool_call>")
+COMPLIANT = {
+    "hermes": HERMES_BOTH,
+    "qwen3": "<think>\nBoth.\n</think>\n\n" + HERMES_BOTH,
+    "llama3": ("{\"name\":\"get_weather\",\"parameters\":{\"city\":\"Paris\"}}; "
+               "{\"name\":\"get_time\",\"parameters\":{\"tz\":\"Europe/Paris\"}}"),
+    "mistral": ("[TOOL_CALLS] [{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}, "
+                "{\"name\":\"get_time\",\"arguments\":{\"tz\":\"Europe/Paris\"}}]"),
+    "deepseek": ("Both.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+                 "get_weather\n```json\n{\"city\":\"Paris\"}\n```<｜tool▁call▁end｜>\n"
+                 "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"tz\":"
+                 "\"Europe/Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+}
 PLAIN_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
                 "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
                 "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def stack(name, template_source, first_reply, router_flags=(), special_markers=()):
-    """A scripted null worker and a router on a model with `template_source`; an SDK client."""
+def stack(name, template_source, first_reply, router_flags=(), special_markers=(),
+          compliant=None):
+    """A scripted null worker and a router on a model with `template_source`; an SDK client.
+    The worker replies `first_reply`, ANSWER after RESULT and `compliant` after CALL_BOTH."""
     d = model_with_template(os.path.join(MODELS, "llama_gqa_bf16"), name, template_source,
                             special_markers)
-    r = scripted_stack(WORKER, ROUTER, d, name,
-                       [{"reply": first_reply}, {"when": RESULT, "reply": ANSWER}], router_flags)
+    script = [{"reply": first_reply}, {"when": RESULT, "reply": ANSWER}]
+    if compliant is not None:
+        script.append({"when": BOTH_TRIGGER, "reply": compliant})
+    r = scripted_stack(WORKER, ROUTER, d, name, script, router_flags)
     ADMIN[name] = r["admin_port"]
     return openai.OpenAI(base_url=f"http://127.0.0.1:{r['http_port']}/v1", api_key="none",
                          max_retries=0, timeout=60)
@@ -118,7 +146,7 @@ class FormatTest:
     def setUpClass(cls):
         file, cls.reply, cls.calls, cls.content, cls.reasoning, flags = FORMATS[cls.NAME]
         cls.client = stack(cls.NAME, read_template(file), cls.reply, flags,
-                           ["[TOOL_CALLS]"] if cls.NAME == "mistral" else [])
+                           ["[TOOL_CALLS]"] if cls.NAME == "mistral" else [], COMPLIANT[cls.NAME])
 
     def tools(self):
         return [WEATHER, TIME]
@@ -179,18 +207,33 @@ class FormatTest:
                                                 tools=self.tools(), tool_choice="none")
         self.assertIsNone(r.choices[0].message.tool_calls)
         self.assertEqual(r.choices[0].finish_reason, "stop")
-        # A named function: only its calls are calls.
-        r = self.client.chat.completions.create(
-            model="tiny", messages=messages(), tools=self.tools(),
-            tool_choice={"type": "function", "function": {"name": "get_weather"}})
-        self.assertEqual([c.function.name for c in r.choices[0].message.tool_calls or []],
-                         ["get_weather"])
-        # parallel_tool_calls false: the first call only.
+        # parallel_tool_calls false with tool_choice auto (no grammar): the parser keeps the
+        # first call of the two the model writes.
         r = self.client.chat.completions.create(model="tiny", messages=messages(),
-                                                tools=self.tools(), tool_choice="required",
-                                                parallel_tool_calls=False)
-        self.assertEqual(len(r.choices[0].message.tool_calls), 1)
+                                                tools=self.tools(), parallel_tool_calls=False)
+        self.assertEqual(self.parsed(r), self.calls[:1])
         self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+        # Under the tool-call grammars (a compliant reply, see COMPLIANT), greedy and sampled
+        # alike. required: both calls go through.
+        both = [{"role": "user", "content": CALL_BOTH}]
+        for temperature in (0, 1):
+            r = self.client.chat.completions.create(model="tiny", messages=both,
+                                                    tools=self.tools(), tool_choice="required",
+                                                    temperature=temperature)
+            self.assertEqual(self.parsed(r), [("get_weather", PARIS), ("get_time", TZ)])
+            self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+            # parallel_tool_calls false: the grammar ends the reply after the first call.
+            for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+                r = self.client.chat.completions.create(
+                    model="tiny", messages=both, tools=self.tools(), tool_choice=choice,
+                    parallel_tool_calls=False, temperature=temperature)
+                self.assertEqual(self.parsed(r), [("get_weather", PARIS)], choice)
+                self.assertEqual(r.choices[0].finish_reason, "tool_calls")
+
+    @staticmethod
+    def parsed(response):
+        return [(c.function.name, json.loads(c.function.arguments))
+                for c in response.choices[0].message.tool_calls or []]
 
 
 class HermesTest(FormatTest, unittest.TestCase):
