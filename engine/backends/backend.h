@@ -281,6 +281,33 @@ class Backend {
     return absl::UnimplementedError(name() + " has no argmax of its own");
   }
 
+  // --- Recorded steps (CUDA graphs): a decode step's kernels recorded once, then replayed ---
+  //
+  // A backend that records steps takes a step's per-step inputs once (BeginStep: uploaded into
+  // device buffers whose addresses stay fixed), and the kernels the caller then issues read
+  // them from there: kernels given vectors equal to the inputs read the uploaded copies. Steps of
+  // one `key` (the caller's promise: the same kernels on the same buffers, with the same row
+  // counts and the same launch shapes) are run as they are the first time, recorded the next,
+  // then replayed with only the upload: BeginStep says which. The caller always ends a step with
+  // EndStep, which returns whether the step's work has been issued; false (a recording had to be
+  // dropped) means: issue the same kernels again, as they come, then call EndStep again. A
+  // caller that could not issue the whole step says so (`complete` false): a recording is then
+  // dropped and nothing launched.
+  struct StepInputs {
+    const std::vector<int32_t>* ids = nullptr;        // Embed's
+    const std::vector<int32_t>* positions = nullptr;  // Rope's
+    std::vector<const StepLayout*> layouts;           // WriteKv's and Attention's: 1 or 2
+    // At least every row's position and the last position every block table can hold: the
+    // launch shapes of a recorded step (its tiles of keys) do not follow the step's own.
+    int32_t max_position = 0;
+    uint64_t key = 0;
+  };
+  enum class StepMode { kEager, kRecording, kReplayed };
+  // The most rows a recorded step may have; 0: this backend records none (the CPU backend).
+  virtual int64_t max_recorded_rows() const { return 0; }
+  virtual StepMode BeginStep(const StepInputs& inputs) { return StepMode::kEager; }
+  virtual absl::StatusOr<bool> EndStep(bool complete = true) { return true; }
+
   // Waits until all issued work has finished.
   virtual void Synchronize() = 0;
 

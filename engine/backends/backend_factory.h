@@ -25,6 +25,7 @@ struct BackendOptions {
   int cuda_device = 0;            // cuda: which GPU
   uint64_t gpu_memory_bytes = 0;  // cuda: the most device memory to hold (0: 90% of what is free)
   bool deterministic = false;     // cuda: batch-invariant products (cpu: always deterministic)
+  bool cuda_graphs = true;        // cuda: decode steps as CUDA graphs
   std::string cuda_plugin;        // cuda: the plugin's path ("": the search above)
 };
 

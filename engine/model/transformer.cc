@@ -12,6 +12,7 @@
 #include "engine/common/status.h"
 #include "engine/model/dequantize.h"
 #include "engine/model/moe_routing.h"
+#include "engine/model/recorded_step.h"
 #include "engine/model/tensor_parallel.h"
 
 namespace ferry {
@@ -507,6 +508,77 @@ absl::Status Transformer::MoeFfn(int64_t layer, const DeviceMatrix& h) {
   return absl::OkStatus();
 }
 
+bool Transformer::RecordableStep(absl::Span<const ForwardSequence> batch,
+                                 bool no_input_rows) const {
+  if (backend_->max_recorded_rows() <= 0 || tensor_parallel_ != nullptr || !no_input_rows) {
+    return false;
+  }
+  // Mixture-of-experts layers route on the host (a sync per layer): not recordable.
+  for (const Layer& l : layers_) {
+    if (l.moe) return false;
+  }
+  for (const ForwardSequence& s : batch) {
+    if (s.tokens.size() != 1 || s.all_logits || s.no_logits || s.replay_end > 0 ||
+        s.window_floor > 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Transformer::PadForRecording(absl::Span<const ForwardSequence> batch, const KvBlockLayout& kl,
+                                  const KvBlockPool* window_kv, std::vector<int32_t>* ids,
+                                  StepLayout* layout, StepLayout* window_layout,
+                                  Backend::StepInputs* inputs) const {
+  const int64_t rows =
+      RecordedRows(static_cast<int64_t>(batch.size()), backend_->max_recorded_rows());
+  if (rows == 0) return false;
+  // Each table cut to the blocks its row reaches (a sequence may hold more), then padded.
+  StepLayout full = *layout, window;
+  if (window_kv != nullptr) window = *window_layout;
+  int64_t longest = 0, window_longest = 0;
+  for (int64_t r = 0; r < full.rows(); ++r) {
+    const int64_t need = kl.BlocksFor(static_cast<int64_t>(full.positions[r]) + 1);
+    full.block_tables[r].resize(need);
+    longest = std::max(longest, need);
+    if (window_kv != nullptr) {
+      window.block_tables[r].resize(need);
+      window_longest = std::max(window_longest, need);
+    }
+  }
+  const int64_t capacity = TableCapacity(longest);
+  const int64_t window_capacity = TableCapacity(window_longest);
+  std::vector<int32_t> padded_ids = *ids;
+  if (!PadDecodeStep(rows, capacity, window_capacity, &padded_ids, &full,
+                     window_kv != nullptr ? &window : nullptr)) {
+    return false;
+  }
+  *ids = std::move(padded_ids);
+  *layout = std::move(full);
+  if (window_kv != nullptr) *window_layout = std::move(window);
+  inputs->max_position =
+      static_cast<int32_t>(std::max(capacity, window_capacity) * kl.block_tokens - 1);
+  return true;
+}
+
+uint64_t Transformer::RecordingKey(int64_t rows, size_t capacity, size_t window_capacity,
+                                   const KvBlockPool& kv, const KvBlockPool* window_kv) const {
+  // Everything a recorded step's kernels are bound to: its shape and the buffers it reads and
+  // writes (the activations, the pools); the weights and tables are the model's for its life.
+  const uint64_t parts[] = {
+      static_cast<uint64_t>(rows),
+      static_cast<uint64_t>(capacity),
+      static_cast<uint64_t>(window_capacity),
+      static_cast<uint64_t>(kv.layout().block_bytes()),
+      reinterpret_cast<uintptr_t>(scratch_.data()),
+      static_cast<uint64_t>(scratch_.bytes()),
+      reinterpret_cast<uintptr_t>(kv.region().address),
+      window_kv != nullptr ? reinterpret_cast<uintptr_t>(window_kv->region().address) : 0,
+      window_kv != nullptr ? static_cast<uint64_t>(window_kv->layout().block_bytes()) : 0,
+  };
+  return Xxh3Hash128(absl::string_view(reinterpret_cast<const char*>(parts), sizeof(parts))).lo;
+}
+
 absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlockPool& kv,
                                   std::vector<float>* logits, KvBlockPool* window_kv) {
   const ModelConfig& c = config_;
@@ -630,6 +702,26 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
       layout.row_sequence.push_back(static_cast<int32_t>(s));
     }
   }
+  // The window layers' layout: each layer's slot in its own pool, and the window tables.
+  StepLayout window_layout;
+  if (window_kv != nullptr) {
+    window_layout = layout;
+    window_layout.block_tables = std::move(window_tables);
+    if (any_floor) window_layout.first_keys = std::move(window_floors);
+    if (std::find(no_write.begin(), no_write.end(), 1) != no_write.end()) {
+      layout.no_write = std::move(no_write);
+    }
+  }
+  const int64_t read_rows = static_cast<int64_t>(logit_rows.size());  // logit rows returned
+  Backend& b = *backend_;
+  // A decode step the backend can record and replay, in its recorded shape (recorded_step.h).
+  Backend::StepInputs recorded;
+  const bool record =
+      RecordableStep(batch, input_rows.empty()) &&
+      PadForRecording(batch, kl, window_kv, &ids, &layout, &window_layout, &recorded);
+  if (record) {
+    for (int64_t r = read_rows; r < layout.rows(); ++r) logit_rows.push_back(r);
+  }
   const int64_t m = layout.rows(), nl = static_cast<int64_t>(logit_rows.size());
   RETURN_IF_ERROR(EnsureScratch(m, nl));
 
@@ -646,81 +738,98 @@ absl::Status Transformer::Forward(absl::Span<const ForwardSequence> batch, KvBlo
 
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
-  Backend& b = *backend_;
-  b.Embed(embed_, ids, x);
-  // Rows given by the caller (an image's embeddings) replace the table's.
-  for (const InputEmbeddingRows& e : input_rows) {
-    b.CopyToDevice(x.RowRange(e.offset, e.rows).data, e.data,
-                   static_cast<size_t>(e.rows * c.hidden_size) * sizeof(float));
-  }
-  b.RmsNorm(x, layers_[0].attn_norm, eps, h);
-  // With a window pool, each layer's slot in its own pool, and the window layers' tables.
-  StepLayout window_layout;
-  if (window_kv != nullptr) {
-    window_layout = layout;
-    window_layout.block_tables = std::move(window_tables);
-    if (any_floor) window_layout.first_keys = std::move(window_floors);
-    if (std::find(no_write.begin(), no_write.end(), 1) != no_write.end()) {
-      layout.no_write = std::move(no_write);
+  // The step's kernels, from the embeddings to the logits.
+  auto issue = [&]() -> absl::Status {
+    b.Embed(embed_, ids, x);
+    // Rows given by the caller (an image's embeddings) replace the table's.
+    for (const InputEmbeddingRows& e : input_rows) {
+      b.CopyToDevice(x.RowRange(e.offset, e.rows).data, e.data,
+                     static_cast<size_t>(e.rows * c.hidden_size) * sizeof(float));
     }
-  }
-  int32_t full_slot = 0, window_slot = 0;
-  for (int64_t li = 0; li < c.num_layers; ++li) {
-    const Layer& l = layers_[li];
-    const bool windowed = window_kv != nullptr && c.window(li) > 0;
-    const KvLayerView view = window_kv == nullptr ? kv.LayerView(static_cast<int32_t>(li))
-                             : windowed           ? window_kv->LayerView(window_slot++)
-                                                  : kv.LayerView(full_slot++);
-    const StepLayout& steps = windowed ? window_layout : layout;
-    // h holds RmsNorm(x) for this layer's attention.
-    MatMulStacked(h, l.qkv, c.attention_bias ? &l.qkv_bias : nullptr, qkv);
-    if (c.qk_norm) {
-      b.RmsNorm(q, l.q_norm, eps, q);
-      b.RmsNorm(k, l.k_norm, eps, k);
-    }
-    b.Rope(q, static_cast<int32_t>(c.num_heads), layout.positions, rope_);
-    b.Rope(k, static_cast<int32_t>(c.num_kv_heads), layout.positions, rope_);
-    b.WriteKv(k, v, view, steps);
-    b.Attention(q, view, steps, scale, c.window(li), attn);
-    b.MatMul(attn, l.o, nullptr, h);
-    // Tensor parallel: each rank's o projection covered its heads; the sum is the layer's.
-    if (tensor_parallel_ != nullptr) RETURN_IF_ERROR(tensor_parallel_->AllReduceSum(h));
-    b.AddRmsNorm(x, h, l.mlp_norm, eps, h);
-    if (l.moe) {
-      RETURN_IF_ERROR(MoeFfn(li, h));
-    } else {
-      MatMulStacked(h, l.gate_up, nullptr, gate_up);
-      b.SwiGlu(gate, up, gate);
-      b.MatMul(gate, l.down, nullptr, h);
+    b.RmsNorm(x, layers_[0].attn_norm, eps, h);
+    int32_t full_slot = 0, window_slot = 0;
+    for (int64_t li = 0; li < c.num_layers; ++li) {
+      const Layer& l = layers_[li];
+      const bool windowed = window_kv != nullptr && c.window(li) > 0;
+      const KvLayerView view = window_kv == nullptr ? kv.LayerView(static_cast<int32_t>(li))
+                               : windowed           ? window_kv->LayerView(window_slot++)
+                                                    : kv.LayerView(full_slot++);
+      const StepLayout& steps = windowed ? window_layout : layout;
+      // h holds RmsNorm(x) for this layer's attention.
+      MatMulStacked(h, l.qkv, c.attention_bias ? &l.qkv_bias : nullptr, qkv);
+      if (c.qk_norm) {
+        b.RmsNorm(q, l.q_norm, eps, q);
+        b.RmsNorm(k, l.k_norm, eps, k);
+      }
+      b.Rope(q, static_cast<int32_t>(c.num_heads), layout.positions, rope_);
+      b.Rope(k, static_cast<int32_t>(c.num_kv_heads), layout.positions, rope_);
+      b.WriteKv(k, v, view, steps);
+      b.Attention(q, view, steps, scale, c.window(li), attn);
+      b.MatMul(attn, l.o, nullptr, h);
+      // Tensor parallel: each rank's o projection covered its heads; the sum is the layer's.
       if (tensor_parallel_ != nullptr) RETURN_IF_ERROR(tensor_parallel_->AllReduceSum(h));
+      b.AddRmsNorm(x, h, l.mlp_norm, eps, h);
+      if (l.moe) {
+        RETURN_IF_ERROR(MoeFfn(li, h));
+      } else {
+        MatMulStacked(h, l.gate_up, nullptr, gate_up);
+        b.SwiGlu(gate, up, gate);
+        b.MatMul(gate, l.down, nullptr, h);
+        if (tensor_parallel_ != nullptr) RETURN_IF_ERROR(tensor_parallel_->AllReduceSum(h));
+      }
+      // The residual, and the norm of what comes next: the next layer's, or the final one.
+      b.AddRmsNorm(x, h, li + 1 < c.num_layers ? layers_[li + 1].attn_norm : final_norm_, eps, h);
     }
-    // The residual, and the norm of what comes next: the next layer's, or the final one.
-    b.AddRmsNorm(x, h, li + 1 < c.num_layers ? layers_[li + 1].attn_norm : final_norm_, eps, h);
+    for (int64_t i = 0; i < nl; ++i) {
+      b.CopyOnDevice(selected.RowRange(i, 1).data, h.RowRange(logit_rows[i], 1).data,
+                     c.hidden_size * DTypeBytes(h.dtype));
+    }
+    b.MatMul(selected, *lm_head_, nullptr, out);
+    return absl::OkStatus();
+  };
+  if (!record) {
+    RETURN_IF_ERROR(issue());
+  } else {
+    recorded.ids = &ids;
+    recorded.positions = &layout.positions;
+    recorded.layouts.push_back(&layout);
+    if (window_kv != nullptr) recorded.layouts.push_back(&window_layout);
+    recorded.key = RecordingKey(layout.rows(), layout.block_tables[0].size(),
+                                window_kv != nullptr ? window_layout.block_tables[0].size() : 0, kv,
+                                window_kv);
+    Backend::StepMode mode = b.BeginStep(recorded);
+    for (;;) {
+      // The step is ended even when issuing failed (a capture must not stay open).
+      const absl::Status issued = mode != Backend::StepMode::kReplayed ? issue() : absl::OkStatus();
+      const absl::StatusOr<bool> ended = b.EndStep(issued.ok());
+      RETURN_IF_ERROR(issued);
+      RETURN_IF_ERROR(ended.status());
+      if (*ended) break;
+      mode =
+          Backend::StepMode::kEager;  // the recording was dropped: the same kernels, as they come
+    }
+    ++recorded_steps_;
   }
-  for (int64_t i = 0; i < nl; ++i) {
-    b.CopyOnDevice(selected.RowRange(i, 1).data, h.RowRange(logit_rows[i], 1).data,
-                   c.hidden_size * DTypeBytes(h.dtype));
-  }
-  b.MatMul(selected, *lm_head_, nullptr, out);
+  const DeviceMatrix returned = out.RowRange(0, read_rows);
   const size_t old = logits->size();
   // Rows whose greedy token alone is wanted: chosen by the backend (on a GPU, only the tokens
   // come back); the other rows' logits are copied, in runs. Without the backend's argmax, all.
   std::vector<int32_t> greedy;
   const bool any_greedy = std::any_of(logit_greedy.begin(), logit_greedy.end(),
                                       [](TokenId* t) { return t != nullptr; });
-  if (!any_greedy || !b.ArgMaxRows(out, &greedy).ok()) {
-    logits->resize(old + nl * c.vocab_size);
-    b.CopyToHost(logits->data() + old, out.data, nl * c.vocab_size * sizeof(float));
+  if (!any_greedy || !b.ArgMaxRows(returned, &greedy).ok()) {
+    logits->resize(old + read_rows * c.vocab_size);
+    b.CopyToHost(logits->data() + old, returned.data, read_rows * c.vocab_size * sizeof(float));
   } else {
     int64_t copied = 0;
-    for (int64_t i = 0; i < nl;) {
+    for (int64_t i = 0; i < read_rows;) {
       if (logit_greedy[i] != nullptr) {
         *logit_greedy[i] = greedy[i];
         ++i;
         continue;
       }
       int64_t end = i + 1;
-      while (end < nl && logit_greedy[end] == nullptr) ++end;
+      while (end < read_rows && logit_greedy[end] == nullptr) ++end;
       logits->resize(old + (copied + end - i) * c.vocab_size);
       b.CopyToHost(logits->data() + old + copied * c.vocab_size, out.RowRange(i, end - i).data,
                    (end - i) * c.vocab_size * sizeof(float));

@@ -83,7 +83,24 @@ class Transformer final : public ForwardModel {
     return expert_tokens_;
   }
 
+  // Steps run in a recordable shape (Backend::BeginStep, recorded_step.h) since creation: on a
+  // backend that records steps (max_recorded_rows() > 0), the decode steps of a dense model
+  // without tensor parallelism whose batch fits.
+  int64_t recorded_steps() const { return recorded_steps_; }
+
  private:
+  // Whether the step is a decode step a backend may record (one plain token per sequence, its
+  // logits wanted; no images, replays, experts or tensor parallelism).
+  bool RecordableStep(absl::Span<const ForwardSequence> batch, bool no_input_rows) const;
+  // Pads the step to its recorded shape (recorded_step.h) and sets inputs->max_position; false
+  // (nothing changed) when it has none.
+  bool PadForRecording(absl::Span<const ForwardSequence> batch, const KvBlockLayout& kl,
+                       const KvBlockPool* window_kv, std::vector<int32_t>* ids, StepLayout* layout,
+                       StepLayout* window_layout, Backend::StepInputs* inputs) const;
+  // Identifies a recorded step's kernels: its shape and every buffer they are bound to.
+  uint64_t RecordingKey(int64_t rows, size_t capacity, size_t window_capacity,
+                        const KvBlockPool& kv, const KvBlockPool* window_kv) const;
+
   // Matrices stacked by rows (q | k | v, gate | up): one weight, or where a file stored the parts
   // in different block formats (llama.cpp's Q4_K_M keeps some layers' v in Q6_K) one weight per
   // part, each computed in its own format into its columns of the output. Each output column is
@@ -146,6 +163,7 @@ class Transformer final : public ForwardModel {
   DeviceBuffer moe_scratch_;
   int64_t moe_scratch_rows_ = 0;
 
+  int64_t recorded_steps_ = 0;
   // Activations for up to scratch_rows_ rows (grown on demand).
   DeviceBuffer scratch_;
   int64_t scratch_rows_ = 0;

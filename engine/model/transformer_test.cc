@@ -8,12 +8,17 @@
 
 #include "engine/model/transformer.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "engine/backends/cpu/cpu_backend.h"
+#include "engine/backends/step_graph_book.h"
 #include "engine/common/float_math.h"
 #include "engine/common/log.h"
 #include "engine/common/status.h"
@@ -494,6 +499,308 @@ TEST(TransformerBackendTest, FormatsTheBackendLacksRunInBf16AndTheFingerprintNam
   const std::vector<float> got = logits_of(**mixed, &partial);
   EXPECT_TRUE(SameBits(got, logits_of(**reference, cpu.get())));
   EXPECT_FALSE(SameBits(got, logits_of(**native, cpu.get())));  // not the block products
+}
+
+// A backend that records and replays steps as a CUDA graph does, on the CPU backend: a recorded
+// step's kernels are kept with their arguments as they were (matrices, weights, pools: the
+// addresses a graph holds) and are not run while recorded; the step inputs are copied into
+// buffers of this backend at every BeginStep, and a recorded kernel reads them from there, as a
+// graph's kernels read the device copies. A kernel given a host vector that is not a step input,
+// or a copy from or to the host, while recording makes the recording fail (it could not be
+// captured on a GPU).
+class GraphBackend : public Backend {
+ public:
+  explicit GraphBackend(CpuBackend* cpu) : cpu_(cpu) {}
+  std::string name() const override { return "graphs"; }
+  bool deterministic() const override { return true; }
+  bool host_memory() const override { return true; }
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
+    ASSIGN_OR_RETURN(DeviceBuffer inner, cpu_->Allocate(bytes));
+    void* data = inner.data();
+    held_.push_back(std::move(inner));
+    return DeviceBuffer(this, data, bytes);
+  }
+  void CopyToDevice(void* d, const void* h, size_t n) override {
+    if (!Host()) cpu_->CopyToDevice(d, h, n);
+  }
+  void CopyToHost(void* h, const void* d, size_t n) override {
+    if (!Host()) cpu_->CopyToHost(h, d, n);
+  }
+  void CopyOnDevice(void* d, const void* s, size_t n) override {
+    Op([=] { cpu_->CopyOnDevice(d, s, n); });
+  }
+  absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
+                                            int64_t cols) override {
+    return cpu_->UploadWeight(host, dtype, rows, cols);
+  }
+  absl::StatusOr<DeviceWeight> UploadQuantizedWeight(const uint8_t* host, size_t bytes,
+                                                     WeightQuant quant, int64_t rows,
+                                                     int64_t cols) override {
+    return cpu_->UploadQuantizedWeight(host, bytes, quant, rows, cols);
+  }
+  void Embed(const DeviceWeight& t, const std::vector<int32_t>& ids,
+             const DeviceMatrix& out) override {
+    const std::vector<int32_t>* in = Input(ids, ids_);
+    Op([=, &t] { cpu_->Embed(t, *in, out); });
+  }
+  void RmsNorm(const DeviceMatrix& x, const DeviceMatrix& w, float eps,
+               const DeviceMatrix& out) override {
+    Op([=] { cpu_->RmsNorm(x, w, eps, out); });
+  }
+  void AddRmsNorm(const DeviceMatrix& x, const DeviceMatrix& d, const DeviceMatrix& w, float eps,
+                  const DeviceMatrix& out) override {
+    Op([=] { cpu_->AddRmsNorm(x, d, w, eps, out); });
+  }
+  void MatMul(const DeviceMatrix& x, const DeviceWeight& w, const DeviceMatrix* bias,
+              const DeviceMatrix& out) override {
+    const std::optional<DeviceMatrix> b =
+        bias != nullptr ? std::optional<DeviceMatrix>(*bias) : std::nullopt;
+    Op([=, &w] { cpu_->MatMul(x, w, b.has_value() ? &*b : nullptr, out); });
+  }
+  void Add(const DeviceMatrix& acc, const DeviceMatrix& x) override {
+    Op([=] { cpu_->Add(acc, x); });
+  }
+  void GatherRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                  const DeviceMatrix& out) override {
+    if (!Host()) cpu_->GatherRows(x, rows, out);
+  }
+  void AddScaledRows(const DeviceMatrix& x, const std::vector<int32_t>& rows,
+                     const std::vector<float>& scales, const DeviceMatrix& acc) override {
+    if (!Host()) cpu_->AddScaledRows(x, rows, scales, acc);
+  }
+  void SwiGlu(const DeviceMatrix& g, const DeviceMatrix& u, const DeviceMatrix& out) override {
+    Op([=] { cpu_->SwiGlu(g, u, out); });
+  }
+  void Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
+            const RopeTable& rope) override {
+    const std::vector<int32_t>* in = Input(positions, positions_);
+    Op([=] { cpu_->Rope(x, heads, *in, rope); });
+  }
+  void WriteKv(const DeviceMatrix& k, const DeviceMatrix& v, const KvLayerView& kv,
+               const StepLayout& layout) override {
+    const StepLayout* in = LayoutInput(layout);
+    Op([=] { cpu_->WriteKv(k, v, kv, *in); });
+  }
+  void Attention(const DeviceMatrix& q, const KvLayerView& kv, const StepLayout& layout,
+                 float scale, int32_t window, const DeviceMatrix& out) override {
+    const StepLayout* in = LayoutInput(layout);
+    Op([=] { cpu_->Attention(q, kv, *in, scale, window, out); });
+  }
+  void Synchronize() override {}
+
+  int64_t max_recorded_rows() const override { return 16; }
+  StepMode BeginStep(const StepInputs& inputs) override {
+    // The upload: the same buffers every step.
+    ids_ = *inputs.ids;
+    positions_ = *inputs.positions;
+    layout_count_ = inputs.layouts.size();
+    for (size_t i = 0; i < layout_count_; ++i) layouts_[i] = *inputs.layouts[i];
+    EXPECT_GE(inputs.max_position, *std::max_element(positions_.begin(), positions_.end()));
+    key_ = inputs.key;
+    void* recording = nullptr;
+    std::vector<void*> drop;
+    action_ = book_.Next(key_, 0, &recording, &drop);
+    EXPECT_TRUE(drop.empty());
+    broken_ = false;
+    if (action_ == StepGraphBook::Action::kRun) return StepMode::kEager;
+    if (action_ == StepGraphBook::Action::kRecord) {
+      ops_.clear();
+      return StepMode::kRecording;
+    }
+    replay_ = recordings_[reinterpret_cast<uintptr_t>(recording)];
+    return StepMode::kReplayed;
+  }
+  absl::StatusOr<bool> EndStep(bool complete) override {
+    EXPECT_TRUE(complete);
+    const StepGraphBook::Action action = action_;
+    action_ = StepGraphBook::Action::kRun;  // what a re-issue runs as
+    if (action == StepGraphBook::Action::kRecord) {
+      if (broken_) {
+        book_.NotRecorded(key_, /*failed=*/true);
+        return false;
+      }
+      recordings_.push_back(std::move(ops_));
+      book_.Recorded(key_, reinterpret_cast<void*>(recordings_.size() - 1));
+      replay_ = recordings_.back();
+    }
+    if (action != StepGraphBook::Action::kRun) {
+      for (const auto& op : replay_) op();  // the launch
+    }
+    return true;
+  }
+  const StepGraphBook::Stats& stats() const { return book_.stats(); }
+
+ protected:
+  void Free(void* data, size_t) override {
+    for (auto it = held_.begin(); it != held_.end(); ++it) {
+      if (it->data() == data) {
+        held_.erase(it);
+        return;
+      }
+    }
+  }
+
+ private:
+  bool recording() const { return action_ == StepGraphBook::Action::kRecord; }
+  // A host transfer or host vector: not capturable.
+  bool Host() {
+    if (recording()) broken_ = true;
+    return recording();
+  }
+  void Op(std::function<void()> op) {
+    if (recording()) {
+      ops_.push_back(std::move(op));
+    } else {
+      op();
+    }
+  }
+  const std::vector<int32_t>* Input(const std::vector<int32_t>& given,
+                                    const std::vector<int32_t>& copy) {
+    if (given == copy) return &copy;
+    if (recording()) broken_ = true;
+    return &given;  // (run as it comes: read now)
+  }
+  const StepLayout* LayoutInput(const StepLayout& given) {
+    for (size_t i = 0; i < layout_count_; ++i) {
+      const StepLayout& l = layouts_[i];
+      if (l.positions == given.positions && l.row_sequence == given.row_sequence &&
+          l.block_tables == given.block_tables && l.first_keys == given.first_keys &&
+          l.no_write == given.no_write) {
+        return &l;
+      }
+    }
+    if (recording()) broken_ = true;
+    return &given;
+  }
+
+  CpuBackend* cpu_;
+  std::vector<DeviceBuffer> held_;
+  StepGraphBook book_{8};
+  StepGraphBook::Action action_ = StepGraphBook::Action::kRun;
+  uint64_t key_ = 0;
+  bool broken_ = false;
+  std::vector<int32_t> ids_, positions_;
+  std::array<StepLayout, 2> layouts_;
+  size_t layout_count_ = 0;
+  std::vector<std::function<void()>> ops_, replay_;
+  std::vector<std::vector<std::function<void()>>> recordings_;
+};
+
+// Decode steps of several sequences, the batch shrinking and growing, on a model of `v`: every
+// step's logits with `backend` (recording) and on the CPU backend alone.
+void DecodeBesideReference(const Variant& v, GraphBackend* graphs, CpuBackend* cpu) {
+  const HostWeights weights = SyntheticModel(v);
+  auto plain = *Transformer::Create(weights, cpu);
+  auto recorded = *Transformer::Create(weights, graphs);
+  BackendKvAllocator plain_alloc(cpu), recorded_alloc(graphs);
+  const bool hybrid = v.window > 0;
+  auto layout_of = [&](Transformer& m) {
+    return hybrid ? m.FullKvLayoutFor(16) : m.KvLayoutFor(16);
+  };
+  auto pool_a = *KvBlockPool::Create(layout_of(*plain), 96, &plain_alloc, cpu);
+  auto pool_b = *KvBlockPool::Create(layout_of(*recorded), 96, &recorded_alloc, graphs);
+  std::unique_ptr<KvBlockPool> window_a, window_b;
+  if (hybrid) {
+    window_a = *KvBlockPool::Create(plain->WindowKvLayoutFor(16), 96, &plain_alloc, cpu);
+    window_b = *KvBlockPool::Create(recorded->WindowKvLayoutFor(16), 96, &recorded_alloc, graphs);
+  }
+  const int kSequences = 6;
+  std::vector<std::vector<TokenId>> tokens;
+  std::vector<std::vector<BlockId>> blocks, window_blocks;
+  for (int s = 0; s < kSequences; ++s) {
+    tokens.push_back(Prompt(5 + 11 * s, 20 + s));  // the longest crosses 64 positions
+    // Both pools hand out the same blocks: the same tables drive both models.
+    blocks.push_back(*pool_a->Allocate(8));
+    EXPECT_EQ(*pool_b->Allocate(8), blocks.back());
+    if (hybrid) {
+      window_blocks.push_back(*window_a->Allocate(8));
+      EXPECT_EQ(*window_b->Allocate(8), window_blocks.back());
+    }
+  }
+  auto step = [&](const std::vector<int>& members, bool prefill) {
+    std::vector<ForwardSequence> batch;
+    for (int s : members) {
+      ForwardSequence f;
+      const int64_t n = static_cast<int64_t>(tokens[s].size());
+      f.tokens = prefill ? absl::MakeConstSpan(tokens[s]) : absl::MakeConstSpan(tokens[s]).last(1);
+      f.start_position = prefill ? 0 : n - 1;
+      f.blocks = blocks[s];
+      if (hybrid) f.window_blocks = window_blocks[s];
+      batch.push_back(f);
+    }
+    std::vector<float> a, b;
+    CHECK_OK(plain->Forward(batch, *pool_a, &a, window_a.get()));
+    CHECK_OK(recorded->Forward(batch, *pool_b, &b, window_b.get()));
+    EXPECT_TRUE(SameBits(a, b)) << "members " << members.size() << " prefill " << prefill;
+    for (size_t i = 0; i < members.size(); ++i) {
+      const int64_t vocab = plain->config().vocab_size;
+      const float* row = a.data() + i * vocab;
+      tokens[members[i]].push_back(static_cast<TokenId>(std::max_element(row, row + vocab) - row));
+    }
+  };
+  // Pools of the same bytes (never-written slots included), to compare them at the end.
+  for (KvBlockPool* p : {pool_a.get(), pool_b.get(), window_a.get(), window_b.get()}) {
+    if (p != nullptr) std::memset(p->region().address, 0, p->region().length);
+  }
+  step({0, 1, 2, 3, 4, 5}, /*prefill=*/true);
+  // 6 rows (padded to 8), 3 (to 4), 5 (to 8), then 6 again: each shape runs, is recorded, then
+  // replayed; the longest table grows from 4 blocks to 5 meanwhile (a capacity of 8: other
+  // keys).
+  const std::vector<std::vector<int>> shapes = {
+      {0, 1, 2, 3, 4, 5}, {1, 3, 5}, {0, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 5}};
+  for (int round = 0; round < 6; ++round) {
+    for (const auto& members : shapes) step(members, false);
+  }
+  // The KV both wrote is the same bytes: the padding rows wrote nothing.
+  auto same_pool = [](KvBlockPool& x, KvBlockPool& y) {
+    return x.region().length == y.region().length &&
+           std::memcmp(x.region().address, y.region().address, x.region().length) == 0;
+  };
+  EXPECT_TRUE(same_pool(*pool_a, *pool_b));
+  if (hybrid) EXPECT_TRUE(same_pool(*window_a, *window_b));
+  EXPECT_EQ(recorded->recorded_steps(), 24);
+  EXPECT_EQ(plain->recorded_steps(), 0);
+  for (int s = 0; s < kSequences; ++s) {
+    CHECK_OK(pool_a->Release(blocks[s]));
+    CHECK_OK(pool_b->Release(blocks[s]));
+    if (hybrid) {
+      CHECK_OK(window_a->Release(window_blocks[s]));
+      CHECK_OK(window_b->Release(window_blocks[s]));
+    }
+  }
+}
+
+TEST(TransformerRecordedStepsTest, ReplayedDecodeStepsAreTheCpuBackendsBits) {
+  for (const Variant& v :
+       {Variants()[0], Variants()[3],
+        Variant{"hybrid", false, false, false, 8, WeightDType::kF32, "bf16", 0, 2, false, 5}}) {
+    std::unique_ptr<CpuBackend> cpu = *CpuBackend::Create({});
+    GraphBackend graphs(cpu.get());
+    DecodeBesideReference(v, &graphs, cpu.get());
+    EXPECT_GE(graphs.stats().recorded, 3) << v.name;  // 8 and 4 rows, tables of 4 then 8
+    EXPECT_GT(graphs.stats().replayed, 10) << v.name;
+    EXPECT_EQ(graphs.stats().failed, 0) << v.name;  // nothing uncapturable was issued
+  }
+}
+
+TEST(TransformerRecordedStepsTest, StepsNotRecordableRunAsTheyCome) {
+  // Mixture-of-experts layers route on the host: never recorded, the same bits.
+  std::unique_ptr<CpuBackend> cpu = *CpuBackend::Create({});
+  GraphBackend graphs(cpu.get());
+  const Variant moe = Variants()[5];
+  ASSERT_GT(moe.experts, 0);
+  const HostWeights weights = SyntheticModel(moe);
+  auto model = *Transformer::Create(weights, &graphs);
+  BackendKvAllocator alloc(&graphs);
+  auto pool = *KvBlockPool::Create(model->KvLayoutFor(16), 16, &alloc, &graphs);
+  const auto prompt = Prompt(20, 3);
+  auto blocks = *pool->Allocate(2);
+  std::vector<float> logits;
+  CHECK_OK(model->Forward({{prompt, 0, blocks}}, *pool, &logits));
+  CHECK_OK(model->Forward({{absl::MakeConstSpan(prompt).last(1), 19, blocks}}, *pool, &logits));
+  EXPECT_EQ(model->recorded_steps(), 0);
+  EXPECT_EQ(graphs.stats().run + graphs.stats().replayed + graphs.stats().recorded, 0);
+  CHECK_OK(pool->Release(blocks));
 }
 
 }  // namespace

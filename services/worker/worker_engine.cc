@@ -104,6 +104,7 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   backend_options.cuda_device = options.cuda_device;
   backend_options.gpu_memory_bytes = static_cast<uint64_t>(options.gpu_memory_bytes);
   backend_options.deterministic = options.deterministic;
+  backend_options.cuda_graphs = options.cuda_graphs;
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(backend_options));
   if (options.engine == "real") {
     ASSIGN_OR_RETURN(const WeightDType dtype, ParseWeightDType(options.weights));

@@ -72,6 +72,8 @@ ABSL_FLAG(std::string, backend, "cpu",
 ABSL_FLAG(int, cuda_device, 0, "--backend=cuda: the GPU");
 ABSL_FLAG(bool, deterministic, false,
           "--backend=cuda: batch-invariant products (the CPU backend always is deterministic)");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "--backend=cuda: decode steps as CUDA graphs (recorded once per batch shape, replayed)");
 ABSL_FLAG(std::string, gpu_memory_bytes, "0",
           "--backend=cuda: the most device memory to hold (0: 90% of what is free)");
 ABSL_FLAG(std::string, kv_pool_bytes, "1GiB",
@@ -236,6 +238,7 @@ WorkerOptions OptionsFromFlags() {
   FROM_FLAG(backend);
   FROM_FLAG(cuda_device);
   FROM_FLAG(deterministic);
+  FROM_FLAG(cuda_graphs);
   BYTES_FROM_FLAG(gpu_memory_bytes);
   BYTES_FROM_FLAG(kv_pool_bytes);
   BYTES_FROM_FLAG(window_pool_bytes);

@@ -58,6 +58,7 @@ absl::Status ApplyWorkerConfig(const Config& c, WorkerOptions* o) {
   RETURN_IF_ERROR(ReadInt(c, "cuda_device", &o->cuda_device));
   RETURN_IF_ERROR(ReadSize(c, "gpu_memory_bytes", &o->gpu_memory_bytes));
   RETURN_IF_ERROR(c.Read("deterministic", &o->deterministic));
+  RETURN_IF_ERROR(c.Read("cuda_graphs", &o->cuda_graphs));
   RETURN_IF_ERROR(ReadSize(c, "kv_pool_bytes", &o->kv_pool_bytes));
   RETURN_IF_ERROR(ReadSize(c, "window_pool_bytes", &o->window_pool_bytes));
   RETURN_IF_ERROR(c.Read("kv_staging", &o->kv_staging));

@@ -36,6 +36,8 @@ struct WorkerOptions {
   // Batch-invariant products on the GPU (the CPU backend always is): a request's tokens do not
   // depend on what shares its batch, at some cost in speed.
   bool deterministic = false;
+  // Decode steps on the GPU as CUDA graphs (recorded once per batch shape, then replayed).
+  bool cuda_graphs = true;
 
   // --- KV cache and scheduler. With --engine=sim the byte sizes (kv_pool_bytes,
   // prefix_cache_bytes) are of the simulated model's KV (the calibration's kv_bytes_per_token):

@@ -577,6 +577,98 @@ void CheckDeterministicModel(CudaBackend& det) {
          batch_same ? 0 : 1, 0);
 }
 
+// Decode steps as CUDA graphs (engine/model/recorded_step.h): 16 sequences decoding in batches of
+// 16, 9, 3 and 16 rows (run padded to 16, 16, 4 and 16), three rounds, give the bits the same
+// steps give without graphs on the deterministic backend (padding changes no row there), and
+// most of them were replays. Then a decode step of one sequence of the SmolLM2-shaped model on
+// the default backend, with and without graphs (a note).
+void CheckGraphs(CudaBackend& det, CudaBackend& g, std::vector<std::string>* notes) {
+  const HostWeights w = SyntheticModel(SmolLm2Shaped("graphs"));
+  auto decode = [&](CudaBackend& b, bool graphs) {
+    b.set_graphs(graphs);
+    BackendKvAllocator allocator(&b);
+    auto model = Must(Transformer::Create(w, &b), "Transformer");
+    auto pool = Must(KvBlockPool::Create(model->KvLayoutFor(16), 1024, &allocator, &b), "pool");
+    std::mt19937 rng(9);
+    std::vector<std::vector<TokenId>> tokens;
+    std::vector<std::vector<BlockId>> tables;
+    for (int s = 0; s < 16; ++s) {
+      std::vector<TokenId> p(10 + 7 * s);
+      for (TokenId& t : p) t = static_cast<TokenId>(rng() % w.config.vocab_size);
+      tokens.push_back(p);
+      tables.push_back(Must(pool->Allocate(pool->layout().BlocksFor(p.size() + 64)), "blocks"));
+      std::vector<float> ignored;
+      MustOk(model->Forward({{tokens.back(), 0, tables.back(), false}}, *pool, &ignored),
+             "Forward");
+    }
+    std::vector<float> all;
+    const std::vector<std::vector<int>> shapes = {
+        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+        {0, 2, 4, 6, 8, 10, 12, 14, 15},
+        {1, 5, 9},
+        {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}};
+    for (int round = 0; round < 3; ++round) {
+      for (const std::vector<int>& members : shapes) {
+        std::vector<ForwardSequence> batch;
+        for (int s : members) {
+          const int64_t n = static_cast<int64_t>(tokens[s].size());
+          batch.push_back({absl::MakeConstSpan(tokens[s]).last(1), n - 1, tables[s], false});
+        }
+        std::vector<float> logits;
+        MustOk(model->Forward(batch, *pool, &logits), "Forward");
+        for (size_t i = 0; i < members.size(); ++i) {
+          const float* row = logits.data() + i * w.config.vocab_size;
+          tokens[members[i]].push_back(
+              static_cast<TokenId>(std::max_element(row, row + w.config.vocab_size) - row));
+        }
+        all.insert(all.end(), logits.begin(), logits.end());
+      }
+    }
+    for (auto& t : tables) MustOk(pool->Release(t), "Release");
+    return all;
+  };
+  const std::vector<float> eager = decode(det, false);
+  const int64_t replayed = det.graph_stats().replayed;
+  const std::vector<float> graphed = decode(det, true);
+  const int64_t replays = det.graph_stats().replayed - replayed;
+  const bool same = SameBits(eager, graphed);
+  Record(absl::StrCat("graphs: 12 decode steps of 3..16 rows replayed == run as they come (",
+                      replays, " replays)"),
+         same && replays >= 6, same ? 0 : 1, 0);
+
+  // One sequence's decode step, timed, with and without graphs (cuBLAS products).
+  double ms[2] = {NAN, NAN};
+  for (int graphs = 0; graphs < 2; ++graphs) {
+    g.set_graphs(graphs == 1);
+    BackendKvAllocator allocator(&g);
+    auto model = Must(Transformer::Create(w, &g), "Transformer");
+    auto pool = Must(KvBlockPool::Create(model->KvLayoutFor(16), 64, &allocator, &g), "pool");
+    std::vector<TokenId> prompt(100, 5);
+    auto blocks = Must(pool->Allocate(pool->layout().BlocksFor(101)), "blocks");
+    std::vector<float> logits;
+    MustOk(model->Forward({{prompt, 0, blocks, false}}, *pool, &logits), "Forward");
+    auto step = [&] {
+      logits.clear();
+      MustOk(model->Forward({{absl::MakeConstSpan(prompt).last(1), 99, blocks, false}}, *pool,
+                            &logits),
+             "Forward");
+    };
+    for (int i = 0; i < 5; ++i) step();  // run, recorded, replayed
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < 50; ++i) step();
+    ms[graphs] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count() /
+                 50;
+    MustOk(pool->Release(blocks), "Release");
+  }
+  g.set_graphs(true);
+  det.set_graphs(true);
+  notes->push_back(absl::StrFormat(
+      "decode step b=1, SmolLM2 shapes, logits to the host: %.3f ms as it comes, %.3f ms as a "
+      "CUDA graph (%.2fx)",
+      ms[0], ms[1], ms[0] / ms[1]));
+}
+
 // Time of the deterministic GEMM over cuBLAS's on the same shapes (K = N = 4096; M = 1, 64,
 // 4096): each shape's ratio cuBLAS time / ours, and their geometric mean.
 double GemmSpeedRatio(CudaBackend& gpu, CudaBackend& det) {
@@ -989,6 +1081,8 @@ int Main(int argc, char** argv) {
   DeviceStillWell(g, det, "the models");
 
   std::vector<std::string> notes;
+  CheckGraphs(det, g, &notes);
+  DeviceStillWell(g, det, "the graphs");
   Speed speed;
   MeasureSpeed(g, &speed, &notes);
   const double gemm_ratio = GemmSpeedRatio(g, det);

@@ -75,6 +75,9 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
   }
   device_index_ = options.device;
   deterministic_ = options.deterministic;
+  graphs_ = options.graphs && options.max_graph_rows > 0;
+  max_graph_rows_ = options.max_graph_rows;
+  book_ = std::make_unique<StepGraphBook>(options.max_graphs);
   cudaDeviceProp prop;
   err = cudaGetDeviceProperties(&prop, device_index_);
   if (err != cudaSuccess) {
@@ -129,6 +132,10 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
     return absl::FailedPreconditionError(CudaMessage("cudaEventCreate", err));
   }
   beside_event_ = event;
+  if ((err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming)) != cudaSuccess) {
+    return absl::FailedPreconditionError(CudaMessage("cudaEventCreate", err));
+  }
+  step_uploaded_ = event;
   cublasHandle_t handle = nullptr;
   if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
     return absl::FailedPreconditionError("cublasCreate failed");
@@ -149,6 +156,13 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
 
 CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (book_ != nullptr) {
+    std::vector<void*> graphs;
+    book_->Clear(&graphs);
+    DestroyGraphs(graphs);
+  }
+  if (step_host_ != nullptr) cudaFreeHost(step_host_);
+  if (step_uploaded_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(step_uploaded_));
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
   if (beside_stream_ != nullptr) cudaStreamDestroy(beside_stream_);
@@ -162,6 +176,12 @@ std::string CudaBackend::name() const {
 
 bool CudaBackend::Check(int err, const char* what) {
   if (err == 0) return true;
+  if (step_.active && step_.action == StepGraphBook::Action::kRecord) {
+    // Within a capture a launch fails when the capture does (it met something it cannot
+    // hold): the capture is dropped and the step issued again; the device is not at fault.
+    step_.broken = true;
+    return false;
+  }
   if (status_.ok()) status_ = absl::InternalError(CudaMessage(what, err));
   return false;
 }
@@ -182,7 +202,7 @@ void CudaBackend::Free(void* data, size_t) { pool_->Free(data); }
 
 void CudaBackend::CopyToDevice(void* device_dst, const void* host_src, size_t bytes) {
   Bind();
-  if (bytes == 0) return;
+  if (bytes == 0 || !HostCallAllowed()) return;
   // From pageable memory the call returns once the source has been read: the caller may reuse
   // it at once. Ordered on the stream after the work before it.
   Check(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
@@ -191,7 +211,7 @@ void CudaBackend::CopyToDevice(void* device_dst, const void* host_src, size_t by
 
 void CudaBackend::CopyToHost(void* host_dst, const void* device_src, size_t bytes) {
   Bind();
-  if (bytes == 0) return;
+  if (bytes == 0 || !HostCallAllowed()) return;
   if (Check(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream_),
             "cudaMemcpyAsync to host")) {
     Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
@@ -248,12 +268,14 @@ void CudaBackend::UnpinHostMemory(void* host) {
 
 void CudaBackend::Synchronize() {
   Bind();
+  if (!HostCallAllowed()) return;
   Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
 void CudaBackend::Bind() const { cudaSetDevice(device_index_); }
 
 const void* CudaBackend::UploadVector(Upload& slot, const void* data, size_t bytes) {
+  if (!HostCallAllowed()) return nullptr;
   if (slot.valid && slot.host.size() == bytes &&
       (bytes == 0 || std::memcmp(slot.host.data(), data, bytes) == 0)) {
     return slot.device.data();
@@ -276,8 +298,9 @@ const void* CudaBackend::UploadVector(Upload& slot, const void* data, size_t byt
   return slot.device.data();
 }
 
-void* CudaBackend::Scratch(DeviceBuffer& buffer, size_t bytes) {
+void* CudaBackend::Scratch(DeviceBuffer& buffer, size_t bytes, bool in_graphs) {
   if (buffer.data() != nullptr && buffer.bytes() >= bytes) return buffer.data();
+  if (in_graphs) ++generation_;  // graphs that read the old buffer are stale
   buffer.Reset();
   absl::StatusOr<DeviceBuffer> grown = Allocate(std::max<size_t>(bytes, 1 << 16));
   if (!grown.ok()) {
@@ -295,6 +318,15 @@ cuda::DeviceStep CudaBackend::UploadStep(const StepLayout& layout) {
                          layout.first_keys, layout.no_write, &words)) {
     if (status_.ok()) status_ = absl::InvalidArgumentError("inconsistent StepLayout");
     return step;
+  }
+  if (step_.active) {  // one of the step's layouts: its device copy, with the step's bound
+    for (size_t i = 0; i < step_.layouts.size(); ++i) {
+      if (step_.layouts[i].words == words.words) {
+        step.words = static_cast<const int32_t*>(step_device_.data()) + step_.inputs.layouts[i];
+        step.offsets = step_.inputs.offsets[i];
+        return step;
+      }
+    }
   }
   // Two slots: a hybrid model alternates between its full and window layouts within a step.
   const size_t bytes = words.words.size() * sizeof(int32_t);
@@ -375,7 +407,8 @@ absl::StatusOr<DeviceWeight> CudaBackend::UploadQuantizedWeight(const uint8_t* h
 void CudaBackend::Embed(const DeviceWeight& table, const std::vector<int32_t>& ids,
                         const DeviceMatrix& out) {
   Bind();
-  const void* d_ids = UploadVector(ids_, ids.data(), ids.size() * sizeof(int32_t));
+  const void* d_ids = StepVector(ids, step_.inputs.ids);
+  if (d_ids == nullptr) d_ids = UploadVector(ids_, ids.data(), ids.size() * sizeof(int32_t));
   if (d_ids == nullptr) return;
   const auto* device_ids = static_cast<const int32_t*>(d_ids);
   if (table.quant == WeightQuant::kNone) {
@@ -491,8 +524,10 @@ void CudaBackend::SwiGlu(const DeviceMatrix& gate, const DeviceMatrix& up,
 void CudaBackend::Rope(const DeviceMatrix& x, int32_t heads, const std::vector<int32_t>& positions,
                        const RopeTable& rope) {
   Bind();
-  const void* d_positions =
-      UploadVector(positions_, positions.data(), positions.size() * sizeof(int32_t));
+  const void* d_positions = StepVector(positions, step_.inputs.positions);
+  if (d_positions == nullptr) {
+    d_positions = UploadVector(positions_, positions.data(), positions.size() * sizeof(int32_t));
+  }
   if (d_positions == nullptr) return;
   Check(cuda::LaunchRope(ToMatrix(x), heads, static_cast<const int32_t*>(d_positions),
                          ToMatrix(rope.table), stream_),
@@ -530,6 +565,7 @@ void CudaBackend::AttentionWith(const DeviceMatrix& q, const KvLayerView& kv,
     // path (the same bits, no scratch) instead of an error.
     const size_t bytes = cuda::AttentionPartialBytes(q.rows, heads, kv.head_dim, max_tiles);
     if (attention_partials_.bytes() < bytes) {
+      ++generation_;
       attention_partials_.Reset();
       absl::StatusOr<DeviceBuffer> grown = Allocate(bytes);
       if (grown.ok()) attention_partials_ = std::move(*grown);
@@ -544,11 +580,152 @@ void CudaBackend::AttentionWith(const DeviceMatrix& q, const KvLayerView& kv,
         "Attention");
 }
 
+bool CudaBackend::HostCallAllowed() {
+  if (!step_.active || step_.action != StepGraphBook::Action::kRecord) return true;
+  step_.broken = true;
+  return false;
+}
+
+const int32_t* CudaBackend::StepVector(const std::vector<int32_t>& given, int32_t part) {
+  if (!step_.active) return nullptr;
+  const int32_t rows = step_.inputs.positions;  // ids and positions both have the step's rows
+  if (static_cast<int32_t>(given.size()) == rows &&
+      std::equal(given.begin(), given.end(), step_.inputs.words.begin() + part)) {
+    return static_cast<const int32_t*>(step_device_.data()) + part;
+  }
+  return nullptr;
+}
+
+void CudaBackend::set_graphs(bool on) {
+  Bind();
+  graphs_ = on && max_graph_rows_ > 0;
+  if (!graphs_) {
+    std::vector<void*> graphs;
+    book_->Clear(&graphs);
+    DestroyGraphs(graphs);
+  }
+}
+
+void CudaBackend::DestroyGraphs(const std::vector<void*>& graphs) {
+  for (void* g : graphs) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+}
+
+Backend::StepMode CudaBackend::BeginStep(const StepInputs& inputs) {
+  Bind();
+  step_ = Step();
+  if (!graphs_ || !status_.ok() || inputs.ids == nullptr || inputs.positions == nullptr) {
+    return StepMode::kEager;
+  }
+  // The inputs in one array: flattened layouts (kept to recognize them), ids and positions.
+  step_.layouts.resize(inputs.layouts.size());
+  std::vector<const cuda::StepWords*> flat;
+  for (size_t i = 0; i < inputs.layouts.size(); ++i) {
+    const StepLayout& l = *inputs.layouts[i];
+    if (!cuda::FlattenStep(l.positions, l.row_sequence, l.block_tables, l.first_keys, l.no_write,
+                           &step_.layouts[i])) {
+      return StepMode::kEager;
+    }
+    flat.push_back(&step_.layouts[i]);
+  }
+  if (!cuda::PackStepInputs(*inputs.ids, *inputs.positions, flat, inputs.max_position,
+                            &step_.inputs)) {
+    return StepMode::kEager;
+  }
+  const size_t bytes = step_.inputs.words.size() * sizeof(int32_t);
+  // The device buffer stays put while it is large enough (graphs hold its address); the pinned
+  // staging is reused once the last upload has read it.
+  if (step_device_.data() == nullptr || step_device_.bytes() < bytes) {
+    ++generation_;
+    step_device_.Reset();
+    absl::StatusOr<DeviceBuffer> grown = Allocate(std::max<size_t>(2 * bytes, 1 << 16));
+    if (!grown.ok()) return StepMode::kEager;  // the step runs with ordinary uploads
+    step_device_ = std::move(*grown);
+  }
+  const auto uploaded = static_cast<cudaEvent_t>(step_uploaded_);
+  if (!Check(cudaEventSynchronize(uploaded), "cudaEventSynchronize")) return StepMode::kEager;
+  if (step_host_bytes_ < bytes) {
+    if (step_host_ != nullptr) cudaFreeHost(step_host_);
+    step_host_ = nullptr;
+    step_host_bytes_ = 0;
+    if (cudaHostAlloc(&step_host_, step_device_.bytes(), cudaHostAllocDefault) != cudaSuccess) {
+      step_host_ = nullptr;
+      return StepMode::kEager;
+    }
+    step_host_bytes_ = step_device_.bytes();
+  }
+  std::memcpy(step_host_, step_.inputs.words.data(), bytes);
+  if (!Check(
+          cudaMemcpyAsync(step_device_.data(), step_host_, bytes, cudaMemcpyHostToDevice, stream_),
+          "step inputs to device") ||
+      !Check(cudaEventRecord(uploaded, stream_), "cudaEventRecord")) {
+    return StepMode::kEager;
+  }
+  step_.active = true;
+  step_.key = inputs.key;
+  std::vector<void*> dropped;
+  step_.action = book_->Next(inputs.key, generation_, &step_.graph, &dropped);
+  DestroyGraphs(dropped);
+  switch (step_.action) {
+    case StepGraphBook::Action::kRun:
+      return StepMode::kEager;
+    case StepGraphBook::Action::kReplay:
+      return StepMode::kReplayed;
+    case StepGraphBook::Action::kRecord:
+      break;
+  }
+  // No copy beside the engine may touch the engine's stream while it is captured.
+  beside_mu_.Lock();
+  step_.generation = generation_;
+  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+    beside_mu_.Unlock();
+    cudaGetLastError();
+    book_->NotRecorded(inputs.key, /*failed=*/true);
+    step_.action = StepGraphBook::Action::kRun;
+    return StepMode::kEager;
+  }
+  return StepMode::kRecording;
+}
+
+absl::StatusOr<bool> CudaBackend::EndStep(bool complete) {
+  Bind();
+  if (!step_.active) return true;
+  const StepGraphBook::Action action = step_.action;
+  step_.action = StepGraphBook::Action::kRun;  // a step issued again runs as it comes
+  if (action == StepGraphBook::Action::kRun ||
+      (!complete && action == StepGraphBook::Action::kReplay)) {
+    step_.active = false;
+    return true;
+  }
+  if (action == StepGraphBook::Action::kRecord) {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    beside_mu_.Unlock();
+    cudaGraphExec_t exec = nullptr;
+    bool made = complete && ended == cudaSuccess && graph != nullptr && !step_.broken &&
+                step_.generation == generation_;
+    if (made) made = cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!made) {
+      cudaGetLastError();  // a failed capture or instantiation is not the device's fault
+      // Something it cannot hold: never again for this key; a buffer that grew: next time.
+      book_->NotRecorded(step_.key, /*failed=*/step_.broken || ended != cudaSuccess);
+      if (!complete) step_.active = false;
+      return complete ? false : true;  // nothing ran: the caller issues the step again
+    }
+    book_->Recorded(step_.key, exec);
+    step_.graph = exec;
+  }
+  step_.active = false;
+  Check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(step_.graph), stream_), "cudaGraphLaunch");
+  RETURN_IF_ERROR(status_);
+  return true;
+}
+
 absl::Status CudaBackend::ArgMaxRows(const DeviceMatrix& logits, std::vector<int32_t>* tokens) {
   Bind();
   tokens->assign(logits.rows, 0);
   if (logits.rows == 0) return status_;
-  void* out = Scratch(argmax_out_, logits.rows * sizeof(int32_t));
+  void* out = Scratch(argmax_out_, logits.rows * sizeof(int32_t), /*in_graphs=*/false);
   if (out == nullptr) return status_;
   Check(cuda::LaunchArgMax(ToMatrix(logits), static_cast<int32_t*>(out), stream_), "ArgMax");
   CopyToHost(tokens->data(), out, logits.rows * sizeof(int32_t));

@@ -14,6 +14,14 @@
 //   attention    attention.cu, batch-invariant (tiles aligned to key positions).
 //   host vectors token ids, positions and step layouts are copied to the device when they change
 //                (the per-layer calls of one step reuse one copy).
+//   graphs       decode steps (backend.h "Recorded steps"; the Transformer pads them to
+//                recorded_step.h's shapes) are CUDA graphs: a step's inputs go to the device in
+//                one transfer from pinned memory into a buffer that stays put, a key's first step
+//                runs as it comes, its second is captured (cudaStreamBeginCapture, relaxed mode),
+//                and later ones launch the graph. StepGraphBook keeps at most max_graphs and
+//                drops them all when a buffer the kernels read is remade (a scratch buffer grew).
+//                A capture that meets something it cannot hold (a host copy, a vector that is not
+//                the step's input) is dropped and the step issued again as it comes.
 //
 // Determinism: by default not claimed (deterministic() is false): cuBLAS chooses its algorithm by
 // shape, so a row's bf16 products may differ in the last bits with the batch. With
@@ -29,7 +37,8 @@
 // that created it: every method binds the backend's device first); DeviceBuffers may be freed
 // from any thread (the pool locks). CopyBeside, PinHostMemory and UnpinHostMemory may be called
 // from any thread at any time: the copies run on a stream of their own, one at a time, after an
-// event recorded on the engine's stream.
+// event recorded on the engine's stream; never while a graph is being captured (the capture
+// holds their lock).
 
 #ifndef FERRY_ENGINE_BACKENDS_CUDA_CUDA_BACKEND_H_
 #define FERRY_ENGINE_BACKENDS_CUDA_CUDA_BACKEND_H_
@@ -46,6 +55,8 @@
 #include "engine/backends/backend.h"
 #include "engine/backends/cuda/cuda_kernels.h"
 #include "engine/backends/cuda/device_pool.h"
+#include "engine/backends/cuda/step_upload.h"
+#include "engine/backends/step_graph_book.h"
 
 namespace ferry {
 
@@ -57,6 +68,10 @@ struct CudaBackendOptions {
   // Batch-invariant products of Ferry's own (det_gemm.cu) instead of cuBLAS: then every kernel
   // is batch-invariant and deterministic() is true.
   bool deterministic = false;
+  // Decode steps as CUDA graphs (of at most max_graph_rows rows; at most max_graphs kept).
+  bool graphs = true;
+  int64_t max_graph_rows = 256;
+  size_t max_graphs = 64;
 };
 
 // What the worker reports about its device (Watch, metrics).
@@ -122,6 +137,14 @@ class CudaBackend : public Backend {
                  float scale, int32_t window, const DeviceMatrix& out) override;
   void Synchronize() override;
 
+  int64_t max_recorded_rows() const override { return graphs_ ? max_graph_rows_ : 0; }
+  // A capture holds beside_mu_ from BeginStep to EndStep.
+  StepMode BeginStep(const StepInputs& inputs) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::StatusOr<bool> EndStep(bool complete) override ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  const StepGraphBook::Stats& graph_stats() const { return book_->stats(); }
+  // Turns graphs on or off (off: the graphs kept are destroyed), e.g. to compare the two.
+  void set_graphs(bool on);
+
   // On the device (argmax.cu): only the tokens come back, never the logits.
   absl::Status ArgMaxRows(const DeviceMatrix& logits, std::vector<int32_t>* tokens) override;
   // Attention with the split chosen by the caller (the check compares both ways).
@@ -157,8 +180,16 @@ class CudaBackend : public Backend {
   // `bytes` of `data` on the device through `slot`.
   const void* UploadVector(Upload& slot, const void* data, size_t bytes);
   // A scratch buffer of at least `bytes` (grown by replacement; one stream orders every use).
-  void* Scratch(DeviceBuffer& buffer, size_t bytes);
+  // `in_graphs`: kernels of a step read it, so remaking it makes every graph stale.
+  void* Scratch(DeviceBuffer& buffer, size_t bytes, bool in_graphs = true);
   cuda::DeviceStep UploadStep(const StepLayout& layout);
+  // Within a step (BeginStep..EndStep): the device copy of a step input equal to `given`, or
+  // null; while capturing, a vector that is none marks the capture as one to drop.
+  const int32_t* StepVector(const std::vector<int32_t>& given, int32_t part);
+  // Whether a host copy or wait may run now; while capturing it may not, and marks the capture.
+  bool HostCallAllowed();
+  // Lets go of graphs the book dropped.
+  void DestroyGraphs(const std::vector<void*>& graphs);
 
   CudaDeviceSummary device_;
   int device_index_ = 0;
@@ -175,6 +206,27 @@ class CudaBackend : public Backend {
   DeviceBuffer cublas_workspace_, gemm_input_, quant_scratch_, attention_partials_, argmax_out_;
   Upload ids_, positions_, rows_, scales_, steps_[2];
   int next_step_slot_ = 0;
+
+  // Recorded steps (graphs). generation_ counts the remaking of buffers the kernels read.
+  bool graphs_ = false;
+  int64_t max_graph_rows_ = 0;
+  uint64_t generation_ = 0;
+  std::unique_ptr<StepGraphBook> book_;
+  DeviceBuffer step_device_;   // the step's inputs (cuda::StepInputWords), at a fixed address
+  void* step_host_ = nullptr;  // their pinned staging (cudaHostAlloc)
+  size_t step_host_bytes_ = 0;
+  void* step_uploaded_ = nullptr;  // cudaEvent_t: the staging's last upload has been read
+  struct Step {
+    bool active = false;
+    StepGraphBook::Action action = StepGraphBook::Action::kRun;
+    uint64_t key = 0;
+    uint64_t generation = 0;  // at the capture's start
+    bool broken = false;      // the capture met something it cannot hold
+    void* graph = nullptr;    // the key's cudaGraphExec_t (kReplay)
+    cuda::StepInputWords inputs;
+    std::vector<cuda::StepWords> layouts;  // as flattened, to recognize them
+  };
+  Step step_;
 };
 
 }  // namespace ferry

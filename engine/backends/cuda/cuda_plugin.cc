@@ -18,6 +18,7 @@ extern "C" __attribute__((visibility("default"))) void* FerryCudaBackendCreate(
   o.device = options->device;
   o.memory_bytes = options->memory_bytes;
   o.deterministic = options->deterministic != 0;
+  o.graphs = options->graphs != 0;
   absl::StatusOr<std::unique_ptr<ferry::CudaBackend>> backend = ferry::CudaBackend::Create(o);
   if (!backend.ok()) {
     std::snprintf(error, error_size, "%s", backend.status().ToString().c_str());

@@ -18,13 +18,14 @@ extern "C" {
 #endif
 
 #define FERRY_CUDA_PLUGIN_SYMBOL "FerryCudaBackendCreate"
-#define FERRY_CUDA_PLUGIN_ABI 2
+#define FERRY_CUDA_PLUGIN_ABI 3
 
 struct FerryCudaBackendOptions {
   int32_t abi;  // FERRY_CUDA_PLUGIN_ABI
   int32_t device;
   uint64_t memory_bytes;  // 0: 90% of the device's free memory
   int32_t deterministic;  // 1: batch-invariant products (CudaBackendOptions::deterministic)
+  int32_t graphs;         // 1: decode steps as CUDA graphs (CudaBackendOptions::graphs)
 };
 
 typedef void* (*FerryCudaBackendCreateFn)(const struct FerryCudaBackendOptions* options,

@@ -46,4 +46,32 @@ bool FlattenStep(const std::vector<int32_t>& positions, const std::vector<int32_
   return true;
 }
 
+bool PackStepInputs(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
+                    const std::vector<const StepWords*>& layouts, int32_t max_position,
+                    StepInputWords* out) {
+  const size_t rows = ids.size();
+  if (positions.size() != rows || layouts.empty() || layouts.size() > 2) return false;
+  for (int32_t p : positions) {
+    if (p > max_position) return false;
+  }
+  out->ids = 0;
+  out->positions = static_cast<int32_t>(rows);
+  int32_t at = static_cast<int32_t>(2 * rows);
+  out->layout_count = static_cast<int32_t>(layouts.size());
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    if (layouts[i]->offsets.rows != static_cast<int32_t>(rows)) return false;
+    out->layouts[i] = at;
+    out->offsets[i] = layouts[i]->offsets;
+    out->offsets[i].max_position = max_position;
+    at += layouts[i]->offsets.words;
+  }
+  std::vector<int32_t>& w = out->words;
+  w.clear();
+  w.reserve(at);
+  w.insert(w.end(), ids.begin(), ids.end());
+  w.insert(w.end(), positions.begin(), positions.end());
+  for (const StepWords* l : layouts) w.insert(w.end(), l->words.begin(), l->words.end());
+  return true;
+}
+
 }  // namespace ferry::cuda

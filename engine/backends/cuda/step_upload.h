@@ -44,6 +44,26 @@ bool FlattenStep(const std::vector<int32_t>& positions, const std::vector<int32_
                  const std::vector<int32_t>& first_keys, const std::vector<uint8_t>& no_write,
                  StepWords* out);
 
+// A recorded step's inputs (backend.h StepInputs) in one array, copied to the device in one
+// transfer before the step runs or replays: ids[rows] | positions[rows] | each layout's words.
+// Each layout's max_position is the step's bound (StepInputs::max_position), so that the launch
+// shapes of steps of one shape are the same whatever their positions.
+struct StepInputWords {
+  std::vector<int32_t> words;
+  int32_t ids = 0;  // where each part starts, in words
+  int32_t positions = 0;
+  int32_t layouts[2] = {0, 0};
+  StepOffsets offsets[2];  // each layout's, relative to its own start
+  int32_t layout_count = 0;
+};
+
+// Packs ids, positions and 1 or 2 flattened layouts. Returns false (and leaves `out`
+// unspecified) when the counts disagree (ids, positions and each layout's rows), there are not
+// 1 or 2 layouts, or a position is above max_position.
+bool PackStepInputs(const std::vector<int32_t>& ids, const std::vector<int32_t>& positions,
+                    const std::vector<const StepWords*>& layouts, int32_t max_position,
+                    StepInputWords* out);
+
 }  // namespace ferry::cuda
 
 #endif  // FERRY_ENGINE_BACKENDS_CUDA_STEP_UPLOAD_H_

@@ -60,5 +60,44 @@ TEST(FlattenStepTest, AnEmptyStepHasOnlyTheTableOffset) {
   EXPECT_EQ(s.offsets.max_position, -1);
 }
 
+TEST(PackStepInputsTest, OneArrayAtOffsetsThatFollowTheShapeOnly) {
+  // Two decode steps of one recorded shape (2 rows, tables of 2 blocks), different contents.
+  StepWords a_full, a_window, b_full, b_window;
+  ASSERT_TRUE(FlattenStep({3, 17}, {0, 1}, {{1, 2}, {3, 3}}, {}, {0, 1}, &a_full));
+  ASSERT_TRUE(FlattenStep({3, 17}, {0, 1}, {{5, 6}, {7, 7}}, {}, {0, 1}, &a_window));
+  ASSERT_TRUE(FlattenStep({30, 1}, {0, 1}, {{8, 9}, {4, 4}}, {}, {0, 1}, &b_full));
+  ASSERT_TRUE(FlattenStep({30, 1}, {0, 1}, {{2, 1}, {6, 6}}, {}, {0, 1}, &b_window));
+  StepInputWords a, b;
+  ASSERT_TRUE(PackStepInputs({11, 12}, {3, 17}, {&a_full, &a_window}, 31, &a));
+  ASSERT_TRUE(PackStepInputs({13, 14}, {30, 1}, {&b_full, &b_window}, 31, &b));
+  EXPECT_EQ(a.ids, 0);
+  EXPECT_EQ(a.positions, 2);
+  EXPECT_EQ(a.layouts[0], 4);
+  EXPECT_EQ(a.layouts[1], 4 + a_full.offsets.words);
+  EXPECT_EQ(a.words.size(), b.words.size());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(a.layouts[i], b.layouts[i]);
+    EXPECT_EQ(a.offsets[i].words, b.offsets[i].words);
+    EXPECT_EQ(a.offsets[i].tables, b.offsets[i].tables);
+    EXPECT_EQ(a.offsets[i].max_position, 31);  // the bound, not the step's 17 or 30
+    EXPECT_EQ(b.offsets[i].max_position, 31);
+  }
+  EXPECT_EQ(std::vector<int32_t>(a.words.begin(), a.words.begin() + 4),
+            (std::vector<int32_t>{11, 12, 3, 17}));
+  EXPECT_EQ(std::vector<int32_t>(b.words.begin() + b.layouts[1], b.words.end()), b_window.words);
+}
+
+TEST(PackStepInputsTest, RefusesDisagreeingParts) {
+  StepWords one_row;
+  ASSERT_TRUE(FlattenStep({3}, {0}, {{1}}, {}, {}, &one_row));
+  StepInputWords out;
+  EXPECT_FALSE(PackStepInputs({1, 2}, {3, 4}, {&one_row}, 15, &out));  // 2 rows, a 1-row layout
+  EXPECT_FALSE(PackStepInputs({1}, {3, 4}, {&one_row}, 15, &out));     // ids and positions
+  EXPECT_FALSE(PackStepInputs({1}, {3}, {}, 15, &out));                // no layout
+  EXPECT_FALSE(PackStepInputs({1}, {3}, {&one_row, &one_row, &one_row}, 15, &out));
+  EXPECT_FALSE(PackStepInputs({1}, {3}, {&one_row}, 2, &out));  // a position past the bound
+  EXPECT_TRUE(PackStepInputs({1}, {3}, {&one_row}, 3, &out));
+}
+
 }  // namespace
 }  // namespace ferry::cuda
