@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
   o.memory_bytes = options.gpu_memory_bytes;
   o.deterministic = options.deterministic ? 1 : 0;
   o.graphs = options.cuda_graphs ? 1 : 0;
+  o.max_graph_rows = options.cuda_graph_rows;
   char error[1024] = {};
   void* made = create(&o, error, sizeof(error));
   if (made == nullptr) {

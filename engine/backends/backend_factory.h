@@ -26,6 +26,7 @@ struct BackendOptions {
   uint64_t gpu_memory_bytes = 0;  // cuda: the most device memory to hold (0: 90% of what is free)
   bool deterministic = false;     // cuda: batch-invariant products (cpu: always deterministic)
   bool cuda_graphs = true;        // cuda: decode steps as CUDA graphs
+  int cuda_graph_rows = 0;        // cuda: of at most this many rows (0: the backend's default)
   std::string cuda_plugin;        // cuda: the plugin's path ("": the search above)
 };
 

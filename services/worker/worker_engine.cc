@@ -105,6 +105,10 @@ absl::StatusOr<std::unique_ptr<WorkerEngine>> WorkerEngine::Create(
   backend_options.gpu_memory_bytes = static_cast<uint64_t>(options.gpu_memory_bytes);
   backend_options.deterministic = options.deterministic;
   backend_options.cuda_graphs = options.cuda_graphs;
+  // Graphs for every decode batch the scheduler makes (at most max_running sequences), rounded
+  // up to the recorded shapes' multiple of 8.
+  backend_options.cuda_graph_rows = static_cast<int>(
+      std::min<int64_t>(std::max<int64_t>(8, (options.max_running + 7) / 8 * 8), 1024));
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(backend_options));
   if (options.engine == "real") {
     ASSIGN_OR_RETURN(const WeightDType dtype, ParseWeightDType(options.weights));

@@ -19,6 +19,7 @@ extern "C" __attribute__((visibility("default"))) void* FerryCudaBackendCreate(
   o.memory_bytes = options->memory_bytes;
   o.deterministic = options->deterministic != 0;
   o.graphs = options->graphs != 0;
+  if (options->max_graph_rows > 0) o.max_graph_rows = options->max_graph_rows;
   absl::StatusOr<std::unique_ptr<ferry::CudaBackend>> backend = ferry::CudaBackend::Create(o);
   if (!backend.ok()) {
     std::snprintf(error, error_size, "%s", backend.status().ToString().c_str());

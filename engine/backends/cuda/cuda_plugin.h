@@ -23,9 +23,10 @@ extern "C" {
 struct FerryCudaBackendOptions {
   int32_t abi;  // FERRY_CUDA_PLUGIN_ABI
   int32_t device;
-  uint64_t memory_bytes;  // 0: 90% of the device's free memory
-  int32_t deterministic;  // 1: batch-invariant products (CudaBackendOptions::deterministic)
-  int32_t graphs;         // 1: decode steps as CUDA graphs (CudaBackendOptions::graphs)
+  uint64_t memory_bytes;   // 0: 90% of the device's free memory
+  int32_t deterministic;   // 1: batch-invariant products (CudaBackendOptions::deterministic)
+  int32_t graphs;          // 1: decode steps as CUDA graphs (CudaBackendOptions::graphs)
+  int32_t max_graph_rows;  // their most rows (0: CudaBackendOptions' default)
 };
 
 typedef void* (*FerryCudaBackendCreateFn)(const struct FerryCudaBackendOptions* options,
