@@ -366,28 +366,56 @@ TEST(TransformerWindowPoolTest, SameResultsWithTheWindowLayersInABoundedPool) {
   }
 }
 
-// A backend that computes as the CPU backend but has no kernels for some block formats and names
-// itself in fingerprints, as a GPU backend does: what the model does with such a backend.
-class PartialBackend : public Backend {
+// A backend of its own (its name, its fingerprint) whose memory and weights are the CPU
+// backend's: what the test backends below build on.
+class OnCpuBackend : public Backend {
  public:
-  explicit PartialBackend(CpuBackend* cpu) : cpu_(cpu) {}
-  std::string name() const override { return "partial"; }
+  explicit OnCpuBackend(CpuBackend* cpu) : cpu_(cpu) {}
   bool deterministic() const override { return true; }
   bool host_memory() const override { return true; }
-  std::string fingerprint_tag() const override { return "partial:test"; }
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
     ASSIGN_OR_RETURN(DeviceBuffer inner, cpu_->Allocate(bytes));
     void* data = inner.data();
     held_.push_back(std::move(inner));
     return DeviceBuffer(this, data, bytes);
   }
-  void CopyToDevice(void* d, const void* h, size_t n) override { cpu_->CopyToDevice(d, h, n); }
-  void CopyToHost(void* h, const void* d, size_t n) override { cpu_->CopyToHost(h, d, n); }
-  void CopyOnDevice(void* d, const void* s, size_t n) override { cpu_->CopyOnDevice(d, s, n); }
   absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
                                             int64_t cols) override {
     return cpu_->UploadWeight(host, dtype, rows, cols);
   }
+  absl::StatusOr<DeviceWeight> UploadQuantizedWeight(const uint8_t* host, size_t bytes,
+                                                     WeightQuant quant, int64_t rows,
+                                                     int64_t cols) override {
+    return cpu_->UploadQuantizedWeight(host, bytes, quant, rows, cols);
+  }
+  void Synchronize() override {}
+
+ protected:
+  void Free(void* data, size_t) override {
+    for (auto it = held_.begin(); it != held_.end(); ++it) {
+      if (it->data() == data) {
+        held_.erase(it);
+        return;
+      }
+    }
+  }
+
+  CpuBackend* const cpu_;
+
+ private:
+  std::vector<DeviceBuffer> held_;
+};
+
+// A backend that computes as the CPU backend but has no kernels for some block formats and names
+// itself in fingerprints, as a GPU backend does: what the model does with such a backend.
+class PartialBackend : public OnCpuBackend {
+ public:
+  explicit PartialBackend(CpuBackend* cpu) : OnCpuBackend(cpu) {}
+  std::string name() const override { return "partial"; }
+  std::string fingerprint_tag() const override { return "partial:test"; }
+  void CopyToDevice(void* d, const void* h, size_t n) override { cpu_->CopyToDevice(d, h, n); }
+  void CopyToHost(void* h, const void* d, size_t n) override { cpu_->CopyToHost(h, d, n); }
+  void CopyOnDevice(void* d, const void* s, size_t n) override { cpu_->CopyOnDevice(d, s, n); }
   absl::StatusOr<DeviceWeight> UploadQuantizedWeight(const uint8_t* host, size_t bytes,
                                                      WeightQuant quant, int64_t rows,
                                                      int64_t cols) override {
@@ -435,22 +463,9 @@ class PartialBackend : public Backend {
                  float scale, int32_t window, const DeviceMatrix& out) override {
     cpu_->Attention(q, kv, layout, scale, window, out);
   }
-  void Synchronize() override {}
   int quant_uploads() const { return quant_uploads_; }
 
- protected:
-  void Free(void* data, size_t) override {
-    for (auto it = held_.begin(); it != held_.end(); ++it) {
-      if (it->data() == data) {
-        held_.erase(it);
-        return;
-      }
-    }
-  }
-
  private:
-  CpuBackend* cpu_;
-  std::vector<DeviceBuffer> held_;
   int quant_uploads_ = 0;
 };
 
@@ -508,18 +523,10 @@ TEST(TransformerBackendTest, FormatsTheBackendLacksRunInBf16AndTheFingerprintNam
 // graph's kernels read the device copies. A kernel given a host vector that is not a step input,
 // or a copy from or to the host, while recording makes the recording fail (it could not be
 // captured on a GPU).
-class GraphBackend : public Backend {
+class GraphBackend : public OnCpuBackend {
  public:
-  explicit GraphBackend(CpuBackend* cpu) : cpu_(cpu) {}
+  explicit GraphBackend(CpuBackend* cpu) : OnCpuBackend(cpu) {}
   std::string name() const override { return "graphs"; }
-  bool deterministic() const override { return true; }
-  bool host_memory() const override { return true; }
-  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
-    ASSIGN_OR_RETURN(DeviceBuffer inner, cpu_->Allocate(bytes));
-    void* data = inner.data();
-    held_.push_back(std::move(inner));
-    return DeviceBuffer(this, data, bytes);
-  }
   void CopyToDevice(void* d, const void* h, size_t n) override {
     if (!Host()) cpu_->CopyToDevice(d, h, n);
   }
@@ -528,15 +535,6 @@ class GraphBackend : public Backend {
   }
   void CopyOnDevice(void* d, const void* s, size_t n) override {
     Op([=] { cpu_->CopyOnDevice(d, s, n); });
-  }
-  absl::StatusOr<DeviceWeight> UploadWeight(const void* host, DType dtype, int64_t rows,
-                                            int64_t cols) override {
-    return cpu_->UploadWeight(host, dtype, rows, cols);
-  }
-  absl::StatusOr<DeviceWeight> UploadQuantizedWeight(const uint8_t* host, size_t bytes,
-                                                     WeightQuant quant, int64_t rows,
-                                                     int64_t cols) override {
-    return cpu_->UploadQuantizedWeight(host, bytes, quant, rows, cols);
   }
   void Embed(const DeviceWeight& t, const std::vector<int32_t>& ids,
              const DeviceMatrix& out) override {
@@ -586,7 +584,6 @@ class GraphBackend : public Backend {
     const StepLayout* in = LayoutInput(layout);
     Op([=] { cpu_->Attention(q, kv, *in, scale, window, out); });
   }
-  void Synchronize() override {}
 
   int64_t max_recorded_rows() const override { return 16; }
   StepMode BeginStep(const StepInputs& inputs) override {
@@ -630,16 +627,6 @@ class GraphBackend : public Backend {
   }
   const StepGraphBook::Stats& stats() const { return book_.stats(); }
 
- protected:
-  void Free(void* data, size_t) override {
-    for (auto it = held_.begin(); it != held_.end(); ++it) {
-      if (it->data() == data) {
-        held_.erase(it);
-        return;
-      }
-    }
-  }
-
  private:
   bool recording() const { return action_ == StepGraphBook::Action::kRecord; }
   // A host transfer or host vector: not capturable.
@@ -673,8 +660,6 @@ class GraphBackend : public Backend {
     return &given;
   }
 
-  CpuBackend* cpu_;
-  std::vector<DeviceBuffer> held_;
   StepGraphBook book_{8};
   StepGraphBook::Action action_ = StepGraphBook::Action::kRun;
   uint64_t key_ = 0;
